@@ -1,0 +1,55 @@
+/* base/record.c - record lifetimes and error-code names. */
+#include "base/record.h"
+
+#include "base/alloc.h"
+
+const char *tm_errcode_name(tm_errcode code) {
+    switch (code) {
+    case TM_ERRCODE_NONE: return "none";
+    case TM_ERRCODE_INVALID_JSON: return "invalid_json";
+    case TM_ERRCODE_INVALID_UTF8: return "invalid_utf8";
+    case TM_ERRCODE_MISSING_FIELD: return "missing_field";
+    case TM_ERRCODE_WRONG_TYPE: return "wrong_type";
+    case TM_ERRCODE_INVALID_VALUE: return "invalid_value";
+    case TM_ERRCODE_DUPLICATE_ID: return "duplicate_id";
+    case TM_ERRCODE_LINE_TOO_LONG: return "line_too_long";
+    case TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED: return "context_length_exceeded";
+    case TM_ERRCODE_TEMPLATE_ERROR: return "template_error";
+    case TM_ERRCODE_ENGINE_ERROR: return "engine_error";
+    }
+    return "unknown";
+}
+
+void tm_sampling_fini(tm_sampling *sp) {
+    for (uint32_t i = 0; i < sp->n_stop; i++)
+        tm_free(sp->stop[i]);
+    tm_free(sp->stop);
+    sp->stop = NULL;
+    sp->n_stop = 0;
+}
+
+void tm_job_destroy(tm_job *job) {
+    if (!job)
+        return;
+    tm_free(job->file);
+    tm_free(job->id_json);
+    tm_free(job->prompt);
+    for (uint32_t i = 0; i < job->n_messages; i++) {
+        tm_free(job->messages[i].role);
+        tm_free(job->messages[i].content);
+    }
+    tm_free(job->messages);
+    tm_sampling_fini(&job->sp);
+    tm_free(job->err_msg);
+    tm_free(job);
+}
+
+void tm_completion_destroy(tm_completion *c) {
+    if (!c)
+        return;
+    tm_free(c->file);
+    tm_free(c->id_json);
+    tm_free(c->text);
+    tm_free(c->err_msg);
+    tm_free(c);
+}

@@ -1,0 +1,2 @@
+/* main.c - placeholder until the CLI lands. */
+int main(void) { return 0; }

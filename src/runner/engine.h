@@ -1,0 +1,68 @@
+/* runner/engine.h - the engine vtable: one forward pass over a step plan (prefill chunks and
+ * decodes of up to max_seqs sequences) against a paged KV cache, giving logits for the sequences
+ * that ask for them. The engine owns the KV memory (n_kv_block blocks of block_size tokens); the
+ * runner owns block allocation (which block ids a sequence uses). Backends: "cpu" (the reference,
+ * the oracle for every other one) and "cuda" (later). One thread drives an engine. */
+#ifndef TM_RUNNER_ENGINE_H
+#define TM_RUNNER_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "runner/model.h"
+
+typedef struct tm_engine_opts {
+    uint32_t n_threads;    /* CPU worker threads; 0 = number of online CPUs */
+    uint32_t block_size;   /* tokens per KV block */
+    uint32_t n_kv_block;   /* KV blocks to allocate */
+    uint32_t max_seqs;     /* sequences per step */
+    uint32_t max_batched_tokens; /* tokens per step */
+    uint32_t tp_rank, tp_size;   /* CPU sharding tests; 0/1 for no tensor parallel */
+} tm_engine_opts;
+
+/* One sequence's part of a step. */
+typedef struct tm_batch_seq {
+    const uint32_t *tokens;       /* n_tok token ids to process, borrowed for the call */
+    uint32_t n_tok;               /* >= 1 */
+    uint32_t pos;                 /* position of tokens[0] = tokens of this sequence already in KV */
+    const uint32_t *block_table;  /* block ids covering positions [0, pos + n_tok) */
+    uint32_t n_block;
+    int want_logits;              /* 1: produce logits for the last token of this chunk */
+} tm_batch_seq;
+
+typedef struct tm_batch {
+    const tm_batch_seq *seqs;     /* n_seq entries, borrowed for the call */
+    uint32_t n_seq;
+} tm_batch;
+
+typedef struct tm_engine tm_engine;
+
+typedef struct tm_engine_ops {
+    const char *name;
+    /* logits: [n_want][n_vocab] fp32, one row per sequence with want_logits, in batch order. */
+    tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+    void (*destroy)(tm_engine *eng);
+} tm_engine_ops;
+
+struct tm_engine {
+    const tm_engine_ops *ops;
+    const tm_model *model;  /* borrowed; must outlive the engine */
+    tm_engine_opts opts;
+    void *impl;             /* owned by the backend */
+};
+
+/* The CPU backend. On success *out owns the engine (KV memory allocated up front). */
+tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
+                           tm_err *err);
+
+static inline tm_rc tm_engine_forward(tm_engine *eng, const tm_batch *b, float *logits,
+                                      tm_err *err) {
+    return eng->ops->forward(eng, b, logits, err);
+}
+static inline void tm_engine_destroy(tm_engine *eng) {
+    if (eng)
+        eng->ops->destroy(eng);
+}
+
+#endif /* TM_RUNNER_ENGINE_H */

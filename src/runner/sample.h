@@ -1,0 +1,35 @@
+/* runner/sample.h - turning one row of logits into a token: greedy, or temperature + top-k +
+ * top-p + min-p sampling with a counter-based RNG keyed by (seed, step), so the same record and
+ * seed give the same tokens whatever else shares the batch. Pure functions over caller-provided
+ * scratch; thread-safe. */
+#ifndef TM_RUNNER_SAMPLE_H
+#define TM_RUNNER_SAMPLE_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+
+typedef struct tm_sample_params {
+    float temperature; /* <= 0: greedy (argmax, lowest id wins ties) */
+    int32_t top_k;     /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;     /* per record */
+} tm_sample_params;
+
+/* Scratch for n_vocab candidates; one per thread. */
+typedef struct tm_sample_scratch {
+    float *prob;       /* [n_vocab] */
+    uint32_t *idx;     /* [n_vocab] */
+    uint32_t n_vocab;
+} tm_sample_scratch;
+
+tm_rc tm_sample_scratch_init(tm_sample_scratch *s, uint32_t n_vocab, tm_err *err);
+void tm_sample_scratch_fini(tm_sample_scratch *s);
+
+/* Pick the token for generation step `step` (0 for the first generated token) of a record.
+ * logits is read only. NaN/inf logits: TM_E_INVAL. */
+tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
+                      uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err);
+
+#endif /* TM_RUNNER_SAMPLE_H */

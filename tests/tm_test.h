@@ -1,0 +1,75 @@
+/* tests/tm_test.h - the whole test harness: checks count failures and keep going; main() ends
+ * with `return tm_test_report();` (0 pass, 1 fail). A test that cannot run here (no GPU, missing
+ * test data) calls tm_test_skip(), which exits 77, ctest's "skipped". */
+#ifndef TM_TESTS_TM_TEST_H
+#define TM_TESTS_TM_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "base/err.h"
+
+static int tm_test_failures;
+static int tm_test_checks;
+
+#define TM_CHECK(cond)                                                                             \
+    do {                                                                                           \
+        tm_test_checks++;                                                                          \
+        if (!(cond)) {                                                                             \
+            tm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+        }                                                                                          \
+    } while (0)
+
+#define TM_CHECK_MSG(cond, ...)                                                                    \
+    do {                                                                                           \
+        tm_test_checks++;                                                                          \
+        if (!(cond)) {                                                                             \
+            tm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
+
+#define TM_CHECK_OK(expr, errp)                                                                    \
+    do {                                                                                           \
+        tm_test_checks++;                                                                          \
+        tm_rc tm_check_rc_ = (expr);                                                               \
+        if (tm_check_rc_ != TM_OK) {                                                               \
+            tm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr,              \
+                    tm_rc_name(tm_check_rc_), (errp)->msg);                                        \
+        }                                                                                          \
+    } while (0)
+
+#define TM_CHECK_NEAR(a, b, tol)                                                                   \
+    do {                                                                                           \
+        tm_test_checks++;                                                                          \
+        double tm_a_ = (double)(a), tm_b_ = (double)(b);                                           \
+        if (!(fabs(tm_a_ - tm_b_) <= (tol))) {                                                     \
+            tm_test_failures++;                                                                    \
+            fprintf(stderr, "%s:%d: %s = %g, %s = %g, tolerance %g\n", __FILE__, __LINE__, #a,     \
+                    tm_a_, #b, tm_b_, (double)(tol));                                              \
+        }                                                                                          \
+    } while (0)
+
+#define TM_RUN(fn)                                                                                 \
+    do {                                                                                           \
+        int tm_before_ = tm_test_failures;                                                         \
+        fn();                                                                                      \
+        fprintf(stderr, "%s %s\n", tm_test_failures == tm_before_ ? "ok  " : "FAIL", #fn);         \
+    } while (0)
+
+static inline int tm_test_report(void) {
+    fprintf(stderr, "%d checks, %d failed\n", tm_test_checks, tm_test_failures);
+    return tm_test_failures ? 1 : 0;
+}
+
+static inline void tm_test_skip(const char *why) {
+    fprintf(stderr, "skipped: %s\n", why);
+    exit(77);
+}
+
+#endif /* TM_TESTS_TM_TEST_H */
