@@ -25,7 +25,16 @@ tm_rc tm_err_wrap(tm_err *err, const char *fmt, ...) {
     va_end(ap);
     char old[sizeof(err->msg)];
     memcpy(old, err->msg, sizeof(old));
-    snprintf(err->msg, sizeof(err->msg), "%s: %s", prefix, old);
+    // Built piecewise: the joined text is cut at sizeof(msg), which is what we want.
+    size_t n = strlen(prefix);
+    if (n > sizeof(err->msg) - 3)
+        n = sizeof(err->msg) - 3;
+    memcpy(err->msg, prefix, n);
+    memcpy(err->msg + n, ": ", 2);
+    size_t room = sizeof(err->msg) - n - 3;
+    size_t k = strnlen(old, room);
+    memcpy(err->msg + n + 2, old, k);
+    err->msg[n + 2 + k] = '\0';
     return err->rc;
 }
 
