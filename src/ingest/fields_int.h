@@ -1,0 +1,41 @@
+/* ingest/fields_int.h - validators shared by the job spec and the record parser (private to
+ * src/ingest): the per-record sampling fields (max_tokens, temperature, top_p, top_k, min_p, seed,
+ * stop) and a short rendering of a JSON value for error messages. The same rules apply to a
+ * record's own fields and to the job's "defaults", so both say the same thing about a bad value.
+ * Pure functions; thread-safe. */
+#ifndef TM_INGEST_FIELDS_INT_H
+#define TM_INGEST_FIELDS_INT_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/record.h"
+
+/* What was wrong with one field value. code is TM_ERRCODE_NONE when the value was accepted. */
+typedef struct tm_field_fail {
+    tm_errcode code; /* TM_ERRCODE_WRONG_TYPE or TM_ERRCODE_INVALID_VALUE */
+    char msg[224];   /* "expected a number >= 0, got \"hot\"" (no field name) */
+} tm_field_fail;
+
+/* Names of the sampling fields, in schema order, NULL-terminated. */
+extern const char *const tm_ingest_sp_keys[];
+
+/* TM_SP_* bit of a sampling field name, or 0 if key is not one. */
+uint32_t tm_ingest_sp_bit(const char *key);
+
+/* Validate v as sampling field `key` (tm_ingest_sp_bit(key) != 0) and store it in sp, setting its
+ * TM_SP_* bit. A rejected value fills fail (sp unchanged) and still returns TM_OK; the return code
+ * is only for TM_E_NOMEM (copying stop strings). A previous stop list is freed on replacement. */
+tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_field_fail *fail,
+                         tm_err *err);
+
+/* Render v as compact JSON for a message, cut to at most ~60 bytes on a UTF-8 boundary ("..."
+ * appended when cut). out has n >= 8 bytes. */
+void tm_ingest_describe(const json_t *v, char *out, size_t n);
+
+/* Fill fail with code and "expected <what>, got <v>". */
+void tm_ingest_fail_set(tm_field_fail *fail, tm_errcode code, const char *what, const json_t *v);
+
+#endif /* TM_INGEST_FIELDS_INT_H */

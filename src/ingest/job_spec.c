@@ -1,2 +1,0 @@
-/* placeholder: replaced by the module */
-typedef int tm_placeholder_job_spec;

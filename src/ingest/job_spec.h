@@ -1,0 +1,67 @@
+/* ingest/job_spec.h - load and validate a job file (JSON; the contract is schemas/job.schema.json).
+ * Every field the loader reads is declared in the schema with its default; unknown keys are errors
+ * so typos are caught. Relative paths (model, input.files, output.dir) resolve against the folder
+ * of the job file. Input entries (files, folders, glob patterns) are expanded at load time into
+ * the list of files the source will read. Errors name the job file and the JSON path of the bad
+ * field. A loaded spec is immutable plain data; any thread may read it. The loader does not check
+ * the model folder's contents or create the output folder. */
+#ifndef TM_INGEST_JOB_SPEC_H
+#define TM_INGEST_JOB_SPEC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/record.h"
+
+/* Defaults (also written in schemas/job.schema.json; test_job_spec checks they agree). */
+#define TM_JOB_DEFAULT_MAX_SEQS 8
+#define TM_JOB_DEFAULT_MAX_BATCHED_TOKENS 16384
+#define TM_JOB_DEFAULT_BLOCK_SIZE 128
+#define TM_JOB_DEFAULT_MAX_TOKENS 256
+#define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
+
+typedef enum tm_backend {
+    TM_BACKEND_AUTO = 0, /* cuda when built with CUDA and a GPU is visible, else cpu */
+    TM_BACKEND_CPU,
+    TM_BACKEND_CUDA,
+} tm_backend;
+
+typedef struct tm_job_engine {
+    tm_backend backend;
+    uint32_t max_seqs;           /* sequences in flight per step, >= 1 */
+    uint32_t max_batched_tokens; /* tokens per step (prefill chunks + decodes), >= 1 */
+    uint32_t block_size;         /* tokens per KV block, a power of two */
+    bool prefix_cache;           /* reuse KV blocks of shared prompt prefixes */
+    uint32_t tp;                 /* tensor-parallel ranks, >= 1 */
+    uint32_t threads;            /* CPU threads; 0 = all cores */
+    uint32_t kv_blocks;          /* KV blocks in the pool; 0 = size from free memory */
+} tm_job_engine;
+
+typedef struct tm_job_spec {
+    char *path;           /* the job file, as given to tm_job_spec_load */
+    char *model;          /* model folder, resolved */
+    char **inputs;        /* [n_inputs] input files, resolved and expanded, in read order */
+    size_t n_inputs;      /* >= 1 */
+    char *output_dir;     /* resolved */
+    tm_job_engine engine;
+    tm_sampling defaults; /* every field filled; .set has the bits the file gave explicitly */
+    uint64_t max_line_bytes; /* limits.max_line_bytes: longest accepted input line, >= 1 */
+    /* The spec as compact JSON with sorted keys and every default filled in; paths as written in
+     * the file (not resolved, so moving the job folder keeps it). Equal specs give equal text:
+     * hash it to recognise the same job (resume). */
+    char *canonical_json;
+} tm_job_spec;
+
+/* Read and validate the job file at path. On success *out owns a new spec (free it with
+ * tm_job_spec_destroy). Errors: TM_E_IO (cannot read the file), TM_E_PARSE (not JSON), TM_E_INVAL
+ * (schema violation or an input entry that names nothing), TM_E_NOMEM; err->msg reads like
+ * "job.json: engine.max_seqs: expected an integer >= 1, got \"8\"". */
+tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err);
+void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
+
+/* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */
+const char *tm_backend_name(tm_backend b);
+
+#endif /* TM_INGEST_JOB_SPEC_H */

@@ -1,0 +1,501 @@
+/* runner/runner.c - the continuous-batching loop. One thread. Sequences live in max_seqs slots;
+ * each step takes decodes first (oldest first), then prefill chunks (oldest first) until the token
+ * budget is spent. KV blocks are taken as positions are reached; when none are free the youngest
+ * unscheduled sequence is preempted (recompute). Nothing here allocates per step except the
+ * growth of a sequence's token array and text. */
+#include "runner/runner.h"
+
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "runner/chat.h"
+#include "runner/kv_block.h"
+#include "runner/sample.h"
+
+typedef struct seq {
+    tm_job *job;            /* owned while the sequence runs; NULL = free slot */
+    uint64_t admit_order;   /* admission counter; the youngest is preempted first */
+    tm_ids ids;             /* prompt then generated tokens */
+    uint32_t n_prompt;
+    uint32_t n_done;        /* tokens of ids whose K/V are in the cache */
+    uint32_t *blocks;       /* [max_blocks_per_seq] block table */
+    uint32_t n_block;
+    uint32_t n_gen;
+    uint32_t max_len;       /* stop at this many tokens (context / pool limit) */
+    int32_t max_tokens;
+    tm_sample_params sp;
+    char *const *stop;      /* borrowed from job or defaults */
+    uint32_t n_stop;
+    size_t max_stop_len;
+    tm_detok detok;
+    tm_buf text;
+    double t_admit_ms, t_first_ms;
+    uint32_t chunk;         /* tokens scheduled in the current step; 0 = not in the step */
+} seq;
+
+typedef struct runner {
+    const tm_runner_cfg *cfg;
+    tm_engine *eng;
+    const tm_tokenizer *tok;
+    tm_queue *out;
+    tm_runner_stats *stats;
+    tm_kv_pool *pool;
+    seq *seqs;              /* [max_seqs] slots */
+    uint32_t n_running;
+    uint64_t n_admitted;
+    uint32_t max_len;       /* min(n_ctx, pool capacity) */
+    uint32_t max_blocks_per_seq;
+    uint32_t n_vocab;
+    int32_t bos_id;
+    int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
+    uint32_t n_eos;
+    tm_batch_seq *bseqs;    /* [max_seqs] step plan */
+    seq **bseq_owner;       /* [max_seqs] which sequence each plan entry is */
+    float *logits;          /* [max_seqs][n_vocab] */
+    tm_sample_scratch scratch;
+} runner;
+
+static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
+    tm_completion *c = tm_calloc(1, sizeof(*c));
+    if (!c)
+        return TM_ERR(err, TM_E_NOMEM, "error completion");
+    c->seq_no = job->seq_no;
+    c->line = job->line;
+    c->file = job->file, job->file = NULL;
+    c->id_json = job->id_json, job->id_json = NULL;
+    c->err_code = code;
+    c->err_msg = tm_strdup(msg ? msg : "");
+    tm_job_destroy(job);
+    if (!c->err_msg) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_NOMEM, "error completion message");
+    }
+    if (tm_queue_push(r->out, c) != TM_OK) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_INTERNAL, "output queue closed early");
+    }
+    return TM_OK;
+}
+
+static void seq_release_blocks(runner *r, seq *s) {
+    for (uint32_t i = 0; i < s->n_block; i++)
+        tm_kv_block_unref(r->pool, s->blocks[i]);
+    s->n_block = 0;
+}
+
+static void seq_reset(runner *r, seq *s) {
+    seq_release_blocks(r, s);
+    tm_ids_fini(&s->ids);
+    tm_buf_fini(&s->text);
+    uint32_t *blocks = s->blocks;
+    memset(s, 0, sizeof(*s));
+    s->blocks = blocks;
+}
+
+// Merge a record's sampling fields over the job defaults.
+static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s) {
+    const tm_sampling *t = (rec->set & TM_SP_TEMPERATURE) ? rec : d;
+    s->sp.temperature = t->temperature;
+    s->sp.top_k = ((rec->set & TM_SP_TOP_K) ? rec : d)->top_k;
+    s->sp.top_p = ((rec->set & TM_SP_TOP_P) ? rec : d)->top_p;
+    s->sp.min_p = ((rec->set & TM_SP_MIN_P) ? rec : d)->min_p;
+    s->sp.seed = ((rec->set & TM_SP_SEED) ? rec : d)->seed;
+    s->max_tokens = ((rec->set & TM_SP_MAX_TOKENS) ? rec : d)->max_tokens;
+    const tm_sampling *st = (rec->set & TM_SP_STOP) ? rec : d;
+    s->stop = st->stop;
+    s->n_stop = st->n_stop;
+    s->max_stop_len = 0;
+    for (uint32_t i = 0; i < s->n_stop; i++)
+        s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
+}
+
+// Tokenize a record into s->ids. Per-record problems return TM_E_INVAL with err filled and
+// *code set; anything else is fatal.
+static tm_rc tokenize_job(runner *r, const tm_job *job, seq *s, tm_errcode *code, tm_err *err) {
+    tm_rc rc;
+    if (job->messages) {
+        tm_buf prompt = {0};
+        rc = tm_chat_render(r->tok, job->messages, job->n_messages, 1, &prompt, err);
+        if (rc == TM_OK)
+            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, &s->ids, err);
+        tm_buf_fini(&prompt);
+        *code = TM_ERRCODE_TEMPLATE_ERROR;
+        return rc;
+    }
+    // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
+    // add_bos_token do (the chat format writes its own BOS).
+    if (r->bos_id >= 0) {
+        rc = tm_ids_push(&s->ids, (uint32_t)r->bos_id, err);
+        if (rc)
+            return rc;
+    }
+    *code = TM_ERRCODE_INVALID_VALUE;
+    return tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), &s->ids, err);
+}
+
+// Admit one record into a free slot, or answer it with an error completion.
+static tm_rc admit(runner *r, tm_job *job, tm_err *err) {
+    if (job->err_code != TM_ERRCODE_NONE)
+        return emit_error(r, job, job->err_code, job->err_msg, err);
+    seq *s = NULL;
+    for (uint32_t i = 0; i < r->cfg->max_seqs && !s; i++)
+        if (!r->seqs[i].job)
+            s = &r->seqs[i];
+    TM_ASSERT(s);
+    s->t_admit_ms = tm_now_ms();
+    tm_errcode code = TM_ERRCODE_NONE;
+    double t0 = tm_now_ms();
+    tm_err rec_err = {0};
+    tm_rc rc = tokenize_job(r, job, s, &code, &rec_err);
+    r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
+    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+        seq_reset(r, s);
+        return emit_error(r, job, code, rec_err.msg, err);
+    }
+    if (rc) {
+        seq_reset(r, s);
+        tm_job_destroy(job);
+        *err = rec_err;
+        return rc;
+    }
+    s->n_prompt = (uint32_t)s->ids.len;
+    if (s->n_prompt == 0 || s->n_prompt >= r->max_len) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "prompt is %u tokens; this engine holds at most %u tokens per sequence "
+                 "(prompt + at least 1 generated)",
+                 s->n_prompt, r->max_len);
+        seq_reset(r, s);
+        return emit_error(r, job, s->n_prompt ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED
+                                              : TM_ERRCODE_INVALID_VALUE,
+                          s->n_prompt ? msg : "prompt is empty", err);
+    }
+    merge_sampling(&r->cfg->defaults, &job->sp, s);
+    s->max_len = r->max_len;
+    s->job = job;
+    s->admit_order = r->n_admitted++;
+    r->n_running++;
+    return TM_OK;
+}
+
+static int is_eos(const runner *r, uint32_t id) {
+    for (uint32_t i = 0; i < r->n_eos; i++)
+        if ((uint32_t)r->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
+    tm_rc rc = tm_detok_flush(&s->detok, &s->text, err);
+    if (rc)
+        return rc;
+    tm_completion *c = tm_calloc(1, sizeof(*c));
+    if (!c)
+        return TM_ERR(err, TM_E_NOMEM, "completion");
+    tm_job *job = s->job;
+    double now = tm_now_ms();
+    c->seq_no = job->seq_no;
+    c->line = job->line;
+    c->file = job->file, job->file = NULL;
+    c->id_json = job->id_json, job->id_json = NULL;
+    c->text = s->text.data ? s->text.data : tm_strdup("");
+    s->text.data = NULL;
+    c->finish = why;
+    c->n_tok_prompt = s->n_prompt;
+    c->n_tok_gen = s->n_gen;
+    c->n_tok_cached = 0;
+    c->ttft_ms = s->t_first_ms - s->t_admit_ms;
+    c->total_ms = now - s->t_admit_ms;
+    tm_job_destroy(job);
+    s->job = NULL;
+    seq_reset(r, s);
+    r->n_running--;
+    if (!c->text) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_NOMEM, "completion text");
+    }
+    if (tm_queue_push(r->out, c) != TM_OK) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_INTERNAL, "output queue closed early");
+    }
+    return TM_OK;
+}
+
+// A token was sampled for s: append it, detokenize, and check the stop conditions.
+static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
+    if (s->n_gen == 0)
+        s->t_first_ms = tm_now_ms();
+    s->n_gen++;
+    if (is_eos(r, id))
+        return finish(r, s, TM_FINISH_STOP, err);
+    tm_rc rc = tm_ids_push(&s->ids, id, err);
+    if (rc)
+        return rc;
+    size_t before = s->text.len;
+    rc = tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err);
+    if (rc)
+        return rc;
+    if (s->n_stop && s->text.len > before) {
+        // A stop string may start up to max_stop_len - 1 bytes before the new text.
+        size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
+        size_t cut = SIZE_MAX;
+        for (uint32_t i = 0; i < s->n_stop; i++) {
+            size_t n = strlen(s->stop[i]);
+            if (n == 0)
+                continue;
+            for (size_t p = from; p + n <= s->text.len && p < cut; p++)
+                if (memcmp(s->text.data + p, s->stop[i], n) == 0) {
+                    cut = p;
+                    break;
+                }
+        }
+        if (cut != SIZE_MAX) {
+            s->text.len = cut; // the stop string is not part of the output, as in vLLM
+            s->text.data[cut] = '\0';
+            s->detok.n_pending = 0;
+            return finish(r, s, TM_FINISH_STOP, err);
+        }
+    }
+    if ((int64_t)s->n_gen >= (int64_t)s->max_tokens || s->ids.len >= s->max_len)
+        return finish(r, s, TM_FINISH_LENGTH, err);
+    return TM_OK;
+}
+
+static void preempt(runner *r, seq *s) {
+    seq_release_blocks(r, s);
+    s->n_done = 0;
+    r->stats->n_preempt++;
+}
+
+// Youngest running sequence that holds blocks and is not in the current step, or NULL.
+static seq *pick_victim(runner *r, const seq *except) {
+    seq *v = NULL;
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
+        seq *s = &r->seqs[i];
+        if (!s->job || s == except || s->chunk || s->n_block == 0)
+            continue;
+        if (!v || s->admit_order > v->admit_order)
+            v = s;
+    }
+    return v;
+}
+
+// Make sure s has blocks for positions [0, n_done + want); returns how many of the wanted tokens
+// can be scheduled (0 if none).
+static uint32_t reserve(runner *r, seq *s, uint32_t want) {
+    const uint32_t bs = r->cfg->block_size;
+    for (;;) {
+        uint32_t need = TM_CEIL_DIV(s->n_done + want, bs);
+        if (need <= s->n_block)
+            return want;
+        uint32_t more = need - s->n_block;
+        uint32_t n_free = tm_kv_pool_n_free(r->pool);
+        if (more <= n_free) {
+            tm_err e = {0};
+            tm_rc rc = tm_kv_block_try_alloc(r->pool, more, s->blocks + s->n_block, &e);
+            TM_ASSERT(rc == TM_OK); // more <= n_free
+            s->n_block += more;
+            return want;
+        }
+        seq *v = pick_victim(r, s);
+        if (v) {
+            preempt(r, v);
+            continue;
+        }
+        // Nobody left to preempt: take what fits.
+        uint32_t fit = (s->n_block + n_free) * bs;
+        if (fit <= s->n_done)
+            return 0;
+        want = TM_MIN(want, fit - s->n_done);
+    }
+}
+
+static seq *oldest_unscheduled(runner *r, int decodes) {
+    seq *best = NULL;
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
+        seq *s = &r->seqs[i];
+        if (!s->job || s->chunk)
+            continue;
+        uint32_t need = (uint32_t)s->ids.len - s->n_done;
+        if ((need == 1) != (decodes != 0))
+            continue;
+        if (!best || s->admit_order < best->admit_order)
+            best = s;
+    }
+    return best;
+}
+
+static tm_rc step(runner *r, tm_err *err) {
+    uint32_t budget = r->cfg->max_batched_tokens, n = 0;
+    // Decodes first, then prefill chunks; both oldest first. A sequence that gets no tokens is
+    // marked with chunk = UINT32_MAX for this pass so it is not picked again.
+    for (int pass = 1; pass >= 0; pass--) {
+        seq *s;
+        while (budget > 0 && (s = oldest_unscheduled(r, pass)) != NULL) {
+            uint32_t need = (uint32_t)s->ids.len - s->n_done;
+            uint32_t got = reserve(r, s, TM_MIN(need, budget));
+            if (got == 0) {
+                s->chunk = UINT32_MAX;
+                continue;
+            }
+            s->chunk = got;
+            budget -= got;
+            r->bseq_owner[n] = s;
+            r->bseqs[n] = (tm_batch_seq){
+                .tokens = s->ids.ids + s->n_done,
+                .n_tok = got,
+                .pos = s->n_done,
+                .block_table = s->blocks,
+                .n_block = s->n_block,
+                .want_logits = s->n_done + got == s->ids.len,
+            };
+            n++;
+        }
+    }
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++)
+        if (r->seqs[i].chunk == UINT32_MAX)
+            r->seqs[i].chunk = 0;
+    if (n == 0)
+        return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
+
+    uint32_t n_dec = 0, n_pre = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (r->bseq_owner[i]->n_done >= r->bseq_owner[i]->n_prompt)
+            n_dec += r->bseqs[i].n_tok; // generated tokens (incl. recompute after preemption)
+        else
+            n_pre += r->bseqs[i].n_tok;
+    }
+    tm_batch b = {.seqs = r->bseqs, .n_seq = n};
+    double t0 = tm_now_ms();
+    tm_rc rc = tm_engine_forward(r->eng, &b, r->logits, err);
+    if (rc)
+        return rc;
+    double dt_s = (tm_now_ms() - t0) / 1e3;
+    tm_runner_stats *st = r->stats;
+    st->n_step++;
+    st->n_tok_prefill += n_pre;
+    st->n_tok_decode += n_dec;
+    st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
+    st->decode_s += dt_s * n_dec / (n_pre + n_dec);
+    st->sum_step_fill += (double)(n_pre + n_dec) / r->cfg->max_batched_tokens;
+    st->sum_running += n;
+
+    uint32_t row = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        seq *s = r->bseq_owner[i];
+        s->n_done += s->chunk;
+        s->chunk = 0;
+        if (!r->bseqs[i].want_logits)
+            continue;
+        uint32_t id;
+        rc = tm_sample_token(r->logits + (size_t)row * r->n_vocab, r->n_vocab, &s->sp, s->n_gen,
+                             &r->scratch, &id, err);
+        row++;
+        if (rc == TM_E_INVAL) {
+            // Non-finite logits: this record fails, the job goes on.
+            tm_job *job = s->job;
+            s->job = NULL;
+            char msg[sizeof(err->msg)];
+            memcpy(msg, err->msg, sizeof(msg));
+            seq_reset(r, s);
+            r->n_running--;
+            rc = emit_error(r, job, TM_ERRCODE_ENGINE_ERROR, msg, err);
+        } else if (rc == TM_OK) {
+            rc = on_token(r, s, id, err);
+        }
+        if (rc)
+            return rc;
+    }
+    return TM_OK;
+}
+
+static void runner_fini(runner *r) {
+    for (uint32_t i = 0; r->seqs && i < r->cfg->max_seqs; i++) {
+        seq *s = &r->seqs[i];
+        tm_job_destroy(s->job);
+        s->job = NULL;
+        if (r->pool)
+            seq_reset(r, s);
+        tm_free(s->blocks);
+    }
+    tm_free(r->seqs);
+    tm_free(r->bseqs);
+    tm_free(r->bseq_owner);
+    tm_free(r->logits);
+    tm_sample_scratch_fini(&r->scratch);
+    tm_kv_pool_destroy(r->pool);
+}
+
+tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok,
+                    tm_queue *in, tm_queue *out, tm_runner_stats *stats, tm_err *err) {
+    runner r = {.cfg = cfg, .eng = eng, .tok = tok, .out = out, .stats = stats};
+    tm_rc rc;
+    const tm_model_cfg *mc = &eng->model->cfg;
+    if (cfg->max_seqs == 0 || cfg->max_batched_tokens == 0 || cfg->block_size == 0)
+        return TM_ERR(err, TM_E_INVAL, "runner: max_seqs, max_batched_tokens, block_size > 0");
+    r.n_vocab = mc->n_vocab;
+    r.bos_id = tm_tok_bos_id(tok);
+    for (uint32_t i = 0; i < mc->n_eos; i++)
+        r.eos_ids[r.n_eos++] = mc->eos_ids[i];
+    if (tm_tok_eos_id(tok) >= 0 && !is_eos(&r, (uint32_t)tm_tok_eos_id(tok)))
+        r.eos_ids[r.n_eos++] = tm_tok_eos_id(tok);
+    uint64_t pool_tok = (uint64_t)cfg->n_kv_block * cfg->block_size;
+    r.max_len = (uint32_t)TM_MIN((uint64_t)cfg->n_ctx, pool_tok);
+    r.max_blocks_per_seq = TM_CEIL_DIV(r.max_len, cfg->block_size);
+
+    rc = tm_kv_pool_create(&(tm_kv_cfg){.n_block = cfg->n_kv_block, .block_tok = cfg->block_size},
+                           &r.pool, err);
+    if (rc)
+        return rc;
+    r.seqs = tm_calloc(cfg->max_seqs, sizeof(*r.seqs));
+    r.bseqs = tm_calloc(cfg->max_seqs, sizeof(*r.bseqs));
+    r.bseq_owner = tm_calloc(cfg->max_seqs, sizeof(*r.bseq_owner));
+    r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
+    if (!r.seqs || !r.bseqs || !r.bseq_owner || !r.logits) {
+        rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
+        goto done;
+    }
+    for (uint32_t i = 0; i < cfg->max_seqs; i++) {
+        r.seqs[i].blocks = tm_calloc(r.max_blocks_per_seq, sizeof(uint32_t));
+        if (!r.seqs[i].blocks) {
+            rc = TM_ERR(err, TM_E_NOMEM, "block tables");
+            goto done;
+        }
+    }
+    rc = tm_sample_scratch_init(&r.scratch, r.n_vocab, err);
+    if (rc)
+        goto done;
+
+    int input_open = 1;
+    for (;;) {
+        // Fill free slots; block on the queue only when there is nothing to run.
+        while (input_open && r.n_running < cfg->max_seqs) {
+            void *item = NULL;
+            tm_rc qrc = r.n_running ? tm_queue_try_pop(in, &item) : tm_queue_pop(in, &item);
+            if (qrc == TM_E_EOF) {
+                input_open = 0;
+                break;
+            }
+            if (qrc == TM_E_AGAIN)
+                break;
+            rc = admit(&r, item, err);
+            if (rc)
+                goto done;
+        }
+        if (r.n_running == 0) {
+            if (!input_open)
+                break;
+            continue;
+        }
+        rc = step(&r, err);
+        if (rc)
+            goto done;
+    }
+    rc = TM_OK;
+done:
+    runner_fini(&r);
+    return rc;
+}

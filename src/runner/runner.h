@@ -1,0 +1,49 @@
+/* runner/runner.h - continuous batching: takes tm_job records from an input queue, tokenizes
+ * them (chat records through the model's chat format), schedules engine steps of at most
+ * max_seqs sequences and max_batched_tokens tokens (decodes first, then chunked prefill), samples,
+ * detokenizes, checks stop conditions and pushes one tm_completion per record to the output queue,
+ * in completion order. Records that ingest rejected pass straight through as error completions.
+ * When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed, its
+ * tokens recomputed later): nothing deadlocks and no record is lost. Runs on the calling thread;
+ * the queues connect it to the source and sink threads. */
+#ifndef TM_RUNNER_RUNNER_H
+#define TM_RUNNER_RUNNER_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/queue.h"
+#include "base/record.h"
+#include "runner/engine.h"
+#include "runner/tokenizer.h"
+
+typedef struct tm_runner_cfg {
+    uint32_t max_seqs;           /* sequences per step, >= 1 */
+    uint32_t max_batched_tokens; /* tokens per step, >= 1 */
+    uint32_t block_size;         /* KV block tokens; must equal the engine's */
+    uint32_t n_kv_block;         /* blocks the engine holds */
+    uint32_t n_ctx;              /* context limit (prompt + generated) */
+    tm_sampling defaults;        /* job defaults; borrowed (stop strings must outlive the run) */
+} tm_runner_cfg;
+
+/* Counters for metrics, filled by tm_runner_run. */
+typedef struct tm_runner_stats {
+    uint64_t n_step;
+    uint64_t n_tok_prefill;   /* prompt tokens computed (recomputes after preemption included) */
+    uint64_t n_tok_decode;    /* tokens computed in decode position */
+    double prefill_s;         /* step time attributed to prefill tokens (pro rata per step) */
+    double decode_s;          /* step time attributed to decode tokens */
+    double tokenize_s;        /* time spent tokenizing prompts */
+    uint64_t n_preempt;
+    double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
+    double sum_running;       /* sum over steps of sequences in the step */
+} tm_runner_stats;
+
+/* Run until the input queue is closed and drained and every admitted record has finished. Pops
+ * tm_job* from in (takes ownership of each), pushes tm_completion* to out (ownership passes to
+ * the consumer). Does not close out. Errors returned are fatal for the job (engine failure,
+ * allocation failure); per-record problems become error completions. */
+tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok,
+                    tm_queue *in, tm_queue *out, tm_runner_stats *stats, tm_err *err);
+
+#endif /* TM_RUNNER_RUNNER_H */
