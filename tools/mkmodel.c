@@ -1,2 +1,695 @@
-/* tools/mkmodel.c - placeholder until the model maker lands. */
-int main(void) { return 0; }
+/* tools/mkmodel.c - write a deterministic random-weight Llama-family model in Hugging Face format
+ * (config.json, generation_config.json, model.safetensors or shards + index, optionally a copied
+ * tokenizer), for tests and demos. Same arguments and seed give byte-identical files on the same
+ * platform (each tensor draws from its own generator seeded by the seed and the tensor's name, so
+ * adding layers does not change the existing ones).
+ *
+ * Weights: embeddings N(0, s) with s = min(0.5, 2/sqrt(hidden)) so that tied logits are neither
+ * flat nor one-hot; projections N(0, 1/sqrt(fan_in)); lm_head (untied) N(0, 2/sqrt(hidden));
+ * RMSNorm weights 1 + N(0, 0.1); Qwen2 q/k/v biases N(0, 0.1). Every file is written to a temp
+ * name, fsynced and renamed. The result is loaded back with tm_model_load as a self-check. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/err.h"
+#include "runner/model.h"
+#include "runner/safetensors.h"
+
+typedef struct mk_opts {
+    const char *out;
+    const char *arch;     /* llama | qwen2 | mistral */
+    uint64_t seed;
+    long layers, hidden, heads, kv_heads, head_dim, ff, vocab, ctx, tied, shards, bos, eos;
+    tm_dtype dtype;
+    double rope_theta;
+    int rope_llama3;
+    const char *tokenizer; /* folder with tokenizer.json (+ tokenizer_config.json) */
+} mk_opts;
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: mkmodel --out DIR [--arch llama|qwen2|mistral] [--seed N] [--layers L]\n"
+            "               [--hidden H] [--heads NH] [--kv-heads NKV] [--head-dim D] [--ff F]\n"
+            "               [--vocab V] [--ctx C] [--tied 0|1] [--dtype f32|bf16|f16]\n"
+            "               [--rope-theta T] [--rope-scaling llama3] [--tokenizer DIR]\n"
+            "               [--bos ID] [--eos ID] [--shards N]\n"
+            "Defaults: llama, seed 1, 2 layers, hidden 64, 4 heads, 2 kv heads, ff 128, vocab 256\n"
+            "(or the tokenizer's size), ctx 512, untied, bf16, rope theta 10000, 1 shard.\n");
+}
+
+/* ---- random numbers: splitmix64 seeds xoshiro256**, Box-Muller for normals ------------------ */
+
+typedef struct mk_rng {
+    uint64_t s[4];
+    int has_spare;
+    double spare;
+} mk_rng;
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(mk_rng *r) {
+    uint64_t res = rotl(r->s[1] * 5, 7) * 9, t = r->s[1] << 17;
+    r->s[2] ^= r->s[0];
+    r->s[3] ^= r->s[1];
+    r->s[1] ^= r->s[2];
+    r->s[0] ^= r->s[3];
+    r->s[2] ^= t;
+    r->s[3] = rotl(r->s[3], 45);
+    return res;
+}
+
+static void rng_seed(mk_rng *r, uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull; // FNV-1a of the tensor name
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t x = seed ^ h;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+    r->has_spare = 0;
+}
+
+static double rng_normal(mk_rng *r) {
+    if (r->has_spare) {
+        r->has_spare = 0;
+        return r->spare;
+    }
+    double u1 = ((rng_next(r) >> 11) + 1.0) * 0x1.0p-53; // (0, 1]
+    double u2 = (rng_next(r) >> 11) * 0x1.0p-53;         // [0, 1)
+    double rad = sqrt(-2.0 * log(u1)), th = 6.283185307179586 * u2;
+    r->spare = rad * sin(th);
+    r->has_spare = 1;
+    return rad * cos(th);
+}
+
+/* ---- files ----------------------------------------------------------------------------------- */
+
+static tm_rc write_file_atomic(const char *path, const void *data, size_t n, tm_err *err) {
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return TM_ERR(err, TM_E_IO, "%s: open: %s", tmp, strerror(errno));
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            TM_ERR(err, TM_E_IO, "%s: write: %s", tmp, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            return err->rc;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return TM_ERR(err, TM_E_IO, "%s: fsync/close: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0)
+        return TM_ERR(err, TM_E_IO, "rename %s: %s", path, strerror(errno));
+    return TM_OK;
+}
+
+static tm_rc write_json(const char *dir, const char *name, json_t *j, tm_err *err) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    if (!s)
+        return TM_ERR(err, TM_E_NOMEM, "%s: json_dumps", name);
+    size_t n = strlen(s);
+    tm_rc rc = TM_OK;
+    char *withnl = tm_malloc(n + 2);
+    if (!withnl) {
+        rc = TM_ERR(err, TM_E_NOMEM, "%s", name);
+    } else {
+        memcpy(withnl, s, n);
+        withnl[n] = '\n';
+        rc = write_file_atomic(path, withnl, n + 1, err);
+    }
+    tm_free(withnl);
+    free(s);
+    return rc;
+}
+
+static tm_rc read_file(const char *path, char **out, size_t *n_out, tm_err *err) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 1 << 16;
+            char *nb = tm_realloc(buf, ncap);
+            if (!nb) {
+                tm_free(buf);
+                fclose(fp);
+                return TM_ERR(err, TM_E_NOMEM, "%s", path);
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t k = fread(buf + n, 1, cap - n, fp);
+        n += k;
+        if (k == 0)
+            break;
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (bad) {
+        tm_free(buf);
+        return TM_ERR(err, TM_E_IO, "%s: read error", path);
+    }
+    *out = buf;
+    *n_out = n;
+    return TM_OK;
+}
+
+static tm_rc copy_file(const char *src_dir, const char *dst_dir, const char *name, int optional,
+                       tm_err *err) {
+    char src[4096], dst[4096];
+    snprintf(src, sizeof(src), "%s/%s", src_dir, name);
+    snprintf(dst, sizeof(dst), "%s/%s", dst_dir, name);
+    if (optional && access(src, F_OK) != 0)
+        return TM_OK;
+    char *buf = NULL;
+    size_t n = 0;
+    tm_rc rc = read_file(src, &buf, &n, err);
+    if (rc == TM_OK)
+        rc = write_file_atomic(dst, buf, n, err);
+    tm_free(buf);
+    return rc;
+}
+
+static tm_rc mkdir_p(const char *dir, tm_err *err) {
+    char p[4096];
+    snprintf(p, sizeof(p), "%s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return TM_ERR(err, TM_E_IO, "mkdir %s: %s", p, strerror(errno));
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        return TM_ERR(err, TM_E_IO, "mkdir %s: %s", p, strerror(errno));
+    return TM_OK;
+}
+
+/* ---- tokenizer: vocabulary size and bos/eos ids ---------------------------------------------- */
+
+static long token_id(json_t *tok, json_t *tcfg, const char *key) {
+    json_t *v = json_object_get(tcfg, key);
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    if (!json_is_string(v))
+        return -1;
+    const char *s = json_string_value(v);
+    json_t *added = json_object_get(tok, "added_tokens");
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        json_t *a = json_array_get(added, i);
+        if (json_is_string(json_object_get(a, "content")) &&
+            !strcmp(json_string_value(json_object_get(a, "content")), s))
+            return (long)json_integer_value(json_object_get(a, "id"));
+    }
+    json_t *vocab = json_object_get(json_object_get(tok, "model"), "vocab");
+    json_t *id = json_is_object(vocab) ? json_object_get(vocab, s) : NULL;
+    return json_is_integer(id) ? (long)json_integer_value(id) : -1;
+}
+
+static tm_rc read_tokenizer(const char *dir, long *n_vocab, long *bos, long *eos, tm_err *err) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
+    json_error_t je;
+    json_t *tok = json_load_file(path, 0, &je);
+    if (!tok)
+        return TM_ERR(err, TM_E_PARSE, "%s: %s", path, je.text);
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    json_t *tcfg = access(path, F_OK) == 0 ? json_load_file(path, 0, &je) : json_object();
+    if (!tcfg) {
+        json_decref(tok);
+        return TM_ERR(err, TM_E_PARSE, "%s: %s", path, je.text);
+    }
+    long max_id = -1;
+    json_t *vocab = json_object_get(json_object_get(tok, "model"), "vocab");
+    if (json_is_array(vocab)) {
+        max_id = (long)json_array_size(vocab) - 1; // Unigram: [[piece, score], ...]
+    } else {
+        const char *k;
+        json_t *v;
+        json_object_foreach(vocab, k, v) {
+            if (json_is_integer(v) && json_integer_value(v) > max_id)
+                max_id = (long)json_integer_value(v);
+        }
+    }
+    json_t *added = json_object_get(tok, "added_tokens");
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        json_t *id = json_object_get(json_array_get(added, i), "id");
+        if (json_is_integer(id) && json_integer_value(id) > max_id)
+            max_id = (long)json_integer_value(id);
+    }
+    *n_vocab = max_id + 1;
+    *bos = token_id(tok, tcfg, "bos_token");
+    *eos = token_id(tok, tcfg, "eos_token");
+    json_decref(tok);
+    json_decref(tcfg);
+    return TM_OK;
+}
+
+/* ---- config files ---------------------------------------------------------------------------- */
+
+static const char *hf_class(const char *arch) {
+    if (!strcmp(arch, "qwen2"))
+        return "Qwen2ForCausalLM";
+    if (!strcmp(arch, "mistral"))
+        return "MistralForCausalLM";
+    return "LlamaForCausalLM";
+}
+
+static const char *torch_dtype(tm_dtype dt) {
+    switch (dt) {
+    case TM_DTYPE_F32: return "float32";
+    case TM_DTYPE_F16: return "float16";
+    case TM_DTYPE_BF16: return "bfloat16";
+    }
+    return "?";
+}
+
+static json_t *make_config(const mk_opts *o) {
+    int qwen2 = !strcmp(o->arch, "qwen2"), llama = !strcmp(o->arch, "llama");
+    json_t *c = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string(hf_class(o->arch)));
+    json_object_set_new(c, "architectures", archs);
+    json_object_set_new(c, "model_type", json_string(o->arch));
+    if (!qwen2)
+        json_object_set_new(c, "attention_bias", json_false());
+    json_object_set_new(c, "attention_dropout", json_real(0.0));
+    json_object_set_new(c, "bos_token_id", json_integer(o->bos));
+    json_object_set_new(c, "eos_token_id", json_integer(o->eos));
+    json_object_set_new(c, "head_dim", json_integer(o->head_dim));
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "hidden_size", json_integer(o->hidden));
+    json_object_set_new(c, "initializer_range", json_real(0.02));
+    json_object_set_new(c, "intermediate_size", json_integer(o->ff));
+    json_object_set_new(c, "max_position_embeddings", json_integer(o->ctx));
+    if (qwen2)
+        json_object_set_new(c, "max_window_layers", json_integer(o->layers));
+    if (llama) {
+        json_object_set_new(c, "mlp_bias", json_false());
+        json_object_set_new(c, "pretraining_tp", json_integer(1));
+    }
+    json_object_set_new(c, "num_attention_heads", json_integer(o->heads));
+    json_object_set_new(c, "num_hidden_layers", json_integer(o->layers));
+    json_object_set_new(c, "num_key_value_heads", json_integer(o->kv_heads));
+    json_object_set_new(c, "rms_norm_eps", json_real(qwen2 ? 1e-6 : 1e-5));
+    if (o->rope_llama3) {
+        json_t *rs = json_object();
+        json_object_set_new(rs, "factor", json_real(8.0));
+        json_object_set_new(rs, "high_freq_factor", json_real(4.0));
+        json_object_set_new(rs, "low_freq_factor", json_real(1.0));
+        long orig = o->ctx / 8 > 0 ? o->ctx / 8 : 1;
+        json_object_set_new(rs, "original_max_position_embeddings", json_integer(orig));
+        json_object_set_new(rs, "rope_type", json_string("llama3"));
+        json_object_set_new(c, "rope_scaling", rs);
+    } else {
+        json_object_set_new(c, "rope_scaling", json_null());
+    }
+    json_object_set_new(c, "rope_theta", json_real(o->rope_theta));
+    if (!llama)
+        json_object_set_new(c, "sliding_window", json_null());
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(o->tied));
+    json_object_set_new(c, "torch_dtype", json_string(torch_dtype(o->dtype)));
+    json_object_set_new(c, "dtype", json_string(torch_dtype(o->dtype)));
+    json_object_set_new(c, "transformers_version", json_string("4.57.0"));
+    json_object_set_new(c, "use_cache", json_true());
+    if (qwen2)
+        json_object_set_new(c, "use_sliding_window", json_false());
+    json_object_set_new(c, "vocab_size", json_integer(o->vocab));
+    return c;
+}
+
+static json_t *make_gen_config(const mk_opts *o) {
+    json_t *g = json_object();
+    json_object_set_new(g, "_from_model_config", json_true());
+    json_object_set_new(g, "bos_token_id", json_integer(o->bos));
+    json_object_set_new(g, "eos_token_id", json_integer(o->eos));
+    json_object_set_new(g, "transformers_version", json_string("4.57.0"));
+    return g;
+}
+
+/* ---- tensors --------------------------------------------------------------------------------- */
+
+typedef enum mk_init { MK_NORMAL, MK_NORM_W } mk_init;
+
+typedef struct mk_tensor {
+    char name[96];
+    uint32_t n_dim;
+    uint64_t shape[2];
+    mk_init init;
+    double std;
+    void *data; /* owned; tm_malloc */
+} mk_tensor;
+
+static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
+                uint64_t d1, mk_init init, double std) {
+    mk_tensor *x = &t[(*n)++];
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    x->n_dim = n_dim;
+    x->shape[0] = d0;
+    x->shape[1] = d1;
+    x->init = init;
+    x->std = std;
+    x->data = NULL;
+}
+
+static size_t list_tensors(const mk_opts *o, mk_tensor *t) {
+    size_t n = 0;
+    const uint64_t e = (uint64_t)o->hidden, q = (uint64_t)o->heads * (uint64_t)o->head_dim,
+                   kv = (uint64_t)o->kv_heads * (uint64_t)o->head_dim, ff = (uint64_t)o->ff,
+                   v = (uint64_t)o->vocab;
+    double s_embd = fmin(0.5, 2.0 / sqrt((double)e));
+    add(t, &n, "model.embed_tokens.weight", 2, v, e, MK_NORMAL, s_embd);
+    add(t, &n, "model.norm.weight", 1, e, 0, MK_NORM_W, 0.1);
+    if (!o->tied)
+        add(t, &n, "lm_head.weight", 2, v, e, MK_NORMAL, 2.0 / sqrt((double)e));
+    for (long il = 0; il < o->layers; il++) {
+        char nm[96];
+#define L(suffix) (snprintf(nm, sizeof(nm), "model.layers.%ld.%s", il, suffix), nm)
+        add(t, &n, L("input_layernorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("self_attn.q_proj.weight"), 2, q, e, MK_NORMAL, 1.0 / sqrt((double)e));
+        add(t, &n, L("self_attn.k_proj.weight"), 2, kv, e, MK_NORMAL, 1.0 / sqrt((double)e));
+        add(t, &n, L("self_attn.v_proj.weight"), 2, kv, e, MK_NORMAL, 1.0 / sqrt((double)e));
+        add(t, &n, L("self_attn.o_proj.weight"), 2, e, q, MK_NORMAL, 1.0 / sqrt((double)q));
+        if (!strcmp(o->arch, "qwen2")) {
+            add(t, &n, L("self_attn.q_proj.bias"), 1, q, 0, MK_NORMAL, 0.1);
+            add(t, &n, L("self_attn.k_proj.bias"), 1, kv, 0, MK_NORMAL, 0.1);
+            add(t, &n, L("self_attn.v_proj.bias"), 1, kv, 0, MK_NORMAL, 0.1);
+        }
+        add(t, &n, L("post_attention_layernorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("mlp.gate_proj.weight"), 2, ff, e, MK_NORMAL, 1.0 / sqrt((double)e));
+        add(t, &n, L("mlp.up_proj.weight"), 2, ff, e, MK_NORMAL, 1.0 / sqrt((double)e));
+        add(t, &n, L("mlp.down_proj.weight"), 2, e, ff, MK_NORMAL, 1.0 / sqrt((double)ff));
+#undef L
+    }
+    return n;
+}
+
+static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
+    uint64_t n = t->shape[0] * (t->n_dim > 1 ? t->shape[1] : 1);
+    size_t es = tm_dtype_size(o->dtype);
+    t->data = tm_malloc((size_t)(n * es));
+    if (!t->data)
+        return TM_ERR(err, TM_E_NOMEM, "%s: %llu elements", t->name, (unsigned long long)n);
+    mk_rng r;
+    rng_seed(&r, o->seed, t->name);
+    for (uint64_t i = 0; i < n; i++) {
+        double z = rng_normal(&r) * t->std;
+        float f = (float)(t->init == MK_NORM_W ? 1.0 + z : z);
+        if (o->dtype == TM_DTYPE_F32) {
+            memcpy((char *)t->data + 4 * i, &f, 4);
+        } else {
+            uint16_t h = o->dtype == TM_DTYPE_BF16 ? tm_f32_to_bf16(f) : tm_f32_to_f16(f);
+            memcpy((char *)t->data + 2 * i, &h, 2);
+        }
+    }
+    return TM_OK;
+}
+
+static int cmp_mk_name(const void *a, const void *b) {
+    return strcmp(((const mk_tensor *)a)->name, ((const mk_tensor *)b)->name);
+}
+
+static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err) {
+    static const char *const meta[] = {"format", "pt"};
+    tm_rc rc = TM_OK;
+    tm_st_wtensor *w = tm_calloc(n, sizeof(*w));
+    if (!w)
+        return TM_ERR(err, TM_E_NOMEM, "tensor list");
+    qsort(t, n, sizeof(*t), cmp_mk_name);
+    long n_shard = o->shards;
+    json_t *index = NULL, *wmap = NULL;
+    if (n_shard > 1) {
+        index = json_object();
+        json_t *md = json_object();
+        uint64_t total = 0;
+        for (size_t i = 0; i < n; i++)
+            total += t[i].shape[0] * (t[i].n_dim > 1 ? t[i].shape[1] : 1) *
+                     tm_dtype_size(o->dtype);
+        json_object_set_new(md, "total_size", json_integer((json_int_t)total));
+        json_object_set_new(index, "metadata", md);
+        wmap = json_object();
+        json_object_set_new(index, "weight_map", wmap); // index owns wmap; borrowed below
+    }
+    // Contiguous runs of the name-sorted list go to each shard, as transformers does.
+    for (long s = 0; s < n_shard && rc == TM_OK; s++) {
+        size_t lo = n * (size_t)s / (size_t)n_shard, hi = n * (size_t)(s + 1) / (size_t)n_shard;
+        char file[128], path[4200];
+        if (n_shard > 1)
+            snprintf(file, sizeof(file), "model-%05ld-of-%05ld.safetensors", s + 1, n_shard);
+        else
+            snprintf(file, sizeof(file), "model.safetensors");
+        snprintf(path, sizeof(path), "%s/%s", o->out, file);
+        for (size_t i = lo; i < hi; i++) {
+            w[i - lo] = (tm_st_wtensor){.name = t[i].name, .dtype = o->dtype,
+                                         .n_dim = t[i].n_dim, .data = t[i].data};
+            w[i - lo].shape[0] = t[i].shape[0];
+            w[i - lo].shape[1] = t[i].shape[1];
+            if (wmap)
+                json_object_set_new(wmap, t[i].name, json_string(file));
+        }
+        rc = tm_st_file_write(path, w, hi - lo, meta, 1, err);
+    }
+    if (rc == TM_OK && index)
+        rc = write_json(o->out, "model.safetensors.index.json", index, err);
+    json_decref(index);
+    tm_free(w);
+    return rc;
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+static int parse_long(const char *s, long lo, long hi, long *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || !end || *end || end == s || v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, mk_opts *o) {
+    *o = (mk_opts){.arch = "llama", .seed = 1, .layers = 2, .hidden = 64, .heads = 4,
+                   .kv_heads = -1, .head_dim = -1, .ff = 128, .vocab = -1, .ctx = 512,
+                   .tied = 0, .shards = 1, .bos = -1, .eos = -1, .dtype = TM_DTYPE_BF16,
+                   .rope_theta = 10000.0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return 0;
+        if (i + 1 >= argc) {
+            fprintf(stderr, "mkmodel: %s needs a value\n", a);
+            return 0;
+        }
+        const char *v = argv[++i];
+        int ok = 1;
+        if (!strcmp(a, "--out"))
+            o->out = v;
+        else if (!strcmp(a, "--arch")) {
+            o->arch = v;
+            ok = !strcmp(v, "llama") || !strcmp(v, "qwen2") || !strcmp(v, "mistral");
+        } else if (!strcmp(a, "--seed")) {
+            char *end = NULL;
+            errno = 0;
+            o->seed = strtoull(v, &end, 10);
+            ok = !errno && end && !*end && end != v;
+        } else if (!strcmp(a, "--layers"))
+            ok = parse_long(v, 1, 4096, &o->layers);
+        else if (!strcmp(a, "--hidden"))
+            ok = parse_long(v, 2, 65536, &o->hidden);
+        else if (!strcmp(a, "--heads"))
+            ok = parse_long(v, 1, 1024, &o->heads);
+        else if (!strcmp(a, "--kv-heads"))
+            ok = parse_long(v, 1, 1024, &o->kv_heads);
+        else if (!strcmp(a, "--head-dim"))
+            ok = parse_long(v, 2, 1024, &o->head_dim);
+        else if (!strcmp(a, "--ff"))
+            ok = parse_long(v, 1, 1 << 20, &o->ff);
+        else if (!strcmp(a, "--vocab"))
+            ok = parse_long(v, 1, 1 << 24, &o->vocab);
+        else if (!strcmp(a, "--ctx"))
+            ok = parse_long(v, 1, 1 << 24, &o->ctx);
+        else if (!strcmp(a, "--tied"))
+            ok = parse_long(v, 0, 1, &o->tied);
+        else if (!strcmp(a, "--shards"))
+            ok = parse_long(v, 1, 999, &o->shards);
+        else if (!strcmp(a, "--bos"))
+            ok = parse_long(v, 0, (1 << 24) - 1, &o->bos);
+        else if (!strcmp(a, "--eos"))
+            ok = parse_long(v, 0, (1 << 24) - 1, &o->eos);
+        else if (!strcmp(a, "--dtype")) {
+            if (!strcmp(v, "f32"))
+                o->dtype = TM_DTYPE_F32;
+            else if (!strcmp(v, "bf16"))
+                o->dtype = TM_DTYPE_BF16;
+            else if (!strcmp(v, "f16"))
+                o->dtype = TM_DTYPE_F16;
+            else
+                ok = 0;
+        } else if (!strcmp(a, "--rope-theta")) {
+            char *end = NULL;
+            o->rope_theta = strtod(v, &end);
+            ok = end && !*end && end != v && o->rope_theta > 0 && isfinite(o->rope_theta);
+        } else if (!strcmp(a, "--rope-scaling")) {
+            ok = !strcmp(v, "llama3") || !strcmp(v, "none");
+            o->rope_llama3 = !strcmp(v, "llama3");
+        } else if (!strcmp(a, "--tokenizer"))
+            o->tokenizer = v;
+        else {
+            fprintf(stderr, "mkmodel: unknown option %s\n", a);
+            return 0;
+        }
+        if (!ok) {
+            fprintf(stderr, "mkmodel: bad value for %s: %s\n", a, v);
+            return 0;
+        }
+    }
+    if (!o->out) {
+        fprintf(stderr, "mkmodel: --out is required\n");
+        return 0;
+    }
+    if (o->kv_heads < 0)
+        o->kv_heads = o->heads < 2 ? o->heads : (o->heads % 2 ? o->heads : o->heads / 2);
+    if (o->head_dim < 0) {
+        if (o->hidden % o->heads) {
+            fprintf(stderr, "mkmodel: --hidden %ld is not divisible by --heads %ld\n", o->hidden,
+                    o->heads);
+            return 0;
+        }
+        o->head_dim = o->hidden / o->heads;
+    }
+    if (o->heads % o->kv_heads || o->head_dim % 2) {
+        fprintf(stderr, "mkmodel: --heads must be a multiple of --kv-heads and --head-dim even\n");
+        return 0;
+    }
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    mk_opts o;
+    if (!parse_args(argc, argv, &o)) {
+        usage();
+        return 2;
+    }
+    tm_err err = {0};
+    tm_rc rc = TM_OK;
+    mk_tensor *t = NULL;
+    size_t n = 0;
+    json_t *cfg = NULL, *gen = NULL;
+    if (o.tokenizer) {
+        long tv = 0, tb = -1, te = -1;
+        rc = read_tokenizer(o.tokenizer, &tv, &tb, &te, &err);
+        if (rc)
+            goto out;
+        if (o.vocab < 0)
+            o.vocab = tv;
+        if (o.vocab < tv) {
+            rc = TM_ERR(&err, TM_E_INVAL, "--vocab %ld is smaller than the tokenizer's %ld",
+                        o.vocab, tv);
+            goto out;
+        }
+        if (o.bos < 0)
+            o.bos = tb;
+        if (o.eos < 0)
+            o.eos = te;
+    }
+    if (o.vocab < 0)
+        o.vocab = 256;
+    if (o.bos < 0)
+        o.bos = o.vocab > 1 ? 1 : 0;
+    if (o.eos < 0)
+        o.eos = o.vocab > 2 ? 2 : 0;
+    if (o.bos >= o.vocab || o.eos >= o.vocab) {
+        rc = TM_ERR(&err, TM_E_INVAL, "bos %ld / eos %ld outside the vocabulary (%ld)", o.bos,
+                    o.eos, o.vocab);
+        goto out;
+    }
+    rc = mkdir_p(o.out, &err);
+    if (rc)
+        goto out;
+    t = tm_calloc(3 + (size_t)o.layers * 12, sizeof(*t));
+    if (!t) {
+        rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
+        goto out;
+    }
+    n = list_tensors(&o, t);
+    if ((long)n < o.shards) {
+        rc = TM_ERR(&err, TM_E_INVAL, "--shards %ld exceeds the %zu tensors", o.shards, n);
+        goto out;
+    }
+    for (size_t i = 0; i < n && rc == TM_OK; i++)
+        rc = fill_tensor(&o, &t[i], &err);
+    if (rc)
+        goto out;
+    rc = write_weights(&o, t, n, &err);
+    if (rc)
+        goto out;
+    cfg = make_config(&o);
+    gen = make_gen_config(&o);
+    rc = write_json(o.out, "config.json", cfg, &err);
+    if (rc == TM_OK)
+        rc = write_json(o.out, "generation_config.json", gen, &err);
+    if (rc == TM_OK && o.tokenizer) {
+        rc = copy_file(o.tokenizer, o.out, "tokenizer.json", 0, &err);
+        if (rc == TM_OK)
+            rc = copy_file(o.tokenizer, o.out, "tokenizer_config.json", 1, &err);
+    }
+    if (rc)
+        goto out;
+    // Self-check: the reader must accept what we wrote.
+    tm_model *m = NULL;
+    rc = tm_model_load(o.out, &m, &err);
+    if (rc == TM_OK) {
+        uint64_t n_param = 0;
+        for (size_t i = 0; i < n; i++)
+            n_param += t[i].shape[0] * (t[i].n_dim > 1 ? t[i].shape[1] : 1);
+        printf("mkmodel: wrote %s: %s, %u layers, hidden %u, %u/%u heads x %u, ff %u, vocab %u, "
+               "%s, %s, %llu parameters\n",
+               o.out, tm_model_arch_name(m), m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head,
+               m->cfg.n_kv_head, m->cfg.head_dim, m->cfg.n_ff, m->cfg.n_vocab,
+               tm_dtype_name(o.dtype), o.tied ? "tied" : "untied",
+               (unsigned long long)n_param);
+    }
+    tm_model_destroy(m);
+out:
+    json_decref(cfg);
+    json_decref(gen);
+    for (size_t i = 0; i < n; i++)
+        tm_free(t[i].data);
+    tm_free(t);
+    if (rc) {
+        fprintf(stderr, "mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -63,6 +63,9 @@ typedef struct tm_model_cfg {
     int32_t bos_id;        /* -1 if none */
     int32_t eos_ids[TM_MODEL_MAX_EOS]; /* from config.json and generation_config.json */
     uint32_t n_eos;
+    uint32_t sliding_window; /* 0: full attention; else each token attends to at most this many
+                              * (Mistral v0.1 sliding_window, when below n_ctx). Engines without it
+                              * must keep sequences within it */
 } tm_model_cfg;
 
 typedef struct tm_layer_w {
@@ -90,10 +93,33 @@ typedef struct tm_model {
 
 /* Load dir/config.json (+ generation_config.json if present) and map the safetensors. Every
  * header field is validated before use; a truncated or inconsistent file gives TM_E_PARSE with a
- * message naming the file and the rule. On success *out owns the model. */
+ * message naming the file and the rule. On success *out owns the model. Config: architectures[0]
+ * (model_type if absent); rope_scaling or rope_parameters of type default or llama3; eos ids of
+ * both files merged without repeats; every tensor's shape checked against the config (extra
+ * tensors are ignored, except layers beyond num_hidden_layers). Errors: TM_E_PARSE (malformed or
+ * inconsistent files, missing fields, values out of range, wrong shapes), TM_E_INVAL (valid but
+ * unsupported: other architectures or rope types, attention_bias/mlp_bias on Llama, Qwen2
+ * sliding windows, hidden_act other than silu), TM_E_IO, TM_E_NOMEM. Messages start with
+ * "loading model <dir>: ". impl is the tm_st_set (runner/safetensors.h) holding the mappings. */
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err);
 void tm_model_destroy(tm_model *m); /* NULL is a no-op */
 /* "llama", "qwen2" or "mistral". */
 const char *tm_model_arch_name(const tm_model *m);
+
+/* Element conversions. f32 -> bf16/f16 round to nearest even; NaN stays NaN, overflow gives
+ * infinity. f16 -> f32 handles subnormals, infinities and NaN exactly. */
+float tm_bf16_to_f32(uint16_t h);
+float tm_f16_to_f32(uint16_t h);
+uint16_t tm_f32_to_bf16(float f);
+uint16_t tm_f32_to_f16(float f);
+
+/* Number of elements of t (product of its shape). */
+uint64_t tm_tensor_n_elem(const tm_tensor *t);
+/* Element i (row-major, i < tm_tensor_n_elem(t)) of t as float, whatever its dtype. Reads with
+ * memcpy, so t->data need not be aligned. Asserts that data is non-NULL and i is in range. */
+float tm_tensor_get_f32(const tm_tensor *t, size_t i);
+/* Row `row` of t converted to float: out[0 .. shape[n_dim-1]) (a 1-D tensor has one row, 0).
+ * out must hold shape[n_dim-1] floats. Asserts that row is in range. */
+void tm_tensor_row_f32(const tm_tensor *t, size_t row, float *out);
 
 #endif /* TM_RUNNER_MODEL_H */
