@@ -16,11 +16,11 @@ setup:
 
 build: setup
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 build-asan: setup
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTM_SANITIZE=ON -DTM_CUDA=OFF >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 
 $(DEMO_MODEL)/config.json: | build
 	@$(BUILD)/mkmodel --out $(DEMO_MODEL) --arch llama --seed 7 --layers 2 --hidden 128 \

@@ -5,6 +5,7 @@
  * growth of a sequence's token array and text. */
 #include "runner/runner.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -48,7 +49,8 @@ typedef struct runner {
     uint64_t n_admitted;
     uint32_t max_len;       /* min(n_ctx, pool capacity) */
     uint32_t max_blocks_per_seq;
-    uint32_t n_vocab;
+    uint32_t n_vocab;       /* logits row length (the model's vocab_size) */
+    uint32_t n_vocab_tok;   /* ids the tokenizer can decode; sampling never picks beyond */
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
@@ -391,7 +393,7 @@ static tm_rc step(runner *r, tm_err *err) {
         if (!r->bseqs[i].want_logits)
             continue;
         uint32_t id;
-        rc = tm_sample_token(r->logits + (size_t)row * r->n_vocab, r->n_vocab, &s->sp, s->n_gen,
+        rc = tm_sample_token(r->logits + (size_t)row * r->n_vocab, r->n_vocab_tok, &s->sp, s->n_gen,
                              &r->scratch, &id, err);
         row++;
         if (rc == TM_E_INVAL) {
@@ -437,6 +439,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     if (cfg->max_seqs == 0 || cfg->max_batched_tokens == 0 || cfg->block_size == 0)
         return TM_ERR(err, TM_E_INVAL, "runner: max_seqs, max_batched_tokens, block_size > 0");
     r.n_vocab = mc->n_vocab;
+    // Checkpoints pad vocab_size past the tokenizer (DeepSeek V3: 129280 vs 128815 ids); the
+    // padding ids have no text, so they are never sampled.
+    r.n_vocab_tok = TM_MIN(mc->n_vocab, tm_tok_n_vocab(tok));
     r.bos_id = tm_tok_bos_id(tok);
     for (uint32_t i = 0; i < mc->n_eos; i++)
         r.eos_ids[r.n_eos++] = mc->eos_ids[i];
