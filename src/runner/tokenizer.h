@@ -22,8 +22,11 @@ typedef struct tm_ids {
 tm_rc tm_ids_push(tm_ids *v, uint32_t id, tm_err *err);
 void tm_ids_fini(tm_ids *v);
 
-/* Load model_dir/tokenizer.json and model_dir/tokenizer_config.json (bos/eos/chat_template).
- * TM_E_PARSE/TM_E_IO with the file name on error. On success *out owns the tokenizer. */
+/* Load model_dir/tokenizer.json and model_dir/tokenizer_config.json (bos/eos/chat_template;
+ * optional: without it there is no bos/eos/template). TM_E_IO/TM_E_PARSE with the file name on
+ * error; TM_E_PARSE names any tokenizer.json feature that is not supported (an unknown Split
+ * regex, a normalizer, ...: see tokenizer.c and docs/tokenizer.md); a bos_token/eos_token that
+ * is not a token is TM_E_PARSE; TM_E_NOMEM. On success *out owns the tokenizer. */
 tm_rc tm_tok_load(const char *model_dir, tm_tokenizer **out, tm_err *err);
 void tm_tok_destroy(tm_tokenizer *tok); /* NULL is a no-op */
 
@@ -40,7 +43,10 @@ typedef struct tm_detok {
     char pending[8];   /* bytes of an incomplete UTF-8 sequence */
     uint32_t n_pending;
 } tm_detok;
-/* Append the text that id completes to out. skip_special: special tokens produce no text. */
+/* Append the text that id completes to out. skip_special: special tokens produce no text.
+ * Bytes that cannot be part of valid UTF-8 become U+FFFD (one per maximal ill-formed
+ * subsequence), so out only ever receives valid UTF-8. st starts zeroed. Id out of range:
+ * TM_E_INVAL (st unchanged). */
 tm_rc tm_detok_push(const tm_tokenizer *tok, tm_detok *st, uint32_t id, int skip_special,
                     tm_buf *out, tm_err *err);
 /* End of stream: any incomplete tail is written as U+FFFD (one per byte sequence). */
