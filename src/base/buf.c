@@ -97,14 +97,14 @@ tm_rc tm_buf_append_json_str(tm_buf *b, const char *s, size_t n, tm_err *err) {
             rc = tm_buf_append(b, &s[i], 1, err);
             i++;
         } else {
-            size_t k = tm_utf8_valid_prefix(s + i, n - i);
+            uint32_t cp;
+            size_t k = tm_utf8_decode(s + i, n - i, &cp);
             if (k == 0) {
                 rc = tm_buf_append(b, "\xef\xbf\xbd", 3, err); // U+FFFD for an invalid byte
                 i++;
             } else {
-                size_t cp_len = tm_utf8_seq_len(c);
-                rc = tm_buf_append(b, s + i, cp_len, err);
-                i += cp_len;
+                rc = tm_buf_append(b, s + i, k, err);
+                i += k;
             }
         }
         if (rc)

@@ -1,2 +1,314 @@
-/* placeholder: replaced by the module */
-typedef int tm_placeholder_sink;
+/* sink/sink.c - LZ4-framed JSONL completions + plain JSONL error records. The only file of the
+ * sink module that calls LZ4F. */
+#include "sink/sink.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <lz4frame.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+
+enum { SLICE_BYTES = 64 * 1024 }; /* lines are fed to LZ4F in slices of at most this size */
+
+struct tm_sink {
+    tm_sink_opts opts;
+    char *dir;               /* owned */
+    char *path_lz4, *path_err;
+    FILE *f_lz4, *f_err;
+    LZ4F_cctx *cctx;
+    LZ4F_preferences_t prefs;
+    unsigned char *dst;      /* [dst_cap] LZ4F output */
+    size_t dst_cap;
+    bool in_frame;
+    uint64_t frame_n_rec, frame_n_bytes;
+    tm_buf line;
+    tm_sink_stats stats;
+};
+
+// ---- JSON lines ----
+
+// Milliseconds with 3 decimals; negative or non-finite values (a clock bug) are written as 0.
+static tm_rc append_ms(tm_buf *b, double ms, tm_err *err) {
+    if (!isfinite(ms) || ms < 0)
+        ms = 0;
+    return tm_buf_printf(b, err, "%.3f", ms);
+}
+
+tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
+    if (!c->id_json)
+        return TM_ERR(err, TM_E_INVAL, "ok record (seq %llu) without an id",
+                      (unsigned long long)c->seq_no);
+    const char *text = c->text ? c->text : "";
+    tm_rc rc = tm_buf_append_str(b, "{\"id\":", err);
+    if (!rc)
+        rc = tm_buf_append_str(b, c->id_json, err); // already JSON text, written verbatim
+    if (!rc)
+        rc = tm_buf_append_str(b, ",\"text\":", err);
+    if (!rc)
+        rc = tm_buf_append_json_str(b, text, strlen(text), err);
+    if (!rc)
+        rc = tm_buf_printf(b, err,
+                           ",\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%u,"
+                           "\"completion_tokens\":%u,\"cached_tokens\":%u},\"timing\":{\"ttft_ms\":",
+                           c->finish == TM_FINISH_LENGTH ? "length" : "stop", c->n_tok_prompt,
+                           c->n_tok_gen, c->n_tok_cached);
+    if (!rc)
+        rc = append_ms(b, c->ttft_ms, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, ",\"total_ms\":", err);
+    if (!rc)
+        rc = append_ms(b, c->total_ms, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}}\n", err);
+    return rc;
+}
+
+tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err) {
+    tm_rc rc = tm_buf_append_str(b, "{", err);
+    const char *sep = "";
+    if (!rc && c->id_json) {
+        rc = tm_buf_printf(b, err, "\"id\":%s", c->id_json);
+        sep = ",";
+    }
+    if (!rc && c->file) {
+        rc = tm_buf_printf(b, err, "%s\"file\":", sep);
+        if (!rc)
+            rc = tm_buf_append_json_str(b, c->file, strlen(c->file), err);
+        sep = ",";
+    }
+    if (!rc && c->line) {
+        rc = tm_buf_printf(b, err, "%s\"line\":%llu", sep, (unsigned long long)c->line);
+        sep = ",";
+    }
+    if (!rc)
+        rc = tm_buf_printf(b, err, "%s\"error\":{\"code\":\"%s\",\"message\":", sep,
+                           tm_errcode_name(c->err_code));
+    const char *msg = c->err_msg ? c->err_msg : "";
+    if (!rc)
+        rc = tm_buf_append_json_str(b, msg, strlen(msg), err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}}\n", err);
+    return rc;
+}
+
+// ---- files ----
+
+static tm_rc mkdir_p(const char *dir, tm_err *err) {
+    char *p = tm_strdup(dir);
+    if (!p)
+        return TM_ERR(err, TM_E_NOMEM, "output folder path");
+    tm_rc rc = TM_OK;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n && !rc; i++) {
+        if (p[i] != '/' && p[i] != '\0')
+            continue;
+        char saved = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            rc = TM_ERR(err, TM_E_IO, "creating %s: %s", p, strerror(errno));
+        p[i] = saved;
+    }
+    struct stat st;
+    if (!rc && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
+        rc = TM_ERR(err, TM_E_IO, "%s: not a folder", dir);
+    tm_free(p);
+    return rc;
+}
+
+static char *path_join(const char *dir, const char *name) {
+    size_t nd = strlen(dir), nn = strlen(name);
+    char *p = tm_malloc(nd + nn + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, nd);
+    p[nd] = '/';
+    memcpy(p + nd + 1, name, nn + 1);
+    return p;
+}
+
+static tm_rc sync_dir(const char *dir, tm_err *err) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0)
+        return TM_ERR(err, TM_E_IO, "opening %s: %s", dir, strerror(errno));
+    int r = fsync(fd);
+    int e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL) // some file systems cannot fsync folders
+        return TM_ERR(err, TM_E_IO, "fsync %s: %s", dir, strerror(e));
+    return TM_OK;
+}
+
+static tm_rc write_all(FILE *f, const char *path, const void *p, size_t n, tm_err *err) {
+    if (n && fwrite(p, 1, n, f) != n)
+        return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
+    return TM_OK;
+}
+
+static tm_rc write_lz4(tm_sink *sink, size_t n, tm_err *err) {
+    sink->stats.bytes_lz4 += n;
+    return write_all(sink->f_lz4, sink->path_lz4, sink->dst, n, err);
+}
+
+static tm_rc frame_end(tm_sink *sink, tm_err *err) {
+    if (!sink->in_frame)
+        return TM_OK;
+    size_t r = LZ4F_compressEnd(sink->cctx, sink->dst, sink->dst_cap, NULL);
+    if (LZ4F_isError(r))
+        return TM_ERR(err, TM_E_INTERNAL, "LZ4F_compressEnd: %s", LZ4F_getErrorName(r));
+    sink->in_frame = false;
+    sink->frame_n_rec = sink->frame_n_bytes = 0;
+    sink->stats.n_frames++;
+    return write_lz4(sink, r, err);
+}
+
+static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) {
+    tm_rc rc;
+    if (!sink->in_frame) {
+        size_t r = LZ4F_compressBegin(sink->cctx, sink->dst, sink->dst_cap, &sink->prefs);
+        if (LZ4F_isError(r))
+            return TM_ERR(err, TM_E_INTERNAL, "LZ4F_compressBegin: %s", LZ4F_getErrorName(r));
+        sink->in_frame = true;
+        rc = write_lz4(sink, r, err);
+        if (rc)
+            return rc;
+    }
+    for (size_t off = 0; off < n; off += SLICE_BYTES) { // slices keep dst small for huge lines
+        size_t k = TM_MIN((size_t)SLICE_BYTES, n - off);
+        size_t r = LZ4F_compressUpdate(sink->cctx, sink->dst, sink->dst_cap, s + off, k, NULL);
+        if (LZ4F_isError(r))
+            return TM_ERR(err, TM_E_INTERNAL, "LZ4F_compressUpdate: %s", LZ4F_getErrorName(r));
+        rc = write_lz4(sink, r, err);
+        if (rc)
+            return rc;
+    }
+    sink->frame_n_rec++;
+    sink->frame_n_bytes += n;
+    sink->stats.bytes_raw += n;
+    if ((sink->opts.frame_records && sink->frame_n_rec >= sink->opts.frame_records) ||
+        sink->frame_n_bytes >= sink->opts.frame_bytes)
+        return frame_end(sink, err);
+    return TM_OK;
+}
+
+// ---- public API ----
+
+tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out, tm_err *err) {
+    tm_sink *sink = tm_calloc(1, sizeof(*sink));
+    if (!sink)
+        return TM_ERR(err, TM_E_NOMEM, "sink");
+    if (opts)
+        sink->opts = *opts;
+    if (!sink->opts.frame_bytes)
+        sink->opts.frame_bytes = TM_SINK_DEFAULT_FRAME_BYTES;
+    sink->prefs.frameInfo.blockSizeID = LZ4F_max256KB;
+    sink->prefs.frameInfo.blockMode = LZ4F_blockLinked;
+    sink->prefs.frameInfo.contentChecksumFlag = LZ4F_contentChecksumEnabled;
+    sink->prefs.frameInfo.frameType = LZ4F_frame;
+    sink->prefs.frameInfo.blockChecksumFlag = LZ4F_noBlockChecksum;
+    sink->prefs.compressionLevel = 0;
+    sink->dst_cap = TM_MAX(LZ4F_compressBound(SLICE_BYTES, &sink->prefs),
+                           LZ4F_compressBound(0, &sink->prefs));
+    sink->dst_cap = TM_MAX(sink->dst_cap, (size_t)LZ4F_HEADER_SIZE_MAX);
+    sink->dst = tm_malloc(sink->dst_cap);
+    sink->dir = tm_strdup(out_dir);
+    if (!sink->dst || !sink->dir) {
+        TM_ERR(err, TM_E_NOMEM, "sink buffers");
+        goto fail;
+    }
+    size_t r = LZ4F_createCompressionContext(&sink->cctx, LZ4F_VERSION);
+    if (LZ4F_isError(r)) {
+        sink->cctx = NULL;
+        TM_ERR(err, TM_E_NOMEM, "LZ4 compression context: %s", LZ4F_getErrorName(r));
+        goto fail;
+    }
+    if (mkdir_p(out_dir, err))
+        goto fail;
+    sink->path_lz4 = path_join(out_dir, TM_SINK_COMPLETIONS_FILE);
+    sink->path_err = path_join(out_dir, TM_SINK_ERRORS_FILE);
+    if (!sink->path_lz4 || !sink->path_err) {
+        TM_ERR(err, TM_E_NOMEM, "sink paths");
+        goto fail;
+    }
+    const char *mode = sink->opts.append ? "ab" : "wb";
+    sink->f_lz4 = fopen(sink->path_lz4, mode);
+    if (!sink->f_lz4) {
+        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_lz4, strerror(errno));
+        goto fail;
+    }
+    sink->f_err = fopen(sink->path_err, mode);
+    if (!sink->f_err) {
+        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_err, strerror(errno));
+        goto fail;
+    }
+    if (!sink->opts.no_fsync && sync_dir(out_dir, err)) // the new directory entries
+        goto fail;
+    *out = sink;
+    return TM_OK;
+fail:
+    sink->in_frame = false;
+    tm_sink_close(sink, &(tm_err){0});
+    return err->rc;
+}
+
+tm_rc tm_sink_write(tm_sink *sink, const tm_completion *c, tm_err *err) {
+    tm_buf_clear(&sink->line);
+    if (c->err_code != TM_ERRCODE_NONE) {
+        tm_rc rc = tm_sink_format_error(&sink->line, c, err);
+        if (!rc)
+            rc = write_all(sink->f_err, sink->path_err, sink->line.data, sink->line.len, err);
+        if (!rc)
+            sink->stats.n_err++;
+        return rc;
+    }
+    tm_rc rc = tm_sink_format_ok(&sink->line, c, err);
+    if (!rc)
+        rc = write_ok_line(sink, sink->line.data, sink->line.len, err);
+    if (!rc)
+        sink->stats.n_ok++;
+    return rc;
+}
+
+static tm_rc flush_file(tm_sink *sink, FILE *f, const char *path, tm_err *err) {
+    if (fflush(f) != 0)
+        return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
+    if (!sink->opts.no_fsync && fsync(fileno(f)) != 0)
+        return TM_ERR(err, TM_E_IO, "fsync %s: %s", path, strerror(errno));
+    return TM_OK;
+}
+
+tm_rc tm_sink_flush(tm_sink *sink, tm_err *err) {
+    tm_rc rc = frame_end(sink, err);
+    if (!rc)
+        rc = flush_file(sink, sink->f_lz4, sink->path_lz4, err);
+    if (!rc)
+        rc = flush_file(sink, sink->f_err, sink->path_err, err);
+    return rc;
+}
+
+tm_rc tm_sink_close(tm_sink *sink, tm_err *err) {
+    if (!sink)
+        return TM_OK;
+    tm_rc rc = TM_OK;
+    if (sink->f_lz4 && sink->f_err)
+        rc = tm_sink_flush(sink, err);
+    if (sink->f_lz4 && fclose(sink->f_lz4) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", sink->path_lz4, strerror(errno));
+    if (sink->f_err && fclose(sink->f_err) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", sink->path_err, strerror(errno));
+    if (sink->cctx)
+        LZ4F_freeCompressionContext(sink->cctx);
+    tm_free(sink->dst);
+    tm_free(sink->dir);
+    tm_free(sink->path_lz4);
+    tm_free(sink->path_err);
+    tm_buf_fini(&sink->line);
+    tm_free(sink);
+    return rc;
+}
+
+void tm_sink_get_stats(const tm_sink *sink, tm_sink_stats *out) { *out = sink->stats; }

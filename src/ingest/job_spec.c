@@ -1,0 +1,601 @@
+/* ingest/job_spec.c - job file loader: jansson parse, hand-written validation that mirrors
+ * schemas/job.schema.json, input expansion (files, folders, glob(3) patterns) and the canonical
+ * JSON text. */
+#include "ingest/job_spec.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <glob.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/alloc.h"
+#include "ingest/fields_int.h"
+
+typedef struct loader {
+    const char *file; /* job file path, for messages */
+    char *dir;        /* folder of the job file; "" when it is the current folder */
+    tm_job_spec *spec;
+    json_t *canon;    /* canonical spec being built */
+    int canon_nomem;  /* a jansson allocation for canon failed */
+    char **list;      /* expanded input files, owned */
+    size_t n_list, cap_list;
+    tm_err *err;
+} loader;
+
+static const char *const root_keys[] = {"$schema", "model",    "input", "output",
+                                        "engine",  "defaults", "limits", NULL};
+static const char *const input_keys[] = {"files", NULL};
+static const char *const output_keys[] = {"dir", NULL};
+static const char *const engine_keys[] = {"backend", "max_seqs", "max_batched_tokens",
+                                          "block_size", "prefix_cache", "tp", "threads",
+                                          "kv_blocks", NULL};
+static const char *const limits_keys[] = {"max_line_bytes", NULL};
+
+const char *tm_backend_name(tm_backend b) {
+    switch (b) {
+    case TM_BACKEND_AUTO: return "auto";
+    case TM_BACKEND_CPU: return "cpu";
+    case TM_BACKEND_CUDA: return "cuda";
+    }
+    return "unknown";
+}
+
+static tm_rc fail(loader *ld, tm_rc rc, const char *jpath, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static tm_rc fail(loader *ld, tm_rc rc, const char *jpath, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    return TM_ERR(ld->err, rc, "%s: %s: %s", ld->file, jpath, msg);
+}
+
+// "expected <what>, got <v>" for jpath.
+static tm_rc fail_value(loader *ld, const char *jpath, const char *what, const json_t *v) {
+    tm_field_fail ff;
+    tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, what, v);
+    return fail(ld, TM_E_INVAL, jpath, "%s", ff.msg);
+}
+
+static void join_path(char *out, size_t n, const char *parent, const char *key) {
+    if (parent[0])
+        snprintf(out, n, "%s.%s", parent, key);
+    else
+        snprintf(out, n, "%s", key);
+}
+
+static void canon_set(loader *ld, json_t *obj, const char *key, json_t *v) {
+    if (!v || json_object_set_new(obj, key, v) != 0)
+        ld->canon_nomem = 1;
+}
+
+// Reject keys of obj that are not in allowed[], listing the allowed ones.
+static tm_rc check_keys(loader *ld, const json_t *obj, const char *jpath,
+                        const char *const *allowed) {
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)obj, key, v) {
+        int ok = 0;
+        for (size_t i = 0; allowed[i] && !ok; i++)
+            ok = strcmp(key, allowed[i]) == 0;
+        if (ok)
+            continue;
+        char names[256] = "";
+        for (size_t i = 0; allowed[i]; i++) {
+            size_t len = strlen(names);
+            snprintf(names + len, sizeof(names) - len, "%s%s", i ? ", " : "", allowed[i]);
+        }
+        char p[160];
+        join_path(p, sizeof(p), jpath, key);
+        return fail(ld, TM_E_INVAL, p, "unknown key (allowed here: %s)", names);
+    }
+    return TM_OK;
+}
+
+// Member `key` of obj as an object (NULL when absent); checks the type and the allowed keys.
+static tm_rc get_section(loader *ld, const json_t *root, const char *key, int required,
+                         const char *const *allowed, json_t **out) {
+    json_t *v = json_object_get(root, key);
+    *out = v;
+    if (!v) {
+        if (required)
+            return fail(ld, TM_E_INVAL, key, "required key is missing");
+        return TM_OK;
+    }
+    if (!json_is_object(v))
+        return fail_value(ld, key, "an object", v);
+    return check_keys(ld, v, key, allowed);
+}
+
+static tm_rc get_u32(loader *ld, const json_t *obj, const char *sect, const char *key,
+                     uint32_t lo, uint32_t hi, uint32_t dflt, uint32_t *out, json_t *canon) {
+    char p[96];
+    join_path(p, sizeof(p), sect, key);
+    const json_t *v = obj ? json_object_get(obj, key) : NULL;
+    *out = dflt;
+    if (v) {
+        char what[64];
+        if (hi == UINT32_MAX || hi == INT32_MAX)
+            snprintf(what, sizeof(what), "an integer >= %u", lo);
+        else
+            snprintf(what, sizeof(what), "an integer >= %u and <= %u", lo, hi);
+        if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+            return fail_value(ld, p, what, v);
+        *out = (uint32_t)json_integer_value(v);
+    }
+    canon_set(ld, canon, key, json_integer(*out));
+    return TM_OK;
+}
+
+static tm_rc get_path_str(loader *ld, const json_t *obj, const char *key, const char *jpath,
+                          const char **out) {
+    const json_t *v = json_object_get(obj, key);
+    if (!v)
+        return fail(ld, TM_E_INVAL, jpath, "required key is missing");
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return fail_value(ld, jpath, "a non-empty string", v);
+    if (strlen(json_string_value(v)) != json_string_length(v))
+        return fail_value(ld, jpath, "a string without NUL characters", v);
+    *out = json_string_value(v);
+    return TM_OK;
+}
+
+// A path from the file, resolved against the job file's folder. NULL on allocation failure.
+static char *resolve(const loader *ld, const char *given) {
+    if (given[0] == '/' || ld->dir[0] == '\0')
+        return tm_strdup(given);
+    size_t nd = strlen(ld->dir), ng = strlen(given);
+    int slash = ld->dir[nd - 1] != '/';
+    char *p = tm_malloc(nd + (size_t)slash + ng + 1);
+    if (!p)
+        return NULL;
+    memcpy(p, ld->dir, nd);
+    if (slash)
+        p[nd] = '/';
+    memcpy(p + nd + (size_t)slash, given, ng + 1);
+    return p;
+}
+
+// Append p (ownership taken, also on failure) to the expanded input list.
+static tm_rc list_push(loader *ld, char *p) {
+    if (!p)
+        return TM_ERR(ld->err, TM_E_NOMEM, "input file list");
+    if (ld->n_list == ld->cap_list) {
+        size_t cap = ld->cap_list ? ld->cap_list * 2 : 16;
+        char **l = tm_realloc(ld->list, cap * sizeof(*l));
+        if (!l) {
+            tm_free(p);
+            return TM_ERR(ld->err, TM_E_NOMEM, "input file list");
+        }
+        ld->list = l;
+        ld->cap_list = cap;
+    }
+    ld->list[ld->n_list++] = p;
+    return TM_OK;
+}
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && memcmp(s + n - k, suf, k) == 0;
+}
+
+static int is_input_name(const char *name) {
+    return name[0] != '.' && (has_suffix(name, ".jsonl") || has_suffix(name, ".jsonl.lz4") ||
+                              has_suffix(name, ".jsonl.gz"));
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+// Add the *.jsonl, *.jsonl.lz4 and *.jsonl.gz regular files directly inside folder, sorted by
+// name (bytewise). Hidden files and subfolders are skipped. *n_added counts them.
+static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_t *n_added) {
+    DIR *d = opendir(folder);
+    if (!d)
+        return fail(ld, TM_E_IO, jpath, "%s: %s", folder, strerror(errno));
+    size_t first = ld->n_list;
+    tm_rc rc = TM_OK;
+    struct dirent *de;
+    size_t nf = strlen(folder);
+    int slash = nf > 0 && folder[nf - 1] != '/';
+    for (;;) {
+        errno = 0;
+        de = readdir(d);
+        if (!de)
+            break;
+        if (!is_input_name(de->d_name))
+            continue;
+        size_t nn = strlen(de->d_name);
+        char *p = tm_malloc(nf + (size_t)slash + nn + 1);
+        if (p) {
+            memcpy(p, folder, nf);
+            if (slash)
+                p[nf] = '/';
+            memcpy(p + nf + (size_t)slash, de->d_name, nn + 1);
+            struct stat st;
+            if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
+                tm_free(p);
+                continue;
+            }
+        }
+        rc = list_push(ld, p);
+        if (rc)
+            break;
+    }
+    if (!rc && errno != 0)
+        rc = fail(ld, TM_E_IO, jpath, "%s: %s", folder, strerror(errno));
+    closedir(d);
+    if (rc)
+        return rc;
+    if (ld->n_list > first)
+        qsort(ld->list + first, ld->n_list - first, sizeof(*ld->list), cmp_str);
+    *n_added = ld->n_list - first;
+    return TM_OK;
+}
+
+static tm_rc add_glob(loader *ld, const char *jpath, const char *pattern) {
+    glob_t g;
+    memset(&g, 0, sizeof(g));
+    int grc = glob(pattern, 0, NULL, &g);
+    if (grc == GLOB_NOMATCH) {
+        globfree(&g);
+        return fail(ld, TM_E_INVAL, jpath, "pattern %s matches nothing", pattern);
+    }
+    if (grc != 0) {
+        globfree(&g);
+        if (grc == GLOB_NOSPACE)
+            return TM_ERR(ld->err, TM_E_NOMEM, "%s: %s: glob", ld->file, jpath);
+        return fail(ld, TM_E_IO, jpath, "pattern %s: read error", pattern);
+    }
+    // glob(3) sorts with the locale's collation; re-sort bytewise for a locale-free order.
+    qsort(g.gl_pathv, g.gl_pathc, sizeof(*g.gl_pathv), cmp_str);
+    tm_rc rc = TM_OK;
+    size_t n_added = 0;
+    for (size_t i = 0; i < g.gl_pathc && !rc; i++) {
+        struct stat st;
+        if (stat(g.gl_pathv[i], &st) == 0 && S_ISDIR(st.st_mode)) {
+            size_t k = 0;
+            rc = add_folder(ld, jpath, g.gl_pathv[i], &k);
+            n_added += k;
+        } else {
+            rc = list_push(ld, tm_strdup(g.gl_pathv[i]));
+            n_added++;
+        }
+    }
+    globfree(&g);
+    if (!rc && n_added == 0)
+        rc = fail(ld, TM_E_INVAL, jpath, "pattern %s matches no input files", pattern);
+    return rc;
+}
+
+static tm_rc expand_entry(loader *ld, const char *jpath, const char *given) {
+    char *p = resolve(ld, given);
+    if (!p)
+        return TM_ERR(ld->err, TM_E_NOMEM, "input path");
+    tm_rc rc;
+    struct stat st;
+    if (strpbrk(given, "*?[")) {
+        rc = add_glob(ld, jpath, p);
+    } else if (stat(p, &st) != 0) {
+        rc = fail(ld, TM_E_IO, jpath, "%s: %s", p, strerror(errno));
+    } else if (S_ISDIR(st.st_mode)) {
+        size_t k = 0;
+        rc = add_folder(ld, jpath, p, &k);
+        if (!rc && k == 0)
+            rc = fail(ld, TM_E_INVAL, jpath,
+                      "folder %s holds no *.jsonl, *.jsonl.lz4 or *.jsonl.gz files", p);
+    } else {
+        rc = list_push(ld, p);
+        p = NULL;
+    }
+    tm_free(p);
+    return rc;
+}
+
+// Drop later duplicates of the same path (a file named twice, or by a folder and a glob), keeping
+// the first position. O(n log n).
+static void dedupe_inputs(loader *ld, size_t *order) {
+    size_t n = ld->n_list;
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
+    // insertion-free: sort indices by (path, index)
+    for (size_t w = 1; w < n; w *= 2) { // bottom-up merge sort, stable, on order[]
+        for (size_t lo = 0; lo + w < n; lo += 2 * w) {
+            size_t mid = lo + w, hi = TM_MIN(lo + 2 * w, n);
+            size_t a = lo, b = mid, k = 0;
+            size_t *tmp = order + n; // scratch of n entries
+            while (a < mid || b < hi) {
+                if (b >= hi || (a < mid && strcmp(ld->list[order[a]], ld->list[order[b]]) <= 0))
+                    tmp[k++] = order[a++];
+                else
+                    tmp[k++] = order[b++];
+            }
+            memcpy(order + lo, tmp, k * sizeof(*order));
+        }
+    }
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(ld->list[order[i]], ld->list[order[i - 1]]) == 0) {
+            tm_free(ld->list[order[i]]); // stable sort: order[i] is the later one
+            ld->list[order[i]] = NULL;
+            order[i] = order[i - 1];     // keep comparing against the surviving path
+        }
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ld->list[i])
+            ld->list[w++] = ld->list[i];
+    ld->n_list = w;
+}
+
+static tm_rc load_input(loader *ld, const json_t *input) {
+    const json_t *files = json_object_get(input, "files");
+    if (!files)
+        return fail(ld, TM_E_INVAL, "input.files", "required key is missing");
+    if (!json_is_array(files) || json_array_size(files) == 0)
+        return fail_value(ld, "input.files", "a non-empty array of strings", files);
+    json_t *cfiles = json_array();
+    json_t *cinput = json_object();
+    canon_set(ld, cinput, "files", cfiles);
+    canon_set(ld, ld->canon, "input", cinput);
+    size_t i;
+    const json_t *v;
+    json_array_foreach(files, i, v) {
+        char p[64];
+        snprintf(p, sizeof(p), "input.files[%zu]", i);
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            strlen(json_string_value(v)) != json_string_length(v))
+            return fail_value(ld, p, "a non-empty string (file, folder or glob pattern)", v);
+        if (cfiles && json_array_append_new(cfiles, json_string(json_string_value(v))) != 0)
+            ld->canon_nomem = 1;
+        tm_rc rc = expand_entry(ld, p, json_string_value(v));
+        if (rc)
+            return rc;
+    }
+    size_t *order = tm_calloc(ld->n_list * 2, sizeof(*order));
+    if (!order)
+        return TM_ERR(ld->err, TM_E_NOMEM, "input file list");
+    dedupe_inputs(ld, order);
+    tm_free(order);
+    ld->spec->inputs = ld->list;
+    ld->spec->n_inputs = ld->n_list;
+    ld->list = NULL;
+    ld->n_list = ld->cap_list = 0;
+    return TM_OK;
+}
+
+static tm_rc load_engine(loader *ld, const json_t *eng) {
+    tm_job_engine *e = &ld->spec->engine;
+    json_t *c = json_object();
+    canon_set(ld, ld->canon, "engine", c);
+    if (!c)
+        return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
+    const json_t *v = eng ? json_object_get(eng, "backend") : NULL;
+    e->backend = TM_BACKEND_AUTO;
+    if (v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "auto") == 0)
+            e->backend = TM_BACKEND_AUTO;
+        else if (strcmp(s, "cpu") == 0)
+            e->backend = TM_BACKEND_CPU;
+        else if (strcmp(s, "cuda") == 0)
+            e->backend = TM_BACKEND_CUDA;
+        else
+            return fail_value(ld, "engine.backend", "one of \"auto\", \"cpu\", \"cuda\"", v);
+    }
+    canon_set(ld, c, "backend", json_string(tm_backend_name(e->backend)));
+    tm_rc rc;
+    rc = get_u32(ld, eng, "engine", "max_seqs", 1, INT32_MAX, TM_JOB_DEFAULT_MAX_SEQS,
+                 &e->max_seqs, c);
+    if (rc)
+        return rc;
+    rc = get_u32(ld, eng, "engine", "max_batched_tokens", 1, INT32_MAX,
+                 TM_JOB_DEFAULT_MAX_BATCHED_TOKENS, &e->max_batched_tokens, c);
+    if (rc)
+        return rc;
+    rc = get_u32(ld, eng, "engine", "block_size", 1, 65536, TM_JOB_DEFAULT_BLOCK_SIZE,
+                 &e->block_size, c);
+    if (rc)
+        return rc;
+    if (e->block_size & (e->block_size - 1))
+        return fail_value(ld, "engine.block_size", "a power of two between 1 and 65536",
+                          json_object_get(eng, "block_size"));
+    v = eng ? json_object_get(eng, "prefix_cache") : NULL;
+    e->prefix_cache = true;
+    if (v) {
+        if (!json_is_boolean(v))
+            return fail_value(ld, "engine.prefix_cache", "true or false", v);
+        e->prefix_cache = json_is_true(v);
+    }
+    canon_set(ld, c, "prefix_cache", json_boolean(e->prefix_cache));
+    rc = get_u32(ld, eng, "engine", "tp", 1, 1024, 1, &e->tp, c);
+    if (rc)
+        return rc;
+    rc = get_u32(ld, eng, "engine", "threads", 0, 65536, 0, &e->threads, c);
+    if (rc)
+        return rc;
+    return get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
+}
+
+static tm_rc load_defaults(loader *ld, const json_t *dflt) {
+    tm_sampling *sp = &ld->spec->defaults;
+    sp->max_tokens = TM_JOB_DEFAULT_MAX_TOKENS;
+    sp->temperature = 1.0f;
+    sp->top_p = 1.0f;
+    sp->top_k = -1;
+    sp->min_p = 0.0f;
+    sp->seed = 0;
+    if (dflt) {
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)dflt, key, v) {
+            char p[96];
+            join_path(p, sizeof(p), "defaults", key);
+            if (!tm_ingest_sp_bit(key))
+                return check_keys(ld, dflt, "defaults", tm_ingest_sp_keys);
+            tm_field_fail ff;
+            tm_rc rc = tm_ingest_sp_field(key, v, sp, &ff, ld->err);
+            if (rc)
+                return rc;
+            if (ff.code != TM_ERRCODE_NONE)
+                return fail(ld, TM_E_INVAL, p, "%s", ff.msg);
+        }
+    }
+    json_t *c = json_object();
+    canon_set(ld, ld->canon, "defaults", c);
+    if (!c)
+        return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
+    // Reals are written from the JSON value (double), not the float copy, so "0.7" stays 0.7.
+    const char *real_keys[] = {"temperature", "top_p", "min_p"};
+    const double real_dflt[] = {1.0, 1.0, 0.0};
+    for (size_t i = 0; i < 3; i++) {
+        const json_t *v = dflt ? json_object_get(dflt, real_keys[i]) : NULL;
+        canon_set(ld, c, real_keys[i], json_real(v ? json_number_value(v) : real_dflt[i]));
+    }
+    canon_set(ld, c, "max_tokens", json_integer(sp->max_tokens));
+    canon_set(ld, c, "top_k", json_integer(sp->top_k));
+    canon_set(ld, c, "seed", json_integer((json_int_t)sp->seed));
+    json_t *stop = json_array();
+    canon_set(ld, c, "stop", stop);
+    for (uint32_t i = 0; stop && i < sp->n_stop; i++)
+        if (json_array_append_new(stop, json_string(sp->stop[i])) != 0)
+            ld->canon_nomem = 1;
+    return TM_OK;
+}
+
+static tm_rc load_limits(loader *ld, const json_t *lim) {
+    json_t *c = json_object();
+    canon_set(ld, ld->canon, "limits", c);
+    if (!c)
+        return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
+    uint32_t m = 0;
+    tm_rc rc = get_u32(ld, lim, "limits", "max_line_bytes", 1, 1u << 30,
+                       TM_JOB_DEFAULT_MAX_LINE_BYTES, &m, c);
+    ld->spec->max_line_bytes = m;
+    return rc;
+}
+
+static tm_rc load_root(loader *ld, const json_t *root) {
+    tm_job_spec *spec = ld->spec;
+    tm_rc rc = check_keys(ld, root, "", root_keys);
+    if (rc)
+        return rc;
+    const json_t *v = json_object_get(root, "$schema");
+    if (v && !json_is_string(v))
+        return fail_value(ld, "$schema", "a string", v);
+    const char *s = NULL;
+    rc = get_path_str(ld, root, "model", "model", &s);
+    if (rc)
+        return rc;
+    canon_set(ld, ld->canon, "model", json_string(s));
+    spec->model = resolve(ld, s);
+    if (!spec->model)
+        return TM_ERR(ld->err, TM_E_NOMEM, "model path");
+
+    json_t *input, *output, *eng, *dflt, *lim;
+    rc = get_section(ld, root, "input", 1, input_keys, &input);
+    if (!rc)
+        rc = get_section(ld, root, "output", 1, output_keys, &output);
+    if (!rc)
+        rc = get_section(ld, root, "engine", 0, engine_keys, &eng);
+    if (!rc)
+        rc = get_section(ld, root, "defaults", 0, tm_ingest_sp_keys, &dflt);
+    if (!rc)
+        rc = get_section(ld, root, "limits", 0, limits_keys, &lim);
+    if (rc)
+        return rc;
+
+    rc = get_path_str(ld, output, "dir", "output.dir", &s);
+    if (rc)
+        return rc;
+    json_t *cout = json_object();
+    canon_set(ld, ld->canon, "output", cout);
+    if (cout)
+        canon_set(ld, cout, "dir", json_string(s));
+    spec->output_dir = resolve(ld, s);
+    if (!spec->output_dir)
+        return TM_ERR(ld->err, TM_E_NOMEM, "output path");
+
+    rc = load_engine(ld, eng);
+    if (!rc)
+        rc = load_defaults(ld, dflt);
+    if (!rc)
+        rc = load_limits(ld, lim);
+    if (!rc)
+        rc = load_input(ld, input); // last: it touches the file system
+    return rc;
+}
+
+tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
+    loader ld = {.file = path, .err = err};
+    json_t *root = NULL;
+    tm_job_spec *spec = tm_calloc(1, sizeof(*spec));
+    if (!spec)
+        return TM_ERR(err, TM_E_NOMEM, "job spec");
+    ld.spec = spec;
+    spec->path = tm_strdup(path);
+    const char *slash = strrchr(path, '/');
+    ld.dir = !slash ? tm_strdup("") : tm_strndup(path, slash == path ? 1 : (size_t)(slash - path));
+    ld.canon = json_object();
+    if (!spec->path || !ld.dir || !ld.canon) {
+        TM_ERR(err, TM_E_NOMEM, "job spec");
+        goto fail;
+    }
+    json_error_t jerr;
+    root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (json_error_code(&jerr) == json_error_cannot_open_file)
+            TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);
+        else
+            TM_ERR(err, TM_E_PARSE, "%s: line %d, column %d: %s", path, jerr.line, jerr.column,
+                   jerr.text);
+        goto fail;
+    }
+    if (!json_is_object(root)) {
+        TM_ERR(err, TM_E_INVAL, "%s: expected a JSON object at the top level", path);
+        goto fail;
+    }
+    if (load_root(&ld, root))
+        goto fail;
+    char *canon = json_dumps(ld.canon, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+    spec->canonical_json = canon ? tm_strdup(canon) : NULL;
+    free(canon); // jansson's allocation
+    if (ld.canon_nomem || !spec->canonical_json) {
+        TM_ERR(err, TM_E_NOMEM, "canonical spec");
+        goto fail;
+    }
+    json_decref(root);
+    json_decref(ld.canon);
+    tm_free(ld.dir);
+    *out = spec;
+    return TM_OK;
+fail:
+    json_decref(root);
+    json_decref(ld.canon);
+    for (size_t i = 0; i < ld.n_list; i++)
+        tm_free(ld.list[i]);
+    tm_free(ld.list);
+    tm_free(ld.dir);
+    tm_job_spec_destroy(spec);
+    return err->rc;
+}
+
+void tm_job_spec_destroy(tm_job_spec *spec) {
+    if (!spec)
+        return;
+    tm_free(spec->path);
+    tm_free(spec->model);
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        tm_free(spec->inputs[i]);
+    tm_free(spec->inputs);
+    tm_free(spec->output_dir);
+    tm_sampling_fini(&spec->defaults);
+    tm_free(spec->canonical_json);
+    tm_free(spec);
+}

@@ -1,0 +1,47 @@
+/* ingest/source.h - streaming reader of a job's JSONL inputs (schemas/record.schema.json is the
+ * record contract). Files are read in the spec's order, one at a time, line by line with bounded
+ * memory: a 64 KiB read buffer plus one line of at most limits.max_line_bytes. Formats by file
+ * name: "*.lz4" is a stream of LZ4 frames (decoded incrementally, any number of frames), "*.gz"
+ * is gzip (zlib; concatenated members are fine), anything else is plain text.
+ *
+ * Lines: "\n" ends a line and a "\r" before it is dropped (CRLF files work); the last line may
+ * lack its "\n"; lines holding only spaces/tabs are skipped (they get no seq_no); a UTF-8 byte
+ * order mark is skipped at the start of a file only. Every other line yields exactly one tm_job,
+ * in input order with seq_no 0, 1, 2, ...: a valid record, or an error record (err_code set) for a
+ * line that is too long, not JSON, not UTF-8, or breaks the record schema. Unknown record fields
+ * are ignored (users carry metadata through). Ids must be unique across the whole job: a later
+ * record whose id was already seen (valid or not) is a duplicate_id error; the first one wins.
+ *
+ * Memory: the id set keeps a 128-bit hash per distinct id (about 32 bytes per record); everything
+ * else is bounded. One thread at a time (the source thread). */
+#ifndef TM_INGEST_SOURCE_H
+#define TM_INGEST_SOURCE_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/record.h"
+#include "ingest/job_spec.h"
+
+typedef struct tm_source tm_source;
+
+/* Open a source over spec->inputs. Borrows spec; it must outlive the source. Files are opened
+ * lazily by tm_source_next. On success *out owns the source (free with tm_source_destroy).
+ * Errors: TM_E_NOMEM. */
+tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err);
+void tm_source_destroy(tm_source *src); /* NULL is a no-op; closes the open file */
+
+/* Next record. TM_OK: *out owns a new tm_job (free with tm_job_destroy) that is either a valid
+ * record or an error record (err_code != TM_ERRCODE_NONE). TM_E_EOF after the last record of the
+ * last file. A bad line is never an error return. Error returns (the source cannot go on; the
+ * message names the file): TM_E_IO (open/read failed), TM_E_PARSE (corrupt or truncated .lz4 or
+ * .gz stream), TM_E_NOMEM. Lines of a corrupt LZ4 frame before the point of corruption may already
+ * have been returned (the frame checksum is only known at its end). */
+tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err);
+
+/* Records returned so far (= the next seq_no). */
+uint64_t tm_source_n_records(const tm_source *src);
+/* Capacity in bytes of the line buffer (tests check the memory bound). */
+size_t tm_source_line_cap(const tm_source *src);
+
+#endif /* TM_INGEST_SOURCE_H */
