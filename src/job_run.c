@@ -253,8 +253,16 @@ done:
         rc = close_rc;
     }
     if (metrics && p.spec) {
-        tm_metrics_add_step(metrics, stats.n_tok_prefill, stats.prefill_s, stats.n_tok_decode,
-                            stats.decode_s);
+        tm_metrics_add_engine(metrics, &(tm_metrics_engine){
+                                           .steps = stats.n_step,
+                                           .n_tok_prefill = stats.n_tok_prefill,
+                                           .prefill_s = stats.prefill_s,
+                                           .n_tok_decode = stats.n_tok_decode,
+                                           .decode_s = stats.decode_s,
+                                           .preemptions = stats.n_preempt,
+                                           .sum_step_fill = stats.sum_step_fill,
+                                           .sum_running = stats.sum_running,
+                                       });
         tm_metrics_end(metrics);
         char mpath[4096];
         snprintf(mpath, sizeof(mpath), "%s/metrics.json", p.spec->output_dir);

@@ -31,14 +31,14 @@ grep -q "47 records ok, 4 rejected" "$work/validate.out" || { cat "$work/validat
 
 "$build/tokenmill" -q run "$work/job.json"
 out="$work/out"
-lz4 -t "$out/completions.jsonl.lz4"
+lz4 -tq "$out/completions.jsonl.lz4"
 node "$src/tests/verify_outputs.cjs" "$out" "$work/data/quickstart.jsonl"
 
-# The four bad lines, each with its code.
-for want in "bad-json invalid_json" "bad-temp wrong_type" "q002 duplicate_id" "no-prompt missing_field"; do
+# The four bad lines, each with its line number and code (the unparsable line has no id).
+for want in "9 invalid_json" "17 wrong_type" "31 duplicate_id" "41 missing_field"; do
     set -- $want
-    grep -q "\"id\": *\"$1\".*\"code\": *\"$2\"" "$out/errors.jsonl" ||
-        { echo "missing error $2 for $1"; cat "$out/errors.jsonl"; exit 1; }
+    grep -q "\"line\":$1,\"error\":{\"code\":\"$2\"" "$out/errors.jsonl" ||
+        { echo "missing error $2 for line $1"; cat "$out/errors.jsonl"; exit 1; }
 done
 # Seeded sampling is deterministic per record: a second run gives the same text for every id,
 # although records meet different batch neighbours as timing varies.

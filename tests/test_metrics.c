@@ -57,9 +57,10 @@ static void fill(tm_metrics *m) {
     TM_CHECK_OK(tm_metrics_add_record(m, &e1, &err), &err);
     TM_CHECK_OK(tm_metrics_add_record(m, &e1, &err), &err);
     TM_CHECK_OK(tm_metrics_add_record(m, &e2, &err), &err);
-    tm_metrics_add_step(m, 8000, 2.0, 0, 0);
-    tm_metrics_add_step(m, 2100, 0.5, 1000, 1.5);
-    tm_metrics_add_step(m, 0, 0, 100, 0.5);
+    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_prefill = 8000, .prefill_s = 2.0});
+    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_prefill = 2100, .prefill_s = 0.5,
+                                                  .n_tok_decode = 1000, .decode_s = 1.5});
+    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_decode = 100, .decode_s = 0.5});
 }
 
 static void test_json(void) {

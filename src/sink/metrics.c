@@ -34,8 +34,8 @@ struct tm_metrics {
     uint64_t n_err_by_code[N_ERRCODES];
     uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
     samples ttft, e2e, tpot; /* ms */
-    uint64_t n_steps, n_tok_prefill, n_tok_decode;
-    double prefill_s, decode_s;
+    uint64_t n_steps, n_tok_prefill, n_tok_decode, n_preempt;
+    double prefill_s, decode_s, sum_step_fill, sum_running;
     uint64_t n_spec_proposed, n_spec_accepted;
     bool spec_used;
     /* settings (owned copies) */
@@ -172,13 +172,15 @@ tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err) 
     return rc;
 }
 
-void tm_metrics_add_step(tm_metrics *m, uint64_t n_tok_prefill, double prefill_s,
-                         uint64_t n_tok_decode, double decode_s) {
-    m->n_steps++;
-    m->n_tok_prefill += n_tok_prefill;
-    m->prefill_s += prefill_s;
-    m->n_tok_decode += n_tok_decode;
-    m->decode_s += decode_s;
+void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e) {
+    m->n_steps += e->steps;
+    m->n_tok_prefill += e->n_tok_prefill;
+    m->prefill_s += e->prefill_s;
+    m->n_tok_decode += e->n_tok_decode;
+    m->decode_s += e->decode_s;
+    m->n_preempt += e->preemptions;
+    m->sum_step_fill += e->sum_step_fill;
+    m->sum_running += e->sum_running;
 }
 
 void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted) {
@@ -277,7 +279,7 @@ static json_t *build_json(const tm_metrics *m) {
     return json_pack(
         "{s:i, s:{s:s, s:s}, s:{s:s, s:s, s:f, s:b},"
         " s:{s:I, s:I, s:I, s:o}, s:{s:I, s:I, s:I, s:o},"
-        " s:{s:o, s:o, s:o, s:o}, s:{s:I, s:I, s:f, s:I, s:f},"
+        " s:{s:o, s:o, s:o, s:o}, s:{s:I, s:I, s:f, s:I, s:f, s:I, s:o, s:o},"
         " s:{s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:I, s:o}}",
         "schema_version", TM_METRICS_SCHEMA_VERSION,
         "tokenmill", "version", TM_VERSION, "git_commit", TM_GIT_COMMIT,
@@ -294,7 +296,10 @@ static json_t *build_json(const tm_metrics *m) {
         num_or_null(ratio((double)n_in, wall_s)),
         "engine", "steps", (json_int_t)m->n_steps, "prefill_tokens",
         (json_int_t)m->n_tok_prefill, "prefill_s", m->prefill_s, "decode_tokens",
-        (json_int_t)m->n_tok_decode, "decode_s", m->decode_s,
+        (json_int_t)m->n_tok_decode, "decode_s", m->decode_s, "preemptions",
+        (json_int_t)m->n_preempt, "mean_step_fill",
+        num_or_null(ratio(m->sum_step_fill, (double)m->n_steps)), "mean_running_seqs",
+        num_or_null(ratio(m->sum_running, (double)m->n_steps)),
         "latency_ms", "ttft", summary(&m->ttft), "e2e", summary(&m->e2e), "tpot",
         summary(&m->tpot),
         "speculative", spec, "settings", settings, "model", model,

@@ -50,10 +50,20 @@ void tm_metrics_destroy(tm_metrics *m); /* NULL is a no-op */
 tm_rc tm_metrics_set_settings(tm_metrics *m, const tm_metrics_settings *s, tm_err *err);
 /* Count one finished record (ok or error). Borrows c. TM_E_NOMEM (growing the sample arrays). */
 tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err);
-/* Count one engine step: prompt tokens processed (prefill chunks) and decode tokens, each with the
- * seconds the engine spent on them. */
-void tm_metrics_add_step(tm_metrics *m, uint64_t n_tok_prefill, double prefill_s,
-                         uint64_t n_tok_decode, double decode_s);
+/* Engine totals as the runner counts them. */
+typedef struct tm_metrics_engine {
+    uint64_t steps;           /* forward passes */
+    uint64_t n_tok_prefill;   /* prompt tokens computed (cached ones excluded) */
+    double prefill_s;         /* step time attributed to them */
+    uint64_t n_tok_decode;    /* generated tokens computed */
+    double decode_s;
+    uint64_t preemptions;     /* sequences preempted for KV blocks (recomputed later) */
+    double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
+    double sum_running;       /* sum over steps of sequences in the step */
+} tm_metrics_engine;
+
+/* Add engine totals (may be called once per step or once per job with sums). */
+void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e);
 /* Speculative decoding: draft tokens proposed and accepted (omit the call when not used). */
 void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted);
 /* Mark the end of the job (end time, wall seconds). Until called, writes use "now". */
