@@ -12,7 +12,7 @@
 typedef struct tm_sample_params {
     float temperature; /* <= 0: greedy (argmax, lowest id wins ties) */
     int32_t top_k;     /* <= 0: off */
-    float top_p;       /* >= 1: off */
+    float top_p;       /* <= 0 or >= 1: off (a zeroed struct samples plainly) */
     float min_p;       /* <= 0: off */
     uint64_t seed;     /* per record */
 } tm_sample_params;
@@ -31,5 +31,10 @@ void tm_sample_scratch_fini(tm_sample_scratch *s);
  * logits is read only. NaN/inf logits: TM_E_INVAL. */
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err);
+
+/* The uniform in [0, 1) that tm_sample_token draws for (seed, step): a hash of both (splitmix64
+ * finaliser), not a stream, so it does not depend on what else was sampled. Other backends that
+ * sample on the device use the same function to give the same tokens. */
+double tm_sample_uniform(uint64_t seed, uint64_t step);
 
 #endif /* TM_RUNNER_SAMPLE_H */

@@ -1,14 +1,26 @@
-/* runner/engine_cpu/ops.c - host reference ops (see ops.h). Plain C written so gcc -O2
- * vectorises the hot loops (fixed 8-lane partial sums instead of one serial accumulator); no
- * intrinsics, no -ffast-math reliance, so results are the same bits on every x86-64/arm64
- * build with FP contraction off (the default under -std=c11). */
+/* runner/engine_cpu/ops.c - host reference ops (see ops.h). The hot loops (dot products, bf16
+ * widening) use GCC/Clang vector extensions on 16-byte vectors: portable C with no intrinsics,
+ * vectorised the same way at -O2 and -O3 on every target (auto-vectorisation of the plain-loop
+ * version was slow at -O2 and 8x slower still at -O3 with gcc 12). Dot products keep 8 lane-wise
+ * partial sums folded in a fixed tree, with no -ffast-math reliance, so results are the same bits
+ * for a given build with FP contraction off (the default under -std=c11). */
 #include "runner/engine_cpu/ops.h"
 
 #include <math.h>
 
 #include "base/err.h"
 
-#define LANES 8
+#define LANES 8 /* partial sums per dot product: two 4-float vectors */
+
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef uint16_t u16x4 __attribute__((vector_size(8)));
+typedef uint32_t u32x4 __attribute__((vector_size(16)));
+
+static inline f32x4 load4(const float *p) {
+    f32x4 v;
+    memcpy(&v, p, sizeof(v)); // unaligned load
+    return v;
+}
 
 size_t tm_cpu_dtype_size(tm_dtype dt) {
     switch (dt) {
@@ -27,11 +39,18 @@ void tm_cpu_to_f32(const void *w, tm_dtype dt, size_t off, size_t n, float *out)
         memcpy(out, (const float *)w + off, n * sizeof(float));
         return;
     case TM_DTYPE_BF16: {
-        const uint16_t *s = (const uint16_t *)w + off;
-        // hot loop: bf16 widening, one shift per element (vectorises)
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)s[i] << 16;
-            memcpy(&out[i], &u, sizeof(u));
+        const uint16_t *src = (const uint16_t *)w + off;
+        size_t i = 0;
+        // hot loop: bf16 widening, one shift per element, four at a time
+        for (; i + 4 <= n; i += 4) {
+            u16x4 h;
+            memcpy(&h, src + i, sizeof(h));
+            u32x4 u = __builtin_convertvector(h, u32x4) << 16;
+            memcpy(out + i, &u, sizeof(u));
+        }
+        for (; i < n; i++) {
+            uint32_t u = (uint32_t)src[i] << 16;
+            memcpy(out + i, &u, sizeof(u));
         }
         return;
     }
@@ -51,13 +70,23 @@ static inline float fold(const float *acc) {
     return (s0 + s2) + (s1 + s3);
 }
 
+// Lane j of the partial sums holds the products of elements i with i % LANES == j: lanes 0-3 in
+// the low vector, 4-7 in the high one; the tail (n % LANES elements) goes to lanes 0, 1, ...
+static inline void spill(f32x4 lo, f32x4 hi, float *acc) {
+    memcpy(acc, &lo, sizeof(lo));
+    memcpy(acc + 4, &hi, sizeof(hi));
+}
+
 float tm_cpu_dot(const float *a, const float *b, size_t n) {
-    float acc[LANES] = {0};
+    f32x4 lo = {0}, hi = {0};
     size_t i = 0;
-    // hot loop: the dot product; lane j sums elements i with i % LANES == j
-    for (; i + LANES <= n; i += LANES)
-        for (int j = 0; j < LANES; j++)
-            acc[j] += a[i + j] * b[i + j];
+    // hot loop: the dot product
+    for (; i + LANES <= n; i += LANES) {
+        lo += load4(a + i) * load4(b + i);
+        hi += load4(a + i + 4) * load4(b + i + 4);
+    }
+    float acc[LANES];
+    spill(lo, hi, acc);
     for (int j = 0; i < n; i++, j++)
         acc[j] += a[i] * b[i];
     return fold(acc);
@@ -67,18 +96,25 @@ float tm_cpu_dot(const float *a, const float *b, size_t n) {
 // rows. Lane by lane the same operations as tm_cpu_dot, hence the same bits.
 static void dot4(const float *x, const float *w0, const float *w1, const float *w2,
                  const float *w3, size_t n, float *out) {
-    float a0[LANES] = {0}, a1[LANES] = {0}, a2[LANES] = {0}, a3[LANES] = {0};
+    f32x4 l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
     size_t i = 0;
     // hot loop: 4-row matmul micro-kernel
     for (; i + LANES <= n; i += LANES) {
-        for (int j = 0; j < LANES; j++) {
-            float xv = x[i + j];
-            a0[j] += xv * w0[i + j];
-            a1[j] += xv * w1[i + j];
-            a2[j] += xv * w2[i + j];
-            a3[j] += xv * w3[i + j];
-        }
+        f32x4 xl = load4(x + i), xh = load4(x + i + 4);
+        l0 += xl * load4(w0 + i);
+        h0 += xh * load4(w0 + i + 4);
+        l1 += xl * load4(w1 + i);
+        h1 += xh * load4(w1 + i + 4);
+        l2 += xl * load4(w2 + i);
+        h2 += xh * load4(w2 + i + 4);
+        l3 += xl * load4(w3 + i);
+        h3 += xh * load4(w3 + i + 4);
     }
+    float a0[LANES], a1[LANES], a2[LANES], a3[LANES];
+    spill(l0, h0, a0);
+    spill(l1, h1, a1);
+    spill(l2, h2, a2);
+    spill(l3, h3, a3);
     for (int j = 0; i < n; i++, j++) {
         a0[j] += x[i] * w0[i];
         a1[j] += x[i] * w1[i];
@@ -219,8 +255,9 @@ void tm_cpu_attn_head(const tm_k_attn_args *a, uint32_t h, float *scores) {
         const float *q = a->q + (size_t)t * a->ld_q + (size_t)h * hd;
         float *out = a->out + (size_t)t * a->ld_q + (size_t)h * hd;
         const uint32_t n_pos = a->pos0 + t + 1;
+        const uint32_t p0 = a->window && n_pos > a->window ? n_pos - a->window : 0;
         float mx = -INFINITY;
-        for (uint32_t p = 0; p < n_pos; p++) {
+        for (uint32_t p = p0; p < n_pos; p++) {
             size_t row = (size_t)a->block_table[p / bs] * bs + p % bs;
             const float *k = a->k_cache + row * kv_dim + (size_t)kvh * hd;
             float s = tm_cpu_dot(q, k, hd) * a->scale;
@@ -228,7 +265,7 @@ void tm_cpu_attn_head(const tm_k_attn_args *a, uint32_t h, float *scores) {
             mx = s > mx ? s : mx;
         }
         float sum = 0.0f;
-        for (uint32_t p = 0; p < n_pos; p++) {
+        for (uint32_t p = p0; p < n_pos; p++) {
             scores[p] = expf(scores[p] - mx);
             sum += scores[p];
         }
@@ -236,7 +273,7 @@ void tm_cpu_attn_head(const tm_k_attn_args *a, uint32_t h, float *scores) {
         for (uint32_t i = 0; i < hd; i++)
             out[i] = 0.0f;
         // hot loop: weighted sum of V rows
-        for (uint32_t p = 0; p < n_pos; p++) {
+        for (uint32_t p = p0; p < n_pos; p++) {
             size_t row = (size_t)a->block_table[p / bs] * bs + p % bs;
             const float *v = a->v_cache + row * kv_dim + (size_t)kvh * hd;
             const float w = scores[p] * inv;

@@ -61,8 +61,9 @@ size_t tm_cpu_dtype_size(tm_dtype dt);
 /* out[0..n) = elements [off, off+n) of the array w of dtype dt, as f32. */
 void tm_cpu_to_f32(const void *w, tm_dtype dt, size_t off, size_t n, float *out);
 
-/* Sum of a[i]*b[i], i < n, in a fixed order that depends only on n (lane-wise partial sums,
- * vectorisable by gcc -O2 without -ffast-math, then a fixed tree). */
+/* Sum of a[i]*b[i], i < n, in a fixed order that depends only on n: 8 lane-wise partial sums
+ * (lane j takes elements i % 8 == j; 4-wide vector arithmetic, no -ffast-math), folded in a fixed
+ * tree. The CUDA kernels need not match these bits; they are compared with a tolerance. */
 float tm_cpu_dot(const float *a, const float *b, size_t n);
 
 /* ---- matmul: out[t][o] = sum_i x[t][i] * w[o][i] (+ bias[o]) (+ res[t][o]) ---- */
@@ -124,7 +125,8 @@ void tm_cpu_rope_table(const uint32_t *pos, uint32_t n_tok, const float *inv_fre
  * Token t of the chunk sits at position pos0 + t and attends to positions [0, pos0 + t]. Position
  * p's K/V row is cache[block_table[p / block_size]][p % block_size][kv_head*head_dim ...].
  * softmax(q.k * scale) in fp32, then the weighted sum of V. Query head h reads KV head
- * h / (n_head / n_kv_head) (GQA). */
+ * h / (n_head / n_kv_head) (GQA). With window > 0 (Mistral / Qwen2 sliding window) a token at
+ * position p attends only to positions (p - window, p], as HF's sliding mask does. */
 typedef struct tm_k_attn_args {
     float *out;                /* [n_tok][n_head*head_dim] (row stride ld_q) */
     const float *q;            /* [n_tok][ld_q], rotated */
@@ -134,10 +136,12 @@ typedef struct tm_k_attn_args {
     uint32_t pos0, n_tok;
     uint32_t n_head, n_kv_head, head_dim, block_size;
     uint32_t ld_q;             /* row stride of q and out in floats */
+    uint32_t window;           /* sliding window in tokens; 0 = full causal attention */
     float scale;               /* 1/sqrt(head_dim) */
 } tm_k_attn_args;
 
-/* Query head h for every token of the chunk. scores: pos0 + n_tok floats of scratch. */
+/* Query head h for every token of the chunk. scores: pos0 + n_tok floats of scratch (indexed by
+ * position). */
 void tm_cpu_attn_head(const tm_k_attn_args *a, uint32_t h, float *scores);
 /* All heads, single-threaded. */
 void tm_cpu_attn(const tm_k_attn_args *a, float *scores);

@@ -1,6 +1,7 @@
-/* runner/engine_cpu/thread_pool.c - persistent worker threads woken per run by a generation
- * counter under a mutex; items are claimed with an atomic fetch-add. Workers spin briefly before
- * sleeping because a forward step issues a few runs per layer back to back. */
+/* runner/engine_cpu/thread_pool.c - persistent worker threads, each woken per run by bumping its
+ * own sequence counter under a mutex (only as many as the run has items for); items are claimed
+ * with an atomic fetch-add. Workers spin briefly before sleeping because a forward step issues a
+ * few runs per layer back to back. */
 #include "runner/engine_cpu/thread_pool.h"
 
 #include <pthread.h>
@@ -11,27 +12,29 @@
 
 #define SPIN_ITERS 20000
 
+/* One per worker thread: the caller hands it a run by bumping seq. */
+typedef struct worker {
+    struct tm_cpu_pool *pool;
+    uint32_t tid;
+    pthread_t thread;
+    int started;
+    atomic_uint_fast64_t seq; /* bumped per run this worker takes part in; written under mu */
+} worker;
+
 struct tm_cpu_pool {
     uint32_t n_thread;         /* workers + the caller */
-    pthread_t *threads;        /* [n_thread - 1], owned */
-    uint32_t n_started;        /* threads successfully created */
+    worker *workers;           /* [n_thread - 1], owned; worker i has tid i + 1 */
     pthread_mutex_t mu;
-    pthread_cond_t cv_work;    /* gen changed or quit */
+    pthread_cond_t cv_work;    /* some worker's seq changed, or quit */
     pthread_cond_t cv_done;    /* n_active reached 0 */
-    atomic_uint_fast64_t gen;  /* bumped per run; written under mu */
     int quit;                  /* under mu */
-    /* the current run: written by the caller before gen is bumped */
+    /* the current run: written by the caller before any seq is bumped */
     tm_cpu_pool_fn fn;
     void *ctx;
     uint32_t n_item;
     atomic_uint next;          /* next unclaimed item */
     atomic_uint n_active;      /* workers that have not finished the current run */
 };
-
-typedef struct worker_arg {
-    tm_cpu_pool *pool;
-    uint32_t tid;
-} worker_arg;
 
 static void drain(tm_cpu_pool *pool, uint32_t tid) {
     for (;;) {
@@ -43,24 +46,23 @@ static void drain(tm_cpu_pool *pool, uint32_t tid) {
 }
 
 static void *worker_main(void *p) {
-    tm_cpu_pool *pool = ((worker_arg *)p)->pool;
-    uint32_t tid = ((worker_arg *)p)->tid;
-    tm_free(p);
+    worker *w = p;
+    tm_cpu_pool *pool = w->pool;
     uint64_t seen = 0;
     for (;;) {
         // Spin a little: the next run usually follows within microseconds.
-        for (int s = 0; s < SPIN_ITERS && atomic_load(&pool->gen) == seen; s++)
+        for (int s = 0; s < SPIN_ITERS && atomic_load(&w->seq) == seen; s++)
             ;
         pthread_mutex_lock(&pool->mu);
-        while (atomic_load(&pool->gen) == seen && !pool->quit)
+        while (atomic_load(&w->seq) == seen && !pool->quit)
             pthread_cond_wait(&pool->cv_work, &pool->mu);
         if (pool->quit) {
             pthread_mutex_unlock(&pool->mu);
             return NULL;
         }
-        seen = atomic_load(&pool->gen);
+        seen = atomic_load(&w->seq);
         pthread_mutex_unlock(&pool->mu);
-        drain(pool, tid);
+        drain(pool, w->tid);
         if (atomic_fetch_sub(&pool->n_active, 1) == 1) {
             pthread_mutex_lock(&pool->mu);
             pthread_cond_signal(&pool->cv_done);
@@ -79,31 +81,26 @@ tm_rc tm_cpu_pool_create(uint32_t n_thread, tm_cpu_pool **out, tm_err *err) {
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv_work, NULL);
     pthread_cond_init(&pool->cv_done, NULL);
-    atomic_init(&pool->gen, 0);
     atomic_init(&pool->next, 0);
     atomic_init(&pool->n_active, 0);
     if (n_thread > 1) {
-        pool->threads = tm_calloc(n_thread - 1, sizeof(*pool->threads));
-        if (!pool->threads) {
+        pool->workers = tm_calloc(n_thread - 1, sizeof(*pool->workers));
+        if (!pool->workers) {
             TM_ERR(err, TM_E_NOMEM, "thread pool: %u threads", n_thread);
             goto fail;
         }
     }
     for (uint32_t i = 0; i + 1 < n_thread; i++) {
-        worker_arg *wa = tm_malloc(sizeof(*wa));
-        if (!wa) {
-            TM_ERR(err, TM_E_NOMEM, "thread pool: worker arg");
-            goto fail;
-        }
-        wa->pool = pool;
-        wa->tid = i + 1;
-        int e = pthread_create(&pool->threads[i], NULL, worker_main, wa);
+        worker *w = &pool->workers[i];
+        w->pool = pool;
+        w->tid = i + 1;
+        atomic_init(&w->seq, 0);
+        int e = pthread_create(&w->thread, NULL, worker_main, w);
         if (e) {
-            tm_free(wa);
             TM_ERR(err, TM_E_IO, "thread pool: pthread_create: %s", strerror(e));
             goto fail;
         }
-        pool->n_started++;
+        w->started = 1;
     }
     *out = pool;
     return TM_OK;
@@ -119,19 +116,22 @@ void tm_cpu_pool_destroy(tm_cpu_pool *pool) {
     pool->quit = 1;
     pthread_cond_broadcast(&pool->cv_work);
     pthread_mutex_unlock(&pool->mu);
-    for (uint32_t i = 0; i < pool->n_started; i++)
-        pthread_join(pool->threads[i], NULL);
+    for (uint32_t i = 0; pool->workers && i + 1 < pool->n_thread; i++)
+        if (pool->workers[i].started)
+            pthread_join(pool->workers[i].thread, NULL);
     pthread_cond_destroy(&pool->cv_work);
     pthread_cond_destroy(&pool->cv_done);
     pthread_mutex_destroy(&pool->mu);
-    tm_free(pool->threads);
+    tm_free(pool->workers);
     tm_free(pool);
 }
 
 void tm_cpu_pool_run(tm_cpu_pool *pool, tm_cpu_pool_fn fn, void *ctx, uint32_t n_item) {
     if (n_item == 0)
         return;
-    if (pool->n_thread == 1 || n_item == 1) {
+    // Wake only as many workers as there are items beyond the caller's first.
+    const uint32_t n_help = TM_MIN(pool->n_thread, n_item) - 1;
+    if (n_help == 0) {
         for (uint32_t i = 0; i < n_item; i++)
             fn(ctx, i, 0);
         return;
@@ -140,9 +140,10 @@ void tm_cpu_pool_run(tm_cpu_pool *pool, tm_cpu_pool_fn fn, void *ctx, uint32_t n
     pool->ctx = ctx;
     pool->n_item = n_item;
     atomic_store(&pool->next, 0);
-    atomic_store(&pool->n_active, pool->n_thread - 1);
+    atomic_store(&pool->n_active, n_help);
     pthread_mutex_lock(&pool->mu);
-    atomic_fetch_add(&pool->gen, 1);
+    for (uint32_t i = 0; i < n_help; i++)
+        atomic_fetch_add(&pool->workers[i].seq, 1);
     pthread_cond_broadcast(&pool->cv_work);
     pthread_mutex_unlock(&pool->mu);
     drain(pool, 0);
