@@ -181,7 +181,7 @@ static tm_rc run_job(const char *path, tm_err *err) {
         .block_size = eo.block_size,
         .kv_blocks = eo.n_kv_block,
         .kv_dtype = "f32",
-        .prefix_cache = false, // not implemented yet (issue: scheduler and prefix cache)
+        .prefix_cache = spec->engine.prefix_cache,
         .threads = eo.n_threads,
         .model_path = spec->model,
         .model_arch = tm_model_arch_name(p.model),
@@ -222,6 +222,9 @@ static tm_rc run_job(const char *path, tm_err *err) {
         .n_kv_block = eo.n_kv_block,
         .n_ctx = mc->n_ctx,
         .defaults = spec->defaults,
+        .prefix_cache = spec->engine.prefix_cache,
+        .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
+        .lookahead = spec->engine.lookahead,
     };
     rc = tm_runner_run(&rcfg, eng, p.tok, q_in, q_out, &stats, err);
 

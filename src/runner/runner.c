@@ -1,11 +1,13 @@
-/* runner/runner.c - the continuous-batching loop. One thread. Sequences live in max_seqs slots;
- * each step takes decodes first (oldest first), then prefill chunks (oldest first) until the token
- * budget is spent. KV blocks are taken as positions are reached; when none are free the youngest
- * unscheduled sequence is preempted (recompute). Nothing here allocates per step except the
- * growth of a sequence's token array and text. */
+/* runner/runner.c - the continuous-batching loop. One thread. Records are read into a look-ahead
+ * window (tokenized, ordered), then admitted into max_seqs slots; each step takes decodes first
+ * (oldest first), then prefill chunks (oldest first) until the token budget is spent. KV blocks are
+ * taken as positions are reached, from the free list, then by evicting unused cached blocks, then
+ * by preempting the youngest unscheduled sequence (recompute). Nothing here allocates per step
+ * except the growth of a sequence's token array and text. */
 #include "runner/runner.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -14,6 +16,7 @@
 #include "base/log.h"
 #include "runner/chat.h"
 #include "runner/kv_block.h"
+#include "runner/prefix_cache.h"
 #include "runner/sample.h"
 
 typedef struct seq {
@@ -24,6 +27,11 @@ typedef struct seq {
     uint32_t n_done;        /* tokens of ids whose K/V are in the cache */
     uint32_t *blocks;       /* [max_blocks_per_seq] block table */
     uint32_t n_block;
+    tm_bhash *keys;         /* [max_blocks_per_seq] prefix-cache keys of full blocks */
+    uint32_t n_keys;        /* keys[0, n_keys) are computed */
+    uint32_t n_offered;     /* full blocks [0, n_offered) were offered to the cache */
+    uint32_t n_cached;      /* prompt tokens served from the cache (before any preemption) */
+    int preempted;
     uint32_t n_gen;
     uint32_t max_len;       /* stop at this many tokens (context / pool limit) */
     int32_t max_tokens;
@@ -34,8 +42,18 @@ typedef struct seq {
     tm_detok detok;
     tm_buf text;
     double t_admit_ms, t_first_ms;
+    double t_last_ms;       /* when the latest generated token was sampled */
+    float *itl;             /* [n_itl] gaps between generated tokens (ms), handed to the completion */
+    uint32_t n_itl, cap_itl;
     uint32_t chunk;         /* tokens scheduled in the current step; 0 = not in the step */
 } seq;
+
+/* A record read ahead of admission: tokenized, checked, waiting in the window. */
+typedef struct pending {
+    tm_job *job;            /* owned */
+    tm_ids ids;             /* owned prompt tokens */
+    int32_t max_tokens;     /* merged with the defaults, for ordering */
+} pending;
 
 typedef struct runner {
     const tm_runner_cfg *cfg;
@@ -44,6 +62,9 @@ typedef struct runner {
     tm_queue *out;
     tm_runner_stats *stats;
     tm_kv_pool *pool;
+    tm_pcache *pcache;      /* NULL when the prefix cache is off */
+    pending *win;           /* [lookahead] the window; [win_head, win_len) still waiting */
+    uint32_t win_cap, win_head, win_len;
     seq *seqs;              /* [max_seqs] slots */
     uint32_t n_running;
     uint64_t n_admitted;
@@ -68,6 +89,7 @@ static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg
     c->line = job->line;
     c->file = job->file, job->file = NULL;
     c->id_json = job->id_json, job->id_json = NULL;
+    tm_completion_take_job_info(c, job);
     c->err_code = code;
     c->err_msg = tm_strdup(msg ? msg : "");
     tm_job_destroy(job);
@@ -92,9 +114,12 @@ static void seq_reset(runner *r, seq *s) {
     seq_release_blocks(r, s);
     tm_ids_fini(&s->ids);
     tm_buf_fini(&s->text);
+    tm_free(s->itl);
     uint32_t *blocks = s->blocks;
+    tm_bhash *keys = s->keys;
     memset(s, 0, sizeof(*s));
     s->blocks = blocks;
+    s->keys = keys;
 }
 
 // Merge a record's sampling fields over the job defaults.
@@ -114,15 +139,23 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
 }
 
-// Tokenize a record into s->ids. Per-record problems return TM_E_INVAL with err filled and
-// *code set; anything else is fatal.
-static tm_rc tokenize_job(runner *r, const tm_job *job, seq *s, tm_errcode *code, tm_err *err) {
+// Tokenize a record into ids. Per-record problems return TM_E_INVAL or TM_E_PARSE with err
+// filled and *code set; anything else is fatal.
+static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode *code,
+                          tm_err *err) {
     tm_rc rc;
+    for (uint32_t i = 0; i < job->n_prompt_ids; i++) { // bench prompts: ids as they are
+        rc = tm_ids_push(ids, job->prompt_ids[i], err);
+        if (rc)
+            return rc;
+    }
+    if (job->prompt_ids)
+        return TM_OK;
     if (job->messages) {
         tm_buf prompt = {0};
         rc = tm_chat_render(r->tok, job->messages, job->n_messages, 1, &prompt, err);
         if (rc == TM_OK)
-            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, &s->ids, err);
+            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
         return rc;
@@ -130,57 +163,173 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, seq *s, tm_errcode *code
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
     if (r->bos_id >= 0) {
-        rc = tm_ids_push(&s->ids, (uint32_t)r->bos_id, err);
+        rc = tm_ids_push(ids, (uint32_t)r->bos_id, err);
         if (rc)
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), &s->ids, err);
+    return tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err);
 }
 
-// Admit one record into a free slot, or answer it with an error completion.
-static tm_rc admit(runner *r, tm_job *job, tm_err *err) {
+// Take one record off the input: answer it with an error completion, or tokenize it into the
+// window.
+static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     if (job->err_code != TM_ERRCODE_NONE)
         return emit_error(r, job, job->err_code, job->err_msg, err);
+    pending *p = &r->win[r->win_len];
+    *p = (pending){.job = job};
+    tm_errcode code = TM_ERRCODE_NONE;
+    tm_err rec_err = {0};
+    double t0 = tm_now_ms();
+    tm_rc rc = tokenize_job(r, job, &p->ids, &code, &rec_err);
+    r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
+    if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
+        code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
+        if (p->ids.len)
+            TM_ERR(&rec_err, TM_E_INVAL,
+                   "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
+                   "(prompt + at least 1 generated)",
+                   p->ids.len, r->max_len);
+        else
+            TM_ERR(&rec_err, TM_E_INVAL, "prompt is empty");
+        rc = TM_E_INVAL;
+    }
+    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+        tm_ids_fini(&p->ids);
+        return emit_error(r, job, code, rec_err.msg, err);
+    }
+    if (rc) {
+        tm_ids_fini(&p->ids);
+        tm_job_destroy(job);
+        *err = rec_err;
+        return rc;
+    }
+    p->max_tokens = ((job->sp.set & TM_SP_MAX_TOKENS) ? &job->sp : &r->cfg->defaults)->max_tokens;
+    r->win_len++;
+    return TM_OK;
+}
+
+static int cmp_ids(const pending *a, const pending *b) {
+    size_t n = TM_MIN(a->ids.len, b->ids.len);
+    for (size_t i = 0; i < n; i++)
+        if (a->ids.ids[i] != b->ids.ids[i])
+            return a->ids.ids[i] < b->ids.ids[i] ? -1 : 1;
+    return a->ids.len < b->ids.len ? -1 : a->ids.len > b->ids.len;
+}
+
+// Depth-first order of the token trie = lexicographic order of the token ids.
+static int cmp_trie(const void *pa, const void *pb) {
+    const pending *a = pa, *b = pb;
+    int c = cmp_ids(a, b);
+    if (c)
+        return c;
+    return a->job->seq_no < b->job->seq_no ? -1 : a->job->seq_no > b->job->seq_no;
+}
+
+static size_t common_prefix(const tm_ids *a, const tm_ids *b) {
+    size_t n = TM_MIN(a->len, b->len), i = 0;
+    while (i < n && a->ids[i] == b->ids[i])
+        i++;
+    return i;
+}
+
+// Order the window: trie order, then within each group sharing at least a first block, longest
+// max_tokens first (stable), so no long generation starts last and idles the engine at the end.
+static void window_order(runner *r) {
+    pending *w = r->win;
+    uint32_t n = r->win_len;
+    qsort(w, n, sizeof(*w), cmp_trie);
+    for (uint32_t g = 0; g < n;) {
+        uint32_t e = g + 1;
+        while (e < n && common_prefix(&w[g].ids, &w[e].ids) >= r->cfg->block_size)
+            e++;
+        for (uint32_t i = g + 1; i < e; i++) { // insertion sort: stable, groups are small
+            pending x = w[i];
+            uint32_t j = i;
+            while (j > g && w[j - 1].max_tokens < x.max_tokens) {
+                w[j] = w[j - 1];
+                j--;
+            }
+            w[j] = x;
+        }
+        g = e;
+    }
+}
+
+// Admit the window's next record into a free slot.
+static void admit(runner *r) {
+    pending *p = &r->win[r->win_head++];
     seq *s = NULL;
     for (uint32_t i = 0; i < r->cfg->max_seqs && !s; i++)
         if (!r->seqs[i].job)
             s = &r->seqs[i];
     TM_ASSERT(s);
+    s->job = p->job;
+    s->ids = p->ids;
+    *p = (pending){0};
     s->t_admit_ms = tm_now_ms();
-    tm_errcode code = TM_ERRCODE_NONE;
-    double t0 = tm_now_ms();
-    tm_err rec_err = {0};
-    tm_rc rc = tokenize_job(r, job, s, &code, &rec_err);
-    r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
-    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
-        seq_reset(r, s);
-        return emit_error(r, job, code, rec_err.msg, err);
-    }
-    if (rc) {
-        seq_reset(r, s);
-        tm_job_destroy(job);
-        *err = rec_err;
-        return rc;
-    }
     s->n_prompt = (uint32_t)s->ids.len;
-    if (s->n_prompt == 0 || s->n_prompt >= r->max_len) {
-        char msg[160];
-        snprintf(msg, sizeof(msg),
-                 "prompt is %u tokens; this engine holds at most %u tokens per sequence "
-                 "(prompt + at least 1 generated)",
-                 s->n_prompt, r->max_len);
-        seq_reset(r, s);
-        return emit_error(r, job, s->n_prompt ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED
-                                              : TM_ERRCODE_INVALID_VALUE,
-                          s->n_prompt ? msg : "prompt is empty", err);
-    }
-    merge_sampling(&r->cfg->defaults, &job->sp, s);
+    merge_sampling(&r->cfg->defaults, &s->job->sp, s);
     s->max_len = r->max_len;
-    s->job = job;
     s->admit_order = r->n_admitted++;
+    r->stats->n_tok_prompt += s->n_prompt;
     r->n_running++;
-    return TM_OK;
+}
+
+// Prefix-cache key of every full block of s up to block n (exclusive), computed once.
+static void ensure_keys(runner *r, seq *s, uint32_t n) {
+    const uint32_t bs = r->cfg->block_size;
+    for (; s->n_keys < n; s->n_keys++) {
+        uint32_t j = s->n_keys;
+        TM_ASSERT((size_t)(j + 1) * bs <= s->ids.len);
+        s->keys[j] = tm_pcache_key(j ? &s->keys[j - 1] : NULL, 0, s->ids.ids + (size_t)j * bs, bs);
+    }
+}
+
+// At a block boundary, take the longest chain of cached blocks that continues s, leaving at
+// least one token to compute (its logits give the next token).
+static void match_cached(runner *r, seq *s) {
+    const uint32_t bs = r->cfg->block_size;
+    while (s->n_done % bs == 0 && s->n_block == s->n_done / bs && s->n_done + bs < s->ids.len) {
+        uint32_t j = s->n_done / bs, b;
+        ensure_keys(r, s, j + 1);
+        if (!tm_pcache_take(r->pcache, s->keys[j], &b))
+            break;
+        s->blocks[s->n_block++] = b;
+        if (!s->preempted && s->n_done < s->n_prompt)
+            s->n_cached += TM_MIN(bs, s->n_prompt - s->n_done);
+        s->n_done += bs;
+    }
+}
+
+// Is an older running sequence about to compute the very block s needs next? Then s waits for
+// it and takes it from the cache afterwards.
+static int waits_for_older(runner *r, seq *s) {
+    const uint32_t bs = r->cfg->block_size;
+    if (s->n_done % bs || s->n_done + bs >= s->ids.len)
+        return 0;
+    uint32_t j = s->n_done / bs;
+    ensure_keys(r, s, j + 1);
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
+        seq *o = &r->seqs[i];
+        if (!o->job || o == s || o->admit_order > s->admit_order || o->ids.len < (j + 1) * bs ||
+            o->n_done >= (j + 1) * bs)
+            continue;
+        ensure_keys(r, o, j + 1);
+        if (o->keys[j].lo == s->keys[j].lo && o->keys[j].hi == s->keys[j].hi)
+            return 1;
+    }
+    return 0;
+}
+
+// Offer the full blocks s has computed to the cache.
+static void offer_blocks(runner *r, seq *s) {
+    uint32_t n_full = s->n_done / r->cfg->block_size;
+    if (n_full <= s->n_offered)
+        return;
+    ensure_keys(r, s, n_full);
+    for (; s->n_offered < n_full; s->n_offered++)
+        tm_pcache_insert(r->pcache, s->keys[s->n_offered], s->blocks[s->n_offered]);
 }
 
 static int is_eos(const runner *r, uint32_t id) {
@@ -203,14 +352,18 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     c->line = job->line;
     c->file = job->file, job->file = NULL;
     c->id_json = job->id_json, job->id_json = NULL;
+    tm_completion_take_job_info(c, job);
     c->text = s->text.data ? s->text.data : tm_strdup("");
     s->text.data = NULL;
     c->finish = why;
     c->n_tok_prompt = s->n_prompt;
     c->n_tok_gen = s->n_gen;
-    c->n_tok_cached = 0;
+    c->n_tok_cached = s->n_cached;
+    r->stats->n_tok_cached += s->n_cached;
     c->ttft_ms = s->t_first_ms - s->t_admit_ms;
     c->total_ms = now - s->t_admit_ms;
+    c->itl_ms = s->itl, s->itl = NULL;
+    c->n_itl = s->n_itl;
     tm_job_destroy(job);
     s->job = NULL;
     seq_reset(r, s);
@@ -228,10 +381,23 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
 
 // A token was sampled for s: append it, detokenize, and check the stop conditions.
 static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
-    if (s->n_gen == 0)
-        s->t_first_ms = tm_now_ms();
+    double now = tm_now_ms();
+    if (s->n_gen == 0) {
+        s->t_first_ms = now;
+    } else { // inter-token latency sample (vLLM's ITL); grows like ids, not per step
+        if (s->n_itl == s->cap_itl) {
+            uint32_t cap = s->cap_itl ? 2 * s->cap_itl : 64;
+            float *v = tm_realloc(s->itl, cap * sizeof(*v));
+            if (!v)
+                return TM_ERR(err, TM_E_NOMEM, "inter-token latencies (%u)", cap);
+            s->itl = v;
+            s->cap_itl = cap;
+        }
+        s->itl[s->n_itl++] = (float)(now - s->t_last_ms);
+    }
+    s->t_last_ms = now;
     s->n_gen++;
-    if (is_eos(r, id))
+    if (!s->job->ignore_eos && is_eos(r, id))
         return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->ids, id, err);
     if (rc)
@@ -269,6 +435,8 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
 static void preempt(runner *r, seq *s) {
     seq_release_blocks(r, s);
     s->n_done = 0;
+    s->n_offered = 0;
+    s->preempted = 1;
     r->stats->n_preempt++;
 }
 
@@ -294,6 +462,8 @@ static uint32_t reserve(runner *r, seq *s, uint32_t want) {
         if (need <= s->n_block)
             return want;
         uint32_t more = need - s->n_block;
+        while (r->pcache && tm_kv_pool_n_free(r->pool) < more && tm_pcache_evict_one(r->pcache))
+            ; // cached blocks nobody uses go first
         uint32_t n_free = tm_kv_pool_n_free(r->pool);
         if (more <= n_free) {
             tm_err e = {0};
@@ -337,6 +507,13 @@ static tm_rc step(runner *r, tm_err *err) {
     for (int pass = 1; pass >= 0; pass--) {
         seq *s;
         while (budget > 0 && (s = oldest_unscheduled(r, pass)) != NULL) {
+            if (pass == 0 && r->pcache) {
+                match_cached(r, s);
+                if (waits_for_older(r, s)) {
+                    s->chunk = UINT32_MAX;
+                    continue;
+                }
+            }
             uint32_t need = (uint32_t)s->ids.len - s->n_done;
             uint32_t got = reserve(r, s, TM_MIN(need, budget));
             if (got == 0) {
@@ -390,6 +567,8 @@ static tm_rc step(runner *r, tm_err *err) {
         seq *s = r->bseq_owner[i];
         s->n_done += s->chunk;
         s->chunk = 0;
+        if (r->pcache)
+            offer_blocks(r, s);
         if (!r->bseqs[i].want_logits)
             continue;
         uint32_t id;
@@ -422,12 +601,19 @@ static void runner_fini(runner *r) {
         if (r->pool)
             seq_reset(r, s);
         tm_free(s->blocks);
+        tm_free(s->keys);
     }
+    for (uint32_t i = r->win_head; i < r->win_len; i++) {
+        tm_job_destroy(r->win[i].job);
+        tm_ids_fini(&r->win[i].ids);
+    }
+    tm_free(r->win);
     tm_free(r->seqs);
     tm_free(r->bseqs);
     tm_free(r->bseq_owner);
     tm_free(r->logits);
     tm_sample_scratch_fini(&r->scratch);
+    tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
 }
 
@@ -455,17 +641,25 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
                            &r.pool, err);
     if (rc)
         return rc;
+    if (cfg->prefix_cache) {
+        rc = tm_pcache_create(r.pool, &r.pcache, err);
+        if (rc)
+            goto done;
+    }
+    r.win_cap = cfg->policy == TM_SCHED_PREFIX ? TM_MAX(cfg->lookahead, 1u) : 1;
+    r.win = tm_calloc(r.win_cap, sizeof(*r.win));
     r.seqs = tm_calloc(cfg->max_seqs, sizeof(*r.seqs));
     r.bseqs = tm_calloc(cfg->max_seqs, sizeof(*r.bseqs));
     r.bseq_owner = tm_calloc(cfg->max_seqs, sizeof(*r.bseq_owner));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
-    if (!r.seqs || !r.bseqs || !r.bseq_owner || !r.logits) {
+    if (!r.win || !r.seqs || !r.bseqs || !r.bseq_owner || !r.logits) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }
     for (uint32_t i = 0; i < cfg->max_seqs; i++) {
         r.seqs[i].blocks = tm_calloc(r.max_blocks_per_seq, sizeof(uint32_t));
-        if (!r.seqs[i].blocks) {
+        r.seqs[i].keys = tm_calloc(r.max_blocks_per_seq, sizeof(tm_bhash));
+        if (!r.seqs[i].blocks || !r.seqs[i].keys) {
             rc = TM_ERR(err, TM_E_NOMEM, "block tables");
             goto done;
         }
@@ -476,22 +670,30 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
 
     int input_open = 1;
     for (;;) {
-        // Fill free slots; block on the queue only when there is nothing to run.
-        while (input_open && r.n_running < cfg->max_seqs) {
-            void *item = NULL;
-            tm_rc qrc = r.n_running ? tm_queue_try_pop(in, &item) : tm_queue_pop(in, &item);
-            if (qrc == TM_E_EOF) {
-                input_open = 0;
-                break;
+        // Refill the window once it is empty; block on the queue only when nothing runs.
+        if (r.win_head == r.win_len && input_open) {
+            r.win_head = r.win_len = 0;
+            while (input_open && r.win_len < r.win_cap) {
+                void *item = NULL;
+                int idle = r.n_running == 0 && r.win_len == 0;
+                tm_rc qrc = idle ? tm_queue_pop(in, &item) : tm_queue_try_pop(in, &item);
+                if (qrc == TM_E_EOF) {
+                    input_open = 0;
+                    break;
+                }
+                if (qrc == TM_E_AGAIN)
+                    break;
+                rc = window_add(&r, item, err);
+                if (rc)
+                    goto done;
             }
-            if (qrc == TM_E_AGAIN)
-                break;
-            rc = admit(&r, item, err);
-            if (rc)
-                goto done;
+            if (cfg->policy == TM_SCHED_PREFIX)
+                window_order(&r);
         }
+        while (r.n_running < cfg->max_seqs && r.win_head < r.win_len)
+            admit(&r);
         if (r.n_running == 0) {
-            if (!input_open)
+            if (!input_open && r.win_head == r.win_len)
                 break;
             continue;
         }

@@ -3,8 +3,18 @@
  * max_seqs sequences and max_batched_tokens tokens (decodes first, then chunked prefill), samples,
  * detokenizes, checks stop conditions and pushes one tm_completion per record to the output queue,
  * in completion order. Records that ingest rejected pass straight through as error completions.
- * When KV blocks run out, the most recently admitted sequence is preempted (its blocks freed, its
- * tokens recomputed later): nothing deadlocks and no record is lost. Runs on the calling thread;
+ * When KV blocks run out, cached blocks nobody uses are evicted (least recently used first), then
+ * the most recently admitted sequence is preempted (its blocks freed, its tokens recomputed later):
+ * nothing deadlocks and no record is lost.
+ *
+ * Prefix cache: every full block (prompt or generated) is offered to the cache under a chained
+ * key; a sequence starts from the longest chain of cached blocks of its prompt (always computing at
+ * least its last prompt token) and keeps matching at each block boundary, so a block finished by one
+ * sequence serves the next. A sequence whose next block another, older running sequence is about
+ * to compute waits for it instead of computing it twice. With the PREFIX policy the runner reads up
+ * to `lookahead` records ahead, tokenizes them and admits them in token-trie (lexicographic) order,
+ * longest max_tokens first within a group sharing a first block; the window is refilled when it is
+ * empty. Runs on the calling thread;
  * the queues connect it to the source and sink threads. */
 #ifndef TM_RUNNER_RUNNER_H
 #define TM_RUNNER_RUNNER_H
@@ -17,6 +27,11 @@
 #include "runner/engine.h"
 #include "runner/tokenizer.h"
 
+typedef enum tm_sched_policy {
+    TM_SCHED_PREFIX = 0, /* order the look-ahead window so shared prefixes run back to back */
+    TM_SCHED_FCFS,       /* admit records in input order */
+} tm_sched_policy;
+
 typedef struct tm_runner_cfg {
     uint32_t max_seqs;           /* sequences per step, >= 1 */
     uint32_t max_batched_tokens; /* tokens per step, >= 1 */
@@ -24,6 +39,9 @@ typedef struct tm_runner_cfg {
     uint32_t n_kv_block;         /* blocks the engine holds */
     uint32_t n_ctx;              /* context limit (prompt + generated) */
     tm_sampling defaults;        /* job defaults; borrowed (stop strings must outlive the run) */
+    int prefix_cache;            /* reuse cached KV blocks of shared prefixes */
+    tm_sched_policy policy;
+    uint32_t lookahead;          /* records tokenized and ordered ahead of admission (PREFIX) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -35,6 +53,8 @@ typedef struct tm_runner_stats {
     double decode_s;          /* step time attributed to decode tokens */
     double tokenize_s;        /* time spent tokenizing prompts */
     uint64_t n_preempt;
+    uint64_t n_tok_cached;    /* prompt tokens served from the prefix cache at admission */
+    uint64_t n_tok_prompt;    /* prompt tokens of admitted records */
     double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
     double sum_running;       /* sum over steps of sequences in the step */
 } tm_runner_stats;
