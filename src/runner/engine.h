@@ -42,6 +42,10 @@ typedef struct tm_engine_ops {
     const char *name;
     /* logits: [n_want][n_vocab] fp32, one row per sequence with want_logits, in batch order. */
     tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+    /* Optional (NULL: not supported). Copy the K/V of token slots [0, n_tok) of block src into
+     * block dst, in every layer; the runner uses it to share the computed part of a partly
+     * filled block between sequences with a common prefix. Ordered with forward calls. */
+    tm_rc (*kv_copy)(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
     void (*destroy)(tm_engine *eng);
 } tm_engine_ops;
 

@@ -276,6 +276,8 @@ static void admit(runner *r) {
     r->n_running++;
 }
 
+static uint32_t reserve(runner *r, seq *s, uint32_t want);
+
 // Prefix-cache key of every full block of s up to block n (exclusive), computed once.
 static void ensure_keys(runner *r, seq *s, uint32_t n) {
     const uint32_t bs = r->cfg->block_size;
@@ -302,24 +304,93 @@ static void match_cached(runner *r, seq *s) {
     }
 }
 
-// Is an older running sequence about to compute the very block s needs next? Then s waits for
-// it and takes it from the cache afterwards.
-static int waits_for_older(runner *r, seq *s) {
-    const uint32_t bs = r->cfg->block_size;
-    if (s->n_done % bs || s->n_done + bs >= s->ids.len)
+static uint32_t common_run(const uint32_t *a, const uint32_t *b, uint32_t n) {
+    uint32_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+// Does o hold the same first j blocks of tokens as s (same chained key of block j - 1)?
+static int same_blocks_before(runner *r, seq *s, seq *o, uint32_t j) {
+    if (j == 0)
+        return 1;
+    if (o->ids.len < (size_t)j * r->cfg->block_size)
         return 0;
-    uint32_t j = s->n_done / bs;
-    ensure_keys(r, s, j + 1);
+    ensure_keys(r, s, j);
+    ensure_keys(r, o, j);
+    return o->keys[j - 1].lo == s->keys[j - 1].lo && o->keys[j - 1].hi == s->keys[j - 1].hi;
+}
+
+// s is at the start of its block j with no block j yet: the tokens it could take from another
+// sequence's block j (all but its last token, which must be computed for its logits).
+static uint32_t block_limit(runner *r, const seq *s) {
+    const uint32_t bs = r->cfg->block_size;
+    if (s->n_done % bs || s->n_block != s->n_done / bs || s->n_done + 1 >= s->ids.len)
+        return 0;
+    return (uint32_t)TM_MIN((size_t)bs, s->ids.len - 1 - s->n_done);
+}
+
+// Is an older running sequence about to compute tokens that s's next block shares with it (a
+// whole block, or at least a quarter of one)? Then s waits and takes them afterwards, from the
+// cache or by copying, instead of computing them twice.
+static int waits_for_older(runner *r, seq *s) {
+    const uint32_t bs = r->cfg->block_size, limit = block_limit(r, s);
+    if (limit == 0)
+        return 0;
+    const uint32_t j = s->n_done / bs, start = j * bs;
+    const uint32_t enough = TM_MIN(TM_MAX(bs / 4, 1u), limit);
     for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
         seq *o = &r->seqs[i];
-        if (!o->job || o == s || o->admit_order > s->admit_order || o->ids.len < (j + 1) * bs ||
-            o->n_done >= (j + 1) * bs)
+        if (!o->job || o == s || o->admit_order > s->admit_order || o->ids.len <= start ||
+            !same_blocks_before(r, s, o, j))
             continue;
-        ensure_keys(r, o, j + 1);
-        if (o->keys[j].lo == s->keys[j].lo && o->keys[j].hi == s->keys[j].hi)
+        uint32_t m = common_run(s->ids.ids + start, o->ids.ids + start,
+                                (uint32_t)TM_MIN((size_t)limit, o->ids.len - start));
+        if (m >= enough && o->n_done < start + m)
             return 1;
     }
     return 0;
+}
+
+// At the start of a block that no cached block matches: copy the longest computed common run
+// of the same block of another running sequence (same prefix before it) into a new block of s.
+static tm_rc copy_partial(runner *r, seq *s, tm_err *err) {
+    const uint32_t bs = r->cfg->block_size, limit = block_limit(r, s);
+    if (limit == 0 || !r->eng->ops->kv_copy)
+        return TM_OK;
+    const uint32_t j = s->n_done / bs, start = j * bs;
+    seq *best = NULL;
+    uint32_t best_m = 0;
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
+        seq *o = &r->seqs[i];
+        if (!o->job || o == s || o->n_block <= j || o->n_done <= start ||
+            !same_blocks_before(r, s, o, j))
+            continue;
+        uint32_t computed = TM_MIN(o->n_done - start, bs);
+        uint32_t m = common_run(s->ids.ids + start, o->ids.ids + start, TM_MIN(limit, computed));
+        if (m > best_m)
+            best = o, best_m = m;
+    }
+    if (!best)
+        return TM_OK;
+    // Hold the donor block: reserving may preempt its sequence, and the block must keep its
+    // contents until copied.
+    uint32_t src = best->blocks[j];
+    tm_kv_block_ref(r->pool, src);
+    uint32_t got = reserve(r, s, best_m);
+    tm_rc rc = TM_OK;
+    if (got > 0) {
+        rc = r->eng->ops->kv_copy(r->eng, src, s->blocks[j], got, err);
+        if (rc == TM_OK) {
+            if (!s->preempted && s->n_done < s->n_prompt)
+                s->n_cached += TM_MIN(got, s->n_prompt - s->n_done);
+            s->n_done += got;
+            r->stats->n_tok_copied += got;
+        }
+    }
+    tm_kv_block_unref(r->pool, src);
+    return rc;
 }
 
 // Offer the full blocks s has computed to the cache.
@@ -513,6 +584,9 @@ static tm_rc step(runner *r, tm_err *err) {
                     s->chunk = UINT32_MAX;
                     continue;
                 }
+                tm_rc rc = copy_partial(r, s, err);
+                if (rc)
+                    return rc;
             }
             uint32_t need = (uint32_t)s->ids.len - s->n_done;
             uint32_t got = reserve(r, s, TM_MIN(need, budget));

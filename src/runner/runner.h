@@ -53,7 +53,8 @@ typedef struct tm_runner_stats {
     double decode_s;          /* step time attributed to decode tokens */
     double tokenize_s;        /* time spent tokenizing prompts */
     uint64_t n_preempt;
-    uint64_t n_tok_cached;    /* prompt tokens served from the prefix cache at admission */
+    uint64_t n_tok_cached;    /* prompt tokens served from the prefix cache or copied */
+    uint64_t n_tok_copied;    /* tokens whose K/V were copied from a partly filled shared block */
     uint64_t n_tok_prompt;    /* prompt tokens of admitted records */
     double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
     double sum_running;       /* sum over steps of sequences in the step */

@@ -94,10 +94,12 @@ struct cpu_impl {
 
 static void cpu_destroy(tm_engine *eng);
 static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+static tm_rc cpu_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
 static const tm_engine_ops cpu_ops = {
     .name = "cpu",
     .forward = cpu_forward,
+    .kv_copy = cpu_kv_copy,
     .destroy = cpu_destroy,
 };
 
@@ -582,6 +584,21 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
 fail:
     cpu_destroy(&impl->eng);
     return err->rc;
+}
+
+static tm_rc cpu_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
+    cpu_impl *impl = eng->impl;
+    const uint32_t bs = eng->opts.block_size;
+    if (src >= eng->opts.n_kv_block || dst >= eng->opts.n_kv_block || n_tok > bs)
+        return TM_ERR(err, TM_E_INVAL, "kv_copy: block %u -> %u, %u tokens out of range", src, dst,
+                      n_tok);
+    const size_t blk = (size_t)bs * impl->kv_dim, n = (size_t)n_tok * impl->kv_dim;
+    for (uint32_t l = 0; l < impl->cfg.n_layer; l++) {
+        size_t base = (size_t)l * impl->layer_kv_floats;
+        memcpy(impl->k_cache + base + dst * blk, impl->k_cache + base + src * blk, n * sizeof(float));
+        memcpy(impl->v_cache + base + dst * blk, impl->v_cache + base + src * blk, n * sizeof(float));
+    }
+    return TM_OK;
 }
 
 static void cpu_destroy(tm_engine *eng) {
