@@ -331,15 +331,15 @@ static uint32_t block_limit(runner *r, const seq *s) {
     return (uint32_t)TM_MIN((size_t)bs, s->ids.len - 1 - s->n_done);
 }
 
-// Is an older running sequence about to compute tokens that s's next block shares with it (a
-// whole block, or at least a quarter of one)? Then s waits and takes them afterwards, from the
-// cache or by copying, instead of computing them twice.
+// Is an older running sequence about to compute tokens that s's next block shares with it? Then
+// s waits and takes them afterwards, from the cache or by copying, instead of computing them
+// twice. A lone shared token (the BOS every prompt starts with) is not worth a step's wait.
 static int waits_for_older(runner *r, seq *s) {
     const uint32_t bs = r->cfg->block_size, limit = block_limit(r, s);
     if (limit == 0)
         return 0;
     const uint32_t j = s->n_done / bs, start = j * bs;
-    const uint32_t enough = TM_MIN(TM_MAX(bs / 4, 1u), limit);
+    const uint32_t enough = TM_MIN(2u, limit);
     for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
         seq *o = &r->seqs[i];
         if (!o->job || o == s || o->admit_order > s->admit_order || o->ids.len <= start ||
