@@ -12,13 +12,19 @@
 #include "base/err.h"
 #include "runner/model.h"
 
+/* Sum buf[0..n) element-wise across the tensor-parallel ranks, in place, on every rank (an
+ * all-reduce); every rank calls it the same number of times with the same n. */
+typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
+
 typedef struct tm_engine_opts {
     uint32_t n_threads;    /* CPU worker threads; 0 = number of online CPUs */
     uint32_t block_size;   /* tokens per KV block */
     uint32_t n_kv_block;   /* KV blocks to allocate */
     uint32_t max_seqs;     /* sequences per step */
     uint32_t max_batched_tokens; /* tokens per step */
-    uint32_t tp_rank, tp_size;   /* CPU sharding tests; 0/1 for no tensor parallel */
+    uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
+    tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
+    void *allreduce_ctx;         /* borrowed; passed to allreduce */
 } tm_engine_opts;
 
 /* One sequence's part of a step. */
@@ -56,9 +62,16 @@ struct tm_engine {
     void *impl;             /* owned by the backend */
 };
 
-/* The CPU backend. On success *out owns the engine (KV memory allocated up front). */
+/* The CPU backend. On success *out owns the engine (KV memory allocated up front). With
+ * tp_size > 1 it is one rank's shard (runner/engine_cpu/shard.h): its logits rows hold only its
+ * vocabulary slice, and opts->allreduce sums partial results across ranks. */
 tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                            tm_err *err);
+/* The CPU backend split tp_size ways in one process: one shard engine per rank, each on its own
+ * thread, an in-process all-reduce (a deterministic sum in rank order) standing in for NCCL, and
+ * the logits gathered from the vocabulary slices. Tests the sharding math without GPUs. */
+tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
+                              tm_err *err);
 
 static inline tm_rc tm_engine_forward(tm_engine *eng, const tm_batch *b, float *logits,
                                       tm_err *err) {

@@ -19,6 +19,7 @@
 #include "base/alloc.h"
 #include "runner/engine.h"
 #include "runner/engine_cpu/ops.h"
+#include "runner/engine_cpu/shard.h"
 #include "runner/engine_cpu/thread_pool.h"
 
 #define TOK_PER_ITEM 16   /* tokens per work item of the element-wise ops */
@@ -53,7 +54,9 @@ typedef struct attn_item {
 
 struct cpu_impl {
     tm_engine eng;            /* eng.impl points back here */
-    const tm_model *m;        /* borrowed */
+    const tm_model *m;        /* borrowed, or the owned shard when tp_size > 1 */
+    tm_model *shard;          /* owned tensor-parallel shard of eng.model, or NULL */
+    uint32_t vocab0;          /* first vocabulary row of this shard (0 without TP) */
     tm_model_cfg cfg;
     tm_cpu_pool *pool;        /* owned */
     uint32_t n_thread;
@@ -304,10 +307,11 @@ static tm_rc check_batch(const cpu_impl *impl, const tm_batch *b, uint32_t *n_to
             if (s->block_table[k] >= o->n_kv_block)
                 return TM_ERR(err, TM_E_INVAL, "cpu forward: sequence %u block %u id %u >= %u",
                               i, k, s->block_table[k], o->n_kv_block);
+        const uint32_t n_vocab = impl->eng.model->cfg.n_vocab;
         for (uint32_t k = 0; k < s->n_tok; k++)
-            if (s->tokens[k] >= impl->cfg.n_vocab)
+            if (s->tokens[k] >= n_vocab)
                 return TM_ERR(err, TM_E_INVAL, "cpu forward: sequence %u token %u id %u >= %u",
-                              i, k, s->tokens[k], impl->cfg.n_vocab);
+                              i, k, s->tokens[k], n_vocab);
         n_tok += s->n_tok;
     }
     if (n_tok > o->max_batched_tokens)
@@ -315,6 +319,14 @@ static tm_rc check_batch(const cpu_impl *impl, const tm_batch *b, uint32_t *n_to
                       (unsigned long long)n_tok, o->max_batched_tokens);
     *n_tok_out = (uint32_t)n_tok;
     return TM_OK;
+}
+
+// TP: h holds this rank's partial [T][n_embd] product; sum it across ranks and add it to x.
+static void add_reduced(cpu_impl *impl, uint32_t T) {
+    const size_t n = (size_t)T * impl->cfg.n_embd;
+    impl->eng.opts.allreduce(impl->eng.opts.allreduce_ctx, impl->h, n);
+    for (size_t i = 0; i < n; i++)
+        impl->x[i] += impl->h[i];
 }
 
 static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err) {
@@ -337,8 +349,12 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         for (uint32_t k = 0; k < s->n_tok; k++, t++) {
             impl->pos[t] = s->pos + k;
             impl->tok_seq[t] = i;
-            tm_cpu_to_f32(m->embd.data, m->embd.dtype, (size_t)s->tokens[k] * d, d,
-                          impl->x + (size_t)t * d);
+            uint32_t row = s->tokens[k] - impl->vocab0; // wraps when below the shard
+            if (row < c->n_vocab)
+                tm_cpu_to_f32(m->embd.data, m->embd.dtype, (size_t)row * d, d,
+                              impl->x + (size_t)t * d);
+            else // another rank's vocabulary slice: it contributes the row to the sum
+                memset(impl->x + (size_t)t * d, 0, d * sizeof(float));
         }
         for (uint32_t t0 = 0; t0 < s->n_tok; t0 += ATTN_TOK_PER_ITEM) {
             TM_ASSERT(n_attn < impl->max_attn_items);
@@ -346,6 +362,9 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
                 (attn_item){.seq = i, .t0 = t0, .n_tok = TM_MIN(ATTN_TOK_PER_ITEM, s->n_tok - t0)};
         }
     }
+    const int tp = impl->eng.opts.tp_size > 1;
+    if (tp)
+        impl->eng.opts.allreduce(impl->eng.opts.allreduce_ctx, impl->x, (size_t)T * d);
     tm_cpu_rope_table(impl->pos, T, impl->inv_freq, c->head_dim, impl->cos, impl->sin);
     impl->b = b;
     impl->n_attn_items = n_attn;
@@ -365,10 +384,12 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         impl->attn_layer = l;
         tm_cpu_pool_run(impl->pool, attn_item_run, impl, n_attn * c->n_head);
 
-        // x = x + att @ wo^T
+        // x = x + att @ wo^T (with TP: each rank's partial product, summed across ranks)
         mm_job o = {.n_mat = 1};
-        o.a[0] = mm_args(impl->x, impl->att, &L->wo, NULL, impl->x, T);
+        o.a[0] = mm_args(tp ? impl->h : impl->x, impl->att, &L->wo, NULL, tp ? NULL : impl->x, T);
         mm_run(impl, &o);
+        if (tp)
+            add_reduced(impl, T);
 
         tm_cpu_pool_run(impl->pool, ffn_norm_item, &tj, tok_items(T));
         mm_job gu = {.n_mat = 2};
@@ -378,8 +399,11 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         tm_cpu_pool_run(impl->pool, silu_item, &tj, tok_items(T));
         // x = x + act @ w_down^T
         mm_job dn = {.n_mat = 1};
-        dn.a[0] = mm_args(impl->x, impl->gate, &L->w_down, NULL, impl->x, T);
+        dn.a[0] = mm_args(tp ? impl->h : impl->x, impl->gate, &L->w_down, NULL,
+                          tp ? NULL : impl->x, T);
         mm_run(impl, &dn);
+        if (tp)
+            add_reduced(impl, T);
     }
 
     // Final norm and lm_head for the last token of each sequence that wants logits.
@@ -496,23 +520,37 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
         return TM_ERR(err, TM_E_INVAL,
                       "cpu engine: block_size, n_kv_block, max_seqs and max_batched_tokens must "
                       "be > 0");
-    if (opts->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "cpu engine: tensor parallel (tp_size %u) not supported",
+    if (opts->tp_size > 1 && !opts->allreduce)
+        return TM_ERR(err, TM_E_INVAL, "cpu engine: tp_size %u without an all-reduce",
                       opts->tp_size);
+    tm_model *shard = NULL;
+    uint32_t vocab0 = 0;
+    const tm_model *full = m;
+    if (opts->tp_size > 1) {
+        tm_rc rc = tm_cpu_shard_create(full, opts->tp_rank, opts->tp_size, &shard, &vocab0, err);
+        if (rc)
+            return rc;
+        m = shard;
+    }
     tm_rc rc = check_model(m, err);
-    if (rc)
+    if (rc) {
+        tm_cpu_shard_destroy(shard);
         return rc;
+    }
     const tm_model_cfg *c = &m->cfg;
     uint64_t max_pos = (uint64_t)opts->n_kv_block * opts->block_size;
-    if (max_pos > UINT32_MAX)
-        return TM_ERR(err, TM_E_INVAL, "cpu engine: KV pool of %llu positions too large",
-                      (unsigned long long)max_pos);
-
-    cpu_impl *impl = tm_calloc(1, sizeof(*impl));
-    if (!impl)
+    cpu_impl *impl = max_pos > UINT32_MAX ? NULL : tm_calloc(1, sizeof(*impl));
+    if (!impl) {
+        tm_cpu_shard_destroy(shard);
+        if (max_pos > UINT32_MAX)
+            return TM_ERR(err, TM_E_INVAL, "cpu engine: KV pool of %llu positions too large",
+                          (unsigned long long)max_pos);
         return TM_ERR(err, TM_E_NOMEM, "cpu engine header");
+    }
+    impl->shard = shard;
+    impl->vocab0 = vocab0;
     impl->eng.ops = &cpu_ops;
-    impl->eng.model = m;
+    impl->eng.model = full;
     impl->eng.opts = *opts;
     impl->eng.impl = impl;
     impl->m = m;
@@ -629,5 +667,6 @@ static void cpu_destroy(tm_engine *eng) {
     tm_free(impl->tok_seq);
     tm_free(impl->seq_tok0);
     tm_free(impl->attn_items);
+    tm_cpu_shard_destroy(impl->shard);
     tm_free(impl);
 }
