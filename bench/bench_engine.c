@@ -1,0 +1,265 @@
+/* bench/bench_engine.c - the CUDA engine on the workloads of ../shared/BENCHMARKS.md (W1, W8, P)
+ * with random bf16 weights made on the GPU (tm_engine_cuda_create_random), plus the device-copy
+ * bandwidth ceiling measured in the same process and the roofline decode ceiling derived from it.
+ *
+ * A run: prefill of B random prompts of L tokens in one step (TTFT = that step, first token
+ * included), then N - 1 decode steps of B tokens, greedy. Decode tok/s per sequence = (N - 1) /
+ * decode time, aggregate = B times that (the anchors' convention). Each workload runs --reps
+ * times after one warm-up run; medians are printed. Usage: bench_engine --help. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "base/clock.h"
+#include "runner/engine.h"
+#include "runner/engine_cuda.h"
+#include "runner/model.h"
+
+#define BLOCK 16
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: bench_engine [--shape llama8b|llama1b] [--batch B] [--prompt L] [--gen N]\n"
+            "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling]\n"
+            "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
+            "  logits to the host and argmax there, the plain engine vtable path)\n");
+}
+
+static void shape_cfg(const char *name, tm_model_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    c->arch = TM_ARCH_LLAMA;
+    c->n_vocab = 128256;
+    c->rope_theta = 500000.0f;
+    c->rms_eps = 1e-5f;
+    c->n_ctx = 131072;
+    c->bos_id = -1;
+    c->rope_type = TM_ROPE_LLAMA3;
+    c->rope_factor = 8.0f;
+    c->rope_low_freq_factor = 1.0f;
+    c->rope_high_freq_factor = 4.0f;
+    c->rope_orig_ctx = 8192;
+    if (!strcmp(name, "llama1b")) {
+        c->n_layer = 16, c->n_embd = 2048, c->n_ff = 8192, c->n_head = 32, c->n_kv_head = 8;
+        c->head_dim = 64, c->tie_embd = 1;
+    } else {
+        c->n_layer = 32, c->n_embd = 4096, c->n_ff = 14336, c->n_head = 32, c->n_kv_head = 8;
+        c->head_dim = 128, c->tie_embd = 0;
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+static double median(double *v, int n) {
+    qsort(v, n, sizeof(double), cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Device-to-device copy of 2 x 2 GiB, GB/s counting bytes read + written; median of 20. */
+static double copy_bw(void) {
+    const size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess)
+        return 0.0;
+    cudaMemset(a, 1, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double t[20];
+    for (int i = -3; i < 20; i++) {
+        cudaEventRecord(e0, 0);
+        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i >= 0)
+            t[i] = ms;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return 2.0 * n / (median(t, 20) * 1e-3) / 1e9;
+}
+
+typedef struct run_result {
+    double ttft_ms, decode_s;
+} run_result;
+
+static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t L, uint32_t N,
+                    int use_logits, uint32_t **tok, uint32_t **bt, float *logits,
+                    run_result *res, uint64_t seed) {
+    tm_err err = {0};
+    tm_batch_seq seqs[256];
+    uint32_t ids[256];
+    uint64_t s = seed;
+    for (uint32_t i = 0; i < B; i++)
+        for (uint32_t k = 0; k < L; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i][k] = (uint32_t)((s >> 33) % c->n_vocab);
+        }
+    const uint32_t n_block = TM_CEIL_DIV(L + N, BLOCK);
+    // prefill
+    for (uint32_t i = 0; i < B; i++)
+        seqs[i] = (tm_batch_seq){.tokens = tok[i], .n_tok = L, .pos = 0, .block_table = bt[i],
+                                 .n_block = n_block, .want_logits = 1};
+    tm_batch b = {.seqs = seqs, .n_seq = B};
+    double t0 = tm_now_ms();
+    tm_rc rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
+                          : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
+    if (rc) {
+        fprintf(stderr, "prefill: %s\n", err.msg);
+        return 0;
+    }
+    if (use_logits)
+        for (uint32_t i = 0; i < B; i++) {
+            const float *row = logits + (size_t)i * c->n_vocab;
+            uint32_t best = 0;
+            for (uint32_t v = 1; v < c->n_vocab; v++)
+                best = row[v] > row[best] ? v : best;
+            ids[i] = best;
+        }
+    double t1 = tm_now_ms();
+    for (uint32_t i = 0; i < B; i++)
+        tok[i][L] = ids[i];
+    // decode: N - 1 steps
+    for (uint32_t k = 1; k < N; k++) {
+        for (uint32_t i = 0; i < B; i++)
+            seqs[i] = (tm_batch_seq){.tokens = &tok[i][L + k - 1], .n_tok = 1,
+                                     .pos = L + k - 1, .block_table = bt[i],
+                                     .n_block = n_block, .want_logits = 1};
+        rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
+                        : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
+        if (rc) {
+            fprintf(stderr, "decode step %u: %s\n", k, err.msg);
+            return 0;
+        }
+        for (uint32_t i = 0; i < B; i++) {
+            if (use_logits) {
+                const float *row = logits + (size_t)i * c->n_vocab;
+                uint32_t best = 0;
+                for (uint32_t v = 1; v < c->n_vocab; v++)
+                    best = row[v] > row[best] ? v : best;
+                ids[i] = best;
+            }
+            tok[i][L + k] = ids[i];
+        }
+    }
+    double t2 = tm_now_ms();
+    res->ttft_ms = t1 - t0;
+    res->decode_s = (t2 - t1) / 1e3;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *shape = "llama8b";
+    uint32_t B = 8, L = 512, N = 256, reps = 3;
+    int graphs = 1, use_logits = 0, ceiling = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--shape") && v)
+            shape = v, i++;
+        else if (!strcmp(a, "--batch") && v)
+            B = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--prompt") && v)
+            L = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--gen") && v)
+            N = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--reps") && v)
+            reps = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--no-graphs"))
+            graphs = 0;
+        else if (!strcmp(a, "--logits"))
+            use_logits = 1;
+        else if (!strcmp(a, "--no-ceiling"))
+            ceiling = 0;
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50) {
+        usage();
+        return 2;
+    }
+    tm_model m;
+    memset(&m, 0, sizeof(m));
+    shape_cfg(shape, &m.cfg);
+    const tm_model_cfg *c = &m.cfg;
+    const uint32_t n_block_seq = TM_CEIL_DIV(L + N, BLOCK);
+    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = B * n_block_seq, .max_seqs = B,
+                         .max_batched_tokens = B * L};
+    tm_err err = {0};
+    tm_engine *eng = NULL;
+    double t0 = tm_now_ms();
+    if (tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err)) {
+        fprintf(stderr, "create: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "engine created in %.0f ms\n", tm_now_ms() - t0);
+    tm_engine_cuda_set_graphs(eng, graphs);
+
+    uint32_t **tok = calloc(B, sizeof(*tok)), **bt = calloc(B, sizeof(*bt));
+    float *logits = use_logits ? malloc((size_t)B * c->n_vocab * sizeof(float)) : NULL;
+    for (uint32_t i = 0; i < B; i++) {
+        tok[i] = calloc(L + N + 1, sizeof(uint32_t));
+        bt[i] = calloc(n_block_seq, sizeof(uint32_t));
+        for (uint32_t k = 0; k < n_block_seq; k++)
+            bt[i][k] = i * n_block_seq + k;
+    }
+    double *ttft = calloc(reps, sizeof(double)), *dec = calloc(reps, sizeof(double));
+    run_result r;
+    if (!run_once(eng, c, B, L, N, use_logits, tok, bt, logits, &r, 99)) // warm-up
+        return 1;
+    for (uint32_t i = 0; i < reps; i++) {
+        if (!run_once(eng, c, B, L, N, use_logits, tok, bt, logits, &r, 100 + i))
+            return 1;
+        ttft[i] = r.ttft_ms;
+        dec[i] = r.decode_s;
+        fprintf(stderr, "rep %u: prefill %.2f ms, decode %.3f s\n", i, r.ttft_ms, r.decode_s);
+    }
+    const double ttft_ms = median(ttft, reps), dec_s = median(dec, reps);
+    const double per_seq = N > 1 ? (N - 1) / dec_s : 0.0;
+    tm_engine_destroy(eng);
+
+    // Roofline decode ceiling from the measured copy bandwidth (BENCHMARKS.md's formula).
+    const double d = c->n_embd, qd = (double)c->n_head * c->head_dim;
+    const double kvd = (double)c->n_kv_head * c->head_dim;
+    const double layer = d * qd + 2 * d * kvd + qd * d + 3 * d * c->n_ff + 2 * d;
+    const double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d);
+    const double kv_bytes = 2.0 * c->n_layer * 2 * kvd * (L + N / 2.0) * B;
+    const double bw = ceiling ? copy_bw() : 0.0;
+    const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / (bw * 1e9) * 1e3 : 0.0;
+    const double ceil_seq = floor_ms > 0 ? 1e3 / floor_ms : 0.0;
+    int dev = 0;
+    struct cudaDeviceProp prop;
+    cudaGetDevice(&dev);
+    cudaGetDeviceProperties(&prop, dev);
+    printf("device: %s (%d SMs); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
+           prop.name, prop.multiProcessorCount, shape, B, L, N, graphs ? "graphs" : "eager",
+           use_logits ? "logits to host" : "greedy on device", reps);
+    printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
+    printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n",
+           dec_s * 1e3 / (N - 1), per_seq, per_seq * B);
+    if (bw > 0)
+        printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f ms, "
+               "%.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling\n",
+               bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * B,
+               100.0 * per_seq / ceil_seq);
+    printf("{\"shape\":\"%s\",\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
+           "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
+           "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
+           shape, B, L, N, graphs, use_logits, ttft_ms, per_seq, per_seq * B, bw, ceil_seq * B,
+           ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
+    for (uint32_t i = 0; i < B; i++)
+        free(tok[i]), free(bt[i]);
+    free(tok), free(bt), free(logits), free(ttft), free(dec);
+    return 0;
+}

@@ -1,0 +1,229 @@
+/* kernels/attn_paged.cu - paged causal attention (see attn_paged.h).
+ *
+ * Block = (token t, query head h, split sp), TM_ATTN_TILE threads. The split's position range is
+ * walked in tiles of TM_ATTN_TILE positions:
+ *   scores: thread i takes position tile0 + i and dots q (fp32, shared) with its K row, read as
+ *           16-byte vectors;
+ *   softmax: block max, rescale of the running sum and accumulators, p = exp(s - max) in shared;
+ *   V:       the block is cut into row groups of head_dim/8 threads; thread (r, c) accumulates
+ *           dims [8c, 8c+8) over the tile's positions r, r + n_rowgrp, ... (16-byte loads, a row
+ *           group reads one contiguous V row).
+ * At the end the row groups' accumulators are summed in shared memory. With one split the result
+ * is normalised and stored as bf16; otherwise (acc, max, sum) go to the partial buffers and
+ * merge_kernel combines the splits with the usual rescaling. An empty split writes max = -inf,
+ * sum = 0. */
+#include "kernels/attn_paged.h"
+#include "kernels/common.cuh"
+
+#define NT TM_ATTN_TILE
+#define ATTN_UNROLLED_MAX_BLOCKS 8192
+
+/* sum of q[e] * bf16 vector v[e], e < 8 */
+static __device__ __forceinline__ float dot8(const float *q, uint4 v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s += q[2 * i] * __uint_as_float(w[i] << 16);
+        s += q[2 * i + 1] * __uint_as_float(w[i] & 0xffff0000u);
+    }
+    return s;
+}
+
+/* acc[e] += p * bf16 vector v[e], e < 8 */
+static __device__ __forceinline__ void axpy8(float *acc, float p, uint4 v) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        acc[2 * i] += p * __uint_as_float(w[i] << 16);
+        acc[2 * i + 1] += p * __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* HD: head_dim known at compile time (64, 128, 256: loops fully unrolled, so every thread has
+ * all its K and V loads in flight at once), or 0 for any other multiple of 8 (runtime loops). */
+template <int HD>
+static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_paged_bf16_args a) {
+    __shared__ float q_s[TM_ATTN_MAX_HEAD_DIM];
+    __shared__ float p_s[NT];
+    __shared__ float acc_s[NT * 8];
+    const uint32_t t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const uint32_t hd = HD ? HD : a.head_dim, kvd = a.n_kv_head * hd, bs = a.block_size;
+    const uint32_t kvh = h / (a.n_head / a.n_kv_head);
+    const uint32_t n_pos = a.pos[t] + 1;
+    const uint32_t lo = a.window && n_pos > a.window ? n_pos - a.window : 0;
+    const uint32_t n_tile = (n_pos - lo + NT - 1) / NT;
+    const uint32_t tiles_per_split = (n_tile + a.n_split - 1) / a.n_split;
+    const uint32_t start = lo + sp * tiles_per_split * NT;
+    const uint32_t end = min(n_pos, start + tiles_per_split * NT);
+    const uint32_t *bt = a.block_tables + a.seq_bt[a.tok_seq[t]];
+    const uint16_t *kc = a.k_cache + (size_t)kvh * hd;
+    const uint16_t *vc = a.v_cache + (size_t)kvh * hd;
+
+    const uint16_t *qrow = a.q + (size_t)t * a.ld_q + (size_t)h * hd;
+    for (uint32_t i = tid; i < hd; i += NT)
+        q_s[i] = tm_bf2f(qrow[i]);
+    __syncthreads();
+
+    const uint32_t lpr = hd / 8;        // threads per V row
+    const uint32_t n_rg = NT / lpr;     // row groups
+    const uint32_t rg = tid / lpr, c8 = (tid % lpr) * 8;
+    const bool v_thread = rg < n_rg;    // NT % lpr may leave threads idle
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float m = -INFINITY, l = 0.0f;
+
+    for (uint32_t tile0 = start; tile0 < end; tile0 += NT) {
+        const uint32_t p = tile0 + tid;
+        float s = -INFINITY;
+        if (p < end) {
+            const uint16_t *k = kc + ((size_t)bt[p / bs] * bs + p % bs) * kvd;
+            float dot = 0.0f;
+            if (HD) {
+                // the whole row's raw 16-byte vectors first, then the math
+                uint4 kr[HD ? HD / 8 : 1];
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++)
+                    kr[i] = reinterpret_cast<const uint4 *>(k)[i];
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++)
+                    dot += dot8(q_s + 8 * i, kr[i]);
+            } else {
+                for (uint32_t i = 0; i < hd; i += 8) {
+                    float kf[8];
+                    tm_load8_bf16(k + i, kf);
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        dot += q_s[i + e] * kf[e];
+                }
+            }
+            s = dot * a.scale;
+        }
+        const float m_new = fmaxf(m, tm_block_max<NT>(s)); // finite: the tile has a position
+        const float corr = expf(m - m_new);
+        const float pe = p < end ? expf(s - m_new) : 0.0f;
+        p_s[tid] = pe;
+        l = l * corr + tm_block_sum<NT>(pe); // the sum's barriers also publish p_s
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc[e] *= corr;
+        m = m_new;
+        if (v_thread) {
+            const uint32_t n_in_tile = min((uint32_t)NT, end - tile0);
+            if (HD) {
+                constexpr int RG = HD ? NT / (HD / 8) : 1; // row groups, compile time
+                uint4 vr[NT / RG];
+#pragma unroll
+                for (int jj = 0; jj < NT / RG; jj++) {
+                    const uint32_t j = rg + jj * RG;
+                    if (j < n_in_tile) {
+                        const uint32_t pp = tile0 + j;
+                        vr[jj] = *reinterpret_cast<const uint4 *>(
+                            vc + ((size_t)bt[pp / bs] * bs + pp % bs) * kvd + c8);
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < NT / RG; jj++) {
+                    const uint32_t j = rg + jj * RG;
+                    if (j < n_in_tile)
+                        axpy8(acc, p_s[j], vr[jj]);
+                }
+            } else {
+                for (uint32_t j = rg; j < n_in_tile; j += n_rg) {
+                    const uint32_t pp = tile0 + j;
+                    const uint16_t *v = vc + ((size_t)bt[pp / bs] * bs + pp % bs) * kvd + c8;
+                    float vf[8];
+                    tm_load8_bf16(v, vf);
+                    const float w = p_s[j];
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        acc[e] += w * vf[e];
+                }
+            }
+        }
+        __syncthreads(); // p_s is rewritten by the next tile
+    }
+
+    // Sum the row groups: acc_s[rg][hd]
+    if (v_thread) {
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            acc_s[rg * hd + c8 + e] = acc[e];
+    }
+    __syncthreads();
+    const size_t th = (size_t)t * a.n_head + h;
+    for (uint32_t i = tid; i < hd; i += NT) {
+        float o = 0.0f;
+        for (uint32_t r = 0; r < n_rg; r++)
+            o += acc_s[r * hd + i];
+        if (a.n_split == 1) {
+            a.out[(size_t)t * a.ld_q + (size_t)h * hd + i] = tm_f2bf(o / l);
+        } else {
+            a.part_acc[(th * a.n_split + sp) * hd + i] = o;
+        }
+    }
+    if (a.n_split > 1 && tid == 0) {
+        a.part_ml[(th * a.n_split + sp) * 2] = m;
+        a.part_ml[(th * a.n_split + sp) * 2 + 1] = l;
+    }
+}
+
+/* One block per (token, head): merge the n_split partial results. */
+static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_bf16_args a) {
+    const uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
+    const size_t th = (size_t)t * a.n_head + h;
+    const float *ml = a.part_ml + th * a.n_split * 2;
+    float mx = -INFINITY;
+    for (uint32_t sp = 0; sp < a.n_split; sp++)
+        mx = fmaxf(mx, ml[sp * 2]);
+    float l = 0.0f;
+    for (uint32_t sp = 0; sp < a.n_split; sp++)
+        if (ml[sp * 2 + 1] > 0.0f)
+            l += ml[sp * 2 + 1] * expf(ml[sp * 2] - mx);
+    const float inv = 1.0f / l;
+    for (uint32_t i = threadIdx.x; i < hd; i += NT) {
+        float o = 0.0f;
+        for (uint32_t sp = 0; sp < a.n_split; sp++)
+            if (ml[sp * 2 + 1] > 0.0f)
+                o += a.part_acc[(th * a.n_split + sp) * hd + i] * expf(ml[sp * 2] - mx);
+        a.out[(size_t)t * a.ld_q + (size_t)h * hd + i] = tm_f2bf(o * inv);
+    }
+}
+
+extern "C" size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
+                                        uint32_t head_dim) {
+    return (size_t)n_tok * n_head * n_split * (head_dim + 2);
+}
+
+extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaStream_t s,
+                                      tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->head_dim % 8 == 0 && a->head_dim > 0 && a->head_dim <= TM_ATTN_MAX_HEAD_DIM);
+    TM_ASSERT(a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->block_size > 0);
+    TM_ASSERT(a->ld_q >= a->n_head * a->head_dim && a->n_split >= 1);
+    TM_ASSERT(a->n_split == 1 || (a->part_acc && a->part_ml));
+    TM_ASSERT(((uintptr_t)a->k_cache % 16) == 0 && ((uintptr_t)a->v_cache % 16) == 0);
+    dim3 grid(a->n_tok, a->n_head, a->n_split);
+    // The unrolled kernels (136 registers at head_dim 128) win when few blocks run (decode:
+    // latency-bound, all loads in flight); with many blocks (prefill) occupancy matters more and
+    // the runtime-loop kernel (40 registers) was faster on an H200 (W8 prefill 189 vs 269 ms).
+    const size_t n_blocks = (size_t)a->n_tok * a->n_head * a->n_split;
+    switch (n_blocks <= ATTN_UNROLLED_MAX_BLOCKS ? a->head_dim : 0) {
+    case 64:
+        attn_paged_bf16_kernel<64><<<grid, NT, 0, s>>>(*a);
+        break;
+    case 128:
+        attn_paged_bf16_kernel<128><<<grid, NT, 0, s>>>(*a);
+        break;
+    case 256:
+        attn_paged_bf16_kernel<256><<<grid, NT, 0, s>>>(*a);
+        break;
+    default:
+        attn_paged_bf16_kernel<0><<<grid, NT, 0, s>>>(*a);
+    }
+    tm_rc rc = tm_cuda_launched(err, s, "attn_paged_bf16");
+    if (rc || a->n_split == 1)
+        return rc;
+    attn_merge_kernel<<<dim3(a->n_tok, a->n_head), NT, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "attn_merge");
+}

@@ -1,0 +1,33 @@
+/* kernels/fill.h - deterministic pseudo-random bf16 fill for benchmark weights made on the
+ * device (no multi-GB files): p[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash
+ * of (seed, i), so the result does not depend on the launch shape. Host reference: the same
+ * hash in tests/test_kernels.c. */
+#ifndef TM_KERNELS_FILL_H
+#define TM_KERNELS_FILL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "base/err.h" /* C declarations: C linkage also from .cu files */
+
+typedef struct tm_k_fill_bf16_args {
+    uint16_t *p;     /* [n] bf16 */
+    size_t n;
+    uint64_t seed;
+    float scale, offset;
+} tm_k_fill_bf16_args;
+
+/* Launches on s; n 0 launches nothing. */
+tm_rc tm_k_fill_bf16(const tm_k_fill_bf16_args *a, cudaStream_t s, tm_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TM_KERNELS_FILL_H */

@@ -1,0 +1,30 @@
+/* kernels/sample.h - on-device greedy sampling: ids[r] = argmax over logits[r][0..n_col), the
+ * lowest index among equal maxima (NaN never wins). Host reference: a linear scan (the runner's
+ * greedy sampler in runner/sample.c picks the first maximum the same way). */
+#ifndef TM_KERNELS_SAMPLE_H
+#define TM_KERNELS_SAMPLE_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "base/err.h" /* C declarations: C linkage also from .cu files */
+
+typedef struct tm_k_argmax_f32_args {
+    uint32_t *ids;        /* [n_row] */
+    const float *logits;  /* [n_row][n_col] fp32 */
+    uint32_t n_row, n_col;
+} tm_k_argmax_f32_args;
+
+/* Launches on s; n_row 0 launches nothing. */
+tm_rc tm_k_argmax_f32(const tm_k_argmax_f32_args *a, cudaStream_t s, tm_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TM_KERNELS_SAMPLE_H */

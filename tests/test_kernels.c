@@ -1,0 +1,499 @@
+/* tests/test_kernels.c - every CUDA launcher of kernels/ against its host reference
+ * (runner/engine_cpu/ops.h, or a plain loop here where the op has no engine op), on fresh random
+ * inputs and edge shapes (0, 1, non-multiples of the block and tile sizes, large positions).
+ * Outputs are poisoned (bf16 NaN / float NaN) before each launch, so an element the kernel fails
+ * to write shows up as NaN. Skipped (77) without a GPU or in a build without CUDA.
+ *
+ * Tolerances, per output dtype:
+ *   bf16 outputs: |gpu - ref| <= 2^-8 * |ref| + abs_tol: one bf16 ulp (the output rounding is
+ *     half an ulp; fp32 reduction order, FMA contraction and sincosf/expf ulps take the rest),
+ *     abs_tol 1e-6 for element-wise ops and 1e-3 * max|V| for attention (fp32 sums of products);
+ *   fp32 outputs of gathers and argmax ids: exact. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tm_test.h"
+
+#ifndef TM_HAVE_CUDA
+int main(void) { tm_test_skip("built without CUDA"); }
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/act.h"
+#include "kernels/attn_paged.h"
+#include "kernels/embed.h"
+#include "kernels/fill.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/sample.h"
+#include "runner/engine_cpu/ops.h"
+
+static cudaStream_t g_stream;
+static uint64_t g_rng = 0x1234567ull;
+
+static uint64_t rnd(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return g_rng >> 11;
+}
+/* uniform in [-1, 1) */
+static float frand(void) { return (float)((double)rnd() * 0x1p-52 - 1.0); }
+static uint32_t urand(uint32_t n) { return (uint32_t)(rnd() % n); }
+
+static float bf(uint16_t h) { return tm_cpu_bf16_to_f32(h); }
+static uint16_t to_bf(float f) { return tm_cpu_f32_to_bf16(f); }
+
+/* Device buffer of n bytes (at least 1), filled with byte pattern fill. */
+static void *dalloc(size_t n, int fill) {
+    void *p = NULL;
+    TM_ASSERT(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
+    TM_ASSERT(cudaMemset(p, fill, n ? n : 1) == cudaSuccess);
+    return p;
+}
+static void *dup_to_dev(const void *h, size_t n) {
+    void *p = dalloc(n, 0);
+    if (n)
+        TM_ASSERT(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) == cudaSuccess);
+    return p;
+}
+static void to_host(void *h, const void *d, size_t n) {
+    TM_ASSERT(cudaStreamSynchronize(g_stream) == cudaSuccess);
+    if (n)
+        TM_ASSERT(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+}
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    TM_ASSERT(p);
+    return p;
+}
+
+/* Compare bf16 gpu values with fp32 references; returns the number of failures and prints the
+ * first. */
+static int cmp_bf16(const char *what, const uint16_t *gpu, const float *ref, size_t n,
+                    float abs_tol) {
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float g = bf(gpu[i]), r = ref[i];
+        if (!(fabsf(g - r) <= 0x1p-8f * fabsf(r) + abs_tol)) {
+            if (!bad)
+                fprintf(stderr, "%s: element %zu: gpu %.8g ref %.8g\n", what, i, g, r);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ---- embed ---- */
+
+static void embed_case(uint32_t n_vocab, uint32_t n_embd, uint32_t n_tok) {
+    tm_err err = {0};
+    uint16_t *tab = xmalloc((size_t)n_vocab * n_embd * 2);
+    uint32_t *tok = xmalloc(n_tok * 4);
+    for (size_t i = 0; i < (size_t)n_vocab * n_embd; i++)
+        tab[i] = to_bf(frand());
+    for (uint32_t t = 0; t < n_tok; t++)
+        tok[t] = urand(n_vocab);
+    if (n_tok)
+        tok[n_tok - 1] = n_vocab - 1;
+    uint16_t *d_tab = dup_to_dev(tab, (size_t)n_vocab * n_embd * 2);
+    uint32_t *d_tok = dup_to_dev(tok, n_tok * 4);
+    float *d_x = dalloc((size_t)n_tok * n_embd * 4, 0xff);
+    tm_k_embed_bf16_args a = {
+        .x = d_x, .table = d_tab, .tokens = d_tok, .n_tok = n_tok, .n_embd = n_embd};
+    TM_CHECK_OK(tm_k_embed_bf16(&a, g_stream, &err), &err);
+    float *x = xmalloc((size_t)n_tok * n_embd * 4), *ref = xmalloc(n_embd * 4);
+    to_host(x, d_x, (size_t)n_tok * n_embd * 4);
+    int bad = 0;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        tm_cpu_to_f32(tab, TM_DTYPE_BF16, (size_t)tok[t] * n_embd, n_embd, ref);
+        bad += memcmp(ref, x + (size_t)t * n_embd, n_embd * 4) != 0;
+    }
+    TM_CHECK_MSG(bad == 0, "embed %u x %u, %u tokens: %d rows differ", n_vocab, n_embd, n_tok,
+                 bad);
+    cudaFree(d_tab), cudaFree(d_tok), cudaFree(d_x);
+    free(tab), free(tok), free(x), free(ref);
+}
+
+static void test_embed(void) {
+    embed_case(1, 1, 1);
+    embed_case(7, 5, 0);
+    embed_case(100, 64, 13);
+    embed_case(1000, 4099, 3);
+}
+
+/* ---- rmsnorm ---- */
+
+static void rmsnorm_case(uint32_t n_x, uint32_t n_row, uint32_t n_col, int gather) {
+    tm_err err = {0};
+    float *x = xmalloc((size_t)n_x * n_col * 4), *w = xmalloc(n_col * 4);
+    uint32_t *rows = xmalloc(n_row * 4);
+    for (size_t i = 0; i < (size_t)n_x * n_col; i++)
+        x[i] = 3.0f * frand();
+    for (uint32_t c = 0; c < n_col; c++)
+        w[c] = 1.0f + 0.3f * frand();
+    for (uint32_t r = 0; r < n_row; r++)
+        rows[r] = gather ? urand(n_x) : r;
+    float *d_x = dup_to_dev(x, (size_t)n_x * n_col * 4), *d_w = dup_to_dev(w, n_col * 4);
+    uint32_t *d_rows = dup_to_dev(rows, n_row * 4);
+    uint16_t *d_out = dalloc((size_t)n_row * n_col * 2, 0xff);
+    tm_k_rmsnorm_bf16_args a = {.out = d_out, .x = d_x, .rows = gather ? d_rows : NULL,
+                                .w = d_w, .n_row = n_row, .n_col = n_col, .eps = 1e-5f};
+    TM_CHECK_OK(tm_k_rmsnorm_bf16(&a, g_stream, &err), &err);
+    uint16_t *out = xmalloc((size_t)n_row * n_col * 2);
+    to_host(out, d_out, (size_t)n_row * n_col * 2);
+    float *ref = xmalloc((size_t)n_row * n_col * 4);
+    for (uint32_t r = 0; r < n_row; r++) {
+        tm_k_rmsnorm_args ra = {.out = ref + (size_t)r * n_col,
+                                .x = x + (size_t)rows[r] * n_col, .w = w,
+                                .w_dtype = TM_DTYPE_F32, .n_row = 1, .n_col = n_col,
+                                .eps = 1e-5f};
+        tm_cpu_rmsnorm(&ra);
+    }
+    int bad = cmp_bf16("rmsnorm", out, ref, (size_t)n_row * n_col, 1e-6f);
+    TM_CHECK_MSG(bad == 0, "rmsnorm %u rows x %u (gather %d): %d bad", n_row, n_col, gather, bad);
+    cudaFree(d_x), cudaFree(d_w), cudaFree(d_rows), cudaFree(d_out);
+    free(x), free(w), free(rows), free(out), free(ref);
+}
+
+static void test_rmsnorm(void) {
+    rmsnorm_case(0, 0, 64, 0);
+    rmsnorm_case(1, 1, 1, 0);
+    rmsnorm_case(5, 5, 7, 0);
+    rmsnorm_case(33, 33, 257, 0);
+    rmsnorm_case(3, 2, 4096, 0);
+    rmsnorm_case(40, 8, 4096 + 3, 1);
+}
+
+/* ---- silu_mul ---- */
+
+static void silu_case(uint32_t n_tok, uint32_t n_ff) {
+    tm_err err = {0};
+    const size_t n = (size_t)n_tok * n_ff;
+    float *gu = xmalloc(2 * n * 4);
+    for (size_t i = 0; i < 2 * n; i++)
+        gu[i] = 8.0f * frand();
+    float *d_gu = dup_to_dev(gu, 2 * n * 4);
+    uint16_t *d_out = dalloc(n * 2, 0xff);
+    tm_k_silu_mul_bf16_args a = {.out = d_out, .gu = d_gu, .n_tok = n_tok, .n_ff = n_ff};
+    TM_CHECK_OK(tm_k_silu_mul_bf16(&a, g_stream, &err), &err);
+    uint16_t *out = xmalloc(n * 2);
+    to_host(out, d_out, n * 2);
+    float *ref = xmalloc(n * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        tm_k_silu_mul_args ra = {.out = ref + (size_t)t * n_ff, .gate = gu + (size_t)t * 2 * n_ff,
+                                 .up = gu + (size_t)t * 2 * n_ff + n_ff, .n = n_ff};
+        tm_cpu_silu_mul(&ra);
+    }
+    int bad = cmp_bf16("silu_mul", out, ref, n, 1e-6f);
+    TM_CHECK_MSG(bad == 0, "silu_mul %u x %u: %d bad", n_tok, n_ff, bad);
+    cudaFree(d_gu), cudaFree(d_out);
+    free(gu), free(out), free(ref);
+}
+
+static void test_silu_mul(void) {
+    silu_case(0, 16);
+    silu_case(1, 1);
+    silu_case(3, 255);
+    silu_case(17, 14336);
+}
+
+/* ---- rope + KV write ---- */
+
+static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint32_t hd, int bias,
+                      int llama3, uint32_t max_pos) {
+    tm_err err = {0};
+    const uint32_t qd = n_head * hd, kvd = n_kv_head * hd, ld = qd + 2 * kvd, half = hd / 2;
+    const uint32_t n_slot = n_tok + 5;
+    tm_model_cfg cfg = {.head_dim = hd, .rope_theta = 500000.0f};
+    if (llama3) {
+        cfg.rope_type = TM_ROPE_LLAMA3;
+        cfg.rope_factor = 8.0f;
+        cfg.rope_low_freq_factor = 1.0f;
+        cfg.rope_high_freq_factor = 4.0f;
+        cfg.rope_orig_ctx = 8192;
+    }
+    float *inv = xmalloc(half * 4);
+    tm_cpu_rope_inv_freq(&cfg, inv);
+    float *qkv = xmalloc((size_t)n_tok * ld * 4), *b = xmalloc(ld * 4);
+    uint32_t *pos = xmalloc(n_tok * 4), *slot = xmalloc(n_tok * 4);
+    for (size_t i = 0; i < (size_t)n_tok * ld; i++)
+        qkv[i] = 2.0f * frand();
+    for (uint32_t i = 0; i < ld; i++)
+        b[i] = 0.5f * frand();
+    // distinct slots: a shuffled prefix of [0, n_slot)
+    uint32_t *perm = xmalloc(n_slot * 4);
+    for (uint32_t i = 0; i < n_slot; i++)
+        perm[i] = i;
+    for (uint32_t i = n_slot - 1; i > 0; i--) {
+        uint32_t j = urand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    for (uint32_t t = 0; t < n_tok; t++) {
+        pos[t] = t == 0 ? max_pos : urand(max_pos + 1);
+        slot[t] = perm[t];
+    }
+    float *d_qkv = dup_to_dev(qkv, (size_t)n_tok * ld * 4), *d_b = dup_to_dev(b, ld * 4);
+    float *d_inv = dup_to_dev(inv, half * 4);
+    uint32_t *d_pos = dup_to_dev(pos, n_tok * 4), *d_slot = dup_to_dev(slot, n_tok * 4);
+    uint16_t *d_q = dalloc((size_t)n_tok * qd * 2, 0xff);
+    uint16_t *d_k = dalloc((size_t)n_slot * kvd * 2, 0xff);
+    uint16_t *d_v = dalloc((size_t)n_slot * kvd * 2, 0xff);
+    tm_k_rope_kv_bf16_args a = {.q = d_q, .k_cache = d_k, .v_cache = d_v, .qkv = d_qkv,
+                                .bias = bias ? d_b : NULL, .pos = d_pos, .slot = d_slot,
+                                .inv_freq = d_inv, .n_tok = n_tok, .n_head = n_head,
+                                .n_kv_head = n_kv_head, .head_dim = hd};
+    TM_CHECK_OK(tm_k_rope_kv_bf16(&a, g_stream, &err), &err);
+    uint16_t *q = xmalloc((size_t)n_tok * qd * 2), *k = xmalloc((size_t)n_slot * kvd * 2);
+    uint16_t *v = xmalloc((size_t)n_slot * kvd * 2);
+    to_host(q, d_q, (size_t)n_tok * qd * 2);
+    to_host(k, d_k, (size_t)n_slot * kvd * 2);
+    to_host(v, d_v, (size_t)n_slot * kvd * 2);
+
+    // reference: bias, rope tables, tm_cpu_rope on q and k
+    float *rq = xmalloc((size_t)n_tok * ld * 4);
+    float *cs = xmalloc((size_t)n_tok * half * 4), *sn = xmalloc((size_t)n_tok * half * 4);
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t i = 0; i < ld; i++)
+            rq[(size_t)t * ld + i] = qkv[(size_t)t * ld + i] + (bias ? b[i] : 0.0f);
+    tm_cpu_rope_table(pos, n_tok, inv, hd, cs, sn);
+    tm_k_rope_args r1 = {.x = rq, .cos = cs, .sin = sn, .n_tok = n_tok, .n_head = n_head,
+                         .head_dim = hd, .ld_x = ld};
+    tm_cpu_rope(&r1);
+    tm_k_rope_args r2 = r1;
+    r2.x = rq + qd;
+    r2.n_head = n_kv_head;
+    tm_cpu_rope(&r2);
+    int bad = 0, unwritten_ok = 1;
+    float *row = xmalloc(ld * 4);
+    uint16_t *got = xmalloc(ld * 2);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        memcpy(row, rq + (size_t)t * ld, ld * 4);
+        memcpy(got, q + (size_t)t * qd, qd * 2);
+        memcpy(got + qd, k + (size_t)slot[t] * kvd, kvd * 2);
+        memcpy(got + qd + kvd, v + (size_t)slot[t] * kvd, kvd * 2);
+        bad += cmp_bf16("rope_kv", got, row, ld, 1e-5f);
+    }
+    // slots no token owns stay poisoned (0xffff)
+    for (uint32_t i = n_tok; i < n_slot; i++)
+        for (uint32_t c = 0; c < kvd; c++)
+            unwritten_ok &= k[(size_t)perm[i] * kvd + c] == 0xffff &&
+                            v[(size_t)perm[i] * kvd + c] == 0xffff;
+    TM_CHECK_MSG(bad == 0 && unwritten_ok,
+                 "rope_kv %u tok, %u/%u heads, hd %u, bias %d, llama3 %d: %d bad, others "
+                 "untouched %d",
+                 n_tok, n_head, n_kv_head, hd, bias, llama3, bad, unwritten_ok);
+    cudaFree(d_qkv), cudaFree(d_b), cudaFree(d_inv), cudaFree(d_pos), cudaFree(d_slot);
+    cudaFree(d_q), cudaFree(d_k), cudaFree(d_v);
+    free(inv), free(qkv), free(b), free(pos), free(slot), free(perm), free(q), free(k), free(v);
+    free(rq), free(cs), free(sn), free(row), free(got);
+}
+
+static void test_rope_kv(void) {
+    rope_case(0, 4, 2, 16, 0, 0, 10);
+    rope_case(1, 1, 1, 2, 0, 0, 0);
+    rope_case(7, 4, 2, 16, 1, 0, 600);
+    rope_case(5, 32, 8, 128, 0, 1, 131071);
+    rope_case(33, 28, 4, 128, 1, 0, 5000);
+    rope_case(3, 8, 8, 256, 0, 1, 100000);
+}
+
+/* ---- paged attention ---- */
+
+typedef struct attn_seq {
+    uint32_t pos0, n_tok; /* chunk: tokens at positions [pos0, pos0 + n_tok) */
+} attn_seq;
+
+static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uint32_t n_kv_head,
+                      uint32_t hd, uint32_t bs, uint32_t window, uint32_t n_split) {
+    tm_err err = {0};
+    const uint32_t qd = n_head * hd, kvd = n_kv_head * hd, ld_q = qd + 8;
+    uint32_t T = 0, n_bt = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        T += seqs[i].n_tok;
+        n_bt += TM_CEIL_DIV(seqs[i].pos0 + seqs[i].n_tok, bs);
+    }
+    const uint32_t n_block = n_bt + 3; // a few blocks nobody uses
+    // shuffled block ids, handed out in order
+    uint32_t *bt = xmalloc(n_bt * 4), *perm = xmalloc(n_block * 4);
+    for (uint32_t i = 0; i < n_block; i++)
+        perm[i] = i;
+    for (uint32_t i = n_block - 1; i > 0; i--) {
+        uint32_t j = urand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    memcpy(bt, perm, n_bt * 4);
+    const size_t cache_n = (size_t)n_block * bs * kvd;
+    uint16_t *kc = xmalloc(cache_n * 2), *vc = xmalloc(cache_n * 2);
+    float *kf = xmalloc(cache_n * 4), *vf = xmalloc(cache_n * 4);
+    float vmax = 0.0f;
+    for (size_t i = 0; i < cache_n; i++) {
+        kc[i] = to_bf(2.0f * frand());
+        vc[i] = to_bf(frand());
+        kf[i] = bf(kc[i]);
+        vf[i] = bf(vc[i]);
+        vmax = fmaxf(vmax, fabsf(vf[i]));
+    }
+    uint16_t *q = xmalloc((size_t)T * ld_q * 2);
+    float *qf = xmalloc((size_t)T * ld_q * 4);
+    for (size_t i = 0; i < (size_t)T * ld_q; i++) {
+        q[i] = to_bf(2.0f * frand());
+        qf[i] = bf(q[i]);
+    }
+    uint32_t *pos = xmalloc(T * 4), *tok_seq = xmalloc(T * 4), *seq_bt = xmalloc(n_seq * 4);
+    uint32_t t = 0, o = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        seq_bt[i] = o;
+        o += TM_CEIL_DIV(seqs[i].pos0 + seqs[i].n_tok, bs);
+        for (uint32_t k = 0; k < seqs[i].n_tok; k++, t++) {
+            pos[t] = seqs[i].pos0 + k;
+            tok_seq[t] = i;
+        }
+    }
+    uint16_t *d_kc = dup_to_dev(kc, cache_n * 2), *d_vc = dup_to_dev(vc, cache_n * 2);
+    uint16_t *d_q = dup_to_dev(q, (size_t)T * ld_q * 2);
+    uint16_t *d_out = dalloc((size_t)T * ld_q * 2, 0xff);
+    uint32_t *d_pos = dup_to_dev(pos, T * 4), *d_ts = dup_to_dev(tok_seq, T * 4);
+    uint32_t *d_sbt = dup_to_dev(seq_bt, n_seq * 4), *d_bt = dup_to_dev(bt, n_bt * 4);
+    const size_t part_n = tm_k_attn_part_floats(T, n_head, n_split, hd);
+    float *d_part = dalloc(part_n * 4, 0xff);
+    tm_k_attn_paged_bf16_args a = {
+        .out = d_out, .q = d_q, .k_cache = d_kc, .v_cache = d_vc, .pos = d_pos,
+        .tok_seq = d_ts, .seq_bt = d_sbt, .block_tables = d_bt, .part_acc = d_part,
+        .part_ml = d_part + (size_t)T * n_head * n_split * hd, .n_tok = T, .n_head = n_head,
+        .n_kv_head = n_kv_head, .head_dim = hd, .block_size = bs, .ld_q = ld_q,
+        .window = window, .n_split = n_split, .scale = 1.0f / sqrtf((float)hd)};
+    TM_CHECK_OK(tm_k_attn_paged_bf16(&a, g_stream, &err), &err);
+    uint16_t *out = xmalloc((size_t)T * ld_q * 2);
+    to_host(out, d_out, (size_t)T * ld_q * 2);
+
+    float *ref = xmalloc((size_t)T * ld_q * 4), *scores = xmalloc((size_t)(n_bt * bs + 1) * 4);
+    t = 0;
+    for (uint32_t i = 0; i < n_seq; i++) {
+        tm_k_attn_args ra = {.out = ref + (size_t)t * ld_q, .q = qf + (size_t)t * ld_q,
+                             .k_cache = kf, .v_cache = vf, .block_table = bt + seq_bt[i],
+                             .pos0 = seqs[i].pos0, .n_tok = seqs[i].n_tok, .n_head = n_head,
+                             .n_kv_head = n_kv_head, .head_dim = hd, .block_size = bs,
+                             .ld_q = ld_q, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+        tm_cpu_attn(&ra, scores);
+        t += seqs[i].n_tok;
+    }
+    int bad = 0, pad_ok = 1;
+    for (t = 0; t < T; t++) {
+        bad += cmp_bf16("attn", out + (size_t)t * ld_q, ref + (size_t)t * ld_q, qd,
+                        1e-3f * vmax);
+        for (uint32_t c = qd; c < ld_q; c++)
+            pad_ok &= out[(size_t)t * ld_q + c] == 0xffff; // row padding untouched
+    }
+    TM_CHECK_MSG(bad == 0 && pad_ok,
+                 "attn %u seqs %u tok, %u/%u heads, hd %u, bs %u, window %u, split %u: %d bad, "
+                 "padding untouched %d",
+                 n_seq, T, n_head, n_kv_head, hd, bs, window, n_split, bad, pad_ok);
+    cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_q), cudaFree(d_out), cudaFree(d_pos);
+    cudaFree(d_ts), cudaFree(d_sbt), cudaFree(d_bt), cudaFree(d_part);
+    free(bt), free(perm), free(kc), free(vc), free(kf), free(vf), free(q), free(qf), free(pos);
+    free(tok_seq), free(seq_bt), free(out), free(ref), free(scores);
+}
+
+static void test_attn(void) {
+    const attn_seq one[] = {{0, 1}};
+    const attn_seq mixed[] = {{0, 37}, {127, 1}, {5, 3}, {300, 1}, {128, 129}};
+    const attn_seq decodes[] = {{511, 1}, {640, 1}, {0, 1}, {1000, 1}, {129, 1}, {255, 1}};
+    const attn_seq prefill[] = {{0, 300}};
+    const attn_seq empty[] = {{0, 0}};
+    attn_case(empty, 1, 4, 2, 16, 16, 0, 1);
+    attn_case(one, 1, 1, 1, 8, 1, 0, 1);
+    attn_case(one, 1, 4, 2, 16, 16, 0, 7);
+    attn_case(mixed, 5, 4, 2, 16, 16, 0, 1);
+    attn_case(mixed, 5, 4, 2, 16, 16, 0, 3);
+    attn_case(mixed, 5, 8, 2, 64, 7, 50, 1);   // sliding window, odd block size
+    attn_case(mixed, 5, 8, 2, 64, 7, 200, 4);
+    attn_case(decodes, 6, 32, 8, 128, 16, 0, 1);
+    attn_case(decodes, 6, 32, 8, 128, 16, 0, 5);
+    attn_case(decodes, 6, 32, 8, 128, 16, 0, 32);
+    attn_case(prefill, 1, 28, 4, 128, 32, 0, 1);
+    attn_case(decodes, 6, 8, 8, 256, 16, 0, 2);
+    attn_case(decodes, 6, 4, 1, 96, 16, 0, 3);  // head_dim 96: V row groups leave threads idle
+}
+
+/* ---- argmax ---- */
+
+static void argmax_case(uint32_t n_row, uint32_t n_col, int ties) {
+    tm_err err = {0};
+    float *lg = xmalloc((size_t)n_row * n_col * 4);
+    for (size_t i = 0; i < (size_t)n_row * n_col; i++)
+        lg[i] = ties ? (float)urand(4) : 10.0f * frand();
+    float *d_lg = dup_to_dev(lg, (size_t)n_row * n_col * 4);
+    uint32_t *d_ids = dalloc(n_row * 4, 0xff), *ids = xmalloc(n_row * 4);
+    tm_k_argmax_f32_args a = {.ids = d_ids, .logits = d_lg, .n_row = n_row, .n_col = n_col};
+    TM_CHECK_OK(tm_k_argmax_f32(&a, g_stream, &err), &err);
+    to_host(ids, d_ids, n_row * 4);
+    int bad = 0;
+    for (uint32_t r = 0; r < n_row; r++) {
+        uint32_t best = 0;
+        for (uint32_t c = 1; c < n_col; c++)
+            if (lg[(size_t)r * n_col + c] > lg[(size_t)r * n_col + best])
+                best = c;
+        bad += ids[r] != best;
+    }
+    TM_CHECK_MSG(bad == 0, "argmax %u x %u ties %d: %d rows differ", n_row, n_col, ties, bad);
+    cudaFree(d_lg), cudaFree(d_ids);
+    free(lg), free(ids);
+}
+
+static void test_argmax(void) {
+    argmax_case(0, 5, 0);
+    argmax_case(1, 1, 0);
+    argmax_case(3, 1025, 1);
+    argmax_case(8, 128256, 0);
+    argmax_case(5, 128256, 1);
+}
+
+/* ---- fill ---- */
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void test_fill(void) {
+    tm_err err = {0};
+    const size_t n = 1000003;
+    uint16_t *d = dalloc(n * 2, 0xff), *h = xmalloc(n * 2);
+    tm_k_fill_bf16_args a = {.p = d, .n = n, .seed = 42, .scale = 0.5f, .offset = 1.0f};
+    TM_CHECK_OK(tm_k_fill_bf16(&a, g_stream, &err), &err);
+    to_host(h, d, n * 2);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t z = mix64(42 ^ (i * 0xd1342543de82ef95ull));
+        float u = (float)(z >> 40) * 0x1p-23f - 1.0f;
+        bad += h[i] != to_bf(1.0f + 0.5f * u);
+    }
+    TM_CHECK_MSG(bad == 0, "fill: %zu of %zu differ", bad, n);
+    cudaFree(d);
+    free(h);
+}
+
+int main(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+        tm_test_skip("no CUDA device");
+    TM_ASSERT(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) == cudaSuccess);
+    TM_RUN(test_embed);
+    TM_RUN(test_rmsnorm);
+    TM_RUN(test_silu_mul);
+    TM_RUN(test_rope_kv);
+    TM_RUN(test_attn);
+    TM_RUN(test_argmax);
+    TM_RUN(test_fill);
+    cudaStreamDestroy(g_stream);
+    return tm_test_report();
+}
+
+#endif /* TM_HAVE_CUDA */
