@@ -264,6 +264,63 @@ static void test_f16(void) {
               0);
 }
 
+// kv_copy: B shares A's first 20 tokens; B takes A's full block 0 and a copy of the 4 computed
+// slots of A's block 1, then computes its own 3 tokens. Its logits must match C, which computes
+// all 23 tokens itself.
+static void test_kv_copy(void) {
+    const char *build = getenv("TM_BUILD");
+    char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
+    TM_ASSERT(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd),
+             "%s/mkmodel --out %s --layers 2 --hidden 128 --heads 4 --kv-heads 2 --ff 256 "
+             "--vocab 300 --ctx 1024 --seed 9 > /dev/null",
+             build ? build : "build", dir);
+    TM_CHECK(system(cmd) == 0);
+    tm_err err = {0};
+    tm_model *m = NULL;
+    tm_engine *gpu = NULL;
+    TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2,
+                         .max_batched_tokens = 64};
+    if (m)
+        TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
+    if (!gpu) {
+        tm_model_destroy(m);
+        return;
+    }
+    const uint32_t V = m->cfg.n_vocab;
+    uint32_t tok[23];
+    for (uint32_t i = 0; i < 23; i++)
+        tok[i] = (i * 37 + 11) % V;
+    float *la = calloc(V, sizeof(float)), *lb = calloc(V, sizeof(float));
+    float *lc = calloc(V, sizeof(float));
+    uint32_t bt_a[2] = {0, 1}, bt_b[2] = {0, 5}, bt_c[2] = {8, 9};
+    tm_batch_seq a = {.tokens = tok, .n_tok = 20, .pos = 0, .block_table = bt_a, .n_block = 2,
+                      .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &a, .n_seq = 1}, la, &err), &err);
+    TM_CHECK_OK(gpu->ops->kv_copy(gpu, 1, 5, 20 - BLOCK, &err), &err);
+    tm_batch_seq b = {.tokens = tok + 20, .n_tok = 3, .pos = 20, .block_table = bt_b,
+                      .n_block = 2, .want_logits = 1};
+    tm_batch_seq c = {.tokens = tok, .n_tok = 23, .pos = 0, .block_table = bt_c, .n_block = 2,
+                      .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &b, .n_seq = 1}, lb, &err), &err);
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &c, .n_seq = 1}, lc, &err), &err);
+    double max_d = 0, max_c = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        max_d = fmax(max_d, fabs((double)lb[v] - lc[v]));
+        max_c = fmax(max_c, fabs((double)lc[v]));
+    }
+    fprintf(stderr, "  kv_copy: max |logit B - logit C| / max |C| = %.3g\n", max_d / max_c);
+    TM_CHECK(max_d / max_c < LOGIT_TOL);
+    TM_CHECK(argmax(lb, V) == argmax(lc, V));
+    TM_CHECK(gpu->ops->kv_copy(gpu, 16, 0, 1, &err) == TM_E_INVAL); // block out of range
+    free(la), free(lb), free(lc);
+    tm_engine_destroy(gpu);
+    tm_model_destroy(m);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    TM_CHECK(system(cmd) == 0);
+}
+
 static void test_no_gpu_error(void) {
     // With a GPU present create succeeds; this only checks that bad opts are rejected cleanly.
     tm_model m = {0};
@@ -295,6 +352,7 @@ int main(void) {
     if (access(path, X_OK) != 0)
         tm_test_skip("mkmodel not built (set TM_BUILD)");
     TM_RUN(test_no_gpu_error);
+    TM_RUN(test_kv_copy);
     TM_RUN(test_llama);
     TM_RUN(test_qwen2_tied);
     TM_RUN(test_llama3_f32);

@@ -112,12 +112,45 @@ static meta_off meta_layout(uint32_t T, uint32_t S) {
 
 static void cuda_destroy(tm_engine *eng);
 static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
+                          tm_err *err);
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
+    .kv_copy = cuda_kv_copy,
     .destroy = cuda_destroy,
 };
+
+// The first n_tok token slots of block src into block dst, in every layer: one strided copy per
+// cache (a row per layer), ordered on the engine's stream with the forward passes.
+static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
+                          tm_err *err) {
+    cuda_impl *impl = eng->impl;
+    const uint32_t bs = eng->opts.block_size;
+    if (impl->dead)
+        return TM_ERR(err, TM_E_CUDA, "cuda engine: dead after an earlier CUDA error");
+    if (src >= eng->opts.n_kv_block || dst >= eng->opts.n_kv_block || n_tok > bs)
+        return TM_ERR(err, TM_E_INVAL, "kv_copy: block %u -> %u, %u tokens out of range", src, dst,
+                      n_tok);
+    if (n_tok == 0)
+        return TM_OK;
+    const size_t blk = (size_t)bs * impl->kv_dim, pitch = impl->layer_kv_elems * sizeof(uint16_t);
+    const size_t width = (size_t)n_tok * impl->kv_dim * sizeof(uint16_t);
+    uint16_t *caches[2] = {impl->k_cache, impl->v_cache};
+    for (int c = 0; c < 2; c++) {
+        tm_rc rc = TM_CUDA_CHECK(cudaMemcpy2DAsync(caches[c] + dst * blk, pitch,
+                                                   caches[c] + src * blk, pitch, width,
+                                                   impl->cfg.n_layer, cudaMemcpyDeviceToDevice,
+                                                   impl->stream),
+                                 err);
+        if (rc) {
+            impl->dead = 1;
+            return rc;
+        }
+    }
+    return TM_OK;
+}
 
 static tm_rc blas_check(cublasStatus_t st, const char *what, tm_err *err) {
     if (st == CUBLAS_STATUS_SUCCESS)
