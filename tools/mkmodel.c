@@ -7,7 +7,14 @@
  * Weights: embeddings N(0, s) with s = min(0.5, 2/sqrt(hidden)) so that tied logits are neither
  * flat nor one-hot; projections N(0, 1/sqrt(fan_in)); lm_head (untied) N(0, 2/sqrt(hidden));
  * RMSNorm weights 1 + N(0, 0.1); Qwen2 q/k/v biases N(0, 0.1). Every file is written to a temp
- * name, fsynced and renamed. The result is loaded back with tm_model_load as a self-check. */
+ * name, fsynced and renamed. The result is loaded back with tm_model_load as a self-check.
+ *
+ * --arch deepseek_v4 writes a DeepseekV4ForCausalLM (transformers 5.17) instead: the layer schedule
+ * from --dsv4-layers (s = sliding, c = compressed sparse, h = heavily compressed) and --dsv4-mlp
+ * (h = hash_moe, m = moe), --ff is moe_intermediate_size; tid2eid is written as f32 whatever
+ * --dtype says (the safetensors reader takes float dtypes only; transformers casts it back).
+ * Extra weights: sinks, position biases and hyper-connection bases N(0, 0.5), scales 1 + N(0,
+ * 0.1), e_score_correction_bias N(0, 0.1), tid2eid distinct experts drawn per token. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -33,6 +40,11 @@ typedef struct mk_opts {
     double rope_theta;
     int rope_llama3;
     const char *tokenizer; /* folder with tokenizer.json (+ tokenizer_config.json) */
+    /* deepseek_v4 only */
+    const char *dsv4_layers; /* one letter per layer: s, c, h */
+    const char *dsv4_mlp;    /* one letter per layer: h (hash_moe), m (moe) */
+    long q_lora, o_groups, o_lora, experts, experts_used, window, index_heads, index_dim,
+        index_topk, hc, rope_dim, hca_ratio, yarn;
 } mk_opts;
 
 static void usage(void) {
@@ -42,6 +54,10 @@ static void usage(void) {
             "               [--vocab V] [--ctx C] [--tied 0|1] [--dtype f32|bf16|f16]\n"
             "               [--rope-theta T] [--rope-scaling llama3] [--tokenizer DIR]\n"
             "               [--bos ID] [--eos ID] [--shards N]\n"
+            "deepseek_v4: [--dsv4-layers sch..] [--dsv4-mlp hm..] [--q-lora R] [--o-groups G]\n"
+            "             [--o-lora R] [--experts E] [--experts-used K] [--window W]\n"
+            "             [--index-heads N] [--index-dim D] [--index-topk K] [--hc N]\n"
+            "             [--rope-dim D] [--hca-ratio R] [--yarn 0|1]\n"
             "Defaults: llama, seed 1, 2 layers, hidden 64, 4 heads, 2 kv heads, ff 128, vocab 256\n"
             "(or the tokenizer's size), ctx 512, untied, bf16, rope theta 10000, 1 shard.\n");
 }
@@ -277,7 +293,11 @@ static tm_rc read_tokenizer(const char *dir, long *n_vocab, long *bos, long *eos
 
 /* ---- config files ---------------------------------------------------------------------------- */
 
+static int is_dsv4(const mk_opts *o) { return !strcmp(o->arch, "deepseek_v4"); }
+
 static const char *hf_class(const char *arch) {
+    if (!strcmp(arch, "deepseek_v4"))
+        return "DeepseekV4ForCausalLM";
     if (!strcmp(arch, "qwen2"))
         return "Qwen2ForCausalLM";
     if (!strcmp(arch, "mistral"))
@@ -294,7 +314,83 @@ static const char *torch_dtype(tm_dtype dt) {
     return "?";
 }
 
+static json_t *make_dsv4_config(const mk_opts *o) {
+    json_t *c = json_object();
+    json_t *archs = json_array();
+    json_array_append_new(archs, json_string("DeepseekV4ForCausalLM"));
+    json_object_set_new(c, "architectures", archs);
+    json_object_set_new(c, "model_type", json_string("deepseek_v4"));
+    json_object_set_new(c, "bos_token_id", json_integer(o->bos));
+    json_object_set_new(c, "eos_token_id", json_integer(o->eos));
+    json_object_set_new(c, "vocab_size", json_integer(o->vocab));
+    json_object_set_new(c, "hidden_size", json_integer(o->hidden));
+    json_object_set_new(c, "moe_intermediate_size", json_integer(o->ff));
+    json_object_set_new(c, "num_hidden_layers", json_integer(o->layers));
+    json_object_set_new(c, "num_attention_heads", json_integer(o->heads));
+    json_object_set_new(c, "num_key_value_heads", json_integer(1));
+    json_object_set_new(c, "head_dim", json_integer(o->head_dim));
+    json_object_set_new(c, "q_lora_rank", json_integer(o->q_lora));
+    json_object_set_new(c, "partial_rotary_factor",
+                        json_real((double)o->rope_dim / (double)o->head_dim));
+    json_object_set_new(c, "num_experts_per_tok", json_integer(o->experts_used));
+    json_object_set_new(c, "n_routed_experts", json_integer(o->experts));
+    json_object_set_new(c, "n_shared_experts", json_integer(1));
+    json_object_set_new(c, "scoring_func", json_string("sqrtsoftplus"));
+    json_object_set_new(c, "norm_topk_prob", json_true());
+    json_object_set_new(c, "routed_scaling_factor", json_real(1.5));
+    json_object_set_new(c, "max_position_embeddings", json_integer(o->ctx));
+    json_object_set_new(c, "rope_theta", json_real(o->rope_theta));
+    json_object_set_new(c, "compress_rope_theta", json_real(160000.0));
+    if (o->yarn) {
+        // factor == max_position_embeddings / original_max_position_embeddings, as in the
+        // released configs.
+        json_t *rp = json_object();
+        json_object_set_new(rp, "rope_type", json_string("yarn"));
+        json_object_set_new(rp, "factor", json_real(16.0));
+        json_object_set_new(rp, "original_max_position_embeddings",
+                            json_integer(o->ctx / 16 > 0 ? o->ctx / 16 : 1));
+        json_object_set_new(rp, "beta_fast", json_real(32.0));
+        json_object_set_new(rp, "beta_slow", json_real(1.0));
+        json_object_set_new(c, "rope_parameters", rp);
+    }
+    json_t *lt = json_array(), *mt = json_array();
+    for (long i = 0; i < o->layers; i++) {
+        char a = o->dsv4_layers[i], m = o->dsv4_mlp[i];
+        json_array_append_new(lt, json_string(a == 's'   ? "sliding_attention"
+                                              : a == 'c' ? "compressed_sparse_attention"
+                                                         : "heavily_compressed_attention"));
+        json_array_append_new(mt, json_string(m == 'h' ? "hash_moe" : "moe"));
+    }
+    json_object_set_new(c, "layer_types", lt);
+    json_object_set_new(c, "mlp_layer_types", mt);
+    json_t *rates = json_object();
+    json_object_set_new(rates, "compressed_sparse_attention", json_integer(4));
+    json_object_set_new(rates, "heavily_compressed_attention", json_integer(o->hca_ratio));
+    json_object_set_new(c, "compress_rates", rates);
+    json_object_set_new(c, "hc_mult", json_integer(o->hc));
+    json_object_set_new(c, "hc_sinkhorn_iters", json_integer(20));
+    json_object_set_new(c, "hc_eps", json_real(1e-6));
+    json_object_set_new(c, "swiglu_limit", json_real(10.0));
+    json_object_set_new(c, "sliding_window", json_integer(o->window));
+    json_object_set_new(c, "o_groups", json_integer(o->o_groups));
+    json_object_set_new(c, "o_lora_rank", json_integer(o->o_lora));
+    json_object_set_new(c, "index_n_heads", json_integer(o->index_heads));
+    json_object_set_new(c, "index_head_dim", json_integer(o->index_dim));
+    json_object_set_new(c, "index_topk", json_integer(o->index_topk));
+    json_object_set_new(c, "num_nextn_predict_layers", json_integer(0));
+    json_object_set_new(c, "hidden_act", json_string("silu"));
+    json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
+    json_object_set_new(c, "initializer_range", json_real(0.02));
+    json_object_set_new(c, "tie_word_embeddings", json_boolean(o->tied));
+    json_object_set_new(c, "dtype", json_string(torch_dtype(o->dtype)));
+    json_object_set_new(c, "transformers_version", json_string("5.17.0"));
+    json_object_set_new(c, "use_cache", json_true());
+    return c;
+}
+
 static json_t *make_config(const mk_opts *o) {
+    if (is_dsv4(o))
+        return make_dsv4_config(o);
     int qwen2 = !strcmp(o->arch, "qwen2"), llama = !strcmp(o->arch, "llama");
     json_t *c = json_object();
     json_t *archs = json_array();
@@ -359,30 +455,128 @@ static json_t *make_gen_config(const mk_opts *o) {
 
 /* ---- tensors --------------------------------------------------------------------------------- */
 
-typedef enum mk_init { MK_NORMAL, MK_NORM_W } mk_init;
+typedef enum mk_init {
+    MK_NORMAL,
+    MK_NORM_W, /* 1 + N(0, std) */
+    MK_HASH,   /* [vocab][k] distinct expert ids < std per row, stored as f32 */
+} mk_init;
 
 typedef struct mk_tensor {
-    char name[96];
+    char name[128];
     uint32_t n_dim;
-    uint64_t shape[2];
+    uint64_t shape[3];
     mk_init init;
     double std;
+    tm_dtype dtype;
     void *data; /* owned; tm_malloc */
 } mk_tensor;
 
-static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
-                uint64_t d1, mk_init init, double std) {
+static uint64_t mk_n_elem(const mk_tensor *t) {
+    uint64_t n = 1;
+    for (uint32_t d = 0; d < t->n_dim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+static void add3(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
+                 uint64_t d1, uint64_t d2, mk_init init, double std) {
     mk_tensor *x = &t[(*n)++];
     snprintf(x->name, sizeof(x->name), "%s", name);
     x->n_dim = n_dim;
     x->shape[0] = d0;
     x->shape[1] = d1;
+    x->shape[2] = d2;
     x->init = init;
     x->std = std;
+    x->dtype = TM_DTYPE_BF16; /* set from --dtype in main unless MK_HASH */
     x->data = NULL;
 }
 
+static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
+                uint64_t d1, mk_init init, double std) {
+    add3(t, n, name, n_dim, d0, d1, 0, init, std);
+}
+
+/* DeepseekV4ForCausalLM weights, transformers names. */
+static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
+    size_t n = 0;
+    const uint64_t e = (uint64_t)o->hidden, hd = (uint64_t)o->head_dim, H = (uint64_t)o->heads,
+                   v = (uint64_t)o->vocab, N = (uint64_t)o->hc, mix = (2 + N) * N,
+                   E = (uint64_t)o->experts, I = (uint64_t)o->ff, qr = (uint64_t)o->q_lora,
+                   og = (uint64_t)o->o_groups, orank = (uint64_t)o->o_lora,
+                   di = (uint64_t)o->index_dim, hi = (uint64_t)o->index_heads;
+    const double se = 1.0 / sqrt((double)e);
+    add(t, &n, "model.embed_tokens.weight", 2, v, e, MK_NORMAL, fmin(0.5, 2.0 / sqrt((double)e)));
+    add(t, &n, "model.norm.weight", 1, e, 0, MK_NORM_W, 0.1);
+    add(t, &n, "model.hc_head.hc_fn", 2, N, N * e, MK_NORMAL, 1.0 / sqrt((double)(N * e)));
+    add(t, &n, "model.hc_head.hc_base", 1, N, 0, MK_NORMAL, 0.5);
+    add(t, &n, "model.hc_head.hc_scale", 1, 1, 0, MK_NORM_W, 0.1);
+    if (!o->tied)
+        add(t, &n, "lm_head.weight", 2, v, e, MK_NORMAL, 2.0 / sqrt((double)e));
+    for (long il = 0; il < o->layers; il++) {
+        char nm[128];
+        const char at = o->dsv4_layers[il];
+        const int hash = o->dsv4_mlp[il] == 'h';
+#define L(suffix) (snprintf(nm, sizeof(nm), "model.layers.%ld.%s", il, suffix), nm)
+        const char *hcs[2] = {"attn_hc", "ffn_hc"};
+        for (int k = 0; k < 2; k++) {
+            char sfx[64];
+            snprintf(sfx, sizeof(sfx), "%s.fn", hcs[k]);
+            add(t, &n, L(sfx), 2, mix, N * e, MK_NORMAL, 1.0 / sqrt((double)(N * e)));
+            snprintf(sfx, sizeof(sfx), "%s.base", hcs[k]);
+            add(t, &n, L(sfx), 1, mix, 0, MK_NORMAL, 0.5);
+            snprintf(sfx, sizeof(sfx), "%s.scale", hcs[k]);
+            add(t, &n, L(sfx), 1, 3, 0, MK_NORM_W, 0.1);
+        }
+        add(t, &n, L("input_layernorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("post_attention_layernorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("self_attn.q_a_proj.weight"), 2, qr, e, MK_NORMAL, se);
+        add(t, &n, L("self_attn.q_a_norm.weight"), 1, qr, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("self_attn.q_b_proj.weight"), 2, H * hd, qr, MK_NORMAL, 1.0 / sqrt((double)qr));
+        add(t, &n, L("self_attn.kv_proj.weight"), 2, hd, e, MK_NORMAL, se);
+        add(t, &n, L("self_attn.kv_norm.weight"), 1, hd, 0, MK_NORM_W, 0.1);
+        add(t, &n, L("self_attn.o_a_proj.weight"), 2, og * orank, H * hd / og, MK_NORMAL,
+            1.0 / sqrt((double)(H * hd / og)));
+        add(t, &n, L("self_attn.o_b_proj.weight"), 2, e, og * orank, MK_NORMAL,
+            1.0 / sqrt((double)(og * orank)));
+        add(t, &n, L("self_attn.sinks"), 1, H, 0, MK_NORMAL, 0.5);
+        if (at != 's') {
+            const uint64_t cw = at == 'c' ? 2 * hd : hd, ratio = at == 'c' ? 4 : (uint64_t)o->hca_ratio;
+            add(t, &n, L("self_attn.compressor.kv_proj.weight"), 2, cw, e, MK_NORMAL, se);
+            add(t, &n, L("self_attn.compressor.gate_proj.weight"), 2, cw, e, MK_NORMAL, se);
+            add(t, &n, L("self_attn.compressor.position_bias"), 2, ratio, cw, MK_NORMAL, 0.5);
+            add(t, &n, L("self_attn.compressor.kv_norm.weight"), 1, hd, 0, MK_NORM_W, 0.1);
+        }
+        if (at == 'c') {
+            add(t, &n, L("self_attn.compressor.indexer.kv_proj.weight"), 2, 2 * di, e, MK_NORMAL, se);
+            add(t, &n, L("self_attn.compressor.indexer.gate_proj.weight"), 2, 2 * di, e, MK_NORMAL,
+                se);
+            add(t, &n, L("self_attn.compressor.indexer.position_bias"), 2, 4, 2 * di, MK_NORMAL, 0.5);
+            add(t, &n, L("self_attn.compressor.indexer.kv_norm.weight"), 1, di, 0, MK_NORM_W, 0.1);
+            add(t, &n, L("self_attn.compressor.indexer.q_b_proj.weight"), 2, hi * di, qr, MK_NORMAL,
+                1.0 / sqrt((double)qr));
+            add(t, &n, L("self_attn.compressor.indexer.scorer.weights_proj.weight"), 2, hi, e,
+                MK_NORMAL, se);
+        }
+        add(t, &n, L("mlp.gate.weight"), 2, E, e, MK_NORMAL, se);
+        if (hash)
+            add(t, &n, L("mlp.gate.tid2eid"), 2, v, (uint64_t)o->experts_used, MK_HASH, (double)E);
+        else
+            add(t, &n, L("mlp.gate.e_score_correction_bias"), 1, E, 0, MK_NORMAL, 0.1);
+        add3(t, &n, L("mlp.experts.gate_up_proj"), 3, E, 2 * I, e, MK_NORMAL, se);
+        add3(t, &n, L("mlp.experts.down_proj"), 3, E, e, I, MK_NORMAL, 1.0 / sqrt((double)I));
+        add(t, &n, L("mlp.shared_experts.gate_proj.weight"), 2, I, e, MK_NORMAL, se);
+        add(t, &n, L("mlp.shared_experts.up_proj.weight"), 2, I, e, MK_NORMAL, se);
+        add(t, &n, L("mlp.shared_experts.down_proj.weight"), 2, e, I, MK_NORMAL,
+            1.0 / sqrt((double)I));
+#undef L
+    }
+    return n;
+}
+
 static size_t list_tensors(const mk_opts *o, mk_tensor *t) {
+    if (is_dsv4(o))
+        return list_dsv4_tensors(o, t);
     size_t n = 0;
     const uint64_t e = (uint64_t)o->hidden, q = (uint64_t)o->heads * (uint64_t)o->head_dim,
                    kv = (uint64_t)o->kv_heads * (uint64_t)o->head_dim, ff = (uint64_t)o->ff,
@@ -415,20 +609,38 @@ static size_t list_tensors(const mk_opts *o, mk_tensor *t) {
 }
 
 static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
-    uint64_t n = t->shape[0] * (t->n_dim > 1 ? t->shape[1] : 1);
-    size_t es = tm_dtype_size(o->dtype);
+    uint64_t n = mk_n_elem(t);
+    t->dtype = t->init == MK_HASH ? TM_DTYPE_F32 : o->dtype;
+    size_t es = tm_dtype_size(t->dtype);
     t->data = tm_malloc((size_t)(n * es));
     if (!t->data)
         return TM_ERR(err, TM_E_NOMEM, "%s: %llu elements", t->name, (unsigned long long)n);
     mk_rng r;
     rng_seed(&r, o->seed, t->name);
+    if (t->init == MK_HASH) {
+        // Each row: k distinct expert ids (a partial Fisher-Yates shuffle of 0..E-1).
+        uint32_t n_e = (uint32_t)t->std, k = (uint32_t)t->shape[1], perm[4096];
+        for (uint64_t row = 0; row < t->shape[0]; row++) {
+            for (uint32_t j = 0; j < n_e; j++)
+                perm[j] = j;
+            for (uint32_t j = 0; j < k; j++) {
+                uint32_t pick = j + (uint32_t)(rng_next(&r) % (n_e - j));
+                uint32_t tmp = perm[j];
+                perm[j] = perm[pick];
+                perm[pick] = tmp;
+                float f = (float)perm[j];
+                memcpy((char *)t->data + 4 * (row * k + j), &f, 4);
+            }
+        }
+        return TM_OK;
+    }
     for (uint64_t i = 0; i < n; i++) {
         double z = rng_normal(&r) * t->std;
         float f = (float)(t->init == MK_NORM_W ? 1.0 + z : z);
-        if (o->dtype == TM_DTYPE_F32) {
+        if (t->dtype == TM_DTYPE_F32) {
             memcpy((char *)t->data + 4 * i, &f, 4);
         } else {
-            uint16_t h = o->dtype == TM_DTYPE_BF16 ? tm_f32_to_bf16(f) : tm_f32_to_f16(f);
+            uint16_t h = t->dtype == TM_DTYPE_BF16 ? tm_f32_to_bf16(f) : tm_f32_to_f16(f);
             memcpy((char *)t->data + 2 * i, &h, 2);
         }
     }
@@ -453,8 +665,7 @@ static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err
         json_t *md = json_object();
         uint64_t total = 0;
         for (size_t i = 0; i < n; i++)
-            total += t[i].shape[0] * (t[i].n_dim > 1 ? t[i].shape[1] : 1) *
-                     tm_dtype_size(o->dtype);
+            total += mk_n_elem(&t[i]) * tm_dtype_size(t[i].dtype);
         json_object_set_new(md, "total_size", json_integer((json_int_t)total));
         json_object_set_new(index, "metadata", md);
         wmap = json_object();
@@ -470,10 +681,10 @@ static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err
             snprintf(file, sizeof(file), "model.safetensors");
         snprintf(path, sizeof(path), "%s/%s", o->out, file);
         for (size_t i = lo; i < hi; i++) {
-            w[i - lo] = (tm_st_wtensor){.name = t[i].name, .dtype = o->dtype,
+            w[i - lo] = (tm_st_wtensor){.name = t[i].name, .dtype = t[i].dtype,
                                          .n_dim = t[i].n_dim, .data = t[i].data};
-            w[i - lo].shape[0] = t[i].shape[0];
-            w[i - lo].shape[1] = t[i].shape[1];
+            for (uint32_t d = 0; d < t[i].n_dim; d++)
+                w[i - lo].shape[d] = t[i].shape[d];
             if (wmap)
                 json_object_set_new(wmap, t[i].name, json_string(file));
         }
@@ -502,7 +713,10 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     *o = (mk_opts){.arch = "llama", .seed = 1, .layers = 2, .hidden = 64, .heads = 4,
                    .kv_heads = -1, .head_dim = -1, .ff = 128, .vocab = -1, .ctx = 512,
                    .tied = 0, .shards = 1, .bos = -1, .eos = -1, .dtype = TM_DTYPE_BF16,
-                   .rope_theta = 10000.0};
+                   .rope_theta = 10000.0, .dsv4_layers = "sc", .dsv4_mlp = "hm", .q_lora = 32,
+                   .o_groups = 2, .o_lora = 16, .experts = 4, .experts_used = 2, .window = 128,
+                   .index_heads = 4, .index_dim = 16, .index_topk = 512, .hc = 4, .rope_dim = 8,
+                   .hca_ratio = 128, .yarn = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -517,7 +731,8 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->out = v;
         else if (!strcmp(a, "--arch")) {
             o->arch = v;
-            ok = !strcmp(v, "llama") || !strcmp(v, "qwen2") || !strcmp(v, "mistral");
+            ok = !strcmp(v, "llama") || !strcmp(v, "qwen2") || !strcmp(v, "mistral") ||
+                 !strcmp(v, "deepseek_v4");
         } else if (!strcmp(a, "--seed")) {
             char *end = NULL;
             errno = 0;
@@ -565,6 +780,36 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->rope_llama3 = !strcmp(v, "llama3");
         } else if (!strcmp(a, "--tokenizer"))
             o->tokenizer = v;
+        else if (!strcmp(a, "--dsv4-layers"))
+            o->dsv4_layers = v, ok = strspn(v, "sch") == strlen(v);
+        else if (!strcmp(a, "--dsv4-mlp"))
+            o->dsv4_mlp = v, ok = strspn(v, "hm") == strlen(v);
+        else if (!strcmp(a, "--q-lora"))
+            ok = parse_long(v, 1, 65536, &o->q_lora);
+        else if (!strcmp(a, "--o-groups"))
+            ok = parse_long(v, 1, 1024, &o->o_groups);
+        else if (!strcmp(a, "--o-lora"))
+            ok = parse_long(v, 1, 65536, &o->o_lora);
+        else if (!strcmp(a, "--experts"))
+            ok = parse_long(v, 1, 4096, &o->experts);
+        else if (!strcmp(a, "--experts-used"))
+            ok = parse_long(v, 1, 64, &o->experts_used);
+        else if (!strcmp(a, "--window"))
+            ok = parse_long(v, 1, 1 << 20, &o->window);
+        else if (!strcmp(a, "--index-heads"))
+            ok = parse_long(v, 1, 1024, &o->index_heads);
+        else if (!strcmp(a, "--index-dim"))
+            ok = parse_long(v, 2, 4096, &o->index_dim);
+        else if (!strcmp(a, "--index-topk"))
+            ok = parse_long(v, 1, 1 << 24, &o->index_topk);
+        else if (!strcmp(a, "--hc"))
+            ok = parse_long(v, 1, 8, &o->hc);
+        else if (!strcmp(a, "--rope-dim"))
+            ok = parse_long(v, 2, 1024, &o->rope_dim);
+        else if (!strcmp(a, "--hca-ratio"))
+            ok = parse_long(v, 1, 65536, &o->hca_ratio);
+        else if (!strcmp(a, "--yarn"))
+            ok = parse_long(v, 0, 1, &o->yarn);
         else {
             fprintf(stderr, "mkmodel: unknown option %s\n", a);
             return 0;
@@ -577,6 +822,19 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     if (!o->out) {
         fprintf(stderr, "mkmodel: --out is required\n");
         return 0;
+    }
+    if (is_dsv4(o)) {
+        o->kv_heads = 1;
+        if (o->head_dim < 0)
+            o->head_dim = o->hidden / o->heads;
+        if ((long)strlen(o->dsv4_layers) != o->layers || (long)strlen(o->dsv4_mlp) != o->layers ||
+            o->experts_used > o->experts || (o->heads * o->head_dim) % o->o_groups ||
+            o->rope_dim % 2 || o->rope_dim > o->head_dim || o->rope_dim > o->index_dim) {
+            fprintf(stderr, "mkmodel: deepseek_v4: --dsv4-layers/--dsv4-mlp need one letter per "
+                            "layer; experts-used <= experts; heads*head-dim divisible by "
+                            "o-groups; rope-dim even and <= head-dim, index-dim\n");
+            return 0;
+        }
     }
     if (o->kv_heads < 0)
         o->kv_heads = o->heads < 2 ? o->heads : (o->heads % 2 ? o->heads : o->heads / 2);
@@ -637,7 +895,7 @@ int main(int argc, char **argv) {
     rc = mkdir_p(o.out, &err);
     if (rc)
         goto out;
-    t = tm_calloc(3 + (size_t)o.layers * 12, sizeof(*t));
+    t = tm_calloc(8 + (size_t)o.layers * 48, sizeof(*t));
     if (!t) {
         rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
         goto out;
@@ -672,7 +930,7 @@ int main(int argc, char **argv) {
     if (rc == TM_OK) {
         uint64_t n_param = 0;
         for (size_t i = 0; i < n; i++)
-            n_param += t[i].shape[0] * (t[i].n_dim > 1 ? t[i].shape[1] : 1);
+            n_param += mk_n_elem(&t[i]);
         printf("mkmodel: wrote %s: %s, %u layers, hidden %u, %u/%u heads x %u, ff %u, vocab %u, "
                "%s, %s, %llu parameters\n",
                o.out, tm_model_arch_name(m), m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head,

@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 
 #include "base/alloc.h"
+#include "runner/model_dsv4.h"
 #include "runner/safetensors.h"
 
 /* ---- dtypes and element access --------------------------------------------------------------- */
@@ -249,7 +250,8 @@ static tm_rc parse_arch(json_t *root, tm_arch *arch, tm_err *err) {
         tm_arch arch;
     } known[] = {{"LlamaForCausalLM", "llama", TM_ARCH_LLAMA},
                  {"Qwen2ForCausalLM", "qwen2", TM_ARCH_QWEN2},
-                 {"MistralForCausalLM", "mistral", TM_ARCH_MISTRAL}};
+                 {"MistralForCausalLM", "mistral", TM_ARCH_MISTRAL},
+                 {"DeepseekV4ForCausalLM", "deepseek_v4", TM_ARCH_DEEPSEEK_V4}};
     json_t *archs = json_object_get(root, "architectures");
     if (archs && !json_is_null(archs)) {
         json_t *a0 = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
@@ -392,8 +394,8 @@ static tm_rc get_bos(json_t *obj, const char *file, uint32_t n_vocab, int32_t *b
 static tm_rc parse_config(json_t *root, json_t *gen, tm_model_cfg *c, tm_err *err) {
     memset(c, 0, sizeof(*c));
     tm_rc rc = parse_arch(root, &c->arch, err);
-    if (rc)
-        return rc;
+    if (rc || c->arch == TM_ARCH_DEEPSEEK_V4)
+        return rc; // runner/model_dsv4.c parses the rest
     rc = get_u32(root, CFG, "num_hidden_layers", 1, 0, 1, 4096, &c->n_layer, err);
     if (rc == TM_OK)
         rc = get_u32(root, CFG, "hidden_size", 1, 0, 1, 1u << 16, &c->n_embd, err);
@@ -627,6 +629,8 @@ tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
         rc = load_json(dir, "generation_config.json", 1, &gen, err);
     if (rc == TM_OK)
         rc = parse_config(root, gen, &m->cfg, err);
+    if (rc == TM_OK && m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
+        rc = tm_dsv4_config_parse(root, gen, &m->cfg, (tm_dsv4 **)&m->arch_w, err);
     if (rc)
         goto fail;
     json_decref(root);
@@ -642,7 +646,10 @@ tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
     if (rc)
         goto fail;
     m->impl = st;
-    rc = bind_all(m, st, err);
+    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
+        rc = tm_dsv4_bind(m, st, err);
+    else
+        rc = bind_all(m, st, err);
     if (rc)
         goto fail;
     *out = m;
@@ -658,6 +665,7 @@ void tm_model_destroy(tm_model *m) {
     if (!m)
         return;
     tm_st_set_close(m->impl);
+    tm_dsv4_destroy(m->arch_w);
     tm_free(m->layers);
     tm_free(m->dir);
     tm_free(m);
@@ -668,6 +676,7 @@ const char *tm_model_arch_name(const tm_model *m) {
     case TM_ARCH_LLAMA: return "llama";
     case TM_ARCH_QWEN2: return "qwen2";
     case TM_ARCH_MISTRAL: return "mistral";
+    case TM_ARCH_DEEPSEEK_V4: return "deepseek_v4";
     }
     return "?";
 }

@@ -2,7 +2,7 @@
  * memory-mapped from *.safetensors (one file or shards listed in model.safetensors.index.json).
  * Tensors point into the mappings; nothing is copied. Immutable after load, so any number of
  * threads may read it. Supports the Llama family (LlamaForCausalLM, Qwen2ForCausalLM,
- * MistralForCausalLM); DeepSeek-V4 comes later. */
+ * MistralForCausalLM) and DeepseekV4ForCausalLM (its config and weights: runner/model_dsv4.h). */
 #ifndef TM_RUNNER_MODEL_H
 #define TM_RUNNER_MODEL_H
 
@@ -32,6 +32,7 @@ typedef enum tm_arch {
     TM_ARCH_LLAMA = 0,
     TM_ARCH_QWEN2,
     TM_ARCH_MISTRAL,
+    TM_ARCH_DEEPSEEK_V4, /* DeepseekV4ForCausalLM: config and weights in runner/model_dsv4.h */
 } tm_arch;
 
 typedef enum tm_rope_type {
@@ -87,8 +88,10 @@ typedef struct tm_model {
     tm_tensor embd;        /* [n_vocab][n_embd] model.embed_tokens.weight */
     tm_tensor out_norm;    /* [n_embd] model.norm.weight */
     tm_tensor lm_head;     /* [n_vocab][n_embd]; equals embd when tied */
-    tm_layer_w *layers;    /* owned array of n_layer */
+    tm_layer_w *layers;    /* owned array of n_layer (unused for DeepSeek-V4) */
     void *impl;            /* owned mappings */
+    void *arch_w;          /* owned arch-specific config + weights: tm_dsv4 (runner/model_dsv4.h)
+                            * for TM_ARCH_DEEPSEEK_V4, NULL otherwise */
 } tm_model;
 
 /* Load dir/config.json (+ generation_config.json if present) and map the safetensors. Every
@@ -103,7 +106,7 @@ typedef struct tm_model {
  * "loading model <dir>: ". impl is the tm_st_set (runner/safetensors.h) holding the mappings. */
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err);
 void tm_model_destroy(tm_model *m); /* NULL is a no-op */
-/* "llama", "qwen2" or "mistral". */
+/* "llama", "qwen2", "mistral" or "deepseek_v4". */
 const char *tm_model_arch_name(const tm_model *m);
 
 /* Element conversions. f32 -> bf16/f16 round to nearest even; NaN stays NaN, overflow gives

@@ -18,6 +18,7 @@
 
 #include "base/alloc.h"
 #include "runner/engine.h"
+#include "runner/engine_cpu/dsv4.h"
 #include "runner/engine_cpu/ops.h"
 #include "runner/engine_cpu/shard.h"
 #include "runner/engine_cpu/thread_pool.h"
@@ -516,6 +517,8 @@ static void *alloc_floats(size_t n, int *failed) {
 
 tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                            tm_err *err) {
+    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
+        return tm_dsv4_engine_create(m, opts, out, err); // runner/engine_cpu/dsv4.c
     if (!opts->block_size || !opts->n_kv_block || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
                       "cpu engine: block_size, n_kv_block, max_seqs and max_batched_tokens must "
