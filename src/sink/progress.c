@@ -1,0 +1,317 @@
+/* sink/progress.c - status line, progress log lines and the Prometheus textfile. */
+#include "sink/progress.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/clock.h"
+#include "base/log.h"
+
+#define BAR_EVERY_MS 200.0
+#define TEXTFILE_EVERY_MS 1000.0
+#define BAR_WIDTH 24
+
+struct tm_progress {
+    char *job_name;              /* owned */
+    char *textfile;              /* owned, or NULL (also after the first write error) */
+    tm_progress_mode mode;       /* resolved: BAR, LINES or OFF */
+    double interval_ms;
+    FILE *out;                   /* borrowed */
+    _Atomic uint64_t total_p1;   /* total records + 1; 0 = not known yet */
+    uint64_t n_done, n_failed, n_tok_prompt, n_tok_gen;
+    double start_ms, start_unix_s;
+    double last_draw_ms, last_line_ms, last_textfile_ms;
+    int drawn;                   /* BAR: something is on the line */
+};
+
+static double unix_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+tm_rc tm_progress_create(const tm_progress_cfg *cfg, tm_progress **out, tm_err *err) {
+    tm_progress *p = tm_calloc(1, sizeof(*p));
+    if (!p)
+        return TM_ERR(err, TM_E_NOMEM, "progress");
+    p->job_name = tm_strdup(cfg->job_name ? cfg->job_name : "job");
+    p->textfile = cfg->textfile ? tm_strdup(cfg->textfile) : NULL;
+    if (!p->job_name || (cfg->textfile && !p->textfile)) {
+        tm_progress_destroy(p);
+        return TM_ERR(err, TM_E_NOMEM, "progress");
+    }
+    p->out = cfg->out ? cfg->out : stderr;
+    p->mode = cfg->mode;
+    if (p->mode == TM_PROGRESS_AUTO) {
+        if (tm_log_get_level() < TM_LOG_LEVEL_INFO)
+            p->mode = TM_PROGRESS_OFF;
+        else
+            p->mode = isatty(fileno(p->out)) ? TM_PROGRESS_BAR : TM_PROGRESS_LINES;
+    }
+    p->interval_ms = (cfg->interval_s > 0 ? cfg->interval_s : 10.0) * 1e3;
+    p->start_ms = tm_now_ms();
+    p->start_unix_s = unix_now_s();
+    p->last_draw_ms = p->last_line_ms = p->last_textfile_ms = p->start_ms;
+    atomic_init(&p->total_p1, 0);
+    *out = p;
+    return TM_OK;
+}
+
+void tm_progress_destroy(tm_progress *p) {
+    if (!p)
+        return;
+    tm_free(p->job_name);
+    tm_free(p->textfile);
+    tm_free(p);
+}
+
+void tm_progress_set_total(tm_progress *p, uint64_t n_records) {
+    atomic_store(&p->total_p1, n_records + 1);
+}
+
+void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
+    p->n_done++;
+    if (c->err_code != TM_ERRCODE_NONE) {
+        p->n_failed++;
+        return;
+    }
+    p->n_tok_prompt += c->n_tok_prompt;
+    p->n_tok_gen += c->n_tok_gen;
+}
+
+// "812", "4.9k", "1.25M"
+static void fmt_count(double x, char *buf, size_t n) {
+    if (x < 1e4)
+        snprintf(buf, n, "%.0f", x);
+    else if (x < 1e6)
+        snprintf(buf, n, "%.1fk", x / 1e3);
+    else if (x < 1e9)
+        snprintf(buf, n, "%.2fM", x / 1e6);
+    else
+        snprintf(buf, n, "%.2fG", x / 1e9);
+}
+
+// "45s", "3m12s", "2h05m"
+static void fmt_duration(double s, char *buf, size_t n) {
+    long t = (long)(s + 0.5);
+    if (t < 60)
+        snprintf(buf, n, "%lds", t);
+    else if (t < 3600)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+}
+
+typedef struct snapshot {
+    int total_known;
+    uint64_t total;
+    double elapsed_s, out_tok_s, all_tok_s;
+    int eta_known;
+    double eta_s, eta_tok;
+} snapshot;
+
+static snapshot take(const tm_progress *p, double now_ms) {
+    snapshot s = {0};
+    uint64_t t = atomic_load(&((tm_progress *)p)->total_p1);
+    s.total_known = t != 0;
+    s.total = t ? t - 1 : 0;
+    s.elapsed_s = (now_ms - p->start_ms) / 1e3;
+    uint64_t n_tok = p->n_tok_prompt + p->n_tok_gen;
+    if (s.elapsed_s > 0) {
+        s.out_tok_s = (double)p->n_tok_gen / s.elapsed_s;
+        s.all_tok_s = (double)n_tok / s.elapsed_s;
+    }
+    // ETA in tokens: what is left, in tokens at the mean size of the records done, over the
+    // token rate so far.
+    if (s.total_known && p->n_done > 0 && s.all_tok_s > 0 && s.total >= p->n_done) {
+        s.eta_known = 1;
+        s.eta_tok = (double)(s.total - p->n_done) * (double)n_tok / (double)p->n_done;
+        s.eta_s = s.eta_tok / s.all_tok_s;
+    }
+    return s;
+}
+
+const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, size_t n) {
+    snapshot s = take(p, now_ms);
+    char a[32], b[32], c[32], d[32], e[32];
+    int len;
+    if (s.total_known)
+        len = snprintf(buf, n, "%llu/%llu records (%.1f%%)", (unsigned long long)p->n_done,
+                       (unsigned long long)s.total,
+                       s.total ? 100.0 * (double)p->n_done / (double)s.total : 100.0);
+    else
+        len = snprintf(buf, n, "%llu records", (unsigned long long)p->n_done);
+    if (p->n_failed && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, ", %llu failed",
+                        (unsigned long long)p->n_failed);
+    fmt_count(s.out_tok_s, a, sizeof(a));
+    fmt_count(s.all_tok_s, b, sizeof(b));
+    fmt_duration(s.elapsed_s, e, sizeof(e));
+    if (len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " | %s tok/s out, %s tok/s in+out | %s", a, b,
+                        e);
+    if (s.eta_known && len >= 0 && (size_t)len < n) {
+        fmt_duration(s.eta_s, c, sizeof(c));
+        fmt_count(s.eta_tok, d, sizeof(d));
+        snprintf(buf + len, n - (size_t)len, " | ETA %s (~%s tok left)", c, d);
+    }
+    return buf;
+}
+
+static void draw_bar(tm_progress *p, double now_ms, int final) {
+    char line[256], bar[BAR_WIDTH + 3];
+    tm_progress_format(p, now_ms, line, sizeof(line));
+    uint64_t t = atomic_load(&p->total_p1);
+    bar[0] = '\0';
+    if (t > 1) {
+        uint64_t total = t - 1;
+        int fill = (int)((double)BAR_WIDTH * (double)TM_MIN(p->n_done, total) / (double)total);
+        bar[0] = '[';
+        for (int i = 0; i < BAR_WIDTH; i++)
+            bar[1 + i] = i < fill ? '#' : '.';
+        bar[BAR_WIDTH + 1] = ']';
+        bar[BAR_WIDTH + 2] = '\0';
+    }
+    // \r back to the start of the line, ESC[K clears what a longer earlier line left
+    fprintf(p->out, "\r\033[K%s%s%s%s", bar, bar[0] ? " " : "", line, final ? "\n" : "");
+    fflush(p->out);
+    p->drawn = !final;
+}
+
+// Prometheus label value: backslash, double quote and newline escaped.
+static tm_rc append_label(tm_buf *b, const char *v, tm_err *err) {
+    tm_rc rc = TM_OK;
+    for (const char *s = v; *s && !rc; s++) {
+        if (*s == '\\' || *s == '"')
+            rc = tm_buf_printf(b, err, "\\%c", *s);
+        else if (*s == '\n')
+            rc = tm_buf_append_str(b, "\\n", err);
+        else
+            rc = tm_buf_printf(b, err, "%c", *s);
+    }
+    return rc;
+}
+
+static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const char *help,
+                    double v, tm_err *err) {
+    tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n%s{job=\"", name, help, name,
+                             name);
+    if (!rc)
+        rc = append_label(b, p->job_name, err);
+    if (!rc)
+        rc = tm_buf_printf(b, err, "\"} %.17g\n", v);
+    return rc;
+}
+
+static tm_rc write_all(const char *path, const char *data, size_t n, tm_err *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+    size_t off = 0;
+    tm_rc rc = TM_OK;
+    while (off < n && !rc) {
+        ssize_t w = write(fd, data + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            rc = TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
+        else
+            off += (size_t)w;
+    }
+    if (close(fd) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", path, strerror(errno));
+    return rc;
+}
+
+tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finished, tm_err *err) {
+    if (!p->textfile)
+        return TM_OK;
+    snapshot s = take(p, now_ms);
+    tm_buf b = {0}, tmp = {0};
+    tm_rc rc = metric(&b, p, "tokenmill_records_done", "Records finished so far (ok or failed).",
+                      (double)p->n_done, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_records_failed", "Records that ended in an error record.",
+                    (double)p->n_failed, err);
+    if (!rc && s.total_known)
+        rc = metric(&b, p, "tokenmill_records_total",
+                    "Records in the job (known once the input has been read to its end).",
+                    (double)s.total, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_prompt_tokens", "Prompt tokens of the records done.",
+                    (double)p->n_tok_prompt, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_completion_tokens", "Tokens generated for the records done.",
+                    (double)p->n_tok_gen, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_output_tokens_per_second",
+                    "Generated tokens per second since the job started.", s.out_tok_s, err);
+    if (!rc && s.eta_known)
+        rc = metric(&b, p, "tokenmill_eta_seconds",
+                    "Estimated seconds left: tokens still to come over the token rate so far.",
+                    s.eta_s, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_job_start_time_seconds",
+                    "When the job started, seconds since the Unix epoch.", p->start_unix_s, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_job_finished", "1 once the job has ended, else 0.",
+                    finished ? 1 : 0, err);
+    if (!rc)
+        rc = metric(&b, p, "tokenmill_last_update_time_seconds",
+                    "When this file was written, seconds since the Unix epoch.", unix_now_s(), err);
+    // Atomic for the collector: write a temporary name it ignores (not *.prom), then rename.
+    if (!rc)
+        rc = tm_buf_printf(&tmp, err, "%s.tmp", p->textfile);
+    if (!rc)
+        rc = write_all(tmp.data, b.data, b.len, err);
+    if (!rc && rename(tmp.data, p->textfile) != 0)
+        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp.data, p->textfile,
+                    strerror(errno));
+    if (rc && tmp.data)
+        unlink(tmp.data);
+    tm_buf_fini(&b);
+    tm_buf_fini(&tmp);
+    return rc;
+}
+
+static void textfile_now(tm_progress *p, double now_ms, int finished) {
+    tm_err err = {0};
+    p->last_textfile_ms = now_ms;
+    if (tm_progress_write_textfile(p, now_ms, finished, &err) != TM_OK) {
+        TM_LOG_WARN("progress", "%s: Prometheus textfile: %s (not written again)", p->job_name,
+                    err.msg);
+        tm_free(p->textfile);
+        p->textfile = NULL;
+    }
+}
+
+void tm_progress_tick(tm_progress *p) {
+    double now = tm_now_ms();
+    if (p->mode == TM_PROGRESS_BAR && now - p->last_draw_ms >= BAR_EVERY_MS) {
+        p->last_draw_ms = now;
+        draw_bar(p, now, 0);
+    }
+    if (p->mode == TM_PROGRESS_LINES && now - p->last_line_ms >= p->interval_ms) {
+        char line[256];
+        p->last_line_ms = now;
+        TM_LOG_INFO("progress", "%s: %s", p->job_name,
+                    tm_progress_format(p, now, line, sizeof(line)));
+    }
+    if (p->textfile && now - p->last_textfile_ms >= TEXTFILE_EVERY_MS)
+        textfile_now(p, now, 0);
+}
+
+void tm_progress_finish(tm_progress *p) {
+    double now = tm_now_ms();
+    if (p->mode == TM_PROGRESS_BAR)
+        draw_bar(p, now, 1);
+    if (p->textfile)
+        textfile_now(p, now, 1);
+}

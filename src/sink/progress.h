@@ -1,0 +1,61 @@
+/* sink/progress.h - live progress of a running job: a status line redrawn in place on stderr when
+ * it is a terminal, one log line every interval_s seconds otherwise, and optionally a Prometheus
+ * textfile (node_exporter's textfile-collector format) rewritten atomically about once a second.
+ * It shows records done / total (the total is known once the source has read its last record),
+ * output tokens/s, and an ETA measured in tokens: the tokens still to come (records left times the
+ * mean prompt + completion tokens of the records done) over the token rate so far.
+ *
+ * Counting happens per finished record (the sink sees records, not tokens in flight), so a job of
+ * a few long records moves in steps. Threading: tm_progress_set_total may be called from any
+ * thread (the source thread); everything else belongs to the sink thread. Display and textfile
+ * problems never fail the job: the first textfile error is logged as a warning and the textfile
+ * is then left alone. Does not read the runner's counters (ingest/sink never see the runner). */
+#ifndef TM_SINK_PROGRESS_H
+#define TM_SINK_PROGRESS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/err.h"
+#include "base/record.h"
+
+typedef enum tm_progress_mode {
+    TM_PROGRESS_AUTO = 0, /* BAR if out is a terminal, else LINES; OFF below log level info */
+    TM_PROGRESS_BAR,      /* status line redrawn with \r */
+    TM_PROGRESS_LINES,    /* a log line every interval_s */
+    TM_PROGRESS_OFF,      /* nothing on out (the textfile is still written) */
+} tm_progress_mode;
+
+typedef struct tm_progress_cfg {
+    const char *job_name;   /* for lines and the textfile's job label; copied */
+    const char *textfile;   /* Prometheus textfile path, or NULL; copied */
+    tm_progress_mode mode;
+    double interval_s;      /* LINES: seconds between lines; 0 = 10 */
+    FILE *out;              /* where BAR/LINES go; NULL = stderr. Borrowed; must outlive it */
+} tm_progress_cfg;
+
+typedef struct tm_progress tm_progress;
+
+/* Start the clock. On success *out owns a new tracker (tm_progress_destroy). TM_E_NOMEM. */
+tm_rc tm_progress_create(const tm_progress_cfg *cfg, tm_progress **out, tm_err *err);
+void tm_progress_destroy(tm_progress *p); /* NULL is a no-op; does not remove the textfile */
+
+/* The job has n_records records in all. Any thread. */
+void tm_progress_set_total(tm_progress *p, uint64_t n_records);
+/* Count one finished record (ok or error). Borrows c. */
+void tm_progress_add_record(tm_progress *p, const tm_completion *c);
+/* Redraw / log / write the textfile if their time has come (BAR at most 5 times a second, LINES
+ * every interval_s, textfile once a second). Cheap when nothing is due; call it often. */
+void tm_progress_tick(tm_progress *p);
+/* The job ended: a last status (the bar ends with a newline), textfile with finished 1. */
+void tm_progress_finish(tm_progress *p);
+
+/* The status text at time now_ms (tm_now_ms clock) into buf, e.g.
+ * "37/51 records (72.5%), 2 failed | 412.3 tok/s out | ETA 12s (~4.9k tok left)". Exposed for
+ * tests. Returns buf. */
+const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, size_t n);
+/* Write the Prometheus textfile now (atomically: path.tmp, then rename). TM_E_IO, TM_E_NOMEM.
+ * Exposed for tests; tick/finish call it. */
+tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finished, tm_err *err);
+
+#endif /* TM_SINK_PROGRESS_H */
