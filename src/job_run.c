@@ -18,10 +18,12 @@
 #include "ingest/job_spec.h"
 #include "ingest/source.h"
 #include "runner/engine.h"
+#include "runner/engine_cuda.h"
 #include "runner/model.h"
 #include "runner/runner.h"
 #include "runner/tokenizer.h"
 #include "sink/metrics.h"
+#include "sink/progress.h"
 #include "sink/sink.h"
 
 #define QUEUE_CAP 256
@@ -31,6 +33,7 @@
 typedef struct source_ctx {
     tm_source *src;
     tm_queue *q;
+    tm_progress *progress;
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -38,6 +41,7 @@ typedef struct source_ctx {
 typedef struct sink_ctx {
     tm_sink *sink;
     tm_metrics *metrics;
+    tm_progress *progress;
     tm_queue *q;
     uint64_t n_ok, n_err, n_tok_prompt, n_tok_gen;
     tm_rc rc;
@@ -46,11 +50,13 @@ typedef struct sink_ctx {
 
 static void *source_main(void *arg) {
     source_ctx *c = arg;
-    for (;;) {
+    for (uint64_t n_read = 0;; n_read++) {
         tm_job *job = NULL;
         tm_rc rc = tm_source_next(c->src, &job, &c->err);
-        if (rc == TM_E_EOF)
+        if (rc == TM_E_EOF) {
+            tm_progress_set_total(c->progress, n_read); // now the progress line has a total
             break;
+        }
         if (rc) {
             c->rc = rc;
             break;
@@ -67,8 +73,17 @@ static void *source_main(void *arg) {
 static void *sink_main(void *arg) {
     sink_ctx *c = arg;
     void *item;
-    while (tm_queue_pop(c->q, &item) == TM_OK) {
+    for (;;) {
+        // Wake up now and then with no record, so progress and GPU power keep being sampled.
+        tm_rc qrc = tm_queue_pop_timed(c->q, &item, 200);
+        tm_metrics_poll_gpus(c->metrics);
+        tm_progress_tick(c->progress);
+        if (qrc == TM_E_AGAIN)
+            continue;
+        if (qrc != TM_OK)
+            break;
         tm_completion *comp = item;
+        tm_progress_add_record(c->progress, comp);
         if (c->rc == TM_OK) {
             c->rc = tm_sink_write(c->sink, comp, &c->err);
             if (c->rc == TM_OK)
@@ -97,6 +112,20 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
     return (uint32_t)TM_MIN(want, cap);
 }
 
+// The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
+// else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math).
+static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine_opts *eo,
+                           tm_engine **out, tm_err *err) {
+    tm_backend be = spec->engine.backend;
+    if (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && spec->engine.tp <= 1)) {
+        tm_rc rc = tm_engine_cuda_create(m, eo, out, err);
+        if (rc == TM_OK || be == TM_BACKEND_CUDA)
+            return rc;
+        TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
+    }
+    return tm_engine_cpu_tp_create(m, eo, out, err);
+}
+
 typedef struct job_parts {
     tm_job_spec *spec;
     tm_model *model;
@@ -119,14 +148,12 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
     rc = tm_tok_load(p->spec->model, &p->tok, err);
     if (rc)
         return rc;
-    if (p->spec->engine.backend == TM_BACKEND_CUDA)
+    if (p->spec->engine.backend == TM_BACKEND_CUDA && p->spec->engine.tp > 1)
         return TM_ERR(err, TM_E_INVAL,
-                      "%s: engine.backend: \"cuda\" is not available in this build (the CUDA "
-                      "engine is not written yet); use \"cpu\" or \"auto\"",
+                      "%s: engine.tp: tensor parallel over NCCL is not written yet; use tp 1 "
+                      "with the cuda backend (the cpu backend runs tp > 1 in one process, to "
+                      "test the sharding)",
                       path);
-    if (p->spec->engine.tp > 1)
-        return TM_ERR(err, TM_E_INVAL,
-                      "%s: engine.tp: tensor parallel needs the CUDA engine; use tp 1", path);
     if (tm_tok_n_vocab(p->tok) > p->model->cfg.n_vocab)
         return TM_ERR(err, TM_E_INVAL,
                       "%s: the tokenizer has %u ids but the model's vocab_size is %u",
@@ -140,6 +167,7 @@ static tm_rc run_job(const char *path, tm_err *err) {
     tm_source *src = NULL;
     tm_sink *sink = NULL;
     tm_metrics *metrics = NULL;
+    tm_progress *progress = NULL;
     tm_queue *q_in = NULL, *q_out = NULL;
     int src_started = 0, sink_started = 0;
     pthread_t src_thread, sink_thread;
@@ -160,33 +188,43 @@ static tm_rc run_job(const char *path, tm_err *err) {
         .n_kv_block = cpu_kv_blocks(spec, mc),
         .max_seqs = spec->engine.max_seqs,
         .max_batched_tokens = spec->engine.max_batched_tokens,
-        .tp_size = 1,
+        .tp_size = spec->engine.tp,
     };
-    rc = tm_engine_cpu_create(p.model, &eo, &eng, err);
+    rc = create_engine(spec, p.model, &eo, &eng, err);
     if (rc)
         goto done;
-    TM_LOG_INFO("job", "%s: model %s (%s, %u layers, hidden %u, vocab %u), cpu engine, %u threads, "
-                "%u KV blocks of %u tokens",
+    const char *backend = eng->ops->name;
+    TM_LOG_INFO("job", "%s: model %s (%s, %u layers, hidden %u, vocab %u), %s engine, tp %u, "
+                "%u threads, %u KV blocks of %u tokens",
                 path, spec->model, tm_model_arch_name(p.model), mc->n_layer, mc->n_embd,
-                mc->n_vocab, eo.n_threads, eo.n_kv_block, eo.block_size);
+                mc->n_vocab, backend, TM_MAX(eo.tp_size, 1u), eo.n_threads, eo.n_kv_block,
+                eo.block_size);
 
     rc = tm_metrics_create(&metrics, err);
     if (rc)
         goto done;
     tm_metrics_settings ms = {
-        .backend = "cpu",
-        .tp = 1,
+        .backend = backend,
+        .tp = TM_MAX(eo.tp_size, 1u),
         .max_seqs = eo.max_seqs,
         .max_batched_tokens = eo.max_batched_tokens,
         .block_size = eo.block_size,
         .kv_blocks = eo.n_kv_block,
-        .kv_dtype = "f32",
+        .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
         .prefix_cache = spec->engine.prefix_cache,
         .threads = eo.n_threads,
         .model_path = spec->model,
         .model_arch = tm_model_arch_name(p.model),
     };
     rc = tm_metrics_set_settings(metrics, &ms, err);
+    if (rc)
+        goto done;
+    rc = tm_metrics_set_job(metrics, path, err);
+    if (rc)
+        goto done;
+    rc = tm_progress_create(&(tm_progress_cfg){.job_name = path,
+                                               .textfile = spec->prometheus_textfile},
+                            &progress, err);
     if (rc)
         goto done;
     rc = tm_source_open(spec, &src, err);
@@ -202,8 +240,8 @@ static tm_rc run_job(const char *path, tm_err *err) {
     if (rc)
         goto done;
 
-    sc = (source_ctx){.src = src, .q = q_in};
-    kc = (sink_ctx){.sink = sink, .metrics = metrics, .q = q_out};
+    sc = (source_ctx){.src = src, .q = q_in, .progress = progress};
+    kc = (sink_ctx){.sink = sink, .metrics = metrics, .progress = progress, .q = q_out};
     if (pthread_create(&src_thread, NULL, source_main, &sc) != 0) {
         rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
         goto done;
@@ -239,8 +277,10 @@ done:
     }
     if (q_out)
         tm_queue_close(q_out);
-    if (sink_started)
+    if (sink_started) {
         pthread_join(sink_thread, NULL);
+        tm_progress_finish(progress);
+    }
     if (rc == TM_OK && sc.rc) {
         *err = sc.err;
         rc = sc.rc;
@@ -296,6 +336,7 @@ done:
     tm_queue_destroy(q_out);
     tm_source_destroy(src);
     tm_metrics_destroy(metrics);
+    tm_progress_destroy(progress);
     tm_engine_destroy(eng);
     parts_fini(&p);
     return rc;

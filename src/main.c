@@ -7,7 +7,9 @@
 
 #include "base/buf.h"
 #include "base/log.h"
+#include "bench.h"
 #include "job_run.h"
+#include "report.h"
 #include "runner/tokenizer.h"
 
 static const char usage[] =
@@ -20,6 +22,10 @@ static const char usage[] =
     "                      line without running the model; bad lines are listed\n"
     "  tokenize MODEL_DIR  read JSON lines {\"text\": ...} on stdin, write {\"ids\": [...]} per\n"
     "                      line (no BOS added), like llama-tokenize\n"
+    "  bench --model DIR [...]  run the standard workloads (W1, W8, P, prefix) and write a\n"
+    "                      metrics.json for each (tokenmill bench --help)\n"
+    "  report METRICS... [-o report.html]  one self-contained HTML report of metrics files or\n"
+    "                      folders of them (tokenmill report --help)\n"
     "  --help              this text\n"
     "  --version           version and git commit\n"
     "\n"
@@ -97,6 +103,11 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    // bench and report take their own options
+    if (i < argc && !strcmp(argv[i], "bench"))
+        return tm_bench_cmd(argc - i - 1, argv + i + 1);
+    if (i < argc && !strcmp(argv[i], "report"))
+        return tm_report_cmd(argc - i - 1, argv + i + 1);
     if (i + 2 != argc) {
         fputs(usage, stderr);
         return 2;

@@ -92,9 +92,10 @@ static void test_defaults(void) {
     const char *canon =
         "{\"defaults\":{\"max_tokens\":256,\"min_p\":0.0,\"seed\":0,\"stop\":[],\"temperature\":1.0,"
         "\"top_k\":-1,\"top_p\":1.0},\"engine\":{\"backend\":\"auto\",\"block_size\":128,"
-        "\"kv_blocks\":0,\"max_batched_tokens\":16384,\"max_seqs\":8,\"prefix_cache\":true,"
-        "\"threads\":0,\"tp\":1},\"input\":{\"files\":[\"in/a.jsonl\"]},\"limits\":{"
-        "\"max_line_bytes\":16777216},\"model\":\"m\",\"output\":{\"dir\":\"out\"}}";
+        "\"kv_blocks\":0,\"lookahead\":1024,\"max_batched_tokens\":16384,\"max_seqs\":8,"
+        "\"prefix_cache\":true,\"schedule\":\"prefix\",\"threads\":0,\"tp\":1},\"input\":{\"files\":[\"in/a.jsonl\"]},\"limits\":{"
+        "\"max_depth\":64,\"max_field_bytes\":8388608,\"max_line_bytes\":16777216,"
+        "\"max_messages\":4096},\"model\":\"m\",\"output\":{\"dir\":\"out\"}}";
     TM_CHECK_MSG(strcmp(spec->canonical_json, canon) == 0, "canonical: %s", spec->canonical_json);
 
     // The schema's "default" values must be what the loader fills in: walk the schema's
@@ -124,7 +125,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 16); // engine 8, defaults 7, limits 1
+    TM_CHECK(n_defaults == 21); // engine 10, defaults 7, limits 4
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -143,7 +144,8 @@ static void test_values_and_relative_paths(void) {
                " \"kv_blocks\": 100},"
                " \"defaults\": {\"max_tokens\": 7, \"temperature\": 0, \"top_p\": 0.9,"
                " \"top_k\": 50, \"min_p\": 0.05, \"seed\": 42, \"stop\": \"\\n\"},"
-               " \"limits\": {\"max_line_bytes\": 1000}}");
+               " \"limits\": {\"max_line_bytes\": 1000, \"max_depth\": 5, \"max_field_bytes\": 99,"
+               " \"max_messages\": 3}}");
     tm_job_spec *spec = NULL;
     tm_err err = {0};
     TM_CHECK_OK(load("jobs/job.json", &spec, &err), &err);
@@ -169,6 +171,7 @@ static void test_values_and_relative_paths(void) {
     TM_CHECK(spec->defaults.set == (TM_SP_MAX_TOKENS | TM_SP_TEMPERATURE | TM_SP_TOP_P |
                                     TM_SP_TOP_K | TM_SP_MIN_P | TM_SP_SEED | TM_SP_STOP));
     TM_CHECK(spec->max_line_bytes == 1000);
+    TM_CHECK(spec->max_depth == 5 && spec->max_field_bytes == 99 && spec->max_messages == 3);
     TM_CHECK(strstr(spec->canonical_json, "\"top_p\":0.9}") != NULL);
     TM_CHECK(strstr(spec->canonical_json, "\"stop\":[\"\\n\"]") != NULL);
     tm_job_spec_destroy(spec);
@@ -223,6 +226,12 @@ static void test_errors(void) {
     expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
                  " \"o\"}, \"limits\": {\"max_line_bytes\": 1.5}}",
                  TM_E_INVAL, "limits.max_line_bytes: expected an integer >= 1");
+    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+                 " \"o\"}, \"limits\": {\"max_depth\": 2049}}",
+                 TM_E_INVAL, "limits.max_depth: expected an integer >= 1 and <= 2048, got 2049");
+    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"-\", \"in/a.jsonl\", \"-\"]}, "
+                 "\"output\": {\"dir\": \"o\"}}",
+                 TM_E_INVAL, "input.files[2]: standard input (\"-\") can be read only once");
     expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\", 3]}, \"output\": "
                  "{\"dir\": \"o\"}}",
                  TM_E_INVAL, "job.json: input.files[1]: expected a non-empty string");

@@ -16,6 +16,10 @@ const char *tm_errcode_name(tm_errcode code) {
     case TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED: return "context_length_exceeded";
     case TM_ERRCODE_TEMPLATE_ERROR: return "template_error";
     case TM_ERRCODE_ENGINE_ERROR: return "engine_error";
+    case TM_ERRCODE_NESTING_TOO_DEEP: return "nesting_too_deep";
+    case TM_ERRCODE_FIELD_TOO_LARGE: return "field_too_large";
+    case TM_ERRCODE_UNSUPPORTED: return "unsupported";
+    case TM_ERRCODE_COUNT: break;
     }
     return "unknown";
 }
@@ -41,6 +45,9 @@ void tm_job_destroy(tm_job *job) {
     tm_free(job->messages);
     tm_sampling_fini(&job->sp);
     tm_free(job->err_msg);
+    tm_free(job->model);
+    tm_free(job->src_meta_json);
+    tm_free(job->prompt_ids);
     tm_free(job);
 }
 
@@ -51,5 +58,18 @@ void tm_completion_destroy(tm_completion *c) {
     tm_free(c->id_json);
     tm_free(c->text);
     tm_free(c->err_msg);
+    tm_free(c->model);
+    tm_free(c->src_meta_json);
+    tm_free(c->itl_ms);
     tm_free(c);
+}
+
+void tm_completion_take_job_info(tm_completion *c, tm_job *job) {
+    c->format = job->format;
+    tm_free(c->model);
+    tm_free(c->src_meta_json);
+    c->model = job->model;
+    c->src_meta_json = job->src_meta_json;
+    job->model = NULL;
+    job->src_meta_json = NULL;
 }

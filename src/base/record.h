@@ -49,9 +49,21 @@ typedef enum tm_errcode {
     TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED,
     TM_ERRCODE_TEMPLATE_ERROR,
     TM_ERRCODE_ENGINE_ERROR,
+    TM_ERRCODE_NESTING_TOO_DEEP, /* arrays/objects nested deeper than limits.max_depth */
+    TM_ERRCODE_FIELD_TOO_LARGE,  /* a string field or array over limits.max_field_bytes/_items */
+    TM_ERRCODE_UNSUPPORTED,      /* a valid request tokenmill cannot serve (n > 1, stream, ...) */
+    TM_ERRCODE_COUNT,            /* number of codes (size arrays indexed by code with it) */
 } tm_errcode;
 
 const char *tm_errcode_name(tm_errcode code);
+
+/* Which input format a record came in; its output and error records use the same format. */
+typedef enum tm_rec_format {
+    TM_REC_FORMAT_NATIVE = 0,        /* {"id", "prompt"|"messages", ...}: schemas/output.schema.json */
+    TM_REC_FORMAT_OPENAI_CHAT,       /* OpenAI Batch line for /v1/chat/completions */
+    TM_REC_FORMAT_OPENAI_COMPLETION, /* OpenAI Batch line for /v1/completions */
+    TM_REC_FORMAT_OPENAI,            /* OpenAI Batch line with another/unreadable url (errors only) */
+} tm_rec_format;
 
 typedef struct tm_job {
     uint64_t seq_no;       /* 0-based order of the record in the job's input */
@@ -64,6 +76,15 @@ typedef struct tm_job {
     tm_sampling sp;        /* record's own fields; runner merges job defaults */
     tm_errcode err_code;   /* != NONE: ingest rejected the line; only file/line/id are valid */
     char *err_msg;         /* owned; set with err_code */
+    tm_rec_format format;  /* input format; the answer uses the same one */
+    char *model;           /* owned; OpenAI body.model (echoed in the answer), else NULL */
+    char *src_meta_json;   /* owned JSON object text about the record's origin (Kafka topic,
+                            * partition, offset, key, headers), written to its output; or NULL */
+    /* Benchmarks (src/bench.c) only; ingest never sets these. */
+    uint32_t *prompt_ids;  /* owned; [n_prompt_ids] token ids used as the prompt as they are (no
+                            * BOS added, no tokenizer); wins over prompt/messages when set */
+    uint32_t n_prompt_ids;
+    int ignore_eos;        /* 1: EOS does not end the record (max_tokens does), as vLLM's bench */
 } tm_job;
 
 typedef enum tm_finish {
@@ -83,13 +104,22 @@ typedef struct tm_completion {
     uint32_t n_tok_cached;
     double ttft_ms;       /* from the record's admission to its first generated token */
     double total_ms;      /* from admission to finish */
+    float *itl_ms;        /* owned; [n_itl] inter-token latencies: time between consecutive
+                           * generated tokens (ms), n_tok_gen - 1 of them; NULL for errors */
+    uint32_t n_itl;
     tm_errcode err_code;  /* != NONE: an error record */
     char *err_msg;        /* owned */
+    tm_rec_format format; /* from the job */
+    char *model;          /* owned; from the job */
+    char *src_meta_json;  /* owned; from the job */
 } tm_completion;
 
 /* Free everything a record owns, and the record itself. NULL is a no-op. */
 void tm_job_destroy(tm_job *job);
 void tm_completion_destroy(tm_completion *c);
+/* Move the job's format, model and src_meta_json into c (the job's pointers become NULL). The
+ * runner calls it wherever it builds a completion from a job, next to moving file and id_json. */
+void tm_completion_take_job_info(tm_completion *c, tm_job *job);
 /* Free the strings of a tm_sampling (not the struct). */
 void tm_sampling_fini(tm_sampling *sp);
 

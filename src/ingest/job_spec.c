@@ -30,11 +30,12 @@ typedef struct loader {
 static const char *const root_keys[] = {"$schema", "model",    "input", "output",
                                         "engine",  "defaults", "limits", NULL};
 static const char *const input_keys[] = {"files", NULL};
-static const char *const output_keys[] = {"dir", NULL};
+static const char *const output_keys[] = {"dir", "prometheus_textfile", NULL};
 static const char *const engine_keys[] = {"backend", "max_seqs", "max_batched_tokens",
                                           "block_size", "prefix_cache", "tp", "threads",
-                                          "kv_blocks", NULL};
-static const char *const limits_keys[] = {"max_line_bytes", NULL};
+                                          "kv_blocks", "schedule", "lookahead", NULL};
+static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
+                                          "max_messages", NULL};
 
 const char *tm_backend_name(tm_backend b) {
     switch (b) {
@@ -276,6 +277,12 @@ static tm_rc add_glob(loader *ld, const char *jpath, const char *pattern) {
 }
 
 static tm_rc expand_entry(loader *ld, const char *jpath, const char *given) {
+    if (strcmp(given, TM_JOB_STDIN) == 0) {
+        for (size_t i = 0; i < ld->n_list; i++)
+            if (strcmp(ld->list[i], TM_JOB_STDIN) == 0)
+                return fail(ld, TM_E_INVAL, jpath, "standard input (\"-\") can be read only once");
+        return list_push(ld, tm_strdup(TM_JOB_STDIN));
+    }
     char *p = resolve(ld, given);
     if (!p)
         return TM_ERR(ld->err, TM_E_NOMEM, "input path");
@@ -420,7 +427,20 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     rc = get_u32(ld, eng, "engine", "threads", 0, 65536, 0, &e->threads, c);
     if (rc)
         return rc;
-    return get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
+    rc = get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
+    if (rc)
+        return rc;
+    v = eng ? json_object_get(eng, "schedule") : NULL;
+    e->schedule_fcfs = false;
+    if (v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "fcfs") != 0 && strcmp(s, "prefix") != 0)
+            return fail_value(ld, "engine.schedule", "one of \"prefix\", \"fcfs\"", v);
+        e->schedule_fcfs = strcmp(s, "fcfs") == 0;
+    }
+    canon_set(ld, c, "schedule", json_string(e->schedule_fcfs ? "fcfs" : "prefix"));
+    return get_u32(ld, eng, "engine", "lookahead", 1, 1u << 20, TM_JOB_DEFAULT_LOOKAHEAD,
+                   &e->lookahead, c);
 }
 
 static tm_rc load_defaults(loader *ld, const json_t *dflt) {
@@ -478,6 +498,16 @@ static tm_rc load_limits(loader *ld, const json_t *lim) {
     tm_rc rc = get_u32(ld, lim, "limits", "max_line_bytes", 1, 1u << 30,
                        TM_JOB_DEFAULT_MAX_LINE_BYTES, &m, c);
     ld->spec->max_line_bytes = m;
+    if (!rc)
+        rc = get_u32(ld, lim, "limits", "max_depth", 1, TM_JOB_MAX_DEPTH_LIMIT,
+                     TM_JOB_DEFAULT_MAX_DEPTH, &ld->spec->max_depth, c);
+    if (!rc)
+        rc = get_u32(ld, lim, "limits", "max_field_bytes", 1, 1u << 30,
+                     TM_JOB_DEFAULT_MAX_FIELD_BYTES, &m, c);
+    ld->spec->max_field_bytes = m;
+    if (!rc)
+        rc = get_u32(ld, lim, "limits", "max_messages", 1, 1u << 20, TM_JOB_DEFAULT_MAX_MESSAGES,
+                     &ld->spec->max_messages, c);
     return rc;
 }
 
@@ -521,6 +551,16 @@ static tm_rc load_root(loader *ld, const json_t *root) {
     spec->output_dir = resolve(ld, s);
     if (!spec->output_dir)
         return TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    // Optional and not part of the canonical spec: where progress is published does not change
+    // the job's identity (resume).
+    if (json_object_get(output, "prometheus_textfile")) {
+        rc = get_path_str(ld, output, "prometheus_textfile", "output.prometheus_textfile", &s);
+        if (rc)
+            return rc;
+        spec->prometheus_textfile = resolve(ld, s);
+        if (!spec->prometheus_textfile)
+            return TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    }
 
     rc = load_engine(ld, eng);
     if (!rc)
@@ -595,6 +635,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
         tm_free(spec->inputs[i]);
     tm_free(spec->inputs);
     tm_free(spec->output_dir);
+    tm_free(spec->prometheus_textfile);
     tm_sampling_fini(&spec->defaults);
     tm_free(spec->canonical_json);
     tm_free(spec);

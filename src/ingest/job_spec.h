@@ -3,7 +3,8 @@
  * so typos are caught. Relative paths (model, input.files, output.dir) resolve against the folder
  * of the job file. Input entries (files, folders, glob patterns) are expanded at load time into
  * the list of files the source will read. Errors name the job file and the JSON path of the bad
- * field. A loaded spec is immutable plain data; any thread may read it. The loader does not check
+ * field. The entry "-" means standard input (plain JSONL; at most once). A loaded spec is
+ * immutable plain data; any thread may read it. The loader does not check
  * the model folder's contents or create the output folder. */
 #ifndef TM_INGEST_JOB_SPEC_H
 #define TM_INGEST_JOB_SPEC_H
@@ -20,7 +21,14 @@
 #define TM_JOB_DEFAULT_MAX_BATCHED_TOKENS 16384
 #define TM_JOB_DEFAULT_BLOCK_SIZE 128
 #define TM_JOB_DEFAULT_MAX_TOKENS 256
+#define TM_JOB_DEFAULT_LOOKAHEAD 1024
 #define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
+#define TM_JOB_DEFAULT_MAX_DEPTH 64
+#define TM_JOB_DEFAULT_MAX_FIELD_BYTES (8u << 20)
+#define TM_JOB_DEFAULT_MAX_MESSAGES 4096
+#define TM_JOB_MAX_DEPTH_LIMIT 2048 /* jansson's own parser depth limit */
+/* input.files entry that means standard input (read as plain JSONL, once). */
+#define TM_JOB_STDIN "-"
 
 typedef enum tm_backend {
     TM_BACKEND_AUTO = 0, /* cuda when built with CUDA and a GPU is visible, else cpu */
@@ -37,6 +45,8 @@ typedef struct tm_job_engine {
     uint32_t tp;                 /* tensor-parallel ranks, >= 1 */
     uint32_t threads;            /* CPU threads; 0 = all cores */
     uint32_t kv_blocks;          /* KV blocks in the pool; 0 = size from free memory */
+    bool schedule_fcfs;          /* "fcfs": admit in input order; default "prefix" ordering */
+    uint32_t lookahead;          /* records read, tokenized and ordered ahead of admission */
 } tm_job_engine;
 
 typedef struct tm_job_spec {
@@ -45,9 +55,13 @@ typedef struct tm_job_spec {
     char **inputs;        /* [n_inputs] input files, resolved and expanded, in read order */
     size_t n_inputs;      /* >= 1 */
     char *output_dir;     /* resolved */
+    char *prometheus_textfile; /* output.prometheus_textfile, resolved; NULL when not set */
     tm_job_engine engine;
     tm_sampling defaults; /* every field filled; .set has the bits the file gave explicitly */
     uint64_t max_line_bytes; /* limits.max_line_bytes: longest accepted input line, >= 1 */
+    uint32_t max_depth;       /* limits.max_depth: deepest array/object nesting in a line */
+    uint64_t max_field_bytes; /* limits.max_field_bytes: longest string field tokenmill reads */
+    uint32_t max_messages;    /* limits.max_messages: most chat messages (and stop strings) */
     /* The spec as compact JSON with sorted keys and every default filled in; paths as written in
      * the file (not resolved, so moving the job folder keeps it). Equal specs give equal text:
      * hash it to recognise the same job (resume). */

@@ -16,6 +16,7 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "ingest/fields_int.h"
+#include "ingest/source_int.h"
 
 enum { CHUNK_BYTES = 64 * 1024 };
 
@@ -46,6 +47,9 @@ struct tm_source {
     uint64_t line_no;        /* 1-based number of the last line read in the open file */
     uint64_t seq_no;         /* records returned */
     id_set ids;
+    tm_rec_format file_fmt;  /* format of the open file's first JSON object line */
+    bool file_fmt_known;
+    bool no_id_check;        /* duplicate ids are not checked (Kafka: redelivery is normal) */
 };
 
 // ---- id set ----
@@ -131,7 +135,7 @@ static int has_suffix(const char *s, const char *suf) {
 }
 
 static void close_file(tm_source *src) {
-    if (src->fp)
+    if (src->fp && src->fp != stdin) // stdin stays open (it is read once, see job_spec.h)
         fclose(src->fp);
     if (src->gz)
         gzclose(src->gz);
@@ -143,7 +147,10 @@ static void close_file(tm_source *src) {
 static tm_rc open_file(tm_source *src, tm_err *err) {
     const char *path = src->spec->inputs[src->i_file];
     src->fmt = has_suffix(path, ".lz4") ? FMT_LZ4 : has_suffix(path, ".gz") ? FMT_GZ : FMT_PLAIN;
-    if (src->fmt == FMT_GZ) {
+    if (strcmp(path, TM_JOB_STDIN) == 0) {
+        src->fmt = FMT_PLAIN;
+        src->fp = stdin;
+    } else if (src->fmt == FMT_GZ) {
         src->gz = gzopen(path, "rb");
         if (!src->gz)
             return TM_ERR(err, TM_E_IO, "%s: %s", path, errno ? strerror(errno) : "gzopen failed");
@@ -160,6 +167,8 @@ static tm_rc open_file(tm_source *src, tm_err *err) {
     }
     src->chunk_pos = src->chunk_len = 0;
     src->line_no = 0;
+    src->file_fmt = TM_REC_FORMAT_NATIVE;
+    src->file_fmt_known = false;
     src->open = true;
     return TM_OK;
 }
@@ -311,63 +320,469 @@ static char *dup_json_str(const json_t *v) {
     return tm_strndup(json_string_value(v), json_string_length(v));
 }
 
-static tm_rc parse_messages(tm_job *job, const json_t *msgs, tm_err *err) {
+// 1-based column of the first array/object opened deeper than max_depth, or 0. Strings are
+// skipped (escapes included); the rest of the syntax is left to jansson. Linear, no allocation.
+static size_t too_deep_at(const char *s, size_t n, uint32_t max_depth) {
+    uint32_t depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) { // hot loop: every byte of every line
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > max_depth)
+                return i + 1;
+        } else if ((ch == ']' || ch == '}') && depth) {
+            depth--;
+        }
+    }
+    return 0;
+}
+
+// Check a string field's size against limits.max_field_bytes. 1 when the job was failed.
+static int too_large(tm_source *src, tm_job *job, const char *field, const json_t *v, tm_rc *rc,
+                     tm_err *err) {
+    size_t n = json_string_length(v);
+    if (n <= src->spec->max_field_bytes)
+        return 0;
+    *rc = job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                   "field '%s' is %zu bytes, more than limits.max_field_bytes (%llu)", field, n,
+                   (unsigned long long)src->spec->max_field_bytes);
+    return 1;
+}
+
+// A non-empty string field (id, custom_id, prompt, model, role).
+static int need_str(tm_source *src, tm_job *job, const char *field, const json_t *v, bool nonempty,
+                    tm_rc *rc, tm_err *err) {
     tm_field_fail ff;
+    if (!json_is_string(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string", v);
+        *rc = field_fail(job, field, &ff, err);
+        return 1;
+    }
+    if (nonempty && json_string_length(v) == 0) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string", v);
+        *rc = field_fail(job, field, &ff, err);
+        return 1;
+    }
+    return too_large(src, job, field, v, rc, err);
+}
+
+// OpenAI content parts: [{"type": "text", "text": "..."}, ...] joined without separator. Other
+// part types (images, audio) are unsupported. *out is an owned string, or NULL after job_fail.
+static tm_rc join_parts(tm_source *src, tm_job *job, const char *field, const json_t *parts,
+                        char **out, tm_err *err) {
+    tm_field_fail ff;
+    tm_buf b = {0};
+    tm_rc rc = TM_OK;
+    *out = NULL;
+    size_t i;
+    const json_t *part;
+    json_array_foreach(parts, i, part) {
+        char f[160];
+        snprintf(f, sizeof(f), "%s[%zu]", field, i);
+        const json_t *type = json_object_get(part, "type");
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type)) {
+            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a content part {\"type\", ...}", part);
+            rc = field_fail(job, f, &ff, err);
+            goto done;
+        }
+        if (strcmp(json_string_value(type), "text") != 0) {
+            rc = job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                          "field '%s.type': content parts of type \"%.40s\" are not supported "
+                          "(only \"text\")",
+                          f, json_string_value(type));
+            goto done;
+        }
+        snprintf(f, sizeof(f), "%s[%zu].text", field, i);
+        if (!text) {
+            rc = job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", f);
+            goto done;
+        }
+        if (need_str(src, job, f, text, false, &rc, err))
+            goto done;
+        if (b.len + json_string_length(text) > src->spec->max_field_bytes) {
+            rc = job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                          "field '%s': the text parts add up to more than "
+                          "limits.max_field_bytes (%llu)",
+                          field, (unsigned long long)src->spec->max_field_bytes);
+            goto done;
+        }
+        rc = tm_buf_append(&b, json_string_value(text), json_string_length(text), err);
+        if (rc)
+            goto done;
+    }
+    *out = tm_strndup(b.data ? b.data : "", b.len);
+    if (!*out)
+        rc = TM_ERR(err, TM_E_NOMEM, "message content");
+done:
+    tm_buf_fini(&b);
+    return rc;
+}
+
+// messages: an array of {"role", "content"}. prefix names the field in messages ("" or "body.").
+// OpenAI lines (parts) may give content as an array of text parts.
+static tm_rc parse_messages(tm_source *src, tm_job *job, const json_t *msgs, const char *prefix,
+                            bool parts, tm_err *err) {
+    tm_field_fail ff;
+    char field[96];
+    snprintf(field, sizeof(field), "%smessages", prefix);
     if (!json_is_array(msgs)) {
         tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an array of {\"role\", \"content\"} objects",
                            msgs);
-        return field_fail(job, "messages", &ff, err);
+        return field_fail(job, field, &ff, err);
     }
     size_t n = json_array_size(msgs);
-    if (n == 0 || n > UINT32_MAX) {
+    if (n == 0) {
         tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty array", msgs);
-        return field_fail(job, "messages", &ff, err);
+        return field_fail(job, field, &ff, err);
     }
+    if (n > src->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu messages, more than limits.max_messages (%u)", field,
+                        n, src->spec->max_messages);
     job->messages = tm_calloc(n, sizeof(*job->messages));
     if (!job->messages)
         return TM_ERR(err, TM_E_NOMEM, "messages");
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
-        char field[64];
-        snprintf(field, sizeof(field), "messages[%zu]", i);
+        snprintf(field, sizeof(field), "%smessages[%zu]", prefix, i);
         if (!json_is_object(m)) {
             tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an object", m);
             return field_fail(job, field, &ff, err);
         }
-        static const char *const keys[] = {"role", "content"};
-        for (int k = 0; k < 2; k++) {
-            const json_t *v = json_object_get(m, keys[k]);
-            snprintf(field, sizeof(field), "messages[%zu].%s", i, keys[k]);
-            if (!v)
-                return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required",
-                                field);
-            if (!json_is_string(v)) {
-                tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string", v);
-                return field_fail(job, field, &ff, err);
-            }
-            if (k == 0 && json_string_length(v) == 0) {
-                tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string", v);
-                return field_fail(job, field, &ff, err);
-            }
+        tm_rc rc = TM_OK;
+        const json_t *role = json_object_get(m, "role");
+        const json_t *content = json_object_get(m, "content");
+        snprintf(field, sizeof(field), "%smessages[%zu].role", prefix, i);
+        if (!role)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", field);
+        if (need_str(src, job, field, role, true, &rc, err))
+            return rc;
+        snprintf(field, sizeof(field), "%smessages[%zu].content", prefix, i);
+        if (!content)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", field);
+        char *text = NULL;
+        if (parts && json_is_array(content)) {
+            rc = join_parts(src, job, field, content, &text, err);
+            if (rc || job->err_code)
+                return rc;
+        } else if (need_str(src, job, field, content, false, &rc, err)) {
+            return rc;
         }
         job->n_messages = (uint32_t)i + 1; // job_fail frees what is counted
-        job->messages[i].role = dup_json_str(json_object_get(m, "role"));
-        job->messages[i].content = dup_json_str(json_object_get(m, "content"));
+        job->messages[i].role = dup_json_str(role);
+        job->messages[i].content = text ? text : dup_json_str(content);
         if (!job->messages[i].role || !job->messages[i].content)
             return TM_ERR(err, TM_E_NOMEM, "messages");
     }
     return TM_OK;
 }
 
+// The record's identity: its compact JSON text, checked against the ids seen so far.
+static tm_rc take_id(tm_source *src, tm_job *job, const json_t *id, const char *field,
+                     tm_err *err) {
+    char *id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+    job->id_json = id_text ? tm_strdup(id_text) : NULL;
+    free(id_text); // jansson's allocation
+    if (!job->id_json)
+        return TM_ERR(err, TM_E_NOMEM, "record id");
+    int added = 1;
+    tm_rc rc = src->no_id_check ? TM_OK
+                                : idset_add(&src->ids, job->id_json, strlen(job->id_json), &added,
+                                            err);
+    if (rc)
+        return rc;
+    if (!added)
+        return job_fail(job, TM_ERRCODE_DUPLICATE_ID, err,
+                        "field '%s': %s was already used by an earlier record", field,
+                        job->id_json);
+    return TM_OK;
+}
+
+// One sampling field (name as written in the line: field) into job->sp.
+static tm_rc sp_field(tm_source *src, tm_job *job, const char *key, const char *field,
+                      const json_t *v, tm_err *err) {
+    tm_field_fail ff;
+    if (strcmp(key, "stop") == 0 && json_is_array(v) && json_array_size(v) > src->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu strings, more than limits.max_messages (%u)", field,
+                        json_array_size(v), src->spec->max_messages);
+    tm_rc rc = tm_ingest_sp_field(key, v, &job->sp, &ff, err);
+    if (rc)
+        return rc;
+    if (ff.code != TM_ERRCODE_NONE)
+        return field_fail(job, field, &ff, err);
+    return TM_OK;
+}
+
+static tm_rc parse_native(tm_source *src, const json_t *root, tm_job *job, tm_err *err) {
+    tm_field_fail ff;
+    tm_rc rc = TM_OK;
+    // id: a string or an integer; its compact JSON text is the identity.
+    const json_t *id = json_object_get(root, "id");
+    if (!id)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'id' is required");
+    if (!json_is_string(id) && !json_is_integer(id)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string or an integer", id);
+        return field_fail(job, "id", &ff, err);
+    }
+    if (json_is_string(id) && json_string_length(id) == 0) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string or an integer", id);
+        return field_fail(job, "id", &ff, err);
+    }
+    if (json_is_string(id) && too_large(src, job, "id", id, &rc, err))
+        return rc;
+    rc = take_id(src, job, id, "id", err);
+    if (rc || job->err_code)
+        return rc;
+    // Exactly one of prompt / messages.
+    const json_t *prompt = json_object_get(root, "prompt");
+    const json_t *msgs = json_object_get(root, "messages");
+    if (prompt && msgs)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'prompt' and 'messages': give exactly one of them, not both");
+    if (!prompt && !msgs)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err,
+                        "field 'prompt' or 'messages' is required");
+    if (prompt) {
+        if (need_str(src, job, "prompt", prompt, true, &rc, err))
+            return rc;
+        job->prompt = dup_json_str(prompt);
+        if (!job->prompt)
+            return TM_ERR(err, TM_E_NOMEM, "prompt");
+    } else {
+        rc = parse_messages(src, job, msgs, "", false, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    // Optional sampling fields, in schema order.
+    for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
+        const json_t *v = json_object_get(root, tm_ingest_sp_keys[i]);
+        if (!v)
+            continue;
+        rc = sp_field(src, job, tm_ingest_sp_keys[i], tm_ingest_sp_keys[i], v, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    return TM_OK;
+}
+
+// Body keys tokenmill does not implement: the request is refused unless the value is absent,
+// null, or the neutral value given here (a JSON text compared after compact dumping).
+static const struct {
+    const char *key;
+    const char *neutral[3];
+} unsupported_body[] = {
+    {"logprobs", {"false", "0"}},      {"top_logprobs", {"0"}},
+    {"tools", {"[]"}},                 {"functions", {"[]"}},
+    {"best_of", {"1"}},                {"echo", {"false"}},
+    {"suffix", {"\"\""}},              {"logit_bias", {"{}"}},
+    {"frequency_penalty", {"0", "0.0"}}, {"presence_penalty", {"0", "0.0"}},
+    {"audio", {"{}"}},                 {"prediction", {"{}"}},
+};
+
+static int is_neutral(const json_t *v, const char *const *neutral) {
+    if (json_is_null(v))
+        return 1;
+    if (json_is_number(v) && json_number_value(v) == 0 && neutral[0] && strcmp(neutral[0], "0") == 0)
+        return 1;
+    char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    int ok = 0;
+    for (int i = 0; t && i < 3 && neutral[i] && !ok; i++)
+        ok = strcmp(t, neutral[i]) == 0;
+    free(t); // jansson's allocation
+    return ok;
+}
+
+// An OpenAI Batch API line: {"custom_id", "method": "POST", "url", "body": {...}}.
+static tm_rc parse_openai(tm_source *src, const json_t *root, tm_job *job, tm_err *err) {
+    tm_field_fail ff;
+    tm_rc rc = TM_OK;
+    job->format = TM_REC_FORMAT_OPENAI;
+    const json_t *cid = json_object_get(root, "custom_id");
+    if (!cid)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'custom_id' is required");
+    if (need_str(src, job, "custom_id", cid, true, &rc, err))
+        return rc;
+    rc = take_id(src, job, cid, "custom_id", err);
+    if (rc || job->err_code)
+        return rc;
+    const json_t *method = json_object_get(root, "method");
+    const json_t *url = json_object_get(root, "url");
+    const json_t *body = json_object_get(root, "body");
+    if (!method)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'method' is required");
+    if (!json_is_string(method) || strcmp(json_string_value(method), "POST") != 0) {
+        tm_ingest_fail_set(&ff, json_is_string(method) ? TM_ERRCODE_INVALID_VALUE
+                                                       : TM_ERRCODE_WRONG_TYPE,
+                           "\"POST\"", method);
+        return field_fail(job, "method", &ff, err);
+    }
+    if (!url)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'url' is required");
+    if (need_str(src, job, "url", url, true, &rc, err))
+        return rc;
+    const char *u = json_string_value(url);
+    if (strcmp(u, "/v1/chat/completions") == 0) {
+        job->format = TM_REC_FORMAT_OPENAI_CHAT;
+    } else if (strcmp(u, "/v1/completions") == 0) {
+        job->format = TM_REC_FORMAT_OPENAI_COMPLETION;
+    } else if (strncmp(u, "/v1/", 4) == 0) {
+        tm_ingest_describe(url, ff.msg, 80);
+        return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                        "field 'url': %s is not supported; tokenmill serves "
+                        "\"/v1/chat/completions\" and \"/v1/completions\"",
+                        ff.msg);
+    } else {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE,
+                           "\"/v1/chat/completions\" or \"/v1/completions\"", url);
+        return field_fail(job, "url", &ff, err);
+    }
+    if (!body)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body' is required");
+    if (!json_is_object(body)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an object", body);
+        return field_fail(job, "body", &ff, err);
+    }
+    const json_t *model = json_object_get(body, "model");
+    if (!model)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.model' is required");
+    if (need_str(src, job, "body.model", model, true, &rc, err))
+        return rc;
+    job->model = dup_json_str(model);
+    if (!job->model)
+        return TM_ERR(err, TM_E_NOMEM, "model name");
+    // Features tokenmill does not have are refused, not silently ignored.
+    const json_t *v = json_object_get(body, "stream");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true or false", v);
+        return field_fail(job, "body.stream", &ff, err);
+    }
+    if (json_is_true(v))
+        return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                        "field 'body.stream': streaming is not supported in batch requests");
+    v = json_object_get(body, "n");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1) {
+            tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
+                                                       : TM_ERRCODE_WRONG_TYPE,
+                               "an integer >= 1", v);
+            return field_fail(job, "body.n", &ff, err);
+        }
+        if (json_integer_value(v) > 1)
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.n': n = %lld is not supported (one choice per request; "
+                            "send n separate requests with different seeds)",
+                            (long long)json_integer_value(v));
+    }
+    for (size_t i = 0; i < sizeof(unsupported_body) / sizeof(unsupported_body[0]); i++) {
+        v = json_object_get(body, unsupported_body[i].key);
+        if (v && !is_neutral(v, unsupported_body[i].neutral)) {
+            tm_ingest_describe(v, ff.msg, 80);
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.%s': %s is not supported by tokenmill",
+                            unsupported_body[i].key, ff.msg);
+        }
+    }
+    v = json_object_get(body, "response_format");
+    if (v && !json_is_null(v)) {
+        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
+            tm_ingest_describe(v, ff.msg, 80);
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.response_format': %s is not supported (only "
+                            "{\"type\": \"text\"})",
+                            ff.msg);
+        }
+    }
+    // The prompt: messages for chat, prompt for completions.
+    const json_t *prompt = json_object_get(body, "prompt");
+    const json_t *msgs = json_object_get(body, "messages");
+    if (job->format == TM_REC_FORMAT_OPENAI_CHAT) {
+        if (prompt)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.prompt' is for /v1/completions; /v1/chat/completions "
+                            "takes 'body.messages'");
+        if (!msgs)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.messages' is required");
+        rc = parse_messages(src, job, msgs, "body.", true, err);
+        if (rc || job->err_code)
+            return rc;
+    } else {
+        if (msgs)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.messages' is for /v1/chat/completions; /v1/completions "
+                            "takes 'body.prompt'");
+        if (!prompt)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.prompt' is required");
+        if (json_is_array(prompt))
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.prompt': an array (several prompts or token ids) is not "
+                            "supported; send one string per request");
+        if (need_str(src, job, "body.prompt", prompt, true, &rc, err))
+            return rc;
+        job->prompt = dup_json_str(prompt);
+        if (!job->prompt)
+            return TM_ERR(err, TM_E_NOMEM, "prompt");
+    }
+    // Sampling: max_tokens or max_completion_tokens, and the other tokenmill fields (top_k and
+    // min_p too, as vLLM accepts them). null means "not given".
+    const json_t *mt = json_object_get(body, "max_tokens");
+    const json_t *mct = json_object_get(body, "max_completion_tokens");
+    if (json_is_null(mt))
+        mt = NULL;
+    if (json_is_null(mct))
+        mct = NULL;
+    if (mt && mct)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'body.max_tokens' and 'body.max_completion_tokens': give at most "
+                        "one of them");
+    if (mct) {
+        rc = sp_field(src, job, "max_tokens", "body.max_completion_tokens", mct, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
+        v = json_object_get(body, tm_ingest_sp_keys[i]);
+        if (!v || json_is_null(v))
+            continue;
+        char field[64];
+        snprintf(field, sizeof(field), "body.%s", tm_ingest_sp_keys[i]);
+        rc = sp_field(src, job, tm_ingest_sp_keys[i], field, v, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    return TM_OK;
+}
+
+static bool is_openai_line(const json_t *root) {
+    return json_object_get(root, "custom_id") || json_object_get(root, "body") ||
+           json_object_get(root, "url");
+}
+
 // Fill job from one line. Only allocation failures are returned; everything else is recorded in
-// job->err_code.
+// job->err_code. Lines that are not JSON objects take the format of the file's first object
+// line (so an OpenAI file gets OpenAI-shaped error lines).
 static tm_rc parse_record(tm_source *src, const char *line, size_t len, tm_job *job,
                           tm_err *err) {
     tm_field_fail ff;
+    job->format = src->file_fmt;
     if (len >= 3 && memcmp(line, "\xef\xbb\xbf", 3) == 0)
         return job_fail(job, TM_ERRCODE_INVALID_JSON, err,
                         "line starts with a UTF-8 byte order mark (allowed only at the start of a "
                         "file)");
+    size_t col = too_deep_at(line, len, src->spec->max_depth);
+    if (col)
+        return job_fail(job, TM_ERRCODE_NESTING_TOO_DEEP, err,
+                        "arrays/objects nested deeper than limits.max_depth (%u) at column %zu",
+                        src->spec->max_depth, col);
     json_error_t jerr;
     json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
@@ -385,88 +800,15 @@ static tm_rc parse_record(tm_source *src, const char *line, size_t len, tm_job *
     if (!json_is_object(root)) {
         tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a JSON object", root);
         rc = job_fail(job, TM_ERRCODE_WRONG_TYPE, err, "record: %s", ff.msg);
-        goto done;
-    }
-    // id: a string or an integer; its compact JSON text is the identity.
-    const json_t *id = json_object_get(root, "id");
-    if (!id) {
-        rc = job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'id' is required");
-        goto done;
-    }
-    if (!json_is_string(id) && !json_is_integer(id)) {
-        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string or an integer", id);
-        rc = field_fail(job, "id", &ff, err);
-        goto done;
-    }
-    if (json_is_string(id) && json_string_length(id) == 0) {
-        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string or an integer", id);
-        rc = field_fail(job, "id", &ff, err);
-        goto done;
-    }
-    char *id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
-    job->id_json = id_text ? tm_strdup(id_text) : NULL;
-    free(id_text); // jansson's allocation
-    if (!job->id_json) {
-        rc = TM_ERR(err, TM_E_NOMEM, "record id");
-        goto done;
-    }
-    int added = 0;
-    rc = idset_add(&src->ids, job->id_json, strlen(job->id_json), &added, err);
-    if (rc)
-        goto done;
-    if (!added) {
-        rc = job_fail(job, TM_ERRCODE_DUPLICATE_ID, err,
-                      "field 'id': %s was already used by an earlier record", job->id_json);
-        goto done;
-    }
-    // Exactly one of prompt / messages.
-    const json_t *prompt = json_object_get(root, "prompt");
-    const json_t *msgs = json_object_get(root, "messages");
-    if (prompt && msgs) {
-        rc = job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
-                      "fields 'prompt' and 'messages': give exactly one of them, not both");
-        goto done;
-    }
-    if (!prompt && !msgs) {
-        rc = job_fail(job, TM_ERRCODE_MISSING_FIELD, err,
-                      "field 'prompt' or 'messages' is required");
-        goto done;
-    }
-    if (prompt) {
-        if (!json_is_string(prompt)) {
-            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string", prompt);
-            rc = field_fail(job, "prompt", &ff, err);
-            goto done;
-        }
-        if (json_string_length(prompt) == 0) {
-            tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string", prompt);
-            rc = field_fail(job, "prompt", &ff, err);
-            goto done;
-        }
-        job->prompt = dup_json_str(prompt);
-        if (!job->prompt) {
-            rc = TM_ERR(err, TM_E_NOMEM, "prompt");
-            goto done;
-        }
     } else {
-        rc = parse_messages(job, msgs, err);
-        if (rc || job->err_code)
-            goto done;
-    }
-    // Optional sampling fields, in schema order.
-    for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
-        const json_t *v = json_object_get(root, tm_ingest_sp_keys[i]);
-        if (!v)
-            continue;
-        rc = tm_ingest_sp_field(tm_ingest_sp_keys[i], v, &job->sp, &ff, err);
-        if (rc)
-            goto done;
-        if (ff.code != TM_ERRCODE_NONE) {
-            rc = field_fail(job, tm_ingest_sp_keys[i], &ff, err);
-            goto done;
+        bool oai = is_openai_line(root);
+        if (!src->file_fmt_known) {
+            src->file_fmt = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
+            src->file_fmt_known = true;
         }
+        job->format = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
+        rc = oai ? parse_openai(src, root, job, err) : parse_native(src, root, job, err);
     }
-done:
     json_decref(root);
     return rc;
 }
@@ -478,7 +820,46 @@ static bool is_blank(const char *s, size_t n) {
     return true;
 }
 
+// A new record with its position filled in.
+static tm_rc new_job(tm_source *src, const char *file, uint64_t line_no, tm_job **out, tm_err *err) {
+    tm_job *job = tm_calloc(1, sizeof(*job));
+    if (!job)
+        return TM_ERR(err, TM_E_NOMEM, "record");
+    job->seq_no = src->seq_no;
+    job->line = line_no;
+    job->format = src->file_fmt;
+    job->file = tm_strdup(file);
+    if (!job->file) {
+        tm_free(job);
+        return TM_ERR(err, TM_E_NOMEM, "record");
+    }
+    *out = job;
+    return TM_OK;
+}
+
 // ---- public API ----
+
+tm_rc tm_source_parse_line(tm_source *src, const char *file, uint64_t line_no, const char *s,
+                           size_t n, tm_job **out, tm_err *err) {
+    tm_job *job = NULL;
+    tm_rc rc = new_job(src, file, line_no, &job, err);
+    if (!rc)
+        rc = parse_record(src, s, n, job, err);
+    if (rc) {
+        tm_job_destroy(job);
+        return rc;
+    }
+    src->seq_no++;
+    *out = job;
+    return TM_OK;
+}
+
+void tm_source_set_check_ids(tm_source *src, bool on) { src->no_id_check = !on; }
+
+void tm_source_reset_format(tm_source *src) {
+    src->file_fmt = TM_REC_FORMAT_NATIVE;
+    src->file_fmt_known = false;
+}
 
 tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err) {
     tm_source *src = tm_calloc(1, sizeof(*src));
@@ -545,29 +926,24 @@ tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
         if (!too_long && is_blank(s, n))
             continue;
 
-        tm_job *job = tm_calloc(1, sizeof(*job));
-        if (!job)
-            return TM_ERR(err, TM_E_NOMEM, "record");
-        job->seq_no = src->seq_no;
-        job->line = src->line_no;
-        job->file = tm_strdup(src->spec->inputs[src->i_file]);
-        if (!job->file) {
-            rc = TM_ERR(err, TM_E_NOMEM, "record");
-        } else if (too_long) {
-            rc = job_fail(job, TM_ERRCODE_LINE_TOO_LONG, err,
-                          "line is %llu bytes, longer than limits.max_line_bytes (%llu)",
-                          (unsigned long long)n_bytes,
-                          (unsigned long long)src->spec->max_line_bytes);
-        } else {
-            rc = parse_record(src, s, n, job, err);
+        if (too_long) {
+            tm_job *job = NULL;
+            rc = new_job(src, src->spec->inputs[src->i_file], src->line_no, &job, err);
+            if (!rc)
+                rc = job_fail(job, TM_ERRCODE_LINE_TOO_LONG, err,
+                              "line is %llu bytes, longer than limits.max_line_bytes (%llu)",
+                              (unsigned long long)n_bytes,
+                              (unsigned long long)src->spec->max_line_bytes);
+            if (rc) {
+                tm_job_destroy(job);
+                return rc;
+            }
+            src->seq_no++;
+            *out = job;
+            return TM_OK;
         }
-        if (rc) {
-            tm_job_destroy(job);
-            return rc;
-        }
-        src->seq_no++;
-        *out = job;
-        return TM_OK;
+        return tm_source_parse_line(src, src->spec->inputs[src->i_file], src->line_no, s, n, out,
+                                    err);
     }
 }
 

@@ -43,7 +43,7 @@ typedef struct seq {
     tm_buf text;
     double t_admit_ms, t_first_ms;
     double t_last_ms;       /* when the latest generated token was sampled */
-    float *itl;             /* [n_itl] gaps between generated tokens (ms), handed to the completion */
+    float *itl;             /* [n_itl] gaps between generated tokens (ms); to the completion */
     uint32_t n_itl, cap_itl;
     uint32_t chunk;         /* tokens scheduled in the current step; 0 = not in the step */
 } seq;

@@ -10,10 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "sink/nvml.h"
 
 #ifndef TM_VERSION
 #define TM_VERSION "unknown"
@@ -22,18 +24,41 @@
 #define TM_GIT_COMMIT "unknown"
 #endif
 
-enum { N_ERRCODES = TM_ERRCODE_ENGINE_ERROR + 1 };
+enum { N_ERRCODES = TM_ERRCODE_COUNT };
 
 typedef struct samples {
     double *v; /* [n] in arrival order */
     size_t n, cap;
 } samples;
 
+/* ITL histogram: bucket i holds values in [ITL_X0 * ITL_G^i, ITL_X0 * ITL_G^(i+1)) ms; bucket 0
+ * also takes everything smaller, the last bucket everything larger (1 us .. 20 min). */
+#define ITL_X0 1e-3
+#define ITL_G 1.01
+#define ITL_BUCKETS 2100
+
+typedef struct hist {
+    uint64_t *count; /* [ITL_BUCKETS] */
+    uint64_t n;
+    double sum, min, max;
+} hist;
+
+#define MAX_GPUS 16
+
+typedef struct gpu {
+    char name[128];
+    uint64_t energy0_mj, energy_mj; /* counter at the start and at the latest poll */
+    int have_energy;
+    double power_sum_w, power_max_w;
+    uint64_t n_power;
+} gpu;
+
 struct tm_metrics {
     uint64_t n_ok, n_failed;
     uint64_t n_err_by_code[N_ERRCODES];
     uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
     samples ttft, e2e, tpot; /* ms */
+    hist itl;                /* ms */
     uint64_t n_steps, n_tok_prefill, n_tok_decode, n_preempt;
     double prefill_s, decode_s, sum_step_fill, sum_running;
     uint64_t n_spec_proposed, n_spec_accepted;
@@ -42,12 +67,21 @@ struct tm_metrics {
     tm_metrics_settings set;
     char *backend, *kv_dtype, *model_path, *model_arch, *device;
     bool have_settings;
+    char *job_path;          /* owned, or NULL */
+    tm_metrics_bench bench;  /* strings owned; valid when have_bench */
+    bool have_bench;
+    tm_nvml *nvml;           /* NULL without NVML */
+    gpu gpus[MAX_GPUS];
+    uint32_t n_gpu;
+    char driver[96];
+    double last_poll_ms;
     /* host and time */
     char hostname[256];
     char cpu_model[256];
     long n_cpus;
     char start_utc[32], end_utc[32];
     double start_ms, end_ms;
+    double start_unix_s, end_unix_s;
     bool ended;
 };
 
@@ -78,6 +112,12 @@ static void read_cpu_model(char *out, size_t n) {
     }
 }
 
+static double unix_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 tm_rc tm_metrics_create(tm_metrics **out, tm_err *err) {
     tm_metrics *m = tm_calloc(1, sizeof(*m));
     if (!m)
@@ -86,8 +126,24 @@ tm_rc tm_metrics_create(tm_metrics **out, tm_err *err) {
         snprintf(m->hostname, sizeof(m->hostname), "unknown");
     read_cpu_model(m->cpu_model, sizeof(m->cpu_model));
     m->n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    m->itl.count = tm_calloc(ITL_BUCKETS, sizeof(*m->itl.count));
+    if (!m->itl.count) {
+        tm_metrics_destroy(m);
+        return TM_ERR(err, TM_E_NOMEM, "metrics ITL histogram");
+    }
+    m->nvml = tm_nvml_open();
+    m->n_gpu = TM_MIN(tm_nvml_count(m->nvml), (uint32_t)MAX_GPUS);
+    tm_nvml_driver(m->nvml, m->driver, sizeof(m->driver));
+    for (uint32_t i = 0; i < m->n_gpu; i++) {
+        gpu *g = &m->gpus[i];
+        tm_nvml_name(m->nvml, i, g->name, sizeof(g->name));
+        g->have_energy = tm_nvml_energy_mj(m->nvml, i, &g->energy0_mj) == 0;
+        g->energy_mj = g->energy0_mj;
+    }
     tm_utc_now_str(m->start_utc, sizeof(m->start_utc));
+    m->start_unix_s = unix_now_s();
     m->start_ms = tm_now_ms();
+    m->last_poll_ms = m->start_ms;
     *out = m;
     return TM_OK;
 }
@@ -105,6 +161,11 @@ void tm_metrics_destroy(tm_metrics *m) {
     if (!m)
         return;
     free_settings(m);
+    tm_free(m->job_path);
+    tm_free((char *)m->bench.workload);
+    tm_free((char *)m->bench.scale);
+    tm_nvml_close(m->nvml);
+    tm_free(m->itl.count);
     tm_free(m->ttft.v);
     tm_free(m->e2e.v);
     tm_free(m->tpot.v);
@@ -140,6 +201,72 @@ tm_rc tm_metrics_set_settings(tm_metrics *m, const tm_metrics_settings *s, tm_er
     return TM_OK;
 }
 
+tm_rc tm_metrics_set_job(tm_metrics *m, const char *job_path, tm_err *err) {
+    int nomem = 0;
+    char *p = opt_dup(job_path, &nomem);
+    if (nomem)
+        return TM_ERR(err, TM_E_NOMEM, "metrics job path");
+    tm_free(m->job_path);
+    m->job_path = p;
+    return TM_OK;
+}
+
+tm_rc tm_metrics_set_bench(tm_metrics *m, const tm_metrics_bench *b, tm_err *err) {
+    int nomem = 0;
+    char *workload = opt_dup(b ? b->workload : NULL, &nomem);
+    char *scale = opt_dup(b ? b->scale : NULL, &nomem);
+    if (nomem) {
+        tm_free(workload);
+        tm_free(scale);
+        return TM_ERR(err, TM_E_NOMEM, "metrics bench");
+    }
+    tm_free((char *)m->bench.workload);
+    tm_free((char *)m->bench.scale);
+    m->have_bench = b != NULL;
+    m->bench = b ? *b : (tm_metrics_bench){0};
+    m->bench.workload = workload;
+    m->bench.scale = scale;
+    return TM_OK;
+}
+
+static void hist_add(hist *h, double v) {
+    int i = 0;
+    if (v > ITL_X0)
+        i = (int)(log(v / ITL_X0) / log(ITL_G));
+    i = TM_MAX(0, TM_MIN(i, ITL_BUCKETS - 1));
+    h->count[i]++;
+    h->min = h->n ? fmin(h->min, v) : v;
+    h->max = h->n ? fmax(h->max, v) : v;
+    h->n++;
+    h->sum += v;
+}
+
+// Value of the sample of 0-based rank k: the geometric middle of its bucket, kept within the
+// observed [min, max].
+static double hist_rank(const hist *h, uint64_t k) {
+    uint64_t seen = 0;
+    int i = 0;
+    for (; i < ITL_BUCKETS - 1; i++) {
+        seen += h->count[i];
+        if (seen > k)
+            break;
+    }
+    double mid = ITL_X0 * pow(ITL_G, i + 0.5);
+    return fmin(fmax(mid, h->min), h->max);
+}
+
+// Percentile with the same rank interpolation as tm_metrics_percentile.
+static double hist_percentile(const hist *h, double p) {
+    if (h->n == 0)
+        return NAN;
+    double pos = p / 100.0 * (double)(h->n - 1);
+    uint64_t lo = (uint64_t)pos;
+    double a = hist_rank(h, lo);
+    if (lo + 1 >= h->n)
+        return a;
+    return a + (hist_rank(h, lo + 1) - a) * (pos - (double)lo);
+}
+
 static tm_rc push(samples *s, double v, tm_err *err) {
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 1024;
@@ -169,6 +296,8 @@ tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err) 
         rc = push(&m->e2e, c->total_ms, err);
     if (!rc && c->n_tok_gen >= 2)
         rc = push(&m->tpot, (c->total_ms - c->ttft_ms) / (double)(c->n_tok_gen - 1), err);
+    for (uint32_t i = 0; !rc && i < c->n_itl; i++)
+        hist_add(&m->itl, c->itl_ms[i]);
     return rc;
 }
 
@@ -189,9 +318,34 @@ void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted
     m->n_spec_accepted += n_accepted;
 }
 
+static void poll_gpus(tm_metrics *m, double now_ms) {
+    m->last_poll_ms = now_ms;
+    for (uint32_t i = 0; i < m->n_gpu; i++) {
+        gpu *g = &m->gpus[i];
+        uint32_t mw;
+        if (tm_nvml_power_mw(m->nvml, i, &mw) == 0) {
+            g->power_sum_w += mw / 1e3;
+            g->power_max_w = fmax(g->power_max_w, mw / 1e3);
+            g->n_power++;
+        }
+        uint64_t mj;
+        if (g->have_energy && tm_nvml_energy_mj(m->nvml, i, &mj) == 0)
+            g->energy_mj = mj;
+    }
+}
+
+void tm_metrics_poll_gpus(tm_metrics *m) {
+    double now = tm_now_ms();
+    if (m->n_gpu && now - m->last_poll_ms >= 1000)
+        poll_gpus(m, now);
+}
+
 void tm_metrics_end(tm_metrics *m) {
     tm_utc_now_str(m->end_utc, sizeof(m->end_utc));
     m->end_ms = tm_now_ms();
+    m->end_unix_s = unix_now_s();
+    if (m->n_gpu)
+        poll_gpus(m, m->end_ms);
     m->ended = true;
 }
 
@@ -240,6 +394,42 @@ static json_t *summary(const samples *s) {
     return o;
 }
 
+static json_t *hist_summary(const hist *h) {
+    return json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "n", (json_int_t)h->n, "mean",
+                     num_or_null(h->n ? h->sum / (double)h->n : NAN), "p50",
+                     num_or_null(hist_percentile(h, 50)), "p90",
+                     num_or_null(hist_percentile(h, 90)), "p99",
+                     num_or_null(hist_percentile(h, 99)), "max",
+                     num_or_null(h->n ? h->max : NAN));
+}
+
+// host.gpus: null without NVML, else the devices with their power over the job so far.
+static json_t *gpus_json(const tm_metrics *m, double wall_s) {
+    if (m->n_gpu == 0)
+        return json_null();
+    json_t *devs = json_array();
+    for (uint32_t i = 0; devs && i < m->n_gpu; i++) {
+        const gpu *g = &m->gpus[i];
+        double energy_j = g->have_energy ? (double)(g->energy_mj - g->energy0_mj) / 1e3 : NAN;
+        // Mean power: energy over the job when the counter exists (exact), else sampled.
+        double mean_w = g->have_energy && wall_s > 0 ? energy_j / wall_s
+                        : g->n_power                 ? g->power_sum_w / (double)g->n_power
+                                                     : NAN;
+        json_t *d = json_pack("{s:i, s:o, s:o, s:o, s:o, s:I}", "index", (int)i, "name",
+                              str_or_null(g->name[0] ? g->name : NULL), "power_w_mean",
+                              num_or_null(mean_w), "power_w_max",
+                              num_or_null(g->n_power ? g->power_max_w : NAN), "energy_j",
+                              num_or_null(energy_j), "power_samples", (json_int_t)g->n_power);
+        if (!d || json_array_append_new(devs, d) != 0) {
+            json_decref(devs);
+            devs = NULL;
+        }
+    }
+    return json_pack("{s:i, s:o, s:o, s:o}", "count", (int)m->n_gpu, "name",
+                     str_or_null(m->gpus[0].name[0] ? m->gpus[0].name : NULL), "driver",
+                     str_or_null(m->driver[0] ? m->driver : NULL), "devices", devs);
+}
+
 static json_t *build_json(const tm_metrics *m) {
     char now_utc[32];
     double end_ms = m->ended ? m->end_ms : tm_now_ms();
@@ -271,20 +461,30 @@ static json_t *build_json(const tm_metrics *m) {
             m->set.kv_blocks ? json_integer(m->set.kv_blocks) : json_null(), "kv_dtype",
             str_or_null(m->kv_dtype), "prefix_cache", (int)m->set.prefix_cache, "threads",
             (int)m->set.threads);
+    json_t *bench = json_null();
+    if (m->have_bench)
+        bench = json_pack("{s:o, s:o, s:i, s:i, s:i, s:i, s:I}", "workload",
+                          str_or_null(m->bench.workload), "scale", str_or_null(m->bench.scale),
+                          "seqs", (int)m->bench.n_seqs, "prompt_tokens",
+                          (int)m->bench.prompt_tokens, "gen_tokens", (int)m->bench.gen_tokens,
+                          "shared_prefix_tokens", (int)m->bench.shared_prefix_tokens, "seed",
+                          (json_int_t)m->bench.seed);
     json_t *model = json_pack(
         "{s:o, s:o, s:o}", "path", str_or_null(m->model_path), "arch", str_or_null(m->model_arch),
         "n_params", m->set.n_params ? json_integer((json_int_t)m->set.n_params) : json_null());
 
     // json_pack's "o" steals the reference, also on failure; a NULL argument fails the pack.
     return json_pack(
-        "{s:i, s:{s:s, s:s}, s:{s:s, s:s, s:f, s:b},"
+        "{s:i, s:{s:s, s:s}, s:o, s:o, s:{s:s, s:s, s:f, s:f, s:f, s:b},"
         " s:{s:I, s:I, s:I, s:o}, s:{s:I, s:I, s:I, s:o},"
         " s:{s:o, s:o, s:o, s:o}, s:{s:I, s:I, s:f, s:I, s:f, s:I, s:o, s:o},"
-        " s:{s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:I, s:o}}",
+        " s:{s:o, s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:I, s:o, s:o}}",
         "schema_version", TM_METRICS_SCHEMA_VERSION,
         "tokenmill", "version", TM_VERSION, "git_commit", TM_GIT_COMMIT,
-        "time", "start_utc", m->start_utc, "end_utc", m->ended ? m->end_utc : now_utc, "wall_s",
-        wall_s, "finished", (int)m->ended,
+        "job", str_or_null(m->job_path), "bench", bench,
+        "time", "start_utc", m->start_utc, "end_utc", m->ended ? m->end_utc : now_utc,
+        "start_unix_s", m->start_unix_s, "end_unix_s", m->ended ? m->end_unix_s : unix_now_s(),
+        "wall_s", wall_s, "finished", (int)m->ended,
         "records", "in", (json_int_t)n_in, "ok", (json_int_t)m->n_ok, "failed",
         (json_int_t)m->n_failed, "errors_by_code", by_code,
         "tokens", "prompt", (json_int_t)m->n_tok_prompt, "cached", (json_int_t)m->n_tok_cached,
@@ -301,10 +501,10 @@ static json_t *build_json(const tm_metrics *m) {
         num_or_null(ratio(m->sum_step_fill, (double)m->n_steps)), "mean_running_seqs",
         num_or_null(ratio(m->sum_running, (double)m->n_steps)),
         "latency_ms", "ttft", summary(&m->ttft), "e2e", summary(&m->e2e), "tpot",
-        summary(&m->tpot),
+        summary(&m->tpot), "itl", hist_summary(&m->itl),
         "speculative", spec, "settings", settings, "model", model,
         "host", "hostname", m->hostname, "cpu_model", m->cpu_model, "n_cpus",
-        (json_int_t)m->n_cpus, "device", str_or_null(m->device));
+        (json_int_t)m->n_cpus, "device", str_or_null(m->device), "gpus", gpus_json(m, wall_s));
 }
 
 static tm_rc write_file_atomic(const char *path, const char *text, tm_err *err) {

@@ -1,14 +1,20 @@
 /* sink/metrics.h - per-job metrics: record counts, token counts, latency percentiles, engine step
- * timings and the settings the job ran with, written as metrics.json (schemas/metrics.schema.json,
- * "schema_version": 1). Definitions:
+ * timings, the settings the job ran with, the machine (host, GPUs and their power draw through
+ * NVML when the driver is there) and, for `tokenmill bench`, the workload; written as metrics.json
+ * (schemas/metrics.schema.json, "schema_version": 2). Latencies follow vLLM's benchmark
+ * definitions (benchmarks/benchmark_serving.py), with the record's admission as its send time:
  *   TTFT      admission -> first generated token (tm_completion.ttft_ms);
- *   e2e       admission -> finish (total_ms);
- *   TPOT      (total_ms - ttft_ms) / (completion_tokens - 1), for records with >= 2 tokens;
+ *   E2EL      admission -> finish (total_ms), written as "e2e";
+ *   TPOT      per record, (total_ms - ttft_ms) / (completion_tokens - 1), records with >= 2 tokens;
+ *   ITL       every gap between two consecutive generated tokens of a record, pooled over all
+ *             records (tm_completion.itl_ms);
  *   prefill tok/s = prefill tokens / prefill seconds, decode tok/s = decode tokens / decode
  *   seconds (both summed over engine steps), output tok/s = completion tokens / wall seconds.
  * Percentiles interpolate linearly between the two nearest ranks (numpy's default). Memory: three
- * doubles are kept per ok record for the percentiles (24 bytes each; a streaming sketch can replace
- * them when jobs reach 1e8 records). Not thread-safe: the sink thread owns it. */
+ * doubles are kept per ok record for TTFT/E2EL/TPOT (24 bytes each; a streaming sketch can replace
+ * them when jobs reach 1e8 records); ITL, one sample per generated token, goes into a fixed
+ * log-bucket histogram (1% wide buckets, 17 KB): its mean and max are exact, its percentiles
+ * within 0.5%. Not thread-safe: the sink thread owns it (the job's thread after joining it). */
 #ifndef TM_SINK_METRICS_H
 #define TM_SINK_METRICS_H
 
@@ -19,7 +25,7 @@
 #include "base/err.h"
 #include "base/record.h"
 
-#define TM_METRICS_SCHEMA_VERSION 1
+#define TM_METRICS_SCHEMA_VERSION 2
 
 /* What the job ran with. Strings are borrowed by tm_metrics_set_settings, which copies them; NULL
  * or "" means unknown (written as null). */
@@ -39,16 +45,33 @@ typedef struct tm_metrics_settings {
     const char *device;          /* accelerator, e.g. "NVIDIA H200 x4"; NULL for cpu */
 } tm_metrics_settings;
 
+/* The standard workload a `tokenmill bench` run measured (BENCHMARKS.md); absent for jobs. */
+typedef struct tm_metrics_bench {
+    const char *workload;          /* "W1", "W8", "P", "prefix" */
+    const char *scale;             /* "full" or "small" */
+    uint32_t n_seqs;               /* records (sequences), all submitted at once */
+    uint32_t prompt_tokens;        /* per record, random token ids */
+    uint32_t gen_tokens;           /* per record, greedy, EOS ignored */
+    uint32_t shared_prefix_tokens; /* leading prompt tokens all records share */
+    uint64_t seed;                 /* prompt generator seed */
+} tm_metrics_bench;
+
 typedef struct tm_metrics tm_metrics;
 
 /* New metrics; the job's start time is now (UTC and monotonic). Host name and CPU model are read
- * here. On success *out owns it (free with tm_metrics_destroy). TM_E_NOMEM. */
+ * here, NVML is opened (sink/nvml.h; no GPU or no driver is fine) and the GPUs' energy counters
+ * read. On success *out owns it (free with tm_metrics_destroy). TM_E_NOMEM. */
 tm_rc tm_metrics_create(tm_metrics **out, tm_err *err);
 void tm_metrics_destroy(tm_metrics *m); /* NULL is a no-op */
 
 /* Copy the settings (strings included). Replaces earlier settings. TM_E_NOMEM. */
 tm_rc tm_metrics_set_settings(tm_metrics *m, const tm_metrics_settings *s, tm_err *err);
-/* Count one finished record (ok or error). Borrows c. TM_E_NOMEM (growing the sample arrays). */
+/* Where the run came from: the job file (tokenmill run) or NULL, and the bench workload or NULL.
+ * Strings are copied. TM_E_NOMEM. */
+tm_rc tm_metrics_set_job(tm_metrics *m, const char *job_path, tm_err *err);
+tm_rc tm_metrics_set_bench(tm_metrics *m, const tm_metrics_bench *b, tm_err *err);
+/* Count one finished record (ok or error), its ITL samples included. Borrows c. TM_E_NOMEM
+ * (growing the sample arrays). */
 tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err);
 /* Engine totals as the runner counts them. */
 typedef struct tm_metrics_engine {
@@ -66,6 +89,9 @@ typedef struct tm_metrics_engine {
 void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e);
 /* Speculative decoding: draft tokens proposed and accepted (omit the call when not used). */
 void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted);
+/* Sample the GPUs' power draw (NVML), at most once a second whatever the call rate; a no-op
+ * without NVML. The sink thread calls it as it goes; tm_metrics_end takes a last sample. */
+void tm_metrics_poll_gpus(tm_metrics *m);
 /* Mark the end of the job (end time, wall seconds). Until called, writes use "now". */
 void tm_metrics_end(tm_metrics *m);
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -39,9 +40,132 @@ static tm_rc append_ms(tm_buf *b, double ms, tm_err *err) {
     return tm_buf_printf(b, err, "%.3f", ms);
 }
 
+// 128-bit id derived from the record's id text (unique per job, as ids are; stable across runs,
+// so a resumed job names a record the same way): 32 hex digits.
+static void oai_hex_id(const tm_completion *c, char out[33]) {
+    const char *s = c->id_json ? c->id_json : "";
+    uint64_t a = 0xcbf29ce484222325ULL, b = 0x84222325cbf29ce4ULL ^ c->seq_no;
+    for (const char *p = s; *p; p++) {
+        a = (a ^ (unsigned char)*p) * 0x100000001b3ULL;
+        b = (b ^ (unsigned char)*p) * 0x9e3779b97f4a7c15ULL;
+    }
+    if (!c->id_json) // unreadable id: the seq_no keeps error ids unique
+        a ^= c->seq_no * 0xff51afd7ed558ccdULL;
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
+static tm_rc append_source_meta(tm_buf *b, const tm_completion *c, tm_err *err) {
+    if (!c->src_meta_json)
+        return TM_OK;
+    tm_rc rc = tm_buf_append_str(b, ",\"source\":", err);
+    if (!rc)
+        rc = tm_buf_append_str(b, c->src_meta_json, err); // JSON object text made by ingest
+    return rc;
+}
+
+// OpenAI Batch output line (docs: platform.openai.com/docs/guides/batch):
+// {"id": "batch_req_..", "custom_id", "response": {"status_code": 200, "request_id", "body":
+//  <chat.completion | text_completion>}, "error": null}
+static tm_rc format_ok_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
+    char hex[33];
+    oai_hex_id(c, hex);
+    bool chat = c->format == TM_REC_FORMAT_OPENAI_CHAT;
+    const char *text = c->text ? c->text : "";
+    const char *model = c->model ? c->model : "";
+    tm_rc rc = tm_buf_printf(b, err, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{"
+                             "\"status_code\":200,\"request_id\":\"req_%s\",\"body\":{\"id\":\"%s%s\","
+                             "\"object\":\"%s\",\"created\":%lld,\"model\":",
+                             hex, c->id_json, hex, chat ? "chatcmpl-" : "cmpl-", hex,
+                             chat ? "chat.completion" : "text_completion", (long long)time(NULL));
+    if (!rc)
+        rc = tm_buf_append_json_str(b, model, strlen(model), err);
+    if (!rc)
+        rc = tm_buf_append_str(b, chat ? ",\"choices\":[{\"index\":0,\"message\":{\"role\":"
+                                         "\"assistant\",\"content\":"
+                                       : ",\"choices\":[{\"index\":0,\"text\":",
+                               err);
+    if (!rc)
+        rc = tm_buf_append_json_str(b, text, strlen(text), err);
+    if (!rc)
+        rc = tm_buf_printf(b, err,
+                           "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":{"
+                           "\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u,"
+                           "\"prompt_tokens_details\":{\"cached_tokens\":%u}},"
+                           "\"system_fingerprint\":\"tokenmill-" TM_VERSION "\"}},\"error\":null",
+                           chat ? "}" : "", c->finish == TM_FINISH_LENGTH ? "length" : "stop",
+                           c->n_tok_prompt, c->n_tok_gen, c->n_tok_prompt + c->n_tok_gen,
+                           c->n_tok_cached);
+    if (!rc)
+        rc = append_source_meta(b, c, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}\n", err);
+    return rc;
+}
+
+// ,"file":..,"line":.. when known (tokenmill's addition to the OpenAI error line).
+static tm_rc append_file_line(tm_buf *b, const tm_completion *c, tm_err *err) {
+    tm_rc rc = TM_OK;
+    if (c->file) {
+        rc = tm_buf_append_str(b, ",\"file\":", err);
+        if (!rc)
+            rc = tm_buf_append_json_str(b, c->file, strlen(c->file), err);
+    }
+    if (!rc && c->file && c->line)
+        rc = tm_buf_printf(b, err, ",\"line\":%llu", (unsigned long long)c->line);
+    return rc;
+}
+
+// OpenAI error-file line. A request that never reached the model (ingest rejected it) has
+// "response": null and "error": {code, message}; one the model could not serve (too long for the
+// context, template or engine failure) has the HTTP-style response (status 400 or 500, body
+// {"error": {message, type, param, code}}) and "error": null, as the OpenAI Batch API writes.
+static tm_rc format_error_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
+    char hex[33];
+    oai_hex_id(c, hex);
+    const char *msg = c->err_msg ? c->err_msg : "";
+    const char *code = tm_errcode_name(c->err_code);
+    bool served = c->err_code == TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED ||
+                  c->err_code == TM_ERRCODE_TEMPLATE_ERROR ||
+                  c->err_code == TM_ERRCODE_ENGINE_ERROR;
+    tm_rc rc = tm_buf_printf(b, err, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,", hex,
+                             c->id_json ? c->id_json : "null");
+    if (!rc && served) {
+        bool server = c->err_code == TM_ERRCODE_ENGINE_ERROR;
+        rc = tm_buf_printf(b, err,
+                           "\"response\":{\"status_code\":%d,\"request_id\":\"req_%s\",\"body\":{"
+                           "\"error\":{\"message\":",
+                           server ? 500 : 400, hex);
+        if (!rc)
+            rc = tm_buf_append_json_str(b, msg, strlen(msg), err);
+        if (!rc)
+            rc = tm_buf_printf(b, err,
+                               ",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}},\"error\":null",
+                               server ? "server_error" : "invalid_request_error", code);
+    } else if (!rc) {
+        rc = tm_buf_printf(b, err, "\"response\":null,\"error\":{\"code\":\"%s\",\"message\":",
+                           code);
+        if (!rc)
+            rc = tm_buf_append_json_str(b, msg, strlen(msg), err);
+        if (!rc)
+            rc = tm_buf_append_str(b, "}", err);
+    }
+    if (!rc)
+        rc = append_file_line(b, c, err);
+    if (!rc)
+        rc = append_source_meta(b, c, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}\n", err);
+    return rc;
+}
+
 tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!c->id_json)
         return TM_ERR(err, TM_E_INVAL, "ok record (seq %llu) without an id",
+                      (unsigned long long)c->seq_no);
+    if (c->format == TM_REC_FORMAT_OPENAI_CHAT || c->format == TM_REC_FORMAT_OPENAI_COMPLETION)
+        return format_ok_openai(b, c, err);
+    if (c->format != TM_REC_FORMAT_NATIVE)
+        return TM_ERR(err, TM_E_INVAL, "ok record (seq %llu) of an OpenAI line without a url kind",
                       (unsigned long long)c->seq_no);
     const char *text = c->text ? c->text : "";
     tm_rc rc = tm_buf_append_str(b, "{\"id\":", err);
@@ -64,11 +188,17 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = append_ms(b, c->total_ms, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "}}\n", err);
+        rc = tm_buf_append_str(b, "}", err);
+    if (!rc)
+        rc = append_source_meta(b, c, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}\n", err);
     return rc;
 }
 
 tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err) {
+    if (c->format != TM_REC_FORMAT_NATIVE)
+        return format_error_openai(b, c, err);
     tm_rc rc = tm_buf_append_str(b, "{", err);
     const char *sep = "";
     if (!rc && c->id_json) {
@@ -92,7 +222,11 @@ tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = tm_buf_append_json_str(b, msg, strlen(msg), err);
     if (!rc)
-        rc = tm_buf_append_str(b, "}}\n", err);
+        rc = tm_buf_append_str(b, "}", err);
+    if (!rc)
+        rc = append_source_meta(b, c, err);
+    if (!rc)
+        rc = tm_buf_append_str(b, "}\n", err);
     return rc;
 }
 
