@@ -144,12 +144,23 @@ static void test_plain_fallback(void) {
     const char *configs[] = {
         "{\"bos_token\": \"<s>\"}", // no template
         "{\"bos_token\": \"<s>\", \"chat_template\": \"{% for m in messages %}<|im_start|>"
-        "{{ m.role }}{% endfor %}\"}", // a template we do not interpret
+        "{{ m.role }}{% endfor %}\"}", // any template is interpreted (runner/jinja.h)
     };
     for (int c = 0; c < 2; c++) {
         tm_tokenizer *tok = tiny_tokenizer(dir, configs[c]);
         if (!tok)
             continue;
+        if (c == 1) {
+            tm_buf out = {0};
+            tm_err err = {0};
+            TM_CHECK(tm_chat_format_of(tok) == TM_CHAT_FORMAT_JINJA);
+            TM_CHECK_OK(tm_chat_render(tok, m, 4, 1, &out, &err), &err);
+            TM_CHECK(out.data && strcmp(out.data, "<|im_start|>system<|im_start|>user"
+                                                  "<|im_start|>assistant<|im_start|>tool") == 0);
+            tm_buf_fini(&out);
+            tm_tok_destroy(tok);
+            continue;
+        }
         TM_CHECK(tm_chat_format_of(tok) == TM_CHAT_FORMAT_PLAIN);
         tm_buf out = {0};
         tm_err err = {0};
@@ -170,14 +181,14 @@ static void test_plain_fallback(void) {
     }
     // a DeepSeek-style template on another tokenizer uses that tokenizer's bos_token
     tm_tokenizer *tok = tiny_tokenizer(dir, "{\"bos_token\": {\"content\": \"<s>\"}, "
-                                            "\"chat_template\": \"{{'<｜User｜>'}}{{'<｜Assistant｜>'}}\"}");
+                                            "\"chat_template\": \"{{bos_token}}{{'<｜User｜>'}}"
+                                            "{{'<｜Assistant｜>'}}\"}");
     if (tok) {
         tm_buf out = {0};
         tm_err err = {0};
         TM_CHECK(tm_chat_format_of(tok) == TM_CHAT_FORMAT_DEEPSEEK);
         TM_CHECK_OK(tm_chat_render(tok, m, 3, 1, &out, &err), &err);
-        TM_CHECK(out.data && strcmp(out.data, "<s>Be brief.<｜User｜>Hi<｜Assistant｜>Hello."
-                                              "<｜end▁of▁sentence｜><｜Assistant｜>") == 0);
+        TM_CHECK(out.data && strcmp(out.data, "<s><｜User｜><｜Assistant｜>") == 0);
         tm_buf_fini(&out);
         tm_tok_destroy(tok);
     }

@@ -27,6 +27,47 @@ double tm_sample_uniform(uint64_t seed, uint64_t step) {
     return (double)(r >> 11) * 0x1p-53;
 }
 
+uint64_t tm_sample_seed_of(uint64_t seed, uint32_t i) {
+    return i == 0 ? seed : mix64(seed ^ mix64(0xd1b54a32d192ed03ull * i));
+}
+
+tm_rc tm_sample_logprobs(const float *logits, uint32_t n_vocab, uint32_t id, uint32_t k,
+                         float *lp_id, uint32_t *top_ids, float *top_lp, uint32_t *argmax,
+                         tm_err *err) {
+    TM_ASSERT(n_vocab > 0 && k <= n_vocab);
+    if (id >= n_vocab) // a prompt token the model's vocabulary does not have
+        return TM_ERR(err, TM_E_INVAL, "logprobs: token %u is beyond the model's %u ids", id,
+                      n_vocab);
+    float mx = logits[0];
+    uint32_t am = 0;
+    uint32_t n_top = 0;
+    // One pass: max, argmax and the k best (insertion into a sorted list of at most k; k <= 20).
+    for (uint32_t i = 0; i < n_vocab; i++) { // hot loop: the whole vocabulary
+        float x = logits[i];
+        if (!isfinite(x))
+            return TM_ERR(err, TM_E_INVAL, "logprobs: logit of token %u is not finite", i);
+        if (x > mx)
+            mx = x, am = i;
+        if (k == 0 || (n_top == k && !(x > logits[top_ids[k - 1]])))
+            continue;
+        uint32_t j = n_top < k ? n_top++ : k - 1;
+        while (j > 0 && x > logits[top_ids[j - 1]]) {
+            top_ids[j] = top_ids[j - 1];
+            j--;
+        }
+        top_ids[j] = i;
+    }
+    double sum = 0;
+    for (uint32_t i = 0; i < n_vocab; i++)
+        sum += exp((double)logits[i] - (double)mx);
+    double lse = (double)mx + log(sum);
+    *lp_id = (float)((double)logits[id] - lse);
+    for (uint32_t j = 0; j < k; j++)
+        top_lp[j] = (float)((double)logits[top_ids[j]] - lse);
+    *argmax = am;
+    return TM_OK;
+}
+
 tm_rc tm_sample_scratch_init(tm_sample_scratch *s, uint32_t n_vocab, tm_err *err) {
     s->prob = tm_malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof(float));
     s->idx = tm_malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof(uint32_t));

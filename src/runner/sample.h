@@ -32,6 +32,21 @@ void tm_sample_scratch_fini(tm_sample_scratch *s);
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err);
 
+/* Log-softmax facts of one raw logits row over ids [0, n_vocab) (no temperature or filtering:
+ * the model's own distribution, as vLLM returns by default). Computed in double from the fp32
+ * row: lse = max + log(sum(exp(x - max))), logprob(i) = x[i] - lse. Fills *lp_id with the
+ * logprob of token id (id < n_vocab), top_ids/top_lp[0, k) with the k most likely tokens (logit
+ * descending, lowest id first on ties; k <= n_vocab; arrays may be NULL when k == 0) and *argmax
+ * with the greedy token (the same tie rule as tm_sample_token). NaN/inf logits, or id >= n_vocab:
+ * TM_E_INVAL. */
+tm_rc tm_sample_logprobs(const float *logits, uint32_t n_vocab, uint32_t id, uint32_t k,
+                         float *lp_id, uint32_t *top_ids, float *top_lp, uint32_t *argmax,
+                         tm_err *err);
+
+/* Seed of sample i of an n > 1 record: sample 0 keeps the record's seed (so n = 1 and the first
+ * of n samples agree); the others get a hash of (seed, i), distinct from it. */
+uint64_t tm_sample_seed_of(uint64_t seed, uint32_t i);
+
 /* The uniform in [0, 1) that tm_sample_token draws for (seed, step): a hash of both (splitmix64
  * finaliser), not a stream, so it does not depend on what else was sampled. Other backends that
  * sample on the device use the same function to give the same tokens. */
