@@ -5,12 +5,19 @@
  * A run: prefill of B random prompts of L tokens in one step (TTFT = that step, first token
  * included), then N - 1 decode steps of B tokens, greedy. Decode tok/s per sequence = (N - 1) /
  * decode time, aggregate = B times that (the anchors' convention). Each workload runs --reps
- * times after one warm-up run; medians are printed. Usage: bench_engine --help. */
+ * times after one warm-up run; medians are printed. Usage: bench_engine --help.
+ *
+ * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
+ * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
+ * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
+ * NCCL id and serve rank 0's step plans (runner/engine_cuda.h tm_engine_cuda_tp_create). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 
@@ -18,13 +25,16 @@
 #include "runner/engine.h"
 #include "runner/engine_cuda.h"
 #include "runner/model.h"
+#include "runner/rendezvous.h"
+#include "runner/tp_nccl.h"
 
 #define BLOCK 16
+#define TP_MAX 8
 
 static void usage(void) {
     fprintf(stderr,
             "usage: bench_engine [--shape llama8b|llama1b] [--batch B] [--prompt L] [--gen N]\n"
-            "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling]\n"
+            "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
             "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
             "  logits to the host and argmax there, the plain engine vtable path)\n");
 }
@@ -161,6 +171,8 @@ int main(int argc, char **argv) {
     const char *shape = "llama8b";
     uint32_t B = 8, L = 512, N = 256, reps = 3;
     int graphs = 1, use_logits = 0, ceiling = 1;
+    uint32_t tp = 1, tp_port = 0;
+    int tp_rank = -1; // >= 0: a started rank > 0 (hidden options)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -180,12 +192,19 @@ int main(int argc, char **argv) {
             use_logits = 1;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
+        else if (!strcmp(a, "--tp") && v)
+            tp = (uint32_t)atoi(v), i++;
+        else if (!strcmp(a, "--tp-rank") && v)
+            tp_rank = atoi(v), i++;
+        else if (!strcmp(a, "--tp-port") && v)
+            tp_port = (uint32_t)atoi(v), i++;
         else {
             usage();
             return 2;
         }
     }
-    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50) {
+    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 ||
+        tp > TP_MAX) {
         usage();
         return 2;
     }
@@ -195,12 +214,72 @@ int main(int argc, char **argv) {
     const tm_model_cfg *c = &m.cfg;
     const uint32_t n_block_seq = TM_CEIL_DIV(L + N, BLOCK);
     tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = B * n_block_seq, .max_seqs = B,
-                         .max_batched_tokens = B * L};
+                         .max_batched_tokens = B * L, .tp_size = tp};
     tm_err err = {0};
     tm_engine *eng = NULL;
+    tm_rdzv *rdzv = NULL;
+    uint8_t nccl_id[TM_NCCL_ID_BYTES];
+    pid_t kids[TP_MAX] = {0};
+    tm_engine_cuda_tp tcfg = {.rdzv = NULL, .nccl_id = nccl_id, .timeout_ms = 120000,
+                              .random = 1, .seed = 1234};
+    if (tp > 1 && tp_rank > 0) { // a started rank: join, serve, exit
+        size_t len = 0;
+        tm_rdzv_cfg rc = {.addr = "127.0.0.1", .port = (uint16_t)tp_port, .rank = (uint32_t)tp_rank,
+                          .world = tp, .timeout_ms = 60000};
+        eo.tp_rank = (uint32_t)tp_rank;
+        tcfg.device = tp_rank;
+        tm_rc r = tm_rdzv_join(&rc, &rdzv, nccl_id, sizeof(nccl_id), &len, &err);
+        tcfg.rdzv = rdzv;
+        if (!r)
+            r = tm_engine_cuda_tp_create(&m, &eo, &tcfg, &eng, &err);
+        if (!r)
+            r = tm_engine_cuda_tp_serve(eng, &err);
+        if (r)
+            fprintf(stderr, "rank %d: %s\n", tp_rank, err.msg);
+        tm_engine_destroy(eng);
+        tm_rdzv_close(rdzv);
+        return r ? 1 : 0;
+    }
     double t0 = tm_now_ms();
-    if (tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err)) {
+    tm_rc crc = TM_OK;
+    if (tp > 1) {
+        tm_rdzv_cfg rc = {.addr = "127.0.0.1", .port = 0, .rank = 0, .world = tp,
+                          .timeout_ms = 60000};
+        crc = tm_nccl_get_id(nccl_id, &err);
+        if (!crc)
+            crc = tm_rdzv_listen(&rc, &rdzv, &err);
+        for (uint32_t r = 1; !crc && r < tp; r++) {
+            char rs[16], ps[16];
+            snprintf(rs, sizeof(rs), "%u", r);
+            snprintf(ps, sizeof(ps), "%u", tm_rdzv_port(rdzv));
+            char *cargv[64];
+            int n = 0;
+            for (int k = 0; k < argc && n < 58; k++)
+                cargv[n++] = argv[k];
+            cargv[n++] = "--tp-rank", cargv[n++] = rs, cargv[n++] = "--tp-port", cargv[n++] = ps;
+            cargv[n] = NULL;
+            fflush(NULL);
+            kids[r] = fork();
+            if (kids[r] == 0) {
+                execv("/proc/self/exe", cargv);
+                _exit(127);
+            }
+        }
+        if (!crc)
+            crc = tm_rdzv_accept(rdzv, nccl_id, sizeof(nccl_id), &err);
+        tcfg.rdzv = rdzv;
+        tcfg.device = 0;
+        if (!crc)
+            crc = tm_engine_cuda_tp_create(&m, &eo, &tcfg, &eng, &err);
+        const int v = tm_nccl_version();
+        fprintf(stderr, "tp %u: NCCL runtime %d.%d.%d (headers %d)\n", tp, v / 10000,
+                v / 100 % 100, v % 100, tm_nccl_header_version());
+    } else {
+        crc = tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err);
+    }
+    if (crc) {
         fprintf(stderr, "create: %s\n", err.msg);
+        tm_rdzv_close(rdzv);
         return 1;
     }
     fprintf(stderr, "engine created in %.0f ms\n", tm_now_ms() - t0);
@@ -227,7 +306,14 @@ int main(int argc, char **argv) {
     }
     const double ttft_ms = median(ttft, reps), dec_s = median(dec, reps);
     const double per_seq = N > 1 ? (N - 1) / dec_s : 0.0;
-    tm_engine_destroy(eng);
+    tm_engine_destroy(eng); // with tp: tells the other ranks to stop
+    tm_rdzv_close(rdzv);
+    for (uint32_t k = 1; k < tp; k++) {
+        int st = 0;
+        if (kids[k] > 0 && (waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) ||
+                            WEXITSTATUS(st) != 0))
+            fprintf(stderr, "rank %u exited with status %d\n", k, st);
+    }
 
     // Roofline decode ceiling from the measured copy bandwidth (BENCHMARKS.md's formula).
     const double d = c->n_embd, qd = (double)c->n_head * c->head_dim;
@@ -236,14 +322,15 @@ int main(int argc, char **argv) {
     const double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d);
     const double kv_bytes = 2.0 * c->n_layer * 2 * kvd * (L + N / 2.0) * B;
     const double bw = ceiling ? copy_bw() : 0.0;
-    const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / (bw * 1e9) * 1e3 : 0.0;
+    // with tp, each GPU streams about 1/tp of the weights and KV (norms are replicated: ignored)
+    const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / tp / (bw * 1e9) * 1e3 : 0.0;
     const double ceil_seq = floor_ms > 0 ? 1e3 / floor_ms : 0.0;
     int dev = 0;
     struct cudaDeviceProp prop;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
-    printf("device: %s (%d SMs); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
-           prop.name, prop.multiProcessorCount, shape, B, L, N, graphs ? "graphs" : "eager",
+    printf("device: %s (%d SMs) x %u (tp); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
+           prop.name, prop.multiProcessorCount, tp, shape, B, L, N, graphs ? "graphs" : "eager",
            use_logits ? "logits to host" : "greedy on device", reps);
     printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
     printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n",
@@ -253,10 +340,10 @@ int main(int argc, char **argv) {
                "%.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling\n",
                bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * B,
                100.0 * per_seq / ceil_seq);
-    printf("{\"shape\":\"%s\",\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
+    printf("{\"tp\":%u,\"shape\":\"%s\",\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
            "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
            "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
-           shape, B, L, N, graphs, use_logits, ttft_ms, per_seq, per_seq * B, bw, ceil_seq * B,
+           tp, shape, B, L, N, graphs, use_logits, ttft_ms, per_seq, per_seq * B, bw, ceil_seq * B,
            ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     for (uint32_t i = 0; i < B; i++)
         free(tok[i]), free(bt[i]);

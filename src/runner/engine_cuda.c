@@ -14,15 +14,36 @@
  * decode step of T sequences always uses the same device addresses and its CUDA graph, captured
  * once, stays valid. The attention split count depends only on T for the same reason.
  *
+ * Tensor parallel (tp_size > 1, tm_engine_cuda_tp_create): one process per GPU. Each rank holds
+ * the shard of runner/engine_cpu/shard.c (query heads, KV heads or a replicated one, MLP rows
+ * and columns, a vocabulary slice of the embedding and LM head). The embedding is gathered from
+ * the slice (zeros elsewhere) and summed across ranks; o_proj and down_proj write rank 0's
+ * partial product plus the residual (GEMM beta 1) and the other ranks' partial products alone
+ * (beta 0) into x, and an NCCL all-reduce (fp32 sum, in place) makes x the full residual stream
+ * on every rank. The LM head gives each rank the logits of its slice: greedy steps gather one
+ * (max, id) candidate per row and rank and merge them on the device; logits steps all-gather the
+ * slices. Rank 0 sends each step's plan (the packed metadata below, with a small header) to the
+ * other ranks over the rendezvous connection before it launches its own work; the others run
+ * tm_engine_cuda_tp_serve. Decode steps replay CUDA graphs on every rank, all-reduces included
+ * (NCCL kernels are captured like any other). While a step runs, a watchdog thread of each rank
+ * checks the control connections, NCCL's asynchronous errors and the step's age: a peer that
+ * exits, reports a failure or does not finish within the timeout makes it abort the communicator
+ * (from its own thread, since NCCL host calls, e.g. lazy connection set-up or graph buffer
+ * registration, can block on a dead peer), and the step fails with a message naming the peer.
+ *
  * Memory is allocated at create. Device pointers below are device memory unless marked host. */
 #include "runner/engine_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
+#include "base/log.h"
 #include "kernels/act.h"
 #include "kernels/attn_paged.h"
 #include "kernels/common.h"
@@ -31,13 +52,33 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sample.h"
+#include "kernels/tp.h"
 #include "runner/engine_cpu/ops.h"
+#include "runner/engine_cpu/shard.h"
+#include "runner/rendezvous.h"
+#include "runner/tp_nccl.h"
 
 #define GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace (needed for graph capture) */
 #define ATTN_TARGET_BLOCKS 1056          /* about 8 attention blocks per SM of an H200 */
 #define ATTN_MAX_SPLIT 32
 #define UPLOAD_CHUNK ((size_t)1 << 22)   /* elements converted per host staging pass */
 #define ALIGN_BYTES 256
+#define PLAN_MSG TM_RDZV_MSG_USER   /* rendezvous message type of a step plan */
+#define SPIN_PLAN_MS 20.0           /* ranks > 0 poll this long for the next plan, then block */
+#define DEAD_WAIT_MS 10000          /* destroy after a TP failure waits this long, then leaks */
+
+/* A step plan as rank 0 sends it to the other ranks: this header, then n_meta uint32 of packed
+ * metadata (meta_layout(T, S)). */
+enum { PLAN_STEP = 1, PLAN_KV_COPY, PLAN_STOP };
+typedef struct plan_hdr {
+    uint32_t op;               /* PLAN_* */
+    uint32_t T, S, n_want;     /* step: tokens, sequences, rows wanting logits */
+    uint32_t graph;            /* 1: a pure decode step (CUDA graph of T sequences) */
+    uint32_t greedy;           /* 1: ids only (candidates), 0: full logits to rank 0 */
+    uint32_t n_meta;           /* uint32 that follow */
+    uint32_t kv_src, kv_dst, kv_n_tok; /* PLAN_KV_COPY */
+    uint32_t pad[2];
+} plan_hdr;
 
 typedef struct cuda_layer {
     uint16_t *w_qkv;   /* [q_dim + 2*kv_dim][n_embd] bf16: wq rows, then wk, then wv */
@@ -87,10 +128,31 @@ typedef struct cuda_impl {
     uint32_t *meta_d;          /* [meta_cap] step metadata */
     size_t meta_cap;
     /* pinned host staging, owned */
-    uint32_t *meta_h;          /* host [meta_cap] */
-    float *logits_h;           /* host [S][n_vocab] */
+    plan_hdr *plan_h;          /* host: a plan header followed by meta_h */
+    uint32_t *meta_h;          /* host [meta_cap], inside plan_h's allocation */
+    float *logits_h;           /* host [S][n_vocab]; with TP [tp][S][v_per] gathered slices */
     uint32_t *ids_h;           /* host [S] */
     cudaGraphExec_t *graphs;   /* host array [S + 1]: decode steps of T sequences, or NULL */
+    int device;                /* CUDA device ordinal */
+    uint32_t v_stride;         /* row stride of logits: n_vocab, or v_per with TP */
+    /* tensor parallel (tp_size > 1); cfg above is this rank's shard */
+    uint32_t tp_rank, tp_size;
+    uint32_t vocab_full;       /* the model's n_vocab */
+    uint32_t vocab0, v_per;    /* this rank's first vocabulary row; rows per rank (last: fewer) */
+    tm_nccl *nccl;             /* owned; NULL without TP or after an abort */
+    tm_rdzv *rdzv;             /* borrowed: plans out (rank 0) or in (the others) */
+    uint32_t timeout_ms;       /* a step running longer means a rank hung */
+    float *logits_all;         /* [tp][S][v_per] gathered slices (TP) */
+    uint32_t *cand, *cand_all; /* [S][2] this rank's argmax candidates, [tp][S][2] gathered */
+    /* TP watchdog thread; wd_mu guards the wd_ fields below it */
+    pthread_t wd;
+    int wd_started;
+    pthread_mutex_t wd_mu;
+    int wd_busy;               /* a step is in flight since wd_t0 */
+    int wd_quit;
+    int wd_aborted;            /* the communicator was aborted (by either thread) */
+    double wd_t0;
+    tm_err wd_err;             /* why the watchdog aborted */
 } cuda_impl;
 
 /* Offsets (in uint32) of the step metadata arrays for T tokens and S sequences. */
@@ -135,6 +197,15 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
                       n_tok);
     if (n_tok == 0)
         return TM_OK;
+    cudaSetDevice(impl->device);
+    if (impl->tp_size > 1 && impl->tp_rank == 0) {
+        plan_hdr h = {.op = PLAN_KV_COPY, .kv_src = src, .kv_dst = dst, .kv_n_tok = n_tok};
+        tm_rc rc = tm_rdzv_bcast(impl->rdzv, PLAN_MSG, &h, sizeof(h), NULL, 0, err);
+        if (rc) {
+            impl->dead = 1;
+            return rc;
+        }
+    }
     const size_t blk = (size_t)bs * impl->kv_dim, pitch = impl->layer_kv_elems * sizeof(uint16_t);
     const size_t width = (size_t)n_tok * impl->kv_dim * sizeof(uint16_t);
     uint16_t *caches[2] = {impl->k_cache, impl->v_cache};
@@ -193,9 +264,22 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     cudaStream_t s = impl->stream;
     tm_rc rc;
 
-    tm_k_embed_bf16_args ea = {
-        .x = impl->x, .table = impl->embd, .tokens = md + mo.tokens, .n_tok = T, .n_embd = d};
-    rc = tm_k_embed_bf16(&ea, s, err);
+    const int tp = impl->tp_size > 1;
+    // With TP, rank 0's partial products carry the residual (beta 1); the others' do not.
+    const float beta_res = tp && impl->tp_rank != 0 ? 0.0f : 1.0f;
+    const size_t n_x = (size_t)T * d;
+    if (tp) {
+        tm_k_embed_part_bf16_args ea = {.x = impl->x, .table = impl->embd,
+                                        .tokens = md + mo.tokens, .n_tok = T, .n_embd = d,
+                                        .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
+        rc = tm_k_embed_part_bf16(&ea, s, err);
+        if (!rc)
+            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
+    } else {
+        tm_k_embed_bf16_args ea = {
+            .x = impl->x, .table = impl->embd, .tokens = md + mo.tokens, .n_tok = T, .n_embd = d};
+        rc = tm_k_embed_bf16(&ea, s, err);
+    }
     if (rc)
         return rc;
     const uint32_t n_split = attn_splits(impl, T);
@@ -229,7 +313,9 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             .scale = 1.0f / sqrtf((float)c->head_dim)};
         rc = tm_k_attn_paged_bf16(&aa, s, err);
         if (!rc)
-            rc = gemm(impl, L->w_o, impl->att, impl->x, 1, T, impl->q_dim, d, 1.0f, err);
+            rc = gemm(impl, L->w_o, impl->att, impl->x, 1, T, impl->q_dim, d, beta_res, err);
+        if (!rc && tp)
+            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
         if (rc)
             return rc;
         na.w = L->ffn_norm;
@@ -241,7 +327,9 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         tm_k_silu_mul_bf16_args sa = {.out = impl->ffa, .gu = impl->gu, .n_tok = T, .n_ff = ff};
         rc = tm_k_silu_mul_bf16(&sa, s, err);
         if (!rc)
-            rc = gemm(impl, L->w_down, impl->ffa, impl->x, 1, T, ff, d, 1.0f, err);
+            rc = gemm(impl, L->w_down, impl->ffa, impl->x, 1, T, ff, d, beta_res, err);
+        if (!rc && tp)
+            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
         if (rc)
             return rc;
     }
@@ -282,9 +370,9 @@ static tm_rc pack_batch(cuda_impl *impl, const tm_batch *b, uint32_t *T_out, uin
                 return TM_ERR(err, TM_E_INVAL, "cuda forward: sequence %u block %u id %u >= %u",
                               i, k, s->block_table[k], o->n_kv_block);
         for (uint32_t k = 0; k < s->n_tok; k++)
-            if (s->tokens[k] >= impl->cfg.n_vocab)
+            if (s->tokens[k] >= impl->vocab_full)
                 return TM_ERR(err, TM_E_INVAL, "cuda forward: sequence %u token %u id %u >= %u",
-                              i, k, s->tokens[k], impl->cfg.n_vocab);
+                              i, k, s->tokens[k], impl->vocab_full);
         T += s->n_tok;
         n_bt += n_used;
     }
@@ -348,51 +436,194 @@ static tm_rc run_graph(cuda_impl *impl, uint32_t T, tm_err *err) {
     return TM_CUDA_CHECK(cudaGraphLaunch(impl->graphs[T], impl->stream), err);
 }
 
+/* Abort the communicator once, from whichever thread sees a failure first; why (may be NULL) is
+ * kept for the step's error. */
+static void abort_comm(cuda_impl *impl, const tm_err *why) {
+    pthread_mutex_lock(&impl->wd_mu);
+    const int first = !impl->wd_aborted;
+    impl->wd_aborted = 1;
+    if (first && why)
+        impl->wd_err = *why;
+    pthread_mutex_unlock(&impl->wd_mu);
+    if (first)
+        tm_nccl_abort(impl->nccl);
+}
+
+static int comm_aborted(cuda_impl *impl, tm_err *why) {
+    pthread_mutex_lock(&impl->wd_mu);
+    const int a = impl->wd_aborted;
+    if (a && why && impl->wd_err.rc)
+        *why = impl->wd_err;
+    pthread_mutex_unlock(&impl->wd_mu);
+    return a;
+}
+
+static void set_busy(cuda_impl *impl, int busy) {
+    pthread_mutex_lock(&impl->wd_mu);
+    impl->wd_busy = busy;
+    impl->wd_t0 = tm_now_ms();
+    pthread_mutex_unlock(&impl->wd_mu);
+}
+
+/* The watchdog: every millisecond while a step is in flight, check the peers (one that exited or
+ * reported a failure), NCCL's asynchronous errors and the step timeout; on a failure abort the
+ * communicator, which also unblocks a host thread stuck inside an NCCL call. */
+static void *watchdog_main(void *arg) {
+    cuda_impl *impl = arg;
+    for (;;) {
+        struct timespec ts = {0, 1000 * 1000};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&impl->wd_mu);
+        const int quit = impl->wd_quit, busy = impl->wd_busy && !impl->wd_aborted;
+        const double t0 = impl->wd_t0;
+        pthread_mutex_unlock(&impl->wd_mu);
+        if (quit)
+            return NULL;
+        if (!busy)
+            continue;
+        tm_err e = {0};
+        tm_rc rc = tm_rdzv_check(impl->rdzv, &e);
+        if (!rc)
+            rc = tm_nccl_check(impl->nccl, &e);
+        if (!rc && tm_now_ms() - t0 > impl->timeout_ms)
+            rc = TM_ERR(&e, TM_E_IO, "a step did not finish within %.0f s (a rank hung or the "
+                        "network stalled)", impl->timeout_ms / 1e3);
+        if (rc) {
+            tm_err_wrap(&e, "tp rank %u of %u", impl->tp_rank, impl->tp_size);
+            abort_comm(impl, &e);
+        }
+    }
+}
+
+/* Wait for the stream. With TP, poll it, so that a step the watchdog aborted returns its error
+ * instead of waiting for kernels that never finish. */
+static tm_rc step_sync(cuda_impl *impl, tm_err *err) {
+    if (impl->tp_size < 2)
+        return TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
+    for (uint64_t spin = 0;; spin++) {
+        cudaError_t e = cudaStreamQuery(impl->stream);
+        if (e == cudaSuccess)
+            return TM_OK;
+        if (e != cudaErrorNotReady)
+            return TM_CUDA_CHECK(e, err);
+        if (spin % 64 == 0 && comm_aborted(impl, err))
+            return err->rc ? err->rc : TM_ERR(err, TM_E_NCCL, "tp: communicator aborted");
+    }
+}
+
+/* After a failure with TP: no later collective can be trusted. Abort the communicator (if the
+ * watchdog has not), so that NCCL kernels waiting for a dead peer return; the engine is dead. */
+static void fail_engine(cuda_impl *impl) {
+    impl->dead = 1;
+    if (impl->tp_size > 1)
+        abort_comm(impl, NULL);
+}
+
+/* Everything on the device for one step whose plan (header h, metadata in meta_h) every rank
+ * has: metadata upload, the model (graph or eager), the logits head and, with TP, its
+ * collectives; rank 0 (or the only rank) also copies ids or logits to pinned host memory. Ends
+ * with the stream synchronized. */
+static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
+    const int tp = impl->tp_size > 1, out_host = impl->tp_rank == 0;
+    cudaStream_t s = impl->stream;
+    if (tp)
+        set_busy(impl, 1);
+    tm_rc rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->meta_d, impl->meta_h,
+                                             h->n_meta * sizeof(uint32_t),
+                                             cudaMemcpyHostToDevice, s),
+                             err);
+    if (!rc) {
+        if (h->graph && impl->use_graphs)
+            rc = run_graph(impl, h->T, err);
+        else
+            rc = run_model(impl, h->T, h->S, h->n_want, err);
+    }
+    const uint32_t n_want = h->n_want, nv = impl->cfg.n_vocab;
+    if (!rc && n_want && h->greedy) {
+        if (tp) {
+            tm_k_argmax_part_f32_args pa = {.cand = impl->cand, .logits = impl->logits,
+                                            .n_row = n_want, .n_col = nv, .id0 = impl->vocab0};
+            rc = tm_k_argmax_part_f32(&pa, s, err);
+            if (!rc)
+                rc = tm_nccl_allgather(impl->nccl, impl->cand, impl->cand_all, 2 * (size_t)n_want,
+                                       TM_NCCL_U32, s, err);
+            tm_k_argmax_merge_args ma = {.ids = impl->ids, .cand = impl->cand_all,
+                                         .n_row = n_want, .n_rank = impl->tp_size};
+            if (!rc && out_host)
+                rc = tm_k_argmax_merge(&ma, s, err);
+        } else {
+            tm_k_argmax_f32_args ga = {
+                .ids = impl->ids, .logits = impl->logits, .n_row = n_want, .n_col = nv};
+            rc = tm_k_argmax_f32(&ga, s, err);
+        }
+        if (!rc && out_host)
+            rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->ids_h, impl->ids, n_want * sizeof(uint32_t),
+                                               cudaMemcpyDeviceToHost, s),
+                               err);
+    } else if (!rc && n_want) {
+        const float *src = impl->logits;
+        size_t n = (size_t)n_want * nv;
+        if (tp) {
+            // every rank sends n_want * v_per floats; the last rank's rows are shorter (nv)
+            rc = tm_nccl_allgather(impl->nccl, impl->logits, impl->logits_all,
+                                   (size_t)n_want * impl->v_per, TM_NCCL_F32, s, err);
+            src = impl->logits_all;
+            n = (size_t)impl->tp_size * n_want * impl->v_per;
+        }
+        if (!rc && out_host)
+            rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->logits_h, src, n * sizeof(float),
+                                               cudaMemcpyDeviceToHost, s),
+                               err);
+    }
+    if (!rc)
+        rc = step_sync(impl, err);
+    if (tp) {
+        set_busy(impl, 0);
+        if (rc) // the watchdog's reason (a dead peer) explains an NCCL failure best
+            comm_aborted(impl, err);
+    }
+    return rc;
+}
+
 /* One step; fills logits (host, [n_want][n_vocab]) or ids (host, [n_want]). */
 static tm_rc forward_step(cuda_impl *impl, const tm_batch *b, float *logits, uint32_t *ids,
                           tm_err *err) {
     if (impl->dead)
         return TM_ERR(err, TM_E_CUDA, "cuda engine: unusable after an earlier CUDA error");
+    cudaSetDevice(impl->device);
     uint32_t T = 0, n_want = 0;
     size_t n_meta = 0;
     int decode_only = 0;
     tm_rc rc = pack_batch(impl, b, &T, &n_want, &n_meta, &decode_only, err);
     if (rc || T == 0)
         return rc;
-    const size_t V = impl->cfg.n_vocab;
-    rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->meta_d, impl->meta_h, n_meta * sizeof(uint32_t),
-                                       cudaMemcpyHostToDevice, impl->stream),
-                       err);
-    if (!rc) {
-        if (decode_only && impl->use_graphs)
-            rc = run_graph(impl, T, err);
-        else
-            rc = run_model(impl, T, b->n_seq, n_want, err);
-    }
-    if (!rc && n_want && ids) {
-        tm_k_argmax_f32_args ga = {
-            .ids = impl->ids, .logits = impl->logits, .n_row = n_want, .n_col = (uint32_t)V};
-        rc = tm_k_argmax_f32(&ga, impl->stream, err);
-        if (!rc)
-            rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->ids_h, impl->ids, n_want * sizeof(uint32_t),
-                                               cudaMemcpyDeviceToHost, impl->stream),
-                               err);
-    } else if (!rc && n_want) {
-        rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->logits_h, impl->logits,
-                                           n_want * V * sizeof(float), cudaMemcpyDeviceToHost,
-                                           impl->stream),
-                           err);
-    }
+    plan_hdr *h = impl->plan_h;
+    *h = (plan_hdr){.op = PLAN_STEP, .T = T, .S = b->n_seq, .n_want = n_want,
+                    .graph = (uint32_t)(decode_only && impl->use_graphs), .greedy = ids != NULL,
+                    .n_meta = (uint32_t)n_meta};
+    if (impl->tp_size > 1) // the other ranks start while this one launches its own work
+        rc = tm_rdzv_bcast(impl->rdzv, PLAN_MSG, h, sizeof(*h), impl->meta_h,
+                           n_meta * sizeof(uint32_t), err);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
+        rc = run_step(impl, h, err);
     if (rc) {
-        impl->dead = 1;
+        fail_engine(impl);
         return rc;
     }
-    if (n_want && ids)
+    if (n_want && ids) {
         memcpy(ids, impl->ids_h, n_want * sizeof(uint32_t));
-    else if (n_want)
-        memcpy(logits, impl->logits_h, n_want * V * sizeof(float));
+    } else if (n_want && impl->tp_size > 1) {
+        const size_t V = impl->vocab_full;
+        for (uint32_t r = 0; r < impl->tp_size; r++) {
+            const size_t v0 = TM_MIN((size_t)r * impl->v_per, V);
+            const size_t nv = TM_MIN((size_t)impl->v_per, V - v0);
+            const float *blk = impl->logits_h + (size_t)r * n_want * impl->v_per;
+            for (uint32_t w = 0; w < n_want; w++)
+                memcpy(logits + w * V + v0, blk + w * nv, nv * sizeof(float));
+        }
+    } else if (n_want) {
+        memcpy(logits, impl->logits_h, (size_t)n_want * impl->vocab_full * sizeof(float));
+    }
     return TM_OK;
 }
 
@@ -405,6 +636,58 @@ tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t 
     if (!eng || eng->ops != &cuda_ops)
         return TM_ERR(err, TM_E_INVAL, "cuda forward_greedy: not a CUDA engine");
     return forward_step(eng->impl, b, NULL, ids, err);
+}
+
+tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
+    if (!eng || eng->ops != &cuda_ops)
+        return TM_ERR(err, TM_E_INVAL, "cuda tp_serve: not a CUDA engine");
+    cuda_impl *impl = eng->impl;
+    if (impl->tp_size < 2 || impl->tp_rank == 0)
+        return TM_ERR(err, TM_E_INVAL, "cuda tp_serve: only ranks > 0 serve (rank %u of %u)",
+                      impl->tp_rank, impl->tp_size);
+    cudaSetDevice(impl->device);
+    const tm_engine_opts *o = &eng->opts;
+    const size_t cap = sizeof(plan_hdr) + impl->meta_cap * sizeof(uint32_t);
+    for (uint64_t n_step = 0;; n_step++) {
+        if (impl->dead)
+            return TM_ERR(err, TM_E_CUDA, "cuda engine: unusable after an earlier error");
+        uint32_t type = 0;
+        size_t len = 0;
+        // The previous step is synchronized, so plan_h / meta_h are free to overwrite. Spin for
+        // the next plan a little (steps follow each other within microseconds while decoding;
+        // waking from a blocking read costs tens of them), then block.
+        tm_rc rc = TM_E_AGAIN;
+        for (double t0 = tm_now_ms(); rc == TM_E_AGAIN && tm_now_ms() - t0 < SPIN_PLAN_MS;)
+            rc = tm_rdzv_recv(impl->rdzv, 0, &type, impl->plan_h, cap, &len, err);
+        if (rc == TM_E_AGAIN)
+            rc = tm_rdzv_recv(impl->rdzv, -1, &type, impl->plan_h, cap, &len, err);
+        const plan_hdr *h = impl->plan_h;
+        if (!rc && (type != PLAN_MSG || len < sizeof(*h)))
+            rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: unexpected control message type %u",
+                        impl->tp_rank, type);
+        if (!rc && h->op == PLAN_STOP)
+            return TM_OK;
+        if (!rc && h->op == PLAN_KV_COPY) {
+            rc = cuda_kv_copy(eng, h->kv_src, h->kv_dst, h->kv_n_tok, err);
+        } else if (!rc && h->op == PLAN_STEP) {
+            // rank 0 validated the batch; check what could corrupt memory here
+            if (h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs ||
+                h->n_want > h->S || h->n_meta > impl->meta_cap ||
+                len != sizeof(*h) + (size_t)h->n_meta * sizeof(uint32_t) ||
+                (h->graph && (h->T != h->S || h->T != h->n_want)))
+                rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: malformed step plan %llu (T %u, S %u)",
+                            impl->tp_rank, (unsigned long long)n_step, h->T, h->S);
+            if (!rc)
+                rc = run_step(impl, h, err);
+        } else if (!rc) {
+            rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: unknown plan op %u", impl->tp_rank, h->op);
+        }
+        if (rc) {
+            tm_rdzv_report(impl->rdzv, err->msg);
+            fail_engine(impl);
+            return rc;
+        }
+    }
 }
 
 void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
@@ -531,7 +814,12 @@ static void carve_acts(cuda_impl *impl, carver *cv) {
     impl->x = carve(cv, T * d * f4);
     impl->qkv = carve(cv, T * impl->qkv_dim * f4);
     impl->gu = carve(cv, T * 2 * ff * f4);
-    impl->logits = carve(cv, S * c->n_vocab * f4);
+    impl->logits = carve(cv, S * impl->v_stride * f4);
+    if (impl->tp_size > 1) {
+        impl->logits_all = carve(cv, (size_t)impl->tp_size * S * impl->v_per * f4);
+        impl->cand = carve(cv, S * 2 * sizeof(uint32_t));
+        impl->cand_all = carve(cv, (size_t)impl->tp_size * S * 2 * sizeof(uint32_t));
+    }
     impl->part = carve(cv, impl->part_floats * f4);
     impl->h = carve(cv, T * d * bf);
     impl->q = carve(cv, T * impl->q_dim * bf);
@@ -668,20 +956,61 @@ static tm_rc fill_weights(cuda_impl *impl, uint64_t seed, tm_err *err) {
     return rc;
 }
 
-static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, uint64_t seed,
-                    tm_engine **out, tm_err *err) {
+/* The shard config of rank of tp: the split of runner/engine_cpu/shard.c (which the weights
+ * path uses itself; create asserts that both agree). */
+static tm_rc tp_shard_cfg(const tm_model_cfg *c, uint32_t rank, uint32_t tp, tm_model_cfg *s,
+                          uint32_t *vocab0, uint32_t *v_per, tm_err *err) {
+    if (rank >= tp)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: tp rank %u of %u", rank, tp);
+    if (c->n_head % tp || c->n_ff % tp)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: %u attention heads and intermediate size %u must divide by "
+                      "tp %u",
+                      c->n_head, c->n_ff, tp);
+    if (c->n_kv_head % tp && tp % c->n_kv_head)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: %u KV heads neither divide by nor divide tp %u",
+                      c->n_kv_head, tp);
+    *s = *c;
+    s->n_head = c->n_head / tp;
+    s->n_kv_head = c->n_kv_head >= tp ? c->n_kv_head / tp : 1;
+    s->n_ff = c->n_ff / tp;
+    *v_per = TM_CEIL_DIV(c->n_vocab, tp);
+    *vocab0 = TM_MIN(rank * *v_per, c->n_vocab);
+    s->n_vocab = TM_MIN(*v_per, c->n_vocab - *vocab0);
+    if (s->n_vocab == 0)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: vocabulary of %u too small for tp %u",
+                      c->n_vocab, tp);
+    return TM_OK;
+}
+
+static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engine_cuda_tp *tp,
+                    int random, uint64_t seed, tm_engine **out, tm_err *err) {
     if (!opts->block_size || !opts->n_kv_block || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: block_size, n_kv_block, max_seqs and max_batched_tokens "
                       "must be > 0");
-    if (opts->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: tensor parallel (tp_size %u) not supported",
+    const uint32_t tp_size = TM_MAX(opts->tp_size, 1u);
+    if (tp_size > 1 && (!tp || !tp->rdzv || !tp->nccl_id))
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: tp_size %u needs tm_engine_cuda_tp_create (rendezvous, NCCL "
+                      "id)",
                       opts->tp_size);
+    if (tp_size > 1 && (tm_rdzv_rank(tp->rdzv) != opts->tp_rank ||
+                        tm_rdzv_world(tp->rdzv) != tp_size))
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: rank %u of %u, rendezvous says %u of %u",
+                      opts->tp_rank, tp_size, tm_rdzv_rank(tp->rdzv), tm_rdzv_world(tp->rdzv));
     tm_rc rc = check_cfg(&m->cfg, err);
-    if (!rc && !random)
+    if (!rc && !random && tp_size == 1)
         rc = check_model(m, err);
     if (rc)
         return rc;
+    tm_model_cfg shard_c = m->cfg;
+    uint32_t vocab0 = 0, v_per = m->cfg.n_vocab;
+    if (tp_size > 1) {
+        rc = tp_shard_cfg(&m->cfg, opts->tp_rank, tp_size, &shard_c, &vocab0, &v_per, err);
+        if (rc)
+            return rc;
+    }
     const uint64_t max_pos = (uint64_t)opts->n_kv_block * opts->block_size;
     if (max_pos > UINT32_MAX)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: KV pool of %llu positions too large",
@@ -693,17 +1022,32 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, u
                       cudaGetErrorString(ce), cudaGetErrorName(ce));
     if (n_dev == 0)
         return TM_ERR(err, TM_E_CUDA, "cuda engine: no usable GPU: no CUDA device found");
+    const int device = tp ? tp->device : 0;
+    if (device < 0 || device >= n_dev)
+        return TM_ERR(err, TM_E_CUDA, "cuda engine: device %d asked for, %d visible", device,
+                      n_dev);
 
     cuda_impl *impl = tm_calloc(1, sizeof(*impl));
     if (!impl)
         return TM_ERR(err, TM_E_NOMEM, "cuda engine header");
-    const tm_model_cfg *c = &m->cfg;
+    tm_model *shard = NULL;
+    const tm_model_cfg *c = &shard_c;
     impl->eng.ops = &cuda_ops;
     impl->eng.model = m;
     impl->eng.opts = *opts;
     impl->eng.impl = impl;
     impl->cfg = *c;
     impl->use_graphs = 1;
+    impl->device = device;
+    impl->tp_rank = tp_size > 1 ? opts->tp_rank : 0;
+    impl->tp_size = tp_size;
+    impl->vocab_full = m->cfg.n_vocab;
+    impl->vocab0 = vocab0;
+    impl->v_per = v_per;
+    impl->v_stride = tp_size > 1 ? v_per : c->n_vocab;
+    impl->rdzv = tp ? tp->rdzv : NULL;
+    impl->timeout_ms = tp && tp->timeout_ms ? tp->timeout_ms : 300000;
+    pthread_mutex_init(&impl->wd_mu, NULL);
     impl->q_dim = c->n_head * c->head_dim;
     impl->kv_dim = c->n_kv_head * c->head_dim;
     impl->qkv_dim = impl->q_dim + 2 * impl->kv_dim;
@@ -724,17 +1068,37 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, u
         TM_ERR(err, TM_E_NOMEM, "cuda engine: %u layers", c->n_layer);
         goto fail;
     }
-    rc = TM_CUDA_CHECK(cudaSetDevice(0), err);
+    rc = TM_CUDA_CHECK(cudaSetDevice(device), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), err);
     if (rc)
         goto fail;
+    if (tp_size > 1) {
+        // Every rank blocks here until all have joined the communicator.
+        rc = tm_nccl_create(tp->nccl_id, impl->tp_rank, tp_size, &impl->nccl, err);
+        if (rc) {
+            tm_err_wrap(err, "tp rank %u of %u", impl->tp_rank, tp_size);
+            goto fail;
+        }
+        if (pthread_create(&impl->wd, NULL, watchdog_main, impl) != 0) {
+            TM_ERR(err, TM_E_INTERNAL, "cuda engine: cannot start the tp watchdog thread");
+            goto fail;
+        }
+        impl->wd_started = 1;
+        const int v = tm_nccl_version(), hv = tm_nccl_header_version();
+        TM_LOG_INFO("cuda", "tp rank %u of %u on device %d: NCCL %d.%d.%d (built with %d.%d.%d), "
+                    "%u heads, %u KV heads, n_ff %u, vocabulary rows [%u, %u)",
+                    impl->tp_rank, tp_size, device, v / 10000, v / 100 % 100, v % 100,
+                    hv / 10000, hv / 100 % 100, hv % 100, c->n_head, c->n_kv_head, c->n_ff,
+                    vocab0, vocab0 + c->n_vocab);
+    }
 
     carver cw = {0};
     carve_weights(impl, &cw);
     carver ca = {0};
     carve_acts(impl, &ca);
     const size_t kv_bytes = (size_t)c->n_layer * impl->layer_kv_elems * sizeof(uint16_t);
+    const size_t logits_h_n = (size_t)tp_size * S * impl->v_stride;
     rc = TM_CUDA_CHECK(cudaMalloc(&impl->w_arena, cw.off), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc(&impl->a_arena, ca.off), err);
@@ -743,10 +1107,11 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, u
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->v_cache, kv_bytes), err);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->meta_h, impl->meta_cap * 4), err);
-    if (!rc)
         rc = TM_CUDA_CHECK(
-            cudaMallocHost((void **)&impl->logits_h, (size_t)S * c->n_vocab * sizeof(float)), err);
+            cudaMallocHost((void **)&impl->plan_h, sizeof(plan_hdr) + impl->meta_cap * 4), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->logits_h, logits_h_n * sizeof(float)),
+                           err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->ids_h, (size_t)S * 4), err);
     if (rc) {
@@ -754,6 +1119,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, u
                     cw.off / 1e9, ca.off / 1e9, 2 * kv_bytes / 1e9);
         goto fail;
     }
+    impl->meta_h = (uint32_t *)(impl->plan_h + 1);
     cw = (carver){.base = impl->w_arena};
     carve_weights(impl, &cw);
     ca = (carver){.base = impl->a_arena};
@@ -779,31 +1145,96 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, int random, u
     rc = TM_CUDA_CHECK(cudaMemcpy(impl->inv_freq, inv_freq, c->head_dim / 2 * sizeof(float),
                                   cudaMemcpyHostToDevice),
                        err);
-    if (!rc)
-        rc = random ? fill_weights(impl, seed, err) : upload_weights(impl, m, err);
     if (rc)
         goto fail;
+    if (random) {
+        rc = fill_weights(impl, seed * 131 + impl->tp_rank, err);
+    } else if (tp_size > 1) {
+        // This rank's slices of the host weights (views, plus column copies of o_proj and
+        // down_proj), uploaded and dropped.
+        uint32_t sv0 = 0;
+        rc = tm_cpu_shard_create(m, impl->tp_rank, tp_size, &shard, &sv0, err);
+        if (!rc) {
+            const tm_model_cfg *sc = &shard->cfg;
+            TM_ASSERT(sv0 == vocab0 && sc->n_head == c->n_head && sc->n_kv_head == c->n_kv_head &&
+                      sc->n_ff == c->n_ff && sc->n_vocab == c->n_vocab);
+            rc = check_model(shard, err);
+        }
+        if (!rc)
+            rc = upload_weights(impl, shard, err);
+    } else {
+        rc = upload_weights(impl, m, err);
+    }
+    if (rc)
+        goto fail;
+    tm_cpu_shard_destroy(shard);
     *out = &impl->eng;
     return TM_OK;
 fail:
+    tm_cpu_shard_destroy(shard);
+    fail_engine(impl); // abort, not destroy: other ranks may be gone
     cuda_destroy(&impl->eng);
     return err->rc;
 }
 
 tm_rc tm_engine_cuda_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err) {
-    return create(m, opts, 0, 0, out, err);
+    return create(m, opts, NULL, 0, 0, out, err);
 }
 
 tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts, uint64_t seed,
                                    tm_engine **out, tm_err *err) {
-    return create(m, opts, 1, seed, out, err);
+    return create(m, opts, NULL, 1, seed, out, err);
+}
+
+tm_rc tm_engine_cuda_tp_create(const tm_model *m, const tm_engine_opts *opts,
+                               const tm_engine_cuda_tp *tp, tm_engine **out, tm_err *err) {
+    return create(m, opts, tp, tp->random, tp->seed, out, err);
+}
+
+int tm_engine_cuda_n_devices(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
 }
 
 static void cuda_destroy(tm_engine *eng) {
     if (!eng)
         return;
     cuda_impl *impl = eng->impl;
+    cudaSetDevice(impl->device);
+    int stuck = 0; // a dead TP engine whose stream or watchdog does not come back: leak, do not hang
+    if (impl->wd_started) {
+        pthread_mutex_lock(&impl->wd_mu);
+        impl->wd_quit = 1;
+        pthread_mutex_unlock(&impl->wd_mu);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += DEAD_WAIT_MS / 1000;
+        if (pthread_timedjoin_np(impl->wd, NULL, &until) != 0) { // stuck in ncclCommAbort
+            pthread_detach(impl->wd);
+            stuck = 1;
+        }
+    }
+    if (impl->dead && impl->nccl) // peers may be gone: abort, so no NCCL kernel can wait on them
+        abort_comm(impl, NULL);
+    if (impl->dead && impl->tp_size > 1 && impl->stream && !stuck) {
+        const double t0 = tm_now_ms();
+        while (cudaStreamQuery(impl->stream) == cudaErrorNotReady && !stuck)
+            stuck = tm_now_ms() - t0 > DEAD_WAIT_MS;
+    }
+    if (stuck) {
+        // cudaFree and cudaStreamSynchronize would wait for kernels that never finish; the
+        // process is about to exit after a failed rank, so the device memory is left to it.
+        TM_LOG_WARN("cuda", "tp rank %u: NCCL kernels still running %d s after the abort; "
+                    "leaving the engine's GPU memory to process exit", impl->tp_rank,
+                    DEAD_WAIT_MS / 1000);
+        return;
+    }
+    if (impl->nccl && impl->tp_rank == 0 && !impl->dead) {
+        plan_hdr h = {.op = PLAN_STOP};
+        tm_err e = {0};
+        tm_rdzv_bcast(impl->rdzv, PLAN_MSG, &h, sizeof(h), NULL, 0, &e); // best effort
+    }
     if (impl->stream)
         cudaStreamSynchronize(impl->stream); // nothing may still use the buffers
     if (impl->graphs) {
@@ -818,11 +1249,13 @@ static void cuda_destroy(tm_engine *eng) {
     cudaFree(impl->a_arena);
     cudaFree(impl->k_cache);
     cudaFree(impl->v_cache);
-    cudaFreeHost(impl->meta_h);
+    cudaFreeHost(impl->plan_h);
     cudaFreeHost(impl->logits_h);
     cudaFreeHost(impl->ids_h);
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
+    tm_nccl_destroy(impl->nccl);
+    pthread_mutex_destroy(&impl->wd_mu);
     tm_free(impl->layers);
     tm_free(impl);
 }

@@ -14,6 +14,13 @@
  * graph captured the first time that batch size occurs. One thread drives an engine. A CUDA error
  * during forward marks the engine dead: that call and every later one return TM_E_CUDA.
  *
+ * Tensor parallel (tm_engine_cuda_tp_create): one process per GPU, each holding its rank's shard
+ * (the split of runner/engine_cpu/shard.h), NCCL all-reduces after the embedding, o_proj and
+ * down_proj, a vocab-parallel LM head. Rank 0 is driven like any engine (forward, greedy,
+ * kv_copy) and sends each step's plan to the other ranks over the rendezvous connection; the
+ * other ranks sit in tm_engine_cuda_tp_serve. A rank that exits, fails or hangs fails the step on
+ * every rank with a message naming it (after at most the timeout), and the engines are dead.
+ *
  * Built with -DTM_CUDA=OFF, every function here exists and returns TM_E_INVAL ("built without
  * CUDA"). */
 #ifndef TM_RUNNER_ENGINE_CUDA_H
@@ -24,10 +31,23 @@
 #include "base/err.h"
 #include "runner/engine.h"
 #include "runner/model.h"
+#include "runner/rendezvous.h"
+
+/* How this process takes part in tensor parallel (opts->tp_rank of opts->tp_size > 1). */
+typedef struct tm_engine_cuda_tp {
+    int device;             /* CUDA device ordinal of this rank (cudaSetDevice) */
+    tm_rdzv *rdzv;          /* borrowed, must outlive the engine: rank 0 sends plans, the others
+                               receive them (its rank and world must equal tp_rank / tp_size) */
+    const uint8_t *nccl_id; /* TM_NCCL_ID_BYTES (runner/tp_nccl.h), the same on every rank;
+                               read during create only */
+    uint32_t timeout_ms;    /* a step running longer fails (a hung rank); 0: 300 s */
+    int random;             /* 1: random weights as tm_engine_cuda_create_random (benchmarks) */
+    uint64_t seed;          /* for random */
+} tm_engine_cuda_tp;
 
 /* Create the engine on device 0 and upload m's weights. m is borrowed and must outlive the
  * engine. opts: block_size, n_kv_block, max_seqs, max_batched_tokens > 0; n_threads is ignored;
- * tp_size must be 0 or 1. On success *out owns the engine (tm_engine_destroy frees it).
+ * tp_size must be 0 or 1 (else see tm_engine_cuda_tp_create). On success *out owns the engine (tm_engine_destroy frees it).
  * Errors: TM_E_CUDA (no GPU or no usable driver, out of device memory, any CUDA/cuBLAS failure;
  * the message names the call), TM_E_INVAL (unsupported model: head_dim not a multiple of 8 or
  * above 256, wrong tensor shapes; bad opts; or a build without CUDA), TM_E_NOMEM. */
@@ -45,6 +65,22 @@ tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts
  * forward; TM_E_INVAL if eng is not a CUDA engine. */
 tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids,
                                     tm_err *err);
+
+/* One tensor-parallel rank: like tm_engine_cuda_create, on device tp->device, with this rank's
+ * shard of m (m is the full model, borrowed; with tp->random only m->cfg is read). Blocks until
+ * every rank has joined the NCCL communicator, so all ranks call it at about the same time (after
+ * the rendezvous). eng->model stays m: rank 0's logits rows have the full vocabulary. Errors: as
+ * create, TM_E_INVAL when the model does not split tp ways, TM_E_NCCL. */
+tm_rc tm_engine_cuda_tp_create(const tm_model *m, const tm_engine_opts *opts,
+                               const tm_engine_cuda_tp *tp, tm_engine **out, tm_err *err);
+
+/* Ranks > 0: run the plans rank 0 sends (steps, kv copies) until it says stop (TM_OK). Errors:
+ * the step's error (the rank reports it to rank 0 first), TM_E_IO when rank 0 is gone (its
+ * connection closed) or another rank failed; the engine is dead afterwards. */
+tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err);
+
+/* Number of CUDA devices this process sees; 0 without a GPU, a driver, or CUDA in the build. */
+int tm_engine_cuda_n_devices(void);
 
 /* Turn the decode CUDA graphs on (default) or off (every step launched eagerly). No-op for an
  * engine that is not a CUDA engine. */

@@ -21,3 +21,16 @@ tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t 
 }
 
 void tm_engine_cuda_set_graphs(tm_engine *eng, int on) { (void)eng, (void)on; }
+
+tm_rc tm_engine_cuda_tp_create(const tm_model *m, const tm_engine_opts *opts,
+                               const tm_engine_cuda_tp *tp, tm_engine **out, tm_err *err) {
+    (void)tp;
+    return tm_engine_cuda_create(m, opts, out, err);
+}
+
+tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
+    (void)eng;
+    return TM_ERR(err, TM_E_INVAL, "cuda engine: built without CUDA (configure with -DTM_CUDA=ON)");
+}
+
+int tm_engine_cuda_n_devices(void) { return 0; }
