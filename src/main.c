@@ -10,6 +10,7 @@
 #include "bench.h"
 #include "job_run.h"
 #include "report.h"
+#include "tp_run.h"
 #include "runner/tokenizer.h"
 
 static const char usage[] =
@@ -17,7 +18,13 @@ static const char usage[] =
     "\n"
     "commands:\n"
     "  run JOB.json        run a job: read its inputs, write completions, errors and metrics\n"
-    "                      into its output folder (see schemas/job.schema.json)\n"
+    "                      into its output folder (see schemas/job.schema.json); run again, it\n"
+    "                      resumes an unfinished job and does nothing for a finished one\n"
+    "  run --restart JOB.json  discard what the output folder holds and run the job anew\n"
+    "  run JOB.json [--nnodes N --node-rank K --master-addr HOST --master-port PORT]\n"
+    "      [--tp-timeout S]  engine.tp > 1 on GPUs: one process per GPU; on one node run\n"
+    "                      starts them itself; across N nodes run it on each node\n"
+    "                      (docs/multinode.md)\n"
     "  validate JOB.json   check the job file, the model folder, the tokenizer and every input\n"
     "                      line without running the model; bad lines are listed\n"
     "  tokenize MODEL_DIR  read JSON lines {\"text\": ...} on stdin, write {\"ids\": [...]} per\n"
@@ -108,6 +115,10 @@ int main(int argc, char **argv) {
         return tm_bench_cmd(argc - i - 1, argv + i + 1);
     if (i < argc && !strcmp(argv[i], "report"))
         return tm_report_cmd(argc - i - 1, argv + i + 1);
+    if (i + 3 == argc && !strcmp(argv[i], "run") && !strcmp(argv[i + 1], "--restart"))
+        return tm_job_run_with(argv[i + 2], &(tm_job_run_opts){.restart = 1}) == TM_OK ? 0 : 1;
+    if (i + 2 < argc && !strcmp(argv[i], "run")) // launch options of tensor parallel (tp_run.h)
+        return tm_tp_run_cmd(argc - i - 1, argv + i + 1);
     if (i + 2 != argc) {
         fputs(usage, stderr);
         return 2;

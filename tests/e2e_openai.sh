@@ -25,9 +25,11 @@ for (let i = 0; i < 24; i++) {
   else body.prompt = `Once upon a time ${i}`;
   if (i === 5) body.max_completion_tokens = (delete body.max_tokens, 2);
   if (i === 7) body.messages[1].content = [{ type: "text", text: "part one, " }, { type: "text", text: "part two" }];
+  if (i === 9) Object.assign(body, { n: 2, logprobs: true, top_logprobs: 2 }); // chat: choices, logprobs
+  if (i === 11) body.logprobs = 3; // completions: the legacy logprobs object
   lines.push(JSON.stringify({ custom_id: `req-${i}`, method: "POST", url: chat ? "/v1/chat/completions" : "/v1/completions", body }));
 }
-lines.push(JSON.stringify({ custom_id: "n-two", method: "POST", url: "/v1/chat/completions", body: { model: "m", messages: [{ role: "user", content: "x" }], n: 2 } }));
+lines.push(JSON.stringify({ custom_id: "echo", method: "POST", url: "/v1/completions", body: { model: "m", prompt: "x", echo: true } }));
 lines.push(JSON.stringify({ custom_id: "stream", method: "POST", url: "/v1/chat/completions", body: { model: "m", messages: [{ role: "user", content: "x" }], stream: true } }));
 lines.push(JSON.stringify({ custom_id: "embed", method: "POST", url: "/v1/embeddings", body: { model: "m", input: "x" } }));
 lines.push(JSON.stringify({ custom_id: "long", method: "POST", url: "/v1/completions", body: { model: "m", prompt: "word ".repeat(400) } }));
@@ -66,7 +68,8 @@ for (const r of rows) {
   const obj = i % 3 !== 2 ? "chat.completion" : "text_completion";
   if (b.object !== obj || b.model !== "gpt-4o-mini") { console.error("bad body for " + r.custom_id); process.exit(1); }
   const maxTok = i === 5 ? 2 : 1 + (i % 4);
-  if (b.usage.completion_tokens > maxTok) { console.error("max_tokens ignored for " + r.custom_id); process.exit(1); }
+  if (b.choices.length !== (i === 9 ? 2 : 1) || (i === 9 || i === 11) !== (b.choices[0].logprobs !== null)) { console.error("choices/logprobs wrong for " + r.custom_id); process.exit(1); }
+  if (b.usage.completion_tokens > maxTok * b.choices.length) { console.error("max_tokens ignored for " + r.custom_id); process.exit(1); }
 }
 ' "$work/answers.jsonl"
 echo "e2e_openai: ok"

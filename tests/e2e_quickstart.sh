@@ -47,7 +47,7 @@ texts() { lz4 -dc "$1" | node -e '
   rows.sort((a, b) => String(a.id).localeCompare(String(b.id)));
   for (const r of rows) console.log(JSON.stringify([r.id, r.text, r.finish_reason]));'; }
 texts "$out/completions.jsonl.lz4" >"$work/first.txt"
-"$build/tokenmill" -q run "$work/job.json"
+"$build/tokenmill" -q run --restart "$work/job.json" # a plain rerun of a finished job is a no-op
 texts "$out/completions.jsonl.lz4" >"$work/second.txt"
 cmp -s "$work/first.txt" "$work/second.txt" ||
     { echo "two runs of the same job differ"; diff "$work/first.txt" "$work/second.txt" | head; exit 1; }

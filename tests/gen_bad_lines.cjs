@@ -16,7 +16,7 @@
 // Malformed kinds: JSONTestSuite-style syntax errors, invalid UTF-8 (bad byte, overlong, cut
 // sequence, encoded surrogate), a BOM not at the file start, raw NUL and \u0000, deep nesting,
 // 1e99999, 2^64+1, duplicate keys, wrong types, out-of-range values, missing id / custom_id,
-// duplicate id / custom_id, unsupported OpenAI requests (n > 1, stream, /v1/embeddings), an
+// duplicate id / custom_id, unsupported OpenAI requests (best_of, stream, /v1/embeddings), an
 // over-long line, an over-long field. Valid lines exercise a BOM at the file start, CRLF endings
 // and a last line without a newline.
 "use strict";
@@ -95,7 +95,7 @@ const kinds = [
   ["wrong_type", (id) => B(`["${id}","x"]`)],
   ["wrong_type", (id) => B(JSON.stringify({ custom_id: id, method: "POST", url: "/v1/completions", body: "x" }))],
   ["invalid_value", (id) => B(`{"id":"${id}","prompt":"x","temperature":-1}`)],
-  ["invalid_value", (id) => B(`{"id":"${id}","prompt":"x","max_tokens":0}`)],
+  ["invalid_value", (id) => B(`{"id":"${id}","prompt":"x","max_tokens":-1}`)],
   ["invalid_value", (id) => B(JSON.stringify({ custom_id: id, method: "GET", url: "/v1/completions", body: {} }))],
   ["missing_field", () => B(`{"prompt":"no id"}`)],
   ["missing_field", (id) => B(`{"id":"${id}"}`)],
@@ -105,7 +105,7 @@ const kinds = [
   ["duplicate_id", () => validCids.length ? B(JSON.stringify({ custom_id: pick(validCids), method: "POST",
     url: "/v1/completions", body: { model: "m", prompt: "again" } })) : null],
   ["unsupported", (id) => B(JSON.stringify({ custom_id: id, method: "POST", url: "/v1/chat/completions",
-    body: { model: "m", messages: [{ role: "user", content: "x" }], n: 3 } }))],
+    body: { model: "m", messages: [{ role: "user", content: "x" }], best_of: 3 } }))],
   ["unsupported", (id) => B(JSON.stringify({ custom_id: id, method: "POST", url: "/v1/chat/completions",
     body: { model: "m", messages: [{ role: "user", content: "x" }], stream: true } }))],
   ["unsupported", (id) => B(JSON.stringify({ custom_id: id, method: "POST", url: "/v1/embeddings", body: { model: "m", input: "x" } }))],

@@ -43,8 +43,8 @@ static const expect cases[] = {
     {"{\"id\":\"native1\",\"prompt\":\"mixed in\"}", TM_ERRCODE_NONE, TM_REC_FORMAT_NATIVE,
      "\"native1\"", "mixed in"},
     {"{\"custom_id\":\"n2\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
-     "\"m\"," MSGS ",\"n\":2}}",
-     TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"n2\"", "n = 2 is not supported"},
+     "\"m\"," MSGS ",\"n\":200}}",
+     TM_ERRCODE_INVALID_VALUE, TM_REC_FORMAT_OPENAI_CHAT, "\"n2\"", "n = 200 is more than"},
     {"{\"custom_id\":\"s1\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
      "\"m\"," MSGS ",\"stream\":true}}",
      TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"s1\"", "streaming is not supported"},

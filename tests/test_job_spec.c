@@ -119,13 +119,19 @@ static void test_defaults(void) {
                 continue;
             n_defaults++;
             json_t *got = json_object_get(json_object_get(c, sect), key);
+            if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
+                double want_v = !strcmp(key, "commit_every_s") ? spec->commit_every_s
+                                                                : spec->commit_every_records;
+                TM_CHECK_MSG(json_number_value(d) == want_v, "schema default of output.%s", key);
+                continue;
+            }
             int same = got && (json_equal(got, d) ||
                                (json_is_number(got) && json_is_number(d) &&
                                 json_number_value(got) == json_number_value(d)));
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 21); // engine 10, defaults 7, limits 4
+    TM_CHECK(n_defaults == 23); // engine 10, defaults 7, limits 4, output 2
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -272,6 +278,45 @@ static void test_errors(void) {
     TM_CHECK(strstr(err.msg, "/nonexistent/job.json") != NULL);
 }
 
+// output.commit_every_* and output.kafka: values, identity (kafka is in the canonical spec, the
+// commit cadence is not) and errors.
+static void test_output_durability(void) {
+    write_file("in/a.jsonl", "{\"id\":1,\"prompt\":\"x\"}\n");
+    write_file("job.json",
+               "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{\"dir\":"
+               "\"out\",\"commit_every_s\":0.5,\"commit_every_records\":10,\"kafka\":{"
+               "\"brokers\":\"b:9092\",\"topic\":\"t\",\"transactional_id\":\"x\","
+               "\"config\":{\"linger.ms\":\"5\"}}}}");
+    tm_job_spec *spec = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    if (!spec)
+        return;
+    TM_CHECK(spec->commit_every_s == 0.5 && spec->commit_every_records == 10);
+    TM_CHECK(spec->kafka && !strcmp(spec->kafka->topic, "t") && spec->kafka->n_config == 1);
+    TM_CHECK(!strcmp(spec->kafka->config[0], "linger.ms") && !strcmp(spec->kafka->config[1], "5"));
+    TM_CHECK(!strcmp(spec->kafka->transactional_id, "x"));
+    TM_CHECK(strstr(spec->canonical_json, "\"kafka\":{") != NULL);
+    TM_CHECK(strstr(spec->canonical_json, "commit_every") == NULL);
+    tm_job_spec_destroy(spec);
+    const char *bad[] = {
+        "\"commit_every_s\":0", "\"commit_every_records\":0",
+        "\"kafka\":{\"topic\":\"t\"}", "\"kafka\":{\"brokers\":\"b\",\"topic\":\"t\",\"acks\":1}",
+        "\"kafka\":{\"brokers\":\"b\",\"topic\":\"t\",\"config\":{\"linger.ms\":5}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char job[512];
+        snprintf(job, sizeof(job),
+                 "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
+                 "\"dir\":\"out\",%s}}", bad[i]);
+        write_file("job.json", job);
+        spec = NULL;
+        TM_CHECK_MSG(load("job.json", &spec, &err) == TM_E_INVAL, "accepted: %s", bad[i]);
+        TM_CHECK(strstr(err.msg, "output.") != NULL);
+        tm_job_spec_destroy(spec);
+    }
+}
+
 static void test_expand(void) {
     make_dir("d");
     make_dir("d/sub");
@@ -351,6 +396,7 @@ int main(void) {
     TM_RUN(test_defaults);
     TM_RUN(test_values_and_relative_paths);
     TM_RUN(test_errors);
+    TM_RUN(test_output_durability);
     TM_RUN(test_expand);
     TM_RUN(test_quickstart);
     TM_RUN(test_alloc_faults);

@@ -46,7 +46,7 @@ static const expect expected[] = {
     {18, TM_ERRCODE_INVALID_VALUE, "\"t2\"", "field 'temperature': expected a number >= 0, got -1"},
     {19, TM_ERRCODE_INVALID_VALUE, "\"p1\"", "field 'top_p': expected a number > 0 and <= 1, got 0"},
     {20, TM_ERRCODE_INVALID_VALUE, "\"k1\"", "field 'top_k': expected an integer >= -1"},
-    {21, TM_ERRCODE_INVALID_VALUE, "\"m1\"", "field 'max_tokens': expected an integer >= 1, got 0"},
+    {21, TM_ERRCODE_INVALID_VALUE, "\"m1\"", "field 'max_tokens': expected an integer >= 1, got -1"},
     {22, TM_ERRCODE_WRONG_TYPE, "\"m2\"", "field 'max_tokens': expected an integer >= 1, got \"5\""},
     {23, TM_ERRCODE_WRONG_TYPE, "\"s1\"", "field 'stop': expected a non-empty string or an array"},
     {24, TM_ERRCODE_MISSING_FIELD, "\"msg1\"", "field 'messages[0].content' is required"},

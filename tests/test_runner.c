@@ -197,6 +197,51 @@ static void test_preemption_keeps_outputs(void) {
     result_fini(&small_cache);
 }
 
+// Records with different cache_salt never share blocks; with the same salt they do.
+static void test_cache_salt(void) {
+    tm_err err = {0};
+    tm_engine *eng = NULL;
+    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = 64, .max_seqs = 1,
+                         .max_batched_tokens = 96, .tp_size = 1};
+    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
+    tm_queue *in = NULL, *out = NULL;
+    TM_CHECK_OK(tm_queue_create(8, &in, &err), &err);
+    TM_CHECK_OK(tm_queue_create(8, &out, &err), &err);
+    const uint64_t salts[4] = {0, 7, 7, 0}; // records run one at a time, in this order
+    for (int i = 0; i < 4; i++) {
+        tm_job *job = tm_calloc(1, sizeof(*job));
+        job->seq_no = (uint64_t)i;
+        char id[8];
+        snprintf(id, sizeof(id), "%d", i);
+        job->id_json = tm_strdup(id);
+        job->prompt = prompt_of(0); // the same prompt every time
+        job->cache_salt = salts[i];
+        TM_CHECK(tm_queue_push(in, job) == TM_OK);
+    }
+    tm_queue_close(in);
+    tm_runner_cfg cfg = {.max_seqs = 1, .max_batched_tokens = 96, .block_size = 16,
+                         .n_kv_block = 64, .n_ctx = 4096, .prefix_cache = 1,
+                         .policy = TM_SCHED_FCFS, .lookahead = 1};
+    cfg.defaults.max_tokens = 2;
+    tm_runner_stats st = {0};
+    TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &st, &err), &err);
+    tm_queue_close(out);
+    uint32_t cached[4] = {0};
+    void *item;
+    while (tm_queue_pop(out, &item) == TM_OK) {
+        tm_completion *c = item;
+        cached[atoi(c->id_json)] = c->n_tok_cached;
+        tm_completion_destroy(c);
+    }
+    TM_CHECK(cached[0] == 0); // first of salt 0
+    TM_CHECK(cached[1] == 0); // salt 7 does not see salt 0's blocks
+    TM_CHECK(cached[2] > 0);  // the second salt-7 record does
+    TM_CHECK(cached[3] > 0);  // and the second unsalted one sees the first's
+    tm_queue_destroy(in);
+    tm_queue_destroy(out);
+    tm_engine_destroy(eng);
+}
+
 int main(void) {
     const char *src = getenv("TM_SRC"), *build = getenv("TM_BUILD");
     char tokdir[1024], dir[] = "/tmp/tm_runner_XXXXXX", cmd[4096];
@@ -221,6 +266,7 @@ int main(void) {
     TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
     TM_RUN(test_cache_on_off_identical);
     TM_RUN(test_preemption_keeps_outputs);
+    TM_RUN(test_cache_salt);
     tm_tok_destroy(g_tok);
     tm_model_destroy(g_model);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

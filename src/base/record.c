@@ -32,6 +32,18 @@ void tm_sampling_fini(tm_sampling *sp) {
     sp->n_stop = 0;
 }
 
+void tm_logprobs_destroy(tm_logprobs *lp) {
+    if (!lp)
+        return;
+    tm_free(lp->ids);
+    tm_free(lp->lp);
+    tm_free(lp->top_ids);
+    tm_free(lp->top_lp);
+    tm_free(lp->text);
+    tm_free(lp->off);
+    tm_free(lp);
+}
+
 void tm_job_destroy(tm_job *job) {
     if (!job)
         return;
@@ -48,6 +60,9 @@ void tm_job_destroy(tm_job *job) {
     tm_free(job->model);
     tm_free(job->src_meta_json);
     tm_free(job->prompt_ids);
+    for (uint32_t i = 0; i < job->n_continuations; i++)
+        tm_free(job->continuations[i]);
+    tm_free(job->continuations);
     tm_free(job);
 }
 
@@ -61,6 +76,16 @@ void tm_completion_destroy(tm_completion *c) {
     tm_free(c->model);
     tm_free(c->src_meta_json);
     tm_free(c->itl_ms);
+    tm_logprobs_destroy(c->logprobs);
+    tm_logprobs_destroy(c->prompt_logprobs);
+    for (uint32_t i = 0; i < c->n_choices; i++) {
+        tm_free(c->choices[i].text);
+        tm_logprobs_destroy(c->choices[i].logprobs);
+    }
+    tm_free(c->choices);
+    for (uint32_t i = 0; i < c->n_scores; i++)
+        tm_logprobs_destroy(c->scores[i].logprobs);
+    tm_free(c->scores);
     tm_free(c);
 }
 

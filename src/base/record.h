@@ -65,6 +65,9 @@ typedef enum tm_rec_format {
     TM_REC_FORMAT_OPENAI,            /* OpenAI Batch line with another/unreadable url (errors only) */
 } tm_rec_format;
 
+#define TM_MAX_TOP_LOGPROBS 20 /* alternatives per token, as vLLM and OpenAI allow */
+#define TM_MAX_N 128           /* samples per record (n) */
+
 typedef struct tm_job {
     uint64_t seq_no;       /* 0-based order of the record in the job's input */
     char *file;            /* owned; input path as given (for error records) */
@@ -74,6 +77,8 @@ typedef struct tm_job {
     tm_message *messages;  /* owned array of n_messages; NULL when prompt is used */
     uint32_t n_messages;
     tm_sampling sp;        /* record's own fields; runner merges job defaults */
+    uint64_t cache_salt;   /* 0: none; else records share prefix-cache blocks only with the
+                            * same salt (hash of the record's "cache_salt" string) */
     tm_errcode err_code;   /* != NONE: ingest rejected the line; only file/line/id are valid */
     char *err_msg;         /* owned; set with err_code */
     tm_rec_format format;  /* input format; the answer uses the same one */
@@ -85,12 +90,53 @@ typedef struct tm_job {
                             * BOS added, no tokenizer); wins over prompt/messages when set */
     uint32_t n_prompt_ids;
     int ignore_eos;        /* 1: EOS does not end the record (max_tokens does), as vLLM's bench */
+    /* Evaluation fields (issue 5). A zeroed job asks for none of them. */
+    uint32_t n;            /* samples of this record; 0 or 1 = one */
+    int logprobs;          /* 1: logprob of each generated (or scored) token */
+    uint32_t top_logprobs; /* alternatives listed per token, <= TM_MAX_TOP_LOGPROBS */
+    int prompt_logprobs;   /* 1: logprobs of the prompt tokens too */
+    uint32_t prompt_top_logprobs; /* alternatives per prompt token, <= TM_MAX_TOP_LOGPROBS */
+    char **continuations;  /* owned; [n_continuations] texts to score after the prompt (a scoring
+                            * record: nothing is generated); NULL otherwise */
+    uint32_t n_continuations;
 } tm_job;
 
 typedef enum tm_finish {
     TM_FINISH_STOP = 0, /* EOS token or a stop string */
     TM_FINISH_LENGTH,   /* max_tokens or the context limit */
 } tm_finish;
+
+/* Log-probabilities of a run of tokens (generated, scored or prompt tokens): log-softmax of the
+ * model's raw logits (before temperature, top-k/top-p/min-p), over the ids the tokenizer can
+ * decode. Entry e of the byte table: e = i * (1 + n_top) is token i, e = i * (1 + n_top) + 1 + j
+ * is its j-th alternative; its bytes are text[off[e], off[e + 1]) (a token may end inside a UTF-8
+ * character). */
+typedef struct tm_logprobs {
+    uint32_t n_tok;     /* tokens */
+    uint32_t n_top;     /* alternatives per token, best first (lowest id first on ties) */
+    uint32_t *ids;      /* [n_tok] */
+    float *lp;          /* [n_tok]; NAN where there is none (the first token of a prompt) */
+    uint32_t *top_ids;  /* [n_tok * n_top] */
+    float *top_lp;      /* [n_tok * n_top] */
+    char *text;         /* token bytes (see above) */
+    uint32_t *off;      /* [n_tok * (1 + n_top) + 1] */
+} tm_logprobs;
+
+/* One sample of a record with n > 1. */
+typedef struct tm_choice {
+    char *text;             /* owned UTF-8 */
+    tm_finish finish;
+    uint32_t n_tok_gen;
+    tm_logprobs *logprobs;  /* owned; NULL unless the record asked for logprobs */
+} tm_choice;
+
+/* The score of one continuation of a scoring record. */
+typedef struct tm_score {
+    double logprob;         /* sum of the continuation's token logprobs */
+    uint32_t n_tok;         /* continuation tokens */
+    int is_greedy;          /* 1: greedy decoding would have produced every token */
+    tm_logprobs *logprobs;  /* owned; per token, NULL unless the record asked for logprobs */
+} tm_score;
 
 typedef struct tm_completion {
     uint64_t seq_no;
@@ -112,6 +158,14 @@ typedef struct tm_completion {
     tm_rec_format format; /* from the job */
     char *model;          /* owned; from the job */
     char *src_meta_json;  /* owned; from the job */
+    tm_logprobs *logprobs;        /* owned; the generated tokens' (one-sample records), or NULL */
+    tm_logprobs *prompt_logprobs; /* owned; the prompt tokens' (prompt_logprobs), or NULL */
+    tm_choice *choices;   /* owned; [n_choices] the samples of an n > 1 record (text, finish,
+                           * logprobs above are then unused; n_tok_gen is their sum); or NULL */
+    uint32_t n_choices;
+    tm_score *scores;     /* owned; [n_scores] a scoring record's answer, one per continuation,
+                           * in input order; or NULL */
+    uint32_t n_scores;
 } tm_completion;
 
 /* Free everything a record owns, and the record itself. NULL is a no-op. */
@@ -120,6 +174,8 @@ void tm_completion_destroy(tm_completion *c);
 /* Move the job's format, model and src_meta_json into c (the job's pointers become NULL). The
  * runner calls it wherever it builds a completion from a job, next to moving file and id_json. */
 void tm_completion_take_job_info(tm_completion *c, tm_job *job);
+/* Free a tm_logprobs and its arrays. NULL is a no-op. */
+void tm_logprobs_destroy(tm_logprobs *lp);
 /* Free the strings of a tm_sampling (not the struct). */
 void tm_sampling_fini(tm_sampling *sp);
 

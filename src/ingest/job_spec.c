@@ -27,10 +27,12 @@ typedef struct loader {
     tm_err *err;
 } loader;
 
-static const char *const root_keys[] = {"$schema", "model",    "input", "output",
-                                        "engine",  "defaults", "limits", NULL};
+static const char *const root_keys[] = {"$schema",  "model",  "input",         "output", "engine",
+                                        "defaults", "limits", "chat_template", NULL};
 static const char *const input_keys[] = {"files", NULL};
-static const char *const output_keys[] = {"dir", "prometheus_textfile", NULL};
+static const char *const output_keys[] = {"dir", "prometheus_textfile", "commit_every_s",
+                                          "commit_every_records", "kafka", NULL};
+static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
 static const char *const engine_keys[] = {"backend", "max_seqs", "max_batched_tokens",
                                           "block_size", "prefix_cache", "tp", "threads",
                                           "kv_blocks", "schedule", "lookahead", NULL};
@@ -511,6 +513,81 @@ static tm_rc load_limits(loader *ld, const json_t *lim) {
     return rc;
 }
 
+static tm_rc dup_str(loader *ld, const json_t *obj, const char *key, const char *jpath,
+                     char **out) {
+    const char *s = NULL;
+    tm_rc rc = get_path_str(ld, obj, key, jpath, &s);
+    if (rc)
+        return rc;
+    *out = tm_strdup(s);
+    return *out ? TM_OK : TM_ERR(ld->err, TM_E_NOMEM, "%s", jpath);
+}
+
+// output.kafka: part of the job's identity (where the results go), so it enters the canonical
+// spec; only its hash is ever stored (the manifest), so secrets in config stay in the job file.
+static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
+    if (!json_is_object(k))
+        return fail_value(ld, "output.kafka", "an object", k);
+    tm_rc rc = check_keys(ld, k, "output.kafka", kafka_keys);
+    if (rc)
+        return rc;
+    tm_job_kafka_out *ko = tm_calloc(1, sizeof(*ko));
+    if (!ko)
+        return TM_ERR(ld->err, TM_E_NOMEM, "output.kafka");
+    ld->spec->kafka = ko;
+    rc = dup_str(ld, k, "brokers", "output.kafka.brokers", &ko->brokers);
+    if (!rc)
+        rc = dup_str(ld, k, "topic", "output.kafka.topic", &ko->topic);
+    if (!rc && json_object_get(k, "transactional_id"))
+        rc = dup_str(ld, k, "transactional_id", "output.kafka.transactional_id",
+                     &ko->transactional_id);
+    const json_t *cfg = json_object_get(k, "config");
+    if (!rc && cfg && !json_is_object(cfg))
+        rc = fail_value(ld, "output.kafka.config", "an object of strings", cfg);
+    if (!rc && cfg && json_object_size(cfg)) {
+        ko->config = tm_calloc(2 * json_object_size(cfg), sizeof(char *));
+        if (!ko->config)
+            return TM_ERR(ld->err, TM_E_NOMEM, "output.kafka.config");
+        const char *key;
+        json_t *v;
+        json_object_foreach((json_t *)cfg, key, v) {
+            if (!json_is_string(v)) {
+                char p[160];
+                snprintf(p, sizeof(p), "output.kafka.config.%.100s", key);
+                return fail_value(ld, p, "a string (librdkafka settings are strings)", v);
+            }
+            ko->config[2 * ko->n_config] = tm_strdup(key);
+            ko->config[2 * ko->n_config + 1] = tm_strdup(json_string_value(v));
+            ko->n_config++;
+            if (!ko->config[2 * ko->n_config - 2] || !ko->config[2 * ko->n_config - 1])
+                return TM_ERR(ld->err, TM_E_NOMEM, "output.kafka.config");
+        }
+    }
+    if (!rc && cout)
+        canon_set(ld, cout, "kafka", json_deep_copy(k));
+    return rc;
+}
+
+// output.commit_every_s / commit_every_records (not part of the job's identity: how often
+// progress is saved does not change the results) and output.kafka.
+static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
+    tm_job_spec *spec = ld->spec;
+    spec->commit_every_s = TM_JOB_DEFAULT_COMMIT_EVERY_S;
+    const json_t *v = json_object_get(output, "commit_every_s");
+    if (v) {
+        if (!json_is_number(v) || json_number_value(v) <= 0 || json_number_value(v) > 86400)
+            return fail_value(ld, "output.commit_every_s", "a number > 0 and <= 86400", v);
+        spec->commit_every_s = json_number_value(v);
+    }
+    json_t *scratch = json_object(); // get_u32 writes the value into a canonical object
+    tm_rc rc = get_u32(ld, output, "output", "commit_every_records", 1, INT32_MAX,
+                       TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS, &spec->commit_every_records, scratch);
+    json_decref(scratch);
+    if (!rc && json_object_get(output, "kafka"))
+        rc = load_kafka_out(ld, json_object_get(output, "kafka"), cout);
+    return rc;
+}
+
 static tm_rc load_root(loader *ld, const json_t *root) {
     tm_job_spec *spec = ld->spec;
     tm_rc rc = check_keys(ld, root, "", root_keys);
@@ -527,6 +604,16 @@ static tm_rc load_root(loader *ld, const json_t *root) {
     spec->model = resolve(ld, s);
     if (!spec->model)
         return TM_ERR(ld->err, TM_E_NOMEM, "model path");
+    // chat_template overrides the tokenizer's; it changes the prompts, so it is canonical.
+    v = json_object_get(root, "chat_template");
+    if (v) {
+        if (!json_is_string(v) || json_string_length(v) == 0)
+            return fail_value(ld, "chat_template", "a non-empty string", v);
+        spec->chat_template = tm_strndup(json_string_value(v), json_string_length(v));
+        if (!spec->chat_template)
+            return TM_ERR(ld->err, TM_E_NOMEM, "chat_template");
+        canon_set(ld, ld->canon, "chat_template", json_string(spec->chat_template));
+    }
 
     json_t *input, *output, *eng, *dflt, *lim;
     rc = get_section(ld, root, "input", 1, input_keys, &input);
@@ -562,7 +649,9 @@ static tm_rc load_root(loader *ld, const json_t *root) {
             return TM_ERR(ld->err, TM_E_NOMEM, "output path");
     }
 
-    rc = load_engine(ld, eng);
+    rc = load_output_extra(ld, output, cout);
+    if (!rc)
+        rc = load_engine(ld, eng);
     if (!rc)
         rc = load_defaults(ld, dflt);
     if (!rc)
@@ -636,6 +725,16 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
     tm_free(spec->inputs);
     tm_free(spec->output_dir);
     tm_free(spec->prometheus_textfile);
+    tm_free(spec->chat_template);
+    if (spec->kafka) {
+        tm_free(spec->kafka->brokers);
+        tm_free(spec->kafka->topic);
+        tm_free(spec->kafka->transactional_id);
+        for (size_t i = 0; i < 2 * spec->kafka->n_config; i++)
+            tm_free(spec->kafka->config[i]);
+        tm_free(spec->kafka->config);
+        tm_free(spec->kafka);
+    }
     tm_sampling_fini(&spec->defaults);
     tm_free(spec->canonical_json);
     tm_free(spec);

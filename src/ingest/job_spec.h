@@ -27,6 +27,8 @@
 #define TM_JOB_DEFAULT_MAX_FIELD_BYTES (8u << 20)
 #define TM_JOB_DEFAULT_MAX_MESSAGES 4096
 #define TM_JOB_MAX_DEPTH_LIMIT 2048 /* jansson's own parser depth limit */
+#define TM_JOB_DEFAULT_COMMIT_EVERY_S 2.0
+#define TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS 1000
 /* input.files entry that means standard input (read as plain JSONL, once). */
 #define TM_JOB_STDIN "-"
 
@@ -49,6 +51,15 @@ typedef struct tm_job_engine {
     uint32_t lookahead;          /* records read, tokenized and ordered ahead of admission */
 } tm_job_engine;
 
+/* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */
+typedef struct tm_job_kafka_out {
+    char *brokers;          /* bootstrap.servers; owned */
+    char *topic;            /* owned */
+    char **config;          /* [2 * n_config] owned key, value pairs of librdkafka settings */
+    size_t n_config;
+    char *transactional_id; /* owned; NULL: idempotent producer without transactions */
+} tm_job_kafka_out;
+
 typedef struct tm_job_spec {
     char *path;           /* the job file, as given to tm_job_spec_load */
     char *model;          /* model folder, resolved */
@@ -56,6 +67,10 @@ typedef struct tm_job_spec {
     size_t n_inputs;      /* >= 1 */
     char *output_dir;     /* resolved */
     char *prometheus_textfile; /* output.prometheus_textfile, resolved; NULL when not set */
+    char *chat_template;  /* owned Jinja text overriding the tokenizer's chat_template; or NULL */
+    double commit_every_s;          /* output.commit_every_s: commit at least this often, > 0 */
+    uint32_t commit_every_records;  /* output.commit_every_records: ... or after this many, >= 1 */
+    tm_job_kafka_out *kafka;        /* output.kafka, owned; NULL when not set */
     tm_job_engine engine;
     tm_sampling defaults; /* every field filled; .set has the bits the file gave explicitly */
     uint64_t max_line_bytes; /* limits.max_line_bytes: longest accepted input line, >= 1 */

@@ -5,6 +5,8 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <xxhash.h>
+#include <pthread.h>
 #include <lz4frame.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -15,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "base/buf.h"
+#include "base/seqset.h"
 #include "ingest/fields_int.h"
 #include "ingest/source_int.h"
 
@@ -50,6 +53,8 @@ struct tm_source {
     tm_rec_format file_fmt;  /* format of the open file's first JSON object line */
     bool file_fmt_known;
     bool no_id_check;        /* duplicate ids are not checked (Kafka: redelivery is normal) */
+    pthread_mutex_t ack_mu;  /* guards acked (tm_source_ack comes from the sink thread) */
+    tm_seqset acked;         /* seq_nos acknowledged as durable */
 };
 
 // ---- id set ----
@@ -522,6 +527,138 @@ static tm_rc sp_field(tm_source *src, tm_job *job, const char *key, const char *
     return TM_OK;
 }
 
+// cache_salt (optional string): records with different salts never share prefix-cache blocks
+// (tenant isolation); kept as a 64-bit hash of the string.
+static tm_rc parse_cache_salt(tm_source *src, tm_job *job, const json_t *v, tm_err *err) {
+    tm_rc rc = TM_OK;
+    if (!v || json_is_null(v))
+        return TM_OK;
+    if (need_str(src, job, "cache_salt", v, true, &rc, err))
+        return rc;
+    uint64_t h = XXH3_64bits(json_string_value(v), json_string_length(v));
+    job->cache_salt = h ? h : 1; // 0 means "no salt"
+    return TM_OK;
+}
+
+// An optional integer field in [lo, hi] (null = absent): 1 and *out set when given, 0 when
+// absent, -1 when the job was failed (*rc set).
+static int opt_int(tm_job *job, const json_t *obj, const char *key, const char *field,
+                   long long lo, long long hi, const char *what, long long *out, tm_rc *rc,
+                   tm_err *err) {
+    const json_t *v = json_object_get(obj, key);
+    tm_field_fail ff;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
+                                                   : TM_ERRCODE_WRONG_TYPE, what, v);
+        *rc = field_fail(job, field, &ff, err);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 1;
+}
+
+// An optional boolean field (null = absent): 1/0 into *out when given; -1 when the job failed.
+static int opt_bool(tm_job *job, const json_t *obj, const char *key, const char *field, int *out,
+                    tm_rc *rc, tm_err *err) {
+    const json_t *v = json_object_get(obj, key);
+    tm_field_fail ff;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true or false", v);
+        *rc = field_fail(job, field, &ff, err);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 1;
+}
+
+// Native evaluation fields (issue 5): n, logprobs, top_logprobs, prompt_logprobs, and the
+// continuations of a scoring record.
+static tm_rc parse_eval_native(tm_source *src, const json_t *root, tm_job *job, tm_err *err) {
+    tm_rc rc = TM_OK;
+    tm_field_fail ff;
+    long long x = 0;
+    int got;
+    if ((got = opt_int(job, root, "n", "n", 1, TM_MAX_N, "an integer from 1 to 128", &x, &rc,
+                       err)) < 0)
+        return rc;
+    job->n = got ? (uint32_t)x : 1;
+    if (opt_bool(job, root, "logprobs", "logprobs", &job->logprobs, &rc, err) < 0)
+        return rc;
+    if ((got = opt_int(job, root, "top_logprobs", "top_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                       "an integer from 0 to 20", &x, &rc, err)) < 0)
+        return rc;
+    if (got) {
+        job->top_logprobs = (uint32_t)x;
+        job->logprobs |= x > 0; // asking for alternatives asks for the logprobs
+    }
+    const json_t *v = json_object_get(root, "prompt_logprobs");
+    if (v && json_is_integer(v)) {
+        if (opt_int(job, root, "prompt_logprobs", "prompt_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                    "true, false or an integer from 0 to 20", &x, &rc, err) < 0)
+            return rc;
+        job->prompt_logprobs = 1;
+        job->prompt_top_logprobs = (uint32_t)x;
+    } else if (v && !json_is_null(v)) {
+        if (!json_is_boolean(v)) {
+            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true, false or an integer from 0 to 20",
+                               v);
+            return field_fail(job, "prompt_logprobs", &ff, err);
+        }
+        job->prompt_logprobs = json_is_true(v);
+    }
+    const json_t *cs = json_object_get(root, "continuations");
+    const json_t *c1 = json_object_get(root, "continuation");
+    if (json_is_null(cs))
+        cs = NULL;
+    if (json_is_null(c1))
+        c1 = NULL;
+    if (!cs && !c1)
+        return TM_OK;
+    if (cs && c1)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'continuation' and 'continuations': give at most one of them");
+    const char *field = cs ? "continuations" : "continuation";
+    if (cs && (!json_is_array(cs) || json_array_size(cs) == 0)) {
+        tm_ingest_fail_set(&ff, json_is_array(cs) ? TM_ERRCODE_INVALID_VALUE
+                                                  : TM_ERRCODE_WRONG_TYPE,
+                           "a non-empty array of non-empty strings", cs);
+        return field_fail(job, field, &ff, err);
+    }
+    size_t n = cs ? json_array_size(cs) : 1;
+    if (n > src->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu strings, more than limits.max_messages (%u)", field, n,
+                        src->spec->max_messages);
+    if (job->n > 1)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "field 'n': a scoring record (with '%s') takes no samples", field);
+    if ((job->sp.set & TM_SP_MAX_TOKENS) && job->sp.max_tokens > 0)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "field 'max_tokens': a scoring record (with '%s') generates nothing; "
+                        "leave max_tokens out or give 0", field);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = cs ? json_array_get(cs, i) : c1;
+        char name[48];
+        snprintf(name, sizeof(name), cs ? "continuations[%zu]" : "continuation", i);
+        if (need_str(src, job, name, s, true, &rc, err))
+            return rc;
+    }
+    job->continuations = tm_calloc(n, sizeof(char *));
+    if (!job->continuations)
+        return TM_ERR(err, TM_E_NOMEM, "continuations");
+    job->n_continuations = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        job->continuations[i] = dup_json_str(cs ? json_array_get(cs, i) : c1);
+        if (!job->continuations[i])
+            return TM_ERR(err, TM_E_NOMEM, "continuations");
+    }
+    return TM_OK;
+}
+
 static tm_rc parse_native(tm_source *src, const json_t *root, tm_job *job, tm_err *err) {
     tm_field_fail ff;
     tm_rc rc = TM_OK;
@@ -562,16 +699,26 @@ static tm_rc parse_native(tm_source *src, const json_t *root, tm_job *job, tm_er
         if (rc || job->err_code)
             return rc;
     }
-    // Optional sampling fields, in schema order.
+    // Optional sampling fields, in schema order. A record may ask for max_tokens 0 (nothing
+    // generated: prompt_logprobs or a scoring record).
     for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
         const json_t *v = json_object_get(root, tm_ingest_sp_keys[i]);
         if (!v)
             continue;
+        if (strcmp(tm_ingest_sp_keys[i], "max_tokens") == 0 && json_is_integer(v) &&
+            json_integer_value(v) == 0) {
+            job->sp.max_tokens = 0;
+            job->sp.set |= TM_SP_MAX_TOKENS;
+            continue;
+        }
         rc = sp_field(src, job, tm_ingest_sp_keys[i], tm_ingest_sp_keys[i], v, err);
         if (rc || job->err_code)
             return rc;
     }
-    return TM_OK;
+    rc = parse_eval_native(src, root, job, err);
+    if (rc || job->err_code)
+        return rc;
+    return parse_cache_salt(src, job, json_object_get(root, "cache_salt"), err);
 }
 
 // Body keys tokenmill does not implement: the request is refused unless the value is absent,
@@ -580,7 +727,6 @@ static const struct {
     const char *key;
     const char *neutral[3];
 } unsupported_body[] = {
-    {"logprobs", {"false", "0"}},      {"top_logprobs", {"0"}},
     {"tools", {"[]"}},                 {"functions", {"[]"}},
     {"best_of", {"1"}},                {"echo", {"false"}},
     {"suffix", {"\"\""}},              {"logit_bias", {"{}"}},
@@ -676,11 +822,37 @@ static tm_rc parse_openai(tm_source *src, const json_t *root, tm_job *job, tm_er
                                "an integer >= 1", v);
             return field_fail(job, "body.n", &ff, err);
         }
-        if (json_integer_value(v) > 1)
-            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
-                            "field 'body.n': n = %lld is not supported (one choice per request; "
-                            "send n separate requests with different seeds)",
-                            (long long)json_integer_value(v));
+        if (json_integer_value(v) > TM_MAX_N)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.n': n = %lld is more than tokenmill's limit of %d",
+                            (long long)json_integer_value(v), TM_MAX_N);
+        job->n = (uint32_t)json_integer_value(v);
+    }
+    // logprobs: chat takes a boolean and top_logprobs (0..20); completions take an integer
+    // (alternatives per token, 0..20; OpenAI allows 5, vLLM 20).
+    long long k = 0;
+    int got;
+    if (job->format == TM_REC_FORMAT_OPENAI_CHAT) {
+        if (opt_bool(job, body, "logprobs", "body.logprobs", &job->logprobs, &rc, err) < 0)
+            return rc;
+        if ((got = opt_int(job, body, "top_logprobs", "body.top_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                           "an integer from 0 to 20", &k, &rc, err)) < 0)
+            return rc;
+        if (got && k > 0 && !job->logprobs)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.top_logprobs' needs 'body.logprobs': true");
+        job->top_logprobs = (uint32_t)k;
+    } else {
+        if ((got = opt_int(job, body, "logprobs", "body.logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                           "an integer from 0 to 20", &k, &rc, err)) < 0)
+            return rc;
+        job->logprobs = got;
+        job->top_logprobs = (uint32_t)k;
+        v = json_object_get(body, "top_logprobs");
+        if (v && !json_is_null(v))
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.top_logprobs' is for /v1/chat/completions; "
+                            "/v1/completions takes an integer 'body.logprobs'");
     }
     for (size_t i = 0; i < sizeof(unsupported_body) / sizeof(unsupported_body[0]); i++) {
         v = json_object_get(body, unsupported_body[i].key);
@@ -865,6 +1037,7 @@ tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err) {
     tm_source *src = tm_calloc(1, sizeof(*src));
     if (!src)
         return TM_ERR(err, TM_E_NOMEM, "source");
+    pthread_mutex_init(&src->ack_mu, NULL);
     src->spec = spec;
     src->chunk = tm_malloc(CHUNK_BYTES);
     src->zin = tm_malloc(CHUNK_BYTES);
@@ -895,6 +1068,8 @@ void tm_source_destroy(tm_source *src) {
     tm_free(src->zin);
     tm_buf_fini(&src->line);
     tm_free(src->ids.slots);
+    tm_seqset_fini(&src->acked);
+    pthread_mutex_destroy(&src->ack_mu);
     tm_free(src);
 }
 
@@ -945,6 +1120,22 @@ tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
         return tm_source_parse_line(src, src->spec->inputs[src->i_file], src->line_no, s, n, out,
                                     err);
     }
+}
+
+tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    tm_rc rc = TM_OK;
+    pthread_mutex_lock(&src->ack_mu);
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = tm_seqset_add(&src->acked, seq_nos[i], err);
+    pthread_mutex_unlock(&src->ack_mu);
+    return rc;
+}
+
+uint64_t tm_source_durable_watermark(tm_source *src) {
+    pthread_mutex_lock(&src->ack_mu);
+    uint64_t w = src->acked.watermark;
+    pthread_mutex_unlock(&src->ack_mu);
+    return w;
 }
 
 uint64_t tm_source_n_records(const tm_source *src) { return src->seq_no; }

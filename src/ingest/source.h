@@ -39,6 +39,20 @@ void tm_source_destroy(tm_source *src); /* NULL is a no-op; closes the open file
  * have been returned (the frame checksum is only known at its end). */
 tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err);
 
+/* Durability acknowledgements, sink -> source (ARCHITECTURE.md's ack path). After a commit is
+ * durable (sink/manifest.h: data fsynced and the manifest published, or the Kafka sink's broker
+ * acks), the job calls tm_source_ack with the seq_nos that commit made durable, in any order, each
+ * once; records skipped on resume because an earlier run committed them are acked too, as the job
+ * skips them. Only acknowledged records may be given up by the source: a Kafka source commits a
+ * partition's offset only up to its first record that is not acked yet (offset + 1 of the last
+ * acked record of the contiguous run), so a crash replays exactly the records that were not
+ * durable, and the manifest wins where it and the group's offsets disagree. The file source just
+ * keeps the set (watermark + the few acked seq_nos above it). Thread-safe: any thread, also while
+ * another thread is in tm_source_next. TM_E_NOMEM. */
+tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err);
+/* Every seq_no below the returned value has been acked. Thread-safe. */
+uint64_t tm_source_durable_watermark(tm_source *src);
+
 /* Records returned so far (= the next seq_no). */
 uint64_t tm_source_n_records(const tm_source *src);
 /* Capacity in bytes of the line buffer (tests check the memory bound). */

@@ -6,6 +6,7 @@
  * except the growth of a sequence's token array and text. */
 #include "runner/runner.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,8 +20,11 @@
 #include "runner/prefix_cache.h"
 #include "runner/sample.h"
 
+struct group;
+
 typedef struct seq {
-    tm_job *job;            /* owned while the sequence runs; NULL = free slot */
+    tm_job *job;            /* owned while the sequence runs (borrowed from grp when grp is set);
+                             * NULL = free slot */
     uint64_t admit_order;   /* admission counter; the youngest is preempted first */
     tm_ids ids;             /* prompt then generated tokens */
     uint32_t n_prompt;
@@ -31,6 +35,7 @@ typedef struct seq {
     uint32_t n_keys;        /* keys[0, n_keys) are computed */
     uint32_t n_offered;     /* full blocks [0, n_offered) were offered to the cache */
     uint32_t n_cached;      /* prompt tokens served from the cache (before any preemption) */
+    uint64_t salt;          /* the record's cache_salt: blocks are shared only within a salt */
     int preempted;
     uint32_t n_gen;
     uint32_t max_len;       /* stop at this many tokens (context / pool limit) */
@@ -46,12 +51,43 @@ typedef struct seq {
     float *itl;             /* [n_itl] gaps between generated tokens (ms); to the completion */
     uint32_t n_itl, cap_itl;
     uint32_t chunk;         /* tokens scheduled in the current step; 0 = not in the step */
+    /* Evaluation (issue 5). Rows of positions [score_next, score_end) are wanted for scoring:
+     * the row of position p gives the logprob of token p + 1 (a prompt token when p + 1 <
+     * n_prompt_only, else a continuation token). Such a sequence is computed in chunks that end
+     * at the next wanted row, since the engine gives one row per chunk. */
+    struct group *grp;      /* the record's group (n > 1, continuations), or NULL */
+    uint32_t sub;           /* index of this sequence in its group */
+    uint32_t n_prompt_only; /* prompt tokens before a continuation (= n_prompt without one) */
+    int gen;                /* samples tokens (max_tokens > 0 and not a scoring record) */
+    uint32_t score_next, score_end;
+    uint32_t n_top, n_top_prompt; /* alternatives per generated/scored and per prompt token */
+    tm_logprobs *lp;        /* owned; generated or continuation tokens' logprobs, or NULL */
+    tm_logprobs *plp;       /* owned; prompt tokens' logprobs, or NULL */
+    uint32_t lp_cap, plp_cap;
+    double score_sum;       /* continuation: sum of its token logprobs */
+    uint32_t n_scored;      /* continuation tokens scored */
+    int not_greedy;         /* continuation: some token was not the argmax of its row */
 } seq;
+
+/* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
+ * scoring record. Admitted as siblings (back to back), so the prefix cache and the partial-block
+ * copy share the prompt's KV. References: the pending window entry (until every sequence is
+ * admitted) and each running sequence; the last unref frees it. */
+typedef struct group {
+    tm_job *job;            /* owned; the sequences borrow it */
+    tm_ids *sub_ids;        /* [n_sub] each sequence's ids, moved into it at admission */
+    uint32_t n_sub, n_admit, n_fin, n_ref;
+    uint32_t n_prompt;      /* prompt tokens (without a continuation) */
+    int failed;             /* an error record was emitted; admit nothing more */
+    double t_admit_ms, t_first_ms;
+    tm_completion *c;       /* owned until emitted; choices/scores filled as sequences finish */
+} group;
 
 /* A record read ahead of admission: tokenized, checked, waiting in the window. */
 typedef struct pending {
-    tm_job *job;            /* owned */
+    tm_job *job;            /* owned (borrowed from grp when grp is set) */
     tm_ids ids;             /* owned prompt tokens */
+    group *grp;             /* a reference to the record's group, or NULL */
     int32_t max_tokens;     /* merged with the defaults, for ordering */
 } pending;
 
@@ -115,11 +151,168 @@ static void seq_reset(runner *r, seq *s) {
     tm_ids_fini(&s->ids);
     tm_buf_fini(&s->text);
     tm_free(s->itl);
+    tm_logprobs_destroy(s->lp);
+    tm_logprobs_destroy(s->plp);
     uint32_t *blocks = s->blocks;
     tm_bhash *keys = s->keys;
     memset(s, 0, sizeof(*s));
     s->blocks = blocks;
     s->keys = keys;
+}
+
+// ---- logprobs (issue 5) ----
+
+static tm_rc lp_create(uint32_t n_top, tm_logprobs **out, tm_err *err) {
+    *out = tm_calloc(1, sizeof(**out));
+    if (!*out)
+        return TM_ERR(err, TM_E_NOMEM, "logprobs");
+    (*out)->n_top = n_top;
+    return TM_OK;
+}
+
+// Append one token (its logprob and its n_top alternatives) to l; grows like ids.
+static tm_rc lp_push(tm_logprobs *l, uint32_t *cap, uint32_t id, float lp, const uint32_t *top_ids,
+                     const float *top_lp, tm_err *err) {
+    const uint32_t k = l->n_top;
+    if (l->n_tok == *cap) {
+        uint32_t c = *cap ? 2 * *cap : 16;
+        uint32_t *ids = tm_realloc(l->ids, c * sizeof(*ids));
+        if (ids)
+            l->ids = ids;
+        float *v = ids ? tm_realloc(l->lp, c * sizeof(*v)) : NULL;
+        if (v)
+            l->lp = v;
+        uint32_t *ti = v && k ? tm_realloc(l->top_ids, (size_t)c * k * sizeof(*ti)) : NULL;
+        if (ti)
+            l->top_ids = ti;
+        float *tv = ti ? tm_realloc(l->top_lp, (size_t)c * k * sizeof(*tv)) : NULL;
+        if (tv)
+            l->top_lp = tv;
+        if (!v || (k && !tv))
+            return TM_ERR(err, TM_E_NOMEM, "logprobs of %u tokens", c);
+        *cap = c;
+    }
+    l->ids[l->n_tok] = id;
+    l->lp[l->n_tok] = lp;
+    for (uint32_t j = 0; j < k; j++) {
+        l->top_ids[(size_t)l->n_tok * k + j] = top_ids ? top_ids[j] : 0;
+        l->top_lp[(size_t)l->n_tok * k + j] = top_ids ? top_lp[j] : NAN;
+    }
+    l->n_tok++;
+    return TM_OK;
+}
+
+// Logprob of token id in a logits row (and the row's n_top alternatives) appended to l; *argmax
+// gets the greedy token.
+static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *row, uint32_t id,
+                         uint32_t *argmax, float *lp_id, tm_err *err);
+
+// Fill l's token byte table (text, off) once its tokens are final.
+static tm_rc lp_finish(runner *r, tm_logprobs *l, tm_err *err) {
+    if (!l || l->off)
+        return TM_OK;
+    const uint32_t per = 1 + l->n_top;
+    size_t n_ent = (size_t)l->n_tok * per, total = 0, len;
+    for (size_t e = 0; e < n_ent; e++) {
+        uint32_t id = e % per ? l->top_ids[(e / per) * l->n_top + e % per - 1] : l->ids[e / per];
+        if (e % per && isnan(l->top_lp[(e / per) * l->n_top + e % per - 1]))
+            continue; // no alternatives (a prompt's first token): empty strings
+        if (tm_tok_piece(r->tok, id, &len))
+            total += len;
+    }
+    l->off = tm_calloc(n_ent + 1, sizeof(*l->off));
+    l->text = tm_malloc(total + 1);
+    if (!l->off || !l->text)
+        return TM_ERR(err, TM_E_NOMEM, "logprob token strings (%zu bytes)", total);
+    if (total > UINT32_MAX)
+        return TM_ERR(err, TM_E_INVAL, "logprob token strings over 4 GiB");
+    size_t at = 0;
+    for (size_t e = 0; e < n_ent; e++) {
+        l->off[e] = (uint32_t)at;
+        uint32_t id = e % per ? l->top_ids[(e / per) * l->n_top + e % per - 1] : l->ids[e / per];
+        if (e % per && isnan(l->top_lp[(e / per) * l->n_top + e % per - 1]))
+            continue;
+        const char *p = tm_tok_piece(r->tok, id, &len);
+        if (p) {
+            memcpy(l->text + at, p, len);
+            at += len;
+        }
+    }
+    l->off[n_ent] = (uint32_t)at;
+    l->text[at] = '\0';
+    return TM_OK;
+}
+
+// ---- groups: one record, several sequences ----
+
+static void group_unref(group *g) {
+    if (!g || --g->n_ref > 0)
+        return;
+    tm_job_destroy(g->job);
+    for (uint32_t i = 0; i < g->n_sub; i++)
+        tm_ids_fini(&g->sub_ids[i]);
+    tm_free(g->sub_ids);
+    tm_completion_destroy(g->c);
+    tm_free(g);
+}
+
+// Make p (its job and tokenized prompt) a group of n_sub sequences: copies of the prompt, or
+// prompt + each continuation (tokenized on its own and appended, as lm-eval-harness does, so a
+// continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_INVAL
+// with *code set.
+static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *code, tm_err *err) {
+    tm_job *job = p->job;
+    group *g = tm_calloc(1, sizeof(*g));
+    if (!g)
+        return TM_ERR(err, TM_E_NOMEM, "record group");
+    g->n_ref = 1; // the pending entry's
+    g->n_sub = n_sub;
+    g->n_prompt = (uint32_t)p->ids.len;
+    g->sub_ids = tm_calloc(n_sub, sizeof(*g->sub_ids));
+    g->c = tm_calloc(1, sizeof(*g->c));
+    tm_rc rc = TM_OK;
+    if (!g->sub_ids || !g->c) {
+        rc = TM_ERR(err, TM_E_NOMEM, "record group of %u", n_sub);
+        goto fail;
+    }
+    if (job->continuations) {
+        g->c->scores = tm_calloc(n_sub, sizeof(*g->c->scores));
+        g->c->n_scores = n_sub;
+    } else {
+        g->c->choices = tm_calloc(n_sub, sizeof(*g->c->choices));
+        g->c->n_choices = n_sub;
+    }
+    if (!g->c->scores && !g->c->choices) {
+        rc = TM_ERR(err, TM_E_NOMEM, "record group of %u", n_sub);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < n_sub && rc == TM_OK; i++) {
+        tm_ids *v = &g->sub_ids[i];
+        for (size_t t = 0; t < p->ids.len && rc == TM_OK; t++)
+            rc = tm_ids_push(v, p->ids.ids[t], err);
+        if (rc || !job->continuations)
+            continue;
+        const char *cont = job->continuations[i];
+        *code = TM_ERRCODE_INVALID_VALUE;
+        rc = tm_tok_encode(r->tok, cont, strlen(cont), v, err);
+        if (rc == TM_OK && v->len == p->ids.len)
+            rc = TM_ERR(err, TM_E_INVAL, "continuation %u is empty", i);
+        if (rc == TM_OK && v->len > r->max_len) {
+            *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "prompt + continuation %u is %zu tokens; this engine holds at most %u "
+                        "tokens per sequence",
+                        i, v->len, r->max_len);
+        }
+    }
+    if (rc)
+        goto fail;
+    p->grp = g;
+    return TM_OK;
+fail:
+    g->job = NULL; // still the pending entry's
+    group_unref(g);
+    return rc;
 }
 
 // Merge a record's sampling fields over the job defaults.
@@ -153,7 +346,8 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
         return TM_OK;
     if (job->messages) {
         tm_buf prompt = {0};
-        rc = tm_chat_render(r->tok, job->messages, job->n_messages, 1, &prompt, err);
+        rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages, 1,
+                                 &prompt, err);
         if (rc == TM_OK)
             rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
         tm_buf_fini(&prompt);
@@ -194,6 +388,9 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
             TM_ERR(&rec_err, TM_E_INVAL, "prompt is empty");
         rc = TM_E_INVAL;
     }
+    uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
+    if (rc == TM_OK && (job->continuations || n_sub > 1))
+        rc = group_create(r, p, n_sub, &code, &rec_err);
     if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
@@ -205,6 +402,10 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
         return rc;
     }
     p->max_tokens = ((job->sp.set & TM_SP_MAX_TOKENS) ? &job->sp : &r->cfg->defaults)->max_tokens;
+    if (job->continuations)
+        p->max_tokens = 0;
+    if (p->grp)
+        p->grp->job = job;
     r->win_len++;
     return TM_OK;
 }
@@ -256,24 +457,77 @@ static void window_order(runner *r) {
     }
 }
 
-// Admit the window's next record into a free slot.
-static void admit(runner *r) {
-    pending *p = &r->win[r->win_head++];
+// Admit the window's next record (or the next sequence of its group) into a free slot.
+static tm_rc admit(runner *r, tm_err *err) {
+    pending *p = &r->win[r->win_head];
+    group *g = p->grp;
+    if (g && g->failed) { // an earlier sibling failed the record: nothing more to run
+        r->win_head++;
+        tm_ids_fini(&p->ids);
+        group_unref(g);
+        *p = (pending){0};
+        return TM_OK;
+    }
     seq *s = NULL;
     for (uint32_t i = 0; i < r->cfg->max_seqs && !s; i++)
         if (!r->seqs[i].job)
             s = &r->seqs[i];
     TM_ASSERT(s);
     s->job = p->job;
-    s->ids = p->ids;
-    *p = (pending){0};
+    if (g) {
+        s->sub = g->n_admit++;
+        s->ids = g->sub_ids[s->sub];
+        g->sub_ids[s->sub] = (tm_ids){0};
+        s->grp = g;
+        g->n_ref++;
+    } else {
+        s->ids = p->ids;
+        p->ids = (tm_ids){0};
+    }
+    if (!g || g->n_admit == g->n_sub) {
+        r->win_head++;
+        tm_ids_fini(&p->ids);
+        group_unref(g); // the pending entry's reference
+        *p = (pending){0};
+    }
+    const tm_job *job = s->job;
     s->t_admit_ms = tm_now_ms();
+    if (g && g->t_admit_ms == 0)
+        g->t_admit_ms = s->t_admit_ms;
     s->n_prompt = (uint32_t)s->ids.len;
+    s->n_prompt_only = g ? g->n_prompt : s->n_prompt;
+    s->salt = job->cache_salt;
     merge_sampling(&r->cfg->defaults, &s->job->sp, s);
+    if (g && !job->continuations)
+        s->sp.seed = tm_sample_seed_of(s->sp.seed, s->sub);
     s->max_len = r->max_len;
     s->admit_order = r->n_admitted++;
     r->stats->n_tok_prompt += s->n_prompt;
     r->n_running++;
+    s->gen = s->max_tokens > 0 && !job->continuations;
+    s->n_top = TM_MIN(job->top_logprobs, r->n_vocab_tok);
+    if (job->continuations) {
+        s->score_next = s->n_prompt_only - 1;
+        s->score_end = s->n_prompt - 1;
+    }
+    tm_rc rc = TM_OK;
+    if (job->logprobs)
+        rc = lp_create(s->n_top, &s->lp, err);
+    if (rc == TM_OK && job->prompt_logprobs && s->sub == 0) {
+        s->n_top_prompt = TM_MIN(job->prompt_top_logprobs, r->n_vocab_tok);
+        s->score_next = 0;
+        if (!job->continuations)
+            s->score_end = s->n_prompt_only - 1;
+        rc = lp_create(s->n_top_prompt, &s->plp, err);
+        if (rc == TM_OK) // the first token has no logprob
+            rc = lp_push(s->plp, &s->plp_cap, s->ids.ids[0], NAN, NULL, NULL, err);
+    }
+    return rc;
+}
+
+// First position whose logits row s still wants: the next scoring row, else its last token.
+static uint32_t next_row(const seq *s) {
+    return s->score_next < s->score_end ? s->score_next : (uint32_t)s->ids.len - 1;
 }
 
 static uint32_t reserve(runner *r, seq *s, uint32_t want);
@@ -284,7 +538,8 @@ static void ensure_keys(runner *r, seq *s, uint32_t n) {
     for (; s->n_keys < n; s->n_keys++) {
         uint32_t j = s->n_keys;
         TM_ASSERT((size_t)(j + 1) * bs <= s->ids.len);
-        s->keys[j] = tm_pcache_key(j ? &s->keys[j - 1] : NULL, 0, s->ids.ids + (size_t)j * bs, bs);
+        s->keys[j] =
+            tm_pcache_key(j ? &s->keys[j - 1] : NULL, s->salt, s->ids.ids + (size_t)j * bs, bs);
     }
 }
 
@@ -292,7 +547,7 @@ static void ensure_keys(runner *r, seq *s, uint32_t n) {
 // least one token to compute (its logits give the next token).
 static void match_cached(runner *r, seq *s) {
     const uint32_t bs = r->cfg->block_size;
-    while (s->n_done % bs == 0 && s->n_block == s->n_done / bs && s->n_done + bs < s->ids.len) {
+    while (s->n_done % bs == 0 && s->n_block == s->n_done / bs && s->n_done + bs <= next_row(s)) {
         uint32_t j = s->n_done / bs, b;
         ensure_keys(r, s, j + 1);
         if (!tm_pcache_take(r->pcache, s->keys[j], &b))
@@ -313,6 +568,8 @@ static uint32_t common_run(const uint32_t *a, const uint32_t *b, uint32_t n) {
 
 // Does o hold the same first j blocks of tokens as s (same chained key of block j - 1)?
 static int same_blocks_before(runner *r, seq *s, seq *o, uint32_t j) {
+    if (s->salt != o->salt)
+        return 0;
     if (j == 0)
         return 1;
     if (o->ids.len < (size_t)j * r->cfg->block_size)
@@ -326,9 +583,10 @@ static int same_blocks_before(runner *r, seq *s, seq *o, uint32_t j) {
 // sequence's block j (all but its last token, which must be computed for its logits).
 static uint32_t block_limit(runner *r, const seq *s) {
     const uint32_t bs = r->cfg->block_size;
-    if (s->n_done % bs || s->n_block != s->n_done / bs || s->n_done + 1 >= s->ids.len)
+    const uint32_t row = next_row(s);
+    if (s->n_done % bs || s->n_block != s->n_done / bs || s->n_done >= row)
         return 0;
-    return (uint32_t)TM_MIN((size_t)bs, s->ids.len - 1 - s->n_done);
+    return TM_MIN(bs, row - s->n_done);
 }
 
 // Is an older running sequence about to compute tokens that s's next block shares with it? Then
@@ -410,10 +668,103 @@ static int is_eos(const runner *r, uint32_t id) {
     return 0;
 }
 
+// Free s's slot (its job belongs to its group, or was moved out).
+static void seq_free_slot(runner *r, seq *s) {
+    group *g = s->grp;
+    s->job = NULL;
+    s->grp = NULL;
+    seq_reset(r, s);
+    r->n_running--;
+    group_unref(g);
+}
+
+// Record the result of group sequence s in the group's completion; the last one emits it.
+static tm_rc sub_finish(runner *r, seq *s, tm_finish why, tm_err *err) {
+    group *g = s->grp;
+    tm_completion *c = g->c;
+    if (g->job->continuations) {
+        tm_score *sc = &c->scores[s->sub];
+        sc->logprob = s->score_sum;
+        sc->n_tok = s->n_scored;
+        sc->is_greedy = !s->not_greedy;
+        sc->logprobs = s->lp, s->lp = NULL;
+    } else {
+        tm_choice *ch = &c->choices[s->sub];
+        ch->text = s->text.data ? s->text.data : tm_strdup("");
+        s->text.data = NULL;
+        if (!ch->text)
+            return TM_ERR(err, TM_E_NOMEM, "completion text");
+        ch->finish = why;
+        ch->n_tok_gen = s->n_gen;
+        ch->logprobs = s->lp, s->lp = NULL;
+        c->n_tok_gen += s->n_gen;
+        if (!c->itl_ms) // the first sample to finish gives the record's inter-token latencies
+            c->itl_ms = s->itl, s->itl = NULL, c->n_itl = s->n_itl;
+    }
+    if (s->plp)
+        c->prompt_logprobs = s->plp, s->plp = NULL;
+    c->n_tok_cached = TM_MAX(c->n_tok_cached, TM_MIN(s->n_cached, g->n_prompt));
+    r->stats->n_tok_cached += s->n_cached;
+    if (s->t_first_ms > 0 && (g->t_first_ms == 0 || s->t_first_ms < g->t_first_ms))
+        g->t_first_ms = s->t_first_ms;
+    g->n_fin++;
+    int last = g->n_fin == g->n_sub;
+    if (last)
+        g->n_ref++; // keep g past the slot's reference
+    seq_free_slot(r, s);
+    if (!last)
+        return TM_OK;
+    tm_job *job = g->job;
+    c->seq_no = job->seq_no;
+    c->line = job->line;
+    c->file = job->file, job->file = NULL;
+    c->id_json = job->id_json, job->id_json = NULL;
+    tm_completion_take_job_info(c, job);
+    c->finish = c->n_choices ? c->choices[0].finish : TM_FINISH_LENGTH;
+    c->n_tok_prompt = g->n_prompt;
+    c->ttft_ms = (g->t_first_ms > 0 ? g->t_first_ms : tm_now_ms()) - g->t_admit_ms;
+    c->total_ms = tm_now_ms() - g->t_admit_ms;
+    g->c = NULL;
+    group_unref(g);
+    if (tm_queue_push(r->out, c) != TM_OK) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_INTERNAL, "output queue closed early");
+    }
+    return TM_OK;
+}
+
+// A sequence failed (non-finite logits): its record becomes an error record; the other
+// sequences of its group stop.
+static tm_rc fail_seq(runner *r, seq *s, const char *msg, tm_err *err) {
+    group *g = s->grp;
+    if (!g) {
+        tm_job *job = s->job;
+        s->job = NULL;
+        seq_reset(r, s);
+        r->n_running--;
+        return emit_error(r, job, TM_ERRCODE_ENGINE_ERROR, msg, err);
+    }
+    g->n_ref++;
+    for (uint32_t i = 0; i < r->cfg->max_seqs; i++)
+        if (r->seqs[i].grp == g)
+            seq_free_slot(r, &r->seqs[i]);
+    g->failed = 1;
+    tm_job *job = g->job;
+    g->job = NULL;
+    group_unref(g);
+    return emit_error(r, job, TM_ERRCODE_ENGINE_ERROR, msg, err);
+}
+
 static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     tm_rc rc = tm_detok_flush(&s->detok, &s->text, err);
+    if (rc == TM_OK)
+        rc = lp_finish(r, s->lp, err);
+    if (rc == TM_OK)
+        rc = lp_finish(r, s->plp, err);
     if (rc)
         return rc;
+    if (s->grp)
+        return sub_finish(r, s, why, err);
     tm_completion *c = tm_calloc(1, sizeof(*c));
     if (!c)
         return TM_ERR(err, TM_E_NOMEM, "completion");
@@ -435,6 +786,8 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     c->total_ms = now - s->t_admit_ms;
     c->itl_ms = s->itl, s->itl = NULL;
     c->n_itl = s->n_itl;
+    c->logprobs = s->lp, s->lp = NULL;
+    c->prompt_logprobs = s->plp, s->plp = NULL;
     tm_job_destroy(job);
     s->job = NULL;
     seq_reset(r, s);
@@ -571,6 +924,44 @@ static seq *oldest_unscheduled(runner *r, int decodes) {
     return best;
 }
 
+static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *row, uint32_t id,
+                         uint32_t *argmax, float *lp_id, tm_err *err) {
+    uint32_t top_ids[TM_MAX_TOP_LOGPROBS];
+    float top_lp[TM_MAX_TOP_LOGPROBS];
+    TM_ASSERT(l->n_top <= TM_MAX_TOP_LOGPROBS);
+    tm_rc rc = tm_sample_logprobs(row, r->n_vocab_tok, id, l->n_top, lp_id, top_ids, top_lp, argmax,
+                                  err);
+    if (rc)
+        return rc;
+    return lp_push(l, cap, id, *lp_id, top_ids, top_lp, err);
+}
+
+// The row of position score_next of s: the logprob of token score_next + 1 (a prompt token, or
+// a continuation token that also counts towards the score).
+static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
+    uint32_t pos = s->score_next++, id = s->ids.ids[pos + 1], am;
+    float v;
+    tm_rc rc;
+    if (s->t_first_ms == 0)
+        s->t_first_ms = tm_now_ms();
+    if (pos + 1 < s->n_prompt_only) {
+        if (!s->plp)
+            return TM_OK;
+        return lp_push_row(r, s->plp, &s->plp_cap, row, id, &am, &v, err);
+    }
+    if (s->lp) {
+        rc = lp_push_row(r, s->lp, &s->lp_cap, row, id, &am, &v, err);
+    } else {
+        rc = tm_sample_logprobs(row, r->n_vocab_tok, id, 0, &v, NULL, NULL, &am, err);
+    }
+    if (rc)
+        return rc;
+    s->score_sum += v;
+    s->n_scored++;
+    s->not_greedy |= am != id;
+    return TM_OK;
+}
+
 static tm_rc step(runner *r, tm_err *err) {
     uint32_t budget = r->cfg->max_batched_tokens, n = 0;
     // Decodes first, then prefill chunks; both oldest first. A sequence that gets no tokens is
@@ -589,6 +980,10 @@ static tm_rc step(runner *r, tm_err *err) {
                     return rc;
             }
             uint32_t need = (uint32_t)s->ids.len - s->n_done;
+            // A scoring sequence's chunk ends at its next wanted row (one row per chunk).
+            uint32_t row = next_row(s);
+            if (row >= s->n_done && row - s->n_done + 1 < need)
+                need = row - s->n_done + 1;
             uint32_t got = reserve(r, s, TM_MIN(need, budget));
             if (got == 0) {
                 s->chunk = UINT32_MAX;
@@ -603,7 +998,8 @@ static tm_rc step(runner *r, tm_err *err) {
                 .pos = s->n_done,
                 .block_table = s->blocks,
                 .n_block = s->n_block,
-                .want_logits = s->n_done + got == s->ids.len,
+                .want_logits = s->n_done + got - 1 == row &&
+                               (s->gen || s->score_next < s->score_end),
             };
             n++;
         }
@@ -639,27 +1035,42 @@ static tm_rc step(runner *r, tm_err *err) {
     uint32_t row = 0;
     for (uint32_t i = 0; i < n; i++) {
         seq *s = r->bseq_owner[i];
+        const float *lg = r->logits + (size_t)row * r->n_vocab;
+        row += r->bseqs[i].want_logits != 0;
+        if (!s->job)
+            continue; // its record failed earlier in this loop (a sibling's error)
         s->n_done += s->chunk;
         s->chunk = 0;
         if (r->pcache)
             offer_blocks(r, s);
-        if (!r->bseqs[i].want_logits)
+        if (!r->bseqs[i].want_logits) {
+            // A record that wants no rows at all (max_tokens 0): done once computed.
+            if (!s->gen && s->score_next >= s->score_end && s->n_done == s->ids.len)
+                rc = finish(r, s, TM_FINISH_LENGTH, err);
+            if (rc)
+                return rc;
             continue;
+        }
         uint32_t id;
-        rc = tm_sample_token(r->logits + (size_t)row * r->n_vocab, r->n_vocab_tok, &s->sp, s->n_gen,
-                             &r->scratch, &id, err);
-        row++;
+        if (s->score_next < s->score_end) {
+            rc = score_row(r, s, lg, err);
+            if (rc == TM_OK && s->score_next == s->score_end && !s->gen)
+                rc = finish(r, s, TM_FINISH_LENGTH, err);
+        } else {
+            rc = tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err);
+            if (rc == TM_OK && s->lp) {
+                uint32_t am;
+                float v;
+                rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
+            }
+            if (rc == TM_OK)
+                rc = on_token(r, s, id, err);
+        }
         if (rc == TM_E_INVAL) {
             // Non-finite logits: this record fails, the job goes on.
-            tm_job *job = s->job;
-            s->job = NULL;
             char msg[sizeof(err->msg)];
             memcpy(msg, err->msg, sizeof(msg));
-            seq_reset(r, s);
-            r->n_running--;
-            rc = emit_error(r, job, TM_ERRCODE_ENGINE_ERROR, msg, err);
-        } else if (rc == TM_OK) {
-            rc = on_token(r, s, id, err);
+            rc = fail_seq(r, s, msg, err);
         }
         if (rc)
             return rc;
@@ -670,15 +1081,20 @@ static tm_rc step(runner *r, tm_err *err) {
 static void runner_fini(runner *r) {
     for (uint32_t i = 0; r->seqs && i < r->cfg->max_seqs; i++) {
         seq *s = &r->seqs[i];
-        tm_job_destroy(s->job);
+        if (!s->grp)
+            tm_job_destroy(s->job);
         s->job = NULL;
         if (r->pool)
             seq_reset(r, s);
+        group_unref(s->grp);
+        s->grp = NULL;
         tm_free(s->blocks);
         tm_free(s->keys);
     }
     for (uint32_t i = r->win_head; i < r->win_len; i++) {
-        tm_job_destroy(r->win[i].job);
+        if (!r->win[i].grp)
+            tm_job_destroy(r->win[i].job);
+        group_unref(r->win[i].grp);
         tm_ids_fini(&r->win[i].ids);
     }
     tm_free(r->win);
@@ -764,8 +1180,11 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             if (cfg->policy == TM_SCHED_PREFIX)
                 window_order(&r);
         }
-        while (r.n_running < cfg->max_seqs && r.win_head < r.win_len)
-            admit(&r);
+        while (r.n_running < cfg->max_seqs && r.win_head < r.win_len) {
+            rc = admit(&r, err);
+            if (rc)
+                goto done;
+        }
         if (r.n_running == 0) {
             if (!input_open && r.win_head == r.win_len)
                 break;

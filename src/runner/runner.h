@@ -42,6 +42,8 @@ typedef struct tm_runner_cfg {
     int prefix_cache;            /* reuse cached KV blocks of shared prefixes */
     tm_sched_policy policy;
     uint32_t lookahead;          /* records tokenized and ordered ahead of admission (PREFIX) */
+    const char *chat_template;   /* Jinja chat template overriding the tokenizer's, or NULL;
+                                  * borrowed (must outlive the run) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */

@@ -15,6 +15,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/fault_io.h"
 #include "sink/nvml.h"
 
 #ifndef TM_VERSION
@@ -83,6 +84,8 @@ struct tm_metrics {
     double start_ms, end_ms;
     double start_unix_s, end_unix_s;
     bool ended;
+    tm_metrics_durability dur;
+    bool have_dur;
 };
 
 static void read_cpu_model(char *out, size_t n) {
@@ -278,6 +281,21 @@ static tm_rc push(samples *s, double v, tm_err *err) {
     }
     s->v[s->n++] = v;
     return TM_OK;
+}
+
+void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e) {
+    m->n_ok += e->n_ok;
+    m->n_failed += e->n_failed;
+    for (int i = 0; e->n_err_by_code && i < N_ERRCODES; i++)
+        m->n_err_by_code[i] += e->n_err_by_code[i];
+    m->n_tok_prompt += e->n_tok_prompt;
+    m->n_tok_cached += e->n_tok_cached;
+    m->n_tok_gen += e->n_tok_gen;
+}
+
+void tm_metrics_set_durability(tm_metrics *m, const tm_metrics_durability *d) {
+    m->dur = *d;
+    m->have_dur = true;
 }
 
 tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err) {
@@ -534,6 +552,8 @@ static tm_rc write_file_atomic(const char *path, const char *text, tm_err *err) 
         rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
     if (close(fd) != 0 && !rc)
         rc = TM_ERR(err, TM_E_IO, "closing %s: %s", tmp, strerror(errno));
+    if (!rc)
+        tm_fault_point("metrics_before_rename"); // crash tests: metrics.json stays old or new
     if (!rc && rename(tmp, path) != 0)
         rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, path, strerror(errno));
     if (rc) {
@@ -563,6 +583,18 @@ done:
 
 tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) {
     json_t *root = build_json(m);
+    if (root && m->have_dur &&
+        json_object_set_new(
+            root, "durability",
+            json_pack("{s:I, s:I, s:f, s:f, s:i, s:I, s:I}", "commits",
+                      (json_int_t)m->dur.commits, "commits_total", (json_int_t)m->dur.commits_total,
+                      "commit_ms_total", m->dur.commit_ms_total, "commit_ms_max",
+                      m->dur.commit_ms_max, "runs", (int)m->dur.runs, "resumed_records",
+                      (json_int_t)m->dur.resumed_records, "cut_bytes",
+                      (json_int_t)m->dur.cut_bytes)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
     if (!root)
         return TM_ERR(err, TM_E_NOMEM, "metrics JSON");
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(12));

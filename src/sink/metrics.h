@@ -89,6 +89,25 @@ typedef struct tm_metrics_engine {
 void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e);
 /* Speculative decoding: draft tokens proposed and accepted (omit the call when not used). */
 void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted);
+/* Records finished by earlier runs of the same job (a resumed job; sink/manifest.h carries the
+ * totals): added to records and tokens, so metrics.json covers the whole job. Latencies,
+ * throughput and engine figures stay this run's. n_err_by_code is [TM_ERRCODE_COUNT]. */
+typedef struct tm_metrics_earlier {
+    uint64_t n_ok, n_failed;
+    const uint64_t *n_err_by_code;
+    uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
+} tm_metrics_earlier;
+void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e);
+/* Commit figures of a tokenmill run job ("durability" in metrics.json; absent until set). */
+typedef struct tm_metrics_durability {
+    uint64_t commits;         /* this run */
+    uint64_t commits_total;   /* all runs */
+    double commit_ms_total, commit_ms_max;
+    uint32_t runs;            /* runs that committed, this one included */
+    uint64_t resumed_records; /* records committed by earlier runs, skipped now */
+    uint64_t cut_bytes;       /* torn bytes cut off the data files at start */
+} tm_metrics_durability;
+void tm_metrics_set_durability(tm_metrics *m, const tm_metrics_durability *d);
 /* Sample the GPUs' power draw (NVML), at most once a second whatever the call rate; a no-op
  * without NVML. The sink thread calls it as it goes; tm_metrics_end takes a last sample. */
 void tm_metrics_poll_gpus(tm_metrics *m);

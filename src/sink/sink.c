@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fault_io.h"
 
 enum { SLICE_BYTES = 64 * 1024 }; /* lines are fed to LZ4F in slices of at most this size */
 
@@ -63,6 +64,205 @@ static tm_rc append_source_meta(tm_buf *b, const tm_completion *c, tm_err *err) 
     return rc;
 }
 
+// ---- logprobs (issue 5) ----
+
+// A logprob as JSON: shortest text that reads back as the same float; NaN (none) is null.
+static tm_rc append_lp(tm_buf *b, float v, tm_err *err) {
+    if (isnan(v))
+        return tm_buf_append_str(b, "null", err);
+    return tm_buf_printf(b, err, "%.9g", (double)v);
+}
+
+// Bytes of entry e of l (see tm_logprobs).
+static const char *lp_bytes(const tm_logprobs *l, size_t e, size_t *n) {
+    *n = l->off[e + 1] - l->off[e];
+    return l->text + l->off[e];
+}
+
+// The token text of entry e as a JSON string (bytes that are not valid UTF-8, e.g. half a
+// character, become U+FFFD; the token id or the OpenAI "bytes" array keeps them exact).
+static tm_rc append_lp_tok(tm_buf *b, const tm_logprobs *l, size_t e, tm_err *err) {
+    size_t n;
+    const char *p = lp_bytes(l, e, &n);
+    return tm_buf_append_json_str(b, p, n, err);
+}
+
+static tm_rc append_lp_bytes(tm_buf *b, const tm_logprobs *l, size_t e, tm_err *err) {
+    size_t n;
+    const unsigned char *p = (const unsigned char *)lp_bytes(l, e, &n);
+    tm_rc rc = tm_buf_append_str(b, "[", err);
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = tm_buf_printf(b, err, "%s%u", i ? "," : "", p[i]);
+    if (!rc)
+        rc = tm_buf_append_str(b, "]", err);
+    return rc;
+}
+
+// Native: {"tokens": [..], "token_ids": [..], "token_logprobs": [..], "top_logprobs":
+// [[{"token", "id", "logprob"}, ..], ..]} (null entries for a prompt's first token).
+static tm_rc append_lp_native(tm_buf *b, const tm_logprobs *l, tm_err *err) {
+    const size_t per = 1 + l->n_top;
+    tm_rc rc = tm_buf_append_str(b, "{\"tokens\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
+        if (!rc)
+            rc = append_lp_tok(b, l, i * per, err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"token_ids\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++)
+        rc = tm_buf_printf(b, err, "%s%u", i ? "," : "", l->ids[i]);
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"token_logprobs\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
+        if (!rc)
+            rc = append_lp(b, l->lp[i], err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"top_logprobs\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = tm_buf_append_str(b, i ? "," : "", err);
+        if (!rc && isnan(l->lp[i])) {
+            rc = tm_buf_append_str(b, "null", err);
+            continue;
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "[", err);
+        for (uint32_t j = 0; j < l->n_top && !rc; j++) {
+            size_t t = (size_t)i * l->n_top + j;
+            rc = tm_buf_append_str(b, j ? ",{\"token\":" : "{\"token\":", err);
+            if (!rc)
+                rc = append_lp_tok(b, l, i * per + 1 + j, err);
+            if (!rc)
+                rc = tm_buf_printf(b, err, ",\"id\":%u,\"logprob\":", l->top_ids[t]);
+            if (!rc)
+                rc = append_lp(b, l->top_lp[t], err);
+            if (!rc)
+                rc = tm_buf_append_str(b, "}", err);
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "]", err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "]}", err);
+    return rc;
+}
+
+// OpenAI chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token",
+// "logprob", "bytes"}]}], "refusal": null}.
+static tm_rc append_lp_oai_chat(tm_buf *b, const tm_logprobs *l, tm_err *err) {
+    const size_t per = 1 + l->n_top;
+    tm_rc rc = tm_buf_append_str(b, "{\"content\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        for (uint32_t j = 0; j <= l->n_top && !rc; j++) { // j = 0: the token, then alternatives
+            size_t e = i * per + j;
+            rc = tm_buf_append_str(b, j == 0 ? (i ? ",{\"token\":" : "{\"token\":")
+                                             : (j > 1 ? ",{\"token\":" : "{\"token\":"),
+                                   err);
+            if (!rc)
+                rc = append_lp_tok(b, l, e, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, ",\"logprob\":", err);
+            if (!rc)
+                rc = append_lp(b, j ? l->top_lp[(size_t)i * l->n_top + j - 1] : l->lp[i], err);
+            if (!rc)
+                rc = tm_buf_append_str(b, ",\"bytes\":", err);
+            if (!rc)
+                rc = append_lp_bytes(b, l, e, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, j == 0 ? ",\"top_logprobs\":[" : "}", err);
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "]}", err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"refusal\":null}", err);
+    return rc;
+}
+
+// OpenAI (legacy) completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}]
+// (the k alternatives plus the chosen token, as OpenAI documents), "text_offset" (characters
+// before each token in the text: UTF-8 lead bytes counted)}.
+static tm_rc append_lp_oai_cmpl(tm_buf *b, const tm_logprobs *l, tm_err *err) {
+    const size_t per = 1 + l->n_top;
+    tm_rc rc = tm_buf_append_str(b, "{\"tokens\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
+        if (!rc)
+            rc = append_lp_tok(b, l, i * per, err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"token_logprobs\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
+        if (!rc)
+            rc = append_lp(b, l->lp[i], err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"top_logprobs\":[", err);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = tm_buf_append_str(b, i ? ",{" : "{", err);
+        int chosen_listed = 0;
+        for (uint32_t j = 0; j < l->n_top && !rc; j++) {
+            chosen_listed |= l->top_ids[(size_t)i * l->n_top + j] == l->ids[i];
+            rc = j ? tm_buf_append_str(b, ",", err) : TM_OK;
+            if (!rc)
+                rc = append_lp_tok(b, l, i * per + 1 + j, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, ":", err);
+            if (!rc)
+                rc = append_lp(b, l->top_lp[(size_t)i * l->n_top + j], err);
+        }
+        if (!rc && !chosen_listed) {
+            rc = tm_buf_append_str(b, l->n_top ? "," : "", err);
+            if (!rc)
+                rc = append_lp_tok(b, l, i * per, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, ":", err);
+            if (!rc)
+                rc = append_lp(b, l->lp[i], err);
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "}", err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "],\"text_offset\":[", err);
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = tm_buf_printf(b, err, "%s%llu", i ? "," : "", (unsigned long long)at);
+        size_t n;
+        const unsigned char *p = (const unsigned char *)lp_bytes(l, i * per, &n);
+        for (size_t k = 0; k < n; k++)
+            at += (p[k] & 0xC0) != 0x80;
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "]}", err);
+    return rc;
+}
+
+// One OpenAI choice: {"index", "message": {"role", "content"} | "text", "logprobs",
+// "finish_reason"}.
+static tm_rc append_oai_choice(tm_buf *b, bool chat, uint32_t index, const char *text,
+                               tm_finish finish, const tm_logprobs *lp, tm_err *err) {
+    tm_rc rc = tm_buf_printf(b, err, "%s{\"index\":%u,", index ? "," : "", index);
+    if (!rc)
+        rc = tm_buf_append_str(b, chat ? "\"message\":{\"role\":\"assistant\",\"content\":"
+                                       : "\"text\":", err);
+    if (!rc)
+        rc = tm_buf_append_json_str(b, text, strlen(text), err);
+    if (!rc)
+        rc = tm_buf_append_str(b, chat ? "},\"logprobs\":" : ",\"logprobs\":", err);
+    if (!rc && !lp)
+        rc = tm_buf_append_str(b, "null", err);
+    else if (!rc)
+        rc = chat ? append_lp_oai_chat(b, lp, err) : append_lp_oai_cmpl(b, lp, err);
+    if (!rc)
+        rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"}",
+                           finish == TM_FINISH_LENGTH ? "length" : "stop");
+    return rc;
+}
+
 // OpenAI Batch output line (docs: platform.openai.com/docs/guides/batch):
 // {"id": "batch_req_..", "custom_id", "response": {"status_code": 200, "request_id", "body":
 //  <chat.completion | text_completion>}, "error": null}
@@ -80,19 +280,19 @@ static tm_rc format_ok_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = tm_buf_append_json_str(b, model, strlen(model), err);
     if (!rc)
-        rc = tm_buf_append_str(b, chat ? ",\"choices\":[{\"index\":0,\"message\":{\"role\":"
-                                         "\"assistant\",\"content\":"
-                                       : ",\"choices\":[{\"index\":0,\"text\":",
-                               err);
-    if (!rc)
-        rc = tm_buf_append_json_str(b, text, strlen(text), err);
+        rc = tm_buf_append_str(b, ",\"choices\":[", err);
+    for (uint32_t i = 0; i < c->n_choices && !rc; i++) {
+        const tm_choice *ch = &c->choices[i];
+        rc = append_oai_choice(b, chat, i, ch->text ? ch->text : "", ch->finish, ch->logprobs, err);
+    }
+    if (!rc && c->n_choices == 0)
+        rc = append_oai_choice(b, chat, 0, text, c->finish, c->logprobs, err);
     if (!rc)
         rc = tm_buf_printf(b, err,
-                           "%s,\"logprobs\":null,\"finish_reason\":\"%s\"}],\"usage\":{"
+                           "],\"usage\":{"
                            "\"prompt_tokens\":%u,\"completion_tokens\":%u,\"total_tokens\":%u,"
                            "\"prompt_tokens_details\":{\"cached_tokens\":%u}},"
                            "\"system_fingerprint\":\"tokenmill-" TM_VERSION "\"}},\"error\":null",
-                           chat ? "}" : "", c->finish == TM_FINISH_LENGTH ? "length" : "stop",
                            c->n_tok_prompt, c->n_tok_gen, c->n_tok_prompt + c->n_tok_gen,
                            c->n_tok_cached);
     if (!rc)
@@ -171,16 +371,68 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     tm_rc rc = tm_buf_append_str(b, "{\"id\":", err);
     if (!rc)
         rc = tm_buf_append_str(b, c->id_json, err); // already JSON text, written verbatim
-    if (!rc)
+    if (!rc && c->n_scores) { // a scoring record: one score per continuation
+        rc = tm_buf_append_str(b, ",\"scores\":[", err);
+        for (uint32_t i = 0; i < c->n_scores && !rc; i++) {
+            const tm_score *sc = &c->scores[i];
+            rc = tm_buf_printf(b, err, "%s{\"index\":%u,\"logprob\":%.17g,\"n_tokens\":%u,"
+                               "\"is_greedy\":%s", i ? "," : "", i, sc->logprob, sc->n_tok,
+                               sc->is_greedy ? "true" : "false");
+            if (!rc && sc->logprobs) {
+                rc = tm_buf_append_str(b, ",\"logprobs\":", err);
+                if (!rc)
+                    rc = append_lp_native(b, sc->logprobs, err);
+            }
+            if (!rc)
+                rc = tm_buf_append_str(b, "}", err);
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "]", err);
+    } else if (!rc && c->n_choices) { // n > 1 samples
+        rc = tm_buf_append_str(b, ",\"choices\":[", err);
+        for (uint32_t i = 0; i < c->n_choices && !rc; i++) {
+            const tm_choice *ch = &c->choices[i];
+            const char *t = ch->text ? ch->text : "";
+            rc = tm_buf_printf(b, err, "%s{\"index\":%u,\"text\":", i ? "," : "", i);
+            if (!rc)
+                rc = tm_buf_append_json_str(b, t, strlen(t), err);
+            if (!rc)
+                rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\",\"completion_tokens\":%u",
+                                   ch->finish == TM_FINISH_LENGTH ? "length" : "stop",
+                                   ch->n_tok_gen);
+            if (!rc && ch->logprobs) {
+                rc = tm_buf_append_str(b, ",\"logprobs\":", err);
+                if (!rc)
+                    rc = append_lp_native(b, ch->logprobs, err);
+            }
+            if (!rc)
+                rc = tm_buf_append_str(b, "}", err);
+        }
+        if (!rc)
+            rc = tm_buf_append_str(b, "]", err);
+    } else if (!rc) {
         rc = tm_buf_append_str(b, ",\"text\":", err);
-    if (!rc)
-        rc = tm_buf_append_json_str(b, text, strlen(text), err);
+        if (!rc)
+            rc = tm_buf_append_json_str(b, text, strlen(text), err);
+        if (!rc)
+            rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"",
+                               c->finish == TM_FINISH_LENGTH ? "length" : "stop");
+        if (!rc && c->logprobs) {
+            rc = tm_buf_append_str(b, ",\"logprobs\":", err);
+            if (!rc)
+                rc = append_lp_native(b, c->logprobs, err);
+        }
+    }
+    if (!rc && c->prompt_logprobs) {
+        rc = tm_buf_append_str(b, ",\"prompt_logprobs\":", err);
+        if (!rc)
+            rc = append_lp_native(b, c->prompt_logprobs, err);
+    }
     if (!rc)
         rc = tm_buf_printf(b, err,
-                           ",\"finish_reason\":\"%s\",\"usage\":{\"prompt_tokens\":%u,"
+                           ",\"usage\":{\"prompt_tokens\":%u,"
                            "\"completion_tokens\":%u,\"cached_tokens\":%u},\"timing\":{\"ttft_ms\":",
-                           c->finish == TM_FINISH_LENGTH ? "length" : "stop", c->n_tok_prompt,
-                           c->n_tok_gen, c->n_tok_cached);
+                           c->n_tok_prompt, c->n_tok_gen, c->n_tok_cached);
     if (!rc)
         rc = append_ms(b, c->ttft_ms, err);
     if (!rc)
@@ -278,6 +530,9 @@ static tm_rc sync_dir(const char *dir, tm_err *err) {
 }
 
 static tm_rc write_all(FILE *f, const char *path, const void *p, size_t n, tm_err *err) {
+    int e = n ? tm_fault_io(TM_IO_WRITE) : 0;
+    if (e)
+        return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(e));
     if (n && fwrite(p, 1, n, f) != n)
         return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
     return TM_OK;
@@ -285,6 +540,7 @@ static tm_rc write_all(FILE *f, const char *path, const void *p, size_t n, tm_er
 
 static tm_rc write_lz4(tm_sink *sink, size_t n, tm_err *err) {
     sink->stats.bytes_lz4 += n;
+    sink->stats.size_lz4 += n;
     return write_all(sink->f_lz4, sink->path_lz4, sink->dst, n, err);
 }
 
@@ -323,6 +579,10 @@ static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) 
     sink->frame_n_rec++;
     sink->frame_n_bytes += n;
     sink->stats.bytes_raw += n;
+    if (sink->frame_n_rec == 2) { // crash tests: leave a torn frame on disk (fault_io.h)
+        fflush(sink->f_lz4);
+        tm_fault_point("mid_frame");
+    }
     if ((sink->opts.frame_records && sink->frame_n_rec >= sink->opts.frame_records) ||
         sink->frame_n_bytes >= sink->opts.frame_bytes)
         return frame_end(sink, err);
@@ -379,6 +639,13 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
         TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_err, strerror(errno));
         goto fail;
     }
+    struct stat st_lz4, st_err; // appending: the files' lengths so far (stats.size_*)
+    if (fstat(fileno(sink->f_lz4), &st_lz4) != 0 || fstat(fileno(sink->f_err), &st_err) != 0) {
+        TM_ERR(err, TM_E_IO, "stat %s: %s", sink->path_lz4, strerror(errno));
+        goto fail;
+    }
+    sink->stats.size_lz4 = (uint64_t)st_lz4.st_size;
+    sink->stats.size_err = (uint64_t)st_err.st_size;
     if (!sink->opts.no_fsync && sync_dir(out_dir, err)) // the new directory entries
         goto fail;
     *out = sink;
@@ -395,8 +662,10 @@ tm_rc tm_sink_write(tm_sink *sink, const tm_completion *c, tm_err *err) {
         tm_rc rc = tm_sink_format_error(&sink->line, c, err);
         if (!rc)
             rc = write_all(sink->f_err, sink->path_err, sink->line.data, sink->line.len, err);
-        if (!rc)
+        if (!rc) {
             sink->stats.n_err++;
+            sink->stats.size_err += sink->line.len;
+        }
         return rc;
     }
     tm_rc rc = tm_sink_format_ok(&sink->line, c, err);
@@ -410,13 +679,30 @@ tm_rc tm_sink_write(tm_sink *sink, const tm_completion *c, tm_err *err) {
 static tm_rc flush_file(tm_sink *sink, FILE *f, const char *path, tm_err *err) {
     if (fflush(f) != 0)
         return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
-    if (!sink->opts.no_fsync && fsync(fileno(f)) != 0)
-        return TM_ERR(err, TM_E_IO, "fsync %s: %s", path, strerror(errno));
+    if (sink->opts.no_fsync)
+        return TM_OK;
+    int e = tm_fault_io(TM_IO_FSYNC);
+    if (e || fsync(fileno(f)) != 0)
+        return TM_ERR(err, TM_E_IO, "fsync %s: %s", path, strerror(e ? e : errno));
+    return TM_OK;
+}
+
+static tm_rc write_out(FILE *f, const char *path, tm_err *err) {
+    int e = tm_fault_io(TM_IO_WRITE);
+    if (e || fflush(f) != 0)
+        return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(e ? e : errno));
     return TM_OK;
 }
 
 tm_rc tm_sink_flush(tm_sink *sink, tm_err *err) {
     tm_rc rc = frame_end(sink, err);
+    // write both files out first, then fsync both: the crash tests stop in between
+    if (!rc)
+        rc = write_out(sink->f_lz4, sink->path_lz4, err);
+    if (!rc)
+        rc = write_out(sink->f_err, sink->path_err, err);
+    if (!rc)
+        tm_fault_point("after_write_before_fsync");
     if (!rc)
         rc = flush_file(sink, sink->f_lz4, sink->path_lz4, err);
     if (!rc)

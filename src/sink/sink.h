@@ -37,6 +37,9 @@ typedef struct tm_sink_stats {
     uint64_t n_frames;      /* LZ4 frames closed */
     uint64_t bytes_raw;     /* uncompressed JSONL bytes of ok records */
     uint64_t bytes_lz4;     /* bytes written to completions.jsonl.lz4 */
+    uint64_t size_lz4;      /* length of completions.jsonl.lz4 (appended-to length included, */
+    uint64_t size_err;      /* ... and of errors.jsonl), buffered bytes included: right after a
+                             * successful tm_sink_flush, the durable lengths (the manifest's) */
 } tm_sink_stats;
 
 /* Create out_dir (and its parents) if missing and open both files. opts may be NULL (defaults).
@@ -50,8 +53,11 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
  * tm_sink_close. */
 tm_rc tm_sink_write(tm_sink *sink, const tm_completion *c, tm_err *err);
 
-/* Close the current LZ4 frame (if any), write out buffered bytes of both files and fsync them.
- * When it returns TM_OK, everything written so far survives a crash. TM_E_IO. */
+/* Close the current LZ4 frame (if any), write out buffered bytes of both files and fsync them
+ * (steps 1-2 of the commit protocol in sink/manifest.h; fault point after_write_before_fsync sits
+ * between the write-out and the fsyncs). When it returns TM_OK, everything written so far
+ * survives a crash. TM_E_IO naming the file; after an error the sink is unusable (a failed fsync
+ * is never retried: the data may be lost whatever a retry says). */
 tm_rc tm_sink_flush(tm_sink *sink, tm_err *err);
 
 /* Flush, close the files and free the sink. sink may be NULL (returns TM_OK). The sink is freed

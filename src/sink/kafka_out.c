@@ -1,0 +1,198 @@
+/* sink/kafka_out.c - librdkafka producer for the Kafka sink (see kafka_out.h). Delivery reports
+ * are counted in a callback that runs inside rd_kafka_poll/flush on the calling thread. */
+#include "sink/kafka_out.h"
+
+#include <librdkafka/rdkafka.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "base/alloc.h"
+
+struct tm_kafka_out {
+    rd_kafka_t *rk;
+    rd_kafka_topic_t *rkt;
+    bool txn;                 /* transactional mode */
+    bool in_txn;              /* a transaction is open */
+    int timeout_ms;
+    uint64_t n_sent, n_acked; /* messages produced / acknowledged */
+    uint64_t n_failed;        /* failed delivery reports */
+    char first_error[256];    /* the first failed delivery report */
+};
+
+static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
+    (void)rk;
+    tm_kafka_out *ko = opaque;
+    if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        ko->n_acked++;
+        return;
+    }
+    if (ko->n_failed++ == 0)
+        snprintf(ko->first_error, sizeof(ko->first_error), "%s", rd_kafka_err2str(msg->err));
+}
+
+static tm_rc check(tm_kafka_out *ko, tm_err *err) {
+    char why[256];
+    rd_kafka_resp_err_t fe = rd_kafka_fatal_error(ko->rk, why, sizeof(why));
+    if (fe)
+        return TM_ERR(err, TM_E_KAFKA, "kafka producer: fatal error: %s", why);
+    if (ko->n_failed)
+        return TM_ERR(err, TM_E_KAFKA, "kafka producer: %llu messages not delivered (first: %s)",
+                      (unsigned long long)ko->n_failed, ko->first_error);
+    return TM_OK;
+}
+
+// Turn an rd_kafka_error_t (transactions API) into err; frees it.
+static tm_rc txn_fail(rd_kafka_error_t *e, const char *what, tm_err *err) {
+    tm_rc rc = TM_ERR(err, TM_E_KAFKA, "kafka %s: %s%s", what, rd_kafka_error_string(e),
+                      rd_kafka_error_is_fatal(e)                 ? " (fatal: fenced or broken)"
+                      : rd_kafka_error_txn_requires_abort(e)     ? " (transaction aborted)"
+                                                                 : "");
+    rd_kafka_error_destroy(e);
+    return rc;
+}
+
+static tm_rc set(rd_kafka_conf_t *conf, const char *k, const char *v, tm_err *err) {
+    char es[512];
+    if (rd_kafka_conf_set(conf, k, v, es, sizeof(es)) != RD_KAFKA_CONF_OK)
+        return TM_ERR(err, TM_E_KAFKA, "output.kafka: %s: %s", k, es);
+    return TM_OK;
+}
+
+tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err *err) {
+    tm_kafka_out *ko = tm_calloc(1, sizeof(*ko));
+    if (!ko)
+        return TM_ERR(err, TM_E_NOMEM, "kafka producer");
+    ko->timeout_ms = (int)((cfg->timeout_s > 0 ? cfg->timeout_s : 60.0) * 1000);
+    ko->txn = cfg->transactional_id != NULL;
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; i < cfg->n_config && !rc; i++)
+        rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
+    // ours win over config: they are what the commit rule relies on
+    if (!rc)
+        rc = set(conf, "bootstrap.servers", cfg->brokers, err);
+    if (!rc)
+        rc = set(conf, "enable.idempotence", "true", err);
+    if (!rc)
+        rc = set(conf, "acks", "all", err);
+    if (!rc && ko->txn)
+        rc = set(conf, "transactional.id", cfg->transactional_id, err);
+    if (rc) {
+        rd_kafka_conf_destroy(conf);
+        tm_free(ko);
+        return rc;
+    }
+    rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+    rd_kafka_conf_set_opaque(conf, ko);
+    char es[512];
+    ko->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, es, sizeof(es)); // takes conf on success
+    if (!ko->rk) {
+        rd_kafka_conf_destroy(conf);
+        tm_free(ko);
+        return TM_ERR(err, TM_E_KAFKA, "output.kafka: creating the producer: %s", es);
+    }
+    ko->rkt = rd_kafka_topic_new(ko->rk, cfg->topic, NULL);
+    if (!ko->rkt) {
+        rc = TM_ERR(err, TM_E_KAFKA, "output.kafka: topic %s: %s", cfg->topic,
+                    rd_kafka_err2str(rd_kafka_last_error()));
+        goto fail;
+    }
+    if (ko->txn) {
+        rd_kafka_error_t *e = rd_kafka_init_transactions(ko->rk, ko->timeout_ms);
+        if (!e)
+            e = rd_kafka_begin_transaction(ko->rk);
+        if (e) {
+            rc = txn_fail(e, "init/begin transaction", err);
+            goto fail;
+        }
+        ko->in_txn = true;
+    }
+    *out = ko;
+    return TM_OK;
+fail:
+    ko->in_txn = false;
+    tm_kafka_out_close(ko);
+    return rc;
+}
+
+tm_rc tm_kafka_out_send(tm_kafka_out *ko, const char *key, size_t n_key, const char *value,
+                        size_t n_value, tm_err *err) {
+    tm_rc rc = check(ko, err);
+    if (rc)
+        return rc;
+    for (;;) {
+        if (rd_kafka_produce(ko->rkt, RD_KAFKA_PARTITION_UA, RD_KAFKA_MSG_F_COPY, (void *)value,
+                             n_value, key, n_key, NULL) == 0)
+            break;
+        rd_kafka_resp_err_t e = rd_kafka_last_error();
+        if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            return TM_ERR(err, TM_E_KAFKA, "kafka produce: %s", rd_kafka_err2str(e));
+        rd_kafka_poll(ko->rk, 100); // backpressure: wait for deliveries to make room
+        rc = check(ko, err);
+        if (rc)
+            return rc;
+    }
+    ko->n_sent++;
+    rd_kafka_poll(ko->rk, 0);
+    return TM_OK;
+}
+
+tm_rc tm_kafka_out_poll(tm_kafka_out *ko, tm_err *err) {
+    rd_kafka_poll(ko->rk, 0);
+    return check(ko, err);
+}
+
+tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
+                          const char *group_id, tm_err *err) {
+    rd_kafka_resp_err_t fe = rd_kafka_flush(ko->rk, ko->timeout_ms);
+    tm_rc rc = check(ko, err);
+    if (rc)
+        return rc;
+    if (fe || ko->n_acked != ko->n_sent)
+        return TM_ERR(err, TM_E_KAFKA, "kafka: %llu of %llu messages unacknowledged after %d ms",
+                      (unsigned long long)(ko->n_sent - ko->n_acked),
+                      (unsigned long long)ko->n_sent, ko->timeout_ms);
+    if (!ko->txn)
+        return TM_OK;
+    rd_kafka_error_t *e = NULL;
+    if (group_id && n_offs) {
+        rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)n_offs);
+        for (size_t i = 0; i < n_offs; i++)
+            rd_kafka_topic_partition_list_add(l, offs[i].topic, offs[i].partition)->offset =
+                offs[i].offset;
+        rd_kafka_consumer_group_metadata_t *gm = rd_kafka_consumer_group_metadata_new(group_id);
+        e = rd_kafka_send_offsets_to_transaction(ko->rk, l, gm, ko->timeout_ms);
+        rd_kafka_consumer_group_metadata_destroy(gm);
+        rd_kafka_topic_partition_list_destroy(l);
+        if (e)
+            return txn_fail(e, "send_offsets_to_transaction", err);
+    }
+    e = rd_kafka_commit_transaction(ko->rk, ko->timeout_ms);
+    if (e) {
+        ko->in_txn = false; // aborted (or fatal): the next run sends these records again
+        return txn_fail(e, "commit_transaction", err);
+    }
+    ko->in_txn = false;
+    e = rd_kafka_begin_transaction(ko->rk);
+    if (e)
+        return txn_fail(e, "begin_transaction", err);
+    ko->in_txn = true;
+    return TM_OK;
+}
+
+uint64_t tm_kafka_out_n_acked(const tm_kafka_out *ko) { return ko->n_acked; }
+
+void tm_kafka_out_close(tm_kafka_out *ko) {
+    if (!ko)
+        return;
+    if (ko->in_txn) {
+        rd_kafka_error_t *e = rd_kafka_abort_transaction(ko->rk, 5000);
+        if (e)
+            rd_kafka_error_destroy(e);
+    }
+    if (ko->rkt)
+        rd_kafka_topic_destroy(ko->rkt);
+    rd_kafka_flush(ko->rk, 2000);
+    rd_kafka_destroy(ko->rk);
+    tm_free(ko);
+}

@@ -1,0 +1,647 @@
+/* sink/manifest.c - manifest.json: fingerprints (xxh3), jansson read/write, atomic publish,
+ * recovery of torn data files and the output folder's lock. */
+#include "sink/manifest.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/fault_io.h"
+#include "sink/sink.h"
+
+#define FORMAT_NAME "tokenmill.manifest"
+#define HASH_CHUNK (1u << 20)
+
+// ---- small helpers ----
+
+static char *join(const char *dir, const char *name) {
+    size_t nd = strlen(dir), nn = strlen(name);
+    char *p = tm_malloc(nd + nn + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, nd);
+    p[nd] = '/';
+    memcpy(p + nd + 1, name, nn + 1);
+    return p;
+}
+
+static void file_fini(tm_manifest_file *f) { tm_free(f->name); }
+
+void tm_manifest_fini(tm_manifest *m) {
+    tm_free(m->job_path);
+    for (size_t i = 0; i < m->n_model_files; i++)
+        file_fini(&m->model_files[i]);
+    tm_free(m->model_files);
+    for (size_t i = 0; i < m->n_inputs; i++)
+        file_fini(&m->inputs[i]);
+    tm_free(m->inputs);
+    tm_seqset_fini(&m->done);
+    tm_free(m->kafka_topic);
+    memset(m, 0, sizeof(*m));
+}
+
+tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return TM_ERR(err, TM_E_IO, "opening %s: %s", dir, strerror(errno));
+    int e = tm_fault_io(TM_IO_FSYNC);
+    int r = e ? -1 : fsync(fd);
+    if (!e)
+        e = errno;
+    close(fd);
+    if (r != 0 && e != EINVAL)
+        return TM_ERR(err, TM_E_IO, "fsync %s: %s", dir, strerror(e));
+    return TM_OK;
+}
+
+// ---- fingerprints ----
+
+static tm_rc stat_file(const char *path, const char *name, bool hash, tm_manifest_file *f,
+                       tm_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+    f->name = tm_strdup(name);
+    if (!f->name)
+        return TM_ERR(err, TM_E_NOMEM, "manifest file name");
+    f->size = (int64_t)st.st_size;
+    f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec;
+    if (!hash)
+        return TM_OK;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+    XXH3_state_t *xs = XXH3_createState();
+    char *buf = tm_malloc(HASH_CHUNK);
+    tm_rc rc = TM_OK;
+    if (!xs || !buf) {
+        rc = TM_ERR(err, TM_E_NOMEM, "hashing %s", path);
+    } else {
+        XXH3_64bits_reset(xs);
+        size_t n;
+        while ((n = fread(buf, 1, HASH_CHUNK, fp)) > 0)
+            XXH3_64bits_update(xs, buf, n);
+        if (ferror(fp))
+            rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path, strerror(errno));
+        snprintf(f->xxh3, sizeof(f->xxh3), "%016llx", (unsigned long long)XXH3_64bits_digest(xs));
+    }
+    tm_free(buf);
+    XXH3_freeState(xs);
+    fclose(fp);
+    return rc;
+}
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && memcmp(s + n - k, suf, k) == 0;
+}
+
+static int cmp_file_name(const void *a, const void *b) {
+    return strcmp(((const tm_manifest_file *)a)->name, ((const tm_manifest_file *)b)->name);
+}
+
+static tm_rc add_model_file(tm_manifest *m, const char *dir, const char *name, bool hash,
+                            size_t *cap, tm_err *err) {
+    if (m->n_model_files == *cap) {
+        size_t c = *cap ? *cap * 2 : 8;
+        tm_manifest_file *p = tm_realloc(m->model_files, c * sizeof(*p));
+        if (!p)
+            return TM_ERR(err, TM_E_NOMEM, "model file list");
+        m->model_files = p;
+        *cap = c;
+    }
+    char *path = join(dir, name);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "model file path");
+    tm_manifest_file *f = &m->model_files[m->n_model_files];
+    memset(f, 0, sizeof(*f));
+    tm_rc rc = stat_file(path, name, hash, f, err);
+    tm_free(path);
+    if (rc) {
+        file_fini(f);
+        return rc;
+    }
+    m->n_model_files++;
+    return TM_OK;
+}
+
+tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const char *job_path,
+                           const char *model_dir, char *const *inputs, size_t n_inputs,
+                           tm_err *err) {
+    XXH128_hash_t h = XXH3_128bits(canonical_json, strlen(canonical_json));
+    snprintf(m->spec_hash, sizeof(m->spec_hash), "%016llx%016llx", (unsigned long long)h.high64,
+             (unsigned long long)h.low64);
+    m->job_path = tm_strdup(job_path);
+    if (!m->job_path)
+        return TM_ERR(err, TM_E_NOMEM, "manifest");
+    // Model: the small JSON files by content; weights by name, size and mtime (hashing hundreds
+    // of GB at every start is not affordable).
+    DIR *d = opendir(model_dir);
+    if (!d)
+        return TM_ERR(err, TM_E_IO, "%s: %s", model_dir, strerror(errno));
+    size_t cap = 0;
+    tm_rc rc = TM_OK;
+    struct dirent *e;
+    while (!rc && (e = readdir(d)) != NULL) {
+        const char *n = e->d_name;
+        bool small = !strcmp(n, "config.json") || !strcmp(n, "tokenizer.json") ||
+                     !strcmp(n, "tokenizer_config.json") || !strcmp(n, "generation_config.json");
+        bool weights = has_suffix(n, ".safetensors") || has_suffix(n, ".safetensors.index.json");
+        if (small || weights)
+            rc = add_model_file(m, model_dir, n, small, &cap, err);
+    }
+    closedir(d);
+    if (rc)
+        return rc;
+    if (m->n_model_files)
+        qsort(m->model_files, m->n_model_files, sizeof(*m->model_files), cmp_file_name);
+    m->inputs = tm_calloc(n_inputs ? n_inputs : 1, sizeof(*m->inputs));
+    if (!m->inputs)
+        return TM_ERR(err, TM_E_NOMEM, "manifest inputs");
+    for (size_t i = 0; i < n_inputs; i++) {
+        tm_manifest_file *f = &m->inputs[i];
+        if (!strcmp(inputs[i], "-")) {
+            f->name = tm_strdup("-");
+            f->size = -1;
+            if (!f->name)
+                return TM_ERR(err, TM_E_NOMEM, "manifest inputs");
+        } else {
+            rc = stat_file(inputs[i], inputs[i], false, f, err);
+            if (rc)
+                return rc;
+        }
+        m->n_inputs++;
+    }
+    return TM_OK;
+}
+
+bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *why, size_t n) {
+    if (strcmp(old->spec_hash, cur->spec_hash) != 0) {
+        snprintf(why, n, "the job spec changed (spec hash %.12s -> %.12s)", old->spec_hash,
+                 cur->spec_hash);
+        return false;
+    }
+    // Model: every hashed file by content, weights by name and size (a copied model keeps them).
+    size_t i = 0, j = 0;
+    while (i < old->n_model_files || j < cur->n_model_files) {
+        const tm_manifest_file *a = i < old->n_model_files ? &old->model_files[i] : NULL;
+        const tm_manifest_file *b = j < cur->n_model_files ? &cur->model_files[j] : NULL;
+        int c = !a ? 1 : !b ? -1 : strcmp(a->name, b->name);
+        if (c != 0) {
+            snprintf(why, n, "model file %s %s", c < 0 ? a->name : b->name,
+                     c < 0 ? "is gone" : "is new");
+            return false;
+        }
+        if (a->size != b->size || strcmp(a->xxh3, b->xxh3) != 0) {
+            snprintf(why, n, "model file %s changed (size %lld -> %lld%s)", a->name,
+                     (long long)a->size, (long long)b->size,
+                     strcmp(a->xxh3, b->xxh3) ? ", content differs" : "");
+            return false;
+        }
+        i++;
+        j++;
+    }
+    if (old->n_inputs != cur->n_inputs) {
+        snprintf(why, n, "the input list changed (%zu files -> %zu)", old->n_inputs,
+                 cur->n_inputs);
+        return false;
+    }
+    // Inputs: seq_nos are positions in the input, so the files must be the very same bytes.
+    for (size_t k = 0; k < cur->n_inputs; k++) {
+        const tm_manifest_file *a = &old->inputs[k], *b = &cur->inputs[k];
+        if (strcmp(a->name, b->name) != 0) {
+            snprintf(why, n, "input %zu changed (%s -> %s)", k + 1, a->name, b->name);
+            return false;
+        }
+        if (a->size != b->size || a->mtime_ns != b->mtime_ns) {
+            snprintf(why, n, "input %s changed (size %lld -> %lld, or its mtime)", a->name,
+                     (long long)a->size, (long long)b->size);
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- JSON ----
+
+static json_t *file_json(const tm_manifest_file *f, bool with_hash) {
+    json_t *o = json_pack("{s:s, s:I, s:I}", "path", f->name, "size", (json_int_t)f->size,
+                          "mtime_ns", (json_int_t)f->mtime_ns);
+    if (o && with_hash && json_object_set_new(o, "xxh3", f->xxh3[0] ? json_string(f->xxh3)
+                                                                    : json_null()) != 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+static json_t *files_json(const tm_manifest_file *fs, size_t n, bool with_hash) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < n; i++)
+        if (json_array_append_new(a, file_json(&fs[i], with_hash)) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+    return a;
+}
+
+// done_above as [first, last] ranges (inclusive): out-of-order stretches are runs of seq_nos.
+static json_t *ranges_json(const tm_seqset *s) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < s->n_above;) {
+        size_t k = i;
+        while (k + 1 < s->n_above && s->above[k + 1] == s->above[k] + 1)
+            k++;
+        if (json_array_append_new(a, json_pack("[I, I]", (json_int_t)s->above[i],
+                                               (json_int_t)s->above[k])) != 0) {
+            json_decref(a);
+            a = NULL;
+        }
+        i = k + 1;
+    }
+    return a;
+}
+
+static json_t *counts_json(const tm_manifest_counts *c) {
+    json_t *by_code = json_object();
+    for (int i = 1; by_code && i < TM_ERRCODE_COUNT; i++)
+        if (c->n_err_by_code[i] &&
+            json_object_set_new(by_code, tm_errcode_name((tm_errcode)i),
+                                json_integer((json_int_t)c->n_err_by_code[i])) != 0) {
+            json_decref(by_code);
+            by_code = NULL;
+        }
+    return json_pack("{s:I, s:I, s:o, s:{s:I, s:I, s:I}}", "ok", (json_int_t)c->n_ok, "failed",
+                     (json_int_t)c->n_failed, "errors_by_code", by_code, "tokens", "prompt",
+                     (json_int_t)c->n_tok_prompt, "cached", (json_int_t)c->n_tok_cached,
+                     "completion", (json_int_t)c->n_tok_gen);
+}
+
+static json_t *to_json(const tm_manifest *m) {
+    char now[32];
+    tm_utc_now_str(now, sizeof(now));
+    json_t *kafka = m->kafka_topic ? json_pack("{s:s}", "topic", m->kafka_topic) : json_null();
+    return json_pack(
+        "{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
+        " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:i}}",
+        "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
+        "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
+        "model", "files", files_json(m->model_files, m->n_model_files, true),
+        "inputs", files_json(m->inputs, m->n_inputs, false),
+        "outputs", TM_SINK_COMPLETIONS_FILE, "bytes", (json_int_t)m->bytes_completions,
+        TM_SINK_ERRORS_FILE, "bytes", (json_int_t)m->bytes_errors,
+        "kafka", kafka,
+        "records", "watermark", (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done),
+        "total", m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
+        "finished", (int)m->finished,
+        "counts", counts_json(&m->counts),
+        "commits", "n", (json_int_t)m->n_commits, "runs", (int)m->n_runs);
+}
+
+typedef struct reader {
+    const char *path;
+    tm_err *err;
+    tm_rc rc;
+} reader;
+
+static void bad(reader *r, const char *field) {
+    if (!r->rc)
+        r->rc = TM_ERR(r->err, TM_E_PARSE, "%s: %s: missing or of the wrong type (not a manifest "
+                       "this tokenmill understands; rerun with --restart to start over)",
+                       r->path, field);
+}
+
+static uint64_t get_u64(reader *r, const json_t *o, const char *key, const char *field) {
+    const json_t *v = json_object_get(o, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        bad(r, field);
+        return 0;
+    }
+    return (uint64_t)json_integer_value(v);
+}
+
+static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const char *field,
+                             tm_manifest_file **out, size_t *n_out) {
+    if (!json_is_array(a)) {
+        bad(r, field);
+        return r->rc;
+    }
+    size_t n = json_array_size(a);
+    tm_manifest_file *fs = tm_calloc(n ? n : 1, sizeof(*fs));
+    if (!fs)
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest files");
+    *out = fs;
+    for (size_t i = 0; i < n && !r->rc; i++) {
+        const json_t *o = json_array_get(a, i);
+        const char *name = json_string_value(json_object_get(o, "path"));
+        const json_t *size = json_object_get(o, "size"), *mt = json_object_get(o, "mtime_ns");
+        if (!name || !json_is_integer(size) || !json_is_integer(mt)) {
+            bad(r, field);
+            break;
+        }
+        fs[i].name = tm_strdup(name);
+        if (!fs[i].name)
+            return TM_ERR(r->err, TM_E_NOMEM, "manifest files");
+        *n_out = i + 1;
+        fs[i].size = json_integer_value(size);
+        fs[i].mtime_ns = json_integer_value(mt);
+        const char *h = with_hash ? json_string_value(json_object_get(o, "xxh3")) : NULL;
+        if (h)
+            snprintf(fs[i].xxh3, sizeof(fs[i].xxh3), "%s", h);
+    }
+    return r->rc;
+}
+
+static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
+    const char *fmt = json_string_value(json_object_get(root, "format"));
+    if (!fmt || strcmp(fmt, FORMAT_NAME) != 0) {
+        bad(r, "format");
+        return r->rc;
+    }
+    if (get_u64(r, root, "version", "version") != TM_MANIFEST_VERSION) {
+        bad(r, "version");
+        return r->rc;
+    }
+    const json_t *job = json_object_get(root, "job");
+    const char *hash = json_string_value(json_object_get(job, "spec_hash"));
+    const char *jp = json_string_value(json_object_get(job, "path"));
+    if (!hash || strlen(hash) != 32 || !jp) {
+        bad(r, "job");
+        return r->rc;
+    }
+    memcpy(m->spec_hash, hash, 33);
+    m->job_path = tm_strdup(jp);
+    if (!m->job_path)
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
+    if (files_from_json(r, json_object_get(json_object_get(root, "model"), "files"), true,
+                        "model.files", &m->model_files, &m->n_model_files))
+        return r->rc;
+    if (files_from_json(r, json_object_get(root, "inputs"), false, "inputs", &m->inputs,
+                        &m->n_inputs))
+        return r->rc;
+    const json_t *outs = json_object_get(root, "outputs");
+    m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
+                                   "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
+    m->bytes_errors = get_u64(r, json_object_get(outs, TM_SINK_ERRORS_FILE), "bytes",
+                              "outputs." TM_SINK_ERRORS_FILE ".bytes");
+    const json_t *kafka = json_object_get(root, "kafka");
+    const char *topic = json_string_value(json_object_get(kafka, "topic"));
+    if (topic && !(m->kafka_topic = tm_strdup(topic)))
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
+    const json_t *rec = json_object_get(root, "records");
+    m->done.watermark = get_u64(r, rec, "watermark", "records.watermark");
+    const json_t *above = json_object_get(rec, "done_above");
+    if (!json_is_array(above))
+        bad(r, "records.done_above");
+    for (size_t i = 0; !r->rc && i < json_array_size(above); i++) {
+        const json_t *pair = json_array_get(above, i);
+        const json_t *a = json_array_get(pair, 0), *b = json_array_get(pair, 1);
+        if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
+            json_integer_value(b) < json_integer_value(a) ||
+            json_integer_value(b) - json_integer_value(a) > (1 << 26) || // not a window: damage
+            (uint64_t)json_integer_value(a) <= m->done.watermark) {
+            bad(r, "records.done_above");
+            break;
+        }
+        for (json_int_t s = json_integer_value(a); !r->rc && s <= json_integer_value(b); s++)
+            if (tm_seqset_add(&m->done, (uint64_t)s, r->err))
+                return r->err->rc;
+    }
+    const json_t *total = json_object_get(rec, "total");
+    m->total_known = json_is_integer(total);
+    if (m->total_known)
+        m->n_records = get_u64(r, rec, "total", "records.total");
+    const json_t *fin = json_object_get(rec, "finished");
+    if (!json_is_boolean(fin))
+        bad(r, "records.finished");
+    m->finished = json_is_true(fin);
+    const json_t *c = json_object_get(root, "counts");
+    m->counts.n_ok = get_u64(r, c, "ok", "counts.ok");
+    m->counts.n_failed = get_u64(r, c, "failed", "counts.failed");
+    const json_t *by = json_object_get(c, "errors_by_code");
+    for (int i = 1; json_is_object(by) && i < TM_ERRCODE_COUNT; i++) {
+        const json_t *v = json_object_get(by, tm_errcode_name((tm_errcode)i));
+        if (json_is_integer(v) && json_integer_value(v) > 0)
+            m->counts.n_err_by_code[i] = (uint64_t)json_integer_value(v);
+    }
+    const json_t *tok = json_object_get(c, "tokens");
+    m->counts.n_tok_prompt = get_u64(r, tok, "prompt", "counts.tokens.prompt");
+    m->counts.n_tok_cached = get_u64(r, tok, "cached", "counts.tokens.cached");
+    m->counts.n_tok_gen = get_u64(r, tok, "completion", "counts.tokens.completion");
+    const json_t *cm = json_object_get(root, "commits");
+    m->n_commits = get_u64(r, cm, "n", "commits.n");
+    m->n_runs = (uint32_t)get_u64(r, cm, "runs", "commits.runs");
+    return r->rc;
+}
+
+tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err) {
+    memset(m, 0, sizeof(*m));
+    *found = false;
+    char *path = join(dir, TM_MANIFEST_FILE);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "manifest path");
+    tm_rc rc = TM_OK;
+    json_error_t jerr;
+    json_t *root = NULL;
+    if (access(path, F_OK) != 0) {
+        if (errno != ENOENT)
+            rc = TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+        goto done;
+    }
+    root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        rc = TM_ERR(err, TM_E_PARSE, "%s: line %d: %s (a manifest is replaced atomically, so this "
+                    "file was damaged outside tokenmill; rerun with --restart to start over)",
+                    path, jerr.line, jerr.text);
+        goto done;
+    }
+    reader r = {.path = path, .err = err};
+    rc = from_json(&r, root, m);
+    if (!rc)
+        *found = true;
+done:
+    json_decref(root);
+    if (rc)
+        tm_manifest_fini(m);
+    tm_free(path);
+    return rc;
+}
+
+static tm_rc write_fd_all(int fd, const char *path, const char *p, size_t n, tm_err *err) {
+    while (n > 0) {
+        int e = tm_fault_io(TM_IO_WRITE);
+        ssize_t w = e ? -1 : write(fd, p, n);
+        if (w < 0 && !e && errno == EINTR)
+            continue;
+        if (w < 0)
+            return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(e ? e : errno));
+        p += w;
+        n -= (size_t)w;
+    }
+    return TM_OK;
+}
+
+tm_rc tm_manifest_save(const char *dir, const tm_manifest *m, tm_err *err) {
+    json_t *root = to_json(m);
+    if (!root)
+        return TM_ERR(err, TM_E_NOMEM, "manifest JSON");
+    char *text = json_dumps(root, JSON_INDENT(1) | JSON_COMPACT);
+    json_decref(root);
+    char *path = join(dir, TM_MANIFEST_FILE);
+    char *tmp = join(dir, TM_MANIFEST_FILE ".tmp");
+    tm_rc rc = TM_OK;
+    int fd = -1;
+    if (!text || !path || !tmp) {
+        rc = TM_ERR(err, TM_E_NOMEM, "manifest JSON");
+        goto done;
+    }
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", tmp, strerror(errno));
+        goto done;
+    }
+    rc = write_fd_all(fd, tmp, text, strlen(text), err);
+    if (!rc)
+        rc = write_fd_all(fd, tmp, "\n", 1, err);
+    if (!rc) {
+        int e = tm_fault_io(TM_IO_FSYNC);
+        if (e || fsync(fd) != 0)
+            rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(e ? e : errno));
+    }
+    if (close(fd) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", tmp, strerror(errno));
+    fd = -1;
+    if (rc)
+        goto done;
+    tm_fault_point("after_fsync_before_rename");
+    int e = tm_fault_io(TM_IO_RENAME);
+    if (e || rename(tmp, path) != 0) {
+        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, path, strerror(e ? e : errno));
+        goto done;
+    }
+    tm_fault_point("after_rename_before_dirsync");
+    rc = tm_manifest_sync_dir(dir, err);
+    if (!rc)
+        tm_fault_point("after_commit");
+done:
+    if (rc && tmp)
+        unlink(tmp);
+    free(text); // jansson's allocation
+    tm_free(path);
+    tm_free(tmp);
+    return rc;
+}
+
+// ---- recovery and lock ----
+
+static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t *cut, tm_err *err) {
+    char *path = join(dir, name);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "output path");
+    tm_rc rc = TM_OK;
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT || len > 0)
+            rc = TM_ERR(err, TM_E_IO, "%s: %s, but the manifest commits %llu bytes of it "
+                        "(the output folder was damaged; rerun with --restart to start over)",
+                        path, strerror(errno), (unsigned long long)len);
+        tm_free(path);
+        return rc;
+    }
+    if ((uint64_t)st.st_size < len) {
+        rc = TM_ERR(err, TM_E_IO, "%s has %lld bytes but the manifest commits %llu (committed "
+                    "bytes were lost: the output folder was damaged outside tokenmill; rerun "
+                    "with --restart to start over)",
+                    path, (long long)st.st_size, (unsigned long long)len);
+    } else if ((uint64_t)st.st_size > len) {
+        *cut += (uint64_t)st.st_size - len;
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        int e = tm_fault_io(TM_IO_TRUNCATE);
+        if (fd < 0 || e || ftruncate(fd, (off_t)len) != 0)
+            rc = TM_ERR(err, TM_E_IO, "cutting %s to its committed %llu bytes: %s", path,
+                        (unsigned long long)len, strerror(e ? e : errno));
+        e = rc ? 0 : tm_fault_io(TM_IO_FSYNC);
+        if (!rc && (e || fsync(fd) != 0))
+            rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", path, strerror(e ? e : errno));
+        if (fd >= 0)
+            close(fd);
+    }
+    tm_free(path);
+    return rc;
+}
+
+tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes,
+                          tm_err *err) {
+    *cut_bytes = 0;
+    static const char *const tmps[] = {TM_MANIFEST_FILE ".tmp", "metrics.json.tmp"};
+    for (size_t i = 0; i < sizeof(tmps) / sizeof(tmps[0]); i++) {
+        char *p = join(dir, tmps[i]);
+        if (!p)
+            return TM_ERR(err, TM_E_NOMEM, "output path");
+        unlink(p); // a leftover of a crash; never read
+        tm_free(p);
+    }
+    tm_rc rc = cut_file(dir, TM_SINK_COMPLETIONS_FILE, m->bytes_completions, cut_bytes, err);
+    if (!rc)
+        rc = cut_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, cut_bytes, err);
+    return rc;
+}
+
+static tm_rc mkdir_p(const char *dir, tm_err *err) {
+    char *p = tm_strdup(dir);
+    if (!p)
+        return TM_ERR(err, TM_E_NOMEM, "output folder path");
+    tm_rc rc = TM_OK;
+    size_t n = strlen(p);
+    for (size_t i = 1; i <= n && !rc; i++) {
+        if (p[i] != '/' && p[i] != '\0')
+            continue;
+        char saved = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            rc = TM_ERR(err, TM_E_IO, "creating %s: %s", p, strerror(errno));
+        p[i] = saved;
+    }
+    tm_free(p);
+    return rc;
+}
+
+tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err) {
+    *fd = -1;
+    tm_rc rc = mkdir_p(dir, err);
+    if (rc)
+        return rc;
+    char *path = join(dir, TM_MANIFEST_LOCK_FILE);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "lock path");
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (f < 0) {
+        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+    } else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(f);
+        rc = e == EWOULDBLOCK
+                 ? TM_ERR(err, TM_E_AGAIN, "another tokenmill process is running a job in %s "
+                          "(it holds %s); wait for it to end", dir, path)
+                 : TM_ERR(err, TM_E_IO, "locking %s: %s", path, strerror(e));
+    } else {
+        *fd = f;
+    }
+    tm_free(path);
+    return rc;
+}
+
+void tm_manifest_unlock(int fd) {
+    if (fd >= 0)
+        close(fd); // drops the flock
+}

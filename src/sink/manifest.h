@@ -1,0 +1,113 @@
+/* sink/manifest.h - the job's manifest (output.dir/manifest.json, schemas/manifest.schema.json):
+ * what job made the output folder (spec hash, model and tokenizer fingerprints, input files), how
+ * many bytes of each output file are committed, which input records are done (a watermark plus
+ * the done seq_nos above it) and the cumulative counts for metrics.json. It is the single source
+ * of truth for resume: bytes past a committed length are garbage from a crash and are cut off;
+ * records not in the done set are run again.
+ *
+ * Commit protocol (job_run.c drives it; the sink thread commits every output.commit_every_s or
+ * commit_every_records): (1) close the LZ4 frame and write out both data files, (2) fsync them,
+ * (3) write manifest.json.tmp, fsync it, (4) rename it over manifest.json, (5) fsync the folder.
+ * A crash before (4) leaves the old manifest, which names only older, fsynced bytes; after (4) the
+ * new one, whose bytes were fsynced in (2). Fault points (base/fault_io.h): after_write_before_fsync
+ * (sink.c, between 1 and 2), after_fsync_before_rename (between 3 and 4),
+ * after_rename_before_dirsync (between 4 and 5), after_commit. A failed fsync is never retried: the
+ * job stops and the next run starts from the last manifest.
+ *
+ * One process per output folder: tm_manifest_lock takes an flock(2) on output.dir/tokenmill.lock
+ * for the life of the process (the kernel drops it when the process dies, also on kill -9).
+ * Not thread-safe: one owner at a time (the job thread, then the sink thread, then the job thread
+ * again after joining it). */
+#ifndef TM_SINK_MANIFEST_H
+#define TM_SINK_MANIFEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/record.h"
+#include "base/seqset.h"
+
+#define TM_MANIFEST_FILE "manifest.json"
+#define TM_MANIFEST_LOCK_FILE "tokenmill.lock"
+#define TM_MANIFEST_VERSION 1
+
+/* A file the job depends on. Inputs and model files are compared on resume. */
+typedef struct tm_manifest_file {
+    char *name;       /* owned; input: resolved path; model file: name inside the model folder */
+    int64_t size;     /* bytes; -1 when unknown (standard input) */
+    int64_t mtime_ns; /* modification time, ns since the epoch; 0 when unknown */
+    char xxh3[17];    /* xxh3-64 of the content in hex (config and tokenizer files); "" otherwise */
+} tm_manifest_file;
+
+/* Totals over every run of the job, so metrics.json after a resume covers the whole job. */
+typedef struct tm_manifest_counts {
+    uint64_t n_ok, n_failed;
+    uint64_t n_err_by_code[TM_ERRCODE_COUNT];
+    uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
+} tm_manifest_counts;
+
+typedef struct tm_manifest {
+    char spec_hash[33];           /* xxh3-128 hex of the canonical job spec */
+    char *job_path;               /* owned; informational (the job may move) */
+    tm_manifest_file *model_files; /* [n_model_files] owned; sorted by name */
+    size_t n_model_files;
+    tm_manifest_file *inputs;     /* [n_inputs] owned; in read order */
+    size_t n_inputs;
+    uint64_t bytes_completions;   /* committed length of completions.jsonl.lz4 */
+    uint64_t bytes_errors;        /* committed length of errors.jsonl */
+    tm_seqset done;               /* input records (seq_no) whose output is committed */
+    uint64_t n_records;           /* records in the whole input; valid when total_known */
+    bool total_known;             /* the source reached the end of the input */
+    bool finished;                /* the job ended and every record is done */
+    tm_manifest_counts counts;
+    uint64_t n_commits;           /* commits over all runs */
+    uint32_t n_runs;              /* runs that committed at least once (this one included) */
+    char *kafka_topic;            /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
+} tm_manifest;
+
+/* Free what m owns and zero it. */
+void tm_manifest_fini(tm_manifest *m);
+
+/* Fill the identity of m (spec hash, job path, model fingerprints, input files) from the job:
+ * canonical_json (tm_job_spec.canonical_json), the model folder (config.json,
+ * tokenizer.json and tokenizer_config.json are hashed, *.safetensors and their index are
+ * listed with size and mtime) and the input paths ("-" is standard input: size -1). Borrows its
+ * arguments. TM_E_IO (naming the file), TM_E_NOMEM. */
+tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const char *job_path,
+                           const char *model_dir, char *const *inputs, size_t n_inputs,
+                           tm_err *err);
+
+/* Read dir/manifest.json into *m (zeroed first). *found is false (and m empty) when there is no
+ * manifest. TM_E_PARSE (not a manifest this version understands: the message names the file and
+ * the field), TM_E_IO, TM_E_NOMEM. */
+tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err);
+
+/* Publish m as dir/manifest.json: steps 3-5 of the commit protocol (the data files must already
+ * be fsynced). When it returns TM_OK the manifest survives a crash. TM_E_IO (naming the file),
+ * TM_E_NOMEM; on error the old manifest is still in place (or the new one, if the failure was the
+ * folder fsync; both only name fsynced bytes). */
+tm_rc tm_manifest_save(const char *dir, const tm_manifest *m, tm_err *err);
+
+/* Does the job described by cur (identity fields only) match the one that wrote old? true when
+ * it does; otherwise false with a one-line reason in why ("the job spec changed", "input
+ * data/a.jsonl changed (size 10 -> 12)", ...). */
+bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *why, size_t n);
+
+/* Make dir's data files match m before a resume: cut completions.jsonl.lz4 and errors.jsonl to
+ * their committed lengths (fsynced) and remove leftover *.tmp files. A data file shorter than its
+ * committed length (or missing while its length is > 0) is damage tokenmill cannot repair:
+ * TM_E_IO naming the file. *cut_bytes gets the bytes cut off (torn tails). */
+tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err);
+
+/* Create dir (and parents) if missing, then lock dir/tokenmill.lock without waiting. On success
+ * *fd is the lock's descriptor (close it with tm_manifest_unlock). TM_E_AGAIN when another process
+ * holds it (the message says so), TM_E_IO. */
+tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err);
+void tm_manifest_unlock(int fd); /* fd < 0 is a no-op */
+
+/* fsync the folder (EINVAL, folders that cannot be synced, is ignored). TM_E_IO. */
+tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err);
+
+#endif /* TM_SINK_MANIFEST_H */
