@@ -25,6 +25,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "runner/engine.h"
+#include "runner/sample.h"
 #include "runner/model.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -795,7 +796,7 @@ static void check_fixture(const char *path) {
     for (uint32_t i = 0; i < n_gen; i++)
         toks[n_prompt + i] = (uint32_t)json_integer_value(json_array_get(greedy, i));
     out = malloc(nv * sizeof(float));
-    double worst = 0.0;
+    double worst = 0.0, score_tm = 0.0, score_hf = 0.0, worst_lp = 0.0;
     int greedy_ok = 1;
     for (uint32_t g = 0; g < n_gen; g++) {
         // step 0: the whole prompt; step g: greedy token g-1 as a decode
@@ -822,11 +823,32 @@ static void check_fixture(const char *path) {
         }
         double e = mb > 0 ? mx / mb : mx;
         worst = fmax(worst, e);
+        // Scoring: the greedy continuation's token logprobs, as the runner computes them for
+        // scoring records (tm_sample_logprobs on the engine's logits), against the log-softmax
+        // of transformers' logits.
+        const uint32_t id = toks[n_prompt + g];
+        float lp = 0.0f;
+        uint32_t am = 0;
+        TM_CHECK_OK(tm_sample_logprobs(out, nv, id, 0, &lp, NULL, NULL, &am, &err), &err);
+        double hmax = -INFINITY, hsum = 0.0;
+        for (uint32_t v = 0; v < nv; v++)
+            hmax = fmax(hmax, json_number_value(json_array_get(row, v)));
+        for (uint32_t v = 0; v < nv; v++)
+            hsum += exp(json_number_value(json_array_get(row, v)) - hmax);
+        double hf_lp = json_number_value(json_array_get(row, id)) - hmax - log(hsum);
+        worst_lp = fmax(worst_lp, fabs(lp - hf_lp));
+        score_tm += lp;
+        score_hf += hf_lp;
         TM_CHECK_MSG(e < 1e-4, "%s: step %u: rel err %g", path, g, e);
         if (arg != toks[n_prompt + g])
             greedy_ok = 0;
     }
     TM_CHECK_MSG(greedy_ok, "%s: greedy tokens differ from HF", path);
+    TM_CHECK_MSG(worst_lp < 1e-4 && fabs(score_tm - score_hf) < 1e-4 * n_gen,
+                 "%s: continuation score %.6f vs transformers %.6f (worst token %.3g)", path,
+                 score_tm, score_hf, worst_lp);
+    fprintf(stderr, "  %s: greedy continuation score %.6f, transformers %.6f\n", path, score_tm,
+            score_hf);
     fprintf(stderr, "  %s: %u prompt ids, %u logit rows, max rel err %.3g, greedy %s\n", path,
             n_prompt, n_gen, worst, greedy_ok ? "equal" : "DIFFERENT");
     g_worst_hf = fmax(g_worst_hf, worst);
