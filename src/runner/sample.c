@@ -13,6 +13,7 @@
 #include "base/alloc.h"
 
 #define SMALL_SORT 16
+#define SORT_NUCLEUS_MAX 4096 /* larger nuclei are selected by mass, not sorted */
 
 static uint64_t mix64(uint64_t z) {
     // splitmix64 finaliser
@@ -164,6 +165,28 @@ static size_t split_at(float *v, uint32_t *ix, size_t n, float thr) {
     return store;
 }
 
+// The nucleus: rearrange so that [0, k) holds the smallest set of first pairs (value descending,
+// id ascending) whose values sum to at least need, in no particular order; returns k. Quickselect
+// by mass: partition, then keep only the side that holds the cut.
+static size_t select_mass(float *v, uint32_t *ix, size_t n, double need) {
+    size_t lo = 0, hi = n; // the cut lies in [lo, hi); everything before lo is kept
+    while (hi - lo > 1) {
+        size_t p = partition(v, ix, lo, hi - 1);
+        double upper = 0.0;
+        for (size_t i = lo; i < p; i++)
+            upper += v[i];
+        if (upper >= need) {
+            hi = p; // the cut is among the pairs before the pivot
+        } else if (upper + v[p] >= need) {
+            return p + 1;
+        } else {
+            need -= upper + v[p];
+            lo = p + 1;
+        }
+    }
+    return hi;
+}
+
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err) {
     if (n_vocab == 0 || n_vocab > s->n_vocab)
@@ -231,6 +254,13 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
                     break;
                 thr *= 0x1p-6f;
             }
+            if (m > SORT_NUCLEUS_MAX) {
+                // A flat distribution (a random model, a high temperature): the nucleus holds
+                // most of the vocabulary, and sorting it would dominate the step. Select it by
+                // mass instead, in expected O(m); it stays in a fixed (unsorted) order.
+                n = select_mass(v, ix, m, need);
+                goto nucleus_done;
+            }
             sort_pairs(v, ix, m);
             n = m; // the cut below stays inside the sorted prefix
             sorted = 1;
@@ -246,6 +276,7 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
         }
         n = keep;
     }
+nucleus_done:
 
     if (p->min_p > 0.0f) {
         const float thr = p->min_p; // p_max is 1 in these units
