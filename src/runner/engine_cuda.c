@@ -697,23 +697,6 @@ void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
 
 /* ---- create / destroy ---- */
 
-static tm_rc check_tensor(const tm_tensor *t, const char *name, uint32_t layer, uint64_t d0,
-                          uint64_t d1, tm_err *err) {
-    uint32_t n_dim = d1 ? 2 : 1;
-    if (!t->data)
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: layer %u %s missing", layer, name);
-    if (tm_cpu_dtype_size(t->dtype) == 0)
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: layer %u %s: unknown dtype %d", layer, name,
-                      (int)t->dtype);
-    if (t->n_dim != n_dim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]",
-                      layer, name, (unsigned long long)t->shape[0],
-                      (unsigned long long)(t->n_dim > 1 ? t->shape[1] : 0), t->n_dim,
-                      (unsigned long long)d0, (unsigned long long)d1);
-    return TM_OK;
-}
-
 static tm_rc check_cfg(const tm_model_cfg *c, tm_err *err) {
     if (!c->n_layer || !c->n_embd || !c->n_ff || !c->n_head || !c->n_kv_head || !c->head_dim ||
         !c->n_vocab)
@@ -735,46 +718,6 @@ static tm_rc check_cfg(const tm_model_cfg *c, tm_err *err) {
     return TM_OK;
 }
 
-static tm_rc check_model(const tm_model *m, tm_err *err) {
-    const tm_model_cfg *c = &m->cfg;
-    const uint64_t d = c->n_embd, qd = (uint64_t)c->n_head * c->head_dim;
-    const uint64_t kvd = (uint64_t)c->n_kv_head * c->head_dim;
-    tm_rc rc = check_tensor(&m->embd, "embed_tokens", 0, c->n_vocab, d, err);
-    if (!rc)
-        rc = check_tensor(&m->out_norm, "norm", 0, d, 0, err);
-    if (!rc && !c->tie_embd && !m->lm_head.data)
-        rc = TM_ERR(err, TM_E_INVAL, "cuda engine: untied model without lm_head");
-    if (!rc)
-        rc = check_tensor(m->lm_head.data ? &m->lm_head : &m->embd, "lm_head", 0, c->n_vocab, d,
-                          err);
-    for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
-        const tm_layer_w *L = &m->layers[l];
-        rc = check_tensor(&L->attn_norm, "input_layernorm", l, d, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->wq, "q_proj", l, qd, d, err);
-        if (!rc)
-            rc = check_tensor(&L->wk, "k_proj", l, kvd, d, err);
-        if (!rc)
-            rc = check_tensor(&L->wv, "v_proj", l, kvd, d, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bq, "q_proj.bias", l, qd, 0, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bk, "k_proj.bias", l, kvd, 0, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bv, "v_proj.bias", l, kvd, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->wo, "o_proj", l, d, qd, err);
-        if (!rc)
-            rc = check_tensor(&L->ffn_norm, "post_attention_layernorm", l, d, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->w_gate, "gate_proj", l, c->n_ff, d, err);
-        if (!rc)
-            rc = check_tensor(&L->w_up, "up_proj", l, c->n_ff, d, err);
-        if (!rc)
-            rc = check_tensor(&L->w_down, "down_proj", l, d, c->n_ff, err);
-    }
-    return rc;
-}
 
 /* Carves aligned pieces out of one allocation; with base NULL it only counts bytes. */
 typedef struct carver {
@@ -1001,7 +944,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                       opts->tp_rank, tp_size, tm_rdzv_rank(tp->rdzv), tm_rdzv_world(tp->rdzv));
     tm_rc rc = check_cfg(&m->cfg, err);
     if (!rc && !random && tp_size == 1)
-        rc = check_model(m, err);
+        rc = tm_model_check_weights(m, "cuda engine", err);
     if (rc)
         return rc;
     tm_model_cfg shard_c = m->cfg;
@@ -1158,7 +1101,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
             const tm_model_cfg *sc = &shard->cfg;
             TM_ASSERT(sv0 == vocab0 && sc->n_head == c->n_head && sc->n_kv_head == c->n_kv_head &&
                       sc->n_ff == c->n_ff && sc->n_vocab == c->n_vocab);
-            rc = check_model(shard, err);
+            rc = tm_model_check_weights(shard, "cuda engine", err);
         }
         if (!rc)
             rc = upload_weights(impl, shard, err);

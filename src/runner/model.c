@@ -680,3 +680,61 @@ const char *tm_model_arch_name(const tm_model *m) {
     }
     return "?";
 }
+
+static tm_rc check_weight(const char *who, const tm_tensor *t, const char *name, uint32_t layer,
+                          uint64_t d0, uint64_t d1, tm_err *err) {
+    uint32_t n_dim = d1 ? 2 : 1;
+    if (!t->data)
+        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s missing", who, layer, name);
+    if ((unsigned)t->dtype > (unsigned)TM_DTYPE_BF16)
+        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: unknown dtype %d", who, layer, name,
+                      (int)t->dtype);
+    if (t->n_dim != n_dim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]",
+                      who, layer, name, (unsigned long long)t->shape[0],
+                      (unsigned long long)(t->n_dim > 1 ? t->shape[1] : 0), t->n_dim,
+                      (unsigned long long)d0, (unsigned long long)d1);
+    return TM_OK;
+}
+
+tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err) {
+    const tm_model_cfg *c = &m->cfg;
+    const uint64_t d = c->n_embd, qd = (uint64_t)c->n_head * c->head_dim;
+    const uint64_t kvd = (uint64_t)c->n_kv_head * c->head_dim;
+    tm_rc rc = check_weight(who, &m->embd, "embed_tokens", 0, c->n_vocab, d, err);
+    if (!rc)
+        rc = check_weight(who, &m->out_norm, "norm", 0, d, 0, err);
+    const tm_tensor *lm = m->lm_head.data ? &m->lm_head : &m->embd;
+    if (!rc && !c->tie_embd && !m->lm_head.data)
+        rc = TM_ERR(err, TM_E_INVAL, "%s: untied model without lm_head", who);
+    if (!rc)
+        rc = check_weight(who, lm, "lm_head", 0, c->n_vocab, d, err);
+    for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
+        const tm_layer_w *L = &m->layers[l];
+        rc = check_weight(who, &L->attn_norm, "input_layernorm", l, d, 0, err);
+        if (!rc)
+            rc = check_weight(who, &L->wq, "q_proj", l, qd, d, err);
+        if (!rc)
+            rc = check_weight(who, &L->wk, "k_proj", l, kvd, d, err);
+        if (!rc)
+            rc = check_weight(who, &L->wv, "v_proj", l, kvd, d, err);
+        if (!rc && c->qkv_bias)
+            rc = check_weight(who, &L->bq, "q_proj.bias", l, qd, 0, err);
+        if (!rc && c->qkv_bias)
+            rc = check_weight(who, &L->bk, "k_proj.bias", l, kvd, 0, err);
+        if (!rc && c->qkv_bias)
+            rc = check_weight(who, &L->bv, "v_proj.bias", l, kvd, 0, err);
+        if (!rc)
+            rc = check_weight(who, &L->wo, "o_proj", l, d, qd, err);
+        if (!rc)
+            rc = check_weight(who, &L->ffn_norm, "post_attention_layernorm", l, d, 0, err);
+        if (!rc)
+            rc = check_weight(who, &L->w_gate, "gate_proj", l, c->n_ff, d, err);
+        if (!rc)
+            rc = check_weight(who, &L->w_up, "up_proj", l, c->n_ff, d, err);
+        if (!rc)
+            rc = check_weight(who, &L->w_down, "down_proj", l, d, c->n_ff, err);
+    }
+    return rc;
+}

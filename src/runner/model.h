@@ -109,6 +109,11 @@ void tm_model_destroy(tm_model *m); /* NULL is a no-op */
 /* "llama", "qwen2", "mistral" or "deepseek_v4". */
 const char *tm_model_arch_name(const tm_model *m);
 
+/* Check that every Llama-family weight of m is present, of a known dtype and of the shape its cfg
+ * implies (for models built in memory too, which skip tm_model_load's checks). who starts the
+ * message ("cpu engine"). TM_E_INVAL naming the layer and tensor. */
+tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err);
+
 /* Element conversions. f32 -> bf16/f16 round to nearest even; NaN stays NaN, overflow gives
  * infinity. f16 -> f32 handles subnormals, infinities and NaN exactly. */
 float tm_bf16_to_f32(uint16_t h);

@@ -1075,6 +1075,15 @@ static tm_rc read_file(const char *path, int missing_ok, char **out, size_t *len
     return TM_OK;
 }
 
+static tm_rc parse_json(const char *text, size_t len, const char *path, json_t **out,
+                        tm_err *err) {
+    json_error_t jerr;
+    *out = json_loadb(text, len, 0, &jerr);
+    if (!*out)
+        return TM_ERR(err, TM_E_PARSE, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    return TM_OK;
+}
+
 static tm_rc load_json(const char *path, int missing_ok, json_t **out, tm_err *err) {
     char *text;
     size_t len;
@@ -1082,12 +1091,9 @@ static tm_rc load_json(const char *path, int missing_ok, json_t **out, tm_err *e
     tm_rc rc = read_file(path, missing_ok, &text, &len, err);
     if (rc || !text)
         return rc;
-    json_error_t jerr;
-    *out = json_loadb(text, len, 0, &jerr);
+    rc = parse_json(text, len, path, out, err);
     tm_free(text);
-    if (!*out)
-        return TM_ERR(err, TM_E_PARSE, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-    return TM_OK;
+    return rc;
 }
 
 static int json_is_falsy(const json_t *v) {
@@ -1427,53 +1433,97 @@ static tm_rc parse_config(tm_tokenizer *tok, const json_t *cfg, const char *path
     return TM_OK;
 }
 
+/* A new tokenizer from the parsed tokenizer.json (borrowed). On error *out stays NULL. */
+static tm_rc load_model(const json_t *root, const char *path, tm_tokenizer **out, tm_err *err) {
+    tm_tokenizer *tok = tm_calloc(1, sizeof(*tok));
+    if (!tok)
+        return TM_ERR(err, TM_E_NOMEM, "tokenizer");
+    tok->bos_id = tok->eos_id = -1;
+    tm_rc rc;
+    if (!json_is_object(root))
+        rc = TM_ERR(err, TM_E_PARSE, "%s: not a JSON object", path);
+    else
+        rc = parse_model(tok, root, path, err);
+    if (rc) {
+        tm_tok_destroy(tok);
+        return rc;
+    }
+    *out = tok;
+    return TM_OK;
+}
+
+/* Apply tokenizer_config.json (cfg borrowed, may be NULL): bos/eos and the chat template. */
+static tm_rc load_config(tm_tokenizer *tok, const json_t *cfg, const char *path, tm_err *err) {
+    tm_rc rc = parse_config(tok, cfg, path, err);
+    if (rc)
+        return rc;
+    if (tok->bos_text[0]) {
+        tok->bos_id = tm_tok_find(tok, tok->bos_text);
+        if (tok->bos_id < 0)
+            return TM_ERR(err, TM_E_PARSE, "%s: bos_token %s is not a token", path, tok->bos_text);
+    }
+    if (tok->eos_text[0]) {
+        tok->eos_id = tm_tok_find(tok, tok->eos_text);
+        if (tok->eos_id < 0)
+            return TM_ERR(err, TM_E_PARSE, "%s: eos_token %s is not a token", path, tok->eos_text);
+    }
+    return TM_OK;
+}
+
 tm_rc tm_tok_load(const char *model_dir, tm_tokenizer **out, tm_err *err) {
     char path[4096];
     json_t *root = NULL, *cfg = NULL;
     tm_tokenizer *tok = NULL;
-    tm_rc rc;
     *out = NULL;
     snprintf(path, sizeof(path), "%s/tokenizer.json", model_dir);
-    rc = load_json(path, 0, &root, err);
+    tm_rc rc = load_json(path, 0, &root, err);
     if (rc)
         goto fail;
-    tok = tm_calloc(1, sizeof(*tok));
-    if (!tok) {
-        rc = TM_ERR(err, TM_E_NOMEM, "tokenizer");
-        goto fail;
-    }
-    tok->bos_id = tok->eos_id = -1;
-    if (!json_is_object(root)) {
-        rc = TM_ERR(err, TM_E_PARSE, "%s: not a JSON object", path);
-        goto fail;
-    }
-    rc = parse_model(tok, root, path, err);
+    rc = load_model(root, path, &tok, err);
     if (rc)
         goto fail;
-    json_decref(root);
+    json_decref(root); // the vocabulary tree is large: free it before the next file
     root = NULL;
-
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", model_dir);
     rc = load_json(path, 1, &cfg, err);
     if (rc)
         goto fail;
-    rc = parse_config(tok, cfg, path, err);
+    rc = load_config(tok, cfg, path, err);
     if (rc)
         goto fail;
-    if (tok->bos_text[0]) {
-        tok->bos_id = tm_tok_find(tok, tok->bos_text);
-        if (tok->bos_id < 0) {
-            rc = TM_ERR(err, TM_E_PARSE, "%s: bos_token %s is not a token", path, tok->bos_text);
+    json_decref(cfg);
+    *out = tok;
+    return TM_OK;
+fail:
+    json_decref(root);
+    json_decref(cfg);
+    tm_tok_destroy(tok);
+    return rc;
+}
+
+tm_rc tm_tok_load_mem(const char *json, size_t n_json, const char *config, size_t n_config,
+                      const char *label, tm_tokenizer **out, tm_err *err) {
+    char path[512];
+    json_t *root = NULL, *cfg = NULL;
+    tm_tokenizer *tok = NULL;
+    *out = NULL;
+    snprintf(path, sizeof(path), "%s/tokenizer.json", label);
+    tm_rc rc = parse_json(json, n_json, path, &root, err);
+    if (rc)
+        goto fail;
+    rc = load_model(root, path, &tok, err);
+    if (rc)
+        goto fail;
+    snprintf(path, sizeof(path), "%s/tokenizer_config.json", label);
+    if (config) {
+        rc = parse_json(config, n_config, path, &cfg, err);
+        if (rc)
             goto fail;
-        }
     }
-    if (tok->eos_text[0]) {
-        tok->eos_id = tm_tok_find(tok, tok->eos_text);
-        if (tok->eos_id < 0) {
-            rc = TM_ERR(err, TM_E_PARSE, "%s: eos_token %s is not a token", path, tok->eos_text);
-            goto fail;
-        }
-    }
+    rc = load_config(tok, cfg, path, err);
+    if (rc)
+        goto fail;
+    json_decref(root);
     json_decref(cfg);
     *out = tok;
     return TM_OK;

@@ -28,6 +28,12 @@ void tm_ids_fini(tm_ids *v);
  * regex, a normalizer, ...: see tokenizer.c and docs/tokenizer.md); a bos_token/eos_token that
  * is not a token is TM_E_PARSE; TM_E_NOMEM. On success *out owns the tokenizer. */
 tm_rc tm_tok_load(const char *model_dir, tm_tokenizer **out, tm_err *err);
+/* The same from memory: json[0..n_json) is the text of tokenizer.json and config[0..n_config)
+ * that of tokenizer_config.json (config NULL: there is none). Both are borrowed (only read during
+ * the call) and need no terminating NUL; label stands for the folder in messages. Same errors as
+ * tm_tok_load but never TM_E_IO. For fuzzing and tests. */
+tm_rc tm_tok_load_mem(const char *json, size_t n_json, const char *config, size_t n_config,
+                      const char *label, tm_tokenizer **out, tm_err *err);
 void tm_tok_destroy(tm_tokenizer *tok); /* NULL is a no-op */
 
 /* Append the ids of text[0..n) to out. No BOS is added. Text that spells an added token is

@@ -437,23 +437,6 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
 
 /* ---- create / destroy ---- */
 
-static tm_rc check_tensor(const tm_tensor *t, const char *name, uint32_t layer, uint64_t d0,
-                          uint64_t d1, tm_err *err) {
-    uint32_t n_dim = d1 ? 2 : 1;
-    if (!t->data)
-        return TM_ERR(err, TM_E_INVAL, "cpu engine: layer %u %s missing", layer, name);
-    if (tm_cpu_dtype_size(t->dtype) == 0)
-        return TM_ERR(err, TM_E_INVAL, "cpu engine: layer %u %s: unknown dtype %d", layer, name,
-                      (int)t->dtype);
-    if (t->n_dim != n_dim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
-        return TM_ERR(err, TM_E_INVAL,
-                      "cpu engine: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]",
-                      layer, name, (unsigned long long)t->shape[0],
-                      (unsigned long long)(t->n_dim > 1 ? t->shape[1] : 0), t->n_dim,
-                      (unsigned long long)d0, (unsigned long long)d1);
-    return TM_OK;
-}
-
 static tm_rc check_model(const tm_model *m, tm_err *err) {
     const tm_model_cfg *c = &m->cfg;
     if (!c->n_layer || !c->n_embd || !c->n_ff || !c->n_head || !c->n_kv_head || !c->head_dim ||
@@ -469,43 +452,7 @@ static tm_rc check_model(const tm_model *m, tm_err *err) {
          !(c->rope_low_freq_factor > 0.0f) || !(c->rope_high_freq_factor > 0.0f) ||
          c->rope_orig_ctx == 0))
         return TM_ERR(err, TM_E_INVAL, "cpu engine: bad llama3 rope scaling parameters");
-    const uint64_t d = c->n_embd, qd = (uint64_t)c->n_head * c->head_dim;
-    const uint64_t kvd = (uint64_t)c->n_kv_head * c->head_dim;
-    tm_rc rc = check_tensor(&m->embd, "embed_tokens", 0, c->n_vocab, d, err);
-    if (!rc)
-        rc = check_tensor(&m->out_norm, "norm", 0, d, 0, err);
-    const tm_tensor *lm = m->lm_head.data ? &m->lm_head : &m->embd;
-    if (!rc && !c->tie_embd && !m->lm_head.data)
-        rc = TM_ERR(err, TM_E_INVAL, "cpu engine: untied model without lm_head");
-    if (!rc)
-        rc = check_tensor(lm, "lm_head", 0, c->n_vocab, d, err);
-    for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
-        const tm_layer_w *L = &m->layers[l];
-        rc = check_tensor(&L->attn_norm, "input_layernorm", l, d, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->wq, "q_proj", l, qd, d, err);
-        if (!rc)
-            rc = check_tensor(&L->wk, "k_proj", l, kvd, d, err);
-        if (!rc)
-            rc = check_tensor(&L->wv, "v_proj", l, kvd, d, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bq, "q_proj.bias", l, qd, 0, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bk, "k_proj.bias", l, kvd, 0, err);
-        if (!rc && c->qkv_bias)
-            rc = check_tensor(&L->bv, "v_proj.bias", l, kvd, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->wo, "o_proj", l, d, qd, err);
-        if (!rc)
-            rc = check_tensor(&L->ffn_norm, "post_attention_layernorm", l, d, 0, err);
-        if (!rc)
-            rc = check_tensor(&L->w_gate, "gate_proj", l, c->n_ff, d, err);
-        if (!rc)
-            rc = check_tensor(&L->w_up, "up_proj", l, c->n_ff, d, err);
-        if (!rc)
-            rc = check_tensor(&L->w_down, "down_proj", l, d, c->n_ff, err);
-    }
-    return rc;
+    return tm_model_check_weights(m, "cpu engine", err);
 }
 
 static void *alloc_floats(size_t n, int *failed) {
