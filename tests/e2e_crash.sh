@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/e2e_crash.sh BUILD SRC - kill -9 and named crash points, then resume (RELIABILITY.md rows 1
 # and 19). A chain of runs of one job is SIGKILLed after random delays (TM_CRASH_POINTS, default
-# 24; TM_CRASH_SEED picks the delays, printed for replay); after every kill manifest.json and
-# metrics.json must be whole JSON; the last run finishes and the exactly-once oracle
+# 50, the minimum; TM_CRASH_SEED picks the delays, printed for replay); after every kill
+# manifest.json and metrics.json must be whole JSON; the last run finishes and the exactly-once oracle
 # (tests/verify_outputs.cjs: every input record once across completions and errors, metrics
 # counts equal) and lz4 -t must pass. Then each named fault point of the commit protocol
 # (base/fault_io.h) ends a run at its 2nd and then its 5th pass, chained, and the job is resumed to
@@ -15,7 +15,7 @@ trap 'rm -rf "$work"' EXIT
 . "$src/tests/durable_lib.sh"
 dur_setup 240
 
-points=${TM_CRASH_POINTS:-24}
+points=${TM_CRASH_POINTS:-50}
 seed=${TM_CRASH_SEED:-$(( $(date +%s) % 100000 ))}
 echo "e2e_crash: $points kill points, seed $seed (TM_CRASH_SEED=$seed replays the delays)"
 RANDOM=$seed
