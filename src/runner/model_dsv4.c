@@ -339,6 +339,10 @@ tm_rc tm_dsv4_config_parse(void *root_v, void *gen_v, tm_model_cfg *c, tm_dsv4 *
     rc = get_num(root, "partial_rotary_factor", 0, 0.0, &prf, err);
     if (rc)
         goto fail;
+    if (prf > 1) { // a fraction of head_dim; also keeps the conversion below defined (fuzz seed)
+        rc = TM_ERR(err, TM_E_PARSE, CFG ": partial_rotary_factor %g is over 1", prf);
+        goto fail;
+    }
     uint32_t qk_rope = 0;
     U32("qk_rope_head_dim", 0, 0, 0, 4096, &qk_rope);
     if (prf > 0)

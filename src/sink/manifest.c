@@ -47,7 +47,49 @@ void tm_manifest_fini(tm_manifest *m) {
     tm_free(m->inputs);
     tm_seqset_fini(&m->done);
     tm_free(m->kafka_topic);
+    for (size_t i = 0; i < m->n_kparts; i++) {
+        tm_free(m->kparts[i].topic);
+        tm_free(m->kparts[i].ranges);
+    }
+    tm_free(m->kparts);
     memset(m, 0, sizeof(*m));
+}
+
+tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition, uint64_t next,
+                            const uint64_t *ranges, size_t n_ranges, tm_err *err) {
+    tm_manifest_kpart *k = NULL;
+    for (size_t i = 0; i < m->n_kparts && !k; i++)
+        if (m->kparts[i].partition == partition && strcmp(m->kparts[i].topic, topic) == 0)
+            k = &m->kparts[i];
+    if (!k) {
+        if (m->n_kparts == m->cap_kparts) {
+            size_t cap = m->cap_kparts ? m->cap_kparts * 2 : 8;
+            tm_manifest_kpart *p = tm_realloc(m->kparts, cap * sizeof(*p));
+            if (!p)
+                return TM_ERR(err, TM_E_NOMEM, "manifest kafka partitions");
+            m->kparts = p;
+            m->cap_kparts = cap;
+        }
+        k = &m->kparts[m->n_kparts];
+        memset(k, 0, sizeof(*k));
+        k->topic = tm_strdup(topic);
+        if (!k->topic)
+            return TM_ERR(err, TM_E_NOMEM, "manifest kafka partitions");
+        k->partition = partition;
+        m->n_kparts++;
+    }
+    uint64_t *r = NULL;
+    if (n_ranges) {
+        r = tm_malloc(2 * n_ranges * sizeof(*r));
+        if (!r)
+            return TM_ERR(err, TM_E_NOMEM, "manifest kafka offsets");
+        memcpy(r, ranges, 2 * n_ranges * sizeof(*r));
+    }
+    tm_free(k->ranges);
+    k->ranges = r;
+    k->n_ranges = n_ranges;
+    k->next = next;
+    return TM_OK;
 }
 
 tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err) {
@@ -287,13 +329,36 @@ static json_t *counts_json(const tm_manifest_counts *c) {
                      "completion", (json_int_t)c->n_tok_gen);
 }
 
+// input_kafka: {"partitions": [{"topic", "partition", "next", "done_above": [[a, b], ...]}]}.
+static json_t *kparts_json(const tm_manifest *m) {
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < m->n_kparts; i++) {
+        const tm_manifest_kpart *k = &m->kparts[i];
+        json_t *rs = json_array();
+        for (size_t j = 0; rs && j < k->n_ranges; j++)
+            if (json_array_append_new(rs, json_pack("[I, I]", (json_int_t)k->ranges[2 * j],
+                                                    (json_int_t)k->ranges[2 * j + 1])) != 0) {
+                json_decref(rs);
+                rs = NULL;
+            }
+        if (json_array_append_new(a, json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic,
+                                                "partition", (int)k->partition, "next",
+                                                (json_int_t)k->next, "done_above", rs)) != 0) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a ? json_pack("{s:o}", "partitions", a) : NULL;
+}
+
 static json_t *to_json(const tm_manifest *m) {
+    json_t *root = NULL;
     char now[32];
     tm_utc_now_str(now, sizeof(now));
     json_t *kafka = m->kafka_topic ? json_pack("{s:s}", "topic", m->kafka_topic) : json_null();
-    return json_pack(
+    root = json_pack(
         "{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
-        " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:i}}",
+        " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:I}}",
         "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
         "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
         "model", "files", files_json(m->model_files, m->n_model_files, true),
@@ -305,7 +370,12 @@ static json_t *to_json(const tm_manifest *m) {
         "total", m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
         "finished", (int)m->finished,
         "counts", counts_json(&m->counts),
-        "commits", "n", (json_int_t)m->n_commits, "runs", (int)m->n_runs);
+        "commits", "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
+    if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
+        json_decref(root);
+        return NULL;
+    }
+    return root;
 }
 
 typedef struct reader {
@@ -362,6 +432,52 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
     return r->rc;
 }
 
+static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
+    if (!ik || json_is_null(ik))
+        return TM_OK; // a file job, or a manifest of a tokenmill without Kafka input
+    const json_t *parts = json_object_get(ik, "partitions");
+    if (!json_is_array(parts)) {
+        bad(r, "input_kafka.partitions");
+        return r->rc;
+    }
+    for (size_t i = 0; i < json_array_size(parts) && !r->rc; i++) {
+        const json_t *o = json_array_get(parts, i);
+        const char *topic = json_string_value(json_object_get(o, "topic"));
+        const json_t *pa = json_object_get(o, "partition"), *above = json_object_get(o, "done_above");
+        uint64_t next = get_u64(r, o, "next", "input_kafka.partitions[].next");
+        if (!topic || !json_is_integer(pa) || json_integer_value(pa) < 0 ||
+            json_integer_value(pa) > INT32_MAX || !json_is_array(above)) {
+            bad(r, "input_kafka.partitions[]");
+            break;
+        }
+        size_t n = json_array_size(above);
+        uint64_t *rs = tm_malloc((2 * n + 1) * sizeof(*rs));
+        if (!rs)
+            return TM_ERR(r->err, TM_E_NOMEM, "manifest kafka offsets");
+        uint64_t prev = next;
+        for (size_t j = 0; j < n && !r->rc; j++) {
+            const json_t *pair = json_array_get(above, j);
+            const json_t *a = json_array_get(pair, 0), *b = json_array_get(pair, 1);
+            if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
+                (uint64_t)json_integer_value(a) <= prev ||
+                json_integer_value(b) < json_integer_value(a)) {
+                bad(r, "input_kafka.partitions[].done_above");
+                break;
+            }
+            rs[2 * j] = (uint64_t)json_integer_value(a);
+            rs[2 * j + 1] = (uint64_t)json_integer_value(b);
+            prev = rs[2 * j + 1] + 1;
+        }
+        if (!r->rc && tm_manifest_kpart_set(m, topic, (int32_t)json_integer_value(pa), next, rs, n,
+                                            r->err)) {
+            tm_free(rs);
+            return r->err->rc;
+        }
+        tm_free(rs);
+    }
+    return r->rc;
+}
+
 static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     const char *fmt = json_string_value(json_object_get(root, "format"));
     if (!fmt || strcmp(fmt, FORMAT_NAME) != 0) {
@@ -403,19 +519,36 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     const json_t *above = json_object_get(rec, "done_above");
     if (!json_is_array(above))
         bad(r, "records.done_above");
+    // The ranges are ascending and disjoint, as ranges_json writes them, and hold at most 2^26
+    // members in all (more is not a window: damage). Checked first, then copied in one pass:
+    // adding them one by one took minutes for overlapping ranges (fuzz_manifest timeout seeds).
+    uint64_t n_mem = 0, last = m->done.watermark;
     for (size_t i = 0; !r->rc && i < json_array_size(above); i++) {
         const json_t *pair = json_array_get(above, i);
         const json_t *a = json_array_get(pair, 0), *b = json_array_get(pair, 1);
         if (!json_is_integer(a) || !json_is_integer(b) || json_integer_value(a) < 0 ||
             json_integer_value(b) < json_integer_value(a) ||
-            json_integer_value(b) - json_integer_value(a) > (1 << 26) || // not a window: damage
-            (uint64_t)json_integer_value(a) <= m->done.watermark) {
+            (uint64_t)json_integer_value(a) <= last ||
+            (uint64_t)(json_integer_value(b) - json_integer_value(a)) >= (1u << 26) - n_mem) {
             bad(r, "records.done_above");
             break;
         }
-        for (json_int_t s = json_integer_value(a); !r->rc && s <= json_integer_value(b); s++)
-            if (tm_seqset_add(&m->done, (uint64_t)s, r->err))
-                return r->err->rc;
+        n_mem += (uint64_t)(json_integer_value(b) - json_integer_value(a)) + 1;
+        last = (uint64_t)json_integer_value(b);
+    }
+    if (!r->rc && n_mem) {
+        m->done.above = tm_malloc(n_mem * sizeof(*m->done.above));
+        if (!m->done.above)
+            return TM_ERR(r->err, TM_E_NOMEM, "manifest: %llu done records",
+                          (unsigned long long)n_mem);
+        m->done.cap_above = n_mem;
+        for (size_t i = 0; i < json_array_size(above); i++) {
+            const json_t *pair = json_array_get(above, i);
+            uint64_t a = (uint64_t)json_integer_value(json_array_get(pair, 0));
+            uint64_t b = (uint64_t)json_integer_value(json_array_get(pair, 1));
+            for (uint64_t s = a; s <= b; s++)
+                m->done.above[m->done.n_above++] = s;
+        }
     }
     const json_t *total = json_object_get(rec, "total");
     m->total_known = json_is_integer(total);
@@ -441,6 +574,8 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     const json_t *cm = json_object_get(root, "commits");
     m->n_commits = get_u64(r, cm, "n", "commits.n");
     m->n_runs = (uint32_t)get_u64(r, cm, "runs", "commits.runs");
+    if (!r->rc)
+        kparts_from_json(r, json_object_get(root, "input_kafka"), m);
     return r->rc;
 }
 

@@ -56,21 +56,4 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
 }
 
-#ifndef TM_LIBFUZZER
-// Replay mode: run every file named on the command line through the target once.
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        if (!f) {
-            perror(argv[i]);
-            return 1;
-        }
-        static uint8_t buf[1 << 20];
-        size_t n = fread(buf, 1, sizeof(buf), f);
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, n);
-    }
-    printf("fuzz_jinja: %d inputs replayed, no invariant broken\n", argc - 1);
-    return 0;
-}
-#endif
+#include "fuzz_replay.h"

@@ -5,7 +5,7 @@
  * a valid one has an id and exactly one of prompt / messages; the sink formats either as one
  * JSON line that jansson parses back. Built with clang -fsanitize=fuzzer,address,undefined when
  * TM_FUZZ=ON; without libFuzzer the same file builds with a main() that replays files given on
- * the command line (the regression corpus in tests/fuzz/corpus runs in every build). */
+ * the command line (the regression corpus in tests/fuzz/corpus_record runs in every build). */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -80,21 +80,4 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     return 0;
 }
 
-#ifndef TM_LIBFUZZER
-// Replay mode: run every file named on the command line through the target once.
-int main(int argc, char **argv) {
-    for (int i = 1; i < argc; i++) {
-        FILE *f = fopen(argv[i], "rb");
-        if (!f) {
-            perror(argv[i]);
-            return 1;
-        }
-        static uint8_t buf[1 << 22];
-        size_t n = fread(buf, 1, sizeof(buf), f);
-        fclose(f);
-        LLVMFuzzerTestOneInput(buf, n);
-    }
-    printf("fuzz_record: %d inputs replayed, no invariant broken\n", argc - 1);
-    return 0;
-}
-#endif
+#include "fuzz_replay.h"
