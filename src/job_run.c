@@ -60,6 +60,11 @@ typedef struct sink_ctx {
     uint64_t n_commits;    /* this run */
     double commit_ms_total, commit_ms_max;
     tm_buf line;           /* Kafka message being built */
+    bool kafka_in;         /* input.kafka: the manifest keeps partition offsets */
+    bool txn_offsets;      /* ... and they go into the Kafka sink's transactions */
+    tm_kafka_offset *offs; /* [n_offs] input positions of the commit being made (txn_offsets) */
+    size_t n_offs, cap_offs;
+    tm_buf group_md;       /* the consumer's group metadata, serialized (txn_offsets) */
     tm_metrics *metrics;
     tm_progress *progress;
     tm_queue *q;
@@ -67,6 +72,23 @@ typedef struct sink_ctx {
     tm_rc rc;
     tm_err err;
 } sink_ctx;
+
+// A Kafka source must keep serving its consumer while the runner is full (heartbeats and
+// rebalances happen in its poll): it pauses its partitions and polls instead of blocking.
+static tm_rc push_job(source_ctx *c, tm_job *job) {
+    if (!tm_source_is_kafka(c->src))
+        return tm_queue_push(c->q, job);
+    for (;;) {
+        tm_rc rc = tm_queue_try_push(c->q, job);
+        if (rc != TM_E_AGAIN)
+            return rc;
+        rc = tm_source_wait(c->src, 100, &c->err);
+        if (rc) {
+            c->rc = rc;
+            return rc;
+        }
+    }
+}
 
 static void *source_main(void *arg) {
     source_ctx *c = arg;
@@ -95,7 +117,7 @@ static void *source_main(void *arg) {
             }
             continue;
         }
-        if (tm_queue_push(c->q, job) != TM_OK) { // the runner stopped early
+        if (push_job(c, job) != TM_OK) { // the runner stopped early (or the consumer failed)
             tm_job_destroy(job);
             break;
         }
@@ -104,12 +126,55 @@ static void *source_main(void *arg) {
     return NULL;
 }
 
+// One partition's done offsets into the manifest and, when it is ours now and the offsets travel
+// in the transaction, into the commit's offset list.
+static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
+    sink_ctx *c = ctx;
+    tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
+                                     pos->ranges, pos->n_ranges, err);
+    if (rc || !c->txn_offsets || !pos->owned)
+        return rc;
+    if (c->n_offs == c->cap_offs) {
+        size_t cap = c->cap_offs ? c->cap_offs * 2 : 16;
+        tm_kafka_offset *o = tm_realloc(c->offs, cap * sizeof(*o));
+        if (!o)
+            return TM_ERR(err, TM_E_NOMEM, "kafka offsets");
+        c->offs = o;
+        c->cap_offs = cap;
+    }
+    const char *topic = NULL; // the manifest's copy outlives this commit
+    for (size_t i = 0; i < c->man->n_kparts && !topic; i++)
+        if (c->man->kparts[i].partition == pos->partition &&
+            strcmp(c->man->kparts[i].topic, pos->topic) == 0)
+            topic = c->man->kparts[i].topic;
+    c->offs[c->n_offs++] = (tm_kafka_offset){.topic = topic, .partition = pos->partition,
+                                             .offset = pos->next};
+    return TM_OK;
+}
+
+// Kafka input: the records of this commit are written; the manifest gets every partition's done
+// offsets (and a transaction the owned partitions' next offsets with the group metadata).
+static tm_rc kafka_positions(sink_ctx *c, tm_err *err) {
+    c->n_offs = 0;
+    tm_rc rc = tm_source_mark_written(c->src, c->pending, c->n_pending, err);
+    if (!rc)
+        rc = tm_source_kafka_positions(c->src, add_position, c, err);
+    if (!rc && c->txn_offsets)
+        rc = tm_source_kafka_group_md(c->src, &c->group_md, err);
+    return rc;
+}
+
 // One commit (sink/manifest.h): Kafka acks (and transaction), frame close + fsync of the data
 // files, manifest publish; then the source hears which records became durable.
 static tm_rc commit(sink_ctx *c, tm_err *err) {
     double t0 = tm_now_ms();
     tm_rc rc = TM_OK;
-    if (c->kafka)
+    if (c->kafka_in)
+        rc = kafka_positions(c, err);
+    if (!rc && c->kafka && c->txn_offsets)
+        rc = tm_kafka_out_commit_md(c->kafka, c->offs, c->n_offs, c->group_md.data,
+                                    c->group_md.len, err);
+    else if (!rc && c->kafka)
         rc = tm_kafka_out_commit(c->kafka, NULL, 0, NULL, err);
     if (!rc)
         rc = tm_sink_flush(c->sink, err);
@@ -339,7 +404,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         tm_manifest_fini(&old);
         return rc;
     }
-    if (old.finished) {
+    if (old.finished && !spec->kafka_in) { // a Kafka job is never done: a rerun reads what is new
         rs->finished_before = true;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
                "nothing to do (tokenmill run --restart runs it again)\n",
@@ -349,10 +414,16 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         return TM_OK;
     }
     rc = tm_manifest_recover(dir, &old, &rs->cut_bytes, err);
-    if (!rc)
+    // Kafka input: seq_nos follow consumption order, so what carries over is the partitions'
+    // done offsets (the source skips them), not the done set.
+    if (!rc && !spec->kafka_in)
         rc = tm_seqset_copy(&rs->skip, &old.done, err);
-    if (!rc)
+    if (!rc && !spec->kafka_in)
         rc = tm_seqset_copy(&rs->man.done, &old.done, err);
+    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
+        rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
+                                   old.kparts[i].next, old.kparts[i].ranges,
+                                   old.kparts[i].n_ranges, err);
     if (!rc) {
         rs->resumed = true;
         rs->earlier = old.counts;
@@ -458,6 +529,19 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     rc = tm_source_open(spec, &src, err);
     if (rc)
         goto done;
+    for (size_t i = 0; i < rs.man.n_kparts && !rc; i++) {
+        const tm_manifest_kpart *k = &rs.man.kparts[i];
+        rc = tm_source_kafka_resume(src, &(tm_source_kpos){.topic = k->topic,
+                                                          .partition = k->partition,
+                                                          .next = (int64_t)k->next,
+                                                          .ranges = k->ranges,
+                                                          .n_ranges = k->n_ranges},
+                                    err);
+    }
+    if (rc)
+        goto done;
+    const bool txn_offsets = spec->kafka_in && spec->kafka && spec->kafka->transactional_id;
+    tm_source_kafka_set_txn(src, txn_offsets);
     rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = rs.resumed}, &sink, err);
     if (rc)
         goto done;
@@ -485,7 +569,8 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     kc = (sink_ctx){.sink = sink, .kafka = kafka, .src = src, .man = &rs.man,
                     .dir = spec->output_dir, .commit_every_ms = spec->commit_every_s * 1e3,
                     .commit_every_records = spec->commit_every_records, .metrics = metrics,
-                    .progress = progress, .q = q_out};
+                    .progress = progress, .q = q_out, .kafka_in = spec->kafka_in != NULL,
+                    .txn_offsets = txn_offsets};
     if (pthread_create(&src_thread, NULL, source_main, &sc) != 0) {
         rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
         goto done;
@@ -619,6 +704,8 @@ done:
     tm_progress_destroy(progress);
     tm_engine_destroy(eng);
     tm_free(kc.pending);
+    tm_free(kc.offs);
+    tm_buf_fini(&kc.group_md);
     tm_buf_fini(&kc.line);
     resume_fini(&rs);
     parts_fini(&p);
@@ -641,6 +728,13 @@ static tm_rc validate_job(const char *path, tm_err *err) {
     tm_buf line = {0};
     uint64_t n_ok = 0, n_bad = 0;
     tm_rc rc = parts_load(path, &p, err);
+    if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
+        printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
+               "validate does not read\n", path, p.spec->model, tm_model_arch_name(p.model),
+               p.spec->kafka_in->group);
+        parts_fini(&p);
+        return TM_OK;
+    }
     if (rc == TM_OK)
         rc = tm_source_open(p.spec, &src, err);
     while (rc == TM_OK) {

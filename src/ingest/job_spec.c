@@ -29,7 +29,8 @@ typedef struct loader {
 
 static const char *const root_keys[] = {"$schema",  "model",  "input",         "output", "engine",
                                         "defaults", "limits", "chat_template", NULL};
-static const char *const input_keys[] = {"files", NULL};
+static const char *const input_keys[] = {"files", "kafka", NULL};
+static const char *const kafka_in_keys[] = {"brokers", "topics", "group", "mode", "config", NULL};
 static const char *const output_keys[] = {"dir", "prometheus_textfile", "commit_every_s",
                                           "commit_every_records", "kafka", NULL};
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
@@ -343,10 +344,117 @@ static void dedupe_inputs(loader *ld, size_t *order) {
     ld->n_list = w;
 }
 
+static tm_rc dup_str(loader *ld, const json_t *obj, const char *key, const char *jpath,
+                     char **out);
+
+// A "config" object of strings (librdkafka settings) into [2 * n] owned key, value pairs.
+static tm_rc load_rdkafka_config(loader *ld, const json_t *cfg, const char *jpath, char ***out,
+                                 size_t *n_out) {
+    if (!cfg)
+        return TM_OK;
+    if (!json_is_object(cfg))
+        return fail_value(ld, jpath, "an object of strings", cfg);
+    if (json_object_size(cfg) == 0)
+        return TM_OK;
+    char **kv = tm_calloc(2 * json_object_size(cfg), sizeof(char *));
+    if (!kv)
+        return TM_ERR(ld->err, TM_E_NOMEM, "%s", jpath);
+    *out = kv; // owned by the spec from here on, also on failure
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)cfg, key, v) {
+        if (!json_is_string(v)) {
+            char p[160];
+            snprintf(p, sizeof(p), "%s.%.100s", jpath, key);
+            return fail_value(ld, p, "a string (librdkafka settings are strings)", v);
+        }
+        kv[2 * *n_out] = tm_strdup(key);
+        kv[2 * *n_out + 1] = tm_strdup(json_string_value(v));
+        (*n_out)++;
+        if (!kv[2 * *n_out - 2] || !kv[2 * *n_out - 1])
+            return TM_ERR(ld->err, TM_E_NOMEM, "%s", jpath);
+    }
+    return TM_OK;
+}
+
+// input.kafka. Only the topics enter the canonical spec (the manifest keeps done offsets per
+// topic partition, whatever the group); brokers, group, mode and config do not change the
+// results (a cluster reached under another address is the same input).
+static tm_rc load_kafka_in(loader *ld, const json_t *k) {
+    if (!json_is_object(k))
+        return fail_value(ld, "input.kafka", "an object", k);
+    tm_rc rc = check_keys(ld, k, "input.kafka", kafka_in_keys);
+    if (rc)
+        return rc;
+    tm_job_kafka_in *ki = tm_calloc(1, sizeof(*ki));
+    if (!ki)
+        return TM_ERR(ld->err, TM_E_NOMEM, "input.kafka");
+    ld->spec->kafka_in = ki;
+    rc = dup_str(ld, k, "brokers", "input.kafka.brokers", &ki->brokers);
+    if (!rc)
+        rc = dup_str(ld, k, "group", "input.kafka.group", &ki->group);
+    if (rc)
+        return rc;
+    const json_t *topics = json_object_get(k, "topics");
+    if (!topics)
+        return fail(ld, TM_E_INVAL, "input.kafka.topics", "required key is missing");
+    if (!json_is_array(topics) || json_array_size(topics) == 0)
+        return fail_value(ld, "input.kafka.topics", "a non-empty array of topic names", topics);
+    ki->topics = tm_calloc(json_array_size(topics), sizeof(char *));
+    if (!ki->topics)
+        return TM_ERR(ld->err, TM_E_NOMEM, "input.kafka.topics");
+    json_t *ctopics = json_array();
+    size_t i;
+    const json_t *v;
+    json_array_foreach(topics, i, v) {
+        char p[64];
+        snprintf(p, sizeof(p), "input.kafka.topics[%zu]", i);
+        if (!json_is_string(v) || json_string_length(v) == 0 ||
+            strlen(json_string_value(v)) != json_string_length(v)) {
+            json_decref(ctopics);
+            return fail_value(ld, p, "a non-empty topic name", v);
+        }
+        ki->topics[i] = tm_strdup(json_string_value(v));
+        if (!ki->topics[i]) {
+            json_decref(ctopics);
+            return TM_ERR(ld->err, TM_E_NOMEM, "input.kafka.topics");
+        }
+        ki->n_topics = i + 1;
+        if (!ctopics || json_array_append_new(ctopics, json_string(ki->topics[i])) != 0)
+            ld->canon_nomem = 1;
+    }
+    const json_t *mode = json_object_get(k, "mode");
+    if (mode) {
+        const char *s = json_is_string(mode) ? json_string_value(mode) : "";
+        if (strcmp(s, "drain") != 0 && strcmp(s, "follow") != 0) {
+            json_decref(ctopics);
+            return fail_value(ld, "input.kafka.mode", "one of \"drain\", \"follow\"", mode);
+        }
+        ki->follow = strcmp(s, "follow") == 0;
+    }
+    rc = load_rdkafka_config(ld, json_object_get(k, "config"), "input.kafka.config", &ki->config,
+                             &ki->n_config);
+    if (rc) {
+        json_decref(ctopics);
+        return rc;
+    }
+    json_t *cinput = json_object();
+    json_t *ck = json_object();
+    canon_set(ld, ck, "topics", ctopics);
+    canon_set(ld, cinput, "kafka", ck);
+    canon_set(ld, ld->canon, "input", cinput);
+    return TM_OK;
+}
+
 static tm_rc load_input(loader *ld, const json_t *input) {
     const json_t *files = json_object_get(input, "files");
+    const json_t *kafka = json_object_get(input, "kafka");
+    if (files && kafka)
+        return fail(ld, TM_E_INVAL, "input", "give either files or kafka, not both");
+    if (kafka)
+        return load_kafka_in(ld, kafka);
     if (!files)
-        return fail(ld, TM_E_INVAL, "input.files", "required key is missing");
+        return fail(ld, TM_E_INVAL, "input.files", "required key is missing (or input.kafka)");
     if (!json_is_array(files) || json_array_size(files) == 0)
         return fail_value(ld, "input.files", "a non-empty array of strings", files);
     json_t *cfiles = json_array();
@@ -541,28 +649,9 @@ static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
     if (!rc && json_object_get(k, "transactional_id"))
         rc = dup_str(ld, k, "transactional_id", "output.kafka.transactional_id",
                      &ko->transactional_id);
-    const json_t *cfg = json_object_get(k, "config");
-    if (!rc && cfg && !json_is_object(cfg))
-        rc = fail_value(ld, "output.kafka.config", "an object of strings", cfg);
-    if (!rc && cfg && json_object_size(cfg)) {
-        ko->config = tm_calloc(2 * json_object_size(cfg), sizeof(char *));
-        if (!ko->config)
-            return TM_ERR(ld->err, TM_E_NOMEM, "output.kafka.config");
-        const char *key;
-        json_t *v;
-        json_object_foreach((json_t *)cfg, key, v) {
-            if (!json_is_string(v)) {
-                char p[160];
-                snprintf(p, sizeof(p), "output.kafka.config.%.100s", key);
-                return fail_value(ld, p, "a string (librdkafka settings are strings)", v);
-            }
-            ko->config[2 * ko->n_config] = tm_strdup(key);
-            ko->config[2 * ko->n_config + 1] = tm_strdup(json_string_value(v));
-            ko->n_config++;
-            if (!ko->config[2 * ko->n_config - 2] || !ko->config[2 * ko->n_config - 1])
-                return TM_ERR(ld->err, TM_E_NOMEM, "output.kafka.config");
-        }
-    }
+    if (!rc)
+        rc = load_rdkafka_config(ld, json_object_get(k, "config"), "output.kafka.config",
+                                 &ko->config, &ko->n_config);
     if (!rc && cout)
         canon_set(ld, cout, "kafka", json_deep_copy(k));
     return rc;
@@ -726,6 +815,17 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
     tm_free(spec->output_dir);
     tm_free(spec->prometheus_textfile);
     tm_free(spec->chat_template);
+    if (spec->kafka_in) {
+        tm_free(spec->kafka_in->brokers);
+        for (size_t i = 0; i < spec->kafka_in->n_topics; i++)
+            tm_free(spec->kafka_in->topics[i]);
+        tm_free(spec->kafka_in->topics);
+        tm_free(spec->kafka_in->group);
+        for (size_t i = 0; i < 2 * spec->kafka_in->n_config; i++)
+            tm_free(spec->kafka_in->config[i]);
+        tm_free(spec->kafka_in->config);
+        tm_free(spec->kafka_in);
+    }
     if (spec->kafka) {
         tm_free(spec->kafka->brokers);
         tm_free(spec->kafka->topic);

@@ -60,11 +60,24 @@ typedef struct tm_job_kafka_out {
     char *transactional_id; /* owned; NULL: idempotent producer without transactions */
 } tm_job_kafka_out;
 
+/* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
+ * instead of input.files. */
+typedef struct tm_job_kafka_in {
+    char *brokers;          /* bootstrap.servers; owned */
+    char **topics;          /* [n_topics] owned topic names */
+    size_t n_topics;        /* >= 1 */
+    char *group;            /* group.id; owned */
+    bool follow;            /* mode "follow": run until SIGINT/SIGTERM; false: "drain" */
+    char **config;          /* [2 * n_config] owned key, value pairs of librdkafka settings */
+    size_t n_config;
+} tm_job_kafka_in;
+
 typedef struct tm_job_spec {
     char *path;           /* the job file, as given to tm_job_spec_load */
     char *model;          /* model folder, resolved */
     char **inputs;        /* [n_inputs] input files, resolved and expanded, in read order */
-    size_t n_inputs;      /* >= 1 */
+    size_t n_inputs;      /* >= 1 with input.files; 0 with input.kafka */
+    tm_job_kafka_in *kafka_in; /* input.kafka, owned; NULL when the input is files */
     char *output_dir;     /* resolved */
     char *prometheus_textfile; /* output.prometheus_textfile, resolved; NULL when not set */
     char *chat_template;  /* owned Jinja text overriding the tokenizer's chat_template; or NULL */

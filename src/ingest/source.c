@@ -19,6 +19,7 @@
 #include "base/buf.h"
 #include "base/seqset.h"
 #include "ingest/fields_int.h"
+#include "ingest/kafka_in.h"
 #include "ingest/source_int.h"
 
 enum { CHUNK_BYTES = 64 * 1024 };
@@ -55,6 +56,7 @@ struct tm_source {
     bool no_id_check;        /* duplicate ids are not checked (Kafka: redelivery is normal) */
     pthread_mutex_t ack_mu;  /* guards acked (tm_source_ack comes from the sink thread) */
     tm_seqset acked;         /* seq_nos acknowledged as durable */
+    tm_kafka_in *kafka;      /* input.kafka: the consumer, owned; NULL for files */
 };
 
 // ---- id set ----
@@ -1026,6 +1028,25 @@ tm_rc tm_source_parse_line(tm_source *src, const char *file, uint64_t line_no, c
     return TM_OK;
 }
 
+tm_rc tm_source_line_too_long(tm_source *src, const char *file, uint64_t line_no,
+                              uint64_t n_bytes, tm_job **out, tm_err *err) {
+    tm_job *job = NULL;
+    tm_rc rc = new_job(src, file, line_no, &job, err);
+    if (!rc)
+        rc = job_fail(job, TM_ERRCODE_LINE_TOO_LONG, err,
+                      "line is %llu bytes, longer than limits.max_line_bytes (%llu)",
+                      (unsigned long long)n_bytes, (unsigned long long)src->spec->max_line_bytes);
+    if (rc) {
+        tm_job_destroy(job);
+        return rc;
+    }
+    src->seq_no++;
+    *out = job;
+    return TM_OK;
+}
+
+uint64_t tm_source_max_line_bytes(const tm_source *src) { return src->spec->max_line_bytes; }
+
 void tm_source_set_check_ids(tm_source *src, bool on) { src->no_id_check = !on; }
 
 void tm_source_reset_format(tm_source *src) {
@@ -1051,6 +1072,11 @@ tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err) {
         TM_ERR(err, TM_E_NOMEM, "LZ4 decompression context: %s", LZ4F_getErrorName(lrc));
         goto fail;
     }
+    if (spec->kafka_in) {
+        tm_source_set_check_ids(src, false);
+        if (tm_kafka_in_open(spec->kafka_in, src, &src->kafka, err))
+            goto fail;
+    }
     *out = src;
     return TM_OK;
 fail:
@@ -1061,6 +1087,7 @@ fail:
 void tm_source_destroy(tm_source *src) {
     if (!src)
         return;
+    tm_kafka_in_close(src->kafka); // commits what is durable, leaves the group
     close_file(src);
     if (src->dctx)
         LZ4F_freeDecompressionContext(src->dctx);
@@ -1074,6 +1101,8 @@ void tm_source_destroy(tm_source *src) {
 }
 
 tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
+    if (src->kafka)
+        return tm_kafka_in_next(src->kafka, out, err);
     for (;;) {
         if (!src->open) {
             if (src->i_file >= src->spec->n_inputs)
@@ -1101,22 +1130,9 @@ tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
         if (!too_long && is_blank(s, n))
             continue;
 
-        if (too_long) {
-            tm_job *job = NULL;
-            rc = new_job(src, src->spec->inputs[src->i_file], src->line_no, &job, err);
-            if (!rc)
-                rc = job_fail(job, TM_ERRCODE_LINE_TOO_LONG, err,
-                              "line is %llu bytes, longer than limits.max_line_bytes (%llu)",
-                              (unsigned long long)n_bytes,
-                              (unsigned long long)src->spec->max_line_bytes);
-            if (rc) {
-                tm_job_destroy(job);
-                return rc;
-            }
-            src->seq_no++;
-            *out = job;
-            return TM_OK;
-        }
+        if (too_long)
+            return tm_source_line_too_long(src, src->spec->inputs[src->i_file], src->line_no,
+                                           n_bytes, out, err);
         return tm_source_parse_line(src, src->spec->inputs[src->i_file], src->line_no, s, n, out,
                                     err);
     }
@@ -1128,7 +1144,41 @@ tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *e
     for (size_t i = 0; i < n && !rc; i++)
         rc = tm_seqset_add(&src->acked, seq_nos[i], err);
     pthread_mutex_unlock(&src->ack_mu);
+    if (!rc && src->kafka)
+        rc = tm_kafka_in_ack(src->kafka, seq_nos, n, err);
     return rc;
+}
+
+bool tm_source_is_kafka(const tm_source *src) { return src->kafka != NULL; }
+
+tm_rc tm_source_wait(tm_source *src, int ms, tm_err *err) {
+    return src->kafka ? tm_kafka_in_wait(src->kafka, ms, err) : TM_OK;
+}
+
+tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    return src->kafka ? tm_kafka_in_mark_written(src->kafka, seq_nos, n, err) : TM_OK;
+}
+
+tm_rc tm_source_kafka_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err) {
+    return src->kafka ? tm_kafka_in_positions(src->kafka, fn, ctx, err) : TM_OK;
+}
+
+tm_rc tm_source_kafka_resume(tm_source *src, const tm_source_kpos *pos, tm_err *err) {
+    if (!src->kafka)
+        return TM_OK;
+    return tm_kafka_in_resume_add(src->kafka, pos->topic, pos->partition, pos->next, pos->ranges,
+                                  pos->n_ranges, err);
+}
+
+void tm_source_kafka_set_txn(tm_source *src, bool on) {
+    if (src->kafka)
+        tm_kafka_in_set_txn(src->kafka, on);
+}
+
+tm_rc tm_source_kafka_group_md(tm_source *src, tm_buf *out, tm_err *err) {
+    if (!src->kafka)
+        return TM_ERR(err, TM_E_INVAL, "the job's input is not Kafka");
+    return tm_kafka_in_group_md(src->kafka, out, err);
 }
 
 uint64_t tm_source_durable_watermark(tm_source *src) {

@@ -17,7 +17,10 @@
 #ifndef TM_INGEST_SOURCE_H
 #define TM_INGEST_SOURCE_H
 
+#include <stdbool.h>
 #include <stdint.h>
+
+#include "base/buf.h"
 
 #include "base/err.h"
 #include "base/record.h"
@@ -25,7 +28,20 @@
 
 typedef struct tm_source tm_source;
 
-/* Open a source over spec->inputs. Borrows spec; it must outlive the source. Files are opened
+/* One Kafka partition's done offsets (the manifest's view; ingest/kafka_in.h). */
+typedef struct tm_source_kpos {
+    const char *topic;      /* borrowed for the callback */
+    int32_t partition;
+    int64_t next;           /* every offset below it is done */
+    const uint64_t *ranges; /* [2 * n_ranges] done offsets above next: inclusive [first, last]
+                             * pairs, ascending, not touching next; borrowed for the callback */
+    size_t n_ranges;
+    bool owned;             /* assigned to this consumer now: its offset may be committed */
+} tm_source_kpos;
+typedef tm_rc (*tm_source_kpos_fn)(void *ctx, const tm_source_kpos *pos, tm_err *err);
+
+/* Open a source over spec->inputs, or over spec->kafka_in (ingest/kafka_in.h: the consumer joins
+ * its group here; errors then also TM_E_KAFKA). Borrows spec; it must outlive the source. Files are opened
  * lazily by tm_source_next. On success *out owns the source (free with tm_source_destroy).
  * Errors: TM_E_NOMEM. */
 tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err);
@@ -52,6 +68,26 @@ tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err);
 tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err);
 /* Every seq_no below the returned value has been acked. Thread-safe. */
 uint64_t tm_source_durable_watermark(tm_source *src);
+
+/* Kafka input (the rest of this block does nothing for files): records are numbered in
+ * consumption order, so a resume skips by partition offsets, not by seq_no, and the input has no
+ * end known in advance. */
+bool tm_source_is_kafka(const tm_source *src);
+/* Backpressure while the next stage is full: pause the partitions and keep the consumer alive
+ * for up to ms (files: returns at once). TM_E_KAFKA. */
+tm_rc tm_source_wait(tm_source *src, int ms, tm_err *err);
+/* The records are in the commit being prepared (before its manifest is published); see
+ * tm_kafka_in_mark_written. Thread-safe. TM_E_NOMEM. */
+tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err);
+/* Per-partition done offsets, for the manifest and for a transaction's offsets. Thread-safe. */
+tm_rc tm_source_kafka_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err);
+/* Done offsets of an earlier run (from the manifest), before the first tm_source_next. */
+tm_rc tm_source_kafka_resume(tm_source *src, const tm_source_kpos *pos, tm_err *err);
+/* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */
+void tm_source_kafka_set_txn(tm_source *src, bool on);
+/* The consumer group's metadata, serialized, for send_offsets_to_transaction. Thread-safe.
+ * TM_E_KAFKA, TM_E_NOMEM. */
+tm_rc tm_source_kafka_group_md(tm_source *src, tm_buf *out, tm_err *err);
 
 /* Records returned so far (= the next seq_no). */
 uint64_t tm_source_n_records(const tm_source *src);

@@ -18,6 +18,11 @@
  * Errors: TM_E_NOMEM only. */
 tm_rc tm_source_parse_line(tm_source *src, const char *file, uint64_t line_no, const char *s,
                            size_t n, tm_job **out, tm_err *err);
+/* A line_too_long error record for a line of n_bytes bytes, with the next seq_no. TM_E_NOMEM. */
+tm_rc tm_source_line_too_long(tm_source *src, const char *file, uint64_t line_no,
+                              uint64_t n_bytes, tm_job **out, tm_err *err);
+/* limits.max_line_bytes of the job. */
+uint64_t tm_source_max_line_bytes(const tm_source *src);
 /* Check ids for duplicates (default on). Off for Kafka, where a redelivered message is normal. */
 void tm_source_set_check_ids(tm_source *src, bool on);
 /* Forget the format guess for unparsable lines (a new file or partition starts). */

@@ -142,8 +142,35 @@ tm_rc tm_kafka_out_poll(tm_kafka_out *ko, tm_err *err) {
     return check(ko, err);
 }
 
+static tm_rc commit_txn(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
+                        rd_kafka_consumer_group_metadata_t *gm, tm_err *err);
+
 tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
                           const char *group_id, tm_err *err) {
+    rd_kafka_consumer_group_metadata_t *gm =
+        group_id && n_offs ? rd_kafka_consumer_group_metadata_new(group_id) : NULL;
+    tm_rc rc = commit_txn(ko, offs, n_offs, gm, err);
+    if (gm)
+        rd_kafka_consumer_group_metadata_destroy(gm);
+    return rc;
+}
+
+tm_rc tm_kafka_out_commit_md(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
+                             const void *group_md, size_t n_md, tm_err *err) {
+    rd_kafka_consumer_group_metadata_t *gm = NULL;
+    if (ko->txn && n_offs) {
+        rd_kafka_error_t *e = rd_kafka_consumer_group_metadata_read(&gm, group_md, n_md);
+        if (e)
+            return txn_fail(e, "reading the consumer group metadata", err);
+    }
+    tm_rc rc = commit_txn(ko, offs, n_offs, gm, err);
+    if (gm)
+        rd_kafka_consumer_group_metadata_destroy(gm);
+    return rc;
+}
+
+static tm_rc commit_txn(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
+                        rd_kafka_consumer_group_metadata_t *gm, tm_err *err) {
     rd_kafka_resp_err_t fe = rd_kafka_flush(ko->rk, ko->timeout_ms);
     tm_rc rc = check(ko, err);
     if (rc)
@@ -155,14 +182,12 @@ tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t 
     if (!ko->txn)
         return TM_OK;
     rd_kafka_error_t *e = NULL;
-    if (group_id && n_offs) {
+    if (gm && n_offs) {
         rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)n_offs);
         for (size_t i = 0; i < n_offs; i++)
             rd_kafka_topic_partition_list_add(l, offs[i].topic, offs[i].partition)->offset =
                 offs[i].offset;
-        rd_kafka_consumer_group_metadata_t *gm = rd_kafka_consumer_group_metadata_new(group_id);
         e = rd_kafka_send_offsets_to_transaction(ko->rk, l, gm, ko->timeout_ms);
-        rd_kafka_consumer_group_metadata_destroy(gm);
         rd_kafka_topic_partition_list_destroy(l);
         if (e)
             return txn_fail(e, "send_offsets_to_transaction", err);

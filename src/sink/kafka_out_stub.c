@@ -25,6 +25,12 @@ tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t 
     return TM_ERR(err, TM_E_KAFKA, "no librdkafka");
 }
 
+tm_rc tm_kafka_out_commit_md(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
+                             const void *group_md, size_t n_md, tm_err *err) {
+    (void)ko, (void)offs, (void)n_offs, (void)group_md, (void)n_md;
+    return TM_ERR(err, TM_E_KAFKA, "no librdkafka");
+}
+
 uint64_t tm_kafka_out_n_acked(const tm_kafka_out *ko) {
     (void)ko;
     return 0;

@@ -48,6 +48,18 @@ typedef struct tm_manifest_counts {
     uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
 } tm_manifest_counts;
 
+/* Kafka input: the done offsets of one partition (ingest/kafka_in.h). Records of a Kafka input
+ * are numbered in consumption order, which changes from run to run, so for them the done set
+ * (`done` below) covers the last run only and these offsets are the resume state. */
+typedef struct tm_manifest_kpart {
+    char *topic;        /* owned */
+    int32_t partition;
+    uint64_t next;      /* every offset below it is done */
+    uint64_t *ranges;   /* [2 * n_ranges] owned; done offsets above next, inclusive [first, last]
+                         * pairs, ascending, apart, not touching next */
+    size_t n_ranges;
+} tm_manifest_kpart;
+
 typedef struct tm_manifest {
     char spec_hash[33];           /* xxh3-128 hex of the canonical job spec */
     char *job_path;               /* owned; informational (the job may move) */
@@ -65,10 +77,16 @@ typedef struct tm_manifest {
     uint64_t n_commits;           /* commits over all runs */
     uint32_t n_runs;              /* runs that committed at least once (this one included) */
     char *kafka_topic;            /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
+    tm_manifest_kpart *kparts;    /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
+    size_t n_kparts, cap_kparts;
 } tm_manifest;
 
 /* Free what m owns and zero it. */
 void tm_manifest_fini(tm_manifest *m);
+
+/* Set (add or replace) the done offsets of topic/partition in m; copies everything. TM_E_NOMEM. */
+tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition, uint64_t next,
+                            const uint64_t *ranges, size_t n_ranges, tm_err *err);
 
 /* Fill the identity of m (spec hash, job path, model fingerprints, input files) from the job:
  * canonical_json (tm_job_spec.canonical_json), the model folder (config.json,

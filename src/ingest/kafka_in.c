@@ -1,0 +1,918 @@
+/* ingest/kafka_in.c - librdkafka consumer for input.kafka (see kafka_in.h). State per partition
+ * (done offsets, the highest offset handled) plus one ring of the records handed out, indexed by
+ * seq_no, so acks find their partition and offset; both under one mutex (acks come from the sink
+ * thread, everything else from the source thread). */
+#define _POSIX_C_SOURCE 200809L
+#include "ingest/kafka_in.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <librdkafka/rdkafka.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/stop.h"
+#include "base/utf8.h"
+#include "ingest/source_int.h"
+
+#define POLL_MS 100
+#define COMMIT_EVERY_MS 200.0
+#define WATERMARK_TIMEOUT_MS 10000
+#define WATERMARK_TRIES 6
+
+enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
+
+typedef struct kpart {
+    char *topic;           /* owned */
+    int32_t partition;
+    bool owned;            /* in the current assignment */
+    bool revoking;         /* being revoked: the rebalance callback waits for its records */
+    int64_t hwm;           /* high watermark when the run started (drain target); 0 unknown */
+    int64_t hi;            /* highest offset handled in this run (handed out, skipped, no record,
+                            * or before this consumer's start); -1 none */
+    int64_t committed;     /* offset this consumer last committed; -1 none */
+    int64_t scan_min;      /* scratch: lowest offset not yet acked (commit_offsets) */
+    uint64_t next;         /* done set: every offset below is done */
+    uint64_t *rng;         /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
+    size_t n_rng, cap_rng;
+} kpart;
+
+typedef struct ring_ent {
+    int64_t offset;
+    uint32_t part;         /* index into parts */
+    uint8_t state;         /* ST_* */
+} ring_ent;
+
+struct tm_kafka_in {
+    const tm_job_kafka_in *cfg; /* borrowed */
+    tm_source *src;             /* borrowed: its parser makes the records */
+    rd_kafka_t *rk;
+    bool txn;                   /* offsets go into the sink's transactions */
+    bool paused;                /* backpressure: the assignment is paused */
+    bool assigned;              /* an assignment is in place (eager: false between revoke and
+                                 * assign) */
+    bool closing;
+    bool stop_logged;
+    bool holding;               /* in tm_kafka_in_wait: the source thread holds the last record
+                                 * handed out (it waits to push it), so it cannot become durable
+                                 * before the wait returns */
+    uint64_t last_seq;          /* seq_no of the last record handed out */
+    tm_rc fatal_rc;             /* a fatal consumer error seen in a callback */
+    tm_err fatal_err;
+    pthread_mutex_t mu;         /* guards parts and the ring */
+    pthread_cond_t cv;          /* signalled on acks */
+    kpart *parts;
+    size_t n_parts, cap_parts;
+    ring_ent *ring;             /* [ring_cap] circular: seq_no ring_base + i at (head + i) % cap */
+    size_t ring_cap, ring_head, ring_n;
+    uint64_t ring_base;
+    rd_kafka_message_t **stash; /* messages polled while paused, served first (FIFO) */
+    size_t n_stash, cap_stash, stash_head;
+    double last_commit_ms;
+    double last_warn_ms;
+    int revoke_wait_ms;         /* TM_KAFKA_IN_REVOKE_WAIT_MS, at most half the session timeout */
+    char file[320];             /* "kafka:TOPIC/PARTITION" of the current record */
+};
+
+// ---- partitions and their done sets (mu held) ----
+
+static kpart *part_find(tm_kafka_in *ki, const char *topic, int32_t partition) {
+    for (size_t i = 0; i < ki->n_parts; i++)
+        if (ki->parts[i].partition == partition && strcmp(ki->parts[i].topic, topic) == 0)
+            return &ki->parts[i];
+    return NULL;
+}
+
+static kpart *part_get(tm_kafka_in *ki, const char *topic, int32_t partition, tm_err *err) {
+    kpart *p = part_find(ki, topic, partition);
+    if (p)
+        return p;
+    if (ki->n_parts == ki->cap_parts) {
+        size_t cap = ki->cap_parts ? ki->cap_parts * 2 : 16;
+        kpart *np = tm_realloc(ki->parts, cap * sizeof(*np));
+        if (!np) {
+            TM_ERR(err, TM_E_NOMEM, "kafka partition table");
+            return NULL;
+        }
+        ki->parts = np;
+        ki->cap_parts = cap;
+    }
+    p = &ki->parts[ki->n_parts];
+    memset(p, 0, sizeof(*p));
+    p->topic = tm_strdup(topic);
+    if (!p->topic) {
+        TM_ERR(err, TM_E_NOMEM, "kafka partition table");
+        return NULL;
+    }
+    p->partition = partition;
+    p->hi = -1;
+    p->committed = -1;
+    ki->n_parts++;
+    return p;
+}
+
+static bool done_has(const kpart *p, uint64_t o) {
+    if (o < p->next)
+        return true;
+    for (size_t i = 0; i < p->n_rng; i++)
+        if (o >= p->rng[2 * i] && o <= p->rng[2 * i + 1])
+            return true;
+    return false;
+}
+
+// Add [a, b] to the done set, merging ranges and moving next over a range that reaches it.
+static tm_rc done_add(kpart *p, uint64_t a, uint64_t b, tm_err *err) {
+    if (b < p->next)
+        return TM_OK;
+    if (a < p->next)
+        a = p->next;
+    if (p->n_rng == p->cap_rng) {
+        size_t cap = p->cap_rng ? p->cap_rng * 2 : 8;
+        uint64_t *r = tm_realloc(p->rng, 2 * cap * sizeof(*r));
+        if (!r)
+            return TM_ERR(err, TM_E_NOMEM, "kafka done offsets");
+        p->rng = r;
+        p->cap_rng = cap;
+    }
+    // Insert in order of the first offset, then merge neighbours that overlap or touch.
+    size_t i = 0;
+    while (i < p->n_rng && p->rng[2 * i] < a)
+        i++;
+    memmove(&p->rng[2 * i + 2], &p->rng[2 * i], (p->n_rng - i) * 2 * sizeof(*p->rng));
+    p->rng[2 * i] = a;
+    p->rng[2 * i + 1] = b;
+    p->n_rng++;
+    size_t w = 0;
+    for (size_t r = 0; r < p->n_rng; r++) {
+        uint64_t ra = p->rng[2 * r], rb = p->rng[2 * r + 1];
+        if (w > 0 && ra <= p->rng[2 * (w - 1) + 1] + 1) {
+            if (rb > p->rng[2 * (w - 1) + 1])
+                p->rng[2 * (w - 1) + 1] = rb;
+            continue;
+        }
+        p->rng[2 * w] = ra;
+        p->rng[2 * w + 1] = rb;
+        w++;
+    }
+    p->n_rng = w;
+    if (p->n_rng > 0 && p->rng[0] <= p->next) {
+        p->next = p->rng[1] + 1;
+        p->n_rng--;
+        memmove(&p->rng[0], &p->rng[2], p->n_rng * 2 * sizeof(*p->rng));
+    }
+    return TM_OK;
+}
+
+// Offsets up to o - 1 that this run has not handled hold no record for us (compaction, control
+// records, or work done and committed before this consumer read the partition): done.
+static tm_rc handled_up_to(kpart *p, int64_t o, tm_err *err) {
+    if (o <= p->hi + 1)
+        return TM_OK;
+    tm_rc rc = done_add(p, (uint64_t)(p->hi + 1), (uint64_t)(o - 1), err);
+    p->hi = o - 1;
+    return rc;
+}
+
+// ---- the ring of records handed out (mu held) ----
+
+static ring_ent *ring_at(tm_kafka_in *ki, uint64_t seq_no) {
+    if (seq_no < ki->ring_base || seq_no - ki->ring_base >= ki->ring_n)
+        return NULL;
+    return &ki->ring[(ki->ring_head + (size_t)(seq_no - ki->ring_base)) % ki->ring_cap];
+}
+
+static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t offset,
+                       tm_err *err) {
+    if (ki->ring_n == 0)
+        ki->ring_base = seq_no;
+    TM_ASSERT(seq_no == ki->ring_base + ki->ring_n); // every record of the source comes from here
+    if (ki->ring_n == ki->ring_cap) {
+        size_t cap = ki->ring_cap ? ki->ring_cap * 2 : 1024;
+        ring_ent *r = tm_malloc(cap * sizeof(*r));
+        if (!r)
+            return TM_ERR(err, TM_E_NOMEM, "kafka records in flight");
+        for (size_t i = 0; i < ki->ring_n; i++)
+            r[i] = ki->ring[(ki->ring_head + i) % ki->ring_cap];
+        tm_free(ki->ring);
+        ki->ring = r;
+        ki->ring_cap = cap;
+        ki->ring_head = 0;
+    }
+    ring_ent *e = &ki->ring[(ki->ring_head + ki->ring_n) % ki->ring_cap];
+    e->offset = offset;
+    e->part = part;
+    e->state = ST_IN_FLIGHT;
+    ki->ring_n++;
+    return TM_OK;
+}
+
+static void ring_trim(tm_kafka_in *ki) {
+    while (ki->ring_n > 0 && ki->ring[ki->ring_head].state == ST_ACKED) {
+        ki->ring_head = (ki->ring_head + 1) % ki->ring_cap;
+        ki->ring_base++;
+        ki->ring_n--;
+    }
+}
+
+// scan_min of every partition: its lowest offset handed out and not yet durable.
+static void scan_unacked(tm_kafka_in *ki) {
+    for (size_t i = 0; i < ki->n_parts; i++)
+        ki->parts[i].scan_min = INT64_MAX;
+    for (size_t i = 0; i < ki->ring_n; i++) {
+        const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
+        kpart *p = &ki->parts[e->part];
+        if (e->state != ST_ACKED && e->offset < p->scan_min)
+            p->scan_min = e->offset;
+    }
+}
+
+// ---- commits through the consumer (no transactions) ----
+
+static void warn_limited(tm_kafka_in *ki, const char *fmt, const char *a, const char *b) {
+    double now = tm_now_ms();
+    if (now - ki->last_warn_ms < 1000.0)
+        return;
+    ki->last_warn_ms = now;
+    TM_LOG_WARN("kafka_in", fmt, a, b);
+}
+
+/* Commit the committable offset of every owned partition (only = true: just those marked
+ * revoking) that moved since the last commit. Source thread only. */
+static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
+    if (ki->txn)
+        return;
+    pthread_mutex_lock(&ki->mu);
+    scan_unacked(ki);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        kpart *p = &ki->parts[i];
+        if (!p->owned || p->hi < 0 || (only_revoking && !p->revoking))
+            continue;
+        int64_t c = p->scan_min != INT64_MAX ? p->scan_min : p->hi + 1;
+        if (c <= p->committed)
+            continue;
+        rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = c;
+        p->committed = c; // optimistic; on_commit resets it when the commit fails
+    }
+    pthread_mutex_unlock(&ki->mu);
+    if (l->cnt > 0) {
+        rd_kafka_resp_err_t e = rd_kafka_commit(ki->rk, l, sync ? 0 : 1);
+        if (e) {
+            warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e),
+                         "");
+            pthread_mutex_lock(&ki->mu);
+            for (int i = 0; i < l->cnt; i++) {
+                kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
+                if (p)
+                    p->committed = -1;
+            }
+            pthread_mutex_unlock(&ki->mu);
+        }
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    ki->last_commit_ms = tm_now_ms();
+}
+
+static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e,
+                      rd_kafka_topic_partition_list_t *offs, void *opaque) {
+    (void)rk;
+    tm_kafka_in *ki = opaque;
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET)
+        return;
+    warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
+    pthread_mutex_lock(&ki->mu);
+    for (int i = 0; offs && i < offs->cnt; i++) {
+        kpart *p = part_find(ki, offs->elems[i].topic, offs->elems[i].partition);
+        if (p)
+            p->committed = -1;
+    }
+    pthread_mutex_unlock(&ki->mu);
+}
+
+// ---- rebalance ----
+
+static bool revoked_in_flight(tm_kafka_in *ki) {
+    for (size_t i = 0; i < ki->ring_n; i++) {
+        const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
+        if (ki->holding && ki->ring_base + i == ki->last_seq)
+            continue; // held by the waiting source thread: finished later, not committed now
+        if (e->state != ST_ACKED && ki->parts[e->part].revoking)
+            return true;
+    }
+    return false;
+}
+
+// Wait until the handed-out records of the revoking partitions are durable (acks), at most ms.
+static void wait_revoked_durable(tm_kafka_in *ki, int ms) {
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += ms / 1000;
+    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&ki->mu);
+    bool left = revoked_in_flight(ki);
+    while (left) {
+        if (pthread_cond_timedwait(&ki->cv, &ki->mu, &dl) == ETIMEDOUT) {
+            left = revoked_in_flight(ki);
+            break;
+        }
+        left = revoked_in_flight(ki);
+    }
+    pthread_mutex_unlock(&ki->mu);
+    if (left)
+        TM_LOG_WARN("kafka_in", "rebalance: records of revoked partitions still in flight after "
+                    "%d ms; they are finished here but not committed, so the new owner reads "
+                    "them again", ms);
+}
+
+static void set_revoking(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *parts, bool on,
+                         bool disown) {
+    pthread_mutex_lock(&ki->mu);
+    for (int i = 0; i < parts->cnt; i++) {
+        kpart *p = part_find(ki, parts->elems[i].topic, parts->elems[i].partition);
+        if (!p)
+            continue;
+        p->revoking = on;
+        if (on)
+            p->committed = -1; // commit again, synchronously: an async one may have failed
+        if (disown) {
+            p->owned = false;
+            p->committed = -1;
+        }
+    }
+    pthread_mutex_unlock(&ki->mu);
+}
+
+static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
+                         rd_kafka_topic_partition_list_t *parts, void *opaque) {
+    tm_kafka_in *ki = opaque;
+    bool coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    rd_kafka_error_t *aerr = NULL;
+    rd_kafka_resp_err_t rerr = RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (e == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        tm_err err = {0};
+        pthread_mutex_lock(&ki->mu);
+        for (int i = 0; i < parts->cnt; i++) {
+            kpart *p = part_get(ki, parts->elems[i].topic, parts->elems[i].partition, &err);
+            if (!p) {
+                ki->fatal_rc = err.rc;
+                ki->fatal_err = err;
+                break;
+            }
+            p->owned = true;
+            p->revoking = false;
+            p->committed = -1;
+        }
+        pthread_mutex_unlock(&ki->mu);
+        if (coop)
+            aerr = rd_kafka_incremental_assign(rk, parts);
+        else
+            rerr = rd_kafka_assign(rk, parts);
+        if (ki->paused && parts->cnt > 0)
+            rd_kafka_pause_partitions(rk, parts);
+        ki->assigned = true;
+        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned", parts->cnt);
+    } else {
+        bool lost = rd_kafka_assignment_lost(rk);
+        set_revoking(ki, parts, true, false);
+        if (!lost && !ki->closing)
+            wait_revoked_durable(ki, ki->revoke_wait_ms);
+        if (!lost)
+            commit_offsets(ki, true, true); // still the owner until unassigned
+        set_revoking(ki, parts, false, true);
+        if (coop) {
+            aerr = rd_kafka_incremental_unassign(rk, parts);
+        } else {
+            rerr = rd_kafka_assign(rk, NULL);
+            ki->assigned = false;
+        }
+        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) %s", parts->cnt,
+                    lost ? "lost (not committed)" : "revoked");
+    }
+    if (aerr) {
+        TM_LOG_WARN("kafka_in", "rebalance: %s", rd_kafka_error_string(aerr));
+        rd_kafka_error_destroy(aerr);
+    }
+    if (rerr)
+        TM_LOG_WARN("kafka_in", "rebalance: %s", rd_kafka_err2str(rerr));
+}
+
+static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
+    (void)rk;
+    tm_kafka_in *ki = opaque;
+    (void)e;
+    warn_limited(ki, "consumer: %s%s", reason, "");
+}
+
+// ---- set-up ----
+
+static tm_rc set(rd_kafka_conf_t *conf, const char *k, const char *v, tm_err *err) {
+    char es[512];
+    if (rd_kafka_conf_set(conf, k, v, es, sizeof(es)) != RD_KAFKA_CONF_OK)
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: %s: %s", k, es);
+    return TM_OK;
+}
+
+// Drain mode: the high watermark of every partition of every topic, now.
+static tm_rc read_watermarks(tm_kafka_in *ki, tm_err *err) {
+    for (size_t t = 0; t < ki->cfg->n_topics; t++) {
+        const char *topic = ki->cfg->topics[t];
+        const rd_kafka_metadata_t *md = NULL;
+        rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+        for (int k = 0; k < WATERMARK_TRIES; k++) {
+            rd_kafka_topic_t *rkt = rd_kafka_topic_new(ki->rk, topic, NULL);
+            e = rd_kafka_metadata(ki->rk, 0, rkt, &md, WATERMARK_TIMEOUT_MS);
+            rd_kafka_topic_destroy(rkt);
+            if (!e && md->topic_cnt == 1 && !md->topics[0].err)
+                break;
+            if (!e) {
+                e = md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+                rd_kafka_metadata_destroy(md);
+                md = NULL;
+            }
+        }
+        if (e)
+            return TM_ERR(err, TM_E_KAFKA, "input.kafka: metadata of topic %s: %s", topic,
+                          rd_kafka_err2str(e));
+        int n = md->topics[0].partition_cnt;
+        int32_t *ids = tm_calloc((size_t)(n > 0 ? n : 1), sizeof(*ids));
+        for (int i = 0; ids && i < n; i++)
+            ids[i] = md->topics[0].partitions[i].id;
+        rd_kafka_metadata_destroy(md);
+        if (!ids)
+            return TM_ERR(err, TM_E_NOMEM, "kafka partitions");
+        tm_rc rc = TM_OK;
+        for (int i = 0; i < n && !rc; i++) {
+            int64_t lo = 0, hi = 0;
+            for (int k = 0; k < WATERMARK_TRIES; k++) {
+                e = rd_kafka_query_watermark_offsets(ki->rk, topic, ids[i], &lo, &hi,
+                                                     WATERMARK_TIMEOUT_MS);
+                if (!e)
+                    break;
+            }
+            if (e) {
+                rc = TM_ERR(err, TM_E_KAFKA, "input.kafka: high watermark of %s/%d: %s", topic,
+                            ids[i], rd_kafka_err2str(e));
+                break;
+            }
+            pthread_mutex_lock(&ki->mu);
+            kpart *p = part_get(ki, topic, ids[i], err);
+            if (p)
+                p->hwm = hi;
+            pthread_mutex_unlock(&ki->mu);
+            if (!p)
+                rc = err->rc;
+        }
+        tm_free(ids);
+        if (rc)
+            return rc;
+    }
+    return TM_OK;
+}
+
+tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in **out,
+                       tm_err *err) {
+    tm_kafka_in *ki = tm_calloc(1, sizeof(*ki));
+    if (!ki)
+        return TM_ERR(err, TM_E_NOMEM, "kafka consumer");
+    pthread_mutex_init(&ki->mu, NULL);
+    pthread_cond_init(&ki->cv, NULL);
+    ki->cfg = cfg;
+    ki->src = src;
+    ki->last_warn_ms = -1e9;
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    // Defaults a batch job wants, before the user's settings (which may change them)...
+    tm_rc rc = set(conf, "auto.offset.reset", "earliest", err);
+    for (size_t i = 0; i < cfg->n_config && !rc; i++)
+        rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
+    // ... and the settings the commit rule relies on, after them (ours win).
+    if (!rc)
+        rc = set(conf, "bootstrap.servers", cfg->brokers, err);
+    if (!rc)
+        rc = set(conf, "group.id", cfg->group, err);
+    if (!rc)
+        rc = set(conf, "enable.auto.commit", "false", err);
+    if (!rc)
+        rc = set(conf, "enable.auto.offset.store", "false", err);
+    if (!rc)
+        rc = set(conf, "enable.partition.eof", "true", err);
+    if (rc) {
+        rd_kafka_conf_destroy(conf);
+        goto fail;
+    }
+    // A member that stays in its revoke callback past its session timeout is dropped from the
+    // group (its partitions then count as lost): wait at most half of it.
+    char sess[32];
+    size_t n_sess = sizeof(sess);
+    long sess_ms = 45000;
+    if (rd_kafka_conf_get(conf, "session.timeout.ms", sess, &n_sess) == RD_KAFKA_CONF_OK)
+        sess_ms = strtol(sess, NULL, 10);
+    ki->revoke_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_REVOKE_WAIT_MS, TM_MAX(sess_ms / 2, 100L));
+    rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
+    rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
+    rd_kafka_conf_set_error_cb(conf, on_error);
+    rd_kafka_conf_set_opaque(conf, ki);
+    char es[512];
+    ki->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, es, sizeof(es)); // takes conf on success
+    if (!ki->rk) {
+        rd_kafka_conf_destroy(conf);
+        rc = TM_ERR(err, TM_E_KAFKA, "input.kafka: creating the consumer: %s", es);
+        goto fail;
+    }
+    rd_kafka_poll_set_consumer(ki->rk);
+    if (!cfg->follow) {
+        rc = read_watermarks(ki, err);
+        if (rc)
+            goto fail;
+    }
+    rd_kafka_topic_partition_list_t *subs =
+        rd_kafka_topic_partition_list_new((int)cfg->n_topics);
+    for (size_t i = 0; i < cfg->n_topics; i++)
+        rd_kafka_topic_partition_list_add(subs, cfg->topics[i], RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t e = rd_kafka_subscribe(ki->rk, subs);
+    rd_kafka_topic_partition_list_destroy(subs);
+    if (e) {
+        rc = TM_ERR(err, TM_E_KAFKA, "input.kafka: subscribe: %s", rd_kafka_err2str(e));
+        goto fail;
+    }
+    tm_stop_install();
+    TM_LOG_INFO("kafka_in", "consumer of group %s joined on %s (%s mode)", cfg->group,
+                cfg->brokers, cfg->follow ? "follow" : "drain");
+    *out = ki;
+    return TM_OK;
+fail:
+    tm_kafka_in_close(ki);
+    return rc;
+}
+
+void tm_kafka_in_close(tm_kafka_in *ki) {
+    if (!ki)
+        return;
+    if (ki->rk) {
+        pthread_mutex_lock(&ki->mu);
+        ki->closing = true;
+        for (size_t i = 0; i < ki->n_parts; i++)
+            ki->parts[i].committed = -1; // the last word is a synchronous commit
+        pthread_mutex_unlock(&ki->mu);
+        commit_offsets(ki, true, false);
+        rd_kafka_consumer_close(ki->rk); // serves the last revoke (commits again, no wait)
+    }
+    for (size_t i = 0; i < ki->n_stash; i++)
+        rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
+    tm_free(ki->stash);
+    if (ki->rk)
+        rd_kafka_destroy(ki->rk);
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        tm_free(ki->parts[i].topic);
+        tm_free(ki->parts[i].rng);
+    }
+    tm_free(ki->parts);
+    tm_free(ki->ring);
+    pthread_cond_destroy(&ki->cv);
+    pthread_mutex_destroy(&ki->mu);
+    tm_free(ki);
+}
+
+tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t next,
+                             const uint64_t *ranges, size_t n_ranges, tm_err *err) {
+    tm_rc rc = TM_OK;
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_get(ki, topic, partition, err);
+    if (!p)
+        rc = err->rc;
+    if (!rc && next > 0)
+        rc = done_add(p, 0, (uint64_t)next - 1, err);
+    for (size_t i = 0; i < n_ranges && !rc; i++)
+        rc = done_add(p, ranges[2 * i], ranges[2 * i + 1], err);
+    pthread_mutex_unlock(&ki->mu);
+    return rc;
+}
+
+void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on) { ki->txn = on; }
+
+// ---- records ----
+
+static void b64(const unsigned char *s, size_t n, char *out) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t o = 0;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        if (i + 1 < n)
+            v |= (uint32_t)s[i + 1] << 8;
+        if (i + 2 < n)
+            v |= s[i + 2];
+        out[o++] = tab[(v >> 18) & 63];
+        out[o++] = tab[(v >> 12) & 63];
+        out[o++] = i + 1 < n ? tab[(v >> 6) & 63] : '=';
+        out[o++] = i + 2 < n ? tab[v & 63] : '=';
+    }
+    out[o] = '\0';
+}
+
+// Bytes as a JSON value: text when they are UTF-8, else {"base64": "..."}; null for NULL.
+static json_t *bytes_json(const void *p, size_t n) {
+    if (!p)
+        return json_null();
+    json_t *s = json_stringn(p, n);
+    if (s)
+        return s;
+    char *enc = tm_malloc(4 * ((n + 2) / 3) + 1);
+    if (!enc)
+        return NULL;
+    b64(p, n, enc);
+    json_t *o = json_pack("{s:s}", "base64", enc);
+    tm_free(enc);
+    return o;
+}
+
+static char *meta_json(const rd_kafka_message_t *m) {
+    json_t *o = json_object();
+    rd_kafka_timestamp_type_t tt;
+    int64_t ts = rd_kafka_message_timestamp(m, &tt);
+    json_object_set_new(o, "topic", json_string(rd_kafka_topic_name(m->rkt)));
+    json_object_set_new(o, "partition", json_integer(m->partition));
+    json_object_set_new(o, "offset", json_integer(m->offset));
+    if (tt != RD_KAFKA_TIMESTAMP_NOT_AVAILABLE)
+        json_object_set_new(o, "timestamp", json_integer(ts));
+    json_object_set_new(o, "key", bytes_json(m->key, m->key_len));
+    json_t *hs = json_array();
+    rd_kafka_headers_t *hdrs = NULL;
+    if (rd_kafka_message_headers(m, &hdrs) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        const char *name;
+        const void *val;
+        size_t size;
+        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) ==
+                           RD_KAFKA_RESP_ERR_NO_ERROR;
+             i++)
+            json_array_append_new(hs, json_pack("{s:o?, s:o?}", "name", json_string(name),
+                                                "value", bytes_json(val, size)));
+    }
+    json_object_set_new(o, "headers", hs);
+    char *text = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    char *copy = text ? tm_strdup(text) : NULL;
+    free(text); // jansson's allocation
+    return copy;
+}
+
+static bool is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n')
+            return false;
+    return true;
+}
+
+/* One polled message: *out gets a record, or stays NULL (skipped, an event, no record). */
+static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out, tm_err *err) {
+    *out = NULL;
+    if (m->err && m->err != RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        char why[256];
+        if (rd_kafka_fatal_error(ki->rk, why, sizeof(why)))
+            return TM_ERR(err, TM_E_KAFKA, "input.kafka: fatal consumer error: %s", why);
+        warn_limited(ki, "consumer: %s%s", rd_kafka_message_errstr(m), "");
+        return TM_OK;
+    }
+    const char *topic = rd_kafka_topic_name(m->rkt);
+    tm_rc rc = TM_OK;
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_find(ki, topic, m->partition);
+    if (!p || !p->owned) { // a leftover of a partition given up in a rebalance
+        pthread_mutex_unlock(&ki->mu);
+        return TM_OK;
+    }
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        rc = handled_up_to(p, m->offset, err);
+        pthread_mutex_unlock(&ki->mu);
+        return rc;
+    }
+    int64_t o = m->offset;
+    if (o <= p->hi) { // handed out or skipped before (redelivery after a rebalance)
+        pthread_mutex_unlock(&ki->mu);
+        return TM_OK;
+    }
+    rc = handled_up_to(p, o, err);
+    p->hi = o;
+    const char *s = m->payload ? m->payload : "";
+    size_t n = m->len;
+    if (n >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0) { // a BOM: each message is a whole file
+        s += 3;
+        n -= 3;
+    }
+    bool done = done_has(p, (uint64_t)o); // an earlier run wrote it (manifest)
+    bool blank = !rc && !done && is_blank(s, n);
+    if (blank)
+        rc = done_add(p, (uint64_t)o, (uint64_t)o, err);
+    uint32_t part = (uint32_t)(p - ki->parts);
+    pthread_mutex_unlock(&ki->mu);
+    if (rc || done || blank)
+        return rc;
+
+    snprintf(ki->file, sizeof(ki->file), "kafka:%s/%d", topic, (int)m->partition);
+    tm_job *job = NULL;
+    if ((uint64_t)n > tm_source_max_line_bytes(ki->src))
+        rc = tm_source_line_too_long(ki->src, ki->file, (uint64_t)o + 1, n, &job, err);
+    else
+        rc = tm_source_parse_line(ki->src, ki->file, (uint64_t)o + 1, s, n, &job, err);
+    if (rc)
+        return rc;
+    job->src_meta_json = meta_json(m);
+    if (!job->src_meta_json) {
+        tm_job_destroy(job);
+        return TM_ERR(err, TM_E_NOMEM, "kafka record source");
+    }
+    pthread_mutex_lock(&ki->mu);
+    rc = ring_push(ki, job->seq_no, part, o, err);
+    ki->last_seq = job->seq_no;
+    pthread_mutex_unlock(&ki->mu);
+    if (rc) {
+        tm_job_destroy(job);
+        return rc;
+    }
+    *out = job;
+    return TM_OK;
+}
+
+// Drain mode: every assigned partition reached its start high watermark.
+static bool caught_up(tm_kafka_in *ki) {
+    if (!ki->assigned || ki->n_stash > 0)
+        return false;
+    bool all = true;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts && all; i++) {
+        const kpart *p = &ki->parts[i];
+        if (p->owned && p->hi + 1 < p->hwm) // hwm 0 (empty, or unknown at start): no wait
+            all = false;
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return all;
+}
+
+static void resume_flow(tm_kafka_in *ki) {
+    if (!ki->paused)
+        return;
+    rd_kafka_topic_partition_list_t *a = NULL;
+    if (rd_kafka_assignment(ki->rk, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+        if (a->cnt > 0)
+            rd_kafka_resume_partitions(ki->rk, a);
+        rd_kafka_topic_partition_list_destroy(a);
+    }
+    ki->paused = false;
+}
+
+static tm_rc stash_push(tm_kafka_in *ki, rd_kafka_message_t *m, tm_err *err) {
+    if (ki->n_stash == ki->cap_stash) {
+        size_t cap = ki->cap_stash ? ki->cap_stash * 2 : 16;
+        rd_kafka_message_t **s = tm_malloc(cap * sizeof(*s));
+        if (!s)
+            return TM_ERR(err, TM_E_NOMEM, "kafka messages");
+        for (size_t i = 0; i < ki->n_stash; i++)
+            s[i] = ki->stash[(ki->stash_head + i) % ki->cap_stash];
+        tm_free(ki->stash);
+        ki->stash = s;
+        ki->cap_stash = cap;
+        ki->stash_head = 0;
+    }
+    ki->stash[(ki->stash_head + ki->n_stash) % ki->cap_stash] = m;
+    ki->n_stash++;
+    return TM_OK;
+}
+
+tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
+    resume_flow(ki);
+    for (;;) {
+        if (ki->fatal_rc) {
+            *err = ki->fatal_err;
+            return ki->fatal_rc;
+        }
+        if (tm_stop_requested()) {
+            if (!ki->stop_logged)
+                TM_LOG_INFO("kafka_in", "stop signal: no more records are read; finishing the "
+                            "records in flight");
+            ki->stop_logged = true;
+            return TM_E_EOF;
+        }
+        if (!ki->cfg->follow && caught_up(ki)) {
+            TM_LOG_INFO("kafka_in", "drain: every assigned partition reached its high watermark");
+            return TM_E_EOF;
+        }
+        if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
+            commit_offsets(ki, false, false);
+        rd_kafka_message_t *m;
+        if (ki->n_stash > 0) {
+            m = ki->stash[ki->stash_head];
+            ki->stash_head = (ki->stash_head + 1) % ki->cap_stash;
+            ki->n_stash--;
+        } else {
+            m = rd_kafka_consumer_poll(ki->rk, POLL_MS);
+        }
+        if (!m)
+            continue;
+        tm_job *job = NULL;
+        tm_rc rc = handle_message(ki, m, &job, err);
+        rd_kafka_message_destroy(m);
+        if (rc)
+            return rc;
+        if (job) {
+            *out = job;
+            return TM_OK;
+        }
+    }
+}
+
+tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err) {
+    if (!ki->paused) {
+        rd_kafka_topic_partition_list_t *a = NULL;
+        if (rd_kafka_assignment(ki->rk, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+            if (a->cnt > 0)
+                rd_kafka_pause_partitions(ki->rk, a);
+            rd_kafka_topic_partition_list_destroy(a);
+        }
+        ki->paused = true;
+    }
+    if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
+        commit_offsets(ki, false, false);
+    ki->holding = ki->ring_n > 0; // the caller waits to push the last record it got
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms);
+    ki->holding = false;
+    if (m)
+        return stash_push(ki, m, err); // fetched before the pause took effect: kept, in order
+    if (ki->fatal_rc) {
+        *err = ki->fatal_err;
+        return ki->fatal_rc;
+    }
+    return TM_OK;
+}
+
+// ---- acks and positions (any thread) ----
+
+static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8_t state,
+                       tm_err *err) {
+    tm_rc rc = TM_OK;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < n && !rc; i++) {
+        ring_ent *e = ring_at(ki, seq_nos[i]);
+        if (!e || e->state >= state)
+            continue;
+        e->state = state;
+        rc = done_add(&ki->parts[e->part], (uint64_t)e->offset, (uint64_t)e->offset, err);
+    }
+    if (state == ST_ACKED) {
+        ring_trim(ki);
+        pthread_cond_broadcast(&ki->cv);
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return rc;
+}
+
+tm_rc tm_kafka_in_mark_written(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    return set_state(ki, seq_nos, n, ST_WRITTEN, err);
+}
+
+tm_rc tm_kafka_in_ack(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    return set_state(ki, seq_nos, n, ST_ACKED, err);
+}
+
+tm_rc tm_kafka_in_positions(tm_kafka_in *ki, tm_source_kpos_fn fn, void *ctx, tm_err *err) {
+    tm_rc rc = TM_OK;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts && !rc; i++) {
+        const kpart *p = &ki->parts[i];
+        if (p->next == 0 && p->n_rng == 0)
+            continue; // nothing done: nothing to remember
+        tm_source_kpos pos = {.topic = p->topic, .partition = p->partition,
+                              .next = (int64_t)p->next, .ranges = p->rng, .n_ranges = p->n_rng,
+                              .owned = p->owned};
+        rc = fn(ctx, &pos, err);
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return rc;
+}
+
+tm_rc tm_kafka_in_group_md(tm_kafka_in *ki, tm_buf *out, tm_err *err) {
+    rd_kafka_consumer_group_metadata_t *gm = rd_kafka_consumer_group_metadata(ki->rk);
+    if (!gm)
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: no consumer group metadata");
+    void *buf = NULL;
+    size_t n = 0;
+    rd_kafka_error_t *e = rd_kafka_consumer_group_metadata_write(gm, &buf, &n);
+    rd_kafka_consumer_group_metadata_destroy(gm);
+    if (e) {
+        tm_rc rc = TM_ERR(err, TM_E_KAFKA, "input.kafka: group metadata: %s",
+                          rd_kafka_error_string(e));
+        rd_kafka_error_destroy(e);
+        return rc;
+    }
+    tm_buf_clear(out);
+    tm_rc rc = tm_buf_append(out, buf, n, err);
+    rd_kafka_mem_free(ki->rk, buf);
+    return rc;
+}

@@ -1,0 +1,92 @@
+/* ingest/kafka_in.h - the Kafka source (input.kafka): a consumer-group member whose messages are
+ * record lines. source.c owns one when the job's input is Kafka and forwards the tm_source calls
+ * (source.h) to it; nothing else calls these. The only ingest file that includes librdkafka.
+ *
+ * Records: one message value = one line (tm_source_parse_line; blank values give no record, a
+ * leading UTF-8 BOM is dropped, a value over limits.max_line_bytes is a line_too_long error
+ * record). seq_no in consumption order; file "kafka:TOPIC/PARTITION", line offset + 1;
+ * src_meta_json = {"topic", "partition", "offset", "timestamp" (ms, when the broker gives one),
+ * "key": text or null, "headers": [{"name", "value": text or null}]}; a key or header value that is
+ * not UTF-8 is given as {"base64": "..."} instead of text. Duplicate ids are not checked
+ * (redelivery is normal in Kafka).
+ *
+ * Positions. Per partition the source keeps (a) the done set, the manifest's view: offsets whose
+ * record was written in a commit being made durable (tm_kafka_in_mark_written) or acknowledged,
+ * plus offsets that hold no record or were handled before this consumer got the partition;
+ * earlier runs' done sets come in through tm_kafka_in_resume_add, and a message whose offset is
+ * done (or was already handed out in this run) is skipped; (b) the records handed out and not
+ * yet acknowledged, in offset order: the committable offset is the first of them (or the
+ * position when there is none), so a group offset never passes a record that is not durable.
+ *
+ * Commits: without transactions the consumer thread commits (asynchronously, at most every
+ * 200 ms, synchronously on revoke and close) the committable offsets of the partitions it owns.
+ * With tm_kafka_in_set_txn the consumer never commits: job_run hands the positions and the group
+ * metadata to the transactional producer (send_offsets_to_transaction).
+ *
+ * Rebalance (eager or cooperative, whichever the assignor asks for): on revoke the consumer waits
+ * up to TM_KAFKA_IN_REVOKE_WAIT_MS (at most half of session.timeout.ms) for the handed-out records
+ * of the revoked partitions to become durable (a record the source thread holds while it waits to
+ * push it is not waited for), commits them and gives the partitions up. Records still in flight after that are
+ * finished and written by this run, but their offsets are not committed by it: the new owner
+ * reads them again (at-least-once across output folders; exactly once within one folder, since
+ * the manifest lists them). Lost partitions (session timeout) are given up without a commit.
+ *
+ * Backpressure: tm_kafka_in_wait pauses every assigned partition and keeps serving the consumer
+ * (heartbeats, rebalances) while the runner's queue is full; the next tm_kafka_in_next resumes
+ * them (fetching restarts at the next unread offset, so nothing is lost or repeated).
+ *
+ * Threading: tm_kafka_in_next/_wait/_close and the rebalance callback run on the source thread;
+ * _ack, _mark_written, _positions and _group_md may come from any thread (a mutex). */
+#ifndef TM_INGEST_KAFKA_IN_H
+#define TM_INGEST_KAFKA_IN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/buf.h"
+#include "base/err.h"
+#include "base/record.h"
+#include "ingest/job_spec.h"
+#include "ingest/source.h"
+
+#define TM_KAFKA_IN_REVOKE_WAIT_MS 10000
+
+typedef struct tm_kafka_in tm_kafka_in;
+
+/* Create the consumer and subscribe (drain mode: read the high watermarks first). Borrows cfg and
+ * src (records are parsed with src's parser); both must outlive it. Installs the SIGINT/SIGTERM
+ * stop handler (base/stop.h). TM_E_KAFKA (bad setting, no cluster, unknown topic metadata),
+ * TM_E_NOMEM. */
+tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in **out,
+                       tm_err *err);
+/* Commit the durable offsets (without transactions), leave the group and free. NULL: no-op. */
+void tm_kafka_in_close(tm_kafka_in *ki);
+
+/* Positions of an earlier run (the manifest): offsets < next and those in the inclusive
+ * [first, last] pairs ranges[0..2 * n_ranges) are done and are skipped. Call before the first
+ * tm_kafka_in_next. TM_E_NOMEM. */
+tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t next,
+                             const uint64_t *ranges, size_t n_ranges, tm_err *err);
+/* Offsets travel in the Kafka sink's transactions: the consumer commits nothing itself. */
+void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on);
+
+/* Next record (see tm_source_next). Blocks while nothing arrives. TM_E_EOF in drain mode once
+ * every assigned partition reached its start high watermark (and at least one assignment came),
+ * and in both modes after SIGINT/SIGTERM. TM_E_KAFKA on a fatal consumer error. */
+tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err);
+/* Backpressure: pause the assignment and serve the consumer for up to ms. TM_E_KAFKA (fatal). */
+tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err);
+
+/* The records seq_nos[0..n) are in the commit now being made durable (the manifest about to be
+ * published lists them). Unknown seq_nos are ignored. TM_E_NOMEM. */
+tm_rc tm_kafka_in_mark_written(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, tm_err *err);
+/* The records are durable: their offsets may be committed. TM_E_NOMEM. */
+tm_rc tm_kafka_in_ack(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, tm_err *err);
+/* Call fn once per partition seen in this run or resumed, with its done set (see source.h). */
+tm_rc tm_kafka_in_positions(tm_kafka_in *ki, tm_source_kpos_fn fn, void *ctx, tm_err *err);
+/* The consumer's group metadata, serialized (rd_kafka_consumer_group_metadata_write), into out
+ * (replaced). TM_E_KAFKA, TM_E_NOMEM. */
+tm_rc tm_kafka_in_group_md(tm_kafka_in *ki, tm_buf *out, tm_err *err);
+
+#endif /* TM_INGEST_KAFKA_IN_H */
