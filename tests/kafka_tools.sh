@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # tests/kafka_tools.sh BUILD SRC - the Kafka test tools on the mock cluster (label kafka):
 # tools/kafka_mock starts a 3-broker cluster with topic jobs:4 and prints its bootstrap servers;
-# tools/kafka_tool produces 10,000 JSONL lines (the second half while broker 1 is down for 3 s)
-# and reads the topic back: exactly the 10,000 lines, each once, spread over the 4 partitions.
+# tools/kafka_tool produces 10,000 JSONL lines, keyed so they spread over the 4 partitions
+# (unkeyed messages stick to one partition for a linger period), the second half while broker 1
+# is down for 3 s, and reads the topic back: exactly the 10,000 lines, each once, over the 4
+# partitions.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 [ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
@@ -22,10 +24,10 @@ bs=$(sed -n 's/^bootstrap.servers=//p' "$work/mock.out")
 seq 1 10000 | awk '{printf "{\"id\":%d,\"prompt\":\"p%d\"}\n", $1, $1}' >"$work/in.jsonl"
 head -5000 "$work/in.jsonl" >"$work/a.jsonl"
 tail -5000 "$work/in.jsonl" >"$work/b.jsonl"
-"$build/kafka_tool" produce "$bs" jobs "$work/a.jsonl" | grep -qx "produced 5000"
+"$build/kafka_tool" produce "$bs" jobs "$work/a.jsonl" --keyed | grep -qx "produced 5000"
 echo "down 1" >&3
 ( sleep 3; echo "up 1" >&3 ) &
-"$build/kafka_tool" produce "$bs" jobs "$work/b.jsonl" 2>"$work/produce_b.err" | grep -qx "produced 5000"
+"$build/kafka_tool" produce "$bs" jobs "$work/b.jsonl" --keyed 2>"$work/produce_b.err" | grep -qx "produced 5000"
 wait $! 2>/dev/null || true
 
 "$build/kafka_tool" consume "$bs" jobs --meta >"$work/out.tsv"
