@@ -377,8 +377,12 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
             aerr = rd_kafka_incremental_assign(rk, parts);
         else
             rerr = rd_kafka_assign(rk, parts);
-        if (ki->paused && parts->cnt > 0)
+        // A partition keeps its pause flag across an unassign: one paused by backpressure before
+        // a revoke would stay paused when it comes back, so set the flag either way.
+        if (parts->cnt > 0 && ki->paused)
             rd_kafka_pause_partitions(rk, parts);
+        else if (parts->cnt > 0)
+            rd_kafka_resume_partitions(rk, parts);
         ki->assigned = true;
         TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned", parts->cnt);
     } else {
