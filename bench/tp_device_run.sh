@@ -7,7 +7,8 @@
 #   job    the same greedy job with tp 1, tp 2 (run starts rank 1 itself) and tp 2 as two
 #          "nodes" (--nnodes 2, one process per GPU via CUDA_VISIBLE_DEVICES, TCP rendezvous);
 #          outputs copied to $OUT/job_*/ for comparison
-#   bench  bench_engine: 8B W8 and W1 decode, TP1 vs TP2 (+ TP2 without graphs, NCCL variants)
+#   bench  bench_engine: 8B W8 and W1 decode, TP1 vs TP2 (+ TP2 with NCCL all-reduces only,
+#          a profile of eager TP2 steps), P prefill
 # Usage: OUT=... B=.devcarry TOK=.devcarry/tok bash bench/tp_device_run.sh [stages...]
 set -u
 OUT=${OUT:-out-device}
@@ -93,8 +94,10 @@ if has bench; then
   run "tp2 8B W8" $B/bench_engine --batch 8 --tp 2
   run "tp1 8B W1" $B/bench_engine --batch 1 --no-ceiling
   run "tp2 8B W1" $B/bench_engine --batch 1 --tp 2 --no-ceiling
-  run "tp2 8B W8 eager" $B/bench_engine --batch 8 --tp 2 --no-graphs --no-ceiling --reps 1
-  run "tp2 8B W8 NCCL_PROTO=LL" NCCL_PROTO=LL $B/bench_engine --batch 8 --tp 2 --no-ceiling
-  run "tp2 8B W8 NCCL_ALGO=Ring" NCCL_ALGO=Ring $B/bench_engine --batch 8 --tp 2 --no-ceiling
+  run "tp2 8B W8, all-reduces on NCCL only" TM_TP_CUSTOM_AR=0 $B/bench_engine --batch 8 --tp 2 \
+    --no-ceiling
+  echo "== tp2 8B W8 eager, profiled (rank 0)"
+  TM_CUDA_PROFILE=1 $B/bench_engine --batch 8 --tp 2 --no-graphs --no-ceiling --reps 1 --gen 64 \
+    2>&1 | grep -E "us/call|decode|PROFILE" | head -24
   run "tp2 8B P prefill" $B/bench_engine --batch 8 --prompt 2048 --gen 1 --tp 2 --no-ceiling
 fi

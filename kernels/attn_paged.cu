@@ -167,6 +167,185 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
     }
 }
 
+/* ---- GQA kernel: a block per (token, KV head, split) serves the KV head's G query heads ----
+ *
+ * Each K/V row is read once for the G heads that share it (the kernel above reads it once per
+ * query head). 4 warps; a warp takes 32-position tiles of the split in turn. For a tile, lane i
+ * loads the whole K row of position tile0 + i (HD/8 16-byte loads in flight) and dots it with
+ * the G query vectors (fp32, pre-scaled, in shared memory, read as broadcasts); the online
+ * softmax per head is a warp max and sum; then the warp walks the tile's V rows, lane i holding
+ * dims [i * HD/32, (i+1) * HD/32) for every head (p read from shared memory). At the end the
+ * warps' (max, sum, acc) are merged in shared memory, and the block writes the output (one
+ * split) or the partials for attn_merge_kernel, in the same layout as the kernel above. */
+#define GQA_WARPS 4
+
+template <int HD, int G>
+static __global__ void __launch_bounds__(GQA_WARPS * 32)
+    attn_gqa_bf16_kernel(tm_k_attn_paged_bf16_args a) {
+    constexpr int DPL = HD / 32; // dims per lane in the V pass
+    __shared__ float q_s[G][HD];
+    __shared__ float p_s[GQA_WARPS][G][32];
+    __shared__ uint32_t row_s[GQA_WARPS][32];
+    __shared__ float m_s[GQA_WARPS][G], l_s[GQA_WARPS][G];
+    __shared__ float acc_s[GQA_WARPS][G][HD];
+    const uint32_t t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
+    const uint32_t w = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const uint32_t kvd = a.n_kv_head * HD, bs = a.block_size;
+    const uint32_t n_pos = a.pos[t] + 1;
+    const uint32_t lo = a.window && n_pos > a.window ? n_pos - a.window : 0;
+    const uint32_t n_tile = (n_pos - lo + 31) / 32;
+    const uint32_t tiles_per_split = (n_tile + a.n_split - 1) / a.n_split;
+    const uint32_t tile_lo = sp * tiles_per_split;
+    const uint32_t tile_hi = min(n_tile, tile_lo + tiles_per_split);
+    const uint32_t *bt = a.block_tables + a.seq_bt[a.tok_seq[t]];
+    const uint16_t *kc = a.k_cache + (size_t)g * HD;
+    const uint16_t *vc = a.v_cache + (size_t)g * HD;
+
+    const uint16_t *qrow = a.q + (size_t)t * a.ld_q + (size_t)g * G * HD;
+    for (uint32_t i = threadIdx.x; i < G * HD; i += GQA_WARPS * 32)
+        q_s[i / HD][i % HD] = tm_bf2f(qrow[i]) * a.scale;
+    __syncthreads();
+
+    float m[G], l[G], acc[G][DPL];
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        m[i] = -INFINITY;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < DPL; e++)
+            acc[i][e] = 0.0f;
+    }
+    for (uint32_t tile = tile_lo + w; tile < tile_hi; tile += GQA_WARPS) {
+        const uint32_t tile0 = lo + tile * 32, p = tile0 + lane;
+        const uint32_t n_in = min(32u, n_pos - tile0);
+        const bool live = lane < n_in;
+        const uint32_t row = live ? bt[p / bs] * bs + p % bs : 0;
+        row_s[w][lane] = row;
+        float sc[G];
+#pragma unroll
+        for (int i = 0; i < G; i++)
+            sc[i] = 0.0f;
+        if (live) {
+            const uint4 *k = reinterpret_cast<const uint4 *>(kc + (size_t)row * kvd);
+            uint4 kr[HD / 8];
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++)
+                kr[j] = k[j];
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++) {
+                const uint32_t wv[4] = {kr[j].x, kr[j].y, kr[j].z, kr[j].w};
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    const float k0 = __uint_as_float(wv[h] << 16);
+                    const float k1 = __uint_as_float(wv[h] & 0xffff0000u);
+#pragma unroll
+                    for (int i = 0; i < G; i++)
+                        sc[i] += q_s[i][8 * j + 2 * h] * k0 + q_s[i][8 * j + 2 * h + 1] * k1;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < G; i++) {
+            const float s = live ? sc[i] : -INFINITY;
+            const float m_new = fmaxf(m[i], tm_warp_max(s)); // finite: lane 0 is live
+            const float corr = expf(m[i] - m_new);
+            const float pe = live ? expf(s - m_new) : 0.0f;
+            l[i] = l[i] * corr + tm_warp_sum(pe);
+            m[i] = m_new;
+            p_s[w][i][lane] = pe;
+#pragma unroll
+            for (int e = 0; e < DPL; e++)
+                acc[i][e] *= corr;
+        }
+        __syncwarp();
+#pragma unroll 4
+        for (uint32_t j = 0; j < n_in; j++) {
+            const uint16_t *v = vc + (size_t)row_s[w][j] * kvd + lane * DPL;
+            float vf[DPL];
+            if (DPL == 4) {
+                const uint2 u = *reinterpret_cast<const uint2 *>(v);
+                vf[0] = __uint_as_float(u.x << 16);
+                vf[1] = __uint_as_float(u.x & 0xffff0000u);
+                vf[2] = __uint_as_float(u.y << 16);
+                vf[3] = __uint_as_float(u.y & 0xffff0000u);
+            } else {
+                const uint32_t u = *reinterpret_cast<const uint32_t *>(v);
+                vf[0] = __uint_as_float(u << 16);
+                vf[1] = __uint_as_float(u & 0xffff0000u);
+            }
+#pragma unroll
+            for (int i = 0; i < G; i++) {
+                const float pj = p_s[w][i][j];
+#pragma unroll
+                for (int e = 0; e < DPL; e++)
+                    acc[i][e] += pj * vf[e];
+            }
+        }
+        __syncwarp(); // p_s and row_s are rewritten by the warp's next tile
+    }
+
+    // Merge the warps: every warp publishes (m, l, acc); then thread (head i, dim d) combines.
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        if (lane == 0) {
+            m_s[w][i] = m[i];
+            l_s[w][i] = l[i];
+        }
+#pragma unroll
+        for (int e = 0; e < DPL; e++)
+            acc_s[w][i][lane * DPL + e] = acc[i][e];
+    }
+    __syncthreads();
+    for (uint32_t idx = threadIdx.x; idx < G * HD; idx += GQA_WARPS * 32) {
+        const uint32_t i = idx / HD, d = idx % HD;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int ww = 0; ww < GQA_WARPS; ww++)
+            mx = fmaxf(mx, m_s[ww][i]);
+        float lsum = 0.0f, o = 0.0f;
+#pragma unroll
+        for (int ww = 0; ww < GQA_WARPS; ww++) {
+            if (l_s[ww][i] > 0.0f) { // a warp without positions has m = -inf
+                const float f = expf(m_s[ww][i] - mx);
+                lsum += l_s[ww][i] * f;
+                o += acc_s[ww][i][d] * f;
+            }
+        }
+        const uint32_t h = g * G + i;
+        const size_t th = (size_t)t * a.n_head + h;
+        if (a.n_split == 1) {
+            a.out[(size_t)t * a.ld_q + (size_t)h * HD + d] = tm_f2bf(o / lsum);
+        } else {
+            a.part_acc[(th * a.n_split + sp) * HD + d] = o;
+            if (d == 0) {
+                a.part_ml[(th * a.n_split + sp) * 2] = lsum > 0.0f ? mx : -INFINITY;
+                a.part_ml[(th * a.n_split + sp) * 2 + 1] = lsum;
+            }
+        }
+    }
+}
+
+/* 1 if the GQA kernel serves (head_dim, group size). */
+static int gqa_ok(uint32_t head_dim, uint32_t group) {
+    return (head_dim == 64 || head_dim == 128) &&
+           (group == 1 || group == 2 || group == 4 || group == 8);
+}
+
+extern "C" uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head,
+                                           uint32_t head_dim, uint32_t n_sm,
+                                           size_t part_floats_cap) {
+    if (n_tok == 0 || n_kv_head == 0)
+        return 1;
+    // blocks: about 4 per SM of the GQA kernel (4 warps each), 8 of the other one
+    const int gqa = gqa_ok(head_dim, n_head / n_kv_head);
+    const uint32_t target = (gqa ? 4 : 8) * TM_MAX(n_sm, 1u);
+    const uint32_t per = gqa ? n_tok * n_kv_head : n_tok * n_head;
+    uint32_t n = TM_MIN((target + per - 1) / per, (uint32_t)TM_ATTN_MAX_SPLIT);
+    while (n > 1 && tm_k_attn_part_floats(n_tok, n_head, n, head_dim) > part_floats_cap)
+        n--;
+    return TM_MAX(n, 1u);
+}
+
 /* One block per (token, head): merge the n_split partial results. */
 static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_bf16_args a) {
     const uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
@@ -203,6 +382,27 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
     TM_ASSERT(a->ld_q >= a->n_head * a->head_dim && a->n_split >= 1);
     TM_ASSERT(a->n_split == 1 || (a->part_acc && a->part_ml));
     TM_ASSERT(((uintptr_t)a->k_cache % 16) == 0 && ((uintptr_t)a->v_cache % 16) == 0);
+    const uint32_t group = a->n_head / a->n_kv_head;
+    if (gqa_ok(a->head_dim, group)) {
+        dim3 g3(a->n_tok, a->n_kv_head, a->n_split);
+#define TM_GQA_CASE(HDV, GV)                                                                     \
+    if (a->head_dim == HDV && group == GV)                                                        \
+        attn_gqa_bf16_kernel<HDV, GV><<<g3, GQA_WARPS * 32, 0, s>>>(*a);
+        TM_GQA_CASE(64, 1)
+        TM_GQA_CASE(64, 2)
+        TM_GQA_CASE(64, 4)
+        TM_GQA_CASE(64, 8)
+        TM_GQA_CASE(128, 1)
+        TM_GQA_CASE(128, 2)
+        TM_GQA_CASE(128, 4)
+        TM_GQA_CASE(128, 8)
+#undef TM_GQA_CASE
+        tm_rc rc = tm_cuda_launched(err, s, "attn_gqa_bf16");
+        if (rc || a->n_split == 1)
+            return rc;
+        attn_merge_kernel<<<dim3(a->n_tok, a->n_head), NT, 0, s>>>(*a);
+        return tm_cuda_launched(err, s, "attn_merge");
+    }
     dim3 grid(a->n_tok, a->n_head, a->n_split);
     // The unrolled kernels (136 registers at head_dim 128) win when few blocks run (decode:
     // latency-bound, all loads in flight); with many blocks (prefill) occupancy matters more and

@@ -30,6 +30,8 @@ extern "C" {
 
 /* Positions per tile (and threads per block) of the attention kernel. */
 #define TM_ATTN_TILE 128
+/* Most splits tm_k_attn_paged_splits picks. */
+#define TM_ATTN_MAX_SPLIT 32
 /* Largest head_dim supported; head_dim must also be a multiple of 8. */
 #define TM_ATTN_MAX_HEAD_DIM 256
 
@@ -55,7 +57,16 @@ typedef struct tm_k_attn_paged_bf16_args {
 size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
                              uint32_t head_dim);
 
-/* Launches one kernel (n_split 1) or two (split, then merge) on s; n_tok 0 launches nothing. */
+/* The split count for a launch of n_tok tokens on a GPU of n_sm multiprocessors: about 4 blocks
+ * per SM, as long as the partials fit in part_floats_cap floats. Depends only on its arguments
+ * (a decode graph of T tokens keeps its split). */
+uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head,
+                                uint32_t head_dim, uint32_t n_sm, size_t part_floats_cap);
+
+/* Launches one kernel (n_split 1) or two (split, then merge) on s; n_tok 0 launches nothing.
+ * head_dim 64 or 128 with 1, 2, 4 or 8 query heads per KV head: a block per (token, KV head,
+ * split) serves the group's query heads from one read of K/V; other shapes: a block per
+ * (token, head, split). */
 tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaStream_t s, tm_err *err);
 
 #ifdef __cplusplus

@@ -19,6 +19,10 @@ static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
         const uint32_t head = j / half, i = j % half;
         const uint32_t c0 = head * hd + i, c1 = c0 + half; // columns in the qkv row
         float x0 = row[c0], x1 = row[c1];
+        for (uint32_t p = 1; p < a.n_part; p++) { // split-K partials, in order
+            x0 += row[p * a.part_stride + c0];
+            x1 += row[p * a.part_stride + c1];
+        }
         if (a.bias) {
             x0 += a.bias[c0];
             x1 += a.bias[c1];
@@ -36,6 +40,8 @@ static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
     } else if (j < n_pair + kvd) {
         const uint32_t c = j - n_pair;
         float v = row[qd + kvd + c];
+        for (uint32_t p = 1; p < a.n_part; p++)
+            v += row[p * a.part_stride + qd + kvd + c];
         if (a.bias)
             v += a.bias[qd + kvd + c];
         a.v_cache[slot * kvd + c] = tm_f2bf(v);

@@ -29,6 +29,10 @@ typedef struct tm_k_rope_kv_bf16_args {
     const uint32_t *slot;   /* [n_tok] KV cache row of each token; distinct within a call */
     const float *inv_freq;  /* [head_dim/2] */
     uint32_t n_tok, n_head, n_kv_head, head_dim; /* head_dim even */
+    /* qkv as n_part split-K partials (kernels/gemm_skinny.h) part_stride floats apart, summed
+     * in order before the bias; 0 or 1: qkv is the whole projection. */
+    uint32_t n_part;
+    size_t part_stride;
 } tm_k_rope_kv_bf16_args;
 
 /* Launches on s; n_tok 0 launches nothing. */

@@ -1,6 +1,7 @@
-/* kernels/sample.h - on-device greedy sampling: ids[r] = argmax over logits[r][0..n_col), the
- * lowest index among equal maxima (NaN never wins). Host reference: a linear scan (the runner's
- * greedy sampler in runner/sample.c picks the first maximum the same way). */
+/* kernels/sample.h - on-device greedy sampling: ids[r] = argmax over logits[r][0..n_limit), the
+ * lowest index among equal maxima, or UINT32_MAX when one of those values is NaN or infinite (the
+ * runner's greedy sampler fails such a row). Host reference: a linear scan (the runner's greedy
+ * sampler in runner/sample.c picks the first maximum the same way). */
 #ifndef TM_KERNELS_SAMPLE_H
 #define TM_KERNELS_SAMPLE_H
 
@@ -18,6 +19,7 @@ typedef struct tm_k_argmax_f32_args {
     uint32_t *ids;        /* [n_row] */
     const float *logits;  /* [n_row][n_col] fp32 */
     uint32_t n_row, n_col;
+    uint32_t n_limit;     /* only columns [0, n_limit) compete; 0 or >= n_col: all */
 } tm_k_argmax_f32_args;
 
 /* Launches on s; n_row 0 launches nothing. */

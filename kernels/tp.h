@@ -4,10 +4,12 @@
  *    outputs (an all-reduce) is the full embedding. Host reference: the shard branch of the
  *    embedding loop in runner/engine_cpu/engine_cpu.c.
  *  - argmax_part: per logits row of this rank's vocabulary slice, the best (value, global id)
- *    pair, lowest id among equal maxima, NaN never wins (as kernels/sample.h).
+ *    pair among the global ids below id_limit, lowest id among equal maxima; a slice with a NaN
+ *    or infinite value there gives id TM_K_ARGMAX_NONFINITE instead (as kernels/sample.h).
  *  - argmax_merge: from the pairs of all ranks ([n_rank][n_row], gathered), ids[r] = the best
- *    id; ranks hold increasing id ranges, so the lowest rank wins ties. Host reference: a linear
- *    scan over the full row (tests/test_tp_cuda.c checks both against it). */
+ *    id; ranks hold increasing id ranges, so the lowest rank wins ties; UINT32_MAX when any rank
+ *    saw a non-finite value. Host reference: a linear scan over the full row
+ *    (tests/test_tp_cuda.c checks both against it). */
 #ifndef TM_KERNELS_TP_H
 #define TM_KERNELS_TP_H
 
@@ -28,11 +30,17 @@ typedef struct tm_k_embed_part_bf16_args {
     uint32_t n_tok, n_embd, vocab0, n_vocab;
 } tm_k_embed_part_bf16_args;
 
-/* A candidate: the row maximum's float bits and its global id (UINT32_MAX: none, all NaN). */
+/* A candidate's id when the slice has no column below id_limit. */
+#define TM_K_ARGMAX_NONE UINT32_MAX
+/* A candidate's id when the slice has a NaN or infinite value below id_limit. */
+#define TM_K_ARGMAX_NONFINITE (UINT32_MAX - 1)
+
+/* A candidate: the row maximum's float bits and its global id (or one of the two above). */
 typedef struct tm_k_argmax_part_f32_args {
     uint32_t *cand;        /* [n_row][2] {float bits of the max, global id} */
     const float *logits;   /* [n_row][n_col] */
     uint32_t n_row, n_col, id0; /* id0: global id of column 0 */
+    uint32_t id_limit;     /* only global ids below it compete; 0: all */
 } tm_k_argmax_part_f32_args;
 
 typedef struct tm_k_argmax_merge_args {

@@ -298,24 +298,37 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
 
 // The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
 // else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math). cuda
-// (or auto with a GPU) with tp > 1: one process per GPU over NCCL (tp_run.h).
+// (or auto with a GPU) with tp > 1: one process per GPU over NCCL (tp_run.h). The KV pool: the
+// CUDA engine gets kv_blocks as given (0: it sizes the pool from free memory within
+// gpu_memory_utilization), the CPU engine cpu_kv_blocks. eo->n_kv_block is the engine's count
+// on success.
 static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine_opts *eo,
                            const char *path, const tm_tp_launch *launch, tm_engine **out,
                            tm_err *err) {
     tm_backend be = spec->engine.backend;
+    tm_engine_opts go = *eo;
+    go.n_kv_block = spec->engine.kv_blocks;
+    go.gpu_mem_util = (float)spec->engine.gpu_memory_utilization;
+    tm_rc rc;
     if (spec->engine.tp > 1 &&
         (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && tm_engine_cuda_n_devices() > 0))) {
         const tm_tp_launch one_node = {.nnodes = 1, .local_rank = -1,
                                        .timeout_s = TM_TP_DEFAULT_TIMEOUT_S};
-        return tm_tp_engine_create(launch ? launch : &one_node, path, m, eo, out, err);
+        rc = tm_tp_engine_create(launch ? launch : &one_node, path, m, &go, out, err);
+        goto done;
     }
     if (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && spec->engine.tp <= 1)) {
-        tm_rc rc = tm_engine_cuda_create(m, eo, out, err);
+        rc = tm_engine_cuda_create(m, &go, out, err);
         if (rc == TM_OK || be == TM_BACKEND_CUDA)
-            return rc;
+            goto done;
         TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
     }
-    return tm_engine_cpu_tp_create(m, eo, out, err);
+    eo->n_kv_block = cpu_kv_blocks(spec, &m->cfg);
+    rc = tm_engine_cpu_tp_create(m, eo, out, err);
+done:
+    if (rc == TM_OK)
+        eo->n_kv_block = (*out)->opts.n_kv_block;
+    return rc;
 }
 
 typedef struct job_parts {
@@ -476,7 +489,6 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     tm_engine_opts eo = {
         .n_threads = spec->engine.threads ? spec->engine.threads : (uint32_t)TM_MAX(n_cpu, 1),
         .block_size = spec->engine.block_size,
-        .n_kv_block = cpu_kv_blocks(spec, mc),
         .max_seqs = spec->engine.max_seqs,
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
@@ -595,6 +607,11 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
         .chat_template = spec->chat_template,
     };
     rc = tm_runner_run(&rcfg, eng, p.tok, q_in, q_out, &stats, err);
+    if (eng->ops->forward_greedy)
+        TM_LOG_INFO("job", "%s: %llu of %llu steps were greedy on the engine (only token ids "
+                    "came back)",
+                    path, (unsigned long long)stats.n_step_greedy,
+                    (unsigned long long)stats.n_step);
 
 done:
     if (q_in)

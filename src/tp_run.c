@@ -24,7 +24,7 @@
 #include "runner/tp_nccl.h"
 
 #define WELCOME_MAGIC 0x544d5450u /* "TMTP" */
-#define WELCOME_VERSION 1
+#define WELCOME_VERSION 2
 #define REAP_WAIT_MS 20000        /* how long rank 0 waits for its local ranks to exit */
 
 /* What rank 0 hands every other rank at the rendezvous. Fixed-width fields only. */
@@ -33,6 +33,7 @@ typedef struct tp_welcome {
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
     uint32_t block_size, n_kv_block, max_seqs, max_batched_tokens, tp_size;
     uint32_t timeout_ms;
+    float gpu_mem_util;   /* with n_kv_block 0 every rank sizes its pool, then all take the min */
     uint32_t n_layer, n_embd, n_head, n_kv_head, n_ff, n_vocab, head_dim; /* model fingerprint */
 } tp_welcome;
 
@@ -125,6 +126,12 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
     return tm_engine_forward(t->inner, b, logits, err);
 }
 
+static tm_rc tp_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                              uint32_t *ids, tm_err *err) {
+    tp_engine *t = eng->impl;
+    return t->inner->ops->forward_greedy(t->inner, b, n_vocab_limit, ids, err);
+}
+
 static tm_rc tp_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
     tp_engine *t = eng->impl;
     return t->inner->ops->kv_copy(t->inner, src, dst, n_tok, err);
@@ -147,6 +154,7 @@ static void tp_destroy(tm_engine *eng) {
 static const tm_engine_ops tp_ops = {
     .name = "cuda", // rank 0's engine is the CUDA engine; "tp" shows in the metrics settings
     .forward = tp_forward,
+    .forward_greedy = tp_forward_greedy,
     .kv_copy = tp_kv_copy,
     .destroy = tp_destroy,
 };
@@ -197,7 +205,8 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
     tp_welcome w = {.magic = WELCOME_MAGIC, .version = WELCOME_VERSION,
                     .block_size = eo->block_size, .n_kv_block = eo->n_kv_block,
                     .max_seqs = eo->max_seqs, .max_batched_tokens = eo->max_batched_tokens,
-                    .tp_size = eo->tp_size, .timeout_ms = l->timeout_s * 1000};
+                    .tp_size = eo->tp_size, .timeout_ms = l->timeout_s * 1000,
+                    .gpu_mem_util = eo->gpu_mem_util};
     fingerprint(&m->cfg, &w);
     rc = tm_nccl_get_id(w.nccl_id, err);
     if (rc)
@@ -223,6 +232,7 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
     rc = tm_engine_cuda_tp_create(m, &ro, &tcfg, &t->inner, err);
     if (rc)
         goto fail;
+    t->eng.opts.n_kv_block = t->inner->opts.n_kv_block; // the count all ranks agreed on
     *out = &t->eng;
     return TM_OK;
 fail:
@@ -266,7 +276,7 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
     }
     tm_engine_opts eo = {.block_size = w.block_size, .n_kv_block = w.n_kv_block,
                          .max_seqs = w.max_seqs, .max_batched_tokens = w.max_batched_tokens,
-                         .tp_rank = rank, .tp_size = w.tp_size};
+                         .tp_rank = rank, .tp_size = w.tp_size, .gpu_mem_util = w.gpu_mem_util};
     tm_engine_cuda_tp tcfg = {.device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id,
                               .timeout_ms = w.timeout_ms};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);

@@ -80,6 +80,7 @@ static void test_defaults(void) {
     TM_CHECK(spec->engine.tp == 1);
     TM_CHECK(spec->engine.threads == 0);
     TM_CHECK(spec->engine.kv_blocks == 0);
+    TM_CHECK(spec->engine.gpu_memory_utilization == 0.90);
     TM_CHECK(spec->defaults.set == 0);
     TM_CHECK(spec->defaults.max_tokens == 256);
     TM_CHECK(spec->defaults.temperature == 1.0f);
@@ -119,6 +120,11 @@ static void test_defaults(void) {
                 continue;
             n_defaults++;
             json_t *got = json_object_get(json_object_get(c, sect), key);
+            if (!strcmp(sect, "engine") && !strcmp(key, "gpu_memory_utilization")) {
+                // memory sizing: not part of the job's identity either
+                TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
+                continue;
+            }
             if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
                 double want_v = !strcmp(key, "commit_every_s") ? spec->commit_every_s
                                                                 : spec->commit_every_records;
@@ -131,7 +137,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 23); // engine 10, defaults 7, limits 4, output 2
+    TM_CHECK(n_defaults == 24); // engine 11, defaults 7, limits 4, output 2
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -147,7 +153,7 @@ static void test_values_and_relative_paths(void) {
                " \"output\": {\"dir\": \"/tmp/abs-out\"},"
                " \"engine\": {\"backend\": \"cpu\", \"max_seqs\": 4, \"max_batched_tokens\": 512,"
                " \"block_size\": 16, \"prefix_cache\": false, \"tp\": 2, \"threads\": 3,"
-               " \"kv_blocks\": 100},"
+               " \"kv_blocks\": 100, \"gpu_memory_utilization\": 0.5},"
                " \"defaults\": {\"max_tokens\": 7, \"temperature\": 0, \"top_p\": 0.9,"
                " \"top_k\": 50, \"min_p\": 0.05, \"seed\": 42, \"stop\": \"\\n\"},"
                " \"limits\": {\"max_line_bytes\": 1000, \"max_depth\": 5, \"max_field_bytes\": 99,"
@@ -169,6 +175,7 @@ static void test_values_and_relative_paths(void) {
     TM_CHECK(spec->engine.max_seqs == 4 && spec->engine.max_batched_tokens == 512);
     TM_CHECK(spec->engine.block_size == 16 && !spec->engine.prefix_cache);
     TM_CHECK(spec->engine.tp == 2 && spec->engine.threads == 3 && spec->engine.kv_blocks == 100);
+    TM_CHECK(spec->engine.gpu_memory_utilization == 0.5);
     TM_CHECK(spec->defaults.max_tokens == 7 && spec->defaults.temperature == 0.0f);
     TM_CHECK_NEAR(spec->defaults.top_p, 0.9, 1e-6);
     TM_CHECK(spec->defaults.top_k == 50 && spec->defaults.seed == 42);
@@ -220,6 +227,12 @@ static void test_errors(void) {
     expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
                  " \"o\"}, \"engine\": {\"backend\": \"gpu\"}}",
                  TM_E_INVAL, "engine.backend: expected one of \"auto\", \"cpu\", \"cuda\", got \"gpu\"");
+    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+                 " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 0}}",
+                 TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1, got 0");
+    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+                 " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 1.2}}",
+                 TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1");
     expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
                  " \"o\"}, \"engine\": {\"prefix_cache\": 1}}",
                  TM_E_INVAL, "engine.prefix_cache: expected true or false, got 1");

@@ -36,6 +36,7 @@ typedef struct mk_opts {
     const char *arch;     /* llama | qwen2 | mistral */
     uint64_t seed;
     long layers, hidden, heads, kv_heads, head_dim, ff, vocab, ctx, tied, shards, bos, eos;
+    long uniform;         /* 1: uniform values of the same std (fast; benchmark checkpoints) */
     tm_dtype dtype;
     double rope_theta;
     int rope_llama3;
@@ -53,7 +54,7 @@ static void usage(void) {
             "               [--hidden H] [--heads NH] [--kv-heads NKV] [--head-dim D] [--ff F]\n"
             "               [--vocab V] [--ctx C] [--tied 0|1] [--dtype f32|bf16|f16]\n"
             "               [--rope-theta T] [--rope-scaling llama3] [--tokenizer DIR]\n"
-            "               [--bos ID] [--eos ID] [--shards N]\n"
+            "               [--bos ID] [--eos ID] [--shards N] [--uniform 0|1]\n"
             "deepseek_v4: [--dsv4-layers sch..] [--dsv4-mlp hm..] [--q-lora R] [--o-groups G]\n"
             "             [--o-lora R] [--experts E] [--experts-used K] [--window W]\n"
             "             [--index-heads N] [--index-dim D] [--index-topk K] [--hc N]\n"
@@ -635,7 +636,11 @@ static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
         return TM_OK;
     }
     for (uint64_t i = 0; i < n; i++) {
-        double z = rng_normal(&r) * t->std;
+        // uniform on [-sqrt(3), sqrt(3)) has std 1, like the normal (Box-Muller is the slow part
+        // of writing an 8B checkpoint)
+        double z = (o->uniform ? ((rng_next(&r) >> 11) * 0x1.0p-52 - 1.0) * 1.7320508075688772
+                               : rng_normal(&r)) *
+                   t->std;
         float f = (float)(t->init == MK_NORM_W ? 1.0 + z : z);
         if (t->dtype == TM_DTYPE_F32) {
             memcpy((char *)t->data + 4 * i, &f, 4);
@@ -758,6 +763,8 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             ok = parse_long(v, 0, 1, &o->tied);
         else if (!strcmp(a, "--shards"))
             ok = parse_long(v, 1, 999, &o->shards);
+        else if (!strcmp(a, "--uniform"))
+            ok = parse_long(v, 0, 1, &o->uniform);
         else if (!strcmp(a, "--bos"))
             ok = parse_long(v, 0, (1 << 24) - 1, &o->bos);
         else if (!strcmp(a, "--eos"))

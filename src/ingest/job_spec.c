@@ -36,7 +36,8 @@ static const char *const output_keys[] = {"dir", "prometheus_textfile", "commit_
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
 static const char *const engine_keys[] = {"backend", "max_seqs", "max_batched_tokens",
                                           "block_size", "prefix_cache", "tp", "threads",
-                                          "kv_blocks", "schedule", "lookahead", NULL};
+                                          "kv_blocks", "gpu_memory_utilization", "schedule",
+                                          "lookahead", NULL};
 static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
                                           "max_messages", NULL};
 
@@ -540,6 +541,15 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     rc = get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
     if (rc)
         return rc;
+    // Not part of the job's identity (like commit_every_s): it sizes memory, not results, and a
+    // resumed run may need another value on another GPU.
+    v = eng ? json_object_get(eng, "gpu_memory_utilization") : NULL;
+    e->gpu_memory_utilization = TM_JOB_DEFAULT_GPU_MEMORY_UTILIZATION;
+    if (v) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1)
+            return fail_value(ld, "engine.gpu_memory_utilization", "a number > 0 and <= 1", v);
+        e->gpu_memory_utilization = json_number_value(v);
+    }
     v = eng ? json_object_get(eng, "schedule") : NULL;
     e->schedule_fcfs = false;
     if (v) {

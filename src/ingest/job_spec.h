@@ -28,6 +28,7 @@
 #define TM_JOB_DEFAULT_MAX_MESSAGES 4096
 #define TM_JOB_MAX_DEPTH_LIMIT 2048 /* jansson's own parser depth limit */
 #define TM_JOB_DEFAULT_COMMIT_EVERY_S 2.0
+#define TM_JOB_DEFAULT_GPU_MEMORY_UTILIZATION 0.90
 #define TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS 1000
 /* input.files entry that means standard input (read as plain JSONL, once). */
 #define TM_JOB_STDIN "-"
@@ -47,6 +48,8 @@ typedef struct tm_job_engine {
     uint32_t tp;                 /* tensor-parallel ranks, >= 1 */
     uint32_t threads;            /* CPU threads; 0 = all cores */
     uint32_t kv_blocks;          /* KV blocks in the pool; 0 = size from free memory */
+    double gpu_memory_utilization; /* kv_blocks 0 on a GPU: fraction of its memory that device
+                                    * use may reach, KV pool included, in (0, 1] */
     bool schedule_fcfs;          /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;          /* records read, tokenized and ordered ahead of admission */
 } tm_job_engine;

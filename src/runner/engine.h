@@ -12,6 +12,9 @@
 #include "base/err.h"
 #include "runner/model.h"
 
+/* forward_greedy's id for a row with a NaN or infinite logit (tm_sample_token fails such a row). */
+#define TM_ENGINE_ID_NONFINITE UINT32_MAX
+
 /* Sum buf[0..n) element-wise across the tensor-parallel ranks, in place, on every rank (an
  * all-reduce); every rank calls it the same number of times with the same n. */
 typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
@@ -19,10 +22,14 @@ typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
 typedef struct tm_engine_opts {
     uint32_t n_threads;    /* CPU worker threads; 0 = number of online CPUs */
     uint32_t block_size;   /* tokens per KV block */
-    uint32_t n_kv_block;   /* KV blocks to allocate */
+    uint32_t n_kv_block;   /* KV blocks to allocate; 0 (CUDA engine only): size the pool from free
+                            * device memory (gpu_mem_util); the engine then records its count in
+                            * eng->opts.n_kv_block */
     uint32_t max_seqs;     /* sequences per step */
     uint32_t max_batched_tokens; /* tokens per step */
     uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
+    float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
+                                  * device use may reach, KV pool included, in (0, 1]; 0 = 0.90 */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
 } tm_engine_opts;
@@ -48,6 +55,13 @@ typedef struct tm_engine_ops {
     const char *name;
     /* logits: [n_want][n_vocab] fp32, one row per sequence with want_logits, in batch order. */
     tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+    /* Optional (NULL: not supported). forward, but each wanted row becomes one id instead of a
+     * logits row: ids[i] = the argmax of the i-th wanted row over ids [0, n_vocab_limit) (the
+     * lowest id among equal maxima, as tm_sample_token's greedy pick), or TM_ENGINE_ID_NONFINITE
+     * when one of those logits is NaN or infinite. 1 <= n_vocab_limit; a limit above the model's
+     * n_vocab means n_vocab. ids: [n_want]. Lets a backend keep the logits where they are. */
+    tm_rc (*forward_greedy)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                            uint32_t *ids, tm_err *err);
     /* Optional (NULL: not supported). Copy the K/V of token slots [0, n_tok) of block src into
      * block dst, in every layer; the runner uses it to share the computed part of a partly
      * filled block between sequences with a common prefix. Ordered with forward calls. */

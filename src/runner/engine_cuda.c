@@ -38,17 +38,23 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "kernels/act.h"
+#include "kernels/allreduce.h"
 #include "kernels/attn_paged.h"
+#include "kernels/attn_prefill.h"
 #include "kernels/common.h"
 #include "kernels/embed.h"
 #include "kernels/fill.h"
+#include "kernels/gemm_skinny.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/sample.h"
@@ -59,13 +65,17 @@
 #include "runner/tp_nccl.h"
 
 #define GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace (needed for graph capture) */
-#define ATTN_TARGET_BLOCKS 1056          /* about 8 attention blocks per SM of an H200 */
-#define ATTN_MAX_SPLIT 32
+#define ATTN_PART_HEADS 4096             /* (token, head, split) partials the attention may use */
 #define UPLOAD_CHUNK ((size_t)1 << 22)   /* elements converted per host staging pass */
 #define ALIGN_BYTES 256
 #define PLAN_MSG TM_RDZV_MSG_USER   /* rendezvous message type of a step plan */
 #define SPIN_PLAN_MS 20.0           /* ranks > 0 poll this long for the next plan, then block */
 #define DEAD_WAIT_MS 10000          /* destroy after a TP failure waits this long, then leaks */
+#define PROF_EVENTS 1024            /* TM_CUDA_PROFILE: events per step */
+#define PROF_KINDS 24
+#define KV_HEADROOM_BYTES ((size_t)1 << 30) /* kept free when the KV pool is sized from free
+                                             * memory: cuBLAS, CUDA graphs, NCCL buffers */
+#define GPU_MEM_UTIL_DEFAULT 0.90f
 
 /* A step plan as rank 0 sends it to the other ranks: this header, then n_meta uint32 of packed
  * metadata (meta_layout(T, S)). */
@@ -75,9 +85,11 @@ typedef struct plan_hdr {
     uint32_t T, S, n_want;     /* step: tokens, sequences, rows wanting logits */
     uint32_t graph;            /* 1: a pure decode step (CUDA graph of T sequences) */
     uint32_t greedy;           /* 1: ids only (candidates), 0: full logits to rank 0 */
+    uint32_t vocab_limit;      /* greedy: only ids below it compete, 1 .. the model's n_vocab */
     uint32_t n_meta;           /* uint32 that follow */
     uint32_t kv_src, kv_dst, kv_n_tok; /* PLAN_KV_COPY */
-    uint32_t pad[2];
+    uint32_t n_tile;           /* prefill attention tiles (4 uint32 each) ending the metadata;
+                                  0: the step uses attn_paged */
 } plan_hdr;
 
 typedef struct cuda_layer {
@@ -118,6 +130,26 @@ typedef struct cuda_impl {
     float *logits;             /* [S][n_vocab] */
     float *part;               /* attention split partials */
     size_t part_floats;
+    float *sk_part;            /* split-K partials of the skinny projections (decode steps) */
+    size_t sk_part_floats;
+    uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
+    uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
+    int use_fa;                /* prefill steps use the tensor-core attn_prefill kernel */
+    /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for sums of
+     * at most ar_cap floats (decode steps); NCCL otherwise or when ar_on is 0. */
+    int ar_on;
+    size_t ar_cap;
+    void *ar_regions[TM_AR_MAX_RANKS]; /* [tp_rank]: own (owned); others: IPC-opened peers' */
+    /* TM_CUDA_PROFILE=1: GPU time per op kind of eager steps (events between launches; decode
+     * graphs are not split up, so run with graphs off), printed at destroy. */
+    int prof;
+    uint32_t prof_n;                  /* events recorded in this step */
+    cudaEvent_t prof_ev[PROF_EVENTS]; /* [0]: step start */
+    const char *prof_what[PROF_EVENTS];
+    const char *prof_kind[PROF_KINDS];
+    double prof_ms[PROF_KINDS];
+    uint64_t prof_calls[PROF_KINDS];
+    tm_k_attn_prefill_chunk *chunks_h; /* host [S] scratch of pack_batch, owned */
     uint16_t *h;               /* [T][n_embd] normed */
     uint16_t *q;               /* [T][q_dim] rotated */
     uint16_t *att;             /* [T][q_dim] */
@@ -174,12 +206,15 @@ static meta_off meta_layout(uint32_t T, uint32_t S) {
 
 static void cuda_destroy(tm_engine *eng);
 static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+static tm_rc cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                                 uint32_t *ids, tm_err *err);
 static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
                           tm_err *err);
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
+    .forward_greedy = cuda_forward_greedy,
     .kv_copy = cuda_kv_copy,
     .destroy = cuda_destroy,
 };
@@ -223,6 +258,8 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
     return TM_OK;
 }
 
+static tm_rc tp_allreduce(cuda_impl *impl, float *x, size_t n, tm_err *err);
+
 static tm_rc blas_check(cublasStatus_t st, const char *what, tm_err *err) {
     if (st == CUBLAS_STATUS_SUCCESS)
         return TM_OK;
@@ -244,19 +281,120 @@ static tm_rc gemm(cuda_impl *impl, const uint16_t *w, const uint16_t *x, void *y
     return blas_check(st, "cublasGemmEx", err);
 }
 
+/* A projection's result as the consumer reads it: n partial products (split-K, summed in
+ * order by the consumer) stride floats apart, each [T][n_out] fp32; n == 1: p is the result. */
+typedef struct proj_out {
+    float *p;
+    uint32_t n;
+    size_t stride;
+} proj_out;
+
+/* y = x[T][n_in] @ w[n_out][n_in]^T. Steps of at most sk_max_tok tokens (decode) use the
+ * tensor-core skinny kernel: split-K partials in sk_part (or straight into dst when the plan has
+ * one split and beta is 0), which the consumer sums; beta is then NOT applied (a residual
+ * consumer adds the partials into x itself). Larger steps use cuBLAS into dst with beta. */
+static tm_rc project(cuda_impl *impl, const uint16_t *w, const uint16_t *x, uint32_t T,
+                     uint32_t n_in, uint32_t n_out, float *dst, float beta, proj_out *out,
+                     tm_err *err) {
+    if (T <= impl->sk_max_tok && tm_k_gemm_skinny_fits(T, n_in, n_out)) {
+        uint32_t kps = 0;
+        const uint32_t n_split = tm_k_gemm_skinny_splits(n_in, n_out, impl->n_sm, &kps);
+        float *part = n_split == 1 && beta == 0.0f ? dst : impl->sk_part;
+        TM_ASSERT((size_t)n_split * T * n_out <= impl->sk_part_floats);
+        tm_k_gemm_skinny_args ga = {.part = part, .w = w, .x = x, .n_tok = T, .n_in = n_in,
+                                    .n_out = n_out, .n_split = n_split, .k_per_split = kps};
+        *out = (proj_out){.p = part, .n = n_split, .stride = (size_t)T * n_out};
+        return tm_k_gemm_skinny(&ga, impl->stream, err);
+    }
+    *out = (proj_out){.p = dst, .n = 1, .stride = 0};
+    return gemm(impl, w, x, dst, 1, T, n_in, n_out, beta, err);
+}
+
+/* Floats of sk_part for the model's projections at up to T tokens. */
+static size_t skinny_part_floats(const cuda_impl *impl, uint32_t T) {
+    const tm_model_cfg *c = &impl->cfg;
+    const uint32_t shapes[5][2] = {{c->n_embd, impl->qkv_dim}, {impl->q_dim, c->n_embd},
+                                   {c->n_embd, 2 * c->n_ff}, {c->n_ff, c->n_embd},
+                                   {c->n_embd, c->n_vocab}};
+    size_t most = 0;
+    for (int i = 0; i < 5; i++) {
+        uint32_t kps = 0;
+        if (!tm_k_gemm_skinny_fits(T, shapes[i][0], shapes[i][1]))
+            continue;
+        const uint32_t n = tm_k_gemm_skinny_splits(shapes[i][0], shapes[i][1], impl->n_sm, &kps);
+        most = TM_MAX(most, (size_t)n * T * shapes[i][1]);
+    }
+    return most;
+}
+
 /* Splits of the attention context for a step of T tokens: enough blocks to fill the GPU, as long
  * as the partials fit. Depends on T only (graph replay). */
 static uint32_t attn_splits(const cuda_impl *impl, uint32_t T) {
-    const uint32_t n_head = impl->cfg.n_head;
-    uint32_t n = TM_CEIL_DIV(ATTN_TARGET_BLOCKS, T * n_head);
-    n = TM_MIN(n, (uint32_t)ATTN_MAX_SPLIT);
-    while (n > 1 && tm_k_attn_part_floats(T, n_head, n, impl->cfg.head_dim) > impl->part_floats)
-        n--;
-    return TM_MAX(n, 1u);
+    return tm_k_attn_paged_splits(T, impl->cfg.n_head, impl->cfg.n_kv_head, impl->cfg.head_dim,
+                                  impl->n_sm, impl->part_floats);
+}
+
+/* After a residual projection (o_proj, down_proj) into x: with cuBLAS, x already holds the
+ * (rank 0: residual + ) product; with the skinny kernel, *res holds partials. Without TP the
+ * partials stay pending (res) for the next RMSNorm to add; with TP they are summed into x here
+ * (rank 0 keeps the residual: beta 1) and x is all-reduced. On return res is pending partials or
+ * empty. */
+static tm_rc residual_done(cuda_impl *impl, proj_out *res, uint32_t T, float beta_res,
+                           tm_err *err) {
+    const size_t n_x = (size_t)T * impl->cfg.n_embd;
+    const int skinny = res->p != impl->x;
+    if (!skinny)
+        *res = (proj_out){0};
+    if (impl->tp_size < 2)
+        return TM_OK;
+    if (skinny) {
+        tm_k_sum_parts_args sp = {.y = impl->x, .part = res->p, .stride = res->stride, .n = n_x,
+                                  .n_part = res->n, .beta = beta_res};
+        tm_rc rc = tm_k_sum_parts(&sp, impl->stream, err);
+        *res = (proj_out){0};
+        if (rc)
+            return rc;
+    }
+    return tp_allreduce(impl, impl->x, n_x, err);
+}
+
+/* TM_CUDA_PROFILE: mark the end of an op of kind what (a string literal) on the stream. */
+static void prof_mark(cuda_impl *impl, const char *what) {
+    if (!impl->prof || impl->prof_n >= PROF_EVENTS)
+        return;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(impl->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+        return;
+    if (impl->prof_n == 0) { // the step's start
+        cudaEventRecord(impl->prof_ev[0], impl->stream);
+        impl->prof_what[0] = NULL;
+        impl->prof_n = 1;
+    }
+    cudaEventRecord(impl->prof_ev[impl->prof_n], impl->stream);
+    impl->prof_what[impl->prof_n++] = what;
+}
+
+/* After the step's sync: add the intervals between its events to their kinds. */
+static void prof_collect(cuda_impl *impl) {
+    for (uint32_t i = 1; i < impl->prof_n; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, impl->prof_ev[i - 1], impl->prof_ev[i]) != cudaSuccess)
+            continue;
+        uint32_t k = 0;
+        while (k < PROF_KINDS && impl->prof_kind[k] && strcmp(impl->prof_kind[k], impl->prof_what[i]))
+            k++;
+        if (k == PROF_KINDS)
+            continue;
+        impl->prof_kind[k] = impl->prof_what[i];
+        impl->prof_ms[k] += ms;
+        impl->prof_calls[k]++;
+    }
+    impl->prof_n = 0;
 }
 
 /* The whole model for a step whose metadata is already on the device (meta_layout(T, S)). */
-static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want, tm_err *err) {
+static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want, uint32_t n_tile,
+                       size_t tile_off, tm_err *err) {
     const tm_model_cfg *c = &impl->cfg;
     const uint32_t d = c->n_embd, ff = c->n_ff;
     const meta_off mo = meta_layout(T, S);
@@ -274,7 +412,7 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
                                         .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
         rc = tm_k_embed_part_bf16(&ea, s, err);
         if (!rc)
-            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
+            rc = tp_allreduce(impl, impl->x, n_x, err);
     } else {
         tm_k_embed_bf16_args ea = {
             .x = impl->x, .table = impl->embd, .tokens = md + mo.tokens, .n_tok = T, .n_embd = d};
@@ -282,26 +420,36 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     }
     if (rc)
         return rc;
+    prof_mark(impl, "metadata upload + embed");
     const uint32_t n_split = attn_splits(impl, T);
+    // A residual projection's partials not yet added into x (skinny path without TP): the next
+    // RMSNorm adds them.
+    proj_out res = {0};
+    proj_out po;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const cuda_layer *L = &impl->layers[l];
         uint16_t *kc = impl->k_cache + (size_t)l * impl->layer_kv_elems;
         uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
         tm_k_rmsnorm_bf16_args na = {.out = impl->h, .x = impl->x, .rows = NULL,
                                      .w = L->attn_norm, .n_row = T, .n_col = d,
-                                     .eps = c->rms_eps};
+                                     .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
+                                     .n_add = res.n};
         rc = tm_k_rmsnorm_bf16(&na, s, err);
+        prof_mark(impl, "attn_norm (+residual)");
         if (!rc)
-            rc = gemm(impl, L->w_qkv, impl->h, impl->qkv, 1, T, d, impl->qkv_dim, 0.0f, err);
+            rc = project(impl, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f, &po, err);
         if (rc)
             return rc;
+        prof_mark(impl, "qkv_proj");
         tm_k_rope_kv_bf16_args ra = {
-            .q = impl->q, .k_cache = kc, .v_cache = vc, .qkv = impl->qkv, .bias = L->b_qkv,
+            .q = impl->q, .k_cache = kc, .v_cache = vc, .qkv = po.p, .bias = L->b_qkv,
             .pos = md + mo.pos, .slot = md + mo.slot, .inv_freq = impl->inv_freq, .n_tok = T,
-            .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim};
+            .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+            .n_part = po.n, .part_stride = po.stride};
         rc = tm_k_rope_kv_bf16(&ra, s, err);
         if (rc)
             return rc;
+        prof_mark(impl, "rope_kv");
         tm_k_attn_paged_bf16_args aa = {
             .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc, .pos = md + mo.pos,
             .tok_seq = md + mo.tok_seq, .seq_bt = md + mo.seq_bt, .block_tables = md + mo.bt,
@@ -311,43 +459,79 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             .head_dim = c->head_dim, .block_size = impl->eng.opts.block_size,
             .ld_q = impl->q_dim, .window = c->sliding_window, .n_split = n_split,
             .scale = 1.0f / sqrtf((float)c->head_dim)};
-        rc = tm_k_attn_paged_bf16(&aa, s, err);
+        if (n_tile) {
+            tm_k_attn_prefill_bf16_args fa = {
+                .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc,
+                .seq_bt = md + mo.seq_bt, .block_tables = md + mo.bt,
+                .tiles = (const tm_k_attn_prefill_tile *)(md + tile_off), .n_tile = n_tile,
+                .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+                .block_size = impl->eng.opts.block_size, .ld_q = impl->q_dim,
+                .window = c->sliding_window, .scale = aa.scale};
+            rc = tm_k_attn_prefill_bf16(&fa, s, err);
+        } else {
+            rc = tm_k_attn_paged_bf16(&aa, s, err);
+        }
+        prof_mark(impl, n_tile ? "attention (prefill)" : "attention (paged)");
         if (!rc)
-            rc = gemm(impl, L->w_o, impl->att, impl->x, 1, T, impl->q_dim, d, beta_res, err);
-        if (!rc && tp)
-            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
+            rc = project(impl, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
+        prof_mark(impl, "o_proj");
+        if (!rc)
+            rc = residual_done(impl, &res, T, beta_res, err);
         if (rc)
             return rc;
+        if (tp)
+            prof_mark(impl, "tp all-reduce");
         na.w = L->ffn_norm;
+        na.add = res.p;
+        na.add_stride = res.stride;
+        na.n_add = res.n;
         rc = tm_k_rmsnorm_bf16(&na, s, err);
+        prof_mark(impl, "ffn_norm (+residual)");
         if (!rc)
-            rc = gemm(impl, L->w_gu, impl->h, impl->gu, 1, T, d, 2 * ff, 0.0f, err);
+            rc = project(impl, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po, err);
         if (rc)
             return rc;
-        tm_k_silu_mul_bf16_args sa = {.out = impl->ffa, .gu = impl->gu, .n_tok = T, .n_ff = ff};
+        prof_mark(impl, "gate_up_proj");
+        tm_k_silu_mul_bf16_args sa = {.out = impl->ffa, .gu = po.p, .n_tok = T, .n_ff = ff,
+                                      .n_part = po.n, .part_stride = po.stride};
         rc = tm_k_silu_mul_bf16(&sa, s, err);
+        prof_mark(impl, "silu_mul");
         if (!rc)
-            rc = gemm(impl, L->w_down, impl->ffa, impl->x, 1, T, ff, d, beta_res, err);
-        if (!rc && tp)
-            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, s, err);
+            rc = project(impl, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
+        prof_mark(impl, "down_proj");
+        if (!rc)
+            rc = residual_done(impl, &res, T, beta_res, err);
         if (rc)
             return rc;
+        if (tp)
+            prof_mark(impl, "tp all-reduce");
     }
     if (n_want == 0)
         return TM_OK;
     tm_k_rmsnorm_bf16_args fa = {.out = impl->last, .x = impl->x, .rows = md + mo.want_row,
                                  .w = impl->out_norm, .n_row = n_want, .n_col = d,
-                                 .eps = c->rms_eps};
+                                 .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
+                                 .n_add = res.n};
     rc = tm_k_rmsnorm_bf16(&fa, s, err);
-    if (rc)
+    prof_mark(impl, "final_norm");
+    if (!rc)
+        rc = project(impl, impl->lm_head, impl->last, n_want, d, c->n_vocab, impl->logits, 0.0f,
+                     &po, err);
+    if (rc || po.p == impl->logits) {
+        prof_mark(impl, "lm_head");
         return rc;
-    return gemm(impl, impl->lm_head, impl->last, impl->logits, 1, n_want, d, c->n_vocab, 0.0f,
-                err);
+    }
+    tm_k_sum_parts_args sp = {.y = impl->logits, .part = po.p, .stride = po.stride,
+                              .n = (size_t)n_want * c->n_vocab, .n_part = po.n, .beta = 0.0f};
+    rc = tm_k_sum_parts(&sp, s, err);
+    prof_mark(impl, "lm_head");
+    return rc;
 }
 
 /* Validate the batch (as the CPU engine does) and pack its metadata into meta_h. */
 static tm_rc pack_batch(cuda_impl *impl, const tm_batch *b, uint32_t *T_out, uint32_t *n_want_out,
-                        size_t *n_meta_out, int *decode_only, tm_err *err) {
+                        size_t *n_meta_out, uint32_t *n_tile_out, int *decode_only,
+                        tm_err *err) {
     const tm_engine_opts *o = &impl->eng.opts;
     if (b->n_seq > o->max_seqs)
         return TM_ERR(err, TM_E_INVAL, "cuda forward: %u sequences > max_seqs %u", b->n_seq,
@@ -407,10 +591,19 @@ static tm_rc pack_batch(cuda_impl *impl, const tm_batch *b, uint32_t *T_out, uin
             mh[mo.want_row + n_want++] = t - 1;
         if (s->n_tok != 1 || !s->want_logits)
             *decode_only = 0;
+        impl->chunks_h[i] = (tm_k_attn_prefill_chunk){
+            .t0 = t - s->n_tok, .n_tok = s->n_tok, .pos0 = s->pos};
     }
+    // Steps other than pure decodes run attention as query tiles on tensor cores (every
+    // sequence of the step, a decode being a one-row tile); their list ends the metadata.
+    uint32_t n_tile = 0;
+    if (impl->use_fa && !*decode_only)
+        n_tile = tm_k_attn_prefill_tiles(impl->chunks_h, b->n_seq,
+                                         (tm_k_attn_prefill_tile *)(mh + mo.bt + bt));
     *T_out = (uint32_t)T;
     *n_want_out = n_want;
-    *n_meta_out = mo.bt + bt;
+    *n_tile_out = n_tile;
+    *n_meta_out = mo.bt + bt + 4 * (size_t)n_tile;
     return TM_OK;
 }
 
@@ -422,7 +615,7 @@ static tm_rc run_graph(cuda_impl *impl, uint32_t T, tm_err *err) {
             cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeThreadLocal), err);
         if (rc)
             return rc;
-        rc = run_model(impl, T, T, T, err);
+        rc = run_model(impl, T, T, T, 0, 0, err);
         cudaError_t e = cudaStreamEndCapture(impl->stream, &g);
         if (!rc)
             rc = TM_CUDA_CHECK(e, err);
@@ -528,6 +721,7 @@ static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
     cudaStream_t s = impl->stream;
     if (tp)
         set_busy(impl, 1);
+    prof_mark(impl, "(step start)");
     tm_rc rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->meta_d, impl->meta_h,
                                              h->n_meta * sizeof(uint32_t),
                                              cudaMemcpyHostToDevice, s),
@@ -536,13 +730,15 @@ static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
         if (h->graph && impl->use_graphs)
             rc = run_graph(impl, h->T, err);
         else
-            rc = run_model(impl, h->T, h->S, h->n_want, err);
+            rc = run_model(impl, h->T, h->S, h->n_want, h->n_tile,
+                           h->n_meta - 4 * (size_t)h->n_tile, err);
     }
     const uint32_t n_want = h->n_want, nv = impl->cfg.n_vocab;
     if (!rc && n_want && h->greedy) {
         if (tp) {
             tm_k_argmax_part_f32_args pa = {.cand = impl->cand, .logits = impl->logits,
-                                            .n_row = n_want, .n_col = nv, .id0 = impl->vocab0};
+                                            .n_row = n_want, .n_col = nv, .id0 = impl->vocab0,
+                                            .id_limit = h->vocab_limit};
             rc = tm_k_argmax_part_f32(&pa, s, err);
             if (!rc)
                 rc = tm_nccl_allgather(impl->nccl, impl->cand, impl->cand_all, 2 * (size_t)n_want,
@@ -552,8 +748,8 @@ static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
             if (!rc && out_host)
                 rc = tm_k_argmax_merge(&ma, s, err);
         } else {
-            tm_k_argmax_f32_args ga = {
-                .ids = impl->ids, .logits = impl->logits, .n_row = n_want, .n_col = nv};
+            tm_k_argmax_f32_args ga = {.ids = impl->ids, .logits = impl->logits,
+                                       .n_row = n_want, .n_col = nv, .n_limit = h->vocab_limit};
             rc = tm_k_argmax_f32(&ga, s, err);
         }
         if (!rc && out_host)
@@ -575,8 +771,11 @@ static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
                                                cudaMemcpyDeviceToHost, s),
                                err);
     }
+    prof_mark(impl, "sample/gather + copy out");
     if (!rc)
         rc = step_sync(impl, err);
+    if (impl->prof)
+        prof_collect(impl);
     if (tp) {
         set_busy(impl, 0);
         if (rc) // the watchdog's reason (a dead peer) explains an NCCL failure best
@@ -585,22 +784,25 @@ static tm_rc run_step(cuda_impl *impl, const plan_hdr *h, tm_err *err) {
     return rc;
 }
 
-/* One step; fills logits (host, [n_want][n_vocab]) or ids (host, [n_want]). */
+/* One step; fills logits (host, [n_want][n_vocab]) or ids (host, [n_want]: the argmax over ids
+ * [0, vocab_limit), vocab_limit in [1, n_vocab]). */
 static tm_rc forward_step(cuda_impl *impl, const tm_batch *b, float *logits, uint32_t *ids,
-                          tm_err *err) {
+                          uint32_t vocab_limit, tm_err *err) {
     if (impl->dead)
         return TM_ERR(err, TM_E_CUDA, "cuda engine: unusable after an earlier CUDA error");
     cudaSetDevice(impl->device);
     uint32_t T = 0, n_want = 0;
     size_t n_meta = 0;
+    uint32_t n_tile = 0;
     int decode_only = 0;
-    tm_rc rc = pack_batch(impl, b, &T, &n_want, &n_meta, &decode_only, err);
+    tm_rc rc = pack_batch(impl, b, &T, &n_want, &n_meta, &n_tile, &decode_only, err);
     if (rc || T == 0)
         return rc;
     plan_hdr *h = impl->plan_h;
     *h = (plan_hdr){.op = PLAN_STEP, .T = T, .S = b->n_seq, .n_want = n_want,
                     .graph = (uint32_t)(decode_only && impl->use_graphs), .greedy = ids != NULL,
-                    .n_meta = (uint32_t)n_meta};
+                    .vocab_limit = ids ? vocab_limit : 0, .n_meta = (uint32_t)n_meta,
+                    .n_tile = n_tile};
     if (impl->tp_size > 1) // the other ranks start while this one launches its own work
         rc = tm_rdzv_bcast(impl->rdzv, PLAN_MSG, h, sizeof(*h), impl->meta_h,
                            n_meta * sizeof(uint32_t), err);
@@ -628,14 +830,22 @@ static tm_rc forward_step(cuda_impl *impl, const tm_batch *b, float *logits, uin
 }
 
 static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err) {
-    return forward_step(eng->impl, b, logits, NULL, err);
+    return forward_step(eng->impl, b, logits, NULL, 0, err);
+}
+
+static tm_rc cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                                 uint32_t *ids, tm_err *err) {
+    cuda_impl *impl = eng->impl;
+    if (n_vocab_limit == 0)
+        return TM_ERR(err, TM_E_INVAL, "cuda forward_greedy: n_vocab_limit 0");
+    return forward_step(impl, b, NULL, ids, TM_MIN(n_vocab_limit, impl->vocab_full), err);
 }
 
 tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids,
                                     tm_err *err) {
     if (!eng || eng->ops != &cuda_ops)
         return TM_ERR(err, TM_E_INVAL, "cuda forward_greedy: not a CUDA engine");
-    return forward_step(eng->impl, b, NULL, ids, err);
+    return cuda_forward_greedy(eng, b, UINT32_MAX, ids, err);
 }
 
 tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
@@ -673,8 +883,10 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
             // rank 0 validated the batch; check what could corrupt memory here
             if (h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs ||
                 h->n_want > h->S || h->n_meta > impl->meta_cap ||
+                (h->greedy && (h->vocab_limit == 0 || h->vocab_limit > impl->vocab_full)) ||
                 len != sizeof(*h) + (size_t)h->n_meta * sizeof(uint32_t) ||
-                (h->graph && (h->T != h->S || h->T != h->n_want)))
+                (h->graph && (h->T != h->S || h->T != h->n_want)) ||
+                (h->n_tile && (!impl->use_fa || 4 * (size_t)h->n_tile > h->n_meta)))
                 rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: malformed step plan %llu (T %u, S %u)",
                             impl->tp_rank, (unsigned long long)n_step, h->T, h->S);
             if (!rc)
@@ -764,6 +976,7 @@ static void carve_acts(cuda_impl *impl, carver *cv) {
         impl->cand_all = carve(cv, (size_t)impl->tp_size * S * 2 * sizeof(uint32_t));
     }
     impl->part = carve(cv, impl->part_floats * f4);
+    impl->sk_part = impl->sk_part_floats ? carve(cv, impl->sk_part_floats * f4) : NULL;
     impl->h = carve(cv, T * d * bf);
     impl->q = carve(cv, T * impl->q_dim * bf);
     impl->att = carve(cv, T * impl->q_dim * bf);
@@ -926,12 +1139,228 @@ static tm_rc tp_shard_cfg(const tm_model_cfg *c, uint32_t rank, uint32_t tp, tm_
     return TM_OK;
 }
 
+/* KV blocks that max_seqs sequences of the model's whole context need: the most a pool sized from
+ * free memory gets (more could never be used). */
+static uint32_t kv_cap_blocks(const tm_model_cfg *c, const tm_engine_opts *o) {
+    const uint64_t per_seq = TM_CEIL_DIV((uint64_t)TM_MAX(c->n_ctx, 1u), o->block_size);
+    return (uint32_t)TM_MIN(per_seq * o->max_seqs, (uint64_t)UINT32_MAX / o->block_size);
+}
+
+/* TP: the smallest of every rank's n (an all-gather of one uint32 through the candidate buffers),
+ * so that every rank sizes its pool the same. The watchdog guards it like a step. */
+static tm_rc tp_agree_min(cuda_impl *impl, uint32_t *n, tm_err *err) {
+    uint32_t *all = tm_calloc(impl->tp_size, sizeof(uint32_t));
+    if (!all)
+        return TM_ERR(err, TM_E_NOMEM, "tp: KV block counts");
+    set_busy(impl, 1);
+    tm_rc rc = TM_CUDA_CHECK(
+        cudaMemcpyAsync(impl->cand, n, sizeof(uint32_t), cudaMemcpyHostToDevice, impl->stream),
+        err);
+    if (!rc)
+        rc = tm_nccl_allgather(impl->nccl, impl->cand, impl->cand_all, 1, TM_NCCL_U32,
+                               impl->stream, err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(all, impl->cand_all, impl->tp_size * sizeof(uint32_t),
+                                           cudaMemcpyDeviceToHost, impl->stream),
+                           err);
+    if (!rc)
+        rc = step_sync(impl, err);
+    set_busy(impl, 0);
+    if (rc) {
+        comm_aborted(impl, err);
+        tm_err_wrap(err, "tp rank %u: agreeing on the KV pool size", impl->tp_rank);
+    }
+    for (uint32_t r = 0; !rc && r < impl->tp_size; r++)
+        *n = TM_MIN(*n, all[r]);
+    tm_free(all);
+    return rc;
+}
+
+/* The KV cache, allocated after the weights and activations. With opts n_kv_block 0 its size
+ * comes from free memory: device use (everything on the GPU now, this process's weights and
+ * activations included, plus the pool) stays within util x total memory and KV_HEADROOM_BYTES
+ * stay free; at most kv_cap_blocks, at least one block per sequence; with TP the smallest count of
+ * all ranks. The count ends up in eng.opts.n_kv_block. */
+static tm_rc alloc_kv(cuda_impl *impl, float util, tm_err *err) {
+    tm_engine_opts *o = &impl->eng.opts;
+    const size_t block_bytes =
+        2 * (size_t)impl->cfg.n_layer * o->block_size * impl->kv_dim * sizeof(uint16_t);
+    tm_rc rc;
+    if (o->n_kv_block == 0) {
+        size_t free_b = 0, total_b = 0;
+        rc = TM_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b), err);
+        if (rc)
+            return rc;
+        const double used = (double)(total_b - free_b);
+        const double avail = TM_MIN((double)util * (double)total_b - used,
+                                    (double)free_b - (double)KV_HEADROOM_BYTES);
+        const uint32_t cap = kv_cap_blocks(&impl->cfg, o);
+        uint32_t n = avail > 0 ? (uint32_t)TM_MIN(avail / (double)block_bytes, (double)cap) : 0;
+        if (impl->tp_size > 1) {
+            rc = tp_agree_min(impl, &n, err);
+            if (rc)
+                return rc;
+        }
+        if (n < o->max_seqs) {
+            TM_LOG_WARN("cuda", "KV pool: %u blocks fit within gpu_memory_utilization %.2f of "
+                        "%.1f GB (%.1f GB in use) but max_seqs is %u; taking one block per "
+                        "sequence (set engine.kv_blocks, raise gpu_memory_utilization or lower "
+                        "max_seqs)",
+                        n, (double)util, total_b / 1e9, used / 1e9, o->max_seqs);
+            n = o->max_seqs;
+        }
+        o->n_kv_block = n;
+        TM_LOG_INFO("cuda", "KV pool: %u blocks of %u tokens, %.2f GB, from free memory "
+                    "(gpu_memory_utilization %.2f of %.1f GB, %.1f GB in use before; %u blocks "
+                    "would hold max_seqs %u full contexts)",
+                    n, o->block_size, (double)n * block_bytes / 1e9, (double)util, total_b / 1e9,
+                    used / 1e9, cap, o->max_seqs);
+    }
+    const uint64_t max_pos = (uint64_t)o->n_kv_block * o->block_size;
+    TM_ASSERT(max_pos <= UINT32_MAX); // explicit counts are checked in create, sized ones capped
+    impl->max_pos = (uint32_t)max_pos;
+    impl->layer_kv_elems = (size_t)max_pos * impl->kv_dim;
+    const size_t kv_bytes = (size_t)impl->cfg.n_layer * impl->layer_kv_elems * sizeof(uint16_t);
+    rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->k_cache, kv_bytes), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->v_cache, kv_bytes), err);
+    if (rc)
+        return tm_err_wrap(err, "cuda engine: KV cache of %u blocks, %.2f GB: ", o->n_kv_block,
+                           2 * kv_bytes / 1e9);
+    // Zero the KV cache once so that no step can read uninitialised memory as NaN.
+    rc = TM_CUDA_CHECK(cudaMemset(impl->k_cache, 0, kv_bytes), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemset(impl->v_cache, 0, kv_bytes), err);
+    return rc;
+}
+
+/* TP: all-gather `bytes` (a multiple of 4) of every rank into all[rank * bytes], through the
+ * cuBLAS workspace (idle during create); the watchdog guards it like a step. */
+static tm_rc tp_allgather_host(cuda_impl *impl, const void *mine, size_t bytes, void *all,
+                               tm_err *err) {
+    uint8_t *d = impl->gemm_ws;
+    TM_ASSERT(bytes % 4 == 0 && bytes * (impl->tp_size + 1) <= GEMM_WS_BYTES);
+    set_busy(impl, 1);
+    tm_rc rc = TM_CUDA_CHECK(
+        cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, impl->stream), err);
+    if (!rc)
+        rc = tm_nccl_allgather(impl->nccl, d, d + bytes, bytes / 4, TM_NCCL_U32, impl->stream,
+                               err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(all, d + bytes, bytes * impl->tp_size,
+                                           cudaMemcpyDeviceToHost, impl->stream),
+                           err);
+    if (!rc)
+        rc = step_sync(impl, err);
+    set_busy(impl, 0);
+    if (rc)
+        comm_aborted(impl, err);
+    return rc;
+}
+
+/* What a rank tells the others about its all-reduce region. */
+typedef struct ar_card {
+    cudaIpcMemHandle_t handle;
+    uint64_t host;             /* hash of the host name */
+    uint32_t ok;               /* 1: region allocated and exported */
+    uint32_t pad;
+} ar_card;
+
+/* TP: set up the peer-memory all-reduce when every rank runs on this host and can map every
+ * other rank's region (CUDA IPC); otherwise (other nodes, no peer access, TM_TP_CUSTOM_AR=0 on
+ * any rank) all-reduces stay on NCCL. The decision is the same on every rank: every rank takes
+ * part in both exchanges whatever it wants. Errors only when the exchanges themselves fail. */
+static tm_rc ar_setup(cuda_impl *impl, tm_err *err) {
+    const uint32_t tp = impl->tp_size, me = impl->tp_rank;
+    if (tp > TM_AR_MAX_RANKS)
+        return TM_OK; // NCCL only (the same on every rank)
+    const char *env = getenv("TM_TP_CUSTOM_AR");
+    const int want = !(env && strcmp(env, "0") == 0);
+    impl->ar_cap = (size_t)TM_SKINNY_MAX_TOK * TM_CEIL_DIV(impl->cfg.n_embd, 4u) * 4;
+    ar_card mine = {0};
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    mine.host = 1469598103934665603ull; // FNV-1a
+    for (const char *p = host; *p; p++)
+        mine.host = (mine.host ^ (uint8_t)*p) * 1099511628211ull;
+    if (want) {
+        const size_t bytes = tm_k_allreduce_region_bytes(impl->ar_cap);
+        void *region = NULL;
+        mine.ok = cudaMalloc(&region, bytes) == cudaSuccess &&
+                  cudaMemset(region, 0, bytes) == cudaSuccess &&
+                  cudaDeviceSynchronize() == cudaSuccess &&
+                  cudaIpcGetMemHandle(&mine.handle, region) == cudaSuccess;
+        impl->ar_regions[me] = region;
+        cudaGetLastError(); // a failure here only means: NCCL all-reduces
+    }
+    ar_card *all = tm_calloc(tp, sizeof(ar_card));
+    if (!all)
+        return TM_ERR(err, TM_E_NOMEM, "tp all-reduce cards");
+    tm_rc rc = tp_allgather_host(impl, &mine, sizeof(mine), all, err);
+    uint32_t ok = !rc, oks[TM_AR_MAX_RANKS] = {0};
+    const char *why = "a rank disabled it (TM_TP_CUSTOM_AR=0) or could not export its region";
+    for (uint32_t r = 0; ok && r < tp; r++) {
+        ok = all[r].ok && all[r].host == mine.host;
+        if (all[r].ok && all[r].host != mine.host)
+            why = "ranks on more than one host";
+    }
+    for (uint32_t r = 0; ok && r < tp; r++) {
+        if (r == me)
+            continue;
+        ok = cudaIpcOpenMemHandle(&impl->ar_regions[r], all[r].handle,
+                                  cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
+        if (!ok) {
+            impl->ar_regions[r] = NULL;
+            why = "a rank could not map a peer's memory (no peer access between the GPUs?)";
+            cudaGetLastError();
+        }
+    }
+    tm_free(all);
+    if (!rc) // did every rank map every peer?
+        rc = tp_allgather_host(impl, &ok, sizeof(ok), oks, err);
+    if (rc)
+        return tm_err_wrap(err, "tp rank %u: setting up the all-reduce", me);
+    impl->ar_on = 1;
+    for (uint32_t r = 0; r < tp; r++)
+        impl->ar_on &= oks[r] == 1;
+    if (!impl->ar_on) {
+        for (uint32_t r = 0; r < TM_AR_MAX_RANKS; r++) {
+            if (impl->ar_regions[r] && r != me)
+                cudaIpcCloseMemHandle(impl->ar_regions[r]);
+            if (r != me)
+                impl->ar_regions[r] = NULL;
+        }
+        if (me == 0)
+            TM_LOG_INFO("cuda", "tp: all-reduces on NCCL only (%s)", why);
+        return TM_OK;
+    }
+    if (me == 0)
+        TM_LOG_INFO("cuda", "tp: all-reduces of up to %zu floats over peer memory (one-shot), "
+                    "larger ones on NCCL", impl->ar_cap);
+    return TM_OK;
+}
+
+/* TP: x[0..n) summed across ranks, in place, on the engine's stream. The path depends only on
+ * n, so every rank takes the same one. */
+static tm_rc tp_allreduce(cuda_impl *impl, float *x, size_t n, tm_err *err) {
+    if (impl->ar_on && n <= impl->ar_cap && n % 4 == 0) {
+        tm_k_allreduce_args a = {.x = x, .n = n, .cap = impl->ar_cap, .rank = impl->tp_rank,
+                                 .world = impl->tp_size};
+        memcpy(a.regions, impl->ar_regions, sizeof(a.regions));
+        return tm_k_allreduce_sum_f32(&a, impl->stream, err);
+    }
+    return tm_nccl_allreduce_sum(impl->nccl, x, n, TM_NCCL_F32, impl->stream, err);
+}
+
 static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engine_cuda_tp *tp,
                     int random, uint64_t seed, tm_engine **out, tm_err *err) {
-    if (!opts->block_size || !opts->n_kv_block || !opts->max_seqs || !opts->max_batched_tokens)
+    if (!opts->block_size || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: block_size, n_kv_block, max_seqs and max_batched_tokens "
-                      "must be > 0");
+                      "cuda engine: block_size, max_seqs and max_batched_tokens must be > 0");
+    const float util = opts->gpu_mem_util == 0.0f ? GPU_MEM_UTIL_DEFAULT : opts->gpu_mem_util;
+    if (!(util > 0.0f && util <= 1.0f))
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: gpu_memory_utilization %g not in (0, 1]",
+                      (double)opts->gpu_mem_util);
     const uint32_t tp_size = TM_MAX(opts->tp_size, 1u);
     if (tp_size > 1 && (!tp || !tp->rdzv || !tp->nccl_id))
         return TM_ERR(err, TM_E_INVAL,
@@ -954,7 +1383,9 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         if (rc)
             return rc;
     }
-    const uint64_t max_pos = (uint64_t)opts->n_kv_block * opts->block_size;
+    // With the pool sized later (n_kv_block 0) the step buffers are sized for its largest size.
+    const uint32_t n_block_max = opts->n_kv_block ? opts->n_kv_block : kv_cap_blocks(&m->cfg, opts);
+    const uint64_t max_pos = (uint64_t)n_block_max * opts->block_size;
     if (max_pos > UINT32_MAX)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: KV pool of %llu positions too large",
                       (unsigned long long)max_pos);
@@ -994,20 +1425,25 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->q_dim = c->n_head * c->head_dim;
     impl->kv_dim = c->n_kv_head * c->head_dim;
     impl->qkv_dim = impl->q_dim + 2 * impl->kv_dim;
-    impl->max_pos = (uint32_t)max_pos;
     const uint32_t S = opts->max_seqs, T = opts->max_batched_tokens;
     // Block-table entries per step: each sequence covers at most min(pool, n_ctx) positions.
     const uint64_t seq_pos = TM_MIN(max_pos, (uint64_t)TM_MAX(c->n_ctx, 1u));
     const uint64_t bt_cap = (uint64_t)S * TM_CEIL_DIV(seq_pos, opts->block_size);
     impl->bt_cap = (uint32_t)TM_MIN(bt_cap, (uint64_t)UINT32_MAX / 2);
-    impl->meta_cap = 4 * (size_t)T + 2 * (size_t)S + impl->bt_cap;
-    // attention partials: split only while T * n_head < ATTN_TARGET_BLOCKS (see attn_splits)
-    impl->part_floats = tm_k_attn_part_floats(1, 2 * ATTN_TARGET_BLOCKS, 1, c->head_dim);
-    impl->layer_kv_elems = (size_t)max_pos * impl->kv_dim;
+    // Prefill attention on tensor cores for head_dim 64/128 (TM_CUDA_FA=0: attn_paged always).
+    const char *fa_env = getenv("TM_CUDA_FA");
+    const uint32_t max_tiles = tm_k_attn_prefill_max_tiles(T, S);
+    impl->use_fa = tm_k_attn_prefill_supported(c->head_dim) && max_tiles <= 65535 &&
+                   !(fa_env && strcmp(fa_env, "0") == 0);
+    impl->meta_cap = 4 * (size_t)T + 2 * (size_t)S + impl->bt_cap +
+                     (impl->use_fa ? 4 * (size_t)max_tiles : 0);
+    // attention partials (attn_splits splits less when a step's would not fit)
+    impl->part_floats = tm_k_attn_part_floats(1, ATTN_PART_HEADS, 1, c->head_dim);
 
     impl->layers = tm_calloc(c->n_layer, sizeof(cuda_layer));
     impl->graphs = tm_calloc((size_t)S + 1, sizeof(cudaGraphExec_t));
-    if (!impl->layers || !impl->graphs) {
+    impl->chunks_h = tm_calloc(S, sizeof(tm_k_attn_prefill_chunk));
+    if (!impl->layers || !impl->graphs || !impl->chunks_h) {
         TM_ERR(err, TM_E_NOMEM, "cuda engine: %u layers", c->n_layer);
         goto fail;
     }
@@ -1036,19 +1472,33 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                     vocab0, vocab0 + c->n_vocab);
     }
 
+    int n_sm = 0;
+    rc = TM_CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, device), err);
+    if (rc)
+        goto fail;
+    const char *prof_env = getenv("TM_CUDA_PROFILE");
+    if (prof_env && strcmp(prof_env, "1") == 0) {
+        for (uint32_t i = 0; i < PROF_EVENTS && !rc; i++)
+            rc = TM_CUDA_CHECK(cudaEventCreate(&impl->prof_ev[i]), err);
+        if (rc)
+            goto fail;
+        impl->prof = 1;
+    }
+    impl->n_sm = (uint32_t)TM_MAX(n_sm, 1);
+    // Decode-sized steps use the skinny tensor-core projections (TM_CUDA_SKINNY=0: cuBLAS for
+    // everything, to compare).
+    const char *sk_env = getenv("TM_CUDA_SKINNY");
+    impl->sk_max_tok = sk_env && strcmp(sk_env, "0") == 0 ? 0 : TM_MIN(T, TM_SKINNY_MAX_TOK);
+    impl->sk_part_floats = impl->sk_max_tok ? skinny_part_floats(impl, impl->sk_max_tok) : 0;
+
     carver cw = {0};
     carve_weights(impl, &cw);
     carver ca = {0};
     carve_acts(impl, &ca);
-    const size_t kv_bytes = (size_t)c->n_layer * impl->layer_kv_elems * sizeof(uint16_t);
     const size_t logits_h_n = (size_t)tp_size * S * impl->v_stride;
     rc = TM_CUDA_CHECK(cudaMalloc(&impl->w_arena, cw.off), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc(&impl->a_arena, ca.off), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->k_cache, kv_bytes), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->v_cache, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(
             cudaMallocHost((void **)&impl->plan_h, sizeof(plan_hdr) + impl->meta_cap * 4), err);
@@ -1058,8 +1508,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->ids_h, (size_t)S * 4), err);
     if (rc) {
-        tm_err_wrap(err, "cuda engine: weights %.2f GB, activations %.2f GB, KV %.2f GB: ",
-                    cw.off / 1e9, ca.off / 1e9, 2 * kv_bytes / 1e9);
+        tm_err_wrap(err, "cuda engine: weights %.2f GB, activations %.2f GB: ", cw.off / 1e9,
+                    ca.off / 1e9);
         goto fail;
     }
     impl->meta_h = (uint32_t *)(impl->plan_h + 1);
@@ -1067,10 +1517,9 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     carve_weights(impl, &cw);
     ca = (carver){.base = impl->a_arena};
     carve_acts(impl, &ca);
-    // Zero the KV cache once so that no step can read uninitialised memory as NaN.
-    rc = TM_CUDA_CHECK(cudaMemset(impl->k_cache, 0, kv_bytes), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMemset(impl->v_cache, 0, kv_bytes), err);
+    rc = alloc_kv(impl, util, err);
+    if (!rc && tp_size > 1)
+        rc = ar_setup(impl, err);
     if (rc)
         goto fail;
 
@@ -1145,6 +1594,20 @@ static void cuda_destroy(tm_engine *eng) {
         return;
     cuda_impl *impl = eng->impl;
     cudaSetDevice(impl->device);
+    if (impl->prof) {
+        double total = 0.0;
+        for (uint32_t k = 0; k < PROF_KINDS && impl->prof_kind[k]; k++)
+            total += impl->prof_ms[k];
+        fprintf(stderr, "TM_CUDA_PROFILE (tp rank %u, eager steps): %.3f ms of GPU time\n",
+                impl->tp_rank, total);
+        for (uint32_t k = 0; k < PROF_KINDS && impl->prof_kind[k]; k++)
+            fprintf(stderr, "  %-28s %10.3f ms %5.1f%% %8llu calls %9.2f us/call\n",
+                    impl->prof_kind[k], impl->prof_ms[k], 100.0 * impl->prof_ms[k] / total,
+                    (unsigned long long)impl->prof_calls[k],
+                    1e3 * impl->prof_ms[k] / (double)TM_MAX(impl->prof_calls[k], 1ull));
+        for (uint32_t i = 0; i < PROF_EVENTS; i++)
+            cudaEventDestroy(impl->prof_ev[i]);
+    }
     int stuck = 0; // a dead TP engine whose stream or watchdog does not come back: leak, do not hang
     if (impl->wd_started) {
         pthread_mutex_lock(&impl->wd_mu);
@@ -1186,6 +1649,7 @@ static void cuda_destroy(tm_engine *eng) {
                 cudaGraphExecDestroy(impl->graphs[i]);
         tm_free(impl->graphs);
     }
+    tm_free(impl->chunks_h);
     if (impl->blas)
         cublasDestroy(impl->blas);
     cudaFree(impl->w_arena);
@@ -1195,6 +1659,14 @@ static void cuda_destroy(tm_engine *eng) {
     cudaFreeHost(impl->plan_h);
     cudaFreeHost(impl->logits_h);
     cudaFreeHost(impl->ids_h);
+    for (uint32_t r = 0; r < TM_AR_MAX_RANKS; r++) {
+        if (!impl->ar_regions[r])
+            continue;
+        if (r == impl->tp_rank)
+            cudaFree(impl->ar_regions[r]);
+        else
+            cudaIpcCloseMemHandle(impl->ar_regions[r]);
+    }
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
     tm_nccl_destroy(impl->nccl);

@@ -9,7 +9,11 @@
  *
  * Memory: everything (weights, the paged KV cache of opts->n_kv_block blocks of
  * opts->block_size tokens, activations for opts->max_batched_tokens tokens and opts->max_seqs
- * sequences, pinned host staging) is allocated at create; forward allocates nothing. One CUDA
+ * sequences, pinned host staging) is allocated at create; forward allocates nothing. With
+ * opts->n_kv_block 0 the pool is sized from free memory after the rest is allocated: device use
+ * stays within opts->gpu_mem_util (default 0.90) of the GPU's total memory, at most what max_seqs
+ * full contexts need, at least max_seqs blocks; with TP every rank takes the smallest count of
+ * all ranks (an NCCL all-gather during create). The count is in eng->opts.n_kv_block. One CUDA
  * stream; steps that are pure decodes (every sequence n_tok 1 and wanting logits) replay a CUDA
  * graph captured the first time that batch size occurs. One thread drives an engine. A CUDA error
  * during forward marks the engine dead: that call and every later one return TM_E_CUDA.
@@ -46,7 +50,8 @@ typedef struct tm_engine_cuda_tp {
 } tm_engine_cuda_tp;
 
 /* Create the engine on device 0 and upload m's weights. m is borrowed and must outlive the
- * engine. opts: block_size, n_kv_block, max_seqs, max_batched_tokens > 0; n_threads is ignored;
+ * engine. opts: block_size, max_seqs, max_batched_tokens > 0; n_kv_block 0 sizes the pool
+ * (above); gpu_mem_util in (0, 1], 0 meaning 0.90; n_threads is ignored;
  * tp_size must be 0 or 1 (else see tm_engine_cuda_tp_create). On success *out owns the engine (tm_engine_destroy frees it).
  * Errors: TM_E_CUDA (no GPU or no usable driver, out of device memory, any CUDA/cuBLAS failure;
  * the message names the call), TM_E_INVAL (unsupported model: head_dim not a multiple of 8 or
@@ -61,8 +66,9 @@ tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts
                                    tm_engine **out, tm_err *err);
 
 /* Forward pass with greedy sampling on the device: ids[i] = argmax of the logits row of the i-th
- * sequence with want_logits (lowest id on ties); only the ids cross to the host. Same errors as
- * forward; TM_E_INVAL if eng is not a CUDA engine. */
+ * sequence with want_logits (lowest id on ties), or TM_ENGINE_ID_NONFINITE when the row holds a
+ * NaN or infinite logit; only the ids cross to the host. The engine's forward_greedy op does the
+ * same over ids below a limit. Same errors as forward; TM_E_INVAL if eng is not a CUDA engine. */
 tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids,
                                     tm_err *err);
 

@@ -2,8 +2,10 @@
  * window (tokenized, ordered), then admitted into max_seqs slots; each step takes decodes first
  * (oldest first), then prefill chunks (oldest first) until the token budget is spent. KV blocks are
  * taken as positions are reached, from the free list, then by evicting unused cached blocks, then
- * by preempting the youngest unscheduled sequence (recompute). Nothing here allocates per step
- * except the growth of a sequence's token array and text. */
+ * by preempting the youngest unscheduled sequence (recompute). A step whose wanted rows are all
+ * sampled greedily (no logprobs, no scoring) goes through the engine's forward_greedy when it has
+ * one, so that only token ids leave the engine; the tokens are the ones tm_sample_token would
+ * pick. Nothing here allocates per step except the growth of a sequence's token array and text. */
 #include "runner/runner.h"
 
 #include <math.h>
@@ -114,6 +116,7 @@ typedef struct runner {
     tm_batch_seq *bseqs;    /* [max_seqs] step plan */
     seq **bseq_owner;       /* [max_seqs] which sequence each plan entry is */
     float *logits;          /* [max_seqs][n_vocab] */
+    uint32_t *ids;          /* [max_seqs] forward_greedy's ids of a greedy step */
     tm_sample_scratch scratch;
 } runner;
 
@@ -962,6 +965,25 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
     return TM_OK;
 }
 
+// 1 when s's wanted row this step is a generated token that tm_sample_token would pick as the
+// argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
+// itself (forward_greedy) and keep the logits row.
+static int row_is_greedy(const runner *r, const seq *s) {
+    return s->score_next >= s->score_end && !s->lp && tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+}
+
+// The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
+// tm_sample_token would (TM_E_INVAL).
+static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
+    if (got == TM_ENGINE_ID_NONFINITE)
+        return TM_ERR(err, TM_E_INVAL, "sample: a logit is NaN or inf");
+    if (got >= r->n_vocab_tok)
+        return TM_ERR(err, TM_E_INTERNAL, "engine %s: greedy id %u beyond the %u sampled ids",
+                      r->eng->ops->name, got, r->n_vocab_tok);
+    *id = got;
+    return TM_OK;
+}
+
 static tm_rc step(runner *r, tm_err *err) {
     uint32_t budget = r->cfg->max_batched_tokens, n = 0;
     // Decodes first, then prefill chunks; both oldest first. A sequence that gets no tokens is
@@ -1017,14 +1039,21 @@ static tm_rc step(runner *r, tm_err *err) {
         else
             n_pre += r->bseqs[i].n_tok;
     }
+    // A greedy step: every wanted row only needs its argmax, so the engine picks the ids and no
+    // logits row crosses to the host.
+    int greedy = r->eng->ops->forward_greedy != NULL;
+    for (uint32_t i = 0; i < n && greedy; i++)
+        greedy = !r->bseqs[i].want_logits || row_is_greedy(r, r->bseq_owner[i]);
     tm_batch b = {.seqs = r->bseqs, .n_seq = n};
     double t0 = tm_now_ms();
-    tm_rc rc = tm_engine_forward(r->eng, &b, r->logits, err);
+    tm_rc rc = greedy ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
+                      : tm_engine_forward(r->eng, &b, r->logits, err);
     if (rc)
         return rc;
     double dt_s = (tm_now_ms() - t0) / 1e3;
     tm_runner_stats *st = r->stats;
     st->n_step++;
+    st->n_step_greedy += greedy;
     st->n_tok_prefill += n_pre;
     st->n_tok_decode += n_dec;
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
@@ -1035,7 +1064,8 @@ static tm_rc step(runner *r, tm_err *err) {
     uint32_t row = 0;
     for (uint32_t i = 0; i < n; i++) {
         seq *s = r->bseq_owner[i];
-        const float *lg = r->logits + (size_t)row * r->n_vocab;
+        const uint32_t w = row; // this sequence's row (when it wants one)
+        const float *lg = r->logits + (size_t)w * r->n_vocab;
         row += r->bseqs[i].want_logits != 0;
         if (!s->job)
             continue; // its record failed earlier in this loop (a sibling's error)
@@ -1057,7 +1087,10 @@ static tm_rc step(runner *r, tm_err *err) {
             if (rc == TM_OK && s->score_next == s->score_end && !s->gen)
                 rc = finish(r, s, TM_FINISH_LENGTH, err);
         } else {
-            rc = tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err);
+            if (greedy)
+                rc = greedy_token(r, r->ids[w], &id, err);
+            else
+                rc = tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err);
             if (rc == TM_OK && s->lp) {
                 uint32_t am;
                 float v;
@@ -1102,6 +1135,7 @@ static void runner_fini(runner *r) {
     tm_free(r->bseqs);
     tm_free(r->bseq_owner);
     tm_free(r->logits);
+    tm_free(r->ids);
     tm_sample_scratch_fini(&r->scratch);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
@@ -1142,7 +1176,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.bseqs = tm_calloc(cfg->max_seqs, sizeof(*r.bseqs));
     r.bseq_owner = tm_calloc(cfg->max_seqs, sizeof(*r.bseq_owner));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
-    if (!r.win || !r.seqs || !r.bseqs || !r.bseq_owner || !r.logits) {
+    r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
+    if (!r.win || !r.seqs || !r.bseqs || !r.bseq_owner || !r.logits || !r.ids) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }

@@ -49,6 +49,7 @@ typedef struct tm_runner_cfg {
 /* Counters for metrics, filled by tm_runner_run. */
 typedef struct tm_runner_stats {
     uint64_t n_step;
+    uint64_t n_step_greedy;   /* steps run with the engine's forward_greedy (only ids came back) */
     uint64_t n_tok_prefill;   /* prompt tokens computed (recomputes after preemption included) */
     uint64_t n_tok_decode;    /* tokens computed in decode position */
     double prefill_s;         /* step time attributed to prefill tokens (pro rata per step) */

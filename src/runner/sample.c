@@ -187,6 +187,10 @@ static size_t select_mass(float *v, uint32_t *ix, size_t n, double need) {
     return hi;
 }
 
+int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab) {
+    return !(p->temperature > 0.0f) || p->top_k == 1 || n_vocab == 1;
+}
+
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err) {
     if (n_vocab == 0 || n_vocab > s->n_vocab)
@@ -203,7 +207,7 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
             arg = i;
         }
     }
-    if (!(p->temperature > 0.0f) || p->top_k == 1 || n_vocab == 1) {
+    if (tm_sample_is_greedy(p, n_vocab)) {
         *out = arg;
         return TM_OK;
     }

@@ -32,6 +32,11 @@ void tm_sample_scratch_fini(tm_sample_scratch *s);
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err);
 
+/* 1 when tm_sample_token over n_vocab ids with p picks the argmax whatever the draw: temperature
+ * <= 0 (or NaN), top_k 1, or a single id. A backend may then pick the argmax itself (the lowest id
+ * among equal maxima; non-finite logits fail the row), giving the same token. */
+int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab);
+
 /* Log-softmax facts of one raw logits row over ids [0, n_vocab) (no temperature or filtering:
  * the model's own distribution, as vLLM returns by default). Computed in double from the fp32
  * row: lse = max + log(sum(exp(x - max))), logprob(i) = x[i] - lse. Fills *lp_id with the
