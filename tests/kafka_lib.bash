@@ -6,7 +6,7 @@
 #   kin_input N           $work/data/in.jsonl: N records with unique ids; every 50th line is bad
 #                         JSON and every 50th + 25 lacks its prompt (error records)
 #   kin_job JOB DIR GROUP [OUTPUT_KAFKA_JSON]  a job reading topic $kin_topic (default jobs) in
-#                         drain mode
+#                         drain mode (TM_KAFKA_DEBUG=cgrp,... sets librdkafka's debug contexts)
 #   kin_split TOPIC N_PART  the topic read back as per-partition files $work/parts/P.jsonl (line
 #                         offset + 1 = the message at that offset), the verify oracle's inputs
 #   kin_merge [--dedupe] DIR...  $work/merged: the folders' completions and errors, so
@@ -45,7 +45,7 @@ kin_job() { # JOB DIR GROUP [OUTPUT_KAFKA_JSON]
   "model": "$work/model",
   "input": { "kafka": { "brokers": "$bs", "topics": ["${kin_topic:-jobs}"], "group": "$3",
                         "config": { "session.timeout.ms": "6000", "heartbeat.interval.ms": "500",
-                                    "reconnect.backoff.max.ms": "1000" } } },
+                                    "reconnect.backoff.max.ms": "1000"${TM_KAFKA_DEBUG:+, \"debug\": \"$TM_KAFKA_DEBUG\"} } } },
   "output": { "dir": "$2", "commit_every_s": 0.1, "commit_every_records": 64${4:+, \"kafka\": $4} },
   "engine": { "backend": "cpu", "max_seqs": 16, "max_batched_tokens": 512, "block_size": 16,
               "threads": 1, "lookahead": 64 },
