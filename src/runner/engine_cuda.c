@@ -135,10 +135,10 @@ typedef struct cuda_impl {
     uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
     uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
     int use_fa;                /* prefill steps use the tensor-core attn_prefill kernel */
-    /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for sums of
-     * at most ar_cap floats (decode steps); NCCL otherwise or when ar_on is 0. */
+    /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for steps
+     * of at most TM_AR_MAX_ROWS tokens (decode); NCCL otherwise or when ar_on is 0. */
     int ar_on;
-    size_t ar_cap;
+    uint32_t ar_d;             /* row length the regions were sized for */
     void *ar_regions[TM_AR_MAX_RANKS]; /* [tp_rank]: own (owned); others: IPC-opened peers' */
     /* TM_CUDA_PROFILE=1: GPU time per op kind of eager steps (events between launches; decode
      * graphs are not split up, so run with graphs off), printed at destroy. */
@@ -258,8 +258,6 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
     return TM_OK;
 }
 
-static tm_rc tp_allreduce(cuda_impl *impl, float *x, size_t n, tm_err *err);
-
 static tm_rc blas_check(cublasStatus_t st, const char *what, tm_err *err) {
     if (st == CUBLAS_STATUS_SUCCESS)
         return TM_OK;
@@ -334,28 +332,44 @@ static uint32_t attn_splits(const cuda_impl *impl, uint32_t T) {
                                   impl->n_sm, impl->part_floats);
 }
 
-/* After a residual projection (o_proj, down_proj) into x: with cuBLAS, x already holds the
- * (rank 0: residual + ) product; with the skinny kernel, *res holds partials. Without TP the
- * partials stay pending (res) for the next RMSNorm to add; with TP they are summed into x here
- * (rank 0 keeps the residual: beta 1) and x is all-reduced. On return res is pending partials or
- * empty. */
-static tm_rc residual_done(cuda_impl *impl, proj_out *res, uint32_t T, float beta_res,
-                           tm_err *err) {
-    const size_t n_x = (size_t)T * impl->cfg.n_embd;
-    const int skinny = res->p != impl->x;
-    if (!skinny)
-        *res = (proj_out){0};
-    if (impl->tp_size < 2)
-        return TM_OK;
-    if (skinny) {
-        tm_k_sum_parts_args sp = {.y = impl->x, .part = res->p, .stride = res->stride, .n = n_x,
-                                  .n_part = res->n, .beta = beta_res};
-        tm_rc rc = tm_k_sum_parts(&sp, impl->stream, err);
-        *res = (proj_out){0};
-        if (rc)
-            return rc;
+/* Tensor parallel, after the embedding or a residual projection (o_proj, down_proj) into x:
+ * make x the full residual stream on every rank and, with w, h = RMSNorm(x) for the next
+ * block. This rank's part is x as cuBLAS left it (rank 0: residual + product; the others:
+ * product), or with the skinny kernel the split-K partials in *res plus beta * x. Decode-sized
+ * steps (T <= TM_AR_MAX_ROWS) over peer memory do it all in one kernel (kernels/allreduce.h);
+ * otherwise sum_parts, an NCCL all-reduce and the RMSNorm kernel. *res is consumed. */
+static tm_rc tp_reduce_norm(cuda_impl *impl, uint32_t T, proj_out *res, float beta,
+                            const float *w, tm_err *err) {
+    const uint32_t d = impl->cfg.n_embd;
+    const int skinny = res && res->p && res->p != impl->x;
+    tm_rc rc = TM_OK;
+    if (impl->ar_on && T <= TM_AR_MAX_ROWS && d % 4 == 0) {
+        tm_k_allreduce_args a = {.x = impl->x, .n_tok = T, .d = d, .d_cap = impl->ar_d,
+                                 .rank = impl->tp_rank, .world = impl->tp_size,
+                                 .parts = skinny ? res->p : NULL,
+                                 .part_stride = skinny ? res->stride : 0,
+                                 .n_part = skinny ? res->n : 0, .beta = beta,
+                                 .out = w ? impl->h : NULL, .w = w, .eps = impl->cfg.rms_eps};
+        memcpy(a.regions, impl->ar_regions, sizeof(a.regions));
+        rc = tm_k_allreduce_sum_f32(&a, impl->stream, err);
+    } else {
+        const size_t n_x = (size_t)T * d;
+        if (skinny) {
+            tm_k_sum_parts_args sp = {.y = impl->x, .part = res->p, .stride = res->stride,
+                                      .n = n_x, .n_part = res->n, .beta = beta};
+            rc = tm_k_sum_parts(&sp, impl->stream, err);
+        }
+        if (!rc)
+            rc = tm_nccl_allreduce_sum(impl->nccl, impl->x, n_x, TM_NCCL_F32, impl->stream, err);
+        if (!rc && w) {
+            tm_k_rmsnorm_bf16_args na = {.out = impl->h, .x = impl->x, .w = w, .n_row = T,
+                                         .n_col = d, .eps = impl->cfg.rms_eps};
+            rc = tm_k_rmsnorm_bf16(&na, impl->stream, err);
+        }
     }
-    return tp_allreduce(impl, impl->x, n_x, err);
+    if (res)
+        *res = (proj_out){0};
+    return rc;
 }
 
 /* TM_CUDA_PROFILE: mark the end of an op of kind what (a string literal) on the stream. */
@@ -405,14 +419,14 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     const int tp = impl->tp_size > 1;
     // With TP, rank 0's partial products carry the residual (beta 1); the others' do not.
     const float beta_res = tp && impl->tp_rank != 0 ? 0.0f : 1.0f;
-    const size_t n_x = (size_t)T * d;
-    if (tp) {
+    if (tp) { // each rank has a slice of the table: sum, then layer 0's attention norm
         tm_k_embed_part_bf16_args ea = {.x = impl->x, .table = impl->embd,
                                         .tokens = md + mo.tokens, .n_tok = T, .n_embd = d,
                                         .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
         rc = tm_k_embed_part_bf16(&ea, s, err);
         if (!rc)
-            rc = tp_allreduce(impl, impl->x, n_x, err);
+            rc = tp_reduce_norm(impl, T, NULL, 1.0f,
+                                c->n_layer ? impl->layers[0].attn_norm : NULL, err);
     } else {
         tm_k_embed_bf16_args ea = {
             .x = impl->x, .table = impl->embd, .tokens = md + mo.tokens, .n_tok = T, .n_embd = d};
@@ -434,8 +448,10 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
                                      .w = L->attn_norm, .n_row = T, .n_col = d,
                                      .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
                                      .n_add = res.n};
-        rc = tm_k_rmsnorm_bf16(&na, s, err);
-        prof_mark(impl, "attn_norm (+residual)");
+        if (!tp) { // with TP, h came with the all-reduce before
+            rc = tm_k_rmsnorm_bf16(&na, s, err);
+            prof_mark(impl, "attn_norm (+residual)");
+        }
         if (!rc)
             rc = project(impl, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f, &po, err);
         if (rc)
@@ -475,18 +491,22 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         if (!rc)
             rc = project(impl, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "o_proj");
-        if (!rc)
-            rc = residual_done(impl, &res, T, beta_res, err);
         if (rc)
             return rc;
-        if (tp)
-            prof_mark(impl, "tp all-reduce");
-        na.w = L->ffn_norm;
-        na.add = res.p;
-        na.add_stride = res.stride;
-        na.n_add = res.n;
-        rc = tm_k_rmsnorm_bf16(&na, s, err);
-        prof_mark(impl, "ffn_norm (+residual)");
+        if (tp) {
+            rc = tp_reduce_norm(impl, T, &res, beta_res, L->ffn_norm, err);
+            prof_mark(impl, "tp all-reduce + norm");
+        } else {
+            if (res.p == impl->x) // cuBLAS added the product into x itself
+                res = (proj_out){0};
+            na.w = L->ffn_norm;
+            na.add = res.p;
+            na.add_stride = res.stride;
+            na.n_add = res.n;
+            rc = tm_k_rmsnorm_bf16(&na, s, err);
+            res = (proj_out){0};
+            prof_mark(impl, "ffn_norm (+residual)");
+        }
         if (!rc)
             rc = project(impl, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po, err);
         if (rc)
@@ -499,12 +519,15 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         if (!rc)
             rc = project(impl, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "down_proj");
-        if (!rc)
-            rc = residual_done(impl, &res, T, beta_res, err);
+        if (!rc && tp) {
+            rc = tp_reduce_norm(impl, T, &res, beta_res,
+                                l + 1 < c->n_layer ? impl->layers[l + 1].attn_norm : NULL, err);
+            prof_mark(impl, "tp all-reduce + norm");
+        } else if (!rc && res.p == impl->x) {
+            res = (proj_out){0};
+        }
         if (rc)
             return rc;
-        if (tp)
-            prof_mark(impl, "tp all-reduce");
     }
     if (n_want == 0)
         return TM_OK;
@@ -1276,7 +1299,7 @@ static tm_rc ar_setup(cuda_impl *impl, tm_err *err) {
         return TM_OK; // NCCL only (the same on every rank)
     const char *env = getenv("TM_TP_CUSTOM_AR");
     const int want = !(env && strcmp(env, "0") == 0);
-    impl->ar_cap = (size_t)TM_SKINNY_MAX_TOK * TM_CEIL_DIV(impl->cfg.n_embd, 4u) * 4;
+    impl->ar_d = TM_CEIL_DIV(impl->cfg.n_embd, 4u) * 4;
     ar_card mine = {0};
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -1284,7 +1307,7 @@ static tm_rc ar_setup(cuda_impl *impl, tm_err *err) {
     for (const char *p = host; *p; p++)
         mine.host = (mine.host ^ (uint8_t)*p) * 1099511628211ull;
     if (want) {
-        const size_t bytes = tm_k_allreduce_region_bytes(impl->ar_cap);
+        const size_t bytes = tm_k_allreduce_region_bytes(impl->ar_d);
         void *region = NULL;
         mine.ok = cudaMalloc(&region, bytes) == cudaSuccess &&
                   cudaMemset(region, 0, bytes) == cudaSuccess &&
@@ -1335,21 +1358,9 @@ static tm_rc ar_setup(cuda_impl *impl, tm_err *err) {
         return TM_OK;
     }
     if (me == 0)
-        TM_LOG_INFO("cuda", "tp: all-reduces of up to %zu floats over peer memory (one-shot), "
-                    "larger ones on NCCL", impl->ar_cap);
+        TM_LOG_INFO("cuda", "tp: all-reduces of steps of up to %u tokens over peer memory "
+                    "(one-shot, fused with the RMSNorm), larger ones on NCCL", TM_AR_MAX_ROWS);
     return TM_OK;
-}
-
-/* TP: x[0..n) summed across ranks, in place, on the engine's stream. The path depends only on
- * n, so every rank takes the same one. */
-static tm_rc tp_allreduce(cuda_impl *impl, float *x, size_t n, tm_err *err) {
-    if (impl->ar_on && n <= impl->ar_cap && n % 4 == 0) {
-        tm_k_allreduce_args a = {.x = x, .n = n, .cap = impl->ar_cap, .rank = impl->tp_rank,
-                                 .world = impl->tp_size};
-        memcpy(a.regions, impl->ar_regions, sizeof(a.regions));
-        return tm_k_allreduce_sum_f32(&a, impl->stream, err);
-    }
-    return tm_nccl_allreduce_sum(impl->nccl, x, n, TM_NCCL_F32, impl->stream, err);
 }
 
 static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engine_cuda_tp *tp,
