@@ -33,51 +33,11 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include "kernels/attn_prefill.h"
 #include "runner/engine_cpu/ops.h"
+#include "tm_gpu_test.h"
 
 #define BF16_NAN 0xffff
 
-static cudaStream_t g_stream;
-static uint64_t g_rng = 0x5eed1234ull;
 static int g_reps = 20;
-
-static uint64_t rnd(void) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return g_rng >> 11;
-}
-/* uniform in [-1, 1) */
-static float frand(void) { return (float)((double)rnd() * 0x1p-52 - 1.0); }
-static uint32_t urand(uint32_t n) { return (uint32_t)(rnd() % n); }
-
-static float bf(uint16_t h) { return tm_cpu_bf16_to_f32(h); }
-static uint16_t to_bf(float f) { return tm_cpu_f32_to_bf16(f); }
-
-/* Device buffer of n bytes (at least 1), filled with byte pattern fill. The device is
- * synchronized before it is handed out: the kernels run on g_stream, a non-blocking stream that
- * does not wait for the legacy stream's memset / pageable copy (see tests/test_kernels.c). */
-static void *dalloc(size_t n, int fill) {
-    void *p = NULL;
-    TM_ASSERT(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
-    TM_ASSERT(cudaMemset(p, fill, n ? n : 1) == cudaSuccess);
-    TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-    return p;
-}
-static void *dup_to_dev(const void *h, size_t n) {
-    void *p = dalloc(n, 0);
-    if (n)
-        TM_ASSERT(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) == cudaSuccess);
-    TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-    return p;
-}
-static void to_host(void *h, const void *d, size_t n) {
-    TM_ASSERT(cudaStreamSynchronize(g_stream) == cudaSuccess);
-    if (n)
-        TM_ASSERT(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-}
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    TM_ASSERT(p);
-    return p;
-}
 
 /* One sequence of a case: `gap` unused stacked rows, then a chunk of n_tok tokens at positions
  * [pos0, pos0 + n_tok). */
@@ -357,6 +317,7 @@ static void test_big(void) {
 }
 
 int main(int argc, char **argv) {
+    g_rng = 0x5eed1234ull; // this test's data
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
         tm_test_skip("no CUDA device");

@@ -33,50 +33,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "kernels/sample.h"
 #include "kernels/tp.h"
 #include "runner/engine_cpu/ops.h"
-
-static cudaStream_t g_stream;
-static uint64_t g_rng = 0x1234567ull;
-
-static uint64_t rnd(void) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return g_rng >> 11;
-}
-/* uniform in [-1, 1) */
-static float frand(void) { return (float)((double)rnd() * 0x1p-52 - 1.0); }
-static uint32_t urand(uint32_t n) { return (uint32_t)(rnd() % n); }
-
-static float bf(uint16_t h) { return tm_cpu_bf16_to_f32(h); }
-static uint16_t to_bf(float f) { return tm_cpu_f32_to_bf16(f); }
-
-/* Device buffer of n bytes (at least 1), filled with byte pattern fill. The kernels run on
- * g_stream, a non-blocking stream that does not wait for the legacy default stream, where
- * cudaMemset and cudaMemcpy run (and a pageable cudaMemcpy may return before its DMA ends):
- * so the device is synchronized before the buffer is handed out. Without it a poisoning memset
- * could land after a kernel's writes (seen: argmax outputs all 0xffffffff on one machine). */
-static void *dalloc(size_t n, int fill) {
-    void *p = NULL;
-    TM_ASSERT(cudaMalloc(&p, n ? n : 1) == cudaSuccess);
-    TM_ASSERT(cudaMemset(p, fill, n ? n : 1) == cudaSuccess);
-    TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-    return p;
-}
-static void *dup_to_dev(const void *h, size_t n) {
-    void *p = dalloc(n, 0);
-    if (n)
-        TM_ASSERT(cudaMemcpy(p, h, n, cudaMemcpyHostToDevice) == cudaSuccess);
-    TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-    return p;
-}
-static void to_host(void *h, const void *d, size_t n) {
-    TM_ASSERT(cudaStreamSynchronize(g_stream) == cudaSuccess);
-    if (n)
-        TM_ASSERT(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
-}
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    TM_ASSERT(p);
-    return p;
-}
+#include "tm_gpu_test.h"
 
 /* Compare bf16 gpu values with fp32 references; returns the number of failures and prints the
  * first. */
