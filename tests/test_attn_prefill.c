@@ -69,14 +69,7 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
     T += 3; // trailing rows nobody owns
     const uint32_t n_block = n_bt + 3; // a few blocks nobody uses
     // shuffled block ids, handed out in order
-    uint32_t *perm = xmalloc(n_block * 4);
-    for (uint32_t i = 0; i < n_block; i++)
-        perm[i] = i;
-    for (uint32_t i = n_block - 1; i > 0; i--) {
-        uint32_t j = urand(i + 1), tmp = perm[i];
-        perm[i] = perm[j];
-        perm[j] = tmp;
-    }
+    uint32_t *perm = shuffled(n_block);
     const uint32_t *bt = perm; // the first n_bt entries
     // every slot starts as NaN; the sequences' live positions get values
     const size_t cache_n = (size_t)n_block * bs * kvd;

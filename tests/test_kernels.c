@@ -235,14 +235,7 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
     for (uint32_t i = 0; i < ld; i++)
         b[i] = 0.5f * frand();
     // distinct slots: a shuffled prefix of [0, n_slot)
-    uint32_t *perm = xmalloc(n_slot * 4);
-    for (uint32_t i = 0; i < n_slot; i++)
-        perm[i] = i;
-    for (uint32_t i = n_slot - 1; i > 0; i--) {
-        uint32_t j = urand(i + 1), tmp = perm[i];
-        perm[i] = perm[j];
-        perm[j] = tmp;
-    }
+    uint32_t *perm = shuffled(n_slot);
     for (uint32_t t = 0; t < n_tok; t++) {
         pos[t] = t == 0 ? max_pos : urand(max_pos + 1);
         slot[t] = perm[t];
@@ -334,14 +327,7 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
     }
     const uint32_t n_block = n_bt + 3; // a few blocks nobody uses
     // shuffled block ids, handed out in order
-    uint32_t *bt = xmalloc(n_bt * 4), *perm = xmalloc(n_block * 4);
-    for (uint32_t i = 0; i < n_block; i++)
-        perm[i] = i;
-    for (uint32_t i = n_block - 1; i > 0; i--) {
-        uint32_t j = urand(i + 1), tmp = perm[i];
-        perm[i] = perm[j];
-        perm[j] = tmp;
-    }
+    uint32_t *bt = xmalloc(n_bt * 4), *perm = shuffled(n_block);
     memcpy(bt, perm, n_bt * 4);
     const size_t cache_n = (size_t)n_block * bs * kvd;
     uint16_t *kc = xmalloc(cache_n * 2), *vc = xmalloc(cache_n * 2);

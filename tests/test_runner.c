@@ -50,6 +50,21 @@ static char *prompt_of(int i) {
     return tm_strdup(buf);
 }
 
+/* Record i of a test input: id "i", prompt_of(i), max_tokens and seed i set. */
+static tm_job *new_job(int i, uint32_t max_tokens) {
+    tm_job *job = tm_calloc(1, sizeof(*job));
+    TM_ASSERT(job);
+    job->seq_no = (uint64_t)i;
+    char id[16];
+    snprintf(id, sizeof(id), "%d", i);
+    job->id_json = tm_strdup(id);
+    job->prompt = prompt_of(i);
+    job->sp.set = TM_SP_MAX_TOKENS | TM_SP_SEED;
+    job->sp.max_tokens = max_tokens;
+    job->sp.seed = (uint64_t)i;
+    return job;
+}
+
 // Run every record through the runner with the given switches; records are pushed in a
 // shuffled order so the PREFIX schedule has something to reorder.
 static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, float temp,
@@ -64,15 +79,8 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &out, &err), &err);
     for (int k = 0; k < N_REC; k++) {
         int i = (k * 17) % N_REC; // a fixed shuffle (17 is coprime with 48)
-        tm_job *job = tm_calloc(1, sizeof(*job));
+        tm_job *job = new_job(i, 6 + i % 5);
         job->seq_no = (uint64_t)k;
-        char id[16];
-        snprintf(id, sizeof(id), "%d", i);
-        job->id_json = tm_strdup(id);
-        job->prompt = prompt_of(i);
-        job->sp.set = TM_SP_MAX_TOKENS | TM_SP_SEED;
-        job->sp.max_tokens = 6 + i % 5;
-        job->sp.seed = (uint64_t)i;
         TM_CHECK(tm_queue_push(in, job) == TM_OK);
     }
     tm_queue_close(in);
@@ -355,15 +363,7 @@ static wrap *wrap_create(const tm_engine_opts *eo, int with_op, int mode) {
 
 // Record kinds: all (kinds 1: by i % 10), or only those sampled greedily (kinds 0).
 static tm_job *greedy_job(int i, int kinds) {
-    tm_job *job = tm_calloc(1, sizeof(*job));
-    job->seq_no = (uint64_t)i;
-    char id[16];
-    snprintf(id, sizeof(id), "%d", i);
-    job->id_json = tm_strdup(id);
-    job->prompt = prompt_of(i);
-    job->sp.set = TM_SP_MAX_TOKENS | TM_SP_SEED;
-    job->sp.max_tokens = 5 + i % 7;
-    job->sp.seed = (uint64_t)i;
+    tm_job *job = new_job(i, 5 + i % 7);
     static const int greedy_kinds[4] = {0, 3, 4, 6};
     const int k = kinds ? i % 10 : greedy_kinds[i % 4];
     if (k == 1 || k == 2) { // sampled

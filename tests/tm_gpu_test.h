@@ -38,6 +38,18 @@ static inline void *xmalloc(size_t n) {
     TM_ASSERT(p);
     return p;
 }
+/* A seeded random permutation of [0, n) (malloc'd). */
+static inline uint32_t *shuffled(uint32_t n) {
+    uint32_t *perm = xmalloc((size_t)n * 4);
+    for (uint32_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (uint32_t i = n ? n - 1 : 0; i > 0; i--) {
+        uint32_t j = urand(i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    return perm;
+}
 /* Device buffer of n bytes (at least 1), filled with byte pattern fill. */
 static inline void *dalloc(size_t n, int fill) {
     void *p = NULL;
