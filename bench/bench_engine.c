@@ -33,7 +33,8 @@
 
 static void usage(void) {
     fprintf(stderr,
-            "usage: bench_engine [--shape llama8b|llama1b] [--batch B] [--prompt L] [--gen N]\n"
+            "usage: bench_engine [--shape llama8b|llama1b|llama8b-half] [--batch B] [--prompt L]\n"
+            "                    [--gen N]\n"
             "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
             "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
             "  logits to the host and argmax there, the plain engine vtable path)\n");
@@ -58,6 +59,9 @@ static void shape_cfg(const char *name, tm_model_cfg *c) {
     } else {
         c->n_layer = 32, c->n_embd = 4096, c->n_ff = 14336, c->n_head = 32, c->n_kv_head = 8;
         c->head_dim = 128, c->tie_embd = 0;
+    }
+    if (!strcmp(name, "llama8b-half")) { // one TP2 rank's shard of llama8b, run alone
+        c->n_head = 16, c->n_kv_head = 4, c->n_ff = 7168, c->n_vocab = 64128;
     }
 }
 
