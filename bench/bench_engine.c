@@ -19,9 +19,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include "base/clock.h"
+#include "kernels/fill.h"
 #include "runner/engine.h"
 #include "runner/engine_cuda.h"
 #include "runner/model.h"
@@ -100,6 +102,51 @@ static double copy_bw(void) {
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return 2.0 * n / (median(t, 20) * 1e-3) / 1e9;
+}
+
+/* bf16 GEMM ceiling as the anchors measure it (ceilings.py): 8192^3, bf16 in and out, fp32
+ * accumulation, random data, median of 30 after 5 warm-ups; TFLOP/s (0 on failure). */
+static double gemm_tflops(void) {
+    const int n = 8192;
+    const size_t bytes = (size_t)n * n * 2;
+    void *a = NULL, *b = NULL, *c = NULL;
+    cublasHandle_t h = NULL;
+    double res = 0.0;
+    tm_err err = {0};
+    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess ||
+        cudaMalloc(&c, bytes) != cudaSuccess || cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        goto done;
+    tm_k_fill_bf16_args fa = {.p = a, .n = (size_t)n * n, .seed = 1, .scale = 1.0f};
+    tm_k_fill_bf16_args fb = {.p = b, .n = (size_t)n * n, .seed = 2, .scale = 1.0f};
+    if (tm_k_fill_bf16(&fa, 0, &err) || tm_k_fill_bf16(&fb, 0, &err))
+        goto done;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const float alpha = 1.0f, beta = 0.0f;
+    double t[30];
+    for (int i = -5; i < 30; i++) {
+        cudaEventRecord(e0, 0);
+        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
+                     CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT);
+        cudaEventRecord(e1, 0);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i >= 0)
+            t[i] = ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    res = 2.0 * n * (double)n * n / (median(t, 30) * 1e-3) / 1e12;
+done:
+    if (h)
+        cublasDestroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    return res;
 }
 
 typedef struct run_result {
@@ -339,11 +386,25 @@ int main(int argc, char **argv) {
     printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
     printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n",
            dec_s * 1e3 / (N - 1), per_seq, per_seq * B);
-    if (bw > 0)
+    if (bw > 0 && N > 1)
         printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f ms, "
                "%.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling\n",
                bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * B,
                100.0 * per_seq / ceil_seq);
+    // Prefill floor (the anchors' report.py): layer matmuls for B*L tokens, the LM head for the
+    // last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bandwidth).
+    const double tflops = ceiling ? gemm_tflops() : 0.0;
+    const double pf_flops = 2.0 * B * L * c->n_layer * (layer - 2 * d) +
+                            2.0 * B * d * c->n_vocab +
+                            (double)c->n_layer * B * 2.0 * L * L * c->n_head * c->head_dim;
+    const double pf_bytes = w_bytes + 2.0 * c->n_layer * 2 * kvd * (double)B * L;
+    double pf_floor_ms = tflops > 0 ? pf_flops / (tflops * 1e12) / tp * 1e3 : 0.0;
+    if (bw > 0)
+        pf_floor_ms = fmax(pf_floor_ms, pf_bytes / tp / (bw * 1e9) * 1e3);
+    if (tflops > 0)
+        printf("prefill ceiling: bf16 GEMM %.1f TFLOP/s, %.2f TFLOP -> floor %.2f ms; prefill at "
+               "%.1f%% of the floor\n",
+               tflops, pf_flops / 1e12, pf_floor_ms, 100.0 * pf_floor_ms / ttft_ms);
     printf("{\"tp\":%u,\"shape\":\"%s\",\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
            "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
            "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
