@@ -33,6 +33,8 @@
 int main(void) { tm_test_skip("built without CUDA"); }
 #else
 
+#include <cuda_runtime_api.h>
+
 #include "base/clock.h"
 #include "runner/engine.h"
 #include "runner/engine_cuda.h"
@@ -390,6 +392,24 @@ static void test_no_graphs_and_dead_rank(void) {
     TM_CHECK(system(cmd) == 0);
 }
 
+/* A rank that never joins NCCL: the others' create fails after the timeout with a message that
+ * says so, instead of blocking forever (rank 0 of 2 alone on GPU 0, timeout 2 s). */
+static void test_nccl_init_timeout(void) {
+    tm_err err = {0};
+    uint8_t id[TM_NCCL_ID_BYTES];
+    TM_CHECK_OK(tm_nccl_get_id(id, &err), &err);
+    TM_ASSERT(cudaSetDevice(0) == cudaSuccess);
+    tm_nccl *c = NULL;
+    const double t0 = tm_now_ms();
+    tm_rc rc = tm_nccl_create(id, 0, 2, 2000, &c, &err);
+    const double ms = tm_now_ms() - t0;
+    TM_CHECK_MSG(rc == TM_E_NCCL && strstr(err.msg, "not complete after 2 s") && ms >= 1900 &&
+                     ms < 4000,
+                 "nccl init with a missing rank: rc %d after %.0f ms: %s", rc, ms, err.msg);
+    fprintf(stderr, "  missing rank at NCCL init: rc %d after %.0f ms: %s\n", rc, ms, err.msg);
+    tm_nccl_destroy(c);
+}
+
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--rank"))
         return rank_main((uint32_t)atoi(argv[2]), (uint16_t)atoi(argv[3]), argv[4]);
@@ -401,6 +421,7 @@ int main(int argc, char **argv) {
     }
     const int v = tm_nccl_version();
     fprintf(stderr, "NCCL runtime %d (headers %d), %d GPUs\n", v, tm_nccl_header_version(), n_dev);
+    TM_RUN(test_nccl_init_timeout);
     TM_RUN(test_llama_gqa);
     TM_RUN(test_qwen2_tied);
     TM_RUN(test_kv_replicated);

@@ -1465,7 +1465,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         goto fail;
     if (tp_size > 1) {
         // Every rank blocks here until all have joined the communicator.
-        rc = tm_nccl_create(tp->nccl_id, impl->tp_rank, tp_size, &impl->nccl, err);
+        rc = tm_nccl_create(tp->nccl_id, impl->tp_rank, tp_size, impl->timeout_ms, &impl->nccl,
+                            err);
         if (rc) {
             tm_err_wrap(err, "tp rank %u of %u", impl->tp_rank, tp_size);
             goto fail;

@@ -4,8 +4,12 @@
 
 #ifdef TM_HAVE_CUDA
 
+#include <cuda_runtime_api.h>
+#include <errno.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/alloc.h"
 
@@ -50,19 +54,113 @@ tm_rc tm_nccl_get_id(uint8_t id[TM_NCCL_ID_BYTES], tm_err *err) {
     return TM_OK;
 }
 
-tm_rc tm_nccl_create(const uint8_t id[TM_NCCL_ID_BYTES], uint32_t rank, uint32_t world,
-                     tm_nccl **out, tm_err *err) {
-    tm_nccl *c = tm_calloc(1, sizeof(*c));
-    if (!c)
-        return TM_ERR(err, TM_E_NOMEM, "nccl communicator");
-    ncclUniqueId u;
-    memcpy(&u, id, sizeof(u));
-    ncclResult_t r = ncclCommInitRank(&c->comm, (int)world, u, (int)rank);
-    if (r != ncclSuccess) {
-        tm_rc rc = nccl_fail(r, NULL, "ncclCommInitRank", err);
-        tm_free(c);
-        return rc;
+/* ncclCommInitRank blocks until every rank has joined, with no time limit. It runs on a thread
+ * of its own so that create can give up after the timeout; an abandoned thread keeps waiting
+ * (NCCL offers no way to cancel a blocking init) and aborts the communicator if it ever
+ * completes. The job shared by both threads is freed by whichever finishes last. */
+typedef struct init_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int device;              /* the caller's current CUDA device, set on the thread */
+    ncclUniqueId id;
+    int world, rank;
+    ncclComm_t comm;         /* results, once done */
+    ncclResult_t r;
+    const char *last;        /* ncclGetLastError after a failure (static storage of NCCL) */
+    int done, abandoned;
+} init_job;
+
+static void init_job_free(init_job *j) {
+    pthread_mutex_destroy(&j->mu);
+    pthread_cond_destroy(&j->cv);
+    tm_free(j);
+}
+
+static void *init_main(void *arg) {
+    init_job *j = arg;
+    ncclComm_t comm = NULL;
+    ncclResult_t r = cudaSetDevice(j->device) == cudaSuccess ? ncclCommInitRank(&comm, j->world,
+                                                                                j->id, j->rank)
+                                                             : ncclInvalidUsage;
+    pthread_mutex_lock(&j->mu);
+    j->comm = comm;
+    j->r = r;
+    j->last = r != ncclSuccess ? ncclGetLastError(NULL) : NULL;
+    j->done = 1;
+    const int abandoned = j->abandoned;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    if (abandoned) { // create gave up on us: nobody will use this communicator
+        if (r == ncclSuccess)
+            ncclCommAbort(comm);
+        init_job_free(j);
     }
+    return NULL;
+}
+
+tm_rc tm_nccl_create(const uint8_t id[TM_NCCL_ID_BYTES], uint32_t rank, uint32_t world,
+                     uint32_t timeout_ms, tm_nccl **out, tm_err *err) {
+    init_job *j = tm_calloc(1, sizeof(*j));
+    if (!j)
+        return TM_ERR(err, TM_E_NOMEM, "nccl communicator");
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    memcpy(&j->id, id, sizeof(j->id));
+    j->world = (int)world;
+    j->rank = (int)rank;
+    if (cudaGetDevice(&j->device) != cudaSuccess) {
+        init_job_free(j);
+        return TM_ERR(err, TM_E_CUDA, "nccl: no current CUDA device");
+    }
+    pthread_t th;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    const int started = pthread_create(&th, &at, init_main, j) == 0;
+    pthread_attr_destroy(&at);
+    if (!started) {
+        init_job_free(j);
+        return TM_ERR(err, TM_E_INTERNAL, "nccl: cannot start the init thread");
+    }
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&j->mu);
+    int timed_out = 0;
+    while (!j->done && !timed_out) {
+        if (timeout_ms == 0)
+            pthread_cond_wait(&j->cv, &j->mu);
+        else
+            timed_out = pthread_cond_timedwait(&j->cv, &j->mu, &dl) == ETIMEDOUT;
+    }
+    if (!j->done) {
+        j->abandoned = 1; // the thread frees the job
+        pthread_mutex_unlock(&j->mu);
+        return TM_ERR(err, TM_E_NCCL,
+                      "nccl: the communicator of %u ranks was not complete after %.0f s (rank %u "
+                      "waited): a rank did not join NCCL (it died or hung after the rendezvous, "
+                      "or the network blocks NCCL's own connections between the nodes)",
+                      world, timeout_ms / 1e3, rank);
+    }
+    pthread_mutex_unlock(&j->mu);
+    const ncclResult_t r = j->r;
+    ncclComm_t comm = j->comm;
+    const char *last = j->last;
+    init_job_free(j);
+    if (r != ncclSuccess)
+        return TM_ERR(err, TM_E_NCCL, "nccl: ncclCommInitRank: %s%s%s", ncclGetErrorString(r),
+                      last && last[0] ? ": " : "", last ? last : "");
+    tm_nccl *c = tm_calloc(1, sizeof(*c));
+    if (!c) {
+        ncclCommDestroy(comm);
+        return TM_ERR(err, TM_E_NOMEM, "nccl communicator");
+    }
+    c->comm = comm;
     c->rank = rank;
     c->world = world;
     *out = c;
@@ -132,8 +230,8 @@ tm_rc tm_nccl_get_id(uint8_t id[TM_NCCL_ID_BYTES], tm_err *err) {
     return NO_NCCL(err);
 }
 tm_rc tm_nccl_create(const uint8_t id[TM_NCCL_ID_BYTES], uint32_t rank, uint32_t world,
-                     tm_nccl **out, tm_err *err) {
-    (void)id, (void)rank, (void)world, (void)out;
+                     uint32_t timeout_ms, tm_nccl **out, tm_err *err) {
+    (void)id, (void)rank, (void)world, (void)timeout_ms, (void)out;
     return NO_NCCL(err);
 }
 void tm_nccl_destroy(tm_nccl *c) { (void)c; }

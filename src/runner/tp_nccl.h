@@ -33,9 +33,11 @@ typedef enum tm_nccl_dtype {
 tm_rc tm_nccl_get_id(uint8_t id[TM_NCCL_ID_BYTES], tm_err *err);
 
 /* Join the communicator named by id as rank of world, on the current CUDA device. Blocks until
- * every rank has joined. On success *out owns it. Errors: TM_E_NCCL. */
+ * every rank has joined, at most timeout_ms (0: no limit). On success *out owns it. Errors:
+ * TM_E_NCCL (NCCL's failure, or the timeout: a rank never joined; the init then goes on in the
+ * background and its communicator is aborted if it ever completes). */
 tm_rc tm_nccl_create(const uint8_t id[TM_NCCL_ID_BYTES], uint32_t rank, uint32_t world,
-                     tm_nccl **out, tm_err *err);
+                     uint32_t timeout_ms, tm_nccl **out, tm_err *err);
 /* Free the communicator (ncclCommDestroy unless it was aborted); NULL is a no-op. */
 void tm_nccl_destroy(tm_nccl *c);
 /* ncclCommAbort: kernels and host calls waiting on dead peers return, and every later call on c
