@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
 #include "base/log.h"
 #include "base/queue.h"
 #include "runner/engine.h"
@@ -20,6 +20,7 @@
 #include "runner/model.h"
 #include "runner/runner.h"
 #include "runner/tokenizer.h"
+#include "run_metrics.h"
 #include "sink/metrics.h"
 
 #define BENCH_MAX_SEQS 8
@@ -127,23 +128,6 @@ static tm_rc make_job(const bench *b, const workload *w, uint32_t i, tm_job **ou
     return TM_OK;
 }
 
-static tm_rc mkdir_p(const char *path, tm_err *err) {
-    char p[PATH_MAX];
-    if (snprintf(p, sizeof(p), "%s", path) >= (int)sizeof(p))
-        return TM_ERR(err, TM_E_INVAL, "path too long: %s", path);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s != '\0')
-            continue;
-        char c = *s;
-        *s = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            return TM_ERR(err, TM_E_IO, "creating %s: %s", p, strerror(errno));
-        *s = c;
-        if (!c)
-            return TM_OK;
-    }
-}
-
 static uint64_t count_params(const tm_model *m) {
     uint64_t n = tm_tensor_n_elem(&m->embd) + tm_tensor_n_elem(&m->out_norm);
     if (!m->cfg.tie_embd)
@@ -208,16 +192,7 @@ static tm_rc run_workload(bench *b, const workload *w, tm_metrics *metrics, tm_e
     tm_queue_destroy(in);
     tm_queue_destroy(out);
     if (!rc && metrics)
-        tm_metrics_add_engine(metrics, &(tm_metrics_engine){
-                                           .steps = stats.n_step,
-                                           .n_tok_prefill = stats.n_tok_prefill,
-                                           .prefill_s = stats.prefill_s,
-                                           .n_tok_decode = stats.n_tok_decode,
-                                           .decode_s = stats.decode_s,
-                                           .preemptions = stats.n_preempt,
-                                           .sum_step_fill = stats.sum_step_fill,
-                                           .sum_running = stats.sum_running,
-                                       });
+        tm_run_metrics_add_engine(metrics, &stats);
     return rc;
 }
 
@@ -252,7 +227,7 @@ static tm_rc measure(bench *b, const workload *w, const char *out_dir, tm_err *e
     char dir[PATH_MAX], path[PATH_MAX + 16];
     snprintf(dir, sizeof(dir), "%s/%s", out_dir, w->name);
     if (!rc)
-        rc = mkdir_p(dir, err);
+        rc = tm_fs_mkdir_p(dir, err);
     snprintf(path, sizeof(path), "%s/metrics.json", dir);
     if (!rc)
         rc = tm_metrics_write_json(m, path, err);

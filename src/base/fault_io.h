@@ -1,7 +1,8 @@
 /* base/fault_io.h - crash and I/O-error injection for the durability tests, selected by
  * environment variables that are read once (first call); without them every hook is a cheap
- * no-op. The output path (sink/sink.c, sink/manifest.c, metrics) calls them right before the real
- * system call or at a named moment of the commit protocol.
+ * no-op. The output path (sink/sink.c, sink/manifest.c, metrics, through base/fsutil.h for the
+ * manifest's and metrics.json's file steps) calls them right before the real system call or at a
+ * named moment of the commit protocol.
  *
  *   TM_FAULT_POINT=NAME[:N]   the N-th call (default 1) of tm_fault_point(NAME) ends the process
  *                             at once with _exit(TM_FAULT_EXIT_CODE), like kill -9 there: no

@@ -372,13 +372,20 @@ static tm_rc expect(parser *p, tk kind, const char *s) {
                                   : "");
 }
 
-static expr *mk(parser *p, ek kind, uint32_t line) {
-    expr *x = aalloc(p->ar, sizeof(*x));
-    if (!x) {
+// n zeroed bytes of the parse tree; NULL (the parse failed) when out of memory.
+static void *tree_alloc(parser *p, size_t n) {
+    void *v = aalloc(p->ar, n);
+    if (!v) {
         TM_ERR(p->err, TM_E_NOMEM, "template tree");
         p->failed = 1;
-        return NULL;
     }
+    return v;
+}
+
+static expr *mk(parser *p, ek kind, uint32_t line) {
+    expr *x = tree_alloc(p, sizeof(*x));
+    if (!x)
+        return NULL;
     x->kind = kind;
     x->line = line;
     return x;
@@ -711,12 +718,9 @@ static expr *parse_expr(parser *p) {
 }
 
 static node *mknode(parser *p, nk kind, uint32_t line) {
-    node *n = aalloc(p->ar, sizeof(*n));
-    if (!n) {
-        TM_ERR(p->err, TM_E_NOMEM, "template tree");
-        p->failed = 1;
+    node *n = tree_alloc(p, sizeof(*n));
+    if (!n)
         return NULL;
-    }
     n->kind = kind;
     n->line = line;
     return n;
@@ -734,6 +738,20 @@ static int end_expr(parser *p) {
     return -1;
 }
 
+// The rest of an if or for block after its body, which stopped at word w: an optional
+// {% else %} body into n->alt, up to the block's end tag (end, "endif" or "endfor"). n, or NULL.
+static node *parse_else_end(parser *p, node *n, const char *w, const char *end) {
+    if (strcmp(w, "else") == 0) {
+        char w_end[16];
+        if (end_expr(p))
+            return NULL;
+        n->alt = parse_body(p, end, w_end, sizeof(w_end));
+        if (p->failed)
+            return NULL;
+    }
+    return end_expr(p) ? NULL : n;
+}
+
 static node *parse_if(parser *p, uint32_t line) {
     node *n = mknode(p, N_IF, line);
     if (!n || !(n->e = parse_expr(p)) || end_expr(p))
@@ -746,14 +764,34 @@ static node *parse_if(parser *p, uint32_t line) {
         n->alt = parse_if(p, p->items[p->at - 1].line);
         return p->failed ? NULL : n;
     }
-    if (strcmp(w, "else") == 0) {
-        if (end_expr(p))
-            return NULL;
-        n->alt = parse_body(p, "endif", w, sizeof(w));
-        if (p->failed)
-            return NULL;
+    return parse_else_end(p, n, w, "endif");
+}
+
+// for's loop variables or set's target: a name into n->s, then, after the operator sep (for's
+// ",", set's "."), an optional second name into n->s2 (NUL-terminated, in the arena). what1 and
+// what2 say what each name is, for the errors. 0, or -1 (the parse failed).
+static int parse_target(parser *p, node *n, uint32_t line, const char *sep, const char *what1,
+                        const char *what2) {
+    const char *stmt = n->kind == N_FOR ? "for" : "set";
+    token *a = next_tok(p);
+    if (a->kind != TK_NAME) {
+        perr(p, line, "%s: expected %s", stmt, what1);
+        return -1;
     }
-    return end_expr(p) ? NULL : n;
+    n->s = a->s, n->n = a->n;
+    if (!accept(p, TK_OP, sep))
+        return 0;
+    token *b = next_tok(p);
+    if (b->kind != TK_NAME) {
+        perr(p, line, "%s: expected %s", stmt, what2);
+        return -1;
+    }
+    char *s2 = tree_alloc(p, b->n + 1);
+    if (!s2)
+        return -1;
+    memcpy(s2, b->s, b->n);
+    n->s2 = s2;
+    return 0;
 }
 
 static node *parse_stmt(parser *p, const token *kw, uint32_t line) {
@@ -761,24 +799,8 @@ static node *parse_stmt(parser *p, const token *kw, uint32_t line) {
         return parse_if(p, line);
     if (tok_is(kw, TK_NAME, "for")) {
         node *n = mknode(p, N_FOR, line);
-        token *a = next_tok(p);
-        if (!n || a->kind != TK_NAME) {
-            perr(p, line, "for: expected a loop variable");
+        if (!n || parse_target(p, n, line, ",", "a loop variable", "a second loop variable"))
             return NULL;
-        }
-        n->s = a->s, n->n = a->n;
-        if (accept(p, TK_OP, ",")) {
-            token *b = next_tok(p);
-            if (b->kind != TK_NAME) {
-                perr(p, line, "for: expected a second loop variable");
-                return NULL;
-            }
-            char *s2 = aalloc(p->ar, b->n + 1);
-            if (!s2)
-                return NULL;
-            memcpy(s2, b->s, b->n);
-            n->s2 = s2;
-        }
         if (expect(p, TK_NAME, "in") || !(n->e = parse_or(p)))
             return NULL;
         if (tok_is(peek(p), TK_NAME, "if")) {
@@ -791,35 +813,12 @@ static node *parse_stmt(parser *p, const token *kw, uint32_t line) {
         n->body = parse_body(p, "else endfor", w, sizeof(w));
         if (p->failed)
             return NULL;
-        if (strcmp(w, "else") == 0) {
-            if (end_expr(p))
-                return NULL;
-            n->alt = parse_body(p, "endfor", w, sizeof(w));
-            if (p->failed)
-                return NULL;
-        }
-        return end_expr(p) ? NULL : n;
+        return parse_else_end(p, n, w, "endfor");
     }
     if (tok_is(kw, TK_NAME, "set")) {
         node *n = mknode(p, N_SET, line);
-        token *a = next_tok(p);
-        if (!n || a->kind != TK_NAME) {
-            perr(p, line, "set: expected a name");
+        if (!n || parse_target(p, n, line, ".", "a name", "an attribute name"))
             return NULL;
-        }
-        n->s = a->s, n->n = a->n;
-        if (accept(p, TK_OP, ".")) {
-            token *b = next_tok(p);
-            if (b->kind != TK_NAME) {
-                perr(p, line, "set: expected an attribute name");
-                return NULL;
-            }
-            char *s2 = aalloc(p->ar, b->n + 1);
-            if (!s2)
-                return NULL;
-            memcpy(s2, b->s, b->n);
-            n->s2 = s2;
-        }
         if (!tok_is(peek(p), TK_OP, "=")) {
             perr(p, line, "set blocks ({%% set x %%}...{%% endset %%}) are not supported");
             return NULL;
@@ -1181,6 +1180,17 @@ static tm_rc to_text(rnd *r, tm_buf *b, val v, int repr) {
     return TM_OK;
 }
 
+// The text in b as a string value in the arena (a copy: b stays the caller's).
+static tm_rc str_from_buf(rnd *r, const tm_buf *b, val *out) {
+    char *s = aalloc(&r->ar, b->len + 1);
+    if (!s)
+        return nomem(r);
+    if (b->len)
+        memcpy(s, b->data, b->len);
+    *out = vstr(s, b->len);
+    return TM_OK;
+}
+
 // The text of v as a string value in the arena.
 static tm_rc str_of(rnd *r, val v, val *out) {
     if (v.kind == V_STR) {
@@ -1189,14 +1199,8 @@ static tm_rc str_of(rnd *r, val v, val *out) {
     }
     tm_buf b = {0};
     tm_rc rc = to_text(r, &b, v, 0);
-    if (rc == TM_OK) {
-        char *s = aalloc(&r->ar, b.len + 1);
-        if (!s)
-            rc = nomem(r);
-        else if (b.len)
-            memcpy(s, b.data, b.len);
-        *out = vstr(s, b.len);
-    }
+    if (rc == TM_OK)
+        rc = str_from_buf(r, &b, out);
     tm_buf_fini(&b);
     return rc;
 }
@@ -1339,14 +1343,8 @@ static tm_rc call_method(rnd *r, const expr *x, val self, const char *name, size
                     i++;
                 }
             }
-            if (!rc) {
-                char *s = aalloc(&r->ar, b.len + 1);
-                if (!s)
-                    rc = nomem(r);
-                else if (b.len)
-                    memcpy(s, b.data, b.len);
-                *out = vstr(s, b.len);
-            }
+            if (!rc)
+                rc = str_from_buf(r, &b, out);
             tm_buf_fini(&b);
             return rc;
         }
@@ -1439,11 +1437,17 @@ static tm_rc eval_call(rnd *r, const expr *x, val *out) {
     return rerr(r, x->line, "unknown function '%.*s'", (int)f.n, f.s);
 }
 
+// What a filter or test (x) applies to, into *v, and its arguments, into a[0..max).
+static tm_rc eval_operand(rnd *r, const expr *x, val *v, val *a, uint32_t max) {
+    tm_rc rc = eval(r, x->a, v);
+    if (!rc)
+        rc = eval_args(r, x, a, max);
+    return rc;
+}
+
 static tm_rc eval_filter(rnd *r, const expr *x, val *out) {
     val v, a[4];
-    tm_rc rc = eval(r, x->a, &v);
-    if (!rc)
-        rc = eval_args(r, x, a, 4);
+    tm_rc rc = eval_operand(r, x, &v, a, 4);
     if (rc)
         return rc;
     const char *f = x->s;
@@ -1459,14 +1463,8 @@ static tm_rc eval_filter(rnd *r, const expr *x, val *out) {
     if (name_is(f, fn, "tojson")) {
         tm_buf b = {0};
         rc = json_of(r, &b, v);
-        if (!rc) {
-            char *s = aalloc(&r->ar, b.len + 1);
-            if (!s)
-                rc = nomem(r);
-            else if (b.len)
-                memcpy(s, b.data, b.len);
-            *out = vstr(s, b.len);
-        }
+        if (!rc)
+            rc = str_from_buf(r, &b, out);
         tm_buf_fini(&b);
         return rc;
     }
@@ -1563,9 +1561,7 @@ static tm_rc eval_filter(rnd *r, const expr *x, val *out) {
 
 static tm_rc eval_test(rnd *r, const expr *x, val *out) {
     val v, a[2];
-    tm_rc rc = eval(r, x->a, &v);
-    if (!rc)
-        rc = eval_args(r, x, a, 2);
+    tm_rc rc = eval_operand(r, x, &v, a, 2);
     if (rc)
         return rc;
     const char *t = x->s;
@@ -1726,6 +1722,13 @@ static tm_rc eval_bin(rnd *r, const expr *x, val *out) {
     return TM_OK;
 }
 
+// A slice bound as Python reads it: negative counts from the end; then clamped to [0, n].
+static long long slice_bound(long long i, long long n) {
+    if (i < 0)
+        i += n;
+    return i < 0 ? 0 : (i > n ? n : i);
+}
+
 static tm_rc eval(rnd *r, const expr *x, val *out) {
     if (++r->steps > MAX_STEPS)
         return rerr(r, x->line, "more than %d evaluation steps", MAX_STEPS);
@@ -1796,8 +1799,8 @@ static tm_rc eval(rnd *r, const expr *x, val *out) {
         }
         long long n = a.kind == V_LIST ? (long long)a.l->n : (long long)a.n;
         long long i = lo.kind == V_INT ? lo.i : 0, j = hi.kind == V_INT ? hi.i : n;
-        i = i < 0 ? (i + n < 0 ? 0 : i + n) : (i > n ? n : i);
-        j = j < 0 ? (j + n < 0 ? 0 : j + n) : (j > n ? n : j);
+        i = slice_bound(i, n);
+        j = slice_bound(j, n);
         if (j < i)
             j = i;
         if (a.kind == V_STR) {

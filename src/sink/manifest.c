@@ -17,23 +17,13 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/fault_io.h"
+#include "base/fsutil.h"
 #include "sink/sink.h"
 
 #define FORMAT_NAME "tokenmill.manifest"
 #define HASH_CHUNK (1u << 20)
 
 // ---- small helpers ----
-
-static char *join(const char *dir, const char *name) {
-    size_t nd = strlen(dir), nn = strlen(name);
-    char *p = tm_malloc(nd + nn + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, nd);
-    p[nd] = '/';
-    memcpy(p + nd + 1, name, nn + 1);
-    return p;
-}
 
 static void file_fini(tm_manifest_file *f) { tm_free(f->name); }
 
@@ -93,17 +83,7 @@ tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition
 }
 
 tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return TM_ERR(err, TM_E_IO, "opening %s: %s", dir, strerror(errno));
-    int e = tm_fault_io(TM_IO_FSYNC);
-    int r = e ? -1 : fsync(fd);
-    if (!e)
-        e = errno;
-    close(fd);
-    if (r != 0 && e != EINVAL)
-        return TM_ERR(err, TM_E_IO, "fsync %s: %s", dir, strerror(e));
-    return TM_OK;
+    return tm_fs_sync_dir(dir, TM_FS_HOOKS_ON, err);
 }
 
 // ---- fingerprints ----
@@ -162,7 +142,7 @@ static tm_rc add_model_file(tm_manifest *m, const char *dir, const char *name, b
         m->model_files = p;
         *cap = c;
     }
-    char *path = join(dir, name);
+    char *path = tm_fs_path_join(dir, name);
     if (!path)
         return TM_ERR(err, TM_E_NOMEM, "model file path");
     tm_manifest_file *f = &m->model_files[m->n_model_files];
@@ -582,7 +562,7 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
 tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err) {
     memset(m, 0, sizeof(*m));
     *found = false;
-    char *path = join(dir, TM_MANIFEST_FILE);
+    char *path = tm_fs_path_join(dir, TM_MANIFEST_FILE);
     if (!path)
         return TM_ERR(err, TM_E_NOMEM, "manifest path");
     tm_rc rc = TM_OK;
@@ -612,75 +592,40 @@ done:
     return rc;
 }
 
-static tm_rc write_fd_all(int fd, const char *path, const char *p, size_t n, tm_err *err) {
-    while (n > 0) {
-        int e = tm_fault_io(TM_IO_WRITE);
-        ssize_t w = e ? -1 : write(fd, p, n);
-        if (w < 0 && !e && errno == EINTR)
-            continue;
-        if (w < 0)
-            return TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(e ? e : errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return TM_OK;
-}
-
 tm_rc tm_manifest_save(const char *dir, const tm_manifest *m, tm_err *err) {
     json_t *root = to_json(m);
     if (!root)
         return TM_ERR(err, TM_E_NOMEM, "manifest JSON");
     char *text = json_dumps(root, JSON_INDENT(1) | JSON_COMPACT);
     json_decref(root);
-    char *path = join(dir, TM_MANIFEST_FILE);
-    char *tmp = join(dir, TM_MANIFEST_FILE ".tmp");
-    tm_rc rc = TM_OK;
-    int fd = -1;
-    if (!text || !path || !tmp) {
+    char *path = tm_fs_path_join(dir, TM_MANIFEST_FILE);
+    tm_rc rc;
+    if (!text || !path) {
         rc = TM_ERR(err, TM_E_NOMEM, "manifest JSON");
-        goto done;
+    } else {
+        // The commit protocol (manifest.h): writes, fsyncs and rename hooked, named crash points.
+        const char *parts[] = {text, "\n"};
+        rc = tm_fs_replace(path, parts, 2,
+                           &(tm_fs_replace_opts){
+                               .mode = 0666,
+                               .durable = true,
+                               .hooks = TM_FS_HOOKS_ON,
+                               .point_before_rename = "after_fsync_before_rename",
+                               .point_before_dirsync = "after_rename_before_dirsync",
+                           },
+                           err);
     }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-    if (fd < 0) {
-        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", tmp, strerror(errno));
-        goto done;
-    }
-    rc = write_fd_all(fd, tmp, text, strlen(text), err);
-    if (!rc)
-        rc = write_fd_all(fd, tmp, "\n", 1, err);
-    if (!rc) {
-        int e = tm_fault_io(TM_IO_FSYNC);
-        if (e || fsync(fd) != 0)
-            rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(e ? e : errno));
-    }
-    if (close(fd) != 0 && !rc)
-        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", tmp, strerror(errno));
-    fd = -1;
-    if (rc)
-        goto done;
-    tm_fault_point("after_fsync_before_rename");
-    int e = tm_fault_io(TM_IO_RENAME);
-    if (e || rename(tmp, path) != 0) {
-        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, path, strerror(e ? e : errno));
-        goto done;
-    }
-    tm_fault_point("after_rename_before_dirsync");
-    rc = tm_manifest_sync_dir(dir, err);
     if (!rc)
         tm_fault_point("after_commit");
-done:
-    if (rc && tmp)
-        unlink(tmp);
     free(text); // jansson's allocation
     tm_free(path);
-    tm_free(tmp);
     return rc;
 }
 
 // ---- recovery and lock ----
 
 static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t *cut, tm_err *err) {
-    char *path = join(dir, name);
+    char *path = tm_fs_path_join(dir, name);
     if (!path)
         return TM_ERR(err, TM_E_NOMEM, "output path");
     tm_rc rc = TM_OK;
@@ -720,7 +665,7 @@ tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_b
     *cut_bytes = 0;
     static const char *const tmps[] = {TM_MANIFEST_FILE ".tmp", "metrics.json.tmp"};
     for (size_t i = 0; i < sizeof(tmps) / sizeof(tmps[0]); i++) {
-        char *p = join(dir, tmps[i]);
+        char *p = tm_fs_path_join(dir, tmps[i]);
         if (!p)
             return TM_ERR(err, TM_E_NOMEM, "output path");
         unlink(p); // a leftover of a crash; never read
@@ -732,31 +677,12 @@ tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_b
     return rc;
 }
 
-static tm_rc mkdir_p(const char *dir, tm_err *err) {
-    char *p = tm_strdup(dir);
-    if (!p)
-        return TM_ERR(err, TM_E_NOMEM, "output folder path");
-    tm_rc rc = TM_OK;
-    size_t n = strlen(p);
-    for (size_t i = 1; i <= n && !rc; i++) {
-        if (p[i] != '/' && p[i] != '\0')
-            continue;
-        char saved = p[i];
-        p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            rc = TM_ERR(err, TM_E_IO, "creating %s: %s", p, strerror(errno));
-        p[i] = saved;
-    }
-    tm_free(p);
-    return rc;
-}
-
 tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err) {
     *fd = -1;
-    tm_rc rc = mkdir_p(dir, err);
+    tm_rc rc = tm_fs_mkdir_p(dir, err);
     if (rc)
         return rc;
-    char *path = join(dir, TM_MANIFEST_LOCK_FILE);
+    char *path = tm_fs_path_join(dir, TM_MANIFEST_LOCK_FILE);
     if (!path)
         return TM_ERR(err, TM_E_NOMEM, "lock path");
     int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);

@@ -1,8 +1,6 @@
 /* sink/progress.c - status line, progress log lines and the Prometheus textfile. */
 #include "sink/progress.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "base/clock.h"
+#include "base/fsutil.h"
 #include "base/log.h"
 
 #define BAR_EVERY_MS 200.0
@@ -210,31 +209,11 @@ static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const cha
     return rc;
 }
 
-static tm_rc write_all(const char *path, const char *data, size_t n, tm_err *err) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
-    size_t off = 0;
-    tm_rc rc = TM_OK;
-    while (off < n && !rc) {
-        ssize_t w = write(fd, data + off, n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            rc = TM_ERR(err, TM_E_IO, "writing %s: %s", path, strerror(errno));
-        else
-            off += (size_t)w;
-    }
-    if (close(fd) != 0 && !rc)
-        rc = TM_ERR(err, TM_E_IO, "closing %s: %s", path, strerror(errno));
-    return rc;
-}
-
 tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finished, tm_err *err) {
     if (!p->textfile)
         return TM_OK;
     snapshot s = take(p, now_ms);
-    tm_buf b = {0}, tmp = {0};
+    tm_buf b = {0};
     tm_rc rc = metric(&b, p, "tokenmill_records_done", "Records finished so far (ok or failed).",
                       (double)p->n_done, err);
     if (!rc)
@@ -266,18 +245,13 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
     if (!rc)
         rc = metric(&b, p, "tokenmill_last_update_time_seconds",
                     "When this file was written, seconds since the Unix epoch.", unix_now_s(), err);
-    // Atomic for the collector: write a temporary name it ignores (not *.prom), then rename.
+    // Atomic for the collector: write a temporary name it ignores (not *.prom), then rename. A
+    // gauge file: no fsync, and not one of the commit protocol's hooked steps (fsutil.h).
+    const char *parts[] = {b.data};
     if (!rc)
-        rc = tm_buf_printf(&tmp, err, "%s.tmp", p->textfile);
-    if (!rc)
-        rc = write_all(tmp.data, b.data, b.len, err);
-    if (!rc && rename(tmp.data, p->textfile) != 0)
-        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp.data, p->textfile,
-                    strerror(errno));
-    if (rc && tmp.data)
-        unlink(tmp.data);
+        rc = tm_fs_replace(p->textfile, parts, 1,
+                           &(tm_fs_replace_opts){.mode = 0644, .hooks = TM_FS_HOOKS_OFF}, err);
     tm_buf_fini(&b);
-    tm_buf_fini(&tmp);
     return rc;
 }
 

@@ -3,7 +3,6 @@
 #include "sink/sink.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <lz4frame.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "base/fault_io.h"
+#include "base/fsutil.h"
 
 enum { SLICE_BYTES = 64 * 1024 }; /* lines are fed to LZ4F in slices of at most this size */
 
@@ -41,6 +41,11 @@ static tm_rc append_ms(tm_buf *b, double ms, tm_err *err) {
     return tm_buf_printf(b, err, "%.3f", ms);
 }
 
+// finish_reason's value, in both the native and the OpenAI lines.
+static const char *finish_name(tm_finish finish) {
+    return finish == TM_FINISH_LENGTH ? "length" : "stop";
+}
+
 // 128-bit id derived from the record's id text (unique per job, as ids are; stable across runs,
 // so a resumed job names a record the same way): 32 hex digits.
 static void oai_hex_id(const tm_completion *c, char out[33]) {
@@ -55,12 +60,15 @@ static void oai_hex_id(const tm_completion *c, char out[33]) {
     snprintf(out, 33, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
 }
 
-static tm_rc append_source_meta(tm_buf *b, const tm_completion *c, tm_err *err) {
-    if (!c->src_meta_json)
-        return TM_OK;
-    tm_rc rc = tm_buf_append_str(b, ",\"source\":", err);
-    if (!rc)
+// The end of every line: ,"source":{..} when the record has one, then "}\n".
+static tm_rc end_line(tm_buf *b, const tm_completion *c, tm_err *err) {
+    tm_rc rc = TM_OK;
+    if (c->src_meta_json)
+        rc = tm_buf_append_str(b, ",\"source\":", err);
+    if (!rc && c->src_meta_json)
         rc = tm_buf_append_str(b, c->src_meta_json, err); // JSON object text made by ingest
+    if (!rc)
+        rc = tm_buf_append_str(b, "}\n", err);
     return rc;
 }
 
@@ -98,29 +106,39 @@ static tm_rc append_lp_bytes(tm_buf *b, const tm_logprobs *l, size_t e, tm_err *
     return rc;
 }
 
+// One column of the chosen tokens, as the native and the OpenAI completions forms list them.
+typedef enum lp_col { LP_COL_TEXT, LP_COL_ID, LP_COL_LOGPROB } lp_col;
+
+// key (the JSON text before the list), then [..] of column col, one entry per chosen token.
+static tm_rc append_lp_column(tm_buf *b, const char *key, const tm_logprobs *l, lp_col col,
+                              tm_err *err) {
+    const size_t per = 1 + l->n_top;
+    tm_rc rc = tm_buf_printf(b, err, "%s[", key);
+    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
+        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
+        if (!rc && col == LP_COL_TEXT)
+            rc = append_lp_tok(b, l, i * per, err);
+        else if (!rc && col == LP_COL_ID)
+            rc = tm_buf_printf(b, err, "%u", l->ids[i]);
+        else if (!rc)
+            rc = append_lp(b, l->lp[i], err);
+    }
+    if (!rc)
+        rc = tm_buf_append_str(b, "]", err);
+    return rc;
+}
+
 // Native: {"tokens": [..], "token_ids": [..], "token_logprobs": [..], "top_logprobs":
 // [[{"token", "id", "logprob"}, ..], ..]} (null entries for a prompt's first token).
 static tm_rc append_lp_native(tm_buf *b, const tm_logprobs *l, tm_err *err) {
     const size_t per = 1 + l->n_top;
-    tm_rc rc = tm_buf_append_str(b, "{\"tokens\":[", err);
-    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
-        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
-        if (!rc)
-            rc = append_lp_tok(b, l, i * per, err);
-    }
+    tm_rc rc = append_lp_column(b, "{\"tokens\":", l, LP_COL_TEXT, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "],\"token_ids\":[", err);
-    for (uint32_t i = 0; i < l->n_tok && !rc; i++)
-        rc = tm_buf_printf(b, err, "%s%u", i ? "," : "", l->ids[i]);
+        rc = append_lp_column(b, ",\"token_ids\":", l, LP_COL_ID, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "],\"token_logprobs\":[", err);
-    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
-        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
-        if (!rc)
-            rc = append_lp(b, l->lp[i], err);
-    }
+        rc = append_lp_column(b, ",\"token_logprobs\":", l, LP_COL_LOGPROB, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "],\"top_logprobs\":[", err);
+        rc = tm_buf_append_str(b, ",\"top_logprobs\":[", err);
     for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
         rc = tm_buf_append_str(b, i ? "," : "", err);
         if (!rc && isnan(l->lp[i])) {
@@ -146,6 +164,16 @@ static tm_rc append_lp_native(tm_buf *b, const tm_logprobs *l, tm_err *err) {
     }
     if (!rc)
         rc = tm_buf_append_str(b, "]}", err);
+    return rc;
+}
+
+// ,"<key>": the native logprobs l, when there are any (l not NULL).
+static tm_rc append_lp_field(tm_buf *b, const char *key, const tm_logprobs *l, tm_err *err) {
+    if (!l)
+        return TM_OK;
+    tm_rc rc = tm_buf_printf(b, err, ",\"%s\":", key);
+    if (!rc)
+        rc = append_lp_native(b, l, err);
     return rc;
 }
 
@@ -186,21 +214,11 @@ static tm_rc append_lp_oai_chat(tm_buf *b, const tm_logprobs *l, tm_err *err) {
 // before each token in the text: UTF-8 lead bytes counted)}.
 static tm_rc append_lp_oai_cmpl(tm_buf *b, const tm_logprobs *l, tm_err *err) {
     const size_t per = 1 + l->n_top;
-    tm_rc rc = tm_buf_append_str(b, "{\"tokens\":[", err);
-    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
-        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
-        if (!rc)
-            rc = append_lp_tok(b, l, i * per, err);
-    }
+    tm_rc rc = append_lp_column(b, "{\"tokens\":", l, LP_COL_TEXT, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "],\"token_logprobs\":[", err);
-    for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
-        rc = i ? tm_buf_append_str(b, ",", err) : TM_OK;
-        if (!rc)
-            rc = append_lp(b, l->lp[i], err);
-    }
+        rc = append_lp_column(b, ",\"token_logprobs\":", l, LP_COL_LOGPROB, err);
     if (!rc)
-        rc = tm_buf_append_str(b, "],\"top_logprobs\":[", err);
+        rc = tm_buf_append_str(b, ",\"top_logprobs\":[", err);
     for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
         rc = tm_buf_append_str(b, i ? ",{" : "{", err);
         int chosen_listed = 0;
@@ -258,8 +276,7 @@ static tm_rc append_oai_choice(tm_buf *b, bool chat, uint32_t index, const char 
     else if (!rc)
         rc = chat ? append_lp_oai_chat(b, lp, err) : append_lp_oai_cmpl(b, lp, err);
     if (!rc)
-        rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"}",
-                           finish == TM_FINISH_LENGTH ? "length" : "stop");
+        rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"}", finish_name(finish));
     return rc;
 }
 
@@ -296,9 +313,7 @@ static tm_rc format_ok_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
                            c->n_tok_prompt, c->n_tok_gen, c->n_tok_prompt + c->n_tok_gen,
                            c->n_tok_cached);
     if (!rc)
-        rc = append_source_meta(b, c, err);
-    if (!rc)
-        rc = tm_buf_append_str(b, "}\n", err);
+        rc = end_line(b, c, err);
     return rc;
 }
 
@@ -352,9 +367,7 @@ static tm_rc format_error_openai(tm_buf *b, const tm_completion *c, tm_err *err)
     if (!rc)
         rc = append_file_line(b, c, err);
     if (!rc)
-        rc = append_source_meta(b, c, err);
-    if (!rc)
-        rc = tm_buf_append_str(b, "}\n", err);
+        rc = end_line(b, c, err);
     return rc;
 }
 
@@ -378,11 +391,8 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
             rc = tm_buf_printf(b, err, "%s{\"index\":%u,\"logprob\":%.17g,\"n_tokens\":%u,"
                                "\"is_greedy\":%s", i ? "," : "", i, sc->logprob, sc->n_tok,
                                sc->is_greedy ? "true" : "false");
-            if (!rc && sc->logprobs) {
-                rc = tm_buf_append_str(b, ",\"logprobs\":", err);
-                if (!rc)
-                    rc = append_lp_native(b, sc->logprobs, err);
-            }
+            if (!rc)
+                rc = append_lp_field(b, "logprobs", sc->logprobs, err);
             if (!rc)
                 rc = tm_buf_append_str(b, "}", err);
         }
@@ -398,13 +408,9 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
                 rc = tm_buf_append_json_str(b, t, strlen(t), err);
             if (!rc)
                 rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\",\"completion_tokens\":%u",
-                                   ch->finish == TM_FINISH_LENGTH ? "length" : "stop",
-                                   ch->n_tok_gen);
-            if (!rc && ch->logprobs) {
-                rc = tm_buf_append_str(b, ",\"logprobs\":", err);
-                if (!rc)
-                    rc = append_lp_native(b, ch->logprobs, err);
-            }
+                                   finish_name(ch->finish), ch->n_tok_gen);
+            if (!rc)
+                rc = append_lp_field(b, "logprobs", ch->logprobs, err);
             if (!rc)
                 rc = tm_buf_append_str(b, "}", err);
         }
@@ -415,19 +421,12 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
         if (!rc)
             rc = tm_buf_append_json_str(b, text, strlen(text), err);
         if (!rc)
-            rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"",
-                               c->finish == TM_FINISH_LENGTH ? "length" : "stop");
-        if (!rc && c->logprobs) {
-            rc = tm_buf_append_str(b, ",\"logprobs\":", err);
-            if (!rc)
-                rc = append_lp_native(b, c->logprobs, err);
-        }
-    }
-    if (!rc && c->prompt_logprobs) {
-        rc = tm_buf_append_str(b, ",\"prompt_logprobs\":", err);
+            rc = tm_buf_printf(b, err, ",\"finish_reason\":\"%s\"", finish_name(c->finish));
         if (!rc)
-            rc = append_lp_native(b, c->prompt_logprobs, err);
+            rc = append_lp_field(b, "logprobs", c->logprobs, err);
     }
+    if (!rc)
+        rc = append_lp_field(b, "prompt_logprobs", c->prompt_logprobs, err);
     if (!rc)
         rc = tm_buf_printf(b, err,
                            ",\"usage\":{\"prompt_tokens\":%u,"
@@ -442,9 +441,7 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = tm_buf_append_str(b, "}", err);
     if (!rc)
-        rc = append_source_meta(b, c, err);
-    if (!rc)
-        rc = tm_buf_append_str(b, "}\n", err);
+        rc = end_line(b, c, err);
     return rc;
 }
 
@@ -476,57 +473,19 @@ tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = tm_buf_append_str(b, "}", err);
     if (!rc)
-        rc = append_source_meta(b, c, err);
-    if (!rc)
-        rc = tm_buf_append_str(b, "}\n", err);
+        rc = end_line(b, c, err);
     return rc;
 }
 
 // ---- files ----
 
-static tm_rc mkdir_p(const char *dir, tm_err *err) {
-    char *p = tm_strdup(dir);
-    if (!p)
-        return TM_ERR(err, TM_E_NOMEM, "output folder path");
-    tm_rc rc = TM_OK;
-    size_t n = strlen(p);
-    for (size_t i = 1; i <= n && !rc; i++) {
-        if (p[i] != '/' && p[i] != '\0')
-            continue;
-        char saved = p[i];
-        p[i] = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            rc = TM_ERR(err, TM_E_IO, "creating %s: %s", p, strerror(errno));
-        p[i] = saved;
-    }
+// mkdir -p, then make sure an existing path is a folder.
+static tm_rc make_dir(const char *dir, tm_err *err) {
+    tm_rc rc = tm_fs_mkdir_p(dir, err);
     struct stat st;
     if (!rc && (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)))
         rc = TM_ERR(err, TM_E_IO, "%s: not a folder", dir);
-    tm_free(p);
     return rc;
-}
-
-static char *path_join(const char *dir, const char *name) {
-    size_t nd = strlen(dir), nn = strlen(name);
-    char *p = tm_malloc(nd + nn + 2);
-    if (!p)
-        return NULL;
-    memcpy(p, dir, nd);
-    p[nd] = '/';
-    memcpy(p + nd + 1, name, nn + 1);
-    return p;
-}
-
-static tm_rc sync_dir(const char *dir, tm_err *err) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (fd < 0)
-        return TM_ERR(err, TM_E_IO, "opening %s: %s", dir, strerror(errno));
-    int r = fsync(fd);
-    int e = errno;
-    close(fd);
-    if (r != 0 && e != EINVAL) // some file systems cannot fsync folders
-        return TM_ERR(err, TM_E_IO, "fsync %s: %s", dir, strerror(e));
-    return TM_OK;
 }
 
 static tm_rc write_all(FILE *f, const char *path, const void *p, size_t n, tm_err *err) {
@@ -620,10 +579,10 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
         TM_ERR(err, TM_E_NOMEM, "LZ4 compression context: %s", LZ4F_getErrorName(r));
         goto fail;
     }
-    if (mkdir_p(out_dir, err))
+    if (make_dir(out_dir, err))
         goto fail;
-    sink->path_lz4 = path_join(out_dir, TM_SINK_COMPLETIONS_FILE);
-    sink->path_err = path_join(out_dir, TM_SINK_ERRORS_FILE);
+    sink->path_lz4 = tm_fs_path_join(out_dir, TM_SINK_COMPLETIONS_FILE);
+    sink->path_err = tm_fs_path_join(out_dir, TM_SINK_ERRORS_FILE);
     if (!sink->path_lz4 || !sink->path_err) {
         TM_ERR(err, TM_E_NOMEM, "sink paths");
         goto fail;
@@ -646,7 +605,8 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
     }
     sink->stats.size_lz4 = (uint64_t)st_lz4.st_size;
     sink->stats.size_err = (uint64_t)st_err.st_size;
-    if (!sink->opts.no_fsync && sync_dir(out_dir, err)) // the new directory entries
+    // the new directory entries; not one of the commit protocol's hooked fsyncs (fsutil.h)
+    if (!sink->opts.no_fsync && tm_fs_sync_dir(out_dir, TM_FS_HOOKS_OFF, err))
         goto fail;
     *out = sink;
     return TM_OK;
