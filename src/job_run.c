@@ -24,6 +24,7 @@
 #include "runner/model.h"
 #include "runner/runner.h"
 #include "runner/tokenizer.h"
+#include "run_metrics.h"
 #include "sink/kafka_out.h"
 #include "sink/manifest.h"
 #include "sink/metrics.h"
@@ -74,19 +75,24 @@ typedef struct sink_ctx {
 } sink_ctx;
 
 // A Kafka source must keep serving its consumer while the runner is full (heartbeats and
-// rebalances happen in its poll): it pauses its partitions and polls instead of blocking.
-static tm_rc push_job(source_ctx *c, tm_job *job) {
+// rebalances happen in its poll): it pauses its partitions and polls instead of blocking. TM_OK:
+// the queue took job, or *dropped: its partition was revoked while it waited, so the partition's
+// new owner answers it and it is not pushed (the caller still owns it then).
+static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
+    *dropped = false;
     if (!tm_source_is_kafka(c->src))
         return tm_queue_push(c->q, job);
     for (;;) {
         tm_rc rc = tm_queue_try_push(c->q, job);
         if (rc != TM_E_AGAIN)
             return rc;
-        rc = tm_source_wait(c->src, 100, &c->err);
+        rc = tm_source_wait(c->src, job, 100, dropped, &c->err);
         if (rc) {
             c->rc = rc;
             return rc;
         }
+        if (*dropped)
+            return TM_OK;
     }
 }
 
@@ -117,9 +123,16 @@ static void *source_main(void *arg) {
             }
             continue;
         }
-        if (push_job(c, job) != TM_OK) { // the runner stopped early (or the consumer failed)
+        // Not pushed: the runner stopped early or the consumer failed (break), or the source took
+        // the record back (dropped: its seq_no is reused, so it does not count as read).
+        bool dropped = false;
+        if (push_job(c, job, &dropped) != TM_OK) {
             tm_job_destroy(job);
             break;
+        }
+        if (dropped) {
+            tm_job_destroy(job);
+            n_read--;
         }
     }
     tm_queue_close(c->q);
@@ -659,16 +672,7 @@ done:
                                                .cut_bytes = rs.cut_bytes,
                                            });
     if (metrics && p.spec && sink_started) {
-        tm_metrics_add_engine(metrics, &(tm_metrics_engine){
-                                           .steps = stats.n_step,
-                                           .n_tok_prefill = stats.n_tok_prefill,
-                                           .prefill_s = stats.prefill_s,
-                                           .n_tok_decode = stats.n_tok_decode,
-                                           .decode_s = stats.decode_s,
-                                           .preemptions = stats.n_preempt,
-                                           .sum_step_fill = stats.sum_step_fill,
-                                           .sum_running = stats.sum_running,
-                                       });
+        tm_run_metrics_add_engine(metrics, &stats);
         tm_metrics_end(metrics);
         char mpath[4096];
         snprintf(mpath, sizeof(mpath), "%s/metrics.json", p.spec->output_dir);

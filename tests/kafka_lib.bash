@@ -16,6 +16,9 @@
 #   kin_verify DIR        the exactly-once oracle over DIR with the per-partition inputs
 #   kin_offsets_ok GROUP DIR...  the group's committed offsets never pass a record that is not
 #                         done (durable) in one of the folders' manifests
+#   kin_drops LOG...      how many records the runs logged as held by a waiting source thread and
+#                         dropped at a revoke (the partition's new owner answers them; the union
+#                         check of kin_verify shows none is lost)
 kin_mock() {
     mkfifo "$work/ctl"
     "$build/kafka_mock" --stdin "$@" <"$work/ctl" >"$work/mock.out" 2>"$work/mock.err" &
@@ -146,4 +149,8 @@ kin_offsets_ok() { # GROUP DIR...
       }
       if (bad) { console.error("FAIL: " + bad + " committed offsets ahead of durable output"); process.exit(1); }
       console.log(checked);' "$work/committed.tsv" "$@"
+}
+
+kin_drops() { # LOG...
+    cat "$@" | grep -c "was revoked while waiting for the runner" || true
 }

@@ -3,18 +3,21 @@
 # issue 3; RELIABILITY.md rows 6-8):
 #   1. two consumers, one group: 10,000 records (every 25th bad) keyed "k<n>" with a header in
 #      topic jobs:4 on 3 brokers. Consumer A (drain mode, folder a) starts; once it has its
-#      partitions and has worked ~1 s, broker 1 goes down for TM_KAFKA_DOWN_S (default 10)
-#      seconds and consumer B (same group, folder b) is started meanwhile. B's drain-mode start
-#      reads every partition's high watermark, which waits for broker 1, so B's JoinGroup (and the
-#      rebalance) comes right after the outage, while A is still working off the backlog of broker
-#      1's partitions. Both must exit 0; every record is answered exactly once within each folder
+#      partitions and has worked ~1 s, consumer B (same group, folder b) joins, and once B has
+#      its partitions (the rebalance took some from A), broker 1 goes down for TM_KAFKA_DOWN_S
+#      (default 10) seconds while both drain. (B joins before the outage on purpose: a drain-mode
+#      start reads every partition's high watermark, which waits for a down broker, and under
+#      load A could finish everything before a B started during the outage got any partition.)
+#      Both must exit 0; every record is answered exactly once within each folder
 #      and at least once across both: the union, with a record found in both folders kept once,
 #      passes the exactly-once oracle (tests/verify_outputs.cjs over the merged folders, inputs =
 #      the topic read back per partition). Records in both folders come from the rebalance (the
 #      mock refuses the revoking consumer's last commit, see below); they are counted and
-#      bounded. Both consumers did work, the group's committed offsets are never ahead of the
-#      manifests (they may lag when both consumers leave at once: the last commits then meet a
-#      rebalance; lagging is the safe side), and an output
+#      bounded; a record the source thread held (waiting for room in the runner's queue) when its
+#      partition was revoked is dropped, not answered (counted from the logs). Both consumers did
+#      work, the group's committed offsets are never ahead of the manifests (they may lag when
+#      both consumers leave at once: the last commits then meet a rebalance; lagging is the safe
+#      side), and an output
 #      record carries its "source" (topic, partition, offset, key, headers).
 #   2. committed offsets never run ahead of durable output: a third run (group g2, folder c, topic
 #      jobs2 with 3,000 records) is
@@ -56,9 +59,10 @@ t0=$(date +%s)
 pid_a=$!; pids+=("$pid_a")
 wait_for "$work/a.log" assigned 200
 sleep 1
-echo "down 1" >&3
 "$build/tokenmill" run "$work/b.json" >"$work/b.log" 2>&1 &
 pid_b=$!; pids+=("$pid_b")
+wait_for "$work/b.log" assigned 300
+echo "down 1" >&3
 sleep "$down_s"
 echo "up 1" >&3
 rc_a=0 rc_b=0
@@ -97,7 +101,8 @@ lz4 -dc "$work/a/completions.jsonl.lz4" | sed -n 1p | node -e '
     s.headers.length === 1 && s.headers[0].name === "origin" && s.headers[0].value === "kafka_tool" &&
     s.key === "k" + r.id.slice(1);
   if (!ok) { console.error("FAIL: source meta " + JSON.stringify(s)); process.exit(1); }'
-echo "kafka_source: 2 consumers, broker 1 down ${down_s} s: $n_a + $n_b ok records, $kin_dups in both folders (rebalance), $(cat "$work/verify.log"), $checked of 10000 offsets committed (none ahead of the manifests) ($(( $(date +%s) - t0 )) s)"
+n_drop=$(kin_drops "$work/a.log" "$work/b.log")
+echo "kafka_source: 2 consumers, broker 1 down ${down_s} s: $n_a + $n_b ok records, $kin_dups in both folders (rebalance), $n_drop held records dropped at a revoke, $(cat "$work/verify.log"), $checked of 10000 offsets committed (none ahead of the manifests) ($(( $(date +%s) - t0 )) s)"
 
 # 2. kill -9 mid-drain: committed offsets vs the manifest; then follow mode and SIGTERM (a
 # smaller topic: a killed member keeps the group waiting for its session timeout, 6 s)

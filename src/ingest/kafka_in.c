@@ -62,6 +62,8 @@ struct tm_kafka_in {
     bool holding;               /* in tm_kafka_in_wait: the source thread holds the last record
                                  * handed out (it waits to push it), so it cannot become durable
                                  * before the wait returns */
+    bool held_revoked;          /* the held record's partition was revoked or lost during this
+                                 * wait: the record is taken back (drop_held), not pushed */
     uint64_t last_seq;          /* seq_no of the last record handed out */
     tm_rc fatal_rc;             /* a fatal consumer error seen in a callback */
     tm_err fatal_err;
@@ -301,7 +303,7 @@ static bool revoked_in_flight(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->ring_n; i++) {
         const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
         if (ki->holding && ki->ring_base + i == ki->last_seq)
-            continue; // held by the waiting source thread: finished later, not committed now
+            continue; // held by the waiting source thread: dropped after the wait (drop_held)
         if (e->state != ST_ACKED && ki->parts[e->part].revoking)
             return true;
     }
@@ -344,12 +346,34 @@ static void set_revoking(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t 
         p->revoking = on;
         if (on)
             p->committed = -1; // commit again, synchronously: an async one may have failed
+        if (on && ki->holding) {
+            const ring_ent *e = ring_at(ki, ki->last_seq);
+            if (e && &ki->parts[e->part] == p)
+                ki->held_revoked = true; // the new owner answers it: drop_held after the wait
+        }
         if (disown) {
             p->owned = false;
             p->committed = -1;
         }
     }
     pthread_mutex_unlock(&ki->mu);
+}
+
+// Messages stashed by tm_kafka_in_wait that belong to partitions being given up are stale: should
+// a partition come back, fetching restarts at its committed offset, and a stale message handed
+// out first would mark the offsets below it (a dropped held record among them) as done.
+static void stash_purge(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *parts) {
+    size_t w = 0;
+    for (size_t i = 0; i < ki->n_stash; i++) {
+        rd_kafka_message_t *m = ki->stash[(ki->stash_head + i) % ki->cap_stash];
+        bool gone = m->rkt && rd_kafka_topic_partition_list_find(
+                                  parts, rd_kafka_topic_name(m->rkt), m->partition) != NULL;
+        if (gone)
+            rd_kafka_message_destroy(m);
+        else
+            ki->stash[(ki->stash_head + w++) % ki->cap_stash] = m;
+    }
+    ki->n_stash = w;
 }
 
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
@@ -393,6 +417,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
         if (!lost)
             commit_offsets(ki, true, true); // still the owner until unassigned
         set_revoking(ki, parts, false, true);
+        stash_purge(ki, parts);
         if (coop) {
             aerr = rd_kafka_incremental_unassign(rk, parts);
         } else {
@@ -832,7 +857,32 @@ tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
     }
 }
 
-tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err) {
+/* Take back the held record held_seq, whose partition was revoked (or lost) while the source
+ * thread waited to push it: the group's next owner of the partition reads it again, so pushing it
+ * would answer it twice. It is the newest ring entry (nothing is handed out during a wait) and
+ * still in flight: it is removed, so it blocks neither ring_trim nor any commit, and its offset
+ * never enters the done set. The partition's hi steps back below it, so the record is handed
+ * out again should the partition come back to this consumer (stash_purge dropped the stale
+ * messages that would otherwise skip over it). source.c gives its seq_no to the next record. */
+static void drop_held(tm_kafka_in *ki, uint64_t held_seq) {
+    pthread_mutex_lock(&ki->mu);
+    ring_ent *e = ring_at(ki, held_seq);
+    TM_ASSERT(e && held_seq == ki->ring_base + ki->ring_n - 1 && e->state == ST_IN_FLIGHT);
+    kpart *p = &ki->parts[e->part];
+    TM_ASSERT(p->hi == e->offset); // no message of p was handled since it was handed out
+    p->hi = e->offset - 1;
+    const char *topic = p->topic; // owned by the partition table, which is never shrunk
+    int partition = (int)p->partition;
+    long long offset = (long long)e->offset;
+    ki->ring_n--;
+    pthread_mutex_unlock(&ki->mu);
+    TM_LOG_INFO("kafka_in", "rebalance: %s/%d offset %lld was revoked while waiting for the "
+                "runner: dropped here (not answered, not done, not committed); the partition's "
+                "new owner answers it", topic, partition, offset);
+}
+
+tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, tm_err *err) {
+    *drop = false;
     if (!ki->paused) {
         rd_kafka_topic_partition_list_t *a = NULL;
         if (rd_kafka_assignment(ki->rk, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
@@ -844,9 +894,15 @@ tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err) {
     }
     if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
         commit_offsets(ki, false, false);
-    ki->holding = ki->ring_n > 0; // the caller waits to push the last record it got
-    rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms);
+    TM_ASSERT(held_seq == ki->last_seq && ki->ring_n > 0); // the last record handed out
+    ki->holding = true;
+    ki->held_revoked = false;
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms); // may run on_rebalance
     ki->holding = false;
+    if (ki->held_revoked) {
+        drop_held(ki, held_seq);
+        *drop = true;
+    }
     if (m)
         return stash_push(ki, m, err); // fetched before the pause took effect: kept, in order
     if (ki->fatal_rc) {

@@ -25,11 +25,15 @@
  *
  * Rebalance (eager or cooperative, whichever the assignor asks for): on revoke the consumer waits
  * up to TM_KAFKA_IN_REVOKE_WAIT_MS (at most half of session.timeout.ms) for the handed-out records
- * of the revoked partitions to become durable (a record the source thread holds while it waits to
- * push it is not waited for), commits them and gives the partitions up. Records still in flight after that are
- * finished and written by this run, but their offsets are not committed by it: the new owner
- * reads them again (at-least-once across output folders; exactly once within one folder, since
- * the manifest lists them). Lost partitions (session timeout) are given up without a commit.
+ * of the revoked partitions to become durable, commits them and gives the partitions up. Records
+ * still in flight after that are finished and written by this run, but their offsets are not
+ * committed by it: the new owner reads them again (at-least-once across output folders; exactly
+ * once within one folder, since the manifest lists them). Lost partitions (session timeout) are
+ * given up without a commit. The one record the source thread holds while it waits to push it
+ * (tm_kafka_in_wait) is not waited for: if its partition is revoked or lost during the wait it is
+ * dropped instead (tm_kafka_in_wait says so; never pushed, done, acknowledged or committed here),
+ * so only its new owner answers it. Messages read ahead (paused) for given-up partitions are
+ * discarded; should a partition come back, reading restarts at its committed offset.
  *
  * Backpressure: tm_kafka_in_wait pauses every assigned partition and keeps serving the consumer
  * (heartbeats, rebalances) while the runner's queue is full; the next tm_kafka_in_next resumes
@@ -75,8 +79,13 @@ void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on);
  * every assigned partition reached its start high watermark (and at least one assignment came),
  * and in both modes after SIGINT/SIGTERM. TM_E_KAFKA on a fatal consumer error. */
 tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err);
-/* Backpressure: pause the assignment and serve the consumer for up to ms. TM_E_KAFKA (fatal). */
-tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err);
+/* Backpressure: the source thread holds held_seq, the last record tm_kafka_in_next returned, and
+ * waits to push it. Pause the assignment and serve the consumer (rebalances included) for up to
+ * ms. *drop is set when held_seq's partition was revoked or lost meanwhile: the record has been
+ * taken back (its ring entry removed, its offset neither done nor committed; a later delivery of
+ * the offset is handed out again) and must not be pushed; the caller gives its seq_no to the next
+ * record (source.c). TM_E_KAFKA (fatal; *drop is still valid). */
+tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, tm_err *err);
 
 /* The records seq_nos[0..n) are in the commit now being made durable (the manifest about to be
  * published lists them). Unknown seq_nos are ignored. TM_E_NOMEM. */

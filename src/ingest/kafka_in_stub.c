@@ -25,8 +25,9 @@ tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
     return TM_E_EOF;
 }
 
-tm_rc tm_kafka_in_wait(tm_kafka_in *ki, int ms, tm_err *err) {
-    (void)ki, (void)ms, (void)err;
+tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, tm_err *err) {
+    (void)ki, (void)held_seq, (void)ms, (void)err;
+    *drop = false;
     return TM_OK;
 }
 

@@ -1151,8 +1151,17 @@ tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *e
 
 bool tm_source_is_kafka(const tm_source *src) { return src->kafka != NULL; }
 
-tm_rc tm_source_wait(tm_source *src, int ms, tm_err *err) {
-    return src->kafka ? tm_kafka_in_wait(src->kafka, ms, err) : TM_OK;
+tm_rc tm_source_wait(tm_source *src, const tm_job *held, int ms, bool *drop, tm_err *err) {
+    *drop = false;
+    if (!src->kafka)
+        return TM_OK;
+    tm_rc rc = tm_kafka_in_wait(src->kafka, held->seq_no, ms, drop, err);
+    if (*drop) {
+        // Nothing was numbered since the held record: the next record takes its seq_no.
+        TM_ASSERT(held->seq_no + 1 == src->seq_no);
+        src->seq_no--;
+    }
+    return rc;
 }
 
 tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err) {

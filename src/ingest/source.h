@@ -73,9 +73,15 @@ uint64_t tm_source_durable_watermark(tm_source *src);
  * consumption order, so a resume skips by partition offsets, not by seq_no, and the input has no
  * end known in advance. */
 bool tm_source_is_kafka(const tm_source *src);
-/* Backpressure while the next stage is full: pause the partitions and keep the consumer alive
- * for up to ms (files: returns at once). TM_E_KAFKA. */
-tm_rc tm_source_wait(tm_source *src, int ms, tm_err *err);
+/* Backpressure while the next stage is full: the caller holds held (borrowed), the last record
+ * tm_source_next returned, and waits to push it. Kafka: pause the partitions and keep the
+ * consumer alive (heartbeats, rebalances) for up to ms; files: return at once. *drop is set when
+ * the held record's partition was revoked or lost during the wait (kafka_in.h, Rebalance): the
+ * source has taken the record back, and the caller must destroy it without pushing it and not
+ * count it as read. The partition's new owner answers it; here it is never done, acknowledged or
+ * committed, and its seq_no goes to the next record (seq_nos stay dense, so acknowledgement and
+ * done sets keep their watermarks moving). TM_E_KAFKA (*drop is valid even then). */
+tm_rc tm_source_wait(tm_source *src, const tm_job *held, int ms, bool *drop, tm_err *err);
 /* The records are in the commit being prepared (before its manifest is published); see
  * tm_kafka_in_mark_written. Thread-safe. TM_E_NOMEM. */
 tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err);
@@ -89,7 +95,7 @@ void tm_source_kafka_set_txn(tm_source *src, bool on);
  * TM_E_KAFKA, TM_E_NOMEM. */
 tm_rc tm_source_kafka_group_md(tm_source *src, tm_buf *out, tm_err *err);
 
-/* Records returned so far (= the next seq_no). */
+/* Records returned so far, less those taken back by tm_source_wait (= the next seq_no). */
 uint64_t tm_source_n_records(const tm_source *src);
 /* Capacity in bytes of the line buffer (tests check the memory bound). */
 size_t tm_source_line_cap(const tm_source *src);
