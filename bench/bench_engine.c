@@ -76,20 +76,16 @@ static double median(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Device-to-device copy of 2 x 2 GiB, GB/s counting bytes read + written; median of 20. */
-static double copy_bw(void) {
-    const size_t n = (size_t)2 << 30;
-    void *a = NULL, *b = NULL;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess)
-        return 0.0;
-    cudaMemset(a, 1, n);
+/* Median GPU time (CUDA events on the legacy stream) of op(ctx), in ms, over reps runs after
+ * warm runs. */
+static double median_ms(void (*op)(void *), void *ctx, int warm, int reps) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    double t[20];
-    for (int i = -3; i < 20; i++) {
+    double *t = calloc((size_t)reps, sizeof(double));
+    for (int i = -warm; i < reps; i++) {
         cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+        op(ctx);
         cudaEventRecord(e1, 0);
         cudaEventSynchronize(e1);
         float ms = 0;
@@ -97,11 +93,52 @@ static double copy_bw(void) {
         if (i >= 0)
             t[i] = ms;
     }
-    cudaFree(a);
-    cudaFree(b);
+    const double m = median(t, reps);
+    free(t);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
-    return 2.0 * n / (median(t, 20) * 1e-3) / 1e9;
+    return m;
+}
+
+typedef struct copy_op {
+    void *dst;
+    const void *src;
+    size_t n;
+} copy_op;
+
+static void run_copy(void *ctx) {
+    const copy_op *c = ctx;
+    cudaMemcpyAsync(c->dst, c->src, c->n, cudaMemcpyDeviceToDevice, 0);
+}
+
+/* Device-to-device copy of 2 x 2 GiB, GB/s counting bytes read + written; median of 20. */
+static double copy_bw(void) {
+    const size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    double res = 0.0;
+    if (cudaMalloc(&a, n) == cudaSuccess && cudaMalloc(&b, n) == cudaSuccess) {
+        cudaMemset(a, 1, n);
+        copy_op c = {.dst = b, .src = a, .n = n};
+        res = 2.0 * n / (median_ms(run_copy, &c, 3, 20) * 1e-3) / 1e9;
+    }
+    cudaFree(a);
+    cudaFree(b);
+    return res;
+}
+
+typedef struct gemm_op {
+    cublasHandle_t h;
+    const void *a, *b;
+    void *c;
+    int n;
+} gemm_op;
+
+static void run_gemm(void *ctx) {
+    const gemm_op *g = ctx;
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, g->n, g->n, g->n, &alpha, g->a, CUDA_R_16BF,
+                 g->n, g->b, CUDA_R_16BF, g->n, &beta, g->c, CUDA_R_16BF, g->n,
+                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* bf16 GEMM ceiling as the anchors measure it (ceilings.py): 8192^3, bf16 in and out, fp32
@@ -120,26 +157,8 @@ static double gemm_tflops(void) {
     tm_k_fill_bf16_args fb = {.p = b, .n = (size_t)n * n, .seed = 2, .scale = 1.0f};
     if (tm_k_fill_bf16(&fa, 0, &err) || tm_k_fill_bf16(&fb, 0, &err))
         goto done;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    const float alpha = 1.0f, beta = 0.0f;
-    double t[30];
-    for (int i = -5; i < 30; i++) {
-        cudaEventRecord(e0, 0);
-        cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a, CUDA_R_16BF, n, b,
-                     CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i >= 0)
-            t[i] = ms;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    res = 2.0 * n * (double)n * n / (median(t, 30) * 1e-3) / 1e12;
+    gemm_op g = {.h = h, .a = a, .b = b, .c = c, .n = n};
+    res = 2.0 * n * (double)n * n / (median_ms(run_gemm, &g, 5, 30) * 1e-3) / 1e12;
 done:
     if (h)
         cublasDestroy(h);

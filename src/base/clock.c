@@ -19,3 +19,13 @@ void tm_utc_now_str(char *out, size_t n) {
     gmtime_r(&t, &utc);
     strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &utc);
 }
+
+void tm_deadline_in_ms(struct timespec *at, long ms) {
+    clock_gettime(CLOCK_REALTIME, at);
+    at->tv_sec += ms / 1000;
+    at->tv_nsec += (ms % 1000) * 1000000L;
+    if (at->tv_nsec >= 1000000000L) {
+        at->tv_sec++;
+        at->tv_nsec -= 1000000000L;
+    }
+}

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 
 struct tm_queue {
     pthread_mutex_t mu;
@@ -102,13 +103,7 @@ tm_rc tm_queue_try_pop(tm_queue *q, void **item) {
 
 tm_rc tm_queue_pop_timed(tm_queue *q, void **item, long timeout_ms) {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += timeout_ms / 1000;
-    until.tv_nsec += (timeout_ms % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    tm_deadline_in_ms(&until, timeout_ms);
     pthread_mutex_lock(&q->mu);
     int wrc = 0;
     while (q->len == 0 && !q->closed && wrc != ETIMEDOUT)

@@ -313,13 +313,7 @@ static bool revoked_in_flight(tm_kafka_in *ki) {
 // Wait until the handed-out records of the revoking partitions are durable (acks), at most ms.
 static void wait_revoked_durable(tm_kafka_in *ki, int ms) {
     struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += ms / 1000;
-    dl.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    tm_deadline_in_ms(&dl, ms);
     pthread_mutex_lock(&ki->mu);
     bool left = revoked_in_flight(ki);
     while (left) {

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 
 struct tm_nccl {
     ncclComm_t comm;
@@ -123,13 +124,7 @@ tm_rc tm_nccl_create(const uint8_t id[TM_NCCL_ID_BYTES], uint32_t rank, uint32_t
         return TM_ERR(err, TM_E_INTERNAL, "nccl: cannot start the init thread");
     }
     struct timespec dl;
-    clock_gettime(CLOCK_REALTIME, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
+    tm_deadline_in_ms(&dl, (long)timeout_ms);
     pthread_mutex_lock(&j->mu);
     int timed_out = 0;
     while (!j->done && !timed_out) {
