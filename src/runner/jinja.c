@@ -1828,7 +1828,8 @@ static tm_rc eval(rnd *r, const expr *x, val *out) {
         break;
     case E_NOT:
         rc = eval(r, x->a, &a);
-        *out = vbool(!truthy(a));
+        if (!rc) // a is not set when its evaluation failed (found by fuzz_jinja)
+            *out = vbool(!truthy(a));
         break;
     case E_NEG:
         rc = eval(r, x->a, &a);
