@@ -1169,30 +1169,38 @@ static uint32_t kv_cap_blocks(const tm_model_cfg *c, const tm_engine_opts *o) {
     return (uint32_t)TM_MIN(per_seq * o->max_seqs, (uint64_t)UINT32_MAX / o->block_size);
 }
 
-/* TP: the smallest of every rank's n (an all-gather of one uint32 through the candidate buffers),
- * so that every rank sizes its pool the same. The watchdog guards it like a step. */
-static tm_rc tp_agree_min(cuda_impl *impl, uint32_t *n, tm_err *err) {
-    uint32_t *all = tm_calloc(impl->tp_size, sizeof(uint32_t));
-    if (!all)
-        return TM_ERR(err, TM_E_NOMEM, "tp: KV block counts");
+/* TP: all-gather `bytes` (a multiple of 4) of every rank into all[rank * bytes], through the
+ * cuBLAS workspace (idle during create); the watchdog guards it like a step. */
+static tm_rc tp_allgather_host(cuda_impl *impl, const void *mine, size_t bytes, void *all,
+                               tm_err *err) {
+    uint8_t *d = impl->gemm_ws;
+    TM_ASSERT(bytes % 4 == 0 && bytes * (impl->tp_size + 1) <= GEMM_WS_BYTES);
     set_busy(impl, 1);
     tm_rc rc = TM_CUDA_CHECK(
-        cudaMemcpyAsync(impl->cand, n, sizeof(uint32_t), cudaMemcpyHostToDevice, impl->stream),
-        err);
+        cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, impl->stream), err);
     if (!rc)
-        rc = tm_nccl_allgather(impl->nccl, impl->cand, impl->cand_all, 1, TM_NCCL_U32,
-                               impl->stream, err);
+        rc = tm_nccl_allgather(impl->nccl, d, d + bytes, bytes / 4, TM_NCCL_U32, impl->stream,
+                               err);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaMemcpyAsync(all, impl->cand_all, impl->tp_size * sizeof(uint32_t),
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(all, d + bytes, bytes * impl->tp_size,
                                            cudaMemcpyDeviceToHost, impl->stream),
                            err);
     if (!rc)
         rc = step_sync(impl, err);
     set_busy(impl, 0);
-    if (rc) {
+    if (rc)
         comm_aborted(impl, err);
+    return rc;
+}
+
+/* TP: the smallest of every rank's n, so that every rank sizes its pool the same. */
+static tm_rc tp_agree_min(cuda_impl *impl, uint32_t *n, tm_err *err) {
+    uint32_t *all = tm_calloc(impl->tp_size, sizeof(uint32_t));
+    if (!all)
+        return TM_ERR(err, TM_E_NOMEM, "tp: KV block counts");
+    tm_rc rc = tp_allgather_host(impl, n, sizeof(*n), all, err);
+    if (rc)
         tm_err_wrap(err, "tp rank %u: agreeing on the KV pool size", impl->tp_rank);
-    }
     for (uint32_t r = 0; !rc && r < impl->tp_size; r++)
         *n = TM_MIN(*n, all[r]);
     tm_free(all);
@@ -1254,30 +1262,6 @@ static tm_rc alloc_kv(cuda_impl *impl, float util, tm_err *err) {
     rc = TM_CUDA_CHECK(cudaMemset(impl->k_cache, 0, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMemset(impl->v_cache, 0, kv_bytes), err);
-    return rc;
-}
-
-/* TP: all-gather `bytes` (a multiple of 4) of every rank into all[rank * bytes], through the
- * cuBLAS workspace (idle during create); the watchdog guards it like a step. */
-static tm_rc tp_allgather_host(cuda_impl *impl, const void *mine, size_t bytes, void *all,
-                               tm_err *err) {
-    uint8_t *d = impl->gemm_ws;
-    TM_ASSERT(bytes % 4 == 0 && bytes * (impl->tp_size + 1) <= GEMM_WS_BYTES);
-    set_busy(impl, 1);
-    tm_rc rc = TM_CUDA_CHECK(
-        cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, impl->stream), err);
-    if (!rc)
-        rc = tm_nccl_allgather(impl->nccl, d, d + bytes, bytes / 4, TM_NCCL_U32, impl->stream,
-                               err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMemcpyAsync(all, d + bytes, bytes * impl->tp_size,
-                                           cudaMemcpyDeviceToHost, impl->stream),
-                           err);
-    if (!rc)
-        rc = step_sync(impl, err);
-    set_busy(impl, 0);
-    if (rc)
-        comm_aborted(impl, err);
     return rc;
 }
 
