@@ -176,39 +176,6 @@ extern "C" tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s
     return tm_cuda_launched(err, s, "gemm_skinny");
 }
 
-/* One thread per (row, split) range of w: the first `lead` bytes of it into L2. */
-static __global__ void skinny_prefetch_kernel(const uint16_t *w, uint32_t n_in, uint32_t n_out,
-                                              uint32_t n_split, uint32_t kps, uint32_t lead) {
-    const uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (uint64_t)n_out * n_split)
-        return;
-    const uint32_t row = (uint32_t)(i / n_split), split = (uint32_t)(i % n_split);
-    const uint32_t k0 = split * kps, k1 = min(n_in, k0 + kps);
-    const uint32_t bytes = min(lead, 2 * (k1 - k0)); // multiples of 64 (k % 32 == 0)
-    const char *p = reinterpret_cast<const char *>(w + (size_t)row * n_in + k0);
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
-#else
-    for (uint32_t b = 0; b < bytes; b += 64)
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + b));
-#endif
-}
-
-extern "C" tm_rc tm_k_gemm_skinny_prefetch(const tm_k_gemm_skinny_args *a, size_t budget,
-                                           cudaStream_t s, tm_err *err) {
-    const uint64_t n_range = (uint64_t)a->n_out * a->n_split;
-    // bytes per range: whole 64-byte chunks (the GEMM's unit per row), at most the range
-    const uint64_t lead = TM_MIN(budget / TM_MAX(n_range, (uint64_t)1) / 64 * 64,
-                                 (uint64_t)2 * a->k_per_split);
-    if (budget == 0 || lead == 0 || n_range == 0)
-        return TM_OK;
-    TM_ASSERT(a->w && ((uintptr_t)a->w % 16) == 0 && a->n_in % 32 == 0 && a->k_per_split % 32 == 0);
-    const unsigned grid = (unsigned)((n_range + 255) / 256);
-    skinny_prefetch_kernel<<<grid, 256, 0, s>>>(a->w, a->n_in, a->n_out, a->n_split,
-                                                 a->k_per_split, (uint32_t)lead);
-    return tm_cuda_launched(err, s, "gemm_skinny_prefetch");
-}
-
 static __global__ void sum_parts_kernel(tm_k_sum_parts_args a) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;
          i += (size_t)gridDim.x * blockDim.x) {

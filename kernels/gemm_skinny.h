@@ -55,15 +55,6 @@ uint32_t tm_k_gemm_skinny_splits(uint32_t n_in, uint32_t n_out, uint32_t n_sm,
 /* Launches one kernel on s; n_tok 0 launches nothing. */
 tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s, tm_err *err);
 
-/* Warm the L2 for a coming tm_k_gemm_skinny(a) while the kernels before it run: asks the L2
- * for the first bytes of every warp's share of a->w (each (row, split) range of the plan), about
- * budget bytes in all, so that every warp of the GEMM starts on cached data instead of waiting
- * for DRAM. Only w, n_in, n_out, n_split and k_per_split are read. The prefetch is a hint: it
- * changes no memory and needs no ordering with the GEMM (launch it on a forked stream and join
- * before the GEMM). budget 0 launches nothing. */
-tm_rc tm_k_gemm_skinny_prefetch(const tm_k_gemm_skinny_args *a, size_t budget, cudaStream_t s,
-                                tm_err *err);
-
 /* y[i] = beta * y[i] + sum over p < n_part of part[p * stride + i], i < n (beta 0: y is only
  * written). For a consumer that cannot add partials itself. */
 typedef struct tm_k_sum_parts_args {

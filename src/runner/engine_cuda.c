@@ -135,13 +135,6 @@ typedef struct cuda_impl {
     uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
     uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
     int use_fa;                /* prefill steps use the tensor-core attn_prefill kernel */
-    /* Decode steps warm the L2 with the next projection's weights while the small kernels
-     * before it (norms, rope, attention, all-reduce, SiLU) run: a prefetch kernel on pf_stream,
-     * forked after the previous projection and joined before the next (pf_pending). */
-    size_t pf_budget;          /* bytes per projection; 0: off (TM_CUDA_L2PF_MB) */
-    cudaStream_t pf_stream;    /* owned */
-    cudaEvent_t pf_fork, pf_join; /* owned */
-    int pf_pending;
     /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for steps
      * of at most TM_AR_MAX_ROWS tokens (decode); NCCL otherwise or when ar_on is 0. */
     int ar_on;
@@ -298,43 +291,9 @@ typedef struct proj_out {
  * tensor-core skinny kernel: split-K partials in sk_part (or straight into dst when the plan has
  * one split and beta is 0), which the consumer sums; beta is then NOT applied (a residual
  * consumer adds the partials into x itself). Larger steps use cuBLAS into dst with beta. */
-/* Order the stream after a pending L2 prefetch (see prefetch_next). */
-static tm_rc prefetch_join(cuda_impl *impl, tm_err *err) {
-    if (!impl->pf_pending)
-        return TM_OK;
-    impl->pf_pending = 0;
-    return TM_CUDA_CHECK(cudaStreamWaitEvent(impl->stream, impl->pf_join, 0), err);
-}
-
-/* Decode steps: start warming the L2 with the skinny projection w[n_out][n_in] that comes after
- * the kernels about to be launched; project() joins it. A no-op for steps that use cuBLAS. */
-static tm_rc prefetch_next(cuda_impl *impl, const uint16_t *w, uint32_t T, uint32_t n_in,
-                           uint32_t n_out, tm_err *err) {
-    if (!impl->pf_budget || T > impl->sk_max_tok || !tm_k_gemm_skinny_fits(T, n_in, n_out))
-        return TM_OK;
-    tm_rc rc = prefetch_join(impl, err);
-    uint32_t kps = 0;
-    const uint32_t n_split = tm_k_gemm_skinny_splits(n_in, n_out, impl->n_sm, &kps);
-    tm_k_gemm_skinny_args ga = {.w = w, .n_in = n_in, .n_out = n_out, .n_split = n_split,
-                                .k_per_split = kps};
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaEventRecord(impl->pf_fork, impl->stream), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaStreamWaitEvent(impl->pf_stream, impl->pf_fork, 0), err);
-    if (!rc)
-        rc = tm_k_gemm_skinny_prefetch(&ga, impl->pf_budget, impl->pf_stream, err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaEventRecord(impl->pf_join, impl->pf_stream), err);
-    impl->pf_pending = !rc;
-    return rc;
-}
-
 static tm_rc project(cuda_impl *impl, const uint16_t *w, const uint16_t *x, uint32_t T,
                      uint32_t n_in, uint32_t n_out, float *dst, float beta, proj_out *out,
                      tm_err *err) {
-    tm_rc rc = prefetch_join(impl, err);
-    if (rc)
-        return rc;
     if (T <= impl->sk_max_tok && tm_k_gemm_skinny_fits(T, n_in, n_out)) {
         uint32_t kps = 0;
         const uint32_t n_split = tm_k_gemm_skinny_splits(n_in, n_out, impl->n_sm, &kps);
@@ -448,8 +407,8 @@ static void prof_collect(cuda_impl *impl) {
 }
 
 /* The whole model for a step whose metadata is already on the device (meta_layout(T, S)). */
-static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
-                            uint32_t n_tile, size_t tile_off, tm_err *err) {
+static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want, uint32_t n_tile,
+                       size_t tile_off, tm_err *err) {
     const tm_model_cfg *c = &impl->cfg;
     const uint32_t d = c->n_embd, ff = c->n_ff;
     const meta_off mo = meta_layout(T, S);
@@ -460,11 +419,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
     const int tp = impl->tp_size > 1;
     // With TP, rank 0's partial products carry the residual (beta 1); the others' do not.
     const float beta_res = tp && impl->tp_rank != 0 ? 0.0f : 1.0f;
-    if (c->n_layer) {
-        rc = prefetch_next(impl, impl->layers[0].w_qkv, T, d, impl->qkv_dim, err);
-        if (rc)
-            return rc;
-    }
     if (tp) { // each rank has a slice of the table: sum, then layer 0's attention norm
         tm_k_embed_part_bf16_args ea = {.x = impl->x, .table = impl->embd,
                                         .tokens = md + mo.tokens, .n_tok = T, .n_embd = d,
@@ -503,9 +457,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
         if (rc)
             return rc;
         prof_mark(impl, "qkv_proj");
-        rc = prefetch_next(impl, L->w_o, T, impl->q_dim, d, err);
-        if (rc)
-            return rc;
         tm_k_rope_kv_bf16_args ra = {
             .q = impl->q, .k_cache = kc, .v_cache = vc, .qkv = po.p, .bias = L->b_qkv,
             .pos = md + mo.pos, .slot = md + mo.slot, .inv_freq = impl->inv_freq, .n_tok = T,
@@ -540,8 +491,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
         if (!rc)
             rc = project(impl, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "o_proj");
-        if (!rc)
-            rc = prefetch_next(impl, L->w_gu, T, d, 2 * ff, err);
         if (rc)
             return rc;
         if (tp) {
@@ -563,9 +512,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
         if (rc)
             return rc;
         prof_mark(impl, "gate_up_proj");
-        rc = prefetch_next(impl, L->w_down, T, ff, d, err);
-        if (rc)
-            return rc;
         tm_k_silu_mul_bf16_args sa = {.out = impl->ffa, .gu = po.p, .n_tok = T, .n_ff = ff,
                                       .n_part = po.n, .part_stride = po.stride};
         rc = tm_k_silu_mul_bf16(&sa, s, err);
@@ -573,10 +519,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
         if (!rc)
             rc = project(impl, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "down_proj");
-        if (!rc && l + 1 < c->n_layer)
-            rc = prefetch_next(impl, impl->layers[l + 1].w_qkv, T, d, impl->qkv_dim, err);
-        else if (!rc && n_want)
-            rc = prefetch_next(impl, impl->lm_head, n_want, d, c->n_vocab, err);
         if (!rc && tp) {
             rc = tp_reduce_norm(impl, T, &res, beta_res,
                                 l + 1 < c->n_layer ? impl->layers[l + 1].attn_norm : NULL, err);
@@ -607,14 +549,6 @@ static tm_rc run_model_body(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_
     rc = tm_k_sum_parts(&sp, s, err);
     prof_mark(impl, "lm_head");
     return rc;
-}
-
-static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want, uint32_t n_tile,
-                       size_t tile_off, tm_err *err) {
-    tm_rc rc = run_model_body(impl, T, S, n_want, n_tile, tile_off, err);
-    tm_err ignored = {0};
-    tm_rc jrc = prefetch_join(impl, rc ? &ignored : err); // a capture must end joined
-    return rc ? rc : jrc;
 }
 
 /* Validate the batch (as the CPU engine does) and pack its metadata into meta_h. */
@@ -1511,13 +1445,6 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     rc = TM_CUDA_CHECK(cudaSetDevice(device), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaStreamCreateWithFlags(&impl->pf_stream, cudaStreamNonBlocking),
-                           err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaEventCreateWithFlags(&impl->pf_fork, cudaEventDisableTiming), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaEventCreateWithFlags(&impl->pf_join, cudaEventDisableTiming), err);
     if (rc)
         goto fail;
     if (tp_size > 1) {
@@ -1559,16 +1486,6 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     const char *sk_env = getenv("TM_CUDA_SKINNY");
     impl->sk_max_tok = sk_env && strcmp(sk_env, "0") == 0 ? 0 : TM_MIN(T, TM_SKINNY_MAX_TOK);
     impl->sk_part_floats = impl->sk_max_tok ? skinny_part_floats(impl, impl->sk_max_tok) : 0;
-    // L2 warming of decode projections: half the L2 per projection by default (TM_CUDA_L2PF_MB:
-    // megabytes, 0 off).
-    int l2 = 0;
-    rc = TM_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), err);
-    if (rc)
-        goto fail;
-    impl->pf_budget = (size_t)TM_MAX(l2, 0) / 2;
-    const char *pf_env = getenv("TM_CUDA_L2PF_MB");
-    if (pf_env && *pf_env)
-        impl->pf_budget = (size_t)strtoul(pf_env, NULL, 10) << 20;
 
     carver cw = {0};
     carve_weights(impl, &cw);
@@ -1748,12 +1665,6 @@ static void cuda_destroy(tm_engine *eng) {
     }
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
-    if (impl->pf_stream)
-        cudaStreamDestroy(impl->pf_stream);
-    if (impl->pf_fork)
-        cudaEventDestroy(impl->pf_fork);
-    if (impl->pf_join)
-        cudaEventDestroy(impl->pf_join);
     tm_nccl_destroy(impl->nccl);
     pthread_mutex_destroy(&impl->wd_mu);
     tm_free(impl->layers);
