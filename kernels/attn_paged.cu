@@ -10,8 +10,8 @@
  *           group reads one contiguous V row).
  * At the end the row groups' accumulators are summed in shared memory. With one split the result
  * is normalised and stored as bf16; otherwise (acc, max, sum) go to the partial buffers and
- * merge_kernel combines the splits with the usual rescaling. An empty split writes max = -inf,
- * sum = 0. */
+ * attn_merge_kernel, a second launch, combines the splits with the usual rescaling
+ * (merge_splits). An empty split writes max = -inf, sum = 0. */
 #include "kernels/attn_paged.h"
 #include "kernels/common.cuh"
 
@@ -37,6 +37,84 @@ static __device__ __forceinline__ void axpy8(float *acc, float p, uint4 v) {
     for (int i = 0; i < 4; i++) {
         acc[2 * i] += p * __uint_as_float(w[i] << 16);
         acc[2 * i + 1] += p * __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
+/* Most query heads one merge_splits call merges (the GQA kernel's largest group). */
+#define MERGE_MAX_HEADS 8
+/* Splits whose partials a merging thread loads at once (float4 each). */
+#define MERGE_CHUNK 8
+
+/* Merge the n_split (<= TM_ATTN_MAX_SPLIT) partials of token t's heads [h0, h0 + n_h) into out
+ * (bf16, row stride ld_q). Every thread of the block calls it (it has a barrier). Per head, in
+ * split order over the splits that saw positions (sum > 0; an empty split has max = -inf):
+ * mx = max of the splits' maxima, f = exp(max - mx), l = sum of sum * f; then per output
+ * o = sum of acc * f and out = o * (1 / l). It sits between the attention and o_proj of every
+ * decode layer, so it is built for latency (round trips, not bandwidth):
+ *   a warp per head: lane sp reads split sp's (max, sum), f goes to shared memory (-1 marks an
+ *     empty split), and every lane sums l in split order from the lanes' values (shuffles);
+ *   a thread per 4 output dims: float4 loads of MERGE_CHUNK splits at once, then the in-order
+ *     sums (explicit fmaf, as the compiler contracted the former l += sum * f, o += acc * f).
+ * The arguments are scalars because a reference to the kernel's parameter struct would copy it
+ * to the stack. (Merging in the attention kernel itself, by the last split block to finish, was
+ * measured on H200s: no faster in a decode step, up to 3 us slower per launch at group 8.) */
+static __device__ __forceinline__ void merge_splits(uint16_t *out, const float *part_acc,
+                                                 const float *part_ml, uint32_t ld_q,
+                                                 uint32_t n_head, uint32_t hd, uint32_t n_split,
+                                                 uint32_t t, uint32_t h0, uint32_t n_h) {
+    __shared__ float f_s[MERGE_MAX_HEADS][TM_ATTN_MAX_SPLIT];
+    __shared__ float inv_s[MERGE_MAX_HEADS];
+    const uint32_t w = threadIdx.x / 32, lane = threadIdx.x % 32, n_warp = blockDim.x / 32;
+    const size_t th0 = (size_t)t * n_head + h0;
+    for (uint32_t j = w; j < n_h; j += n_warp) {
+        const float *ml = part_ml + (th0 + j) * n_split * 2;
+        const bool live = lane < n_split;
+        const float m = live ? __ldcg(ml + lane * 2) : -INFINITY;
+        const float ls = live ? __ldcg(ml + lane * 2 + 1) : 0.0f;
+        const float mx = tm_warp_max(m); // finite: split 0 always has positions
+        const float f = ls > 0.0f ? expf(m - mx) : -1.0f;
+        float l = 0.0f;
+#pragma unroll
+        for (uint32_t sp = 0; sp < TM_ATTN_MAX_SPLIT; sp++) {
+            const float l_sp = __shfl_sync(0xffffffffu, ls, sp);
+            const float f_sp = __shfl_sync(0xffffffffu, f, sp);
+            if (sp < n_split && f_sp >= 0.0f)
+                l = fmaf(l_sp, f_sp, l);
+        }
+        if (live)
+            f_s[j][lane] = f;
+        if (lane == 0)
+            inv_s[j] = 1.0f / l;
+    }
+    __syncthreads();
+    // Thread (head j, dims [i, i + 4)): float4 loads, MERGE_CHUNK splits in flight at once.
+    const uint32_t hd4 = hd / 4;
+    for (uint32_t idx = threadIdx.x; idx < n_h * hd4; idx += blockDim.x) {
+        const uint32_t j = idx / hd4, i = idx % hd4 * 4;
+        const float4 *acc =
+            reinterpret_cast<const float4 *>(part_acc + (th0 + j) * n_split * hd + i);
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t sp0 = 0; sp0 < n_split; sp0 += MERGE_CHUNK) {
+            float4 v[MERGE_CHUNK];
+#pragma unroll
+            for (uint32_t k = 0; k < MERGE_CHUNK; k++)
+                if (sp0 + k < n_split)
+                    v[k] = __ldcg(acc + (size_t)(sp0 + k) * hd4);
+#pragma unroll
+            for (uint32_t k = 0; k < MERGE_CHUNK; k++) {
+                const float f = sp0 + k < n_split ? f_s[j][sp0 + k] : -1.0f;
+                if (f >= 0.0f) {
+                    o[0] = fmaf(v[k].x, f, o[0]);
+                    o[1] = fmaf(v[k].y, f, o[1]);
+                    o[2] = fmaf(v[k].z, f, o[2]);
+                    o[3] = fmaf(v[k].w, f, o[3]);
+                }
+            }
+        }
+        uint16_t *dst = out + (size_t)t * ld_q + (size_t)(h0 + j) * hd + i;
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dst[e] = tm_f2bf(o[e] * inv_s[j]);
     }
 }
 
@@ -171,10 +249,12 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
  *
  * Each K/V row is read once for the G heads that share it (the kernel above reads it once per
  * query head). 4 warps; a warp takes 32-position tiles of the split in turn. For a tile, lane i
- * loads the whole K row of position tile0 + i (HD/8 16-byte loads in flight) and dots it with
- * the G query vectors (fp32, pre-scaled, in shared memory, read as broadcasts); the online
- * softmax per head is a warp max and sum; then the warp walks the tile's V rows, lane i holding
- * dims [i * HD/32, (i+1) * HD/32) for every head (p read from shared memory). At the end the
+ * starts copying the V row of position tile0 + i into the warp's shared memory (cp.async),
+ * loads the whole K row (HD/8 16-byte loads in flight) and dots it with the G query vectors
+ * (fp32, pre-scaled, in shared memory, read as broadcasts); the online softmax per head is a
+ * warp max and sum; then the warp walks the tile's V rows in shared memory, lane i holding dims
+ * [i * HD/32, (i+1) * HD/32) for every head (p read from shared memory). K and V of a tile thus
+ * take one memory round trip: decode attention is bound by latency, not bandwidth. At the end the
  * warps' (max, sum, acc) are merged in shared memory, and the block writes the output (one
  * split) or the partials for attn_merge_kernel, in the same layout as the kernel above. */
 #define GQA_WARPS 4
@@ -185,9 +265,14 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
     constexpr int DPL = HD / 32; // dims per lane in the V pass
     __shared__ float q_s[G][HD];
     __shared__ float p_s[GQA_WARPS][G][32];
-    __shared__ uint32_t row_s[GQA_WARPS][32];
     __shared__ float m_s[GQA_WARPS][G], l_s[GQA_WARPS][G];
-    __shared__ float acc_s[GQA_WARPS][G][HD];
+    // The tile loop stages each warp's 32 V rows here (v_s); the final merge of the warps reuses
+    // the space for their accumulators (acc_s).
+    constexpr size_t V_BYTES = (size_t)GQA_WARPS * 32 * HD * 2;
+    constexpr size_t ACC_BYTES = (size_t)GQA_WARPS * G * HD * 4;
+    __shared__ __align__(16) unsigned char stage_s[V_BYTES > ACC_BYTES ? V_BYTES : ACC_BYTES];
+    uint16_t(*v_s)[32][HD] = reinterpret_cast<uint16_t(*)[32][HD]>(stage_s);
+    float(*acc_s)[G][HD] = reinterpret_cast<float(*)[G][HD]>(stage_s);
     const uint32_t t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
     const uint32_t w = threadIdx.x / 32, lane = threadIdx.x & 31;
     const uint32_t kvd = a.n_kv_head * HD, bs = a.block_size;
@@ -220,7 +305,15 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
         const uint32_t n_in = min(32u, n_pos - tile0);
         const bool live = lane < n_in;
         const uint32_t row = live ? bt[p / bs] * bs + p % bs : 0;
-        row_s[w][lane] = row;
+        // The V row of this lane's position into shared memory, in flight with the K loads
+        // below: one memory round trip for the tile instead of one per few V rows.
+        if (live) {
+            const uint16_t *v = vc + (size_t)row * kvd;
+#pragma unroll
+            for (int j = 0; j < HD / 8; j++)
+                tm_cp_async16(&v_s[w][lane][8 * j], v + 8 * j);
+        }
+        tm_cp_async_commit();
         float sc[G];
 #pragma unroll
         for (int i = 0; i < G; i++)
@@ -257,10 +350,11 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
             for (int e = 0; e < DPL; e++)
                 acc[i][e] *= corr;
         }
-        __syncwarp();
+        tm_cp_async_wait<0>();
+        __syncwarp(); // p_s and the warp's V rows are in shared memory
 #pragma unroll 4
         for (uint32_t j = 0; j < n_in; j++) {
-            const uint16_t *v = vc + (size_t)row_s[w][j] * kvd + lane * DPL;
+            const uint16_t *v = &v_s[w][j][lane * DPL];
             float vf[DPL];
             if (DPL == 4) {
                 const uint2 u = *reinterpret_cast<const uint2 *>(v);
@@ -281,10 +375,12 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
                     acc[i][e] += pj * vf[e];
             }
         }
-        __syncwarp(); // p_s and row_s are rewritten by the warp's next tile
+        __syncwarp(); // p_s and v_s are rewritten by the warp's next tile
     }
 
     // Merge the warps: every warp publishes (m, l, acc); then thread (head i, dim d) combines.
+    // acc_s shares its space with v_s: no warp may still be reading its V rows.
+    __syncthreads();
 #pragma unroll
     for (int i = 0; i < G; i++) {
         if (lane == 0) {
@@ -348,24 +444,8 @@ extern "C" uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint
 
 /* One block per (token, head): merge the n_split partial results. */
 static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_bf16_args a) {
-    const uint32_t t = blockIdx.x, h = blockIdx.y, hd = a.head_dim;
-    const size_t th = (size_t)t * a.n_head + h;
-    const float *ml = a.part_ml + th * a.n_split * 2;
-    float mx = -INFINITY;
-    for (uint32_t sp = 0; sp < a.n_split; sp++)
-        mx = fmaxf(mx, ml[sp * 2]);
-    float l = 0.0f;
-    for (uint32_t sp = 0; sp < a.n_split; sp++)
-        if (ml[sp * 2 + 1] > 0.0f)
-            l += ml[sp * 2 + 1] * expf(ml[sp * 2] - mx);
-    const float inv = 1.0f / l;
-    for (uint32_t i = threadIdx.x; i < hd; i += NT) {
-        float o = 0.0f;
-        for (uint32_t sp = 0; sp < a.n_split; sp++)
-            if (ml[sp * 2 + 1] > 0.0f)
-                o += a.part_acc[(th * a.n_split + sp) * hd + i] * expf(ml[sp * 2] - mx);
-        a.out[(size_t)t * a.ld_q + (size_t)h * hd + i] = tm_f2bf(o * inv);
-    }
+    merge_splits(a.out, a.part_acc, a.part_ml, a.ld_q, a.n_head, a.head_dim, a.n_split,
+                 blockIdx.x, blockIdx.y, 1);
 }
 
 extern "C" size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
@@ -379,8 +459,10 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
         return TM_OK;
     TM_ASSERT(a->head_dim % 8 == 0 && a->head_dim > 0 && a->head_dim <= TM_ATTN_MAX_HEAD_DIM);
     TM_ASSERT(a->n_kv_head > 0 && a->n_head % a->n_kv_head == 0 && a->block_size > 0);
-    TM_ASSERT(a->ld_q >= a->n_head * a->head_dim && a->n_split >= 1);
+    TM_ASSERT(a->ld_q >= a->n_head * a->head_dim);
+    TM_ASSERT(a->n_split >= 1 && a->n_split <= TM_ATTN_MAX_SPLIT);
     TM_ASSERT(a->n_split == 1 || (a->part_acc && a->part_ml));
+    TM_ASSERT(((uintptr_t)a->part_acc % 16) == 0); // the merge reads float4
     TM_ASSERT(((uintptr_t)a->k_cache % 16) == 0 && ((uintptr_t)a->v_cache % 16) == 0);
     const uint32_t group = a->n_head / a->n_kv_head;
     if (gqa_ok(a->head_dim, group)) {

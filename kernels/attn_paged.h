@@ -44,12 +44,13 @@ typedef struct tm_k_attn_paged_bf16_args {
     const uint32_t *tok_seq;       /* [n_tok] sequence index of each token */
     const uint32_t *seq_bt;        /* [n_seq] offset of each sequence's table in block_tables */
     const uint32_t *block_tables;  /* flat block ids */
-    float *part_acc;               /* [n_tok][n_head][n_split][head_dim] if n_split > 1 */
+    float *part_acc;               /* [n_tok][n_head][n_split][head_dim] if n_split > 1, 16-B
+                                    * aligned */
     float *part_ml;                /* [n_tok][n_head][n_split][2] (max, sum) if n_split > 1 */
     uint32_t n_tok, n_head, n_kv_head, head_dim, block_size;
     uint32_t ld_q;                 /* row stride of q and out in elements, >= n_head*head_dim */
     uint32_t window;               /* 0 = full causal attention */
-    uint32_t n_split;              /* >= 1 */
+    uint32_t n_split;              /* 1 .. TM_ATTN_MAX_SPLIT */
     float scale;                   /* 1/sqrt(head_dim) */
 } tm_k_attn_paged_bf16_args;
 
@@ -63,9 +64,9 @@ size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
 uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head,
                                 uint32_t head_dim, uint32_t n_sm, size_t part_floats_cap);
 
-/* Launches one kernel (n_split 1) or two (split, then merge) on s; n_tok 0 launches nothing.
- * head_dim 64 or 128 with 1, 2, 4 or 8 query heads per KV head: a block per (token, KV head,
- * split) serves the group's query heads from one read of K/V; other shapes: a block per
+/* Launches one kernel or, with n_split > 1, two (split, then merge) on s; n_tok 0 launches
+ * nothing. head_dim 64 or 128 with 1, 2, 4 or 8 query heads per KV head: a block per (token, KV
+ * head, split) serves the group's query heads from one read of K/V; other shapes: a block per
  * (token, head, split). */
 tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaStream_t s, tm_err *err);
 

@@ -34,19 +34,6 @@
 #define NWARP (BM / 16)
 #define NTHR (NWARP * 32)
 
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, uint32_t n_src) {
-    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    // n_src 0: nothing is read and the 16 bytes are zero-filled
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n_src)
-                 : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit(void) {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait(void) {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *p) {
     const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -107,8 +94,8 @@ static __global__ void __launch_bounds__(NTHR, 3)
             const uint32_t r = lr + RPP * i, p = k0 + r;
             const bool ok = p < kv_hi;
             const size_t slot = ok ? (size_t)bt[p / bs] * bs + p % bs : 0;
-            cp_async16(ks + r * LDS + c8, kc + slot * kvd + c8, ok ? 16 : 0);
-            cp_async16(vs + r * LDS + c8, vc + slot * kvd + c8, ok ? 16 : 0);
+            tm_cp_async16(ks + r * LDS + c8, kc + slot * kvd + c8, ok ? 16 : 0);
+            tm_cp_async16(vs + r * LDS + c8, vc + slot * kvd + c8, ok ? 16 : 0);
         }
     };
 
@@ -121,12 +108,12 @@ static __global__ void __launch_bounds__(NTHR, 3)
             const bool ok = r < tile.n;
             const uint16_t *src =
                 a.q + (size_t)(ok ? tile.t0 + r : tile.t0) * a.ld_q + (size_t)h * HD + c8;
-            cp_async16(qs + r * LDS + c8, src, ok ? 16 : 0);
+            tm_cp_async16(qs + r * LDS + c8, src, ok ? 16 : 0);
         }
     }
     load_kv(0, kv_lo);
-    cp_async_commit();
-    cp_async_wait<0>();
+    tm_cp_async_commit();
+    tm_cp_async_wait<0>();
     __syncthreads();
 
     const uint32_t r0 = warp * 16, g = lane >> 2, t4 = lane & 3;
@@ -157,10 +144,10 @@ static __global__ void __launch_bounds__(NTHR, 3)
         const uint32_t k0 = kv_lo + j * BN;
         if (j + 1 < n_kt) {
             load_kv((j + 1) & 1, k0 + BN);
-            cp_async_commit();
-            cp_async_wait<1>();
+            tm_cp_async_commit();
+            tm_cp_async_wait<1>();
         } else {
-            cp_async_wait<0>();
+            tm_cp_async_wait<0>();
         }
         __syncthreads();
         const uint16_t *ks = smem + (j & 1) * 2 * BN * LDS, *vs = ks + BN * LDS;

@@ -1,5 +1,5 @@
 /* kernels/common.cuh - device helpers shared by the kernels: bf16 <-> fp32, warp and block
- * reductions, 16-byte bf16 vector loads. Device code only (plus kernels/common.h for the
+ * reductions, 16-byte bf16 vector loads, cp.async. Device code only (plus kernels/common.h for the
  * launchers' error glue). Reductions assume blockDim.x == BLOCK, a multiple of 32, <= 1024. */
 #ifndef TM_KERNELS_COMMON_CUH
 #define TM_KERNELS_COMMON_CUH
@@ -71,6 +71,22 @@ template <int BLOCK> static __device__ __forceinline__ float tm_block_max(float 
     for (int i = 1; i < BLOCK / 32; i++)
         s = fmaxf(s, red[i]);
     return s;
+}
+
+/* cp.async (sm_80+): 16 bytes global -> shared, bypassing L1; n_src < 16 reads only n_src
+ * bytes and zero-fills the rest (0: nothing is read). One commit group per batch of copies;
+ * tm_cp_async_wait<N> waits until at most N groups are pending. */
+static __device__ __forceinline__ void tm_cp_async16(void *dst, const void *src,
+                                                     uint32_t n_src = 16) {
+    const uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(n_src)
+                 : "memory");
+}
+static __device__ __forceinline__ void tm_cp_async_commit(void) {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N> static __device__ __forceinline__ void tm_cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 #endif /* TM_KERNELS_COMMON_CUH */

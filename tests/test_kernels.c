@@ -420,6 +420,7 @@ static void test_attn(void) {
     attn_case(prefill, 1, 28, 4, 128, 32, 0, 1);
     attn_case(decodes, 6, 8, 8, 256, 16, 0, 2);
     attn_case(decodes, 6, 4, 1, 96, 16, 0, 3);  // head_dim 96: V row groups leave threads idle
+    attn_case(decodes, 6, 28, 4, 128, 16, 0, 32); // group 7, unrolled kernel: a merge of 32 splits
     // the GQA kernel (head_dim 64/128, groups of 1, 2, 4, 8 query heads per KV head)
     attn_case(mixed, 5, 8, 4, 64, 7, 50, 3);     // group 2, sliding window, odd block size
     attn_case(mixed, 5, 16, 2, 128, 16, 0, 4);   // group 8
