@@ -1,20 +1,28 @@
 /* kernels/allreduce.cu - one-shot all-reduce of a few rows over peer memory, fused with the
  * partial sum before and the RMSNorm after (see allreduce.h).
  *
- * Region layout: [2][TM_AR_MAX_ROWS][d_cap] staging floats, then flags
- * [TM_AR_MAX_ROWS][TM_AR_MAX_RANKS] uint32 (flag [t][p] = the last epoch peer p announced for
- * row t), then epochs [TM_AR_MAX_ROWS] (this rank's own, read and written only by itself). */
+ * Region layout: lines [2][TM_AR_MAX_ROWS][TM_AR_MAX_RANKS][d_cap / 2] of 16 bytes (line
+ * [q][t][src] holds source rank src's row t in buffer q), then epochs [TM_AR_MAX_ROWS] (this
+ * rank's own, read and written only by itself). A line is {value, epoch, value, epoch}: it is
+ * written with one 16-byte store, so a reader that sees both epochs equal to the call's has both
+ * values of that call (NCCL's "LL" protocol); no separate flag, fence or round trip is needed. */
 #include "kernels/allreduce.h"
 #include "kernels/common.cuh"
 
-#define AR_THREADS 512
+#define AR_THREADS 1024
+#define AR_PER_THREAD (TM_AR_MAX_D / 4 / AR_THREADS) /* float4 columns per thread, at most */
 
-static __device__ __forceinline__ void st_release_sys(uint32_t *p, uint32_t v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+static __device__ __forceinline__ void st_line(uint4 *p, float a, float b, uint32_t e) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"l"(p),
+                 "r"(__float_as_uint(a)), "r"(e), "r"(__float_as_uint(b)), "r"(e)
+                 : "memory");
 }
-static __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t *p) {
-    uint32_t v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+static __device__ __forceinline__ uint4 ld_line(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
     return v;
 }
 static __device__ __forceinline__ uint64_t globaltimer_ns() {
@@ -23,57 +31,81 @@ static __device__ __forceinline__ uint64_t globaltimer_ns() {
     return t;
 }
 
-static __device__ __forceinline__ uint32_t *flags_of(void *region, uint32_t d_cap) {
-    return reinterpret_cast<uint32_t *>(static_cast<float *>(region) +
-                                        2 * (size_t)TM_AR_MAX_ROWS * d_cap);
+/* Row t of source rank src in buffer q of region. */
+static __device__ __forceinline__ uint4 *lines_of(void *region, uint32_t d_cap, uint32_t q,
+                                                  uint32_t t, uint32_t src) {
+    return static_cast<uint4 *>(region) +
+           (((size_t)q * TM_AR_MAX_ROWS + t) * TM_AR_MAX_RANKS + src) * (d_cap / 2);
+}
+
+/* Both values of a line once its epochs are e; traps after TM_AR_TIMEOUT_S (a peer never came:
+ * dead or hung). */
+static __device__ __forceinline__ float2 wait_line(const uint4 *p, uint32_t e) {
+    uint4 v = ld_line(p);
+    if (v.y != e || v.w != e) {
+        const uint64_t t0 = globaltimer_ns();
+        do {
+            if (globaltimer_ns() - t0 > (uint64_t)TM_AR_TIMEOUT_S * 1000000000ull)
+                __trap();
+            v = ld_line(p);
+        } while (v.y != e || v.w != e);
+    }
+    return make_float2(__uint_as_float(v.x), __uint_as_float(v.z));
 }
 
 static __global__ void __launch_bounds__(AR_THREADS) allreduce_kernel(tm_k_allreduce_args a) {
     const uint32_t t = blockIdx.x, tid = threadIdx.x, d4 = a.d / 4;
-    uint32_t *my_flags = flags_of(a.regions[a.rank], a.d_cap);
-    uint32_t *epochs = my_flags + TM_AR_MAX_ROWS * TM_AR_MAX_RANKS;
+    uint32_t *epochs = reinterpret_cast<uint32_t *>(
+        lines_of(a.regions[a.rank], a.d_cap, 2, 0, 0)); // just past the lines
     const uint32_t e = epochs[t] + 1, q = e & 1;
-    const size_t slot = ((size_t)q * TM_AR_MAX_ROWS + t) * a.d_cap; // row t of buffer q
-
-    // 1. stage this rank's row: beta * x + partials in split order, or x
     float4 *x4 = reinterpret_cast<float4 *>(a.x + (size_t)t * a.d);
-    float4 *mine = reinterpret_cast<float4 *>(static_cast<float *>(a.regions[a.rank]) + slot);
-    for (uint32_t i = tid; i < d4; i += AR_THREADS) {
+
+    // 1. this rank's row (beta * x + partials in split order, or x), kept in registers and
+    //    pushed to every peer's line [q][t][rank]; all loads are issued before the sums
+    float4 mine[AR_PER_THREAD];
+#pragma unroll
+    for (int k = 0; k < AR_PER_THREAD; k++) {
+        const uint32_t i = tid + k * AR_THREADS;
+        if (i >= d4)
+            break;
         float4 v = x4[i];
         if (a.parts) {
             if (a.beta == 0.0f)
                 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float4 *p4 = reinterpret_cast<const float4 *>(a.parts + (size_t)t * a.d);
+            const float4 *p4 = reinterpret_cast<const float4 *>(a.parts + (size_t)t * a.d) + i;
             for (uint32_t p = 0; p < a.n_part; p++) {
-                const float4 u = p4[p * (a.part_stride / 4) + i];
+                const float4 u = p4[p * (a.part_stride / 4)];
                 v.x += u.x;
                 v.y += u.y;
                 v.z += u.z;
                 v.w += u.w;
             }
         }
-        mine[i] = v;
+        mine[k] = v;
+        for (uint32_t r = 0; r < a.world; r++) {
+            if (r == a.rank)
+                continue;
+            uint4 *dst = lines_of(a.regions[r], a.d_cap, q, t, a.rank) + 2 * i;
+            st_line(dst, v.x, v.y, e);
+            st_line(dst + 1, v.z, v.w, e);
+        }
     }
-    __syncthreads();
-    // 2. announce epoch e to every peer (the release orders the block's stores, published to
-    //    this thread by the barrier, before it), then wait for theirs
-    if (tid < a.world && tid != a.rank) {
-        st_release_sys(flags_of(a.regions[tid], a.d_cap) + t * TM_AR_MAX_RANKS + a.rank, e);
-        const uint32_t *f = my_flags + t * TM_AR_MAX_RANKS + tid;
-        const uint64_t t0 = globaltimer_ns();
-        while (ld_acquire_sys(f) < e)
-            if (globaltimer_ns() - t0 > (uint64_t)TM_AR_TIMEOUT_S * 1000000000ull)
-                __trap(); // a peer never came: dead or hung
-    }
-    __syncthreads();
-    // 3. sum the rows of every rank in rank order into x; the sum of squares for the norm
+    // 2. sum every rank's row in rank order (the same order, so the same bits, on every rank)
+    //    into x; the sum of squares for the norm
     float ss = 0.0f;
-    for (uint32_t i = tid; i < d4; i += AR_THREADS) {
+#pragma unroll
+    for (int k = 0; k < AR_PER_THREAD; k++) {
+        const uint32_t i = tid + k * AR_THREADS;
+        if (i >= d4)
+            break;
         float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         for (uint32_t r = 0; r < a.world; r++) {
-            const float4 *buf =
-                reinterpret_cast<const float4 *>(static_cast<const float *>(a.regions[r]) + slot);
-            const float4 v = __ldcg(buf + i); // not through L1: peers' memory
+            float4 v = mine[k];
+            if (r != a.rank) {
+                const uint4 *src = lines_of(a.regions[a.rank], a.d_cap, q, t, r) + 2 * i;
+                const float2 lo = wait_line(src, e), hi = wait_line(src + 1, e);
+                v = make_float4(lo.x, lo.y, hi.x, hi.y);
+            }
             s.x += v.x;
             s.y += v.y;
             s.z += v.z;
@@ -86,7 +118,7 @@ static __global__ void __launch_bounds__(AR_THREADS) allreduce_kernel(tm_k_allre
         epochs[t] = e;
     if (!a.w)
         return;
-    // 4. RMSNorm of the row (each thread re-reads its own columns of x)
+    // 3. RMSNorm of the row (each thread re-reads its own columns of x)
     const float scale = 1.0f / sqrtf(tm_block_sum<AR_THREADS>(ss) / (float)a.d + a.eps);
     const float4 *w4 = reinterpret_cast<const float4 *>(a.w);
     uint2 *o = reinterpret_cast<uint2 *>(a.out + (size_t)t * a.d);
@@ -101,8 +133,8 @@ static __global__ void __launch_bounds__(AR_THREADS) allreduce_kernel(tm_k_allre
 }
 
 extern "C" size_t tm_k_allreduce_region_bytes(uint32_t d_cap) {
-    return 2 * (size_t)TM_AR_MAX_ROWS * d_cap * sizeof(float) +
-           (TM_AR_MAX_ROWS * TM_AR_MAX_RANKS + TM_AR_MAX_ROWS) * sizeof(uint32_t);
+    return 2 * (size_t)TM_AR_MAX_ROWS * TM_AR_MAX_RANKS * (d_cap / 2) * 16 +
+           TM_AR_MAX_ROWS * sizeof(uint32_t);
 }
 
 extern "C" tm_rc tm_k_allreduce_sum_f32(const tm_k_allreduce_args *a, cudaStream_t s,
@@ -111,7 +143,7 @@ extern "C" tm_rc tm_k_allreduce_sum_f32(const tm_k_allreduce_args *a, cudaStream
         return TM_OK;
     TM_ASSERT(a->world >= 2 && a->world <= TM_AR_MAX_RANKS && a->rank < a->world);
     TM_ASSERT(a->n_tok <= TM_AR_MAX_ROWS && a->d % 4 == 0 && a->d <= a->d_cap &&
-              a->d_cap % 4 == 0 && (uintptr_t)a->x % 16 == 0);
+              a->d_cap % 4 == 0 && a->d_cap <= TM_AR_MAX_D && (uintptr_t)a->x % 16 == 0);
     TM_ASSERT(!a->parts || (a->n_part >= 1 && a->part_stride % 4 == 0 &&
                             (uintptr_t)a->parts % 16 == 0));
     TM_ASSERT(!a->w || (a->out && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->out % 8 == 0));
