@@ -135,6 +135,7 @@ typedef struct cuda_impl {
     uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
     uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
     int use_fa;                /* prefill steps use the tensor-core attn_prefill kernel */
+    uint32_t ablate;           /* TM_CUDA_ABLATE: ops not launched (benchmarks only), ABL_* bits */
     /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for steps
      * of at most TM_AR_MAX_ROWS tokens (decode); NCCL otherwise or when ar_on is 0. */
     int ar_on;
@@ -287,11 +288,37 @@ typedef struct proj_out {
     size_t stride;
 } proj_out;
 
+/* TM_CUDA_ABLATE=op,op,...: the ops named are planned but not launched, so that a benchmark can
+ * measure what each kind of op costs inside the decode graph (no profiler sees into a graph, and
+ * eager timings are dominated by launch gaps). The outputs are then meaningless: for benchmarks
+ * only, and the engine says so at create. */
+enum { ABL_NORM, ABL_QKV, ABL_ROPE, ABL_ATTN, ABL_O, ABL_AR, ABL_GU, ABL_SILU, ABL_DOWN, ABL_LM,
+       ABL_N };
+static const char *const abl_names[ABL_N] = {"norm", "qkv", "rope", "attn", "o",
+                                              "ar",   "gu",  "silu", "down", "lm"};
+
+static int ablated(const cuda_impl *impl, int op) {
+    return (impl->ablate >> op) & 1u;
+}
+
+/* The ABL_* bits of a comma-separated list of abl_names; unknown names are ignored. */
+static uint32_t parse_ablate(const char *list) {
+    uint32_t bits = 0;
+    for (const char *p = list; p && *p;) {
+        const size_t n = strcspn(p, ",");
+        for (int i = 0; i < ABL_N; i++)
+            if (strlen(abl_names[i]) == n && strncmp(p, abl_names[i], n) == 0)
+                bits |= 1u << i;
+        p += n + (p[n] == ',');
+    }
+    return bits;
+}
+
 /* y = x[T][n_in] @ w[n_out][n_in]^T. Steps of at most sk_max_tok tokens (decode) use the
  * tensor-core skinny kernel: split-K partials in sk_part (or straight into dst when the plan has
  * one split and beta is 0), which the consumer sums; beta is then NOT applied (a residual
  * consumer adds the partials into x itself). Larger steps use cuBLAS into dst with beta. */
-static tm_rc project(cuda_impl *impl, const uint16_t *w, const uint16_t *x, uint32_t T,
+static tm_rc project(cuda_impl *impl, int op, const uint16_t *w, const uint16_t *x, uint32_t T,
                      uint32_t n_in, uint32_t n_out, float *dst, float beta, proj_out *out,
                      tm_err *err) {
     if (T <= impl->sk_max_tok && tm_k_gemm_skinny_fits(T, n_in, n_out)) {
@@ -302,9 +329,11 @@ static tm_rc project(cuda_impl *impl, const uint16_t *w, const uint16_t *x, uint
         tm_k_gemm_skinny_args ga = {.part = part, .w = w, .x = x, .n_tok = T, .n_in = n_in,
                                     .n_out = n_out, .n_split = n_split, .k_per_split = kps};
         *out = (proj_out){.p = part, .n = n_split, .stride = (size_t)T * n_out};
-        return tm_k_gemm_skinny(&ga, impl->stream, err);
+        return ablated(impl, op) ? TM_OK : tm_k_gemm_skinny(&ga, impl->stream, err);
     }
     *out = (proj_out){.p = dst, .n = 1, .stride = 0};
+    if (ablated(impl, op))
+        return TM_OK;
     return gemm(impl, w, x, dst, 1, T, n_in, n_out, beta, err);
 }
 
@@ -343,7 +372,8 @@ static tm_rc tp_reduce_norm(cuda_impl *impl, uint32_t T, proj_out *res, float be
     const uint32_t d = impl->cfg.n_embd;
     const int skinny = res && res->p && res->p != impl->x;
     tm_rc rc = TM_OK;
-    if (impl->ar_on && T <= TM_AR_MAX_ROWS && d % 4 == 0) {
+    if (ablated(impl, ABL_AR)) { // benchmarks only: nothing launched
+    } else if (impl->ar_on && T <= TM_AR_MAX_ROWS && d % 4 == 0) {
         tm_k_allreduce_args a = {.x = impl->x, .n_tok = T, .d = d, .d_cap = impl->ar_d,
                                  .rank = impl->tp_rank, .world = impl->tp_size,
                                  .parts = skinny ? res->p : NULL,
@@ -448,12 +478,12 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
                                      .w = L->attn_norm, .n_row = T, .n_col = d,
                                      .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
                                      .n_add = res.n};
-        if (!tp) { // with TP, h came with the all-reduce before
+        if (!tp && !ablated(impl, ABL_NORM)) { // with TP, h came with the all-reduce before
             rc = tm_k_rmsnorm_bf16(&na, s, err);
             prof_mark(impl, "attn_norm (+residual)");
         }
         if (!rc)
-            rc = project(impl, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f, &po, err);
+            rc = project(impl, ABL_QKV, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f, &po, err);
         if (rc)
             return rc;
         prof_mark(impl, "qkv_proj");
@@ -462,7 +492,7 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             .pos = md + mo.pos, .slot = md + mo.slot, .inv_freq = impl->inv_freq, .n_tok = T,
             .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
             .n_part = po.n, .part_stride = po.stride};
-        rc = tm_k_rope_kv_bf16(&ra, s, err);
+        rc = ablated(impl, ABL_ROPE) ? TM_OK : tm_k_rope_kv_bf16(&ra, s, err);
         if (rc)
             return rc;
         prof_mark(impl, "rope_kv");
@@ -485,11 +515,11 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
                 .window = c->sliding_window, .scale = aa.scale};
             rc = tm_k_attn_prefill_bf16(&fa, s, err);
         } else {
-            rc = tm_k_attn_paged_bf16(&aa, s, err);
+            rc = ablated(impl, ABL_ATTN) ? TM_OK : tm_k_attn_paged_bf16(&aa, s, err);
         }
         prof_mark(impl, n_tile ? "attention (prefill)" : "attention (paged)");
         if (!rc)
-            rc = project(impl, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
+            rc = project(impl, ABL_O, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "o_proj");
         if (rc)
             return rc;
@@ -503,21 +533,21 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             na.add = res.p;
             na.add_stride = res.stride;
             na.n_add = res.n;
-            rc = tm_k_rmsnorm_bf16(&na, s, err);
+            rc = ablated(impl, ABL_NORM) ? TM_OK : tm_k_rmsnorm_bf16(&na, s, err);
             res = (proj_out){0};
             prof_mark(impl, "ffn_norm (+residual)");
         }
         if (!rc)
-            rc = project(impl, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po, err);
+            rc = project(impl, ABL_GU, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po, err);
         if (rc)
             return rc;
         prof_mark(impl, "gate_up_proj");
         tm_k_silu_mul_bf16_args sa = {.out = impl->ffa, .gu = po.p, .n_tok = T, .n_ff = ff,
                                       .n_part = po.n, .part_stride = po.stride};
-        rc = tm_k_silu_mul_bf16(&sa, s, err);
+        rc = ablated(impl, ABL_SILU) ? TM_OK : tm_k_silu_mul_bf16(&sa, s, err);
         prof_mark(impl, "silu_mul");
         if (!rc)
-            rc = project(impl, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
+            rc = project(impl, ABL_DOWN, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
         prof_mark(impl, "down_proj");
         if (!rc && tp) {
             rc = tp_reduce_norm(impl, T, &res, beta_res,
@@ -535,10 +565,10 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
                                  .w = impl->out_norm, .n_row = n_want, .n_col = d,
                                  .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
                                  .n_add = res.n};
-    rc = tm_k_rmsnorm_bf16(&fa, s, err);
+    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_rmsnorm_bf16(&fa, s, err);
     prof_mark(impl, "final_norm");
     if (!rc)
-        rc = project(impl, impl->lm_head, impl->last, n_want, d, c->n_vocab, impl->logits, 0.0f,
+        rc = project(impl, ABL_LM, impl->lm_head, impl->last, n_want, d, c->n_vocab, impl->logits, 0.0f,
                      &po, err);
     if (rc || po.p == impl->logits) {
         prof_mark(impl, "lm_head");
@@ -546,7 +576,7 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     }
     tm_k_sum_parts_args sp = {.y = impl->logits, .part = po.p, .stride = po.stride,
                               .n = (size_t)n_want * c->n_vocab, .n_part = po.n, .beta = 0.0f};
-    rc = tm_k_sum_parts(&sp, s, err);
+    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_sum_parts(&sp, s, err);
     prof_mark(impl, "lm_head");
     return rc;
 }
@@ -1279,7 +1309,7 @@ typedef struct ar_card {
  * part in both exchanges whatever it wants. Errors only when the exchanges themselves fail. */
 static tm_rc ar_setup(cuda_impl *impl, tm_err *err) {
     const uint32_t tp = impl->tp_size, me = impl->tp_rank;
-    if (tp > TM_AR_MAX_RANKS)
+    if (tp > TM_AR_MAX_RANKS || impl->cfg.n_embd > TM_AR_MAX_D)
         return TM_OK; // NCCL only (the same on every rank)
     const char *env = getenv("TM_TP_CUSTOM_AR");
     const int want = !(env && strcmp(env, "0") == 0);
@@ -1486,6 +1516,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     const char *sk_env = getenv("TM_CUDA_SKINNY");
     impl->sk_max_tok = sk_env && strcmp(sk_env, "0") == 0 ? 0 : TM_MIN(T, TM_SKINNY_MAX_TOK);
     impl->sk_part_floats = impl->sk_max_tok ? skinny_part_floats(impl, impl->sk_max_tok) : 0;
+    impl->ablate = parse_ablate(getenv("TM_CUDA_ABLATE"));
+    if (impl->ablate)
+        TM_LOG_WARN("cuda", "TM_CUDA_ABLATE=%s: ops skipped, outputs are meaningless "
+                    "(benchmarks only)", getenv("TM_CUDA_ABLATE"));
 
     carver cw = {0};
     carve_weights(impl, &cw);
