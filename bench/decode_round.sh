@@ -33,8 +33,6 @@ if has bench; then
   }
   w8 "tp1" $B/bench_engine --batch 8 --no-ceiling
   w8 "tp2" $B/bench_engine --batch 8 --no-ceiling --tp 2
-  w8 "tp1, merge in a 2nd kernel" TM_CUDA_ATTN_FUSED=0 $B/bench_engine --batch 8 --no-ceiling
-  w8 "tp2, merge in a 2nd kernel" TM_CUDA_ATTN_FUSED=0 $B/bench_engine --batch 8 --no-ceiling --tp 2
   w8 "tp1 ablate attn" TM_CUDA_ABLATE=attn $B/bench_engine --batch 8 --no-ceiling
   w8 "tp2 ablate attn" TM_CUDA_ABLATE=attn $B/bench_engine --batch 8 --no-ceiling --tp 2
   w8 "tp2 ablate ar" TM_CUDA_ABLATE=ar $B/bench_engine --batch 8 --no-ceiling --tp 2

@@ -247,149 +247,160 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
 
 /* ---- GQA kernel: a block per (token, KV head, split) serves the KV head's G query heads ----
  *
- * Each K/V row is read once for the G heads that share it (the kernel above reads it once per
- * query head). 4 warps; a warp takes 32-position tiles of the split in turn. For a tile, lane i
- * starts copying the V row of position tile0 + i into the warp's shared memory (cp.async),
- * loads the whole K row (HD/8 16-byte loads in flight) and dots it with the G query vectors
- * (fp32, pre-scaled, in shared memory, read as broadcasts); the online softmax per head is a
- * warp max and sum; then the warp walks the tile's V rows in shared memory, lane i holding dims
- * [i * HD/32, (i+1) * HD/32) for every head (p read from shared memory). K and V of a tile thus
- * take one memory round trip: decode attention is bound by latency, not bandwidth. At the end the
- * warps' (max, sum, acc) are merged in shared memory, and the block writes the output (one
- * split) or the partials for attn_merge_kernel, in the same layout as the kernel above. */
+ * Each K/V row is read once for the G heads that share it, and the products run on tensor cores
+ * (mma.sync m16n8k16, bf16 in, fp32 accumulate) with the G heads as the rows of a 16-row tile
+ * (rows G..15 are zero). 4 warps; a warp takes 16-position tiles of the split in turn. Per tile:
+ *   V rows    lane pairs copy the tile's 16 V rows into the warp's shared memory (cp.async,
+ *             rows past the context zero-filled), in flight with the K loads;
+ *   S = Q K^T lane 4r + c loads, for key rows r and r + 8 of the tile, the 16 bytes of each
+ *             32-dimension chunk at [8c, 8c + 8) and uses them as B fragments directly, with the
+ *             inner index permuted; Q (loaded once, the same way, rows = heads) takes the same
+ *             permutation (kernels/gemm_skinny.cu does the same), so no shared memory or
+ *             shuffles are needed for K;
+ *   softmax   scaled scores, keys past the context at -inf; running max per head (the 4 lanes
+ *             of a quad share a head) and per-lane partial sums, in fp32;
+ *   O += P V  P is split into bf16 high and low parts (two mma, so P keeps about 16 bits:
+ *             as accurate as fp32 weights against bf16 V); V's B fragments come from
+ *             ldmatrix.trans.
+ * A tile's K and V take one memory round trip, and the arithmetic is a few dozen tensor-core
+ * instructions per warp instead of thousands of FMAs: decode attention is bound by latency.
+ * At the end the warps' (max, sum, acc) are merged in shared memory, and the block writes the
+ * output (one split) or the partials for attn_merge_kernel, in the same layout as the kernel
+ * above. */
 #define GQA_WARPS 4
 
 template <int HD, int G>
 static __global__ void __launch_bounds__(GQA_WARPS * 32)
     attn_gqa_bf16_kernel(tm_k_attn_paged_bf16_args a) {
-    constexpr int DPL = HD / 32; // dims per lane in the V pass
-    __shared__ float q_s[G][HD];
-    __shared__ float p_s[GQA_WARPS][G][32];
+    static_assert(G <= 8, "the heads are rows 0..7 of the tile");
+    constexpr int NCH = HD / 32; // 32-dimension chunks of a row
+    constexpr int LDV = HD + 8;  // padded V row: ldmatrix's 8 rows hit 8 bank groups
+    __shared__ __align__(16) uint16_t v_s[GQA_WARPS][16][LDV];
     __shared__ float m_s[GQA_WARPS][G], l_s[GQA_WARPS][G];
-    // The tile loop stages each warp's 32 V rows here (v_s); the final merge of the warps reuses
-    // the space for their accumulators (acc_s).
-    constexpr size_t V_BYTES = (size_t)GQA_WARPS * 32 * HD * 2;
-    constexpr size_t ACC_BYTES = (size_t)GQA_WARPS * G * HD * 4;
-    __shared__ __align__(16) unsigned char stage_s[V_BYTES > ACC_BYTES ? V_BYTES : ACC_BYTES];
-    uint16_t(*v_s)[32][HD] = reinterpret_cast<uint16_t(*)[32][HD]>(stage_s);
-    float(*acc_s)[G][HD] = reinterpret_cast<float(*)[G][HD]>(stage_s);
+    __shared__ float acc_s[GQA_WARPS][G][HD];
     const uint32_t t = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
-    const uint32_t w = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const uint32_t w = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
     const uint32_t kvd = a.n_kv_head * HD, bs = a.block_size;
     const uint32_t n_pos = a.pos[t] + 1;
     const uint32_t lo = a.window && n_pos > a.window ? n_pos - a.window : 0;
-    const uint32_t n_tile = (n_pos - lo + 31) / 32;
+    const uint32_t n_tile = (n_pos - lo + 15) / 16;
     const uint32_t tiles_per_split = (n_tile + a.n_split - 1) / a.n_split;
     const uint32_t tile_lo = sp * tiles_per_split;
     const uint32_t tile_hi = min(n_tile, tile_lo + tiles_per_split);
     const uint32_t *bt = a.block_tables + a.seq_bt[a.tok_seq[t]];
     const uint16_t *kc = a.k_cache + (size_t)g * HD;
     const uint16_t *vc = a.v_cache + (size_t)g * HD;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
 
-    const uint16_t *qrow = a.q + (size_t)t * a.ld_q + (size_t)g * G * HD;
-    for (uint32_t i = threadIdx.x; i < G * HD; i += GQA_WARPS * 32)
-        q_s[i / HD][i % HD] = tm_bf2f(qrow[i]) * a.scale;
-    __syncthreads();
-
-    float m[G], l[G], acc[G][DPL];
+    // Q as A fragments: head r of the group (lanes of rows >= G hold zeros), chunk m's 16 bytes
+    uint4 qf[NCH];
+    {
+        const uint16_t *qrow = a.q + (size_t)t * a.ld_q + (size_t)(g * G + min(r, G - 1u)) * HD;
 #pragma unroll
-    for (int i = 0; i < G; i++) {
-        m[i] = -INFINITY;
-        l[i] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < DPL; e++)
-            acc[i][e] = 0.0f;
+        for (int m = 0; m < NCH; m++)
+            qf[m] = r < G ? *reinterpret_cast<const uint4 *>(qrow + 32 * m + 8 * c) : zero;
     }
+    float o[HD / 8][4];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    float m_run = -INFINITY, l_run = 0.0f; // head r: running max; this lane's partial sum
+
     for (uint32_t tile = tile_lo + w; tile < tile_hi; tile += GQA_WARPS) {
-        const uint32_t tile0 = lo + tile * 32, p = tile0 + lane;
-        const uint32_t n_in = min(32u, n_pos - tile0);
-        const bool live = lane < n_in;
-        const uint32_t row = live ? bt[p / bs] * bs + p % bs : 0;
-        // The V row of this lane's position into shared memory, in flight with the K loads
-        // below: one memory round trip for the tile instead of one per few V rows.
-        if (live) {
-            const uint16_t *v = vc + (size_t)row * kvd;
+        const uint32_t k0 = lo + tile * 16;
+        {   // V rows: lane 2i + j copies half j of row i
+            const uint32_t vr = lane >> 1, p = k0 + vr, half = (lane & 1) * (HD / 2);
+            const bool ok = p < n_pos;
+            const uint16_t *src = vc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd + half;
 #pragma unroll
-            for (int j = 0; j < HD / 8; j++)
-                tm_cp_async16(&v_s[w][lane][8 * j], v + 8 * j);
+            for (int i = 0; i < HD / 16; i++)
+                tm_cp_async16(&v_s[w][vr][half + 8 * i], src + 8 * i, ok ? 16 : 0);
+            tm_cp_async_commit();
         }
-        tm_cp_async_commit();
-        float sc[G];
+        uint4 kf[2][NCH]; // key rows k0 + r and k0 + 8 + r
 #pragma unroll
-        for (int i = 0; i < G; i++)
-            sc[i] = 0.0f;
-        if (live) {
-            const uint4 *k = reinterpret_cast<const uint4 *>(kc + (size_t)row * kvd);
-            uint4 kr[HD / 8];
+        for (int j = 0; j < 2; j++) {
+            const uint32_t p = k0 + 8 * j + r;
+            const bool ok = p < n_pos;
+            const uint16_t *krow = kc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd;
 #pragma unroll
-            for (int j = 0; j < HD / 8; j++)
-                kr[j] = k[j];
+            for (int m = 0; m < NCH; m++)
+                kf[j][m] = ok ? *reinterpret_cast<const uint4 *>(krow + 32 * m + 8 * c) : zero;
+        }
+        // S = Q K^T: s[j] = {S[r][k0 + 8j + 2c], S[r][.. + 1], rows r + 8 (zero)}
+        float s[2][4];
 #pragma unroll
-            for (int j = 0; j < HD / 8; j++) {
-                const uint32_t wv[4] = {kr[j].x, kr[j].y, kr[j].z, kr[j].w};
+        for (int j = 0; j < 2; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    const float k0 = __uint_as_float(wv[h] << 16);
-                    const float k1 = __uint_as_float(wv[h] & 0xffff0000u);
-#pragma unroll
-                    for (int i = 0; i < G; i++)
-                        sc[i] += q_s[i][8 * j + 2 * h] * k0 + q_s[i][8 * j + 2 * h + 1] * k1;
-                }
+            for (int m = 0; m < NCH; m++) {
+                const uint32_t qa0[4] = {qf[m].x, 0u, qf[m].y, 0u};
+                const uint32_t qa1[4] = {qf[m].z, 0u, qf[m].w, 0u};
+                tm_mma_bf16(s[j], qa0, kf[j][m].x, kf[j][m].y);
+                tm_mma_bf16(s[j], qa1, kf[j][m].z, kf[j][m].w);
             }
         }
+        // online softmax of head r over the tile's keys (the tile's first key is live)
+        float mx = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < G; i++) {
-            const float s = live ? sc[i] : -INFINITY;
-            const float m_new = fmaxf(m[i], tm_warp_max(s)); // finite: lane 0 is live
-            const float corr = expf(m[i] - m_new);
-            const float pe = live ? expf(s - m_new) : 0.0f;
-            l[i] = l[i] * corr + tm_warp_sum(pe);
-            m[i] = m_new;
-            p_s[w][i][lane] = pe;
+        for (int j = 0; j < 2; j++)
 #pragma unroll
-            for (int e = 0; e < DPL; e++)
-                acc[i][e] *= corr;
-        }
+            for (int e = 0; e < 2; e++) {
+                const bool live = k0 + 8 * j + 2 * c + e < n_pos;
+                s[j][e] = live ? s[j][e] * a.scale : -INFINITY;
+                mx = fmaxf(mx, s[j][e]);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run, mx), corr = expf(m_run - m_new);
+        m_run = m_new;
+        l_run *= corr;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                s[j][e] = expf(s[j][e] - m_new);
+                l_run += s[j][e];
+            }
+#pragma unroll
+        for (int d = 0; d < HD / 8; d++)
+            o[d][0] *= corr, o[d][1] *= corr;
+        // P as A fragments (keys [k0, k0 + 16) = one k-step): high and low bf16 parts
+        const uint32_t ph[4] = {tm_pack_bf16(s[0][0], s[0][1]), 0u,
+                                tm_pack_bf16(s[1][0], s[1][1]), 0u};
+        const uint32_t pl[4] = {
+            tm_pack_bf16(s[0][0] - tm_bf2f(ph[0] & 0xffffu), s[0][1] - tm_bf2f(ph[0] >> 16)), 0u,
+            tm_pack_bf16(s[1][0] - tm_bf2f(ph[2] & 0xffffu), s[1][1] - tm_bf2f(ph[2] >> 16)), 0u};
         tm_cp_async_wait<0>();
-        __syncwarp(); // p_s and the warp's V rows are in shared memory
-#pragma unroll 4
-        for (uint32_t j = 0; j < n_in; j++) {
-            const uint16_t *v = &v_s[w][j][lane * DPL];
-            float vf[DPL];
-            if (DPL == 4) {
-                const uint2 u = *reinterpret_cast<const uint2 *>(v);
-                vf[0] = __uint_as_float(u.x << 16);
-                vf[1] = __uint_as_float(u.x & 0xffff0000u);
-                vf[2] = __uint_as_float(u.y << 16);
-                vf[3] = __uint_as_float(u.y & 0xffff0000u);
-            } else {
-                const uint32_t u = *reinterpret_cast<const uint32_t *>(v);
-                vf[0] = __uint_as_float(u << 16);
-                vf[1] = __uint_as_float(u & 0xffff0000u);
-            }
+        __syncwarp(); // the warp's V rows are in shared memory
+        // O += P V. ldmatrix x4 trans: keys [0, 16) x dims [8d, 8d + 16), as the B fragments of
+        // dim groups d and d + 1
+        const uint32_t vrow = (lane & 7) + 8 * ((lane >> 3) & 1), vcol = 8 * (lane >> 4);
 #pragma unroll
-            for (int i = 0; i < G; i++) {
-                const float pj = p_s[w][i][j];
-#pragma unroll
-                for (int e = 0; e < DPL; e++)
-                    acc[i][e] += pj * vf[e];
-            }
+        for (int d = 0; d < HD / 8; d += 2) {
+            uint32_t b[4];
+            tm_ldsm_x4_trans(b, &v_s[w][vrow][8 * d + vcol]);
+            tm_mma_bf16(o[d], ph, b[0], b[1]);
+            tm_mma_bf16(o[d], pl, b[0], b[1]);
+            tm_mma_bf16(o[d + 1], ph, b[2], b[3]);
+            tm_mma_bf16(o[d + 1], pl, b[2], b[3]);
         }
-        __syncwarp(); // p_s and v_s are rewritten by the warp's next tile
+        __syncwarp(); // v_s is rewritten by the warp's next tile
     }
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+    l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
 
     // Merge the warps: every warp publishes (m, l, acc); then thread (head i, dim d) combines.
-    // acc_s shares its space with v_s: no warp may still be reading its V rows.
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < G; i++) {
-        if (lane == 0) {
-            m_s[w][i] = m[i];
-            l_s[w][i] = l[i];
+    if (r < G) {
+        if (c == 0) {
+            m_s[w][r] = m_run;
+            l_s[w][r] = l_run;
         }
 #pragma unroll
-        for (int e = 0; e < DPL; e++)
-            acc_s[w][i][lane * DPL + e] = acc[i][e];
+        for (int d = 0; d < HD / 8; d++) {
+            acc_s[w][r][8 * d + 2 * c] = o[d][0];
+            acc_s[w][r][8 * d + 2 * c + 1] = o[d][1];
+        }
     }
     __syncthreads();
     for (uint32_t idx = threadIdx.x; idx < G * HD; idx += GQA_WARPS * 32) {
@@ -432,11 +443,14 @@ extern "C" uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint
                                            size_t part_floats_cap) {
     if (n_tok == 0 || n_kv_head == 0)
         return 1;
-    // blocks: about 4 per SM of the GQA kernel (4 warps each), 8 of the other one
+    // GQA kernel: one wave at 3 blocks per SM (its registers allow 3), rounded down, as a
+    // split's tiles cost a memory round trip each and more splits cost merge work; the other
+    // kernel: about 8 blocks per SM
     const int gqa = gqa_ok(head_dim, n_head / n_kv_head);
-    const uint32_t target = (gqa ? 4 : 8) * TM_MAX(n_sm, 1u);
     const uint32_t per = gqa ? n_tok * n_kv_head : n_tok * n_head;
-    uint32_t n = TM_MIN((target + per - 1) / per, (uint32_t)TM_ATTN_MAX_SPLIT);
+    const uint32_t n_blk = (gqa ? 3 : 8) * TM_MAX(n_sm, 1u);
+    uint32_t n = gqa ? n_blk / per : (n_blk + per - 1) / per;
+    n = TM_MIN(TM_MAX(n, 1u), (uint32_t)TM_ATTN_MAX_SPLIT);
     while (n > 1 && tm_k_attn_part_floats(n_tok, n_head, n, head_dim) > part_floats_cap)
         n--;
     return TM_MAX(n, 1u);
@@ -466,6 +480,7 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
     TM_ASSERT(((uintptr_t)a->k_cache % 16) == 0 && ((uintptr_t)a->v_cache % 16) == 0);
     const uint32_t group = a->n_head / a->n_kv_head;
     if (gqa_ok(a->head_dim, group)) {
+        TM_ASSERT(((uintptr_t)a->q % 16) == 0 && a->ld_q % 8 == 0); // Q rows in 16-byte pieces
         dim3 g3(a->n_tok, a->n_kv_head, a->n_split);
 #define TM_GQA_CASE(HDV, GV)                                                                     \
     if (a->head_dim == HDV && group == GV)                                                        \

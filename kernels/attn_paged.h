@@ -5,7 +5,9 @@
  * cache[block_tables[seq_bt[seq] + p / block_size] * block_size + p % block_size]
  * [kv_head*head_dim ...]; query head h reads KV head h / (n_head / n_kv_head) (GQA).
  * softmax(q.k * scale) in fp32 with an online (running max) softmax over tiles of positions,
- * then the weighted sum of V in fp32, written as bf16.
+ * then the weighted sum of V in fp32, written as bf16 (the GQA kernel computes both products on
+ * tensor cores, fp32 accumulation, with the probabilities split into two bf16 parts: about 16
+ * bits of each).
  *
  * Split-K: with n_split > 1 each (token, head) context is cut into n_split ranges handled by
  * separate blocks, which write partial results to part_acc / part_ml; a second kernel merges
@@ -37,7 +39,7 @@ extern "C" {
 
 typedef struct tm_k_attn_paged_bf16_args {
     uint16_t *out;                 /* [n_tok][ld_q] bf16: head h at column h*head_dim */
-    const uint16_t *q;             /* [n_tok][ld_q] bf16, rotated */
+    const uint16_t *q;             /* [n_tok][ld_q] bf16, rotated, 16-B aligned */
     const uint16_t *k_cache;       /* one layer: [slot][n_kv_head*head_dim] bf16, 16-B aligned */
     const uint16_t *v_cache;       /* same shape */
     const uint32_t *pos;           /* [n_tok] */
@@ -48,7 +50,8 @@ typedef struct tm_k_attn_paged_bf16_args {
                                     * aligned */
     float *part_ml;                /* [n_tok][n_head][n_split][2] (max, sum) if n_split > 1 */
     uint32_t n_tok, n_head, n_kv_head, head_dim, block_size;
-    uint32_t ld_q;                 /* row stride of q and out in elements, >= n_head*head_dim */
+    uint32_t ld_q;                 /* row stride of q and out in elements, >= n_head*head_dim,
+                                    * a multiple of 8 */
     uint32_t window;               /* 0 = full causal attention */
     uint32_t n_split;              /* 1 .. TM_ATTN_MAX_SPLIT */
     float scale;                   /* 1/sqrt(head_dim) */
@@ -58,8 +61,8 @@ typedef struct tm_k_attn_paged_bf16_args {
 size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
                              uint32_t head_dim);
 
-/* The split count for a launch of n_tok tokens on a GPU of n_sm multiprocessors: about 4 blocks
- * per SM, as long as the partials fit in part_floats_cap floats. Depends only on its arguments
+/* The split count for a launch of n_tok tokens on a GPU of n_sm multiprocessors: enough blocks to
+ * fill the GPU once, as long as the partials fit in part_floats_cap floats. Depends only on its arguments
  * (a decode graph of T tokens keeps its split). */
 uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head,
                                 uint32_t head_dim, uint32_t n_sm, size_t part_floats_cap);

@@ -34,34 +34,6 @@
 #define NWARP (BM / 16)
 #define NTHR (NWARP * 32)
 
-static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const uint16_t *p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const uint16_t *p) {
-    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-/* d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate */
-static __device__ __forceinline__ void mma_bf16(float *d, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* (lo, hi) rounded to bf16 in one 32-bit register, lo in the low half */
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
 // 3 blocks per SM caps head_dim 128 at 168 registers (no spills; 2 per SM gave 201): on an H200
 // the 8 x 2048-token llama8b layer took 1.32 ms (208 TFLOP/s) against 1.55 ms with 2.
 template <int HD>
@@ -124,7 +96,7 @@ static __global__ void __launch_bounds__(NTHR, 3)
         const uint32_t row = r0 + (lane & 7) + 8 * ((lane >> 3) & 1), col = 8 * (lane >> 4);
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            ldsm_x4(qa[kk], qs + row * LDS + 16 * kk + col);
+            tm_ldsm_x4(qa[kk], qs + row * LDS + 16 * kk + col);
     }
     __syncthreads(); // buffer 1 is overwritten by key tile 1
 
@@ -167,9 +139,9 @@ static __global__ void __launch_bounds__(NTHR, 3)
 #pragma unroll
                 for (int n8 = 0; n8 < BN / 8; n8 += 2) {
                     uint32_t b[4];
-                    ldsm_x4(b, ks + (8 * n8 + krow) * LDS + 16 * kk + kcol);
-                    mma_bf16(s[n8], qa[kk], b[0], b[1]);
-                    mma_bf16(s[n8 + 1], qa[kk], b[2], b[3]);
+                    tm_ldsm_x4(b, ks + (8 * n8 + krow) * LDS + 16 * kk + kcol);
+                    tm_mma_bf16(s[n8], qa[kk], b[0], b[1]);
+                    tm_mma_bf16(s[n8 + 1], qa[kk], b[2], b[3]);
                 }
             }
             // masks: causal where the tile reaches past the warp's first row, window where it
@@ -224,16 +196,16 @@ static __global__ void __launch_bounds__(NTHR, 3)
             const uint32_t vrow = (lane & 7) + 8 * ((lane >> 3) & 1), vcol = 8 * (lane >> 4);
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
-                const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                                        pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                        pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                        pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                const uint32_t pa[4] = {tm_pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                        tm_pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                        tm_pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        tm_pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
                 for (int d = 0; d < HD / 8; d += 2) {
                     uint32_t b[4];
-                    ldsm_x4_trans(b, vs + (16 * kk + vrow) * LDS + 8 * d + vcol);
-                    mma_bf16(o[d], pa, b[0], b[1]);
-                    mma_bf16(o[d + 1], pa, b[2], b[3]);
+                    tm_ldsm_x4_trans(b, vs + (16 * kk + vrow) * LDS + 8 * d + vcol);
+                    tm_mma_bf16(o[d], pa, b[0], b[1]);
+                    tm_mma_bf16(o[d + 1], pa, b[2], b[3]);
                 }
             }
         }
@@ -254,9 +226,9 @@ static __global__ void __launch_bounds__(NTHR, 3)
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) {
         *reinterpret_cast<uint32_t *>(os + g * LDS + 8 * d + 2 * t4) =
-            pack_bf16(o[d][0] * inv[0], o[d][1] * inv[0]);
+            tm_pack_bf16(o[d][0] * inv[0], o[d][1] * inv[0]);
         *reinterpret_cast<uint32_t *>(os + (g + 8) * LDS + 8 * d + 2 * t4) =
-            pack_bf16(o[d][2] * inv[1], o[d][3] * inv[1]);
+            tm_pack_bf16(o[d][2] * inv[1], o[d][3] * inv[1]);
     }
     __syncwarp();
     for (uint32_t i = lane; i < 16 * CPR; i += 32) {

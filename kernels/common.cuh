@@ -1,6 +1,7 @@
 /* kernels/common.cuh - device helpers shared by the kernels: bf16 <-> fp32, warp and block
- * reductions, 16-byte bf16 vector loads, cp.async. Device code only (plus kernels/common.h for the
- * launchers' error glue). Reductions assume blockDim.x == BLOCK, a multiple of 32, <= 1024. */
+ * reductions, 16-byte bf16 vector loads, cp.async, ldmatrix and mma.sync. Device code only
+ * (plus kernels/common.h for the launchers' error glue). Reductions assume blockDim.x == BLOCK,
+ * a multiple of 32, <= 1024. */
 #ifndef TM_KERNELS_COMMON_CUH
 #define TM_KERNELS_COMMON_CUH
 
@@ -87,6 +88,38 @@ static __device__ __forceinline__ void tm_cp_async_commit(void) {
 }
 template <int N> static __device__ __forceinline__ void tm_cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ldmatrix: four 8x8 b16 matrices from shared memory (lane l gives the address of row l % 8 of
+ * matrix l / 8); _trans delivers them transposed. */
+static __device__ __forceinline__ void tm_ldsm_x4(uint32_t *r, const uint16_t *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+static __device__ __forceinline__ void tm_ldsm_x4_trans(uint32_t *r, const uint16_t *p) {
+    const uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate (mma.sync m16n8k16). Fragments,
+ * lane = 4g + c: a = {A[g][2c..2c+1], A[g+8][2c..], A[g][2c+8..], A[g+8][2c+8..]},
+ * b = {B[2c..2c+1][g], B[2c+8..2c+9][g]}, d = {D[g][2c], D[g][2c+1], D[g+8][2c], D[g+8][2c+1]}. */
+static __device__ __forceinline__ void tm_mma_bf16(float *d, const uint32_t *a, uint32_t b0,
+                                                   uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* (lo, hi) rounded to bf16 in one 32-bit register, lo in the low half */
+static __device__ __forceinline__ uint32_t tm_pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
 }
 
 #endif /* TM_KERNELS_COMMON_CUH */

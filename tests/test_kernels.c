@@ -531,20 +531,24 @@ static void test_skinny(void) {
     // llama8b decode shapes (qkv, o, gate|up, down, lm_head)
     const uint32_t shapes[5][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096},
                                    {4096, 128256}};
-    // TM_SKINNY_SWEEP=1: unroll x split-planning variants (kernel tuning); else the defaults
+    // TM_SKINNY_SWEEP=1: unroll x split-planning variants (kernel tuning), also on one TP2
+    // rank's shard of those shapes; else the defaults
+    const uint32_t half[5][2] = {{4096, 3072}, {2048, 4096}, {4096, 14336}, {7168, 4096},
+                                 {4096, 64128}};
     const int sweep = getenv("TM_SKINNY_SWEEP") != NULL;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (sweep ? 10 : 5); i++) {
+        const uint32_t *sh = i < 5 ? shapes[i] : half[i - 5];
         if (!sweep) {
-            skinny_rate(8, shapes[i][0], shapes[i][1], (uint32_t)n_sm, 0);
-            skinny_rate(1, shapes[i][0], shapes[i][1], (uint32_t)n_sm, 0);
+            skinny_rate(8, sh[0], sh[1], (uint32_t)n_sm, 0);
+            skinny_rate(1, sh[0], sh[1], (uint32_t)n_sm, 0);
             continue;
         }
-        const uint32_t unrolls[2] = {4, 8}, sms[3] = {(uint32_t)n_sm / 2, (uint32_t)n_sm,
-                                                           (uint32_t)n_sm * 2};
+        const uint32_t unrolls[2] = {4, 8}, sms[4] = {(uint32_t)n_sm / 2, (uint32_t)n_sm,
+                                                           (uint32_t)n_sm * 2, (uint32_t)n_sm * 4};
         for (int u = 0; u < 2; u++)
-            for (int m = 0; m < 3; m++)
-                skinny_rate(8, shapes[i][0], shapes[i][1], sms[m], unrolls[u]);
-        skinny_rate(16, shapes[i][0], shapes[i][1], (uint32_t)n_sm, 8);
+            for (int m = 0; m < 4; m++)
+                skinny_rate(8, sh[0], sh[1], sms[m], unrolls[u]);
+        skinny_rate(16, sh[0], sh[1], (uint32_t)n_sm, 8);
     }
 }
 
