@@ -35,102 +35,32 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "runner/engine.h"
 #include "runner/engine_cuda.h"
 #include "runner/model.h"
-
-#define N_SEQ 4
-#define MAX_TOK 512
-#define BLOCK 16
-#define N_DECODE 72
-#define LOGIT_TOL 0.03
-
-static uint64_t g_rng = 77;
-static uint32_t urand(uint32_t n) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)((g_rng >> 11) % n);
-}
-
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
-
-typedef struct seq {
-    uint32_t tok[MAX_TOK];
-    uint32_t n;       /* tokens known (prompt + generated) */
-    uint32_t done;    /* tokens already in the KV cache */
-    uint32_t bt[MAX_TOK / BLOCK];
-    int stopped;
-} seq;
-
-typedef struct stats {
-    double max_abs, max_rel; /* over all compared rows; rel = abs / max |cpu| of the row */
-    int n_rows, n_bad_rows, n_greedy, n_greedy_diff, n_dev_greedy_diff;
-    int n_clear_flip; /* greedy differs although the CPU's top-2 margin > 2 x the row's error */
-} stats;
+#include "tm_gpu_compare.h"
 
 /* One step over the chunks given (seq index, n_tok); appends each wanted row's CPU greedy token.
  * Returns 0 on engine failure. */
 static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const uint32_t *which,
                 const uint32_t *n_tok, uint32_t n_chunk, uint32_t n_vocab, stats *st) {
     tm_batch_seq bs[N_SEQ];
-    uint32_t want_seq[N_SEQ], n_want = 0;
-    for (uint32_t i = 0; i < n_chunk; i++) {
-        seq *s = &S[which[i]];
-        bs[i] = (tm_batch_seq){.tokens = s->tok + s->done, .n_tok = n_tok[i], .pos = s->done,
-                               .block_table = s->bt, .n_block = MAX_TOK / BLOCK,
-                               .want_logits = s->done + n_tok[i] == s->n};
-        if (bs[i].want_logits)
-            want_seq[n_want++] = which[i];
-    }
+    uint32_t want_seq[N_SEQ];
+    const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
     tm_batch b = {.seqs = bs, .n_seq = n_chunk};
     float *lc = malloc((size_t)N_SEQ * n_vocab * 4), *lg = malloc((size_t)N_SEQ * n_vocab * 4);
     uint32_t ids[N_SEQ];
     tm_err err = {0};
     TM_ASSERT(lc && lg);
     int ok = 1;
-    tm_rc rc = tm_engine_forward(cpu, &b, lc, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
-    rc = tm_engine_forward(gpu, &b, lg, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
-    rc = tm_engine_cuda_forward_greedy(gpu2, &b, ids, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
+    CHECK_CALL(ok, tm_engine_forward(cpu, &b, lc, &err), &err);
+    CHECK_CALL(ok, tm_engine_forward(gpu, &b, lg, &err), &err);
+    CHECK_CALL(ok, tm_engine_cuda_forward_greedy(gpu2, &b, ids, &err), &err);
     for (uint32_t r = 0; ok && r < n_want; r++) {
         const float *c = lc + (size_t)r * n_vocab, *g = lg + (size_t)r * n_vocab;
-        double mx = 0.0, md = 0.0;
-        for (uint32_t v = 0; v < n_vocab; v++) {
-            mx = fmax(mx, fabs(c[v]));
-            double d = fabs((double)g[v] - c[v]);
-            md = isnan(d) ? INFINITY : fmax(md, d);
-        }
-        st->max_abs = fmax(st->max_abs, md);
-        st->max_rel = fmax(st->max_rel, md / mx);
-        st->n_rows++;
-        st->n_bad_rows += !(md <= LOGIT_TOL * mx);
-        uint32_t tc = argmax(c, n_vocab), tg = argmax(g, n_vocab);
-        st->n_greedy++;
-        if (tc != tg) {
-            // report the CPU's top-2 margin: a near tie explains a flip, a large one is a bug
-            float second = -INFINITY;
-            for (uint32_t v = 0; v < n_vocab; v++)
-                if (v != tc && c[v] > second)
-                    second = c[v];
-            fprintf(stderr, "greedy differs: cpu %u gpu %u (cpu margin %g, row max err %g)\n", tc,
-                    tg, (double)(c[tc] - second), md);
-            st->n_greedy_diff++;
-            st->n_clear_flip += c[tc] - second > 2.0 * md;
-        }
-        st->n_dev_greedy_diff += ids[r] != tg;
-        seq *s = &S[want_seq[r]];
-        if (s->n < MAX_TOK)
-            s->tok[s->n++] = tc;
+        const uint32_t tc = argmax(c, n_vocab), tg = argmax(g, n_vocab);
+        compare_row(st, "cpu", c, tc, "gpu", g, tg, n_vocab);
+        st->n_dev_diff += ids[r] != tg;
+        seq_append(&S[want_seq[r]], tc);
     }
-    for (uint32_t i = 0; i < n_chunk; i++)
-        S[which[i]].done += n_tok[i];
+    step_done(S, which, n_tok, n_chunk);
     free(lc);
     free(lg);
     return ok;
@@ -140,14 +70,8 @@ static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const u
  * must agree. f32/f16 checkpoints are rounded to bf16 on upload (a slightly different model):
  * there a flip is allowed only at a near tie (CPU top-2 margin <= 2 x that row's logit error). */
 static void run_model(const char *name, const char *args, int exact_greedy) {
-    const char *build = getenv("TM_BUILD");
-    if (!build)
-        build = "build";
-    char dir[] = "/tmp/tm_engine_cuda_XXXXXX";
-    TM_ASSERT(mkdtemp(dir));
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/mkmodel --out %s %s > /dev/null", build, dir, args);
-    if (system(cmd) != 0) {
+    char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
+    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
         fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
         TM_CHECK(0);
         return;
@@ -158,7 +82,7 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
     if (!m)
         return;
     const uint32_t V = m->cfg.n_vocab;
-    tm_engine_opts eo = {.n_threads = 0, .block_size = BLOCK, .n_kv_block = N_SEQ * MAX_TOK / BLOCK,
+    tm_engine_opts eo = {.n_threads = 0, .block_size = BLOCK, .n_kv_block = SEQ_BLOCKS,
                          .max_seqs = N_SEQ, .max_batched_tokens = 256};
     tm_engine *cpu = NULL, *gpu = NULL, *gpu2 = NULL;
     TM_CHECK_OK(tm_engine_cpu_create(m, &eo, &cpu, &err), &err);
@@ -168,58 +92,27 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
         goto done;
     tm_engine_cuda_set_graphs(gpu2, 0);
 
-    // Sequences: prompts of 37, 100, 5 and 64 tokens; block ids shuffled across the pool.
     static seq S[N_SEQ];
-    memset(S, 0, sizeof(S));
-    const uint32_t plen[N_SEQ] = {37, 100, 5, 64};
-    uint32_t n_blk = eo.n_kv_block, perm[N_SEQ * MAX_TOK / BLOCK];
-    for (uint32_t i = 0; i < n_blk; i++)
-        perm[i] = i;
-    for (uint32_t i = n_blk - 1; i > 0; i--) {
-        uint32_t j = urand(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    for (uint32_t i = 0; i < N_SEQ; i++) {
-        S[i].n = plen[i];
-        for (uint32_t k = 0; k < plen[i]; k++)
-            S[i].tok[k] = urand(V);
-        memcpy(S[i].bt, perm + i * (MAX_TOK / BLOCK), sizeof(S[i].bt));
-    }
+    seqs_init(S, V);
     stats st = {0};
     int ok = 1;
-    // step 1: seq 0 whole prompt, seq 1 first chunk (no logits)
-    ok = ok && step(cpu, gpu, gpu2, S, (uint32_t[]){0, 1}, (uint32_t[]){37, 50}, 2, V, &st);
-    // step 2: seq 1 rest, seq 0 decode, seq 2 whole prompt
-    ok = ok && step(cpu, gpu, gpu2, S, (uint32_t[]){1, 0, 2}, (uint32_t[]){50, 1, 5}, 3, V, &st);
-    // step 3: decodes of 0, 1, 2 and seq 3's prompt in two chunks over two steps
-    ok = ok && step(cpu, gpu, gpu2, S, (uint32_t[]){0, 1, 2, 3}, (uint32_t[]){1, 1, 1, 40}, 4, V,
-                    &st);
-    ok = ok && step(cpu, gpu, gpu2, S, (uint32_t[]){0, 3, 1, 2}, (uint32_t[]){1, 24, 1, 1}, 4, V,
-                    &st);
-    // decode steps: all four, seq 2 stops after 30 (batch size 4 -> 3)
-    for (uint32_t k = 0; ok && k < N_DECODE; k++) {
-        uint32_t which[N_SEQ], n1[N_SEQ], n = 0;
-        for (uint32_t i = 0; i < N_SEQ; i++) {
-            if (i == 2 && k >= 30)
-                continue;
-            which[n] = i;
-            n1[n++] = 1;
-        }
-        ok = step(cpu, gpu, gpu2, S, which, n1, n, V, &st);
+    for (uint32_t k = 0; ok && k < N_STEP; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ];
+        const uint32_t n_chunk = sched_step(k, which, n_tok);
+        ok = step(cpu, gpu, gpu2, S, which, n_tok, n_chunk, V, &st);
     }
     fprintf(stderr,
             "%s: %d logit rows, max abs err %.4g, max err / row max|logit| %.4g (tol %.2g), "
             "%d rows over; greedy %d/%d equal; device greedy vs host argmax: %d differ\n",
             name, st.n_rows, st.max_abs, st.max_rel, LOGIT_TOL, st.n_bad_rows,
-            st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_greedy_diff);
+            st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_diff);
     TM_CHECK(ok);
     TM_CHECK(st.n_rows >= N_DECODE * 3);
     TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
     TM_CHECK_MSG(exact_greedy ? st.n_greedy_diff == 0 : st.n_clear_flip == 0,
                  "%s: %d greedy tokens differ (%d not near a tie)", name, st.n_greedy_diff,
                  st.n_clear_flip);
-    TM_CHECK(st.n_dev_greedy_diff == 0);
+    TM_CHECK(st.n_dev_diff == 0);
 
     // Bad input fails the call, not the engine.
     {
@@ -238,8 +131,7 @@ done:
     tm_engine_destroy(gpu);
     tm_engine_destroy(cpu);
     tm_model_destroy(m);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    if (system(cmd) != 0)
+    if (rmdir_all(dir) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
@@ -268,14 +160,11 @@ static void test_f16(void) {
 // slots of A's block 1, then computes its own 3 tokens. Its logits must match C, which computes
 // all 23 tokens itself.
 static void test_kv_copy(void) {
-    const char *build = getenv("TM_BUILD");
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
-    TM_ASSERT(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd),
-             "%s/mkmodel --out %s --layers 2 --hidden 128 --heads 4 --kv-heads 2 --ff 256 "
-             "--vocab 300 --ctx 1024 --seed 9 > /dev/null",
-             build ? build : "build", dir);
-    TM_CHECK(system(cmd) == 0);
+    TM_CHECK(mkmodel(dir,
+                     "--layers 2 --hidden 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 "
+                     "--ctx 1024 --seed 9",
+                     cmd, sizeof(cmd)) == 0);
     tm_err err = {0};
     tm_model *m = NULL;
     tm_engine *gpu = NULL;
@@ -317,8 +206,7 @@ static void test_kv_copy(void) {
     free(la), free(lb), free(lc);
     tm_engine_destroy(gpu);
     tm_model_destroy(m);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    TM_CHECK(system(cmd) == 0);
+    TM_CHECK(rmdir_all(dir) == 0);
 }
 
 static void test_no_gpu_error(void) {
@@ -331,6 +219,7 @@ static void test_no_gpu_error(void) {
 }
 
 int main(void) {
+    g_rng = 77;
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         // The engine must say so clearly.

@@ -5,16 +5,16 @@
  *
  * Per mkmodel model (GQA with split KV heads; Qwen2 with q/k/v bias and tied embeddings; one KV
  * head, replicated on both ranks; an odd vocabulary that splits unevenly): the schedule of
- * tests/test_engine_cuda.c (prefill chunks with and without logits, prefills mixed with decodes,
- * then 72 decode steps that replay CUDA graphs, batch 4 then 3) runs on TP1 and TP2, both fed
- * TP1's greedy tokens. Every step runs twice on TP2, through the vtable (fp32 logits gathered from
- * the vocabulary slices) and through forward_greedy (per-rank argmax candidates merged on the
- * device); running a step twice rewrites the same K/V, so both see the same state. Checks: logits
- * within 0.03 x the row's max |logit| of TP1's (both are bf16 engines; only the fp32 summation
- * order of the split GEMMs differs), TP2's greedy tokens equal TP1's at every step (>= 64 decode
- * steps per sequence) except at near ties (TP1's top-2 margin below twice the row's logit error;
- * the count of those is printed), device greedy = argmax of the gathered logits, kv_copy on TP2
- * = on TP1.
+ * tests/tm_gpu_compare.h that test_engine_cuda also runs (prefill chunks with and without logits,
+ * prefills mixed with decodes, then 72 decode steps that replay CUDA graphs, batch 4 then 3) runs
+ * on TP1 and TP2, both fed TP1's greedy tokens. Every step runs twice on TP2, through the vtable
+ * (fp32 logits gathered from the vocabulary slices) and through forward_greedy (per-rank argmax
+ * candidates merged on the device); running a step twice rewrites the same K/V, so both see the
+ * same state. Checks: logits within 0.03 x the row's max |logit| of TP1's (both are bf16 engines;
+ * only the fp32 summation order of the split GEMMs differs), TP2's greedy tokens equal TP1's at
+ * every step (>= 64 decode steps per sequence) except at near ties (TP1's top-2 margin below twice
+ * the row's logit error; the count of those is printed), device greedy = argmax of the gathered
+ * logits, kv_copy on TP2 = on TP1.
  * Then a graph-less TP2 engine, and the failure path: rank 1 is killed mid-run and rank 0's next
  * step must fail within seconds with a message naming rank 1, without hanging.
  * Skipped (77) without CUDA, without two GPUs, or without mkmodel. */
@@ -41,27 +41,9 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "runner/model.h"
 #include "runner/rendezvous.h"
 #include "runner/tp_nccl.h"
+#include "tm_gpu_compare.h"
 
-#define N_SEQ 4
-#define MAX_TOK 512
-#define BLOCK 16
-#define N_DECODE 72
-#define LOGIT_TOL 0.03
-#define SPARE_BLOCK (N_SEQ * MAX_TOK / BLOCK) /* one block beyond the sequences' */
-
-static uint64_t g_rng = 91;
-static uint32_t urand(uint32_t n) {
-    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return (uint32_t)((g_rng >> 11) % n);
-}
-
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b])
-            b = i;
-    return b;
-}
+#define SPARE_BLOCK SEQ_BLOCKS /* one block beyond the sequences' */
 
 static tm_engine_opts engine_opts(uint32_t tp) {
     return (tm_engine_opts){.block_size = BLOCK, .n_kv_block = SPARE_BLOCK + 2,
@@ -141,77 +123,27 @@ static int tp2_open(const char *dir, const tm_model *m, tp2 *t) {
     return t->eng != NULL;
 }
 
-typedef struct seq {
-    uint32_t tok[MAX_TOK];
-    uint32_t n, done;
-    uint32_t bt[MAX_TOK / BLOCK];
-} seq;
-
-typedef struct stats {
-    double max_rel;
-    int n_rows, n_bad_rows, n_greedy, n_greedy_diff, n_dev_diff;
-    int n_clear_flip; /* greedy differs although TP1's top-2 margin > 2 x the row's error */
-} stats;
-
 static int step(tm_engine *tp1, tm_engine *tp2e, seq *S, const uint32_t *which,
                 const uint32_t *n_tok, uint32_t n_chunk, uint32_t V, stats *st) {
     tm_batch_seq bs[N_SEQ];
-    uint32_t want_seq[N_SEQ], n_want = 0;
-    for (uint32_t i = 0; i < n_chunk; i++) {
-        seq *s = &S[which[i]];
-        bs[i] = (tm_batch_seq){.tokens = s->tok + s->done, .n_tok = n_tok[i], .pos = s->done,
-                               .block_table = s->bt, .n_block = MAX_TOK / BLOCK,
-                               .want_logits = s->done + n_tok[i] == s->n};
-        if (bs[i].want_logits)
-            want_seq[n_want++] = which[i];
-    }
+    uint32_t want_seq[N_SEQ];
+    const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
     tm_batch b = {.seqs = bs, .n_seq = n_chunk};
     float *l1 = malloc((size_t)N_SEQ * V * 4), *l2 = malloc((size_t)N_SEQ * V * 4);
     uint32_t ids1[N_SEQ], ids2[N_SEQ];
     tm_err err = {0};
     int ok = 1;
-    tm_rc rc = tm_engine_forward(tp1, &b, l1, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
-    rc = tm_engine_cuda_forward_greedy(tp1, &b, ids1, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
-    rc = tm_engine_forward(tp2e, &b, l2, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
-    rc = tm_engine_cuda_forward_greedy(tp2e, &b, ids2, &err);
-    TM_CHECK_OK(rc, &err);
-    ok &= rc == TM_OK;
+    CHECK_CALL(ok, tm_engine_forward(tp1, &b, l1, &err), &err);
+    CHECK_CALL(ok, tm_engine_cuda_forward_greedy(tp1, &b, ids1, &err), &err);
+    CHECK_CALL(ok, tm_engine_forward(tp2e, &b, l2, &err), &err);
+    CHECK_CALL(ok, tm_engine_cuda_forward_greedy(tp2e, &b, ids2, &err), &err);
     for (uint32_t r = 0; ok && r < n_want; r++) {
         const float *a = l1 + (size_t)r * V, *g = l2 + (size_t)r * V;
-        double mx = 0.0, md = 0.0;
-        for (uint32_t v = 0; v < V; v++) {
-            mx = fmax(mx, fabs(a[v]));
-            double d = fabs((double)g[v] - a[v]);
-            md = isnan(d) ? INFINITY : fmax(md, d);
-        }
-        st->max_rel = fmax(st->max_rel, md / mx);
-        st->n_rows++;
-        st->n_bad_rows += !(md <= LOGIT_TOL * mx);
-        const uint32_t t1 = ids1[r], tg = argmax(g, V);
-        st->n_greedy++;
-        if (ids2[r] != t1) {
-            float second = -INFINITY;
-            for (uint32_t v = 0; v < V; v++)
-                if (v != t1 && a[v] > second)
-                    second = a[v];
-            fprintf(stderr, "greedy differs: tp1 %u tp2 %u (tp1 margin %g, row max err %g)\n", t1,
-                    ids2[r], (double)(a[t1] - second), md);
-            st->n_greedy_diff++;
-            st->n_clear_flip += a[t1] - second > 2.0 * md;
-        }
-        st->n_dev_diff += ids2[r] != tg || ids1[r] != argmax(a, V);
-        seq *s = &S[want_seq[r]];
-        if (s->n < MAX_TOK)
-            s->tok[s->n++] = t1; // both engines continue with TP1's token
+        compare_row(st, "tp1", a, ids1[r], "tp2", g, ids2[r], V);
+        st->n_dev_diff += ids2[r] != argmax(g, V) || ids1[r] != argmax(a, V);
+        seq_append(&S[want_seq[r]], ids1[r]); // both engines continue with TP1's token
     }
-    for (uint32_t i = 0; i < n_chunk; i++)
-        S[which[i]].done += n_tok[i];
+    step_done(S, which, n_tok, n_chunk);
     free(l1);
     free(l2);
     return ok;
@@ -219,37 +151,13 @@ static int step(tm_engine *tp1, tm_engine *tp2e, seq *S, const uint32_t *which,
 
 static double schedule(tm_engine *tp1, tm_engine *tp2e, uint32_t V, stats *st) {
     static seq S[N_SEQ];
-    memset(S, 0, sizeof(S));
-    const uint32_t plen[N_SEQ] = {37, 100, 5, 64};
-    const uint32_t n_blk = SPARE_BLOCK;
-    uint32_t perm[SPARE_BLOCK];
-    for (uint32_t i = 0; i < n_blk; i++)
-        perm[i] = i;
-    for (uint32_t i = n_blk - 1; i > 0; i--) {
-        uint32_t j = urand(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    for (uint32_t i = 0; i < N_SEQ; i++) {
-        S[i].n = plen[i];
-        for (uint32_t k = 0; k < plen[i]; k++)
-            S[i].tok[k] = urand(V);
-        memcpy(S[i].bt, perm + i * (MAX_TOK / BLOCK), sizeof(S[i].bt));
-    }
+    seqs_init(S, V);
     const double t0 = tm_now_ms();
-    int ok = step(tp1, tp2e, S, (uint32_t[]){0, 1}, (uint32_t[]){37, 50}, 2, V, st);
-    ok = ok && step(tp1, tp2e, S, (uint32_t[]){1, 0, 2}, (uint32_t[]){50, 1, 5}, 3, V, st);
-    ok = ok && step(tp1, tp2e, S, (uint32_t[]){0, 1, 2, 3}, (uint32_t[]){1, 1, 1, 40}, 4, V, st);
-    ok = ok && step(tp1, tp2e, S, (uint32_t[]){0, 3, 1, 2}, (uint32_t[]){1, 24, 1, 1}, 4, V, st);
-    for (uint32_t k = 0; ok && k < N_DECODE; k++) {
-        uint32_t which[N_SEQ], n1[N_SEQ], n = 0;
-        for (uint32_t i = 0; i < N_SEQ; i++) {
-            if (i == 2 && k >= 30)
-                continue;
-            which[n] = i;
-            n1[n++] = 1;
-        }
-        ok = step(tp1, tp2e, S, which, n1, n, V, st);
+    int ok = 1;
+    for (uint32_t k = 0; ok && k < N_STEP; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ];
+        const uint32_t n_chunk = sched_step(k, which, n_tok);
+        ok = step(tp1, tp2e, S, which, n_tok, n_chunk, V, st);
     }
     TM_CHECK(ok);
     // kv_copy: seq 1's first block (full) into the spare block; a new sequence that starts with
@@ -274,12 +182,8 @@ static double schedule(tm_engine *tp1, tm_engine *tp2e, uint32_t V, stats *st) {
 }
 
 static void run_model(const char *name, const char *args) {
-    const char *build = getenv("TM_BUILD");
     char dir[] = "/tmp/tm_tp_cuda_XXXXXX", cmd[1024];
-    TM_ASSERT(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd), "%s/mkmodel --out %s %s > /dev/null", build ? build : "build", dir,
-             args);
-    if (system(cmd) != 0) {
+    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
         fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
         TM_CHECK(0);
         return;
@@ -313,8 +217,7 @@ static void run_model(const char *name, const char *args) {
     }
     tm_engine_destroy(tp1);
     tm_model_destroy(m);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    TM_CHECK(system(cmd) == 0);
+    TM_CHECK(rmdir_all(dir) == 0);
 }
 
 static void test_llama_gqa(void) { // 8 heads, 2 KV heads: one KV head per rank
@@ -336,14 +239,11 @@ static void test_odd_vocab(void) { // 509 = 255 + 254: uneven slices
 
 /* Eager TP2 (no graphs) must give the graphs' tokens; then kill rank 1 mid-run. */
 static void test_no_graphs_and_dead_rank(void) {
-    const char *build = getenv("TM_BUILD");
     char dir[] = "/tmp/tm_tp_cuda_XXXXXX", cmd[1024];
-    TM_ASSERT(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd),
-             "%s/mkmodel --out %s --layers 2 --hidden 256 --heads 8 --kv-heads 2 --ff 512 "
-             "--vocab 512 --ctx 1024 --seed 8 > /dev/null",
-             build ? build : "build", dir);
-    TM_CHECK(system(cmd) == 0);
+    TM_CHECK(mkmodel(dir,
+                     "--layers 2 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+                     "--ctx 1024 --seed 8",
+                     cmd, sizeof(cmd)) == 0);
     tm_err err = {0};
     tm_model *m = NULL;
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
@@ -388,8 +288,7 @@ static void test_no_graphs_and_dead_rank(void) {
     fprintf(stderr, "  destroy after the failure: %.0f ms\n", tm_now_ms() - t1);
     tm_engine_destroy(tp1);
     tm_model_destroy(m);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    TM_CHECK(system(cmd) == 0);
+    TM_CHECK(rmdir_all(dir) == 0);
 }
 
 /* A rank that never joins NCCL: the others' create fails after the timeout with a message that
@@ -414,6 +313,7 @@ int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--rank"))
         return rank_main((uint32_t)atoi(argv[2]), (uint16_t)atoi(argv[3]), argv[4]);
     signal(SIGPIPE, SIG_IGN);
+    g_rng = 91;
     const int n_dev = tm_engine_cuda_n_devices();
     if (n_dev < 2) {
         fprintf(stderr, "test_tp_cuda: %d GPU(s) visible, 2 needed\n", n_dev);
