@@ -54,8 +54,6 @@ static __device__ __forceinline__ float2 wait_line(const uint4 *p, uint32_t e) {
 }
 
 static __global__ void __launch_bounds__(AR_THREADS) allreduce_kernel(tm_k_allreduce_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const uint32_t t = blockIdx.x, tid = threadIdx.x, d4 = a.d / 4;
     uint32_t *epochs = reinterpret_cast<uint32_t *>(
         lines_of(a.regions[a.rank], a.d_cap, 2, 0, 0)); // just past the lines
@@ -151,6 +149,6 @@ extern "C" tm_rc tm_k_allreduce_sum_f32(const tm_k_allreduce_args *a, cudaStream
     TM_ASSERT(!a->w || (a->out && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->out % 8 == 0));
     for (uint32_t r = 0; r < a->world; r++)
         TM_ASSERT(a->regions[r] && (uintptr_t)a->regions[r] % 16 == 0);
-    tm_launch(allreduce_kernel, a->n_tok, AR_THREADS, 0, s, *a);
+    allreduce_kernel<<<a->n_tok, AR_THREADS, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "allreduce_sum_f32");
 }

@@ -272,7 +272,6 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
 template <int HD, int G>
 static __global__ void __launch_bounds__(GQA_WARPS * 32)
     attn_gqa_bf16_kernel(tm_k_attn_paged_bf16_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
     static_assert(G <= 8, "the heads are rows 0..7 of the tile");
     constexpr int NCH = HD / 32; // 32-dimension chunks of a row
     constexpr int LDV = HD + 8;  // padded V row: ldmatrix's 8 rows hit 8 bank groups
@@ -388,7 +387,6 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
         }
         __syncwarp(); // v_s is rewritten by the warp's next tile
     }
-    tm_pdl_trigger(); // only the merge of the warps and the stores are left
     l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
     l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
 
@@ -460,8 +458,6 @@ extern "C" uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint
 
 /* One block per (token, head): merge the n_split partial results. */
 static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_bf16_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     merge_splits(a.out, a.part_acc, a.part_ml, a.ld_q, a.n_head, a.head_dim, a.n_split,
                  blockIdx.x, blockIdx.y, 1);
 }
@@ -488,7 +484,7 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
         dim3 g3(a->n_tok, a->n_kv_head, a->n_split);
 #define TM_GQA_CASE(HDV, GV)                                                                     \
     if (a->head_dim == HDV && group == GV)                                                        \
-        tm_launch(attn_gqa_bf16_kernel<HDV, GV>, g3, GQA_WARPS * 32, 0, s, *a);
+        attn_gqa_bf16_kernel<HDV, GV><<<g3, GQA_WARPS * 32, 0, s>>>(*a);
         TM_GQA_CASE(64, 1)
         TM_GQA_CASE(64, 2)
         TM_GQA_CASE(64, 4)
@@ -501,7 +497,7 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
         tm_rc rc = tm_cuda_launched(err, s, "attn_gqa_bf16");
         if (rc || a->n_split == 1)
             return rc;
-        tm_launch(attn_merge_kernel, dim3(a->n_tok, a->n_head), NT, 0, s, *a);
+        attn_merge_kernel<<<dim3(a->n_tok, a->n_head), NT, 0, s>>>(*a);
         return tm_cuda_launched(err, s, "attn_merge");
     }
     dim3 grid(a->n_tok, a->n_head, a->n_split);
@@ -525,6 +521,6 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
     tm_rc rc = tm_cuda_launched(err, s, "attn_paged_bf16");
     if (rc || a->n_split == 1)
         return rc;
-    tm_launch(attn_merge_kernel, dim3(a->n_tok, a->n_head), NT, 0, s, *a);
+    attn_merge_kernel<<<dim3(a->n_tok, a->n_head), NT, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "attn_merge");
 }

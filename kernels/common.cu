@@ -1,9 +1,6 @@
 /* kernels/common.cu - the launchers' error glue (see common.h). */
 #include "kernels/common.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 extern "C" tm_rc tm_cuda_check(cudaError_t e, const char *what, const char *file, int line,
                                tm_err *err) {
     if (e == cudaSuccess)
@@ -24,18 +21,4 @@ extern "C" tm_rc tm_cuda_launched(tm_err *err, cudaStream_t s, const char *name)
         return TM_OK;
     return TM_ERR(err, TM_E_CUDA, "kernel %s: %s (%s)", name, cudaGetErrorString(e),
                   cudaGetErrorName(e));
-}
-
-extern "C" int tm_k_pdl(void) {
-    static int on = -1; // racing first calls compute the same value
-    if (on < 0) {
-        const char *e = getenv("TM_CUDA_PDL");
-        int dev = 0, major = 0;
-        const int sm90 = cudaGetDevice(&dev) == cudaSuccess &&
-                         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ==
-                             cudaSuccess &&
-                         major >= 9;
-        on = sm90 && !(e && strcmp(e, "0") == 0);
-    }
-    return on;
 }

@@ -122,39 +122,4 @@ static __device__ __forceinline__ uint32_t tm_pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-/* Programmatic dependent launch (sm_90+). A kernel launched by tm_launch may start while the
- * kernel before it on the stream is still running: tm_pdl_wait() blocks until that kernel has
- * completed and its memory is visible, so every such kernel calls it before its first memory
- * access (reads and writes alike); tm_pdl_trigger() lets the next kernel launch (at the latest
- * it does when this one ends). Both are no-ops on older targets and in launches without the
- * attribute. */
-static __device__ __forceinline__ void tm_pdl_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-static __device__ __forceinline__ void tm_pdl_trigger(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
-/* kernel<<<grid, block, smem, s>>>(args...), with programmatic dependent launch when tm_k_pdl()
- * says so (the kernel must call tm_pdl_wait() first, see above). */
-template <typename... P, typename... A>
-static inline cudaError_t tm_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
-                                    cudaStream_t s, A... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = tm_k_pdl() ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, kernel, args...);
-}
-
 #endif /* TM_KERNELS_COMMON_CUH */

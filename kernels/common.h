@@ -1,7 +1,7 @@
 /* kernels/common.h - CUDA status codes into tm_err, for the kernel launchers and
  * runner/engine_cuda.c (the only runner file that includes kernels/ headers). A CUDA runtime
  * error is turned into TM_E_CUDA straight away, with cudaGetErrorString's text in err->msg.
- * Plain C; safe to include from .cu files. No state but tm_k_pdl's setting. */
+ * Plain C; safe to include from .cu files. No state. */
 #ifndef TM_KERNELS_COMMON_H
 #define TM_KERNELS_COMMON_H
 
@@ -22,11 +22,6 @@ tm_rc tm_cuda_check(cudaError_t e, const char *what, const char *file, int line,
  * fault) and names the kernel in the message. Built with -DTM_CUDA_SYNC=1 it also synchronizes
  * stream s, so that an asynchronous fault is reported by the launcher that caused it. */
 tm_rc tm_cuda_launched(tm_err *err, cudaStream_t s, const char *name);
-
-/* 1 if the decode-path kernels are launched with programmatic dependent launch (each may start
- * while the one before it ends; kernels/common.cuh): on sm_90+ unless TM_CUDA_PDL=0. Read once
- * per process. */
-int tm_k_pdl(void);
 
 #ifdef __cplusplus
 }

@@ -6,8 +6,6 @@
 template <int BLOCK>
 static __global__ void embed_bf16_kernel(float *x, const uint16_t *table, const uint32_t *tokens,
                                          uint32_t n_embd) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const size_t t = blockIdx.x;
     const uint16_t *row = table + (size_t)tokens[t] * n_embd;
     float *out = x + t * n_embd;
@@ -19,7 +17,6 @@ extern "C" tm_rc tm_k_embed_bf16(const tm_k_embed_bf16_args *a, cudaStream_t s, 
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->n_embd > 0 && a->x && a->table && a->tokens);
-    tm_launch(embed_bf16_kernel<256>, a->n_tok, 256, 0, s, a->x, a->table, a->tokens,
-              a->n_embd);
+    embed_bf16_kernel<256><<<a->n_tok, 256, 0, s>>>(a->x, a->table, a->tokens, a->n_embd);
     return tm_cuda_launched(err, s, "embed_bf16");
 }

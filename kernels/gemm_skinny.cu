@@ -53,7 +53,6 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
 /* D: chunks in flight per warp (the depth of its ring of shared-memory slots). */
 template <int NT, int D>
 static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gemm_skinny_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
     // Per warp: D slots of one chunk (w rows r and r + 8 for every lane), [half][lane] so that a
     // lane's 16-byte reads of a slot are conflict-free.
     __shared__ uint4 ring[WARPS][D][2][32];
@@ -115,7 +114,6 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
         cp_async_commit();
     }
     cp_async_wait<0>();
-    tm_pdl_trigger(); // only the stores are left
 
     // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
     float *out = a.part + (size_t)split * a.n_tok * a.n_out;
@@ -168,19 +166,17 @@ extern "C" tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s
     const unsigned grid = (unsigned)((n_warps + WARPS - 1) / WARPS);
     const uint32_t depth = a->unroll ? a->unroll : TM_SKINNY_DEPTH;
     if (a->n_tok <= 8 && depth >= 8)
-        tm_launch(gemm_skinny_kernel<1, 8>, grid, WARPS * 32, 0, s, *a);
+        gemm_skinny_kernel<1, 8><<<grid, WARPS * 32, 0, s>>>(*a);
     else if (a->n_tok <= 8)
-        tm_launch(gemm_skinny_kernel<1, 4>, grid, WARPS * 32, 0, s, *a);
+        gemm_skinny_kernel<1, 4><<<grid, WARPS * 32, 0, s>>>(*a);
     else if (depth >= 8)
-        tm_launch(gemm_skinny_kernel<2, 8>, grid, WARPS * 32, 0, s, *a);
+        gemm_skinny_kernel<2, 8><<<grid, WARPS * 32, 0, s>>>(*a);
     else
-        tm_launch(gemm_skinny_kernel<2, 4>, grid, WARPS * 32, 0, s, *a);
+        gemm_skinny_kernel<2, 4><<<grid, WARPS * 32, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "gemm_skinny");
 }
 
 static __global__ void sum_parts_kernel(tm_k_sum_parts_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;
          i += (size_t)gridDim.x * blockDim.x) {
         float v = a.beta != 0.0f ? a.y[i] : 0.0f;
@@ -196,6 +192,6 @@ extern "C" tm_rc tm_k_sum_parts(const tm_k_sum_parts_args *a, cudaStream_t s, tm
     TM_ASSERT(a->y && a->part && a->n_part >= 1 && (a->n_part == 1 || a->stride >= a->n));
     const size_t want = (a->n + 255) / 256;
     const unsigned grid = (unsigned)TM_MIN(want, (size_t)132 * 8);
-    tm_launch(sum_parts_kernel, grid, 256, 0, s, *a);
+    sum_parts_kernel<<<grid, 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "sum_parts");
 }

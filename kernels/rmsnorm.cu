@@ -8,8 +8,6 @@
 
 template <int BLOCK>
 static __global__ void rmsnorm_bf16_kernel(tm_k_rmsnorm_bf16_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const size_t r = blockIdx.x;
     const uint32_t n_col = a.n_col;
     const float *w = a.w;
@@ -82,8 +80,8 @@ extern "C" tm_rc tm_k_rmsnorm_bf16(const tm_k_rmsnorm_bf16_args *a, cudaStream_t
     // With partials to add (decode: a few rows, each reading n_add partial rows) the row's
     // loads are spread over 1024 threads so that they are all in flight at once.
     if (a->add)
-        tm_launch(rmsnorm_bf16_kernel<1024>, a->n_row, 1024, 0, s, *a);
+        rmsnorm_bf16_kernel<1024><<<a->n_row, 1024, 0, s>>>(*a);
     else
-        tm_launch(rmsnorm_bf16_kernel<256>, a->n_row, 256, 0, s, *a);
+        rmsnorm_bf16_kernel<256><<<a->n_row, 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "rmsnorm_bf16");
 }

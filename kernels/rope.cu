@@ -8,8 +8,6 @@
  * then its v elements; one item per thread. */
 template <int BLOCK>
 static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const size_t t = blockIdx.x;
     const uint32_t hd = a.head_dim, half = hd / 2;
     const uint32_t qd = a.n_head * hd, kvd = a.n_kv_head * hd, ld = qd + 2 * kvd;
@@ -58,7 +56,6 @@ extern "C" tm_rc tm_k_rope_kv_bf16(const tm_k_rope_kv_bf16_args *a, cudaStream_t
     TM_ASSERT(a->q && a->k_cache && a->v_cache && a->qkv && a->pos && a->slot && a->inv_freq);
     const uint32_t items = (a->n_head + a->n_kv_head) * (a->head_dim / 2) +
                            a->n_kv_head * a->head_dim;
-    tm_launch(rope_kv_bf16_kernel<128>, dim3(a->n_tok, TM_CEIL_DIV(items, 128u)), 128, 0, s,
-              *a);
+    rope_kv_bf16_kernel<128><<<dim3(a->n_tok, TM_CEIL_DIV(items, 128u)), 128, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "rope_kv_bf16");
 }

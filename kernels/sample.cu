@@ -7,8 +7,6 @@
 template <int BLOCK>
 static __global__ void argmax_f32_kernel(uint32_t *ids, const float *logits, uint32_t n_col,
                                          uint32_t n_limit) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     __shared__ float sv[BLOCK];
     __shared__ uint32_t si[BLOCK];
     const float *row = logits + (size_t)blockIdx.x * n_col;
@@ -49,7 +47,6 @@ extern "C" tm_rc tm_k_argmax_f32(const tm_k_argmax_f32_args *a, cudaStream_t s, 
         return TM_OK;
     TM_ASSERT(a->n_col > 0 && a->ids && a->logits);
     const uint32_t n_limit = a->n_limit && a->n_limit < a->n_col ? a->n_limit : a->n_col;
-    tm_launch(argmax_f32_kernel<1024>, a->n_row, 1024, 0, s, a->ids, a->logits, a->n_col,
-              n_limit);
+    argmax_f32_kernel<1024><<<a->n_row, 1024, 0, s>>>(a->ids, a->logits, a->n_col, n_limit);
     return tm_cuda_launched(err, s, "argmax_f32");
 }

@@ -7,8 +7,6 @@ template <int BLOCK>
 static __global__ void embed_part_bf16_kernel(float *x, const uint16_t *table,
                                               const uint32_t *tokens, uint32_t n_embd,
                                               uint32_t vocab0, uint32_t n_vocab) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const size_t t = blockIdx.x;
     const uint32_t row = tokens[t] - vocab0; // wraps below the slice
     float *out = x + t * n_embd;
@@ -35,8 +33,6 @@ static __device__ __forceinline__ bool better(float v, uint32_t i, float bv, uin
 template <int BLOCK>
 static __global__ void argmax_part_f32_kernel(uint32_t *cand, const float *logits,
                                               uint32_t n_col, uint32_t n_lim, uint32_t id0) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     __shared__ float sv[BLOCK];
     __shared__ uint32_t si[BLOCK];
     const float *row = logits + (size_t)blockIdx.x * n_col;
@@ -73,8 +69,6 @@ static __global__ void argmax_part_f32_kernel(uint32_t *cand, const float *logit
 
 static __global__ void argmax_merge_kernel(uint32_t *ids, const uint32_t *cand, uint32_t n_row,
                                            uint32_t n_rank) {
-    tm_pdl_wait(); // programmatic dependent launch: the kernel before has ended
-    tm_pdl_trigger();
     const uint32_t r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n_row)
         return;
@@ -100,8 +94,8 @@ extern "C" tm_rc tm_k_embed_part_bf16(const tm_k_embed_part_bf16_args *a, cudaSt
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->n_embd > 0 && a->x && a->table && a->tokens);
-    tm_launch(embed_part_bf16_kernel<256>, a->n_tok, 256, 0, s, a->x, a->table, a->tokens,
-              a->n_embd, a->vocab0, a->n_vocab);
+    embed_part_bf16_kernel<256><<<a->n_tok, 256, 0, s>>>(a->x, a->table, a->tokens, a->n_embd,
+                                                          a->vocab0, a->n_vocab);
     return tm_cuda_launched(err, s, "embed_part_bf16");
 }
 
@@ -113,8 +107,8 @@ extern "C" tm_rc tm_k_argmax_part_f32(const tm_k_argmax_part_f32_args *a, cudaSt
     uint32_t n_lim = a->n_col; // columns whose global id is below the limit
     if (a->id_limit)
         n_lim = a->id_limit <= a->id0 ? 0 : TM_MIN(a->n_col, a->id_limit - a->id0);
-    tm_launch(argmax_part_f32_kernel<1024>, a->n_row, 1024, 0, s, a->cand, a->logits, a->n_col,
-              n_lim, a->id0);
+    argmax_part_f32_kernel<1024><<<a->n_row, 1024, 0, s>>>(a->cand, a->logits, a->n_col, n_lim,
+                                                            a->id0);
     return tm_cuda_launched(err, s, "argmax_part_f32");
 }
 
@@ -122,7 +116,7 @@ extern "C" tm_rc tm_k_argmax_merge(const tm_k_argmax_merge_args *a, cudaStream_t
     if (a->n_row == 0)
         return TM_OK;
     TM_ASSERT(a->n_rank > 0 && a->ids && a->cand);
-    tm_launch(argmax_merge_kernel, TM_CEIL_DIV(a->n_row, 128u), 128, 0, s, a->ids, a->cand,
-              a->n_row, a->n_rank);
+    argmax_merge_kernel<<<TM_CEIL_DIV(a->n_row, 128u), 128, 0, s>>>(a->ids, a->cand, a->n_row,
+                                                                    a->n_rank);
     return tm_cuda_launched(err, s, "argmax_merge");
 }
