@@ -483,7 +483,8 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             prof_mark(impl, "attn_norm (+residual)");
         }
         if (!rc)
-            rc = project(impl, ABL_QKV, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f, &po, err);
+            rc = project(impl, ABL_QKV, L->w_qkv, impl->h, T, d, impl->qkv_dim, impl->qkv, 0.0f,
+                         &po, err);
         if (rc)
             return rc;
         prof_mark(impl, "qkv_proj");
@@ -519,7 +520,8 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         }
         prof_mark(impl, n_tile ? "attention (prefill)" : "attention (paged)");
         if (!rc)
-            rc = project(impl, ABL_O, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res, &res, err);
+            rc = project(impl, ABL_O, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res,
+                         &res, err);
         prof_mark(impl, "o_proj");
         if (rc)
             return rc;
@@ -538,7 +540,8 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
             prof_mark(impl, "ffn_norm (+residual)");
         }
         if (!rc)
-            rc = project(impl, ABL_GU, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po, err);
+            rc = project(impl, ABL_GU, L->w_gu, impl->h, T, d, 2 * ff, impl->gu, 0.0f, &po,
+                         err);
         if (rc)
             return rc;
         prof_mark(impl, "gate_up_proj");
@@ -547,7 +550,8 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         rc = ablated(impl, ABL_SILU) ? TM_OK : tm_k_silu_mul_bf16(&sa, s, err);
         prof_mark(impl, "silu_mul");
         if (!rc)
-            rc = project(impl, ABL_DOWN, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res, &res, err);
+            rc = project(impl, ABL_DOWN, L->w_down, impl->ffa, T, ff, d, impl->x, beta_res,
+                         &res, err);
         prof_mark(impl, "down_proj");
         if (!rc && tp) {
             rc = tp_reduce_norm(impl, T, &res, beta_res,
@@ -568,8 +572,8 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_rmsnorm_bf16(&fa, s, err);
     prof_mark(impl, "final_norm");
     if (!rc)
-        rc = project(impl, ABL_LM, impl->lm_head, impl->last, n_want, d, c->n_vocab, impl->logits, 0.0f,
-                     &po, err);
+        rc = project(impl, ABL_LM, impl->lm_head, impl->last, n_want, d, c->n_vocab,
+                     impl->logits, 0.0f, &po, err);
     if (rc || po.p == impl->logits) {
         prof_mark(impl, "lm_head");
         return rc;
