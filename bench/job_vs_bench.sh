@@ -10,6 +10,7 @@ set -u
 B=$(cd "${B:?binaries folder}" && pwd); TOK=$(cd "${TOK:?tokenizer folder}" && pwd)
 OUT=${OUT:-out-device}; W=${W:-/tmp/jvb}
 mkdir -p "$OUT" "$W"
+export LD_LIBRARY_PATH=$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} # libraries the machine lacks
 t0=$(date +%s)
 [ -f "$W/model/config.json" ] ||
   "$B/mkmodel" --out "$W/model" --arch llama --seed 3 --layers 32 --hidden 4096 --heads 32 \
