@@ -166,9 +166,8 @@ static void tok_range(const tok_job *j, uint32_t item, uint32_t *t0, uint32_t *t
 
 static uint32_t tok_items(uint32_t n_tok) { return TM_CEIL_DIV(n_tok, TOK_PER_ITEM); }
 
-static void attn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
-    (void)tid;
-    tok_job *j = ctx;
+/* h = RMSNorm(x) of the item's tokens with this layer's row of w_all ([n_layer][n_embd]). */
+static void norm_item(const tok_job *j, uint32_t item, const float *w_all) {
     cpu_impl *impl = j->impl;
     uint32_t t0, t1;
     tok_range(j, item, &t0, &t1);
@@ -176,7 +175,7 @@ static void attn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
     tm_k_rmsnorm_args a = {
         .out = impl->h + (size_t)t0 * d,
         .x = impl->x + (size_t)t0 * d,
-        .w = impl->attn_norm + (size_t)j->layer * d,
+        .w = w_all + (size_t)j->layer * d,
         .w_dtype = TM_DTYPE_F32,
         .n_row = t1 - t0,
         .n_col = d,
@@ -185,23 +184,16 @@ static void attn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
     tm_cpu_rmsnorm(&a);
 }
 
+static void attn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
+    (void)tid;
+    const tok_job *j = ctx;
+    norm_item(j, item, j->impl->attn_norm);
+}
+
 static void ffn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
     (void)tid;
-    tok_job *j = ctx;
-    cpu_impl *impl = j->impl;
-    uint32_t t0, t1;
-    tok_range(j, item, &t0, &t1);
-    const uint32_t d = impl->cfg.n_embd;
-    tm_k_rmsnorm_args a = {
-        .out = impl->h + (size_t)t0 * d,
-        .x = impl->x + (size_t)t0 * d,
-        .w = impl->ffn_norm + (size_t)j->layer * d,
-        .w_dtype = TM_DTYPE_F32,
-        .n_row = t1 - t0,
-        .n_col = d,
-        .eps = impl->cfg.rms_eps,
-    };
-    tm_cpu_rmsnorm(&a);
+    const tok_job *j = ctx;
+    norm_item(j, item, j->impl->ffn_norm);
 }
 
 /* RoPE on q and k, then K and V rows into the paged cache. */
