@@ -49,6 +49,15 @@ typedef struct tm_batch {
     uint32_t n_seq;
 } tm_batch;
 
+/* What every backend checks before a step (runner/engine.c): at most o->max_seqs sequences;
+ * each with tokens, ids below n_vocab, positions [pos, pos + n_tok) below max_pos and covered by
+ * its block table, whose used entries are below o->n_kv_block; at most o->max_batched_tokens
+ * tokens in all. who starts the messages ("cpu forward"). Writes the step's token count and the
+ * block-table entries its sequences use. */
+tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos,
+                     uint32_t n_vocab, const char *who, uint32_t *n_tok, uint64_t *n_bt,
+                     tm_err *err);
+
 typedef struct tm_engine tm_engine;
 
 typedef struct tm_engine_ops {

@@ -590,43 +590,19 @@ static tm_rc pack_batch(cuda_impl *impl, const tm_batch *b, uint32_t *T_out, uin
                         size_t *n_meta_out, uint32_t *n_tile_out, int *decode_only,
                         tm_err *err) {
     const tm_engine_opts *o = &impl->eng.opts;
-    if (b->n_seq > o->max_seqs)
-        return TM_ERR(err, TM_E_INVAL, "cuda forward: %u sequences > max_seqs %u", b->n_seq,
-                      o->max_seqs);
-    uint64_t T = 0, n_bt = 0;
-    for (uint32_t i = 0; i < b->n_seq; i++) {
-        const tm_batch_seq *s = &b->seqs[i];
-        if (s->n_tok == 0 || !s->tokens)
-            return TM_ERR(err, TM_E_INVAL, "cuda forward: sequence %u has no tokens", i);
-        uint64_t end = (uint64_t)s->pos + s->n_tok;
-        if (end > impl->max_pos || end > (uint64_t)s->n_block * o->block_size || !s->block_table)
-            return TM_ERR(err, TM_E_INVAL,
-                          "cuda forward: sequence %u positions [%u, %llu) not covered by its %u "
-                          "blocks of %u (pool of %u)",
-                          i, s->pos, (unsigned long long)end, s->n_block, o->block_size,
-                          o->n_kv_block);
-        uint32_t n_used = (uint32_t)TM_CEIL_DIV(end, o->block_size);
-        for (uint32_t k = 0; k < n_used; k++)
-            if (s->block_table[k] >= o->n_kv_block)
-                return TM_ERR(err, TM_E_INVAL, "cuda forward: sequence %u block %u id %u >= %u",
-                              i, k, s->block_table[k], o->n_kv_block);
-        for (uint32_t k = 0; k < s->n_tok; k++)
-            if (s->tokens[k] >= impl->vocab_full)
-                return TM_ERR(err, TM_E_INVAL, "cuda forward: sequence %u token %u id %u >= %u",
-                              i, k, s->tokens[k], impl->vocab_full);
-        T += s->n_tok;
-        n_bt += n_used;
-    }
-    if (T > o->max_batched_tokens)
-        return TM_ERR(err, TM_E_INVAL, "cuda forward: %llu tokens > max_batched_tokens %u",
-                      (unsigned long long)T, o->max_batched_tokens);
+    uint32_t T = 0;
+    uint64_t n_bt = 0;
+    tm_rc rc = tm_batch_check(b, o, impl->max_pos, impl->vocab_full, "cuda forward", &T, &n_bt,
+                              err);
+    if (rc)
+        return rc;
     if (n_bt > impl->bt_cap)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda forward: %llu block table entries in one step > %u (max_seqs x "
                       "blocks of n_ctx)",
                       (unsigned long long)n_bt, impl->bt_cap);
 
-    const meta_off mo = meta_layout((uint32_t)T, b->n_seq);
+    const meta_off mo = meta_layout(T, b->n_seq);
     uint32_t *mh = impl->meta_h;
     const uint32_t bs = o->block_size;
     uint32_t t = 0, n_want = 0, bt = 0;
@@ -657,7 +633,7 @@ static tm_rc pack_batch(cuda_impl *impl, const tm_batch *b, uint32_t *T_out, uin
     if (impl->use_fa && !*decode_only)
         n_tile = tm_k_attn_prefill_tiles(impl->chunks_h, b->n_seq,
                                          (tm_k_attn_prefill_tile *)(mh + mo.bt + bt));
-    *T_out = (uint32_t)T;
+    *T_out = T;
     *n_want_out = n_want;
     *n_tile_out = n_tile;
     *n_meta_out = mo.bt + bt + 4 * (size_t)n_tile;

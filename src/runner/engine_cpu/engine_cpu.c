@@ -277,43 +277,6 @@ static void attn_item_run(void *ctx, uint32_t item, uint32_t tid) {
 
 /* ---- forward ---- */
 
-static tm_rc check_batch(const cpu_impl *impl, const tm_batch *b, uint32_t *n_tok_out,
-                         tm_err *err) {
-    const tm_engine_opts *o = &impl->eng.opts;
-    if (b->n_seq > o->max_seqs)
-        return TM_ERR(err, TM_E_INVAL, "cpu forward: %u sequences > max_seqs %u", b->n_seq,
-                      o->max_seqs);
-    uint64_t n_tok = 0;
-    for (uint32_t i = 0; i < b->n_seq; i++) {
-        const tm_batch_seq *s = &b->seqs[i];
-        if (s->n_tok == 0 || !s->tokens)
-            return TM_ERR(err, TM_E_INVAL, "cpu forward: sequence %u has no tokens", i);
-        uint64_t end = (uint64_t)s->pos + s->n_tok;
-        if (end > impl->max_pos || end > (uint64_t)s->n_block * o->block_size || !s->block_table)
-            return TM_ERR(err, TM_E_INVAL,
-                          "cpu forward: sequence %u positions [%u, %llu) not covered by its %u "
-                          "blocks of %u (pool of %u)",
-                          i, s->pos, (unsigned long long)end, s->n_block, o->block_size,
-                          o->n_kv_block);
-        uint32_t n_used = (uint32_t)TM_CEIL_DIV(end, o->block_size);
-        for (uint32_t k = 0; k < n_used; k++)
-            if (s->block_table[k] >= o->n_kv_block)
-                return TM_ERR(err, TM_E_INVAL, "cpu forward: sequence %u block %u id %u >= %u",
-                              i, k, s->block_table[k], o->n_kv_block);
-        const uint32_t n_vocab = impl->eng.model->cfg.n_vocab;
-        for (uint32_t k = 0; k < s->n_tok; k++)
-            if (s->tokens[k] >= n_vocab)
-                return TM_ERR(err, TM_E_INVAL, "cpu forward: sequence %u token %u id %u >= %u",
-                              i, k, s->tokens[k], n_vocab);
-        n_tok += s->n_tok;
-    }
-    if (n_tok > o->max_batched_tokens)
-        return TM_ERR(err, TM_E_INVAL, "cpu forward: %llu tokens > max_batched_tokens %u",
-                      (unsigned long long)n_tok, o->max_batched_tokens);
-    *n_tok_out = (uint32_t)n_tok;
-    return TM_OK;
-}
-
 // TP: h holds this rank's partial [T][n_embd] product; sum it across ranks and add it to x.
 static void add_reduced(cpu_impl *impl, uint32_t T) {
     const size_t n = (size_t)T * impl->cfg.n_embd;
@@ -328,7 +291,9 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
     const tm_model_cfg *c = &impl->cfg;
     const uint32_t d = c->n_embd;
     uint32_t T = 0;
-    tm_rc rc = check_batch(impl, b, &T, err);
+    uint64_t n_bt = 0;
+    tm_rc rc = tm_batch_check(b, &impl->eng.opts, impl->max_pos, impl->eng.model->cfg.n_vocab,
+                              "cpu forward", &T, &n_bt, err);
     if (rc)
         return rc;
     if (T == 0)
