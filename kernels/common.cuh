@@ -1,5 +1,6 @@
 /* kernels/common.cuh - device helpers shared by the kernels: bf16 <-> fp32, warp and block
- * reductions, 16-byte bf16 vector loads, cp.async, ldmatrix and mma.sync. Device code only
+ * reductions, a block argmax, 16-byte bf16 vector loads, cp.async, ldmatrix and mma.sync.
+ * Device code only
  * (plus kernels/common.h for the launchers' error glue). Reductions assume blockDim.x == BLOCK,
  * a multiple of 32, <= 1024. */
 #ifndef TM_KERNELS_COMMON_CUH
@@ -72,6 +73,52 @@ template <int BLOCK> static __device__ __forceinline__ float tm_block_max(float 
     for (int i = 1; i < BLOCK / 32; i++)
         s = fmaxf(s, red[i]);
     return s;
+}
+
+/* (v, i) beats (bv, bi) in an argmax: a larger value, or an equal value and a lower index;
+ * anything beats index UINT32_MAX ("none"), which beats nothing. */
+static __device__ __forceinline__ bool tm_argmax_better(float v, uint32_t i, float bv,
+                                                        uint32_t bi) {
+    if (i == UINT32_MAX)
+        return false;
+    if (bi == UINT32_MAX)
+        return true;
+    return v > bv || (v == bv && i < bi);
+}
+
+/* Argmax of row[0, n) by the block (blockDim.x == BLOCK, every thread calls it): the largest
+ * value and, among equal ones, the lowest index (UINT32_MAX when n == 0; NaN never wins over a
+ * number but is reported). Returns in every thread whether a value was NaN or infinite. */
+template <int BLOCK>
+static __device__ __forceinline__ bool tm_block_argmax(const float *row, uint32_t n, float *v_out,
+                                                       uint32_t *i_out) {
+    __shared__ float sv[BLOCK];
+    __shared__ uint32_t si[BLOCK];
+    float best = -INFINITY;
+    uint32_t bi = UINT32_MAX;
+    int bad = 0;
+    for (uint32_t c = threadIdx.x; c < n; c += BLOCK) { // hot loop: the vocabulary
+        const float v = row[c];
+        bad |= !isfinite(v);
+        if (tm_argmax_better(v, c, best, bi))
+            best = v, bi = c;
+    }
+    bad = __syncthreads_or(bad);
+    sv[threadIdx.x] = best;
+    si[threadIdx.x] = bi;
+    __syncthreads();
+    for (int w = BLOCK / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w &&
+            tm_argmax_better(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x],
+                             si[threadIdx.x])) {
+            sv[threadIdx.x] = sv[threadIdx.x + w];
+            si[threadIdx.x] = si[threadIdx.x + w];
+        }
+        __syncthreads();
+    }
+    *v_out = sv[0];
+    *i_out = si[0];
+    return bad != 0;
 }
 
 /* cp.async (sm_80+): 16 bytes global -> shared, bypassing L1; n_src < 16 reads only n_src

@@ -20,50 +20,18 @@ static __global__ void embed_part_bf16_kernel(float *x, const uint16_t *table,
         out[c] = tm_bf2f(src[c]);
 }
 
-// (v, i) beats (bv, bi): larger value; equal value and lower id; anything beats "none".
-static __device__ __forceinline__ bool better(float v, uint32_t i, float bv, uint32_t bi) {
-    if (i == TM_K_ARGMAX_NONE)
-        return false;
-    if (bi == TM_K_ARGMAX_NONE)
-        return true;
-    return v > bv || (v == bv && i < bi);
-}
-
 // Columns [0, n_lim) of each row compete (n_lim may be 0: the slice lies past the limit).
 template <int BLOCK>
 static __global__ void argmax_part_f32_kernel(uint32_t *cand, const float *logits,
                                               uint32_t n_col, uint32_t n_lim, uint32_t id0) {
-    __shared__ float sv[BLOCK];
-    __shared__ uint32_t si[BLOCK];
-    const float *row = logits + (size_t)blockIdx.x * n_col;
-    float best = -INFINITY;
-    uint32_t bi = TM_K_ARGMAX_NONE;
-    int bad = 0;
-    for (uint32_t c = threadIdx.x; c < n_lim; c += BLOCK) { // hot loop: the vocabulary slice
-        const float v = row[c];
-        bad |= !isfinite(v);
-        if (better(v, c, best, bi)) {
-            best = v;
-            bi = c;
-        }
-    }
-    bad = __syncthreads_or(bad);
-    sv[threadIdx.x] = best;
-    si[threadIdx.x] = bi;
-    __syncthreads();
-    for (int w = BLOCK / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w &&
-            better(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x], si[threadIdx.x])) {
-            sv[threadIdx.x] = sv[threadIdx.x + w];
-            si[threadIdx.x] = si[threadIdx.x + w];
-        }
-        __syncthreads();
-    }
+    float v;
+    uint32_t i;
+    const bool bad = tm_block_argmax<BLOCK>(logits + (size_t)blockIdx.x * n_col, n_lim, &v, &i);
     if (threadIdx.x == 0) {
-        cand[2 * blockIdx.x] = __float_as_uint(sv[0]);
-        cand[2 * blockIdx.x + 1] = bad                         ? TM_K_ARGMAX_NONFINITE
-                                   : si[0] == TM_K_ARGMAX_NONE ? TM_K_ARGMAX_NONE
-                                                               : si[0] + id0;
+        cand[2 * blockIdx.x] = __float_as_uint(v);
+        cand[2 * blockIdx.x + 1] = bad                      ? TM_K_ARGMAX_NONFINITE
+                                   : i == TM_K_ARGMAX_NONE ? TM_K_ARGMAX_NONE
+                                                            : i + id0;
     }
 }
 
@@ -81,7 +49,7 @@ static __global__ void argmax_merge_kernel(uint32_t *ids, const uint32_t *cand, 
             ids[r] = UINT32_MAX;
             return;
         }
-        if (better(v, c[1], best, bi)) {
+        if (tm_argmax_better(v, c[1], best, bi)) {
             best = v;
             bi = c[1];
         }
