@@ -20,37 +20,14 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-[ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
-work=$(mktemp -d)
-mock_pid=""
-cleanup() { [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-. "$src/tests/durable_lib.sh"
 . "$src/tests/kafka_lib.bash"
+. "$src/tests/durable_lib.sh"
 dur_setup 10 # the tiny model
 kin_mock jobs:4 out1:3 out2:3 out3:3
 kin_input 1500
 "$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
 kin_split jobs 4
 
-# The output topic as an output folder the oracle reads (deduplicated by id with --dedupe).
-topic_as_dir() { # TOPIC DIR [--dedupe]; prints the number of duplicate messages
-    rm -rf "$work/t"; mkdir "$work/t"
-    "$build/kafka_tool" consume "$bs" "$1" >"$work/t/raw.jsonl"
-    node -e '
-      const fs = require("fs"), rows = fs.readFileSync(process.argv[1], "utf8").split("\n")
-        .filter(Boolean), seen = new Set(), out = [];
-      let dups = 0;
-      for (const r of rows) {
-        const id = JSON.stringify(JSON.parse(r).id);
-        if (seen.has(id) && process.argv[2] === "--dedupe") { dups++; continue; }
-        seen.add(id); out.push(r);
-      }
-      fs.writeFileSync(process.argv[1] + ".out", out.map((r) => r + "\n").join(""));
-      console.log(dups);' "$work/t/raw.jsonl" "${3:-}"
-    lz4 -q -c "$work/t/raw.jsonl.out" >"$work/t/completions.jsonl.lz4"
-    cp "$2/errors.jsonl" "$2/metrics.json" "$work/t/"
-}
 crash_chain() { # NAME OUTPUT_KAFKA_JSON
     RANDOM=${TM_CRASH_SEED:-11}
     local k pid rc kills=0
@@ -75,19 +52,19 @@ crash_chain() { # NAME OUTPUT_KAFKA_JSON
 kin_job "$work/job.json" "$work/o1" "g-t1" "{\"brokers\": \"$bs\", \"topic\": \"out1\", \"transactional_id\": \"tm-kin-t1\"}"
 "$build/tokenmill" -q run "$work/job.json" >"$work/run.log" 2>&1 || { tail "$work/run.log"; exit 1; }
 [ ! -s "$work/o1/completions.jsonl.lz4" ] || { echo "FAIL: completions also went to the file"; exit 1; }
-topic_as_dir out1 "$work/o1" >/dev/null
+kin_topic_as_dir out1 "$work/o1" >/dev/null
 kin_verify "$work/t"
 echo "kafka_crash_sink: transactional, offsets in the transaction: $(cat "$work/verify.log")"
 
 # 2. idempotent producer with kills
 kills=$(crash_chain o2 "{\"brokers\": \"$bs\", \"topic\": \"out2\"}")
-dups=$(topic_as_dir out2 "$work/o2" --dedupe)
+dups=$(kin_topic_as_dir out2 "$work/o2" --dedupe)
 kin_verify "$work/t"
 echo "kafka_crash_sink: idempotent, $kills kills: $(cat "$work/verify.log") after removing $dups duplicates by key"
 
 # 3. transactional with kills
 kills=$(crash_chain o3 "{\"brokers\": \"$bs\", \"topic\": \"out3\", \"transactional_id\": \"tm-kin-t3\"}")
-dups=$(topic_as_dir out3 "$work/o3" --dedupe)
+dups=$(kin_topic_as_dir out3 "$work/o3" --dedupe)
 kin_verify "$work/t"
 echo "kafka_crash_sink: transactional, $kills kills: $(cat "$work/verify.log") after removing $dups duplicates by key (aborted or re-sent: the mock shows both)"
 echo "kafka_crash_sink: ok"

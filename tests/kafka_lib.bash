@@ -1,6 +1,8 @@
-# tests/kafka_lib.bash - shared set-up of the Kafka-input tests (kafka_source.sh, kafka_crash.sh);
-# not a test itself. Source it after setting build, src and work (and after durable_lib.sh, whose
-# tiny model it uses). It defines:
+# tests/kafka_lib.bash - shared set-up of the Kafka tests (tests/kafka_*.sh); not a test
+# itself. Source it right after setting build and src: it skips the test (exit 77) when the Kafka
+# tools were not built, makes the work folder $work and removes it at exit, killing the mock
+# cluster and every pid the test added to the array pids. The tests that run jobs source
+# durable_lib.sh after it (the tiny model). It defines:
 #   kin_mock TOPIC:N...   start tools/kafka_mock in its own process (it outlives tokenmill kills);
 #                         sets $bs; fault commands go to fd 3 ("down 1", "up 1")
 #   kin_input N           $work/data/in.jsonl: N records with unique ids; every 50th line is bad
@@ -9,6 +11,9 @@
 #                         drain mode (TM_KAFKA_DEBUG=cgrp,... sets librdkafka's debug contexts)
 #   kin_split TOPIC N_PART  the topic read back as per-partition files $work/parts/P.jsonl (line
 #                         offset + 1 = the message at that offset), the verify oracle's inputs
+#   kin_topic_as_dir TOPIC DIR [--dedupe]  $work/t, an output folder for the oracle: completions
+#                         from the output topic (one copy per record id with --dedupe; prints the
+#                         number of copies removed), errors.jsonl and metrics.json from DIR
 #   kin_merge [--dedupe] DIR...  $work/merged: the folders' completions and errors, so
 #                         tests/verify_outputs.cjs checks them as one output; each folder's
 #                         metrics must match its records and no record may repeat in one folder;
@@ -19,6 +24,18 @@
 #   kin_drops LOG...      how many records the runs logged as held by a waiting source thread and
 #                         dropped at a revoke (the partition's new owner answers them; the union
 #                         check of kin_verify shows none is lost)
+[ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
+work=$(mktemp -d)
+mock_pid=""
+pids=()
+kin_cleanup() {
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null
+    wait 2>/dev/null || true
+    rm -rf "$work"
+}
+trap kin_cleanup EXIT
+
 kin_mock() {
     mkfifo "$work/ctl"
     "$build/kafka_mock" --stdin "$@" <"$work/ctl" >"$work/mock.out" 2>"$work/mock.err" &
@@ -74,6 +91,24 @@ kin_split() { # TOPIC N_PART
       });' "$work/parts/all.tsv" "$work/parts" "$2"
     kin_inputs=()
     for ((p = 0; p < $2; p++)); do kin_inputs+=("kafka:$1/$p=$work/parts/$p.jsonl"); done
+}
+
+kin_topic_as_dir() { # TOPIC DIR [--dedupe]
+    rm -rf "$work/t"; mkdir "$work/t"
+    "$build/kafka_tool" consume "$bs" "$1" >"$work/t/raw.jsonl"
+    node -e '
+      const fs = require("fs"), rows = fs.readFileSync(process.argv[1], "utf8").split("\n")
+        .filter(Boolean), seen = new Set(), out = [];
+      let dups = 0;
+      for (const r of rows) {
+        const id = JSON.stringify(JSON.parse(r).id);
+        if (seen.has(id) && process.argv[2] === "--dedupe") { dups++; continue; }
+        seen.add(id); out.push(r);
+      }
+      fs.writeFileSync(process.argv[1] + ".out", out.map((r) => r + "\n").join(""));
+      console.log(dups);' "$work/t/raw.jsonl" "${3:-}"
+    lz4 -q -c "$work/t/raw.jsonl.out" >"$work/t/completions.jsonl.lz4"
+    cp "$2/errors.jsonl" "$2/metrics.json" "$work/t/"
 }
 
 kin_merge() { # [--dedupe] DIR...: with --dedupe a record answered in several folders is kept

@@ -16,21 +16,10 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-[ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
-work=$(mktemp -d)
-mock_pid=""
-cleanup() { [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
+. "$src/tests/kafka_lib.bash"
 . "$src/tests/durable_lib.sh"
 dur_setup 160
-
-mkfifo "$work/ctl"
-"$build/kafka_mock" --stdin out1:3 out2:3 out3:3 <"$work/ctl" >"$work/mock.out" 2>"$work/mock.err" &
-mock_pid=$!
-exec 3>"$work/ctl"
-for _ in $(seq 100); do grep -q bootstrap "$work/mock.out" 2>/dev/null && break; sleep 0.1; done
-bs=$(sed -n 's/^bootstrap.servers=//p' "$work/mock.out")
-[ -n "$bs" ] || { echo "mock did not start"; cat "$work/mock.err"; exit 1; }
+kin_mock out1:3 out2:3 out3:3
 
 set_kafka() { # TOPIC [TXN_ID]: output.kafka in the job
     node -e '
@@ -40,32 +29,13 @@ set_kafka() { # TOPIC [TXN_ID]: output.kafka in the job
       if (txn) j.output.kafka.transactional_id = txn;
       fs.writeFileSync(f, JSON.stringify(j, null, 1));' "$work/job.json" "$bs" "$@"
 }
-# The topic as an output folder the oracle reads: completions from the topic (deduplicated by id
-# with --dedupe), errors and metrics from the job's folder.
-topic_as_dir() { # TOPIC [--dedupe]; prints the number of duplicate messages
-    rm -rf "$work/t"; mkdir "$work/t"
-    "$build/kafka_tool" consume "$bs" "$1" >"$work/t/raw.jsonl"
-    node -e '
-      const fs = require("fs"), rows = fs.readFileSync(process.argv[1], "utf8").split("\n")
-        .filter(Boolean), seen = new Set(), out = [];
-      let dups = 0;
-      for (const r of rows) {
-        const id = JSON.stringify(JSON.parse(r).id);
-        if (seen.has(id) && process.argv[2] === "--dedupe") { dups++; continue; }
-        seen.add(id); out.push(r);
-      }
-      fs.writeFileSync(process.argv[1] + ".out", out.map((r) => r + "\n").join(""));
-      console.log(dups);' "$work/t/raw.jsonl" "${2:-}"
-    lz4 -q -c "$work/t/raw.jsonl.out" >"$work/t/completions.jsonl.lz4"
-    cp "$work/out/errors.jsonl" "$work/out/metrics.json" "$work/t/"
-}
 oracle() { node "$src/tests/verify_outputs.cjs" "$work/t" "$work/data/in.jsonl"; }
 
 # 1. idempotent producer, no crash
 set_kafka out1
 dur_run || { cat "$work/run.log"; exit 1; }
 [ ! -s "$work/out/completions.jsonl.lz4" ] || { echo "FAIL: completions also went to the file"; exit 1; }
-topic_as_dir out1 >/dev/null
+kin_topic_as_dir out1 "$work/out" >/dev/null
 oracle
 echo "kafka_sink: idempotent producer ok"
 
@@ -83,7 +53,7 @@ for k in 1 2 3 4; do
     dur_check_json
 done
 dur_run || { cat "$work/run.log"; exit 1; }
-dups=$(topic_as_dir out2 --dedupe)
+dups=$(kin_topic_as_dir out2 "$work/out" --dedupe)
 oracle
 echo "kafka_sink: $kills kills + resume ok ($dups duplicates, deduplicated by key)"
 
@@ -91,7 +61,7 @@ echo "kafka_sink: $kills kills + resume ok ($dups duplicates, deduplicated by ke
 rm -rf "$work/out"
 set_kafka out3 tm-kafka-sink-test
 dur_run || { cat "$work/run.log"; exit 1; }
-topic_as_dir out3 >/dev/null
+kin_topic_as_dir out3 "$work/out" >/dev/null
 oracle
 echo "kafka_sink: transactional producer ok (client path; see the header for what the mock cannot check)"
 echo "kafka_sink: ok"

@@ -28,18 +28,8 @@
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
-[ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
-work=$(mktemp -d)
-mock_pid=""
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null
-    wait 2>/dev/null || true; rm -rf "$work"
-}
-trap cleanup EXIT
-. "$src/tests/durable_lib.sh"
 . "$src/tests/kafka_lib.bash"
+. "$src/tests/durable_lib.sh"
 dur_setup 10 # the tiny model
 kin_mock jobs:4 jobs2:4
 kin_input 10000

@@ -7,19 +7,9 @@
 # partitions.
 set -euo pipefail
 build=$(cd "$1" && pwd)
-[ -x "$build/kafka_mock" ] || { echo "kafka tools not built (no librdkafka)"; exit 77; }
-work=$(mktemp -d)
-mock_pid=""
-cleanup() { [ -n "$mock_pid" ] && kill "$mock_pid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-
-mkfifo "$work/ctl"
-"$build/kafka_mock" --stdin jobs:4 <"$work/ctl" >"$work/mock.out" 2>"$work/mock.err" &
-mock_pid=$!
-exec 3>"$work/ctl" # keeps the mock's stdin open; commands go through fd 3
-for _ in $(seq 100); do grep -q bootstrap "$work/mock.out" 2>/dev/null && break; sleep 0.1; done
-bs=$(sed -n 's/^bootstrap.servers=//p' "$work/mock.out")
-[ -n "$bs" ] || { echo "mock did not start"; cat "$work/mock.err"; exit 1; }
+src=$(cd "$2" && pwd)
+. "$src/tests/kafka_lib.bash"
+kin_mock jobs:4 # fault commands go through fd 3
 
 seq 1 10000 | awk '{printf "{\"id\":%d,\"prompt\":\"p%d\"}\n", $1, $1}' >"$work/in.jsonl"
 head -5000 "$work/in.jsonl" >"$work/a.jsonl"
