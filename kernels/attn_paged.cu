@@ -10,8 +10,8 @@
  *           group reads one contiguous V row).
  * At the end the row groups' accumulators are summed in shared memory. With one split the result
  * is normalised and stored as bf16; otherwise (acc, max, sum) go to the partial buffers and
- * attn_merge_kernel, a second launch, combines the splits with the usual rescaling
- * (merge_splits). An empty split writes max = -inf, sum = 0. */
+ * attn_merge_kernel, a second launch, combines the splits with the usual rescaling. An empty
+ * split writes max = -inf, sum = 0. */
 #include "kernels/attn_paged.h"
 #include "kernels/common.cuh"
 
@@ -40,83 +40,8 @@ static __device__ __forceinline__ void axpy8(float *acc, float p, uint4 v) {
     }
 }
 
-/* Most query heads one merge_splits call merges (the GQA kernel's largest group). */
-#define MERGE_MAX_HEADS 8
 /* Splits whose partials a merging thread loads at once (float4 each). */
 #define MERGE_CHUNK 8
-
-/* Merge the n_split (<= TM_ATTN_MAX_SPLIT) partials of token t's heads [h0, h0 + n_h) into out
- * (bf16, row stride ld_q). Every thread of the block calls it (it has a barrier). Per head, in
- * split order over the splits that saw positions (sum > 0; an empty split has max = -inf):
- * mx = max of the splits' maxima, f = exp(max - mx), l = sum of sum * f; then per output
- * o = sum of acc * f and out = o * (1 / l). It sits between the attention and o_proj of every
- * decode layer, so it is built for latency (round trips, not bandwidth):
- *   a warp per head: lane sp reads split sp's (max, sum), f goes to shared memory (-1 marks an
- *     empty split), and every lane sums l in split order from the lanes' values (shuffles);
- *   a thread per 4 output dims: float4 loads of MERGE_CHUNK splits at once, then the in-order
- *     sums (explicit fmaf, as the compiler contracted the former l += sum * f, o += acc * f).
- * The arguments are scalars because a reference to the kernel's parameter struct would copy it
- * to the stack. (Merging in the attention kernel itself, by the last split block to finish, was
- * measured on H200s: no faster in a decode step, up to 3 us slower per launch at group 8.) */
-static __device__ __forceinline__ void merge_splits(uint16_t *out, const float *part_acc,
-                                                 const float *part_ml, uint32_t ld_q,
-                                                 uint32_t n_head, uint32_t hd, uint32_t n_split,
-                                                 uint32_t t, uint32_t h0, uint32_t n_h) {
-    __shared__ float f_s[MERGE_MAX_HEADS][TM_ATTN_MAX_SPLIT];
-    __shared__ float inv_s[MERGE_MAX_HEADS];
-    const uint32_t w = threadIdx.x / 32, lane = threadIdx.x % 32, n_warp = blockDim.x / 32;
-    const size_t th0 = (size_t)t * n_head + h0;
-    for (uint32_t j = w; j < n_h; j += n_warp) {
-        const float *ml = part_ml + (th0 + j) * n_split * 2;
-        const bool live = lane < n_split;
-        const float m = live ? __ldcg(ml + lane * 2) : -INFINITY;
-        const float ls = live ? __ldcg(ml + lane * 2 + 1) : 0.0f;
-        const float mx = tm_warp_max(m); // finite: split 0 always has positions
-        const float f = ls > 0.0f ? expf(m - mx) : -1.0f;
-        float l = 0.0f;
-#pragma unroll
-        for (uint32_t sp = 0; sp < TM_ATTN_MAX_SPLIT; sp++) {
-            const float l_sp = __shfl_sync(0xffffffffu, ls, sp);
-            const float f_sp = __shfl_sync(0xffffffffu, f, sp);
-            if (sp < n_split && f_sp >= 0.0f)
-                l = fmaf(l_sp, f_sp, l);
-        }
-        if (live)
-            f_s[j][lane] = f;
-        if (lane == 0)
-            inv_s[j] = 1.0f / l;
-    }
-    __syncthreads();
-    // Thread (head j, dims [i, i + 4)): float4 loads, MERGE_CHUNK splits in flight at once.
-    const uint32_t hd4 = hd / 4;
-    for (uint32_t idx = threadIdx.x; idx < n_h * hd4; idx += blockDim.x) {
-        const uint32_t j = idx / hd4, i = idx % hd4 * 4;
-        const float4 *acc =
-            reinterpret_cast<const float4 *>(part_acc + (th0 + j) * n_split * hd + i);
-        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        for (uint32_t sp0 = 0; sp0 < n_split; sp0 += MERGE_CHUNK) {
-            float4 v[MERGE_CHUNK];
-#pragma unroll
-            for (uint32_t k = 0; k < MERGE_CHUNK; k++)
-                if (sp0 + k < n_split)
-                    v[k] = __ldcg(acc + (size_t)(sp0 + k) * hd4);
-#pragma unroll
-            for (uint32_t k = 0; k < MERGE_CHUNK; k++) {
-                const float f = sp0 + k < n_split ? f_s[j][sp0 + k] : -1.0f;
-                if (f >= 0.0f) {
-                    o[0] = fmaf(v[k].x, f, o[0]);
-                    o[1] = fmaf(v[k].y, f, o[1]);
-                    o[2] = fmaf(v[k].z, f, o[2]);
-                    o[3] = fmaf(v[k].w, f, o[3]);
-                }
-            }
-        }
-        uint16_t *dst = out + (size_t)t * ld_q + (size_t)(h0 + j) * hd + i;
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dst[e] = tm_f2bf(o[e] * inv_s[j]);
-    }
-}
 
 /* HD: head_dim known at compile time (64, 128, 256: loops fully unrolled, so every thread has
  * all its K and V loads in flight at once), or 0 for any other multiple of 8 (runtime loops). */
@@ -456,10 +381,71 @@ extern "C" uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint
     return TM_MAX(n, 1u);
 }
 
-/* One block per (token, head): merge the n_split partial results. */
+/* One block per (token, head): merge its n_split (<= TM_ATTN_MAX_SPLIT) partial results into out.
+ * In split order over the splits that saw positions (sum > 0; an empty split has max = -inf):
+ * mx = the largest maximum, f = exp(max - mx), l = sum of sum * f; then per output
+ * o = sum of acc * f and out = o * (1 / l). It sits between the attention and o_proj of every
+ * decode layer, so it is built for latency (round trips, not bandwidth):
+ *   warp 0: lane sp reads split sp's (max, sum), f goes to shared memory (-1 marks an empty
+ *     split), and each lane sums l in split order from the lanes' values (shuffles);
+ *   a thread per 4 output dims: float4 loads of MERGE_CHUNK splits at once, then the in-order
+ *     sums (explicit fmaf).
+ * (Merging in the attention kernel itself, by the last split block to finish, was measured on
+ * H200s: no faster in a decode step; bench/RESULTS.md.) */
 static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_bf16_args a) {
-    merge_splits(a.out, a.part_acc, a.part_ml, a.ld_q, a.n_head, a.head_dim, a.n_split,
-                 blockIdx.x, blockIdx.y, 1);
+    __shared__ float f_s[TM_ATTN_MAX_SPLIT];
+    __shared__ float inv_s;
+    const uint32_t t = blockIdx.x, h = blockIdx.y, n_split = a.n_split, hd = a.head_dim;
+    const size_t th = (size_t)t * a.n_head + h;
+    if (threadIdx.x < 32) {
+        const uint32_t lane = threadIdx.x;
+        const float *ml = a.part_ml + th * n_split * 2;
+        const bool live = lane < n_split;
+        const float m = live ? __ldcg(ml + lane * 2) : -INFINITY;
+        const float ls = live ? __ldcg(ml + lane * 2 + 1) : 0.0f;
+        const float mx = tm_warp_max(m); // finite: split 0 always has positions
+        const float f = ls > 0.0f ? expf(m - mx) : -1.0f;
+        float l = 0.0f;
+#pragma unroll
+        for (uint32_t sp = 0; sp < TM_ATTN_MAX_SPLIT; sp++) {
+            const float l_sp = __shfl_sync(0xffffffffu, ls, sp);
+            const float f_sp = __shfl_sync(0xffffffffu, f, sp);
+            if (sp < n_split && f_sp >= 0.0f)
+                l = fmaf(l_sp, f_sp, l);
+        }
+        if (live)
+            f_s[lane] = f;
+        if (lane == 0)
+            inv_s = 1.0f / l;
+    }
+    __syncthreads();
+    const uint32_t hd4 = hd / 4;
+    for (uint32_t i4 = threadIdx.x; i4 < hd4; i4 += blockDim.x) {
+        const float4 *acc =
+            reinterpret_cast<const float4 *>(a.part_acc + th * n_split * hd) + i4;
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (uint32_t sp0 = 0; sp0 < n_split; sp0 += MERGE_CHUNK) {
+            float4 v[MERGE_CHUNK];
+#pragma unroll
+            for (uint32_t k = 0; k < MERGE_CHUNK; k++)
+                if (sp0 + k < n_split)
+                    v[k] = __ldcg(acc + (size_t)(sp0 + k) * hd4);
+#pragma unroll
+            for (uint32_t k = 0; k < MERGE_CHUNK; k++) {
+                const float f = sp0 + k < n_split ? f_s[sp0 + k] : -1.0f;
+                if (f >= 0.0f) {
+                    o[0] = fmaf(v[k].x, f, o[0]);
+                    o[1] = fmaf(v[k].y, f, o[1]);
+                    o[2] = fmaf(v[k].z, f, o[2]);
+                    o[3] = fmaf(v[k].w, f, o[3]);
+                }
+            }
+        }
+        uint16_t *dst = a.out + (size_t)t * a.ld_q + (size_t)h * hd + 4 * i4;
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dst[e] = tm_f2bf(o[e] * inv_s);
+    }
 }
 
 extern "C" size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
