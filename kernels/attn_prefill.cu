@@ -286,6 +286,22 @@ extern "C" uint32_t tm_k_attn_prefill_tiles(const tm_k_attn_prefill_chunk *chunk
     return n;
 }
 
+/* One launch for head_dim HD. More than 48 KiB of dynamic shared memory (head_dim 128) needs the
+ * opt-in; it is cheap and not a stream operation, so it is set on every launch rather than kept
+ * as state. */
+template <int HD>
+static tm_rc launch(const tm_k_attn_prefill_bf16_args *a, dim3 grid, cudaStream_t s, tm_err *err) {
+    const size_t sm = smem_bytes<HD>();
+    tm_rc rc = TM_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_bf16_kernel<HD>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  (int)sm),
+                             err);
+    if (rc)
+        return rc;
+    attn_prefill_bf16_kernel<HD><<<grid, NTHR, sm, s>>>(*a);
+    return tm_cuda_launched(err, s, "attn_prefill_bf16");
+}
+
 extern "C" tm_rc tm_k_attn_prefill_bf16(const tm_k_attn_prefill_bf16_args *a, cudaStream_t s,
                                         tm_err *err) {
     if (a->n_tile == 0)
@@ -296,26 +312,5 @@ extern "C" tm_rc tm_k_attn_prefill_bf16(const tm_k_attn_prefill_bf16_args *a, cu
     TM_ASSERT(((uintptr_t)a->k_cache % 16) == 0 && ((uintptr_t)a->v_cache % 16) == 0);
     TM_ASSERT(((uintptr_t)a->q % 16) == 0 && ((uintptr_t)a->out % 16) == 0);
     const dim3 grid(a->n_head, a->n_tile);
-    // More than 48 KiB of dynamic shared memory (head_dim 128) needs the opt-in; it is cheap
-    // and not a stream operation, so it is set on every launch rather than kept as state.
-    if (a->head_dim == 64) {
-        const size_t sm = smem_bytes<64>();
-        tm_rc rc = TM_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_bf16_kernel<64>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      (int)sm),
-                                 err);
-        if (rc)
-            return rc;
-        attn_prefill_bf16_kernel<64><<<grid, NTHR, sm, s>>>(*a);
-    } else {
-        const size_t sm = smem_bytes<128>();
-        tm_rc rc = TM_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_bf16_kernel<128>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                      (int)sm),
-                                 err);
-        if (rc)
-            return rc;
-        attn_prefill_bf16_kernel<128><<<grid, NTHR, sm, s>>>(*a);
-    }
-    return tm_cuda_launched(err, s, "attn_prefill_bf16");
+    return a->head_dim == 64 ? launch<64>(a, grid, s, err) : launch<128>(a, grid, s, err);
 }
