@@ -25,6 +25,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include "kernels/act.h"
 #include "kernels/attn_paged.h"
+#include "kernels/chain.h"
 #include "kernels/embed.h"
 #include "kernels/fill.h"
 #include "kernels/gemm_skinny.h"
@@ -683,6 +684,192 @@ static void test_fill(void) {
     free(h);
 }
 
+/* ---- the decode chain (kernels/chain.h) ---- */
+
+static uint16_t *rand_bf16_dev(size_t n, float scale) {
+    uint16_t *h = xmalloc(n * 2);
+    for (size_t i = 0; i < n; i++)
+        h[i] = to_bf(scale * frand());
+    uint16_t *d = dup_to_dev(h, n * 2);
+    free(h);
+    return d;
+}
+
+static float *rand_f32_dev(size_t n, float scale, float offset) {
+    float *h = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++)
+        h[i] = offset + scale * frand();
+    float *d = dup_to_dev(h, n * 4);
+    free(h);
+    return d;
+}
+
+/* Device buffers a and b (n bytes) hold the same bits? */
+static int same_dev(const void *a, const void *b, size_t n) {
+    unsigned char *ha = xmalloc(n), *hb = xmalloc(n);
+    to_host(ha, a, n);
+    to_host(hb, b, n);
+    const int same = memcmp(ha, hb, n) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* One chain of a layer's shape, NORM -> qkv GEMM -> ROPE -> gate/up GEMM -> SILU -> down GEMM ->
+ * NORM (adding down's partials into x), on a grid of n_blk blocks (fewer than the device's
+ * multiprocessors: several tiles per warp) against the separate kernels with the same split
+ * plans. The separate kernels are checked against host references above; the chain must give
+ * the same bits, except h, whose sum of squares the chain reduces over another block size (one
+ * bf16 ulp), so the separate kernels after a norm start from the chain's h. */
+static void chain_case(uint32_t n_tok, uint32_t d, uint32_t ff, uint32_t n_head,
+                       uint32_t n_kv_head, uint32_t hd, uint32_t n_blk, uint32_t depth) {
+    tm_err err = {0};
+    const uint32_t qd = n_head * hd, kvd = n_kv_head * hd, qkv_dim = qd + 2 * kvd;
+    const uint32_t n_slot = n_tok + 3;
+    uint32_t *bar = dalloc(tm_k_chain_barrier_bytes(), 0);
+    uint16_t *w_qkv = rand_bf16_dev((size_t)qkv_dim * d, 0.05f);
+    uint16_t *w_gu = rand_bf16_dev((size_t)2 * ff * d, 0.05f);
+    uint16_t *w_down = rand_bf16_dev((size_t)d * ff, 0.05f);
+    float *g1 = rand_f32_dev(d, 0.5f, 1.0f), *g2 = rand_f32_dev(d, 0.5f, 1.0f);
+    float *x0 = rand_f32_dev((size_t)n_tok * d, 2.0f, 0.0f);
+    float *x_c = dalloc((size_t)n_tok * d * 4, 0), *x_r = dalloc((size_t)n_tok * d * 4, 0);
+    TM_ASSERT(cudaMemcpy(x_c, x0, (size_t)n_tok * d * 4, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    TM_ASSERT(cudaMemcpy(x_r, x0, (size_t)n_tok * d * 4, cudaMemcpyDeviceToDevice) == cudaSuccess);
+    const uint32_t half = hd / 2;
+    float *inv = xmalloc(half * 4);
+    for (uint32_t i = 0; i < half; i++)
+        inv[i] = powf(10000.0f, -(float)(2 * i) / (float)hd);
+    float *d_inv = dup_to_dev(inv, half * 4);
+    uint32_t *pos = xmalloc(n_tok * 4), *slot = xmalloc(n_tok * 4), *perm = shuffled(n_slot);
+    for (uint32_t t = 0; t < n_tok; t++)
+        pos[t] = urand(5000), slot[t] = perm[t];
+    uint32_t *d_pos = dup_to_dev(pos, n_tok * 4), *d_slot = dup_to_dev(slot, n_tok * 4);
+
+    uint32_t kq = 0, kg = 0, kd = 0;
+    const uint32_t sq = tm_k_chain_splits(d, qkv_dim, n_blk, &kq);
+    const uint32_t sg = tm_k_chain_splits(d, 2 * ff, n_blk, &kg);
+    const uint32_t sd = tm_k_chain_splits(ff, d, n_blk, &kd);
+    // outputs of the chain (_c) and of the separate kernels (_r), poisoned
+    struct {
+        uint16_t *h, *h2, *q, *k, *v, *ffa;
+        float *pq, *pg, *pd;
+    } o[2];
+    for (int i = 0; i < 2; i++) {
+        o[i].h = dalloc((size_t)n_tok * d * 2, 0xff);
+        o[i].h2 = dalloc((size_t)n_tok * d * 2, 0xff);
+        o[i].q = dalloc((size_t)n_tok * qd * 2, 0xff);
+        o[i].k = dalloc((size_t)n_slot * kvd * 2, 0xff);
+        o[i].v = dalloc((size_t)n_slot * kvd * 2, 0xff);
+        o[i].ffa = dalloc((size_t)n_tok * ff * 2, 0xff);
+        o[i].pq = dalloc((size_t)sq * n_tok * qkv_dim * 4, 0xff);
+        o[i].pg = dalloc((size_t)sg * n_tok * 2 * ff * 4, 0xff);
+        o[i].pd = dalloc((size_t)sd * n_tok * d * 4, 0xff);
+    }
+    tm_k_rmsnorm_bf16_args n1[2], n2[2];
+    tm_k_gemm_skinny_args gq[2], gg[2], gd[2];
+    tm_k_rope_kv_bf16_args ro[2];
+    tm_k_silu_mul_bf16_args si[2];
+    for (int i = 0; i < 2; i++) {
+        float *x = i ? x_r : x_c;
+        n1[i] = (tm_k_rmsnorm_bf16_args){.out = o[i].h, .x = x, .w = g1, .n_row = n_tok,
+                                         .n_col = d, .eps = 1e-5f};
+        // the separate kernels start from the chain's h (see above)
+        gq[i] = (tm_k_gemm_skinny_args){.part = o[i].pq, .w = w_qkv, .x = o[0].h, .n_tok = n_tok,
+                                        .n_in = d, .n_out = qkv_dim, .n_split = sq,
+                                        .k_per_split = kq};
+        ro[i] = (tm_k_rope_kv_bf16_args){.q = o[i].q, .k_cache = o[i].k, .v_cache = o[i].v,
+                                         .qkv = o[i].pq, .pos = d_pos, .slot = d_slot,
+                                         .inv_freq = d_inv, .n_tok = n_tok, .n_head = n_head,
+                                         .n_kv_head = n_kv_head, .head_dim = hd, .n_part = sq,
+                                         .part_stride = (size_t)n_tok * qkv_dim};
+        gg[i] = (tm_k_gemm_skinny_args){.part = o[i].pg, .w = w_gu, .x = o[0].h, .n_tok = n_tok,
+                                        .n_in = d, .n_out = 2 * ff, .n_split = sg,
+                                        .k_per_split = kg};
+        si[i] = (tm_k_silu_mul_bf16_args){.out = o[i].ffa, .gu = o[i].pg, .n_tok = n_tok,
+                                          .n_ff = ff, .n_part = sg,
+                                          .part_stride = (size_t)n_tok * 2 * ff};
+        gd[i] = (tm_k_gemm_skinny_args){.part = o[i].pd, .w = w_down, .x = o[0].ffa,
+                                        .n_tok = n_tok, .n_in = ff, .n_out = d, .n_split = sd,
+                                        .k_per_split = kd};
+        n2[i] = (tm_k_rmsnorm_bf16_args){.out = o[i].h2, .x = x, .w = g2, .n_row = n_tok,
+                                         .n_col = d, .eps = 1e-5f, .add = o[i].pd,
+                                         .add_stride = (size_t)n_tok * d, .n_add = sd};
+    }
+    tm_k_chain_args ca = {.n_phase = 8, .n_sm = n_blk, .depth = depth, .barrier = bar};
+    ca.ph[0] = (tm_k_chain_phase){.op = TM_CHAIN_NORM, .u.norm = n1[0]};
+    ca.ph[1] = (tm_k_chain_phase){.op = TM_CHAIN_GEMM, .u.gemm = gq[0]};
+    ca.ph[2] = (tm_k_chain_phase){.op = TM_CHAIN_ROPE, .u.rope = ro[0]};
+    ca.ph[3] = (tm_k_chain_phase){.op = TM_CHAIN_GEMM, .u.gemm = gg[0]};
+    ca.ph[4] = (tm_k_chain_phase){.op = TM_CHAIN_SILU, .u.silu = si[0]};
+    ca.ph[5] = (tm_k_chain_phase){.op = TM_CHAIN_GEMM, .u.gemm = gd[0]};
+    ca.ph[6] = (tm_k_chain_phase){.op = TM_CHAIN_NORM, .u.norm = n2[0]};
+    // twice: the barrier must come back to a usable state after a launch
+    for (int rep = 0; rep < 2; rep++) {
+        TM_ASSERT(cudaMemcpy(x_c, x0, (size_t)n_tok * d * 4, cudaMemcpyDeviceToDevice) ==
+                  cudaSuccess);
+        ca.n_phase = 7;
+        TM_CHECK_OK(tm_k_chain(&ca, g_stream, &err), &err);
+        TM_ASSERT(cudaStreamSynchronize(g_stream) == cudaSuccess);
+    }
+    TM_CHECK_OK(tm_k_rmsnorm_bf16(&n1[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_gemm_skinny(&gq[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_rope_kv_bf16(&ro[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_gemm_skinny(&gg[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_silu_mul_bf16(&si[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_gemm_skinny(&gd[1], g_stream, &err), &err);
+    TM_CHECK_OK(tm_k_rmsnorm_bf16(&n2[1], g_stream, &err), &err);
+    TM_ASSERT(cudaStreamSynchronize(g_stream) == cudaSuccess);
+
+    // h, h2: within one bf16 ulp of the separate kernels' (other reduction order)
+    uint16_t *hc = xmalloc((size_t)n_tok * d * 2), *hr = xmalloc((size_t)n_tok * d * 2);
+    float *ref = xmalloc((size_t)n_tok * d * 4);
+    int bad_h = 0;
+    for (int which = 0; which < 2; which++) {
+        to_host(hc, which ? o[0].h2 : o[0].h, (size_t)n_tok * d * 2);
+        to_host(hr, which ? o[1].h2 : o[1].h, (size_t)n_tok * d * 2);
+        for (size_t i = 0; i < (size_t)n_tok * d; i++)
+            ref[i] = bf(hr[i]);
+        bad_h += cmp_bf16(which ? "chain h2" : "chain h", hc, ref, (size_t)n_tok * d, 1e-6f);
+    }
+    const int same_q = same_dev(o[0].q, o[1].q, (size_t)n_tok * qd * 2);
+    const int same_kv = same_dev(o[0].k, o[1].k, (size_t)n_slot * kvd * 2) &&
+                        same_dev(o[0].v, o[1].v, (size_t)n_slot * kvd * 2);
+    const int same_p = same_dev(o[0].pq, o[1].pq, (size_t)sq * n_tok * qkv_dim * 4) &&
+                       same_dev(o[0].pg, o[1].pg, (size_t)sg * n_tok * 2 * ff * 4) &&
+                       same_dev(o[0].pd, o[1].pd, (size_t)sd * n_tok * d * 4);
+    const int same_ffa = same_dev(o[0].ffa, o[1].ffa, (size_t)n_tok * ff * 2);
+    const int same_x = same_dev(x_c, x_r, (size_t)n_tok * d * 4);
+    TM_CHECK_MSG(bad_h == 0 && same_q && same_kv && same_p && same_ffa && same_x,
+                 "chain %u tok, d %u, ff %u, %u/%u heads of %u, %u blocks, depth %u: h bad %d, "
+                 "same bits: q %d kv %d partials %d ffa %d x %d",
+                 n_tok, d, ff, n_head, n_kv_head, hd, n_blk, depth, bad_h, same_q, same_kv,
+                 same_p, same_ffa, same_x);
+    for (int i = 0; i < 2; i++) {
+        cudaFree(o[i].h), cudaFree(o[i].h2), cudaFree(o[i].q), cudaFree(o[i].k);
+        cudaFree(o[i].v), cudaFree(o[i].ffa), cudaFree(o[i].pq), cudaFree(o[i].pg);
+        cudaFree(o[i].pd);
+    }
+    cudaFree(bar), cudaFree(w_qkv), cudaFree(w_gu), cudaFree(w_down), cudaFree(g1);
+    cudaFree(g2), cudaFree(x0), cudaFree(x_c), cudaFree(x_r), cudaFree(d_inv);
+    cudaFree(d_pos), cudaFree(d_slot);
+    free(inv), free(pos), free(slot), free(perm), free(hc), free(hr), free(ref);
+}
+
+static void test_chain(void) {
+    int dev = 0, n_sm = 0;
+    TM_ASSERT(cudaGetDevice(&dev) == cudaSuccess);
+    TM_ASSERT(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+    if (!tm_k_chain_supported(dev)) {
+        fprintf(stderr, "chain: not supported on this device, not tested\n");
+        return;
+    }
+    chain_case(1, 256, 512, 4, 2, 64, 2, 4);
+    chain_case(3, 256, 512, 4, 2, 64, 5, 8);
+    chain_case(8, 512, 1376, 8, 2, 64, 3, 12);
+    chain_case(8, 4096, 14336, 32, 8, 128, (uint32_t)n_sm, 8);  // llama8b
+    chain_case(7, 2048, 7168, 16, 4, 128, (uint32_t)n_sm, 4);   // a TP2 shard of it
+    chain_case(8, 2048, 8192, 32, 8, 64, (uint32_t)n_sm, 12);   // llama1b
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
@@ -694,6 +881,7 @@ int main(void) {
     TM_RUN(test_rope_kv);
     TM_RUN(test_attn);
     TM_RUN(test_skinny);
+    TM_RUN(test_chain);
     TM_RUN(test_argmax);
     TM_RUN(test_fill);
     cudaStreamDestroy(g_stream);
