@@ -1,9 +1,11 @@
 /* kernels/chain.cu - a stretch of a decode step as one persistent kernel (see chain.h).
  *
- * The weight stream. Warp w of the grid (numbered across the blocks first, so that a projection
- * with fewer tiles than warps leaves a few warps idle on every multiprocessor rather than whole
- * multiprocessors idle) takes tasks w, w + W, ... (W warps in all) of every GEMM phase, a task
- * being one (tile of 16 output rows, split of the inner dimension) as in gemm_skinny. Its chunks
+ * The weight stream. A task is one (tile of 16 output rows, split of the inner dimension) as in
+ * gemm_skinny, numbered tile-first. Block b takes the contiguous range [b n / B, (b + 1) n / B)
+ * of a GEMM phase's n tasks (B blocks), so that a projection with fewer tasks than warps leaves a
+ * few warps idle on every multiprocessor rather than whole multiprocessors idle, and its warps
+ * work on neighbouring tiles of one split, sharing x's chunks in the L1; warp i of the block
+ * takes tasks i, i + TM_CHAIN_WARPS, ... of the range. Its chunks
  * (32 inner elements of its 16 rows, 1 KB) in phase order form the warp's stream. The warp
  * issues the first `depth` chunks at the start, then one more after consuming each, into a ring
  * of `depth` shared-memory slots, one cp.async commit group per chunk (empty past the end): the
@@ -56,15 +58,22 @@ static __device__ __forceinline__ void grid_barrier(uint32_t *bar) {
     __syncthreads();
 }
 
-/* A warp's issuing cursor: the next chunk to issue is chunk `chunk` of task `task` of phase `ph`
- * (ph == n_phase: the stream is done). wl / wh: the task's rows r and r + 8 at its k0 + 8c. */
+/* A warp's issuing cursor: the next chunk to issue is chunk `chunk` of task `task` (of the
+ * warp's tasks up to `end`) of phase `ph` (ph == n_phase: the stream is done). wl / wh: the
+ * task's rows r and r + 8 at its k0 + 8c. */
 struct wstream {
-    uint32_t ph, task, chunk, n_chunk;
+    uint32_t ph, task, end, chunk, n_chunk;
     const uint4 *wl, *wh;
 };
 
-static __device__ __forceinline__ uint32_t chain_warp(void) {
-    return (threadIdx.x / 32) * gridDim.x + blockIdx.x;
+/* This warp's first task of a phase of n_task tasks, and the end of its block's range. */
+static __device__ __forceinline__ uint32_t first_task(uint32_t n_task, uint32_t *end) {
+    *end = (uint32_t)((uint64_t)(blockIdx.x + 1) * n_task / gridDim.x);
+    return (uint32_t)((uint64_t)blockIdx.x * n_task / gridDim.x) + threadIdx.x / 32;
+}
+
+static __device__ __forceinline__ uint32_t gemm_tasks(const tm_k_gemm_skinny_args &g) {
+    return (g.n_out + 15) / 16 * g.n_split;
 }
 
 /* A task's weight pointers and chunk count (lane = 4r + c). */
@@ -84,24 +93,24 @@ static __device__ __forceinline__ uint32_t task_rows(const tm_k_gemm_skinny_args
     return (k1 - k0) / 32;
 }
 
-/* Move the cursor to the first chunk at or after (s.ph, s.task), chunk 0. */
+/* Move the cursor to the first chunk of task s.task or a later one of this warp, in phase s.ph
+ * (s.task and s.end set for it) or a later one. */
 static __device__ __forceinline__ void stream_seek(const tm_k_chain_args &a, wstream &s,
                                                    uint32_t lane) {
-    const uint32_t W = gridDim.x * TM_CHAIN_WARPS;
     while (s.ph < a.n_phase) {
         const tm_k_chain_phase &p = a.ph[s.ph];
         if (p.op == TM_CHAIN_GEMM) {
-            const tm_k_gemm_skinny_args &g = p.u.gemm;
-            const uint32_t n_task = (g.n_out + 15) / 16 * g.n_split;
-            for (; s.task < n_task; s.task += W) {
+            for (; s.task < s.end; s.task += TM_CHAIN_WARPS) {
                 s.chunk = 0;
-                s.n_chunk = task_rows(g, s.task, lane, &s.wl, &s.wh);
+                s.n_chunk = task_rows(p.u.gemm, s.task, lane, &s.wl, &s.wh);
                 if (s.n_chunk)
                     return;
             }
         }
-        s.ph++;
-        s.task = chain_warp();
+        if (++s.ph < a.n_phase && a.ph[s.ph].op == TM_CHAIN_GEMM)
+            s.task = first_task(gemm_tasks(a.ph[s.ph].u.gemm), &s.end);
+        else
+            s.task = s.end = 0;
     }
 }
 
@@ -115,7 +124,7 @@ static __device__ __forceinline__ void stream_issue(const tm_k_chain_args &a, ws
         tm_skinny_cp_async16(&slot[0][lane], s.wl + 4 * s.chunk);
         tm_skinny_cp_async16(&slot[1][lane], s.wh + 4 * s.chunk);
         if (++s.chunk == s.n_chunk) {
-            s.task += gridDim.x * TM_CHAIN_WARPS;
+            s.task += TM_CHAIN_WARPS;
             stream_seek(a, s, lane);
         }
     }
@@ -123,16 +132,18 @@ static __device__ __forceinline__ void stream_issue(const tm_k_chain_args &a, ws
     tm_cp_async_commit();
 }
 
-/* A GEMM phase: this warp's tasks, consuming its stream in order (gemm_skinny's arithmetic;
- * x through the L2, as it was written by an earlier phase of this launch). */
+/* A GEMM phase: this warp's tasks, consuming its stream in order (gemm_skinny's arithmetic).
+ * x was written by an earlier phase of this launch: plain loads (L1-cached, which the barrier's
+ * acquire keeps coherent), not the read-only path. */
 template <int D>
 static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
                                                   const tm_k_gemm_skinny_args &g, wstream &s,
                                                   uint4 (*ring)[2][32], uint32_t &n_issued,
                                                   uint32_t &n_used, uint32_t lane) {
-    const uint32_t n_task = (g.n_out + 15) / 16 * g.n_split, n_tiles = (g.n_out + 15) / 16;
+    const uint32_t n_tiles = (g.n_out + 15) / 16;
     const uint32_t r = lane >> 2, c = lane & 3;
-    for (uint32_t task = chain_warp(); task < n_task; task += gridDim.x * TM_CHAIN_WARPS) {
+    uint32_t end;
+    for (uint32_t task = first_task(gemm_tasks(g), &end); task < end; task += TM_CHAIN_WARPS) {
         const uint32_t tile = task % n_tiles, split = task / n_tiles;
         const uint4 *wl, *wh;
         const uint32_t n_chunk = task_rows(g, task, lane, &wl, &wh);
@@ -144,7 +155,7 @@ static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (uint32_t i = 0; i < n_chunk; i++) {
             uint4 xv[1];
-            xv[0] = xok ? __ldcg(xp + 4 * i) : zero;
+            xv[0] = xok ? xp[4 * i] : zero;
             tm_cp_async_wait<D - 1>();
             const uint32_t slot = n_used++ % D;
             const uint4 lo = ring[slot][0][lane], hi = ring[slot][1][lane];
@@ -162,7 +173,9 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
     const uint32_t lane = threadIdx.x & 31;
     uint4(*ring)[2][32] =
         reinterpret_cast<uint4(*)[2][32]>(chain_smem) + (size_t)(threadIdx.x / 32) * D;
-    wstream s = {0, chain_warp(), 0, 0, NULL, NULL};
+    wstream s = {0, 0, 0, 0, 0, NULL, NULL};
+    if (a.ph[0].op == TM_CHAIN_GEMM)
+        s.task = first_task(gemm_tasks(a.ph[0].u.gemm), &s.end);
     stream_seek(a, s, lane);
     uint32_t n_issued = 0, n_used = 0;
 #pragma unroll 1
@@ -209,7 +222,7 @@ extern "C" uint32_t tm_k_chain_splits(uint32_t n_in, uint32_t n_out, uint32_t n_
                                       uint32_t *k_per_split) {
     const uint64_t n_tiles = (n_out + 15) / 16;
     const uint64_t n_warps = (uint64_t)TM_MAX(n_sm, 1u) * TM_CHAIN_WARPS;
-    uint64_t n_split = n_warps / n_tiles; // at most one task per warp
+    uint64_t n_split = n_warps / n_tiles; // at most one task per warp (or one split)
     n_split = TM_MIN(n_split, (uint64_t)TM_MAX(n_in / 256, 1u));
     n_split = TM_MIN(n_split, (uint64_t)TM_SKINNY_MAX_SPLIT);
     n_split = TM_MAX(n_split, (uint64_t)1);
