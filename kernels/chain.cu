@@ -29,27 +29,25 @@ static size_t ring_bytes(uint32_t depth) {
     return (size_t)TM_CHAIN_WARPS * depth * 2 * 32 * sizeof(uint4);
 }
 
-static __device__ __forceinline__ uint32_t ld_acquire(const uint32_t *p) {
-    uint32_t v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+static __device__ __forceinline__ uint64_t ld_acquire64(const unsigned long long *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(v) : "l"(p) : "memory");
     return v;
 }
 
-/* All blocks of the grid (all resident: cooperative launch). bar[0] counts arrivals, bar[1] is
- * the generation; the last block to arrive resets the count and bumps the generation. The
- * generation is read before arriving, and cannot move before this block arrives. */
-static __device__ __forceinline__ void grid_barrier(uint32_t *bar) {
+/* All blocks of the grid (all resident: cooperative launch). *bar counts arrivals since the
+ * barrier was zeroed; a launch's k-th barrier (k from 1) waits until it reaches base + k * B
+ * (B blocks), base being a multiple of B taken at the launch's start: every earlier launch
+ * completed all its barriers, and fewer than B arrivals of this launch can precede the slowest
+ * block's first read, so base = the count rounded down to a multiple of B. 64 bits: no wrap. */
+static __device__ __forceinline__ void grid_barrier(unsigned long long *bar, uint64_t target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        const uint32_t gen = ld_acquire(bar + 1);
         __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
+        atomicAdd(bar, 1ull);
+        if (ld_acquire64(bar) < target) {
             const uint64_t t0 = tm_ar_globaltimer_ns();
-            while (ld_acquire(bar + 1) == gen)
+            while (ld_acquire64(bar) < target)
                 if (tm_ar_globaltimer_ns() - t0 > (uint64_t)CHAIN_BARRIER_TIMEOUT_S * 1000000000ull)
                     __trap(); // a block never came (a trapped all-reduce elsewhere)
         }
@@ -62,7 +60,7 @@ static __device__ __forceinline__ void grid_barrier(uint32_t *bar) {
  * warp's tasks up to `end`) of phase `ph` (ph == n_phase: the stream is done). wl / wh: the
  * task's rows r and r + 8 at its k0 + 8c. */
 struct wstream {
-    uint32_t ph, task, end, chunk, n_chunk;
+    uint32_t ph, task, end, chunk, n_chunk, rot;
     const uint4 *wl, *wh;
 };
 
@@ -76,10 +74,10 @@ static __device__ __forceinline__ uint32_t gemm_tasks(const tm_k_gemm_skinny_arg
     return (g.n_out + 15) / 16 * g.n_split;
 }
 
-/* A task's weight pointers and chunk count (lane = 4r + c). */
+/* A task's weight pointers, chunk count and walking order (lane = 4r + c). */
 static __device__ __forceinline__ uint32_t task_rows(const tm_k_gemm_skinny_args &g, uint32_t task,
                                                      uint32_t lane, const uint4 **wl,
-                                                     const uint4 **wh) {
+                                                     const uint4 **wh, uint32_t *rot) {
     const uint32_t n_tiles = (g.n_out + 15) / 16;
     const uint32_t tile = task % n_tiles, split = task / n_tiles;
     const uint32_t r = lane >> 2, c = lane & 3;
@@ -90,6 +88,7 @@ static __device__ __forceinline__ uint32_t task_rows(const tm_k_gemm_skinny_args
                                           8 * c);
     *wh = reinterpret_cast<const uint4 *>(g.w + (size_t)min(row_hi, g.n_out - 1) * g.n_in + k0 +
                                           8 * c);
+    *rot = tm_skinny_rot(tile, split, (k1 - k0) / 32);
     return (k1 - k0) / 32;
 }
 
@@ -102,7 +101,7 @@ static __device__ __forceinline__ void stream_seek(const tm_k_chain_args &a, wst
         if (p.op == TM_CHAIN_GEMM) {
             for (; s.task < s.end; s.task += TM_CHAIN_WARPS) {
                 s.chunk = 0;
-                s.n_chunk = task_rows(p.u.gemm, s.task, lane, &s.wl, &s.wh);
+                s.n_chunk = task_rows(p.u.gemm, s.task, lane, &s.wl, &s.wh, &s.rot);
                 if (s.n_chunk)
                     return;
             }
@@ -121,8 +120,9 @@ static __device__ __forceinline__ void stream_issue(const tm_k_chain_args &a, ws
                                                     uint32_t lane) {
     if (s.ph < a.n_phase) {
         uint4(*slot)[32] = ring[n_issued % D];
-        tm_skinny_cp_async16(&slot[0][lane], s.wl + 4 * s.chunk);
-        tm_skinny_cp_async16(&slot[1][lane], s.wh + 4 * s.chunk);
+        const uint32_t at = tm_skinny_chunk_at(s.chunk, s.rot, s.n_chunk);
+        tm_skinny_cp_async16(&slot[0][lane], s.wl + 4 * at);
+        tm_skinny_cp_async16(&slot[1][lane], s.wh + 4 * at);
         if (++s.chunk == s.n_chunk) {
             s.task += TM_CHAIN_WARPS;
             stream_seek(a, s, lane);
@@ -146,7 +146,8 @@ static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
     for (uint32_t task = first_task(gemm_tasks(g), &end); task < end; task += TM_CHAIN_WARPS) {
         const uint32_t tile = task % n_tiles, split = task / n_tiles;
         const uint4 *wl, *wh;
-        const uint32_t n_chunk = task_rows(g, task, lane, &wl, &wh);
+        uint32_t rot;
+        const uint32_t n_chunk = task_rows(g, task, lane, &wl, &wh, &rot);
         const uint32_t k0 = split * g.k_per_split;
         const bool xok = r < g.n_tok;
         const uint4 *xp =
@@ -155,7 +156,7 @@ static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
         const uint4 zero = make_uint4(0, 0, 0, 0);
         for (uint32_t i = 0; i < n_chunk; i++) {
             uint4 xv[1];
-            xv[0] = xok ? xp[4 * i] : zero;
+            xv[0] = xok ? xp[4 * tm_skinny_chunk_at(i, rot, n_chunk)] : zero;
             tm_cp_async_wait<D - 1>();
             const uint32_t slot = n_used++ % D;
             const uint4 lo = ring[slot][0][lane], hi = ring[slot][1][lane];
@@ -173,7 +174,7 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
     const uint32_t lane = threadIdx.x & 31;
     uint4(*ring)[2][32] =
         reinterpret_cast<uint4(*)[2][32]>(chain_smem) + (size_t)(threadIdx.x / 32) * D;
-    wstream s = {0, 0, 0, 0, 0, NULL, NULL};
+    wstream s = {0, 0, 0, 0, 0, 0, NULL, NULL};
     if (a.ph[0].op == TM_CHAIN_GEMM)
         s.task = first_task(gemm_tasks(a.ph[0].u.gemm), &s.end);
     stream_seek(a, s, lane);
@@ -182,11 +183,16 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
     for (int i = 0; i < D; i++)
         stream_issue<D>(a, s, ring, n_issued, lane);
 
+    unsigned long long *bar = reinterpret_cast<unsigned long long *>(a.barrier);
+    const uint64_t base = *reinterpret_cast<volatile unsigned long long *>(bar) / gridDim.x *
+                          gridDim.x;
     const size_t gtid = (size_t)blockIdx.x * CHAIN_THREADS + threadIdx.x;
     const size_t gthreads = (size_t)gridDim.x * CHAIN_THREADS;
     for (uint32_t ph = 0; ph < a.n_phase; ph++) {
+        if (a.timing && threadIdx.x == 0) // benchmarks: when this block reached the phase
+            a.timing[(size_t)ph * gridDim.x + blockIdx.x] = tm_ar_globaltimer_ns();
         if (ph > 0)
-            grid_barrier(a.barrier);
+            grid_barrier(bar, base + (uint64_t)ph * gridDim.x);
         const tm_k_chain_phase &p = a.ph[ph];
         switch (p.op) {
         case TM_CHAIN_GEMM:
@@ -215,6 +221,8 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
             break;
         }
     }
+    if (a.timing && threadIdx.x == 0)
+        a.timing[(size_t)a.n_phase * gridDim.x + blockIdx.x] = tm_ar_globaltimer_ns();
     tm_cp_async_wait<0>();
 }
 
@@ -233,7 +241,7 @@ extern "C" uint32_t tm_k_chain_splits(uint32_t n_in, uint32_t n_out, uint32_t n_
 }
 
 extern "C" size_t tm_k_chain_barrier_bytes(void) {
-    return 2 * sizeof(uint32_t);
+    return sizeof(unsigned long long);
 }
 
 template <int D> static cudaError_t chain_prepare(int device, int *ok) {

@@ -72,6 +72,9 @@ typedef struct tm_k_chain_args {
     uint32_t n_sm;                /* blocks of the grid: the device's multiprocessors */
     uint32_t depth;               /* weight chunks in flight per warp: 4, 8 or 12; 0: default */
     uint32_t *barrier;            /* tm_k_chain_barrier_bytes, zeroed once; one launch at a time */
+    /* Benchmarks: NULL, or [n_phase + 1][n_sm]: globaltimer ns when each block reached phase p
+     * (for p > 0 its arrival at the barrier; n_phase: its end). */
+    uint64_t *timing;
     tm_k_chain_phase ph[TM_CHAIN_MAX_PHASE];
 } tm_k_chain_args;
 

@@ -43,11 +43,13 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
     // i more, waiting until at most D - 1 are pending means chunk i has landed.
     uint4(*my)[2][32] = ring[wib];
     const uint32_t n_chunk = (k1 - k0) / 32; // a chunk is 4 uint4 of a row
+    const uint32_t rot = tm_skinny_rot(tile, split, n_chunk);
 #pragma unroll
     for (int p = 0; p < D; p++) {
         if ((uint32_t)p < n_chunk) {
-            tm_skinny_cp_async16(&my[p][0][lane], wl + 4 * p);
-            tm_skinny_cp_async16(&my[p][1][lane], wh + 4 * p);
+            const uint32_t at = tm_skinny_chunk_at(p, rot, n_chunk);
+            tm_skinny_cp_async16(&my[p][0][lane], wl + 4 * at);
+            tm_skinny_cp_async16(&my[p][1][lane], wh + 4 * at);
         }
         tm_cp_async_commit();
     }
@@ -55,16 +57,18 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
     for (uint32_t i = 0; i < n_chunk; i++) {
         const uint32_t slot = i % D;
         uint4 xv[NT];
+        const uint32_t at = tm_skinny_chunk_at(i, rot, n_chunk);
 #pragma unroll
         for (int j = 0; j < NT; j++)
-            xv[j] = xok[j] ? __ldg(xp[j] + 4 * i) : zero;
+            xv[j] = xok[j] ? __ldg(xp[j] + 4 * at) : zero;
         tm_cp_async_wait<D - 1>();
         const uint4 lo = my[slot][0][lane], hi = my[slot][1][lane];
         tm_skinny_chunk_mma<NT>(acc, lo, hi, xv);
         // The slot's values are consumed (the mma read the registers), so it can be refilled.
         if (i + D < n_chunk) {
-            tm_skinny_cp_async16(&my[slot][0][lane], wl + 4 * (i + D));
-            tm_skinny_cp_async16(&my[slot][1][lane], wh + 4 * (i + D));
+            const uint32_t nx = tm_skinny_chunk_at(i + D, rot, n_chunk);
+            tm_skinny_cp_async16(&my[slot][0][lane], wl + 4 * nx);
+            tm_skinny_cp_async16(&my[slot][1][lane], wh + 4 * nx);
         }
         tm_cp_async_commit();
     }

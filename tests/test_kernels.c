@@ -854,6 +854,82 @@ static void chain_case(uint32_t n_tok, uint32_t d, uint32_t ff, uint32_t n_head,
     free(inv), free(pos), free(slot), free(perm), free(hc), free(hr), free(ref);
 }
 
+/* Time of one llama8b layer's four projections (T = 8) as one chain of GEMM phases at a ring
+ * depth, against the four skinny launches, and of a chain of empty phases (launch + barriers);
+ * printed, not asserted (TM_CHAIN_RATE=1). 8 copies of the weights: more than the L2. */
+static void chain_rate(uint32_t n_sm, uint32_t depth) {
+    tm_err err = {0};
+    const uint32_t sh[4][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};
+    size_t n_w = 0;
+    for (int i = 0; i < 4; i++)
+        n_w += (size_t)sh[i][0] * sh[i][1];
+    uint16_t *d_w = dalloc(8 * n_w * 2, 0x3c), *d_x = dalloc((size_t)8 * 14336 * 2, 0x3c);
+    float *d_part = dalloc((size_t)32 * 8 * 28672 * 4, 0);
+    uint32_t *bar = dalloc(tm_k_chain_barrier_bytes(), 0);
+    uint64_t *d_tm = dalloc((size_t)5 * n_sm * 8, 0);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0), cudaEventCreate(&e1);
+    const int reps = 24;
+    float ms[3] = {0};
+    for (int mode = 0; mode < 3; mode++) { // chain, skinny launches, empty chain
+        for (int r = -8; r < reps; r++) {
+            if (r == 0)
+                cudaEventRecord(e0, g_stream);
+            const uint16_t *w = d_w + (size_t)((r + 8) % 8) * n_w;
+            tm_k_chain_args ca = {.n_sm = n_sm, .depth = depth, .barrier = bar,
+                                  .timing = mode == 0 && r == reps - 1 ? d_tm : NULL};
+            for (int i = 0; i < 4; i++) {
+                uint32_t kps = 0, n_split;
+                if (mode == 1)
+                    n_split = tm_k_gemm_skinny_splits(sh[i][0], sh[i][1], n_sm, &kps);
+                else
+                    n_split = tm_k_chain_splits(sh[i][0], sh[i][1], n_sm, &kps);
+                tm_k_gemm_skinny_args g = {.part = d_part, .w = w, .x = d_x, .n_tok = 8,
+                                           .n_in = sh[i][0], .n_out = sh[i][1],
+                                           .n_split = n_split, .k_per_split = kps};
+                w += (size_t)sh[i][0] * sh[i][1];
+                if (mode == 1)
+                    TM_CHECK_OK(tm_k_gemm_skinny(&g, g_stream, &err), &err);
+                ca.ph[ca.n_phase++] = (tm_k_chain_phase){.op = TM_CHAIN_GEMM, .u.gemm = g};
+            }
+            if (mode == 2) { // 8 phases with nothing to do: launch and 7 barriers
+                ca.n_phase = 8;
+                for (int i = 0; i < 8; i++)
+                    ca.ph[i] = (tm_k_chain_phase){
+                        .op = TM_CHAIN_SILU,
+                        .u.silu = {.out = (uint16_t *)d_x, .gu = d_part, .n_tok = 0, .n_ff = 1}};
+            }
+            if (mode != 1)
+                TM_CHECK_OK(tm_k_chain(&ca, g_stream, &err), &err);
+        }
+        cudaEventRecord(e1, g_stream);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms[mode], e0, e1);
+    }
+    // when the blocks finished each projection, from the phase's start (the last arrival at
+    // the barrier before it)
+    uint64_t *tm = xmalloc((size_t)5 * n_sm * 8);
+    to_host(tm, d_tm, (size_t)5 * n_sm * 8);
+    for (int p = 0; p < 4; p++) {
+        uint64_t t0 = tm[(size_t)p * n_sm], lo = UINT64_MAX, hi = 0;
+        for (uint32_t b = 0; b < n_sm; b++) {
+            const uint64_t st = tm[(size_t)p * n_sm + b], en = tm[(size_t)(p + 1) * n_sm + b];
+            t0 = p == 0 ? TM_MIN(t0, st) : TM_MAX(t0, st);
+            lo = TM_MIN(lo, en), hi = TM_MAX(hi, en);
+        }
+        printf("chain phase %d (%u x %u): blocks done after %.1f .. %.1f us\n", p, sh[p][0],
+               sh[p][1], (double)(lo - t0) / 1e3, (double)(hi - t0) / 1e3);
+    }
+    free(tm), cudaFree(d_tm);
+    const double gb = (double)n_w * 2 / 1e9;
+    printf("chain rate (depth %2u): llama8b layer projections %.1f us (%.0f GB/s) as a chain, "
+           "%.1f us (%.0f GB/s) as 4 skinny launches; empty 8-phase chain %.1f us\n",
+           depth, ms[0] * 1e3 / reps, gb / (ms[0] / reps / 1e3), ms[1] * 1e3 / reps,
+           gb / (ms[1] / reps / 1e3), ms[2] * 1e3 / reps);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    cudaFree(d_w), cudaFree(d_x), cudaFree(d_part), cudaFree(bar);
+}
+
 static void test_chain(void) {
     int dev = 0, n_sm = 0;
     TM_ASSERT(cudaGetDevice(&dev) == cudaSuccess);
@@ -868,6 +944,9 @@ static void test_chain(void) {
     chain_case(8, 4096, 14336, 32, 8, 128, (uint32_t)n_sm, 8);  // llama8b
     chain_case(7, 2048, 7168, 16, 4, 128, (uint32_t)n_sm, 4);   // a TP2 shard of it
     chain_case(8, 2048, 8192, 32, 8, 64, (uint32_t)n_sm, 12);   // llama1b
+    if (getenv("TM_CHAIN_RATE"))
+        for (uint32_t depth = 4; depth <= 12; depth += 4)
+            chain_rate((uint32_t)n_sm, depth);
 }
 
 int main(void) {
