@@ -1,16 +1,16 @@
 /* kernels/chain.cu - a stretch of a decode step as one persistent kernel (see chain.h).
  *
  * The weight stream. A task is one (tile of 16 output rows, split of the inner dimension) as in
- * gemm_skinny, numbered tile-first. Block b takes the contiguous range [b n / B, (b + 1) n / B)
- * of a GEMM phase's n tasks (B blocks), so that a projection with fewer tasks than warps leaves a
- * few warps idle on every multiprocessor rather than whole multiprocessors idle, and its warps
- * work on neighbouring tiles of one split, sharing x's chunks in the L1; warp i of the block
- * takes tasks i, i + TM_CHAIN_WARPS, ... of the range. Its chunks
- * (32 inner elements of its 16 rows, 1 KB) in phase order form the warp's stream. The warp
- * issues the first `depth` chunks at the start, then one more after consuming each, into a ring
- * of `depth` shared-memory slots, one cp.async commit group per chunk (empty past the end): the
- * k-th chunk consumed has landed once at most depth - 1 groups are pending. The issuing cursor
- * runs ahead across phases, so while the grid does the small phases and waits at barriers the
+ * gemm_skinny; a GEMM phase has about three per warp, and warps take them one at a time from the
+ * phase's counter (an atomic), so that a warp the memory serves more slowly takes fewer: with a
+ * static share per warp the phase waited for the slowest (H200: blocks finished up to 2x apart).
+ * A warp's tasks' chunks (32 inner elements of 16 rows, 1 KB), in order across the phases, form
+ * its stream: the warp issues the first `depth` chunks at the start, then one more after
+ * consuming each, into a ring of `depth` shared-memory slots, one cp.async commit group per
+ * chunk (empty past the end): the k-th chunk consumed has landed once at most depth - 1 groups
+ * are pending. Taking the next task is done by the issuing side, so the tasks a warp will
+ * consume wait in a small FIFO. The issuing cursor runs ahead across phases, so while the grid
+ * does the small phases and waits at barriers the
  * next projection's first chunks are already arriving. */
 #include "kernels/act.cuh"
 #include "kernels/allreduce.cuh"
@@ -20,7 +20,7 @@
 #include "kernels/rope.cuh"
 
 #define CHAIN_THREADS (TM_CHAIN_WARPS * 32)
-#define CHAIN_DEPTH_DEFAULT 8
+#define CHAIN_DEPTH_DEFAULT 4 /* H200: 4 beat 8 and 12 (bench/RESULTS.md) */
 #define CHAIN_DEPTH_MAX 12
 #define CHAIN_BARRIER_TIMEOUT_S (TM_AR_TIMEOUT_S + 10) /* longer than an all-reduce's wait */
 
@@ -56,30 +56,42 @@ static __device__ __forceinline__ void grid_barrier(unsigned long long *bar, uin
     __syncthreads();
 }
 
-/* A warp's issuing cursor: the next chunk to issue is chunk `chunk` of task `task` (of the
- * warp's tasks up to `end`) of phase `ph` (ph == n_phase: the stream is done). wl / wh: the
- * task's rows r and r + 8 at its k0 + 8c. */
+/* A warp's issuing cursor: the next chunk to issue is chunk `chunk` of task `task` of phase `ph`
+ * (ph == n_phase: the stream is done). wl / wh: the task's rows r and r + 8 at its k0 + 8c. */
 struct wstream {
-    uint32_t ph, task, end, chunk, n_chunk, rot;
+    uint32_t ph, task, chunk, n_chunk, rot;
     const uint4 *wl, *wh;
 };
 
-/* This warp's first task of a phase of n_task tasks, and the end of its block's range. */
-static __device__ __forceinline__ uint32_t first_task(uint32_t n_task, uint32_t *end) {
-    *end = (uint32_t)((uint64_t)(blockIdx.x + 1) * n_task / gridDim.x);
-    return (uint32_t)((uint64_t)blockIdx.x * n_task / gridDim.x) + threadIdx.x / 32;
-}
+/* The tasks a warp has taken and not yet consumed, in order, in shared memory (lane 0 writes,
+ * every lane reads): a task number, or END when the warp found the phase's tasks all taken. The
+ * issuing cursor is at most `depth` chunks ahead, a task has at least one chunk, and each GEMM
+ * phase adds one END: FIFO_N > depth + 1 + TM_CHAIN_MAX_PHASE entries suffice. */
+#define FIFO_N 32
+#define END 0xffffffffu
+struct wfifo {
+    uint32_t *q;
+    uint32_t head, tail; // popped, pushed (every lane keeps its own copy)
+};
 
 static __device__ __forceinline__ uint32_t gemm_tasks(const tm_k_gemm_skinny_args &g) {
     return (g.n_out + 15) / 16 * g.n_split;
+}
+
+/* Task t of a GEMM phase is split t % n_split of tile t / n_split: the tasks running at one time
+ * spread over the splits' offsets (and tm_skinny_rot staggers them within a split). */
+static __device__ __forceinline__ void task_of(const tm_k_gemm_skinny_args &g, uint32_t t,
+                                               uint32_t *tile, uint32_t *split) {
+    *split = t % g.n_split;
+    *tile = t / g.n_split;
 }
 
 /* A task's weight pointers, chunk count and walking order (lane = 4r + c). */
 static __device__ __forceinline__ uint32_t task_rows(const tm_k_gemm_skinny_args &g, uint32_t task,
                                                      uint32_t lane, const uint4 **wl,
                                                      const uint4 **wh, uint32_t *rot) {
-    const uint32_t n_tiles = (g.n_out + 15) / 16;
-    const uint32_t tile = task % n_tiles, split = task / n_tiles;
+    uint32_t tile, split;
+    task_of(g, task, &tile, &split);
     const uint32_t r = lane >> 2, c = lane & 3;
     const uint32_t row_lo = tile * 16 + r, row_hi = row_lo + 8;
     const uint32_t k0 = split * g.k_per_split, k1 = min(g.n_in, k0 + g.k_per_split);
@@ -92,59 +104,79 @@ static __device__ __forceinline__ uint32_t task_rows(const tm_k_gemm_skinny_args
     return (k1 - k0) / 32;
 }
 
-/* Move the cursor to the first chunk of task s.task or a later one of this warp, in phase s.ph
- * (s.task and s.end set for it) or a later one. */
+/* Take the next task of phase ph (one atomic per warp), or UINT32_MAX when all are taken. */
+static __device__ __forceinline__ uint32_t take_task(const tm_k_chain_args &a, uint32_t ph,
+                                                     uint32_t lane) {
+    uint32_t t = 0;
+    if (lane == 0)
+        t = atomicAdd(a.barrier + 2 + ph, 1u);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    return t < gemm_tasks(a.ph[ph].u.gemm) ? t : UINT32_MAX;
+}
+
+static __device__ __forceinline__ void fifo_push(wfifo &f, uint32_t v, uint32_t lane) {
+    if (lane == 0)
+        f.q[f.tail % FIFO_N] = v;
+    f.tail++;
+    __syncwarp();
+}
+
+/* Move the cursor to the next task with chunks, in phase s.ph or a later one: take tasks until
+ * one is found, pushing each taken task (and END for each phase left) on the FIFO. */
 static __device__ __forceinline__ void stream_seek(const tm_k_chain_args &a, wstream &s,
-                                                   uint32_t lane) {
-    while (s.ph < a.n_phase) {
+                                                   wfifo &f, uint32_t lane) {
+    for (; s.ph < a.n_phase; s.ph++) {
         const tm_k_chain_phase &p = a.ph[s.ph];
-        if (p.op == TM_CHAIN_GEMM) {
-            for (; s.task < s.end; s.task += TM_CHAIN_WARPS) {
-                s.chunk = 0;
-                s.n_chunk = task_rows(p.u.gemm, s.task, lane, &s.wl, &s.wh, &s.rot);
-                if (s.n_chunk)
-                    return;
-            }
+        if (p.op != TM_CHAIN_GEMM)
+            continue;
+        for (;;) {
+            const uint32_t t = take_task(a, s.ph, lane);
+            if (t == UINT32_MAX)
+                break;
+            fifo_push(f, t, lane);
+            s.task = t;
+            s.chunk = 0;
+            s.n_chunk = task_rows(p.u.gemm, t, lane, &s.wl, &s.wh, &s.rot);
+            if (s.n_chunk)
+                return;
         }
-        if (++s.ph < a.n_phase && a.ph[s.ph].op == TM_CHAIN_GEMM)
-            s.task = first_task(gemm_tasks(a.ph[s.ph].u.gemm), &s.end);
-        else
-            s.task = s.end = 0;
+        fifo_push(f, END, lane);
     }
 }
 
 /* Issue the cursor's chunk (if any) into the ring's next slot, and one commit group. */
 template <int D>
 static __device__ __forceinline__ void stream_issue(const tm_k_chain_args &a, wstream &s,
-                                                    uint4 (*ring)[2][32], uint32_t &n_issued,
-                                                    uint32_t lane) {
+                                                    wfifo &f, uint4 (*ring)[2][32],
+                                                    uint32_t &n_issued, uint32_t lane) {
     if (s.ph < a.n_phase) {
         uint4(*slot)[32] = ring[n_issued % D];
         const uint32_t at = tm_skinny_chunk_at(s.chunk, s.rot, s.n_chunk);
         tm_skinny_cp_async16(&slot[0][lane], s.wl + 4 * at);
         tm_skinny_cp_async16(&slot[1][lane], s.wh + 4 * at);
-        if (++s.chunk == s.n_chunk) {
-            s.task += TM_CHAIN_WARPS;
-            stream_seek(a, s, lane);
-        }
+        if (++s.chunk == s.n_chunk)
+            stream_seek(a, s, f, lane);
     }
     n_issued++;
     tm_cp_async_commit();
 }
 
-/* A GEMM phase: this warp's tasks, consuming its stream in order (gemm_skinny's arithmetic).
- * x was written by an earlier phase of this launch: plain loads (L1-cached, which the barrier's
- * acquire keeps coherent), not the read-only path. */
+/* A GEMM phase: the tasks this warp took, consuming its stream in order (gemm_skinny's
+ * arithmetic). x was written by an earlier phase of this launch: plain loads (L1-cached, which
+ * the barrier's acquire keeps coherent), not the read-only path. */
 template <int D>
 static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
                                                   const tm_k_gemm_skinny_args &g, wstream &s,
-                                                  uint4 (*ring)[2][32], uint32_t &n_issued,
-                                                  uint32_t &n_used, uint32_t lane) {
-    const uint32_t n_tiles = (g.n_out + 15) / 16;
+                                                  wfifo &f, uint4 (*ring)[2][32],
+                                                  uint32_t &n_issued, uint32_t &n_used,
+                                                  uint32_t lane) {
     const uint32_t r = lane >> 2, c = lane & 3;
-    uint32_t end;
-    for (uint32_t task = first_task(gemm_tasks(g), &end); task < end; task += TM_CHAIN_WARPS) {
-        const uint32_t tile = task % n_tiles, split = task / n_tiles;
+    for (;;) {
+        const uint32_t task = f.q[f.head++ % FIFO_N];
+        if (task == END)
+            break;
+        uint32_t tile, split;
+        task_of(g, task, &tile, &split);
         const uint4 *wl, *wh;
         uint32_t rot;
         const uint32_t n_chunk = task_rows(g, task, lane, &wl, &wh, &rot);
@@ -161,7 +193,7 @@ static __device__ __forceinline__ void gemm_phase(const tm_k_chain_args &a,
             const uint32_t slot = n_used++ % D;
             const uint4 lo = ring[slot][0][lane], hi = ring[slot][1][lane];
             tm_skinny_chunk_mma<1>(acc, lo, hi, xv);
-            stream_issue<D>(a, s, ring, n_issued, lane); // refills the slot just read
+            stream_issue<D>(a, s, f, ring, n_issued, lane); // refills the slot just read
         }
         tm_skinny_store<1>(acc, g, split, tile * 16 + r, c);
     }
@@ -171,17 +203,17 @@ template <int D>
 static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
     chain_kernel(const __grid_constant__ tm_k_chain_args a) {
     extern __shared__ uint4 chain_smem[];
+    __shared__ uint32_t fifo_q[TM_CHAIN_WARPS][FIFO_N];
     const uint32_t lane = threadIdx.x & 31;
     uint4(*ring)[2][32] =
         reinterpret_cast<uint4(*)[2][32]>(chain_smem) + (size_t)(threadIdx.x / 32) * D;
-    wstream s = {0, 0, 0, 0, 0, 0, NULL, NULL};
-    if (a.ph[0].op == TM_CHAIN_GEMM)
-        s.task = first_task(gemm_tasks(a.ph[0].u.gemm), &s.end);
-    stream_seek(a, s, lane);
+    wfifo f = {fifo_q[threadIdx.x / 32], 0, 0};
+    wstream s = {0, 0, 0, 0, 0, NULL, NULL};
+    stream_seek(a, s, f, lane);
     uint32_t n_issued = 0, n_used = 0;
 #pragma unroll 1
     for (int i = 0; i < D; i++)
-        stream_issue<D>(a, s, ring, n_issued, lane);
+        stream_issue<D>(a, s, f, ring, n_issued, lane);
 
     unsigned long long *bar = reinterpret_cast<unsigned long long *>(a.barrier);
     const uint64_t base = *reinterpret_cast<volatile unsigned long long *>(bar) / gridDim.x *
@@ -196,7 +228,7 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
         const tm_k_chain_phase &p = a.ph[ph];
         switch (p.op) {
         case TM_CHAIN_GEMM:
-            gemm_phase<D>(a, p.u.gemm, s, ring, n_issued, n_used, lane);
+            gemm_phase<D>(a, p.u.gemm, s, f, ring, n_issued, n_used, lane);
             break;
         case TM_CHAIN_NORM:
             for (uint32_t row = blockIdx.x; row < p.u.norm.n_row; row += gridDim.x)
@@ -224,13 +256,25 @@ static __global__ void __launch_bounds__(CHAIN_THREADS, 1)
     if (a.timing && threadIdx.x == 0)
         a.timing[(size_t)a.n_phase * gridDim.x + blockIdx.x] = tm_ar_globaltimer_ns();
     tm_cp_async_wait<0>();
+    // The last block out zeroes the task counters for the next launch (every block has taken
+    // its last task before it counts itself out).
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        if (atomicAdd(a.barrier + 2 + TM_CHAIN_MAX_PHASE, 1u) == gridDim.x - 1) {
+            for (uint32_t i = 0; i < a.n_phase; i++)
+                a.barrier[2 + i] = 0;
+            a.barrier[2 + TM_CHAIN_MAX_PHASE] = 0;
+            __threadfence();
+        }
+    }
 }
 
 extern "C" uint32_t tm_k_chain_splits(uint32_t n_in, uint32_t n_out, uint32_t n_sm,
                                       uint32_t *k_per_split) {
     const uint64_t n_tiles = (n_out + 15) / 16;
     const uint64_t n_warps = (uint64_t)TM_MAX(n_sm, 1u) * TM_CHAIN_WARPS;
-    uint64_t n_split = n_warps / n_tiles; // at most one task per warp (or one split)
+    uint64_t n_split = (3 * n_warps + n_tiles - 1) / n_tiles; // about three tasks per warp
     n_split = TM_MIN(n_split, (uint64_t)TM_MAX(n_in / 256, 1u));
     n_split = TM_MIN(n_split, (uint64_t)TM_SKINNY_MAX_SPLIT);
     n_split = TM_MAX(n_split, (uint64_t)1);
@@ -240,8 +284,10 @@ extern "C" uint32_t tm_k_chain_splits(uint32_t n_in, uint32_t n_out, uint32_t n_
     return (n_in + kps - 1) / kps; // no empty split
 }
 
+/* [0, 2): the barrier's 64-bit count; [2, 2 + TM_CHAIN_MAX_PHASE): each GEMM phase's next task;
+ * then the count of blocks done. */
 extern "C" size_t tm_k_chain_barrier_bytes(void) {
-    return sizeof(unsigned long long);
+    return (2 + TM_CHAIN_MAX_PHASE + 1) * sizeof(uint32_t);
 }
 
 template <int D> static cudaError_t chain_prepare(int device, int *ok) {

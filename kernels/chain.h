@@ -15,7 +15,7 @@
  * Phases (each an existing op's arguments, the same semantics and the same arithmetic in the
  * same order as its own kernel, so the results are bitwise those of the separate launches):
  *   GEMM       kernels/gemm_skinny.h (partials [n_split][n_tok][n_out]; the split plan from
- *              tm_k_chain_splits, so that every warp has at most one tile per projection)
+ *              tm_k_chain_splits; chunks in tm_skinny_rot order, as gemm_skinny's `stagger`)
  *   NORM       kernels/rmsnorm.h (residual add of partials + RMSNorm)
  *   ALLREDUCE  kernels/allreduce.h (peer-memory all-reduce + RMSNorm, tensor parallel)
  *   ROPE       kernels/rope.h (bias + RoPE + KV cache write)
@@ -70,7 +70,7 @@ typedef struct tm_k_chain_phase {
 typedef struct tm_k_chain_args {
     uint32_t n_phase;             /* 1..TM_CHAIN_MAX_PHASE */
     uint32_t n_sm;                /* blocks of the grid: the device's multiprocessors */
-    uint32_t depth;               /* weight chunks in flight per warp: 4, 8 or 12; 0: default */
+    uint32_t depth;               /* weight chunks in flight per warp: 4, 8 or 12; 0: 4 */
     uint32_t *barrier;            /* tm_k_chain_barrier_bytes, zeroed once; one launch at a time */
     /* Benchmarks: NULL, or [n_phase + 1][n_sm]: globaltimer ns when each block reached phase p
      * (for p > 0 its arrival at the barrier; n_phase: its end). */
@@ -78,8 +78,8 @@ typedef struct tm_k_chain_args {
     tm_k_chain_phase ph[TM_CHAIN_MAX_PHASE];
 } tm_k_chain_args;
 
-/* The split of a projection's inner dimension for a chain on n_sm multiprocessors: at most one
- * (tile, split) per warp of the grid (n_tiles * n_split <= n_sm * TM_CHAIN_WARPS). */
+/* The split of a projection's inner dimension for a chain on n_sm multiprocessors: about three
+ * (tile, split) tasks per warp of the grid, splits of at least 256. */
 uint32_t tm_k_chain_splits(uint32_t n_in, uint32_t n_out, uint32_t n_sm, uint32_t *k_per_split);
 
 /* Device bytes of the grid barrier (zero them once). */

@@ -43,7 +43,7 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
     // i more, waiting until at most D - 1 are pending means chunk i has landed.
     uint4(*my)[2][32] = ring[wib];
     const uint32_t n_chunk = (k1 - k0) / 32; // a chunk is 4 uint4 of a row
-    const uint32_t rot = tm_skinny_rot(tile, split, n_chunk);
+    const uint32_t rot = a.stagger ? tm_skinny_rot(tile, split, n_chunk) : 0;
 #pragma unroll
     for (int p = 0; p < D; p++) {
         if ((uint32_t)p < n_chunk) {

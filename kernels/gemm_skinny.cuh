@@ -47,11 +47,11 @@ static __device__ __forceinline__ void tm_skinny_cp_async16(void *smem, const vo
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
 }
 
-/* The order in which a (tile, split) task walks its n_chunk chunks: starting at chunk rot, then
- * wrapping around. When all warps run at once and at the same pace (one wave: every decode
- * projection in the decode chain, the small ones here), they would otherwise all read the same
- * offset of rows 2 n_in bytes apart at the same time, which the H200 serves at ~2.1 instead of
- * ~3.8 TB/s (bench/RESULTS.md); staggered starts spread the requests over the memory. */
+/* A staggered order for a (tile, split) task's n_chunk chunks: from chunk rot, wrapping around.
+ * When all warps start together and run at the same pace (the decode chain's projections), they
+ * would otherwise all read the same offset of rows 2 n_in bytes apart at the same time, which
+ * an H200 served at ~2.1 instead of ~3.4 TB/s (bench/RESULTS.md). The plain kernel's launches
+ * (staggered by the block scheduler) were slower with it. */
 static __device__ __forceinline__ uint32_t tm_skinny_rot(uint32_t tile, uint32_t split,
                                                          uint32_t n_chunk) {
     return n_chunk ? (tile * 37u + split * 11u) % n_chunk : 0;

@@ -775,7 +775,7 @@ static void chain_case(uint32_t n_tok, uint32_t d, uint32_t ff, uint32_t n_head,
         // the separate kernels start from the chain's h (see above)
         gq[i] = (tm_k_gemm_skinny_args){.part = o[i].pq, .w = w_qkv, .x = o[0].h, .n_tok = n_tok,
                                         .n_in = d, .n_out = qkv_dim, .n_split = sq,
-                                        .k_per_split = kq};
+                                        .k_per_split = kq, .stagger = 1};
         ro[i] = (tm_k_rope_kv_bf16_args){.q = o[i].q, .k_cache = o[i].k, .v_cache = o[i].v,
                                          .qkv = o[i].pq, .pos = d_pos, .slot = d_slot,
                                          .inv_freq = d_inv, .n_tok = n_tok, .n_head = n_head,
@@ -783,13 +783,13 @@ static void chain_case(uint32_t n_tok, uint32_t d, uint32_t ff, uint32_t n_head,
                                          .part_stride = (size_t)n_tok * qkv_dim};
         gg[i] = (tm_k_gemm_skinny_args){.part = o[i].pg, .w = w_gu, .x = o[0].h, .n_tok = n_tok,
                                         .n_in = d, .n_out = 2 * ff, .n_split = sg,
-                                        .k_per_split = kg};
+                                        .k_per_split = kg, .stagger = 1};
         si[i] = (tm_k_silu_mul_bf16_args){.out = o[i].ffa, .gu = o[i].pg, .n_tok = n_tok,
                                           .n_ff = ff, .n_part = sg,
                                           .part_stride = (size_t)n_tok * 2 * ff};
         gd[i] = (tm_k_gemm_skinny_args){.part = o[i].pd, .w = w_down, .x = o[0].ffa,
                                         .n_tok = n_tok, .n_in = ff, .n_out = d, .n_split = sd,
-                                        .k_per_split = kd};
+                                        .k_per_split = kd, .stagger = 1};
         n2[i] = (tm_k_rmsnorm_bf16_args){.out = o[i].h2, .x = x, .w = g2, .n_row = n_tok,
                                          .n_col = d, .eps = 1e-5f, .add = o[i].pd,
                                          .add_stride = (size_t)n_tok * d, .n_add = sd};
