@@ -1,9 +1,54 @@
-/* kernels/gemm_skinny.cu - decode-step projections on tensor cores (see gemm_skinny.h; the
- * scheme and the shared device code in kernels/gemm_skinny.cuh). */
-#include "kernels/gemm_skinny.cuh"
+/* kernels/gemm_skinny.cu - decode-step projections on tensor cores (see gemm_skinny.h).
+ *
+ * A warp computes a 16 (output rows) x 8*NT (tokens) tile over its split of the inner
+ * dimension with mma.sync m16n8k16 (A = 16 rows of w, B = the tokens' x, both bf16; fp32
+ * accumulators). Lane l = 4r + c loads, for each chunk of 32 inner elements, the 16 bytes
+ * [8c, 8c + 8) of w rows r and r + 8 and of x row (token) r (and r + 8 for the second tile).
+ * Those registers are used as the mma fragments directly, with the inner index permuted: the
+ * fragment's k = 2c, 2c+1 | 2c+8, 2c+9 of the first mma are the loaded elements 8c, 8c+1 |
+ * 8c+2, 8c+3, and the second mma takes 8c+4 .. 8c+7. A and B are permuted the same way, so the
+ * dot products are unchanged, and no shuffle or shared memory is needed: the kernel is a stream
+ * of coalesced 16-byte loads feeding mma instructions. The weight loads are cp.async copies
+ * into a per-warp ring of D shared-memory slots (D chunks = D KB per warp in flight; a register
+ * version let the compiler sink the loads next to their use, leaving one or two in flight), with
+ * the L2 fetching 256 bytes around each request (the next chunks of the same rows). x is small
+ * and read through the read-only path. */
+#include "kernels/common.cuh"
+#include "kernels/gemm_skinny.h"
 
 #define WARPS 4 /* warps per block */
 #define TM_SKINNY_DEPTH 4 /* chunks in flight per warp (default; 8 measured slower) */
+
+static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
+                                                uint32_t a2, uint32_t a3, uint32_t b0,
+                                                uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* One chunk of 32 inner elements: rows r (lo) and r + 8 (hi) of w against NT token tiles. */
+template <int NT>
+static __device__ __forceinline__ void chunk_mma(float (&acc)[NT][4], const uint4 &lo,
+                                                 const uint4 &hi, const uint4 (&xv)[NT]) {
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        mma_bf16(acc[j], lo.x, hi.x, lo.y, hi.y, xv[j].x, xv[j].y);
+        mma_bf16(acc[j], lo.z, hi.z, lo.w, hi.w, xv[j].z, xv[j].w);
+    }
+}
+
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+static __device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 /* D: chunks in flight per warp (the depth of its ring of shared-memory slots). */
 template <int NT, int D>
@@ -43,38 +88,49 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
     // i more, waiting until at most D - 1 are pending means chunk i has landed.
     uint4(*my)[2][32] = ring[wib];
     const uint32_t n_chunk = (k1 - k0) / 32; // a chunk is 4 uint4 of a row
-    const uint32_t rot = a.stagger ? tm_skinny_rot(tile, split, n_chunk) : 0;
 #pragma unroll
     for (int p = 0; p < D; p++) {
         if ((uint32_t)p < n_chunk) {
-            const uint32_t at = tm_skinny_chunk_at(p, rot, n_chunk);
-            tm_skinny_cp_async16(&my[p][0][lane], wl + 4 * at);
-            tm_skinny_cp_async16(&my[p][1][lane], wh + 4 * at);
+            cp_async16(&my[p][0][lane], wl + 4 * p);
+            cp_async16(&my[p][1][lane], wh + 4 * p);
         }
-        tm_cp_async_commit();
+        cp_async_commit();
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (uint32_t i = 0; i < n_chunk; i++) {
         const uint32_t slot = i % D;
         uint4 xv[NT];
-        const uint32_t at = tm_skinny_chunk_at(i, rot, n_chunk);
 #pragma unroll
         for (int j = 0; j < NT; j++)
-            xv[j] = xok[j] ? __ldg(xp[j] + 4 * at) : zero;
-        tm_cp_async_wait<D - 1>();
+            xv[j] = xok[j] ? __ldg(xp[j] + 4 * i) : zero;
+        cp_async_wait<D - 1>();
         const uint4 lo = my[slot][0][lane], hi = my[slot][1][lane];
-        tm_skinny_chunk_mma<NT>(acc, lo, hi, xv);
+        chunk_mma<NT>(acc, lo, hi, xv);
         // The slot's values are consumed (the mma read the registers), so it can be refilled.
         if (i + D < n_chunk) {
-            const uint32_t nx = tm_skinny_chunk_at(i + D, rot, n_chunk);
-            tm_skinny_cp_async16(&my[slot][0][lane], wl + 4 * nx);
-            tm_skinny_cp_async16(&my[slot][1][lane], wh + 4 * nx);
+            cp_async16(&my[slot][0][lane], wl + 4 * (i + D));
+            cp_async16(&my[slot][1][lane], wh + 4 * (i + D));
         }
-        tm_cp_async_commit();
+        cp_async_commit();
     }
-    tm_cp_async_wait<0>();
+    cp_async_wait<0>();
 
-    tm_skinny_store<NT>(acc, a, split, row_lo, c);
+    // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
+    float *out = a.part + (size_t)split * a.n_tok * a.n_out;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const uint32_t t0 = 8 * j + 2 * c;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t t = t0 + e;
+            if (t >= a.n_tok)
+                continue;
+            if (row_lo < a.n_out)
+                out[(size_t)t * a.n_out + row_lo] = acc[j][e];
+            if (row_hi < a.n_out)
+                out[(size_t)t * a.n_out + row_hi] = acc[j][2 + e];
+        }
+    }
 }
 
 extern "C" int tm_k_gemm_skinny_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {

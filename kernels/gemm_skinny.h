@@ -41,8 +41,6 @@ typedef struct tm_k_gemm_skinny_args {
     uint32_t n_split;       /* from tm_k_gemm_skinny_splits */
     uint32_t k_per_split;   /* from tm_k_gemm_skinny_splits: a multiple of 32 */
     uint32_t unroll;        /* 0: the default; 4 or 8: chunks in flight per warp (benchmarks) */
-    uint32_t stagger;       /* 1: each (tile, split) walks its chunks from a staggered start, the
-                               decode chain's order (kernels/chain.h; its tests compare bits) */
 } tm_k_gemm_skinny_args;
 
 /* 1 if the shape can run here (n_tok in range, n_in % 32 == 0). */

@@ -51,7 +51,6 @@
 #include "kernels/allreduce.h"
 #include "kernels/attn_paged.h"
 #include "kernels/attn_prefill.h"
-#include "kernels/chain.h"
 #include "kernels/common.h"
 #include "kernels/embed.h"
 #include "kernels/fill.h"
@@ -135,12 +134,6 @@ typedef struct cuda_impl {
     size_t sk_part_floats;
     uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
     uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
-    /* Steps of at most TM_CHAIN_MAX_TOK tokens through paged attention run everything from one
-     * attention to the next as one persistent kernel (kernels/chain.h); TM_CUDA_CHAIN=0: off,
-     * TM_CUDA_CHAIN_DEPTH: weight chunks in flight per warp (benchmarks). */
-    int chain_on;
-    uint32_t chain_depth;
-    uint32_t *chain_bar;       /* the chain's grid barrier (zeroed once) */
     int use_fa;                /* prefill steps use the tensor-core attn_prefill kernel */
     uint32_t ablate;           /* TM_CUDA_ABLATE: ops not launched (benchmarks only), ABL_* bits */
     /* TP inside one node: the one-shot peer-memory all-reduce (kernels/allreduce.h) for steps
@@ -355,10 +348,7 @@ static size_t skinny_part_floats(const cuda_impl *impl, uint32_t T) {
         uint32_t kps = 0;
         if (!tm_k_gemm_skinny_fits(T, shapes[i][0], shapes[i][1]))
             continue;
-        // the larger of the plain kernel's and the chain's (kernels/chain.h) plans
-        const uint32_t n = TM_MAX(
-            tm_k_gemm_skinny_splits(shapes[i][0], shapes[i][1], impl->n_sm, &kps),
-            tm_k_chain_splits(shapes[i][0], shapes[i][1], impl->n_sm, &kps));
+        const uint32_t n = tm_k_gemm_skinny_splits(shapes[i][0], shapes[i][1], impl->n_sm, &kps);
         most = TM_MAX(most, (size_t)n * T * shapes[i][1]);
     }
     return most;
@@ -446,233 +436,6 @@ static void prof_collect(cuda_impl *impl) {
     impl->prof_n = 0;
 }
 
-/* The embedding into x; with TP the ranks' slices summed, then layer 0's attention norm into h. */
-static tm_rc model_embed(cuda_impl *impl, uint32_t T, const meta_off *mo, tm_err *err) {
-    const tm_model_cfg *c = &impl->cfg;
-    const uint32_t d = c->n_embd;
-    const uint32_t *md = impl->meta_d;
-    cudaStream_t s = impl->stream;
-    tm_rc rc;
-    if (impl->tp_size > 1) { // each rank has a slice of the table: sum, then layer 0's norm
-        tm_k_embed_part_bf16_args ea = {.x = impl->x, .table = impl->embd,
-                                        .tokens = md + mo->tokens, .n_tok = T, .n_embd = d,
-                                        .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
-        rc = tm_k_embed_part_bf16(&ea, s, err);
-        if (!rc)
-            rc = tp_reduce_norm(impl, T, NULL, 1.0f,
-                                c->n_layer ? impl->layers[0].attn_norm : NULL, err);
-    } else {
-        tm_k_embed_bf16_args ea = {
-            .x = impl->x, .table = impl->embd, .tokens = md + mo->tokens, .n_tok = T, .n_embd = d};
-        rc = tm_k_embed_bf16(&ea, s, err);
-    }
-    prof_mark(impl, "metadata upload + embed");
-    return rc;
-}
-
-/* The final norm (adding the last residual projection's partials res, if any) of the n_want
- * wanted rows and the LM head into logits. */
-static tm_rc model_head(cuda_impl *impl, uint32_t n_want, const meta_off *mo, proj_out res,
-                        tm_err *err) {
-    const tm_model_cfg *c = &impl->cfg;
-    const uint32_t d = c->n_embd;
-    const uint32_t *md = impl->meta_d;
-    cudaStream_t s = impl->stream;
-    tm_rc rc;
-    proj_out po;
-    if (n_want == 0)
-        return TM_OK;
-    tm_k_rmsnorm_bf16_args fa = {.out = impl->last, .x = impl->x, .rows = md + mo->want_row,
-                                 .w = impl->out_norm, .n_row = n_want, .n_col = d,
-                                 .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
-                                 .n_add = res.n};
-    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_rmsnorm_bf16(&fa, s, err);
-    prof_mark(impl, "final_norm");
-    if (!rc)
-        rc = project(impl, ABL_LM, impl->lm_head, impl->last, n_want, d, c->n_vocab,
-                     impl->logits, 0.0f, &po, err);
-    if (rc || po.p == impl->logits) {
-        prof_mark(impl, "lm_head");
-        return rc;
-    }
-    tm_k_sum_parts_args sp = {.y = impl->logits, .part = po.p, .stride = po.stride,
-                              .n = (size_t)n_want * c->n_vocab, .n_part = po.n, .beta = 0.0f};
-    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_sum_parts(&sp, s, err);
-    prof_mark(impl, "lm_head");
-    return rc;
-}
-
-/* Layer l's attention of a step (q and the layer's KV cache written by rope_kv) into att:
- * paged decode attention in n_split splits, or with n_tile the prefill kernel's query tiles
- * (listed at tile_off in the metadata). */
-static tm_rc attention(cuda_impl *impl, uint32_t l, uint32_t T, const meta_off *mo,
-                       uint32_t n_split, uint32_t n_tile, size_t tile_off, tm_err *err) {
-    const tm_model_cfg *c = &impl->cfg;
-    const uint32_t *md = impl->meta_d;
-    cudaStream_t s = impl->stream;
-    uint16_t *kc = impl->k_cache + (size_t)l * impl->layer_kv_elems;
-    uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
-    tm_rc rc;
-    tm_k_attn_paged_bf16_args aa = {
-        .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc, .pos = md + mo->pos,
-        .tok_seq = md + mo->tok_seq, .seq_bt = md + mo->seq_bt, .block_tables = md + mo->bt,
-        .part_acc = impl->part,
-        .part_ml = impl->part + (size_t)T * c->n_head * n_split * c->head_dim,
-        .n_tok = T, .n_head = c->n_head, .n_kv_head = c->n_kv_head,
-        .head_dim = c->head_dim, .block_size = impl->eng.opts.block_size,
-        .ld_q = impl->q_dim, .window = c->sliding_window, .n_split = n_split,
-        .scale = 1.0f / sqrtf((float)c->head_dim)};
-    if (n_tile) {
-        tm_k_attn_prefill_bf16_args fa = {
-            .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc,
-            .seq_bt = md + mo->seq_bt, .block_tables = md + mo->bt,
-            .tiles = (const tm_k_attn_prefill_tile *)(md + tile_off), .n_tile = n_tile,
-            .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-            .block_size = impl->eng.opts.block_size, .ld_q = impl->q_dim,
-            .window = c->sliding_window, .scale = aa.scale};
-        rc = tm_k_attn_prefill_bf16(&fa, s, err);
-    } else {
-        rc = ablated(impl, ABL_ATTN) ? TM_OK : tm_k_attn_paged_bf16(&aa, s, err);
-    }
-    prof_mark(impl, n_tile ? "attention (prefill)" : "attention (paged)");
-    return rc;
-}
-
-/* A chain launch (kernels/chain.h) being built. */
-typedef struct chain_b {
-    tm_k_chain_args a;
-    cuda_impl *impl;
-    uint32_t T;
-} chain_b;
-
-static tm_k_chain_phase *chain_add(chain_b *cb, uint32_t op) {
-    TM_ASSERT(cb->a.n_phase < TM_CHAIN_MAX_PHASE);
-    tm_k_chain_phase *p = &cb->a.ph[cb->a.n_phase++];
-    memset(p, 0, sizeof(*p));
-    p->op = op;
-    return p;
-}
-
-/* A projection phase y = x @ w^T (n_out x n_in); its split-K partials in sk_part. */
-static proj_out chain_gemm(chain_b *cb, const uint16_t *w, const uint16_t *x, uint32_t n_in,
-                           uint32_t n_out) {
-    cuda_impl *impl = cb->impl;
-    uint32_t kps = 0;
-    const uint32_t n_split = tm_k_chain_splits(n_in, n_out, impl->n_sm, &kps);
-    TM_ASSERT((size_t)n_split * cb->T * n_out <= impl->sk_part_floats);
-    chain_add(cb, TM_CHAIN_GEMM)->u.gemm =
-        (tm_k_gemm_skinny_args){.part = impl->sk_part, .w = w, .x = x, .n_tok = cb->T,
-                                .n_in = n_in, .n_out = n_out, .n_split = n_split,
-                                .k_per_split = kps};
-    return (proj_out){.p = impl->sk_part, .n = n_split, .stride = (size_t)cb->T * n_out};
-}
-
-/* After a residual projection's partials res: x += them (all ranks' with TP), then h =
- * RMSNorm(x) with w (TP: w NULL, no norm). */
-static void chain_residual_norm(chain_b *cb, proj_out res, float beta, const float *w) {
-    cuda_impl *impl = cb->impl;
-    const tm_model_cfg *c = &impl->cfg;
-    if (impl->tp_size > 1) {
-        tm_k_allreduce_args *a = &chain_add(cb, TM_CHAIN_ALLREDUCE)->u.ar;
-        *a = (tm_k_allreduce_args){.x = impl->x, .n_tok = cb->T, .d = c->n_embd,
-                                   .d_cap = impl->ar_d, .rank = impl->tp_rank,
-                                   .world = impl->tp_size, .parts = res.p,
-                                   .part_stride = res.stride, .n_part = res.n, .beta = beta,
-                                   .out = w ? impl->h : NULL, .w = w, .eps = c->rms_eps};
-        memcpy(a->regions, impl->ar_regions, sizeof(a->regions));
-    } else {
-        TM_ASSERT(w);
-        chain_add(cb, TM_CHAIN_NORM)->u.norm =
-            (tm_k_rmsnorm_bf16_args){.out = impl->h, .x = impl->x, .w = w, .n_row = cb->T,
-                                     .n_col = c->n_embd, .eps = c->rms_eps, .add = res.p,
-                                     .add_stride = res.stride, .n_add = res.n};
-    }
-}
-
-/* Layer l's qkv projection of h and its RoPE + KV cache write. */
-static void chain_qkv(chain_b *cb, uint32_t l, const meta_off *mo) {
-    cuda_impl *impl = cb->impl;
-    const tm_model_cfg *c = &impl->cfg;
-    const cuda_layer *L = &impl->layers[l];
-    const proj_out po = chain_gemm(cb, L->w_qkv, impl->h, c->n_embd, impl->qkv_dim);
-    chain_add(cb, TM_CHAIN_ROPE)->u.rope = (tm_k_rope_kv_bf16_args){
-        .q = impl->q, .k_cache = impl->k_cache + (size_t)l * impl->layer_kv_elems,
-        .v_cache = impl->v_cache + (size_t)l * impl->layer_kv_elems, .qkv = po.p,
-        .bias = L->b_qkv, .pos = impl->meta_d + mo->pos, .slot = impl->meta_d + mo->slot,
-        .inv_freq = impl->inv_freq, .n_tok = cb->T, .n_head = c->n_head,
-        .n_kv_head = c->n_kv_head, .head_dim = c->head_dim, .n_part = po.n,
-        .part_stride = po.stride};
-}
-
-static tm_rc chain_launch(chain_b *cb, const char *what, tm_err *err) {
-    tm_rc rc = tm_k_chain(&cb->a, cb->impl->stream, err);
-    prof_mark(cb->impl, what);
-    cb->a.n_phase = 0;
-    return rc;
-}
-
-/* Can a step of T tokens (n_tile prefill tiles) run through chains? Decode-sized steps on the
- * paged attention with every projection on the skinny path. */
-static int chain_ok(const cuda_impl *impl, uint32_t T, uint32_t n_tile) {
-    const tm_model_cfg *c = &impl->cfg;
-    const uint32_t shapes[4][2] = {{c->n_embd, impl->qkv_dim}, {impl->q_dim, c->n_embd},
-                                   {c->n_embd, 2 * c->n_ff}, {c->n_ff, c->n_embd}};
-    if (!impl->chain_on || n_tile || impl->ablate || T > TM_CHAIN_MAX_TOK || T > impl->sk_max_tok ||
-        c->n_embd % 4 || (impl->tp_size > 1 && (!impl->ar_on || T > TM_AR_MAX_ROWS)))
-        return 0;
-    for (int i = 0; i < 4; i++)
-        if (!tm_k_gemm_skinny_fits(T, shapes[i][0], shapes[i][1]))
-            return 0;
-    return 1;
-}
-
-/* run_model for chain_ok steps: after the embedding, one chain for layer 0's norm, qkv and RoPE,
- * then per layer the attention and one chain from its o_proj to the next layer's RoPE (the
- * last: to its down_proj, whose residual the final norm adds). */
-static tm_rc run_model_chain(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
-                             tm_err *err) {
-    const tm_model_cfg *c = &impl->cfg;
-    const meta_off mo = meta_layout(T, S);
-    const int tp = impl->tp_size > 1;
-    // With TP, rank 0's partial products carry the residual (beta 1); the others' do not.
-    const float beta_res = tp && impl->tp_rank != 0 ? 0.0f : 1.0f;
-    chain_b cb = {.a = {.n_sm = impl->n_sm, .depth = impl->chain_depth,
-                        .barrier = impl->chain_bar},
-                  .impl = impl, .T = T};
-    tm_rc rc = model_embed(impl, T, &mo, err);
-    if (rc || c->n_layer == 0)
-        return rc ? rc : model_head(impl, n_want, &mo, (proj_out){0}, err);
-    if (!tp) // with TP, h came with the all-reduce after the embedding
-        chain_residual_norm(&cb, (proj_out){0}, 1.0f, impl->layers[0].attn_norm);
-    chain_qkv(&cb, 0, &mo);
-    rc = chain_launch(&cb, "chain: layer 0 qkv", err);
-    const uint32_t n_split = attn_splits(impl, T);
-    proj_out res = {0};
-    for (uint32_t l = 0; l < c->n_layer && !rc; l++) {
-        const cuda_layer *L = &impl->layers[l];
-        rc = attention(impl, l, T, &mo, n_split, 0, 0, err);
-        if (rc)
-            break;
-        res = chain_gemm(&cb, L->w_o, impl->att, impl->q_dim, c->n_embd);
-        chain_residual_norm(&cb, res, beta_res, L->ffn_norm);
-        const proj_out gu = chain_gemm(&cb, L->w_gu, impl->h, c->n_embd, 2 * c->n_ff);
-        chain_add(&cb, TM_CHAIN_SILU)->u.silu = (tm_k_silu_mul_bf16_args){
-            .out = impl->ffa, .gu = gu.p, .n_tok = T, .n_ff = c->n_ff, .n_part = gu.n,
-            .part_stride = gu.stride};
-        res = chain_gemm(&cb, L->w_down, impl->ffa, c->n_ff, c->n_embd);
-        if (l + 1 < c->n_layer) {
-            chain_residual_norm(&cb, res, beta_res, impl->layers[l + 1].attn_norm);
-            chain_qkv(&cb, l + 1, &mo);
-            res = (proj_out){0};
-        } else if (tp) {
-            chain_residual_norm(&cb, res, beta_res, NULL);
-            res = (proj_out){0};
-        } // else: the final norm adds the last down_proj's partials
-        rc = chain_launch(&cb, "chain: o_proj .. next qkv", err);
-    }
-    return rc ? rc : model_head(impl, n_want, &mo, res, err);
-}
-
 /* The whole model for a step whose metadata is already on the device (meta_layout(T, S)). */
 static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want, uint32_t n_tile,
                        size_t tile_off, tm_err *err) {
@@ -683,14 +446,25 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
     cudaStream_t s = impl->stream;
     tm_rc rc;
 
-    if (chain_ok(impl, T, n_tile))
-        return run_model_chain(impl, T, S, n_want, err);
     const int tp = impl->tp_size > 1;
     // With TP, rank 0's partial products carry the residual (beta 1); the others' do not.
     const float beta_res = tp && impl->tp_rank != 0 ? 0.0f : 1.0f;
-    rc = model_embed(impl, T, &mo, err);
+    if (tp) { // each rank has a slice of the table: sum, then layer 0's attention norm
+        tm_k_embed_part_bf16_args ea = {.x = impl->x, .table = impl->embd,
+                                        .tokens = md + mo.tokens, .n_tok = T, .n_embd = d,
+                                        .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
+        rc = tm_k_embed_part_bf16(&ea, s, err);
+        if (!rc)
+            rc = tp_reduce_norm(impl, T, NULL, 1.0f,
+                                c->n_layer ? impl->layers[0].attn_norm : NULL, err);
+    } else {
+        tm_k_embed_bf16_args ea = {
+            .x = impl->x, .table = impl->embd, .tokens = md + mo.tokens, .n_tok = T, .n_embd = d};
+        rc = tm_k_embed_bf16(&ea, s, err);
+    }
     if (rc)
         return rc;
+    prof_mark(impl, "metadata upload + embed");
     const uint32_t n_split = attn_splits(impl, T);
     // A residual projection's partials not yet added into x (skinny path without TP): the next
     // RMSNorm adds them.
@@ -723,7 +497,28 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         if (rc)
             return rc;
         prof_mark(impl, "rope_kv");
-        rc = attention(impl, l, T, &mo, n_split, n_tile, tile_off, err);
+        tm_k_attn_paged_bf16_args aa = {
+            .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc, .pos = md + mo.pos,
+            .tok_seq = md + mo.tok_seq, .seq_bt = md + mo.seq_bt, .block_tables = md + mo.bt,
+            .part_acc = impl->part,
+            .part_ml = impl->part + (size_t)T * c->n_head * n_split * c->head_dim,
+            .n_tok = T, .n_head = c->n_head, .n_kv_head = c->n_kv_head,
+            .head_dim = c->head_dim, .block_size = impl->eng.opts.block_size,
+            .ld_q = impl->q_dim, .window = c->sliding_window, .n_split = n_split,
+            .scale = 1.0f / sqrtf((float)c->head_dim)};
+        if (n_tile) {
+            tm_k_attn_prefill_bf16_args fa = {
+                .out = impl->att, .q = impl->q, .k_cache = kc, .v_cache = vc,
+                .seq_bt = md + mo.seq_bt, .block_tables = md + mo.bt,
+                .tiles = (const tm_k_attn_prefill_tile *)(md + tile_off), .n_tile = n_tile,
+                .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
+                .block_size = impl->eng.opts.block_size, .ld_q = impl->q_dim,
+                .window = c->sliding_window, .scale = aa.scale};
+            rc = tm_k_attn_prefill_bf16(&fa, s, err);
+        } else {
+            rc = ablated(impl, ABL_ATTN) ? TM_OK : tm_k_attn_paged_bf16(&aa, s, err);
+        }
+        prof_mark(impl, n_tile ? "attention (prefill)" : "attention (paged)");
         if (!rc)
             rc = project(impl, ABL_O, L->w_o, impl->att, T, impl->q_dim, d, impl->x, beta_res,
                          &res, err);
@@ -768,7 +563,26 @@ static tm_rc run_model(cuda_impl *impl, uint32_t T, uint32_t S, uint32_t n_want,
         if (rc)
             return rc;
     }
-    return model_head(impl, n_want, &mo, res, err);
+    if (n_want == 0)
+        return TM_OK;
+    tm_k_rmsnorm_bf16_args fa = {.out = impl->last, .x = impl->x, .rows = md + mo.want_row,
+                                 .w = impl->out_norm, .n_row = n_want, .n_col = d,
+                                 .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
+                                 .n_add = res.n};
+    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_rmsnorm_bf16(&fa, s, err);
+    prof_mark(impl, "final_norm");
+    if (!rc)
+        rc = project(impl, ABL_LM, impl->lm_head, impl->last, n_want, d, c->n_vocab,
+                     impl->logits, 0.0f, &po, err);
+    if (rc || po.p == impl->logits) {
+        prof_mark(impl, "lm_head");
+        return rc;
+    }
+    tm_k_sum_parts_args sp = {.y = impl->logits, .part = po.p, .stride = po.stride,
+                              .n = (size_t)n_want * c->n_vocab, .n_part = po.n, .beta = 0.0f};
+    rc = ablated(impl, ABL_LM) ? TM_OK : tm_k_sum_parts(&sp, s, err);
+    prof_mark(impl, "lm_head");
+    return rc;
 }
 
 /* Validate the batch (as the CPU engine does) and pack its metadata into meta_h. */
@@ -1202,7 +1016,6 @@ static void carve_acts(cuda_impl *impl, carver *cv) {
     impl->ffa = carve(cv, T * ff * bf);
     impl->last = carve(cv, S * d * bf);
     impl->ids = carve(cv, S * sizeof(uint32_t));
-    impl->chain_bar = carve(cv, tm_k_chain_barrier_bytes());
     impl->gemm_ws = carve(cv, GEMM_WS_BYTES);
     impl->meta_d = carve(cv, impl->meta_cap * sizeof(uint32_t));
 }
@@ -1683,10 +1496,6 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     const char *sk_env = getenv("TM_CUDA_SKINNY");
     impl->sk_max_tok = sk_env && strcmp(sk_env, "0") == 0 ? 0 : TM_MIN(T, TM_SKINNY_MAX_TOK);
     impl->sk_part_floats = impl->sk_max_tok ? skinny_part_floats(impl, impl->sk_max_tok) : 0;
-    const char *ch_env = getenv("TM_CUDA_CHAIN"), *chd_env = getenv("TM_CUDA_CHAIN_DEPTH");
-    impl->chain_on = !(ch_env && strcmp(ch_env, "0") == 0) && impl->sk_max_tok &&
-                     tm_k_chain_supported(device);
-    impl->chain_depth = chd_env ? (uint32_t)atoi(chd_env) : 0;
     impl->ablate = parse_ablate(getenv("TM_CUDA_ABLATE"));
     if (impl->ablate)
         TM_LOG_WARN("cuda", "TM_CUDA_ABLATE=%s: ops skipped, outputs are meaningless "
@@ -1718,9 +1527,6 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     carve_weights(impl, &cw);
     ca = (carver){.base = impl->a_arena};
     carve_acts(impl, &ca);
-    rc = TM_CUDA_CHECK(cudaMemset(impl->chain_bar, 0, tm_k_chain_barrier_bytes()), err);
-    if (rc)
-        goto fail;
     rc = alloc_kv(impl, util, err);
     if (!rc && tp_size > 1)
         rc = ar_setup(impl, err);
