@@ -165,23 +165,14 @@ extern "C" tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s
     const uint64_t n_warps = (uint64_t)((a->n_out + 15) / 16) * a->n_split;
     const unsigned grid = (unsigned)((n_warps + WARPS - 1) / WARPS);
     const uint32_t depth = a->unroll ? a->unroll : TM_SKINNY_DEPTH;
-    void (*k)(tm_k_gemm_skinny_args) = a->n_tok <= 8 ? (depth >= 8 ? gemm_skinny_kernel<1, 8>
-                                                                   : gemm_skinny_kernel<1, 4>)
-                                                     : (depth >= 8 ? gemm_skinny_kernel<2, 8>
-                                                                   : gemm_skinny_kernel<2, 4>);
-    size_t pad = 0;
-    if (a->res_cap) { // pad each block's shared memory so that at most res_cap fit on an SM
-        int dev = 0, per_sm = 0, reserved = 0;
-        cudaFuncAttributes fa;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-        cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev);
-        cudaFuncGetAttributes(&fa, k);
-        const size_t per_block = (size_t)per_sm / a->res_cap - (size_t)reserved;
-        pad = per_block > fa.sharedSizeBytes ? (per_block - fa.sharedSizeBytes) / 128 * 128 : 0;
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pad);
-    }
-    k<<<grid, WARPS * 32, pad, s>>>(*a);
+    if (a->n_tok <= 8 && depth >= 8)
+        gemm_skinny_kernel<1, 8><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (a->n_tok <= 8)
+        gemm_skinny_kernel<1, 4><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (depth >= 8)
+        gemm_skinny_kernel<2, 8><<<grid, WARPS * 32, 0, s>>>(*a);
+    else
+        gemm_skinny_kernel<2, 4><<<grid, WARPS * 32, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "gemm_skinny");
 }
 

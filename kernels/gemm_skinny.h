@@ -41,8 +41,6 @@ typedef struct tm_k_gemm_skinny_args {
     uint32_t n_split;       /* from tm_k_gemm_skinny_splits */
     uint32_t k_per_split;   /* from tm_k_gemm_skinny_splits: a multiple of 32 */
     uint32_t unroll;        /* 0: the default; 4 or 8: chunks in flight per warp (benchmarks) */
-    uint32_t res_cap;       /* benchmarks: 0, or at most this many blocks resident per SM (shared
-                               memory padding), the rest handed out as blocks finish */
 } tm_k_gemm_skinny_args;
 
 /* 1 if the shape can run here (n_tok in range, n_in % 32 == 0). */

@@ -486,8 +486,8 @@ static void skinny_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t 
 }
 
 /* Weight-stream rate of the skinny kernel on a decode shape (printed, not asserted). */
-static void skinny_rate_cap(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t n_sm,
-                            uint32_t unroll, uint32_t res_cap) {
+static void skinny_rate(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t n_sm,
+                        uint32_t unroll) {
     tm_err err = {0};
     uint32_t kps = 0, n_split = tm_k_gemm_skinny_splits(n_in, n_out, n_sm, &kps);
     const size_t n_w = (size_t)n_out * n_in * 8; // 8 copies: more than L2 between reps
@@ -501,8 +501,7 @@ static void skinny_rate_cap(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint3
             cudaEventRecord(e0, g_stream);
         tm_k_gemm_skinny_args a = {.part = d_part, .w = d_w + (size_t)((r + 8) % 8) * n_out * n_in,
                                    .x = d_x, .n_tok = n_tok, .n_in = n_in, .n_out = n_out,
-                                   .n_split = n_split, .k_per_split = kps, .unroll = unroll,
-                                   .res_cap = res_cap};
+                                   .n_split = n_split, .k_per_split = kps, .unroll = unroll};
         TM_CHECK_OK(tm_k_gemm_skinny(&a, g_stream, &err), &err);
     }
     cudaEventRecord(e1, g_stream);
@@ -510,16 +509,11 @@ static void skinny_rate_cap(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint3
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, e0, e1);
     const double us = ms * 1e3 / reps, gbs = (double)n_out * n_in * 2 / (us * 1e3);
-    printf("skinny rate: %2u tok x %5u -> %6u (%2u splits, unroll %2u, %4u SMs planned, "
-           "resident cap %u): %7.1f us, %6.0f GB/s weight stream\n",
-           n_tok, n_in, n_out, n_split, unroll, n_sm, res_cap, us, gbs);
+    printf("skinny rate: %2u tok x %5u -> %6u (%2u splits, unroll %2u, %4u SMs planned): %7.1f "
+           "us, %6.0f GB/s weight stream\n",
+           n_tok, n_in, n_out, n_split, unroll, n_sm, us, gbs);
     cudaEventDestroy(e0), cudaEventDestroy(e1);
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_part);
-}
-
-static void skinny_rate(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t n_sm,
-                        uint32_t unroll) {
-    skinny_rate_cap(n_tok, n_in, n_out, n_sm, unroll, 0);
 }
 
 static void test_skinny(void) {
@@ -542,15 +536,6 @@ static void test_skinny(void) {
     const uint32_t half[5][2] = {{4096, 3072}, {2048, 4096}, {4096, 14336}, {7168, 4096},
                                  {4096, 64128}};
     const int sweep = getenv("TM_SKINNY_SWEEP") != NULL;
-    if (getenv("TM_SKINNY_OVERSUB")) { // more, shorter tasks than resident warps (benchmarks)
-        for (int i = 0; i < 10; i++) {
-            const uint32_t *sh = i < 5 ? shapes[i] : half[i - 5];
-            const uint32_t caps[3] = {0, 4, 6};
-            for (uint32_t m = 1; m <= 4; m++)
-                for (int c = 0; c < 3; c++)
-                    skinny_rate_cap(8, sh[0], sh[1], (uint32_t)n_sm * m, 0, caps[c]);
-        }
-    }
     for (int i = 0; i < (sweep ? 10 : 5); i++) {
         const uint32_t *sh = i < 5 ? shapes[i] : half[i - 5];
         if (!sweep) {
