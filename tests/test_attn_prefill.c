@@ -92,12 +92,9 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
         if (vc[i] != BF16_NAN)
             vmax = fmaxf(vmax, fabsf(vf[i]));
     }
-    uint16_t *q = xmalloc((size_t)T * ld_q * 2);
-    float *qf = xmalloc((size_t)T * ld_q * 4);
-    for (size_t i = 0; i < (size_t)T * ld_q; i++) {
-        q[i] = to_bf(2.0f * frand());
-        qf[i] = bf(q[i]);
-    }
+    uint16_t *q;
+    float *qf;
+    rand_bf16((size_t)T * ld_q, 2.0f, &q, &qf);
 
     const uint32_t n_tile = tm_k_attn_prefill_n_tiles(chunks, n_seq);
     tm_k_attn_prefill_tile *tiles = xmalloc(n_tile * sizeof(*tiles));

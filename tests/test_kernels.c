@@ -340,12 +340,9 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
         vf[i] = bf(vc[i]);
         vmax = fmaxf(vmax, fabsf(vf[i]));
     }
-    uint16_t *q = xmalloc((size_t)T * ld_q * 2);
-    float *qf = xmalloc((size_t)T * ld_q * 4);
-    for (size_t i = 0; i < (size_t)T * ld_q; i++) {
-        q[i] = to_bf(2.0f * frand());
-        qf[i] = bf(q[i]);
-    }
+    uint16_t *q;
+    float *qf;
+    rand_bf16((size_t)T * ld_q, 2.0f, &q, &qf);
     uint32_t *pos = xmalloc(T * 4), *tok_seq = xmalloc(T * 4), *seq_bt = xmalloc(n_seq * 4);
     uint32_t t = 0, o = 0;
     for (uint32_t i = 0; i < n_seq; i++) {

@@ -39,6 +39,16 @@ static inline void *xmalloc(size_t n) {
     return p;
 }
 /* A seeded random permutation of [0, n) (malloc'd). */
+/* n random bf16 values in scale * [-1, 1) into *bits and their exact float values into *vals
+ * (both malloc'd). */
+static inline void rand_bf16(size_t n, float scale, uint16_t **bits, float **vals) {
+    *bits = xmalloc(n * 2);
+    *vals = xmalloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        (*bits)[i] = to_bf(scale * frand());
+        (*vals)[i] = bf((*bits)[i]);
+    }
+}
 static inline uint32_t *shuffled(uint32_t n) {
     uint32_t *perm = xmalloc((size_t)n * 4);
     for (uint32_t i = 0; i < n; i++)
