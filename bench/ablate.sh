@@ -4,14 +4,9 @@
 # src/runner/engine_cuda.c). The difference to the full step is the op's marginal cost.
 # Prebuilt binaries in $B (with lib/), logs in $OUT. Env: SHAPE (llama8b-half), ARGS (extra
 # bench_engine arguments, e.g. "--tp 2"). Usage: OUT=... B=.devcarry bash bench/ablate.sh [sets...]
-set -u
-OUT=${OUT:-out-device}
-B=${B:-.devcarry}
+. "$(dirname "$0")/device_env.sh"
 SHAPE=${SHAPE:-llama8b-half}
 ARGS=${ARGS:-}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0
 sets=${*:-none norm qkv rope attn o gu silu down lm norm,rope,attn,silu qkv,o,gu,down,lm}
 for set in $sets; do
   abl=$set; [ "$set" = none ] && abl=

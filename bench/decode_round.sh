@@ -4,12 +4,7 @@
 # TP1 and TP2, then what attention and the all-reduce cost inside the TP2 decode graph
 # (bench/ablate.sh). Prebuilt binaries in $B (with lib/), logs in $OUT.
 # Usage: OUT=... B=.devcarry bash bench/decode_round.sh [test] [bench]
-set -u
-OUT=${OUT:-out-device}
-B=${B:-.devcarry}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines (KINDS.md)
+. "$(dirname "$0")/device_env.sh"
 stages=${*:-test bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv

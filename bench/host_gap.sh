@@ -6,12 +6,7 @@
 # step's GPU time: metadata upload, decode graph, argmax (with TP: its candidate all-gather), ids
 # copy. Prebuilt binaries in $B (with lib/), logs in $OUT.
 # Usage: OUT=... B=.devcarry bash bench/host_gap.sh
-set -u
-OUT=${OUT:-out-device}
-B=${B:-.devcarry}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines (KINDS.md)
+. "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv
 for tp in 1 2; do
   for prof in 0 1; do

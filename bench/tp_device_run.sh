@@ -10,13 +10,8 @@
 #   bench  bench_engine: 8B W8 and W1 decode, TP1 vs TP2 (+ TP2 with NCCL all-reduces only,
 #          a profile of eager TP2 steps), P prefill
 # Usage: OUT=... B=.devcarry TOK=.devcarry/tok bash bench/tp_device_run.sh [stages...]
-set -u
-OUT=${OUT:-out-device}
-B=${B:-.devcarry}
+. "$(dirname "$0")/device_env.sh"
 TOK=${TOK:-$B/tok}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on shared machines (KINDS.md)
 stages=${*:-test job bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 {
