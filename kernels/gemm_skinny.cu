@@ -13,8 +13,6 @@
  * version let the compiler sink the loads next to their use, leaving one or two in flight), with
  * the L2 fetching 256 bytes around each request (the next chunks of the same rows). x is small
  * and read through the read-only path. */
-#include <stdlib.h>
-
 #include "kernels/common.cuh"
 #include "kernels/gemm_skinny.h"
 
@@ -53,7 +51,7 @@ template <int N> static __device__ __forceinline__ void cp_async_wait() {
 }
 
 /* D: chunks in flight per warp (the depth of its ring of shared-memory slots). */
-template <int NT, int D, bool XPF>
+template <int NT, int D>
 static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gemm_skinny_args a) {
     // Per warp: D slots of one chunk (w rows r and r + 8 for every lane), [half][lane] so that a
     // lane's 16-byte reads of a slot are conflict-free.
@@ -99,22 +97,12 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
         cp_async_commit();
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    uint4 xnext[NT]; // XPF: the next chunk's x, loaded one chunk ahead
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-        xnext[j] = XPF && xok[j] && n_chunk ? __ldg(xp[j]) : zero;
     for (uint32_t i = 0; i < n_chunk; i++) {
         const uint32_t slot = i % D;
         uint4 xv[NT];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            if (XPF) {
-                xv[j] = xnext[j];
-                xnext[j] = xok[j] && i + 1 < n_chunk ? __ldg(xp[j] + 4 * (i + 1)) : zero;
-            } else {
-                xv[j] = xok[j] ? __ldg(xp[j] + 4 * i) : zero;
-            }
-        }
+        for (int j = 0; j < NT; j++)
+            xv[j] = xok[j] ? __ldg(xp[j] + 4 * i) : zero;
         cp_async_wait<D - 1>();
         const uint4 lo = my[slot][0][lane], hi = my[slot][1][lane];
         chunk_mma<NT>(acc, lo, hi, xv);
@@ -177,26 +165,14 @@ extern "C" tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s
     const uint64_t n_warps = (uint64_t)((a->n_out + 15) / 16) * a->n_split;
     const unsigned grid = (unsigned)((n_warps + WARPS - 1) / WARPS);
     const uint32_t depth = a->unroll ? a->unroll : TM_SKINNY_DEPTH;
-    static int xpf = -1; // experiment: TM_SKINNY_XPF=1 loads x one chunk ahead
-    if (xpf < 0)
-        xpf = getenv("TM_SKINNY_XPF") && getenv("TM_SKINNY_XPF")[0] == '1';
-    if (xpf) {
-        if (a->n_tok <= 8 && depth >= 8)
-            gemm_skinny_kernel<1, 8, true><<<grid, WARPS * 32, 0, s>>>(*a);
-        else if (a->n_tok <= 8)
-            gemm_skinny_kernel<1, 4, true><<<grid, WARPS * 32, 0, s>>>(*a);
-        else if (depth >= 8)
-            gemm_skinny_kernel<2, 8, true><<<grid, WARPS * 32, 0, s>>>(*a);
-        else
-            gemm_skinny_kernel<2, 4, true><<<grid, WARPS * 32, 0, s>>>(*a);
-    } else if (a->n_tok <= 8 && depth >= 8)
-        gemm_skinny_kernel<1, 8, false><<<grid, WARPS * 32, 0, s>>>(*a);
+    if (a->n_tok <= 8 && depth >= 8)
+        gemm_skinny_kernel<1, 8><<<grid, WARPS * 32, 0, s>>>(*a);
     else if (a->n_tok <= 8)
-        gemm_skinny_kernel<1, 4, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_skinny_kernel<1, 4><<<grid, WARPS * 32, 0, s>>>(*a);
     else if (depth >= 8)
-        gemm_skinny_kernel<2, 8, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_skinny_kernel<2, 8><<<grid, WARPS * 32, 0, s>>>(*a);
     else
-        gemm_skinny_kernel<2, 4, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_skinny_kernel<2, 4><<<grid, WARPS * 32, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "gemm_skinny");
 }
 
