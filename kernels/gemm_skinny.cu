@@ -19,35 +19,24 @@
 #define WARPS 4 /* warps per block */
 #define TM_SKINNY_DEPTH 4 /* chunks in flight per warp (default; 8 measured slower) */
 
-static __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1,
-                                                uint32_t a2, uint32_t a3, uint32_t b0,
-                                                uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /* One chunk of 32 inner elements: rows r (lo) and r + 8 (hi) of w against NT token tiles. */
 template <int NT>
 static __device__ __forceinline__ void chunk_mma(float (&acc)[NT][4], const uint4 &lo,
                                                  const uint4 &hi, const uint4 (&xv)[NT]) {
+    const uint32_t a0[4] = {lo.x, hi.x, lo.y, hi.y}, a1[4] = {lo.z, hi.z, lo.w, hi.w};
 #pragma unroll
     for (int j = 0; j < NT; j++) {
-        mma_bf16(acc[j], lo.x, hi.x, lo.y, hi.y, xv[j].x, xv[j].y);
-        mma_bf16(acc[j], lo.z, hi.z, lo.w, hi.w, xv[j].z, xv[j].w);
+        tm_mma_bf16(acc[j], a0, xv[j].x, xv[j].y);
+        tm_mma_bf16(acc[j], a1, xv[j].z, xv[j].w);
     }
 }
 
-static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+/* tm_cp_async16 with the L2 fetching the 256 bytes around the request (the next chunks of the
+ * same rows); always 16 bytes. */
+static __device__ __forceinline__ void cp_async16_l2pf(void *smem, const void *gmem) {
     const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
-}
-static __device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem)
+                 : "memory");
 }
 
 /* D: chunks in flight per warp (the depth of its ring of shared-memory slots). */
@@ -91,10 +80,10 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
 #pragma unroll
     for (int p = 0; p < D; p++) {
         if ((uint32_t)p < n_chunk) {
-            cp_async16(&my[p][0][lane], wl + 4 * p);
-            cp_async16(&my[p][1][lane], wh + 4 * p);
+            cp_async16_l2pf(&my[p][0][lane], wl + 4 * p);
+            cp_async16_l2pf(&my[p][1][lane], wh + 4 * p);
         }
-        cp_async_commit();
+        tm_cp_async_commit();
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
     for (uint32_t i = 0; i < n_chunk; i++) {
@@ -103,17 +92,17 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
 #pragma unroll
         for (int j = 0; j < NT; j++)
             xv[j] = xok[j] ? __ldg(xp[j] + 4 * i) : zero;
-        cp_async_wait<D - 1>();
+        tm_cp_async_wait<D - 1>();
         const uint4 lo = my[slot][0][lane], hi = my[slot][1][lane];
         chunk_mma<NT>(acc, lo, hi, xv);
         // The slot's values are consumed (the mma read the registers), so it can be refilled.
         if (i + D < n_chunk) {
-            cp_async16(&my[slot][0][lane], wl + 4 * (i + D));
-            cp_async16(&my[slot][1][lane], wh + 4 * (i + D));
+            cp_async16_l2pf(&my[slot][0][lane], wl + 4 * (i + D));
+            cp_async16_l2pf(&my[slot][1][lane], wh + 4 * (i + D));
         }
-        cp_async_commit();
+        tm_cp_async_commit();
     }
-    cp_async_wait<0>();
+    tm_cp_async_wait<0>();
 
     // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
     float *out = a.part + (size_t)split * a.n_tok * a.n_out;
