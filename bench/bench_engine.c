@@ -10,7 +10,7 @@
  * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
- * NCCL id and serve rank 0's step plans (runner/engine_cuda.h tm_engine_cuda_tp_create). */
+ * NCCL id and serve rank 0's step plans (runner/engine/cuda/engine_cuda.h tm_engine_cuda_tp_create). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -24,11 +24,11 @@
 
 #include "base/clock.h"
 #include "kernels/fill.h"
-#include "runner/engine.h"
-#include "runner/engine_cuda.h"
-#include "runner/model.h"
-#include "runner/rendezvous.h"
-#include "runner/tp_nccl.h"
+#include "runner/engine/engine.h"
+#include "runner/engine/cuda/engine_cuda.h"
+#include "runner/model/model.h"
+#include "runner/tp/rendezvous.h"
+#include "runner/tp/tp_nccl.h"
 
 #define BLOCK 16
 #define TP_MAX 8

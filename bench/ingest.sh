@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/ingest.sh [BUILD] [VALID] [BAD] - row 10 of ../shared/notes/RELIABILITY.md at bench size:
-# VALID (default 90,000) valid + BAD (default 10,000) malformed lines from tests/gen_bad_lines.cjs
+# VALID (default 90,000) valid + BAD (default 10,000) malformed lines from tests/fixtures/gen_bad_lines.cjs
 # (with a 64 MiB line against the default 16 MiB limit, a 9 MB prompt against the default 8 MiB
 # field limit, 100,000-deep nesting), through `tokenmill run` on a tiny model with max_tokens 1,
 # then `tokenmill validate` (ingest alone). Prints peak RSS (/usr/bin/time -v) and records/s of
@@ -19,7 +19,7 @@ trap 'rm -rf "$work"' EXIT
     --kv-heads 1 --ff 64 --vocab 129280 --ctx 256 --tied 1 --dtype bf16 --tokenizer "$tokdir" \
     >/dev/null
 mkdir -p "$work/data"
-node "$src/tests/gen_bad_lines.cjs" --valid "$n_valid" --bad "$n_bad" --seed 7 \
+node "$src/tests/fixtures/gen_bad_lines.cjs" --valid "$n_valid" --bad "$n_bad" --seed 7 \
     --out "$work/data/big.jsonl" --expect "$work/expect.tsv" \
     --long-bytes $((64 << 20)) --field-bytes 9000000
 ls -l "$work/data/big.jsonl"
@@ -47,4 +47,4 @@ measure() { # label, command...
 measure validate "$build/tokenmill" validate "$work/job.json"
 measure run "$build/tokenmill" -q run "$work/job.json"
 grep "records" "$work/run.out"
-node "$src/tests/verify_outputs.cjs" --expect "$work/expect.tsv" "$work/out" "$work/data/big.jsonl"
+node "$src/tests/oracles/verify_outputs.cjs" --expect "$work/expect.tsv" "$work/out" "$work/data/big.jsonl"

@@ -1,6 +1,6 @@
 /* kernels/act.h - SwiGLU activation: out[t][i] = bf16(silu(gu[t][i]) * gu[t][n_ff + i]), with
  * silu(g) = g / (1 + exp(-g)); gu is the fused gate|up projection output. Host reference:
- * tm_cpu_silu_mul (runner/engine_cpu/ops.h) on the two halves, then rounding to bf16. */
+ * tm_cpu_silu_mul (runner/engine/cpu/ops.h) on the two halves, then rounding to bf16. */
 #ifndef TM_KERNELS_ACT_H
 #define TM_KERNELS_ACT_H
 

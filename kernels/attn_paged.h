@@ -14,7 +14,7 @@
  * them. The grid depends only on (n_tok, n_head, n_split), not on context lengths, so a launch
  * can be captured in a CUDA graph and replayed with other positions.
  *
- * Host reference: tm_cpu_attn (runner/engine_cpu/ops.h), one sequence at a time, on the same
+ * Host reference: tm_cpu_attn (runner/engine/cpu/ops.h), one sequence at a time, on the same
  * bf16 values widened to fp32. */
 #ifndef TM_KERNELS_ATTN_PAGED_H
 #define TM_KERNELS_ATTN_PAGED_H

@@ -15,7 +15,7 @@
  * Numerics: scores q.k in fp32 (exact bf16 products, fp32 sums), scaled by scale, softmax in
  * fp32 with a running max; the probabilities are rounded to bf16 for the P.V product (as
  * FlashAttention does; this costs up to 2^-9 * max|V| per output), the row sums stay fp32, and
- * the result is written as bf16. Host reference: tm_cpu_attn (runner/engine_cpu/ops.h).
+ * the result is written as bf16. Host reference: tm_cpu_attn (runner/engine/cpu/ops.h).
  *
  * The tile helpers are plain host code with no CUDA calls and no state; thread-safe. */
 #ifndef TM_KERNELS_ATTN_PREFILL_H

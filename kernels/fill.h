@@ -1,7 +1,7 @@
 /* kernels/fill.h - deterministic pseudo-random bf16 fill for benchmark weights made on the
  * device (no multi-GB files): p[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash
  * of (seed, i), so the result does not depend on the launch shape. Host reference: the same
- * hash in tests/test_kernels.c. */
+ * hash in tests/gpu/test_kernels.c. */
 #ifndef TM_KERNELS_FILL_H
 #define TM_KERNELS_FILL_H
 

@@ -10,7 +10,7 @@
  * silu_mul, or tm_k_sum_parts). The sums are therefore deterministic: the same inputs give the
  * same bits on every run. With n_split == 1, part is simply y.
  *
- * Host reference: the CPU engine's matmul (tm_cpu_matmul in runner/engine_cpu/ops.h) on the
+ * Host reference: the CPU engine's matmul (tm_cpu_matmul in runner/engine/cpu/ops.h) on the
  * same bf16 values widened to fp32; only the summation order differs. */
 #ifndef TM_KERNELS_GEMM_SKINNY_H
 #define TM_KERNELS_GEMM_SKINNY_H

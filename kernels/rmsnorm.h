@@ -2,7 +2,7 @@
  * mean(x[row]^2) + eps))), row = rows ? rows[r] : r. The optional row list gathers rows (the
  * final norm runs only on the tokens whose logits are wanted). With add, the residual add of a
  * projection's split-K partials is fused in front (x is updated in place). Host reference: tm_cpu_rmsnorm
- * (runner/engine_cpu/ops.h) in fp32, then rounding to bf16. */
+ * (runner/engine/cpu/ops.h) in fp32, then rounding to bf16. */
 #ifndef TM_KERNELS_RMSNORM_H
 #define TM_KERNELS_RMSNORM_H
 

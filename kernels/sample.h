@@ -1,7 +1,7 @@
 /* kernels/sample.h - on-device greedy sampling: ids[r] = argmax over logits[r][0..n_limit), the
  * lowest index among equal maxima, or UINT32_MAX when one of those values is NaN or infinite (the
  * runner's greedy sampler fails such a row). Host reference: a linear scan (the runner's greedy
- * sampler in runner/sample.c picks the first maximum the same way). */
+ * sampler in runner/sched/sample.c picks the first maximum the same way). */
 #ifndef TM_KERNELS_SAMPLE_H
 #define TM_KERNELS_SAMPLE_H
 

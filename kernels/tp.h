@@ -1,15 +1,15 @@
-/* kernels/tp.h - the kernels tensor parallel adds (runner/engine_cuda.c with tp_size > 1):
+/* kernels/tp.h - the kernels tensor parallel adds (runner/engine/cuda/engine_cuda.c with tp_size > 1):
  *  - embed_part: the vocab-parallel embedding gather. A rank holds rows [vocab0, vocab0 + n_vocab)
  *    of the table; a token outside that slice gives a zero row, so that the sum of all ranks'
  *    outputs (an all-reduce) is the full embedding. Host reference: the shard branch of the
- *    embedding loop in runner/engine_cpu/engine_cpu.c.
+ *    embedding loop in runner/engine/cpu/engine_cpu.c.
  *  - argmax_part: per logits row of this rank's vocabulary slice, the best (value, global id)
  *    pair among the global ids below id_limit, lowest id among equal maxima; a slice with a NaN
  *    or infinite value there gives id TM_K_ARGMAX_NONFINITE instead (as kernels/sample.h).
  *  - argmax_merge: from the pairs of all ranks ([n_rank][n_row], gathered), ids[r] = the best
  *    id; ranks hold increasing id ranges, so the lowest rank wins ties; UINT32_MAX when any rank
  *    saw a non-finite value. Host reference: a linear scan over the full row
- *    (tests/test_tp_cuda.c checks both against it). */
+ *    (tests/gpu/test_tp_cuda.c checks both against it). */
 #ifndef TM_KERNELS_TP_H
 #define TM_KERNELS_TP_H
 

@@ -1,4 +1,4 @@
-// tools/gen_chat_refs.cjs - expected chat-template renderings for tests/test_jinja.c, made by
+// tools/gen_chat_refs.cjs - expected chat-template renderings for tests/unit/test_jinja.c, made by
 // @huggingface/jinja (inside @lenml/tokenizers, third_party/npm, installed by tools/setup) through
 // the tokenizer's apply_chat_template (trim_blocks and lstrip_blocks, as transformers), for every
 // template in tests/fixtures/chat_templates/*.json and every message list below, with and without

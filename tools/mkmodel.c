@@ -28,8 +28,8 @@
 
 #include "base/alloc.h"
 #include "base/err.h"
-#include "runner/model.h"
-#include "runner/safetensors.h"
+#include "runner/model/model.h"
+#include "runner/model/safetensors.h"
 
 typedef struct mk_opts {
     const char *out;

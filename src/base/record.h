@@ -85,7 +85,7 @@ typedef struct tm_job {
     char *model;           /* owned; OpenAI body.model (echoed in the answer), else NULL */
     char *src_meta_json;   /* owned JSON object text about the record's origin (Kafka topic,
                             * partition, offset, key, headers), written to its output; or NULL */
-    /* Benchmarks (src/bench.c) only; ingest never sets these. */
+    /* Benchmarks (src/cmd/bench.c) only; ingest never sets these. */
     uint32_t *prompt_ids;  /* owned; [n_prompt_ids] token ids used as the prompt as they are (no
                             * BOS added, no tokenizer); wins over prompt/messages when set */
     uint32_t n_prompt_ids;

@@ -17,10 +17,10 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/log.h"
-#include "runner/chat.h"
-#include "runner/kv_block.h"
-#include "runner/prefix_cache.h"
-#include "runner/sample.h"
+#include "runner/text/chat.h"
+#include "runner/sched/kv_block.h"
+#include "runner/sched/prefix_cache.h"
+#include "runner/sched/sample.h"
 
 struct group;
 

@@ -24,8 +24,8 @@
 #include "base/err.h"
 #include "base/queue.h"
 #include "base/record.h"
-#include "runner/engine.h"
-#include "runner/tokenizer.h"
+#include "runner/engine/engine.h"
+#include "runner/text/tokenizer.h"
 
 typedef enum tm_sched_policy {
     TM_SCHED_PREFIX = 0, /* order the look-ahead window so shared prefixes run back to back */

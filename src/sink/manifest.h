@@ -5,7 +5,7 @@
  * of truth for resume: bytes past a committed length are garbage from a crash and are cut off;
  * records not in the done set are run again.
  *
- * Commit protocol (job_run.c drives it; the sink thread commits every output.commit_every_s or
+ * Commit protocol (cmd/job_run.c drives it; the sink thread commits every output.commit_every_s or
  * commit_every_records): (1) close the LZ4 frame and write out both data files, (2) fsync them,
  * (3) write manifest.json.tmp, fsync it, (4) rename it over manifest.json, (5) fsync the folder.
  * A crash before (4) leaves the old manifest, which names only older, fsynced bytes; after (4) the

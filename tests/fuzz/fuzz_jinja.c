@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_jinja.c - libFuzzer target for the chat-template Jinja subset (runner/jinja.c):
+/* tests/fuzz/fuzz_jinja.c - libFuzzer target for the chat-template Jinja subset (runner/text/jinja.c):
  * the input is a template; the first byte (when present) picks add_generation_prompt and one of
  * four message lists, the rest is the template text. Every parse and render must end in TM_OK or
  * TM_E_INVAL with a message (never a crash, hang, leak or other code), and the output stays under
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/buf.h"
-#include "runner/jinja.h"
+#include "runner/text/jinja.h"
 
 static void check(int ok, const char *what, const tm_err *err) {
     if (ok)

@@ -1,5 +1,5 @@
-/* tests/fuzz/fuzz_model_config.c - libFuzzer target for the model config parser (runner/model.c
- * parse_config and, for "model_type": "deepseek_v4", runner/model_dsv4.c): the input up to its
+/* tests/fuzz/fuzz_model_config.c - libFuzzer target for the model config parser (runner/model/model.c
+ * parse_config and, for "model_type": "deepseek_v4", runner/model/model_dsv4.c): the input up to its
  * first NUL is written as config.json, the rest (after the NUL, when there is one) as
  * generation_config.json, into a private folder (on /dev/shm when there is one) that holds no
  * weights, and tm_model_load is called. It can never succeed (there are no weights), so it must
@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
-#include "runner/model.h"
+#include "runner/model/model.h"
 
 static void check(int ok, const char *what, const tm_err *err) {
     if (ok)

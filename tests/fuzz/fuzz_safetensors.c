@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_safetensors.c - libFuzzer target for the safetensors reader
- * (runner/safetensors.c): the input is a whole file image, validated with tm_st_file_open_mem.
+ * (runner/model/safetensors.c): the input is a whole file image, validated with tm_st_file_open_mem.
  * It must end in TM_OK or TM_E_PARSE with a message (never a crash, hang, leak or other code).
  * When it opens, every tensor is checked against the rules the header promises: names sorted and
  * unique, found by tm_st_file_find, a known dtype, n_dim <= TM_ST_MAX_DIM, n_elem the product of
@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runner/safetensors.h"
+#include "runner/model/safetensors.h"
 
 static void check(int ok, const char *what, const tm_err *err) {
     if (ok)

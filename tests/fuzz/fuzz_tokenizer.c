@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_tokenizer.c - libFuzzer target for the tokenizer (runner/tokenizer.c). The first
+/* tests/fuzz/fuzz_tokenizer.c - libFuzzer target for the tokenizer (runner/text/tokenizer.c). The first
  * input byte picks the mode, the rest is the payload:
  *   sel % 4 == 0: the payload is a tokenizer.json, optionally followed by a NUL and a
  *                 tokenizer_config.json (tm_tok_load_mem). When it loads, the payload itself (as
@@ -30,7 +30,7 @@
 #include "base/alloc.h"
 #include "base/buf.h"
 #include "base/utf8.h"
-#include "runner/tokenizer.h"
+#include "runner/text/tokenizer.h"
 
 #ifndef TM_FUZZ_SRC_DIR
 #define TM_FUZZ_SRC_DIR "."

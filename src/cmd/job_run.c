@@ -1,0 +1,797 @@
+/* cmd/job_run.c - wires one job together: spec -> model + tokenizer -> engine; a source thread feeds
+ * parsed records into a bounded queue, the runner (this thread) turns them into completions, and a
+ * sink thread writes them and counts metrics. Queues are bounded, so memory does not grow with the
+ * input. A fatal error in any stage stops the others: the source stops at its next push, the
+ * runner drains, the sink closes its files (everything it wrote stays valid). */
+#define _POSIX_C_SOURCE 200809L
+#include "cmd/job_run.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "base/queue.h"
+#include "base/seqset.h"
+#include "ingest/job_spec.h"
+#include "ingest/source.h"
+#include "runner/engine/engine.h"
+#include "runner/engine/cuda/engine_cuda.h"
+#include "runner/model/model.h"
+#include "runner/runner.h"
+#include "runner/text/tokenizer.h"
+#include "cmd/run_metrics.h"
+#include "sink/kafka_out.h"
+#include "sink/manifest.h"
+#include "sink/metrics.h"
+#include "sink/progress.h"
+#include "sink/sink.h"
+#include "cmd/tp_run.h"
+
+#define QUEUE_CAP 256
+/* Default KV pool for the CPU engine: this many bytes at most (fp32 K and V). */
+#define CPU_KV_BUDGET_BYTES (2ull << 30)
+
+typedef struct source_ctx {
+    tm_source *src;
+    tm_queue *q;
+    tm_progress *progress;
+    const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
+    uint64_t n_skipped;
+    bool eof;              /* the whole input was read */
+    tm_rc rc;
+    tm_err err;
+} source_ctx;
+
+typedef struct sink_ctx {
+    tm_sink *sink;
+    tm_kafka_out *kafka;   /* output.kafka: ok records go here instead of the LZ4 file; or NULL */
+    tm_source *src;        /* acks go to it (tm_source_ack) after each commit */
+    tm_manifest *man;      /* the job's manifest: owned by the job thread, lent to this thread */
+    const char *dir;       /* output folder */
+    double commit_every_ms;
+    uint64_t commit_every_records;
+    uint64_t *pending;     /* [n_pending] seq_nos written since the last commit (to ack) */
+    size_t n_pending, cap_pending;
+    double last_commit_ms;
+    uint64_t n_commits;    /* this run */
+    double commit_ms_total, commit_ms_max;
+    tm_buf line;           /* Kafka message being built */
+    bool kafka_in;         /* input.kafka: the manifest keeps partition offsets */
+    bool txn_offsets;      /* ... and they go into the Kafka sink's transactions */
+    tm_kafka_offset *offs; /* [n_offs] input positions of the commit being made (txn_offsets) */
+    size_t n_offs, cap_offs;
+    tm_buf group_md;       /* the consumer's group metadata, serialized (txn_offsets) */
+    tm_metrics *metrics;
+    tm_progress *progress;
+    tm_queue *q;
+    uint64_t n_ok, n_err, n_tok_prompt, n_tok_gen;
+    tm_rc rc;
+    tm_err err;
+} sink_ctx;
+
+// A Kafka source must keep serving its consumer while the runner is full (heartbeats and
+// rebalances happen in its poll): it pauses its partitions and polls instead of blocking. TM_OK:
+// the queue took job, or *dropped: its partition was revoked while it waited, so the partition's
+// new owner answers it and it is not pushed (the caller still owns it then).
+static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
+    *dropped = false;
+    if (!tm_source_is_kafka(c->src))
+        return tm_queue_push(c->q, job);
+    for (;;) {
+        tm_rc rc = tm_queue_try_push(c->q, job);
+        if (rc != TM_E_AGAIN)
+            return rc;
+        rc = tm_source_wait(c->src, job, 100, dropped, &c->err);
+        if (rc) {
+            c->rc = rc;
+            return rc;
+        }
+        if (*dropped)
+            return TM_OK;
+    }
+}
+
+static void *source_main(void *arg) {
+    source_ctx *c = arg;
+    for (uint64_t n_read = 0;; n_read++) {
+        tm_job *job = NULL;
+        tm_rc rc = tm_source_next(c->src, &job, &c->err);
+        if (rc == TM_E_EOF) {
+            c->eof = true;
+            tm_progress_set_total(c->progress, n_read); // now the progress line has a total
+            break;
+        }
+        if (rc) {
+            c->rc = rc;
+            break;
+        }
+        // Resume: a record an earlier run committed is parsed (so duplicate ids are still seen)
+        // but not run again; it is durable already, so the source may give it up.
+        if (c->skip && tm_seqset_has(c->skip, job->seq_no)) {
+            rc = tm_source_ack(c->src, &job->seq_no, 1, &c->err);
+            tm_job_destroy(job);
+            c->n_skipped++;
+            n_read--;
+            if (rc) {
+                c->rc = rc;
+                break;
+            }
+            continue;
+        }
+        // Not pushed: the runner stopped early or the consumer failed (break), or the source took
+        // the record back (dropped: its seq_no is reused, so it does not count as read).
+        bool dropped = false;
+        if (push_job(c, job, &dropped) != TM_OK) {
+            tm_job_destroy(job);
+            break;
+        }
+        if (dropped) {
+            tm_job_destroy(job);
+            n_read--;
+        }
+    }
+    tm_queue_close(c->q);
+    return NULL;
+}
+
+// One partition's done offsets into the manifest and, when it is ours now and the offsets travel
+// in the transaction, into the commit's offset list.
+static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
+    sink_ctx *c = ctx;
+    tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
+                                     pos->ranges, pos->n_ranges, err);
+    if (rc || !c->txn_offsets || !pos->owned)
+        return rc;
+    if (c->n_offs == c->cap_offs) {
+        size_t cap = c->cap_offs ? c->cap_offs * 2 : 16;
+        tm_kafka_offset *o = tm_realloc(c->offs, cap * sizeof(*o));
+        if (!o)
+            return TM_ERR(err, TM_E_NOMEM, "kafka offsets");
+        c->offs = o;
+        c->cap_offs = cap;
+    }
+    const char *topic = NULL; // the manifest's copy outlives this commit
+    for (size_t i = 0; i < c->man->n_kparts && !topic; i++)
+        if (c->man->kparts[i].partition == pos->partition &&
+            strcmp(c->man->kparts[i].topic, pos->topic) == 0)
+            topic = c->man->kparts[i].topic;
+    c->offs[c->n_offs++] = (tm_kafka_offset){.topic = topic, .partition = pos->partition,
+                                             .offset = pos->next};
+    return TM_OK;
+}
+
+// Kafka input: the records of this commit are written; the manifest gets every partition's done
+// offsets (and a transaction the owned partitions' next offsets with the group metadata).
+static tm_rc kafka_positions(sink_ctx *c, tm_err *err) {
+    c->n_offs = 0;
+    tm_rc rc = tm_source_mark_written(c->src, c->pending, c->n_pending, err);
+    if (!rc)
+        rc = tm_source_kafka_positions(c->src, add_position, c, err);
+    if (!rc && c->txn_offsets)
+        rc = tm_source_kafka_group_md(c->src, &c->group_md, err);
+    return rc;
+}
+
+// One commit (sink/manifest.h): Kafka acks (and transaction), frame close + fsync of the data
+// files, manifest publish; then the source hears which records became durable.
+static tm_rc commit(sink_ctx *c, tm_err *err) {
+    double t0 = tm_now_ms();
+    tm_rc rc = TM_OK;
+    if (c->kafka_in)
+        rc = kafka_positions(c, err);
+    if (!rc && c->kafka && c->txn_offsets)
+        rc = tm_kafka_out_commit_md(c->kafka, c->offs, c->n_offs, c->group_md.data,
+                                    c->group_md.len, err);
+    else if (!rc && c->kafka)
+        rc = tm_kafka_out_commit(c->kafka, NULL, 0, NULL, err);
+    if (!rc)
+        rc = tm_sink_flush(c->sink, err);
+    if (rc)
+        return rc;
+    tm_sink_stats st;
+    tm_sink_get_stats(c->sink, &st);
+    c->man->bytes_completions = st.size_lz4;
+    c->man->bytes_errors = st.size_err;
+    c->man->n_commits++;
+    if (c->n_commits == 0)
+        c->man->n_runs++;
+    rc = tm_manifest_save(c->dir, c->man, err);
+    if (rc)
+        return rc;
+    rc = tm_source_ack(c->src, c->pending, c->n_pending, err);
+    c->n_pending = 0;
+    double t1 = tm_now_ms();
+    c->n_commits++;
+    c->commit_ms_total += t1 - t0;
+    c->commit_ms_max = TM_MAX(c->commit_ms_max, t1 - t0);
+    c->last_commit_ms = t1;
+    return rc;
+}
+
+// Write one finished record: ok records to Kafka or the LZ4 file, errors to errors.jsonl; then
+// it is part of the next commit (done set, counts, acks).
+static tm_rc write_record(sink_ctx *c, const tm_completion *comp, tm_err *err) {
+    tm_rc rc;
+    if (c->kafka && comp->err_code == TM_ERRCODE_NONE) {
+        tm_buf_clear(&c->line);
+        rc = tm_sink_format_ok(&c->line, comp, err);
+        if (!rc)
+            rc = tm_kafka_out_send(c->kafka, comp->id_json, strlen(comp->id_json), c->line.data,
+                                   c->line.len - 1, err);
+    } else {
+        rc = tm_sink_write(c->sink, comp, err);
+    }
+    if (rc)
+        return rc;
+    tm_manifest *m = c->man;
+    rc = tm_seqset_add(&m->done, comp->seq_no, err);
+    if (rc)
+        return rc;
+    if (comp->err_code == TM_ERRCODE_NONE) {
+        m->counts.n_ok++;
+        m->counts.n_tok_prompt += comp->n_tok_prompt;
+        m->counts.n_tok_cached += comp->n_tok_cached;
+        m->counts.n_tok_gen += comp->n_tok_gen;
+    } else {
+        m->counts.n_failed++;
+        if ((unsigned)comp->err_code < TM_ERRCODE_COUNT)
+            m->counts.n_err_by_code[comp->err_code]++;
+    }
+    if (c->n_pending == c->cap_pending) {
+        size_t cap = c->cap_pending ? c->cap_pending * 2 : 1024;
+        uint64_t *p = tm_realloc(c->pending, cap * sizeof(*p));
+        if (!p)
+            return TM_ERR(err, TM_E_NOMEM, "pending acks");
+        c->pending = p;
+        c->cap_pending = cap;
+    }
+    c->pending[c->n_pending++] = comp->seq_no;
+    return TM_OK;
+}
+
+static bool commit_due(const sink_ctx *c) {
+    return c->n_pending > 0 && (c->n_pending >= c->commit_every_records ||
+                                tm_now_ms() - c->last_commit_ms >= c->commit_every_ms);
+}
+
+static void *sink_main(void *arg) {
+    sink_ctx *c = arg;
+    void *item;
+    c->last_commit_ms = tm_now_ms();
+    for (;;) {
+        // Wake up now and then with no record, so progress and GPU power keep being sampled.
+        tm_rc qrc = tm_queue_pop_timed(c->q, &item, 200);
+        tm_metrics_poll_gpus(c->metrics);
+        tm_progress_tick(c->progress);
+        if (c->rc == TM_OK && c->kafka)
+            c->rc = tm_kafka_out_poll(c->kafka, &c->err);
+        if (qrc == TM_E_AGAIN) {
+            if (c->rc == TM_OK && commit_due(c))
+                c->rc = commit(c, &c->err);
+            continue;
+        }
+        if (qrc != TM_OK)
+            break;
+        tm_completion *comp = item;
+        tm_progress_add_record(c->progress, comp);
+        if (c->rc == TM_OK) {
+            c->rc = write_record(c, comp, &c->err);
+            if (c->rc == TM_OK)
+                c->rc = tm_metrics_add_record(c->metrics, comp, &c->err);
+            if (c->rc == TM_OK && commit_due(c))
+                c->rc = commit(c, &c->err);
+            c->n_ok += comp->err_code == TM_ERRCODE_NONE;
+            c->n_err += comp->err_code != TM_ERRCODE_NONE;
+            c->n_tok_prompt += comp->n_tok_prompt;
+            c->n_tok_gen += comp->n_tok_gen;
+        }
+        tm_completion_destroy(comp);
+    }
+    return NULL;
+}
+
+// Blocks for the CPU engine's KV pool: kv_blocks when the job sets it, else enough for max_seqs
+// sequences of min(n_ctx, 8192) tokens within CPU_KV_BUDGET_BYTES (but at least one full
+// context's worth of the smaller of the two).
+static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
+    if (spec->engine.kv_blocks)
+        return spec->engine.kv_blocks;
+    const uint32_t bs = spec->engine.block_size;
+    uint64_t per_block = 2ull * mc->n_layer * bs * mc->n_kv_head * mc->head_dim * sizeof(float);
+    uint64_t per_seq = TM_CEIL_DIV(TM_MIN(mc->n_ctx, 8192u), bs);
+    uint64_t want = per_seq * spec->engine.max_seqs;
+    uint64_t cap = TM_MAX(CPU_KV_BUDGET_BYTES / per_block, per_seq);
+    return (uint32_t)TM_MIN(want, cap);
+}
+
+// The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
+// else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math). cuda
+// (or auto with a GPU) with tp > 1: one process per GPU over NCCL (cmd/tp_run.h). The KV pool: the
+// CUDA engine gets kv_blocks as given (0: it sizes the pool from free memory within
+// gpu_memory_utilization), the CPU engine cpu_kv_blocks. eo->n_kv_block is the engine's count
+// on success.
+static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine_opts *eo,
+                           const char *path, const tm_tp_launch *launch, tm_engine **out,
+                           tm_err *err) {
+    tm_backend be = spec->engine.backend;
+    tm_engine_opts go = *eo;
+    go.n_kv_block = spec->engine.kv_blocks;
+    go.gpu_mem_util = (float)spec->engine.gpu_memory_utilization;
+    tm_rc rc;
+    if (spec->engine.tp > 1 &&
+        (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && tm_engine_cuda_n_devices() > 0))) {
+        const tm_tp_launch one_node = {.nnodes = 1, .local_rank = -1,
+                                       .timeout_s = TM_TP_DEFAULT_TIMEOUT_S};
+        rc = tm_tp_engine_create(launch ? launch : &one_node, path, m, &go, out, err);
+        goto done;
+    }
+    if (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && spec->engine.tp <= 1)) {
+        rc = tm_engine_cuda_create(m, &go, out, err);
+        if (rc == TM_OK || be == TM_BACKEND_CUDA)
+            goto done;
+        TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
+    }
+    eo->n_kv_block = cpu_kv_blocks(spec, &m->cfg);
+    rc = tm_engine_cpu_tp_create(m, eo, out, err);
+done:
+    if (rc == TM_OK)
+        eo->n_kv_block = (*out)->opts.n_kv_block;
+    return rc;
+}
+
+typedef struct job_parts {
+    tm_job_spec *spec;
+    tm_model *model;
+    tm_tokenizer *tok;
+} job_parts;
+
+static void parts_fini(job_parts *p) {
+    tm_tok_destroy(p->tok);
+    tm_model_destroy(p->model);
+    tm_job_spec_destroy(p->spec);
+}
+
+static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
+    tm_rc rc = tm_job_spec_load(path, &p->spec, err);
+    if (rc)
+        return rc;
+    rc = tm_model_load(p->spec->model, &p->model, err);
+    if (rc)
+        return rc;
+    rc = tm_tok_load(p->spec->model, &p->tok, err);
+    if (rc)
+        return rc;
+    if (tm_tok_n_vocab(p->tok) > p->model->cfg.n_vocab)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: the tokenizer has %u ids but the model's vocab_size is %u",
+                      p->spec->model, tm_tok_n_vocab(p->tok), p->model->cfg.n_vocab);
+    return TM_OK;
+}
+
+// What an earlier run left in the output folder, and what this run starts from.
+typedef struct resume_state {
+    int lock_fd;
+    tm_manifest man;       /* this run's manifest: identity now, progress carried over */
+    tm_seqset skip;        /* records committed before this run */
+    tm_manifest_counts earlier;
+    uint64_t cut_bytes;
+    bool resumed, finished_before;
+} resume_state;
+
+static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
+    char p[4096];
+    snprintf(p, sizeof(p), "%s/%s", dir, name);
+    if (unlink(p) != 0 && errno != ENOENT)
+        return TM_ERR(err, TM_E_IO, "removing %s: %s", p, strerror(errno));
+    return TM_OK;
+}
+
+// Lock the output folder, read its manifest and decide: fresh start, resume (data files cut to
+// their committed lengths), nothing to do (finished), or refuse (another job; --restart wipes).
+static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
+                            resume_state *rs, tm_err *err) {
+    const char *dir = spec->output_dir;
+    tm_rc rc = tm_manifest_lock(dir, &rs->lock_fd, err);
+    if (!rc)
+        rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
+                                  spec->n_inputs, err);
+    if (!rc && spec->kafka && !(rs->man.kafka_topic = tm_strdup(spec->kafka->topic)))
+        rc = TM_ERR(err, TM_E_NOMEM, "manifest");
+    if (rc)
+        return rc;
+    tm_manifest old;
+    bool found = false;
+    rc = tm_manifest_load(dir, &old, &found, err);
+    if (rc && !o->restart)
+        return rc;
+    if (rc || (found && o->restart)) {
+        // Start over: the old manifest goes first (and durably), so a crash while the data files
+        // are emptied cannot leave a manifest naming bytes that are gone.
+        if (found)
+            tm_manifest_fini(&old);
+        TM_LOG_INFO("job", "%s: --restart: discarding the outputs in %s", path, dir);
+        rc = remove_file(dir, TM_MANIFEST_FILE, err);
+        if (!rc)
+            rc = tm_manifest_sync_dir(dir, err);
+        return rc;
+    }
+    if (!found) // a fresh start; a temporary file of a crash before the first commit goes
+        return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
+    char why[512];
+    if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
+        rc = TM_ERR(err, TM_E_INVAL, "output folder %s holds another job's outputs: %s. Run "
+                    "`tokenmill run --restart %s` to discard them and start over, or choose "
+                    "another output.dir", dir, why, path);
+        tm_manifest_fini(&old);
+        return rc;
+    }
+    if (old.finished && !spec->kafka_in) { // a Kafka job is never done: a rerun reads what is new
+        rs->finished_before = true;
+        printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
+               "nothing to do (tokenmill run --restart runs it again)\n",
+               path, dir, (unsigned long long)(old.counts.n_ok + old.counts.n_failed),
+               (unsigned long long)old.counts.n_ok, (unsigned long long)old.counts.n_failed);
+        tm_manifest_fini(&old);
+        return TM_OK;
+    }
+    rc = tm_manifest_recover(dir, &old, &rs->cut_bytes, err);
+    // Kafka input: seq_nos follow consumption order, so what carries over is the partitions'
+    // done offsets (the source skips them), not the done set.
+    if (!rc && !spec->kafka_in)
+        rc = tm_seqset_copy(&rs->skip, &old.done, err);
+    if (!rc && !spec->kafka_in)
+        rc = tm_seqset_copy(&rs->man.done, &old.done, err);
+    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
+        rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
+                                   old.kparts[i].next, old.kparts[i].ranges,
+                                   old.kparts[i].n_ranges, err);
+    if (!rc) {
+        rs->resumed = true;
+        rs->earlier = old.counts;
+        rs->man.counts = old.counts;
+        rs->man.bytes_completions = old.bytes_completions;
+        rs->man.bytes_errors = old.bytes_errors;
+        rs->man.n_commits = old.n_commits;
+        rs->man.n_runs = old.n_runs;
+        TM_LOG_INFO("job", "%s: resuming in %s: %llu records committed by %u earlier run(s); "
+                    "%llu torn bytes cut off", path, dir,
+                    (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
+                    (unsigned long long)rs->cut_bytes);
+    }
+    tm_manifest_fini(&old);
+    return rc;
+}
+
+static void resume_fini(resume_state *rs) {
+    tm_manifest_fini(&rs->man);
+    tm_seqset_fini(&rs->skip);
+    tm_manifest_unlock(rs->lock_fd);
+}
+
+static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
+    job_parts p = {0};
+    resume_state rs = {.lock_fd = -1};
+    tm_kafka_out *kafka = NULL;
+    tm_engine *eng = NULL;
+    tm_source *src = NULL;
+    tm_sink *sink = NULL;
+    tm_metrics *metrics = NULL;
+    tm_progress *progress = NULL;
+    tm_queue *q_in = NULL, *q_out = NULL;
+    int src_started = 0, sink_started = 0;
+    pthread_t src_thread, sink_thread;
+    source_ctx sc = {0};
+    sink_ctx kc = {0};
+    tm_runner_stats stats = {0};
+    double t0 = tm_now_ms();
+
+    tm_rc rc = parts_load(path, &p, err);
+    if (rc)
+        goto done;
+    const tm_job_spec *spec = p.spec;
+    rc = resume_prepare(spec, path, opts, &rs, err);
+    if (rc || rs.finished_before)
+        goto done;
+    const tm_model_cfg *mc = &p.model->cfg;
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    tm_engine_opts eo = {
+        .n_threads = spec->engine.threads ? spec->engine.threads : (uint32_t)TM_MAX(n_cpu, 1),
+        .block_size = spec->engine.block_size,
+        .max_seqs = spec->engine.max_seqs,
+        .max_batched_tokens = spec->engine.max_batched_tokens,
+        .tp_size = spec->engine.tp,
+    };
+    rc = create_engine(spec, p.model, &eo, path, opts->tp, &eng, err);
+    if (rc)
+        goto done;
+    const char *backend = eng->ops->name;
+    TM_LOG_INFO("job", "%s: model %s (%s, %u layers, hidden %u, vocab %u), %s engine, tp %u, "
+                "%u threads, %u KV blocks of %u tokens",
+                path, spec->model, tm_model_arch_name(p.model), mc->n_layer, mc->n_embd,
+                mc->n_vocab, backend, TM_MAX(eo.tp_size, 1u), eo.n_threads, eo.n_kv_block,
+                eo.block_size);
+
+    rc = tm_metrics_create(&metrics, err);
+    if (rc)
+        goto done;
+    tm_metrics_settings ms = {
+        .backend = backend,
+        .tp = TM_MAX(eo.tp_size, 1u),
+        .max_seqs = eo.max_seqs,
+        .max_batched_tokens = eo.max_batched_tokens,
+        .block_size = eo.block_size,
+        .kv_blocks = eo.n_kv_block,
+        .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
+        .prefix_cache = spec->engine.prefix_cache,
+        .threads = eo.n_threads,
+        .model_path = spec->model,
+        .model_arch = tm_model_arch_name(p.model),
+    };
+    rc = tm_metrics_set_settings(metrics, &ms, err);
+    if (rc)
+        goto done;
+    rc = tm_metrics_set_job(metrics, path, err);
+    if (rc)
+        goto done;
+    tm_metrics_add_earlier(metrics, &(tm_metrics_earlier){
+                                        .n_ok = rs.earlier.n_ok,
+                                        .n_failed = rs.earlier.n_failed,
+                                        .n_err_by_code = rs.earlier.n_err_by_code,
+                                        .n_tok_prompt = rs.earlier.n_tok_prompt,
+                                        .n_tok_cached = rs.earlier.n_tok_cached,
+                                        .n_tok_gen = rs.earlier.n_tok_gen,
+                                    });
+    rc = tm_progress_create(&(tm_progress_cfg){.job_name = path,
+                                               .textfile = spec->prometheus_textfile},
+                            &progress, err);
+    if (rc)
+        goto done;
+    rc = tm_source_open(spec, &src, err);
+    if (rc)
+        goto done;
+    for (size_t i = 0; i < rs.man.n_kparts && !rc; i++) {
+        const tm_manifest_kpart *k = &rs.man.kparts[i];
+        rc = tm_source_kafka_resume(src, &(tm_source_kpos){.topic = k->topic,
+                                                          .partition = k->partition,
+                                                          .next = (int64_t)k->next,
+                                                          .ranges = k->ranges,
+                                                          .n_ranges = k->n_ranges},
+                                    err);
+    }
+    if (rc)
+        goto done;
+    const bool txn_offsets = spec->kafka_in && spec->kafka && spec->kafka->transactional_id;
+    tm_source_kafka_set_txn(src, txn_offsets);
+    rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = rs.resumed}, &sink, err);
+    if (rc)
+        goto done;
+    if (spec->kafka) {
+        tm_kafka_out_cfg kcfg = {
+            .brokers = spec->kafka->brokers,
+            .topic = spec->kafka->topic,
+            .config = spec->kafka->config,
+            .n_config = spec->kafka->n_config,
+            .transactional_id = spec->kafka->transactional_id,
+        };
+        rc = tm_kafka_out_open(&kcfg, &kafka, err);
+        if (rc)
+            goto done;
+    }
+    rc = tm_queue_create(QUEUE_CAP, &q_in, err);
+    if (rc)
+        goto done;
+    rc = tm_queue_create(QUEUE_CAP, &q_out, err);
+    if (rc)
+        goto done;
+
+    sc = (source_ctx){.src = src, .q = q_in, .progress = progress,
+                      .skip = rs.resumed ? &rs.skip : NULL};
+    kc = (sink_ctx){.sink = sink, .kafka = kafka, .src = src, .man = &rs.man,
+                    .dir = spec->output_dir, .commit_every_ms = spec->commit_every_s * 1e3,
+                    .commit_every_records = spec->commit_every_records, .metrics = metrics,
+                    .progress = progress, .q = q_out, .kafka_in = spec->kafka_in != NULL,
+                    .txn_offsets = txn_offsets};
+    if (pthread_create(&src_thread, NULL, source_main, &sc) != 0) {
+        rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
+        goto done;
+    }
+    src_started = 1;
+    if (pthread_create(&sink_thread, NULL, sink_main, &kc) != 0) {
+        rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the sink thread");
+        goto done;
+    }
+    sink_started = 1;
+
+    tm_runner_cfg rcfg = {
+        .max_seqs = eo.max_seqs,
+        .max_batched_tokens = eo.max_batched_tokens,
+        .block_size = eo.block_size,
+        .n_kv_block = eo.n_kv_block,
+        .n_ctx = mc->n_ctx,
+        .defaults = spec->defaults,
+        .prefix_cache = spec->engine.prefix_cache,
+        .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
+        .lookahead = spec->engine.lookahead,
+        .chat_template = spec->chat_template,
+    };
+    rc = tm_runner_run(&rcfg, eng, p.tok, q_in, q_out, &stats, err);
+    if (eng->ops->forward_greedy)
+        TM_LOG_INFO("job", "%s: %llu of %llu steps were greedy on the engine (only token ids "
+                    "came back)",
+                    path, (unsigned long long)stats.n_step_greedy,
+                    (unsigned long long)stats.n_step);
+
+done:
+    if (q_in)
+        tm_queue_close(q_in); // stops the source if the runner ended early
+    if (src_started) {
+        pthread_join(src_thread, NULL);
+        void *item;
+        while (tm_queue_try_pop(q_in, &item) == TM_OK)
+            tm_job_destroy(item);
+    }
+    if (q_out)
+        tm_queue_close(q_out);
+    if (sink_started) {
+        pthread_join(sink_thread, NULL);
+        tm_progress_finish(progress);
+    }
+    if (rc == TM_OK && sc.rc) {
+        *err = sc.err;
+        rc = sc.rc;
+    }
+    if (rc == TM_OK && kc.rc) {
+        *err = kc.err;
+        rc = kc.rc;
+    }
+    // The last commit: whatever was written, unless writing failed (then the last manifest stands
+    // and the next run cuts the files back to it). The job is finished when the whole input was
+    // read and every record is done; metrics.json goes first, so a finished manifest always has
+    // its metrics.
+    bool final_commit = sink_started && kc.rc == TM_OK;
+    if (final_commit) {
+        rs.man.n_records = tm_source_n_records(src);
+        rs.man.total_known = sc.eof;
+        rs.man.finished = rc == TM_OK && sc.eof && sc.rc == TM_OK &&
+                          tm_seqset_count(&rs.man.done) == rs.man.n_records;
+    }
+    if (metrics && p.spec && sink_started)
+        tm_metrics_set_durability(metrics, &(tm_metrics_durability){
+                                               .commits = kc.n_commits + final_commit,
+                                               .commits_total = rs.man.n_commits + final_commit,
+                                               .commit_ms_total = kc.commit_ms_total,
+                                               .commit_ms_max = kc.commit_ms_max,
+                                               .runs = rs.man.n_runs +
+                                                       (final_commit && kc.n_commits == 0),
+                                               .resumed_records = sc.n_skipped,
+                                               .cut_bytes = rs.cut_bytes,
+                                           });
+    if (metrics && p.spec && sink_started) {
+        tm_run_metrics_add_engine(metrics, &stats);
+        tm_metrics_end(metrics);
+        char mpath[4096];
+        snprintf(mpath, sizeof(mpath), "%s/metrics.json", p.spec->output_dir);
+        tm_err merr = {0};
+        tm_rc mrc = tm_metrics_write_json(metrics, mpath, &merr);
+        if (rc == TM_OK && mrc) {
+            *err = merr;
+            rc = mrc;
+        }
+        final_commit = final_commit && mrc == TM_OK;
+    }
+    if (final_commit) {
+        tm_err cerr = {0};
+        tm_rc crc = commit(&kc, &cerr);
+        if (rc == TM_OK && crc) {
+            *err = cerr;
+            rc = crc;
+        }
+    }
+    tm_err close_err = {0};
+    tm_kafka_out_close(kafka);
+    tm_rc close_rc = tm_sink_close(sink, &close_err);
+    if (rc == TM_OK && close_rc) {
+        *err = close_err;
+        rc = close_rc;
+    }
+    if (rc == TM_OK && sink_started) {
+        double wall_s = (tm_now_ms() - t0) / 1e3;
+        uint64_t n_ok = rs.man.counts.n_ok, n_err = rs.man.counts.n_failed;
+        printf("tokenmill: %s done in %.1f s\n", path, wall_s);
+        printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
+               (unsigned long long)n_ok, (unsigned long long)n_err);
+        if (rs.resumed)
+            printf("  resumed   %llu records committed by earlier runs were skipped\n",
+                   (unsigned long long)sc.n_skipped);
+        printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
+               (unsigned long long)kc.n_tok_prompt, (unsigned long long)kc.n_tok_gen,
+               (unsigned long long)stats.n_step, (unsigned long long)stats.n_preempt);
+        printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
+               stats.prefill_s > 0 ? stats.n_tok_prefill / stats.prefill_s : 0.0,
+               stats.decode_s > 0 ? stats.n_tok_decode / stats.decode_s : 0.0,
+               kc.n_tok_gen / wall_s);
+        printf("  outputs   %s/{completions.jsonl.lz4,errors.jsonl,metrics.json}\n",
+               p.spec->output_dir);
+    }
+    tm_queue_destroy(q_in);
+    tm_queue_destroy(q_out);
+    tm_source_destroy(src);
+    tm_metrics_destroy(metrics);
+    tm_progress_destroy(progress);
+    tm_engine_destroy(eng);
+    tm_free(kc.pending);
+    tm_free(kc.offs);
+    tm_buf_fini(&kc.group_md);
+    tm_buf_fini(&kc.line);
+    resume_fini(&rs);
+    parts_fini(&p);
+    return rc;
+}
+
+tm_rc tm_job_run(const char *path) { return tm_job_run_with(path, &(tm_job_run_opts){0}); }
+
+tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts) {
+    tm_err err = {0};
+    tm_rc rc = run_job(path, opts, &err);
+    if (rc)
+        TM_LOG_ERROR("job", "%s: %s", path, err.msg);
+    return rc;
+}
+
+static tm_rc validate_job(const char *path, tm_err *err) {
+    job_parts p = {0};
+    tm_source *src = NULL;
+    tm_buf line = {0};
+    uint64_t n_ok = 0, n_bad = 0;
+    tm_rc rc = parts_load(path, &p, err);
+    if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
+        printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
+               "validate does not read\n", path, p.spec->model, tm_model_arch_name(p.model),
+               p.spec->kafka_in->group);
+        parts_fini(&p);
+        return TM_OK;
+    }
+    if (rc == TM_OK)
+        rc = tm_source_open(p.spec, &src, err);
+    while (rc == TM_OK) {
+        tm_job *job = NULL;
+        rc = tm_source_next(src, &job, err);
+        if (rc)
+            break;
+        if (job->err_code == TM_ERRCODE_NONE) {
+            n_ok++;
+        } else {
+            n_bad++;
+            tm_completion c = {.file = job->file, .line = job->line, .id_json = job->id_json,
+                               .err_code = job->err_code, .err_msg = job->err_msg};
+            tm_buf_clear(&line);
+            rc = tm_sink_format_error(&line, &c, err);
+            if (rc == TM_OK)
+                fputs(line.data, stdout);
+        }
+        tm_job_destroy(job);
+    }
+    if (rc == TM_E_EOF) {
+        rc = TM_OK;
+        printf("tokenmill: %s is valid: model %s (%s), %llu records ok, %llu rejected%s\n", path,
+               p.spec->model, tm_model_arch_name(p.model), (unsigned long long)n_ok,
+               (unsigned long long)n_bad, n_bad ? " (listed above)" : "");
+    }
+    tm_buf_fini(&line);
+    tm_source_destroy(src);
+    parts_fini(&p);
+    return rc;
+}
+
+tm_rc tm_job_validate(const char *path) {
+    tm_err err = {0};
+    tm_rc rc = validate_job(path, &err);
+    if (rc)
+        TM_LOG_ERROR("validate", "%s: %s", path, err.msg);
+    return rc;
+}

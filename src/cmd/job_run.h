@@ -1,0 +1,24 @@
+/* cmd/job_run.h - a whole job: spec, model, tokenizer, engine, and the three stages (source thread,
+ * runner on the calling thread, sink thread) joined by bounded queues. Used by cmd/main.c. */
+#ifndef TM_CMD_JOB_RUN_H
+#define TM_CMD_JOB_RUN_H
+
+#include "base/err.h"
+
+/* Run the job file at path to completion; logs what it does and prints a summary. Errors are
+ * logged here (the job is named); the return code says whether the job succeeded. */
+tm_rc tm_job_run(const char *path);
+/* Options of tm_job_run_with; all-zero is tm_job_run's behaviour. */
+typedef struct tm_job_run_opts {
+    int restart; /* discard the output folder's manifest and outputs, even of another job */
+    const struct tm_tp_launch *tp; /* tensor-parallel launch options (cmd/tp_run.h), borrowed for
+                                      the call; NULL: one node, defaults */
+} tm_job_run_opts;
+/* tm_job_run with options. Over an output folder whose manifest names the same job it resumes
+ * (or, when that job finished, prints so and returns TM_OK without running); a different job is
+ * refused unless opts->restart; a second process on the same folder is refused (lock file). */
+tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts);
+/* Check the job file, model, tokenizer and every input line without running the model. */
+tm_rc tm_job_validate(const char *path);
+
+#endif /* TM_CMD_JOB_RUN_H */

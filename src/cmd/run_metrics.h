@@ -1,0 +1,25 @@
+/* cmd/run_metrics.h - the runner's counters (runner/runner.h) as the engine section of metrics.json
+ * (sink/metrics.h): the one place that maps one onto the other, for the two commands that run the
+ * runner and write metrics, `tokenmill run` (cmd/job_run.c) and `tokenmill bench` (cmd/bench.c). It lives
+ * here, above both modules, because sink never includes runner headers. */
+#ifndef TM_CMD_RUN_METRICS_H
+#define TM_CMD_RUN_METRICS_H
+
+#include "runner/runner.h"
+#include "sink/metrics.h"
+
+/* Add the engine totals of one tm_runner_run to m (tm_metrics_add_engine). Borrows both. */
+static inline void tm_run_metrics_add_engine(tm_metrics *m, const tm_runner_stats *stats) {
+    tm_metrics_add_engine(m, &(tm_metrics_engine){
+                                 .steps = stats->n_step,
+                                 .n_tok_prefill = stats->n_tok_prefill,
+                                 .prefill_s = stats->prefill_s,
+                                 .n_tok_decode = stats->n_tok_decode,
+                                 .decode_s = stats->decode_s,
+                                 .preemptions = stats->n_preempt,
+                                 .sum_step_fill = stats->sum_step_fill,
+                                 .sum_running = stats->sum_running,
+                             });
+}
+
+#endif /* TM_CMD_RUN_METRICS_H */

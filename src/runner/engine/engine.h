@@ -1,0 +1,108 @@
+/* runner/engine/engine.h - the engine vtable: one forward pass over a step plan (prefill chunks and
+ * decodes of up to max_seqs sequences) against a paged KV cache, giving logits for the sequences
+ * that ask for them. The engine owns the KV memory (n_kv_block blocks of block_size tokens); the
+ * runner owns block allocation (which block ids a sequence uses). Backends: "cpu" (the reference,
+ * the oracle for every other one) and "cuda" (later). One thread drives an engine. */
+#ifndef TM_RUNNER_ENGINE_ENGINE_H
+#define TM_RUNNER_ENGINE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "runner/model/model.h"
+
+/* forward_greedy's id for a row with a NaN or infinite logit (tm_sample_token fails such a row). */
+#define TM_ENGINE_ID_NONFINITE UINT32_MAX
+
+/* Sum buf[0..n) element-wise across the tensor-parallel ranks, in place, on every rank (an
+ * all-reduce); every rank calls it the same number of times with the same n. */
+typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
+
+typedef struct tm_engine_opts {
+    uint32_t n_threads;    /* CPU worker threads; 0 = number of online CPUs */
+    uint32_t block_size;   /* tokens per KV block */
+    uint32_t n_kv_block;   /* KV blocks to allocate; 0 (CUDA engine only): size the pool from free
+                            * device memory (gpu_mem_util); the engine then records its count in
+                            * eng->opts.n_kv_block */
+    uint32_t max_seqs;     /* sequences per step */
+    uint32_t max_batched_tokens; /* tokens per step */
+    uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
+    float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
+                                  * device use may reach, KV pool included, in (0, 1]; 0 = 0.90 */
+    tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
+    void *allreduce_ctx;         /* borrowed; passed to allreduce */
+} tm_engine_opts;
+
+/* One sequence's part of a step. */
+typedef struct tm_batch_seq {
+    const uint32_t *tokens;       /* n_tok token ids to process, borrowed for the call */
+    uint32_t n_tok;               /* >= 1 */
+    uint32_t pos;                 /* position of tokens[0] = tokens of this sequence already in KV */
+    const uint32_t *block_table;  /* block ids covering positions [0, pos + n_tok) */
+    uint32_t n_block;
+    int want_logits;              /* 1: produce logits for the last token of this chunk */
+} tm_batch_seq;
+
+typedef struct tm_batch {
+    const tm_batch_seq *seqs;     /* n_seq entries, borrowed for the call */
+    uint32_t n_seq;
+} tm_batch;
+
+/* What every backend checks before a step (runner/engine/engine.c): at most o->max_seqs sequences;
+ * each with tokens, ids below n_vocab, positions [pos, pos + n_tok) below max_pos and covered by
+ * its block table, whose used entries are below o->n_kv_block; at most o->max_batched_tokens
+ * tokens in all. who starts the messages ("cpu forward"). Writes the step's token count and the
+ * block-table entries its sequences use. */
+tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos,
+                     uint32_t n_vocab, const char *who, uint32_t *n_tok, uint64_t *n_bt,
+                     tm_err *err);
+
+typedef struct tm_engine tm_engine;
+
+typedef struct tm_engine_ops {
+    const char *name;
+    /* logits: [n_want][n_vocab] fp32, one row per sequence with want_logits, in batch order. */
+    tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
+    /* Optional (NULL: not supported). forward, but each wanted row becomes one id instead of a
+     * logits row: ids[i] = the argmax of the i-th wanted row over ids [0, n_vocab_limit) (the
+     * lowest id among equal maxima, as tm_sample_token's greedy pick), or TM_ENGINE_ID_NONFINITE
+     * when one of those logits is NaN or infinite. 1 <= n_vocab_limit; a limit above the model's
+     * n_vocab means n_vocab. ids: [n_want]. Lets a backend keep the logits where they are. */
+    tm_rc (*forward_greedy)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                            uint32_t *ids, tm_err *err);
+    /* Optional (NULL: not supported). Copy the K/V of token slots [0, n_tok) of block src into
+     * block dst, in every layer; the runner uses it to share the computed part of a partly
+     * filled block between sequences with a common prefix. Ordered with forward calls. */
+    tm_rc (*kv_copy)(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
+    void (*destroy)(tm_engine *eng);
+} tm_engine_ops;
+
+struct tm_engine {
+    const tm_engine_ops *ops;
+    const tm_model *model;  /* borrowed; must outlive the engine */
+    tm_engine_opts opts;
+    void *impl;             /* owned by the backend */
+};
+
+/* The CPU backend. On success *out owns the engine (KV memory allocated up front). With
+ * tp_size > 1 it is one rank's shard (runner/tp/shard.h): its logits rows hold only its
+ * vocabulary slice, and opts->allreduce sums partial results across ranks. */
+tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
+                           tm_err *err);
+/* The CPU backend split tp_size ways in one process: one shard engine per rank, each on its own
+ * thread, an in-process all-reduce (a deterministic sum in rank order) standing in for NCCL, and
+ * the logits gathered from the vocabulary slices. Tests the sharding math without GPUs. */
+tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
+                              tm_err *err);
+
+static inline tm_rc tm_engine_forward(tm_engine *eng, const tm_batch *b, float *logits,
+                                      tm_err *err) {
+    return eng->ops->forward(eng, b, logits, err);
+}
+static inline void tm_engine_destroy(tm_engine *eng) {
+    if (eng)
+        eng->ops->destroy(eng);
+}
+
+#endif /* TM_RUNNER_ENGINE_ENGINE_H */

@@ -1,0 +1,72 @@
+/* runner/text/chat.c - chat prompt rendering: the chat template through the Jinja subset
+ * (runner/text/jinja.h), or the plain fallback when there is none. The template is parsed on each
+ * call (a few microseconds for the templates we know; tokenizing the prompt costs more). */
+#include "runner/text/chat.h"
+
+#include <string.h>
+
+#include "runner/text/jinja.h"
+
+static tm_rc check_messages(const tm_message *msgs, uint32_t n, tm_err *err) {
+    for (uint32_t i = 0; i < n; i++) {
+        const char *r = msgs[i].role ? msgs[i].role : "(null)";
+        if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 &&
+            strcmp(r, "tool") != 0)
+            return TM_ERR(err, TM_E_INVAL,
+                          "chat: message %u has unknown role \"%.64s\" (want "
+                          "system, user, assistant or tool)",
+                          i, r);
+        if (!msgs[i].content)
+            return TM_ERR(err, TM_E_INVAL, "chat: message %u (%s) has no content", i, r);
+    }
+    return TM_OK;
+}
+
+tm_chat_format tm_chat_format_of(const tm_tokenizer *tok) {
+    const char *t = tm_tok_chat_template(tok);
+    if (!t || !*t)
+        return TM_CHAT_FORMAT_PLAIN;
+    if (strstr(t, "<｜User｜>") && strstr(t, "<｜Assistant｜>"))
+        return TM_CHAT_FORMAT_DEEPSEEK;
+    return TM_CHAT_FORMAT_JINJA;
+}
+
+static tm_rc render_plain(const tm_message *msgs, uint32_t n, int add_generation_prompt,
+                          tm_buf *out, tm_err *err) {
+    for (uint32_t i = 0; i < n; i++) {
+        tm_rc rc = tm_buf_printf(out, err, "%s: %s\n", msgs[i].role, msgs[i].content);
+        if (rc)
+            return rc;
+    }
+    if (add_generation_prompt)
+        return tm_buf_append_str(out, "assistant: ", err);
+    return TM_OK;
+}
+
+tm_rc tm_chat_render_with(const tm_tokenizer *tok, const char *chat_template,
+                          const tm_message *msgs, uint32_t n, int add_generation_prompt,
+                          tm_buf *out, tm_err *err) {
+    tm_rc rc = check_messages(msgs, n, err);
+    if (rc)
+        return rc;
+    const char *t = chat_template ? chat_template : tm_tok_chat_template(tok);
+    if (!t || !*t)
+        return render_plain(msgs, n, add_generation_prompt, out, err);
+    tm_jinja *tpl = NULL;
+    rc = tm_jinja_parse(t, strlen(t), &tpl, err);
+    if (rc)
+        return rc;
+    tm_jinja_vars vars = {.msgs = msgs,
+                          .n_msgs = n,
+                          .add_generation_prompt = add_generation_prompt,
+                          .bos_token = tm_tok_bos_text(tok),
+                          .eos_token = tm_tok_eos_text(tok)};
+    rc = tm_jinja_render(tpl, &vars, out, err);
+    tm_jinja_destroy(tpl);
+    return rc;
+}
+
+tm_rc tm_chat_render(const tm_tokenizer *tok, const tm_message *msgs, uint32_t n,
+                     int add_generation_prompt, tm_buf *out, tm_err *err) {
+    return tm_chat_render_with(tok, NULL, msgs, n, add_generation_prompt, out, err);
+}

@@ -1,0 +1,252 @@
+/* tests/gpu/test_engine_cuda.c - the CUDA engine against the CPU engine (the oracle) on models that
+ * tools/mkmodel writes ($TM_BUILD/mkmodel): Llama (GQA, untied), Qwen2 (q/k/v bias, tied
+ * embeddings), llama3 rope scaling with f32 weights, and f16 weights.
+ *
+ * Each model runs one schedule of four sequences on both engines with the same block tables:
+ * prefill chunks with and without want_logits, prefills mixed with decodes in one step, then
+ * decode steps (CUDA graphs, batch size shrinking from 4 to 3 when one sequence stops), 72
+ * decode steps in all. Both engines are fed the CPU engine's greedy tokens, so their states stay
+ * identical and every step's logits can be compared; the greedy token of the CUDA engine (argmax
+ * of its logits) must equal the CPU's at every step for bf16 models (same weights; 257 tokens per
+ * model, 72+ decode steps per sequence), and may differ only at near ties for f32/f16 models
+ * (rounded to bf16 on upload).
+ *
+ * Tolerance: the CUDA engine keeps weights, GEMM inputs and the KV cache in bf16 (the CPU engine
+ * is fp32 throughout), so logits differ by bf16 rounding carried through the layers. A row
+ * passes when max |cuda - cpu| <= 0.03 * max |cpu| over the row (about 4 bf16 ulps of the row's
+ * scale); the maximum error seen is printed. A second CUDA engine without graphs, driven through
+ * tm_engine_cuda_forward_greedy (argmax on the device), must give the same ids as the argmax of
+ * the first engine's logits. Skipped (77) without a GPU, without CUDA, or without mkmodel. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tm_test.h"
+
+#ifndef TM_HAVE_CUDA
+int main(void) { tm_test_skip("built without CUDA"); }
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "runner/engine/engine.h"
+#include "runner/engine/cuda/engine_cuda.h"
+#include "runner/model/model.h"
+#include "tm_gpu_compare.h"
+
+/* One step over the chunks given (seq index, n_tok); appends each wanted row's CPU greedy token.
+ * Returns 0 on engine failure. */
+static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const uint32_t *which,
+                const uint32_t *n_tok, uint32_t n_chunk, uint32_t n_vocab, stats *st) {
+    tm_batch_seq bs[N_SEQ];
+    uint32_t want_seq[N_SEQ];
+    const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
+    tm_batch b = {.seqs = bs, .n_seq = n_chunk};
+    float *lc = malloc((size_t)N_SEQ * n_vocab * 4), *lg = malloc((size_t)N_SEQ * n_vocab * 4);
+    uint32_t ids[N_SEQ];
+    tm_err err = {0};
+    TM_ASSERT(lc && lg);
+    int ok = 1;
+    CHECK_CALL(ok, tm_engine_forward(cpu, &b, lc, &err), &err);
+    CHECK_CALL(ok, tm_engine_forward(gpu, &b, lg, &err), &err);
+    CHECK_CALL(ok, tm_engine_cuda_forward_greedy(gpu2, &b, ids, &err), &err);
+    for (uint32_t r = 0; ok && r < n_want; r++) {
+        const float *c = lc + (size_t)r * n_vocab, *g = lg + (size_t)r * n_vocab;
+        const uint32_t tc = argmax(c, n_vocab), tg = argmax(g, n_vocab);
+        compare_row(st, "cpu", c, tc, "gpu", g, tg, n_vocab);
+        st->n_dev_diff += ids[r] != tg;
+        seq_append(&S[want_seq[r]], tc);
+    }
+    step_done(S, which, n_tok, n_chunk);
+    free(lc);
+    free(lg);
+    return ok;
+}
+
+/* exact_greedy: the model is bf16, so both engines run the same weights and every greedy token
+ * must agree. f32/f16 checkpoints are rounded to bf16 on upload (a slightly different model):
+ * there a flip is allowed only at a near tie (CPU top-2 margin <= 2 x that row's logit error). */
+static void run_model(const char *name, const char *args, int exact_greedy) {
+    char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
+    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
+        fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
+        TM_CHECK(0);
+        return;
+    }
+    tm_err err = {0};
+    tm_model *m = NULL;
+    TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+    if (!m)
+        return;
+    const uint32_t V = m->cfg.n_vocab;
+    tm_engine_opts eo = {.n_threads = 0, .block_size = BLOCK, .n_kv_block = SEQ_BLOCKS,
+                         .max_seqs = N_SEQ, .max_batched_tokens = 256};
+    tm_engine *cpu = NULL, *gpu = NULL, *gpu2 = NULL;
+    TM_CHECK_OK(tm_engine_cpu_create(m, &eo, &cpu, &err), &err);
+    TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
+    TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu2, &err), &err);
+    if (!cpu || !gpu || !gpu2)
+        goto done;
+    tm_engine_cuda_set_graphs(gpu2, 0);
+
+    static seq S[N_SEQ];
+    seqs_init(S, V);
+    stats st = {0};
+    int ok = 1;
+    for (uint32_t k = 0; ok && k < N_STEP; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ];
+        const uint32_t n_chunk = sched_step(k, which, n_tok);
+        ok = step(cpu, gpu, gpu2, S, which, n_tok, n_chunk, V, &st);
+    }
+    fprintf(stderr,
+            "%s: %d logit rows, max abs err %.4g, max err / row max|logit| %.4g (tol %.2g), "
+            "%d rows over; greedy %d/%d equal; device greedy vs host argmax: %d differ\n",
+            name, st.n_rows, st.max_abs, st.max_rel, LOGIT_TOL, st.n_bad_rows,
+            st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_diff);
+    TM_CHECK(ok);
+    TM_CHECK(st.n_rows >= N_DECODE * 3);
+    TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
+    TM_CHECK_MSG(exact_greedy ? st.n_greedy_diff == 0 : st.n_clear_flip == 0,
+                 "%s: %d greedy tokens differ (%d not near a tie)", name, st.n_greedy_diff,
+                 st.n_clear_flip);
+    TM_CHECK(st.n_dev_diff == 0);
+
+    // Bad input fails the call, not the engine.
+    {
+        uint32_t bad_tok = V;
+        tm_batch_seq bs = {.tokens = &bad_tok, .n_tok = 1, .pos = 0, .block_table = S[0].bt,
+                           .n_block = 1, .want_logits = 1};
+        tm_batch b = {.seqs = &bs, .n_seq = 1};
+        float *lg = malloc((size_t)V * 4);
+        TM_CHECK(tm_engine_forward(gpu, &b, lg, &err) == TM_E_INVAL);
+        bs.tokens = S[0].tok;
+        TM_CHECK_OK(tm_engine_forward(gpu, &b, lg, &err), &err);
+        free(lg);
+    }
+done:
+    tm_engine_destroy(gpu2);
+    tm_engine_destroy(gpu);
+    tm_engine_destroy(cpu);
+    tm_model_destroy(m);
+    if (rmdir_all(dir) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static void test_llama(void) {
+    run_model("llama", "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+                       "--ctx 1024 --seed 3",
+              1);
+}
+static void test_qwen2_tied(void) {
+    run_model("qwen2-tied", "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
+                            "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --seed 4",
+              1);
+}
+static void test_llama3_f32(void) {
+    run_model("llama3-f32", "--layers 2 --hidden 256 --heads 4 --kv-heads 1 --ff 384 "
+                            "--vocab 400 --ctx 1024 --rope-scaling llama3 --dtype f32 --seed 5",
+              0);
+}
+static void test_f16(void) {
+    run_model("f16", "--layers 2 --hidden 128 --heads 2 --kv-heads 2 --head-dim 64 --ff 256 "
+                     "--vocab 256 --ctx 1024 --dtype f16 --seed 6",
+              0);
+}
+
+// kv_copy: B shares A's first 20 tokens; B takes A's full block 0 and a copy of the 4 computed
+// slots of A's block 1, then computes its own 3 tokens. Its logits must match C, which computes
+// all 23 tokens itself.
+static void test_kv_copy(void) {
+    char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
+    TM_CHECK(mkmodel(dir,
+                     "--layers 2 --hidden 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 "
+                     "--ctx 1024 --seed 9",
+                     cmd, sizeof(cmd)) == 0);
+    tm_err err = {0};
+    tm_model *m = NULL;
+    tm_engine *gpu = NULL;
+    TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2,
+                         .max_batched_tokens = 64};
+    if (m)
+        TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
+    if (!gpu) {
+        tm_model_destroy(m);
+        return;
+    }
+    const uint32_t V = m->cfg.n_vocab;
+    uint32_t tok[23];
+    for (uint32_t i = 0; i < 23; i++)
+        tok[i] = (i * 37 + 11) % V;
+    float *la = calloc(V, sizeof(float)), *lb = calloc(V, sizeof(float));
+    float *lc = calloc(V, sizeof(float));
+    uint32_t bt_a[2] = {0, 1}, bt_b[2] = {0, 5}, bt_c[2] = {8, 9};
+    tm_batch_seq a = {.tokens = tok, .n_tok = 20, .pos = 0, .block_table = bt_a, .n_block = 2,
+                      .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &a, .n_seq = 1}, la, &err), &err);
+    TM_CHECK_OK(gpu->ops->kv_copy(gpu, 1, 5, 20 - BLOCK, &err), &err);
+    tm_batch_seq b = {.tokens = tok + 20, .n_tok = 3, .pos = 20, .block_table = bt_b,
+                      .n_block = 2, .want_logits = 1};
+    tm_batch_seq c = {.tokens = tok, .n_tok = 23, .pos = 0, .block_table = bt_c, .n_block = 2,
+                      .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &b, .n_seq = 1}, lb, &err), &err);
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &c, .n_seq = 1}, lc, &err), &err);
+    double max_d = 0, max_c = 0;
+    for (uint32_t v = 0; v < V; v++) {
+        max_d = fmax(max_d, fabs((double)lb[v] - lc[v]));
+        max_c = fmax(max_c, fabs((double)lc[v]));
+    }
+    fprintf(stderr, "  kv_copy: max |logit B - logit C| / max |C| = %.3g\n", max_d / max_c);
+    TM_CHECK(max_d / max_c < LOGIT_TOL);
+    TM_CHECK(argmax(lb, V) == argmax(lc, V));
+    TM_CHECK(gpu->ops->kv_copy(gpu, 16, 0, 1, &err) == TM_E_INVAL); // block out of range
+    free(la), free(lb), free(lc);
+    tm_engine_destroy(gpu);
+    tm_model_destroy(m);
+    TM_CHECK(rmdir_all(dir) == 0);
+}
+
+static void test_no_gpu_error(void) {
+    // With a GPU present create succeeds; this only checks that bad opts are rejected cleanly.
+    tm_model m = {0};
+    tm_engine_opts eo = {.block_size = 16};
+    tm_engine *eng = NULL;
+    tm_err err = {0};
+    TM_CHECK(tm_engine_cuda_create(&m, &eo, &eng, &err) == TM_E_INVAL && eng == NULL);
+}
+
+int main(void) {
+    g_rng = 77;
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        // The engine must say so clearly.
+        tm_model m = {.cfg = {.n_layer = 1, .n_embd = 8, .n_ff = 8, .n_head = 1, .n_kv_head = 1,
+                              .head_dim = 8, .n_vocab = 8, .rope_theta = 1e4f}};
+        tm_engine_opts eo = {.block_size = 16, .n_kv_block = 4, .max_seqs = 1,
+                             .max_batched_tokens = 8};
+        tm_engine *eng = NULL;
+        tm_err err = {0};
+        tm_rc rc = tm_engine_cuda_create_random(&m, &eo, 1, &eng, &err);
+        fprintf(stderr, "without a GPU: %s: %s\n", tm_rc_name(rc), err.msg);
+        if (rc != TM_E_CUDA || !strstr(err.msg, "no usable GPU"))
+            return 1;
+        tm_test_skip("no CUDA device");
+    }
+    const char *build = getenv("TM_BUILD");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
+    if (access(path, X_OK) != 0)
+        tm_test_skip("mkmodel not built (set TM_BUILD)");
+    TM_RUN(test_no_gpu_error);
+    TM_RUN(test_kv_copy);
+    TM_RUN(test_llama);
+    TM_RUN(test_qwen2_tied);
+    TM_RUN(test_llama3_f32);
+    TM_RUN(test_f16);
+    return tm_test_report();
+}
+
+#endif /* TM_HAVE_CUDA */

@@ -1,0 +1,266 @@
+/* tests/unit/test_progress.c - live progress: the status text (records done/total, failures, tok/s, ETA
+ * in tokens) at chosen times, the bar on a stream, progress log lines, the Prometheus textfile
+ * (format, label escaping, atomic replace, finished flag), a textfile error that disables it with
+ * one warning, and allocation failures in create. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/alloc.h"
+#include "base/clock.h"
+#include "base/log.h"
+#include "sink/progress.h"
+#include "tm_test.h"
+
+static char g_tmp[256];
+
+static void add(tm_progress *p, uint32_t prompt, uint32_t gen, int failed) {
+    tm_completion c = {.n_tok_prompt = prompt, .n_tok_gen = gen,
+                       .err_code = failed ? TM_ERRCODE_INVALID_JSON : TM_ERRCODE_NONE};
+    tm_progress_add_record(p, &c);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[8192];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return buf;
+}
+
+static void test_format(void) {
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.job_name = "j", .mode = TM_PROGRESS_OFF},
+                                   &p, &err),
+                &err);
+    if (!p)
+        return;
+    double t0 = tm_now_ms();
+    char line[256];
+    // nothing done, total unknown
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "0 records | 0 tok/s out") == line, "%s", line);
+    TM_CHECK(strstr(line, "ETA") == NULL);
+    // 4 records of 100 prompt + 150 generated, one failure, after 10 s (approximately: t0 is
+    // taken just after create)
+    for (int i = 0; i < 4; i++)
+        add(p, 100, 150, 0);
+    add(p, 0, 0, 1);
+    tm_progress_format(p, t0 + 10000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "5 records, 1 failed | 60 tok/s out, 100 tok/s in+out | 10s") == line,
+                 "%s", line);
+    // total known: 20 records, 15 left at 1000/5 = 200 tokens each = 3000 tokens at 100 tok/s
+    tm_progress_set_total(p, 20);
+    tm_progress_format(p, t0 + 10000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "5/20 records (25.0%), 1 failed") == line, "%s", line);
+    TM_CHECK_MSG(strstr(line, "| ETA 30s (~3000 tok left)") != NULL, "%s", line);
+    // large numbers are shortened, durations in minutes/hours
+    for (int i = 0; i < 5; i++)
+        add(p, 100000, 200000, 0);
+    tm_progress_format(p, t0 + 100000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "10/20 records (50.0%)") == line, "%s", line);
+    TM_CHECK_MSG(strstr(line, "10.0k tok/s out") != NULL, "%s", line);
+    TM_CHECK_MSG(strstr(line, "| 1m40s | ETA 1m40s (~1.50M tok left)") != NULL, "%s", line);
+    tm_progress_destroy(p);
+}
+
+static void test_bar(void) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/bar.txt", g_tmp);
+    FILE *f = fopen(path, "w+");
+    TM_CHECK(f != NULL);
+    if (!f)
+        return;
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.mode = TM_PROGRESS_BAR, .out = f}, &p,
+                                   &err),
+                &err);
+    if (!p) {
+        fclose(f);
+        return;
+    }
+    tm_progress_set_total(p, 4);
+    add(p, 10, 10, 0);
+    usleep(210 * 1000); // past the redraw interval
+    tm_progress_tick(p);
+    add(p, 10, 10, 0);
+    tm_progress_tick(p); // too soon: nothing drawn
+    add(p, 10, 10, 0);
+    add(p, 10, 10, 0);
+    tm_progress_finish(p);
+    tm_progress_destroy(p);
+    fclose(f);
+    const char *s = slurp(path);
+    TM_CHECK(s != NULL);
+    if (!s)
+        return;
+    TM_CHECK_MSG(strncmp(s, "\r\033[K[######..................] 1/4 records (25.0%)", 50) == 0,
+                 "%s", s);
+    TM_CHECK(strstr(s, "2/4") == NULL);
+    TM_CHECK_MSG(strstr(s, "\r\033[K[########################] 4/4 records (100.0%)") != NULL,
+                 "%s", s);
+    TM_CHECK(s[strlen(s) - 1] == '\n');
+}
+
+typedef struct captured {
+    int n_info, n_warn;
+    char last[512];
+} captured;
+
+static void capture(tm_log_level level, const char *line, void *ud) {
+    captured *c = ud;
+    c->n_info += level == TM_LOG_LEVEL_INFO;
+    c->n_warn += level == TM_LOG_LEVEL_WARN;
+    snprintf(c->last, sizeof(c->last), "%s", line);
+}
+
+static void test_lines(void) {
+    captured cap = {0};
+    tm_log_level old = tm_log_get_level();
+    tm_log_set_level(TM_LOG_LEVEL_INFO);
+    tm_log_set_sink(capture, &cap);
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.job_name = "jobs/a.json",
+                                                      .mode = TM_PROGRESS_LINES,
+                                                      .interval_s = 0.05},
+                                   &p, &err),
+                &err);
+    if (p) {
+        add(p, 5, 5, 0);
+        tm_progress_tick(p); // too soon
+        TM_CHECK(cap.n_info == 0);
+        usleep(60 * 1000);
+        tm_progress_tick(p);
+        TM_CHECK(cap.n_info == 1);
+        TM_CHECK_MSG(strstr(cap.last, "progress: jobs/a.json: 1 records | ") != NULL, "%s",
+                     cap.last);
+        tm_progress_finish(p); // LINES: the job's own summary follows; no extra line
+        TM_CHECK(cap.n_info == 1);
+    }
+    tm_progress_destroy(p);
+    // AUTO below level info: nothing at all
+    tm_log_set_level(TM_LOG_LEVEL_WARN);
+    p = NULL;
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.interval_s = 0.001}, &p, &err), &err);
+    if (p) {
+        usleep(5 * 1000);
+        tm_progress_tick(p);
+        tm_progress_finish(p);
+    }
+    tm_progress_destroy(p);
+    TM_CHECK(cap.n_info == 1 && cap.n_warn == 0);
+    tm_log_set_sink(NULL, NULL);
+    tm_log_set_level(old);
+}
+
+static void test_textfile(void) {
+    char path[512], tmp_path[600];
+    snprintf(path, sizeof(path), "%s/tokenmill.prom", g_tmp);
+    snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", path);
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.job_name = "a \"b\"\\c\nd",
+                                                      .textfile = path,
+                                                      .mode = TM_PROGRESS_OFF},
+                                   &p, &err),
+                &err);
+    if (!p)
+        return;
+    add(p, 100, 50, 0);
+    add(p, 0, 0, 1);
+    TM_CHECK_OK(tm_progress_write_textfile(p, tm_now_ms(), 0, &err), &err);
+    const char *s = slurp(path);
+    TM_CHECK(s != NULL);
+    TM_CHECK(access(tmp_path, F_OK) != 0);
+    if (s) {
+        const char *label = "{job=\"a \\\"b\\\"\\\\c\\nd\"}";
+        char want[256];
+        snprintf(want, sizeof(want), "tokenmill_records_done%s 2\n", label);
+        TM_CHECK_MSG(strstr(s, want) != NULL, "%s", s);
+        snprintf(want, sizeof(want), "tokenmill_records_failed%s 1\n", label);
+        TM_CHECK(strstr(s, want) != NULL);
+        snprintf(want, sizeof(want), "tokenmill_completion_tokens%s 50\n", label);
+        TM_CHECK(strstr(s, want) != NULL);
+        snprintf(want, sizeof(want), "tokenmill_job_finished%s 0\n", label);
+        TM_CHECK(strstr(s, want) != NULL);
+        TM_CHECK(strstr(s, "# TYPE tokenmill_records_done gauge\n") != NULL);
+        TM_CHECK(strstr(s, "# HELP tokenmill_output_tokens_per_second ") != NULL);
+        TM_CHECK(strstr(s, "tokenmill_records_total") == NULL); // not known yet
+        TM_CHECK(strstr(s, "tokenmill_eta_seconds") == NULL);
+        // every sample line: name{job="..."} value
+        int n_samples = 0;
+        for (const char *l = s; *l; l = strchr(l, '\n') + 1) {
+            if (*l != '#') {
+                n_samples++;
+                TM_CHECK(strncmp(l, "tokenmill_", 10) == 0 && strstr(l, label) != NULL);
+            }
+            if (!strchr(l, '\n'))
+                break;
+        }
+        TM_CHECK(n_samples == 8);
+    }
+    tm_progress_set_total(p, 4);
+    tm_progress_finish(p);
+    s = slurp(path);
+    TM_CHECK(s && strstr(s, "tokenmill_records_total{") && strstr(s, "tokenmill_eta_seconds{"));
+    TM_CHECK(s && strstr(s, "tokenmill_job_finished{job=\"a \\\"b\\\"\\\\c\\nd\"} 1\n"));
+    tm_progress_destroy(p);
+
+    // An unwritable textfile: one warning, then it is left alone; the job is not affected.
+    captured cap = {0};
+    tm_log_set_sink(capture, &cap);
+    p = NULL;
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.textfile = "/nonexistent-dir/x.prom",
+                                                      .mode = TM_PROGRESS_OFF},
+                                   &p, &err),
+                &err);
+    if (p) {
+        TM_CHECK(tm_progress_write_textfile(p, tm_now_ms(), 0, &err) == TM_E_IO);
+        tm_progress_finish(p);
+        tm_progress_finish(p);
+    }
+    tm_progress_destroy(p);
+    tm_log_set_sink(NULL, NULL);
+    TM_CHECK(cap.n_warn == 1);
+}
+
+static void test_alloc_faults(void) {
+    long base = tm_alloc_live();
+    for (long k = 1; k < 100; k++) {
+        tm_progress *p = NULL;
+        tm_err err = {0};
+        tm_fault_set(TM_FAULT_ALLOC, k);
+        tm_rc rc = tm_progress_create(
+            &(tm_progress_cfg){.job_name = "j", .textfile = "/tmp/x.prom", .mode = TM_PROGRESS_OFF},
+            &p, &err);
+        tm_fault_set(TM_FAULT_ALLOC, 0);
+        tm_progress_destroy(p);
+        TM_CHECK(tm_alloc_live() == base);
+        if (!rc)
+            break;
+        TM_CHECK(rc == TM_E_NOMEM);
+    }
+}
+
+int main(void) {
+    snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_progress_XXXXXX");
+    if (!mkdtemp(g_tmp))
+        return 1;
+    TM_RUN(test_format);
+    TM_RUN(test_bar);
+    TM_RUN(test_lines);
+    TM_RUN(test_textfile);
+    TM_RUN(test_alloc_faults);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", g_tmp);
+    return tm_test_report();
+}
