@@ -1,5 +1,5 @@
 /* kernels/embed.h - embedding gather: x[t] = float(table[tokens[t]]). Host reference: the
- * per-token tm_cpu_to_f32 row copy in runner/engine/cpu/engine_cpu.c. */
+ * per-token tm_dtype_to_f32 row copy in runner/engine/cpu/engine_cpu.c. */
 #ifndef TM_KERNELS_EMBED_H
 #define TM_KERNELS_EMBED_H
 

@@ -87,7 +87,7 @@ static void embed_case(uint32_t n_vocab, uint32_t n_embd, uint32_t n_tok) {
     to_host(x, d_x, (size_t)n_tok * n_embd * 4);
     int bad = 0;
     for (uint32_t t = 0; t < n_tok; t++) {
-        tm_cpu_to_f32(tab, TM_DTYPE_BF16, (size_t)tok[t] * n_embd, n_embd, ref);
+        tm_dtype_to_f32(tab, TM_DTYPE_BF16, (size_t)tok[t] * n_embd, n_embd, ref);
         bad += memcmp(ref, x + (size_t)t * n_embd, n_embd * 4) != 0;
     }
     TM_CHECK_MSG(bad == 0, "embed %u x %u, %u tokens: %d rows differ", n_vocab, n_embd, n_tok,

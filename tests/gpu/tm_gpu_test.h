@@ -30,8 +30,8 @@ static inline uint64_t rnd(void) {
 static inline float frand(void) { return (float)((double)rnd() * 0x1p-52 - 1.0); }
 static inline uint32_t urand(uint32_t n) { return (uint32_t)(rnd() % n); }
 
-static inline float bf(uint16_t h) { return tm_cpu_bf16_to_f32(h); }
-static inline uint16_t to_bf(float f) { return tm_cpu_f32_to_bf16(f); }
+static inline float bf(uint16_t h) { return tm_bf16_to_f32(h); }
+static inline uint16_t to_bf(float f) { return tm_f32_to_bf16(f); }
 
 static inline void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);

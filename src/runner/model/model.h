@@ -10,23 +10,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
-
-typedef enum tm_dtype {
-    TM_DTYPE_F32 = 0,
-    TM_DTYPE_F16,
-    TM_DTYPE_BF16,
-} tm_dtype;
-
-/* Bytes per element of dt. */
-size_t tm_dtype_size(tm_dtype dt);
-const char *tm_dtype_name(tm_dtype dt);
-
-typedef struct tm_tensor {
-    const void *data;   /* borrowed from the model's mapping; NULL if the tensor is absent */
-    tm_dtype dtype;
-    uint32_t n_dim;     /* 1 or 2 for the Llama family */
-    uint64_t shape[4];  /* row-major, PyTorch order: a Linear weight is [out_features][in_features] */
-} tm_tensor;
+#include "runner/model/tensor.h"
 
 typedef enum tm_arch {
     TM_ARCH_LLAMA = 0,
@@ -113,21 +97,5 @@ const char *tm_model_arch_name(const tm_model *m);
  * implies (for models built in memory too, which skip tm_model_load's checks). who starts the
  * message ("cpu engine"). TM_E_INVAL naming the layer and tensor. */
 tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err);
-
-/* Element conversions. f32 -> bf16/f16 round to nearest even; NaN stays NaN, overflow gives
- * infinity. f16 -> f32 handles subnormals, infinities and NaN exactly. */
-float tm_bf16_to_f32(uint16_t h);
-float tm_f16_to_f32(uint16_t h);
-uint16_t tm_f32_to_bf16(float f);
-uint16_t tm_f32_to_f16(float f);
-
-/* Number of elements of t (product of its shape). */
-uint64_t tm_tensor_n_elem(const tm_tensor *t);
-/* Element i (row-major, i < tm_tensor_n_elem(t)) of t as float, whatever its dtype. Reads with
- * memcpy, so t->data need not be aligned. Asserts that data is non-NULL and i is in range. */
-float tm_tensor_get_f32(const tm_tensor *t, size_t i);
-/* Row `row` of t converted to float: out[0 .. shape[n_dim-1]) (a 1-D tensor has one row, 0).
- * out must hold shape[n_dim-1] floats. Asserts that row is in range. */
-void tm_tensor_row_f32(const tm_tensor *t, size_t row, float *out);
 
 #endif /* TM_RUNNER_MODEL_MODEL_H */

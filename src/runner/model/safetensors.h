@@ -23,7 +23,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
-#include "runner/model/model.h"
+#include "runner/model/tensor.h"
 
 #define TM_ST_MAX_DIM 8
 #define TM_ST_MAX_HEADER_BYTES (100u * 1000u * 1000u) /* 100 MB, as the reference reader */

@@ -17,7 +17,7 @@ static tm_tensor rows(const tm_tensor *t, uint64_t r0, uint64_t n) {
     tm_tensor v = *t;
     if (!t->data)
         return v;
-    size_t row_bytes = tm_cpu_dtype_size(t->dtype) * (t->n_dim > 1 ? t->shape[1] : 1);
+    size_t row_bytes = tm_dtype_size(t->dtype) * (t->n_dim > 1 ? t->shape[1] : 1);
     v.data = (const char *)t->data + r0 * row_bytes;
     v.shape[0] = n;
     return v;
@@ -26,7 +26,7 @@ static tm_tensor rows(const tm_tensor *t, uint64_t r0, uint64_t n) {
 // Columns [c0, c0 + n) of a 2-D tensor, copied into a new owned buffer.
 static tm_rc cols(const tm_tensor *t, uint64_t c0, uint64_t n, shard_owned *own, tm_tensor *out,
                   tm_err *err) {
-    size_t es = tm_cpu_dtype_size(t->dtype);
+    size_t es = tm_dtype_size(t->dtype);
     char *buf = tm_malloc(t->shape[0] * n * es);
     if (!buf)
         return TM_ERR(err, TM_E_NOMEM, "tp shard: %llu x %llu slice",

@@ -667,7 +667,7 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
     // embeddings, copied into every stream
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->streams + (size_t)t * N * D;
-        tm_cpu_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
+        tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
         for (uint32_t i = 1; i < N; i++)
             memcpy(st + (size_t)i * D, st, D * sizeof(float));
         rope_table(&e->d.rope_main, e->rd, e->pos[t], e->cos_m + (size_t)t * half,
@@ -755,7 +755,7 @@ static float *small_f32(const tm_tensor *t, int *failed) {
         *failed = 1;
         return NULL;
     }
-    tm_cpu_to_f32(t->data, t->dtype, 0, n, p);
+    tm_dtype_to_f32(t->data, t->dtype, 0, n, p);
     return p;
 }
 

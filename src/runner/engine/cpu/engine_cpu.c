@@ -309,7 +309,7 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             impl->tok_seq[t] = i;
             uint32_t row = s->tokens[k] - impl->vocab0; // wraps when below the shard
             if (row < c->n_vocab)
-                tm_cpu_to_f32(m->embd.data, m->embd.dtype, (size_t)row * d, d,
+                tm_dtype_to_f32(m->embd.data, m->embd.dtype, (size_t)row * d, d,
                               impl->x + (size_t)t * d);
             else // another rank's vocabulary slice: it contributes the row to the sum
                 memset(impl->x + (size_t)t * d, 0, d * sizeof(float));
@@ -516,10 +516,10 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
     tm_cpu_rope_inv_freq(c, impl->inv_freq);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const tm_layer_w *L = &m->layers[l];
-        tm_cpu_to_f32(L->attn_norm.data, L->attn_norm.dtype, 0, d, impl->attn_norm + l * d);
-        tm_cpu_to_f32(L->ffn_norm.data, L->ffn_norm.dtype, 0, d, impl->ffn_norm + l * d);
+        tm_dtype_to_f32(L->attn_norm.data, L->attn_norm.dtype, 0, d, impl->attn_norm + l * d);
+        tm_dtype_to_f32(L->ffn_norm.data, L->ffn_norm.dtype, 0, d, impl->ffn_norm + l * d);
     }
-    tm_cpu_to_f32(m->out_norm.data, m->out_norm.dtype, 0, d, impl->out_norm);
+    tm_dtype_to_f32(m->out_norm.data, m->out_norm.dtype, 0, d, impl->out_norm);
 
     rc = tm_cpu_pool_create(impl->n_thread, &impl->pool, err);
     if (rc)

@@ -13,8 +13,6 @@
 #define LANES 8 /* partial sums per dot product: two 4-float vectors */
 
 typedef float f32x4 __attribute__((vector_size(16)));
-typedef uint16_t u16x4 __attribute__((vector_size(8)));
-typedef uint32_t u32x4 __attribute__((vector_size(16)));
 
 static inline f32x4 load4(const float *p) {
     f32x4 v;
@@ -22,47 +20,6 @@ static inline f32x4 load4(const float *p) {
     return v;
 }
 
-size_t tm_cpu_dtype_size(tm_dtype dt) {
-    switch (dt) {
-    case TM_DTYPE_F32:
-        return 4;
-    case TM_DTYPE_F16:
-    case TM_DTYPE_BF16:
-        return 2;
-    }
-    return 0;
-}
-
-void tm_cpu_to_f32(const void *w, tm_dtype dt, size_t off, size_t n, float *out) {
-    switch (dt) {
-    case TM_DTYPE_F32:
-        memcpy(out, (const float *)w + off, n * sizeof(float));
-        return;
-    case TM_DTYPE_BF16: {
-        const uint16_t *src = (const uint16_t *)w + off;
-        size_t i = 0;
-        // hot loop: bf16 widening, one shift per element, four at a time
-        for (; i + 4 <= n; i += 4) {
-            u16x4 h;
-            memcpy(&h, src + i, sizeof(h));
-            u32x4 u = __builtin_convertvector(h, u32x4) << 16;
-            memcpy(out + i, &u, sizeof(u));
-        }
-        for (; i < n; i++) {
-            uint32_t u = (uint32_t)src[i] << 16;
-            memcpy(out + i, &u, sizeof(u));
-        }
-        return;
-    }
-    case TM_DTYPE_F16: {
-        const uint16_t *s = (const uint16_t *)w + off;
-        for (size_t i = 0; i < n; i++)
-            out[i] = tm_cpu_f16_to_f32(s[i]);
-        return;
-    }
-    }
-    TM_ASSERT(0 && "unknown dtype");
-}
 
 // Fold the LANES partial sums in a fixed tree: (0+4, 1+5, 2+6, 3+7), then pairs, then the last.
 static inline float fold(const float *acc) {
@@ -131,7 +88,7 @@ static inline float bias_at(const tm_k_matmul_args *a, uint32_t o) {
     if (!a->bias)
         return 0.0f;
     float b;
-    tm_cpu_to_f32(a->bias, a->bias_dtype, o, 1, &b);
+    tm_dtype_to_f32(a->bias, a->bias_dtype, o, 1, &b);
     return b;
 }
 
@@ -155,7 +112,7 @@ void tm_cpu_matmul_rows(const tm_k_matmul_args *a, uint32_t o0, uint32_t o1, flo
             if (a->w_dtype == TM_DTYPE_F32) {
                 w[r] = (const float *)a->w + (size_t)(o + r) * n_in;
             } else {
-                tm_cpu_to_f32(a->w, a->w_dtype, (size_t)(o + r) * n_in, n_in, wbuf + r * n_in);
+                tm_dtype_to_f32(a->w, a->w_dtype, (size_t)(o + r) * n_in, n_in, wbuf + r * n_in);
                 w[r] = wbuf + r * n_in;
             }
         }
@@ -169,7 +126,7 @@ void tm_cpu_matmul_rows(const tm_k_matmul_args *a, uint32_t o0, uint32_t o1, flo
     for (; o < o1; o++) {
         const float *w = (const float *)a->w + (size_t)o * n_in;
         if (a->w_dtype != TM_DTYPE_F32) {
-            tm_cpu_to_f32(a->w, a->w_dtype, (size_t)o * n_in, n_in, wbuf);
+            tm_dtype_to_f32(a->w, a->w_dtype, (size_t)o * n_in, n_in, wbuf);
             w = wbuf;
         }
         for (uint32_t t = 0; t < a->n_tok; t++)
@@ -189,7 +146,7 @@ void tm_cpu_rmsnorm(const tm_k_rmsnorm_args *a) {
         float scale = 1.0f / sqrtf(ss / (float)a->n_col + a->eps);
         for (uint32_t c = 0; c < a->n_col; c++) {
             float w;
-            tm_cpu_to_f32(a->w, a->w_dtype, c, 1, &w);
+            tm_dtype_to_f32(a->w, a->w_dtype, c, 1, &w);
             y[c] = w * (x[c] * scale);
         }
     }

@@ -1,5 +1,5 @@
-/* runner/engine/cpu/ops.h - the host reference ops of the Llama-family forward pass: weight
- * conversion (f32/f16/bf16 -> f32), matmul against [out][in] weights, RMSNorm, rotate-half RoPE,
+/* runner/engine/cpu/ops.h - the host reference ops of the Llama-family forward pass:
+ * matmul against [out][in] weights (any dtype of runner/model/tensor.h), RMSNorm, rotate-half RoPE,
  * paged causal attention, SiLU(gate)*up. Each op takes an args struct; the CUDA kernels take the
  * same structs (they move to kernels/<family>.h when those land) and tests/gpu/test_kernels.c checks
  * each kernel against the function here.
@@ -19,47 +19,6 @@
 #include <string.h>
 
 #include "runner/model/model.h"
-
-/* ---- conversions ---- */
-
-static inline float tm_cpu_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-/* IEEE half -> float, exact for normals, subnormals, +-0, +-inf and NaN (payload kept). */
-static inline float tm_cpu_f16_to_f32(uint16_t h) {
-    // Put exponent+mantissa where a float keeps them; scaling by 2^112 re-biases the exponent
-    // (15 -> 127) and turns a half subnormal into the right float normal in one exact multiply.
-    uint32_t u = (uint32_t)(h & 0x7fffu) << 13;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    f *= 0x1p112f;
-    memcpy(&u, &f, sizeof(u));
-    if (f >= 65536.0f) // half exponent 31: inf or NaN
-        u |= 0x7f800000u;
-    u |= (uint32_t)(h & 0x8000u) << 16;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-/* Round-to-nearest-even float -> bf16 (NaN stays NaN). For building test weights. */
-static inline uint16_t tm_cpu_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-/* Bytes per element; 0 for an unknown dtype. */
-size_t tm_cpu_dtype_size(tm_dtype dt);
-
-/* out[0..n) = elements [off, off+n) of the array w of dtype dt, as f32. */
-void tm_cpu_to_f32(const void *w, tm_dtype dt, size_t off, size_t n, float *out);
 
 /* Sum of a[i]*b[i], i < n, in a fixed order that depends only on n: 8 lane-wise partial sums
  * (lane j takes elements i % 8 == j; 4-wide vector arithmetic, no -ffast-math), folded in a fixed

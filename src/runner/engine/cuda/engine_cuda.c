@@ -1028,9 +1028,9 @@ static tm_rc upload_bf16(uint16_t *dst, const tm_tensor *t, uint16_t *stage, tm_
     float *f = (float *)(stage + UPLOAD_CHUNK); // stage holds UPLOAD_CHUNK bf16 + floats
     for (size_t i = 0; i < n; i += UPLOAD_CHUNK) {
         const size_t k = TM_MIN((size_t)UPLOAD_CHUNK, n - i);
-        tm_cpu_to_f32(t->data, t->dtype, i, k, f);
+        tm_dtype_to_f32(t->data, t->dtype, i, k, f);
         for (size_t j = 0; j < k; j++)
-            stage[j] = tm_cpu_f32_to_bf16(f[j]);
+            stage[j] = tm_f32_to_bf16(f[j]);
         tm_rc rc = TM_CUDA_CHECK(cudaMemcpy(dst + i, stage, k * 2, cudaMemcpyHostToDevice), err);
         if (rc)
             return rc;
@@ -1043,7 +1043,7 @@ static tm_rc upload_f32(float *dst, const tm_tensor *t, uint16_t *stage, tm_err 
     const size_t n = (size_t)tm_tensor_n_elem(t);
     TM_ASSERT(n <= UPLOAD_CHUNK);
     float *f = (float *)(stage + UPLOAD_CHUNK);
-    tm_cpu_to_f32(t->data, t->dtype, 0, n, f);
+    tm_dtype_to_f32(t->data, t->dtype, 0, n, f);
     return TM_CUDA_CHECK(cudaMemcpy(dst, f, n * sizeof(float), cudaMemcpyHostToDevice), err);
 }
 
