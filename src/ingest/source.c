@@ -5,7 +5,6 @@
 
 #include <errno.h>
 #include <jansson.h>
-#include <xxhash.h>
 #include <pthread.h>
 #include <lz4frame.h>
 #include <stdarg.h>
@@ -17,6 +16,7 @@
 
 #include "base/alloc.h"
 #include "base/buf.h"
+#include "base/hash.h"
 #include "base/seqset.h"
 #include "ingest/fields_int.h"
 #include "ingest/kafka_in.h"
@@ -26,8 +26,9 @@ enum { CHUNK_BYTES = 64 * 1024 };
 
 typedef enum in_fmt { FMT_PLAIN, FMT_LZ4, FMT_GZ } in_fmt;
 
-/* Set of ids seen so far: 128-bit hashes of the id's compact JSON text in an open-addressing
- * table (linear probing, load <= 3/4). A false "duplicate" needs a 128-bit collision. */
+/* Set of ids seen so far: XXH3-128 hashes of the id's compact JSON text in an open-addressing
+ * table (linear probing, load <= 3/4). A false "duplicate" needs a 128-bit collision. In memory
+ * only (a resumed run rebuilds it as it reads), so the hash may change between versions. */
 typedef struct id_set {
     uint64_t *slots; /* [cap][2]; {0, 0} marks an empty slot */
     size_t cap;      /* power of two, or 0 */
@@ -61,35 +62,11 @@ struct tm_source {
 
 // ---- id set ----
 
-static uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ULL;
-    x ^= x >> 33;
-    return x;
-}
-
-// Two lanes with different chaining (xor vs add-multiply), so one colliding lane does not imply
-// the other; the length is folded into both seeds.
 static void hash128(const char *s, size_t n, uint64_t h[2]) {
-    uint64_t a = 0x9e3779b97f4a7c15ULL ^ (uint64_t)n;
-    uint64_t b = 0x2545f4914f6cdd1dULL + (uint64_t)n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        a = mix64(a ^ w);
-        b = mix64((b + w) * 0x9fb21c651e98df25ULL);
-        s += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s, n);
-    a = mix64(a ^ w ^ 0x5555555555555555ULL);
-    b = mix64((b + w) * 0x9fb21c651e98df25ULL);
-    h[0] = a;
-    h[1] = b;
-    if (!a && !b)
+    tm_h128 x = tm_hash128(s, n);
+    h[0] = x.lo;
+    h[1] = x.hi;
+    if (!h[0] && !h[1])
         h[0] = 1; // {0, 0} marks empty slots
 }
 
@@ -537,7 +514,7 @@ static tm_rc parse_cache_salt(tm_source *src, tm_job *job, const json_t *v, tm_e
         return TM_OK;
     if (need_str(src, job, "cache_salt", v, true, &rc, err))
         return rc;
-    uint64_t h = XXH3_64bits(json_string_value(v), json_string_length(v));
+    uint64_t h = tm_hash64(json_string_value(v), json_string_length(v));
     job->cache_salt = h ? h : 1; // 0 means "no salt"
     return TM_OK;
 }
