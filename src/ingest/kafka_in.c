@@ -19,7 +19,7 @@
 #include "base/log.h"
 #include "base/stop.h"
 #include "base/utf8.h"
-#include "ingest/source_int.h"
+#include "ingest/rec_parser_int.h"
 
 #define POLL_MS 100
 #define COMMIT_EVERY_MS 200.0
@@ -51,7 +51,7 @@ typedef struct ring_ent {
 
 struct tm_kafka_in {
     const tm_job_kafka_in *cfg; /* borrowed */
-    tm_source *src;             /* borrowed: its parser makes the records */
+    tm_rec_parser *parser;      /* borrowed (the tm_source's): it numbers and makes the records */
     rd_kafka_t *rk;
     bool txn;                   /* offsets go into the sink's transactions */
     bool paused;                /* backpressure: the assignment is paused */
@@ -502,7 +502,7 @@ static tm_rc read_watermarks(tm_kafka_in *ki, tm_err *err) {
     return TM_OK;
 }
 
-tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in **out,
+tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kafka_in **out,
                        tm_err *err) {
     tm_kafka_in *ki = tm_calloc(1, sizeof(*ki));
     if (!ki)
@@ -510,7 +510,7 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in *
     pthread_mutex_init(&ki->mu, NULL);
     pthread_cond_init(&ki->cv, NULL);
     ki->cfg = cfg;
-    ki->src = src;
+    ki->parser = parser;
     ki->last_warn_ms = -1e9;
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     // Defaults a batch job wants, before the user's settings (which may change them)...
@@ -741,10 +741,10 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
 
     snprintf(ki->file, sizeof(ki->file), "kafka:%s/%d", topic, (int)m->partition);
     tm_job *job = NULL;
-    if ((uint64_t)n > tm_source_max_line_bytes(ki->src))
-        rc = tm_source_line_too_long(ki->src, ki->file, (uint64_t)o + 1, n, &job, err);
+    if ((uint64_t)n > tm_rec_parser_max_line_bytes(ki->parser))
+        rc = tm_rec_parser_too_long(ki->parser, ki->file, (uint64_t)o + 1, n, &job, err);
     else
-        rc = tm_source_parse_line(ki->src, ki->file, (uint64_t)o + 1, s, n, &job, err);
+        rc = tm_rec_parser_line(ki->parser, ki->file, (uint64_t)o + 1, s, n, &job, err);
     if (rc)
         return rc;
     job->src_meta_json = meta_json(m);

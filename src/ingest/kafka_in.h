@@ -1,8 +1,10 @@
 /* ingest/kafka_in.h - the Kafka source (input.kafka): a consumer-group member whose messages are
  * record lines. source.c owns one when the job's input is Kafka and forwards the tm_source calls
- * (source.h) to it; nothing else calls these. The only ingest file that includes librdkafka.
+ * (source.h) to it; nothing else calls these, and kafka_in.c calls nothing of source.c (it
+ * borrows the source's record parser, rec_parser_int.h). The only ingest file that includes
+ * librdkafka.
  *
- * Records: one message value = one line (tm_source_parse_line; blank values give no record, a
+ * Records: one message value = one line (tm_rec_parser_line; blank values give no record, a
  * leading UTF-8 BOM is dropped, a value over limits.max_line_bytes is a line_too_long error
  * record). seq_no in consumption order; file "kafka:TOPIC/PARTITION", line offset + 1;
  * src_meta_json = {"topic", "partition", "offset", "timestamp" (ms, when the broker gives one),
@@ -52,17 +54,18 @@
 #include "base/err.h"
 #include "base/record.h"
 #include "ingest/job_spec.h"
-#include "ingest/source.h"
+#include "ingest/rec_parser_int.h"
+#include "ingest/source.h" /* tm_source_kpos, tm_source_kpos_fn */
 
 #define TM_KAFKA_IN_REVOKE_WAIT_MS 10000
 
 typedef struct tm_kafka_in tm_kafka_in;
 
 /* Create the consumer and subscribe (drain mode: read the high watermarks first). Borrows cfg and
- * src (records are parsed with src's parser); both must outlive it. Installs the SIGINT/SIGTERM
- * stop handler (base/stop.h). TM_E_KAFKA (bad setting, no cluster, unknown topic metadata),
- * TM_E_NOMEM. */
-tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in **out,
+ * parser (the tm_source's: records are numbered and parsed with it); both must outlive it.
+ * Installs the SIGINT/SIGTERM stop handler (base/stop.h). TM_E_KAFKA (bad setting, no cluster,
+ * unknown topic metadata), TM_E_NOMEM. */
+tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kafka_in **out,
                        tm_err *err);
 /* Commit the durable offsets (without transactions), leave the group and free. NULL: no-op. */
 void tm_kafka_in_close(tm_kafka_in *ki);

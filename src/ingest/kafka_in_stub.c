@@ -2,9 +2,9 @@
  * targets): open fails, saying so; nothing else is reachable. */
 #include "ingest/kafka_in.h"
 
-tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_source *src, tm_kafka_in **out,
+tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kafka_in **out,
                        tm_err *err) {
-    (void)cfg, (void)src;
+    (void)cfg, (void)parser;
     *out = NULL;
     return TM_ERR(err, TM_E_KAFKA, "input.kafka: this tokenmill was built without librdkafka "
                   "(install librdkafka-dev and rebuild)");

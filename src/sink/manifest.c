@@ -12,12 +12,12 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/fault_io.h"
 #include "base/fsutil.h"
+#include "base/hash.h"
 #include "sink/sink.h"
 
 #define FORMAT_NAME "tokenmill.manifest"
@@ -103,22 +103,22 @@ static tm_rc stat_file(const char *path, const char *name, bool hash, tm_manifes
     FILE *fp = fopen(path, "rb");
     if (!fp)
         return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
-    XXH3_state_t *xs = XXH3_createState();
+    tm_hash_stream xs;
     char *buf = tm_malloc(HASH_CHUNK);
     tm_rc rc = TM_OK;
-    if (!xs || !buf) {
+    if (!buf) {
         rc = TM_ERR(err, TM_E_NOMEM, "hashing %s", path);
     } else {
-        XXH3_64bits_reset(xs);
+        tm_hash_stream_init(&xs);
         size_t n;
         while ((n = fread(buf, 1, HASH_CHUNK, fp)) > 0)
-            XXH3_64bits_update(xs, buf, n);
+            tm_hash_stream_update(&xs, buf, n);
         if (ferror(fp))
             rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path, strerror(errno));
-        snprintf(f->xxh3, sizeof(f->xxh3), "%016llx", (unsigned long long)XXH3_64bits_digest(xs));
+        snprintf(f->xxh3, sizeof(f->xxh3), "%016llx",
+                 (unsigned long long)tm_hash_stream_digest64(&xs));
     }
     tm_free(buf);
-    XXH3_freeState(xs);
     fclose(fp);
     return rc;
 }
@@ -160,9 +160,9 @@ static tm_rc add_model_file(tm_manifest *m, const char *dir, const char *name, b
 tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const char *job_path,
                            const char *model_dir, char *const *inputs, size_t n_inputs,
                            tm_err *err) {
-    XXH128_hash_t h = XXH3_128bits(canonical_json, strlen(canonical_json));
-    snprintf(m->spec_hash, sizeof(m->spec_hash), "%016llx%016llx", (unsigned long long)h.high64,
-             (unsigned long long)h.low64);
+    tm_h128 h = tm_hash128(canonical_json, strlen(canonical_json));
+    snprintf(m->spec_hash, sizeof(m->spec_hash), "%016llx%016llx", (unsigned long long)h.hi,
+             (unsigned long long)h.lo);
     m->job_path = tm_strdup(job_path);
     if (!m->job_path)
         return TM_ERR(err, TM_E_NOMEM, "manifest");

@@ -14,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/fault_io.h"
 #include "base/fsutil.h"
+#include "base/hash.h"
 
 enum { SLICE_BYTES = 64 * 1024 }; /* lines are fed to LZ4F in slices of at most this size */
 
@@ -47,17 +48,14 @@ static const char *finish_name(tm_finish finish) {
 }
 
 // 128-bit id derived from the record's id text (unique per job, as ids are; stable across runs,
-// so a resumed job names a record the same way): 32 hex digits.
+// so a resumed job names a record the same way): 32 hex digits. Users see these ids and earlier
+// output folders hold them, so the recipe is frozen (tm_hash_fnv2x64, not XXH3).
 static void oai_hex_id(const tm_completion *c, char out[33]) {
     const char *s = c->id_json ? c->id_json : "";
-    uint64_t a = 0xcbf29ce484222325ULL, b = 0x84222325cbf29ce4ULL ^ c->seq_no;
-    for (const char *p = s; *p; p++) {
-        a = (a ^ (unsigned char)*p) * 0x100000001b3ULL;
-        b = (b ^ (unsigned char)*p) * 0x9e3779b97f4a7c15ULL;
-    }
+    tm_h128 h = tm_hash_fnv2x64(s, strlen(s), c->seq_no);
     if (!c->id_json) // unreadable id: the seq_no keeps error ids unique
-        a ^= c->seq_no * 0xff51afd7ed558ccdULL;
-    snprintf(out, 33, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+        h.lo ^= c->seq_no * 0xff51afd7ed558ccdULL;
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)h.lo, (unsigned long long)h.hi);
 }
 
 // The end of every line: ,"source":{..} when the record has one, then "}\n".

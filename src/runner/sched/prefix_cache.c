@@ -4,10 +4,9 @@
 #include "runner/sched/prefix_cache.h"
 
 #include <string.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
 
 #include "base/alloc.h"
+#include "base/hash.h"
 
 #define NIL UINT32_MAX
 
@@ -74,14 +73,14 @@ void tm_pcache_destroy(tm_pcache *pc) {
 }
 
 tm_bhash tm_pcache_key(const tm_bhash *parent, uint64_t salt, const uint32_t *tokens, uint32_t n) {
-    XXH3_state_t st;
-    XXH3_128bits_reset(&st);
+    tm_hash_stream st;
+    tm_hash_stream_init(&st);
     tm_bhash p = parent ? *parent : (tm_bhash){0, 0};
     uint64_t head[3] = {p.lo, p.hi, salt};
-    XXH3_128bits_update(&st, head, sizeof(head));
-    XXH3_128bits_update(&st, tokens, (size_t)n * sizeof(*tokens));
-    XXH128_hash_t h = XXH3_128bits_digest(&st);
-    return (tm_bhash){h.low64, h.high64};
+    tm_hash_stream_update(&st, head, sizeof(head));
+    tm_hash_stream_update(&st, tokens, (size_t)n * sizeof(*tokens));
+    tm_h128 h = tm_hash_stream_digest128(&st);
+    return (tm_bhash){h.lo, h.hi};
 }
 
 static uint32_t find_slot(const tm_pcache *pc, tm_bhash k) {

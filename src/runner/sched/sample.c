@@ -11,17 +11,13 @@
 #include <math.h>
 
 #include "base/alloc.h"
+#include "base/hash.h"
 
 #define SMALL_SORT 16
 #define SORT_NUCLEUS_MAX 4096 /* larger nuclei are selected by mass, not sorted */
 
-static uint64_t mix64(uint64_t z) {
-    // splitmix64 finaliser
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+// splitmix64's output for state z. Sampled tokens depend on every bit of it: never change it.
+static uint64_t mix64(uint64_t z) { return tm_hash_mix64(z + TM_HASH_GOLDEN64); }
 
 double tm_sample_uniform(uint64_t seed, uint64_t step) {
     uint64_t r = mix64(seed ^ mix64(step ^ 0x5851f42d4c957f2dull));

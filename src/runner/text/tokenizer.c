@@ -24,9 +24,9 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "base/alloc.h"
+#include "base/hash.h"
 #include "base/utf8.h"
 #include "runner/text/tokenizer_int.h"
 #include "runner/text/unicode_tab.h"
@@ -112,19 +112,9 @@ static uint32_t pow2_at_least(size_t n) {
     return c;
 }
 
-static uint64_t hash_bytes(const char *p, size_t n) {
-    return XXH3_64bits(p, n);
-}
+static uint64_t hash_bytes(const char *p, size_t n) { return tm_hash64(p, n); }
 
-static uint64_t hash_u64(uint64_t x) {
-    // splitmix64 finaliser
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 31;
-    return x;
-}
+static uint64_t hash_u64(uint64_t x) { return tm_hash_mix64(x); }
 
 static const char *piece(const tm_tokenizer *tok, uint32_t id, size_t *len) {
     *len = tok->piece_len[id];

@@ -1,0 +1,843 @@
+/* ingest/rec_parser.c - the record parser (see rec_parser_int.h): one line -> jansson -> a valid
+ * tm_job or an error record; the duplicate-id set. Moved out of source.c unchanged, so that the
+ * file reader and the Kafka source both use it without using each other. */
+#include "ingest/rec_parser_int.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "base/buf.h"
+#include "base/hash.h"
+#include "ingest/fields_int.h"
+
+// ---- id set ----
+
+static void hash128(const char *s, size_t n, uint64_t h[2]) {
+    tm_h128 x = tm_hash128(s, n);
+    h[0] = x.lo;
+    h[1] = x.hi;
+    if (!h[0] && !h[1])
+        h[0] = 1; // {0, 0} marks empty slots
+}
+
+static void idset_put(uint64_t *slots, size_t cap, const uint64_t h[2]) {
+    size_t i = (size_t)h[0] & (cap - 1);
+    while (slots[2 * i] || slots[2 * i + 1])
+        i = (i + 1) & (cap - 1);
+    slots[2 * i] = h[0];
+    slots[2 * i + 1] = h[1];
+}
+
+// 1 if the id was new (and is now in the set), 0 if it was already there.
+static tm_rc idset_add(tm_rec_parser_ids *set, const char *id, size_t n, int *added, tm_err *err) {
+    uint64_t h[2];
+    hash128(id, n, h);
+    if (set->cap) {
+        for (size_t i = (size_t)h[0] & (set->cap - 1);; i = (i + 1) & (set->cap - 1)) {
+            uint64_t *s = &set->slots[2 * i];
+            if (!s[0] && !s[1])
+                break;
+            if (s[0] == h[0] && s[1] == h[1]) {
+                *added = 0;
+                return TM_OK;
+            }
+        }
+    }
+    if ((set->n + 1) * 4 > set->cap * 3) {
+        size_t cap = set->cap ? set->cap * 2 : 1024;
+        uint64_t *slots = tm_calloc(cap * 2, sizeof(*slots));
+        if (!slots)
+            return TM_ERR(err, TM_E_NOMEM, "id set of %zu ids", set->n);
+        for (size_t i = 0; i < set->cap; i++)
+            if (set->slots[2 * i] || set->slots[2 * i + 1])
+                idset_put(slots, cap, &set->slots[2 * i]);
+        tm_free(set->slots);
+        set->slots = slots;
+        set->cap = cap;
+    }
+    idset_put(set->slots, set->cap, h);
+    set->n++;
+    *added = 1;
+    return TM_OK;
+}
+
+// ---- record parser ----
+
+static tm_rc job_fail(tm_job *job, tm_errcode code, tm_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static tm_rc job_fail(tm_job *job, tm_errcode code, tm_err *err, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    // An error record carries file, line and id only.
+    tm_free(job->prompt);
+    job->prompt = NULL;
+    for (uint32_t i = 0; i < job->n_messages; i++) {
+        tm_free(job->messages[i].role);
+        tm_free(job->messages[i].content);
+    }
+    tm_free(job->messages);
+    job->messages = NULL;
+    job->n_messages = 0;
+    tm_sampling_fini(&job->sp);
+    memset(&job->sp, 0, sizeof(job->sp));
+    job->err_code = code;
+    job->err_msg = tm_strdup(msg);
+    if (!job->err_msg)
+        return TM_ERR(err, TM_E_NOMEM, "error message");
+    return TM_OK;
+}
+
+static tm_rc field_fail(tm_job *job, const char *field, const tm_field_fail *ff, tm_err *err) {
+    return job_fail(job, ff->code, err, "field '%s': %s", field, ff->msg);
+}
+
+// A string member that must not hold NUL (jansson refuses \u0000 already; belt and braces).
+static char *dup_json_str(const json_t *v) {
+    return tm_strndup(json_string_value(v), json_string_length(v));
+}
+
+// 1-based column of the first array/object opened deeper than max_depth, or 0. Strings are
+// skipped (escapes included); the rest of the syntax is left to jansson. Linear, no allocation.
+static size_t too_deep_at(const char *s, size_t n, uint32_t max_depth) {
+    uint32_t depth = 0;
+    bool in_str = false;
+    for (size_t i = 0; i < n; i++) { // hot loop: every byte of every line
+        char ch = s[i];
+        if (in_str) {
+            if (ch == '\\')
+                i++;
+            else if (ch == '"')
+                in_str = false;
+        } else if (ch == '"') {
+            in_str = true;
+        } else if (ch == '[' || ch == '{') {
+            if (++depth > max_depth)
+                return i + 1;
+        } else if ((ch == ']' || ch == '}') && depth) {
+            depth--;
+        }
+    }
+    return 0;
+}
+
+// Check a string field's size against limits.max_field_bytes. 1 when the job was failed.
+static int too_large(tm_rec_parser *ps, tm_job *job, const char *field, const json_t *v, tm_rc *rc,
+                     tm_err *err) {
+    size_t n = json_string_length(v);
+    if (n <= ps->spec->max_field_bytes)
+        return 0;
+    *rc = job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                   "field '%s' is %zu bytes, more than limits.max_field_bytes (%llu)", field, n,
+                   (unsigned long long)ps->spec->max_field_bytes);
+    return 1;
+}
+
+// A non-empty string field (id, custom_id, prompt, model, role).
+static int need_str(tm_rec_parser *ps, tm_job *job, const char *field, const json_t *v,
+                    bool nonempty, tm_rc *rc, tm_err *err) {
+    tm_field_fail ff;
+    if (!json_is_string(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string", v);
+        *rc = field_fail(job, field, &ff, err);
+        return 1;
+    }
+    if (nonempty && json_string_length(v) == 0) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string", v);
+        *rc = field_fail(job, field, &ff, err);
+        return 1;
+    }
+    return too_large(ps, job, field, v, rc, err);
+}
+
+// OpenAI content parts: [{"type": "text", "text": "..."}, ...] joined without separator. Other
+// part types (images, audio) are unsupported. *out is an owned string, or NULL after job_fail.
+static tm_rc join_parts(tm_rec_parser *ps, tm_job *job, const char *field, const json_t *parts,
+                        char **out, tm_err *err) {
+    tm_field_fail ff;
+    tm_buf b = {0};
+    tm_rc rc = TM_OK;
+    *out = NULL;
+    size_t i;
+    const json_t *part;
+    json_array_foreach(parts, i, part) {
+        char f[160];
+        snprintf(f, sizeof(f), "%s[%zu]", field, i);
+        const json_t *type = json_object_get(part, "type");
+        const json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type)) {
+            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a content part {\"type\", ...}", part);
+            rc = field_fail(job, f, &ff, err);
+            goto done;
+        }
+        if (strcmp(json_string_value(type), "text") != 0) {
+            rc = job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                          "field '%s.type': content parts of type \"%.40s\" are not supported "
+                          "(only \"text\")",
+                          f, json_string_value(type));
+            goto done;
+        }
+        snprintf(f, sizeof(f), "%s[%zu].text", field, i);
+        if (!text) {
+            rc = job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", f);
+            goto done;
+        }
+        if (need_str(ps, job, f, text, false, &rc, err))
+            goto done;
+        if (b.len + json_string_length(text) > ps->spec->max_field_bytes) {
+            rc = job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                          "field '%s': the text parts add up to more than "
+                          "limits.max_field_bytes (%llu)",
+                          field, (unsigned long long)ps->spec->max_field_bytes);
+            goto done;
+        }
+        rc = tm_buf_append(&b, json_string_value(text), json_string_length(text), err);
+        if (rc)
+            goto done;
+    }
+    *out = tm_strndup(b.data ? b.data : "", b.len);
+    if (!*out)
+        rc = TM_ERR(err, TM_E_NOMEM, "message content");
+done:
+    tm_buf_fini(&b);
+    return rc;
+}
+
+// messages: an array of {"role", "content"}. prefix names the field in messages ("" or "body.").
+// OpenAI lines (parts) may give content as an array of text parts.
+static tm_rc parse_messages(tm_rec_parser *ps, tm_job *job, const json_t *msgs, const char *prefix,
+                            bool parts, tm_err *err) {
+    tm_field_fail ff;
+    char field[96];
+    snprintf(field, sizeof(field), "%smessages", prefix);
+    if (!json_is_array(msgs)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an array of {\"role\", \"content\"} objects",
+                           msgs);
+        return field_fail(job, field, &ff, err);
+    }
+    size_t n = json_array_size(msgs);
+    if (n == 0) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty array", msgs);
+        return field_fail(job, field, &ff, err);
+    }
+    if (n > ps->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu messages, more than limits.max_messages (%u)", field,
+                        n, ps->spec->max_messages);
+    job->messages = tm_calloc(n, sizeof(*job->messages));
+    if (!job->messages)
+        return TM_ERR(err, TM_E_NOMEM, "messages");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        snprintf(field, sizeof(field), "%smessages[%zu]", prefix, i);
+        if (!json_is_object(m)) {
+            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an object", m);
+            return field_fail(job, field, &ff, err);
+        }
+        tm_rc rc = TM_OK;
+        const json_t *role = json_object_get(m, "role");
+        const json_t *content = json_object_get(m, "content");
+        snprintf(field, sizeof(field), "%smessages[%zu].role", prefix, i);
+        if (!role)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", field);
+        if (need_str(ps, job, field, role, true, &rc, err))
+            return rc;
+        snprintf(field, sizeof(field), "%smessages[%zu].content", prefix, i);
+        if (!content)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field '%s' is required", field);
+        char *text = NULL;
+        if (parts && json_is_array(content)) {
+            rc = join_parts(ps, job, field, content, &text, err);
+            if (rc || job->err_code)
+                return rc;
+        } else if (need_str(ps, job, field, content, false, &rc, err)) {
+            return rc;
+        }
+        job->n_messages = (uint32_t)i + 1; // job_fail frees what is counted
+        job->messages[i].role = dup_json_str(role);
+        job->messages[i].content = text ? text : dup_json_str(content);
+        if (!job->messages[i].role || !job->messages[i].content)
+            return TM_ERR(err, TM_E_NOMEM, "messages");
+    }
+    return TM_OK;
+}
+
+// The record's identity: its compact JSON text, checked against the ids seen so far.
+static tm_rc take_id(tm_rec_parser *ps, tm_job *job, const json_t *id, const char *field,
+                     tm_err *err) {
+    char *id_text = json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT);
+    job->id_json = id_text ? tm_strdup(id_text) : NULL;
+    free(id_text); // jansson's allocation
+    if (!job->id_json)
+        return TM_ERR(err, TM_E_NOMEM, "record id");
+    int added = 1;
+    tm_rc rc = ps->no_id_check ? TM_OK
+                                : idset_add(&ps->ids, job->id_json, strlen(job->id_json), &added,
+                                            err);
+    if (rc)
+        return rc;
+    if (!added)
+        return job_fail(job, TM_ERRCODE_DUPLICATE_ID, err,
+                        "field '%s': %s was already used by an earlier record", field,
+                        job->id_json);
+    return TM_OK;
+}
+
+// One sampling field (name as written in the line: field) into job->sp.
+static tm_rc sp_field(tm_rec_parser *ps, tm_job *job, const char *key, const char *field,
+                      const json_t *v, tm_err *err) {
+    tm_field_fail ff;
+    if (strcmp(key, "stop") == 0 && json_is_array(v) && json_array_size(v) > ps->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu strings, more than limits.max_messages (%u)", field,
+                        json_array_size(v), ps->spec->max_messages);
+    tm_rc rc = tm_ingest_sp_field(key, v, &job->sp, &ff, err);
+    if (rc)
+        return rc;
+    if (ff.code != TM_ERRCODE_NONE)
+        return field_fail(job, field, &ff, err);
+    return TM_OK;
+}
+
+// cache_salt (optional string): records with different salts never share prefix-cache blocks
+// (tenant isolation); kept as a 64-bit hash of the string.
+static tm_rc parse_cache_salt(tm_rec_parser *ps, tm_job *job, const json_t *v, tm_err *err) {
+    tm_rc rc = TM_OK;
+    if (!v || json_is_null(v))
+        return TM_OK;
+    if (need_str(ps, job, "cache_salt", v, true, &rc, err))
+        return rc;
+    uint64_t h = tm_hash64(json_string_value(v), json_string_length(v));
+    job->cache_salt = h ? h : 1; // 0 means "no salt"
+    return TM_OK;
+}
+
+// An optional integer field in [lo, hi] (null = absent): 1 and *out set when given, 0 when
+// absent, -1 when the job was failed (*rc set).
+static int opt_int(tm_job *job, const json_t *obj, const char *key, const char *field,
+                   long long lo, long long hi, const char *what, long long *out, tm_rc *rc,
+                   tm_err *err) {
+    const json_t *v = json_object_get(obj, key);
+    tm_field_fail ff;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
+                                                   : TM_ERRCODE_WRONG_TYPE, what, v);
+        *rc = field_fail(job, field, &ff, err);
+        return -1;
+    }
+    *out = json_integer_value(v);
+    return 1;
+}
+
+// An optional boolean field (null = absent): 1/0 into *out when given; -1 when the job failed.
+static int opt_bool(tm_job *job, const json_t *obj, const char *key, const char *field, int *out,
+                    tm_rc *rc, tm_err *err) {
+    const json_t *v = json_object_get(obj, key);
+    tm_field_fail ff;
+    if (!v || json_is_null(v))
+        return 0;
+    if (!json_is_boolean(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true or false", v);
+        *rc = field_fail(job, field, &ff, err);
+        return -1;
+    }
+    *out = json_is_true(v);
+    return 1;
+}
+
+// Native evaluation fields (issue 5): n, logprobs, top_logprobs, prompt_logprobs, and the
+// continuations of a scoring record.
+static tm_rc parse_eval_native(tm_rec_parser *ps, const json_t *root, tm_job *job, tm_err *err) {
+    tm_rc rc = TM_OK;
+    tm_field_fail ff;
+    long long x = 0;
+    int got;
+    if ((got = opt_int(job, root, "n", "n", 1, TM_MAX_N, "an integer from 1 to 128", &x, &rc,
+                       err)) < 0)
+        return rc;
+    job->n = got ? (uint32_t)x : 1;
+    if (opt_bool(job, root, "logprobs", "logprobs", &job->logprobs, &rc, err) < 0)
+        return rc;
+    if ((got = opt_int(job, root, "top_logprobs", "top_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                       "an integer from 0 to 20", &x, &rc, err)) < 0)
+        return rc;
+    if (got) {
+        job->top_logprobs = (uint32_t)x;
+        job->logprobs |= x > 0; // asking for alternatives asks for the logprobs
+    }
+    const json_t *v = json_object_get(root, "prompt_logprobs");
+    if (v && json_is_integer(v)) {
+        if (opt_int(job, root, "prompt_logprobs", "prompt_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                    "true, false or an integer from 0 to 20", &x, &rc, err) < 0)
+            return rc;
+        job->prompt_logprobs = 1;
+        job->prompt_top_logprobs = (uint32_t)x;
+    } else if (v && !json_is_null(v)) {
+        if (!json_is_boolean(v)) {
+            tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true, false or an integer from 0 to 20",
+                               v);
+            return field_fail(job, "prompt_logprobs", &ff, err);
+        }
+        job->prompt_logprobs = json_is_true(v);
+    }
+    const json_t *cs = json_object_get(root, "continuations");
+    const json_t *c1 = json_object_get(root, "continuation");
+    if (json_is_null(cs))
+        cs = NULL;
+    if (json_is_null(c1))
+        c1 = NULL;
+    if (!cs && !c1)
+        return TM_OK;
+    if (cs && c1)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'continuation' and 'continuations': give at most one of them");
+    const char *field = cs ? "continuations" : "continuation";
+    if (cs && (!json_is_array(cs) || json_array_size(cs) == 0)) {
+        tm_ingest_fail_set(&ff, json_is_array(cs) ? TM_ERRCODE_INVALID_VALUE
+                                                  : TM_ERRCODE_WRONG_TYPE,
+                           "a non-empty array of non-empty strings", cs);
+        return field_fail(job, field, &ff, err);
+    }
+    size_t n = cs ? json_array_size(cs) : 1;
+    if (n > ps->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu strings, more than limits.max_messages (%u)", field, n,
+                        ps->spec->max_messages);
+    if (job->n > 1)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "field 'n': a scoring record (with '%s') takes no samples", field);
+    if ((job->sp.set & TM_SP_MAX_TOKENS) && job->sp.max_tokens > 0)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "field 'max_tokens': a scoring record (with '%s') generates nothing; "
+                        "leave max_tokens out or give 0", field);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = cs ? json_array_get(cs, i) : c1;
+        char name[48];
+        snprintf(name, sizeof(name), cs ? "continuations[%zu]" : "continuation", i);
+        if (need_str(ps, job, name, s, true, &rc, err))
+            return rc;
+    }
+    job->continuations = tm_calloc(n, sizeof(char *));
+    if (!job->continuations)
+        return TM_ERR(err, TM_E_NOMEM, "continuations");
+    job->n_continuations = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        job->continuations[i] = dup_json_str(cs ? json_array_get(cs, i) : c1);
+        if (!job->continuations[i])
+            return TM_ERR(err, TM_E_NOMEM, "continuations");
+    }
+    return TM_OK;
+}
+
+static tm_rc parse_native(tm_rec_parser *ps, const json_t *root, tm_job *job, tm_err *err) {
+    tm_field_fail ff;
+    tm_rc rc = TM_OK;
+    // id: a string or an integer; its compact JSON text is the identity.
+    const json_t *id = json_object_get(root, "id");
+    if (!id)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'id' is required");
+    if (!json_is_string(id) && !json_is_integer(id)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a string or an integer", id);
+        return field_fail(job, "id", &ff, err);
+    }
+    if (json_is_string(id) && json_string_length(id) == 0) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE, "a non-empty string or an integer", id);
+        return field_fail(job, "id", &ff, err);
+    }
+    if (json_is_string(id) && too_large(ps, job, "id", id, &rc, err))
+        return rc;
+    rc = take_id(ps, job, id, "id", err);
+    if (rc || job->err_code)
+        return rc;
+    // Exactly one of prompt / messages.
+    const json_t *prompt = json_object_get(root, "prompt");
+    const json_t *msgs = json_object_get(root, "messages");
+    if (prompt && msgs)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'prompt' and 'messages': give exactly one of them, not both");
+    if (!prompt && !msgs)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err,
+                        "field 'prompt' or 'messages' is required");
+    if (prompt) {
+        if (need_str(ps, job, "prompt", prompt, true, &rc, err))
+            return rc;
+        job->prompt = dup_json_str(prompt);
+        if (!job->prompt)
+            return TM_ERR(err, TM_E_NOMEM, "prompt");
+    } else {
+        rc = parse_messages(ps, job, msgs, "", false, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    // Optional sampling fields, in schema order. A record may ask for max_tokens 0 (nothing
+    // generated: prompt_logprobs or a scoring record).
+    for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
+        const json_t *v = json_object_get(root, tm_ingest_sp_keys[i]);
+        if (!v)
+            continue;
+        if (strcmp(tm_ingest_sp_keys[i], "max_tokens") == 0 && json_is_integer(v) &&
+            json_integer_value(v) == 0) {
+            job->sp.max_tokens = 0;
+            job->sp.set |= TM_SP_MAX_TOKENS;
+            continue;
+        }
+        rc = sp_field(ps, job, tm_ingest_sp_keys[i], tm_ingest_sp_keys[i], v, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    rc = parse_eval_native(ps, root, job, err);
+    if (rc || job->err_code)
+        return rc;
+    return parse_cache_salt(ps, job, json_object_get(root, "cache_salt"), err);
+}
+
+// Body keys tokenmill does not implement: the request is refused unless the value is absent,
+// null, or the neutral value given here (a JSON text compared after compact dumping).
+static const struct {
+    const char *key;
+    const char *neutral[3];
+} unsupported_body[] = {
+    {"tools", {"[]"}},                 {"functions", {"[]"}},
+    {"best_of", {"1"}},                {"echo", {"false"}},
+    {"suffix", {"\"\""}},              {"logit_bias", {"{}"}},
+    {"frequency_penalty", {"0", "0.0"}}, {"presence_penalty", {"0", "0.0"}},
+    {"audio", {"{}"}},                 {"prediction", {"{}"}},
+};
+
+static int is_neutral(const json_t *v, const char *const *neutral) {
+    if (json_is_null(v))
+        return 1;
+    if (json_is_number(v) && json_number_value(v) == 0 && neutral[0] && strcmp(neutral[0], "0") == 0)
+        return 1;
+    char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    int ok = 0;
+    for (int i = 0; t && i < 3 && neutral[i] && !ok; i++)
+        ok = strcmp(t, neutral[i]) == 0;
+    free(t); // jansson's allocation
+    return ok;
+}
+
+// An OpenAI Batch API line: {"custom_id", "method": "POST", "url", "body": {...}}.
+static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm_err *err) {
+    tm_field_fail ff;
+    tm_rc rc = TM_OK;
+    job->format = TM_REC_FORMAT_OPENAI;
+    const json_t *cid = json_object_get(root, "custom_id");
+    if (!cid)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'custom_id' is required");
+    if (need_str(ps, job, "custom_id", cid, true, &rc, err))
+        return rc;
+    rc = take_id(ps, job, cid, "custom_id", err);
+    if (rc || job->err_code)
+        return rc;
+    const json_t *method = json_object_get(root, "method");
+    const json_t *url = json_object_get(root, "url");
+    const json_t *body = json_object_get(root, "body");
+    if (!method)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'method' is required");
+    if (!json_is_string(method) || strcmp(json_string_value(method), "POST") != 0) {
+        tm_ingest_fail_set(&ff, json_is_string(method) ? TM_ERRCODE_INVALID_VALUE
+                                                       : TM_ERRCODE_WRONG_TYPE,
+                           "\"POST\"", method);
+        return field_fail(job, "method", &ff, err);
+    }
+    if (!url)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'url' is required");
+    if (need_str(ps, job, "url", url, true, &rc, err))
+        return rc;
+    const char *u = json_string_value(url);
+    if (strcmp(u, "/v1/chat/completions") == 0) {
+        job->format = TM_REC_FORMAT_OPENAI_CHAT;
+    } else if (strcmp(u, "/v1/completions") == 0) {
+        job->format = TM_REC_FORMAT_OPENAI_COMPLETION;
+    } else if (strncmp(u, "/v1/", 4) == 0) {
+        tm_ingest_describe(url, ff.msg, 80);
+        return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                        "field 'url': %s is not supported; tokenmill serves "
+                        "\"/v1/chat/completions\" and \"/v1/completions\"",
+                        ff.msg);
+    } else {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE,
+                           "\"/v1/chat/completions\" or \"/v1/completions\"", url);
+        return field_fail(job, "url", &ff, err);
+    }
+    if (!body)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body' is required");
+    if (!json_is_object(body)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an object", body);
+        return field_fail(job, "body", &ff, err);
+    }
+    const json_t *model = json_object_get(body, "model");
+    if (!model)
+        return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.model' is required");
+    if (need_str(ps, job, "body.model", model, true, &rc, err))
+        return rc;
+    job->model = dup_json_str(model);
+    if (!job->model)
+        return TM_ERR(err, TM_E_NOMEM, "model name");
+    // Features tokenmill does not have are refused, not silently ignored.
+    const json_t *v = json_object_get(body, "stream");
+    if (v && !json_is_null(v) && !json_is_boolean(v)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "true or false", v);
+        return field_fail(job, "body.stream", &ff, err);
+    }
+    if (json_is_true(v))
+        return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                        "field 'body.stream': streaming is not supported in batch requests");
+    v = json_object_get(body, "n");
+    if (v && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1) {
+            tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
+                                                       : TM_ERRCODE_WRONG_TYPE,
+                               "an integer >= 1", v);
+            return field_fail(job, "body.n", &ff, err);
+        }
+        if (json_integer_value(v) > TM_MAX_N)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.n': n = %lld is more than tokenmill's limit of %d",
+                            (long long)json_integer_value(v), TM_MAX_N);
+        job->n = (uint32_t)json_integer_value(v);
+    }
+    // logprobs: chat takes a boolean and top_logprobs (0..20); completions take an integer
+    // (alternatives per token, 0..20; OpenAI allows 5, vLLM 20).
+    long long k = 0;
+    int got;
+    if (job->format == TM_REC_FORMAT_OPENAI_CHAT) {
+        if (opt_bool(job, body, "logprobs", "body.logprobs", &job->logprobs, &rc, err) < 0)
+            return rc;
+        if ((got = opt_int(job, body, "top_logprobs", "body.top_logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                           "an integer from 0 to 20", &k, &rc, err)) < 0)
+            return rc;
+        if (got && k > 0 && !job->logprobs)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.top_logprobs' needs 'body.logprobs': true");
+        job->top_logprobs = (uint32_t)k;
+    } else {
+        if ((got = opt_int(job, body, "logprobs", "body.logprobs", 0, TM_MAX_TOP_LOGPROBS,
+                           "an integer from 0 to 20", &k, &rc, err)) < 0)
+            return rc;
+        job->logprobs = got;
+        job->top_logprobs = (uint32_t)k;
+        v = json_object_get(body, "top_logprobs");
+        if (v && !json_is_null(v))
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.top_logprobs' is for /v1/chat/completions; "
+                            "/v1/completions takes an integer 'body.logprobs'");
+    }
+    for (size_t i = 0; i < sizeof(unsupported_body) / sizeof(unsupported_body[0]); i++) {
+        v = json_object_get(body, unsupported_body[i].key);
+        if (v && !is_neutral(v, unsupported_body[i].neutral)) {
+            tm_ingest_describe(v, ff.msg, 80);
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.%s': %s is not supported by tokenmill",
+                            unsupported_body[i].key, ff.msg);
+        }
+    }
+    v = json_object_get(body, "response_format");
+    if (v && !json_is_null(v)) {
+        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
+            tm_ingest_describe(v, ff.msg, 80);
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.response_format': %s is not supported (only "
+                            "{\"type\": \"text\"})",
+                            ff.msg);
+        }
+    }
+    // The prompt: messages for chat, prompt for completions.
+    const json_t *prompt = json_object_get(body, "prompt");
+    const json_t *msgs = json_object_get(body, "messages");
+    if (job->format == TM_REC_FORMAT_OPENAI_CHAT) {
+        if (prompt)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.prompt' is for /v1/completions; /v1/chat/completions "
+                            "takes 'body.messages'");
+        if (!msgs)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.messages' is required");
+        rc = parse_messages(ps, job, msgs, "body.", true, err);
+        if (rc || job->err_code)
+            return rc;
+    } else {
+        if (msgs)
+            return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                            "field 'body.messages' is for /v1/chat/completions; /v1/completions "
+                            "takes 'body.prompt'");
+        if (!prompt)
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.prompt' is required");
+        if (json_is_array(prompt))
+            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                            "field 'body.prompt': an array (several prompts or token ids) is not "
+                            "supported; send one string per request");
+        if (need_str(ps, job, "body.prompt", prompt, true, &rc, err))
+            return rc;
+        job->prompt = dup_json_str(prompt);
+        if (!job->prompt)
+            return TM_ERR(err, TM_E_NOMEM, "prompt");
+    }
+    // Sampling: max_tokens or max_completion_tokens, and the other tokenmill fields (top_k and
+    // min_p too, as vLLM accepts them). null means "not given".
+    const json_t *mt = json_object_get(body, "max_tokens");
+    const json_t *mct = json_object_get(body, "max_completion_tokens");
+    if (json_is_null(mt))
+        mt = NULL;
+    if (json_is_null(mct))
+        mct = NULL;
+    if (mt && mct)
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "fields 'body.max_tokens' and 'body.max_completion_tokens': give at most "
+                        "one of them");
+    if (mct) {
+        rc = sp_field(ps, job, "max_tokens", "body.max_completion_tokens", mct, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    for (size_t i = 0; tm_ingest_sp_keys[i]; i++) {
+        v = json_object_get(body, tm_ingest_sp_keys[i]);
+        if (!v || json_is_null(v))
+            continue;
+        char field[64];
+        snprintf(field, sizeof(field), "body.%s", tm_ingest_sp_keys[i]);
+        rc = sp_field(ps, job, tm_ingest_sp_keys[i], field, v, err);
+        if (rc || job->err_code)
+            return rc;
+    }
+    return TM_OK;
+}
+
+static bool is_openai_line(const json_t *root) {
+    return json_object_get(root, "custom_id") || json_object_get(root, "body") ||
+           json_object_get(root, "url");
+}
+
+// Fill job from one line. Only allocation failures are returned; everything else is recorded in
+// job->err_code. Lines that are not JSON objects take the format of the file's first object
+// line (so an OpenAI file gets OpenAI-shaped error lines).
+static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_job *job,
+                          tm_err *err) {
+    tm_field_fail ff;
+    job->format = ps->file_fmt;
+    if (len >= 3 && memcmp(line, "\xef\xbb\xbf", 3) == 0)
+        return job_fail(job, TM_ERRCODE_INVALID_JSON, err,
+                        "line starts with a UTF-8 byte order mark (allowed only at the start of a "
+                        "file)");
+    size_t col = too_deep_at(line, len, ps->spec->max_depth);
+    if (col)
+        return job_fail(job, TM_ERRCODE_NESTING_TOO_DEEP, err,
+                        "arrays/objects nested deeper than limits.max_depth (%u) at column %zu",
+                        ps->spec->max_depth, col);
+    json_error_t jerr;
+    json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        if (json_error_code(&jerr) == json_error_invalid_utf8)
+            return job_fail(job, TM_ERRCODE_INVALID_UTF8, err, "invalid UTF-8 at column %d: %s",
+                            jerr.column, jerr.text);
+        if (json_error_code(&jerr) == json_error_null_character) // jansson's text names a flag
+            return job_fail(job, TM_ERRCODE_INVALID_JSON, err,
+                            "invalid JSON at column %d: \\u0000 (NUL) is not allowed in strings",
+                            jerr.column);
+        return job_fail(job, TM_ERRCODE_INVALID_JSON, err, "invalid JSON at column %d: %s",
+                        jerr.column, jerr.text);
+    }
+    tm_rc rc = TM_OK;
+    if (!json_is_object(root)) {
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "a JSON object", root);
+        rc = job_fail(job, TM_ERRCODE_WRONG_TYPE, err, "record: %s", ff.msg);
+    } else {
+        bool oai = is_openai_line(root);
+        if (!ps->file_fmt_known) {
+            ps->file_fmt = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
+            ps->file_fmt_known = true;
+        }
+        job->format = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
+        rc = oai ? parse_openai(ps, root, job, err) : parse_native(ps, root, job, err);
+    }
+    json_decref(root);
+    return rc;
+}
+
+// A new record with its position filled in.
+static tm_rc new_job(tm_rec_parser *ps, const char *file, uint64_t line_no, tm_job **out,
+                     tm_err *err) {
+    tm_job *job = tm_calloc(1, sizeof(*job));
+    if (!job)
+        return TM_ERR(err, TM_E_NOMEM, "record");
+    job->seq_no = ps->seq_no;
+    job->line = line_no;
+    job->format = ps->file_fmt;
+    job->file = tm_strdup(file);
+    if (!job->file) {
+        tm_free(job);
+        return TM_ERR(err, TM_E_NOMEM, "record");
+    }
+    *out = job;
+    return TM_OK;
+}
+
+// ---- API ----
+
+void tm_rec_parser_init(tm_rec_parser *ps, const tm_job_spec *spec) {
+    memset(ps, 0, sizeof(*ps));
+    ps->spec = spec;
+    ps->file_fmt = TM_REC_FORMAT_NATIVE;
+}
+
+void tm_rec_parser_fini(tm_rec_parser *ps) {
+    tm_free(ps->ids.slots);
+    ps->ids = (tm_rec_parser_ids){0};
+}
+
+tm_rc tm_rec_parser_line(tm_rec_parser *ps, const char *file, uint64_t line_no, const char *s,
+                         size_t n, tm_job **out, tm_err *err) {
+    tm_job *job = NULL;
+    tm_rc rc = new_job(ps, file, line_no, &job, err);
+    if (!rc)
+        rc = parse_record(ps, s, n, job, err);
+    if (rc) {
+        tm_job_destroy(job);
+        return rc;
+    }
+    ps->seq_no++;
+    *out = job;
+    return TM_OK;
+}
+
+tm_rc tm_rec_parser_too_long(tm_rec_parser *ps, const char *file, uint64_t line_no,
+                             uint64_t n_bytes, tm_job **out, tm_err *err) {
+    tm_job *job = NULL;
+    tm_rc rc = new_job(ps, file, line_no, &job, err);
+    if (!rc)
+        rc = job_fail(job, TM_ERRCODE_LINE_TOO_LONG, err,
+                      "line is %llu bytes, longer than limits.max_line_bytes (%llu)",
+                      (unsigned long long)n_bytes, (unsigned long long)ps->spec->max_line_bytes);
+    if (rc) {
+        tm_job_destroy(job);
+        return rc;
+    }
+    ps->seq_no++;
+    *out = job;
+    return TM_OK;
+}
+
+uint64_t tm_rec_parser_max_line_bytes(const tm_rec_parser *ps) { return ps->spec->max_line_bytes; }
+
+void tm_rec_parser_set_check_ids(tm_rec_parser *ps, bool on) { ps->no_id_check = !on; }
+
+void tm_rec_parser_reset_format(tm_rec_parser *ps) {
+    ps->file_fmt = TM_REC_FORMAT_NATIVE;
+    ps->file_fmt_known = false;
+}
+
+void tm_rec_parser_take_back(tm_rec_parser *ps, uint64_t seq_no) {
+    TM_ASSERT(seq_no + 1 == ps->seq_no);
+    ps->seq_no--;
+}
+
+uint64_t tm_rec_parser_n_records(const tm_rec_parser *ps) { return ps->seq_no; }
