@@ -14,7 +14,7 @@ trap 'rm -rf "$work"' EXIT
 canon() { # OUTDIR -> sorted completions + errors without timing fields
     { lz4 -dc "$1/completions.jsonl.lz4"; cat "$1/errors.jsonl"; } | node -e '
       const drop = new Set(["timing", "cached_tokens"]); // vary with thread timing
-      const strip = (o) => { if (o && typeof o === "object") for (const k of Object.keys(o))
+      const strip = (o) => { if (o && typeof o === "object") for (const k of Object.keys(o)) if (k === "file") o[k] = require("path").basename(o[k]); else
         drop.has(k) ? delete o[k] : strip(o[k]); return o; };
       const rows = require("fs").readFileSync(0, "utf8").split("\n").filter(Boolean)
         .map((l) => JSON.stringify(strip(JSON.parse(l)))).sort();
