@@ -311,6 +311,7 @@ static const char *torch_dtype(tm_dtype dt) {
     case TM_DTYPE_F32: return "float32";
     case TM_DTYPE_F16: return "float16";
     case TM_DTYPE_BF16: return "bfloat16";
+    default: break; // only the three float dtypes are --dtype values
     }
     return "?";
 }
