@@ -14,7 +14,19 @@
  * (h = hash_moe, m = moe), --ff is moe_intermediate_size; tid2eid is written as f32 whatever
  * --dtype says (the safetensors reader takes float dtypes only; transformers casts it back).
  * Extra weights: sinks, position biases and hyper-connection bases N(0, 0.5), scales 1 + N(0,
- * 0.1), e_score_correction_bias N(0, 0.1), tid2eid distinct experts drawn per token. */
+ * 0.1), e_score_correction_bias N(0, 0.1), tid2eid distinct experts drawn per token.
+ *
+ * --quant writes quantized linears (docs/quantization.md), quantizing the weights drawn as above
+ * (after rounding to --dtype, as a tool quantizing that checkpoint would): fp8-block[-ue8m0]
+ * (quant_method fp8, weight_scale_inv per --quant-block square block, fp32 or e8m0 scales),
+ * fp8-channel / fp8-tensor (compressed-tensors, weight_scale per row / one, dynamic per-token
+ * activations, or static with --ct-static 1: input_scale 1/32). Llama family: q/k/v/o/gate/up/
+ * down; deepseek_v4: q_a/q_b/kv/o_a/o_b and the shared expert (compressor and indexer stay
+ * bf16, as in the released checkpoint), routed experts as --expert-dtype says (fp4: MXFP4, packed
+ * e2m1 I8 [E][out][in/2] + F8_E8M0 [E][out][in/32]; fp8: like the dense ones; default fp8).
+ * --dequant-copy DIR also writes the same model with every quantized weight replaced by its
+ * dequantized values as f32 (through tm_tensor_row_f32, the CPU engine's row read) and no
+ * quantization_config: the CPU engine gives the same bits on both. */
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -46,6 +58,15 @@ typedef struct mk_opts {
     const char *dsv4_mlp;    /* one letter per layer: h (hash_moe), m (moe) */
     long q_lora, o_groups, o_lora, experts, experts_used, window, index_heads, index_dim,
         index_topk, hc, rope_dim, hca_ratio, yarn;
+    /* quantization (docs/quantization.md) */
+    tm_quant quant;           /* dense linears: NONE, FP8_BLOCK, FP8_CHANNEL, FP8_TENSOR */
+    int ue8m0;                /* FP8_BLOCK scales as F8_E8M0 */
+    long qblock;              /* FP8_BLOCK block side (128) */
+    int expert_set;           /* --expert-dtype given */
+    tm_quant expert;          /* deepseek_v4 routed experts: NONE, FP8_BLOCK, MXFP4 */
+    long ct_static;           /* compressed-tensors static input scales */
+    const char *dequant_copy; /* folder for the dequantized f32 copy, or NULL */
+    int write_plain;          /* internal: writing the dequantized copy */
 } mk_opts;
 
 static void usage(void) {
@@ -58,7 +79,9 @@ static void usage(void) {
             "deepseek_v4: [--dsv4-layers sch..] [--dsv4-mlp hm..] [--q-lora R] [--o-groups G]\n"
             "             [--o-lora R] [--experts E] [--experts-used K] [--window W]\n"
             "             [--index-heads N] [--index-dim D] [--index-topk K] [--hc N]\n"
-            "             [--rope-dim D] [--hca-ratio R] [--yarn 0|1]\n"
+            "             [--rope-dim D] [--hca-ratio R] [--yarn 0|1] [--expert-dtype fp4|fp8]\n"
+            "quantized:   [--quant none|fp8-block|fp8-block-ue8m0|fp8-channel|fp8-tensor]\n"
+            "             [--quant-block N] [--ct-static 0|1] [--dequant-copy DIR]\n"
             "Defaults: llama, seed 1, 2 layers, hidden 64, 4 heads, 2 kv heads, ff 128, vocab 256\n"
             "(or the tokenizer's size), ctx 512, untied, bf16, rope theta 10000, 1 shard.\n");
 }
@@ -311,8 +334,56 @@ static const char *torch_dtype(tm_dtype dt) {
     case TM_DTYPE_F32: return "float32";
     case TM_DTYPE_F16: return "float16";
     case TM_DTYPE_BF16: return "bfloat16";
+    default: break; // only the three float dtypes are --dtype values
     }
     return "?";
+}
+
+/* quantization_config for o's --quant, NULL when none (or when writing the dequantized copy). */
+static json_t *make_quant_config(const mk_opts *o) {
+    if (o->write_plain || o->quant == TM_QUANT_NONE)
+        return NULL;
+    json_t *q = json_object();
+    if (o->quant == TM_QUANT_FP8_BLOCK) {
+        json_object_set_new(q, "quant_method", json_string("fp8"));
+        json_object_set_new(q, "fmt", json_string("e4m3"));
+        json_object_set_new(q, "activation_scheme", json_string("dynamic"));
+        json_t *bs = json_array();
+        json_array_append_new(bs, json_integer(o->qblock));
+        json_array_append_new(bs, json_integer(o->qblock));
+        json_object_set_new(q, "weight_block_size", bs);
+        if (o->ue8m0)
+            json_object_set_new(q, "scale_fmt", json_string("ue8m0"));
+        return q;
+    }
+    json_object_set_new(q, "quant_method", json_string("compressed-tensors"));
+    json_object_set_new(q, "format", json_string("float-quantized"));
+    json_object_set_new(q, "quantization_status", json_string("compressed"));
+    json_t *w = json_object();
+    json_object_set_new(w, "num_bits", json_integer(8));
+    json_object_set_new(w, "type", json_string("float"));
+    json_object_set_new(w, "symmetric", json_true());
+    json_object_set_new(w, "dynamic", json_false());
+    json_object_set_new(
+        w, "strategy", json_string(o->quant == TM_QUANT_FP8_CHANNEL ? "channel" : "tensor"));
+    json_t *ia = json_object();
+    json_object_set_new(ia, "num_bits", json_integer(8));
+    json_object_set_new(ia, "type", json_string("float"));
+    json_object_set_new(ia, "symmetric", json_true());
+    json_object_set_new(ia, "dynamic", json_boolean(!o->ct_static));
+    json_object_set_new(ia, "strategy", json_string(o->ct_static ? "tensor" : "token"));
+    json_t *g = json_object(), *targets = json_array();
+    json_array_append_new(targets, json_string("Linear"));
+    json_object_set_new(g, "targets", targets);
+    json_object_set_new(g, "weights", w);
+    json_object_set_new(g, "input_activations", ia);
+    json_t *groups = json_object();
+    json_object_set_new(groups, "group_0", g);
+    json_object_set_new(q, "config_groups", groups);
+    json_t *ign = json_array();
+    json_array_append_new(ign, json_string("lm_head"));
+    json_object_set_new(q, "ignore", ign);
+    return q;
 }
 
 static json_t *make_dsv4_config(const mk_opts *o) {
@@ -386,6 +457,13 @@ static json_t *make_dsv4_config(const mk_opts *o) {
     json_object_set_new(c, "dtype", json_string(torch_dtype(o->dtype)));
     json_object_set_new(c, "transformers_version", json_string("5.17.0"));
     json_object_set_new(c, "use_cache", json_true());
+    json_t *qc = make_quant_config(o);
+    if (qc) {
+        json_object_set_new(c, "quantization_config", qc);
+        if (o->expert_set)
+            json_object_set_new(c, "expert_dtype",
+                                json_string(o->expert == TM_QUANT_MXFP4 ? "fp4" : "fp8"));
+    }
     return c;
 }
 
@@ -442,6 +520,9 @@ static json_t *make_config(const mk_opts *o) {
     if (qwen2)
         json_object_set_new(c, "use_sliding_window", json_false());
     json_object_set_new(c, "vocab_size", json_integer(o->vocab));
+    json_t *qc = make_quant_config(o);
+    if (qc)
+        json_object_set_new(c, "quantization_config", qc);
     return c;
 }
 
@@ -469,7 +550,14 @@ typedef struct mk_tensor {
     mk_init init;
     double std;
     tm_dtype dtype;
-    void *data; /* owned; tm_malloc */
+    void *data; /* owned; tm_malloc (borrowed when `borrowed`: the dequantized copy's list) */
+    int borrowed;
+    /* a quantized weight: its scheme, the scale tensor's index in the list, the logical last dim
+     * (packed FP4 stores half of it) */
+    tm_quant quant;
+    uint32_t qblock[2];
+    long scale_at; /* -1: none; -2: this tensor is a scale (or input_scale) itself */
+    uint64_t cols;
 } mk_tensor;
 
 static uint64_t mk_n_elem(const mk_tensor *t) {
@@ -491,6 +579,9 @@ static void add3(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint
     x->std = std;
     x->dtype = TM_DTYPE_BF16; /* set from --dtype in main unless MK_HASH */
     x->data = NULL;
+    x->borrowed = 0;
+    x->quant = TM_QUANT_NONE;
+    x->scale_at = -1;
 }
 
 static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
@@ -652,6 +743,198 @@ static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
     return TM_OK;
 }
 
+/* ---- quantization (docs/quantization.md) ---------------------------------------------------- */
+
+static int ends_with(const char *s, const char *suf) {
+    size_t n = strlen(s), k = strlen(suf);
+    return n >= k && !strcmp(s + n - k, suf);
+}
+
+/* The scheme tensor `name` gets under o's options: NONE for norms, embeddings, lm_head, routers,
+ * hyper-connections, and (deepseek_v4) the compressor and indexer. */
+static tm_quant quant_scheme(const mk_opts *o, const char *name) {
+    if (o->quant == TM_QUANT_NONE || strncmp(name, "model.layers.", 13))
+        return TM_QUANT_NONE;
+    if (is_dsv4(o)) {
+        if (ends_with(name, "mlp.experts.gate_up_proj") || ends_with(name, "mlp.experts.down_proj"))
+            return o->expert;
+        static const char *const dense[] = {
+            "self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_proj.weight",
+            "self_attn.o_a_proj.weight", "self_attn.o_b_proj.weight",
+            "mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight",
+            "mlp.shared_experts.down_proj.weight"};
+        for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
+            if (ends_with(name, dense[i]) && !strstr(name, "compressor"))
+                return o->quant;
+        return TM_QUANT_NONE;
+    }
+    static const char *const lin[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                      "o_proj.weight", "gate_proj.weight", "up_proj.weight",
+                                      "down_proj.weight"};
+    for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
+        if (ends_with(name, lin[i]))
+            return o->quant;
+    return TM_QUANT_NONE;
+}
+
+/* Quantize t (filled with --dtype values) in place under `scheme`: its data become F8_E4M3
+ * codes, or packed e2m1 stored as I8 [.., C/2]; the scale tensor is appended as list[*n].
+ * Rules: a scale per block from the block's absmax: fp32 amax / 448, or (ue8m0, MXFP4) the
+ * least power of two 2^k with 2^k * qmax >= amax (qmax 448 / 6); an all-zero block gets 1.
+ * Each value is v / s in fp32, then rounded to nearest even into the element format. */
+static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_t ti,
+                             tm_quant scheme, tm_err *err) {
+    mk_tensor *t = &list[ti];
+    const uint64_t n_el = mk_n_elem(t), R = t->shape[t->n_dim - 2], C = t->shape[t->n_dim - 1];
+    const uint64_t B = n_el / (R * C);
+    const int mx = scheme == TM_QUANT_MXFP4, e8 = mx || (scheme == TM_QUANT_FP8_BLOCK && o->ue8m0);
+    const int ct = scheme == TM_QUANT_FP8_CHANNEL || scheme == TM_QUANT_FP8_TENSOR;
+    uint64_t bo, bi;
+    if (scheme == TM_QUANT_FP8_BLOCK)
+        bo = bi = (uint64_t)o->qblock;
+    else if (scheme == TM_QUANT_FP8_CHANNEL)
+        bo = 1, bi = C;
+    else if (scheme == TM_QUANT_FP8_TENSOR)
+        bo = R, bi = C;
+    else
+        bo = 1, bi = 32;
+    if (mx && C % 32)
+        return TM_ERR(err, TM_E_INVAL, "%s: MXFP4 needs the input width %llu to divide by 32",
+                      t->name, (unsigned long long)C);
+    const uint64_t nbo = TM_CEIL_DIV(R, bo), nbi = TM_CEIL_DIV(C, bi), n_sc = B * nbo * nbi;
+    float *v = tm_malloc((size_t)n_el * sizeof(float));
+    float *sc = tm_malloc((size_t)n_sc * sizeof(float));
+    uint8_t *q = tm_malloc((size_t)(mx ? n_el / 2 : n_el));
+    uint8_t *sc8 = tm_malloc((size_t)n_sc);
+    if (!v || !sc || !q || !sc8) {
+        tm_free(v), tm_free(sc), tm_free(q), tm_free(sc8);
+        return TM_ERR(err, TM_E_NOMEM, "%s: quantizing %llu elements", t->name,
+                      (unsigned long long)n_el);
+    }
+    tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)n_el, v);
+    for (uint64_t i = 0; i < n_sc; i++)
+        sc[i] = 0.0f;
+    for (uint64_t i = 0; i < n_el; i++) { // block absmax
+        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
+        float *a = &sc[(b * nbo + r / bo) * nbi + c / bi];
+        *a = fmaxf(*a, fabsf(v[i]));
+    }
+    const float qmax = mx ? 6.0f : 448.0f;
+    for (uint64_t i = 0; i < n_sc; i++) {
+        if (e8) {
+            sc8[i] = tm_e8m0_ceil_scale(sc[i], qmax);
+            sc[i] = tm_e8m0_to_f32(sc8[i]);
+        } else {
+            sc[i] = sc[i] > 0.0f ? sc[i] / qmax : 1.0f;
+        }
+    }
+    if (mx)
+        memset(q, 0, (size_t)(n_el / 2));
+    for (uint64_t i = 0; i < n_el; i++) {
+        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
+        float x = v[i] / sc[(b * nbo + r / bo) * nbi + c / bi];
+        if (mx)
+            q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
+        else
+            q[i] = tm_f32_to_e4m3(x);
+    }
+    tm_free(v);
+    tm_free(t->data);
+    t->data = q;
+    t->dtype = mx ? TM_DTYPE_I8 : TM_DTYPE_F8_E4M3;
+    t->cols = C;
+    if (mx)
+        t->shape[t->n_dim - 1] = C / 2;
+    t->quant = scheme;
+    t->qblock[0] = (uint32_t)bo;
+    t->qblock[1] = (uint32_t)bi;
+    t->scale_at = (long)*n;
+    mk_tensor *st = &list[(*n)++];
+    memset(st, 0, sizeof(*st));
+    snprintf(st->name, sizeof(st->name), "%s%s", t->name, ct ? "_scale" : "_scale_inv");
+    st->scale_at = -2; // marks a scale
+    if (scheme == TM_QUANT_FP8_TENSOR) {
+        st->n_dim = 0;
+    } else if (t->n_dim == 3) {
+        st->n_dim = 3;
+        st->shape[0] = B, st->shape[1] = nbo, st->shape[2] = nbi;
+    } else {
+        st->n_dim = 2;
+        st->shape[0] = nbo, st->shape[1] = nbi;
+    }
+    if (e8) {
+        st->dtype = TM_DTYPE_F8_E8M0;
+        st->data = sc8;
+        tm_free(sc);
+    } else {
+        st->dtype = TM_DTYPE_F32;
+        st->data = sc;
+        tm_free(sc8);
+    }
+    if (ct && o->ct_static) { // static activations: a scalar input_scale beside the weight
+        mk_tensor *is = &list[(*n)++];
+        memset(is, 0, sizeof(*is));
+        snprintf(is->name, sizeof(is->name), "%.*sinput_scale", (int)(strlen(t->name) - 6),
+                 t->name);
+        is->scale_at = -2;
+        is->n_dim = 0;
+        is->dtype = TM_DTYPE_F32;
+        float one32 = 1.0f / 32.0f;
+        is->data = tm_malloc(4);
+        if (!is->data)
+            return TM_ERR(err, TM_E_NOMEM, "%s", is->name);
+        memcpy(is->data, &one32, 4);
+    }
+    return TM_OK;
+}
+
+/* The dequantized copy of list[0..n): each quantized weight replaced by f32 values read through
+ * tm_tensor_row_f32, its scale (and input_scale) dropped, every other tensor borrowed as is.
+ * *out (n_out entries) owns only the f32 buffers. */
+static tm_rc dequant_list(const mk_tensor *list, size_t n, mk_tensor **out, size_t *n_out,
+                          tm_err *err) {
+    mk_tensor *c = tm_calloc(n ? n : 1, sizeof(*c));
+    if (!c)
+        return TM_ERR(err, TM_E_NOMEM, "dequantized tensor list");
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const mk_tensor *t = &list[i];
+        if (t->scale_at == -2) // a scale: the copy has none
+            continue;
+        mk_tensor *d = &c[k++];
+        *d = *t;
+        d->borrowed = 1;
+        if (t->quant == TM_QUANT_NONE)
+            continue;
+        const mk_tensor *st = &list[t->scale_at];
+        tm_tensor view = {.data = t->data, .dtype = t->quant == TM_QUANT_MXFP4 ? TM_DTYPE_F4_E2M1
+                                                                               : TM_DTYPE_F8_E4M3,
+                          .n_dim = t->n_dim, .scale = st->data, .quant = (uint8_t)t->quant,
+                          .scale_dtype = (uint8_t)st->dtype,
+                          .qblock = {t->qblock[0], t->qblock[1]}};
+        for (uint32_t dd = 0; dd < t->n_dim; dd++)
+            view.shape[dd] = t->shape[dd];
+        view.shape[t->n_dim - 1] = t->cols;
+        d->shape[t->n_dim - 1] = t->cols;
+        const uint64_t n_el = tm_tensor_n_elem(&view), rows = n_el / t->cols;
+        float *f = tm_malloc((size_t)n_el * sizeof(float));
+        if (!f) {
+            *out = c, *n_out = k;
+            return TM_ERR(err, TM_E_NOMEM, "%s: dequantized copy", t->name);
+        }
+        for (uint64_t r = 0; r < rows; r++)
+            tm_tensor_row_f32(&view, (size_t)r, f + r * t->cols);
+        d->data = f;
+        d->dtype = TM_DTYPE_F32;
+        d->borrowed = 0;
+        d->quant = TM_QUANT_NONE;
+        d->scale_at = -1;
+    }
+    *out = c;
+    *n_out = k;
+    return TM_OK;
+}
+
 static int cmp_mk_name(const void *a, const void *b) {
     return strcmp(((const mk_tensor *)a)->name, ((const mk_tensor *)b)->name);
 }
@@ -721,7 +1004,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
                    .rope_theta = 10000.0, .dsv4_layers = "sc", .dsv4_mlp = "hm", .q_lora = 32,
                    .o_groups = 2, .o_lora = 16, .experts = 4, .experts_used = 2, .window = 128,
                    .index_heads = 4, .index_dim = 16, .index_topk = 512, .hc = 4, .rope_dim = 8,
-                   .hca_ratio = 128, .yarn = 1};
+                   .hca_ratio = 128, .yarn = 1, .qblock = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -817,6 +1100,32 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             ok = parse_long(v, 1, 65536, &o->hca_ratio);
         else if (!strcmp(a, "--yarn"))
             ok = parse_long(v, 0, 1, &o->yarn);
+        else if (!strcmp(a, "--quant")) {
+            o->ue8m0 = !strcmp(v, "fp8-block-ue8m0");
+            if (!strcmp(v, "none"))
+                o->quant = TM_QUANT_NONE;
+            else if (!strcmp(v, "fp8-block") || o->ue8m0)
+                o->quant = TM_QUANT_FP8_BLOCK;
+            else if (!strcmp(v, "fp8-channel"))
+                o->quant = TM_QUANT_FP8_CHANNEL;
+            else if (!strcmp(v, "fp8-tensor"))
+                o->quant = TM_QUANT_FP8_TENSOR;
+            else
+                ok = 0;
+        } else if (!strcmp(a, "--quant-block"))
+            ok = parse_long(v, 1, 65536, &o->qblock);
+        else if (!strcmp(a, "--expert-dtype")) {
+            o->expert_set = 1;
+            if (!strcmp(v, "fp4"))
+                o->expert = TM_QUANT_MXFP4;
+            else if (!strcmp(v, "fp8"))
+                o->expert = TM_QUANT_FP8_BLOCK;
+            else
+                ok = 0;
+        } else if (!strcmp(a, "--ct-static"))
+            ok = parse_long(v, 0, 1, &o->ct_static);
+        else if (!strcmp(a, "--dequant-copy"))
+            o->dequant_copy = v;
         else {
             fprintf(stderr, "mkmodel: unknown option %s\n", a);
             return 0;
@@ -843,6 +1152,24 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             return 0;
         }
     }
+    if (is_dsv4(o) && !o->expert_set)
+        o->expert = o->quant; // experts stored like the dense linears
+    if (is_dsv4(o) && o->quant != TM_QUANT_NONE && o->quant != TM_QUANT_FP8_BLOCK) {
+        fprintf(stderr, "mkmodel: deepseek_v4 takes --quant fp8-block or fp8-block-ue8m0\n");
+        return 0;
+    }
+    if (o->expert_set && (!is_dsv4(o) || o->quant != TM_QUANT_FP8_BLOCK)) {
+        fprintf(stderr, "mkmodel: --expert-dtype needs --arch deepseek_v4 and --quant fp8-block\n");
+        return 0;
+    }
+    if (o->ct_static && o->quant != TM_QUANT_FP8_CHANNEL && o->quant != TM_QUANT_FP8_TENSOR) {
+        fprintf(stderr, "mkmodel: --ct-static needs --quant fp8-channel or fp8-tensor\n");
+        return 0;
+    }
+    if (o->dequant_copy && o->quant == TM_QUANT_NONE) {
+        fprintf(stderr, "mkmodel: --dequant-copy needs --quant\n");
+        return 0;
+    }
     if (o->kv_heads < 0)
         o->kv_heads = o->heads < 2 ? o->heads : (o->heads % 2 ? o->heads : o->heads / 2);
     if (o->head_dim < 0) {
@@ -868,8 +1195,8 @@ int main(int argc, char **argv) {
     }
     tm_err err = {0};
     tm_rc rc = TM_OK;
-    mk_tensor *t = NULL;
-    size_t n = 0;
+    mk_tensor *t = NULL, *dq = NULL;
+    size_t n = 0, n_dq = 0;
     json_t *cfg = NULL, *gen = NULL;
     if (o.tokenizer) {
         long tv = 0, tb = -1, te = -1;
@@ -902,7 +1229,7 @@ int main(int argc, char **argv) {
     rc = mkdir_p(o.out, &err);
     if (rc)
         goto out;
-    t = tm_calloc(8 + (size_t)o.layers * 48, sizeof(*t));
+    t = tm_calloc(8 + (size_t)o.layers * 48 * 3, sizeof(*t)); // + scales and input scales
     if (!t) {
         rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
         goto out;
@@ -914,20 +1241,42 @@ int main(int argc, char **argv) {
     }
     for (size_t i = 0; i < n && rc == TM_OK; i++)
         rc = fill_tensor(&o, &t[i], &err);
+    const size_t n_weight = n;
+    for (size_t i = 0; i < n_weight && rc == TM_OK; i++) {
+        tm_quant qs = quant_scheme(&o, t[i].name);
+        if (qs != TM_QUANT_NONE)
+            rc = quantize_tensor(&o, t, &n, i, qs, &err);
+    }
+    if (rc == TM_OK && o.dequant_copy)
+        rc = dequant_list(t, n, &dq, &n_dq, &err);
     if (rc)
         goto out;
     rc = write_weights(&o, t, n, &err);
     if (rc)
         goto out;
-    cfg = make_config(&o);
-    gen = make_gen_config(&o);
-    rc = write_json(o.out, "config.json", cfg, &err);
-    if (rc == TM_OK)
-        rc = write_json(o.out, "generation_config.json", gen, &err);
-    if (rc == TM_OK && o.tokenizer) {
-        rc = copy_file(o.tokenizer, o.out, "tokenizer.json", 0, &err);
+    for (int copy = 0; copy < (o.dequant_copy ? 2 : 1) && rc == TM_OK; copy++) {
+        mk_opts oc = o;
+        if (copy) {
+            oc.out = o.dequant_copy;
+            oc.write_plain = 1;
+            rc = mkdir_p(oc.out, &err);
+            if (rc == TM_OK)
+                rc = write_weights(&oc, dq, n_dq, &err);
+            if (rc)
+                break;
+        }
+        json_decref(cfg);
+        json_decref(gen);
+        cfg = make_config(&oc);
+        gen = make_gen_config(&oc);
+        rc = write_json(oc.out, "config.json", cfg, &err);
         if (rc == TM_OK)
-            rc = copy_file(o.tokenizer, o.out, "tokenizer_config.json", 1, &err);
+            rc = write_json(oc.out, "generation_config.json", gen, &err);
+        if (rc == TM_OK && o.tokenizer) {
+            rc = copy_file(o.tokenizer, oc.out, "tokenizer.json", 0, &err);
+            if (rc == TM_OK)
+                rc = copy_file(o.tokenizer, oc.out, "tokenizer_config.json", 1, &err);
+        }
     }
     if (rc)
         goto out;
@@ -937,21 +1286,38 @@ int main(int argc, char **argv) {
     if (rc == TM_OK) {
         uint64_t n_param = 0;
         for (size_t i = 0; i < n; i++)
-            n_param += mk_n_elem(&t[i]);
+            if (t[i].scale_at != -2)
+                n_param += t[i].quant != TM_QUANT_NONE
+                               ? mk_n_elem(&t[i]) / t[i].shape[t[i].n_dim - 1] * t[i].cols
+                               : mk_n_elem(&t[i]);
         printf("mkmodel: wrote %s: %s, %u layers, hidden %u, %u/%u heads x %u, ff %u, vocab %u, "
-               "%s, %s, %llu parameters\n",
+               "%s, %s, %llu parameters",
                o.out, tm_model_arch_name(m), m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head,
                m->cfg.n_kv_head, m->cfg.head_dim, m->cfg.n_ff, m->cfg.n_vocab,
                tm_dtype_name(o.dtype), o.tied ? "tied" : "untied",
                (unsigned long long)n_param);
+        if (o.quant != TM_QUANT_NONE)
+            printf(", %s%s linears%s%s", tm_quant_name(o.quant), o.ue8m0 ? " (ue8m0)" : "",
+                   is_dsv4(&o) ? ", experts " : "", is_dsv4(&o) ? tm_quant_name(o.expert) : "");
+        printf("\n");
     }
     tm_model_destroy(m);
+    if (rc == TM_OK && o.dequant_copy) {
+        rc = tm_model_load(o.dequant_copy, &m, &err);
+        tm_model_destroy(m);
+        if (rc == TM_OK)
+            printf("mkmodel: wrote %s: the dequantized f32 copy\n", o.dequant_copy);
+    }
 out:
     json_decref(cfg);
     json_decref(gen);
     for (size_t i = 0; i < n; i++)
         tm_free(t[i].data);
     tm_free(t);
+    for (size_t i = 0; i < n_dq; i++)
+        if (!dq[i].borrowed)
+            tm_free(dq[i].data);
+    tm_free(dq);
     if (rc) {
         fprintf(stderr, "mkmodel: %s\n", err.msg);
         return 1;

@@ -106,6 +106,7 @@ static double elem(const tm_tensor *t, size_t i) {
         return dec_bf16(((const uint16_t *)t->data)[i]);
     case TM_DTYPE_F16:
         return dec_f16(((const uint16_t *)t->data)[i]);
+    default: break; // the test models are f32 / bf16 / f16
     }
     return NAN;
 }

@@ -385,6 +385,9 @@ static tm_rc bind(const tm_st_set *st, const char *name, uint32_t n_dim, uint64_
         return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' has shape %s, expected %s", s->file, name,
                       got_s, want_s);
     }
+    if (s->dtype != TM_DTYPE_F32 && s->dtype != TM_DTYPE_F16 && s->dtype != TM_DTYPE_BF16)
+        return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16",
+                      s->file, name, tm_dtype_name(s->dtype));
     memset(t, 0, sizeof(*t));
     t->data = s->data;
     t->dtype = s->dtype;
@@ -403,25 +406,29 @@ static tm_rc bind_layer(const tm_st_set *st, const tm_model_cfg *c, uint32_t il,
         uint32_t n_dim;
         uint64_t d0, d1;
         tm_tensor *t;
+        int linear; /* may be quantized */
     } spec[] = {
-        {"input_layernorm.weight", 1, e, 0, &w->attn_norm},
-        {"self_attn.q_proj.weight", 2, q, e, &w->wq},
-        {"self_attn.k_proj.weight", 2, kv, e, &w->wk},
-        {"self_attn.v_proj.weight", 2, kv, e, &w->wv},
-        {"self_attn.o_proj.weight", 2, e, q, &w->wo},
-        {"post_attention_layernorm.weight", 1, e, 0, &w->ffn_norm},
-        {"mlp.gate_proj.weight", 2, ff, e, &w->w_gate},
-        {"mlp.up_proj.weight", 2, ff, e, &w->w_up},
-        {"mlp.down_proj.weight", 2, e, ff, &w->w_down},
-        {"self_attn.q_proj.bias", 1, q, 0, &w->bq},
-        {"self_attn.k_proj.bias", 1, kv, 0, &w->bk},
-        {"self_attn.v_proj.bias", 1, kv, 0, &w->bv},
+        {"input_layernorm.weight", 1, e, 0, &w->attn_norm, 0},
+        {"self_attn.q_proj.weight", 2, q, e, &w->wq, 1},
+        {"self_attn.k_proj.weight", 2, kv, e, &w->wk, 1},
+        {"self_attn.v_proj.weight", 2, kv, e, &w->wv, 1},
+        {"self_attn.o_proj.weight", 2, e, q, &w->wo, 1},
+        {"post_attention_layernorm.weight", 1, e, 0, &w->ffn_norm, 0},
+        {"mlp.gate_proj.weight", 2, ff, e, &w->w_gate, 1},
+        {"mlp.up_proj.weight", 2, ff, e, &w->w_up, 1},
+        {"mlp.down_proj.weight", 2, e, ff, &w->w_down, 1},
+        {"self_attn.q_proj.bias", 1, q, 0, &w->bq, 0},
+        {"self_attn.k_proj.bias", 1, kv, 0, &w->bk, 0},
+        {"self_attn.v_proj.bias", 1, kv, 0, &w->bv, 0},
     };
     size_t n_spec = sizeof(spec) / sizeof(spec[0]) - (c->qkv_bias ? 0 : 3);
     for (size_t i = 0; i < n_spec; i++) {
         char name[128];
         snprintf(name, sizeof(name), "model.layers.%u.%s", il, spec[i].suffix);
-        tm_rc rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].t, err);
+        const uint64_t want[2] = {spec[i].d0, spec[i].d1};
+        tm_rc rc = spec[i].linear
+                       ? tm_quant_bind(st, &c->quant, name, TM_QROLE_DENSE, 2, want, spec[i].t, err)
+                       : bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].t, err);
         if (rc)
             return rc;
     }
@@ -497,6 +504,8 @@ tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
         rc = parse_config(root, gen, &m->cfg, err);
     if (rc == TM_OK && m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
         rc = tm_dsv4_config_parse(root, gen, &m->cfg, (tm_dsv4 **)&m->arch_w, err);
+    if (rc == TM_OK)
+        rc = tm_quant_cfg_parse(root, m->cfg.arch == TM_ARCH_DEEPSEEK_V4, &m->cfg.quant, err);
     if (rc)
         goto fail;
     json_decref(root);
@@ -547,14 +556,27 @@ const char *tm_model_arch_name(const tm_model *m) {
     return "?";
 }
 
+/* quant: 1 if t may be a quantized view (a linear, for an engine that dequantizes rows). */
 static tm_rc check_weight(const char *who, const tm_tensor *t, const char *name, uint32_t layer,
-                          uint64_t d0, uint64_t d1, tm_err *err) {
+                          uint64_t d0, uint64_t d1, int quant, tm_err *err) {
     uint32_t n_dim = d1 ? 2 : 1;
     if (!t->data)
         return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s missing", who, layer, name);
-    if ((unsigned)t->dtype > (unsigned)TM_DTYPE_BF16)
-        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: unknown dtype %d", who, layer, name,
-                      (int)t->dtype);
+    if (t->quant != TM_QUANT_NONE) {
+        if (!quant)
+            return TM_ERR(err, TM_E_INVAL,
+                          "%s: layer %u %s: %s quantized weights are not supported here", who,
+                          layer, name, tm_quant_name((tm_quant)t->quant));
+        int ok_dt = t->quant == TM_QUANT_MXFP4 ? t->dtype == TM_DTYPE_F4_E2M1
+                                               : t->dtype == TM_DTYPE_F8_E4M3;
+        if (t->quant > TM_QUANT_MXFP4 || !ok_dt || !t->scale || !t->qblock[0] || !t->qblock[1])
+            return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: bad quantized view (%s, %s)", who,
+                          layer, name, tm_quant_name((tm_quant)t->quant),
+                          tm_dtype_name(t->dtype));
+    } else if ((unsigned)t->dtype > (unsigned)TM_DTYPE_BF16) {
+        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: dtype %s is not a float dtype", who,
+                      layer, name, tm_dtype_name(t->dtype));
+    }
     if (t->n_dim != n_dim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
         return TM_ERR(err, TM_E_INVAL,
                       "%s: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]",
@@ -564,43 +586,74 @@ static tm_rc check_weight(const char *who, const tm_tensor *t, const char *name,
     return TM_OK;
 }
 
-tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err) {
+static tm_rc check_weights(const tm_model *m, const char *who, int q, tm_err *err) {
     const tm_model_cfg *c = &m->cfg;
     const uint64_t d = c->n_embd, qd = (uint64_t)c->n_head * c->head_dim;
     const uint64_t kvd = (uint64_t)c->n_kv_head * c->head_dim;
-    tm_rc rc = check_weight(who, &m->embd, "embed_tokens", 0, c->n_vocab, d, err);
+    tm_rc rc = check_weight(who, &m->embd, "embed_tokens", 0, c->n_vocab, d, 0, err);
     if (!rc)
-        rc = check_weight(who, &m->out_norm, "norm", 0, d, 0, err);
+        rc = check_weight(who, &m->out_norm, "norm", 0, d, 0, 0, err);
     const tm_tensor *lm = m->lm_head.data ? &m->lm_head : &m->embd;
     if (!rc && !c->tie_embd && !m->lm_head.data)
         rc = TM_ERR(err, TM_E_INVAL, "%s: untied model without lm_head", who);
     if (!rc)
-        rc = check_weight(who, lm, "lm_head", 0, c->n_vocab, d, err);
+        rc = check_weight(who, lm, "lm_head", 0, c->n_vocab, d, 0, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         const tm_layer_w *L = &m->layers[l];
-        rc = check_weight(who, &L->attn_norm, "input_layernorm", l, d, 0, err);
+        rc = check_weight(who, &L->attn_norm, "input_layernorm", l, d, 0, 0, err);
         if (!rc)
-            rc = check_weight(who, &L->wq, "q_proj", l, qd, d, err);
+            rc = check_weight(who, &L->wq, "q_proj", l, qd, d, q, err);
         if (!rc)
-            rc = check_weight(who, &L->wk, "k_proj", l, kvd, d, err);
+            rc = check_weight(who, &L->wk, "k_proj", l, kvd, d, q, err);
         if (!rc)
-            rc = check_weight(who, &L->wv, "v_proj", l, kvd, d, err);
+            rc = check_weight(who, &L->wv, "v_proj", l, kvd, d, q, err);
         if (!rc && c->qkv_bias)
-            rc = check_weight(who, &L->bq, "q_proj.bias", l, qd, 0, err);
+            rc = check_weight(who, &L->bq, "q_proj.bias", l, qd, 0, 0, err);
         if (!rc && c->qkv_bias)
-            rc = check_weight(who, &L->bk, "k_proj.bias", l, kvd, 0, err);
+            rc = check_weight(who, &L->bk, "k_proj.bias", l, kvd, 0, 0, err);
         if (!rc && c->qkv_bias)
-            rc = check_weight(who, &L->bv, "v_proj.bias", l, kvd, 0, err);
+            rc = check_weight(who, &L->bv, "v_proj.bias", l, kvd, 0, 0, err);
         if (!rc)
-            rc = check_weight(who, &L->wo, "o_proj", l, d, qd, err);
+            rc = check_weight(who, &L->wo, "o_proj", l, d, qd, q, err);
         if (!rc)
-            rc = check_weight(who, &L->ffn_norm, "post_attention_layernorm", l, d, 0, err);
+            rc = check_weight(who, &L->ffn_norm, "post_attention_layernorm", l, d, 0, 0, err);
         if (!rc)
-            rc = check_weight(who, &L->w_gate, "gate_proj", l, c->n_ff, d, err);
+            rc = check_weight(who, &L->w_gate, "gate_proj", l, c->n_ff, d, q, err);
         if (!rc)
-            rc = check_weight(who, &L->w_up, "up_proj", l, c->n_ff, d, err);
+            rc = check_weight(who, &L->w_up, "up_proj", l, c->n_ff, d, q, err);
         if (!rc)
-            rc = check_weight(who, &L->w_down, "down_proj", l, d, c->n_ff, err);
+            rc = check_weight(who, &L->w_down, "down_proj", l, d, c->n_ff, q, err);
     }
     return rc;
+}
+
+tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err) {
+    return check_weights(m, who, 0, err);
+}
+
+tm_rc tm_model_check_weights_quant(const tm_model *m, const char *who, tm_err *err) {
+    return check_weights(m, who, 1, err);
+}
+
+int tm_model_is_quantized(const tm_model *m) {
+    const tm_dsv4 *d = tm_model_dsv4(m);
+    if (d) {
+        // tm_dsv4_layer is made of tm_tensor fields only
+        const size_t n_t = sizeof(tm_dsv4_layer) / sizeof(tm_tensor);
+        for (uint32_t l = 0; l < m->cfg.n_layer && d->layers; l++) {
+            const tm_tensor *t = (const tm_tensor *)&d->layers[l];
+            for (size_t i = 0; i < n_t; i++)
+                if (t[i].quant != TM_QUANT_NONE)
+                    return 1;
+        }
+        return 0;
+    }
+    for (uint32_t l = 0; l < m->cfg.n_layer && m->layers; l++) {
+        const tm_layer_w *L = &m->layers[l];
+        const tm_tensor *lin[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
+            if (lin[i]->quant != TM_QUANT_NONE)
+                return 1;
+    }
+    return 0;
 }

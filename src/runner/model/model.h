@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "runner/model/quant.h"
 #include "runner/model/tensor.h"
 
 typedef enum tm_arch {
@@ -51,8 +52,11 @@ typedef struct tm_model_cfg {
     uint32_t sliding_window; /* 0: full attention; else each token attends to at most this many
                               * (Mistral v0.1 sliding_window, when below n_ctx). Engines without it
                               * must keep sequences within it */
+    tm_quant_cfg quant;    /* quantization_config (runner/model/quant.h); all zero for bf16 models */
 } tm_model_cfg;
 
+/* The seven linears (q/k/v/o/gate/up/down) are plain or quantized views (tensor.h); the rest is
+ * always plain. */
 typedef struct tm_layer_w {
     tm_tensor attn_norm;   /* [n_embd] input_layernorm */
     tm_tensor wq;          /* [n_head*head_dim][n_embd] */
@@ -93,9 +97,16 @@ void tm_model_destroy(tm_model *m); /* NULL is a no-op */
 /* "llama", "qwen2", "mistral" or "deepseek_v4". */
 const char *tm_model_arch_name(const tm_model *m);
 
-/* Check that every Llama-family weight of m is present, of a known dtype and of the shape its cfg
- * implies (for models built in memory too, which skip tm_model_load's checks). who starts the
- * message ("cpu engine"). TM_E_INVAL naming the layer and tensor. */
+/* Check that every Llama-family weight of m is present, of a float dtype (f32, f16, bf16) and of
+ * the shape its cfg implies (for models built in memory too, which skip tm_model_load's checks).
+ * Quantized weights are refused: this is the check of engines that read weights as plain
+ * arrays. who starts the message ("cpu engine"). TM_E_INVAL naming the layer and tensor. */
 tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err);
+/* The same, but the seven linears of each layer may also be quantized views (their scales
+ * present, their scheme known): the check of engines that read weight rows through
+ * tm_tensor_row_f32. */
+tm_rc tm_model_check_weights_quant(const tm_model *m, const char *who, tm_err *err);
+/* 1 if any weight of m is quantized (Llama family and DeepSeek-V4), else 0. */
+int tm_model_is_quantized(const tm_model *m);
 
 #endif /* TM_RUNNER_MODEL_MODEL_H */

@@ -428,6 +428,9 @@ static tm_rc bind(const tm_st_set *st, const char *name, uint32_t n_dim, uint64_
                       s->file, name, s->n_dim, (unsigned long long)(s->n_dim ? s->shape[0] : 0),
                       (unsigned long long)(s->n_dim > 1 ? s->shape[1] : 0), (unsigned long long)d0,
                       (unsigned long long)d1, (unsigned long long)d2);
+    if (s->dtype != TM_DTYPE_F32 && s->dtype != TM_DTYPE_F16 && s->dtype != TM_DTYPE_BF16)
+        return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16",
+                      s->file, name, tm_dtype_name(s->dtype));
     memset(t, 0, sizeof(*t));
     t->data = s->data;
     t->dtype = s->dtype;
@@ -472,46 +475,47 @@ tm_rc tm_dsv4_bind(tm_model *m, const struct tm_st_set *st, tm_err *err) {
             uint64_t d0, d1, d2;
             tm_tensor *t;
             int when; /* 0 always, 1 compressor, 2 indexer, 3 hash, 4 top-k */
+            int lin;  /* 1: a linear, plain or quantized; 2: routed experts (expert_dtype) */
         } spec[] = {
-            {"attn_hc.fn", 2, mix, N * D, 0, &L->attn_hc_fn, 0},
-            {"attn_hc.base", 1, mix, 0, 0, &L->attn_hc_base, 0},
-            {"attn_hc.scale", 1, 3, 0, 0, &L->attn_hc_scale, 0},
-            {"ffn_hc.fn", 2, mix, N * D, 0, &L->ffn_hc_fn, 0},
-            {"ffn_hc.base", 1, mix, 0, 0, &L->ffn_hc_base, 0},
-            {"ffn_hc.scale", 1, 3, 0, 0, &L->ffn_hc_scale, 0},
-            {"input_layernorm.weight", 1, D, 0, 0, &L->attn_norm, 0},
-            {"post_attention_layernorm.weight", 1, D, 0, 0, &L->ffn_norm, 0},
-            {"self_attn.q_a_proj.weight", 2, d->q_lora_rank, D, 0, &L->q_a, 0},
-            {"self_attn.q_a_norm.weight", 1, d->q_lora_rank, 0, 0, &L->q_a_norm, 0},
-            {"self_attn.q_b_proj.weight", 2, H * hd, d->q_lora_rank, 0, &L->q_b, 0},
-            {"self_attn.kv_proj.weight", 2, hd, D, 0, &L->kv, 0},
-            {"self_attn.kv_norm.weight", 1, hd, 0, 0, &L->kv_norm, 0},
+            {"attn_hc.fn", 2, mix, N * D, 0, &L->attn_hc_fn, 0, 0},
+            {"attn_hc.base", 1, mix, 0, 0, &L->attn_hc_base, 0, 0},
+            {"attn_hc.scale", 1, 3, 0, 0, &L->attn_hc_scale, 0, 0},
+            {"ffn_hc.fn", 2, mix, N * D, 0, &L->ffn_hc_fn, 0, 0},
+            {"ffn_hc.base", 1, mix, 0, 0, &L->ffn_hc_base, 0, 0},
+            {"ffn_hc.scale", 1, 3, 0, 0, &L->ffn_hc_scale, 0, 0},
+            {"input_layernorm.weight", 1, D, 0, 0, &L->attn_norm, 0, 0},
+            {"post_attention_layernorm.weight", 1, D, 0, 0, &L->ffn_norm, 0, 0},
+            {"self_attn.q_a_proj.weight", 2, d->q_lora_rank, D, 0, &L->q_a, 0, 1},
+            {"self_attn.q_a_norm.weight", 1, d->q_lora_rank, 0, 0, &L->q_a_norm, 0, 0},
+            {"self_attn.q_b_proj.weight", 2, H * hd, d->q_lora_rank, 0, &L->q_b, 0, 1},
+            {"self_attn.kv_proj.weight", 2, hd, D, 0, &L->kv, 0, 1},
+            {"self_attn.kv_norm.weight", 1, hd, 0, 0, &L->kv_norm, 0, 0},
             {"self_attn.o_a_proj.weight", 2, (uint64_t)d->o_groups * d->o_lora_rank,
-             H * hd / d->o_groups, 0, &L->o_a, 0},
+             H * hd / d->o_groups, 0, &L->o_a, 0, 1},
             {"self_attn.o_b_proj.weight", 2, D, (uint64_t)d->o_groups * d->o_lora_rank, 0, &L->o_b,
-             0},
-            {"self_attn.sinks", 1, H, 0, 0, &L->sinks, 0},
-            {"self_attn.compressor.kv_proj.weight", 2, cw, D, 0, &L->c_kv, 1},
-            {"self_attn.compressor.gate_proj.weight", 2, cw, D, 0, &L->c_gate, 1},
-            {"self_attn.compressor.position_bias", 2, ratio, cw, 0, &L->c_bias, 1},
-            {"self_attn.compressor.kv_norm.weight", 1, hd, 0, 0, &L->c_norm, 1},
-            {"self_attn.compressor.indexer.kv_proj.weight", 2, 2 * di, D, 0, &L->i_kv, 2},
-            {"self_attn.compressor.indexer.gate_proj.weight", 2, 2 * di, D, 0, &L->i_gate, 2},
+             0, 1},
+            {"self_attn.sinks", 1, H, 0, 0, &L->sinks, 0, 0},
+            {"self_attn.compressor.kv_proj.weight", 2, cw, D, 0, &L->c_kv, 1, 1},
+            {"self_attn.compressor.gate_proj.weight", 2, cw, D, 0, &L->c_gate, 1, 1},
+            {"self_attn.compressor.position_bias", 2, ratio, cw, 0, &L->c_bias, 1, 0},
+            {"self_attn.compressor.kv_norm.weight", 1, hd, 0, 0, &L->c_norm, 1, 0},
+            {"self_attn.compressor.indexer.kv_proj.weight", 2, 2 * di, D, 0, &L->i_kv, 2, 1},
+            {"self_attn.compressor.indexer.gate_proj.weight", 2, 2 * di, D, 0, &L->i_gate, 2, 1},
             {"self_attn.compressor.indexer.position_bias", 2, d->ratio_csa, 2 * di, 0, &L->i_bias,
-             2},
-            {"self_attn.compressor.indexer.kv_norm.weight", 1, di, 0, 0, &L->i_norm, 2},
+             2, 0},
+            {"self_attn.compressor.indexer.kv_norm.weight", 1, di, 0, 0, &L->i_norm, 2, 0},
             {"self_attn.compressor.indexer.q_b_proj.weight", 2, (uint64_t)d->index_n_heads * di,
-             d->q_lora_rank, 0, &L->i_qb, 2},
+             d->q_lora_rank, 0, &L->i_qb, 2, 1},
             {"self_attn.compressor.indexer.scorer.weights_proj.weight", 2, d->index_n_heads, D, 0,
-             &L->i_w, 2},
-            {"mlp.gate.weight", 2, E, D, 0, &L->router, 0},
-            {"mlp.gate.tid2eid", 2, c->n_vocab, d->n_expert_used, 0, &L->tid2eid, 3},
-            {"mlp.gate.e_score_correction_bias", 1, E, 0, 0, &L->router_bias, 4},
-            {"mlp.experts.gate_up_proj", 3, E, 2 * I, D, &L->gate_up, 0},
-            {"mlp.experts.down_proj", 3, E, D, I, &L->down, 0},
-            {"mlp.shared_experts.gate_proj.weight", 2, I, D, 0, &L->sh_gate, 0},
-            {"mlp.shared_experts.up_proj.weight", 2, I, D, 0, &L->sh_up, 0},
-            {"mlp.shared_experts.down_proj.weight", 2, D, I, 0, &L->sh_down, 0},
+             &L->i_w, 2, 1},
+            {"mlp.gate.weight", 2, E, D, 0, &L->router, 0, 0},
+            {"mlp.gate.tid2eid", 2, c->n_vocab, d->n_expert_used, 0, &L->tid2eid, 3, 0},
+            {"mlp.gate.e_score_correction_bias", 1, E, 0, 0, &L->router_bias, 4, 0},
+            {"mlp.experts.gate_up_proj", 3, E, 2 * I, D, &L->gate_up, 0, 2},
+            {"mlp.experts.down_proj", 3, E, D, I, &L->down, 0, 2},
+            {"mlp.shared_experts.gate_proj.weight", 2, I, D, 0, &L->sh_gate, 0, 1},
+            {"mlp.shared_experts.up_proj.weight", 2, I, D, 0, &L->sh_up, 0, 1},
+            {"mlp.shared_experts.down_proj.weight", 2, D, I, 0, &L->sh_down, 0, 1},
         };
         for (size_t i = 0; rc == TM_OK && i < sizeof(spec) / sizeof(spec[0]); i++) {
             int when = spec[i].when;
@@ -520,7 +524,14 @@ tm_rc tm_dsv4_bind(tm_model *m, const struct tm_st_set *st, tm_err *err) {
                 continue;
             char name[160];
             snprintf(name, sizeof(name), "model.layers.%u.%s", il, spec[i].suffix);
-            rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].d2, spec[i].t, err);
+            const uint64_t want[3] = {spec[i].d0, spec[i].d1, spec[i].d2};
+            if (spec[i].lin)
+                rc = tm_quant_bind(st, &c->quant, name,
+                                   spec[i].lin == 2 ? TM_QROLE_EXPERT : TM_QROLE_DENSE,
+                                   spec[i].n_dim, want, spec[i].t, err);
+            else
+                rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].d2, spec[i].t,
+                          err);
         }
         // Hash routing reads expert ids from tid2eid: they must be integers below
         // E.

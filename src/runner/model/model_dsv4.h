@@ -11,7 +11,7 @@
  * (model.layers.<i>.self_attn.q_a_proj.weight, ...), as save_pretrained writes
  * them and tools/mkmodel makes them. Not handled: the original DeepSeek
  * checkpoint names (layers.<i>.attn.wq_a.weight, ...) that transformers renames
- * on load, the FP8/FP4 quantized checkpoints (weight_scale_inv / e8m0 scales),
+ * on load,
  * int64 tid2eid tensors (the safetensors reader takes float dtypes only), and
  * the MTP layers (ignored when present). */
 #ifndef TM_RUNNER_MODEL_MODEL_DSV4_H
@@ -123,8 +123,11 @@ typedef struct tm_dsv4 {
  * other than default/yarn), TM_E_NOMEM. */
 tm_rc tm_dsv4_config_parse(void *root, void *gen, tm_model_cfg *c, tm_dsv4 **out, tm_err *err);
 /* Bind every weight of m (embd, out_norm, lm_head and m->arch_w's tensors) from
- * st, checking each shape against the config. TM_E_PARSE names the first
- * missing or misshaped tensor. */
+ * st, checking each shape against the config. The dense linears (attention,
+ * compressor, indexer, shared expert) may be FP8 as quantization_config says,
+ * the routed experts as expert_dtype says (MXFP4: packed e2m1 I8 [E][out][in/2]
+ * with F8_E8M0 <name>_scale_inv [E][out][in/32]; docs/quantization.md). TM_E_PARSE
+ * names the first missing or misshaped tensor or scale. */
 struct tm_st_set;
 tm_rc tm_dsv4_bind(tm_model *m, const struct tm_st_set *st, tm_err *err);
 void tm_dsv4_destroy(tm_dsv4 *d); /* NULL is a no-op */

@@ -65,6 +65,14 @@ static int dtype_from_name(const char *s, tm_dtype *dt) {
         *dt = TM_DTYPE_F16;
     else if (!strcmp(s, "BF16"))
         *dt = TM_DTYPE_BF16;
+    else if (!strcmp(s, "F8_E4M3"))
+        *dt = TM_DTYPE_F8_E4M3;
+    else if (!strcmp(s, "F8_E8M0"))
+        *dt = TM_DTYPE_F8_E8M0;
+    else if (!strcmp(s, "I8"))
+        *dt = TM_DTYPE_I8;
+    else if (!strcmp(s, "U8"))
+        *dt = TM_DTYPE_U8;
     else
         return 0;
     return 1;
@@ -73,9 +81,8 @@ static int dtype_from_name(const char *s, tm_dtype *dt) {
 /* Dtypes of the format that we recognise but do not load. */
 static int dtype_known_other(const char *s) {
     static const char *const names[] = {
-        "F64",     "I64", "U64",  "I32",         "U32",        "I16",     "U16",
-        "I8",      "U8",  "BOOL", "F8_E4M3",     "F8_E5M2",    "F8_E8M0", "F6_E2M3",
-        "F6_E3M2", "F4",  "C64",  "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+        "F64",  "I64",     "U64",     "I32", "U32", "I16",         "U16",
+        "BOOL", "F8_E5M2", "F6_E2M3", "F6_E3M2", "F4", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(s, names[i]))
             return 1;
@@ -87,6 +94,11 @@ static const char *st_dtype_name(tm_dtype dt) {
     case TM_DTYPE_F32: return "F32";
     case TM_DTYPE_F16: return "F16";
     case TM_DTYPE_BF16: return "BF16";
+    case TM_DTYPE_F8_E4M3: return "F8_E4M3";
+    case TM_DTYPE_F8_E8M0: return "F8_E8M0";
+    case TM_DTYPE_I8: return "I8";
+    case TM_DTYPE_U8: return "U8";
+    case TM_DTYPE_F4_E2M1: break; // not a header dtype: written as I8 [.., n/2] by the caller
     }
     return "?";
 }
@@ -116,7 +128,8 @@ static tm_rc parse_entry(const char *label, const char *name, json_t *v, uint64_
     if (!dtype_from_name(dts, &t->dtype)) {
         if (dtype_known_other(dts))
             return TM_ERR(err, TM_E_PARSE,
-                          "%s: tensor '%.100s': dtype %s is not supported (F32, F16, BF16 are)",
+                          "%s: tensor '%.100s': dtype %s is not supported (F32, F16, BF16, "
+                          "F8_E4M3, F8_E8M0, I8, U8 are)",
                           label, name, dts);
         return TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s': unknown dtype '%.40s'", label, name,
                       dts);
@@ -689,6 +702,7 @@ tm_rc tm_st_file_write(const char *path, const tm_st_wtensor *t, size_t n_tensor
         return TM_ERR(err, TM_E_NOMEM, "%s: %zu tensors", path, n_tensor);
     for (size_t i = 0; i < n_tensor; i++) {
         TM_ASSERT(t[i].n_dim <= TM_ST_MAX_DIM);
+        TM_ASSERT(t[i].dtype != TM_DTYPE_F4_E2M1); // packed FP4 is written as I8 [.., n/2]
         order[i] = &t[i];
     }
     qsort(order, n_tensor, sizeof(*order), cmp_wtensor_ptr);

@@ -4,7 +4,7 @@
  * The reader maps the file read-only and validates the whole header before it hands out a single
  * pointer: N <= file size - 8 and N <= TM_ST_MAX_HEADER_BYTES; the header is valid UTF-8, starts
  * with '{' and is a JSON object without duplicate keys; every entry other than "__metadata__" is
- * an object with exactly "dtype" (F32, F16 or BF16), "shape" (at most TM_ST_MAX_DIM non-negative
+ * an object with exactly "dtype" (F32, F16, BF16, F8_E4M3, F8_E8M0, I8 or U8), "shape" (at most TM_ST_MAX_DIM non-negative
  * integers whose product times the element size fits in 64 bits) and "data_offsets" ([begin,
  * end], begin <= end, end - begin == product * element size). The tensors must tile the data
  * section exactly, as the reference implementation (safetensors' validate()) demands: no

@@ -187,8 +187,14 @@ static void mm(dsv4_eng *e, float *out, uint32_t ld_out, const float *x, uint32_
     mm_job j = {0};
     j.a.out = out;
     j.a.x = x;
-    j.a.w = (const char *)w->data + w_off * tm_dtype_size(w->dtype);
-    j.a.w_dtype = w->dtype;
+    if (w->quant != TM_QUANT_NONE) { // rows read dequantized; w_off is a whole number of rows
+        TM_ASSERT(w_off % w->shape[w->n_dim - 1] == 0);
+        j.a.wq = w;
+        j.a.wq_row0 = w_off / w->shape[w->n_dim - 1];
+    } else {
+        j.a.w = (const char *)w->data + w_off * tm_dtype_size(w->dtype);
+        j.a.w_dtype = w->dtype;
+    }
     j.a.n_tok = n_tok;
     j.a.n_in = n_in;
     j.a.n_out = n_out;

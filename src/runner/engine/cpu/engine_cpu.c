@@ -146,6 +146,7 @@ static tm_k_matmul_args mm_args(float *out, const float *x, const tm_tensor *w,
         .x = x,
         .w = w->data,
         .w_dtype = w->dtype,
+        .wq = w->quant != TM_QUANT_NONE ? w : NULL,
         .bias = bias ? bias->data : NULL,
         .bias_dtype = bias ? bias->dtype : TM_DTYPE_F32,
         .res = res,
@@ -409,7 +410,7 @@ static tm_rc check_model(const tm_model *m, tm_err *err) {
          !(c->rope_low_freq_factor > 0.0f) || !(c->rope_high_freq_factor > 0.0f) ||
          c->rope_orig_ctx == 0))
         return TM_ERR(err, TM_E_INVAL, "cpu engine: bad llama3 rope scaling parameters");
-    return tm_model_check_weights(m, "cpu engine", err);
+    return tm_model_check_weights_quant(m, "cpu engine", err); // rows read dequantized
 }
 
 static void *alloc_floats(size_t n, int *failed) {
@@ -433,6 +434,11 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
     tm_model *shard = NULL;
     uint32_t vocab0 = 0;
     const tm_model *full = m;
+    if (opts->tp_size > 1 && tm_model_is_quantized(m))
+        return TM_ERR(err, TM_E_INVAL,
+                      "cpu engine: tensor parallel (tp_size %u) of quantized weights is not "
+                      "supported",
+                      opts->tp_size);
     if (opts->tp_size > 1) {
         tm_rc rc = tm_cpu_shard_create(full, opts->tp_rank, opts->tp_size, &shard, &vocab0, err);
         if (rc)

@@ -109,7 +109,10 @@ void tm_cpu_matmul_rows(const tm_k_matmul_args *a, uint32_t o0, uint32_t o1, flo
     for (; o + TM_CPU_MM_ROWS <= o1; o += TM_CPU_MM_ROWS) {
         const float *w[TM_CPU_MM_ROWS];
         for (int r = 0; r < TM_CPU_MM_ROWS; r++) {
-            if (a->w_dtype == TM_DTYPE_F32) {
+            if (a->wq) {
+                tm_tensor_row_f32(a->wq, (size_t)(a->wq_row0 + o + r), wbuf + r * n_in);
+                w[r] = wbuf + r * n_in;
+            } else if (a->w_dtype == TM_DTYPE_F32) {
                 w[r] = (const float *)a->w + (size_t)(o + r) * n_in;
             } else {
                 tm_dtype_to_f32(a->w, a->w_dtype, (size_t)(o + r) * n_in, n_in, wbuf + r * n_in);
@@ -125,7 +128,10 @@ void tm_cpu_matmul_rows(const tm_k_matmul_args *a, uint32_t o0, uint32_t o1, flo
     }
     for (; o < o1; o++) {
         const float *w = (const float *)a->w + (size_t)o * n_in;
-        if (a->w_dtype != TM_DTYPE_F32) {
+        if (a->wq) {
+            tm_tensor_row_f32(a->wq, (size_t)(a->wq_row0 + o), wbuf);
+            w = wbuf;
+        } else if (a->w_dtype != TM_DTYPE_F32) {
             tm_dtype_to_f32(a->w, a->w_dtype, (size_t)o * n_in, n_in, wbuf);
             w = wbuf;
         }

@@ -30,8 +30,11 @@ float tm_cpu_dot(const float *a, const float *b, size_t n);
 typedef struct tm_k_matmul_args {
     float *out;          /* [n_tok][ld_out] */
     const float *x;      /* [n_tok][n_in] */
-    const void *w;       /* [n_out][n_in], dtype w_dtype */
+    const void *w;       /* [n_out][n_in], dtype w_dtype; unused when wq is set */
     tm_dtype w_dtype;
+    const tm_tensor *wq; /* a quantized weight (runner/model/tensor.h), or NULL: output row o is
+                          * row wq_row0 + o of wq, read dequantized with tm_tensor_row_f32 */
+    uint64_t wq_row0;
     const void *bias;    /* [n_out], dtype bias_dtype, or NULL */
     tm_dtype bias_dtype;
     const float *res;    /* [n_tok][ld_out] residual added after the bias, or NULL; may == out */
@@ -41,8 +44,10 @@ typedef struct tm_k_matmul_args {
 
 /* Floats of scratch tm_cpu_matmul_rows needs: TM_CPU_MM_ROWS * n_in. */
 #define TM_CPU_MM_ROWS 4
-/* Output rows [o0, o1) for all tokens. Each weight row is converted to f32 once into wbuf
- * (TM_CPU_MM_ROWS * n_in floats) and used for every token. */
+/* Output rows [o0, o1) for all tokens. Each weight row is converted to f32 (dequantized when wq
+ * is set) once into wbuf (TM_CPU_MM_ROWS * n_in floats) and used for every token; the dot
+ * products are the same whatever the weight's format, so a quantized weight gives the bits of
+ * its dequantized f32 copy. */
 void tm_cpu_matmul_rows(const tm_k_matmul_args *a, uint32_t o0, uint32_t o1, float *wbuf);
 /* All rows, single-threaded. */
 void tm_cpu_matmul(const tm_k_matmul_args *a, float *wbuf);
