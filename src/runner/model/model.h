@@ -98,4 +98,10 @@ const char *tm_model_arch_name(const tm_model *m);
  * message ("cpu engine"). TM_E_INVAL naming the layer and tensor. */
 tm_rc tm_model_check_weights(const tm_model *m, const char *who, tm_err *err);
 
+/* The RoPE inverse frequencies of a Llama-family cfg, which both engines use:
+ * inv_freq[i] = 1/theta^(2i/d) for i < d/2 (d = cfg->head_dim), with the llama3 rescaling when
+ * cfg->rope_type says so. fp32 math in the order HF uses. inv_freq holds head_dim / 2 floats.
+ * Pure; any thread. */
+void tm_model_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq);
+
 #endif /* TM_RUNNER_MODEL_MODEL_H */

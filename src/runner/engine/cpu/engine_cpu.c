@@ -513,7 +513,7 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
         goto fail;
     }
 
-    tm_cpu_rope_inv_freq(c, impl->inv_freq);
+    tm_model_rope_inv_freq(c, impl->inv_freq);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const tm_layer_w *L = &m->layers[l];
         tm_dtype_to_f32(L->attn_norm.data, L->attn_norm.dtype, 0, d, impl->attn_norm + l * d);

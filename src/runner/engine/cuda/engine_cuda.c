@@ -59,7 +59,6 @@
 #include "kernels/rope.h"
 #include "kernels/sample.h"
 #include "kernels/tp.h"
-#include "runner/engine/cpu/ops.h"
 #include "runner/tp/shard.h"
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
@@ -1543,7 +1542,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         goto fail;
 
     float inv_freq[TM_ATTN_MAX_HEAD_DIM / 2];
-    tm_cpu_rope_inv_freq(c, inv_freq);
+    tm_model_rope_inv_freq(c, inv_freq);
     rc = TM_CUDA_CHECK(cudaMemcpy(impl->inv_freq, inv_freq, c->head_dim / 2 * sizeof(float),
                                   cudaMemcpyHostToDevice),
                        err);
