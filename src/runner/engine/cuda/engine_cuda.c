@@ -1144,27 +1144,19 @@ static tm_rc fill_weights(cuda_impl *impl, uint64_t seed, tm_err *err) {
     return rc;
 }
 
-/* The shard config of rank of tp: the split of runner/tp/shard.c (which the weights
- * path uses itself; create asserts that both agree). */
+/* The shard config of rank of tp: the split of runner/tp/shard.h (which the weights path cuts
+ * them by itself; create asserts that both agree). */
 static tm_rc tp_shard_cfg(const tm_model_cfg *c, uint32_t rank, uint32_t tp, tm_model_cfg *s,
                           uint32_t *vocab0, uint32_t *v_per, tm_err *err) {
     if (rank >= tp)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: tp rank %u of %u", rank, tp);
-    if (c->n_head % tp || c->n_ff % tp)
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: %u attention heads and intermediate size %u must divide by "
-                      "tp %u",
-                      c->n_head, c->n_ff, tp);
-    if (c->n_kv_head % tp && tp % c->n_kv_head)
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: %u KV heads neither divide by nor divide tp %u",
-                      c->n_kv_head, tp);
-    *s = *c;
-    s->n_head = c->n_head / tp;
-    s->n_kv_head = c->n_kv_head >= tp ? c->n_kv_head / tp : 1;
-    s->n_ff = c->n_ff / tp;
-    *v_per = TM_CEIL_DIV(c->n_vocab, tp);
-    *vocab0 = TM_MIN(rank * *v_per, c->n_vocab);
-    s->n_vocab = TM_MIN(*v_per, c->n_vocab - *vocab0);
+    tm_shard_split sp;
+    tm_rc rc = tm_shard_split_init(&sp, c, rank, tp, "cuda engine", err);
+    if (rc)
+        return rc;
+    *s = sp.cfg;
+    *v_per = sp.v_per;
+    *vocab0 = sp.vocab0;
     if (s->n_vocab == 0)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: vocabulary of %u too small for tp %u",
                       c->n_vocab, tp);
@@ -1554,7 +1546,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         // This rank's slices of the host weights (views, plus column copies of o_proj and
         // down_proj), uploaded and dropped.
         uint32_t sv0 = 0;
-        rc = tm_cpu_shard_create(m, impl->tp_rank, tp_size, &shard, &sv0, err);
+        rc = tm_shard_create(m, impl->tp_rank, tp_size, &shard, &sv0, err);
         if (!rc) {
             const tm_model_cfg *sc = &shard->cfg;
             TM_ASSERT(sv0 == vocab0 && sc->n_head == c->n_head && sc->n_kv_head == c->n_kv_head &&
@@ -1568,11 +1560,11 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     }
     if (rc)
         goto fail;
-    tm_cpu_shard_destroy(shard);
+    tm_shard_destroy(shard);
     *out = &impl->eng;
     return TM_OK;
 fail:
-    tm_cpu_shard_destroy(shard);
+    tm_shard_destroy(shard);
     fail_engine(impl); // abort, not destroy: other ranks may be gone
     cuda_destroy(&impl->eng);
     return err->rc;
