@@ -1,8 +1,8 @@
 /* kernels/allreduce.h - a one-shot all-reduce (sum, fp32) of a few rows for tensor parallel
  * inside one node, over peer-to-peer memory (NVLink or PCIe), fused with what surrounds it in a
  * decode step: the sum of this rank's split-K partials before it, the RMSNorm after it. NCCL's
- * per-call latency dominates the small all-reduces of decode steps; runner/engine/cuda/engine_cuda.c keeps
- * NCCL for larger steps.
+ * per-call latency dominates the small all-reduces of decode steps; the CUDA engine
+ * (runner/engine/cuda/) keeps NCCL for larger steps.
  *
  * Every rank owns one region (tm_k_allreduce_region_bytes): two buffers of TM_AR_MAX_ROWS rows
  * per source rank, each row of d floats stored as 16-byte lines {value, epoch, value, epoch},

@@ -1,6 +1,6 @@
-/* kernels/common.h - CUDA status codes into tm_err, for the kernel launchers and
- * runner/engine/cuda/engine_cuda.c (the only runner file that includes kernels/ headers). A CUDA runtime
- * error is turned into TM_E_CUDA straight away, with cudaGetErrorString's text in err->msg.
+/* kernels/common.h - CUDA status codes into tm_err, for the kernel launchers and the CUDA
+ * engine, runner/engine/cuda/ (the only runner directory that includes kernels/ headers). A CUDA
+ * runtime error is turned into TM_E_CUDA straight away, with cudaGetErrorString's text in err->msg.
  * Plain C; safe to include from .cu files. No state. */
 #ifndef TM_KERNELS_COMMON_H
 #define TM_KERNELS_COMMON_H

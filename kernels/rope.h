@@ -3,7 +3,7 @@
  * y[i] = x[i]*cos - x[i+d/2]*sin, y[i+d/2] = x[i+d/2]*cos + x[i]*sin), write q as bf16 for the
  * attention kernel and k, v as bf16 into the paged KV cache at each token's slot
  * (block_table[pos / block_size] * block_size + pos % block_size, computed by the caller).
- * inv_freq comes from the host (tm_cpu_rope_inv_freq, llama3 scaling included). Host reference:
+ * inv_freq comes from the host (tm_model_rope_inv_freq, llama3 scaling included). Host reference:
  * tm_cpu_rope_table + tm_cpu_rope (runner/engine/cpu/ops.h) and the cache row copy of the CPU
  * engine, then rounding to bf16. */
 #ifndef TM_KERNELS_ROPE_H

@@ -1,4 +1,4 @@
-/* kernels/tp.h - the kernels tensor parallel adds (runner/engine/cuda/engine_cuda.c with tp_size > 1):
+/* kernels/tp.h - the kernels tensor parallel adds (runner/engine/cuda/ with tp_size > 1):
  *  - embed_part: the vocab-parallel embedding gather. A rank holds rows [vocab0, vocab0 + n_vocab)
  *    of the table; a token outside that slice gives a zero row, so that the sum of all ranks'
  *    outputs (an all-reduce) is the full embedding. Host reference: the shard branch of the

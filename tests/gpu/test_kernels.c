@@ -227,7 +227,7 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
         cfg.rope_orig_ctx = 8192;
     }
     float *inv = xmalloc(half * 4);
-    tm_cpu_rope_inv_freq(&cfg, inv);
+    tm_model_rope_inv_freq(&cfg, inv);
     float *qkv = xmalloc((size_t)n_tok * ld * 4), *b = xmalloc(ld * 4);
     uint32_t *pos = xmalloc(n_tok * 4), *slot = xmalloc(n_tok * 4);
     for (size_t i = 0; i < (size_t)n_tok * ld; i++)

@@ -1,7 +1,7 @@
 /* runner/model/model.c - load a Llama-family Hugging Face model folder: config.json (+
  * generation_config.json) into tm_model_cfg, and the safetensors weights (runner/model/safetensors.h)
- * bound to tm_tensor views whose shapes are checked against the config. Also the dtype
- * conversions and element readers the engines use.
+ * bound to tm_tensor views whose shapes are checked against the config. Also the RoPE inverse
+ * frequency table both engines use (tm_model_rope_inv_freq).
  *
  * Error codes: TM_E_PARSE for malformed or inconsistent files (bad JSON, a missing field, a
  * value out of range, a tensor with the wrong shape), TM_E_INVAL for well-formed configs that ask
@@ -656,4 +656,28 @@ int tm_model_is_quantized(const tm_model *m) {
                 return 1;
     }
     return 0;
+}
+
+void tm_model_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq) {
+    const uint32_t d = cfg->head_dim, half = d / 2;
+    for (uint32_t i = 0; i < half; i++)
+        inv_freq[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)d);
+    if (cfg->rope_type != TM_ROPE_LLAMA3)
+        return;
+    // llama3: long wavelengths are slowed down by `factor`, short ones kept, and the band in
+    // between interpolated (transformers' _compute_llama3_parameters).
+    const float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor;
+    const float hi = cfg->rope_high_freq_factor, old_ctx = (float)cfg->rope_orig_ctx;
+    const float lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    const float two_pi = (float)(2.0 * 3.14159265358979323846);
+    for (uint32_t i = 0; i < half; i++) {
+        float f = inv_freq[i];
+        float wavelen = two_pi / f;
+        float scaled = wavelen > lo_wavelen ? f / factor : f;
+        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+            float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+        }
+        inv_freq[i] = scaled;
+    }
 }

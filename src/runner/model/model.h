@@ -109,4 +109,10 @@ tm_rc tm_model_check_weights_quant(const tm_model *m, const char *who, tm_err *e
 /* 1 if any weight of m is quantized (Llama family and DeepSeek-V4), else 0. */
 int tm_model_is_quantized(const tm_model *m);
 
+/* The RoPE inverse frequencies of a Llama-family cfg, which both engines use:
+ * inv_freq[i] = 1/theta^(2i/d) for i < d/2 (d = cfg->head_dim), with the llama3 rescaling when
+ * cfg->rope_type says so. fp32 math in the order HF uses. inv_freq holds head_dim / 2 floats.
+ * Pure; any thread. */
+void tm_model_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq);
+
 #endif /* TM_RUNNER_MODEL_MODEL_H */

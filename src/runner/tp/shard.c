@@ -1,10 +1,11 @@
-/* runner/tp/shard.c - slicing a model for one tensor-parallel rank. */
+/* runner/tp/shard.c - the tensor-parallel split of a Llama-family model (runner/tp/shard.h): the
+ * per-rank counts, and the weights sliced by them for one rank. */
 #include "runner/tp/shard.h"
 
 #include <string.h>
 
 #include "base/alloc.h"
-#include "runner/engine/cpu/ops.h"
+#include "runner/model/tensor.h"
 
 /* Owned buffers of a shard: column-slice copies, freed with it. */
 typedef struct shard_owned {
@@ -40,18 +41,38 @@ static tm_rc cols(const tm_tensor *t, uint64_t c0, uint64_t n, shard_owned *own,
     return TM_OK;
 }
 
-tm_rc tm_cpu_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_model **out,
-                          uint32_t *vocab0, tm_err *err) {
-    const tm_model_cfg *c = &full->cfg;
+tm_rc tm_shard_split_init(tm_shard_split *out, const tm_model_cfg *c, uint32_t rank, uint32_t tp,
+                          const char *who, tm_err *err) {
     if (tp == 0 || rank >= tp)
-        return TM_ERR(err, TM_E_INVAL, "tp shard: rank %u of %u", rank, tp);
+        return TM_ERR(err, TM_E_INVAL, "%s: rank %u of %u", who, rank, tp);
     if (c->n_head % tp || c->n_ff % tp)
         return TM_ERR(err, TM_E_INVAL,
-                      "tp shard: %u attention heads and intermediate size %u must divide by tp %u",
+                      "%s: %u attention heads and intermediate size %u must divide by tp %u", who,
                       c->n_head, c->n_ff, tp);
     if (c->n_kv_head % tp && tp % c->n_kv_head)
-        return TM_ERR(err, TM_E_INVAL,
-                      "tp shard: %u KV heads neither divide by nor divide tp %u", c->n_kv_head, tp);
+        return TM_ERR(err, TM_E_INVAL, "%s: %u KV heads neither divide by nor divide tp %u", who,
+                      c->n_kv_head, tp);
+    const uint32_t nkv = c->n_kv_head >= tp ? c->n_kv_head / tp : 1;
+    const uint32_t v_per = TM_CEIL_DIV(c->n_vocab, tp);
+    const uint32_t v0 = TM_MIN(rank * v_per, c->n_vocab);
+    out->cfg = *c;
+    out->cfg.n_head = c->n_head / tp;
+    out->cfg.n_kv_head = nkv;
+    out->cfg.n_ff = c->n_ff / tp;
+    out->cfg.n_vocab = TM_MIN(v_per, c->n_vocab - v0);
+    out->kv0 = c->n_kv_head >= tp ? rank * nkv : rank / (tp / c->n_kv_head);
+    out->vocab0 = v0;
+    out->v_per = v_per;
+    return TM_OK;
+}
+
+tm_rc tm_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_model **out,
+                      uint32_t *vocab0, tm_err *err) {
+    const tm_model_cfg *c = &full->cfg;
+    tm_shard_split sp;
+    tm_rc rc = tm_shard_split_init(&sp, c, rank, tp, "tp shard", err);
+    if (rc)
+        return rc;
     tm_model *s = tm_calloc(1, sizeof(*s));
     if (!s)
         return TM_ERR(err, TM_E_NOMEM, "tp shard header");
@@ -64,19 +85,10 @@ tm_rc tm_cpu_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_m
         TM_ERR(err, TM_E_NOMEM, "tp shard of %u layers", c->n_layer);
         goto fail;
     }
-    s->cfg = *c;
+    s->cfg = sp.cfg;
     const uint64_t hd = c->head_dim;
-    const uint32_t nh = c->n_head / tp;
-    const uint32_t nkv = c->n_kv_head >= tp ? c->n_kv_head / tp : 1;
-    const uint32_t kv0 = c->n_kv_head >= tp ? rank * nkv : rank / (tp / c->n_kv_head);
-    const uint32_t ff = c->n_ff / tp;
-    const uint32_t v_per = TM_CEIL_DIV(c->n_vocab, tp);
-    const uint32_t v0 = TM_MIN(rank * v_per, c->n_vocab);
-    const uint32_t nv = TM_MIN(v_per, c->n_vocab - v0);
-    s->cfg.n_head = nh;
-    s->cfg.n_kv_head = nkv;
-    s->cfg.n_ff = ff;
-    s->cfg.n_vocab = nv;
+    const uint32_t nh = sp.cfg.n_head, nkv = sp.cfg.n_kv_head, kv0 = sp.kv0, ff = sp.cfg.n_ff;
+    const uint32_t v0 = sp.vocab0, nv = sp.cfg.n_vocab;
     s->embd = rows(&full->embd, v0, nv);
     s->out_norm = full->out_norm;
     s->lm_head = rows(full->lm_head.data ? &full->lm_head : &full->embd, v0, nv);
@@ -94,7 +106,7 @@ tm_rc tm_cpu_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_m
         L->bv = rows(&F->bv, kv0 * hd, nkv * hd);
         L->w_gate = rows(&F->w_gate, (uint64_t)rank * ff, ff);
         L->w_up = rows(&F->w_up, (uint64_t)rank * ff, ff);
-        tm_rc rc = cols(&F->wo, rank * nh * hd, nh * hd, own, &L->wo, err);
+        rc = cols(&F->wo, rank * nh * hd, nh * hd, own, &L->wo, err);
         if (!rc)
             rc = cols(&F->w_down, (uint64_t)rank * ff, ff, own, &L->w_down, err);
         if (rc)
@@ -104,11 +116,11 @@ tm_rc tm_cpu_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_m
     *out = s;
     return TM_OK;
 fail:
-    tm_cpu_shard_destroy(s);
+    tm_shard_destroy(s);
     return err->rc;
 }
 
-void tm_cpu_shard_destroy(tm_model *shard) {
+void tm_shard_destroy(tm_model *shard) {
     if (!shard)
         return;
     shard_owned *own = shard->impl;

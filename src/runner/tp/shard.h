@@ -1,11 +1,13 @@
 /* runner/tp/shard.h - the tensor-parallel shard of a Llama-family model for one rank, as
- * every TP engine splits it: query heads split evenly; KV heads split evenly, or, with fewer KV
- * heads than ranks, each rank keeps the one KV head its query heads read (replicated); MLP
- * gate/up rows and down columns split evenly; embedding and LM head split by vocabulary rows
- * (vocab-parallel: ranks [vocab0, vocab0 + n_vocab) of the shard's cfg). Norms are replicated.
- * Row slices are views into the full model's mappings; o_proj and down_proj column slices are
- * owned copies. The partial outputs of o_proj, down_proj and the embedding are summed across
- * ranks (all-reduce) by the engine. */
+ * every TP engine (CPU and CUDA) splits it: query heads split evenly; KV heads split evenly, or,
+ * with fewer KV heads than ranks, each rank keeps the one KV head its query heads read
+ * (replicated); MLP gate/up rows and down columns split evenly; embedding and LM head split by
+ * vocabulary rows (vocab-parallel: rows [vocab0, vocab0 + n_vocab) of the shard's cfg, v_per rows
+ * per rank, the last rank fewer). Norms are replicated. The split itself (tm_shard_split_init) is
+ * the one definition of those counts; tm_shard_create slices the weights by it: row slices are
+ * views into the full model's mappings, o_proj and down_proj column slices are owned copies. The
+ * partial outputs of o_proj, down_proj and the embedding are summed across ranks (all-reduce) by
+ * the engine. Pure functions of their inputs; any thread. */
 #ifndef TM_RUNNER_TP_SHARD_H
 #define TM_RUNNER_TP_SHARD_H
 
@@ -14,12 +16,28 @@
 #include "base/err.h"
 #include "runner/model/model.h"
 
-/* Build rank's shard of full (borrowed; must outlive the shard). Its cfg has the shard's head,
- * KV head, n_ff and n_vocab counts; *vocab0 is its first vocabulary row. TM_E_INVAL when the
- * model does not split tp ways (n_head % tp, n_ff % tp, n_kv_head vs tp). On success *out owns
- * the shard; free it with tm_cpu_shard_destroy. */
-tm_rc tm_cpu_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_model **out,
-                          uint32_t *vocab0, tm_err *err);
-void tm_cpu_shard_destroy(tm_model *shard); /* NULL is a no-op */
+/* One rank's part of the split. */
+typedef struct tm_shard_split {
+    tm_model_cfg cfg; /* the full cfg with the shard's n_head, n_kv_head, n_ff and n_vocab (this
+                         rank's vocabulary rows; 0 when the vocabulary is smaller than the ranks
+                         need); every other field as the full model's */
+    uint32_t kv0;     /* first KV head of the full model this rank keeps */
+    uint32_t vocab0;  /* first vocabulary row of this rank, at most the full n_vocab */
+    uint32_t v_per;   /* vocabulary rows per rank: ceil(n_vocab / tp) */
+} tm_shard_split;
+
+/* Fill *out with rank's part of the split of c tp ways. who starts the messages ("tp shard").
+ * TM_E_INVAL when tp is 0 or rank >= tp ("<who>: rank R of TP") or the model does not split tp
+ * ways (n_head % tp, n_ff % tp, n_kv_head neither dividing nor divided by tp). */
+tm_rc tm_shard_split_init(tm_shard_split *out, const tm_model_cfg *c, uint32_t rank, uint32_t tp,
+                          const char *who, tm_err *err);
+
+/* Build rank's shard of full (borrowed; must outlive the shard), split by tm_shard_split_init
+ * (messages start with "tp shard"). Its cfg is the split's with tie_embd 0 (the shard always
+ * carries its own lm_head view); *vocab0 is its first vocabulary row. TM_E_INVAL as the split,
+ * TM_E_NOMEM. On success *out owns the shard; free it with tm_shard_destroy. */
+tm_rc tm_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_model **out,
+                      uint32_t *vocab0, tm_err *err);
+void tm_shard_destroy(tm_model *shard); /* NULL is a no-op */
 
 #endif /* TM_RUNNER_TP_SHARD_H */

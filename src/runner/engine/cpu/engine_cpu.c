@@ -440,21 +440,21 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
                       "supported",
                       opts->tp_size);
     if (opts->tp_size > 1) {
-        tm_rc rc = tm_cpu_shard_create(full, opts->tp_rank, opts->tp_size, &shard, &vocab0, err);
+        tm_rc rc = tm_shard_create(full, opts->tp_rank, opts->tp_size, &shard, &vocab0, err);
         if (rc)
             return rc;
         m = shard;
     }
     tm_rc rc = check_model(m, err);
     if (rc) {
-        tm_cpu_shard_destroy(shard);
+        tm_shard_destroy(shard);
         return rc;
     }
     const tm_model_cfg *c = &m->cfg;
     uint64_t max_pos = (uint64_t)opts->n_kv_block * opts->block_size;
     cpu_impl *impl = max_pos > UINT32_MAX ? NULL : tm_calloc(1, sizeof(*impl));
     if (!impl) {
-        tm_cpu_shard_destroy(shard);
+        tm_shard_destroy(shard);
         if (max_pos > UINT32_MAX)
             return TM_ERR(err, TM_E_INVAL, "cpu engine: KV pool of %llu positions too large",
                           (unsigned long long)max_pos);
@@ -519,7 +519,7 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
         goto fail;
     }
 
-    tm_cpu_rope_inv_freq(c, impl->inv_freq);
+    tm_model_rope_inv_freq(c, impl->inv_freq);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const tm_layer_w *L = &m->layers[l];
         tm_dtype_to_f32(L->attn_norm.data, L->attn_norm.dtype, 0, d, impl->attn_norm + l * d);
@@ -580,6 +580,6 @@ static void cpu_destroy(tm_engine *eng) {
     tm_free(impl->tok_seq);
     tm_free(impl->seq_tok0);
     tm_free(impl->attn_items);
-    tm_cpu_shard_destroy(impl->shard);
+    tm_shard_destroy(impl->shard);
     tm_free(impl);
 }

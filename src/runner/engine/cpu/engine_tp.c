@@ -12,6 +12,7 @@
 
 #include "base/alloc.h"
 #include "runner/engine/engine.h"
+#include "runner/tp/shard.h"
 
 typedef struct tp_impl tp_impl;
 
@@ -203,7 +204,6 @@ tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_
         goto fail;
     }
     tp->bar_ok = 1;
-    uint32_t v_per = TM_CEIL_DIV(m->cfg.n_vocab, n); // as shard.c splits the vocabulary
     for (uint32_t r = 0; r < n; r++) {
         tp->ctx[r] = (rank_ctx){.tp = tp, .rank = r};
         tm_engine_opts ro = *opts;
@@ -216,8 +216,12 @@ tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_
             tm_err_wrap(err, "tp rank %u of %u", r, n);
             goto fail;
         }
-        tp->vocab0[r] = TM_MIN(r * v_per, m->cfg.n_vocab);
-        tp->n_vocab[r] = TM_MIN(v_per, m->cfg.n_vocab - tp->vocab0[r]);
+        tm_shard_split sp; // rank r's vocabulary rows, as its engine's shard holds them
+        rc = tm_shard_split_init(&sp, &m->cfg, r, n, "tp shard", err);
+        if (rc)
+            goto fail;
+        tp->vocab0[r] = sp.vocab0;
+        tp->n_vocab[r] = sp.cfg.n_vocab;
         tp->rank_logits[r] = tm_calloc((size_t)opts->max_seqs * TM_MAX(tp->n_vocab[r], 1u),
                                        sizeof(float));
         if (!tp->rank_logits[r]) {

@@ -174,30 +174,6 @@ void tm_cpu_rope(const tm_k_rope_args *a) {
     }
 }
 
-void tm_cpu_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq) {
-    const uint32_t d = cfg->head_dim, half = d / 2;
-    for (uint32_t i = 0; i < half; i++)
-        inv_freq[i] = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)d);
-    if (cfg->rope_type != TM_ROPE_LLAMA3)
-        return;
-    // llama3: long wavelengths are slowed down by `factor`, short ones kept, and the band in
-    // between interpolated (transformers' _compute_llama3_parameters).
-    const float factor = cfg->rope_factor, lo = cfg->rope_low_freq_factor;
-    const float hi = cfg->rope_high_freq_factor, old_ctx = (float)cfg->rope_orig_ctx;
-    const float lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
-    const float two_pi = (float)(2.0 * 3.14159265358979323846);
-    for (uint32_t i = 0; i < half; i++) {
-        float f = inv_freq[i];
-        float wavelen = two_pi / f;
-        float scaled = wavelen > lo_wavelen ? f / factor : f;
-        if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
-            float smooth = (old_ctx / wavelen - lo) / (hi - lo);
-            scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
-        }
-        inv_freq[i] = scaled;
-    }
-}
-
 void tm_cpu_rope_table(const uint32_t *pos, uint32_t n_tok, const float *inv_freq,
                        uint32_t head_dim, float *cos_out, float *sin_out) {
     const uint32_t half = head_dim / 2;

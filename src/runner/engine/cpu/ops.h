@@ -78,10 +78,8 @@ typedef struct tm_k_rope_args {
 
 void tm_cpu_rope(const tm_k_rope_args *a);
 
-/* inv_freq[i] = 1/theta^(2i/d), i < d/2, with the llama3 rescaling when cfg says so. fp32 math
- * in the order HF uses. */
-void tm_cpu_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq);
-/* cos/sin tables [n_tok][d/2] for positions pos[t]: angle = (float)pos * inv_freq[i]. */
+/* cos/sin tables [n_tok][d/2] for positions pos[t]: angle = (float)pos * inv_freq[i] (inv_freq from
+ * tm_model_rope_inv_freq, runner/model/model.h). */
 void tm_cpu_rope_table(const uint32_t *pos, uint32_t n_tok, const float *inv_freq,
                        uint32_t head_dim, float *cos_out, float *sin_out);
 

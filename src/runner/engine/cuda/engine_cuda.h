@@ -25,6 +25,10 @@
  * other ranks sit in tm_engine_cuda_tp_serve. A rank that exits, fails or hangs fails the step on
  * every rank with a message naming it (after at most the timeout), and the engines are dead.
  *
+ * Inside (private to the directory): the runtime (engine_cuda.c, engine_cuda_int.h), one file per
+ * architecture behind the table of arch.h (the Llama family: llama.c), and tensor parallel as a
+ * driver around the per-rank engines (tp_driver.c, tp_driver_int.h).
+ *
  * Built with -DTM_CUDA=OFF, every function here exists and returns TM_E_INVAL ("built without
  * CUDA"). */
 #ifndef TM_RUNNER_ENGINE_CUDA_ENGINE_CUDA_H
@@ -54,8 +58,9 @@ typedef struct tm_engine_cuda_tp {
  * (above); gpu_mem_util in (0, 1], 0 meaning 0.90; n_threads is ignored;
  * tp_size must be 0 or 1 (else see tm_engine_cuda_tp_create). On success *out owns the engine (tm_engine_destroy frees it).
  * Errors: TM_E_CUDA (no GPU or no usable driver, out of device memory, any CUDA/cuBLAS failure;
- * the message names the call), TM_E_INVAL (unsupported model: head_dim not a multiple of 8 or
- * above 256, wrong tensor shapes; bad opts; or a build without CUDA), TM_E_NOMEM. */
+ * the message names the call), TM_E_INVAL (unsupported model: an architecture other than the Llama
+ * family, head_dim not a multiple of 8 or above 256, wrong tensor shapes; bad opts; or a build
+ * without CUDA), TM_E_NOMEM. */
 tm_rc tm_engine_cuda_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err);
 
