@@ -1,0 +1,718 @@
+/* kernels/gemm_quant.cu - decode-step projections over FP8 / MXFP4 weights (see gemm_quant.h).
+ *
+ * The layout of gemm_skinny.cu: a warp owns 16 output rows (r = lane / 4: rows r and r + 8) and
+ * one split of the inner dimension, and streams it as chunks: per chunk each lane (c = lane % 4)
+ * copies 16 bytes of row r and 16 of row r + 8 into its slot of a per-warp cp.async ring of D
+ * chunks (D KB in flight per warp). An FP8 chunk is 64 inputs (lane c: inputs [16c, 16c + 16)),
+ * an MXFP4 chunk 128 (lane c: [32c, 32c + 32), exactly one scale group). The lane turns its bytes
+ * into bf16 pairs in registers and feeds them to mma.sync m16n8k16 as the A fragment directly,
+ * with the inner index permuted: every k slot of an mma takes one of the lane's own inputs, and
+ * the B fragment (the tokens' x, loaded by the same lane) is permuted the same way, so the dot
+ * products are unchanged and no shuffle or shared-memory transpose is needed.
+ *
+ * Dequantization (exact; the constants are powers of two):
+ *   e4m3, integer path: a byte b placed as bf16 bits sign << 15 | (b & 0x7f) << 4 is the value
+ *     times 2^-120 (subnormal e4m3 becomes subnormal bf16 with the same scaling), and one
+ *     fma.rn.bf16x2 by 2^120 restores it. Bytes 1 and 3 of a word convert together, so a 32-bit
+ *     word of inputs (v0, v1, v2, v3) gives the pairs (v0, v2) and (v1, v3); x is paired the same
+ *     way with one byte-permute per pair.
+ *   e4m3, cvt path: cvt.rn.f16x2.e4m3x2 (exact), then f16 -> bf16 by moving the bits (the f16 of
+ *     an e4m3 value is normal with 3 mantissa bits) = value * 2^-112, then * 2^112. Natural pairs.
+ *   e2m1: nibbles j and j + 4 of a word (16 bits apart) become one bf16 pair with the sign moved to
+ *     bit 15 and the 3 magnitude bits to bits 6-8 (= value * 2^-126), then * 2^126 and * the e8m0
+ *     scale (two bf16x2 multiplies, exact). x is paired (x_j, x_j+4) by byte-permutes.
+ * Scales are loaded D chunks ahead into registers (the main loop is unrolled by D so that the
+ * slot and its scale register are compile-time), with volatile loads that the compiler keeps in
+ * place: a scale that missed to DRAM would otherwise stall every chunk that starts a new sector. */
+#include "kernels/common.cuh"
+#include "kernels/gemm_quant.h"
+
+#define WARPS 4 /* warps per block */
+#define DEPTH_DEFAULT 4
+
+/* ---- device helpers ---- */
+
+/* cp.async of 16 bytes (n_src 0: nothing read, zeros written) with the L2 fetching the 256 bytes
+ * around the request (the next chunks of the same row). */
+static __device__ __forceinline__ void cp16_l2pf(void *smem, const void *gmem, uint32_t n_src) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
+                 "r"(n_src)
+                 : "memory");
+}
+
+/* Read-only loads that stay where they are written (issued D chunks before their use). */
+static __device__ __forceinline__ uint32_t ld_u8(const uint8_t *p) {
+    uint32_t v;
+    asm volatile("ld.global.nc.u8 %0, [%1];\n" : "=r"(v) : "l"(p));
+    return v;
+}
+static __device__ __forceinline__ float ld_f32(const float *p) {
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];\n" : "=f"(v) : "l"(p));
+    return v;
+}
+
+/* a * b on bf16 pairs (fma with -0, so that signed zeros survive); exact for the power-of-two
+ * factors used here, subnormals included. */
+static __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+    uint32_t d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+}
+
+/* e8m0 byte -> 2^(e-127): as fp32, and as a pair of bf16 (both halves). 255 is NaN; 0 is the
+ * subnormal 2^-127 in both. */
+static __device__ __forceinline__ float e8m0_f32(uint32_t e) {
+    return __uint_as_float(e == 0 ? 0x00400000u : e == 255 ? 0x7fc00000u : e << 23);
+}
+static __device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
+    const uint32_t h = e == 0 ? 0x0040u : e == 255 ? 0x7fc0u : e << 7;
+    return h | h << 16;
+}
+
+/* The e4m3 bytes 1 and 3 of t -> bf16 pair (byte 1 in the low half), exact. */
+static __device__ __forceinline__ uint32_t e4m3_b13_bf16x2(uint32_t t) {
+    const uint32_t raw = ((t & 0x7f007f00u) >> 4) | (t & 0x80008000u); // value * 2^-120
+    return bf16x2_mul(raw, 0x7b807b80u);                                 // * 2^120
+}
+
+/* Two e4m3 (low byte -> low half) -> bf16 pair through the hardware f16 conversion, exact. */
+static __device__ __forceinline__ uint32_t e4m3x2_cvt_bf16x2(uint32_t w16) {
+    uint32_t h;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"((unsigned short)w16));
+    const uint32_t raw = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u); // value * 2^-112
+    return bf16x2_mul(raw, 0x77807780u);                                 // * 2^112
+}
+
+/* Nibbles J (low half) and J + 4 (high half) of q -> bf16 pair times 2^-126 (sign to bit 15,
+ * magnitude bits e1 e0 m to bits 8 7 6). */
+template <int J> static __device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t q) {
+    uint32_t mag;
+    if constexpr (J < 2)
+        mag = q << (6 - 4 * J);
+    else
+        mag = q >> (4 * J - 6);
+    return ((q << (12 - 4 * J)) & 0x80008000u) | (mag & 0x01c001c0u);
+}
+
+/* bf16 pair (lo, hi halves) -> two floats */
+static __device__ __forceinline__ float bf_lo(uint32_t v) { return __uint_as_float(v << 16); }
+static __device__ __forceinline__ float bf_hi(uint32_t v) {
+    return __uint_as_float(v & 0xffff0000u);
+}
+
+/* ---- FP8 on tensor cores ---- */
+
+/* NT token tiles, D chunks in flight, BLOCK: 128x128 block scales (else per channel), CVT: the
+ * hardware e4m3 conversion. */
+template <int NT, int D, bool BLOCK, bool CVT>
+static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_kernel(tm_k_gemm_fp8_args a) {
+    __shared__ uint4 ring[WARPS][D][2][32]; // [warp][slot][row lo/hi][lane]: conflict-free reads
+    const uint32_t lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+    const uint32_t gw = blockIdx.x * WARPS + wib;
+    const uint32_t n_tiles = (a.n_out + 15) / 16;
+    const uint32_t tile = gw % n_tiles, split = gw / n_tiles;
+    if (split >= a.n_split)
+        return; // a whole warp: the grid is rounded up to whole blocks
+    const uint32_t r = lane >> 2, c = lane & 3;
+    const uint32_t row_lo = tile * 16 + r, row_hi = row_lo + 8;
+    const uint32_t k0 = split * a.k_per_split, k1 = min(a.n_in, k0 + a.k_per_split);
+    // Rows past n_out (the last tile of a ragged n_out) read a valid row; never stored.
+    const uint8_t *wl = a.w + (size_t)min(row_lo, a.n_out - 1) * a.n_in;
+    const uint8_t *wh = a.w + (size_t)min(row_hi, a.n_out - 1) * a.n_in;
+    const uint16_t *xp[NT];
+    bool xok[NT];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+        const uint32_t tok = r + 8 * j;
+        xok[j] = tok < a.n_tok;
+        xp[j] = a.x + (size_t)(xok[j] ? tok : 0) * a.n_in;
+    }
+    // The 16 rows of a tile lie in one 128-row block: one scale per chunk for the whole warp.
+    const uint32_t n_kb = (a.n_in + 127) / 128;
+    const size_t sb = (size_t)(tile * 16 / 128) * n_kb;
+    const bool e8m0 = a.scale_kind == TM_K_FP8_BLOCK_E8M0;
+    const uint32_t n_chunk = (k1 - k0 + 63) / 64;
+    uint4(*my)[2][32] = ring[wib];
+    float sreg[D]; // the block scale of the chunk in each slot
+    // Chunk i into slot p (and its scale into sreg[p]); lanes past k1 copy zeros.
+#define FP8_ISSUE(i, p)                                                                            \
+    do {                                                                                           \
+        const uint32_t kq = k0 + 64 * (i) + 16 * c;                                                \
+        const bool v = kq < k1;                                                                    \
+        cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);                                 \
+        cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);                                 \
+        if (BLOCK) {                                                                               \
+            const size_t si = sb + ((k0 + 64 * (i)) >> 7);                                         \
+            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))                        \
+                           : ld_f32((const float *)a.scale + si);                                  \
+        }                                                                                          \
+    } while (0)
+
+    // One commit group per chunk (empty past the end): after the prologue's D groups and i more,
+    // waiting until at most D - 1 are pending means chunk i has landed.
+#pragma unroll
+    for (int p = 0; p < D; p++) {
+        if ((uint32_t)p < n_chunk)
+            FP8_ISSUE((uint32_t)p, p);
+        tm_cp_async_commit();
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+#pragma unroll
+        for (int p = 0; p < D; p++) {
+            const uint32_t i = base + p;
+            if (i >= n_chunk)
+                break;
+            const uint32_t kq = k0 + 64 * i + 16 * c; // this lane's first input
+            const bool lv = kq < k1;
+            uint32_t xw[NT][8];
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                const uint4 u0 = xok[j] && lv ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq))
+                                              : zero;
+                const uint4 u1 = xok[j] && lv
+                                     ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq + 8))
+                                     : zero;
+                xw[j][0] = u0.x, xw[j][1] = u0.y, xw[j][2] = u0.z, xw[j][3] = u0.w;
+                xw[j][4] = u1.x, xw[j][5] = u1.y, xw[j][6] = u1.z, xw[j][7] = u1.w;
+            }
+            tm_cp_async_wait<D - 1>();
+            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+            const float s = BLOCK ? sreg[p] : 1.0f;
+            // The slot's values are in registers, so it can be refilled.
+            if (i + D < n_chunk)
+                FP8_ISSUE(i + D, p);
+            tm_cp_async_commit();
+            const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
+            float part[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+            for (int m = 0; m < 4; m++) { // mma m: the lane's inputs 4m .. 4m + 3
+                uint32_t af[4];
+                if (CVT) {
+                    af[0] = e4m3x2_cvt_bf16x2(wlo[m] & 0xffffu);
+                    af[1] = e4m3x2_cvt_bf16x2(whi[m] & 0xffffu);
+                    af[2] = e4m3x2_cvt_bf16x2(wlo[m] >> 16);
+                    af[3] = e4m3x2_cvt_bf16x2(whi[m] >> 16);
+                } else {
+                    af[0] = e4m3_b13_bf16x2(wlo[m] << 8); // (v4m, v4m+2)
+                    af[1] = e4m3_b13_bf16x2(whi[m] << 8);
+                    af[2] = e4m3_b13_bf16x2(wlo[m]);      // (v4m+1, v4m+3)
+                    af[3] = e4m3_b13_bf16x2(whi[m]);
+                }
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const uint32_t x0 = xw[j][2 * m], x1 = xw[j][2 * m + 1];
+                    // CVT: natural pairs; else (x4m, x4m+2) and (x4m+1, x4m+3)
+                    const uint32_t b0 = CVT ? x0 : __byte_perm(x0, x1, 0x5410);
+                    const uint32_t b1 = CVT ? x1 : __byte_perm(x0, x1, 0x7632);
+                    if constexpr (BLOCK)
+                        tm_mma_bf16(part[j], af, b0, b1);
+                    else
+                        tm_mma_bf16(acc[j], af, b0, b1);
+                }
+            }
+            if (BLOCK) {
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[j][e] = fmaf(s, part[j][e], acc[j][e]);
+            }
+        }
+    }
+#undef FP8_ISSUE
+    tm_cp_async_wait<0>();
+
+    // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
+    float s_lo = 1.0f, s_hi = 1.0f;
+    if (!BLOCK) {
+        s_lo = __ldg((const float *)a.scale + min(row_lo, a.n_out - 1));
+        s_hi = __ldg((const float *)a.scale + min(row_hi, a.n_out - 1));
+    }
+    float *out = a.part + (size_t)split * a.n_tok * a.n_out;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const uint32_t t = 8 * j + 2 * c + e;
+            if (t >= a.n_tok)
+                continue;
+            if (row_lo < a.n_out)
+                out[(size_t)t * a.n_out + row_lo] = acc[j][e] * s_lo;
+            if (row_hi < a.n_out)
+                out[(size_t)t * a.n_out + row_hi] = acc[j][2 + e] * s_hi;
+        }
+    }
+}
+
+/* ---- FP8 on CUDA cores (fp32 FMA): the same weight stream; each lane keeps the partial dot
+ * products of its 16 inputs of rows r and r + 8 for every token, and the 4 lanes of a row add
+ * theirs at the end (fixed order). ---- */
+template <int D, bool BLOCK>
+static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_fma_kernel(tm_k_gemm_fp8_args a) {
+    __shared__ uint4 ring[WARPS][D][2][32];
+    const uint32_t lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+    const uint32_t gw = blockIdx.x * WARPS + wib;
+    const uint32_t n_tiles = (a.n_out + 15) / 16;
+    const uint32_t tile = gw % n_tiles, split = gw / n_tiles;
+    if (split >= a.n_split)
+        return;
+    const uint32_t r = lane >> 2, c = lane & 3;
+    const uint32_t row_lo = tile * 16 + r, row_hi = row_lo + 8;
+    const uint32_t k0 = split * a.k_per_split, k1 = min(a.n_in, k0 + a.k_per_split);
+    const uint8_t *wl = a.w + (size_t)min(row_lo, a.n_out - 1) * a.n_in;
+    const uint8_t *wh = a.w + (size_t)min(row_hi, a.n_out - 1) * a.n_in;
+    const uint32_t n_kb = (a.n_in + 127) / 128;
+    const size_t sb = (size_t)(tile * 16 / 128) * n_kb;
+    const bool e8m0 = a.scale_kind == TM_K_FP8_BLOCK_E8M0;
+    const uint32_t n_chunk = (k1 - k0 + 63) / 64;
+    uint4(*my)[2][32] = ring[wib];
+    float sreg[D];
+#define FP8_ISSUE(i, p)                                                                            \
+    do {                                                                                           \
+        const uint32_t kq = k0 + 64 * (i) + 16 * c;                                                \
+        const bool v = kq < k1;                                                                    \
+        cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);                                 \
+        cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);                                 \
+        if (BLOCK) {                                                                               \
+            const size_t si = sb + ((k0 + 64 * (i)) >> 7);                                         \
+            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))                        \
+                           : ld_f32((const float *)a.scale + si);                                  \
+        }                                                                                          \
+    } while (0)
+#pragma unroll
+    for (int p = 0; p < D; p++) {
+        if ((uint32_t)p < n_chunk)
+            FP8_ISSUE((uint32_t)p, p);
+        tm_cp_async_commit();
+    }
+    float acc_lo[TM_QUANT_MAX_TOK], acc_hi[TM_QUANT_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < TM_QUANT_MAX_TOK; t++)
+        acc_lo[t] = acc_hi[t] = 0.0f;
+    for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+#pragma unroll
+        for (int p = 0; p < D; p++) {
+            const uint32_t i = base + p;
+            if (i >= n_chunk)
+                break;
+            const uint32_t kq = k0 + 64 * i + 16 * c;
+            const bool lv = kq < k1;
+            tm_cp_async_wait<D - 1>();
+            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+            const float s = BLOCK ? sreg[p] : 1.0f;
+            if (i + D < n_chunk)
+                FP8_ISSUE(i + D, p);
+            tm_cp_async_commit();
+            if (!lv)
+                continue; // zeros
+            const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
+            float fl[16], fh[16];
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const uint32_t l02 = e4m3_b13_bf16x2(wlo[m] << 8), l13 = e4m3_b13_bf16x2(wlo[m]);
+                const uint32_t h02 = e4m3_b13_bf16x2(whi[m] << 8), h13 = e4m3_b13_bf16x2(whi[m]);
+                fl[4 * m] = bf_lo(l02), fl[4 * m + 2] = bf_hi(l02);
+                fl[4 * m + 1] = bf_lo(l13), fl[4 * m + 3] = bf_hi(l13);
+                fh[4 * m] = bf_lo(h02), fh[4 * m + 2] = bf_hi(h02);
+                fh[4 * m + 1] = bf_lo(h13), fh[4 * m + 3] = bf_hi(h13);
+            }
+#pragma unroll
+            for (int t = 0; t < TM_QUANT_MAX_TOK; t++) {
+                if ((uint32_t)t >= a.n_tok)
+                    break;
+                const uint4 *xq = reinterpret_cast<const uint4 *>(a.x + (size_t)t * a.n_in + kq);
+                const uint4 u0 = __ldg(xq), u1 = __ldg(xq + 1);
+                const uint32_t xw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+                float dl = 0.0f, dh = 0.0f;
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    const float xa = bf_lo(xw[q]), xb = bf_hi(xw[q]);
+                    dl = fmaf(fl[2 * q], xa, dl);
+                    dl = fmaf(fl[2 * q + 1], xb, dl);
+                    dh = fmaf(fh[2 * q], xa, dh);
+                    dh = fmaf(fh[2 * q + 1], xb, dh);
+                }
+                acc_lo[t] = fmaf(s, dl, acc_lo[t]);
+                acc_hi[t] = fmaf(s, dh, acc_hi[t]);
+            }
+        }
+    }
+#undef FP8_ISSUE
+    tm_cp_async_wait<0>();
+    float s_lo = 1.0f, s_hi = 1.0f;
+    if (!BLOCK) {
+        s_lo = __ldg((const float *)a.scale + min(row_lo, a.n_out - 1));
+        s_hi = __ldg((const float *)a.scale + min(row_hi, a.n_out - 1));
+    }
+    float *out = a.part + (size_t)split * a.n_tok * a.n_out;
+#pragma unroll
+    for (int t = 0; t < TM_QUANT_MAX_TOK; t++) {
+        // (lane c's sum + c^1's) + (the other pair's): the same order in all 4 lanes
+        float vl = acc_lo[t], vh = acc_hi[t];
+        vl += __shfl_xor_sync(0xffffffffu, vl, 1);
+        vh += __shfl_xor_sync(0xffffffffu, vh, 1);
+        vl += __shfl_xor_sync(0xffffffffu, vl, 2);
+        vh += __shfl_xor_sync(0xffffffffu, vh, 2);
+        if ((uint32_t)t >= a.n_tok || (uint32_t)(t & 3) != c)
+            continue;
+        if (row_lo < a.n_out)
+            out[(size_t)t * a.n_out + row_lo] = vl * s_lo;
+        if (row_hi < a.n_out)
+            out[(size_t)t * a.n_out + row_hi] = vh * s_hi;
+    }
+}
+
+/* ---- MXFP4, dense (MOE false: one "expert", pairs = tokens 0..n_pair-1) and grouped ---- */
+
+/* MoE: finds this block's expert (the blockIdx.y-th distinct id, in increasing id) and its pairs
+ * in pair order into s_list; returns the expert id or -1 (no such slot). Every thread calls it. */
+static __device__ int32_t moe_slot(const tm_k_moe_mxfp4_args &a, uint32_t *s_bm, int32_t *s_pe,
+                                   uint32_t *s_list, int32_t *s_e, uint32_t *s_cnt) {
+    const uint32_t tid = threadIdx.x, lane = tid & 31;
+    const uint32_t nw = (a.n_expert + 31) / 32;
+    for (uint32_t i = tid; i < nw; i += WARPS * 32)
+        s_bm[i] = 0;
+    __syncthreads();
+    for (uint32_t p = tid; p < a.n_pair; p += WARPS * 32) {
+        const int32_t e = a.pair_expert[p];
+        s_pe[p] = e;
+        if ((uint32_t)e < a.n_expert)
+            atomicOr(&s_bm[(uint32_t)e >> 5], 1u << ((uint32_t)e & 31));
+    }
+    __syncthreads();
+    if (tid < 32) {
+        const uint32_t want = blockIdx.y;
+        uint32_t before = 0;
+        int32_t found = -1;
+        for (uint32_t w0 = 0; w0 < nw; w0 += 32) {
+            const uint32_t wi = w0 + lane;
+            uint32_t bits = wi < nw ? s_bm[wi] : 0;
+            const uint32_t n = __popc(bits);
+            uint32_t inc = n; // inclusive prefix count over the lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const uint32_t v = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= (uint32_t)o)
+                    inc += v;
+            }
+            const uint32_t excl = before + inc - n;
+            const bool mine = want >= excl && want < excl + n;
+            const uint32_t bal = __ballot_sync(0xffffffffu, mine);
+            if (bal) {
+                int32_t e = -1;
+                if (mine) {
+                    for (uint32_t k = want - excl; k > 0; k--)
+                        bits &= bits - 1; // drop the lowest set bits
+                    e = (int32_t)(wi * 32 + (uint32_t)(__ffs(bits) - 1));
+                }
+                found = __shfl_sync(0xffffffffu, e, __ffs(bal) - 1);
+                break;
+            }
+            before += __shfl_sync(0xffffffffu, inc, 31);
+        }
+        uint32_t cnt = 0;
+        if (found >= 0) // the pairs of expert found, in pair order
+            for (uint32_t p0 = 0; p0 < a.n_pair; p0 += 32) {
+                const uint32_t p = p0 + lane;
+                const bool hit = p < a.n_pair && s_pe[p] == found;
+                const uint32_t bal = __ballot_sync(0xffffffffu, hit);
+                if (hit)
+                    s_list[cnt + __popc(bal & ((1u << lane) - 1))] = p;
+                cnt += __popc(bal);
+            }
+        if (lane == 0)
+            *s_e = found, *s_cnt = cnt;
+    }
+    __syncthreads();
+    return *s_e;
+}
+
+template <int NT, int D, bool MOE>
+static __global__ void __launch_bounds__(WARPS * 32) gemm_mxfp4_kernel(tm_k_moe_mxfp4_args a) {
+    __shared__ uint4 ring[WARPS][D][2][32];
+    uint32_t cnt = a.n_pair, expert = 0;
+    const uint32_t *list = nullptr;
+    if constexpr (MOE) {
+        __shared__ uint32_t s_bm[TM_MOE_MAX_EXPERT / 32];
+        __shared__ int32_t s_pe[TM_MOE_MAX_PAIRS];
+        __shared__ uint32_t s_list[TM_MOE_MAX_PAIRS];
+        __shared__ int32_t s_e;
+        __shared__ uint32_t s_cnt;
+        const int32_t e = moe_slot(a, s_bm, s_pe, s_list, &s_e, &s_cnt);
+        if (e < 0)
+            return; // the whole block: fewer distinct experts than slots
+        expert = (uint32_t)e, cnt = s_cnt, list = s_list;
+    }
+    const uint32_t lane = threadIdx.x & 31, wib = threadIdx.x / 32;
+    const uint32_t gw = blockIdx.x * WARPS + wib;
+    const uint32_t n_tiles = (a.n_out + 15) / 16;
+    const uint32_t tile = gw % n_tiles, split = gw / n_tiles;
+    if (split >= a.n_split)
+        return;
+    const uint32_t r = lane >> 2, c = lane & 3;
+    const uint32_t row_lo = tile * 16 + r, row_hi = row_lo + 8;
+    const uint32_t k0 = split * a.k_per_split, k1 = min(a.n_in, k0 + a.k_per_split);
+    const size_t row_bytes = a.n_in / 2, n_grp = a.n_in / 32;
+    const uint8_t *w_e = a.w + (size_t)expert * a.n_out * row_bytes;
+    const uint8_t *sc_e = a.scale + (size_t)expert * a.n_out * n_grp;
+    const uint32_t rl = min(row_lo, a.n_out - 1), rh = min(row_hi, a.n_out - 1);
+    const uint8_t *wl = w_e + rl * row_bytes, *wh = w_e + rh * row_bytes;
+    const uint8_t *sl = sc_e + rl * n_grp, *sh = sc_e + rh * n_grp;
+    const uint32_t n_chunk = (k1 - k0 + 127) / 128;
+    uint4(*my)[2][32] = ring[wib];
+    constexpr int F = TM_MXFP4_EVEN_LOW ? 0 : 1; // nibble j holds input j ^ F
+    float *out = a.part + (size_t)split * a.n_pair * a.n_out;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+
+    for (uint32_t g0 = 0; g0 < cnt; g0 += 8 * NT) { // passes of up to 8 NT pairs
+        const uint16_t *xp[NT];
+        bool xok[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const uint32_t t = g0 + r + 8 * j;
+            xok[j] = t < cnt;
+            const uint32_t xrow = !xok[j] ? 0 : MOE ? __ldg(a.pair_row + list[t]) : t;
+            xp[j] = a.x + (size_t)xrow * a.n_in;
+        }
+        uint32_t slo[D], shi[D]; // the e8m0 bytes of the chunk in each slot, rows lo and hi
+        // Chunk i into slot p; lanes past k1 copy zeros (and get scale 0 at use).
+#define FP4_ISSUE(i, p)                                                                            \
+    do {                                                                                           \
+        const uint32_t kq = k0 + 128 * (i) + 32 * c;                                               \
+        const bool v = kq < k1;                                                                    \
+        cp16_l2pf(&my[p][0][lane], wl + (v ? kq / 2 : 0), v ? 16 : 0);                             \
+        cp16_l2pf(&my[p][1][lane], wh + (v ? kq / 2 : 0), v ? 16 : 0);                             \
+        slo[p] = v ? ld_u8(sl + kq / 32) : 0;                                                      \
+        shi[p] = v ? ld_u8(sh + kq / 32) : 0;                                                      \
+    } while (0)
+#pragma unroll
+        for (int p = 0; p < D; p++) {
+            if ((uint32_t)p < n_chunk)
+                FP4_ISSUE((uint32_t)p, p);
+            tm_cp_async_commit();
+        }
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+#pragma unroll
+            for (int p = 0; p < D; p++) {
+                const uint32_t i = base + p;
+                if (i >= n_chunk)
+                    break;
+                const uint32_t kq = k0 + 128 * i + 32 * c;
+                const bool lv = kq < k1;
+                uint4 xv[NT][4]; // the lane's 32 inputs of each token tile
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        xv[j][q] = xok[j] && lv
+                                       ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq) + q)
+                                       : zero;
+                tm_cp_async_wait<D - 1>();
+                const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+                const uint32_t flo = lv ? e8m0_bf16x2(slo[p]) : 0u;
+                const uint32_t fhi = lv ? e8m0_bf16x2(shi[p]) : 0u;
+                if (i + D < n_chunk)
+                    FP4_ISSUE(i + D, p);
+                tm_cp_async_commit();
+                const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w};
+                const uint32_t whi[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) { // the lane's inputs 8q .. 8q + 7
+                    const uint32_t bias = 0x7e807e80u; // 2^126
+                    uint32_t pl[4], ph[4];
+                    pl[0] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<0>(wlo[q]), bias), flo);
+                    pl[1] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<1>(wlo[q]), bias), flo);
+                    pl[2] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<2>(wlo[q]), bias), flo);
+                    pl[3] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<3>(wlo[q]), bias), flo);
+                    ph[0] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<0>(whi[q]), bias), fhi);
+                    ph[1] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<1>(whi[q]), bias), fhi);
+                    ph[2] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<2>(whi[q]), bias), fhi);
+                    ph[3] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<3>(whi[q]), bias), fhi);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        // mma (q, h): inputs (2h, 2h+4) in k slots 2c, 2c+1 and (2h+1, 2h+5) in
+                        // 2c+8, 2c+9
+                        const uint32_t af[4] = {pl[(2 * h) ^ F], ph[(2 * h) ^ F],
+                                                pl[(2 * h + 1) ^ F], ph[(2 * h + 1) ^ F]};
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            const uint32_t xa = h ? xv[j][q].y : xv[j][q].x; // (x2h, x2h+1)
+                            const uint32_t xb = h ? xv[j][q].w : xv[j][q].z; // (x2h+4, x2h+5)
+                            tm_mma_bf16(acc[j], af, __byte_perm(xa, xb, 0x5410),
+                                        __byte_perm(xa, xb, 0x7632));
+                        }
+                    }
+                }
+            }
+        }
+#undef FP4_ISSUE
+        tm_cp_async_wait<0>();
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const uint32_t t = g0 + 8 * j + 2 * c + e;
+                if (t >= cnt)
+                    continue;
+                const uint32_t orow = MOE ? list[t] : t;
+                if (row_lo < a.n_out)
+                    out[(size_t)orow * a.n_out + row_lo] = acc[j][e];
+                if (row_hi < a.n_out)
+                    out[(size_t)orow * a.n_out + row_hi] = acc[j][2 + e];
+            }
+        }
+    }
+}
+
+/* ---- planners and launchers ---- */
+
+static uint32_t plan_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm, uint32_t chunk_k,
+                            uint32_t min_k, uint32_t *k_per_split) {
+    const uint64_t n_tiles = (TM_MAX(n_rows, 1u) + 15) / 16;
+    // About 16 warps per SM, as gemm_skinny's planner (D KB in flight each).
+    const uint64_t want_warps = (uint64_t)TM_MAX(n_sm, 1u) * 16;
+    uint64_t n_split = (want_warps + n_tiles - 1) / n_tiles;
+    n_split = TM_MIN(n_split, (uint64_t)TM_MAX(n_in / min_k, 1u));
+    n_split = TM_MIN(n_split, (uint64_t)TM_QUANT_MAX_SPLIT);
+    n_split = TM_MAX(n_split, (uint64_t)1);
+    uint32_t kps = (uint32_t)((n_in + n_split - 1) / n_split);
+    kps = (kps + chunk_k - 1) / chunk_k * chunk_k;
+    *k_per_split = kps;
+    return (n_in + kps - 1) / kps; // no empty split
+}
+
+extern "C" int tm_k_gemm_fp8_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {
+    return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 16 && n_in % 16 == 0 && n_out >= 1;
+}
+
+extern "C" int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {
+    return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 32 && n_in % 32 == 0 && n_out >= 1;
+}
+
+extern "C" uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
+                                         uint32_t *k_per_split) {
+    return plan_splits(n_in, n_rows, n_sm, 64, 512, k_per_split);
+}
+
+extern "C" uint32_t tm_k_gemm_mxfp4_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
+                                           uint32_t *k_per_split) {
+    return plan_splits(n_in, n_rows, n_sm, 128, 1024, k_per_split);
+}
+
+template <int NT, int D>
+static void launch_fp8(const tm_k_gemm_fp8_args *a, unsigned grid, cudaStream_t s) {
+    const bool block = a->scale_kind != TM_K_FP8_CHANNEL;
+    const bool cvt = a->variant == TM_K_QUANT_MMA_CVT;
+    if (block && cvt)
+        gemm_fp8_kernel<NT, D, true, true><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (block)
+        gemm_fp8_kernel<NT, D, true, false><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (cvt)
+        gemm_fp8_kernel<NT, D, false, true><<<grid, WARPS * 32, 0, s>>>(*a);
+    else
+        gemm_fp8_kernel<NT, D, false, false><<<grid, WARPS * 32, 0, s>>>(*a);
+}
+
+extern "C" tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(tm_k_gemm_fp8_fits(a->n_tok, a->n_in, a->n_out));
+    TM_ASSERT(a->n_split >= 1 && a->k_per_split % 64 == 0 && a->k_per_split > 0);
+    TM_ASSERT((uint64_t)(a->n_split - 1) * a->k_per_split < a->n_in);
+    TM_ASSERT((uint64_t)a->n_split * a->k_per_split >= a->n_in);
+    TM_ASSERT(((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0 && a->part && a->scale);
+    TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK_F32 || a->scale_kind == TM_K_FP8_BLOCK_E8M0 ||
+              a->scale_kind == TM_K_FP8_CHANNEL);
+    TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK_E8M0 || ((uintptr_t)a->scale % 4) == 0);
+    TM_ASSERT(a->variant == TM_K_QUANT_DEFAULT || a->variant == TM_K_QUANT_MMA ||
+              a->variant == TM_K_QUANT_MMA_CVT || a->variant == TM_K_QUANT_FMA);
+    TM_ASSERT(a->depth == 0 || a->depth == 4 || a->depth == 8);
+    const uint64_t n_warps = (uint64_t)((a->n_out + 15) / 16) * a->n_split;
+    const unsigned grid = (unsigned)((n_warps + WARPS - 1) / WARPS);
+    const uint32_t depth = a->depth ? a->depth : DEPTH_DEFAULT;
+    if (a->variant == TM_K_QUANT_FMA) {
+        if (a->scale_kind == TM_K_FP8_CHANNEL)
+            gemm_fp8_fma_kernel<4, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        else
+            gemm_fp8_fma_kernel<4, true><<<grid, WARPS * 32, 0, s>>>(*a);
+    } else if (a->n_tok <= 8 && depth >= 8) {
+        launch_fp8<1, 8>(a, grid, s);
+    } else if (a->n_tok <= 8) {
+        launch_fp8<1, 4>(a, grid, s);
+    } else if (depth >= 8) {
+        launch_fp8<2, 8>(a, grid, s);
+    } else {
+        launch_fp8<2, 4>(a, grid, s);
+    }
+    return tm_cuda_launched(err, s, "gemm_fp8");
+}
+
+template <bool MOE>
+static void launch_mxfp4(const tm_k_moe_mxfp4_args *a, uint32_t nt, uint32_t depth, dim3 grid,
+                         cudaStream_t s) {
+    if (nt == 1 && depth >= 8)
+        gemm_mxfp4_kernel<1, 8, MOE><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (nt == 1)
+        gemm_mxfp4_kernel<1, 4, MOE><<<grid, WARPS * 32, 0, s>>>(*a);
+    else if (depth >= 8)
+        gemm_mxfp4_kernel<2, 8, MOE><<<grid, WARPS * 32, 0, s>>>(*a);
+    else
+        gemm_mxfp4_kernel<2, 4, MOE><<<grid, WARPS * 32, 0, s>>>(*a);
+}
+
+static void check_mxfp4_split(uint32_t n_in, uint32_t n_split, uint32_t kps) {
+    TM_ASSERT(n_split >= 1 && kps % 128 == 0 && kps > 0);
+    TM_ASSERT((uint64_t)(n_split - 1) * kps < n_in);
+    TM_ASSERT((uint64_t)n_split * kps >= n_in);
+}
+
+extern "C" tm_rc tm_k_gemm_mxfp4(const tm_k_gemm_mxfp4_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(tm_k_gemm_mxfp4_fits(a->n_tok, a->n_in, a->n_out));
+    check_mxfp4_split(a->n_in, a->n_split, a->k_per_split);
+    TM_ASSERT(((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0 && a->part && a->scale);
+    TM_ASSERT(a->depth == 0 || a->depth == 4 || a->depth == 8);
+    tm_k_moe_mxfp4_args m = {}; // one expert whose pairs are the tokens
+    m.part = a->part, m.w = a->w, m.scale = a->scale, m.x = a->x;
+    m.n_pair = a->n_tok, m.n_expert = 1, m.max_pair_per_expert = a->n_tok;
+    m.n_in = a->n_in, m.n_out = a->n_out, m.n_split = a->n_split, m.k_per_split = a->k_per_split;
+    m.depth = a->depth;
+    const uint64_t n_warps = (uint64_t)((a->n_out + 15) / 16) * a->n_split;
+    const dim3 grid((unsigned)((n_warps + WARPS - 1) / WARPS), 1, 1);
+    launch_mxfp4<false>(&m, a->n_tok <= 8 ? 1 : 2, a->depth ? a->depth : DEPTH_DEFAULT, grid, s);
+    return tm_cuda_launched(err, s, "gemm_mxfp4");
+}
+
+extern "C" tm_rc tm_k_moe_mxfp4(const tm_k_moe_mxfp4_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_pair == 0)
+        return TM_OK;
+    TM_ASSERT(a->n_pair <= TM_MOE_MAX_PAIRS && a->n_expert >= 1 &&
+              a->n_expert <= TM_MOE_MAX_EXPERT);
+    TM_ASSERT(a->n_in >= 32 && a->n_in % 32 == 0 && a->n_out >= 1);
+    check_mxfp4_split(a->n_in, a->n_split, a->k_per_split);
+    TM_ASSERT(((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0 && a->part && a->scale);
+    TM_ASSERT(a->pair_expert && a->pair_row);
+    TM_ASSERT(a->depth == 0 || a->depth == 4 || a->depth == 8);
+    const uint64_t n_warps = (uint64_t)((a->n_out + 15) / 16) * a->n_split;
+    const uint32_t n_slot = TM_MIN(a->n_pair, a->n_expert);
+    const dim3 grid((unsigned)((n_warps + WARPS - 1) / WARPS), n_slot, 1);
+    TM_ASSERT(n_warps <= (uint64_t)WARPS * 0x7fffffffu && n_slot <= 65535);
+    launch_mxfp4<true>(a, a->max_pair_per_expert > 8 ? 2 : 1, a->depth ? a->depth : DEPTH_DEFAULT,
+                       grid, s);
+    return tm_cuda_launched(err, s, "moe_mxfp4");
+}
