@@ -696,7 +696,8 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                                       .commits_total = rs->man.n_commits + final_commit,
                                       .commit_ms_total = j->kc.commit_ms_total,
                                       .commit_ms_max = j->kc.commit_ms_max,
-                                      .runs = rs->man.n_runs + (final_commit && j->kc.n_commits == 0),
+                                      .runs = rs->man.n_runs +
+                                              (final_commit && j->kc.n_commits == 0),
                                       .resumed_records = j->sc.n_skipped,
                                       .cut_bytes = rs->cut_bytes,
                                   });

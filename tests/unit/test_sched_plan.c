@@ -291,7 +291,8 @@ static void nplan(naive *m, tm_sched_plan *p) {
                 .pos = q->n_done,
                 .n_tok = got,
                 .n_block = q->n_block,
-                .want_logits = q->n_done + got - 1 == row && (q->gen || q->score_next < q->score_end),
+                .want_logits =
+                    q->n_done + got - 1 == row && (q->gen || q->score_next < q->score_end),
                 .decode = decode,
             };
             if (decode)
@@ -482,7 +483,8 @@ static int same_plan(const tm_sched_plan *a, const tm_sched_plan *b) {
     for (uint32_t i = 0; i < a->n_copy; i++)
         if (memcmp(&a->copy[i], &b->copy[i], sizeof(a->copy[i])) != 0)
             return 0;
-    return a->n_preempt == 0 || memcmp(a->preempt, b->preempt, a->n_preempt * sizeof(uint32_t)) == 0;
+    return a->n_preempt == 0 ||
+           memcmp(a->preempt, b->preempt, a->n_preempt * sizeof(uint32_t)) == 0;
 }
 
 static int same_state(const world *w) {
