@@ -135,6 +135,26 @@ static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg
     return TM_OK;
 }
 
+// The tokenizer and the chat template say TM_E_INVAL or TM_E_PARSE for a record's bad text, the
+// sampler and the detokenizer TM_E_INVAL for what a record brought (non-finite logits, bad
+// sampling parameters, an id without text): modules that know nothing of records. From the
+// runner on, that fails the one record (TM_E_RECORD), not the job; other codes pass unchanged.
+static tm_rc record_text_fault(tm_rc rc, tm_err *err) {
+    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+        err->rc = TM_E_RECORD;
+        rc = TM_E_RECORD;
+    }
+    return rc;
+}
+
+static tm_rc record_fault(tm_rc rc, tm_err *err) {
+    if (rc == TM_E_INVAL) {
+        err->rc = TM_E_RECORD;
+        rc = TM_E_RECORD;
+    }
+    return rc;
+}
+
 static void seq_reset(runner *r, seq *s) {
     tm_sched_seq_release(&r->sched, &s->q);
     tm_ids_fini(&s->q.ids);
@@ -214,7 +234,7 @@ static tm_rc lp_finish(runner *r, tm_logprobs *l, tm_err *err) {
     if (!l->off || !l->text)
         return TM_ERR(err, TM_E_NOMEM, "logprob token strings (%zu bytes)", total);
     if (total > UINT32_MAX)
-        return TM_ERR(err, TM_E_INVAL, "logprob token strings over 4 GiB");
+        return TM_ERR(err, TM_E_RECORD, "logprob token strings over 4 GiB");
     size_t at = 0;
     for (size_t e = 0; e < n_ent; e++) {
         l->off[e] = (uint32_t)at;
@@ -247,7 +267,7 @@ static void group_unref(group *g) {
 
 // Make p (its job and tokenized prompt) a group of n_sub sequences: copies of the prompt, or
 // prompt + each continuation (tokenized on its own and appended, as lm-eval-harness does, so a
-// continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_INVAL
+// continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_RECORD
 // with *code set.
 static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *code, tm_err *err) {
     tm_job *job = p->job;
@@ -283,12 +303,12 @@ static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *cod
             continue;
         const char *cont = job->continuations[i];
         *code = TM_ERRCODE_INVALID_VALUE;
-        rc = tm_tok_encode(r->tok, cont, strlen(cont), v, err);
+        rc = record_text_fault(tm_tok_encode(r->tok, cont, strlen(cont), v, err), err);
         if (rc == TM_OK && v->len == p->ids.len)
-            rc = TM_ERR(err, TM_E_INVAL, "continuation %u is empty", i);
+            rc = TM_ERR(err, TM_E_RECORD, "continuation %u is empty", i);
         if (rc == TM_OK && v->len > r->max_len) {
             *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
-            rc = TM_ERR(err, TM_E_INVAL,
+            rc = TM_ERR(err, TM_E_RECORD,
                         "prompt + continuation %u is %zu tokens; this engine holds at most %u "
                         "tokens per sequence",
                         i, v->len, r->max_len);
@@ -321,8 +341,9 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
 }
 
-// Tokenize a record into ids. Per-record problems return TM_E_INVAL or TM_E_PARSE with err
-// filled and *code set; anything else is fatal.
+// Tokenize a record into ids. Per-record problems (a template that fails on these messages, text
+// the tokenizer rejects) return TM_E_RECORD with err filled and *code set; anything else is
+// fatal.
 static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode *code,
                           tm_err *err) {
     tm_rc rc;
@@ -341,7 +362,7 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
-        return rc;
+        return record_text_fault(rc, err);
     }
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
@@ -351,7 +372,8 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err);
+    return record_text_fault(tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err),
+                             err);
 }
 
 // Take one record off the input: answer it with an error completion, or tokenize it into the
@@ -369,18 +391,18 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
         code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
         if (p->ids.len)
-            TM_ERR(&rec_err, TM_E_INVAL,
+            TM_ERR(&rec_err, TM_E_RECORD,
                    "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
                    "(prompt + at least 1 generated)",
                    p->ids.len, r->max_len);
         else
-            TM_ERR(&rec_err, TM_E_INVAL, "prompt is empty");
-        rc = TM_E_INVAL;
+            TM_ERR(&rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
     }
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
     if (rc == TM_OK && (job->continuations || n_sub > 1))
         rc = group_create(r, p, n_sub, &code, &rec_err);
-    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+    if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
     }
@@ -610,7 +632,7 @@ static tm_rc fail_seq(runner *r, seq *s, const char *msg, tm_err *err) {
 }
 
 static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
-    tm_rc rc = tm_detok_flush(&s->detok, &s->text, err);
+    tm_rc rc = record_fault(tm_detok_flush(&s->detok, &s->text, err), err);
     if (rc == TM_OK)
         rc = lp_finish(r, s->lp, err);
     if (rc == TM_OK)
@@ -681,7 +703,7 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     if (rc)
         return rc;
     size_t before = s->text.len;
-    rc = tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err);
+    rc = record_fault(tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err), err);
     if (rc)
         return rc;
     if (s->n_stop && s->text.len > before) {
@@ -717,6 +739,7 @@ static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *
     TM_ASSERT(l->n_top <= TM_MAX_TOP_LOGPROBS);
     tm_rc rc = tm_sample_logprobs(row, r->n_vocab_tok, id, l->n_top, lp_id, top_ids, top_lp, argmax,
                                   err);
+    rc = record_fault(rc, err);
     if (rc)
         return rc;
     return lp_push(l, cap, id, *lp_id, top_ids, top_lp, err);
@@ -739,6 +762,7 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
         rc = lp_push_row(r, s->lp, &s->lp_cap, row, id, &am, &v, err);
     } else {
         rc = tm_sample_logprobs(row, r->n_vocab_tok, id, 0, &v, NULL, NULL, &am, err);
+        rc = record_fault(rc, err);
     }
     if (rc)
         return rc;
@@ -752,14 +776,15 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
 // argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
 // itself (forward_greedy) and keep the logits row.
 static int row_is_greedy(const runner *r, const seq *s) {
-    return s->q.score_next >= s->q.score_end && !s->lp && tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+    return s->q.score_next >= s->q.score_end && !s->lp &&
+           tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
 }
 
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
-// tm_sample_token would (TM_E_INVAL).
+// tm_sample_token would (TM_E_RECORD).
 static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
     if (got == TM_ENGINE_ID_NONFINITE)
-        return TM_ERR(err, TM_E_INVAL, "sample: a logit is NaN or inf");
+        return TM_ERR(err, TM_E_RECORD, "sample: a logit is NaN or inf");
     if (got >= r->n_vocab_tok)
         return TM_ERR(err, TM_E_INTERNAL, "engine %s: greedy id %u beyond the %u sampled ids",
                       r->eng->ops->name, got, r->n_vocab_tok);
@@ -845,7 +870,8 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (greedy)
             rc = greedy_token(r, r->ids[w], &id, err);
         else
-            rc = tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err);
+            rc = record_fault(
+                tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err), err);
         if (rc == TM_OK && s->lp) {
             uint32_t am;
             float v;
@@ -854,8 +880,8 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (rc == TM_OK)
             rc = on_token(r, s, id, err);
     }
-    if (rc == TM_E_INVAL) {
-        // Non-finite logits: this record fails, the job goes on.
+    if (rc == TM_E_RECORD) {
+        // Non-finite logits (or the like): this record fails, the job goes on.
         char msg[sizeof(err->msg)];
         memcpy(msg, err->msg, sizeof(msg));
         rc = fail_seq(r, s, msg, err);
