@@ -51,6 +51,7 @@ const char *tm_rc_name(tm_rc rc) {
     case TM_E_KAFKA: return "kafka";
     case TM_E_EOF: return "eof";
     case TM_E_INTERNAL: return "internal";
+    case TM_E_RECORD: return "record";
     }
     return "unknown";
 }

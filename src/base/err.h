@@ -10,7 +10,9 @@
 typedef enum tm_rc {
     TM_OK = 0,
     TM_E_AGAIN,    /* not now: no free blocks, queue full; caller may retry */
-    TM_E_INVAL,    /* bad job or config input: fail the record or job, not the process */
+    TM_E_INVAL,    /* bad argument, job file or configuration: fail the job, not the process.
+                    * Modules that do not know about records (tokenizer, sampler) also use it
+                    * for bad input; the runner turns that into TM_E_RECORD */
     TM_E_NOMEM,    /* host allocation failed */
     TM_E_IO,       /* file or OS call failed */
     TM_E_PARSE,    /* malformed data (JSON, safetensors header, tokenizer file) */
@@ -19,6 +21,9 @@ typedef enum tm_rc {
     TM_E_KAFKA,    /* librdkafka error */
     TM_E_EOF,      /* end of a stream: not an error for the caller that expects it */
     TM_E_INTERNAL, /* a bug of ours that was caught without aborting */
+    TM_E_RECORD,   /* this record cannot be served (prompt too long, bad template or text, non-
+                    * finite logits): fail the record with an error completion, not the job.
+                    * Last, so that the older codes keep their numbers */
 } tm_rc;
 
 typedef struct tm_err {

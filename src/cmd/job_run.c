@@ -473,103 +473,119 @@ static void resume_fini(resume_state *rs) {
     tm_manifest_unlock(rs->lock_fd);
 }
 
-static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
-    job_parts p = {0};
-    resume_state rs = {.lock_fd = -1};
-    tm_kafka_out *kafka = NULL;
-    tm_engine *eng = NULL;
-    tm_source *src = NULL;
-    tm_sink *sink = NULL;
-    tm_metrics *metrics = NULL;
-    tm_progress *progress = NULL;
-    tm_queue *q_in = NULL, *q_out = NULL;
-    int src_started = 0, sink_started = 0;
+// Everything one run of a job holds, from loading to the summary; run_job's helpers share it.
+typedef struct job_run {
+    const char *path;            /* the job file; borrowed */
+    const tm_job_run_opts *opts; /* borrowed */
+    double t0_ms;                /* when the run started */
+    job_parts p;
+    resume_state rs;
+    tm_engine_opts eo;           /* the engine's settings (n_kv_block as the engine has it) */
+    tm_engine *eng;
+    tm_metrics *metrics;
+    tm_progress *progress;
+    tm_source *src;
+    tm_sink *sink;
+    tm_kafka_out *kafka;         /* output.kafka, or NULL */
+    tm_queue *q_in, *q_out;      /* source -> runner -> sink */
+    bool src_started, sink_started;
     pthread_t src_thread, sink_thread;
-    source_ctx sc = {0};
-    sink_ctx kc = {0};
-    tm_runner_stats stats = {0};
-    double t0 = tm_now_ms();
+    source_ctx sc;               /* the source thread's; read after it is joined */
+    sink_ctx kc;                 /* the sink thread's; read after it is joined */
+    tm_runner_stats stats;
+} job_run;
 
-    tm_rc rc = parts_load(path, &p, err);
-    if (rc)
-        goto done;
-    const tm_job_spec *spec = p.spec;
-    rc = resume_prepare(spec, path, opts, &rs, err);
-    if (rc || rs.finished_before)
-        goto done;
-    const tm_model_cfg *mc = &p.model->cfg;
+// The engine the spec asks for, with the job's limits; logs what was made.
+static tm_rc engine_setup(job_run *j, tm_err *err) {
+    const tm_job_spec *spec = j->p.spec;
+    const tm_model_cfg *mc = &j->p.model->cfg;
     long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    tm_engine_opts eo = {
+    j->eo = (tm_engine_opts){
         .n_threads = spec->engine.threads ? spec->engine.threads : (uint32_t)TM_MAX(n_cpu, 1),
         .block_size = spec->engine.block_size,
         .max_seqs = spec->engine.max_seqs,
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
     };
-    rc = create_engine(spec, p.model, &eo, path, opts->tp, &eng, err);
+    tm_rc rc = create_engine(spec, j->p.model, &j->eo, j->path, j->opts->tp, &j->eng, err);
     if (rc)
-        goto done;
-    const char *backend = eng->ops->name;
+        return rc;
+    const tm_engine_opts *eo = &j->eo;
     TM_LOG_INFO("job", "%s: model %s (%s, %u layers, hidden %u, vocab %u), %s engine, tp %u, "
                 "%u threads, %u KV blocks of %u tokens",
-                path, spec->model, tm_model_arch_name(p.model), mc->n_layer, mc->n_embd,
-                mc->n_vocab, backend, TM_MAX(eo.tp_size, 1u), eo.n_threads, eo.n_kv_block,
-                eo.block_size);
+                j->path, spec->model, tm_model_arch_name(j->p.model), mc->n_layer, mc->n_embd,
+                mc->n_vocab, j->eng->ops->name, TM_MAX(eo->tp_size, 1u), eo->n_threads,
+                eo->n_kv_block, eo->block_size);
+    return TM_OK;
+}
 
-    rc = tm_metrics_create(&metrics, err);
+// metrics.json's settings, job and earlier-runs sections.
+static tm_rc metrics_setup(job_run *j, tm_err *err) {
+    const tm_job_spec *spec = j->p.spec;
+    const tm_engine_opts *eo = &j->eo;
+    const char *backend = j->eng->ops->name;
+    tm_rc rc = tm_metrics_create(&j->metrics, err);
     if (rc)
-        goto done;
+        return rc;
     tm_metrics_settings ms = {
         .backend = backend,
-        .tp = TM_MAX(eo.tp_size, 1u),
-        .max_seqs = eo.max_seqs,
-        .max_batched_tokens = eo.max_batched_tokens,
-        .block_size = eo.block_size,
-        .kv_blocks = eo.n_kv_block,
+        .tp = TM_MAX(eo->tp_size, 1u),
+        .max_seqs = eo->max_seqs,
+        .max_batched_tokens = eo->max_batched_tokens,
+        .block_size = eo->block_size,
+        .kv_blocks = eo->n_kv_block,
         .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
         .prefix_cache = spec->engine.prefix_cache,
-        .threads = eo.n_threads,
+        .threads = eo->n_threads,
         .model_path = spec->model,
-        .model_arch = tm_model_arch_name(p.model),
+        .model_arch = tm_model_arch_name(j->p.model),
     };
-    rc = tm_metrics_set_settings(metrics, &ms, err);
+    rc = tm_metrics_set_settings(j->metrics, &ms, err);
     if (rc)
-        goto done;
-    rc = tm_metrics_set_job(metrics, path, err);
+        return rc;
+    rc = tm_metrics_set_job(j->metrics, j->path, err);
     if (rc)
-        goto done;
-    tm_metrics_add_earlier(metrics, &(tm_metrics_earlier){
-                                        .n_ok = rs.earlier.n_ok,
-                                        .n_failed = rs.earlier.n_failed,
-                                        .n_err_by_code = rs.earlier.n_err_by_code,
-                                        .n_tok_prompt = rs.earlier.n_tok_prompt,
-                                        .n_tok_cached = rs.earlier.n_tok_cached,
-                                        .n_tok_gen = rs.earlier.n_tok_gen,
-                                    });
-    rc = tm_progress_create(&(tm_progress_cfg){.job_name = path,
-                                               .textfile = spec->prometheus_textfile},
-                            &progress, err);
+        return rc;
+    const tm_manifest_counts *e = &j->rs.earlier;
+    tm_metrics_add_earlier(j->metrics, &(tm_metrics_earlier){
+                                           .n_ok = e->n_ok,
+                                           .n_failed = e->n_failed,
+                                           .n_err_by_code = e->n_err_by_code,
+                                           .n_tok_prompt = e->n_tok_prompt,
+                                           .n_tok_cached = e->n_tok_cached,
+                                           .n_tok_gen = e->n_tok_gen,
+                                       });
+    return TM_OK;
+}
+
+// The progress line, the source (resumed at the manifest's Kafka positions), the sink (appending
+// when resumed), the Kafka producer and the two queues.
+static tm_rc io_open(job_run *j, tm_err *err) {
+    const tm_job_spec *spec = j->p.spec;
+    tm_rc rc = tm_progress_create(&(tm_progress_cfg){.job_name = j->path,
+                                                     .textfile = spec->prometheus_textfile},
+                                  &j->progress, err);
     if (rc)
-        goto done;
-    rc = tm_source_open(spec, &src, err);
+        return rc;
+    rc = tm_source_open(spec, &j->src, err);
     if (rc)
-        goto done;
-    for (size_t i = 0; i < rs.man.n_kparts && !rc; i++) {
-        const tm_manifest_kpart *k = &rs.man.kparts[i];
-        rc = tm_source_kafka_resume(src, &(tm_source_kpos){.topic = k->topic,
-                                                          .partition = k->partition,
-                                                          .next = (int64_t)k->next,
-                                                          .ranges = k->ranges,
-                                                          .n_ranges = k->n_ranges},
+        return rc;
+    for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
+        const tm_manifest_kpart *k = &j->rs.man.kparts[i];
+        rc = tm_source_kafka_resume(j->src, &(tm_source_kpos){.topic = k->topic,
+                                                             .partition = k->partition,
+                                                             .next = (int64_t)k->next,
+                                                             .ranges = k->ranges,
+                                                             .n_ranges = k->n_ranges},
                                     err);
     }
     if (rc)
-        goto done;
-    const bool txn_offsets = spec->kafka_in && spec->kafka && spec->kafka->transactional_id;
-    tm_source_kafka_set_txn(src, txn_offsets);
-    rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = rs.resumed}, &sink, err);
+        return rc;
+    tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka &&
+                                        spec->kafka->transactional_id);
+    rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = j->rs.resumed}, &j->sink, err);
     if (rc)
-        goto done;
+        return rc;
     if (spec->kafka) {
         tm_kafka_out_cfg kcfg = {
             .brokers = spec->kafka->brokers,
@@ -578,158 +594,202 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
             .n_config = spec->kafka->n_config,
             .transactional_id = spec->kafka->transactional_id,
         };
-        rc = tm_kafka_out_open(&kcfg, &kafka, err);
+        rc = tm_kafka_out_open(&kcfg, &j->kafka, err);
         if (rc)
-            goto done;
+            return rc;
     }
-    rc = tm_queue_create(QUEUE_CAP, &q_in, err);
+    rc = tm_queue_create(QUEUE_CAP, &j->q_in, err);
     if (rc)
-        goto done;
-    rc = tm_queue_create(QUEUE_CAP, &q_out, err);
-    if (rc)
-        goto done;
+        return rc;
+    return tm_queue_create(QUEUE_CAP, &j->q_out, err);
+}
 
-    sc = (source_ctx){.src = src, .q = q_in, .progress = progress,
-                      .skip = rs.resumed ? &rs.skip : NULL};
-    kc = (sink_ctx){.sink = sink, .kafka = kafka, .src = src, .man = &rs.man,
-                    .dir = spec->output_dir, .commit_every_ms = spec->commit_every_s * 1e3,
-                    .commit_every_records = spec->commit_every_records, .metrics = metrics,
-                    .progress = progress, .q = q_out, .kafka_in = spec->kafka_in != NULL,
-                    .txn_offsets = txn_offsets};
-    if (pthread_create(&src_thread, NULL, source_main, &sc) != 0) {
-        rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
-        goto done;
-    }
-    src_started = 1;
-    if (pthread_create(&sink_thread, NULL, sink_main, &kc) != 0) {
-        rc = TM_ERR(err, TM_E_INTERNAL, "cannot start the sink thread");
-        goto done;
-    }
-    sink_started = 1;
+// Start the source and sink threads around the queues.
+static tm_rc threads_start(job_run *j, tm_err *err) {
+    const tm_job_spec *spec = j->p.spec;
+    j->sc = (source_ctx){.src = j->src, .q = j->q_in, .progress = j->progress,
+                         .skip = j->rs.resumed ? &j->rs.skip : NULL};
+    j->kc = (sink_ctx){.sink = j->sink, .kafka = j->kafka, .src = j->src, .man = &j->rs.man,
+                       .dir = spec->output_dir, .commit_every_ms = spec->commit_every_s * 1e3,
+                       .commit_every_records = spec->commit_every_records,
+                       .metrics = j->metrics, .progress = j->progress, .q = j->q_out,
+                       .kafka_in = spec->kafka_in != NULL,
+                       .txn_offsets = spec->kafka_in && spec->kafka &&
+                                      spec->kafka->transactional_id};
+    if (pthread_create(&j->src_thread, NULL, source_main, &j->sc) != 0)
+        return TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
+    j->src_started = true;
+    if (pthread_create(&j->sink_thread, NULL, sink_main, &j->kc) != 0)
+        return TM_ERR(err, TM_E_INTERNAL, "cannot start the sink thread");
+    j->sink_started = true;
+    return TM_OK;
+}
 
+// The runner on this thread, from q_in to q_out, until the input is drained.
+static tm_rc run_records(job_run *j, tm_err *err) {
+    const tm_job_spec *spec = j->p.spec;
     tm_runner_cfg rcfg = {
-        .max_seqs = eo.max_seqs,
-        .max_batched_tokens = eo.max_batched_tokens,
-        .block_size = eo.block_size,
-        .n_kv_block = eo.n_kv_block,
-        .n_ctx = mc->n_ctx,
+        .max_seqs = j->eo.max_seqs,
+        .max_batched_tokens = j->eo.max_batched_tokens,
+        .block_size = j->eo.block_size,
+        .n_kv_block = j->eo.n_kv_block,
+        .n_ctx = j->p.model->cfg.n_ctx,
         .defaults = spec->defaults,
         .prefix_cache = spec->engine.prefix_cache,
         .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
         .lookahead = spec->engine.lookahead,
         .chat_template = spec->chat_template,
     };
-    rc = tm_runner_run(&rcfg, eng, p.tok, q_in, q_out, &stats, err);
-    if (eng->ops->forward_greedy)
+    tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
+    if (j->eng->ops->forward_greedy)
         TM_LOG_INFO("job", "%s: %llu of %llu steps were greedy on the engine (only token ids "
                     "came back)",
-                    path, (unsigned long long)stats.n_step_greedy,
-                    (unsigned long long)stats.n_step);
+                    j->path, (unsigned long long)j->stats.n_step_greedy,
+                    (unsigned long long)j->stats.n_step);
+    return rc;
+}
 
-done:
-    if (q_in)
-        tm_queue_close(q_in); // stops the source if the runner ended early
-    if (src_started) {
-        pthread_join(src_thread, NULL);
+// Stop and join the stages (closing q_in stops the source if the runner ended early; the sink
+// drains q_out), then take the first stage error into *rc / *err unless there is one already.
+static void drain(job_run *j, tm_rc *rc, tm_err *err) {
+    if (j->q_in)
+        tm_queue_close(j->q_in);
+    if (j->src_started) {
+        pthread_join(j->src_thread, NULL);
         void *item;
-        while (tm_queue_try_pop(q_in, &item) == TM_OK)
+        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
             tm_job_destroy(item);
     }
-    if (q_out)
-        tm_queue_close(q_out);
-    if (sink_started) {
-        pthread_join(sink_thread, NULL);
-        tm_progress_finish(progress);
+    if (j->q_out)
+        tm_queue_close(j->q_out);
+    if (j->sink_started) {
+        pthread_join(j->sink_thread, NULL);
+        tm_progress_finish(j->progress);
     }
-    if (rc == TM_OK && sc.rc) {
-        *err = sc.err;
-        rc = sc.rc;
+    if (*rc == TM_OK && j->sc.rc) {
+        *err = j->sc.err;
+        *rc = j->sc.rc;
     }
-    if (rc == TM_OK && kc.rc) {
-        *err = kc.err;
-        rc = kc.rc;
+    if (*rc == TM_OK && j->kc.rc) {
+        *err = j->kc.err;
+        *rc = j->kc.rc;
     }
-    // The last commit: whatever was written, unless writing failed (then the last manifest stands
-    // and the next run cuts the files back to it). The job is finished when the whole input was
-    // read and every record is done; metrics.json goes first, so a finished manifest always has
-    // its metrics.
-    bool final_commit = sink_started && kc.rc == TM_OK;
+}
+
+// The last commit: whatever was written, unless writing failed (then the last manifest stands
+// and the next run cuts the files back to it). The job is finished when the whole input was read
+// and every record is done; metrics.json goes first, so a finished manifest always has its
+// metrics. Then the sinks close. The first error lands in *rc / *err unless there is one already.
+static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
+    resume_state *rs = &j->rs;
+    bool final_commit = j->sink_started && j->kc.rc == TM_OK;
     if (final_commit) {
-        rs.man.n_records = tm_source_n_records(src);
-        rs.man.total_known = sc.eof;
-        rs.man.finished = rc == TM_OK && sc.eof && sc.rc == TM_OK &&
-                          tm_seqset_count(&rs.man.done) == rs.man.n_records;
+        rs->man.n_records = tm_source_n_records(j->src);
+        rs->man.total_known = j->sc.eof;
+        rs->man.finished = *rc == TM_OK && j->sc.eof && j->sc.rc == TM_OK &&
+                           tm_seqset_count(&rs->man.done) == rs->man.n_records;
     }
-    if (metrics && p.spec && sink_started)
-        tm_metrics_set_durability(metrics, &(tm_metrics_durability){
-                                               .commits = kc.n_commits + final_commit,
-                                               .commits_total = rs.man.n_commits + final_commit,
-                                               .commit_ms_total = kc.commit_ms_total,
-                                               .commit_ms_max = kc.commit_ms_max,
-                                               .runs = rs.man.n_runs +
-                                                       (final_commit && kc.n_commits == 0),
-                                               .resumed_records = sc.n_skipped,
-                                               .cut_bytes = rs.cut_bytes,
-                                           });
-    if (metrics && p.spec && sink_started) {
-        tm_run_metrics_add_engine(metrics, &stats);
-        tm_metrics_end(metrics);
+    if (j->metrics && j->p.spec && j->sink_started)
+        tm_metrics_set_durability(j->metrics,
+                                  &(tm_metrics_durability){
+                                      .commits = j->kc.n_commits + final_commit,
+                                      .commits_total = rs->man.n_commits + final_commit,
+                                      .commit_ms_total = j->kc.commit_ms_total,
+                                      .commit_ms_max = j->kc.commit_ms_max,
+                                      .runs = rs->man.n_runs +
+                                              (final_commit && j->kc.n_commits == 0),
+                                      .resumed_records = j->sc.n_skipped,
+                                      .cut_bytes = rs->cut_bytes,
+                                  });
+    if (j->metrics && j->p.spec && j->sink_started) {
+        tm_run_metrics_add_engine(j->metrics, &j->stats);
+        tm_metrics_end(j->metrics);
         char mpath[4096];
-        snprintf(mpath, sizeof(mpath), "%s/metrics.json", p.spec->output_dir);
+        snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);
         tm_err merr = {0};
-        tm_rc mrc = tm_metrics_write_json(metrics, mpath, &merr);
-        if (rc == TM_OK && mrc) {
+        tm_rc mrc = tm_metrics_write_json(j->metrics, mpath, &merr);
+        if (*rc == TM_OK && mrc) {
             *err = merr;
-            rc = mrc;
+            *rc = mrc;
         }
         final_commit = final_commit && mrc == TM_OK;
     }
     if (final_commit) {
         tm_err cerr = {0};
-        tm_rc crc = commit(&kc, &cerr);
-        if (rc == TM_OK && crc) {
+        tm_rc crc = commit(&j->kc, &cerr);
+        if (*rc == TM_OK && crc) {
             *err = cerr;
-            rc = crc;
+            *rc = crc;
         }
     }
     tm_err close_err = {0};
-    tm_kafka_out_close(kafka);
-    tm_rc close_rc = tm_sink_close(sink, &close_err);
-    if (rc == TM_OK && close_rc) {
+    tm_kafka_out_close(j->kafka);
+    tm_rc close_rc = tm_sink_close(j->sink, &close_err);
+    if (*rc == TM_OK && close_rc) {
         *err = close_err;
-        rc = close_rc;
+        *rc = close_rc;
     }
-    if (rc == TM_OK && sink_started) {
-        double wall_s = (tm_now_ms() - t0) / 1e3;
-        uint64_t n_ok = rs.man.counts.n_ok, n_err = rs.man.counts.n_failed;
-        printf("tokenmill: %s done in %.1f s\n", path, wall_s);
-        printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
-               (unsigned long long)n_ok, (unsigned long long)n_err);
-        if (rs.resumed)
-            printf("  resumed   %llu records committed by earlier runs were skipped\n",
-                   (unsigned long long)sc.n_skipped);
-        printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
-               (unsigned long long)kc.n_tok_prompt, (unsigned long long)kc.n_tok_gen,
-               (unsigned long long)stats.n_step, (unsigned long long)stats.n_preempt);
-        printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
-               stats.prefill_s > 0 ? stats.n_tok_prefill / stats.prefill_s : 0.0,
-               stats.decode_s > 0 ? stats.n_tok_decode / stats.decode_s : 0.0,
-               kc.n_tok_gen / wall_s);
-        printf("  outputs   %s/{completions.jsonl.lz4,errors.jsonl,metrics.json}\n",
-               p.spec->output_dir);
+}
+
+// The summary a successful run prints on stdout.
+static void print_summary(const job_run *j) {
+    const tm_runner_stats *st = &j->stats;
+    double wall_s = (tm_now_ms() - j->t0_ms) / 1e3;
+    uint64_t n_ok = j->rs.man.counts.n_ok, n_err = j->rs.man.counts.n_failed;
+    printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
+    printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
+           (unsigned long long)n_ok, (unsigned long long)n_err);
+    if (j->rs.resumed)
+        printf("  resumed   %llu records committed by earlier runs were skipped\n",
+               (unsigned long long)j->sc.n_skipped);
+    printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
+           (unsigned long long)j->kc.n_tok_prompt, (unsigned long long)j->kc.n_tok_gen,
+           (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
+    printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
+           st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
+           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, j->kc.n_tok_gen / wall_s);
+    printf("  outputs   %s/{completions.jsonl.lz4,errors.jsonl,metrics.json}\n",
+           j->p.spec->output_dir);
+}
+
+static void job_run_fini(job_run *j) {
+    tm_queue_destroy(j->q_in);
+    tm_queue_destroy(j->q_out);
+    tm_source_destroy(j->src);
+    tm_metrics_destroy(j->metrics);
+    tm_progress_destroy(j->progress);
+    tm_engine_destroy(j->eng);
+    tm_free(j->kc.pending);
+    tm_free(j->kc.offs);
+    tm_buf_fini(&j->kc.group_md);
+    tm_buf_fini(&j->kc.line);
+    resume_fini(&j->rs);
+    parts_fini(&j->p);
+}
+
+// One run of a job: load, check what the output folder holds (resume, or nothing to do), make the
+// engine, open the inputs and outputs, run the three stages, drain them, commit and summarize.
+static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
+    job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
+    tm_rc rc = parts_load(path, &j.p, err);
+    if (rc == TM_OK)
+        rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
+    if (rc == TM_OK && !j.rs.finished_before) {
+        rc = engine_setup(&j, err);
+        if (rc == TM_OK)
+            rc = metrics_setup(&j, err);
+        if (rc == TM_OK)
+            rc = io_open(&j, err);
+        if (rc == TM_OK)
+            rc = threads_start(&j, err);
+        if (rc == TM_OK)
+            rc = run_records(&j, err);
     }
-    tm_queue_destroy(q_in);
-    tm_queue_destroy(q_out);
-    tm_source_destroy(src);
-    tm_metrics_destroy(metrics);
-    tm_progress_destroy(progress);
-    tm_engine_destroy(eng);
-    tm_free(kc.pending);
-    tm_free(kc.offs);
-    tm_buf_fini(&kc.group_md);
-    tm_buf_fini(&kc.line);
-    resume_fini(&rs);
-    parts_fini(&p);
+    drain(&j, &rc, err);
+    finish_outputs(&j, &rc, err);
+    if (rc == TM_OK && j.sink_started)
+        print_summary(&j);
+    job_run_fini(&j);
     return rc;
 }
 

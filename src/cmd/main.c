@@ -1,5 +1,6 @@
 /* cmd/main.c - the tokenmill command line: run, validate, tokenize, --help, --version. Parses
- * arguments and hands off to cmd/job_run.c (jobs) or the tokenizer; exit codes: 0 success, 1 the job
+ * arguments and hands off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel
+ * launch that do not run the job) or the tokenizer; exit codes: 0 success, 1 the job
  * or command failed, 2 bad usage. */
 #include <jansson.h>
 #include <stdio.h>
@@ -91,6 +92,21 @@ static int cmd_tokenize(const char *model_dir) {
     return status;
 }
 
+// `tokenmill run JOB.json [launch options]`: global rank 0 runs the job, every other rank of a
+// tensor-parallel launch serves rank 0's steps (cmd/tp_run.h).
+static int cmd_run_launch(int argc, char **argv) {
+    tm_tp_run_args a;
+    int status = tm_tp_run_parse(argc, argv, &a);
+    if (status)
+        return status;
+    if (!tm_tp_is_rank0(&a.launch))
+        return tm_tp_serve_cmd(a.path, &a.launch);
+    return tm_job_run_with(a.path, &(tm_job_run_opts){.restart = a.restart, .tp = &a.launch}) ==
+                   TM_OK
+               ? 0
+               : 1;
+}
+
 int main(int argc, char **argv) {
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
@@ -118,7 +134,7 @@ int main(int argc, char **argv) {
     if (i + 3 == argc && !strcmp(argv[i], "run") && !strcmp(argv[i + 1], "--restart"))
         return tm_job_run_with(argv[i + 2], &(tm_job_run_opts){.restart = 1}) == TM_OK ? 0 : 1;
     if (i + 2 < argc && !strcmp(argv[i], "run")) // launch options of tensor parallel (cmd/tp_run.h)
-        return tm_tp_run_cmd(argc - i - 1, argv + i + 1);
+        return cmd_run_launch(argc - i - 1, argv + i + 1);
     if (i + 2 != argc) {
         fputs(usage, stderr);
         return 2;

@@ -18,7 +18,6 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "ingest/job_spec.h"
-#include "cmd/job_run.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
@@ -304,7 +303,7 @@ static int parse_u32(const char *s, uint32_t max, uint32_t *out) {
     return 1;
 }
 
-int tm_tp_run_cmd(int argc, char **argv) {
+int tm_tp_run_parse(int argc, char **argv, tm_tp_run_args *out) {
     tm_tp_launch l = {.nnodes = 1, .local_rank = -1, .timeout_s = TM_TP_DEFAULT_TIMEOUT_S};
     int port_set = 0, restart = 0;
     const char *path = NULL;
@@ -342,13 +341,14 @@ int tm_tp_run_cmd(int argc, char **argv) {
     }
     if (l.nnodes > 1 && !port_set)
         l.master_port = TM_TP_DEFAULT_PORT;
-    if (l.node_rank == 0 && l.local_rank <= 0)
-        return tm_job_run_with(path, &(tm_job_run_opts){.restart = restart, .tp = &l}) == TM_OK
-                   ? 0
-                   : 1;
+    *out = (tm_tp_run_args){.path = path, .restart = restart, .launch = l};
+    return 0;
+}
 
-    // Not rank 0: a node launcher (node_rank > 0) starts its node's other ranks and serves as
-    // local rank 0; a started local rank serves.
+int tm_tp_is_rank0(const tm_tp_launch *l) { return l->node_rank == 0 && l->local_rank <= 0; }
+
+int tm_tp_serve_cmd(const char *path, const tm_tp_launch *launch) {
+    const tm_tp_launch l = *launch;
     tm_err err = {0};
     tm_job_spec *spec = NULL;
     tm_rc rc = tm_job_spec_load(path, &spec, &err);

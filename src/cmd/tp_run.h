@@ -34,13 +34,31 @@ typedef struct tm_tp_launch {
     uint32_t timeout_s;      /* rendezvous and step timeout */
 } tm_tp_launch;
 
-/* `tokenmill run JOB.json [options]` where options are --nnodes, --node-rank, --master-addr,
- * --master-port, --tp-timeout (and the hidden --local-rank); argv[0] is JOB.json. Global rank 0
- * runs the job (tm_job_run_tp); the others serve. Returns the process exit code: 0 success, 1
- * failure (logged), 2 bad usage. */
-int tm_tp_run_cmd(int argc, char **argv);
+/* The arguments of `tokenmill run JOB.json [options]`. */
+typedef struct tm_tp_run_args {
+    const char *path;    /* the job file; borrowed from argv */
+    int restart;         /* --restart */
+    tm_tp_launch launch; /* the launch options, defaults where not given */
+} tm_tp_run_args;
 
-/* Rank 0's side, for cmd/job_run.c: start the node's other local ranks, run the rendezvous (NCCL id,
+/* Parse `tokenmill run JOB.json [options]` where options are --restart, --nnodes, --node-rank,
+ * --master-addr, --master-port, --tp-timeout (and the hidden --local-rank); argv[0] is JOB.json.
+ * Fills *out (its strings borrow argv). Returns 0, or 2 (bad usage; the message is printed). */
+int tm_tp_run_parse(int argc, char **argv, tm_tp_run_args *out);
+
+/* Is this process global rank 0 (node 0, local rank 0)? That one runs the job (cmd/main.c hands
+ * it to tm_job_run_with, which calls tm_tp_engine_create); every other process serves
+ * (tm_tp_serve_cmd). */
+int tm_tp_is_rank0(const tm_tp_launch *l);
+
+/* A process other than global rank 0: a node launcher (node_rank > 0, local_rank -1) starts its
+ * node's other local ranks and serves as local rank 0; a started local rank serves. path is the
+ * job file (its model and engine.tp are read). Errors are logged here. Returns the process exit
+ * code: 0 success, 1 failure. */
+int tm_tp_serve_cmd(const char *path, const tm_tp_launch *l);
+
+/* Rank 0's side, for cmd/job_run.c (which includes this header; this module includes none of
+ * cmd/job_run's): start the node's other local ranks, run the rendezvous (NCCL id,
  * engine settings eo), and create rank 0's CUDA engine on device 0. On success *out owns an engine
  * that also owns the rendezvous and the started processes: destroying it stops every rank and
  * waits for the local ones. m and job_path are borrowed; m must outlive the engine. Errors: the

@@ -1,11 +1,13 @@
 /* runner/runner.c - the continuous-batching loop. One thread. Records are read into a look-ahead
- * window (tokenized, ordered), then admitted into max_seqs slots; each step takes decodes first
- * (oldest first), then prefill chunks (oldest first) until the token budget is spent. KV blocks are
- * taken as positions are reached, from the free list, then by evicting unused cached blocks, then
- * by preempting the youngest unscheduled sequence (recompute). A step whose wanted rows are all
- * sampled greedily (no logprobs, no scoring) goes through the engine's forward_greedy when it has
- * one, so that only token ids leave the engine; the tokens are the ones tm_sample_token would
- * pick. Nothing here allocates per step except the growth of a sequence's token array and text. */
+ * window (tokenized, ordered), then admitted into max_seqs slots. Each step is planned first from
+ * the scheduler's state alone (runner/sched/sched.h: decodes first, oldest first, then prefill
+ * chunks until the token budget is spent; KV blocks from the free list, then by evicting unused
+ * cached blocks, then by preempting the youngest unscheduled sequence), then applied here: the
+ * plan's block copies and one forward on the engine, the step's counters, and each entry's row
+ * scored or sampled, its record finished when it stops. A step whose wanted rows are all sampled
+ * greedily (no logprobs, no scoring) goes through the engine's forward_greedy when it has one, so
+ * that only token ids leave the engine; the tokens are the ones tm_sample_token would pick.
+ * Nothing here allocates per step except the growth of a sequence's token array and text. */
 #include "runner/runner.h"
 
 #include <math.h>
@@ -21,24 +23,15 @@
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
 #include "runner/sched/sample.h"
+#include "runner/sched/sched.h"
 
 struct group;
 
 typedef struct seq {
+    tm_sched_seq q;         /* what the scheduler sees: tokens, blocks, progress, wanted rows;
+                             * q.active iff job is set */
     tm_job *job;            /* owned while the sequence runs (borrowed from grp when grp is set);
                              * NULL = free slot */
-    uint64_t admit_order;   /* admission counter; the youngest is preempted first */
-    tm_ids ids;             /* prompt then generated tokens */
-    uint32_t n_prompt;
-    uint32_t n_done;        /* tokens of ids whose K/V are in the cache */
-    uint32_t *blocks;       /* [max_blocks_per_seq] block table */
-    uint32_t n_block;
-    tm_bhash *keys;         /* [max_blocks_per_seq] prefix-cache keys of full blocks */
-    uint32_t n_keys;        /* keys[0, n_keys) are computed */
-    uint32_t n_offered;     /* full blocks [0, n_offered) were offered to the cache */
-    uint32_t n_cached;      /* prompt tokens served from the cache (before any preemption) */
-    uint64_t salt;          /* the record's cache_salt: blocks are shared only within a salt */
-    int preempted;
     uint32_t n_gen;
     uint32_t max_len;       /* stop at this many tokens (context / pool limit) */
     int32_t max_tokens;
@@ -52,16 +45,13 @@ typedef struct seq {
     double t_last_ms;       /* when the latest generated token was sampled */
     float *itl;             /* [n_itl] gaps between generated tokens (ms); to the completion */
     uint32_t n_itl, cap_itl;
-    uint32_t chunk;         /* tokens scheduled in the current step; 0 = not in the step */
-    /* Evaluation (issue 5). Rows of positions [score_next, score_end) are wanted for scoring:
-     * the row of position p gives the logprob of token p + 1 (a prompt token when p + 1 <
-     * n_prompt_only, else a continuation token). Such a sequence is computed in chunks that end
-     * at the next wanted row, since the engine gives one row per chunk. */
+    /* Evaluation (issue 5). Rows of positions [q.score_next, q.score_end) are wanted for
+     * scoring: the row of position p gives the logprob of token p + 1 (a prompt token when
+     * p + 1 < n_prompt_only, else a continuation token). Such a sequence is computed in chunks
+     * that end at the next wanted row, since the engine gives one row per chunk. */
     struct group *grp;      /* the record's group (n > 1, continuations), or NULL */
     uint32_t sub;           /* index of this sequence in its group */
-    uint32_t n_prompt_only; /* prompt tokens before a continuation (= n_prompt without one) */
-    int gen;                /* samples tokens (max_tokens > 0 and not a scoring record) */
-    uint32_t score_next, score_end;
+    uint32_t n_prompt_only; /* prompt tokens before a continuation (= q.n_prompt without one) */
     uint32_t n_top, n_top_prompt; /* alternatives per generated/scored and per prompt token */
     tm_logprobs *lp;        /* owned; generated or continuation tokens' logprobs, or NULL */
     tm_logprobs *plp;       /* owned; prompt tokens' logprobs, or NULL */
@@ -113,8 +103,10 @@ typedef struct runner {
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
-    tm_batch_seq *bseqs;    /* [max_seqs] step plan */
-    seq **bseq_owner;       /* [max_seqs] which sequence each plan entry is */
+    tm_sched sched;         /* the step planner over seqs[i].q (slots) */
+    tm_sched_seq **slots;   /* [max_seqs] &seqs[i].q */
+    tm_sched_plan plan;     /* the current step's plan */
+    tm_batch_seq *bseqs;    /* [max_seqs] the current step's batch, one per plan entry */
     float *logits;          /* [max_seqs][n_vocab] */
     uint32_t *ids;          /* [max_seqs] forward_greedy's ids of a greedy step */
     tm_sample_scratch scratch;
@@ -143,24 +135,38 @@ static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg
     return TM_OK;
 }
 
-static void seq_release_blocks(runner *r, seq *s) {
-    for (uint32_t i = 0; i < s->n_block; i++)
-        tm_kv_block_unref(r->pool, s->blocks[i]);
-    s->n_block = 0;
+// The tokenizer and the chat template say TM_E_INVAL or TM_E_PARSE for a record's bad text, the
+// sampler and the detokenizer TM_E_INVAL for what a record brought (non-finite logits, bad
+// sampling parameters, an id without text): modules that know nothing of records. From the
+// runner on, that fails the one record (TM_E_RECORD), not the job; other codes pass unchanged.
+static tm_rc record_text_fault(tm_rc rc, tm_err *err) {
+    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+        err->rc = TM_E_RECORD;
+        rc = TM_E_RECORD;
+    }
+    return rc;
+}
+
+static tm_rc record_fault(tm_rc rc, tm_err *err) {
+    if (rc == TM_E_INVAL) {
+        err->rc = TM_E_RECORD;
+        rc = TM_E_RECORD;
+    }
+    return rc;
 }
 
 static void seq_reset(runner *r, seq *s) {
-    seq_release_blocks(r, s);
-    tm_ids_fini(&s->ids);
+    tm_sched_seq_release(&r->sched, &s->q);
+    tm_ids_fini(&s->q.ids);
     tm_buf_fini(&s->text);
     tm_free(s->itl);
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
-    uint32_t *blocks = s->blocks;
-    tm_bhash *keys = s->keys;
+    uint32_t *blocks = s->q.blocks;
+    tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
-    s->blocks = blocks;
-    s->keys = keys;
+    s->q.blocks = blocks;
+    s->q.keys = keys;
 }
 
 // ---- logprobs (issue 5) ----
@@ -228,7 +234,7 @@ static tm_rc lp_finish(runner *r, tm_logprobs *l, tm_err *err) {
     if (!l->off || !l->text)
         return TM_ERR(err, TM_E_NOMEM, "logprob token strings (%zu bytes)", total);
     if (total > UINT32_MAX)
-        return TM_ERR(err, TM_E_INVAL, "logprob token strings over 4 GiB");
+        return TM_ERR(err, TM_E_RECORD, "logprob token strings over 4 GiB");
     size_t at = 0;
     for (size_t e = 0; e < n_ent; e++) {
         l->off[e] = (uint32_t)at;
@@ -261,7 +267,7 @@ static void group_unref(group *g) {
 
 // Make p (its job and tokenized prompt) a group of n_sub sequences: copies of the prompt, or
 // prompt + each continuation (tokenized on its own and appended, as lm-eval-harness does, so a
-// continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_INVAL
+// continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_RECORD
 // with *code set.
 static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *code, tm_err *err) {
     tm_job *job = p->job;
@@ -297,12 +303,12 @@ static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *cod
             continue;
         const char *cont = job->continuations[i];
         *code = TM_ERRCODE_INVALID_VALUE;
-        rc = tm_tok_encode(r->tok, cont, strlen(cont), v, err);
+        rc = record_text_fault(tm_tok_encode(r->tok, cont, strlen(cont), v, err), err);
         if (rc == TM_OK && v->len == p->ids.len)
-            rc = TM_ERR(err, TM_E_INVAL, "continuation %u is empty", i);
+            rc = TM_ERR(err, TM_E_RECORD, "continuation %u is empty", i);
         if (rc == TM_OK && v->len > r->max_len) {
             *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
-            rc = TM_ERR(err, TM_E_INVAL,
+            rc = TM_ERR(err, TM_E_RECORD,
                         "prompt + continuation %u is %zu tokens; this engine holds at most %u "
                         "tokens per sequence",
                         i, v->len, r->max_len);
@@ -335,8 +341,9 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
 }
 
-// Tokenize a record into ids. Per-record problems return TM_E_INVAL or TM_E_PARSE with err
-// filled and *code set; anything else is fatal.
+// Tokenize a record into ids. Per-record problems (a template that fails on these messages, text
+// the tokenizer rejects) return TM_E_RECORD with err filled and *code set; anything else is
+// fatal.
 static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode *code,
                           tm_err *err) {
     tm_rc rc;
@@ -355,7 +362,7 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
-        return rc;
+        return record_text_fault(rc, err);
     }
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
@@ -365,7 +372,8 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err);
+    return record_text_fault(tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err),
+                             err);
 }
 
 // Take one record off the input: answer it with an error completion, or tokenize it into the
@@ -383,18 +391,18 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
         code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
         if (p->ids.len)
-            TM_ERR(&rec_err, TM_E_INVAL,
+            TM_ERR(&rec_err, TM_E_RECORD,
                    "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
                    "(prompt + at least 1 generated)",
                    p->ids.len, r->max_len);
         else
-            TM_ERR(&rec_err, TM_E_INVAL, "prompt is empty");
-        rc = TM_E_INVAL;
+            TM_ERR(&rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
     }
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
     if (rc == TM_OK && (job->continuations || n_sub > 1))
         rc = group_create(r, p, n_sub, &code, &rec_err);
-    if (rc == TM_E_INVAL || rc == TM_E_PARSE) {
+    if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
     }
@@ -477,14 +485,15 @@ static tm_rc admit(runner *r, tm_err *err) {
             s = &r->seqs[i];
     TM_ASSERT(s);
     s->job = p->job;
+    s->q.active = 1;
     if (g) {
         s->sub = g->n_admit++;
-        s->ids = g->sub_ids[s->sub];
+        s->q.ids = g->sub_ids[s->sub];
         g->sub_ids[s->sub] = (tm_ids){0};
         s->grp = g;
         g->n_ref++;
     } else {
-        s->ids = p->ids;
+        s->q.ids = p->ids;
         p->ids = (tm_ids){0};
     }
     if (!g || g->n_admit == g->n_sub) {
@@ -497,171 +506,35 @@ static tm_rc admit(runner *r, tm_err *err) {
     s->t_admit_ms = tm_now_ms();
     if (g && g->t_admit_ms == 0)
         g->t_admit_ms = s->t_admit_ms;
-    s->n_prompt = (uint32_t)s->ids.len;
-    s->n_prompt_only = g ? g->n_prompt : s->n_prompt;
-    s->salt = job->cache_salt;
+    s->q.n_prompt = (uint32_t)s->q.ids.len;
+    s->n_prompt_only = g ? g->n_prompt : s->q.n_prompt;
+    s->q.salt = job->cache_salt;
     merge_sampling(&r->cfg->defaults, &s->job->sp, s);
     if (g && !job->continuations)
         s->sp.seed = tm_sample_seed_of(s->sp.seed, s->sub);
     s->max_len = r->max_len;
-    s->admit_order = r->n_admitted++;
-    r->stats->n_tok_prompt += s->n_prompt;
+    s->q.admit_order = r->n_admitted++;
+    r->stats->n_tok_prompt += s->q.n_prompt;
     r->n_running++;
-    s->gen = s->max_tokens > 0 && !job->continuations;
+    s->q.gen = s->max_tokens > 0 && !job->continuations;
     s->n_top = TM_MIN(job->top_logprobs, r->n_vocab_tok);
     if (job->continuations) {
-        s->score_next = s->n_prompt_only - 1;
-        s->score_end = s->n_prompt - 1;
+        s->q.score_next = s->n_prompt_only - 1;
+        s->q.score_end = s->q.n_prompt - 1;
     }
     tm_rc rc = TM_OK;
     if (job->logprobs)
         rc = lp_create(s->n_top, &s->lp, err);
     if (rc == TM_OK && job->prompt_logprobs && s->sub == 0) {
         s->n_top_prompt = TM_MIN(job->prompt_top_logprobs, r->n_vocab_tok);
-        s->score_next = 0;
+        s->q.score_next = 0;
         if (!job->continuations)
-            s->score_end = s->n_prompt_only - 1;
+            s->q.score_end = s->n_prompt_only - 1;
         rc = lp_create(s->n_top_prompt, &s->plp, err);
         if (rc == TM_OK) // the first token has no logprob
-            rc = lp_push(s->plp, &s->plp_cap, s->ids.ids[0], NAN, NULL, NULL, err);
+            rc = lp_push(s->plp, &s->plp_cap, s->q.ids.ids[0], NAN, NULL, NULL, err);
     }
     return rc;
-}
-
-// First position whose logits row s still wants: the next scoring row, else its last token.
-static uint32_t next_row(const seq *s) {
-    return s->score_next < s->score_end ? s->score_next : (uint32_t)s->ids.len - 1;
-}
-
-static uint32_t reserve(runner *r, seq *s, uint32_t want);
-
-// Prefix-cache key of every full block of s up to block n (exclusive), computed once.
-static void ensure_keys(runner *r, seq *s, uint32_t n) {
-    const uint32_t bs = r->cfg->block_size;
-    for (; s->n_keys < n; s->n_keys++) {
-        uint32_t j = s->n_keys;
-        TM_ASSERT((size_t)(j + 1) * bs <= s->ids.len);
-        s->keys[j] =
-            tm_pcache_key(j ? &s->keys[j - 1] : NULL, s->salt, s->ids.ids + (size_t)j * bs, bs);
-    }
-}
-
-// At a block boundary, take the longest chain of cached blocks that continues s, leaving at
-// least one token to compute (its logits give the next token).
-static void match_cached(runner *r, seq *s) {
-    const uint32_t bs = r->cfg->block_size;
-    while (s->n_done % bs == 0 && s->n_block == s->n_done / bs && s->n_done + bs <= next_row(s)) {
-        uint32_t j = s->n_done / bs, b;
-        ensure_keys(r, s, j + 1);
-        if (!tm_pcache_take(r->pcache, s->keys[j], &b))
-            break;
-        s->blocks[s->n_block++] = b;
-        if (!s->preempted && s->n_done < s->n_prompt)
-            s->n_cached += TM_MIN(bs, s->n_prompt - s->n_done);
-        s->n_done += bs;
-    }
-}
-
-static uint32_t common_run(const uint32_t *a, const uint32_t *b, uint32_t n) {
-    uint32_t i = 0;
-    while (i < n && a[i] == b[i])
-        i++;
-    return i;
-}
-
-// Does o hold the same first j blocks of tokens as s (same chained key of block j - 1)?
-static int same_blocks_before(runner *r, seq *s, seq *o, uint32_t j) {
-    if (s->salt != o->salt)
-        return 0;
-    if (j == 0)
-        return 1;
-    if (o->ids.len < (size_t)j * r->cfg->block_size)
-        return 0;
-    ensure_keys(r, s, j);
-    ensure_keys(r, o, j);
-    return o->keys[j - 1].lo == s->keys[j - 1].lo && o->keys[j - 1].hi == s->keys[j - 1].hi;
-}
-
-// s is at the start of its block j with no block j yet: the tokens it could take from another
-// sequence's block j (all but its last token, which must be computed for its logits).
-static uint32_t block_limit(runner *r, const seq *s) {
-    const uint32_t bs = r->cfg->block_size;
-    const uint32_t row = next_row(s);
-    if (s->n_done % bs || s->n_block != s->n_done / bs || s->n_done >= row)
-        return 0;
-    return TM_MIN(bs, row - s->n_done);
-}
-
-// Is an older running sequence about to compute tokens that s's next block shares with it? Then
-// s waits and takes them afterwards, from the cache or by copying, instead of computing them
-// twice. A lone shared token (the BOS every prompt starts with) is not worth a step's wait.
-static int waits_for_older(runner *r, seq *s) {
-    const uint32_t bs = r->cfg->block_size, limit = block_limit(r, s);
-    if (limit == 0)
-        return 0;
-    const uint32_t j = s->n_done / bs, start = j * bs;
-    const uint32_t enough = TM_MIN(2u, limit);
-    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
-        seq *o = &r->seqs[i];
-        if (!o->job || o == s || o->admit_order > s->admit_order || o->ids.len <= start ||
-            !same_blocks_before(r, s, o, j))
-            continue;
-        uint32_t m = common_run(s->ids.ids + start, o->ids.ids + start,
-                                (uint32_t)TM_MIN((size_t)limit, o->ids.len - start));
-        if (m >= enough && o->n_done < start + m)
-            return 1;
-    }
-    return 0;
-}
-
-// At the start of a block that no cached block matches: copy the longest computed common run
-// of the same block of another running sequence (same prefix before it) into a new block of s.
-static tm_rc copy_partial(runner *r, seq *s, tm_err *err) {
-    const uint32_t bs = r->cfg->block_size, limit = block_limit(r, s);
-    if (limit == 0 || !r->eng->ops->kv_copy)
-        return TM_OK;
-    const uint32_t j = s->n_done / bs, start = j * bs;
-    seq *best = NULL;
-    uint32_t best_m = 0;
-    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
-        seq *o = &r->seqs[i];
-        if (!o->job || o == s || o->n_block <= j || o->n_done <= start ||
-            !same_blocks_before(r, s, o, j))
-            continue;
-        uint32_t computed = TM_MIN(o->n_done - start, bs);
-        uint32_t m = common_run(s->ids.ids + start, o->ids.ids + start, TM_MIN(limit, computed));
-        if (m > best_m)
-            best = o, best_m = m;
-    }
-    if (!best)
-        return TM_OK;
-    // Hold the donor block: reserving may preempt its sequence, and the block must keep its
-    // contents until copied.
-    uint32_t src = best->blocks[j];
-    tm_kv_block_ref(r->pool, src);
-    uint32_t got = reserve(r, s, best_m);
-    tm_rc rc = TM_OK;
-    if (got > 0) {
-        rc = r->eng->ops->kv_copy(r->eng, src, s->blocks[j], got, err);
-        if (rc == TM_OK) {
-            if (!s->preempted && s->n_done < s->n_prompt)
-                s->n_cached += TM_MIN(got, s->n_prompt - s->n_done);
-            s->n_done += got;
-            r->stats->n_tok_copied += got;
-        }
-    }
-    tm_kv_block_unref(r->pool, src);
-    return rc;
-}
-
-// Offer the full blocks s has computed to the cache.
-static void offer_blocks(runner *r, seq *s) {
-    uint32_t n_full = s->n_done / r->cfg->block_size;
-    if (n_full <= s->n_offered)
-        return;
-    ensure_keys(r, s, n_full);
-    for (; s->n_offered < n_full; s->n_offered++)
-        tm_pcache_insert(r->pcache, s->keys[s->n_offered], s->blocks[s->n_offered]);
 }
 
 static int is_eos(const runner *r, uint32_t id) {
@@ -706,8 +579,8 @@ static tm_rc sub_finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     }
     if (s->plp)
         c->prompt_logprobs = s->plp, s->plp = NULL;
-    c->n_tok_cached = TM_MAX(c->n_tok_cached, TM_MIN(s->n_cached, g->n_prompt));
-    r->stats->n_tok_cached += s->n_cached;
+    c->n_tok_cached = TM_MAX(c->n_tok_cached, TM_MIN(s->q.n_cached, g->n_prompt));
+    r->stats->n_tok_cached += s->q.n_cached;
     if (s->t_first_ms > 0 && (g->t_first_ms == 0 || s->t_first_ms < g->t_first_ms))
         g->t_first_ms = s->t_first_ms;
     g->n_fin++;
@@ -759,7 +632,7 @@ static tm_rc fail_seq(runner *r, seq *s, const char *msg, tm_err *err) {
 }
 
 static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
-    tm_rc rc = tm_detok_flush(&s->detok, &s->text, err);
+    tm_rc rc = record_fault(tm_detok_flush(&s->detok, &s->text, err), err);
     if (rc == TM_OK)
         rc = lp_finish(r, s->lp, err);
     if (rc == TM_OK)
@@ -781,10 +654,10 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     c->text = s->text.data ? s->text.data : tm_strdup("");
     s->text.data = NULL;
     c->finish = why;
-    c->n_tok_prompt = s->n_prompt;
+    c->n_tok_prompt = s->q.n_prompt;
     c->n_tok_gen = s->n_gen;
-    c->n_tok_cached = s->n_cached;
-    r->stats->n_tok_cached += s->n_cached;
+    c->n_tok_cached = s->q.n_cached;
+    r->stats->n_tok_cached += s->q.n_cached;
     c->ttft_ms = s->t_first_ms - s->t_admit_ms;
     c->total_ms = now - s->t_admit_ms;
     c->itl_ms = s->itl, s->itl = NULL;
@@ -826,11 +699,11 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     s->n_gen++;
     if (!s->job->ignore_eos && is_eos(r, id))
         return finish(r, s, TM_FINISH_STOP, err);
-    tm_rc rc = tm_ids_push(&s->ids, id, err);
+    tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
         return rc;
     size_t before = s->text.len;
-    rc = tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err);
+    rc = record_fault(tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err), err);
     if (rc)
         return rc;
     if (s->n_stop && s->text.len > before) {
@@ -854,77 +727,9 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
             return finish(r, s, TM_FINISH_STOP, err);
         }
     }
-    if ((int64_t)s->n_gen >= (int64_t)s->max_tokens || s->ids.len >= s->max_len)
+    if ((int64_t)s->n_gen >= (int64_t)s->max_tokens || s->q.ids.len >= s->max_len)
         return finish(r, s, TM_FINISH_LENGTH, err);
     return TM_OK;
-}
-
-static void preempt(runner *r, seq *s) {
-    seq_release_blocks(r, s);
-    s->n_done = 0;
-    s->n_offered = 0;
-    s->preempted = 1;
-    r->stats->n_preempt++;
-}
-
-// Youngest running sequence that holds blocks and is not in the current step, or NULL.
-static seq *pick_victim(runner *r, const seq *except) {
-    seq *v = NULL;
-    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
-        seq *s = &r->seqs[i];
-        if (!s->job || s == except || s->chunk || s->n_block == 0)
-            continue;
-        if (!v || s->admit_order > v->admit_order)
-            v = s;
-    }
-    return v;
-}
-
-// Make sure s has blocks for positions [0, n_done + want); returns how many of the wanted tokens
-// can be scheduled (0 if none).
-static uint32_t reserve(runner *r, seq *s, uint32_t want) {
-    const uint32_t bs = r->cfg->block_size;
-    for (;;) {
-        uint32_t need = TM_CEIL_DIV(s->n_done + want, bs);
-        if (need <= s->n_block)
-            return want;
-        uint32_t more = need - s->n_block;
-        while (r->pcache && tm_kv_pool_n_free(r->pool) < more && tm_pcache_evict_one(r->pcache))
-            ; // cached blocks nobody uses go first
-        uint32_t n_free = tm_kv_pool_n_free(r->pool);
-        if (more <= n_free) {
-            tm_err e = {0};
-            tm_rc rc = tm_kv_block_try_alloc(r->pool, more, s->blocks + s->n_block, &e);
-            TM_ASSERT(rc == TM_OK); // more <= n_free
-            s->n_block += more;
-            return want;
-        }
-        seq *v = pick_victim(r, s);
-        if (v) {
-            preempt(r, v);
-            continue;
-        }
-        // Nobody left to preempt: take what fits.
-        uint32_t fit = (s->n_block + n_free) * bs;
-        if (fit <= s->n_done)
-            return 0;
-        want = TM_MIN(want, fit - s->n_done);
-    }
-}
-
-static seq *oldest_unscheduled(runner *r, int decodes) {
-    seq *best = NULL;
-    for (uint32_t i = 0; i < r->cfg->max_seqs; i++) {
-        seq *s = &r->seqs[i];
-        if (!s->job || s->chunk)
-            continue;
-        uint32_t need = (uint32_t)s->ids.len - s->n_done;
-        if ((need == 1) != (decodes != 0))
-            continue;
-        if (!best || s->admit_order < best->admit_order)
-            best = s;
-    }
-    return best;
 }
 
 static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *row, uint32_t id,
@@ -934,6 +739,7 @@ static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *
     TM_ASSERT(l->n_top <= TM_MAX_TOP_LOGPROBS);
     tm_rc rc = tm_sample_logprobs(row, r->n_vocab_tok, id, l->n_top, lp_id, top_ids, top_lp, argmax,
                                   err);
+    rc = record_fault(rc, err);
     if (rc)
         return rc;
     return lp_push(l, cap, id, *lp_id, top_ids, top_lp, err);
@@ -942,7 +748,7 @@ static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *
 // The row of position score_next of s: the logprob of token score_next + 1 (a prompt token, or
 // a continuation token that also counts towards the score).
 static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
-    uint32_t pos = s->score_next++, id = s->ids.ids[pos + 1], am;
+    uint32_t pos = s->q.score_next++, id = s->q.ids.ids[pos + 1], am;
     float v;
     tm_rc rc;
     if (s->t_first_ms == 0)
@@ -956,6 +762,7 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
         rc = lp_push_row(r, s->lp, &s->lp_cap, row, id, &am, &v, err);
     } else {
         rc = tm_sample_logprobs(row, r->n_vocab_tok, id, 0, &v, NULL, NULL, &am, err);
+        rc = record_fault(rc, err);
     }
     if (rc)
         return rc;
@@ -969,14 +776,15 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
 // argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
 // itself (forward_greedy) and keep the logits row.
 static int row_is_greedy(const runner *r, const seq *s) {
-    return s->score_next >= s->score_end && !s->lp && tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+    return s->q.score_next >= s->q.score_end && !s->lp &&
+           tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
 }
 
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
-// tm_sample_token would (TM_E_INVAL).
+// tm_sample_token would (TM_E_RECORD).
 static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
     if (got == TM_ENGINE_ID_NONFINITE)
-        return TM_ERR(err, TM_E_INVAL, "sample: a logit is NaN or inf");
+        return TM_ERR(err, TM_E_RECORD, "sample: a logit is NaN or inf");
     if (got >= r->n_vocab_tok)
         return TM_ERR(err, TM_E_INTERNAL, "engine %s: greedy id %u beyond the %u sampled ids",
                       r->eng->ops->name, got, r->n_vocab_tok);
@@ -984,73 +792,50 @@ static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
     return TM_OK;
 }
 
-static tm_rc step(runner *r, tm_err *err) {
-    uint32_t budget = r->cfg->max_batched_tokens, n = 0;
-    // Decodes first, then prefill chunks; both oldest first. A sequence that gets no tokens is
-    // marked with chunk = UINT32_MAX for this pass so it is not picked again.
-    for (int pass = 1; pass >= 0; pass--) {
-        seq *s;
-        while (budget > 0 && (s = oldest_unscheduled(r, pass)) != NULL) {
-            if (pass == 0 && r->pcache) {
-                match_cached(r, s);
-                if (waits_for_older(r, s)) {
-                    s->chunk = UINT32_MAX;
-                    continue;
-                }
-                tm_rc rc = copy_partial(r, s, err);
-                if (rc)
-                    return rc;
-            }
-            uint32_t need = (uint32_t)s->ids.len - s->n_done;
-            // A scoring sequence's chunk ends at its next wanted row (one row per chunk).
-            uint32_t row = next_row(s);
-            if (row >= s->n_done && row - s->n_done + 1 < need)
-                need = row - s->n_done + 1;
-            uint32_t got = reserve(r, s, TM_MIN(need, budget));
-            if (got == 0) {
-                s->chunk = UINT32_MAX;
-                continue;
-            }
-            s->chunk = got;
-            budget -= got;
-            r->bseq_owner[n] = s;
-            r->bseqs[n] = (tm_batch_seq){
-                .tokens = s->ids.ids + s->n_done,
-                .n_tok = got,
-                .pos = s->n_done,
-                .block_table = s->blocks,
-                .n_block = s->n_block,
-                .want_logits = s->n_done + got - 1 == row &&
-                               (s->gen || s->score_next < s->score_end),
-            };
-            n++;
-        }
-    }
-    for (uint32_t i = 0; i < r->cfg->max_seqs; i++)
-        if (r->seqs[i].chunk == UINT32_MAX)
-            r->seqs[i].chunk = 0;
-    if (n == 0)
-        return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
+// ---- a step: the plan (runner/sched/sched.h), then the engine, the stats and the rows ----
 
-    uint32_t n_dec = 0, n_pre = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        if (r->bseq_owner[i]->n_done >= r->bseq_owner[i]->n_prompt)
-            n_dec += r->bseqs[i].n_tok; // generated tokens (incl. recompute after preemption)
-        else
-            n_pre += r->bseqs[i].n_tok;
+// Carry out the plan's copies, then one forward of its entries. A greedy step (the engine has
+// forward_greedy and every wanted row only needs its argmax) leaves one id per wanted row in
+// r->ids, any other step the rows in r->logits. *dt_s gets the forward's time.
+static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, double *dt_s,
+                        tm_err *err) {
+    for (uint32_t i = 0; i < plan->n_copy; i++) { // in plan order (runner/sched/sched.h)
+        const tm_sched_copy *cp = &plan->copy[i];
+        tm_rc rc = r->eng->ops->kv_copy(r->eng, cp->src, cp->dst, cp->n_tok, err);
+        if (rc)
+            return rc;
+        r->stats->n_tok_copied += cp->n_tok;
     }
-    // A greedy step: every wanted row only needs its argmax, so the engine picks the ids and no
-    // logits row crosses to the host.
-    int greedy = r->eng->ops->forward_greedy != NULL;
-    for (uint32_t i = 0; i < n && greedy; i++)
-        greedy = !r->bseqs[i].want_logits || row_is_greedy(r, r->bseq_owner[i]);
-    tm_batch b = {.seqs = r->bseqs, .n_seq = n};
+    if (plan->n_run == 0)
+        return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
+    int g = r->eng->ops->forward_greedy != NULL;
+    for (uint32_t i = 0; i < plan->n_run; i++) {
+        const tm_sched_run *e = &plan->run[i];
+        const seq *s = &r->seqs[e->slot];
+        r->bseqs[i] = (tm_batch_seq){
+            .tokens = s->q.ids.ids + e->pos,
+            .n_tok = e->n_tok,
+            .pos = e->pos,
+            .block_table = s->q.blocks,
+            .n_block = e->n_block,
+            .want_logits = e->want_logits,
+        };
+        g = g && (!e->want_logits || row_is_greedy(r, s));
+    }
+    tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
     double t0 = tm_now_ms();
-    tm_rc rc = greedy ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
-                      : tm_engine_forward(r->eng, &b, r->logits, err);
+    tm_rc rc = g ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
+                 : tm_engine_forward(r->eng, &b, r->logits, err);
     if (rc)
         return rc;
-    double dt_s = (tm_now_ms() - t0) / 1e3;
+    *dt_s = (tm_now_ms() - t0) / 1e3;
+    *greedy = g;
+    return TM_OK;
+}
+
+// The step's counters; its time is split pro rata between prefill and decode tokens.
+static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double dt_s) {
+    const uint32_t n_pre = plan->n_tok_prefill, n_dec = plan->n_tok_decode;
     tm_runner_stats *st = r->stats;
     st->n_step++;
     st->n_step_greedy += greedy;
@@ -1059,56 +844,78 @@ static tm_rc step(runner *r, tm_err *err) {
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
     st->decode_s += dt_s * n_dec / (n_pre + n_dec);
     st->sum_step_fill += (double)(n_pre + n_dec) / r->cfg->max_batched_tokens;
-    st->sum_running += n;
+    st->sum_running += plan->n_run;
+}
 
+// Entry e's sequence s computed its chunk; w is its logits row (or id, in a greedy step) when it
+// wants one: score the row, or sample the next token and check the stop conditions. A record
+// whose row cannot be used (non-finite logits) fails on its own; other errors are fatal.
+static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int greedy,
+                      tm_err *err) {
+    tm_rc rc = TM_OK;
+    const float *lg = r->logits + (size_t)w * r->n_vocab;
+    tm_sched_computed(&r->sched, &s->q);
+    if (!e->want_logits) {
+        // A record that wants no rows at all (max_tokens 0): done once computed.
+        if (!s->q.gen && s->q.score_next >= s->q.score_end && s->q.n_done == s->q.ids.len)
+            return finish(r, s, TM_FINISH_LENGTH, err);
+        return TM_OK;
+    }
+    uint32_t id;
+    if (s->q.score_next < s->q.score_end) {
+        rc = score_row(r, s, lg, err);
+        if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
+            rc = finish(r, s, TM_FINISH_LENGTH, err);
+    } else {
+        if (greedy)
+            rc = greedy_token(r, r->ids[w], &id, err);
+        else
+            rc = record_fault(
+                tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err), err);
+        if (rc == TM_OK && s->lp) {
+            uint32_t am;
+            float v;
+            rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
+        }
+        if (rc == TM_OK)
+            rc = on_token(r, s, id, err);
+    }
+    if (rc == TM_E_RECORD) {
+        // Non-finite logits (or the like): this record fails, the job goes on.
+        char msg[sizeof(err->msg)];
+        memcpy(msg, err->msg, sizeof(msg));
+        rc = fail_seq(r, s, msg, err);
+    }
+    return rc;
+}
+
+// Apply a plan: run the engine on it, book the step, then take each entry's row in plan order.
+static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
+    r->stats->n_preempt += plan->n_preempt;
+    int greedy = 0;
+    double dt_s = 0;
+    tm_rc rc = run_engine(r, plan, &greedy, &dt_s, err);
+    if (rc)
+        return rc;
+    book_step(r, plan, greedy, dt_s);
     uint32_t row = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        seq *s = r->bseq_owner[i];
+    for (uint32_t i = 0; i < plan->n_run; i++) {
+        const tm_sched_run *e = &plan->run[i];
+        seq *s = &r->seqs[e->slot];
         const uint32_t w = row; // this sequence's row (when it wants one)
-        const float *lg = r->logits + (size_t)w * r->n_vocab;
-        row += r->bseqs[i].want_logits != 0;
+        row += e->want_logits != 0;
         if (!s->job)
             continue; // its record failed earlier in this loop (a sibling's error)
-        s->n_done += s->chunk;
-        s->chunk = 0;
-        if (r->pcache)
-            offer_blocks(r, s);
-        if (!r->bseqs[i].want_logits) {
-            // A record that wants no rows at all (max_tokens 0): done once computed.
-            if (!s->gen && s->score_next >= s->score_end && s->n_done == s->ids.len)
-                rc = finish(r, s, TM_FINISH_LENGTH, err);
-            if (rc)
-                return rc;
-            continue;
-        }
-        uint32_t id;
-        if (s->score_next < s->score_end) {
-            rc = score_row(r, s, lg, err);
-            if (rc == TM_OK && s->score_next == s->score_end && !s->gen)
-                rc = finish(r, s, TM_FINISH_LENGTH, err);
-        } else {
-            if (greedy)
-                rc = greedy_token(r, r->ids[w], &id, err);
-            else
-                rc = tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err);
-            if (rc == TM_OK && s->lp) {
-                uint32_t am;
-                float v;
-                rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
-            }
-            if (rc == TM_OK)
-                rc = on_token(r, s, id, err);
-        }
-        if (rc == TM_E_INVAL) {
-            // Non-finite logits: this record fails, the job goes on.
-            char msg[sizeof(err->msg)];
-            memcpy(msg, err->msg, sizeof(msg));
-            rc = fail_seq(r, s, msg, err);
-        }
+        rc = take_row(r, s, e, w, greedy, err);
         if (rc)
             return rc;
     }
     return TM_OK;
+}
+
+static tm_rc step(runner *r, tm_err *err) {
+    tm_sched_plan_step(&r->sched, &r->plan);
+    return apply(r, &r->plan, err);
 }
 
 static void runner_fini(runner *r) {
@@ -1121,8 +928,8 @@ static void runner_fini(runner *r) {
             seq_reset(r, s);
         group_unref(s->grp);
         s->grp = NULL;
-        tm_free(s->blocks);
-        tm_free(s->keys);
+        tm_free(s->q.blocks);
+        tm_free(s->q.keys);
     }
     for (uint32_t i = r->win_head; i < r->win_len; i++) {
         if (!r->win[i].grp)
@@ -1133,7 +940,8 @@ static void runner_fini(runner *r) {
     tm_free(r->win);
     tm_free(r->seqs);
     tm_free(r->bseqs);
-    tm_free(r->bseq_owner);
+    tm_free(r->slots);
+    tm_sched_plan_fini(&r->plan);
     tm_free(r->logits);
     tm_free(r->ids);
     tm_sample_scratch_fini(&r->scratch);
@@ -1174,21 +982,32 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.win = tm_calloc(r.win_cap, sizeof(*r.win));
     r.seqs = tm_calloc(cfg->max_seqs, sizeof(*r.seqs));
     r.bseqs = tm_calloc(cfg->max_seqs, sizeof(*r.bseqs));
-    r.bseq_owner = tm_calloc(cfg->max_seqs, sizeof(*r.bseq_owner));
+    r.slots = tm_calloc(cfg->max_seqs, sizeof(*r.slots));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
     r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
-    if (!r.win || !r.seqs || !r.bseqs || !r.bseq_owner || !r.logits || !r.ids) {
+    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }
     for (uint32_t i = 0; i < cfg->max_seqs; i++) {
-        r.seqs[i].blocks = tm_calloc(r.max_blocks_per_seq, sizeof(uint32_t));
-        r.seqs[i].keys = tm_calloc(r.max_blocks_per_seq, sizeof(tm_bhash));
-        if (!r.seqs[i].blocks || !r.seqs[i].keys) {
+        r.seqs[i].q.blocks = tm_calloc(r.max_blocks_per_seq, sizeof(uint32_t));
+        r.seqs[i].q.keys = tm_calloc(r.max_blocks_per_seq, sizeof(tm_bhash));
+        if (!r.seqs[i].q.blocks || !r.seqs[i].q.keys) {
             rc = TM_ERR(err, TM_E_NOMEM, "block tables");
             goto done;
         }
+        r.slots[i] = &r.seqs[i].q;
     }
+    r.sched = (tm_sched){
+        .cfg = {.max_seqs = cfg->max_seqs, .max_batched_tokens = cfg->max_batched_tokens,
+                .block_size = cfg->block_size, .can_copy = eng->ops->kv_copy != NULL},
+        .pool = r.pool,
+        .pcache = r.pcache,
+        .slots = r.slots,
+    };
+    rc = tm_sched_plan_init(&r.plan, cfg->max_seqs, err);
+    if (rc)
+        goto done;
     rc = tm_sample_scratch_init(&r.scratch, r.n_vocab, err);
     if (rc)
         goto done;

@@ -66,7 +66,8 @@ typedef struct tm_runner_stats {
 /* Run until the input queue is closed and drained and every admitted record has finished. Pops
  * tm_job* from in (takes ownership of each), pushes tm_completion* to out (ownership passes to
  * the consumer). Does not close out. Errors returned are fatal for the job (engine failure,
- * allocation failure); per-record problems become error completions. */
+ * allocation failure, TM_E_INVAL for a bad cfg); per-record problems (TM_E_RECORD inside: a prompt
+ * too long, a template or text that fails, non-finite logits) become error completions. */
 tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok,
                     tm_queue *in, tm_queue *out, tm_runner_stats *stats, tm_err *err);
 

@@ -257,6 +257,87 @@ static void test_cache_salt(void) {
     tm_engine_destroy(eng);
 }
 
+// Records that cannot be served (TM_E_RECORD inside the runner: a prompt too long or empty, an
+// empty or too long continuation, a chat template that fails) become error completions with
+// their codes and messages, and the job goes on: the good records around them are answered.
+static void test_record_failures(void) {
+    tm_err err = {0};
+    tm_engine *eng = NULL;
+    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = 64, .max_seqs = 2,
+                         .max_batched_tokens = 96, .tp_size = 1};
+    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
+    tm_queue *in = NULL, *out = NULL;
+    TM_CHECK_OK(tm_queue_create(16, &in, &err), &err);
+    TM_CHECK_OK(tm_queue_create(16, &out, &err), &err);
+    enum { N = 7 };
+    for (int i = 0; i < N; i++) {
+        tm_job *job = new_job(i, 2);
+        if (i == 1) { // about 20 tokens per "item 7 " ...: far over the 64-token context
+            tm_free(job->prompt);
+            char buf[2048] = "";
+            for (int k = 0; k < 100; k++)
+                strcat(buf, "item 7 ");
+            job->prompt = tm_strdup(buf);
+        }
+        if (i == 2) // no tokens at all (text always gets the BOS): prompt ids, none of them
+            job->prompt_ids = tm_calloc(1, sizeof(uint32_t));
+        if (i == 3 || i == 4) { // scoring records: an empty and a too long continuation
+            job->continuations = tm_calloc(1, sizeof(char *));
+            job->n_continuations = 1;
+            char buf[1024] = "";
+            for (int k = 0; i == 4 && k < 60; k++)
+                strcat(buf, " yes");
+            job->continuations[0] = tm_strdup(buf);
+        }
+        if (i == 5) { // a chat record: the template below fails on it
+            tm_free(job->prompt);
+            job->prompt = NULL;
+            job->messages = tm_calloc(1, sizeof(*job->messages));
+            job->messages[0].role = tm_strdup("user");
+            job->messages[0].content = tm_strdup("hello");
+            job->n_messages = 1;
+        }
+        TM_CHECK(tm_queue_push(in, job) == TM_OK);
+    }
+    tm_queue_close(in);
+    tm_runner_cfg cfg = {.max_seqs = 2, .max_batched_tokens = 96, .block_size = 16,
+                         .n_kv_block = 64, .n_ctx = 64, .policy = TM_SCHED_FCFS, .lookahead = 1,
+                         .chat_template = "{{ messages[0].content | no_such_filter }}"};
+    cfg.defaults.max_tokens = 2;
+    tm_runner_stats st = {0};
+    TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &st, &err), &err);
+    tm_queue_close(out);
+    static const tm_errcode want[N] = {
+        TM_ERRCODE_NONE,          TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED, TM_ERRCODE_INVALID_VALUE,
+        TM_ERRCODE_INVALID_VALUE, TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED, TM_ERRCODE_TEMPLATE_ERROR,
+        TM_ERRCODE_NONE};
+    static const char *const want_msg[N] = {
+        NULL, "prompt is ", "prompt is empty", "continuation 0 is empty",
+        "prompt + continuation 0 is ", "template: ", NULL};
+    int seen[N] = {0};
+    void *item;
+    while (tm_queue_pop(out, &item) == TM_OK) {
+        tm_completion *c = item;
+        int i = atoi(c->id_json);
+        TM_CHECK(i >= 0 && i < N && !seen[i]);
+        if (i >= 0 && i < N) {
+            seen[i] = 1;
+            TM_CHECK_MSG(c->err_code == want[i], "record %d: code %d (%s)", i, (int)c->err_code,
+                         c->err_msg ? c->err_msg : "");
+            const char *m = want_msg[i];
+            if (m)
+                TM_CHECK_MSG(c->err_msg && strncmp(c->err_msg, m, strlen(m)) == 0,
+                             "record %d: \"%s\"", i, c->err_msg ? c->err_msg : "(none)");
+        }
+        tm_completion_destroy(c);
+    }
+    for (int i = 0; i < N; i++)
+        TM_CHECK_MSG(seen[i], "record %d not answered", i);
+    tm_queue_destroy(in);
+    tm_queue_destroy(out);
+    tm_engine_destroy(eng);
+}
+
 /* ---- forward_greedy: a wrapper engine that hides or offers the op ---- */
 
 enum { WRAP_PLAIN = 0, WRAP_TIES, WRAP_PAD_WINS, WRAP_NAN };
@@ -605,6 +686,7 @@ int main(void) {
     TM_RUN(test_cache_on_off_identical);
     TM_RUN(test_preemption_keeps_outputs);
     TM_RUN(test_cache_salt);
+    TM_RUN(test_record_failures);
     TM_RUN(test_greedy_rule);
     TM_RUN(test_greedy_op_pure);
     TM_RUN(test_greedy_op_mixed);
