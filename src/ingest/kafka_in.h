@@ -55,7 +55,7 @@
 #include "base/record.h"
 #include "ingest/job_spec.h"
 #include "ingest/rec_parser_int.h"
-#include "ingest/source.h" /* tm_source_kpos, tm_source_kpos_fn */
+#include "ingest/kpos.h"
 
 #define TM_KAFKA_IN_REVOKE_WAIT_MS 10000
 

@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
-#include "runner/model/model.h"
+#include "runner/model/model_types.h"
 
 #define TM_DSV4_MAX_LAYER 256
 #define TM_DSV4_MAX_HC 8
