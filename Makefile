@@ -1,6 +1,8 @@
 # tokenmill - the two entry points. Both do all set-up on a fresh Debian 12 machine.
 #   make demo   set up, build, make the demo model, run jobs/quickstart.json, print a summary
-#   make test   set up, build (normal + ASan/UBSan), run the whole ctest suite, fuzz every parser
+#   make test   set up, check formatting, build (normal + ASan/UBSan), run the whole ctest suite,
+#               fuzz every parser
+# Also: make format (clang-format -i over tools/format_files), make format-check (the check alone).
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz-ci
@@ -8,8 +10,9 @@ FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_MODEL := $(BUILD)/demo-model
+CLANG_FORMAT ?= clang-format
 
-.PHONY: all setup build build-asan fuzz-ci demo test clean
+.PHONY: all setup build build-asan fuzz-ci format format-check demo test clean
 
 all: build
 
@@ -41,7 +44,29 @@ fuzz-ci: setup
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_bins -- --no-print-directory
 	@cd $(FUZZ_BUILD) && ctest -L fuzz -j $(JOBS) --output-on-failure
 
-test: build build-asan
+# .clang-format over the files of tools/format_files (tracked C/CUDA sources, less generated ones).
+# format rewrites them in place; format-check changes nothing, names each file that differs and
+# fails if any does (tools/format_stats -v says by how many lines).
+format: setup
+	@tools/format_files | xargs -r $(CLANG_FORMAT) -i
+	@echo "format: $$(tools/format_files | wc -l) files formatted with $$($(CLANG_FORMAT) --version)"
+
+format-check: setup
+	@command -v $(CLANG_FORMAT) >/dev/null || { echo "format-check: no $(CLANG_FORMAT)" >&2; exit 1; }
+	@n=$$(tools/format_files | wc -l); \
+	bad=$$(tools/format_files | xargs -r -P $(JOBS) -I{} sh -c \
+	    '$(CLANG_FORMAT) --dry-run -Werror "$$1" >/dev/null 2>&1 || echo "$$1"' _ {} | sort); \
+	if [ -n "$$bad" ]; then \
+	    echo "$$bad" | sed 's/^/format-check: differs from .clang-format: /'; \
+	    echo "format-check: $$(echo "$$bad" | wc -l) of $$n files differ" \
+	         "($$($(CLANG_FORMAT) --version)); make format rewrites them," \
+	         "tools/format_stats -v counts the lines" >&2; \
+	    exit 1; \
+	fi; \
+	echo "format-check: ok, $$n files"
+
+# format-check comes first: it is cheap and fails before the long builds.
+test: format-check build build-asan
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	@cd $(ASAN_BUILD) && ctest --output-on-failure -j $(JOBS) -L unit
 	@$(MAKE) --no-print-directory fuzz-ci
