@@ -233,10 +233,10 @@ static __global__ void __launch_bounds__(NTHR, 3)
     __syncwarp();
     for (uint32_t i = lane; i < 16 * CPR; i += 32) {
         const uint32_t r = i / CPR, c = (i % CPR) * 8;
-        if (r0 + r < tile.n)
-            *reinterpret_cast<uint4 *>(a.out + (size_t)(tile.t0 + r0 + r) * a.ld_q +
-                                       (size_t)h * HD + c) =
-                *reinterpret_cast<const uint4 *>(os + r * LDS + c);
+        if (r0 + r < tile.n) {
+            uint16_t *dst = a.out + (size_t)(tile.t0 + r0 + r) * a.ld_q + (size_t)h * HD + c;
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(os + r * LDS + c);
+        }
     }
 }
 
