@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/ingest.sh [BUILD] [VALID] [BAD] - row 10 of ../shared/notes/RELIABILITY.md at bench size:
+# bench/ingest.sh [BUILD] [VALID] [BAD] - row 10 of docs/RELIABILITY.md at bench size:
 # VALID (default 90,000) valid + BAD (default 10,000) malformed lines from tests/fixtures/gen_bad_lines.cjs
 # (with a 64 MiB line against the default 16 MiB limit, a 9 MB prompt against the default 8 MiB
 # field limit, 100,000-deep nesting), through `tokenmill run` on a tiny model with max_tokens 1,

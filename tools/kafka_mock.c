@@ -1,5 +1,5 @@
 /* tools/kafka_mock.c - a Kafka cluster for tests and demos: librdkafka's in-process mock cluster
- * (a real Kafka protocol server on loopback, ../shared/notes/TOOLCHAIN.md section 2), with topics
+ * (a real Kafka protocol server on loopback: librdkafka's mock cluster), with topics
  * created up front. Prints "bootstrap.servers=<list>" on one line of stdout, then serves until
  * SIGINT/SIGTERM (or stdin EOF with --stdin). Optional control commands on stdin, one per line,
  * let a test inject faults: "down <broker>", "up <broker>" (broker id 1..N, -1 = all),

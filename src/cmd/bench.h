@@ -1,4 +1,4 @@
-/* cmd/bench.h - `tokenmill bench`: the standard workloads of ../shared/BENCHMARKS.md (W1, W8, P) plus
+/* cmd/bench.h - `tokenmill bench`: the standard workloads of docs/BENCHMARKS.md (W1, W8, P) plus
  * a shared-prefix one, run through the real runner and engine, one metrics.json per workload (the
  * job schema, with its "bench" section naming the workload) so `tokenmill report` charts them.
  *

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/e2e/e2e_bad_lines.sh BUILD SRC - row 10 of ../shared/notes/RELIABILITY.md at CI size: 9,000
+# tests/e2e/e2e_bad_lines.sh BUILD SRC - row 10 of docs/RELIABILITY.md at CI size: 9,000
 # valid + 1,000 malformed lines from the seeded generator (tests/fixtures/gen_bad_lines.cjs), native and
 # OpenAI Batch lines mixed, through the real CLI on a tiny model with max_tokens 1: exactly 9,000
 # completions and 1,000 error records, each on the line and with the code the generator expects,

@@ -1,5 +1,5 @@
 // tests/oracles/verify_outputs.cjs [--expect TSV] [--no-metrics] OUT_DIR INPUT.jsonl... - the
-// exactly-once oracle of ../shared/notes/RELIABILITY.md: every non-blank input line ends in
+// exactly-once oracle of docs/RELIABILITY.md: every non-blank input line ends in
 // exactly one completion or error record; completion ids come from the input and are unique;
 // error records name a file and a line that exist; metrics.json counts agree. Native and OpenAI
 // Batch lines (custom_id; answered in the OpenAI output/error shape) are both understood.
