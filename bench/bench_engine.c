@@ -7,6 +7,10 @@
  * decode time, aggregate = B times that (the anchors' convention). Each workload runs --reps
  * times after one warm-up run; medians are printed. Usage: bench_engine --help.
  *
+ * --quant fp8-block|fp8-block-ue8m0|fp8-channel: the layers' linears as random FP8 weights
+ * (tm_engine_cuda_create_random_fmt); the bandwidth floor then counts their e4m3 bytes and scales
+ * (plus the bf16 LM head and norms), and the weight bytes are printed.
+ *
  * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
@@ -38,6 +42,7 @@ static void usage(void) {
             "usage: bench_engine [--shape llama8b|llama1b|llama8b-half] [--batch B] [--prompt L]\n"
             "                    [--gen N]\n"
             "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
+            "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
             "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
             "  logits to the host and argmax there, the plain engine vtable path)\n");
 }
@@ -242,6 +247,8 @@ int main(int argc, char **argv) {
     uint32_t B = 8, L = 512, N = 256, reps = 3;
     int graphs = 1, use_logits = 0, ceiling = 1;
     uint32_t tp = 1, tp_port = 0;
+    const char *quant = "bf16";
+    tm_cuda_wfmt wfmt = TM_CUDA_W_BF16;
     int tp_rank = -1; // >= 0: a started rank > 0 (hidden options)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -262,6 +269,8 @@ int main(int argc, char **argv) {
             use_logits = 1;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
+        else if (!strcmp(a, "--quant") && v)
+            quant = v, i++;
         else if (!strcmp(a, "--tp") && v)
             tp = (uint32_t)atoi(v), i++;
         else if (!strcmp(a, "--tp-rank") && v)
@@ -273,8 +282,16 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    if (!strcmp(quant, "fp8-block"))
+        wfmt = TM_CUDA_W_FP8_BLOCK;
+    else if (!strcmp(quant, "fp8-block-ue8m0"))
+        wfmt = TM_CUDA_W_FP8_BLOCK_E8M0;
+    else if (!strcmp(quant, "fp8-channel"))
+        wfmt = TM_CUDA_W_FP8_CHANNEL;
+    else if (strcmp(quant, "bf16"))
+        quant = NULL;
     if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 ||
-        tp > TP_MAX) {
+        tp > TP_MAX || !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1)) {
         usage();
         return 2;
     }
@@ -345,7 +362,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "tp %u: NCCL runtime %d.%d.%d (headers %d)\n", tp, v / 10000,
                 v / 100 % 100, v % 100, tm_nccl_header_version());
     } else {
-        crc = tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err);
+        crc = wfmt == TM_CUDA_W_BF16
+                  ? tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err)
+                  : tm_engine_cuda_create_random_fmt(&m, &eo, 1234, wfmt, &eng, &err);
     }
     if (crc) {
         fprintf(stderr, "create: %s\n", err.msg);
@@ -389,7 +408,22 @@ int main(int argc, char **argv) {
     const double d = c->n_embd, qd = (double)c->n_head * c->head_dim;
     const double kvd = (double)c->n_kv_head * c->head_dim;
     const double layer = d * qd + 2 * d * kvd + qd * d + 3 * d * c->n_ff + 2 * d;
-    const double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d);
+    double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d);
+    if (wfmt != TM_CUDA_W_BF16) {
+        // e4m3 bytes of the linears, their scales (fused groups as the engine lays them out:
+        // per row, or per 128 x 128 block of each fused matrix), the bf16 LM head, fp32 norms
+        const double ff = c->n_ff;
+        const double shp[4][2] = {{qd + 2 * kvd, d}, {d, qd}, {2 * ff, d}, {d, ff}};
+        double lin = 0, sc = 0;
+        for (int i = 0; i < 4; i++) {
+            lin += shp[i][0] * shp[i][1];
+            sc += wfmt == TM_CUDA_W_FP8_CHANNEL
+                      ? 4.0 * shp[i][0]
+                      : (wfmt == TM_CUDA_W_FP8_BLOCK ? 4.0 : 1.0) * ceil(shp[i][0] / 128) *
+                            ceil(shp[i][1] / 128);
+        }
+        w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d) + 4.0 * d + 2.0 * c->n_vocab * d;
+    }
     const double kv_bytes = 2.0 * c->n_layer * 2 * kvd * (L + N / 2.0) * B;
     const double bw = ceiling ? copy_bw() : 0.0;
     // with tp, each GPU streams about 1/tp of the weights and KV (norms are replicated: ignored)
@@ -402,6 +436,8 @@ int main(int argc, char **argv) {
     printf("device: %s (%d SMs) x %u (tp); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
            prop.name, prop.multiProcessorCount, tp, shape, B, L, N, graphs ? "graphs" : "eager",
            use_logits ? "logits to host" : "greedy on device", reps);
+    printf("weights: %s linears, %.3f GB streamed per decode step (floor)\n", quant,
+           w_bytes / 1e9);
     printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
     printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n",
            dec_s * 1e3 / (N - 1), per_seq, per_seq * B);
@@ -424,10 +460,12 @@ int main(int argc, char **argv) {
         printf("prefill ceiling: bf16 GEMM %.1f TFLOP/s, %.2f TFLOP -> floor %.2f ms; prefill at "
                "%.1f%% of the floor\n",
                tflops, pf_flops / 1e12, pf_floor_ms, 100.0 * pf_floor_ms / ttft_ms);
-    printf("{\"tp\":%u,\"shape\":\"%s\",\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
+    printf("{\"tp\":%u,\"shape\":\"%s\",\"quant\":\"%s\",\"w_gb\":%.3f,\"B\":%u,"
+           "\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
            "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
            "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
-           tp, shape, B, L, N, graphs, use_logits, ttft_ms, per_seq, per_seq * B, bw, ceil_seq * B,
+           tp, shape, quant, w_bytes / 1e9, B, L, N, graphs, use_logits, ttft_ms, per_seq,
+           per_seq * B, bw, ceil_seq * B,
            ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     for (uint32_t i = 0; i < B; i++)
         free(tok[i]), free(bt[i]);

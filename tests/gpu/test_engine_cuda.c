@@ -1,6 +1,9 @@
 /* tests/gpu/test_engine_cuda.c - the CUDA engine against the CPU engine (the oracle) on models that
  * tools/mkmodel writes ($TM_BUILD/mkmodel): Llama (GQA, untied), Qwen2 (q/k/v bias, tied
- * embeddings), llama3 rope scaling with f32 weights, and f16 weights.
+ * embeddings), llama3 rope scaling with f32 weights, f16 weights, and FP8 checkpoints (mkmodel
+ * --quant: 128 x 128 blocks with fp32 scales, with e8m0 scales, per channel, per tensor with
+ * static input scales), whose shapes cover both q|k|v layouts of the engine (fused, and apart
+ * when kv_dim is not a multiple of the 128-row block).
  *
  * Each model runs one schedule of four sequences on both engines with the same block tables:
  * prefill chunks with and without want_logits, prefills mixed with decodes in one step, then
@@ -9,7 +12,11 @@
  * identical and every step's logits can be compared; the greedy token of the CUDA engine (argmax
  * of its logits) must equal the CPU's at every step for bf16 models (same weights; 257 tokens per
  * model, 72+ decode steps per sequence), and may differ only at near ties for f32/f16 models
- * (rounded to bf16 on upload).
+ * (rounded to bf16 on upload). FP8 models: the decode steps (at most 16 tokens) compute with
+ * the exact checkpoint weights, prefill steps with the weights dequantized to bf16 (exact for
+ * e8m0 scales only); their greedy tokens may flip only at near ties (the f32/f16 rule: bf16
+ * activations against the CPU's fp32 ones leave the same logit error as for bf16 models, and
+ * these seeds put a few rows' top-2 margins below it), and the logit tolerance is the bf16 one.
  *
  * Tolerance: the CUDA engine keeps weights, GEMM inputs and the KV cache in bf16 (the CPU engine
  * is fp32 throughout), so logits differ by bf16 rounding carried through the layers. A row
@@ -156,6 +163,54 @@ static void test_f16(void) {
               0);
 }
 
+// FP8: q|k|v apart (kv_dim 64 < 128), gate|up fused; fp32 block scales.
+static void test_fp8_block(void) {
+    run_model("fp8-block", "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+                           "--ctx 1024 --quant fp8-block --seed 13",
+              0);
+}
+// FP8: q|k|v fused (head_dim 128), gate|up apart and a partial block in down_proj's inner
+// dimension (n_ff 320), e8m0 block scales.
+static void test_fp8_block_ue8m0(void) {
+    run_model("fp8-block-ue8m0", "--layers 2 --hidden 256 --heads 2 --kv-heads 1 --head-dim 128 "
+                                 "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 "
+                                 "--seed 14",
+              0);
+}
+static void test_fp8_channel(void) {
+    run_model("fp8-channel", "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
+                             "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --quant fp8-channel "
+                             "--seed 15",
+              0);
+}
+static void test_fp8_tensor_static(void) {
+    run_model("fp8-tensor-static", "--layers 2 --hidden 256 --heads 4 --kv-heads 2 --ff 512 "
+                                   "--vocab 300 --ctx 1024 --quant fp8-tensor --ct-static 1 "
+                                   "--seed 16",
+              0);
+}
+
+// Block scales other than 128 x 128 are refused with a message naming the tensor.
+static void test_fp8_bad_block(void) {
+    char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
+    TM_CHECK(mkmodel(dir,
+                     "--layers 1 --hidden 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 "
+                     "--ctx 1024 --quant fp8-block --quant-block 32 --seed 17",
+                     cmd, sizeof(cmd)) == 0);
+    tm_err err = {0};
+    tm_model *m = NULL;
+    tm_engine *gpu = NULL;
+    TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2,
+                         .max_batched_tokens = 64};
+    if (m) {
+        TM_CHECK(tm_engine_cuda_create(m, &eo, &gpu, &err) == TM_E_INVAL && !gpu);
+        TM_CHECK_MSG(strstr(err.msg, "q_proj") && strstr(err.msg, "128 x 128"), "%s", err.msg);
+    }
+    tm_model_destroy(m);
+    TM_CHECK(rmdir_all(dir) == 0);
+}
+
 // kv_copy: B shares A's first 20 tokens; B takes A's full block 0 and a copy of the 4 computed
 // slots of A's block 1, then computes its own 3 tokens. Its logits must match C, which computes
 // all 23 tokens itself.
@@ -246,6 +301,11 @@ int main(void) {
     TM_RUN(test_qwen2_tied);
     TM_RUN(test_llama3_f32);
     TM_RUN(test_f16);
+    TM_RUN(test_fp8_block);
+    TM_RUN(test_fp8_block_ue8m0);
+    TM_RUN(test_fp8_channel);
+    TM_RUN(test_fp8_tensor_static);
+    TM_RUN(test_fp8_bad_block);
     return tm_test_report();
 }
 

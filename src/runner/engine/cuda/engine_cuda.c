@@ -587,7 +587,8 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
 }
 
 static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engine_cuda_tp *tp,
-                    int random, uint64_t seed, tm_engine **out, tm_err *err) {
+                    int random, uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
+                    tm_err *err) {
     if (!opts->block_size || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: block_size, max_seqs and max_batched_tokens must be > 0");
@@ -652,6 +653,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->arch = arch;
     impl->cfg = *c;
     impl->use_graphs = 1;
+    impl->random = random;
+    impl->random_fmt = (uint8_t)fmt;
     impl->device = device;
     impl->tp_rank = tp_size > 1 ? opts->tp_rank : 0;
     impl->tp_size = tp_size;
@@ -784,17 +787,25 @@ fail:
 
 tm_rc tm_engine_cuda_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err) {
-    return create(m, opts, NULL, 0, 0, out, err);
+    return create(m, opts, NULL, 0, 0, TM_CUDA_W_BF16, out, err);
 }
 
 tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts, uint64_t seed,
                                    tm_engine **out, tm_err *err) {
-    return create(m, opts, NULL, 1, seed, out, err);
+    return create(m, opts, NULL, 1, seed, TM_CUDA_W_BF16, out, err);
+}
+
+tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts,
+                                       uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
+                                       tm_err *err) {
+    if ((unsigned)fmt > TM_CUDA_W_FP8_CHANNEL)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: weight format %d", (int)fmt);
+    return create(m, opts, NULL, 1, seed, fmt, out, err);
 }
 
 tm_rc tm_engine_cuda_tp_create(const tm_model *m, const tm_engine_opts *opts,
                                const tm_engine_cuda_tp *tp, tm_engine **out, tm_err *err) {
-    return create(m, opts, tp, tp->random, tp->seed, out, err);
+    return create(m, opts, tp, tp->random, tp->seed, TM_CUDA_W_BF16, out, err);
 }
 
 int tm_engine_cuda_n_devices(void) {

@@ -2,7 +2,7 @@
  * Qwen2 with q/k/v bias, Mistral; tied or untied lm_head) on one GPU (device 0).
  *
  * Numerics: weights live on the GPU as bf16 (f32/f16 checkpoints are rounded to bf16 once, at
- * create); norm weights, biases and the residual stream are fp32; projections are cuBLAS GEMMs
+ * create), FP8 checkpoints' linears as their e4m3 bytes and scales (below); norm weights, biases and the residual stream are fp32; projections are cuBLAS GEMMs
  * with bf16 inputs and fp32 accumulation (the residual add is the GEMM's beta = 1 epilogue, in
  * fp32); the inputs of each GEMM (normed rows, attention output, SwiGLU output) and the KV cache
  * are bf16; softmax and everything element-wise run in fp32. Logits are fp32.
@@ -17,6 +17,16 @@
  * stream; steps that are pure decodes (every sequence n_tok 1 and wanting logits) replay a CUDA
  * graph captured the first time that batch size occurs. One thread drives an engine. A CUDA error
  * during forward marks the engine dead: that call and every later one return TM_E_CUDA.
+ *
+ * FP8 checkpoints (runner/model/quant.h: 128 x 128 block scales in fp32 or e8m0, per-channel or
+ * per-tensor fp32 scales; single GPU only, tensor parallel refuses them): the q/k/v/o/gate/up/down
+ * weights stay e4m3 on the device with their scales (a per-tensor scale becomes a per-channel
+ * one). Decode-sized steps (at most 16 tokens) run kernels/gemm_quant.h, which dequantizes in
+ * registers exactly (the products equal the CPU reference's weights); longer steps dequantize
+ * each projection's weight into a bf16 scratch (kernels/dequant.h; one rounding to bf16, exact
+ * for e8m0 scales) and run the cuBLAS GEMM. Activations stay bf16 as for bf16 weights: the math
+ * is weight-only, static input scales of compressed-tensors checkpoints are not applied (as in
+ * the CPU reference). Other block sizes and MXFP4 linears are refused.
  *
  * Tensor parallel (tm_engine_cuda_tp_create): one process per GPU, each holding its rank's shard
  * (the split of runner/tp/shard.h), NCCL all-reduces after the embedding, o_proj and
@@ -69,6 +79,23 @@ tm_rc tm_engine_cuda_create(const tm_model *m, const tm_engine_opts *opts, tm_en
  * weights near 1). For benchmarks of large shapes without writing checkpoints. */
 tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts, uint64_t seed,
                                    tm_engine **out, tm_err *err);
+
+/* The format of the seven linears of each layer in random weights (benchmarks). */
+typedef enum tm_cuda_wfmt {
+    TM_CUDA_W_BF16 = 0,        /* as tm_engine_cuda_create_random */
+    TM_CUDA_W_FP8_BLOCK,       /* e4m3 with fp32 scales per 128 x 128 block */
+    TM_CUDA_W_FP8_BLOCK_E8M0,  /* e4m3 with e8m0 (power of two) scales per 128 x 128 block */
+    TM_CUDA_W_FP8_CHANNEL,     /* e4m3 with an fp32 scale per output row */
+} tm_cuda_wfmt;
+
+/* tm_engine_cuda_create_random with the linears in format fmt: e4m3 values uniform over
+ * [-448, 448] (rounded), scales about sqrt(3 / n_in) / 448 with a +-10% hashed spread (a matrix
+ * of std 1/sqrt(n_in), as a checkpoint quantized with absmax / 448 would hold); the embedding,
+ * LM head and norms as there. FP8 formats need the shapes of a quantized checkpoint (see
+ * tm_engine_cuda_create) and a single GPU. */
+tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts,
+                                       uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
+                                       tm_err *err);
 
 /* Forward pass with greedy sampling on the device: ids[i] = argmax of the logits row of the i-th
  * sequence with want_logits (lowest id on ties), or TM_ENGINE_ID_NONFINITE when the row holds a

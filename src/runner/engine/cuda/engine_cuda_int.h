@@ -94,6 +94,8 @@ struct tm_cuda_engine {
     cudaStream_t stream;       /* owned */
     cublasHandle_t blas;       /* owned, bound to stream */
     int dead;                  /* a CUDA error happened during forward */
+    int random;                /* weights from arch->fill_random (only eng.model->cfg is read) */
+    uint8_t random_fmt;        /* with random: tm_cuda_wfmt of the linears (engine_cuda.h) */
     int use_graphs;
     uint32_t kv_dim;           /* arch->kv_dim: bf16 per token and layer in each of K and V */
     uint32_t max_pos;          /* n_kv_block * block_size */

@@ -24,8 +24,17 @@
  * ops and place the profiling marks.
  *
  * Weights are bf16 on the device (f32/f16 checkpoints rounded once, at upload); norm weights,
- * biases and the RoPE table fp32. Engine thread only; nothing allocates after init. */
+ * biases and the RoPE table fp32. FP8 checkpoints (engine_cuda.h) keep the seven linears of a
+ * layer as e4m3 bytes and scales (cuda_lin): decode-sized steps run kernels/gemm_quant.h with
+ * the same split-K partials as gemm_skinny, longer ones dequantize the weight into a bf16
+ * scratch (kernels/dequant.h) for cuBLAS. q|k|v and gate|up share one fused weight whenever the
+ * scales allow it (per-channel always; 128 x 128 blocks when every part's row count is a
+ * multiple of 128); otherwise each part is its own launch and its partials are summed into its
+ * columns of the fused output, so the consumers read the same layout either way.
+ * TM_CUDA_FP8_VARIANT (mma|cvt|fma) and TM_CUDA_FP8_DEPTH (4|8) pick the FP8 decode kernel's
+ * variant and pipeline depth, for benchmarks. Engine thread only; nothing allocates after init. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -34,23 +43,42 @@
 #include "kernels/attn_paged.h"
 #include "kernels/attn_prefill.h"
 #include "kernels/common.h"
+#include "kernels/dequant.h"
 #include "kernels/embed.h"
 #include "kernels/fill.h"
+#include "kernels/gemm_quant.h"
 #include "kernels/gemm_skinny.h"
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/tp.h"
+#include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/tp/shard.h"
 
 #define ATTN_PART_HEADS 4096             /* (token, head, split) partials the attention may use */
 #define UPLOAD_CHUNK ((size_t)1 << 22)   /* elements converted per host staging pass */
+#define FP8_BLOCK 128                    /* the block side of kernels/gemm_quant.h */
+
+/* A linear (or a fused group of them) on the device: bf16 rows, or e4m3 rows with scales in the
+ * layouts of kernels/gemm_quant.h. fp8 and sk are set at init, the rest at carve. */
+typedef struct cuda_lin {
+    void *w;            /* [n_out][n_in] bf16, or e4m3 when fp8 */
+    void *scale;        /* fp8: by sk, fp32 [ceil(n_out/128)][ceil(n_in/128)] or e8m0 bytes of
+                         * that grid (block) or fp32 [n_out] (channel); NULL otherwise */
+    uint32_t n_out, n_in;
+    uint8_t fp8;
+    tm_k_fp8_scale sk;
+} cuda_lin;
 
 typedef struct cuda_layer {
-    uint16_t *w_qkv;   /* [q_dim + 2*kv_dim][n_embd] bf16: wq rows, then wk, then wv */
-    uint16_t *w_o;     /* [n_embd][q_dim] */
-    uint16_t *w_gu;    /* [2*n_ff][n_embd]: w_gate rows, then w_up */
-    uint16_t *w_down;  /* [n_embd][n_ff] */
+    /* n_qkv 1: one fused weight [q_dim + 2*kv_dim][n_embd], wq rows, then wk, then wv; 3: wq,
+     * wk, wv apart (FP8 block scales whose row counts are not multiples of 128) */
+    cuda_lin qkv[3];
+    uint32_t n_qkv;
+    cuda_lin o;         /* [n_embd][q_dim] */
+    cuda_lin gu[2];     /* n_gu 1: fused [2*n_ff][n_embd], w_gate rows, then w_up; 2: apart */
+    uint32_t n_gu;
+    cuda_lin down;      /* [n_embd][n_ff] */
     float *b_qkv;      /* [q_dim + 2*kv_dim] fp32, NULL without bias */
     float *attn_norm;  /* [n_embd] fp32 */
     float *ffn_norm;   /* [n_embd] fp32 */
@@ -76,6 +104,12 @@ typedef struct llama {
     uint16_t *att;             /* [T][q_dim] */
     uint16_t *ffa;             /* [T][n_ff] */
     uint16_t *last;            /* [S][n_embd] final-normed wanted rows */
+    uint16_t *wdq;             /* [wdq_elems] bf16: an FP8 weight dequantized (prefill steps) */
+    size_t wdq_elems;          /* 0: no FP8 linear */
+    /* the FP8 decode GEMM's variant and depth (kernels/gemm_quant.h; 0: its defaults), from
+     * TM_CUDA_FP8_VARIANT=mma|cvt|fma and TM_CUDA_FP8_DEPTH=4|8 (benchmarks) */
+    tm_k_quant_variant fp8_variant;
+    uint32_t fp8_depth;
 } llama;
 
 /* ---- config ---- */
@@ -101,8 +135,65 @@ static tm_rc check_cfg(const tm_model_cfg *c, tm_err *err) {
     return TM_OK;
 }
 
+/* The device format of a checkpoint linear: fp8 and sk of *f (its other fields untouched).
+ * TM_E_INVAL naming the tensor for a scheme the kernels do not take. */
+static tm_rc lin_fmt(const tm_tensor *t, uint32_t layer, const char *name, cuda_lin *f,
+                     tm_err *err) {
+    f->fp8 = t->quant != TM_QUANT_NONE;
+    f->sk = TM_K_FP8_CHANNEL;
+    switch ((tm_quant)t->quant) {
+    case TM_QUANT_NONE:
+    case TM_QUANT_FP8_CHANNEL:
+    case TM_QUANT_FP8_TENSOR: return TM_OK; // a per-tensor scale is uploaded as per-channel
+    case TM_QUANT_FP8_BLOCK:
+        if (t->qblock[0] != FP8_BLOCK || t->qblock[1] != FP8_BLOCK)
+            return TM_ERR(err, TM_E_INVAL,
+                          "cuda engine: layer %u %s: fp8 blocks of %u x %u (the CUDA kernels "
+                          "take 128 x 128)",
+                          layer, name, t->qblock[0], t->qblock[1]);
+        f->sk = t->scale_dtype == TM_DTYPE_F8_E8M0 ? TM_K_FP8_BLOCK_E8M0 : TM_K_FP8_BLOCK_F32;
+        return TM_OK;
+    case TM_QUANT_MXFP4: break;
+    }
+    return TM_ERR(err, TM_E_INVAL, "cuda engine: layer %u %s: %s weights are not supported",
+                  layer, name, tm_quant_name((tm_quant)t->quant));
+}
+
+static int same_fmt(const cuda_lin *a, const cuda_lin *b) {
+    return a->fp8 == b->fp8 && (!a->fp8 || a->sk == b->sk);
+}
+
+/* The formats of layer l's linears (the parts of a fused group in [0], [1], [2] as they come). */
+static tm_rc layer_fmts(const tm_layer_w *W, uint32_t l, cuda_layer *L, tm_err *err) {
+    tm_rc rc = lin_fmt(&W->wq, l, "q_proj", &L->qkv[0], err);
+    if (!rc)
+        rc = lin_fmt(&W->wk, l, "k_proj", &L->qkv[1], err);
+    if (!rc)
+        rc = lin_fmt(&W->wv, l, "v_proj", &L->qkv[2], err);
+    if (!rc)
+        rc = lin_fmt(&W->wo, l, "o_proj", &L->o, err);
+    if (!rc)
+        rc = lin_fmt(&W->w_gate, l, "gate_proj", &L->gu[0], err);
+    if (!rc)
+        rc = lin_fmt(&W->w_up, l, "up_proj", &L->gu[1], err);
+    if (!rc)
+        rc = lin_fmt(&W->w_down, l, "down_proj", &L->down, err);
+    if (!rc && (!same_fmt(&L->qkv[0], &L->qkv[1]) || !same_fmt(&L->qkv[0], &L->qkv[2])))
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "cuda engine: layer %u: q_proj, k_proj and v_proj in different formats", l);
+    if (!rc && !same_fmt(&L->gu[0], &L->gu[1]))
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "cuda engine: layer %u: gate_proj and up_proj in different formats", l);
+    return rc;
+}
+
 static tm_rc check_weights(const tm_model *m, tm_err *err) {
-    return tm_model_check_weights(m, "cuda engine", err);
+    tm_rc rc = tm_model_check_weights_quant(m, "cuda engine", err);
+    for (uint32_t l = 0; !rc && l < m->cfg.n_layer; l++) {
+        cuda_layer L;
+        rc = layer_fmts(&m->layers[l], l, &L, err);
+    }
+    return rc;
 }
 
 /* The split of runner/tp/shard.h (which upload's tm_shard_create cuts the weights by). */
@@ -153,7 +244,58 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     lm->qkv_dim = lm->q_dim + 2 * impl->kv_dim;
     // attention partials (attn_splits splits less when a step's would not fit)
     lm->part_floats = tm_k_attn_part_floats(1, ATTN_PART_HEADS, 1, c->head_dim);
+    const char *fv = getenv("TM_CUDA_FP8_VARIANT"), *fd = getenv("TM_CUDA_FP8_DEPTH");
+    lm->fp8_variant = !fv                   ? TM_K_QUANT_DEFAULT
+                      : !strcmp(fv, "mma") ? TM_K_QUANT_MMA
+                      : !strcmp(fv, "cvt") ? TM_K_QUANT_MMA_CVT
+                      : !strcmp(fv, "fma") ? TM_K_QUANT_FMA
+                                           : TM_K_QUANT_DEFAULT;
+    lm->fp8_depth = fd && (!strcmp(fd, "4") || !strcmp(fd, "8")) ? (uint32_t)atoi(fd) : 0;
+    const tm_model *m = impl->eng.model;
+    const int quant = impl->random ? impl->random_fmt != TM_CUDA_W_BF16 : tm_model_is_quantized(m);
+    if (quant && impl->tp_size > 1)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: tensor parallel with quantized (FP8) weights is not "
+                      "supported; run it on one GPU");
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        cuda_layer *L = &lm->layers[l];
+        if (impl->random) {
+            const cuda_lin f = {.fp8 = impl->random_fmt != TM_CUDA_W_BF16,
+                                .sk = impl->random_fmt == TM_CUDA_W_FP8_BLOCK_E8M0
+                                          ? TM_K_FP8_BLOCK_E8M0
+                                          : impl->random_fmt == TM_CUDA_W_FP8_CHANNEL
+                                                ? TM_K_FP8_CHANNEL
+                                                : TM_K_FP8_BLOCK_F32};
+            L->qkv[0] = L->qkv[1] = L->qkv[2] = L->o = L->gu[0] = L->gu[1] = L->down = f;
+        } else if (m->layers) {
+            tm_rc rc = layer_fmts(&m->layers[l], l, L, err);
+            if (rc)
+                return rc;
+        }
+        // Fuse unless block scales straddle a part boundary.
+        const int blk = L->qkv[0].fp8 && L->qkv[0].sk != TM_K_FP8_CHANNEL;
+        L->n_qkv = blk && (lm->q_dim % FP8_BLOCK || impl->kv_dim % FP8_BLOCK) ? 3 : 1;
+        const int blk_gu = L->gu[0].fp8 && L->gu[0].sk != TM_K_FP8_CHANNEL;
+        L->n_gu = blk_gu && c->n_ff % FP8_BLOCK ? 2 : 1;
+        // the dequantization scratch: the largest FP8 projection
+        const size_t d = c->n_embd;
+        if (L->qkv[0].fp8)
+            lm->wdq_elems = TM_MAX(lm->wdq_elems, (size_t)lm->qkv_dim * d);
+        if (L->o.fp8)
+            lm->wdq_elems = TM_MAX(lm->wdq_elems, (size_t)lm->q_dim * d);
+        if (L->gu[0].fp8)
+            lm->wdq_elems = TM_MAX(lm->wdq_elems, (size_t)2 * c->n_ff * d);
+        if (L->down.fp8)
+            lm->wdq_elems = TM_MAX(lm->wdq_elems, (size_t)c->n_ff * d);
+    }
     return TM_OK;
+}
+
+/* Rows of the parts of layer L's q|k|v and gate|up groups. */
+static void group_rows(const tm_cuda_engine *impl, const llama *lm, uint32_t qkv[3],
+                       uint32_t gu[2]) {
+    qkv[0] = lm->q_dim, qkv[1] = qkv[2] = impl->kv_dim;
+    gu[0] = gu[1] = impl->cfg.n_ff;
 }
 
 /* Floats of sk_part for the model's projections at up to T tokens. */
@@ -171,25 +313,107 @@ static size_t skinny_floats(const tm_cuda_engine *impl, uint32_t T) {
         const uint32_t n = tm_k_gemm_skinny_splits(shapes[i][0], shapes[i][1], impl->n_sm, &kps);
         most = TM_MAX(most, (size_t)n * T * shapes[i][1]);
     }
+    // FP8 projections: each launch (a fused group, or a part of one) with its own split
+    uint32_t rq[3], rg[2];
+    group_rows(impl, lm, rq, rg);
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        const cuda_layer *L = &lm->layers[l];
+        uint32_t sh[8][2], n = 0; // (n_in, n_out) of its FP8 launches
+        if (L->qkv[0].fp8) {
+            if (L->n_qkv == 1)
+                sh[n][0] = c->n_embd, sh[n++][1] = lm->qkv_dim;
+            else
+                for (int i = 0; i < 3; i++)
+                    sh[n][0] = c->n_embd, sh[n++][1] = rq[i];
+        }
+        if (L->o.fp8)
+            sh[n][0] = lm->q_dim, sh[n++][1] = c->n_embd;
+        if (L->gu[0].fp8) {
+            if (L->n_gu == 1)
+                sh[n][0] = c->n_embd, sh[n++][1] = 2 * c->n_ff;
+            else
+                for (int i = 0; i < 2; i++)
+                    sh[n][0] = c->n_embd, sh[n++][1] = rg[i];
+        }
+        if (L->down.fp8)
+            sh[n][0] = c->n_ff, sh[n++][1] = c->n_embd;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t kps = 0;
+            if (!tm_k_gemm_fp8_fits(T, sh[i][0], sh[i][1]))
+                continue;
+            const uint32_t ns = tm_k_gemm_fp8_splits(sh[i][0], sh[i][1], impl->n_sm, &kps);
+            most = TM_MAX(most, (size_t)ns * T * sh[i][1]);
+        }
+    }
     return most;
 }
 
 /* ---- memory ---- */
 
+/* Bytes of the scales of an FP8 [n_out][n_in] weight in format sk. */
+static size_t scale_bytes(tm_k_fp8_scale sk, size_t n_out, size_t n_in) {
+    if (sk == TM_K_FP8_CHANNEL)
+        return n_out * sizeof(float);
+    const size_t n = TM_CEIL_DIV(n_out, (size_t)FP8_BLOCK) * TM_CEIL_DIV(n_in, (size_t)FP8_BLOCK);
+    return sk == TM_K_FP8_BLOCK_E8M0 ? n : n * sizeof(float);
+}
+
+/* Carve one linear of n_out x n_in in f's format (bf16 weights carve exactly as before FP8). */
+static void carve_lin(tm_cuda_carver *cv, cuda_lin *f, uint32_t n_out, uint32_t n_in) {
+    f->n_out = n_out, f->n_in = n_in;
+    f->w = tm_cuda_carve(cv, (size_t)n_out * n_in * (f->fp8 ? 1 : sizeof(uint16_t)));
+    f->scale = f->fp8 ? tm_cuda_carve(cv, scale_bytes(f->sk, n_out, n_in)) : NULL;
+}
+
+/* A group of parts (rows[i] rows each, n_in columns): one fused linear when n == 1. */
+static void carve_group(tm_cuda_carver *cv, cuda_lin *g, uint32_t n, const uint32_t *rows,
+                        uint32_t n_parts, uint32_t n_in) {
+    if (n == 1) {
+        uint32_t total = 0;
+        for (uint32_t i = 0; i < n_parts; i++)
+            total += rows[i];
+        carve_lin(cv, &g[0], total, n_in);
+        return;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        carve_lin(cv, &g[i], rows[i], n_in);
+}
+
+/* Part i of a group as a linear of its own (a view into the fused weight when n == 1: the rows
+ * before it skipped in the weight and, block rows being whole, in the scales). */
+static cuda_lin group_part(const cuda_lin *g, uint32_t n, const uint32_t *rows, uint32_t i) {
+    if (n > 1)
+        return g[i];
+    cuda_lin p = g[0];
+    size_t r0 = 0;
+    for (uint32_t j = 0; j < i; j++)
+        r0 += rows[j];
+    p.n_out = rows[i];
+    p.w = (char *)p.w + r0 * p.n_in * (p.fp8 ? 1 : sizeof(uint16_t));
+    if (p.fp8) {
+        TM_ASSERT(p.sk == TM_K_FP8_CHANNEL || r0 % FP8_BLOCK == 0);
+        p.scale = (char *)p.scale + (p.sk == TM_K_FP8_CHANNEL ? r0 * sizeof(float)
+                                                              : scale_bytes(p.sk, r0, p.n_in));
+    }
+    return p;
+}
+
 static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     llama *lm = impl->arch_state;
     const tm_model_cfg *c = &impl->cfg;
-    const size_t d = c->n_embd, ff = c->n_ff, bf = sizeof(uint16_t), f4 = sizeof(float);
+    const size_t d = c->n_embd, bf = sizeof(uint16_t), f4 = sizeof(float);
+    uint32_t rq[3], rg[2];
+    group_rows(impl, lm, rq, rg);
     lm->embd = tm_cuda_carve(cv, (size_t)c->n_vocab * d * bf);
     lm->lm_head = c->tie_embd ? lm->embd : tm_cuda_carve(cv, (size_t)c->n_vocab * d * bf);
     lm->out_norm = tm_cuda_carve(cv, d * f4);
     lm->inv_freq = tm_cuda_carve(cv, c->head_dim / 2 * f4);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         cuda_layer *L = &lm->layers[l];
-        L->w_qkv = tm_cuda_carve(cv, (size_t)lm->qkv_dim * d * bf);
-        L->w_o = tm_cuda_carve(cv, d * lm->q_dim * bf);
-        L->w_gu = tm_cuda_carve(cv, 2 * ff * d * bf);
-        L->w_down = tm_cuda_carve(cv, d * ff * bf);
+        carve_group(cv, L->qkv, L->n_qkv, rq, 3, c->n_embd);
+        carve_lin(cv, &L->o, c->n_embd, lm->q_dim);
+        carve_group(cv, L->gu, L->n_gu, rg, 2, c->n_embd);
+        carve_lin(cv, &L->down, c->n_embd, c->n_ff);
         L->b_qkv = c->qkv_bias ? tm_cuda_carve(cv, lm->qkv_dim * f4) : NULL;
         L->attn_norm = tm_cuda_carve(cv, d * f4);
         L->ffn_norm = tm_cuda_carve(cv, d * f4);
@@ -210,6 +434,7 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     lm->att = tm_cuda_carve(cv, T * lm->q_dim * bf);
     lm->ffa = tm_cuda_carve(cv, T * ff * bf);
     lm->last = tm_cuda_carve(cv, S * d * bf);
+    lm->wdq = lm->wdq_elems ? tm_cuda_carve(cv, lm->wdq_elems * bf) : NULL;
 }
 
 /* ---- weights ---- */
@@ -241,6 +466,34 @@ static tm_rc upload_f32(float *dst, const tm_tensor *t, uint16_t *stage, tm_err 
     return TM_CUDA_CHECK(cudaMemcpy(dst, f, n * sizeof(float), cudaMemcpyHostToDevice), err);
 }
 
+/* A checkpoint linear t into dst (t's format: lin_fmt): bf16 as upload_bf16; FP8 as its bytes,
+ * its scales as fp32 (a per-tensor scale repeated per row) or, e8m0 block scales, as bytes. */
+static tm_rc upload_lin(const cuda_lin *dst, const tm_tensor *t, uint16_t *stage, tm_err *err) {
+    if (!dst->fp8)
+        return upload_bf16(dst->w, t, stage, err);
+    TM_ASSERT(t->dtype == TM_DTYPE_F8_E4M3 && t->shape[0] == dst->n_out &&
+              t->shape[1] == dst->n_in);
+    tm_rc rc = TM_CUDA_CHECK(cudaMemcpy(dst->w, t->data, (size_t)dst->n_out * dst->n_in,
+                                        cudaMemcpyHostToDevice),
+                             err);
+    if (rc)
+        return rc;
+    const size_t sb = scale_bytes(dst->sk, dst->n_out, dst->n_in);
+    if (dst->sk == TM_K_FP8_BLOCK_E8M0)
+        return TM_CUDA_CHECK(cudaMemcpy(dst->scale, t->scale, sb, cudaMemcpyHostToDevice), err);
+    const size_t n = sb / sizeof(float);
+    TM_ASSERT(n <= UPLOAD_CHUNK);
+    float *f = (float *)(stage + UPLOAD_CHUNK);
+    if (t->quant == TM_QUANT_FP8_TENSOR) {
+        tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, 0, 1, f);
+        for (size_t i = 1; i < n; i++)
+            f[i] = f[0];
+    } else {
+        tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, 0, n, f);
+    }
+    return TM_CUDA_CHECK(cudaMemcpy(dst->scale, f, sb, cudaMemcpyHostToDevice), err);
+}
+
 /* The RoPE inverse frequencies (runner/model/model.h), before the weights either way. */
 static tm_rc upload_inv_freq(tm_cuda_engine *impl, llama *lm, tm_err *err) {
     const tm_model_cfg *c = &impl->cfg;
@@ -253,7 +506,8 @@ static tm_rc upload_inv_freq(tm_cuda_engine *impl, llama *lm, tm_err *err) {
 
 static tm_rc upload_weights(tm_cuda_engine *impl, llama *lm, const tm_model *m, tm_err *err) {
     const tm_model_cfg *c = &impl->cfg;
-    const size_t d = c->n_embd, ff = c->n_ff;
+    uint32_t rq[3], rg[2];
+    group_rows(impl, lm, rq, rg);
     // staging: UPLOAD_CHUNK bf16 followed by UPLOAD_CHUNK floats
     uint16_t *stage = tm_malloc(UPLOAD_CHUNK * (sizeof(uint16_t) + sizeof(float)));
     if (!stage)
@@ -266,20 +520,19 @@ static tm_rc upload_weights(tm_cuda_engine *impl, llama *lm, const tm_model *m, 
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         const tm_layer_w *W = &m->layers[l];
         cuda_layer *L = &lm->layers[l];
-        rc = upload_bf16(L->w_qkv, &W->wq, stage, err);
+        const tm_tensor *qkv[3] = {&W->wq, &W->wk, &W->wv}, *gu[2] = {&W->w_gate, &W->w_up};
+        for (uint32_t i = 0; !rc && i < 3; i++) {
+            const cuda_lin p = group_part(L->qkv, L->n_qkv, rq, i);
+            rc = upload_lin(&p, qkv[i], stage, err);
+        }
         if (!rc)
-            rc = upload_bf16(L->w_qkv + (size_t)lm->q_dim * d, &W->wk, stage, err);
+            rc = upload_lin(&L->o, &W->wo, stage, err);
+        for (uint32_t i = 0; !rc && i < 2; i++) {
+            const cuda_lin p = group_part(L->gu, L->n_gu, rg, i);
+            rc = upload_lin(&p, gu[i], stage, err);
+        }
         if (!rc)
-            rc = upload_bf16(L->w_qkv + (size_t)(lm->q_dim + impl->kv_dim) * d, &W->wv, stage,
-                             err);
-        if (!rc)
-            rc = upload_bf16(L->w_o, &W->wo, stage, err);
-        if (!rc)
-            rc = upload_bf16(L->w_gu, &W->w_gate, stage, err);
-        if (!rc)
-            rc = upload_bf16(L->w_gu + ff * d, &W->w_up, stage, err);
-        if (!rc)
-            rc = upload_bf16(L->w_down, &W->w_down, stage, err);
+            rc = upload_lin(&L->down, &W->w_down, stage, err);
         if (!rc && c->qkv_bias) {
             rc = upload_f32(L->b_qkv, &W->bq, stage, err);
             if (!rc)
@@ -345,10 +598,42 @@ static tm_rc fill_vec_f32(float *dst, size_t n, uint64_t seed, float scale, floa
     return rc;
 }
 
+/* Random FP8 linear p (engine_cuda.h, tm_engine_cuda_create_random_fmt): e4m3 over the whole
+ * range, scales s0 = sqrt(3 / n_in) / 448 with a +-10% spread (e8m0: the power of two at or
+ * above s0). */
+static tm_rc fill_lin_fp8(tm_cuda_engine *impl, const cuda_lin *p, uint64_t seed, tm_err *err) {
+    tm_k_fill_e4m3_args fa = {.p = p->w, .n = (size_t)p->n_out * p->n_in, .seed = seed,
+                              .amax = 448.0f};
+    tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
+    const float s0 = sqrtf(3.0f / (float)p->n_in) / 448.0f;
+    const size_t sb = scale_bytes(p->sk, p->n_out, p->n_in);
+    if (rc)
+        return rc;
+    if (p->sk != TM_K_FP8_BLOCK_E8M0)
+        return fill_vec_f32(p->scale, sb / sizeof(float), seed, 0.1f * s0, s0, err);
+    uint8_t *h = tm_malloc(sb);
+    if (!h)
+        return TM_ERR(err, TM_E_NOMEM, "cuda engine: %zu scale bytes", sb);
+    memset(h, 127 + (int)ceilf(log2f(s0)), sb);
+    rc = TM_CUDA_CHECK(cudaMemcpy(p->scale, h, sb, cudaMemcpyHostToDevice), err);
+    tm_free(h);
+    return rc;
+}
+
+/* A random linear (a fused group as one matrix): bf16 as always, or FP8. */
+static tm_rc fill_lin(tm_cuda_engine *impl, const cuda_lin *g, uint32_t n, uint64_t seed,
+                      tm_err *err) {
+    tm_rc rc = TM_OK;
+    for (uint32_t i = 0; !rc && i < n; i++)
+        rc = g[i].fp8 ? fill_lin_fp8(impl, &g[i], seed * 4 + i, err)
+                      : fill_mat(impl, g[i].w, g[i].n_out, g[i].n_in, seed, err);
+    return rc;
+}
+
 static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
     llama *lm = impl->arch_state;
     const tm_model_cfg *c = &impl->cfg;
-    const size_t d = c->n_embd, ff = c->n_ff;
+    const size_t d = c->n_embd;
     tm_rc rc = upload_inv_freq(impl, lm, err);
     if (rc)
         return rc;
@@ -360,13 +645,13 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
         rc = fill_vec_f32(lm->out_norm, d, k++, 0.1f, 1.0f, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         cuda_layer *L = &lm->layers[l];
-        rc = fill_mat(impl, L->w_qkv, lm->qkv_dim, d, k++, err);
+        rc = fill_lin(impl, L->qkv, L->n_qkv, k++, err);
         if (!rc)
-            rc = fill_mat(impl, L->w_o, d, lm->q_dim, k++, err);
+            rc = fill_lin(impl, &L->o, 1, k++, err);
         if (!rc)
-            rc = fill_mat(impl, L->w_gu, 2 * ff, d, k++, err);
+            rc = fill_lin(impl, L->gu, L->n_gu, k++, err);
         if (!rc)
-            rc = fill_mat(impl, L->w_down, d, ff, k++, err);
+            rc = fill_lin(impl, &L->down, 1, k++, err);
         if (!rc && L->b_qkv)
             rc = fill_vec_f32(L->b_qkv, lm->qkv_dim, k++, 0.1f, 0.0f, err);
         if (!rc)
@@ -477,6 +762,63 @@ static tm_rc residual_norm(tm_cuda_engine *impl, llama *lm, uint32_t T, tm_cuda_
     return TM_CUDA_OP(impl, TM_CUDA_ABL_NORM, what, tm_k_rmsnorm_bf16(&na, impl->stream, err));
 }
 
+/* y = x @ W^T for the linear (group) g of n parts, as tm_cuda_project (engine_cuda_int.h) does
+ * for bf16 weights, which it is for them. FP8 steps of at most sk_max_tok tokens run the FP8
+ * decode GEMM with the same partial convention (several parts: beta 0 only; each part's
+ * partials summed into its columns of dst, which is then the result); longer steps dequantize
+ * the weight into lm->wdq (the parts at their row offsets) and run the bf16 projection. */
+static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
+                     const cuda_lin *g, uint32_t n, const uint16_t *x, uint32_t T, float *dst,
+                     float beta, tm_cuda_proj *out, tm_err *err) {
+    const uint32_t n_in = g[0].n_in;
+    uint32_t n_out = 0;
+    for (uint32_t i = 0; i < n; i++)
+        n_out += g[i].n_out;
+    if (!g[0].fp8)
+        return tm_cuda_project(impl, abl, what, g[0].w, x, T, n_in, n_out, dst, beta, out, err);
+    cudaStream_t s = impl->stream;
+    tm_rc rc = TM_OK;
+    if (T <= impl->sk_max_tok && tm_k_gemm_fp8_fits(T, n_in, n_out)) {
+        TM_ASSERT(n == 1 || beta == 0.0f);
+        uint32_t col = 0;
+        for (uint32_t i = 0; !rc && i < n; i++) {
+            uint32_t kps = 0;
+            const uint32_t ns = tm_k_gemm_fp8_splits(n_in, g[i].n_out, impl->n_sm, &kps);
+            float *part = n == 1 && ns == 1 && beta == 0.0f ? dst : impl->sk_part;
+            TM_ASSERT((size_t)ns * T * g[i].n_out <= impl->sk_part_floats);
+            tm_k_gemm_fp8_args ga = {.part = part, .w = g[i].w, .scale = g[i].scale, .x = x,
+                                     .n_tok = T, .n_in = n_in, .n_out = g[i].n_out,
+                                     .n_split = ns, .k_per_split = kps, .scale_kind = g[i].sk,
+                                     .variant = lm->fp8_variant, .depth = lm->fp8_depth};
+            if (n == 1) {
+                *out = (tm_cuda_proj){.p = part, .n = ns, .stride = (size_t)T * n_out};
+                return TM_CUDA_OP(impl, abl, what, tm_k_gemm_fp8(&ga, s, err));
+            }
+            tm_k_sum_parts_cols_args sc = {.y = dst + col, .ld_y = n_out, .part = part,
+                                           .stride = (size_t)T * g[i].n_out, .n_part = ns,
+                                           .n_tok = T, .n_col = g[i].n_out};
+            rc = TM_CUDA_OP(impl, abl, NULL, tm_k_gemm_fp8(&ga, s, err));
+            if (!rc)
+                rc = TM_CUDA_OP(impl, abl, NULL, tm_k_sum_parts_cols(&sc, s, err));
+            col += g[i].n_out;
+        }
+        *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
+        return tm_cuda_op_end(impl, what, rc);
+    }
+    size_t row = 0;
+    TM_ASSERT((size_t)n_out * n_in <= lm->wdq_elems);
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        tm_k_dequant_fp8_args da = {.out = lm->wdq + row * n_in, .w = g[i].w,
+                                    .scale = g[i].scale, .n_out = g[i].n_out, .n_in = n_in,
+                                    .scale_kind = g[i].sk};
+        rc = TM_CUDA_OP(impl, abl, NULL, tm_k_dequant_fp8_bf16(&da, s, err));
+        row += g[i].n_out;
+    }
+    if (rc)
+        return rc;
+    return tm_cuda_project(impl, abl, what, lm->wdq, x, T, n_in, n_out, dst, beta, out, err);
+}
+
 /* The whole model for a step whose metadata is already on the device. */
 static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) {
     llama *lm = impl->arch_state;
@@ -499,8 +841,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
         uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
         rc = residual_norm(impl, lm, T, &res, L->attn_norm, "attn_norm (+residual)", err);
         if (!rc)
-            rc = tm_cuda_project(impl, TM_CUDA_ABL_QKV, "qkv_proj", L->w_qkv, lm->h, T, d,
-                                 lm->qkv_dim, lm->qkv, 0.0f, &po, err);
+            rc = project(impl, lm, TM_CUDA_ABL_QKV, "qkv_proj", L->qkv, L->n_qkv, lm->h, T,
+                         lm->qkv, 0.0f, &po, err);
         if (rc)
             return rc;
         tm_k_rope_kv_bf16_args ra = {
@@ -531,23 +873,23 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                         : TM_CUDA_OP(impl, TM_CUDA_ABL_ATTN, "attention (paged)",
                                      tm_k_attn_paged_bf16(&aa, s, err));
         if (!rc)
-            rc = tm_cuda_project(impl, TM_CUDA_ABL_O, "o_proj", L->w_o, lm->att, T, lm->q_dim, d,
-                                 lm->x, beta_res, &res, err);
+            rc = project(impl, lm, TM_CUDA_ABL_O, "o_proj", &L->o, 1, lm->att, T, lm->x,
+                         beta_res, &res, err);
         if (!rc)
             rc = residual_reduce(impl, lm, T, &res, beta_res, L->ffn_norm, err);
         if (!rc)
             rc = residual_norm(impl, lm, T, &res, L->ffn_norm, "ffn_norm (+residual)", err);
         if (!rc)
-            rc = tm_cuda_project(impl, TM_CUDA_ABL_GU, "gate_up_proj", L->w_gu, lm->h, T, d,
-                                 2 * ff, lm->gu, 0.0f, &po, err);
+            rc = project(impl, lm, TM_CUDA_ABL_GU, "gate_up_proj", L->gu, L->n_gu, lm->h, T,
+                         lm->gu, 0.0f, &po, err);
         if (rc)
             return rc;
         tm_k_silu_mul_bf16_args sa = {.out = lm->ffa, .gu = po.p, .n_tok = T, .n_ff = ff,
                                       .n_part = po.n, .part_stride = po.stride};
         rc = TM_CUDA_OP(impl, TM_CUDA_ABL_SILU, "silu_mul", tm_k_silu_mul_bf16(&sa, s, err));
         if (!rc)
-            rc = tm_cuda_project(impl, TM_CUDA_ABL_DOWN, "down_proj", L->w_down, lm->ffa, T, ff,
-                                 d, lm->x, beta_res, &res, err);
+            rc = project(impl, lm, TM_CUDA_ABL_DOWN, "down_proj", &L->down, 1, lm->ffa, T,
+                         lm->x, beta_res, &res, err);
         if (!rc)
             rc = residual_reduce(impl, lm, T, &res, beta_res,
                                  l + 1 < c->n_layer ? lm->layers[l + 1].attn_norm : NULL, err);
