@@ -16,7 +16,7 @@
  * addresses and its CUDA graph, captured once, stays valid. The attention split count depends
  * only on T for the same reason. With TP, rank 0 hands each step's plan (that metadata with a
  * small header, tm_cuda_plan) to the driver, which sends it to the other ranks before this rank
- * launches its own work; every rank then runs the same plan (tm_cuda_engine_run_plan). Decode
+ * launches its own work; every rank then runs the same plan (rank_run_plan). Decode
  * steps replay CUDA graphs on every rank, all-reduces included (NCCL kernels are captured like
  * any other).
  *
@@ -451,18 +451,20 @@ tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t 
     return cuda_forward_greedy(eng, b, UINT32_MAX, ids, err);
 }
 
-/* ---- the rank engine, as the TP driver's serve loop drives it (tp_driver_int.h) ---- */
+/* ---- the rank engine, as the TP driver's serve loop drives it (tm_cuda_rank_ops) ---- */
 
-int tm_cuda_engine_dead(const tm_cuda_engine *impl) {
-    return impl->dead;
+static int rank_dead(const void *ctx) {
+    return ((const tm_cuda_engine *)ctx)->dead;
 }
 
-tm_cuda_plan *tm_cuda_engine_plan_buf(tm_cuda_engine *impl, size_t *cap) {
+static tm_cuda_plan *rank_plan_buf(void *ctx, size_t *cap) {
+    tm_cuda_engine *impl = ctx;
     *cap = sizeof(tm_cuda_plan) + impl->meta_cap * sizeof(uint32_t);
     return impl->plan_h;
 }
 
-int tm_cuda_engine_plan_fits(const tm_cuda_engine *impl, const tm_cuda_plan *h, size_t len) {
+static int rank_plan_fits(const void *ctx, const tm_cuda_plan *h, size_t len) {
+    const tm_cuda_engine *impl = ctx;
     const tm_engine_opts *o = &impl->eng.opts;
     return !(h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs ||
              h->n_want > h->S || h->n_meta > impl->meta_cap ||
@@ -472,18 +474,26 @@ int tm_cuda_engine_plan_fits(const tm_cuda_engine *impl, const tm_cuda_plan *h, 
              (h->n_tile && (!impl->use_fa || 4 * (size_t)h->n_tile > h->n_meta)));
 }
 
-tm_rc tm_cuda_engine_run_plan(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) {
-    return run_step(impl, h, err);
+static tm_rc rank_run_plan(void *ctx, const tm_cuda_plan *h, tm_err *err) {
+    return run_step(ctx, h, err);
 }
 
-tm_rc tm_cuda_engine_kv_copy(tm_cuda_engine *impl, uint32_t src, uint32_t dst, uint32_t n_tok,
-                             tm_err *err) {
-    return cuda_kv_copy(&impl->eng, src, dst, n_tok, err);
+static tm_rc rank_kv_copy(void *ctx, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
+    return cuda_kv_copy(&((tm_cuda_engine *)ctx)->eng, src, dst, n_tok, err);
 }
 
-void tm_cuda_engine_fail(tm_cuda_engine *impl) {
-    fail_engine(impl);
+static void rank_fail(void *ctx) {
+    fail_engine(ctx);
 }
+
+static const tm_cuda_rank_ops rank_ops = {
+    .dead = rank_dead,
+    .plan_buf = rank_plan_buf,
+    .plan_fits = rank_plan_fits,
+    .run_plan = rank_run_plan,
+    .kv_copy = rank_kv_copy,
+    .fail = rank_fail,
+};
 
 tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
     if (!eng || eng->ops != &cuda_ops)
@@ -493,7 +503,7 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
         return TM_ERR(err, TM_E_INVAL, "cuda tp_serve: only ranks > 0 serve (rank %u of %u)",
                       impl->tp_rank, impl->tp_size);
     cudaSetDevice(impl->device);
-    return tm_cuda_drv_serve(impl->drv, impl, err);
+    return tm_cuda_drv_serve(impl->drv, &rank_ops, impl, err);
 }
 
 void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
@@ -692,7 +702,9 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         goto fail;
     if (tp_size > 1) {
         // Every rank blocks here until all have joined the communicator.
-        rc = tm_cuda_drv_create(tp, impl->tp_rank, tp_size, &impl->drv, err);
+        const tm_cuda_drv_cfg dc = {
+            .rdzv = tp->rdzv, .nccl_id = tp->nccl_id, .timeout_ms = tp->timeout_ms};
+        rc = tm_cuda_drv_create(&dc, impl->tp_rank, tp_size, &impl->drv, err);
         if (rc)
             goto fail;
         impl->comm = tm_cuda_drv_comm(impl->drv);

@@ -129,7 +129,7 @@ void tm_cuda_drv_abort(tm_cuda_drv *drv) {
 
 /* ---- lifecycle ---- */
 
-tm_rc tm_cuda_drv_create(const tm_engine_cuda_tp *cfg, uint32_t rank, uint32_t world,
+tm_rc tm_cuda_drv_create(const tm_cuda_drv_cfg *cfg, uint32_t rank, uint32_t world,
                          tm_cuda_drv **out, tm_err *err) {
     tm_cuda_drv *drv = tm_calloc(1, sizeof(*drv));
     if (!drv)
@@ -345,11 +345,11 @@ tm_rc tm_cuda_drv_send_kv_copy(tm_cuda_drv *drv, uint32_t src, uint32_t dst, uin
     return tm_rdzv_bcast(drv->rdzv, PLAN_MSG, &h, sizeof(h), NULL, 0, err);
 }
 
-tm_rc tm_cuda_drv_serve(tm_cuda_drv *drv, tm_cuda_engine *impl, tm_err *err) {
+tm_rc tm_cuda_drv_serve(tm_cuda_drv *drv, const tm_cuda_rank_ops *ops, void *ctx, tm_err *err) {
     size_t cap = 0;
-    tm_cuda_plan *h = tm_cuda_engine_plan_buf(impl, &cap);
+    tm_cuda_plan *h = ops->plan_buf(ctx, &cap);
     for (uint64_t n_step = 0;; n_step++) {
-        if (tm_cuda_engine_dead(impl))
+        if (ops->dead(ctx))
             return TM_ERR(err, TM_E_CUDA, "cuda engine: unusable after an earlier error");
         uint32_t type = 0;
         size_t len = 0;
@@ -367,19 +367,19 @@ tm_rc tm_cuda_drv_serve(tm_cuda_drv *drv, tm_cuda_engine *impl, tm_err *err) {
         if (!rc && h->op == TM_CUDA_PLAN_STOP)
             return TM_OK;
         if (!rc && h->op == TM_CUDA_PLAN_KV_COPY) {
-            rc = tm_cuda_engine_kv_copy(impl, h->kv_src, h->kv_dst, h->kv_n_tok, err);
+            rc = ops->kv_copy(ctx, h->kv_src, h->kv_dst, h->kv_n_tok, err);
         } else if (!rc && h->op == TM_CUDA_PLAN_STEP) {
-            if (!tm_cuda_engine_plan_fits(impl, h, len))
+            if (!ops->plan_fits(ctx, h, len))
                 rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: malformed step plan %llu (T %u, S %u)",
                             drv->rank, (unsigned long long)n_step, h->T, h->S);
             if (!rc)
-                rc = tm_cuda_engine_run_plan(impl, h, err);
+                rc = ops->run_plan(ctx, h, err);
         } else if (!rc) {
             rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: unknown plan op %u", drv->rank, h->op);
         }
         if (rc) {
             tm_rdzv_report(drv->rdzv, err->msg);
-            tm_cuda_engine_fail(impl);
+            ops->fail(ctx);
             return rc;
         }
     }

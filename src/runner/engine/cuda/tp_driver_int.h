@@ -26,7 +26,7 @@
 
 #include "base/err.h"
 #include "kernels/allreduce.h"
-#include "runner/engine/cuda/engine_cuda.h"
+#include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
 /* A step plan: everything a rank needs to run one step (or a KV copy, or to stop) besides the
@@ -55,8 +55,31 @@ typedef struct tm_cuda_comm {
     void *ar_regions[TM_AR_MAX_RANKS]; /* [rank]: own (cudaMalloc); others: IPC-opened peers' */
 } tm_cuda_comm;
 
-typedef struct tm_cuda_drv tm_cuda_drv;       /* opaque: one rank's driver */
-typedef struct tm_cuda_engine tm_cuda_engine; /* the rank engine (engine_cuda_int.h) */
+typedef struct tm_cuda_drv tm_cuda_drv; /* opaque: one rank's driver */
+
+/* What the driver needs to join the ranks (the engine copies it from its tm_engine_cuda_tp). */
+typedef struct tm_cuda_drv_cfg {
+    tm_rdzv *rdzv;          /* borrowed, must outlive the driver */
+    const uint8_t *nccl_id; /* TM_NCCL_ID_BYTES, the same on every rank; read during create */
+    uint32_t timeout_ms;    /* a step running longer fails; 0: 300 s */
+} tm_cuda_drv_cfg;
+
+/* The rank engine as the serve loop drives it: a table the engine (engine_cuda.c) passes to
+ * tm_cuda_drv_serve with itself as ctx, so the driver calls the engine only through it and the
+ * dependency goes one way (engine -> driver). */
+typedef struct tm_cuda_rank_ops {
+    int (*dead)(const void *ctx); /* 1 after an earlier failure */
+    /* The pinned receive buffer for a plan and its metadata; *cap: its bytes. */
+    tm_cuda_plan *(*plan_buf)(void *ctx, size_t *cap);
+    /* 1 when step plan h, received as len bytes, fits the engine's buffers and limits (rank 0
+     * validated the batch; this checks what could corrupt memory here). */
+    int (*plan_fits)(const void *ctx, const tm_cuda_plan *h, size_t len);
+    /* Run step plan h (its metadata in the plan buffer) to the end, stream synchronized. */
+    tm_rc (*run_plan)(void *ctx, const tm_cuda_plan *h, tm_err *err);
+    /* The engine's kv_copy op (range checks included). */
+    tm_rc (*kv_copy)(void *ctx, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
+    void (*fail)(void *ctx); /* mark dead, abort the communicator */
+} tm_cuda_rank_ops;
 
 /* ---- the driver (tp_driver.c) ---- */
 
@@ -64,7 +87,7 @@ typedef struct tm_cuda_engine tm_cuda_engine; /* the rank engine (engine_cuda_in
  * every rank has joined, at most the timeout: cfg->timeout_ms, 0 meaning 300 s) and start the
  * watchdog. cfg->rdzv is borrowed and must outlive the driver. On success *out owns the driver.
  * Errors: TM_E_NCCL ("tp rank R of W: ..."), TM_E_INTERNAL (no watchdog thread), TM_E_NOMEM. */
-tm_rc tm_cuda_drv_create(const tm_engine_cuda_tp *cfg, uint32_t rank, uint32_t world,
+tm_rc tm_cuda_drv_create(const tm_cuda_drv_cfg *cfg, uint32_t rank, uint32_t world,
                          tm_cuda_drv **out, tm_err *err);
 /* Stop the watchdog and, unless the step failed (dead 0), tell the other ranks to stop (rank 0).
  * After a failure (dead 1) abort the communicator and wait up to 10 s for stream s to drain.
@@ -105,24 +128,10 @@ void tm_cuda_drv_step_end(tm_cuda_drv *drv, tm_rc rc, tm_err *err);
  * NCCL kernels waiting for a dead peer return. */
 void tm_cuda_drv_abort(tm_cuda_drv *drv);
 
-/* Ranks > 0: receive and run the plans rank 0 sends (steps, KV copies) on impl until it says
- * stop (TM_OK). Errors: the step's error (reported to rank 0 first), TM_E_PARSE for a malformed
- * plan, TM_E_IO when rank 0 is gone or another rank failed; impl is dead afterwards. */
-tm_rc tm_cuda_drv_serve(tm_cuda_drv *drv, tm_cuda_engine *impl, tm_err *err);
-
-/* ---- the rank engine, as the serve loop drives it (engine_cuda.c) ---- */
-
-int tm_cuda_engine_dead(const tm_cuda_engine *impl); /* 1 after an earlier failure */
-/* The pinned receive buffer for a plan and its metadata; *cap: its bytes. */
-tm_cuda_plan *tm_cuda_engine_plan_buf(tm_cuda_engine *impl, size_t *cap);
-/* 1 when step plan h, received as len bytes, fits the engine's buffers and limits (rank 0
- * validated the batch; this checks what could corrupt memory here). */
-int tm_cuda_engine_plan_fits(const tm_cuda_engine *impl, const tm_cuda_plan *h, size_t len);
-/* Run step plan h (its metadata in the plan buffer) to the end, stream synchronized. */
-tm_rc tm_cuda_engine_run_plan(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err);
-/* The engine's kv_copy op (range checks included). */
-tm_rc tm_cuda_engine_kv_copy(tm_cuda_engine *impl, uint32_t src, uint32_t dst, uint32_t n_tok,
-                             tm_err *err);
-void tm_cuda_engine_fail(tm_cuda_engine *impl); /* mark dead, abort the communicator */
+/* Ranks > 0: receive and run the plans rank 0 sends (steps, KV copies) on the rank engine (ops
+ * with ctx) until it says stop (TM_OK). Errors: the step's error (reported to rank 0 first),
+ * TM_E_PARSE for a malformed plan, TM_E_IO when rank 0 is gone or another rank failed; the engine
+ * is dead afterwards. */
+tm_rc tm_cuda_drv_serve(tm_cuda_drv *drv, const tm_cuda_rank_ops *ops, void *ctx, tm_err *err);
 
 #endif /* TM_RUNNER_ENGINE_CUDA_TP_DRIVER_INT_H */
