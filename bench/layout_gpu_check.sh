@@ -5,10 +5,11 @@
 # machine's state. Optional extra stages run when their binaries are present (the quantized
 # GEMM test and benchmark). Prebuilt binaries: new tree in $B, old tree's bench_engine in $BASE.
 # Usage: OUT=... B=.devcarry/new BASE=.devcarry/base bash bench/layout_gpu_check.sh [stages]
-# stages: test bench quant (default: all)
+# stages: test bench quant fp8 (default: all). fp8: bench_engine on the 8B shape with bf16, FP8
+# block-scaled and FP8 per-channel random weights, W8 and W1 decode and P prefill, in that order.
 . "$(dirname "$0")/device_env.sh"
 BASE=${BASE:-.devcarry/base}
-stages=${*:-test bench quant}
+stages=${*:-test bench quant fp8}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 if has test; then
@@ -44,4 +45,18 @@ if has quant && [ -x $B/test_gemm_quant ]; then
   grep -E "FAIL" "$OUT/test_gemm_quant.log" | head -10
   [ -x $B/bench_gemm_quant ] && $B/bench_gemm_quant > "$OUT/bench_gemm_quant.log" 2>&1
   tail -40 "$OUT/bench_gemm_quant.log" 2>/dev/null
+fi
+if has fp8; then
+  for q in bf16 fp8-block fp8-channel; do
+    for b in 8 1; do
+      printf 'W%s 8B %-11s: ' $b $q
+      $B/bench_engine --batch $b --quant $q 2>> "$OUT/bench_stderr.log" | tee -a "$OUT/bench_fp8.log" |
+        grep -E "^weights|^decode|^ceiling" | tr '\n' ' '; echo
+    done
+  done
+  for q in bf16 fp8-block; do
+    printf 'P 8x2048 %-11s: ' $q
+    $B/bench_engine --batch 8 --prompt 2048 --gen 1 --no-ceiling --quant $q \
+      2>> "$OUT/bench_stderr.log" | tee -a "$OUT/bench_fp8.log" | grep -E "^prefill" | head -1
+  done
 fi
