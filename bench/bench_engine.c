@@ -14,7 +14,8 @@
  * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
- * NCCL id and serve rank 0's step plans (runner/engine/cuda/engine_cuda.h tm_engine_cuda_tp_create). */
+ * NCCL id and serve rank 0's step plans (runner/engine/cuda/engine_cuda.h
+ * tm_engine_cuda_tp_create). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -141,9 +142,9 @@ typedef struct gemm_op {
 static void run_gemm(void *ctx) {
     const gemm_op *g = ctx;
     const float alpha = 1.0f, beta = 0.0f;
-    cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, g->n, g->n, g->n, &alpha, g->a, CUDA_R_16BF,
-                 g->n, g->b, CUDA_R_16BF, g->n, &beta, g->c, CUDA_R_16BF, g->n,
-                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasGemmEx(g->h, CUBLAS_OP_N, CUBLAS_OP_N, g->n, g->n, g->n, &alpha, g->a, CUDA_R_16BF, g->n,
+                 g->b, CUDA_R_16BF, g->n, &beta, g->c, CUDA_R_16BF, g->n, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
 }
 
 /* bf16 GEMM ceiling as the anchors measure it (ceilings.py): 8192^3, bf16 in and out, fp32
@@ -178,8 +179,8 @@ typedef struct run_result {
 } run_result;
 
 static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t L, uint32_t N,
-                    int use_logits, uint32_t **tok, uint32_t **bt, float *logits,
-                    run_result *res, uint64_t seed) {
+                    int use_logits, uint32_t **tok, uint32_t **bt, float *logits, run_result *res,
+                    uint64_t seed) {
     tm_err err = {0};
     tm_batch_seq seqs[256];
     uint32_t ids[256];
@@ -192,8 +193,12 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
     const uint32_t n_block = TM_CEIL_DIV(L + N, BLOCK);
     // prefill
     for (uint32_t i = 0; i < B; i++)
-        seqs[i] = (tm_batch_seq){.tokens = tok[i], .n_tok = L, .pos = 0, .block_table = bt[i],
-                                 .n_block = n_block, .want_logits = 1};
+        seqs[i] = (tm_batch_seq){.tokens = tok[i],
+                                 .n_tok = L,
+                                 .pos = 0,
+                                 .block_table = bt[i],
+                                 .n_block = n_block,
+                                 .want_logits = 1};
     tm_batch b = {.seqs = seqs, .n_seq = B};
     double t0 = tm_now_ms();
     tm_rc rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
@@ -216,9 +221,12 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
     // decode: N - 1 steps
     for (uint32_t k = 1; k < N; k++) {
         for (uint32_t i = 0; i < B; i++)
-            seqs[i] = (tm_batch_seq){.tokens = &tok[i][L + k - 1], .n_tok = 1,
-                                     .pos = L + k - 1, .block_table = bt[i],
-                                     .n_block = n_block, .want_logits = 1};
+            seqs[i] = (tm_batch_seq){.tokens = &tok[i][L + k - 1],
+                                     .n_tok = 1,
+                                     .pos = L + k - 1,
+                                     .block_table = bt[i],
+                                     .n_block = n_block,
+                                     .want_logits = 1};
         rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
                         : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
         if (rc) {
@@ -290,8 +298,8 @@ int main(int argc, char **argv) {
         wfmt = TM_CUDA_W_FP8_CHANNEL;
     else if (strcmp(quant, "bf16"))
         quant = NULL;
-    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 ||
-        tp > TP_MAX || !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1)) {
+    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 || tp > TP_MAX ||
+        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1)) {
         usage();
         return 2;
     }
@@ -300,19 +308,25 @@ int main(int argc, char **argv) {
     shape_cfg(shape, &m.cfg);
     const tm_model_cfg *c = &m.cfg;
     const uint32_t n_block_seq = TM_CEIL_DIV(L + N, BLOCK);
-    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = B * n_block_seq, .max_seqs = B,
-                         .max_batched_tokens = B * L, .tp_size = tp};
+    tm_engine_opts eo = {.block_size = BLOCK,
+                         .n_kv_block = B * n_block_seq,
+                         .max_seqs = B,
+                         .max_batched_tokens = B * L,
+                         .tp_size = tp};
     tm_err err = {0};
     tm_engine *eng = NULL;
     tm_rdzv *rdzv = NULL;
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
     pid_t kids[TP_MAX] = {0};
-    tm_engine_cuda_tp tcfg = {.rdzv = NULL, .nccl_id = nccl_id, .timeout_ms = 120000,
-                              .random = 1, .seed = 1234};
+    tm_engine_cuda_tp tcfg = {
+        .rdzv = NULL, .nccl_id = nccl_id, .timeout_ms = 120000, .random = 1, .seed = 1234};
     if (tp > 1 && tp_rank > 0) { // a started rank: join, serve, exit
         size_t len = 0;
-        tm_rdzv_cfg rc = {.addr = "127.0.0.1", .port = (uint16_t)tp_port, .rank = (uint32_t)tp_rank,
-                          .world = tp, .timeout_ms = 60000};
+        tm_rdzv_cfg rc = {.addr = "127.0.0.1",
+                          .port = (uint16_t)tp_port,
+                          .rank = (uint32_t)tp_rank,
+                          .world = tp,
+                          .timeout_ms = 60000};
         eo.tp_rank = (uint32_t)tp_rank;
         tcfg.device = tp_rank;
         tm_rc r = tm_rdzv_join(&rc, &rdzv, nccl_id, sizeof(nccl_id), &len, &err);
@@ -330,8 +344,8 @@ int main(int argc, char **argv) {
     double t0 = tm_now_ms();
     tm_rc crc = TM_OK;
     if (tp > 1) {
-        tm_rdzv_cfg rc = {.addr = "127.0.0.1", .port = 0, .rank = 0, .world = tp,
-                          .timeout_ms = 60000};
+        tm_rdzv_cfg rc = {
+            .addr = "127.0.0.1", .port = 0, .rank = 0, .world = tp, .timeout_ms = 60000};
         crc = tm_nccl_get_id(nccl_id, &err);
         if (!crc)
             crc = tm_rdzv_listen(&rc, &rdzv, &err);
@@ -359,8 +373,8 @@ int main(int argc, char **argv) {
         if (!crc)
             crc = tm_engine_cuda_tp_create(&m, &eo, &tcfg, &eng, &err);
         const int v = tm_nccl_version();
-        fprintf(stderr, "tp %u: NCCL runtime %d.%d.%d (headers %d)\n", tp, v / 10000,
-                v / 100 % 100, v % 100, tm_nccl_header_version());
+        fprintf(stderr, "tp %u: NCCL runtime %d.%d.%d (headers %d)\n", tp, v / 10000, v / 100 % 100,
+                v % 100, tm_nccl_header_version());
     } else {
         crc = wfmt == TM_CUDA_W_BF16
                   ? tm_engine_cuda_create_random(&m, &eo, 1234, &eng, &err)
@@ -399,8 +413,8 @@ int main(int argc, char **argv) {
     tm_rdzv_close(rdzv);
     for (uint32_t k = 1; k < tp; k++) {
         int st = 0;
-        if (kids[k] > 0 && (waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) ||
-                            WEXITSTATUS(st) != 0))
+        if (kids[k] > 0 &&
+            (waitpid(kids[k], &st, 0) != kids[k] || !WIFEXITED(st) || WEXITSTATUS(st) != 0))
             fprintf(stderr, "rank %u exited with status %d\n", k, st);
     }
 
@@ -417,10 +431,9 @@ int main(int argc, char **argv) {
         double lin = 0, sc = 0;
         for (int i = 0; i < 4; i++) {
             lin += shp[i][0] * shp[i][1];
-            sc += wfmt == TM_CUDA_W_FP8_CHANNEL
-                      ? 4.0 * shp[i][0]
-                      : (wfmt == TM_CUDA_W_FP8_BLOCK ? 4.0 : 1.0) * ceil(shp[i][0] / 128) *
-                            ceil(shp[i][1] / 128);
+            sc += wfmt == TM_CUDA_W_FP8_CHANNEL ? 4.0 * shp[i][0]
+                                                : (wfmt == TM_CUDA_W_FP8_BLOCK ? 4.0 : 1.0) *
+                                                      ceil(shp[i][0] / 128) * ceil(shp[i][1] / 128);
         }
         w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d) + 4.0 * d + 2.0 * c->n_vocab * d;
     }
@@ -436,11 +449,10 @@ int main(int argc, char **argv) {
     printf("device: %s (%d SMs) x %u (tp); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
            prop.name, prop.multiProcessorCount, tp, shape, B, L, N, graphs ? "graphs" : "eager",
            use_logits ? "logits to host" : "greedy on device", reps);
-    printf("weights: %s linears, %.3f GB streamed per decode step (floor)\n", quant,
-           w_bytes / 1e9);
+    printf("weights: %s linears, %.3f GB streamed per decode step (floor)\n", quant, w_bytes / 1e9);
     printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
-    printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n",
-           dec_s * 1e3 / (N - 1), per_seq, per_seq * B);
+    printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", dec_s * 1e3 / (N - 1),
+           per_seq, per_seq * B);
     if (bw > 0 && N > 1)
         printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f ms, "
                "%.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling\n",
@@ -449,8 +461,7 @@ int main(int argc, char **argv) {
     // Prefill floor (the anchors' report.py): layer matmuls for B*L tokens, the LM head for the
     // last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bandwidth).
     const double tflops = ceiling ? gemm_tflops() : 0.0;
-    const double pf_flops = 2.0 * B * L * c->n_layer * (layer - 2 * d) +
-                            2.0 * B * d * c->n_vocab +
+    const double pf_flops = 2.0 * B * L * c->n_layer * (layer - 2 * d) + 2.0 * B * d * c->n_vocab +
                             (double)c->n_layer * B * 2.0 * L * L * c->n_head * c->head_dim;
     const double pf_bytes = w_bytes + 2.0 * c->n_layer * 2 * kvd * (double)B * L;
     double pf_floor_ms = tflops > 0 ? pf_flops / (tflops * 1e12) / tp * 1e3 : 0.0;
@@ -465,8 +476,7 @@ int main(int argc, char **argv) {
            "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
            "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
            tp, shape, quant, w_bytes / 1e9, B, L, N, graphs, use_logits, ttft_ms, per_seq,
-           per_seq * B, bw, ceil_seq * B,
-           ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
+           per_seq * B, bw, ceil_seq * B, ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     for (uint32_t i = 0; i < B; i++)
         free(tok[i]), free(bt[i]);
     free(tok), free(bt), free(logits), free(ttft), free(dec);

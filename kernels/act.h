@@ -15,8 +15,8 @@ extern "C" {
 #include "base/err.h" /* C declarations: C linkage also from .cu files */
 
 typedef struct tm_k_silu_mul_bf16_args {
-    uint16_t *out;     /* [n_tok][n_ff] bf16 */
-    const float *gu;   /* [n_tok][2*n_ff] fp32: gate in [0, n_ff), up in [n_ff, 2*n_ff) */
+    uint16_t *out;   /* [n_tok][n_ff] bf16 */
+    const float *gu; /* [n_tok][2*n_ff] fp32: gate in [0, n_ff), up in [n_ff, 2*n_ff) */
     uint32_t n_tok, n_ff;
     /* gu as n_part split-K partials (kernels/gemm_skinny.h) part_stride floats apart, summed in
      * order; 0 or 1: gu is the whole projection. */

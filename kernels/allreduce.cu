@@ -124,10 +124,10 @@ static __global__ void __launch_bounds__(AR_THREADS) allreduce_kernel(tm_k_allre
     uint2 *o = reinterpret_cast<uint2 *>(a.out + (size_t)t * a.d);
     for (uint32_t i = tid; i < d4; i += AR_THREADS) {
         const float4 v = x4[i], g = w4[i];
-        const uint32_t lo =
-            tm_f2bf(g.x * (v.x * scale)) | (uint32_t)tm_f2bf(g.y * (v.y * scale)) << 16;
-        const uint32_t hi =
-            tm_f2bf(g.z * (v.z * scale)) | (uint32_t)tm_f2bf(g.w * (v.w * scale)) << 16;
+        const uint32_t lo = tm_f2bf(g.x * (v.x * scale)) | (uint32_t)tm_f2bf(g.y * (v.y * scale))
+                                                               << 16;
+        const uint32_t hi = tm_f2bf(g.z * (v.z * scale)) | (uint32_t)tm_f2bf(g.w * (v.w * scale))
+                                                               << 16;
         o[i] = make_uint2(lo, hi);
     }
 }
@@ -137,15 +137,14 @@ extern "C" size_t tm_k_allreduce_region_bytes(uint32_t d_cap) {
            TM_AR_MAX_ROWS * sizeof(uint32_t);
 }
 
-extern "C" tm_rc tm_k_allreduce_sum_f32(const tm_k_allreduce_args *a, cudaStream_t s,
-                                        tm_err *err) {
+extern "C" tm_rc tm_k_allreduce_sum_f32(const tm_k_allreduce_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->world >= 2 && a->world <= TM_AR_MAX_RANKS && a->rank < a->world);
     TM_ASSERT(a->n_tok <= TM_AR_MAX_ROWS && a->d % 4 == 0 && a->d <= a->d_cap &&
               a->d_cap % 4 == 0 && a->d_cap <= TM_AR_MAX_D && (uintptr_t)a->x % 16 == 0);
-    TM_ASSERT(!a->parts || (a->n_part >= 1 && a->part_stride % 4 == 0 &&
-                            (uintptr_t)a->parts % 16 == 0));
+    TM_ASSERT(!a->parts ||
+              (a->n_part >= 1 && a->part_stride % 4 == 0 && (uintptr_t)a->parts % 16 == 0));
     TM_ASSERT(!a->w || (a->out && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->out % 8 == 0));
     for (uint32_t r = 0; r < a->world; r++)
         TM_ASSERT(a->regions[r] && (uintptr_t)a->regions[r] % 16 == 0);

@@ -42,22 +42,22 @@ extern "C" {
 #define TM_AR_MAX_D 16384 /* longest row (floats) */
 
 typedef struct tm_k_allreduce_args {
-    float *x;                          /* [n_tok][d]: this rank's rows in (see parts), the sums
-                                          out */
-    void *regions[TM_AR_MAX_RANKS];    /* every rank's region ([rank]: this rank's own) */
-    uint32_t n_tok;                    /* 1..TM_AR_MAX_ROWS */
-    uint32_t d;                        /* floats per row, a multiple of 4, <= the regions' d */
-    uint32_t d_cap;                    /* the d the regions were sized for */
-    uint32_t rank, world;              /* world 2..TM_AR_MAX_RANKS */
+    float *x;                       /* [n_tok][d]: this rank's rows in (see parts), the sums
+                                       out */
+    void *regions[TM_AR_MAX_RANKS]; /* every rank's region ([rank]: this rank's own) */
+    uint32_t n_tok;                 /* 1..TM_AR_MAX_ROWS */
+    uint32_t d;                     /* floats per row, a multiple of 4, <= the regions' d */
+    uint32_t d_cap;                 /* the d the regions were sized for */
+    uint32_t rank, world;           /* world 2..TM_AR_MAX_RANKS */
     /* Optional: this rank's value is beta * x + sum over p < n_part of parts[p * part_stride +
      * row * d ...] (split-K partials, kernels/gemm_skinny.h); NULL: x as it is. */
     const float *parts;
-    size_t part_stride;                /* a multiple of 4 */
+    size_t part_stride; /* a multiple of 4 */
     uint32_t n_part;
-    float beta;                        /* 0 or 1 */
+    float beta; /* 0 or 1 */
     /* Optional RMSNorm of the summed rows: out[n_tok][d] bf16; w NULL: no norm. */
     uint16_t *out;
-    const float *w;                    /* [d] */
+    const float *w; /* [d] */
     float eps;
 } tm_k_allreduce_args;
 

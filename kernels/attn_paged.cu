@@ -68,10 +68,10 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
         q_s[i] = tm_bf2f(qrow[i]);
     __syncthreads();
 
-    const uint32_t lpr = hd / 8;        // threads per V row
-    const uint32_t n_rg = NT / lpr;     // row groups
+    const uint32_t lpr = hd / 8;    // threads per V row
+    const uint32_t n_rg = NT / lpr; // row groups
     const uint32_t rg = tid / lpr, c8 = (tid % lpr) * 8;
-    const bool v_thread = rg < n_rg;    // NT % lpr may leave threads idle
+    const bool v_thread = rg < n_rg; // NT % lpr may leave threads idle
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     float m = -INFINITY, l = 0.0f;
 
@@ -233,7 +233,7 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
 
     for (uint32_t tile = tile_lo + w; tile < tile_hi; tile += GQA_WARPS) {
         const uint32_t k0 = lo + tile * 16;
-        {   // V rows: lane 2i + j copies half j of row i
+        { // V rows: lane 2i + j copies half j of row i
             const uint32_t vr = lane >> 1, p = k0 + vr, half = (lane & 1) * (HD / 2);
             const bool ok = p < n_pos;
             const uint16_t *src = vc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd + half;
@@ -291,8 +291,8 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
         for (int d = 0; d < HD / 8; d++)
             o[d][0] *= corr, o[d][1] *= corr;
         // P as A fragments (keys [k0, k0 + 16) = one k-step): high and low bf16 parts
-        const uint32_t ph[4] = {tm_pack_bf16(s[0][0], s[0][1]), 0u,
-                                tm_pack_bf16(s[1][0], s[1][1]), 0u};
+        const uint32_t ph[4] = {tm_pack_bf16(s[0][0], s[0][1]), 0u, tm_pack_bf16(s[1][0], s[1][1]),
+                                0u};
         const uint32_t pl[4] = {
             tm_pack_bf16(s[0][0] - tm_bf2f(ph[0] & 0xffffu), s[0][1] - tm_bf2f(ph[0] >> 16)), 0u,
             tm_pack_bf16(s[1][0] - tm_bf2f(ph[2] & 0xffffu), s[1][1] - tm_bf2f(ph[2] >> 16)), 0u};
@@ -421,8 +421,7 @@ static __global__ void __launch_bounds__(NT) attn_merge_kernel(tm_k_attn_paged_b
     __syncthreads();
     const uint32_t hd4 = hd / 4;
     for (uint32_t i4 = threadIdx.x; i4 < hd4; i4 += blockDim.x) {
-        const float4 *acc =
-            reinterpret_cast<const float4 *>(a.part_acc + th * n_split * hd) + i4;
+        const float4 *acc = reinterpret_cast<const float4 *>(a.part_acc + th * n_split * hd) + i4;
         float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (uint32_t sp0 = 0; sp0 < n_split; sp0 += MERGE_CHUNK) {
             float4 v[MERGE_CHUNK];
@@ -468,8 +467,8 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
     if (gqa_ok(a->head_dim, group)) {
         TM_ASSERT(((uintptr_t)a->q % 16) == 0 && a->ld_q % 8 == 0); // Q rows in 16-byte pieces
         dim3 g3(a->n_tok, a->n_kv_head, a->n_split);
-#define TM_GQA_CASE(HDV, GV)                                                                     \
-    if (a->head_dim == HDV && group == GV)                                                        \
+#define TM_GQA_CASE(HDV, GV)                                                                       \
+    if (a->head_dim == HDV && group == GV)                                                         \
         attn_gqa_bf16_kernel<HDV, GV><<<g3, GQA_WARPS * 32, 0, s>>>(*a);
         TM_GQA_CASE(64, 1)
         TM_GQA_CASE(64, 2)

@@ -38,32 +38,31 @@ extern "C" {
 #define TM_ATTN_MAX_HEAD_DIM 256
 
 typedef struct tm_k_attn_paged_bf16_args {
-    uint16_t *out;                 /* [n_tok][ld_q] bf16: head h at column h*head_dim */
-    const uint16_t *q;             /* [n_tok][ld_q] bf16, rotated, 16-B aligned */
-    const uint16_t *k_cache;       /* one layer: [slot][n_kv_head*head_dim] bf16, 16-B aligned */
-    const uint16_t *v_cache;       /* same shape */
-    const uint32_t *pos;           /* [n_tok] */
-    const uint32_t *tok_seq;       /* [n_tok] sequence index of each token */
-    const uint32_t *seq_bt;        /* [n_seq] offset of each sequence's table in block_tables */
-    const uint32_t *block_tables;  /* flat block ids */
-    float *part_acc;               /* [n_tok][n_head][n_split][head_dim] if n_split > 1, 16-B
-                                    * aligned */
-    float *part_ml;                /* [n_tok][n_head][n_split][2] (max, sum) if n_split > 1 */
+    uint16_t *out;                /* [n_tok][ld_q] bf16: head h at column h*head_dim */
+    const uint16_t *q;            /* [n_tok][ld_q] bf16, rotated, 16-B aligned */
+    const uint16_t *k_cache;      /* one layer: [slot][n_kv_head*head_dim] bf16, 16-B aligned */
+    const uint16_t *v_cache;      /* same shape */
+    const uint32_t *pos;          /* [n_tok] */
+    const uint32_t *tok_seq;      /* [n_tok] sequence index of each token */
+    const uint32_t *seq_bt;       /* [n_seq] offset of each sequence's table in block_tables */
+    const uint32_t *block_tables; /* flat block ids */
+    float *part_acc;              /* [n_tok][n_head][n_split][head_dim] if n_split > 1, 16-B
+                                   * aligned */
+    float *part_ml;               /* [n_tok][n_head][n_split][2] (max, sum) if n_split > 1 */
     uint32_t n_tok, n_head, n_kv_head, head_dim, block_size;
-    uint32_t ld_q;                 /* row stride of q and out in elements, >= n_head*head_dim,
-                                    * a multiple of 8 */
-    uint32_t window;               /* 0 = full causal attention */
-    uint32_t n_split;              /* 1 .. TM_ATTN_MAX_SPLIT */
-    float scale;                   /* 1/sqrt(head_dim) */
+    uint32_t ld_q;    /* row stride of q and out in elements, >= n_head*head_dim,
+                       * a multiple of 8 */
+    uint32_t window;  /* 0 = full causal attention */
+    uint32_t n_split; /* 1 .. TM_ATTN_MAX_SPLIT */
+    float scale;      /* 1/sqrt(head_dim) */
 } tm_k_attn_paged_bf16_args;
 
 /* Floats of part_acc + part_ml needed for (n_tok, n_head, n_split, head_dim). */
-size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split,
-                             uint32_t head_dim);
+size_t tm_k_attn_part_floats(uint32_t n_tok, uint32_t n_head, uint32_t n_split, uint32_t head_dim);
 
 /* The split count for a launch of n_tok tokens on a GPU of n_sm multiprocessors: enough blocks to
- * fill the GPU once, as long as the partials fit in part_floats_cap floats. Depends only on its arguments
- * (a decode graph of T tokens keeps its split). */
+ * fill the GPU once, as long as the partials fit in part_floats_cap floats. Depends only on its
+ * arguments (a decode graph of T tokens keeps its split). */
 uint32_t tm_k_attn_paged_splits(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head,
                                 uint32_t head_dim, uint32_t n_sm, size_t part_floats_cap);
 

@@ -78,8 +78,8 @@ static __global__ void __launch_bounds__(NTHR, 3)
         for (int i = 0; i < NPASS; i++) {
             const uint32_t r = lr + RPP * i;
             const bool ok = r < tile.n;
-            const uint16_t *src =
-                a.q + (size_t)(ok ? tile.t0 + r : tile.t0) * a.ld_q + (size_t)h * HD + c8;
+            const uint16_t *src = a.q + (size_t)(ok ? tile.t0 + r : tile.t0) * a.ld_q +
+                                  (size_t)h * HD + c8;
             tm_cp_async16(qs + r * LDS + c8, src, ok ? 16 : 0);
         }
     }

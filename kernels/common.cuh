@@ -108,9 +108,8 @@ static __device__ __forceinline__ bool tm_block_argmax(const float *row, uint32_
     si[threadIdx.x] = bi;
     __syncthreads();
     for (int w = BLOCK / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w &&
-            tm_argmax_better(sv[threadIdx.x + w], si[threadIdx.x + w], sv[threadIdx.x],
-                             si[threadIdx.x])) {
+        if ((int)threadIdx.x < w && tm_argmax_better(sv[threadIdx.x + w], si[threadIdx.x + w],
+                                                     sv[threadIdx.x], si[threadIdx.x])) {
             sv[threadIdx.x] = sv[threadIdx.x + w];
             si[threadIdx.x] = si[threadIdx.x + w];
         }

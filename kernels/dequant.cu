@@ -41,9 +41,8 @@ static __global__ void dequant_fp8_kernel(uint16_t *out, const uint8_t *w, const
 
 /* n_in % 16 == 0 and 16-byte aligned w / out: 16 elements a thread (one 16-byte load, two
  * 16-byte stores; one scale, as 16 divides 128). */
-static __global__ void dequant_fp8_vec16_kernel(uint16_t *out, const uint8_t *w,
-                                                const void *scale, uint32_t n_out, uint32_t n_in,
-                                                int kind) {
+static __global__ void dequant_fp8_vec16_kernel(uint16_t *out, const uint8_t *w, const void *scale,
+                                                uint32_t n_out, uint32_t n_in, int kind) {
     const size_t n_vec = (size_t)n_out * (n_in / 16);
     const uint32_t nb_in = (n_in + 127) / 128, v_row = n_in / 16;
     for (size_t v = (size_t)blockIdx.x * blockDim.x + threadIdx.x; v < n_vec;
@@ -79,10 +78,9 @@ extern "C" tm_rc tm_k_dequant_fp8_bf16(const tm_k_dequant_fp8_args *a, cudaStrea
         return TM_OK;
     TM_ASSERT(a->out && a->w && a->scale);
     if (a->n_in % 16 == 0 && (uintptr_t)a->w % 16 == 0 && (uintptr_t)a->out % 16 == 0) {
-        const unsigned grid =
-            (unsigned)TM_MIN(TM_CEIL_DIV(n / 16, (size_t)256), (size_t)132 * 16);
-        dequant_fp8_vec16_kernel<<<grid, 256, 0, s>>>(a->out, a->w, a->scale, a->n_out,
-                                                      a->n_in, (int)a->scale_kind);
+        const unsigned grid = (unsigned)TM_MIN(TM_CEIL_DIV(n / 16, (size_t)256), (size_t)132 * 16);
+        dequant_fp8_vec16_kernel<<<grid, 256, 0, s>>>(a->out, a->w, a->scale, a->n_out, a->n_in,
+                                                      (int)a->scale_kind);
         return tm_cuda_launched(err, s, "dequant_fp8_bf16");
     }
     const unsigned grid = (unsigned)TM_MIN(TM_CEIL_DIV(n, (size_t)256), (size_t)132 * 16);

@@ -24,9 +24,9 @@ extern "C" {
 #include "kernels/gemm_quant.h"
 
 typedef struct tm_k_dequant_fp8_args {
-    uint16_t *out;            /* [n_out][n_in] bf16 */
-    const uint8_t *w;         /* [n_out][n_in] e4m3 */
-    const void *scale;        /* as tm_k_gemm_fp8_args.scale for scale_kind */
+    uint16_t *out;     /* [n_out][n_in] bf16 */
+    const uint8_t *w;  /* [n_out][n_in] e4m3 */
+    const void *scale; /* as tm_k_gemm_fp8_args.scale for scale_kind */
     uint32_t n_out, n_in;
     tm_k_fp8_scale scale_kind;
 } tm_k_dequant_fp8_args;
@@ -41,7 +41,7 @@ typedef struct tm_k_sum_parts_cols_args {
     uint32_t ld_y;
     const float *part;
     size_t stride;
-    uint32_t n_part;          /* >= 1 */
+    uint32_t n_part; /* >= 1 */
     uint32_t n_tok, n_col;
 } tm_k_sum_parts_cols_args;
 

@@ -1,5 +1,5 @@
-/* kernels/fill.h - deterministic pseudo-random bf16 (and e4m3) fill for benchmark weights made on the
- * device (no multi-GB files): p[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash
+/* kernels/fill.h - deterministic pseudo-random bf16 (and e4m3) fill for benchmark weights made on
+ * the device (no multi-GB files): p[i] = bf16(offset + scale * u), u uniform in [-1, 1) from a hash
  * of (seed, i), so the result does not depend on the launch shape. Host reference: the same
  * hash in tests/gpu/test_kernels.c. */
 #ifndef TM_KERNELS_FILL_H
@@ -17,7 +17,7 @@ extern "C" {
 #include "base/err.h" /* C declarations: C linkage also from .cu files */
 
 typedef struct tm_k_fill_bf16_args {
-    uint16_t *p;     /* [n] bf16 */
+    uint16_t *p; /* [n] bf16 */
     size_t n;
     uint64_t seed;
     float scale, offset;
@@ -29,7 +29,7 @@ tm_rc tm_k_fill_bf16(const tm_k_fill_bf16_args *a, cudaStream_t s, tm_err *err);
 /* FP8 benchmark weights: p[i] = e4m3(amax * u) (round to nearest even, saturating at 448; never
  * a NaN code), u from the same hash as tm_k_fill_bf16; amax in (0, 448]. */
 typedef struct tm_k_fill_e4m3_args {
-    uint8_t *p;      /* [n] e4m3 */
+    uint8_t *p; /* [n] e4m3 */
     size_t n;
     uint64_t seed;
     float amax;

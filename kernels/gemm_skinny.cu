@@ -16,7 +16,7 @@
 #include "kernels/common.cuh"
 #include "kernels/gemm_skinny.h"
 
-#define WARPS 4 /* warps per block */
+#define WARPS 4           /* warps per block */
 #define TM_SKINNY_DEPTH 4 /* chunks in flight per warp (default; 8 measured slower) */
 
 /* One chunk of 32 inner elements: rows r (lo) and r + 8 (hi) of w against NT token tiles. */
@@ -65,8 +65,8 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
     for (int j = 0; j < NT; j++) {
         const uint32_t tok = r + 8 * j;
         xok[j] = tok < a.n_tok;
-        xp[j] = reinterpret_cast<const uint4 *>(a.x + (size_t)(xok[j] ? tok : 0) * a.n_in + k0 +
-                                                8 * c);
+        xp[j] =
+            reinterpret_cast<const uint4 *>(a.x + (size_t)(xok[j] ? tok : 0) * a.n_in + k0 + 8 * c);
     }
     float acc[NT][4];
 #pragma unroll
@@ -123,8 +123,7 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_skinny_kernel(tm_k_gem
 }
 
 extern "C" int tm_k_gemm_skinny_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {
-    return n_tok >= 1 && n_tok <= TM_SKINNY_MAX_TOK && n_in >= 32 && n_in % 32 == 0 &&
-           n_out >= 1;
+    return n_tok >= 1 && n_tok <= TM_SKINNY_MAX_TOK && n_in >= 32 && n_in % 32 == 0 && n_out >= 1;
 }
 
 extern "C" uint32_t tm_k_gemm_skinny_splits(uint32_t n_in, uint32_t n_out, uint32_t n_sm,

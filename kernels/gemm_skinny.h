@@ -32,15 +32,15 @@ extern "C" {
 #define TM_SKINNY_MAX_SPLIT 32
 
 typedef struct tm_k_gemm_skinny_args {
-    float *part;            /* [n_split][n_tok][n_out] fp32 */
-    const uint16_t *w;      /* [n_out][n_in] bf16, 16-byte aligned */
-    const uint16_t *x;      /* [n_tok][n_in] bf16, 16-byte aligned */
-    uint32_t n_tok;         /* 1..TM_SKINNY_MAX_TOK */
-    uint32_t n_in;          /* a multiple of 32 */
-    uint32_t n_out;         /* >= 1 */
-    uint32_t n_split;       /* from tm_k_gemm_skinny_splits */
-    uint32_t k_per_split;   /* from tm_k_gemm_skinny_splits: a multiple of 32 */
-    uint32_t unroll;        /* 0: the default; 4 or 8: chunks in flight per warp (benchmarks) */
+    float *part;          /* [n_split][n_tok][n_out] fp32 */
+    const uint16_t *w;    /* [n_out][n_in] bf16, 16-byte aligned */
+    const uint16_t *x;    /* [n_tok][n_in] bf16, 16-byte aligned */
+    uint32_t n_tok;       /* 1..TM_SKINNY_MAX_TOK */
+    uint32_t n_in;        /* a multiple of 32 */
+    uint32_t n_out;       /* >= 1 */
+    uint32_t n_split;     /* from tm_k_gemm_skinny_splits */
+    uint32_t k_per_split; /* from tm_k_gemm_skinny_splits: a multiple of 32 */
+    uint32_t unroll;      /* 0: the default; 4 or 8: chunks in flight per warp (benchmarks) */
 } tm_k_gemm_skinny_args;
 
 /* 1 if the shape can run here (n_tok in range, n_in % 32 == 0). */
@@ -60,10 +60,10 @@ tm_rc tm_k_gemm_skinny(const tm_k_gemm_skinny_args *a, cudaStream_t s, tm_err *e
 typedef struct tm_k_sum_parts_args {
     float *y;
     const float *part;
-    size_t stride;          /* floats between partials */
+    size_t stride; /* floats between partials */
     size_t n;
-    uint32_t n_part;        /* >= 1 */
-    float beta;             /* 0 or 1 */
+    uint32_t n_part; /* >= 1 */
+    float beta;      /* 0 or 1 */
 } tm_k_sum_parts_args;
 
 tm_rc tm_k_sum_parts(const tm_k_sum_parts_args *a, cudaStream_t s, tm_err *err);

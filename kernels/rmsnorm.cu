@@ -6,8 +6,7 @@
 #include "kernels/common.cuh"
 #include "kernels/rmsnorm.h"
 
-template <int BLOCK>
-static __global__ void rmsnorm_bf16_kernel(tm_k_rmsnorm_bf16_args a) {
+template <int BLOCK> static __global__ void rmsnorm_bf16_kernel(tm_k_rmsnorm_bf16_args a) {
     const size_t r = blockIdx.x;
     const uint32_t n_col = a.n_col;
     const float *w = a.w;
@@ -45,10 +44,10 @@ static __global__ void rmsnorm_bf16_kernel(tm_k_rmsnorm_bf16_args a) {
 #pragma unroll 4
         for (uint32_t c = threadIdx.x; c < n_col / 4; c += BLOCK) {
             const float4 v = row4[c], g = w4[c];
-            const uint32_t lo =
-                tm_f2bf(g.x * (v.x * scale)) | (uint32_t)tm_f2bf(g.y * (v.y * scale)) << 16;
-            const uint32_t hi =
-                tm_f2bf(g.z * (v.z * scale)) | (uint32_t)tm_f2bf(g.w * (v.w * scale)) << 16;
+            const uint32_t lo = tm_f2bf(g.x * (v.x * scale)) |
+                                (uint32_t)tm_f2bf(g.y * (v.y * scale)) << 16;
+            const uint32_t hi = tm_f2bf(g.z * (v.z * scale)) |
+                                (uint32_t)tm_f2bf(g.w * (v.w * scale)) << 16;
             reinterpret_cast<uint2 *>(o)[c] = make_uint2(lo, hi);
         }
         return;

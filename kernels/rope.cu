@@ -6,8 +6,7 @@
 
 /* grid (n_tok, ceil(items / BLOCK)): items of a token are its rotation pairs (q and k heads),
  * then its v elements; one item per thread. */
-template <int BLOCK>
-static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
+template <int BLOCK> static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
     const size_t t = blockIdx.x;
     const uint32_t hd = a.head_dim, half = hd / 2;
     const uint32_t qd = a.n_head * hd, kvd = a.n_kv_head * hd, ld = qd + 2 * kvd;
@@ -48,8 +47,7 @@ static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
     }
 }
 
-extern "C" tm_rc tm_k_rope_kv_bf16(const tm_k_rope_kv_bf16_args *a, cudaStream_t s,
-                                   tm_err *err) {
+extern "C" tm_rc tm_k_rope_kv_bf16(const tm_k_rope_kv_bf16_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->head_dim > 0 && a->head_dim % 2 == 0 && a->n_head > 0 && a->n_kv_head > 0);

@@ -20,14 +20,14 @@ extern "C" {
 #include "base/err.h" /* C declarations: C linkage also from .cu files */
 
 typedef struct tm_k_rope_kv_bf16_args {
-    uint16_t *q;            /* [n_tok][n_head*head_dim] bf16, written rotated */
-    uint16_t *k_cache;      /* one layer: [slot][n_kv_head*head_dim] bf16 */
-    uint16_t *v_cache;      /* same shape */
-    const float *qkv;       /* [n_tok][(n_head + 2*n_kv_head)*head_dim] fp32: q | k | v */
-    const float *bias;      /* [(n_head + 2*n_kv_head)*head_dim] fp32, or NULL */
-    const uint32_t *pos;    /* [n_tok] position of each token */
-    const uint32_t *slot;   /* [n_tok] KV cache row of each token; distinct within a call */
-    const float *inv_freq;  /* [head_dim/2] */
+    uint16_t *q;           /* [n_tok][n_head*head_dim] bf16, written rotated */
+    uint16_t *k_cache;     /* one layer: [slot][n_kv_head*head_dim] bf16 */
+    uint16_t *v_cache;     /* same shape */
+    const float *qkv;      /* [n_tok][(n_head + 2*n_kv_head)*head_dim] fp32: q | k | v */
+    const float *bias;     /* [(n_head + 2*n_kv_head)*head_dim] fp32, or NULL */
+    const uint32_t *pos;   /* [n_tok] position of each token */
+    const uint32_t *slot;  /* [n_tok] KV cache row of each token; distinct within a call */
+    const float *inv_freq; /* [head_dim/2] */
     uint32_t n_tok, n_head, n_kv_head, head_dim; /* head_dim even */
     /* qkv as n_part split-K partials (kernels/gemm_skinny.h) part_stride floats apart, summed
      * in order before the bias; 0 or 1: qkv is the whole projection. */

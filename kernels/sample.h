@@ -16,10 +16,10 @@ extern "C" {
 #include "base/err.h" /* C declarations: C linkage also from .cu files */
 
 typedef struct tm_k_argmax_f32_args {
-    uint32_t *ids;        /* [n_row] */
-    const float *logits;  /* [n_row][n_col] fp32 */
+    uint32_t *ids;       /* [n_row] */
+    const float *logits; /* [n_row][n_col] fp32 */
     uint32_t n_row, n_col;
-    uint32_t n_limit;     /* only columns [0, n_limit) compete; 0 or >= n_col: all */
+    uint32_t n_limit; /* only columns [0, n_limit) compete; 0 or >= n_col: all */
 } tm_k_argmax_f32_args;
 
 /* Launches on s; n_row 0 launches nothing. */

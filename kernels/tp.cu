@@ -22,16 +22,16 @@ static __global__ void embed_part_bf16_kernel(float *x, const uint16_t *table,
 
 // Columns [0, n_lim) of each row compete (n_lim may be 0: the slice lies past the limit).
 template <int BLOCK>
-static __global__ void argmax_part_f32_kernel(uint32_t *cand, const float *logits,
-                                              uint32_t n_col, uint32_t n_lim, uint32_t id0) {
+static __global__ void argmax_part_f32_kernel(uint32_t *cand, const float *logits, uint32_t n_col,
+                                              uint32_t n_lim, uint32_t id0) {
     float v;
     uint32_t i;
     const bool bad = tm_block_argmax<BLOCK>(logits + (size_t)blockIdx.x * n_col, n_lim, &v, &i);
     if (threadIdx.x == 0) {
         cand[2 * blockIdx.x] = __float_as_uint(v);
-        cand[2 * blockIdx.x + 1] = bad                      ? TM_K_ARGMAX_NONFINITE
+        cand[2 * blockIdx.x + 1] = bad                     ? TM_K_ARGMAX_NONFINITE
                                    : i == TM_K_ARGMAX_NONE ? TM_K_ARGMAX_NONE
-                                                            : i + id0;
+                                                           : i + id0;
     }
 }
 
@@ -62,8 +62,8 @@ extern "C" tm_rc tm_k_embed_part_bf16(const tm_k_embed_part_bf16_args *a, cudaSt
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->n_embd > 0 && a->x && a->table && a->tokens);
-    embed_part_bf16_kernel<256><<<a->n_tok, 256, 0, s>>>(a->x, a->table, a->tokens, a->n_embd,
-                                                          a->vocab0, a->n_vocab);
+    embed_part_bf16_kernel<256>
+        <<<a->n_tok, 256, 0, s>>>(a->x, a->table, a->tokens, a->n_embd, a->vocab0, a->n_vocab);
     return tm_cuda_launched(err, s, "embed_part_bf16");
 }
 
@@ -75,8 +75,8 @@ extern "C" tm_rc tm_k_argmax_part_f32(const tm_k_argmax_part_f32_args *a, cudaSt
     uint32_t n_lim = a->n_col; // columns whose global id is below the limit
     if (a->id_limit)
         n_lim = a->id_limit <= a->id0 ? 0 : TM_MIN(a->n_col, a->id_limit - a->id0);
-    argmax_part_f32_kernel<1024><<<a->n_row, 1024, 0, s>>>(a->cand, a->logits, a->n_col, n_lim,
-                                                            a->id0);
+    argmax_part_f32_kernel<1024>
+        <<<a->n_row, 1024, 0, s>>>(a->cand, a->logits, a->n_col, n_lim, a->id0);
     return tm_cuda_launched(err, s, "argmax_part_f32");
 }
 

@@ -37,15 +37,15 @@ typedef struct tm_k_embed_part_bf16_args {
 
 /* A candidate: the row maximum's float bits and its global id (or one of the two above). */
 typedef struct tm_k_argmax_part_f32_args {
-    uint32_t *cand;        /* [n_row][2] {float bits of the max, global id} */
-    const float *logits;   /* [n_row][n_col] */
+    uint32_t *cand;             /* [n_row][2] {float bits of the max, global id} */
+    const float *logits;        /* [n_row][n_col] */
     uint32_t n_row, n_col, id0; /* id0: global id of column 0 */
-    uint32_t id_limit;     /* only global ids below it compete; 0: all */
+    uint32_t id_limit;          /* only global ids below it compete; 0: all */
 } tm_k_argmax_part_f32_args;
 
 typedef struct tm_k_argmax_merge_args {
-    uint32_t *ids;         /* [n_row] */
-    const uint32_t *cand;  /* [n_rank][n_row][2], rank r's slice of ids below rank r+1's */
+    uint32_t *ids;        /* [n_row] */
+    const uint32_t *cand; /* [n_rank][n_row][2], rank r's slice of ids below rank r+1's */
     uint32_t n_row, n_rank;
 } tm_k_argmax_merge_args;
 

@@ -68,8 +68,8 @@ int main(int argc, char **argv) {
         }
         memcpy(name, argv[i], n);
         name[n] = '\0';
-        rd_kafka_resp_err_t e =
-            rd_kafka_mock_topic_create(mc, name, parts, n_brokers < 3 ? n_brokers : 3);
+        rd_kafka_resp_err_t e = rd_kafka_mock_topic_create(mc, name, parts,
+                                                           n_brokers < 3 ? n_brokers : 3);
         if (e) {
             fprintf(stderr, "kafka_mock: topic %s: %s\n", name, rd_kafka_err2str(e));
             rc = 1;

@@ -121,8 +121,9 @@ static int n_partitions(rd_kafka_t *rk, const char *topic) {
     rd_kafka_topic_destroy(rkt);
     if (e || md->topic_cnt != 1 || md->topics[0].err) {
         fprintf(stderr, "kafka_tool: metadata of %s: %s\n", topic,
-                rd_kafka_err2str(e ? e : md->topic_cnt ? md->topics[0].err
-                                                       : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+                rd_kafka_err2str(e               ? e
+                                 : md->topic_cnt ? md->topics[0].err
+                                                 : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
         if (md)
             rd_kafka_metadata_destroy(md);
         return -1;
@@ -163,7 +164,9 @@ static int consume(const char *bootstrap, const char *topic, int meta) {
     rd_kafka_topic_destroy(rkt);
     if (e || md->topic_cnt != 1 || md->topics[0].err) {
         fprintf(stderr, "kafka_tool: metadata of %s: %s\n", topic,
-                rd_kafka_err2str(e ? e : md->topic_cnt ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
+                rd_kafka_err2str(e               ? e
+                                 : md->topic_cnt ? md->topics[0].err
+                                                 : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC));
         if (md)
             rd_kafka_metadata_destroy(md);
         rd_kafka_destroy(rk);
@@ -205,7 +208,8 @@ static int consume(const char *bootstrap, const char *topic, int meta) {
                 eofs++; // watermarks were read before: every message up to them is in
             } else if (m->err) {
                 fprintf(stderr, "kafka_tool: consume: %s\n", rd_kafka_message_errstr(m));
-                if (m->err != RD_KAFKA_RESP_ERR__TRANSPORT && m->err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+                if (m->err != RD_KAFKA_RESP_ERR__TRANSPORT &&
+                    m->err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
                     rc = 1, eofs = parts->cnt; // not a transient error: stop
             } else {
                 if (meta)

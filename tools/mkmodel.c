@@ -45,10 +45,10 @@
 
 typedef struct mk_opts {
     const char *out;
-    const char *arch;     /* llama | qwen2 | mistral */
+    const char *arch; /* llama | qwen2 | mistral */
     uint64_t seed;
     long layers, hidden, heads, kv_heads, head_dim, ff, vocab, ctx, tied, shards, bos, eos;
-    long uniform;         /* 1: uniform values of the same std (fast; benchmark checkpoints) */
+    long uniform; /* 1: uniform values of the same std (fast; benchmark checkpoints) */
     tm_dtype dtype;
     double rope_theta;
     int rope_llama3;
@@ -331,10 +331,14 @@ static const char *hf_class(const char *arch) {
 
 static const char *torch_dtype(tm_dtype dt) {
     switch (dt) {
-    case TM_DTYPE_F32: return "float32";
-    case TM_DTYPE_F16: return "float16";
-    case TM_DTYPE_BF16: return "bfloat16";
-    default: break; // only the three float dtypes are --dtype values
+    case TM_DTYPE_F32:
+        return "float32";
+    case TM_DTYPE_F16:
+        return "float16";
+    case TM_DTYPE_BF16:
+        return "bfloat16";
+    default:
+        break; // only the three float dtypes are --dtype values
     }
     return "?";
 }
@@ -364,8 +368,8 @@ static json_t *make_quant_config(const mk_opts *o) {
     json_object_set_new(w, "type", json_string("float"));
     json_object_set_new(w, "symmetric", json_true());
     json_object_set_new(w, "dynamic", json_false());
-    json_object_set_new(
-        w, "strategy", json_string(o->quant == TM_QUANT_FP8_CHANNEL ? "channel" : "tensor"));
+    json_object_set_new(w, "strategy",
+                        json_string(o->quant == TM_QUANT_FP8_CHANNEL ? "channel" : "tensor"));
     json_t *ia = json_object();
     json_object_set_new(ia, "num_bits", json_integer(8));
     json_object_set_new(ia, "type", json_string("float"));
@@ -584,8 +588,8 @@ static void add3(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint
     x->scale_at = -1;
 }
 
-static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0,
-                uint64_t d1, mk_init init, double std) {
+static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0, uint64_t d1,
+                mk_init init, double std) {
     add3(t, n, name, n_dim, d0, d1, 0, init, std);
 }
 
@@ -624,7 +628,8 @@ static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
         add(t, &n, L("post_attention_layernorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
         add(t, &n, L("self_attn.q_a_proj.weight"), 2, qr, e, MK_NORMAL, se);
         add(t, &n, L("self_attn.q_a_norm.weight"), 1, qr, 0, MK_NORM_W, 0.1);
-        add(t, &n, L("self_attn.q_b_proj.weight"), 2, H * hd, qr, MK_NORMAL, 1.0 / sqrt((double)qr));
+        add(t, &n, L("self_attn.q_b_proj.weight"), 2, H * hd, qr, MK_NORMAL,
+            1.0 / sqrt((double)qr));
         add(t, &n, L("self_attn.kv_proj.weight"), 2, hd, e, MK_NORMAL, se);
         add(t, &n, L("self_attn.kv_norm.weight"), 1, hd, 0, MK_NORM_W, 0.1);
         add(t, &n, L("self_attn.o_a_proj.weight"), 2, og * orank, H * hd / og, MK_NORMAL,
@@ -633,17 +638,20 @@ static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
             1.0 / sqrt((double)(og * orank)));
         add(t, &n, L("self_attn.sinks"), 1, H, 0, MK_NORMAL, 0.5);
         if (at != 's') {
-            const uint64_t cw = at == 'c' ? 2 * hd : hd, ratio = at == 'c' ? 4 : (uint64_t)o->hca_ratio;
+            const uint64_t cw = at == 'c' ? 2 * hd : hd,
+                           ratio = at == 'c' ? 4 : (uint64_t)o->hca_ratio;
             add(t, &n, L("self_attn.compressor.kv_proj.weight"), 2, cw, e, MK_NORMAL, se);
             add(t, &n, L("self_attn.compressor.gate_proj.weight"), 2, cw, e, MK_NORMAL, se);
             add(t, &n, L("self_attn.compressor.position_bias"), 2, ratio, cw, MK_NORMAL, 0.5);
             add(t, &n, L("self_attn.compressor.kv_norm.weight"), 1, hd, 0, MK_NORM_W, 0.1);
         }
         if (at == 'c') {
-            add(t, &n, L("self_attn.compressor.indexer.kv_proj.weight"), 2, 2 * di, e, MK_NORMAL, se);
+            add(t, &n, L("self_attn.compressor.indexer.kv_proj.weight"), 2, 2 * di, e, MK_NORMAL,
+                se);
             add(t, &n, L("self_attn.compressor.indexer.gate_proj.weight"), 2, 2 * di, e, MK_NORMAL,
                 se);
-            add(t, &n, L("self_attn.compressor.indexer.position_bias"), 2, 4, 2 * di, MK_NORMAL, 0.5);
+            add(t, &n, L("self_attn.compressor.indexer.position_bias"), 2, 4, 2 * di, MK_NORMAL,
+                0.5);
             add(t, &n, L("self_attn.compressor.indexer.kv_norm.weight"), 1, di, 0, MK_NORM_W, 0.1);
             add(t, &n, L("self_attn.compressor.indexer.q_b_proj.weight"), 2, hi * di, qr, MK_NORMAL,
                 1.0 / sqrt((double)qr));
@@ -759,17 +767,17 @@ static tm_quant quant_scheme(const mk_opts *o, const char *name) {
         if (ends_with(name, "mlp.experts.gate_up_proj") || ends_with(name, "mlp.experts.down_proj"))
             return o->expert;
         static const char *const dense[] = {
-            "self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_proj.weight",
-            "self_attn.o_a_proj.weight", "self_attn.o_b_proj.weight",
-            "mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight",
-            "mlp.shared_experts.down_proj.weight"};
+            "self_attn.q_a_proj.weight",         "self_attn.q_b_proj.weight",
+            "self_attn.kv_proj.weight",          "self_attn.o_a_proj.weight",
+            "self_attn.o_b_proj.weight",         "mlp.shared_experts.gate_proj.weight",
+            "mlp.shared_experts.up_proj.weight", "mlp.shared_experts.down_proj.weight"};
         for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
             if (ends_with(name, dense[i]) && !strstr(name, "compressor"))
                 return o->quant;
         return TM_QUANT_NONE;
     }
-    static const char *const lin[] = {"q_proj.weight", "k_proj.weight", "v_proj.weight",
-                                      "o_proj.weight", "gate_proj.weight", "up_proj.weight",
+    static const char *const lin[] = {"q_proj.weight",   "k_proj.weight",    "v_proj.weight",
+                                      "o_proj.weight",   "gate_proj.weight", "up_proj.weight",
                                       "down_proj.weight"};
     for (size_t i = 0; i < sizeof(lin) / sizeof(lin[0]); i++)
         if (ends_with(name, lin[i]))
@@ -907,9 +915,11 @@ static tm_rc dequant_list(const mk_tensor *list, size_t n, mk_tensor **out, size
         if (t->quant == TM_QUANT_NONE)
             continue;
         const mk_tensor *st = &list[t->scale_at];
-        tm_tensor view = {.data = t->data, .dtype = t->quant == TM_QUANT_MXFP4 ? TM_DTYPE_F4_E2M1
-                                                                               : TM_DTYPE_F8_E4M3,
-                          .n_dim = t->n_dim, .scale = st->data, .quant = (uint8_t)t->quant,
+        tm_tensor view = {.data = t->data,
+                          .dtype = t->quant == TM_QUANT_MXFP4 ? TM_DTYPE_F4_E2M1 : TM_DTYPE_F8_E4M3,
+                          .n_dim = t->n_dim,
+                          .scale = st->data,
+                          .quant = (uint8_t)t->quant,
                           .scale_dtype = (uint8_t)st->dtype,
                           .qblock = {t->qblock[0], t->qblock[1]}};
         for (uint32_t dd = 0; dd < t->n_dim; dd++)
@@ -969,8 +979,8 @@ static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err
             snprintf(file, sizeof(file), "model.safetensors");
         snprintf(path, sizeof(path), "%s/%s", o->out, file);
         for (size_t i = lo; i < hi; i++) {
-            w[i - lo] = (tm_st_wtensor){.name = t[i].name, .dtype = t[i].dtype,
-                                         .n_dim = t[i].n_dim, .data = t[i].data};
+            w[i - lo] = (tm_st_wtensor){
+                .name = t[i].name, .dtype = t[i].dtype, .n_dim = t[i].n_dim, .data = t[i].data};
             for (uint32_t d = 0; d < t[i].n_dim; d++)
                 w[i - lo].shape[d] = t[i].shape[d];
             if (wmap)
@@ -998,13 +1008,38 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
 }
 
 static int parse_args(int argc, char **argv, mk_opts *o) {
-    *o = (mk_opts){.arch = "llama", .seed = 1, .layers = 2, .hidden = 64, .heads = 4,
-                   .kv_heads = -1, .head_dim = -1, .ff = 128, .vocab = -1, .ctx = 512,
-                   .tied = 0, .shards = 1, .bos = -1, .eos = -1, .dtype = TM_DTYPE_BF16,
-                   .rope_theta = 10000.0, .dsv4_layers = "sc", .dsv4_mlp = "hm", .q_lora = 32,
-                   .o_groups = 2, .o_lora = 16, .experts = 4, .experts_used = 2, .window = 128,
-                   .index_heads = 4, .index_dim = 16, .index_topk = 512, .hc = 4, .rope_dim = 8,
-                   .hca_ratio = 128, .yarn = 1, .qblock = 128};
+    *o = (mk_opts){.arch = "llama",
+                   .seed = 1,
+                   .layers = 2,
+                   .hidden = 64,
+                   .heads = 4,
+                   .kv_heads = -1,
+                   .head_dim = -1,
+                   .ff = 128,
+                   .vocab = -1,
+                   .ctx = 512,
+                   .tied = 0,
+                   .shards = 1,
+                   .bos = -1,
+                   .eos = -1,
+                   .dtype = TM_DTYPE_BF16,
+                   .rope_theta = 10000.0,
+                   .dsv4_layers = "sc",
+                   .dsv4_mlp = "hm",
+                   .q_lora = 32,
+                   .o_groups = 2,
+                   .o_lora = 16,
+                   .experts = 4,
+                   .experts_used = 2,
+                   .window = 128,
+                   .index_heads = 4,
+                   .index_dim = 16,
+                   .index_topk = 512,
+                   .hc = 4,
+                   .rope_dim = 8,
+                   .hca_ratio = 128,
+                   .yarn = 1,
+                   .qblock = 128};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help"))
@@ -1294,8 +1329,7 @@ int main(int argc, char **argv) {
                "%s, %s, %llu parameters",
                o.out, tm_model_arch_name(m), m->cfg.n_layer, m->cfg.n_embd, m->cfg.n_head,
                m->cfg.n_kv_head, m->cfg.head_dim, m->cfg.n_ff, m->cfg.n_vocab,
-               tm_dtype_name(o.dtype), o.tied ? "tied" : "untied",
-               (unsigned long long)n_param);
+               tm_dtype_name(o.dtype), o.tied ? "tied" : "untied", (unsigned long long)n_param);
         if (o.quant != TM_QUANT_NONE)
             printf(", %s%s linears%s%s", tm_quant_name(o.quant), o.ue8m0 ? " (ue8m0)" : "",
                    is_dsv4(&o) ? ", experts " : "", is_dsv4(&o) ? tm_quant_name(o.expert) : "");

@@ -15,10 +15,10 @@
 #define MAX_HCA 64
 
 typedef struct pick {
-    char hca[MAX_HCA][96];    /* "mlx5_0:1" entries of active ports */
+    char hca[MAX_HCA][96]; /* "mlx5_0:1" entries of active ports */
     int n_hca;
-    int gid_index;            /* the RoCE v2 IPv4 GID index seen first; -1 none */
-    char ifname[64];          /* its network interface */
+    int gid_index;   /* the RoCE v2 IPv4 GID index seen first; -1 none */
+    char ifname[64]; /* its network interface */
     int n_roce, n_ib;
 } pick;
 
@@ -70,16 +70,16 @@ static void gid_sysfs(const char *dev, int port, int idx, char *type, size_t tn,
                       size_t nn) {
     char path[256];
     type[0] = nd[0] = 0;
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev,
-             port, idx);
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/types/%d", dev, port,
+             idx);
     FILE *f = fopen(path, "r");
     if (f) {
         if (fgets(type, (int)tn, f))
             type[strcspn(type, "\n")] = 0;
         fclose(f);
     }
-    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d", dev,
-             port, idx);
+    snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d", dev, port,
+             idx);
     f = fopen(path, "r");
     if (f) {
         if (fgets(nd, (int)nn, f))
@@ -97,8 +97,7 @@ static void show_port(struct ibv_context *ctx, const char *dev, int port, int ve
     const int eth = pa.link_layer == IBV_LINK_LAYER_ETHERNET;
     printf("  port %d: %s, link layer %s, %gx %g Gb/s, active MTU %d, gid table %d%s\n", port,
            port_state(pa.state), eth ? "Ethernet (RoCE)" : "InfiniBand", width_x(pa.active_width),
-           speed_gbps(pa.active_speed), 128 << pa.active_mtu, pa.gid_tbl_len,
-           eth ? "" : "");
+           speed_gbps(pa.active_speed), 128 << pa.active_mtu, pa.gid_tbl_len, eth ? "" : "");
     if (!eth)
         printf("          LID %u, SM LID %u\n", pa.lid, pa.sm_lid);
     if (pa.state == IBV_PORT_ACTIVE && p->n_hca < MAX_HCA) {
@@ -124,8 +123,8 @@ static void show_port(struct ibv_context *ctx, const char *dev, int port, int ve
             inet_ntop(AF_INET, g.raw + 12, txt, sizeof(txt));
         else
             inet_ntop(AF_INET6, g.raw, txt, sizeof(txt));
-        printf("    gid %3d: %-39s %-10s %s%s\n", i, txt, type[0] ? type : "?",
-               nd[0] ? nd : "", v4 ? " (IPv4)" : "");
+        printf("    gid %3d: %-39s %-10s %s%s\n", i, txt, type[0] ? type : "?", nd[0] ? nd : "",
+               v4 ? " (IPv4)" : "");
         if (eth && v4 && strstr(type, "v2") && p->gid_index < 0 && pa.state == IBV_PORT_ACTIVE) {
             p->gid_index = i;
             snprintf(p->ifname, sizeof(p->ifname), "%s", nd);
@@ -148,9 +147,10 @@ int main(int argc, char **argv) {
     if (!devs || n == 0) {
         printf("no RDMA devices (libibverbs found none: no InfiniBand/RoCE NIC, or its driver "
                "and rdma-core provider are not installed)\n");
-        printf("\nNCCL settings for this node:\n"
-               "  export NCCL_IB_DISABLE=1          # no verbs devices: NCCL uses TCP sockets\n"
-               "  export NCCL_SOCKET_IFNAME=<nic>   # the interface the nodes reach each other on\n");
+        printf(
+            "\nNCCL settings for this node:\n"
+            "  export NCCL_IB_DISABLE=1          # no verbs devices: NCCL uses TCP sockets\n"
+            "  export NCCL_SOCKET_IFNAME=<nic>   # the interface the nodes reach each other on\n");
         if (devs)
             ibv_free_device_list(devs);
         return 1;

@@ -8,9 +8,9 @@
 #include "base/err.h"
 
 typedef struct tm_buf {
-    char *data;   /* NUL-terminated; NULL until the first append */
-    size_t len;   /* bytes used, excluding the NUL */
-    size_t cap;   /* bytes allocated */
+    char *data; /* NUL-terminated; NULL until the first append */
+    size_t len; /* bytes used, excluding the NUL */
+    size_t cap; /* bytes allocated */
 } tm_buf;
 
 /* Release the storage; the buf may be reused afterwards (it is empty). */

@@ -40,18 +40,30 @@ tm_rc tm_err_wrap(tm_err *err, const char *fmt, ...) {
 
 const char *tm_rc_name(tm_rc rc) {
     switch (rc) {
-    case TM_OK: return "ok";
-    case TM_E_AGAIN: return "again";
-    case TM_E_INVAL: return "inval";
-    case TM_E_NOMEM: return "nomem";
-    case TM_E_IO: return "io";
-    case TM_E_PARSE: return "parse";
-    case TM_E_CUDA: return "cuda";
-    case TM_E_NCCL: return "nccl";
-    case TM_E_KAFKA: return "kafka";
-    case TM_E_EOF: return "eof";
-    case TM_E_INTERNAL: return "internal";
-    case TM_E_RECORD: return "record";
+    case TM_OK:
+        return "ok";
+    case TM_E_AGAIN:
+        return "again";
+    case TM_E_INVAL:
+        return "inval";
+    case TM_E_NOMEM:
+        return "nomem";
+    case TM_E_IO:
+        return "io";
+    case TM_E_PARSE:
+        return "parse";
+    case TM_E_CUDA:
+        return "cuda";
+    case TM_E_NCCL:
+        return "nccl";
+    case TM_E_KAFKA:
+        return "kafka";
+    case TM_E_EOF:
+        return "eof";
+    case TM_E_INTERNAL:
+        return "internal";
+    case TM_E_RECORD:
+        return "record";
     }
     return "unknown";
 }

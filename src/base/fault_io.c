@@ -12,11 +12,11 @@
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static char point_name[64];
-static long point_n;              /* 0: no point selected */
+static long point_n; /* 0: no point selected */
 static atomic_long point_calls;
-static int io_op = -1;            /* tm_io_op, TM_IO_OP_COUNT for "any", -1: off */
+static int io_op = -1; /* tm_io_op, TM_IO_OP_COUNT for "any", -1: off */
 static long io_n;
-static int io_sticky;             /* '+': every call from the n-th on fails */
+static int io_sticky; /* '+': every call from the n-th on fails */
 static int io_errno = ENOSPC;
 static atomic_long io_calls;
 

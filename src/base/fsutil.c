@@ -80,8 +80,8 @@ tm_rc tm_fs_sync_dir(const char *dir, tm_fs_hooks hooks, tm_err *err) {
 // fsync the folder that holds path ("." for a bare name), so that a rename in it lasts.
 static tm_rc sync_parent(const char *path, tm_fs_hooks hooks, tm_err *err) {
     const char *slash = strrchr(path, '/');
-    char *dir =
-        slash ? tm_strndup(path, slash == path ? 1 : (size_t)(slash - path)) : tm_strdup(".");
+    char *dir = slash ? tm_strndup(path, slash == path ? 1 : (size_t)(slash - path))
+                      : tm_strdup(".");
     if (!dir)
         return TM_ERR(err, TM_E_NOMEM, "folder of %s", path);
     tm_rc rc = tm_fs_sync_dir(dir, hooks, err);

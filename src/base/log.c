@@ -27,9 +27,10 @@ void tm_log_write(tm_log_level level, const char *mod, const char *fmt, ...) {
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm utc;
     gmtime_r(&ts.tv_sec, &utc);
-    int n = snprintf(line, sizeof(line), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c %s: ",
-                     utc.tm_year + 1900, utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min,
-                     utc.tm_sec, ts.tv_nsec / 1000000, letters[level & 3], mod);
+    int n = snprintf(line, sizeof(line),
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %c %s: ", utc.tm_year + 1900,
+                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
+                     ts.tv_nsec / 1000000, letters[level & 3], mod);
     if (n < 0)
         return;
     va_list ap;

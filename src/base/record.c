@@ -5,21 +5,36 @@
 
 const char *tm_errcode_name(tm_errcode code) {
     switch (code) {
-    case TM_ERRCODE_NONE: return "none";
-    case TM_ERRCODE_INVALID_JSON: return "invalid_json";
-    case TM_ERRCODE_INVALID_UTF8: return "invalid_utf8";
-    case TM_ERRCODE_MISSING_FIELD: return "missing_field";
-    case TM_ERRCODE_WRONG_TYPE: return "wrong_type";
-    case TM_ERRCODE_INVALID_VALUE: return "invalid_value";
-    case TM_ERRCODE_DUPLICATE_ID: return "duplicate_id";
-    case TM_ERRCODE_LINE_TOO_LONG: return "line_too_long";
-    case TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED: return "context_length_exceeded";
-    case TM_ERRCODE_TEMPLATE_ERROR: return "template_error";
-    case TM_ERRCODE_ENGINE_ERROR: return "engine_error";
-    case TM_ERRCODE_NESTING_TOO_DEEP: return "nesting_too_deep";
-    case TM_ERRCODE_FIELD_TOO_LARGE: return "field_too_large";
-    case TM_ERRCODE_UNSUPPORTED: return "unsupported";
-    case TM_ERRCODE_COUNT: break;
+    case TM_ERRCODE_NONE:
+        return "none";
+    case TM_ERRCODE_INVALID_JSON:
+        return "invalid_json";
+    case TM_ERRCODE_INVALID_UTF8:
+        return "invalid_utf8";
+    case TM_ERRCODE_MISSING_FIELD:
+        return "missing_field";
+    case TM_ERRCODE_WRONG_TYPE:
+        return "wrong_type";
+    case TM_ERRCODE_INVALID_VALUE:
+        return "invalid_value";
+    case TM_ERRCODE_DUPLICATE_ID:
+        return "duplicate_id";
+    case TM_ERRCODE_LINE_TOO_LONG:
+        return "line_too_long";
+    case TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED:
+        return "context_length_exceeded";
+    case TM_ERRCODE_TEMPLATE_ERROR:
+        return "template_error";
+    case TM_ERRCODE_ENGINE_ERROR:
+        return "engine_error";
+    case TM_ERRCODE_NESTING_TOO_DEEP:
+        return "nesting_too_deep";
+    case TM_ERRCODE_FIELD_TOO_LARGE:
+        return "field_too_large";
+    case TM_ERRCODE_UNSUPPORTED:
+        return "unsupported";
+    case TM_ERRCODE_COUNT:
+        break;
     }
     return "unknown";
 }

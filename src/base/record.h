@@ -20,14 +20,14 @@ enum {
 };
 
 typedef struct tm_sampling {
-    uint32_t set;        /* TM_SP_* bits of the fields given explicitly */
-    int32_t max_tokens;  /* >= 1 */
-    float temperature;   /* 0 = greedy */
-    float top_p;         /* (0, 1] */
-    int32_t top_k;       /* 0 or -1 = off */
-    float min_p;         /* [0, 1] */
-    uint64_t seed;       /* per-record RNG seed */
-    char **stop;         /* n_stop owned UTF-8 strings */
+    uint32_t set;       /* TM_SP_* bits of the fields given explicitly */
+    int32_t max_tokens; /* >= 1 */
+    float temperature;  /* 0 = greedy */
+    float top_p;        /* (0, 1] */
+    int32_t top_k;      /* 0 or -1 = off */
+    float min_p;        /* [0, 1] */
+    uint64_t seed;      /* per-record RNG seed */
+    char **stop;        /* n_stop owned UTF-8 strings */
     uint32_t n_stop;
 } tm_sampling;
 
@@ -59,45 +59,45 @@ const char *tm_errcode_name(tm_errcode code);
 
 /* Which input format a record came in; its output and error records use the same format. */
 typedef enum tm_rec_format {
-    TM_REC_FORMAT_NATIVE = 0,        /* {"id", "prompt"|"messages", ...}: schemas/output.schema.json */
-    TM_REC_FORMAT_OPENAI_CHAT,       /* OpenAI Batch line for /v1/chat/completions */
+    TM_REC_FORMAT_NATIVE = 0,  /* {"id", "prompt"|"messages", ...}: schemas/output.schema.json */
+    TM_REC_FORMAT_OPENAI_CHAT, /* OpenAI Batch line for /v1/chat/completions */
     TM_REC_FORMAT_OPENAI_COMPLETION, /* OpenAI Batch line for /v1/completions */
-    TM_REC_FORMAT_OPENAI,            /* OpenAI Batch line with another/unreadable url (errors only) */
+    TM_REC_FORMAT_OPENAI, /* OpenAI Batch line with another/unreadable url (errors only) */
 } tm_rec_format;
 
 #define TM_MAX_TOP_LOGPROBS 20 /* alternatives per token, as vLLM and OpenAI allow */
 #define TM_MAX_N 128           /* samples per record (n) */
 
 typedef struct tm_job {
-    uint64_t seq_no;       /* 0-based order of the record in the job's input */
-    char *file;            /* owned; input path as given (for error records) */
-    uint64_t line;         /* 1-based line in file */
-    char *id_json;         /* owned JSON text of the id ("\"a1\"" or "42"); NULL if unreadable */
-    char *prompt;          /* owned; NULL when messages are used */
-    tm_message *messages;  /* owned array of n_messages; NULL when prompt is used */
+    uint64_t seq_no;      /* 0-based order of the record in the job's input */
+    char *file;           /* owned; input path as given (for error records) */
+    uint64_t line;        /* 1-based line in file */
+    char *id_json;        /* owned JSON text of the id ("\"a1\"" or "42"); NULL if unreadable */
+    char *prompt;         /* owned; NULL when messages are used */
+    tm_message *messages; /* owned array of n_messages; NULL when prompt is used */
     uint32_t n_messages;
-    tm_sampling sp;        /* record's own fields; runner merges job defaults */
-    uint64_t cache_salt;   /* 0: none; else records share prefix-cache blocks only with the
-                            * same salt (hash of the record's "cache_salt" string) */
-    tm_errcode err_code;   /* != NONE: ingest rejected the line; only file/line/id are valid */
-    char *err_msg;         /* owned; set with err_code */
-    tm_rec_format format;  /* input format; the answer uses the same one */
-    char *model;           /* owned; OpenAI body.model (echoed in the answer), else NULL */
-    char *src_meta_json;   /* owned JSON object text about the record's origin (Kafka topic,
-                            * partition, offset, key, headers), written to its output; or NULL */
+    tm_sampling sp;       /* record's own fields; runner merges job defaults */
+    uint64_t cache_salt;  /* 0: none; else records share prefix-cache blocks only with the
+                           * same salt (hash of the record's "cache_salt" string) */
+    tm_errcode err_code;  /* != NONE: ingest rejected the line; only file/line/id are valid */
+    char *err_msg;        /* owned; set with err_code */
+    tm_rec_format format; /* input format; the answer uses the same one */
+    char *model;          /* owned; OpenAI body.model (echoed in the answer), else NULL */
+    char *src_meta_json;  /* owned JSON object text about the record's origin (Kafka topic,
+                           * partition, offset, key, headers), written to its output; or NULL */
     /* Benchmarks (src/cmd/bench.c) only; ingest never sets these. */
-    uint32_t *prompt_ids;  /* owned; [n_prompt_ids] token ids used as the prompt as they are (no
-                            * BOS added, no tokenizer); wins over prompt/messages when set */
+    uint32_t *prompt_ids; /* owned; [n_prompt_ids] token ids used as the prompt as they are (no
+                           * BOS added, no tokenizer); wins over prompt/messages when set */
     uint32_t n_prompt_ids;
-    int ignore_eos;        /* 1: EOS does not end the record (max_tokens does), as vLLM's bench */
+    int ignore_eos; /* 1: EOS does not end the record (max_tokens does), as vLLM's bench */
     /* Evaluation fields (issue 5). A zeroed job asks for none of them. */
-    uint32_t n;            /* samples of this record; 0 or 1 = one */
-    int logprobs;          /* 1: logprob of each generated (or scored) token */
-    uint32_t top_logprobs; /* alternatives listed per token, <= TM_MAX_TOP_LOGPROBS */
-    int prompt_logprobs;   /* 1: logprobs of the prompt tokens too */
+    uint32_t n;                   /* samples of this record; 0 or 1 = one */
+    int logprobs;                 /* 1: logprob of each generated (or scored) token */
+    uint32_t top_logprobs;        /* alternatives listed per token, <= TM_MAX_TOP_LOGPROBS */
+    int prompt_logprobs;          /* 1: logprobs of the prompt tokens too */
     uint32_t prompt_top_logprobs; /* alternatives per prompt token, <= TM_MAX_TOP_LOGPROBS */
-    char **continuations;  /* owned; [n_continuations] texts to score after the prompt (a scoring
-                            * record: nothing is generated); NULL otherwise */
+    char **continuations; /* owned; [n_continuations] texts to score after the prompt (a scoring
+                           * record: nothing is generated); NULL otherwise */
     uint32_t n_continuations;
 } tm_job;
 
@@ -112,59 +112,59 @@ typedef enum tm_finish {
  * is its j-th alternative; its bytes are text[off[e], off[e + 1]) (a token may end inside a UTF-8
  * character). */
 typedef struct tm_logprobs {
-    uint32_t n_tok;     /* tokens */
-    uint32_t n_top;     /* alternatives per token, best first (lowest id first on ties) */
-    uint32_t *ids;      /* [n_tok] */
-    float *lp;          /* [n_tok]; NAN where there is none (the first token of a prompt) */
-    uint32_t *top_ids;  /* [n_tok * n_top] */
-    float *top_lp;      /* [n_tok * n_top] */
-    char *text;         /* token bytes (see above) */
-    uint32_t *off;      /* [n_tok * (1 + n_top) + 1] */
+    uint32_t n_tok;    /* tokens */
+    uint32_t n_top;    /* alternatives per token, best first (lowest id first on ties) */
+    uint32_t *ids;     /* [n_tok] */
+    float *lp;         /* [n_tok]; NAN where there is none (the first token of a prompt) */
+    uint32_t *top_ids; /* [n_tok * n_top] */
+    float *top_lp;     /* [n_tok * n_top] */
+    char *text;        /* token bytes (see above) */
+    uint32_t *off;     /* [n_tok * (1 + n_top) + 1] */
 } tm_logprobs;
 
 /* One sample of a record with n > 1. */
 typedef struct tm_choice {
-    char *text;             /* owned UTF-8 */
+    char *text; /* owned UTF-8 */
     tm_finish finish;
     uint32_t n_tok_gen;
-    tm_logprobs *logprobs;  /* owned; NULL unless the record asked for logprobs */
+    tm_logprobs *logprobs; /* owned; NULL unless the record asked for logprobs */
 } tm_choice;
 
 /* The score of one continuation of a scoring record. */
 typedef struct tm_score {
-    double logprob;         /* sum of the continuation's token logprobs */
-    uint32_t n_tok;         /* continuation tokens */
-    int is_greedy;          /* 1: greedy decoding would have produced every token */
-    tm_logprobs *logprobs;  /* owned; per token, NULL unless the record asked for logprobs */
+    double logprob;        /* sum of the continuation's token logprobs */
+    uint32_t n_tok;        /* continuation tokens */
+    int is_greedy;         /* 1: greedy decoding would have produced every token */
+    tm_logprobs *logprobs; /* owned; per token, NULL unless the record asked for logprobs */
 } tm_score;
 
 typedef struct tm_completion {
     uint64_t seq_no;
-    char *file;           /* owned; for error records */
+    char *file; /* owned; for error records */
     uint64_t line;
-    char *id_json;        /* owned JSON text of the id, or NULL */
-    char *text;           /* owned UTF-8 completion text (ok records) */
+    char *id_json; /* owned JSON text of the id, or NULL */
+    char *text;    /* owned UTF-8 completion text (ok records) */
     tm_finish finish;
     uint32_t n_tok_prompt;
     uint32_t n_tok_gen;
     uint32_t n_tok_cached;
-    double ttft_ms;       /* from the record's admission to its first generated token */
-    double total_ms;      /* from admission to finish */
-    float *itl_ms;        /* owned; [n_itl] inter-token latencies: time between consecutive
-                           * generated tokens (ms), n_tok_gen - 1 of them; NULL for errors */
+    double ttft_ms;  /* from the record's admission to its first generated token */
+    double total_ms; /* from admission to finish */
+    float *itl_ms;   /* owned; [n_itl] inter-token latencies: time between consecutive
+                      * generated tokens (ms), n_tok_gen - 1 of them; NULL for errors */
     uint32_t n_itl;
-    tm_errcode err_code;  /* != NONE: an error record */
-    char *err_msg;        /* owned */
-    tm_rec_format format; /* from the job */
-    char *model;          /* owned; from the job */
-    char *src_meta_json;  /* owned; from the job */
+    tm_errcode err_code;          /* != NONE: an error record */
+    char *err_msg;                /* owned */
+    tm_rec_format format;         /* from the job */
+    char *model;                  /* owned; from the job */
+    char *src_meta_json;          /* owned; from the job */
     tm_logprobs *logprobs;        /* owned; the generated tokens' (one-sample records), or NULL */
     tm_logprobs *prompt_logprobs; /* owned; the prompt tokens' (prompt_logprobs), or NULL */
-    tm_choice *choices;   /* owned; [n_choices] the samples of an n > 1 record (text, finish,
-                           * logprobs above are then unused; n_tok_gen is their sum); or NULL */
+    tm_choice *choices; /* owned; [n_choices] the samples of an n > 1 record (text, finish,
+                         * logprobs above are then unused; n_tok_gen is their sum); or NULL */
     uint32_t n_choices;
-    tm_score *scores;     /* owned; [n_scores] a scoring record's answer, one per continuation,
-                           * in input order; or NULL */
+    tm_score *scores; /* owned; [n_scores] a scoring record's answer, one per continuation,
+                       * in input order; or NULL */
     uint32_t n_scores;
 } tm_completion;
 

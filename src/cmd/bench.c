@@ -86,7 +86,7 @@ typedef struct bench {
     const char *backend;
     const char *scale;
     uint64_t seed;
-    uint32_t n_vocab;              /* ids a prompt may use */
+    uint32_t n_vocab; /* ids a prompt may use */
     int32_t special[TM_MODEL_MAX_EOS + 2];
     uint32_t n_special;
 } bench;
@@ -134,8 +134,9 @@ static uint64_t count_params(const tm_model *m) {
         n += tm_tensor_n_elem(&m->lm_head);
     for (uint32_t l = 0; l < m->cfg.n_layer; l++) {
         const tm_layer_w *w = &m->layers[l];
-        const tm_tensor *t[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->bq, &w->bk,
-                                &w->bv, &w->wo, &w->ffn_norm, &w->w_gate, &w->w_up, &w->w_down};
+        const tm_tensor *t[] = {&w->attn_norm, &w->wq,     &w->wk,   &w->wv,
+                                &w->bq,        &w->bk,     &w->bv,   &w->wo,
+                                &w->ffn_norm,  &w->w_gate, &w->w_up, &w->w_down};
         for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++)
             if (t[i]->data)
                 n += tm_tensor_n_elem(t[i]);
@@ -166,7 +167,9 @@ static tm_rc run_workload(bench *b, const workload *w, tm_metrics *metrics, tm_e
             .block_size = b->eo.block_size,
             .n_kv_block = b->eo.n_kv_block,
             .n_ctx = b->model->cfg.n_ctx,
-            .defaults = {.max_tokens = (int32_t)w->gen_tok, .temperature = 0, .top_p = 1,
+            .defaults = {.max_tokens = (int32_t)w->gen_tok,
+                         .temperature = 0,
+                         .top_p = 1,
                          .top_k = -1},
             .prefix_cache = 1,
             .policy = TM_SCHED_PREFIX,
@@ -181,8 +184,8 @@ static tm_rc run_workload(bench *b, const workload *w, tm_metrics *metrics, tm_e
         tm_completion *c = item;
         n_failed += c->err_code != TM_ERRCODE_NONE;
         if (!rc && n_failed == 1 && c->err_code != TM_ERRCODE_NONE)
-            rc = TM_ERR(err, TM_E_INTERNAL, "bench %s: record %s failed: %s", w->name,
-                        c->id_json, c->err_msg ? c->err_msg : "");
+            rc = TM_ERR(err, TM_E_INTERNAL, "bench %s: record %s failed: %s", w->name, c->id_json,
+                        c->err_msg ? c->err_msg : "");
         if (!rc && metrics)
             rc = tm_metrics_add_record(metrics, c, err);
         tm_completion_destroy(c);
@@ -215,9 +218,13 @@ static tm_rc measure(bench *b, const workload *w, const char *out_dir, tm_err *e
         .model_arch = tm_model_arch_name(b->model),
         .n_params = count_params(b->model),
     };
-    tm_metrics_bench mb = {.workload = w->name, .scale = b->scale, .n_seqs = w->n_seqs,
-                           .prompt_tokens = w->prompt_tok, .gen_tokens = w->gen_tok,
-                           .shared_prefix_tokens = w->shared_tok, .seed = b->seed};
+    tm_metrics_bench mb = {.workload = w->name,
+                           .scale = b->scale,
+                           .n_seqs = w->n_seqs,
+                           .prompt_tokens = w->prompt_tok,
+                           .gen_tokens = w->gen_tok,
+                           .shared_prefix_tokens = w->shared_tok,
+                           .seed = b->seed};
     rc = tm_metrics_set_settings(m, &ms, err);
     if (!rc)
         rc = tm_metrics_set_bench(m, &mb, err);
@@ -295,8 +302,8 @@ int tm_bench_cmd(int argc, char **argv) {
         else
             bad = 1;
         if (bad) {
-            fprintf(stderr, "tokenmill bench: bad option %s%s%s\n\n%s", a, v ? " " : "",
-                    v ? v : "", usage);
+            fprintf(stderr, "tokenmill bench: bad option %s%s%s\n\n%s", a, v ? " " : "", v ? v : "",
+                    usage);
             return 2;
         }
         i++;

@@ -1,8 +1,8 @@
-/* cmd/job_run.c - wires one job together: spec -> model + tokenizer -> engine; a source thread feeds
- * parsed records into a bounded queue, the runner (this thread) turns them into completions, and a
- * sink thread writes them and counts metrics. Queues are bounded, so memory does not grow with the
- * input. A fatal error in any stage stops the others: the source stops at its next push, the
- * runner drains, the sink closes its files (everything it wrote stays valid). */
+/* cmd/job_run.c - wires one job together: spec -> model + tokenizer -> engine; a source thread
+ * feeds parsed records into a bounded queue, the runner (this thread) turns them into completions,
+ * and a sink thread writes them and counts metrics. Queues are bounded, so memory does not grow
+ * with the input. A fatal error in any stage stops the others: the source stops at its next push,
+ * the runner drains, the sink closes its files (everything it wrote stays valid). */
 #define _POSIX_C_SOURCE 200809L
 #include "cmd/job_run.h"
 
@@ -42,30 +42,30 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof;              /* the whole input was read */
+    bool eof; /* the whole input was read */
     tm_rc rc;
     tm_err err;
 } source_ctx;
 
 typedef struct sink_ctx {
     tm_sink *sink;
-    tm_kafka_out *kafka;   /* output.kafka: ok records go here instead of the LZ4 file; or NULL */
-    tm_source *src;        /* acks go to it (tm_source_ack) after each commit */
-    tm_manifest *man;      /* the job's manifest: owned by the job thread, lent to this thread */
-    const char *dir;       /* output folder */
+    tm_kafka_out *kafka; /* output.kafka: ok records go here instead of the LZ4 file; or NULL */
+    tm_source *src;      /* acks go to it (tm_source_ack) after each commit */
+    tm_manifest *man;    /* the job's manifest: owned by the job thread, lent to this thread */
+    const char *dir;     /* output folder */
     double commit_every_ms;
     uint64_t commit_every_records;
-    uint64_t *pending;     /* [n_pending] seq_nos written since the last commit (to ack) */
+    uint64_t *pending; /* [n_pending] seq_nos written since the last commit (to ack) */
     size_t n_pending, cap_pending;
     double last_commit_ms;
-    uint64_t n_commits;    /* this run */
+    uint64_t n_commits; /* this run */
     double commit_ms_total, commit_ms_max;
     tm_buf line;           /* Kafka message being built */
     bool kafka_in;         /* input.kafka: the manifest keeps partition offsets */
     bool txn_offsets;      /* ... and they go into the Kafka sink's transactions */
     tm_kafka_offset *offs; /* [n_offs] input positions of the commit being made (txn_offsets) */
     size_t n_offs, cap_offs;
-    tm_buf group_md;       /* the consumer's group metadata, serialized (txn_offsets) */
+    tm_buf group_md; /* the consumer's group metadata, serialized (txn_offsets) */
     tm_metrics *metrics;
     tm_progress *progress;
     tm_queue *q;
@@ -160,8 +160,8 @@ static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
         if (c->man->kparts[i].partition == pos->partition &&
             strcmp(c->man->kparts[i].topic, pos->topic) == 0)
             topic = c->man->kparts[i].topic;
-    c->offs[c->n_offs++] = (tm_kafka_offset){.topic = topic, .partition = pos->partition,
-                                             .offset = pos->next};
+    c->offs[c->n_offs++] =
+        (tm_kafka_offset){.topic = topic, .partition = pos->partition, .offset = pos->next};
     return TM_OK;
 }
 
@@ -185,8 +185,8 @@ static tm_rc commit(sink_ctx *c, tm_err *err) {
     if (c->kafka_in)
         rc = kafka_positions(c, err);
     if (!rc && c->kafka && c->txn_offsets)
-        rc = tm_kafka_out_commit_md(c->kafka, c->offs, c->n_offs, c->group_md.data,
-                                    c->group_md.len, err);
+        rc = tm_kafka_out_commit_md(c->kafka, c->offs, c->n_offs, c->group_md.data, c->group_md.len,
+                                    err);
     else if (!rc && c->kafka)
         rc = tm_kafka_out_commit(c->kafka, NULL, 0, NULL, err);
     if (!rc)
@@ -325,8 +325,8 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
     tm_rc rc;
     if (spec->engine.tp > 1 &&
         (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && tm_engine_cuda_n_devices() > 0))) {
-        const tm_tp_launch one_node = {.nnodes = 1, .local_rank = -1,
-                                       .timeout_s = TM_TP_DEFAULT_TIMEOUT_S};
+        const tm_tp_launch one_node = {
+            .nnodes = 1, .local_rank = -1, .timeout_s = TM_TP_DEFAULT_TIMEOUT_S};
         rc = tm_tp_engine_create(launch ? launch : &one_node, path, m, &go, out, err);
         goto done;
     }
@@ -376,8 +376,8 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
     int lock_fd;
-    tm_manifest man;       /* this run's manifest: identity now, progress carried over */
-    tm_seqset skip;        /* records committed before this run */
+    tm_manifest man; /* this run's manifest: identity now, progress carried over */
+    tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
     uint64_t cut_bytes;
     bool resumed, finished_before;
@@ -424,9 +424,11 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
-        rc = TM_ERR(err, TM_E_INVAL, "output folder %s holds another job's outputs: %s. Run "
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "output folder %s holds another job's outputs: %s. Run "
                     "`tokenmill run --restart %s` to discard them and start over, or choose "
-                    "another output.dir", dir, why, path);
+                    "another output.dir",
+                    dir, why, path);
         tm_manifest_fini(&old);
         return rc;
     }
@@ -448,8 +450,8 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_seqset_copy(&rs->man.done, &old.done, err);
     for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
         rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
-                                   old.kparts[i].next, old.kparts[i].ranges,
-                                   old.kparts[i].n_ranges, err);
+                                   old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
+                                   err);
     if (!rc) {
         rs->resumed = true;
         rs->earlier = old.counts;
@@ -458,9 +460,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->man.bytes_errors = old.bytes_errors;
         rs->man.n_commits = old.n_commits;
         rs->man.n_runs = old.n_runs;
-        TM_LOG_INFO("job", "%s: resuming in %s: %llu records committed by %u earlier run(s); "
-                    "%llu torn bytes cut off", path, dir,
-                    (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
+        TM_LOG_INFO("job",
+                    "%s: resuming in %s: %llu records committed by %u earlier run(s); "
+                    "%llu torn bytes cut off",
+                    path, dir, (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
                     (unsigned long long)rs->cut_bytes);
     }
     tm_manifest_fini(&old);
@@ -480,18 +483,18 @@ typedef struct job_run {
     double t0_ms;                /* when the run started */
     job_parts p;
     resume_state rs;
-    tm_engine_opts eo;           /* the engine's settings (n_kv_block as the engine has it) */
+    tm_engine_opts eo; /* the engine's settings (n_kv_block as the engine has it) */
     tm_engine *eng;
     tm_metrics *metrics;
     tm_progress *progress;
     tm_source *src;
     tm_sink *sink;
-    tm_kafka_out *kafka;         /* output.kafka, or NULL */
-    tm_queue *q_in, *q_out;      /* source -> runner -> sink */
+    tm_kafka_out *kafka;    /* output.kafka, or NULL */
+    tm_queue *q_in, *q_out; /* source -> runner -> sink */
     bool src_started, sink_started;
     pthread_t src_thread, sink_thread;
-    source_ctx sc;               /* the source thread's; read after it is joined */
-    sink_ctx kc;                 /* the sink thread's; read after it is joined */
+    source_ctx sc; /* the source thread's; read after it is joined */
+    sink_ctx kc;   /* the sink thread's; read after it is joined */
     tm_runner_stats stats;
 } job_run;
 
@@ -511,7 +514,8 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
     if (rc)
         return rc;
     const tm_engine_opts *eo = &j->eo;
-    TM_LOG_INFO("job", "%s: model %s (%s, %u layers, hidden %u, vocab %u), %s engine, tp %u, "
+    TM_LOG_INFO("job",
+                "%s: model %s (%s, %u layers, hidden %u, vocab %u), %s engine, tp %u, "
                 "%u threads, %u KV blocks of %u tokens",
                 j->path, spec->model, tm_model_arch_name(j->p.model), mc->n_layer, mc->n_embd,
                 mc->n_vocab, j->eng->ops->name, TM_MAX(eo->tp_size, 1u), eo->n_threads,
@@ -562,9 +566,9 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
 // when resumed), the Kafka producer and the two queues.
 static tm_rc io_open(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
-    tm_rc rc = tm_progress_create(&(tm_progress_cfg){.job_name = j->path,
-                                                     .textfile = spec->prometheus_textfile},
-                                  &j->progress, err);
+    tm_rc rc = tm_progress_create(
+        &(tm_progress_cfg){.job_name = j->path, .textfile = spec->prometheus_textfile},
+        &j->progress, err);
     if (rc)
         return rc;
     rc = tm_source_open(spec, &j->src, err);
@@ -572,17 +576,17 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         return rc;
     for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
         const tm_manifest_kpart *k = &j->rs.man.kparts[i];
-        rc = tm_source_kafka_resume(j->src, &(tm_source_kpos){.topic = k->topic,
-                                                             .partition = k->partition,
-                                                             .next = (int64_t)k->next,
-                                                             .ranges = k->ranges,
-                                                             .n_ranges = k->n_ranges},
+        rc = tm_source_kafka_resume(j->src,
+                                    &(tm_source_kpos){.topic = k->topic,
+                                                      .partition = k->partition,
+                                                      .next = (int64_t)k->next,
+                                                      .ranges = k->ranges,
+                                                      .n_ranges = k->n_ranges},
                                     err);
     }
     if (rc)
         return rc;
-    tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka &&
-                                        spec->kafka->transactional_id);
+    tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
     rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = j->rs.resumed}, &j->sink, err);
     if (rc)
         return rc;
@@ -607,12 +611,20 @@ static tm_rc io_open(job_run *j, tm_err *err) {
 // Start the source and sink threads around the queues.
 static tm_rc threads_start(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
-    j->sc = (source_ctx){.src = j->src, .q = j->q_in, .progress = j->progress,
+    j->sc = (source_ctx){.src = j->src,
+                         .q = j->q_in,
+                         .progress = j->progress,
                          .skip = j->rs.resumed ? &j->rs.skip : NULL};
-    j->kc = (sink_ctx){.sink = j->sink, .kafka = j->kafka, .src = j->src, .man = &j->rs.man,
-                       .dir = spec->output_dir, .commit_every_ms = spec->commit_every_s * 1e3,
+    j->kc = (sink_ctx){.sink = j->sink,
+                       .kafka = j->kafka,
+                       .src = j->src,
+                       .man = &j->rs.man,
+                       .dir = spec->output_dir,
+                       .commit_every_ms = spec->commit_every_s * 1e3,
                        .commit_every_records = spec->commit_every_records,
-                       .metrics = j->metrics, .progress = j->progress, .q = j->q_out,
+                       .metrics = j->metrics,
+                       .progress = j->progress,
+                       .q = j->q_out,
                        .kafka_in = spec->kafka_in != NULL,
                        .txn_offsets = spec->kafka_in && spec->kafka &&
                                       spec->kafka->transactional_id};
@@ -642,7 +654,8 @@ static tm_rc run_records(job_run *j, tm_err *err) {
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)
-        TM_LOG_INFO("job", "%s: %llu of %llu steps were greedy on the engine (only token ids "
+        TM_LOG_INFO("job",
+                    "%s: %llu of %llu steps were greedy on the engine (only token ids "
                     "came back)",
                     j->path, (unsigned long long)j->stats.n_step_greedy,
                     (unsigned long long)j->stats.n_step);
@@ -690,17 +703,16 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                            tm_seqset_count(&rs->man.done) == rs->man.n_records;
     }
     if (j->metrics && j->p.spec && j->sink_started)
-        tm_metrics_set_durability(j->metrics,
-                                  &(tm_metrics_durability){
-                                      .commits = j->kc.n_commits + final_commit,
-                                      .commits_total = rs->man.n_commits + final_commit,
-                                      .commit_ms_total = j->kc.commit_ms_total,
-                                      .commit_ms_max = j->kc.commit_ms_max,
-                                      .runs = rs->man.n_runs +
-                                              (final_commit && j->kc.n_commits == 0),
-                                      .resumed_records = j->sc.n_skipped,
-                                      .cut_bytes = rs->cut_bytes,
-                                  });
+        tm_metrics_set_durability(
+            j->metrics, &(tm_metrics_durability){
+                            .commits = j->kc.n_commits + final_commit,
+                            .commits_total = rs->man.n_commits + final_commit,
+                            .commit_ms_total = j->kc.commit_ms_total,
+                            .commit_ms_max = j->kc.commit_ms_max,
+                            .runs = rs->man.n_runs + (final_commit && j->kc.n_commits == 0),
+                            .resumed_records = j->sc.n_skipped,
+                            .cut_bytes = rs->cut_bytes,
+                        });
     if (j->metrics && j->p.spec && j->sink_started) {
         tm_run_metrics_add_engine(j->metrics, &j->stats);
         tm_metrics_end(j->metrics);
@@ -811,8 +823,8 @@ static tm_rc validate_job(const char *path, tm_err *err) {
     tm_rc rc = parts_load(path, &p, err);
     if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
         printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
-               "validate does not read\n", path, p.spec->model, tm_model_arch_name(p.model),
-               p.spec->kafka_in->group);
+               "validate does not read\n",
+               path, p.spec->model, tm_model_arch_name(p.model), p.spec->kafka_in->group);
         parts_fini(&p);
         return TM_OK;
     }
@@ -827,8 +839,11 @@ static tm_rc validate_job(const char *path, tm_err *err) {
             n_ok++;
         } else {
             n_bad++;
-            tm_completion c = {.file = job->file, .line = job->line, .id_json = job->id_json,
-                               .err_code = job->err_code, .err_msg = job->err_msg};
+            tm_completion c = {.file = job->file,
+                               .line = job->line,
+                               .id_json = job->id_json,
+                               .err_code = job->err_code,
+                               .err_msg = job->err_msg};
             tm_buf_clear(&line);
             rc = tm_sink_format_error(&line, &c, err);
             if (rc == TM_OK)

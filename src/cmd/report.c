@@ -1,5 +1,5 @@
-/* cmd/report.c - `tokenmill report`: metrics.json files in, one HTML page out. The page is built in a
- * growable buffer by put()/put_esc(), which keep the first error and do nothing after it, so the
+/* cmd/report.c - `tokenmill report`: metrics.json files in, one HTML page out. The page is built in
+ * a growable buffer by put()/put_esc(), which keep the first error and do nothing after it, so the
  * builders read as straight-line HTML; the error is checked once before the file is written. */
 #include "cmd/report.h"
 
@@ -41,7 +41,7 @@ typedef struct figure {
     const char *title; /* chart title */
     const char *unit;
     better dir;
-    int chart;         /* 1: has a chart */
+    int chart; /* 1: has a chart */
 } figure;
 
 static const figure figures[] = {
@@ -57,16 +57,16 @@ static const figure figures[] = {
 enum { N_FIG = sizeof(figures) / sizeof(figures[0]) };
 
 typedef struct run {
-    json_t *j;          /* owned metrics document */
-    char *file;         /* owned; where it came from */
-    double start_s;     /* Unix seconds */
-    char workload[96];  /* "W8 (small)" or the job file's name */
+    json_t *j;         /* owned metrics document */
+    char *file;        /* owned; where it came from */
+    double start_s;    /* Unix seconds */
+    char workload[96]; /* "W8 (small)" or the job file's name */
     char backend[32];
-    char model[160];    /* model folder name */
-    char key[320];      /* workload | backend | model */
-    int series;         /* index into report.keys */
-    int prev;           /* previous run of the same series, or -1 */
-    int latest;         /* the last run of its series */
+    char model[160]; /* model folder name */
+    char key[320];   /* workload | backend | model */
+    int series;      /* index into report.keys */
+    int prev;        /* previous run of the same series, or -1 */
+    int latest;      /* the last run of its series */
 } run;
 
 typedef struct report {
@@ -74,10 +74,10 @@ typedef struct report {
     size_t n, cap;
     const char **keys; /* [n_series] borrowed from runs, sorted */
     size_t n_series;
-    double threshold;  /* fraction, e.g. 0.05 */
+    double threshold; /* fraction, e.g. 0.05 */
     const char *title;
-    tm_buf b;          /* the page */
-    tm_rc rc;          /* first error while building */
+    tm_buf b; /* the page */
+    tm_rc rc; /* first error while building */
     tm_err *err;
 } report;
 
@@ -108,12 +108,23 @@ static void put(report *rp, const char *fmt, ...) {
 static void put_esc(report *rp, const char *s) {
     for (; s && *s && !rp->rc; s++) {
         switch (*s) {
-        case '&': put(rp, "&amp;"); break;
-        case '<': put(rp, "&lt;"); break;
-        case '>': put(rp, "&gt;"); break;
-        case '"': put(rp, "&quot;"); break;
-        case '\'': put(rp, "&#39;"); break;
-        default: rp->rc = tm_buf_append(&rp->b, s, 1, rp->err);
+        case '&':
+            put(rp, "&amp;");
+            break;
+        case '<':
+            put(rp, "&lt;");
+            break;
+        case '>':
+            put(rp, "&gt;");
+            break;
+        case '"':
+            put(rp, "&quot;");
+            break;
+        case '\'':
+            put(rp, "&#39;");
+            break;
+        default:
+            rp->rc = tm_buf_append(&rp->b, s, 1, rp->err);
         }
     }
 }
@@ -368,11 +379,21 @@ static void fmt_fixed(double v, int dec, char *buf, size_t n) {
 static void fmt_num(double v, kind k, char *buf, size_t n) {
     double a = fabs(v);
     switch (k) {
-    case K_INT: fmt_fixed(v, 0, buf, n); break;
-    case K_PCT: fmt_fixed(v * 100, 1, buf, n); break;
-    case K_FIX1: fmt_fixed(v, 1, buf, n); break;
-    case K_FIX2: fmt_fixed(v, 2, buf, n); break;
-    case K_AUTO: fmt_fixed(v, a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3, buf, n); break;
+    case K_INT:
+        fmt_fixed(v, 0, buf, n);
+        break;
+    case K_PCT:
+        fmt_fixed(v * 100, 1, buf, n);
+        break;
+    case K_FIX1:
+        fmt_fixed(v, 1, buf, n);
+        break;
+    case K_FIX2:
+        fmt_fixed(v, 2, buf, n);
+        break;
+    case K_AUTO:
+        fmt_fixed(v, a >= 100 ? 0 : a >= 10 ? 1 : a >= 1 ? 2 : 3, buf, n);
+        break;
     }
 }
 
@@ -494,8 +515,7 @@ static const char css[] =
     "footer{color:var(--muted);font-size:12px;margin-top:32px}";
 
 static void put_series_name(report *rp, const run *r) {
-    put(rp, "<span class=\"swatch\" style=\"background:%s\"></span>",
-        colors[r->series % N_COLORS]);
+    put(rp, "<span class=\"swatch\" style=\"background:%s\"></span>", colors[r->series % N_COLORS]);
     put_esc(rp, r->workload);
     put(rp, " &middot; ");
     put_esc(rp, r->backend);
@@ -536,8 +556,9 @@ static void put_regressions(report *rp) {
             put(rp, "</td><td>");
             put_delta(rp, (int)i, f);
             put(rp, " <span class=\"note\">(%.1f%% worse)</span>", worse_by(f, ch) * 100);
-            put(rp, "</td><td class=\"l\"><a href=\"#run-%d\">#%d</a> %s &rarr; "
-                    "<a href=\"#run-%zu\">#%zu</a> %s</td></tr>",
+            put(rp,
+                "</td><td class=\"l\"><a href=\"#run-%d\">#%d</a> %s &rarr; "
+                "<a href=\"#run-%zu\">#%zu</a> %s</td></tr>",
                 r->prev, r->prev, t0, i, i, t1);
         }
     }
@@ -708,14 +729,16 @@ static void put_chart(report *rp, const figure *f) {
         lo = fmin(lo, v), hi = fmax(hi, v);
         t0 = fmin(t0, rp->runs[i].start_s), t1 = fmax(t1, rp->runs[i].start_s);
     }
-    put(rp, "<figure class=\"chart\" data-path=\"%s\"><figcaption>%s (%s)%s</figcaption>",
-        f->path, f->title, f->unit, n_pts && hi / lo > 30 ? " &middot; log scale" : "");
-    put(rp, "<svg viewBox=\"0 0 %.0f %.0f\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" "
-            "font-family=\"system-ui,sans-serif\" font-size=\"11\">",
+    put(rp, "<figure class=\"chart\" data-path=\"%s\"><figcaption>%s (%s)%s</figcaption>", f->path,
+        f->title, f->unit, n_pts && hi / lo > 30 ? " &middot; log scale" : "");
+    put(rp,
+        "<svg viewBox=\"0 0 %.0f %.0f\" xmlns=\"http://www.w3.org/2000/svg\" role=\"img\" "
+        "font-family=\"system-ui,sans-serif\" font-size=\"11\">",
         W, H);
     if (n_pts == 0) {
-        put(rp, "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#66717f\">no data"
-                "</text></svg></figure>",
+        put(rp,
+            "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\" fill=\"#66717f\">no data"
+            "</text></svg></figure>",
             W / 2, H / 2);
         return;
     }
@@ -736,7 +759,7 @@ static void put_chart(report *rp, const figure *f) {
         t1 += 1;
     }
     const double pw = W - L - R, ph = H - T - B;
-#define X(t) (L + ((t) - t0) / (t1 - t0) * pw)
+#define X(t) (L + ((t)-t0) / (t1 - t0) * pw)
 #define Y(v) (T + ph - (((log_scale ? log10(v) : (v)) - y_lo) / (y_hi - y_lo)) * ph)
     // grid and y ticks
     put(rp, "<g class=\"axis\" stroke=\"#e3e6ea\">");
@@ -744,8 +767,8 @@ static void put_chart(report *rp, const figure *f) {
         for (double e = y_lo; e <= y_hi + 1e-9; e++)
             for (int m = 1; m <= (e < y_hi ? 9 : 1); m++) {
                 double v = m * pow(10, e);
-                put(rp, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"%s/>", L, W - R,
-                    Y(v), Y(v), m == 1 ? "" : " stroke-opacity=\"0.45\"");
+                put(rp, "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"%s/>", L, W - R, Y(v),
+                    Y(v), m == 1 ? "" : " stroke-opacity=\"0.45\"");
             }
     } else {
         double step = nice_step(hi / 4);
@@ -777,7 +800,10 @@ static void put_chart(report *rp, const figure *f) {
         char s[32];
         fmt_time(t, tf, s, sizeof(s));
         put(rp, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\">%s</text>", X(t), H - B + 16,
-            k == 0 ? "start" : k == 1 ? "middle" : "end", s);
+            k == 0   ? "start"
+            : k == 1 ? "middle"
+                     : "end",
+            s);
     }
     put(rp, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">start time (UTC)</text></g>",
         L + pw / 2, H - 6);
@@ -792,8 +818,7 @@ static void put_chart(report *rp, const figure *f) {
             if (rp->runs[i].series != (int)s || !isfinite(v) || v <= 0)
                 continue;
             if (n == 0)
-                put(rp, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"",
-                    col);
+                put(rp, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\" points=\"", col);
             put(rp, "%s%.1f,%.1f", n ? " " : "", X(rp->runs[i].start_s), Y(v));
             n++;
         }
@@ -840,15 +865,15 @@ static void put_table(report *rp) {
             "<th>#</th>"
             "<th class=\"l\">start (UTC)</th><th class=\"l\">series</th><th>records ok</th>");
     for (int k = 0; k < N_FIG; k++)
-        put(rp, "<th>%s<br><span class=\"note\">%s</span></th>", figures[k].label,
-            figures[k].unit);
+        put(rp, "<th>%s<br><span class=\"note\">%s</span></th>", figures[k].label, figures[k].unit);
     put(rp, "<th>wall s</th><th class=\"l\">git</th></tr>");
     for (size_t i = rp->n; i-- > 0;) {
         const run *r = &rp->runs[i];
         char when[32];
         fmt_time(r->start_s, "%Y-%m-%d %H:%M:%S", when, sizeof(when));
-        put(rp, "<tr%s><td><a href=\"#run-%zu\">%zu</a></td><td class=\"l\">%s</td>"
-                "<td class=\"l\">",
+        put(rp,
+            "<tr%s><td><a href=\"#run-%zu\">%zu</a></td><td class=\"l\">%s</td>"
+            "<td class=\"l\">",
             n_regressions(rp, (int)i) ? " class=\"regressed\"" : "", i, i, when);
         put_series_name(rp, r);
         put(rp, "</td><td>");
@@ -882,11 +907,12 @@ static void build_page(report *rp) {
     put_esc(rp, rp->title);
     put(rp, "</title><style>%s</style></head><body><main><header><h1>", css);
     put_esc(rp, rp->title);
-    put(rp, "</h1><p class=\"sub\">Generated %s by tokenmill %s (git %s) from %zu metrics "
-            "file%s.</p><div class=\"summary\"><span class=\"pill\">%zu run%s</span>"
-            "<span class=\"pill\">%zu series</span>",
-        now, TM_VERSION, TM_GIT_COMMIT, rp->n, rp->n == 1 ? "" : "s", rp->n,
-        rp->n == 1 ? "" : "s", rp->n_series);
+    put(rp,
+        "</h1><p class=\"sub\">Generated %s by tokenmill %s (git %s) from %zu metrics "
+        "file%s.</p><div class=\"summary\"><span class=\"pill\">%zu run%s</span>"
+        "<span class=\"pill\">%zu series</span>",
+        now, TM_VERSION, TM_GIT_COMMIT, rp->n, rp->n == 1 ? "" : "s", rp->n, rp->n == 1 ? "" : "s",
+        rp->n_series);
     if (n_latest_reg)
         put(rp, "<span class=\"pill bad\">%d regression%s in the latest runs</span>", n_latest_reg,
             n_latest_reg == 1 ? "" : "s");

@@ -1,7 +1,7 @@
 /* cmd/run_metrics.h - the runner's counters (runner/runner.h) as the engine section of metrics.json
  * (sink/metrics.h): the one place that maps one onto the other, for the two commands that run the
- * runner and write metrics, `tokenmill run` (cmd/job_run.c) and `tokenmill bench` (cmd/bench.c). It lives
- * here, above both modules, because sink never includes runner headers. */
+ * runner and write metrics, `tokenmill run` (cmd/job_run.c) and `tokenmill bench` (cmd/bench.c). It
+ * lives here, above both modules, because sink never includes runner headers. */
 #ifndef TM_CMD_RUN_METRICS_H
 #define TM_CMD_RUN_METRICS_H
 

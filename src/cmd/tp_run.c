@@ -1,5 +1,5 @@
-/* cmd/tp_run.c - tensor-parallel process orchestration for `tokenmill run` (see cmd/tp_run.h): option
- * parsing, starting local ranks, the rendezvous blob (NCCL id + engine settings + a model
+/* cmd/tp_run.c - tensor-parallel process orchestration for `tokenmill run` (see cmd/tp_run.h):
+ * option parsing, starting local ranks, the rendezvous blob (NCCL id + engine settings + a model
  * fingerprint), rank 0's engine wrapper, and the serve loop of the other ranks. */
 #define _POSIX_C_SOURCE 200809L
 #include "cmd/tp_run.h"
@@ -24,7 +24,7 @@
 
 #define WELCOME_MAGIC 0x544d5450u /* "TMTP" */
 #define WELCOME_VERSION 2
-#define REAP_WAIT_MS 20000        /* how long rank 0 waits for its local ranks to exit */
+#define REAP_WAIT_MS 20000 /* how long rank 0 waits for its local ranks to exit */
 
 /* What rank 0 hands every other rank at the rendezvous. Fixed-width fields only. */
 typedef struct tp_welcome {
@@ -32,16 +32,16 @@ typedef struct tp_welcome {
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
     uint32_t block_size, n_kv_block, max_seqs, max_batched_tokens, tp_size;
     uint32_t timeout_ms;
-    float gpu_mem_util;   /* with n_kv_block 0 every rank sizes its pool, then all take the min */
+    float gpu_mem_util; /* with n_kv_block 0 every rank sizes its pool, then all take the min */
     uint32_t n_layer, n_embd, n_head, n_kv_head, n_ff, n_vocab, head_dim; /* model fingerprint */
 } tp_welcome;
 
 /* Rank 0's engine: the CUDA rank-0 engine plus the processes and connections it needs. */
 typedef struct tp_engine {
-    tm_engine eng;      /* eng.impl points back here */
-    tm_engine *inner;   /* owned: rank 0's CUDA engine */
-    tm_rdzv *rdzv;      /* owned */
-    pid_t *kids;        /* [n_kids] owned: the local ranks this process started */
+    tm_engine eng;    /* eng.impl points back here */
+    tm_engine *inner; /* owned: rank 0's CUDA engine */
+    tm_rdzv *rdzv;    /* owned */
+    pid_t *kids;      /* [n_kids] owned: the local ranks this process started */
     uint32_t n_kids;
 } tp_engine;
 
@@ -51,9 +51,8 @@ static const char *addr_of(const tm_tp_launch *l) {
 
 /* Start local ranks [first, last) of this node: exec of this binary with the same job and launch
  * options plus --local-rank. Each child gets SIGTERM when this process dies. */
-static tm_rc spawn_local(const tm_tp_launch *l, const char *job_path, uint32_t port,
-                         uint32_t first, uint32_t last, pid_t *kids, uint32_t *n_kids,
-                         tm_err *err) {
+static tm_rc spawn_local(const tm_tp_launch *l, const char *job_path, uint32_t port, uint32_t first,
+                         uint32_t last, pid_t *kids, uint32_t *n_kids, tm_err *err) {
     for (uint32_t lr = first; lr < last; lr++) {
         char nn[16], nr[16], mp[16], to[16], lrs[16];
         snprintf(nn, sizeof(nn), "%u", l->nnodes);
@@ -61,9 +60,22 @@ static tm_rc spawn_local(const tm_tp_launch *l, const char *job_path, uint32_t p
         snprintf(mp, sizeof(mp), "%u", port);
         snprintf(to, sizeof(to), "%u", l->timeout_s);
         snprintf(lrs, sizeof(lrs), "%u", lr);
-        char *argv[] = {"tokenmill", "run", (char *)job_path, "--nnodes", nn, "--node-rank", nr,
-                        "--master-addr", (char *)addr_of(l), "--master-port", mp, "--tp-timeout",
-                        to, "--local-rank", lrs, NULL};
+        char *argv[] = {"tokenmill",
+                        "run",
+                        (char *)job_path,
+                        "--nnodes",
+                        nn,
+                        "--node-rank",
+                        nr,
+                        "--master-addr",
+                        (char *)addr_of(l),
+                        "--master-port",
+                        mp,
+                        "--tp-timeout",
+                        to,
+                        "--local-rank",
+                        lrs,
+                        NULL};
         const pid_t parent = getpid();
         pid_t pid = fork();
         if (pid < 0)
@@ -126,7 +138,7 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
 }
 
 static tm_rc tp_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
-                              uint32_t *ids, tm_err *err) {
+                               uint32_t *ids, tm_err *err) {
     tp_engine *t = eng->impl;
     return t->inner->ops->forward_greedy(t->inner, b, n_vocab_limit, ids, err);
 }
@@ -167,8 +179,7 @@ static tm_rc check_launch(const tm_tp_launch *l, uint32_t tp, uint32_t *nproc, t
     if (l->node_rank >= nn)
         return TM_ERR(err, TM_E_INVAL, "tp: --node-rank %u with --nnodes %u", l->node_rank, nn);
     if (nn > 1 && (!l->master_addr || !l->master_port))
-        return TM_ERR(err, TM_E_INVAL, "tp: --nnodes %u needs --master-addr and --master-port",
-                      nn);
+        return TM_ERR(err, TM_E_INVAL, "tp: --nnodes %u needs --master-addr and --master-port", nn);
     *nproc = tp / nn;
     if (l->local_rank >= (int32_t)*nproc)
         return TM_ERR(err, TM_E_INVAL, "tp: local rank %d of %u", l->local_rank, *nproc);
@@ -201,17 +212,24 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
         rc = TM_ERR(err, TM_E_NOMEM, "tp engine");
         goto fail;
     }
-    tp_welcome w = {.magic = WELCOME_MAGIC, .version = WELCOME_VERSION,
-                    .block_size = eo->block_size, .n_kv_block = eo->n_kv_block,
-                    .max_seqs = eo->max_seqs, .max_batched_tokens = eo->max_batched_tokens,
-                    .tp_size = eo->tp_size, .timeout_ms = l->timeout_s * 1000,
+    tp_welcome w = {.magic = WELCOME_MAGIC,
+                    .version = WELCOME_VERSION,
+                    .block_size = eo->block_size,
+                    .n_kv_block = eo->n_kv_block,
+                    .max_seqs = eo->max_seqs,
+                    .max_batched_tokens = eo->max_batched_tokens,
+                    .tp_size = eo->tp_size,
+                    .timeout_ms = l->timeout_s * 1000,
                     .gpu_mem_util = eo->gpu_mem_util};
     fingerprint(&m->cfg, &w);
     rc = tm_nccl_get_id(w.nccl_id, err);
     if (rc)
         goto fail;
-    tm_rdzv_cfg rcfg = {.addr = addr_of(l), .port = (uint16_t)l->master_port, .rank = 0,
-                        .world = eo->tp_size, .timeout_ms = l->timeout_s * 1000};
+    tm_rdzv_cfg rcfg = {.addr = addr_of(l),
+                        .port = (uint16_t)l->master_port,
+                        .rank = 0,
+                        .world = eo->tp_size,
+                        .timeout_ms = l->timeout_s * 1000};
     rc = tm_rdzv_listen(&rcfg, &t->rdzv, err);
     if (rc)
         goto fail;
@@ -226,8 +244,8 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
         goto fail;
     tm_engine_opts ro = *eo;
     ro.tp_rank = 0;
-    tm_engine_cuda_tp tcfg = {.device = 0, .rdzv = t->rdzv, .nccl_id = w.nccl_id,
-                              .timeout_ms = l->timeout_s * 1000};
+    tm_engine_cuda_tp tcfg = {
+        .device = 0, .rdzv = t->rdzv, .nccl_id = w.nccl_id, .timeout_ms = l->timeout_s * 1000};
     rc = tm_engine_cuda_tp_create(m, &ro, &tcfg, &t->inner, err);
     if (rc)
         goto fail;
@@ -253,8 +271,11 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
         rc = tm_model_load(spec->model, &m, err);
     if (rc)
         goto done;
-    tm_rdzv_cfg rcfg = {.addr = addr_of(l), .port = (uint16_t)l->master_port, .rank = rank,
-                        .world = spec->engine.tp, .timeout_ms = l->timeout_s * 1000};
+    tm_rdzv_cfg rcfg = {.addr = addr_of(l),
+                        .port = (uint16_t)l->master_port,
+                        .rank = rank,
+                        .world = spec->engine.tp,
+                        .timeout_ms = l->timeout_s * 1000};
     tp_welcome w, mine = {0};
     size_t len = 0;
     rc = tm_rdzv_join(&rcfg, &rdzv, &w, sizeof(w), &len, err);
@@ -273,11 +294,15 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
                     w.n_layer, w.n_embd, w.n_vocab, w.tp_size);
         goto done;
     }
-    tm_engine_opts eo = {.block_size = w.block_size, .n_kv_block = w.n_kv_block,
-                         .max_seqs = w.max_seqs, .max_batched_tokens = w.max_batched_tokens,
-                         .tp_rank = rank, .tp_size = w.tp_size, .gpu_mem_util = w.gpu_mem_util};
-    tm_engine_cuda_tp tcfg = {.device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id,
-                              .timeout_ms = w.timeout_ms};
+    tm_engine_opts eo = {.block_size = w.block_size,
+                         .n_kv_block = w.n_kv_block,
+                         .max_seqs = w.max_seqs,
+                         .max_batched_tokens = w.max_batched_tokens,
+                         .tp_rank = rank,
+                         .tp_size = w.tp_size,
+                         .gpu_mem_util = w.gpu_mem_util};
+    tm_engine_cuda_tp tcfg = {
+        .device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id, .timeout_ms = w.timeout_ms};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);
     if (rc) {
         tm_rdzv_report(rdzv, err->msg);

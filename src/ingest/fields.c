@@ -53,8 +53,8 @@ void tm_ingest_fail_set(tm_field_fail *fail, tm_errcode code, const char *what, 
 }
 
 // Integer field in [lo, hi]: a non-integer is wrong_type, out of range is invalid_value.
-static int get_int(const json_t *v, json_int_t lo, json_int_t hi, const char *what,
-                   json_int_t *out, tm_field_fail *fail) {
+static int get_int(const json_t *v, json_int_t lo, json_int_t hi, const char *what, json_int_t *out,
+                   tm_field_fail *fail) {
     if (!json_is_integer(v)) {
         tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, what, v);
         return -1;

@@ -20,9 +20,9 @@ typedef struct loader {
     const char *file; /* job file path, for messages */
     char *dir;        /* folder of the job file; "" when it is the current folder */
     tm_job_spec *spec;
-    json_t *canon;    /* canonical spec being built */
-    int canon_nomem;  /* a jansson allocation for canon failed */
-    char **list;      /* expanded input files, owned */
+    json_t *canon;   /* canonical spec being built */
+    int canon_nomem; /* a jansson allocation for canon failed */
+    char **list;     /* expanded input files, owned */
     size_t n_list, cap_list;
     tm_err *err;
 } loader;
@@ -31,21 +31,23 @@ static const char *const root_keys[] = {"$schema",  "model",  "input",         "
                                         "defaults", "limits", "chat_template", NULL};
 static const char *const input_keys[] = {"files", "kafka", NULL};
 static const char *const kafka_in_keys[] = {"brokers", "topics", "group", "mode", "config", NULL};
-static const char *const output_keys[] = {"dir", "prometheus_textfile", "commit_every_s",
-                                          "commit_every_records", "kafka", NULL};
+static const char *const output_keys[] = {
+    "dir", "prometheus_textfile", "commit_every_s", "commit_every_records", "kafka", NULL};
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
-static const char *const engine_keys[] = {"backend", "max_seqs", "max_batched_tokens",
-                                          "block_size", "prefix_cache", "tp", "threads",
-                                          "kv_blocks", "gpu_memory_utilization", "schedule",
-                                          "lookahead", NULL};
+static const char *const engine_keys[] = {
+    "backend", "max_seqs",  "max_batched_tokens",     "block_size", "prefix_cache", "tp",
+    "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    NULL};
 static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
                                           "max_messages", NULL};
 
 const char *tm_backend_name(tm_backend b) {
     switch (b) {
-    case TM_BACKEND_AUTO: return "auto";
-    case TM_BACKEND_CPU: return "cpu";
-    case TM_BACKEND_CUDA: return "cuda";
+    case TM_BACKEND_AUTO:
+        return "auto";
+    case TM_BACKEND_CPU:
+        return "cpu";
+    case TM_BACKEND_CUDA:
+        return "cuda";
     }
     return "unknown";
 }
@@ -118,8 +120,8 @@ static tm_rc get_section(loader *ld, const json_t *root, const char *key, int re
     return check_keys(ld, v, key, allowed);
 }
 
-static tm_rc get_u32(loader *ld, const json_t *obj, const char *sect, const char *key,
-                     uint32_t lo, uint32_t hi, uint32_t dflt, uint32_t *out, json_t *canon) {
+static tm_rc get_u32(loader *ld, const json_t *obj, const char *sect, const char *key, uint32_t lo,
+                     uint32_t hi, uint32_t dflt, uint32_t *out, json_t *canon) {
     char p[96];
     join_path(p, sizeof(p), sect, key);
     const json_t *v = obj ? json_object_get(obj, key) : NULL;
@@ -335,7 +337,7 @@ static void dedupe_inputs(loader *ld, size_t *order) {
         if (strcmp(ld->list[order[i]], ld->list[order[i - 1]]) == 0) {
             tm_free(ld->list[order[i]]); // stable sort: order[i] is the later one
             ld->list[order[i]] = NULL;
-            order[i] = order[i - 1];     // keep comparing against the surviving path
+            order[i] = order[i - 1]; // keep comparing against the surviving path
         }
     }
     size_t w = 0;
@@ -345,8 +347,7 @@ static void dedupe_inputs(loader *ld, size_t *order) {
     ld->n_list = w;
 }
 
-static tm_rc dup_str(loader *ld, const json_t *obj, const char *key, const char *jpath,
-                     char **out);
+static tm_rc dup_str(loader *ld, const json_t *obj, const char *key, const char *jpath, char **out);
 
 // A "config" object of strings (librdkafka settings) into [2 * n] owned key, value pairs.
 static tm_rc load_rdkafka_config(loader *ld, const json_t *cfg, const char *jpath, char ***out,
@@ -509,8 +510,8 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     }
     canon_set(ld, c, "backend", json_string(tm_backend_name(e->backend)));
     tm_rc rc;
-    rc = get_u32(ld, eng, "engine", "max_seqs", 1, INT32_MAX, TM_JOB_DEFAULT_MAX_SEQS,
-                 &e->max_seqs, c);
+    rc = get_u32(ld, eng, "engine", "max_seqs", 1, INT32_MAX, TM_JOB_DEFAULT_MAX_SEQS, &e->max_seqs,
+                 c);
     if (rc)
         return rc;
     rc = get_u32(ld, eng, "engine", "max_batched_tokens", 1, INT32_MAX,

@@ -41,24 +41,24 @@ typedef enum tm_backend {
 
 typedef struct tm_job_engine {
     tm_backend backend;
-    uint32_t max_seqs;           /* sequences in flight per step, >= 1 */
-    uint32_t max_batched_tokens; /* tokens per step (prefill chunks + decodes), >= 1 */
-    uint32_t block_size;         /* tokens per KV block, a power of two */
-    bool prefix_cache;           /* reuse KV blocks of shared prompt prefixes */
-    uint32_t tp;                 /* tensor-parallel ranks, >= 1 */
-    uint32_t threads;            /* CPU threads; 0 = all cores */
-    uint32_t kv_blocks;          /* KV blocks in the pool; 0 = size from free memory */
+    uint32_t max_seqs;             /* sequences in flight per step, >= 1 */
+    uint32_t max_batched_tokens;   /* tokens per step (prefill chunks + decodes), >= 1 */
+    uint32_t block_size;           /* tokens per KV block, a power of two */
+    bool prefix_cache;             /* reuse KV blocks of shared prompt prefixes */
+    uint32_t tp;                   /* tensor-parallel ranks, >= 1 */
+    uint32_t threads;              /* CPU threads; 0 = all cores */
+    uint32_t kv_blocks;            /* KV blocks in the pool; 0 = size from free memory */
     double gpu_memory_utilization; /* kv_blocks 0 on a GPU: fraction of its memory that device
                                     * use may reach, KV pool included, in (0, 1] */
-    bool schedule_fcfs;          /* "fcfs": admit in input order; default "prefix" ordering */
-    uint32_t lookahead;          /* records read, tokenized and ordered ahead of admission */
+    bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
+    uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */
 typedef struct tm_job_kafka_out {
-    char *brokers;          /* bootstrap.servers; owned */
-    char *topic;            /* owned */
-    char **config;          /* [2 * n_config] owned key, value pairs of librdkafka settings */
+    char *brokers; /* bootstrap.servers; owned */
+    char *topic;   /* owned */
+    char **config; /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
     char *transactional_id; /* owned; NULL: idempotent producer without transactions */
 } tm_job_kafka_out;
@@ -66,30 +66,30 @@ typedef struct tm_job_kafka_out {
 /* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
  * instead of input.files. */
 typedef struct tm_job_kafka_in {
-    char *brokers;          /* bootstrap.servers; owned */
-    char **topics;          /* [n_topics] owned topic names */
-    size_t n_topics;        /* >= 1 */
-    char *group;            /* group.id; owned */
-    bool follow;            /* mode "follow": run until SIGINT/SIGTERM; false: "drain" */
-    char **config;          /* [2 * n_config] owned key, value pairs of librdkafka settings */
+    char *brokers;   /* bootstrap.servers; owned */
+    char **topics;   /* [n_topics] owned topic names */
+    size_t n_topics; /* >= 1 */
+    char *group;     /* group.id; owned */
+    bool follow;     /* mode "follow": run until SIGINT/SIGTERM; false: "drain" */
+    char **config;   /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
 } tm_job_kafka_in;
 
 typedef struct tm_job_spec {
-    char *path;           /* the job file, as given to tm_job_spec_load */
-    char *model;          /* model folder, resolved */
-    char **inputs;        /* [n_inputs] input files, resolved and expanded, in read order */
-    size_t n_inputs;      /* >= 1 with input.files; 0 with input.kafka */
+    char *path;                /* the job file, as given to tm_job_spec_load */
+    char *model;               /* model folder, resolved */
+    char **inputs;             /* [n_inputs] input files, resolved and expanded, in read order */
+    size_t n_inputs;           /* >= 1 with input.files; 0 with input.kafka */
     tm_job_kafka_in *kafka_in; /* input.kafka, owned; NULL when the input is files */
-    char *output_dir;     /* resolved */
+    char *output_dir;          /* resolved */
     char *prometheus_textfile; /* output.prometheus_textfile, resolved; NULL when not set */
-    char *chat_template;  /* owned Jinja text overriding the tokenizer's chat_template; or NULL */
-    double commit_every_s;          /* output.commit_every_s: commit at least this often, > 0 */
-    uint32_t commit_every_records;  /* output.commit_every_records: ... or after this many, >= 1 */
-    tm_job_kafka_out *kafka;        /* output.kafka, owned; NULL when not set */
+    char *chat_template;   /* owned Jinja text overriding the tokenizer's chat_template; or NULL */
+    double commit_every_s; /* output.commit_every_s: commit at least this often, > 0 */
+    uint32_t commit_every_records; /* output.commit_every_records: ... or after this many, >= 1 */
+    tm_job_kafka_out *kafka;       /* output.kafka, owned; NULL when not set */
     tm_job_engine engine;
-    tm_sampling defaults; /* every field filled; .set has the bits the file gave explicitly */
-    uint64_t max_line_bytes; /* limits.max_line_bytes: longest accepted input line, >= 1 */
+    tm_sampling defaults;     /* every field filled; .set has the bits the file gave explicitly */
+    uint64_t max_line_bytes;  /* limits.max_line_bytes: longest accepted input line, >= 1 */
     uint32_t max_depth;       /* limits.max_depth: deepest array/object nesting in a line */
     uint64_t max_field_bytes; /* limits.max_field_bytes: longest string field tokenmill reads */
     uint32_t max_messages;    /* limits.max_messages: most chat messages (and stop strings) */

@@ -29,57 +29,57 @@
 enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
 
 typedef struct kpart {
-    char *topic;           /* owned */
+    char *topic; /* owned */
     int32_t partition;
-    bool owned;            /* in the current assignment */
-    bool revoking;         /* being revoked: the rebalance callback waits for its records */
-    int64_t hwm;           /* high watermark when the run started (drain target); 0 unknown */
-    int64_t hi;            /* highest offset handled in this run (handed out, skipped, no record,
-                            * or before this consumer's start); -1 none */
-    int64_t committed;     /* offset this consumer last committed; -1 none */
-    int64_t scan_min;      /* scratch: lowest offset not yet acked (commit_offsets) */
-    uint64_t next;         /* done set: every offset below is done */
-    uint64_t *rng;         /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
+    bool owned;        /* in the current assignment */
+    bool revoking;     /* being revoked: the rebalance callback waits for its records */
+    int64_t hwm;       /* high watermark when the run started (drain target); 0 unknown */
+    int64_t hi;        /* highest offset handled in this run (handed out, skipped, no record,
+                        * or before this consumer's start); -1 none */
+    int64_t committed; /* offset this consumer last committed; -1 none */
+    int64_t scan_min;  /* scratch: lowest offset not yet acked (commit_offsets) */
+    uint64_t next;     /* done set: every offset below is done */
+    uint64_t *rng;     /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
     size_t n_rng, cap_rng;
 } kpart;
 
 typedef struct ring_ent {
     int64_t offset;
-    uint32_t part;         /* index into parts */
-    uint8_t state;         /* ST_* */
+    uint32_t part; /* index into parts */
+    uint8_t state; /* ST_* */
 } ring_ent;
 
 struct tm_kafka_in {
     const tm_job_kafka_in *cfg; /* borrowed */
     tm_rec_parser *parser;      /* borrowed (the tm_source's): it numbers and makes the records */
     rd_kafka_t *rk;
-    bool txn;                   /* offsets go into the sink's transactions */
-    bool paused;                /* backpressure: the assignment is paused */
-    bool assigned;              /* an assignment is in place (eager: false between revoke and
-                                 * assign) */
+    bool txn;      /* offsets go into the sink's transactions */
+    bool paused;   /* backpressure: the assignment is paused */
+    bool assigned; /* an assignment is in place (eager: false between revoke and
+                    * assign) */
     bool closing;
     bool stop_logged;
-    bool holding;               /* in tm_kafka_in_wait: the source thread holds the last record
-                                 * handed out (it waits to push it), so it cannot become durable
-                                 * before the wait returns */
-    bool held_revoked;          /* the held record's partition was revoked or lost during this
-                                 * wait: the record is taken back (drop_held), not pushed */
-    uint64_t last_seq;          /* seq_no of the last record handed out */
-    tm_rc fatal_rc;             /* a fatal consumer error seen in a callback */
+    bool holding;      /* in tm_kafka_in_wait: the source thread holds the last record
+                        * handed out (it waits to push it), so it cannot become durable
+                        * before the wait returns */
+    bool held_revoked; /* the held record's partition was revoked or lost during this
+                        * wait: the record is taken back (drop_held), not pushed */
+    uint64_t last_seq; /* seq_no of the last record handed out */
+    tm_rc fatal_rc;    /* a fatal consumer error seen in a callback */
     tm_err fatal_err;
-    pthread_mutex_t mu;         /* guards parts and the ring */
-    pthread_cond_t cv;          /* signalled on acks */
+    pthread_mutex_t mu; /* guards parts and the ring */
+    pthread_cond_t cv;  /* signalled on acks */
     kpart *parts;
     size_t n_parts, cap_parts;
-    ring_ent *ring;             /* [ring_cap] circular: seq_no ring_base + i at (head + i) % cap */
+    ring_ent *ring; /* [ring_cap] circular: seq_no ring_base + i at (head + i) % cap */
     size_t ring_cap, ring_head, ring_n;
     uint64_t ring_base;
     rd_kafka_message_t **stash; /* messages polled while paused, served first (FIFO) */
     size_t n_stash, cap_stash, stash_head;
     double last_commit_ms;
     double last_warn_ms;
-    int revoke_wait_ms;         /* TM_KAFKA_IN_REVOKE_WAIT_MS, at most half the session timeout */
-    char file[320];             /* "kafka:TOPIC/PARTITION" of the current record */
+    int revoke_wait_ms; /* TM_KAFKA_IN_REVOKE_WAIT_MS, at most half the session timeout */
+    char file[320];     /* "kafka:TOPIC/PARTITION" of the current record */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -266,8 +266,7 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
     if (l->cnt > 0) {
         rd_kafka_resp_err_t e = rd_kafka_commit(ki->rk, l, sync ? 0 : 1);
         if (e) {
-            warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e),
-                         "");
+            warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
             pthread_mutex_lock(&ki->mu);
             for (int i = 0; i < l->cnt; i++) {
                 kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
@@ -281,8 +280,8 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
     ki->last_commit_ms = tm_now_ms();
 }
 
-static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e,
-                      rd_kafka_topic_partition_list_t *offs, void *opaque) {
+static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e, rd_kafka_topic_partition_list_t *offs,
+                      void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
     if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET)
@@ -325,9 +324,11 @@ static void wait_revoked_durable(tm_kafka_in *ki, int ms) {
     }
     pthread_mutex_unlock(&ki->mu);
     if (left)
-        TM_LOG_WARN("kafka_in", "rebalance: records of revoked partitions still in flight after "
+        TM_LOG_WARN("kafka_in",
+                    "rebalance: records of revoked partitions still in flight after "
                     "%d ms; they are finished here but not committed, so the new owner reads "
-                    "them again", ms);
+                    "them again",
+                    ms);
 }
 
 static void set_revoking(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *parts, bool on,
@@ -360,8 +361,8 @@ static void stash_purge(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *
     size_t w = 0;
     for (size_t i = 0; i < ki->n_stash; i++) {
         rd_kafka_message_t *m = ki->stash[(ki->stash_head + i) % ki->cap_stash];
-        bool gone = m->rkt && rd_kafka_topic_partition_list_find(
-                                  parts, rd_kafka_topic_name(m->rkt), m->partition) != NULL;
+        bool gone = m->rkt && rd_kafka_topic_partition_list_find(parts, rd_kafka_topic_name(m->rkt),
+                                                                 m->partition) != NULL;
         if (gone)
             rd_kafka_message_destroy(m);
         else
@@ -557,8 +558,7 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
         if (rc)
             goto fail;
     }
-    rd_kafka_topic_partition_list_t *subs =
-        rd_kafka_topic_partition_list_new((int)cfg->n_topics);
+    rd_kafka_topic_partition_list_t *subs = rd_kafka_topic_partition_list_new((int)cfg->n_topics);
     for (size_t i = 0; i < cfg->n_topics; i++)
         rd_kafka_topic_partition_list_add(subs, cfg->topics[i], RD_KAFKA_PARTITION_UA);
     rd_kafka_resp_err_t e = rd_kafka_subscribe(ki->rk, subs);
@@ -568,8 +568,8 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
         goto fail;
     }
     tm_stop_install();
-    TM_LOG_INFO("kafka_in", "consumer of group %s joined on %s (%s mode)", cfg->group,
-                cfg->brokers, cfg->follow ? "follow" : "drain");
+    TM_LOG_INFO("kafka_in", "consumer of group %s joined on %s (%s mode)", cfg->group, cfg->brokers,
+                cfg->follow ? "follow" : "drain");
     *out = ki;
     return TM_OK;
 fail:
@@ -673,11 +673,11 @@ static char *meta_json(const rd_kafka_message_t *m) {
         const char *name;
         const void *val;
         size_t size;
-        for (size_t i = 0; rd_kafka_header_get_all(hdrs, i, &name, &val, &size) ==
-                           RD_KAFKA_RESP_ERR_NO_ERROR;
+        for (size_t i = 0;
+             rd_kafka_header_get_all(hdrs, i, &name, &val, &size) == RD_KAFKA_RESP_ERR_NO_ERROR;
              i++)
-            json_array_append_new(hs, json_pack("{s:o?, s:o?}", "name", json_string(name),
-                                                "value", bytes_json(val, size)));
+            json_array_append_new(hs, json_pack("{s:o?, s:o?}", "name", json_string(name), "value",
+                                                bytes_json(val, size)));
     }
     json_object_set_new(o, "headers", hs);
     char *text = json_dumps(o, JSON_COMPACT);
@@ -819,7 +819,7 @@ tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
         if (tm_stop_requested()) {
             if (!ki->stop_logged)
                 TM_LOG_INFO("kafka_in", "stop signal: no more records are read; finishing the "
-                            "records in flight");
+                                        "records in flight");
             ki->stop_logged = true;
             return TM_E_EOF;
         }
@@ -870,9 +870,11 @@ static void drop_held(tm_kafka_in *ki, uint64_t held_seq) {
     long long offset = (long long)e->offset;
     ki->ring_n--;
     pthread_mutex_unlock(&ki->mu);
-    TM_LOG_INFO("kafka_in", "rebalance: %s/%d offset %lld was revoked while waiting for the "
+    TM_LOG_INFO("kafka_in",
+                "rebalance: %s/%d offset %lld was revoked while waiting for the "
                 "runner: dropped here (not answered, not done, not committed); the partition's "
-                "new owner answers it", topic, partition, offset);
+                "new owner answers it",
+                topic, partition, offset);
 }
 
 tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, tm_err *err) {
@@ -942,8 +944,11 @@ tm_rc tm_kafka_in_positions(tm_kafka_in *ki, tm_source_kpos_fn fn, void *ctx, tm
         const kpart *p = &ki->parts[i];
         if (p->next == 0 && p->n_rng == 0)
             continue; // nothing done: nothing to remember
-        tm_source_kpos pos = {.topic = p->topic, .partition = p->partition,
-                              .next = (int64_t)p->next, .ranges = p->rng, .n_ranges = p->n_rng,
+        tm_source_kpos pos = {.topic = p->topic,
+                              .partition = p->partition,
+                              .next = (int64_t)p->next,
+                              .ranges = p->rng,
+                              .n_ranges = p->n_rng,
                               .owned = p->owned};
         rc = fn(ctx, &pos, err);
     }

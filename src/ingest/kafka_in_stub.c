@@ -6,7 +6,8 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
                        tm_err *err) {
     (void)cfg, (void)parser;
     *out = NULL;
-    return TM_ERR(err, TM_E_KAFKA, "input.kafka: this tokenmill was built without librdkafka "
+    return TM_ERR(err, TM_E_KAFKA,
+                  "input.kafka: this tokenmill was built without librdkafka "
                   "(install librdkafka-dev and rebuild)");
 }
 

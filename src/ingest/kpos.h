@@ -13,13 +13,13 @@
 
 /* One Kafka partition's done offsets (the manifest's view; ingest/kafka_in.h). */
 typedef struct tm_source_kpos {
-    const char *topic;      /* borrowed for the callback */
+    const char *topic; /* borrowed for the callback */
     int32_t partition;
     int64_t next;           /* every offset below it is done */
     const uint64_t *ranges; /* [2 * n_ranges] done offsets above next: inclusive [first, last]
                              * pairs, ascending, not touching next; borrowed for the callback */
     size_t n_ranges;
-    bool owned;             /* assigned to this consumer now: its offset may be committed */
+    bool owned; /* assigned to this consumer now: its offset may be committed */
 } tm_source_kpos;
 typedef tm_rc (*tm_source_kpos_fn)(void *ctx, const tm_source_kpos *pos, tm_err *err);
 

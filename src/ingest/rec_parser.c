@@ -217,8 +217,8 @@ static tm_rc parse_messages(tm_rec_parser *ps, tm_job *job, const json_t *msgs, 
     char field[96];
     snprintf(field, sizeof(field), "%smessages", prefix);
     if (!json_is_array(msgs)) {
-        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE, "an array of {\"role\", \"content\"} objects",
-                           msgs);
+        tm_ingest_fail_set(&ff, TM_ERRCODE_WRONG_TYPE,
+                           "an array of {\"role\", \"content\"} objects", msgs);
         return field_fail(job, field, &ff, err);
     }
     size_t n = json_array_size(msgs);
@@ -228,8 +228,8 @@ static tm_rc parse_messages(tm_rec_parser *ps, tm_job *job, const json_t *msgs, 
     }
     if (n > ps->spec->max_messages)
         return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
-                        "field '%s' has %zu messages, more than limits.max_messages (%u)", field,
-                        n, ps->spec->max_messages);
+                        "field '%s' has %zu messages, more than limits.max_messages (%u)", field, n,
+                        ps->spec->max_messages);
     job->messages = tm_calloc(n, sizeof(*job->messages));
     if (!job->messages)
         return TM_ERR(err, TM_E_NOMEM, "messages");
@@ -277,9 +277,9 @@ static tm_rc take_id(tm_rec_parser *ps, tm_job *job, const json_t *id, const cha
     if (!job->id_json)
         return TM_ERR(err, TM_E_NOMEM, "record id");
     int added = 1;
-    tm_rc rc = ps->no_id_check ? TM_OK
-                                : idset_add(&ps->ids, job->id_json, strlen(job->id_json), &added,
-                                            err);
+    tm_rc rc = ps->no_id_check
+                   ? TM_OK
+                   : idset_add(&ps->ids, job->id_json, strlen(job->id_json), &added, err);
     if (rc)
         return rc;
     if (!added)
@@ -320,16 +320,15 @@ static tm_rc parse_cache_salt(tm_rec_parser *ps, tm_job *job, const json_t *v, t
 
 // An optional integer field in [lo, hi] (null = absent): 1 and *out set when given, 0 when
 // absent, -1 when the job was failed (*rc set).
-static int opt_int(tm_job *job, const json_t *obj, const char *key, const char *field,
-                   long long lo, long long hi, const char *what, long long *out, tm_rc *rc,
-                   tm_err *err) {
+static int opt_int(tm_job *job, const json_t *obj, const char *key, const char *field, long long lo,
+                   long long hi, const char *what, long long *out, tm_rc *rc, tm_err *err) {
     const json_t *v = json_object_get(obj, key);
     tm_field_fail ff;
     if (!v || json_is_null(v))
         return 0;
     if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
-        tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
-                                                   : TM_ERRCODE_WRONG_TYPE, what, v);
+        tm_ingest_fail_set(
+            &ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE : TM_ERRCODE_WRONG_TYPE, what, v);
         *rc = field_fail(job, field, &ff, err);
         return -1;
     }
@@ -401,8 +400,8 @@ static tm_rc parse_eval_native(tm_rec_parser *ps, const json_t *root, tm_job *jo
                         "fields 'continuation' and 'continuations': give at most one of them");
     const char *field = cs ? "continuations" : "continuation";
     if (cs && (!json_is_array(cs) || json_array_size(cs) == 0)) {
-        tm_ingest_fail_set(&ff, json_is_array(cs) ? TM_ERRCODE_INVALID_VALUE
-                                                  : TM_ERRCODE_WRONG_TYPE,
+        tm_ingest_fail_set(&ff,
+                           json_is_array(cs) ? TM_ERRCODE_INVALID_VALUE : TM_ERRCODE_WRONG_TYPE,
                            "a non-empty array of non-empty strings", cs);
         return field_fail(job, field, &ff, err);
     }
@@ -417,7 +416,8 @@ static tm_rc parse_eval_native(tm_rec_parser *ps, const json_t *root, tm_job *jo
     if ((job->sp.set & TM_SP_MAX_TOKENS) && job->sp.max_tokens > 0)
         return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
                         "field 'max_tokens': a scoring record (with '%s') generates nothing; "
-                        "leave max_tokens out or give 0", field);
+                        "leave max_tokens out or give 0",
+                        field);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = cs ? json_array_get(cs, i) : c1;
         char name[48];
@@ -505,17 +505,23 @@ static const struct {
     const char *key;
     const char *neutral[3];
 } unsupported_body[] = {
-    {"tools", {"[]"}},                 {"functions", {"[]"}},
-    {"best_of", {"1"}},                {"echo", {"false"}},
-    {"suffix", {"\"\""}},              {"logit_bias", {"{}"}},
-    {"frequency_penalty", {"0", "0.0"}}, {"presence_penalty", {"0", "0.0"}},
-    {"audio", {"{}"}},                 {"prediction", {"{}"}},
+    {"tools", {"[]"}},
+    {"functions", {"[]"}},
+    {"best_of", {"1"}},
+    {"echo", {"false"}},
+    {"suffix", {"\"\""}},
+    {"logit_bias", {"{}"}},
+    {"frequency_penalty", {"0", "0.0"}},
+    {"presence_penalty", {"0", "0.0"}},
+    {"audio", {"{}"}},
+    {"prediction", {"{}"}},
 };
 
 static int is_neutral(const json_t *v, const char *const *neutral) {
     if (json_is_null(v))
         return 1;
-    if (json_is_number(v) && json_number_value(v) == 0 && neutral[0] && strcmp(neutral[0], "0") == 0)
+    if (json_is_number(v) && json_number_value(v) == 0 && neutral[0] &&
+        strcmp(neutral[0], "0") == 0)
         return 1;
     char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     int ok = 0;
@@ -544,9 +550,9 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
     if (!method)
         return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'method' is required");
     if (!json_is_string(method) || strcmp(json_string_value(method), "POST") != 0) {
-        tm_ingest_fail_set(&ff, json_is_string(method) ? TM_ERRCODE_INVALID_VALUE
-                                                       : TM_ERRCODE_WRONG_TYPE,
-                           "\"POST\"", method);
+        tm_ingest_fail_set(
+            &ff, json_is_string(method) ? TM_ERRCODE_INVALID_VALUE : TM_ERRCODE_WRONG_TYPE,
+            "\"POST\"", method);
         return field_fail(job, "method", &ff, err);
     }
     if (!url)
@@ -595,9 +601,9 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
     v = json_object_get(body, "n");
     if (v && !json_is_null(v)) {
         if (!json_is_integer(v) || json_integer_value(v) < 1) {
-            tm_ingest_fail_set(&ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE
-                                                       : TM_ERRCODE_WRONG_TYPE,
-                               "an integer >= 1", v);
+            tm_ingest_fail_set(
+                &ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE : TM_ERRCODE_WRONG_TYPE,
+                "an integer >= 1", v);
             return field_fail(job, "body.n", &ff, err);
         }
         if (json_integer_value(v) > TM_MAX_N)
@@ -661,7 +667,8 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
                             "field 'body.prompt' is for /v1/completions; /v1/chat/completions "
                             "takes 'body.messages'");
         if (!msgs)
-            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body.messages' is required");
+            return job_fail(job, TM_ERRCODE_MISSING_FIELD, err,
+                            "field 'body.messages' is required");
         rc = parse_messages(ps, job, msgs, "body.", true, err);
         if (rc || job->err_code)
             return rc;

@@ -29,9 +29,9 @@ typedef struct tm_rec_parser {
     const tm_job_spec *spec; /* borrowed: limits.* */
     uint64_t seq_no;         /* seq_no of the next record */
     tm_rec_parser_ids ids;
-    tm_rec_format file_fmt;  /* format of the current file's first JSON object line */
+    tm_rec_format file_fmt; /* format of the current file's first JSON object line */
     bool file_fmt_known;
-    bool no_id_check;        /* duplicate ids are not checked (Kafka: redelivery is normal) */
+    bool no_id_check; /* duplicate ids are not checked (Kafka: redelivery is normal) */
 } tm_rec_parser;
 
 /* Caller-provided storage. Borrows spec, which must outlive the parser. Allocates nothing. */

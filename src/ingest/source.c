@@ -28,20 +28,20 @@ struct tm_source {
     size_t i_file;           /* index of the open file, or of the next one to open */
     bool open;               /* a file is open */
     in_fmt fmt;
-    FILE *fp;                /* plain and lz4 */
+    FILE *fp; /* plain and lz4 */
     gzFile gz;
     LZ4F_dctx *dctx;
-    unsigned char *zin;      /* [CHUNK_BYTES] compressed bytes (lz4) */
+    unsigned char *zin; /* [CHUNK_BYTES] compressed bytes (lz4) */
     size_t zin_pos, zin_len;
-    bool lz4_in_frame;       /* the last LZ4F_decompress call did not end a frame */
-    char *chunk;             /* [CHUNK_BYTES] decoded bytes */
+    bool lz4_in_frame; /* the last LZ4F_decompress call did not end a frame */
+    char *chunk;       /* [CHUNK_BYTES] decoded bytes */
     size_t chunk_pos, chunk_len;
-    tm_buf line;             /* current line, at most max_line_bytes + 1 bytes */
-    uint64_t line_no;        /* 1-based number of the last line read in the open file */
-    tm_rec_parser parser;    /* numbers and parses the records (files and Kafka) */
-    pthread_mutex_t ack_mu;  /* guards acked (tm_source_ack comes from the sink thread) */
-    tm_seqset acked;         /* seq_nos acknowledged as durable */
-    tm_kafka_in *kafka;      /* input.kafka: the consumer, owned; NULL for files */
+    tm_buf line;            /* current line, at most max_line_bytes + 1 bytes */
+    uint64_t line_no;       /* 1-based number of the last line read in the open file */
+    tm_rec_parser parser;   /* numbers and parses the records (files and Kafka) */
+    pthread_mutex_t ack_mu; /* guards acked (tm_source_ack comes from the sink thread) */
+    tm_seqset acked;        /* seq_nos acknowledged as durable */
+    tm_kafka_in *kafka;     /* input.kafka: the consumer, owned; NULL for files */
 };
 
 // ---- byte layer ----
@@ -98,8 +98,8 @@ static tm_rc refill_lz4(tm_source *src, tm_err *err) {
                 if (ferror(src->fp))
                     return TM_ERR(err, TM_E_IO, "%s: read failed: %s", path, strerror(errno));
                 if (src->lz4_in_frame)
-                    return TM_ERR(err, TM_E_PARSE, "%s: truncated LZ4 stream (last frame has no end)",
-                                  path);
+                    return TM_ERR(err, TM_E_PARSE,
+                                  "%s: truncated LZ4 stream (last frame has no end)", path);
                 return TM_OK; // chunk_len == 0: end of file
             }
             src->zin_pos = 0;

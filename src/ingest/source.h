@@ -29,10 +29,9 @@
 
 typedef struct tm_source tm_source;
 
-
 /* Open a source over spec->inputs, or over spec->kafka_in (ingest/kafka_in.h: the consumer joins
- * its group here; errors then also TM_E_KAFKA). Borrows spec; it must outlive the source. Files are opened
- * lazily by tm_source_next. On success *out owns the source (free with tm_source_destroy).
+ * its group here; errors then also TM_E_KAFKA). Borrows spec; it must outlive the source. Files are
+ * opened lazily by tm_source_next. On success *out owns the source (free with tm_source_destroy).
  * Errors: TM_E_NOMEM. */
 tm_rc tm_source_open(const tm_job_spec *spec, tm_source **out, tm_err *err);
 void tm_source_destroy(tm_source *src); /* NULL is a no-op; closes the open file */

@@ -28,22 +28,22 @@
 struct group;
 
 typedef struct seq {
-    tm_sched_seq q;         /* what the scheduler sees: tokens, blocks, progress, wanted rows;
-                             * q.active iff job is set */
-    tm_job *job;            /* owned while the sequence runs (borrowed from grp when grp is set);
-                             * NULL = free slot */
+    tm_sched_seq q; /* what the scheduler sees: tokens, blocks, progress, wanted rows;
+                     * q.active iff job is set */
+    tm_job *job;    /* owned while the sequence runs (borrowed from grp when grp is set);
+                     * NULL = free slot */
     uint32_t n_gen;
-    uint32_t max_len;       /* stop at this many tokens (context / pool limit) */
+    uint32_t max_len; /* stop at this many tokens (context / pool limit) */
     int32_t max_tokens;
     tm_sample_params sp;
-    char *const *stop;      /* borrowed from job or defaults */
+    char *const *stop; /* borrowed from job or defaults */
     uint32_t n_stop;
     size_t max_stop_len;
     tm_detok detok;
     tm_buf text;
     double t_admit_ms, t_first_ms;
-    double t_last_ms;       /* when the latest generated token was sampled */
-    float *itl;             /* [n_itl] gaps between generated tokens (ms); to the completion */
+    double t_last_ms; /* when the latest generated token was sampled */
+    float *itl;       /* [n_itl] gaps between generated tokens (ms); to the completion */
     uint32_t n_itl, cap_itl;
     /* Evaluation (issue 5). Rows of positions [q.score_next, q.score_end) are wanted for
      * scoring: the row of position p gives the logprob of token p + 1 (a prompt token when
@@ -53,12 +53,12 @@ typedef struct seq {
     uint32_t sub;           /* index of this sequence in its group */
     uint32_t n_prompt_only; /* prompt tokens before a continuation (= q.n_prompt without one) */
     uint32_t n_top, n_top_prompt; /* alternatives per generated/scored and per prompt token */
-    tm_logprobs *lp;        /* owned; generated or continuation tokens' logprobs, or NULL */
-    tm_logprobs *plp;       /* owned; prompt tokens' logprobs, or NULL */
+    tm_logprobs *lp;              /* owned; generated or continuation tokens' logprobs, or NULL */
+    tm_logprobs *plp;             /* owned; prompt tokens' logprobs, or NULL */
     uint32_t lp_cap, plp_cap;
-    double score_sum;       /* continuation: sum of its token logprobs */
-    uint32_t n_scored;      /* continuation tokens scored */
-    int not_greedy;         /* continuation: some token was not the argmax of its row */
+    double score_sum;  /* continuation: sum of its token logprobs */
+    uint32_t n_scored; /* continuation tokens scored */
+    int not_greedy;    /* continuation: some token was not the argmax of its row */
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -66,21 +66,21 @@ typedef struct seq {
  * copy share the prompt's KV. References: the pending window entry (until every sequence is
  * admitted) and each running sequence; the last unref frees it. */
 typedef struct group {
-    tm_job *job;            /* owned; the sequences borrow it */
-    tm_ids *sub_ids;        /* [n_sub] each sequence's ids, moved into it at admission */
+    tm_job *job;     /* owned; the sequences borrow it */
+    tm_ids *sub_ids; /* [n_sub] each sequence's ids, moved into it at admission */
     uint32_t n_sub, n_admit, n_fin, n_ref;
-    uint32_t n_prompt;      /* prompt tokens (without a continuation) */
-    int failed;             /* an error record was emitted; admit nothing more */
+    uint32_t n_prompt; /* prompt tokens (without a continuation) */
+    int failed;        /* an error record was emitted; admit nothing more */
     double t_admit_ms, t_first_ms;
-    tm_completion *c;       /* owned until emitted; choices/scores filled as sequences finish */
+    tm_completion *c; /* owned until emitted; choices/scores filled as sequences finish */
 } group;
 
 /* A record read ahead of admission: tokenized, checked, waiting in the window. */
 typedef struct pending {
-    tm_job *job;            /* owned (borrowed from grp when grp is set) */
-    tm_ids ids;             /* owned prompt tokens */
-    group *grp;             /* a reference to the record's group, or NULL */
-    int32_t max_tokens;     /* merged with the defaults, for ordering */
+    tm_job *job;        /* owned (borrowed from grp when grp is set) */
+    tm_ids ids;         /* owned prompt tokens */
+    group *grp;         /* a reference to the record's group, or NULL */
+    int32_t max_tokens; /* merged with the defaults, for ordering */
 } pending;
 
 typedef struct runner {
@@ -90,25 +90,25 @@ typedef struct runner {
     tm_queue *out;
     tm_runner_stats *stats;
     tm_kv_pool *pool;
-    tm_pcache *pcache;      /* NULL when the prefix cache is off */
-    pending *win;           /* [lookahead] the window; [win_head, win_len) still waiting */
+    tm_pcache *pcache; /* NULL when the prefix cache is off */
+    pending *win;      /* [lookahead] the window; [win_head, win_len) still waiting */
     uint32_t win_cap, win_head, win_len;
-    seq *seqs;              /* [max_seqs] slots */
+    seq *seqs; /* [max_seqs] slots */
     uint32_t n_running;
     uint64_t n_admitted;
-    uint32_t max_len;       /* min(n_ctx, pool capacity) */
+    uint32_t max_len; /* min(n_ctx, pool capacity) */
     uint32_t max_blocks_per_seq;
-    uint32_t n_vocab;       /* logits row length (the model's vocab_size) */
-    uint32_t n_vocab_tok;   /* ids the tokenizer can decode; sampling never picks beyond */
+    uint32_t n_vocab;     /* logits row length (the model's vocab_size) */
+    uint32_t n_vocab_tok; /* ids the tokenizer can decode; sampling never picks beyond */
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
-    tm_sched sched;         /* the step planner over seqs[i].q (slots) */
-    tm_sched_seq **slots;   /* [max_seqs] &seqs[i].q */
-    tm_sched_plan plan;     /* the current step's plan */
-    tm_batch_seq *bseqs;    /* [max_seqs] the current step's batch, one per plan entry */
-    float *logits;          /* [max_seqs][n_vocab] */
-    uint32_t *ids;          /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_sched sched;       /* the step planner over seqs[i].q (slots) */
+    tm_sched_seq **slots; /* [max_seqs] &seqs[i].q */
+    tm_sched_plan plan;   /* the current step's plan */
+    tm_batch_seq *bseqs;  /* [max_seqs] the current step's batch, one per plan entry */
+    float *logits;        /* [max_seqs][n_vocab] */
+    uint32_t *ids;        /* [max_seqs] forward_greedy's ids of a greedy step */
     tm_sample_scratch scratch;
 } runner;
 
@@ -949,8 +949,8 @@ static void runner_fini(runner *r) {
     tm_kv_pool_destroy(r->pool);
 }
 
-tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok,
-                    tm_queue *in, tm_queue *out, tm_runner_stats *stats, tm_err *err) {
+tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
+                    tm_queue *out, tm_runner_stats *stats, tm_err *err) {
     runner r = {.cfg = cfg, .eng = eng, .tok = tok, .out = out, .stats = stats};
     tm_rc rc;
     const tm_model_cfg *mc = &eng->model->cfg;
@@ -999,8 +999,10 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
         r.slots[i] = &r.seqs[i].q;
     }
     r.sched = (tm_sched){
-        .cfg = {.max_seqs = cfg->max_seqs, .max_batched_tokens = cfg->max_batched_tokens,
-                .block_size = cfg->block_size, .can_copy = eng->ops->kv_copy != NULL},
+        .cfg = {.max_seqs = cfg->max_seqs,
+                .max_batched_tokens = cfg->max_batched_tokens,
+                .block_size = cfg->block_size,
+                .can_copy = eng->ops->kv_copy != NULL},
         .pool = r.pool,
         .pcache = r.pcache,
         .slots = r.slots,

@@ -9,13 +9,13 @@
  *
  * Prefix cache: every full block (prompt or generated) is offered to the cache under a chained
  * key; a sequence starts from the longest chain of cached blocks of its prompt (always computing at
- * least its last prompt token) and keeps matching at each block boundary, so a block finished by one
- * sequence serves the next. A sequence whose next block another, older running sequence is about
- * to compute waits for it instead of computing it twice. With the PREFIX policy the runner reads up
- * to `lookahead` records ahead, tokenizes them and admits them in token-trie (lexicographic) order,
- * longest max_tokens first within a group sharing a first block; the window is refilled when it is
- * empty. Runs on the calling thread;
- * the queues connect it to the source and sink threads. */
+ * least its last prompt token) and keeps matching at each block boundary, so a block finished by
+ * one sequence serves the next. A sequence whose next block another, older running sequence is
+ * about to compute waits for it instead of computing it twice. With the PREFIX policy the runner
+ * reads up to `lookahead` records ahead, tokenizes them and admits them in token-trie
+ * (lexicographic) order, longest max_tokens first within a group sharing a first block; the window
+ * is refilled when it is empty. Runs on the calling thread; the queues connect it to the source and
+ * sink threads. */
 #ifndef TM_RUNNER_RUNNER_H
 #define TM_RUNNER_RUNNER_H
 
@@ -41,26 +41,26 @@ typedef struct tm_runner_cfg {
     tm_sampling defaults;        /* job defaults; borrowed (stop strings must outlive the run) */
     int prefix_cache;            /* reuse cached KV blocks of shared prefixes */
     tm_sched_policy policy;
-    uint32_t lookahead;          /* records tokenized and ordered ahead of admission (PREFIX) */
-    const char *chat_template;   /* Jinja chat template overriding the tokenizer's, or NULL;
-                                  * borrowed (must outlive the run) */
+    uint32_t lookahead;        /* records tokenized and ordered ahead of admission (PREFIX) */
+    const char *chat_template; /* Jinja chat template overriding the tokenizer's, or NULL;
+                                * borrowed (must outlive the run) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
 typedef struct tm_runner_stats {
     uint64_t n_step;
-    uint64_t n_step_greedy;   /* steps run with the engine's forward_greedy (only ids came back) */
-    uint64_t n_tok_prefill;   /* prompt tokens computed (recomputes after preemption included) */
-    uint64_t n_tok_decode;    /* tokens computed in decode position */
-    double prefill_s;         /* step time attributed to prefill tokens (pro rata per step) */
-    double decode_s;          /* step time attributed to decode tokens */
-    double tokenize_s;        /* time spent tokenizing prompts */
+    uint64_t n_step_greedy; /* steps run with the engine's forward_greedy (only ids came back) */
+    uint64_t n_tok_prefill; /* prompt tokens computed (recomputes after preemption included) */
+    uint64_t n_tok_decode;  /* tokens computed in decode position */
+    double prefill_s;       /* step time attributed to prefill tokens (pro rata per step) */
+    double decode_s;        /* step time attributed to decode tokens */
+    double tokenize_s;      /* time spent tokenizing prompts */
     uint64_t n_preempt;
-    uint64_t n_tok_cached;    /* prompt tokens served from the prefix cache or copied */
-    uint64_t n_tok_copied;    /* tokens whose K/V were copied from a partly filled shared block */
-    uint64_t n_tok_prompt;    /* prompt tokens of admitted records */
-    double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
-    double sum_running;       /* sum over steps of sequences in the step */
+    uint64_t n_tok_cached; /* prompt tokens served from the prefix cache or copied */
+    uint64_t n_tok_copied; /* tokens whose K/V were copied from a partly filled shared block */
+    uint64_t n_tok_prompt; /* prompt tokens of admitted records */
+    double sum_step_fill;  /* sum over steps of tokens / max_batched_tokens */
+    double sum_running;    /* sum over steps of sequences in the step */
 } tm_runner_stats;
 
 /* Run until the input queue is closed and drained and every admitted record has finished. Pops
@@ -68,7 +68,7 @@ typedef struct tm_runner_stats {
  * the consumer). Does not close out. Errors returned are fatal for the job (engine failure,
  * allocation failure, TM_E_INVAL for a bad cfg); per-record problems (TM_E_RECORD inside: a prompt
  * too long, a template or text that fails, non-finite logits) become error completions. */
-tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok,
-                    tm_queue *in, tm_queue *out, tm_runner_stats *stats, tm_err *err);
+tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
+                    tm_queue *out, tm_runner_stats *stats, tm_err *err);
 
 #endif /* TM_RUNNER_RUNNER_H */

@@ -11,8 +11,8 @@
 struct tm_kafka_out {
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
-    bool txn;                 /* transactional mode */
-    bool in_txn;              /* a transaction is open */
+    bool txn;    /* transactional mode */
+    bool in_txn; /* a transaction is open */
     int timeout_ms;
     uint64_t n_sent, n_acked; /* messages produced / acknowledged */
     uint64_t n_failed;        /* failed delivery reports */
@@ -44,9 +44,9 @@ static tm_rc check(tm_kafka_out *ko, tm_err *err) {
 // Turn an rd_kafka_error_t (transactions API) into err; frees it.
 static tm_rc txn_fail(rd_kafka_error_t *e, const char *what, tm_err *err) {
     tm_rc rc = TM_ERR(err, TM_E_KAFKA, "kafka %s: %s%s", what, rd_kafka_error_string(e),
-                      rd_kafka_error_is_fatal(e)                 ? " (fatal: fenced or broken)"
-                      : rd_kafka_error_txn_requires_abort(e)     ? " (transaction aborted)"
-                                                                 : "");
+                      rd_kafka_error_is_fatal(e)             ? " (fatal: fenced or broken)"
+                      : rd_kafka_error_txn_requires_abort(e) ? " (transaction aborted)"
+                                                             : "");
     rd_kafka_error_destroy(e);
     return rc;
 }
@@ -147,8 +147,9 @@ static tm_rc commit_txn(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_
 
 tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
                           const char *group_id, tm_err *err) {
-    rd_kafka_consumer_group_metadata_t *gm =
-        group_id && n_offs ? rd_kafka_consumer_group_metadata_new(group_id) : NULL;
+    rd_kafka_consumer_group_metadata_t *gm = group_id && n_offs
+                                                 ? rd_kafka_consumer_group_metadata_new(group_id)
+                                                 : NULL;
     tm_rc rc = commit_txn(ko, offs, n_offs, gm, err);
     if (gm)
         rd_kafka_consumer_group_metadata_destroy(gm);

@@ -27,9 +27,9 @@
 typedef struct tm_kafka_out tm_kafka_out;
 
 typedef struct tm_kafka_out_cfg {
-    const char *brokers;          /* bootstrap.servers */
+    const char *brokers; /* bootstrap.servers */
     const char *topic;
-    char *const *config;          /* [2 * n_config] extra librdkafka settings, key then value */
+    char *const *config; /* [2 * n_config] extra librdkafka settings, key then value */
     size_t n_config;
     const char *transactional_id; /* NULL: no transactions */
     double timeout_s;             /* most seconds one commit may wait for acks; 0 = 60 */
@@ -39,7 +39,7 @@ typedef struct tm_kafka_out_cfg {
 typedef struct tm_kafka_offset {
     const char *topic;
     int32_t partition;
-    int64_t offset;               /* the next offset to consume (last processed + 1) */
+    int64_t offset; /* the next offset to consume (last processed + 1) */
 } tm_kafka_offset;
 
 /* Create the producer (and with a transactional id, init_transactions + begin the first

@@ -4,7 +4,8 @@
 tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err *err) {
     (void)cfg;
     *out = NULL;
-    return TM_ERR(err, TM_E_KAFKA, "output.kafka: this tokenmill was built without librdkafka "
+    return TM_ERR(err, TM_E_KAFKA,
+                  "output.kafka: this tokenmill was built without librdkafka "
                   "(install librdkafka-dev and rebuild)");
 }
 

@@ -234,8 +234,7 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
         j++;
     }
     if (old->n_inputs != cur->n_inputs) {
-        snprintf(why, n, "the input list changed (%zu files -> %zu)", old->n_inputs,
-                 cur->n_inputs);
+        snprintf(why, n, "the input list changed (%zu files -> %zu)", old->n_inputs, cur->n_inputs);
         return false;
     }
     // Inputs: seq_nos are positions in the input, so the files must be the very same bytes.
@@ -259,8 +258,8 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
 static json_t *file_json(const tm_manifest_file *f, bool with_hash) {
     json_t *o = json_pack("{s:s, s:I, s:I}", "path", f->name, "size", (json_int_t)f->size,
                           "mtime_ns", (json_int_t)f->mtime_ns);
-    if (o && with_hash && json_object_set_new(o, "xxh3", f->xxh3[0] ? json_string(f->xxh3)
-                                                                    : json_null()) != 0) {
+    if (o && with_hash &&
+        json_object_set_new(o, "xxh3", f->xxh3[0] ? json_string(f->xxh3) : json_null()) != 0) {
         json_decref(o);
         return NULL;
     }
@@ -284,8 +283,8 @@ static json_t *ranges_json(const tm_seqset *s) {
         size_t k = i;
         while (k + 1 < s->n_above && s->above[k + 1] == s->above[k] + 1)
             k++;
-        if (json_array_append_new(a, json_pack("[I, I]", (json_int_t)s->above[i],
-                                               (json_int_t)s->above[k])) != 0) {
+        if (json_array_append_new(
+                a, json_pack("[I, I]", (json_int_t)s->above[i], (json_int_t)s->above[k])) != 0) {
             json_decref(a);
             a = NULL;
         }
@@ -322,8 +321,8 @@ static json_t *kparts_json(const tm_manifest *m) {
                 rs = NULL;
             }
         if (json_array_append_new(a, json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic,
-                                                "partition", (int)k->partition, "next",
-                                                (json_int_t)k->next, "done_above", rs)) != 0) {
+                                               "partition", (int)k->partition, "next",
+                                               (json_int_t)k->next, "done_above", rs)) != 0) {
             json_decref(a);
             return NULL;
         }
@@ -336,21 +335,18 @@ static json_t *to_json(const tm_manifest *m) {
     char now[32];
     tm_utc_now_str(now, sizeof(now));
     json_t *kafka = m->kafka_topic ? json_pack("{s:s}", "topic", m->kafka_topic) : json_null();
-    root = json_pack(
-        "{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
-        " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:I}}",
-        "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
-        "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
-        "model", "files", files_json(m->model_files, m->n_model_files, true),
-        "inputs", files_json(m->inputs, m->n_inputs, false),
-        "outputs", TM_SINK_COMPLETIONS_FILE, "bytes", (json_int_t)m->bytes_completions,
-        TM_SINK_ERRORS_FILE, "bytes", (json_int_t)m->bytes_errors,
-        "kafka", kafka,
-        "records", "watermark", (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done),
-        "total", m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
-        "finished", (int)m->finished,
-        "counts", counts_json(&m->counts),
-        "commits", "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
+    root = json_pack("{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
+                     " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:I}}",
+                     "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
+                     "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
+                     "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
+                     files_json(m->inputs, m->n_inputs, false), "outputs", TM_SINK_COMPLETIONS_FILE,
+                     "bytes", (json_int_t)m->bytes_completions, TM_SINK_ERRORS_FILE, "bytes",
+                     (json_int_t)m->bytes_errors, "kafka", kafka, "records", "watermark",
+                     (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done), "total",
+                     m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
+                     "finished", (int)m->finished, "counts", counts_json(&m->counts), "commits",
+                     "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
@@ -366,7 +362,8 @@ typedef struct reader {
 
 static void bad(reader *r, const char *field) {
     if (!r->rc)
-        r->rc = TM_ERR(r->err, TM_E_PARSE, "%s: %s: missing or of the wrong type (not a manifest "
+        r->rc = TM_ERR(r->err, TM_E_PARSE,
+                       "%s: %s: missing or of the wrong type (not a manifest "
                        "this tokenmill understands; rerun with --restart to start over)",
                        r->path, field);
 }
@@ -423,7 +420,8 @@ static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
     for (size_t i = 0; i < json_array_size(parts) && !r->rc; i++) {
         const json_t *o = json_array_get(parts, i);
         const char *topic = json_string_value(json_object_get(o, "topic"));
-        const json_t *pa = json_object_get(o, "partition"), *above = json_object_get(o, "done_above");
+        const json_t *pa = json_object_get(o, "partition"),
+                     *above = json_object_get(o, "done_above");
         uint64_t next = get_u64(r, o, "next", "input_kafka.partitions[].next");
         if (!topic || !json_is_integer(pa) || json_integer_value(pa) < 0 ||
             json_integer_value(pa) > INT32_MAX || !json_is_array(above)) {
@@ -448,8 +446,8 @@ static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
             rs[2 * j + 1] = (uint64_t)json_integer_value(b);
             prev = rs[2 * j + 1] + 1;
         }
-        if (!r->rc && tm_manifest_kpart_set(m, topic, (int32_t)json_integer_value(pa), next, rs, n,
-                                            r->err)) {
+        if (!r->rc &&
+            tm_manifest_kpart_set(m, topic, (int32_t)json_integer_value(pa), next, rs, n, r->err)) {
             tm_free(rs);
             return r->err->rc;
         }
@@ -575,7 +573,8 @@ tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err
     }
     root = json_load_file(path, 0, &jerr);
     if (!root) {
-        rc = TM_ERR(err, TM_E_PARSE, "%s: line %d: %s (a manifest is replaced atomically, so this "
+        rc = TM_ERR(err, TM_E_PARSE,
+                    "%s: line %d: %s (a manifest is replaced atomically, so this "
                     "file was damaged outside tokenmill; rerun with --restart to start over)",
                     path, jerr.line, jerr.text);
         goto done;
@@ -632,14 +631,16 @@ static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t 
     struct stat st;
     if (stat(path, &st) != 0) {
         if (errno != ENOENT || len > 0)
-            rc = TM_ERR(err, TM_E_IO, "%s: %s, but the manifest commits %llu bytes of it "
+            rc = TM_ERR(err, TM_E_IO,
+                        "%s: %s, but the manifest commits %llu bytes of it "
                         "(the output folder was damaged; rerun with --restart to start over)",
                         path, strerror(errno), (unsigned long long)len);
         tm_free(path);
         return rc;
     }
     if ((uint64_t)st.st_size < len) {
-        rc = TM_ERR(err, TM_E_IO, "%s has %lld bytes but the manifest commits %llu (committed "
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s has %lld bytes but the manifest commits %llu (committed "
                     "bytes were lost: the output folder was damaged outside tokenmill; rerun "
                     "with --restart to start over)",
                     path, (long long)st.st_size, (unsigned long long)len);
@@ -660,8 +661,7 @@ static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t 
     return rc;
 }
 
-tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes,
-                          tm_err *err) {
+tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err) {
     *cut_bytes = 0;
     static const char *const tmps[] = {TM_MANIFEST_FILE ".tmp", "metrics.json.tmp"};
     for (size_t i = 0; i < sizeof(tmps) / sizeof(tmps[0]); i++) {
@@ -691,10 +691,11 @@ tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err) {
     } else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
         close(f);
-        rc = e == EWOULDBLOCK
-                 ? TM_ERR(err, TM_E_AGAIN, "another tokenmill process is running a job in %s "
-                          "(it holds %s); wait for it to end", dir, path)
-                 : TM_ERR(err, TM_E_IO, "locking %s: %s", path, strerror(e));
+        rc = e == EWOULDBLOCK ? TM_ERR(err, TM_E_AGAIN,
+                                       "another tokenmill process is running a job in %s "
+                                       "(it holds %s); wait for it to end",
+                                       dir, path)
+                              : TM_ERR(err, TM_E_IO, "locking %s: %s", path, strerror(e));
     } else {
         *fd = f;
     }

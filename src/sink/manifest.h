@@ -9,8 +9,8 @@
  * commit_every_records): (1) close the LZ4 frame and write out both data files, (2) fsync them,
  * (3) write manifest.json.tmp, fsync it, (4) rename it over manifest.json, (5) fsync the folder.
  * A crash before (4) leaves the old manifest, which names only older, fsynced bytes; after (4) the
- * new one, whose bytes were fsynced in (2). Fault points (base/fault_io.h): after_write_before_fsync
- * (sink.c, between 1 and 2), after_fsync_before_rename (between 3 and 4),
+ * new one, whose bytes were fsynced in (2). Fault points (base/fault_io.h):
+ * after_write_before_fsync (sink.c, between 1 and 2), after_fsync_before_rename (between 3 and 4),
  * after_rename_before_dirsync (between 4 and 5), after_commit. A failed fsync is never retried: the
  * job stops and the next run starts from the last manifest.
  *
@@ -52,32 +52,32 @@ typedef struct tm_manifest_counts {
  * are numbered in consumption order, which changes from run to run, so for them the done set
  * (`done` below) covers the last run only and these offsets are the resume state. */
 typedef struct tm_manifest_kpart {
-    char *topic;        /* owned */
+    char *topic; /* owned */
     int32_t partition;
-    uint64_t next;      /* every offset below it is done */
-    uint64_t *ranges;   /* [2 * n_ranges] owned; done offsets above next, inclusive [first, last]
-                         * pairs, ascending, apart, not touching next */
+    uint64_t next;    /* every offset below it is done */
+    uint64_t *ranges; /* [2 * n_ranges] owned; done offsets above next, inclusive [first, last]
+                       * pairs, ascending, apart, not touching next */
     size_t n_ranges;
 } tm_manifest_kpart;
 
 typedef struct tm_manifest {
-    char spec_hash[33];           /* xxh3-128 hex of the canonical job spec */
-    char *job_path;               /* owned; informational (the job may move) */
+    char spec_hash[33];            /* xxh3-128 hex of the canonical job spec */
+    char *job_path;                /* owned; informational (the job may move) */
     tm_manifest_file *model_files; /* [n_model_files] owned; sorted by name */
     size_t n_model_files;
-    tm_manifest_file *inputs;     /* [n_inputs] owned; in read order */
+    tm_manifest_file *inputs; /* [n_inputs] owned; in read order */
     size_t n_inputs;
-    uint64_t bytes_completions;   /* committed length of completions.jsonl.lz4 */
-    uint64_t bytes_errors;        /* committed length of errors.jsonl */
-    tm_seqset done;               /* input records (seq_no) whose output is committed */
-    uint64_t n_records;           /* records in the whole input; valid when total_known */
-    bool total_known;             /* the source reached the end of the input */
-    bool finished;                /* the job ended and every record is done */
+    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 */
+    uint64_t bytes_errors;      /* committed length of errors.jsonl */
+    tm_seqset done;             /* input records (seq_no) whose output is committed */
+    uint64_t n_records;         /* records in the whole input; valid when total_known */
+    bool total_known;           /* the source reached the end of the input */
+    bool finished;              /* the job ended and every record is done */
     tm_manifest_counts counts;
-    uint64_t n_commits;           /* commits over all runs */
-    uint32_t n_runs;              /* runs that committed at least once (this one included) */
-    char *kafka_topic;            /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
-    tm_manifest_kpart *kparts;    /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
+    uint64_t n_commits;        /* commits over all runs */
+    uint32_t n_runs;           /* runs that committed at least once (this one included) */
+    char *kafka_topic;         /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
+    tm_manifest_kpart *kparts; /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
     size_t n_kparts, cap_kparts;
 } tm_manifest;
 

@@ -66,10 +66,10 @@ struct tm_metrics {
     tm_metrics_settings set;
     char *backend, *kv_dtype, *model_path, *model_arch, *device;
     bool have_settings;
-    char *job_path;          /* owned, or NULL */
-    tm_metrics_bench bench;  /* strings owned; valid when have_bench */
+    char *job_path;         /* owned, or NULL */
+    tm_metrics_bench bench; /* strings owned; valid when have_bench */
     bool have_bench;
-    tm_nvml *nvml;           /* NULL without NVML */
+    tm_nvml *nvml; /* NULL without NVML */
     gpu gpus[MAX_GPUS];
     uint32_t n_gpu;
     char driver[96];
@@ -415,8 +415,7 @@ static json_t *hist_summary(const hist *h) {
                      num_or_null(h->n ? h->sum / (double)h->n : NAN), "p50",
                      num_or_null(hist_percentile(h, 50)), "p90",
                      num_or_null(hist_percentile(h, 90)), "p99",
-                     num_or_null(hist_percentile(h, 99)), "max",
-                     num_or_null(h->n ? h->max : NAN));
+                     num_or_null(hist_percentile(h, 99)), "max", num_or_null(h->n ? h->max : NAN));
 }
 
 // host.gpus: null without NVML, else the devices with their power over the job so far.
@@ -464,10 +463,10 @@ static json_t *build_json(const tm_metrics *m) {
         }
     json_t *spec = json_null();
     if (m->spec_used)
-        spec = json_pack("{s:I, s:I, s:o}", "proposed", (json_int_t)m->n_spec_proposed,
-                         "accepted", (json_int_t)m->n_spec_accepted, "acceptance_rate",
-                         num_or_null(ratio((double)m->n_spec_accepted,
-                                           (double)m->n_spec_proposed)));
+        spec =
+            json_pack("{s:I, s:I, s:o}", "proposed", (json_int_t)m->n_spec_proposed, "accepted",
+                      (json_int_t)m->n_spec_accepted, "acceptance_rate",
+                      num_or_null(ratio((double)m->n_spec_accepted, (double)m->n_spec_proposed)));
     json_t *settings = json_null();
     if (m->have_settings)
         settings = json_pack(
@@ -495,32 +494,28 @@ static json_t *build_json(const tm_metrics *m) {
         " s:{s:I, s:I, s:I, s:o}, s:{s:I, s:I, s:I, s:o},"
         " s:{s:o, s:o, s:o, s:o}, s:{s:I, s:I, s:f, s:I, s:f, s:I, s:o, s:o},"
         " s:{s:o, s:o, s:o, s:o}, s:o, s:o, s:o, s:{s:s, s:s, s:I, s:o, s:o}}",
-        "schema_version", TM_METRICS_SCHEMA_VERSION,
-        "tokenmill", "version", TM_VERSION, "git_commit", TM_GIT_COMMIT,
-        "job", str_or_null(m->job_path), "bench", bench,
-        "time", "start_utc", m->start_utc, "end_utc", m->ended ? m->end_utc : now_utc,
-        "start_unix_s", m->start_unix_s, "end_unix_s", m->ended ? m->end_unix_s : unix_now_s(),
-        "wall_s", wall_s, "finished", (int)m->ended,
-        "records", "in", (json_int_t)n_in, "ok", (json_int_t)m->n_ok, "failed",
-        (json_int_t)m->n_failed, "errors_by_code", by_code,
-        "tokens", "prompt", (json_int_t)m->n_tok_prompt, "cached", (json_int_t)m->n_tok_cached,
-        "completion", (json_int_t)m->n_tok_gen, "prefix_cache_hit_rate",
-        num_or_null(ratio((double)m->n_tok_cached, (double)m->n_tok_prompt)),
-        "throughput", "prefill_tok_s", num_or_null(ratio((double)m->n_tok_prefill, m->prefill_s)),
-        "decode_tok_s", num_or_null(ratio((double)m->n_tok_decode, m->decode_s)), "output_tok_s",
+        "schema_version", TM_METRICS_SCHEMA_VERSION, "tokenmill", "version", TM_VERSION,
+        "git_commit", TM_GIT_COMMIT, "job", str_or_null(m->job_path), "bench", bench, "time",
+        "start_utc", m->start_utc, "end_utc", m->ended ? m->end_utc : now_utc, "start_unix_s",
+        m->start_unix_s, "end_unix_s", m->ended ? m->end_unix_s : unix_now_s(), "wall_s", wall_s,
+        "finished", (int)m->ended, "records", "in", (json_int_t)n_in, "ok", (json_int_t)m->n_ok,
+        "failed", (json_int_t)m->n_failed, "errors_by_code", by_code, "tokens", "prompt",
+        (json_int_t)m->n_tok_prompt, "cached", (json_int_t)m->n_tok_cached, "completion",
+        (json_int_t)m->n_tok_gen, "prefix_cache_hit_rate",
+        num_or_null(ratio((double)m->n_tok_cached, (double)m->n_tok_prompt)), "throughput",
+        "prefill_tok_s", num_or_null(ratio((double)m->n_tok_prefill, m->prefill_s)), "decode_tok_s",
+        num_or_null(ratio((double)m->n_tok_decode, m->decode_s)), "output_tok_s",
         num_or_null(ratio((double)m->n_tok_gen, wall_s)), "records_per_s",
-        num_or_null(ratio((double)n_in, wall_s)),
-        "engine", "steps", (json_int_t)m->n_steps, "prefill_tokens",
-        (json_int_t)m->n_tok_prefill, "prefill_s", m->prefill_s, "decode_tokens",
+        num_or_null(ratio((double)n_in, wall_s)), "engine", "steps", (json_int_t)m->n_steps,
+        "prefill_tokens", (json_int_t)m->n_tok_prefill, "prefill_s", m->prefill_s, "decode_tokens",
         (json_int_t)m->n_tok_decode, "decode_s", m->decode_s, "preemptions",
         (json_int_t)m->n_preempt, "mean_step_fill",
         num_or_null(ratio(m->sum_step_fill, (double)m->n_steps)), "mean_running_seqs",
-        num_or_null(ratio(m->sum_running, (double)m->n_steps)),
-        "latency_ms", "ttft", summary(&m->ttft), "e2e", summary(&m->e2e), "tpot",
-        summary(&m->tpot), "itl", hist_summary(&m->itl),
-        "speculative", spec, "settings", settings, "model", model,
-        "host", "hostname", m->hostname, "cpu_model", m->cpu_model, "n_cpus",
-        (json_int_t)m->n_cpus, "device", str_or_null(m->device), "gpus", gpus_json(m, wall_s));
+        num_or_null(ratio(m->sum_running, (double)m->n_steps)), "latency_ms", "ttft",
+        summary(&m->ttft), "e2e", summary(&m->e2e), "tpot", summary(&m->tpot), "itl",
+        hist_summary(&m->itl), "speculative", spec, "settings", settings, "model", model, "host",
+        "hostname", m->hostname, "cpu_model", m->cpu_model, "n_cpus", (json_int_t)m->n_cpus,
+        "device", str_or_null(m->device), "gpus", gpus_json(m, wall_s));
 }
 
 tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) {
@@ -528,12 +523,11 @@ tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) 
     if (root && m->have_dur &&
         json_object_set_new(
             root, "durability",
-            json_pack("{s:I, s:I, s:f, s:f, s:i, s:I, s:I}", "commits",
-                      (json_int_t)m->dur.commits, "commits_total", (json_int_t)m->dur.commits_total,
-                      "commit_ms_total", m->dur.commit_ms_total, "commit_ms_max",
-                      m->dur.commit_ms_max, "runs", (int)m->dur.runs, "resumed_records",
-                      (json_int_t)m->dur.resumed_records, "cut_bytes",
-                      (json_int_t)m->dur.cut_bytes)) != 0) {
+            json_pack("{s:I, s:I, s:f, s:f, s:i, s:I, s:I}", "commits", (json_int_t)m->dur.commits,
+                      "commits_total", (json_int_t)m->dur.commits_total, "commit_ms_total",
+                      m->dur.commit_ms_total, "commit_ms_max", m->dur.commit_ms_max, "runs",
+                      (int)m->dur.runs, "resumed_records", (json_int_t)m->dur.resumed_records,
+                      "cut_bytes", (json_int_t)m->dur.cut_bytes)) != 0) {
         json_decref(root);
         root = NULL;
     }

@@ -30,19 +30,19 @@
 /* What the job ran with. Strings are borrowed by tm_metrics_set_settings, which copies them; NULL
  * or "" means unknown (written as null). */
 typedef struct tm_metrics_settings {
-    const char *backend;         /* "cpu", "cuda" (the resolved backend, not "auto") */
-    uint32_t tp;                 /* tensor-parallel ranks */
+    const char *backend; /* "cpu", "cuda" (the resolved backend, not "auto") */
+    uint32_t tp;         /* tensor-parallel ranks */
     uint32_t max_seqs;
     uint32_t max_batched_tokens;
-    uint32_t block_size;         /* tokens per KV block */
-    uint32_t kv_blocks;          /* KV blocks in the pool (0 = unknown) */
-    const char *kv_dtype;        /* "bf16", "f32", ... */
+    uint32_t block_size;  /* tokens per KV block */
+    uint32_t kv_blocks;   /* KV blocks in the pool (0 = unknown) */
+    const char *kv_dtype; /* "bf16", "f32", ... */
     bool prefix_cache;
-    uint32_t threads;            /* CPU threads used */
+    uint32_t threads; /* CPU threads used */
     const char *model_path;
-    const char *model_arch;      /* config.json "architectures"[0] or model_type */
-    uint64_t n_params;           /* 0 = unknown */
-    const char *device;          /* accelerator, e.g. "NVIDIA H200 x4"; NULL for cpu */
+    const char *model_arch; /* config.json "architectures"[0] or model_type */
+    uint64_t n_params;      /* 0 = unknown */
+    const char *device;     /* accelerator, e.g. "NVIDIA H200 x4"; NULL for cpu */
 } tm_metrics_settings;
 
 /* The standard workload a `tokenmill bench` run measured (BENCHMARKS.md); absent for jobs. */
@@ -75,14 +75,14 @@ tm_rc tm_metrics_set_bench(tm_metrics *m, const tm_metrics_bench *b, tm_err *err
 tm_rc tm_metrics_add_record(tm_metrics *m, const tm_completion *c, tm_err *err);
 /* Engine totals as the runner counts them. */
 typedef struct tm_metrics_engine {
-    uint64_t steps;           /* forward passes */
-    uint64_t n_tok_prefill;   /* prompt tokens computed (cached ones excluded) */
-    double prefill_s;         /* step time attributed to them */
-    uint64_t n_tok_decode;    /* generated tokens computed */
+    uint64_t steps;         /* forward passes */
+    uint64_t n_tok_prefill; /* prompt tokens computed (cached ones excluded) */
+    double prefill_s;       /* step time attributed to them */
+    uint64_t n_tok_decode;  /* generated tokens computed */
     double decode_s;
-    uint64_t preemptions;     /* sequences preempted for KV blocks (recomputed later) */
-    double sum_step_fill;     /* sum over steps of tokens / max_batched_tokens */
-    double sum_running;       /* sum over steps of sequences in the step */
+    uint64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
+    double sum_step_fill; /* sum over steps of tokens / max_batched_tokens */
+    double sum_running;   /* sum over steps of sequences in the step */
 } tm_metrics_engine;
 
 /* Add engine totals (may be called once per step or once per job with sums). */
@@ -100,8 +100,8 @@ typedef struct tm_metrics_earlier {
 void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e);
 /* Commit figures of a tokenmill run job ("durability" in metrics.json; absent until set). */
 typedef struct tm_metrics_durability {
-    uint64_t commits;         /* this run */
-    uint64_t commits_total;   /* all runs */
+    uint64_t commits;       /* this run */
+    uint64_t commits_total; /* all runs */
     double commit_ms_total, commit_ms_max;
     uint32_t runs;            /* runs that committed, this one included */
     uint64_t resumed_records; /* records committed by earlier runs, skipped now */

@@ -15,11 +15,11 @@
 typedef void *nvml_dev; /* nvmlDevice_t */
 
 struct tm_nvml {
-    void *lib;                                           /* dlopen handle */
+    void *lib; /* dlopen handle */
     int (*shutdown)(void);
     int (*get_name)(nvml_dev, char *, unsigned);
-    int (*get_power)(nvml_dev, unsigned *);              /* mW */
-    int (*get_energy)(nvml_dev, unsigned long long *);   /* mJ; may be absent (old drivers) */
+    int (*get_power)(nvml_dev, unsigned *);            /* mW */
+    int (*get_energy)(nvml_dev, unsigned long long *); /* mJ; may be absent (old drivers) */
     int (*driver_version)(char *, unsigned);
     nvml_dev dev[MAX_DEV];
     uint32_t n_dev;
@@ -56,8 +56,7 @@ tm_nvml *tm_nvml_open(void) {
     bad |= bind(lib, "nvmlDeviceGetHandleByIndex_v2", &by_index, sizeof(by_index));
     bad |= bind(lib, "nvmlDeviceGetName", &nv->get_name, sizeof(nv->get_name));
     bad |= bind(lib, "nvmlDeviceGetPowerUsage", &nv->get_power, sizeof(nv->get_power));
-    bad |= bind(lib, "nvmlSystemGetDriverVersion", &nv->driver_version,
-                sizeof(nv->driver_version));
+    bad |= bind(lib, "nvmlSystemGetDriverVersion", &nv->driver_version, sizeof(nv->driver_version));
     bind(lib, "nvmlDeviceGetTotalEnergyConsumption", &nv->get_energy, sizeof(nv->get_energy));
     if (bad || init() != 0) {
         nv->shutdown = NULL; // not initialised: nothing to shut down

@@ -18,16 +18,16 @@
 #define BAR_WIDTH 24
 
 struct tm_progress {
-    char *job_name;              /* owned */
-    char *textfile;              /* owned, or NULL (also after the first write error) */
-    tm_progress_mode mode;       /* resolved: BAR, LINES or OFF */
+    char *job_name;        /* owned */
+    char *textfile;        /* owned, or NULL (also after the first write error) */
+    tm_progress_mode mode; /* resolved: BAR, LINES or OFF */
     double interval_ms;
-    FILE *out;                   /* borrowed */
-    _Atomic uint64_t total_p1;   /* total records + 1; 0 = not known yet */
+    FILE *out;                 /* borrowed */
+    _Atomic uint64_t total_p1; /* total records + 1; 0 = not known yet */
     uint64_t n_done, n_failed, n_tok_prompt, n_tok_gen;
     double start_ms, start_unix_s;
     double last_draw_ms, last_line_ms, last_textfile_ms;
-    int drawn;                   /* BAR: something is on the line */
+    int drawn; /* BAR: something is on the line */
 };
 
 static double unix_now_s(void) {
@@ -198,8 +198,8 @@ static tm_rc append_label(tm_buf *b, const char *v, tm_err *err) {
     return rc;
 }
 
-static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const char *help,
-                    double v, tm_err *err) {
+static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const char *help, double v,
+                    tm_err *err) {
     tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n%s{job=\"", name, help, name,
                              name);
     if (!rc)

@@ -27,11 +27,11 @@ typedef enum tm_progress_mode {
 } tm_progress_mode;
 
 typedef struct tm_progress_cfg {
-    const char *job_name;   /* for lines and the textfile's job label; copied */
-    const char *textfile;   /* Prometheus textfile path, or NULL; copied */
+    const char *job_name; /* for lines and the textfile's job label; copied */
+    const char *textfile; /* Prometheus textfile path, or NULL; copied */
     tm_progress_mode mode;
-    double interval_s;      /* LINES: seconds between lines; 0 = 10 */
-    FILE *out;              /* where BAR/LINES go; NULL = stderr. Borrowed; must outlive it */
+    double interval_s; /* LINES: seconds between lines; 0 = 10 */
+    FILE *out;         /* where BAR/LINES go; NULL = stderr. Borrowed; must outlive it */
 } tm_progress_cfg;
 
 typedef struct tm_progress tm_progress;

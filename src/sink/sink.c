@@ -20,12 +20,12 @@ enum { SLICE_BYTES = 64 * 1024 }; /* lines are fed to LZ4F in slices of at most 
 
 struct tm_sink {
     tm_sink_opts opts;
-    char *dir;               /* owned */
+    char *dir; /* owned */
     char *path_lz4, *path_err;
     FILE *f_lz4, *f_err;
     LZ4F_cctx *cctx;
     LZ4F_preferences_t prefs;
-    unsigned char *dst;      /* [dst_cap] LZ4F output */
+    unsigned char *dst; /* [dst_cap] LZ4F output */
     size_t dst_cap;
     bool in_frame;
     uint64_t frame_n_rec, frame_n_bytes;
@@ -183,8 +183,9 @@ static tm_rc append_lp_oai_chat(tm_buf *b, const tm_logprobs *l, tm_err *err) {
     for (uint32_t i = 0; i < l->n_tok && !rc; i++) {
         for (uint32_t j = 0; j <= l->n_top && !rc; j++) { // j = 0: the token, then alternatives
             size_t e = i * per + j;
-            rc = tm_buf_append_str(b, j == 0 ? (i ? ",{\"token\":" : "{\"token\":")
-                                             : (j > 1 ? ",{\"token\":" : "{\"token\":"),
+            rc = tm_buf_append_str(b,
+                                   j == 0 ? (i ? ",{\"token\":" : "{\"token\":")
+                                          : (j > 1 ? ",{\"token\":" : "{\"token\":"),
                                    err);
             if (!rc)
                 rc = append_lp_tok(b, l, e, err);
@@ -263,8 +264,8 @@ static tm_rc append_oai_choice(tm_buf *b, bool chat, uint32_t index, const char 
                                tm_finish finish, const tm_logprobs *lp, tm_err *err) {
     tm_rc rc = tm_buf_printf(b, err, "%s{\"index\":%u,", index ? "," : "", index);
     if (!rc)
-        rc = tm_buf_append_str(b, chat ? "\"message\":{\"role\":\"assistant\",\"content\":"
-                                       : "\"text\":", err);
+        rc = tm_buf_append_str(
+            b, chat ? "\"message\":{\"role\":\"assistant\",\"content\":" : "\"text\":", err);
     if (!rc)
         rc = tm_buf_append_json_str(b, text, strlen(text), err);
     if (!rc)
@@ -287,11 +288,13 @@ static tm_rc format_ok_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
     bool chat = c->format == TM_REC_FORMAT_OPENAI_CHAT;
     const char *text = c->text ? c->text : "";
     const char *model = c->model ? c->model : "";
-    tm_rc rc = tm_buf_printf(b, err, "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{"
-                             "\"status_code\":200,\"request_id\":\"req_%s\",\"body\":{\"id\":\"%s%s\","
-                             "\"object\":\"%s\",\"created\":%lld,\"model\":",
-                             hex, c->id_json, hex, chat ? "chatcmpl-" : "cmpl-", hex,
-                             chat ? "chat.completion" : "text_completion", (long long)time(NULL));
+    tm_rc rc =
+        tm_buf_printf(b, err,
+                      "{\"id\":\"batch_req_%s\",\"custom_id\":%s,\"response\":{"
+                      "\"status_code\":200,\"request_id\":\"req_%s\",\"body\":{\"id\":\"%s%s\","
+                      "\"object\":\"%s\",\"created\":%lld,\"model\":",
+                      hex, c->id_json, hex, chat ? "chatcmpl-" : "cmpl-", hex,
+                      chat ? "chat.completion" : "text_completion", (long long)time(NULL));
     if (!rc)
         rc = tm_buf_append_json_str(b, model, strlen(model), err);
     if (!rc)
@@ -355,8 +358,8 @@ static tm_rc format_error_openai(tm_buf *b, const tm_completion *c, tm_err *err)
                                ",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}},\"error\":null",
                                server ? "server_error" : "invalid_request_error", code);
     } else if (!rc) {
-        rc = tm_buf_printf(b, err, "\"response\":null,\"error\":{\"code\":\"%s\",\"message\":",
-                           code);
+        rc = tm_buf_printf(b, err,
+                           "\"response\":null,\"error\":{\"code\":\"%s\",\"message\":", code);
         if (!rc)
             rc = tm_buf_append_json_str(b, msg, strlen(msg), err);
         if (!rc)
@@ -382,12 +385,14 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     tm_rc rc = tm_buf_append_str(b, "{\"id\":", err);
     if (!rc)
         rc = tm_buf_append_str(b, c->id_json, err); // already JSON text, written verbatim
-    if (!rc && c->n_scores) { // a scoring record: one score per continuation
+    if (!rc && c->n_scores) {                       // a scoring record: one score per continuation
         rc = tm_buf_append_str(b, ",\"scores\":[", err);
         for (uint32_t i = 0; i < c->n_scores && !rc; i++) {
             const tm_score *sc = &c->scores[i];
-            rc = tm_buf_printf(b, err, "%s{\"index\":%u,\"logprob\":%.17g,\"n_tokens\":%u,"
-                               "\"is_greedy\":%s", i ? "," : "", i, sc->logprob, sc->n_tok,
+            rc = tm_buf_printf(b, err,
+                               "%s{\"index\":%u,\"logprob\":%.17g,\"n_tokens\":%u,"
+                               "\"is_greedy\":%s",
+                               i ? "," : "", i, sc->logprob, sc->n_tok,
                                sc->is_greedy ? "true" : "false");
             if (!rc)
                 rc = append_lp_field(b, "logprobs", sc->logprobs, err);
@@ -426,10 +431,11 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = append_lp_field(b, "prompt_logprobs", c->prompt_logprobs, err);
     if (!rc)
-        rc = tm_buf_printf(b, err,
-                           ",\"usage\":{\"prompt_tokens\":%u,"
-                           "\"completion_tokens\":%u,\"cached_tokens\":%u},\"timing\":{\"ttft_ms\":",
-                           c->n_tok_prompt, c->n_tok_gen, c->n_tok_cached);
+        rc =
+            tm_buf_printf(b, err,
+                          ",\"usage\":{\"prompt_tokens\":%u,"
+                          "\"completion_tokens\":%u,\"cached_tokens\":%u},\"timing\":{\"ttft_ms\":",
+                          c->n_tok_prompt, c->n_tok_gen, c->n_tok_cached);
     if (!rc)
         rc = append_ms(b, c->ttft_ms, err);
     if (!rc)

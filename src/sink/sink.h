@@ -32,14 +32,14 @@ typedef struct tm_sink_opts {
 } tm_sink_opts;
 
 typedef struct tm_sink_stats {
-    uint64_t n_ok;          /* ok records written */
-    uint64_t n_err;         /* error records written */
-    uint64_t n_frames;      /* LZ4 frames closed */
-    uint64_t bytes_raw;     /* uncompressed JSONL bytes of ok records */
-    uint64_t bytes_lz4;     /* bytes written to completions.jsonl.lz4 */
-    uint64_t size_lz4;      /* length of completions.jsonl.lz4 (appended-to length included, */
-    uint64_t size_err;      /* ... and of errors.jsonl), buffered bytes included: right after a
-                             * successful tm_sink_flush, the durable lengths (the manifest's) */
+    uint64_t n_ok;      /* ok records written */
+    uint64_t n_err;     /* error records written */
+    uint64_t n_frames;  /* LZ4 frames closed */
+    uint64_t bytes_raw; /* uncompressed JSONL bytes of ok records */
+    uint64_t bytes_lz4; /* bytes written to completions.jsonl.lz4 */
+    uint64_t size_lz4;  /* length of completions.jsonl.lz4 (appended-to length included, */
+    uint64_t size_err;  /* ... and of errors.jsonl), buffered bytes included: right after a
+                         * successful tm_sink_flush, the durable lengths (the manifest's) */
 } tm_sink_stats;
 
 /* Create out_dir (and its parents) if missing and open both files. opts may be NULL (defaults).

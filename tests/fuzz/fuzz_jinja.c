@@ -1,11 +1,11 @@
-/* tests/fuzz/fuzz_jinja.c - libFuzzer target for the chat-template Jinja subset (runner/text/jinja.c):
- * the input is a template; the first byte (when present) picks add_generation_prompt and one of
- * four message lists, the rest is the template text. Every parse and render must end in TM_OK or
- * TM_E_INVAL with a message (never a crash, hang, leak or other code), and the output stays under
- * the renderer's limit. Built with clang -fsanitize=fuzzer,address,undefined when TM_FUZZ=ON;
- * without libFuzzer the same file builds with a main() that replays the files given on the command
- * line (the corpus in tests/fuzz/corpus_jinja, which holds the fixture templates, runs in every
- * build). */
+/* tests/fuzz/fuzz_jinja.c - libFuzzer target for the chat-template Jinja subset
+ * (runner/text/jinja.c): the input is a template; the first byte (when present) picks
+ * add_generation_prompt and one of four message lists, the rest is the template text. Every parse
+ * and render must end in TM_OK or TM_E_INVAL with a message (never a crash, hang, leak or other
+ * code), and the output stays under the renderer's limit. Built with clang
+ * -fsanitize=fuzzer,address,undefined when TM_FUZZ=ON; without libFuzzer the same file builds with
+ * a main() that replays the files given on the command line (the corpus in tests/fuzz/corpus_jinja,
+ * which holds the fixture templates, runs in every build). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

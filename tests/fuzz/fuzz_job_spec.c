@@ -42,8 +42,7 @@ static void write_file(const char *name, const void *p, size_t n) {
 }
 
 static void cleanup(void) {
-    static const char *const names[] = {"job.json", "job2.json", "a.jsonl", "data/b.jsonl",
-                                        "data"};
+    static const char *const names[] = {"job.json", "job2.json", "a.jsonl", "data/b.jsonl", "data"};
     char p[256];
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
         path_of(p, sizeof(p), names[i]);

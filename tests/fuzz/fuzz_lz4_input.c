@@ -56,8 +56,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     TM_ASSERT(fwrite(data + 1, 1, size - 1, f) == size - 1);
     fclose(f);
     char *inputs[1] = {path};
-    tm_job_spec spec = {.inputs = inputs, .n_inputs = 1, .max_line_bytes = 1 << 16,
-                        .max_depth = 16, .max_field_bytes = 4096, .max_messages = 8};
+    tm_job_spec spec = {.inputs = inputs,
+                        .n_inputs = 1,
+                        .max_line_bytes = 1 << 16,
+                        .max_depth = 16,
+                        .max_field_bytes = 4096,
+                        .max_messages = 8};
     tm_source *src = NULL;
     tm_err err = {0};
     long live = tm_alloc_live();

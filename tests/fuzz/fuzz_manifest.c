@@ -170,11 +170,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     check(strlen(m.spec_hash) == 32 && m.job_path, "spec hash or job path", NULL);
     for (size_t i = 0; i < m.done.n_above; i++)
-        check(m.done.above[i] > m.done.watermark && (i == 0 || m.done.above[i] > m.done.above[i - 1]),
+        check(m.done.above[i] > m.done.watermark &&
+                  (i == 0 || m.done.above[i] > m.done.above[i - 1]),
               "done set not ascending above its watermark", NULL);
     char why[256];
-    check(tm_manifest_same_job(&m, &m, why, sizeof(why)), "a manifest is not the same job as itself",
-          NULL);
+    check(tm_manifest_same_job(&m, &m, why, sizeof(why)),
+          "a manifest is not the same job as itself", NULL);
     check_round_trip(&m);
     check_recover(&m, nul ? nul + 1 : data + size, nul ? size - n_json - 1 : 0);
     tm_manifest_fini(&m);

@@ -1,12 +1,13 @@
-/* tests/fuzz/fuzz_model_config.c - libFuzzer target for the model config parser (runner/model/model.c
- * parse_config and, for "model_type": "deepseek_v4", runner/model/model_dsv4.c): the input up to its
- * first NUL is written as config.json, the rest (after the NUL, when there is one) as
- * generation_config.json, into a private folder (on /dev/shm when there is one) that holds no
- * weights, and tm_model_load is called. It can never succeed (there are no weights), so it must
- * end in TM_E_PARSE / TM_E_INVAL (the config) or TM_E_IO (no weights, after a config that was
- * accepted) with a message and no model; never a crash, hang, leak or other code. Built with clang
- * -fsanitize=fuzzer,address,undefined when TM_FUZZ=ON; otherwise fuzz_replay.h adds a main() that
- * replays the files given on the command line (corpus tests/fuzz/corpus_model_config). */
+/* tests/fuzz/fuzz_model_config.c - libFuzzer target for the model config parser
+ * (runner/model/model.c parse_config and, for "model_type": "deepseek_v4",
+ * runner/model/model_dsv4.c): the input up to its first NUL is written as config.json, the rest
+ * (after the NUL, when there is one) as generation_config.json, into a private folder (on /dev/shm
+ * when there is one) that holds no weights, and tm_model_load is called. It can never succeed
+ * (there are no weights), so it must end in TM_E_PARSE / TM_E_INVAL (the config) or TM_E_IO (no
+ * weights, after a config that was accepted) with a message and no model; never a crash, hang, leak
+ * or other code. Built with clang -fsanitize=fuzzer,address,undefined when TM_FUZZ=ON; otherwise
+ * fuzz_replay.h adds a main() that replays the files given on the command line (corpus
+ * tests/fuzz/corpus_model_config). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

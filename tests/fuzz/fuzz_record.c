@@ -38,9 +38,15 @@ static void check_job(const tm_job *job) {
               "valid record of unknown format", job);
     }
     // The sink's line for it must be one valid JSON object line.
-    tm_completion c = {.seq_no = job->seq_no, .file = job->file, .line = job->line,
-                       .id_json = job->id_json, .text = "t", .err_code = job->err_code,
-                       .err_msg = job->err_msg, .format = job->format, .model = job->model};
+    tm_completion c = {.seq_no = job->seq_no,
+                       .file = job->file,
+                       .line = job->line,
+                       .id_json = job->id_json,
+                       .text = "t",
+                       .err_code = job->err_code,
+                       .err_msg = job->err_msg,
+                       .format = job->format,
+                       .model = job->model};
     tm_buf b = {0};
     tm_err err = {0};
     tm_rc rc = job->err_code ? tm_sink_format_error(&b, &c, &err) : tm_sink_format_ok(&b, &c, &err);
@@ -55,8 +61,12 @@ static void check_job(const tm_job *job) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static char *inputs[1] = {"fuzz.jsonl"};
-    tm_job_spec spec = {.inputs = inputs, .n_inputs = 0, .max_line_bytes = 1 << 20,
-                        .max_depth = 16, .max_field_bytes = 4096, .max_messages = 8};
+    tm_job_spec spec = {.inputs = inputs,
+                        .n_inputs = 0,
+                        .max_line_bytes = 1 << 20,
+                        .max_depth = 16,
+                        .max_field_bytes = 4096,
+                        .max_messages = 8};
     tm_rec_parser ps;
     tm_err err = {0};
     tm_rec_parser_init(&ps, &spec);

@@ -1,11 +1,11 @@
 /* tests/fuzz/fuzz_safetensors.c - libFuzzer target for the safetensors reader
- * (runner/model/safetensors.c): the input is a whole file image, validated with tm_st_file_open_mem.
- * It must end in TM_OK or TM_E_PARSE with a message (never a crash, hang, leak or other code).
- * When it opens, every tensor is checked against the rules the header promises: names sorted and
- * unique, found by tm_st_file_find, a known dtype, n_dim <= TM_ST_MAX_DIM, n_elem the product of
- * shape, n_bytes = n_elem * element size, and data..data+n_bytes inside the image after the
- * header; the tensors tile the data section (sum of n_bytes = data section length); the first
- * and last byte of each tensor are read (ASan checks them). Built with clang
+ * (runner/model/safetensors.c): the input is a whole file image, validated with
+ * tm_st_file_open_mem. It must end in TM_OK or TM_E_PARSE with a message (never a crash, hang, leak
+ * or other code). When it opens, every tensor is checked against the rules the header promises:
+ * names sorted and unique, found by tm_st_file_find, a known dtype, n_dim <= TM_ST_MAX_DIM, n_elem
+ * the product of shape, n_bytes = n_elem * element size, and data..data+n_bytes inside the image
+ * after the header; the tensors tile the data section (sum of n_bytes = data section length); the
+ * first and last byte of each tensor are read (ASan checks them). Built with clang
  * -fsanitize=fuzzer,address,undefined when TM_FUZZ=ON; otherwise fuzz_replay.h adds a main() that
  * replays the files given on the command line (corpus tests/fuzz/corpus_safetensors). */
 #include <stdint.h>
@@ -51,8 +51,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check(i == 0 || strcmp(tm_st_file_tensor(f, i - 1)->name, t->name) < 0,
               "tensor names not sorted or not unique", NULL);
         check(tm_st_file_find(f, t->name) == t, "find does not give the tensor back", NULL);
-        check((unsigned)t->dtype < TM_DTYPE_COUNT && t->dtype != TM_DTYPE_F4_E2M1,
-              "unknown dtype", NULL);
+        check((unsigned)t->dtype < TM_DTYPE_COUNT && t->dtype != TM_DTYPE_F4_E2M1, "unknown dtype",
+              NULL);
         check(t->n_dim <= TM_ST_MAX_DIM, "too many dimensions", NULL);
         uint64_t prod = 1;
         for (uint32_t d = 0; d < t->n_dim; d++)

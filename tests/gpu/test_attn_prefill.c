@@ -1,6 +1,6 @@
-/* tests/gpu/test_attn_prefill.c - the tensor-core prefill attention (kernels/attn_prefill.h) against
- * its host reference tm_cpu_attn (runner/engine/cpu/ops.h), and its tile builder. Shapes: one
- * sequence of 1..300 rows, chunks starting at nonzero positions, several sequences per launch
+/* tests/gpu/test_attn_prefill.c - the tensor-core prefill attention (kernels/attn_prefill.h)
+ * against its host reference tm_cpu_attn (runner/engine/cpu/ops.h), and its tile builder. Shapes:
+ * one sequence of 1..300 rows, chunks starting at nonzero positions, several sequences per launch
  * with unused stacked rows between them, row counts that are not multiples of 16 or 64, block
  * sizes 1, 7, 16, 128, GQA 32/8, 8/8, 4/1, head_dim 64 and 128, sliding window 50, and two big
  * prefill shapes (2 and 8 sequences x 2048 tokens, 32/8 heads, head_dim 128) that are also timed
@@ -66,7 +66,7 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
         seq_bt[i] = n_bt;
         n_bt += TM_CEIL_DIV(seqs[i].pos0 + seqs[i].n_tok, bs);
     }
-    T += 3; // trailing rows nobody owns
+    T += 3;                            // trailing rows nobody owns
     const uint32_t n_block = n_bt + 3; // a few blocks nobody uses
     // shuffled block ids, handed out in order
     uint32_t *perm = shuffled(n_block);
@@ -105,11 +105,21 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
     uint16_t *d_out = dalloc((size_t)T * ld_q * 2, 0xff);
     uint32_t *d_sbt = dup_to_dev(seq_bt, n_seq * 4), *d_bt = dup_to_dev(bt, n_bt * 4);
     tm_k_attn_prefill_tile *d_tiles = dup_to_dev(tiles, n_tile * sizeof(*tiles));
-    tm_k_attn_prefill_bf16_args a = {
-        .out = d_out, .q = d_q, .k_cache = d_kc, .v_cache = d_vc, .seq_bt = d_sbt,
-        .block_tables = d_bt, .tiles = d_tiles, .n_tile = n_tile, .n_head = n_head,
-        .n_kv_head = sh.n_kv_head, .head_dim = hd, .block_size = bs, .ld_q = ld_q,
-        .window = sh.window, .scale = 1.0f / sqrtf((float)hd)};
+    tm_k_attn_prefill_bf16_args a = {.out = d_out,
+                                     .q = d_q,
+                                     .k_cache = d_kc,
+                                     .v_cache = d_vc,
+                                     .seq_bt = d_sbt,
+                                     .block_tables = d_bt,
+                                     .tiles = d_tiles,
+                                     .n_tile = n_tile,
+                                     .n_head = n_head,
+                                     .n_kv_head = sh.n_kv_head,
+                                     .head_dim = hd,
+                                     .block_size = bs,
+                                     .ld_q = ld_q,
+                                     .window = sh.window,
+                                     .scale = 1.0f / sqrtf((float)hd)};
     TM_CHECK_OK(tm_k_attn_prefill_bf16(&a, g_stream, &err), &err);
     uint16_t *out = xmalloc((size_t)T * ld_q * 2);
     to_host(out, d_out, (size_t)T * ld_q * 2);
@@ -127,15 +137,24 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
         if (!seqs[i].n_tok)
             continue;
         const size_t t0 = chunks[i].t0;
-        tm_k_attn_args ra = {.out = ref + t0 * ld_q, .q = qf + t0 * ld_q, .k_cache = kf,
-                             .v_cache = vf, .block_table = bt + seq_bt[i], .pos0 = seqs[i].pos0,
-                             .n_tok = seqs[i].n_tok, .n_head = n_head, .n_kv_head = sh.n_kv_head,
-                             .head_dim = hd, .block_size = bs, .ld_q = ld_q,
-                             .window = sh.window, .scale = 1.0f / sqrtf((float)hd)};
+        tm_k_attn_args ra = {.out = ref + t0 * ld_q,
+                             .q = qf + t0 * ld_q,
+                             .k_cache = kf,
+                             .v_cache = vf,
+                             .block_table = bt + seq_bt[i],
+                             .pos0 = seqs[i].pos0,
+                             .n_tok = seqs[i].n_tok,
+                             .n_head = n_head,
+                             .n_kv_head = sh.n_kv_head,
+                             .head_dim = hd,
+                             .block_size = bs,
+                             .ld_q = ld_q,
+                             .window = sh.window,
+                             .scale = 1.0f / sqrtf((float)hd)};
         for (uint32_t k = 0; k < n_chk; k++) {
             // n_chk heads spread evenly from 0 to n_head - 1
-            const uint32_t h =
-                n_chk == n_head ? k : (n_chk == 1 ? 0 : k * (n_head - 1) / (n_chk - 1));
+            const uint32_t h = n_chk == n_head ? k
+                                               : (n_chk == 1 ? 0 : k * (n_head - 1) / (n_chk - 1));
             tm_cpu_attn_head(&ra, h, scores);
             for (uint32_t t = 0; t < seqs[i].n_tok; t++)
                 for (uint32_t c = 0; c < hd; c++) {
@@ -145,9 +164,8 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
                     const double tol = 0x1p-8 * fabs(r) + tol_abs;
                     if (!(d <= tol)) { // NaN fails too
                         if (!bad)
-                            fprintf(stderr,
-                                    "%s: seq %u row %u head %u dim %u: gpu %.8g ref %.8g\n", name,
-                                    i, t, h, c, g, r);
+                            fprintf(stderr, "%s: seq %u row %u head %u dim %u: gpu %.8g ref %.8g\n",
+                                    name, i, t, h, c, g, r);
                         bad++;
                         max_err = INFINITY;
                     } else {
@@ -205,10 +223,11 @@ static void pf_case(const char *name, const pf_seq *seqs, uint32_t n_seq, pf_sha
 
 /* Tile builder: counts, the bound, coverage of every row once, and the longest-first order. */
 static void test_tiles(void) {
-    const tm_k_attn_prefill_chunk ch[] = {
-        {.t0 = 0, .n_tok = 1, .pos0 = 0},     {.t0 = 1, .n_tok = 0, .pos0 = 9},
-        {.t0 = 1, .n_tok = 130, .pos0 = 37},  {.t0 = 131, .n_tok = 64, .pos0 = 1000},
-        {.t0 = 195, .n_tok = 65, .pos0 = 0}};
+    const tm_k_attn_prefill_chunk ch[] = {{.t0 = 0, .n_tok = 1, .pos0 = 0},
+                                          {.t0 = 1, .n_tok = 0, .pos0 = 9},
+                                          {.t0 = 1, .n_tok = 130, .pos0 = 37},
+                                          {.t0 = 131, .n_tok = 64, .pos0 = 1000},
+                                          {.t0 = 195, .n_tok = 65, .pos0 = 0}};
     const uint32_t n = tm_k_attn_prefill_n_tiles(ch, 5);
     TM_CHECK(n == 1 + 0 + 3 + 1 + 2);
     TM_CHECK(n <= tm_k_attn_prefill_max_tiles(1 + 130 + 64 + 65, 5));
@@ -268,8 +287,8 @@ static void test_chunks(void) {
 
 static void test_multi(void) {
     // unused stacked rows between chunks (e.g. decode tokens another kernel handles)
-    const pf_seq mixed[] = {{0, 0, 37}, {1, 127, 1}, {0, 5, 3}, {4, 300, 129}, {0, 0, 0},
-                            {2, 128, 200}, {0, 1000, 70}};
+    const pf_seq mixed[] = {{0, 0, 37}, {1, 127, 1},   {0, 5, 3},    {4, 300, 129},
+                            {0, 0, 0},  {2, 128, 200}, {0, 1000, 70}};
     const pf_shape g328 = {.n_head = 32, .n_kv_head = 8, .hd = 128, .bs = 16};
     const pf_shape g88 = {.n_head = 8, .n_kv_head = 8, .hd = 128, .bs = 7};
     const pf_shape g41 = {.n_head = 4, .n_kv_head = 1, .hd = 64, .bs = 128};
@@ -297,8 +316,8 @@ static void test_big(void) {
     pf_seq eight[8];
     for (int i = 0; i < 8; i++)
         eight[i] = (pf_seq){0, 0, 2048};
-    const pf_shape llama = {.n_head = 32, .n_kv_head = 8, .hd = 128, .bs = 16,
-                            .n_check_head = 3, .timed = 1};
+    const pf_shape llama = {
+        .n_head = 32, .n_kv_head = 8, .hd = 128, .bs = 16, .n_check_head = 3, .timed = 1};
     pf_shape llama1 = llama;
     llama1.n_check_head = 1;
     pf_case("big 2x2048", two, 2, llama);

@@ -89,8 +89,11 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
     if (!m)
         return;
     const uint32_t V = m->cfg.n_vocab;
-    tm_engine_opts eo = {.n_threads = 0, .block_size = BLOCK, .n_kv_block = SEQ_BLOCKS,
-                         .max_seqs = N_SEQ, .max_batched_tokens = 256};
+    tm_engine_opts eo = {.n_threads = 0,
+                         .block_size = BLOCK,
+                         .n_kv_block = SEQ_BLOCKS,
+                         .max_seqs = N_SEQ,
+                         .max_batched_tokens = 256};
     tm_engine *cpu = NULL, *gpu = NULL, *gpu2 = NULL;
     TM_CHECK_OK(tm_engine_cpu_create(m, &eo, &cpu, &err), &err);
     TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
@@ -124,8 +127,12 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
     // Bad input fails the call, not the engine.
     {
         uint32_t bad_tok = V;
-        tm_batch_seq bs = {.tokens = &bad_tok, .n_tok = 1, .pos = 0, .block_table = S[0].bt,
-                           .n_block = 1, .want_logits = 1};
+        tm_batch_seq bs = {.tokens = &bad_tok,
+                           .n_tok = 1,
+                           .pos = 0,
+                           .block_table = S[0].bt,
+                           .n_block = 1,
+                           .want_logits = 1};
         tm_batch b = {.seqs = &bs, .n_seq = 1};
         float *lg = malloc((size_t)V * 4);
         TM_CHECK(tm_engine_forward(gpu, &b, lg, &err) == TM_E_INVAL);
@@ -143,50 +150,58 @@ done:
 }
 
 static void test_llama(void) {
-    run_model("llama", "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
-                       "--ctx 1024 --seed 3",
+    run_model("llama",
+              "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+              "--ctx 1024 --seed 3",
               1);
 }
 static void test_qwen2_tied(void) {
-    run_model("qwen2-tied", "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
-                            "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --seed 4",
+    run_model("qwen2-tied",
+              "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
+              "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --seed 4",
               1);
 }
 static void test_llama3_f32(void) {
-    run_model("llama3-f32", "--layers 2 --hidden 256 --heads 4 --kv-heads 1 --ff 384 "
-                            "--vocab 400 --ctx 1024 --rope-scaling llama3 --dtype f32 --seed 5",
+    run_model("llama3-f32",
+              "--layers 2 --hidden 256 --heads 4 --kv-heads 1 --ff 384 "
+              "--vocab 400 --ctx 1024 --rope-scaling llama3 --dtype f32 --seed 5",
               0);
 }
 static void test_f16(void) {
-    run_model("f16", "--layers 2 --hidden 128 --heads 2 --kv-heads 2 --head-dim 64 --ff 256 "
-                     "--vocab 256 --ctx 1024 --dtype f16 --seed 6",
+    run_model("f16",
+              "--layers 2 --hidden 128 --heads 2 --kv-heads 2 --head-dim 64 --ff 256 "
+              "--vocab 256 --ctx 1024 --dtype f16 --seed 6",
               0);
 }
 
 // FP8: q|k|v apart (kv_dim 64 < 128), gate|up fused; fp32 block scales.
 static void test_fp8_block(void) {
-    run_model("fp8-block", "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
-                           "--ctx 1024 --quant fp8-block --seed 13",
+    run_model("fp8-block",
+              "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+              "--ctx 1024 --quant fp8-block --seed 13",
               0);
 }
 // FP8: q|k|v fused (head_dim 128), gate|up apart and a partial block in down_proj's inner
 // dimension (n_ff 320), e8m0 block scales.
 static void test_fp8_block_ue8m0(void) {
-    run_model("fp8-block-ue8m0", "--layers 2 --hidden 256 --heads 2 --kv-heads 1 --head-dim 128 "
-                                 "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 "
-                                 "--seed 14",
+    run_model("fp8-block-ue8m0",
+              "--layers 2 --hidden 256 --heads 2 --kv-heads 1 --head-dim 128 "
+              "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 "
+              "--seed 14",
               0);
 }
 static void test_fp8_channel(void) {
-    run_model("fp8-channel", "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
-                             "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --quant fp8-channel "
-                             "--seed 15",
+    run_model("fp8-channel",
+              "--arch qwen2 --tied 1 --layers 2 --hidden 128 --heads 4 "
+              "--kv-heads 2 --ff 256 --vocab 300 --ctx 1024 --quant fp8-channel "
+              "--seed 15",
               0);
 }
 static void test_fp8_tensor_static(void) {
-    run_model("fp8-tensor-static", "--layers 2 --hidden 256 --heads 4 --kv-heads 2 --ff 512 "
-                                   "--vocab 300 --ctx 1024 --quant fp8-tensor --ct-static 1 "
-                                   "--seed 16",
+    run_model("fp8-tensor-static",
+              "--layers 2 --hidden 256 --heads 4 --kv-heads 2 --ff 512 "
+              "--vocab 300 --ctx 1024 --quant fp8-tensor --ct-static 1 "
+              "--seed 16",
               0);
 }
 
@@ -201,8 +216,8 @@ static void test_fp8_bad_block(void) {
     tm_model *m = NULL;
     tm_engine *gpu = NULL;
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
-    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2,
-                         .max_batched_tokens = 64};
+    tm_engine_opts eo = {
+        .block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2, .max_batched_tokens = 64};
     if (m) {
         TM_CHECK(tm_engine_cuda_create(m, &eo, &gpu, &err) == TM_E_INVAL && !gpu);
         TM_CHECK_MSG(strstr(err.msg, "q_proj") && strstr(err.msg, "128 x 128"), "%s", err.msg);
@@ -224,8 +239,8 @@ static void test_kv_copy(void) {
     tm_model *m = NULL;
     tm_engine *gpu = NULL;
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
-    tm_engine_opts eo = {.block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2,
-                         .max_batched_tokens = 64};
+    tm_engine_opts eo = {
+        .block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2, .max_batched_tokens = 64};
     if (m)
         TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
     if (!gpu) {
@@ -239,14 +254,18 @@ static void test_kv_copy(void) {
     float *la = calloc(V, sizeof(float)), *lb = calloc(V, sizeof(float));
     float *lc = calloc(V, sizeof(float));
     uint32_t bt_a[2] = {0, 1}, bt_b[2] = {0, 5}, bt_c[2] = {8, 9};
-    tm_batch_seq a = {.tokens = tok, .n_tok = 20, .pos = 0, .block_table = bt_a, .n_block = 2,
-                      .want_logits = 1};
+    tm_batch_seq a = {
+        .tokens = tok, .n_tok = 20, .pos = 0, .block_table = bt_a, .n_block = 2, .want_logits = 1};
     TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &a, .n_seq = 1}, la, &err), &err);
     TM_CHECK_OK(gpu->ops->kv_copy(gpu, 1, 5, 20 - BLOCK, &err), &err);
-    tm_batch_seq b = {.tokens = tok + 20, .n_tok = 3, .pos = 20, .block_table = bt_b,
-                      .n_block = 2, .want_logits = 1};
-    tm_batch_seq c = {.tokens = tok, .n_tok = 23, .pos = 0, .block_table = bt_c, .n_block = 2,
+    tm_batch_seq b = {.tokens = tok + 20,
+                      .n_tok = 3,
+                      .pos = 20,
+                      .block_table = bt_b,
+                      .n_block = 2,
                       .want_logits = 1};
+    tm_batch_seq c = {
+        .tokens = tok, .n_tok = 23, .pos = 0, .block_table = bt_c, .n_block = 2, .want_logits = 1};
     TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &b, .n_seq = 1}, lb, &err), &err);
     TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &c, .n_seq = 1}, lc, &err), &err);
     double max_d = 0, max_c = 0;
@@ -278,10 +297,16 @@ int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         // The engine must say so clearly.
-        tm_model m = {.cfg = {.n_layer = 1, .n_embd = 8, .n_ff = 8, .n_head = 1, .n_kv_head = 1,
-                              .head_dim = 8, .n_vocab = 8, .rope_theta = 1e4f}};
-        tm_engine_opts eo = {.block_size = 16, .n_kv_block = 4, .max_seqs = 1,
-                             .max_batched_tokens = 8};
+        tm_model m = {.cfg = {.n_layer = 1,
+                              .n_embd = 8,
+                              .n_ff = 8,
+                              .n_head = 1,
+                              .n_kv_head = 1,
+                              .head_dim = 8,
+                              .n_vocab = 8,
+                              .rope_theta = 1e4f}};
+        tm_engine_opts eo = {
+            .block_size = 16, .n_kv_block = 4, .max_seqs = 1, .max_batched_tokens = 8};
         tm_engine *eng = NULL;
         tm_err err = {0};
         tm_rc rc = tm_engine_cuda_create_random(&m, &eo, 1, &eng, &err);

@@ -90,8 +90,7 @@ static void embed_case(uint32_t n_vocab, uint32_t n_embd, uint32_t n_tok) {
         tm_dtype_to_f32(tab, TM_DTYPE_BF16, (size_t)tok[t] * n_embd, n_embd, ref);
         bad += memcmp(ref, x + (size_t)t * n_embd, n_embd * 4) != 0;
     }
-    TM_CHECK_MSG(bad == 0, "embed %u x %u, %u tokens: %d rows differ", n_vocab, n_embd, n_tok,
-                 bad);
+    TM_CHECK_MSG(bad == 0, "embed %u x %u, %u tokens: %d rows differ", n_vocab, n_embd, n_tok, bad);
     cudaFree(d_tab), cudaFree(d_tok), cudaFree(d_x);
     free(tab), free(tok), free(x), free(ref);
 }
@@ -105,8 +104,7 @@ static void test_embed(void) {
 
 /* ---- rmsnorm ---- */
 
-static void rmsnorm_case(uint32_t n_x, uint32_t n_row, uint32_t n_col, int gather,
-                         uint32_t n_add) {
+static void rmsnorm_case(uint32_t n_x, uint32_t n_row, uint32_t n_col, int gather, uint32_t n_add) {
     tm_err err = {0};
     float *x = xmalloc((size_t)n_x * n_col * 4), *w = xmalloc(n_col * 4);
     uint32_t *rows = xmalloc(n_row * 4);
@@ -131,9 +129,16 @@ static void rmsnorm_case(uint32_t n_x, uint32_t n_row, uint32_t n_col, int gathe
     }
     uint32_t *d_rows = dup_to_dev(rows, n_row * 4);
     uint16_t *d_out = dalloc((size_t)n_row * n_col * 2, 0xff);
-    tm_k_rmsnorm_bf16_args a = {.out = d_out, .x = d_x, .rows = gather ? d_rows : NULL,
-                                .w = d_w, .n_row = n_row, .n_col = n_col, .eps = 1e-5f,
-                                .add = d_add, .add_stride = (size_t)n_x * n_col, .n_add = n_add};
+    tm_k_rmsnorm_bf16_args a = {.out = d_out,
+                                .x = d_x,
+                                .rows = gather ? d_rows : NULL,
+                                .w = d_w,
+                                .n_row = n_row,
+                                .n_col = n_col,
+                                .eps = 1e-5f,
+                                .add = d_add,
+                                .add_stride = (size_t)n_x * n_col,
+                                .n_add = n_add};
     TM_CHECK_OK(tm_k_rmsnorm_bf16(&a, g_stream, &err), &err);
     if (n_add) {
         float *xg = xmalloc((size_t)n_x * n_col * 4);
@@ -150,14 +155,17 @@ static void rmsnorm_case(uint32_t n_x, uint32_t n_row, uint32_t n_col, int gathe
     float *ref = xmalloc((size_t)n_row * n_col * 4);
     for (uint32_t r = 0; r < n_row; r++) {
         tm_k_rmsnorm_args ra = {.out = ref + (size_t)r * n_col,
-                                .x = x + (size_t)rows[r] * n_col, .w = w,
-                                .w_dtype = TM_DTYPE_F32, .n_row = 1, .n_col = n_col,
+                                .x = x + (size_t)rows[r] * n_col,
+                                .w = w,
+                                .w_dtype = TM_DTYPE_F32,
+                                .n_row = 1,
+                                .n_col = n_col,
                                 .eps = 1e-5f};
         tm_cpu_rmsnorm(&ra);
     }
     int bad = cmp_bf16("rmsnorm", out, ref, (size_t)n_row * n_col, 1e-6f);
-    TM_CHECK_MSG(bad == 0, "rmsnorm %u rows x %u (gather %d, add %u): %d bad", n_row, n_col,
-                 gather, n_add, bad);
+    TM_CHECK_MSG(bad == 0, "rmsnorm %u rows x %u (gather %d, add %u): %d bad", n_row, n_col, gather,
+                 n_add, bad);
     cudaFree(d_x), cudaFree(d_w), cudaFree(d_rows), cudaFree(d_out);
     free(x), free(w), free(rows), free(out), free(ref);
 }
@@ -185,15 +193,21 @@ static void silu_case(uint32_t n_tok, uint32_t n_ff, uint32_t n_part) {
     float *d_gu = dup_to_dev(parts, TM_MAX(n_part, 1u) * 2 * n * 4);
     free(parts);
     uint16_t *d_out = dalloc(n * 2, 0xff);
-    tm_k_silu_mul_bf16_args a = {.out = d_out, .gu = d_gu, .n_tok = n_tok, .n_ff = n_ff,
-                                 .n_part = n_part, .part_stride = 2 * n};
+    tm_k_silu_mul_bf16_args a = {.out = d_out,
+                                 .gu = d_gu,
+                                 .n_tok = n_tok,
+                                 .n_ff = n_ff,
+                                 .n_part = n_part,
+                                 .part_stride = 2 * n};
     TM_CHECK_OK(tm_k_silu_mul_bf16(&a, g_stream, &err), &err);
     uint16_t *out = xmalloc(n * 2);
     to_host(out, d_out, n * 2);
     float *ref = xmalloc(n * 4);
     for (uint32_t t = 0; t < n_tok; t++) {
-        tm_k_silu_mul_args ra = {.out = ref + (size_t)t * n_ff, .gate = gu + (size_t)t * 2 * n_ff,
-                                 .up = gu + (size_t)t * 2 * n_ff + n_ff, .n = n_ff};
+        tm_k_silu_mul_args ra = {.out = ref + (size_t)t * n_ff,
+                                 .gate = gu + (size_t)t * 2 * n_ff,
+                                 .up = gu + (size_t)t * 2 * n_ff + n_ff,
+                                 .n = n_ff};
         tm_cpu_silu_mul(&ra);
     }
     int bad = cmp_bf16("silu_mul", out, ref, n, 1e-6f);
@@ -249,10 +263,19 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
     uint16_t *d_q = dalloc((size_t)n_tok * qd * 2, 0xff);
     uint16_t *d_k = dalloc((size_t)n_slot * kvd * 2, 0xff);
     uint16_t *d_v = dalloc((size_t)n_slot * kvd * 2, 0xff);
-    tm_k_rope_kv_bf16_args a = {.q = d_q, .k_cache = d_k, .v_cache = d_v, .qkv = d_qkv,
-                                .bias = bias ? d_b : NULL, .pos = d_pos, .slot = d_slot,
-                                .inv_freq = d_inv, .n_tok = n_tok, .n_head = n_head,
-                                .n_kv_head = n_kv_head, .head_dim = hd, .n_part = n_part,
+    tm_k_rope_kv_bf16_args a = {.q = d_q,
+                                .k_cache = d_k,
+                                .v_cache = d_v,
+                                .qkv = d_qkv,
+                                .bias = bias ? d_b : NULL,
+                                .pos = d_pos,
+                                .slot = d_slot,
+                                .inv_freq = d_inv,
+                                .n_tok = n_tok,
+                                .n_head = n_head,
+                                .n_kv_head = n_kv_head,
+                                .head_dim = hd,
+                                .n_part = n_part,
                                 .part_stride = (size_t)n_tok * ld};
     TM_CHECK_OK(tm_k_rope_kv_bf16(&a, g_stream, &err), &err);
     uint16_t *q = xmalloc((size_t)n_tok * qd * 2), *k = xmalloc((size_t)n_slot * kvd * 2);
@@ -268,8 +291,13 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
         for (uint32_t i = 0; i < ld; i++)
             rq[(size_t)t * ld + i] = qkv[(size_t)t * ld + i] + (bias ? b[i] : 0.0f);
     tm_cpu_rope_table(pos, n_tok, inv, hd, cs, sn);
-    tm_k_rope_args r1 = {.x = rq, .cos = cs, .sin = sn, .n_tok = n_tok, .n_head = n_head,
-                         .head_dim = hd, .ld_x = ld};
+    tm_k_rope_args r1 = {.x = rq,
+                         .cos = cs,
+                         .sin = sn,
+                         .n_tok = n_tok,
+                         .n_head = n_head,
+                         .head_dim = hd,
+                         .ld_x = ld};
     tm_cpu_rope(&r1);
     tm_k_rope_args r2 = r1;
     r2.x = rq + qd;
@@ -360,12 +388,25 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
     uint32_t *d_sbt = dup_to_dev(seq_bt, n_seq * 4), *d_bt = dup_to_dev(bt, n_bt * 4);
     const size_t part_n = tm_k_attn_part_floats(T, n_head, n_split, hd);
     float *d_part = dalloc(part_n * 4, 0xff);
-    tm_k_attn_paged_bf16_args a = {
-        .out = d_out, .q = d_q, .k_cache = d_kc, .v_cache = d_vc, .pos = d_pos,
-        .tok_seq = d_ts, .seq_bt = d_sbt, .block_tables = d_bt, .part_acc = d_part,
-        .part_ml = d_part + (size_t)T * n_head * n_split * hd, .n_tok = T, .n_head = n_head,
-        .n_kv_head = n_kv_head, .head_dim = hd, .block_size = bs, .ld_q = ld_q,
-        .window = window, .n_split = n_split, .scale = 1.0f / sqrtf((float)hd)};
+    tm_k_attn_paged_bf16_args a = {.out = d_out,
+                                   .q = d_q,
+                                   .k_cache = d_kc,
+                                   .v_cache = d_vc,
+                                   .pos = d_pos,
+                                   .tok_seq = d_ts,
+                                   .seq_bt = d_sbt,
+                                   .block_tables = d_bt,
+                                   .part_acc = d_part,
+                                   .part_ml = d_part + (size_t)T * n_head * n_split * hd,
+                                   .n_tok = T,
+                                   .n_head = n_head,
+                                   .n_kv_head = n_kv_head,
+                                   .head_dim = hd,
+                                   .block_size = bs,
+                                   .ld_q = ld_q,
+                                   .window = window,
+                                   .n_split = n_split,
+                                   .scale = 1.0f / sqrtf((float)hd)};
     TM_CHECK_OK(tm_k_attn_paged_bf16(&a, g_stream, &err), &err);
     uint16_t *out = xmalloc((size_t)T * ld_q * 2);
     to_host(out, d_out, (size_t)T * ld_q * 2);
@@ -373,18 +414,26 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
     float *ref = xmalloc((size_t)T * ld_q * 4), *scores = xmalloc((size_t)(n_bt * bs + 1) * 4);
     t = 0;
     for (uint32_t i = 0; i < n_seq; i++) {
-        tm_k_attn_args ra = {.out = ref + (size_t)t * ld_q, .q = qf + (size_t)t * ld_q,
-                             .k_cache = kf, .v_cache = vf, .block_table = bt + seq_bt[i],
-                             .pos0 = seqs[i].pos0, .n_tok = seqs[i].n_tok, .n_head = n_head,
-                             .n_kv_head = n_kv_head, .head_dim = hd, .block_size = bs,
-                             .ld_q = ld_q, .window = window, .scale = 1.0f / sqrtf((float)hd)};
+        tm_k_attn_args ra = {.out = ref + (size_t)t * ld_q,
+                             .q = qf + (size_t)t * ld_q,
+                             .k_cache = kf,
+                             .v_cache = vf,
+                             .block_table = bt + seq_bt[i],
+                             .pos0 = seqs[i].pos0,
+                             .n_tok = seqs[i].n_tok,
+                             .n_head = n_head,
+                             .n_kv_head = n_kv_head,
+                             .head_dim = hd,
+                             .block_size = bs,
+                             .ld_q = ld_q,
+                             .window = window,
+                             .scale = 1.0f / sqrtf((float)hd)};
         tm_cpu_attn(&ra, scores);
         t += seqs[i].n_tok;
     }
     int bad = 0, pad_ok = 1;
     for (t = 0; t < T; t++) {
-        bad += cmp_bf16("attn", out + (size_t)t * ld_q, ref + (size_t)t * ld_q, qd,
-                        1e-3f * vmax);
+        bad += cmp_bf16("attn", out + (size_t)t * ld_q, ref + (size_t)t * ld_q, qd, 1e-3f * vmax);
         for (uint32_t c = qd; c < ld_q; c++)
             pad_ok &= out[(size_t)t * ld_q + c] == 0xffff; // row padding untouched
     }
@@ -409,14 +458,14 @@ static void test_attn(void) {
     attn_case(one, 1, 4, 2, 16, 16, 0, 7);
     attn_case(mixed, 5, 4, 2, 16, 16, 0, 1);
     attn_case(mixed, 5, 4, 2, 16, 16, 0, 3);
-    attn_case(mixed, 5, 8, 2, 64, 7, 50, 1);   // sliding window, odd block size
+    attn_case(mixed, 5, 8, 2, 64, 7, 50, 1); // sliding window, odd block size
     attn_case(mixed, 5, 8, 2, 64, 7, 200, 4);
     attn_case(decodes, 6, 32, 8, 128, 16, 0, 1);
     attn_case(decodes, 6, 32, 8, 128, 16, 0, 5);
     attn_case(decodes, 6, 32, 8, 128, 16, 0, 32);
     attn_case(prefill, 1, 28, 4, 128, 32, 0, 1);
     attn_case(decodes, 6, 8, 8, 256, 16, 0, 2);
-    attn_case(decodes, 6, 4, 1, 96, 16, 0, 3);  // head_dim 96: V row groups leave threads idle
+    attn_case(decodes, 6, 4, 1, 96, 16, 0, 3);    // head_dim 96: V row groups leave threads idle
     attn_case(decodes, 6, 28, 4, 128, 16, 0, 32); // group 7, unrolled kernel: a merge of 32 splits
     // the GQA kernel (head_dim 64/128, groups of 1, 2, 4, 8 query heads per KV head)
     attn_case(mixed, 5, 8, 4, 64, 7, 50, 3);     // group 2, sliding window, odd block size
@@ -449,11 +498,17 @@ static void skinny_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t 
     uint16_t *d_x = dup_to_dev(x, (size_t)n_tok * n_in * 2);
     const size_t ny = (size_t)n_tok * n_out;
     float *d_part = dalloc((size_t)n_split * ny * 4, 0xff), *d_y = dalloc(ny * 4, 0xff);
-    tm_k_gemm_skinny_args a = {.part = d_part, .w = d_w, .x = d_x, .n_tok = n_tok, .n_in = n_in,
-                               .n_out = n_out, .n_split = n_split, .k_per_split = kps};
+    tm_k_gemm_skinny_args a = {.part = d_part,
+                               .w = d_w,
+                               .x = d_x,
+                               .n_tok = n_tok,
+                               .n_in = n_in,
+                               .n_out = n_out,
+                               .n_split = n_split,
+                               .k_per_split = kps};
     TM_CHECK_OK(tm_k_gemm_skinny(&a, g_stream, &err), &err);
-    tm_k_sum_parts_args sa = {.y = d_y, .part = d_part, .stride = ny, .n = ny,
-                              .n_part = n_split, .beta = 0.0f};
+    tm_k_sum_parts_args sa = {
+        .y = d_y, .part = d_part, .stride = ny, .n = ny, .n_part = n_split, .beta = 0.0f};
     TM_CHECK_OK(tm_k_sum_parts(&sa, g_stream, &err), &err);
     float *y = xmalloc(ny * 4);
     to_host(y, d_y, ny * 4);
@@ -496,9 +551,15 @@ static void skinny_rate(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t 
     for (int r = -8; r < reps; r++) {
         if (r == 0)
             cudaEventRecord(e0, g_stream);
-        tm_k_gemm_skinny_args a = {.part = d_part, .w = d_w + (size_t)((r + 8) % 8) * n_out * n_in,
-                                   .x = d_x, .n_tok = n_tok, .n_in = n_in, .n_out = n_out,
-                                   .n_split = n_split, .k_per_split = kps, .unroll = unroll};
+        tm_k_gemm_skinny_args a = {.part = d_part,
+                                   .w = d_w + (size_t)((r + 8) % 8) * n_out * n_in,
+                                   .x = d_x,
+                                   .n_tok = n_tok,
+                                   .n_in = n_in,
+                                   .n_out = n_out,
+                                   .n_split = n_split,
+                                   .k_per_split = kps,
+                                   .unroll = unroll};
         TM_CHECK_OK(tm_k_gemm_skinny(&a, g_stream, &err), &err);
     }
     cudaEventRecord(e1, g_stream);
@@ -521,17 +582,17 @@ static void test_skinny(void) {
     skinny_case(8, 96, 40, (uint32_t)n_sm, 0);
     skinny_case(9, 256, 300, (uint32_t)n_sm, 3); // second token tile, ragged rows, 3 splits
     skinny_case(16, 1024, 48, (uint32_t)n_sm, 0);
-    skinny_case(5, 544, 33, 1, 7);   // the last split shorter than the others
+    skinny_case(5, 544, 33, 1, 7); // the last split shorter than the others
     skinny_case(8, 4096, 6144, (uint32_t)n_sm, 0);
     skinny_case(8, 14336, 512, (uint32_t)n_sm, 0);
     skinny_case(2, 4096, 8016, (uint32_t)n_sm, 0);
     // llama8b decode shapes (qkv, o, gate|up, down, lm_head)
-    const uint32_t shapes[5][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096},
-                                   {4096, 128256}};
+    const uint32_t shapes[5][2] = {
+        {4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}, {4096, 128256}};
     // TM_SKINNY_SWEEP=1: unroll x split-planning variants (kernel tuning), also on one TP2
     // rank's shard of those shapes; else the defaults
-    const uint32_t half[5][2] = {{4096, 3072}, {2048, 4096}, {4096, 14336}, {7168, 4096},
-                                 {4096, 64128}};
+    const uint32_t half[5][2] = {
+        {4096, 3072}, {2048, 4096}, {4096, 14336}, {7168, 4096}, {4096, 64128}};
     const int sweep = getenv("TM_SKINNY_SWEEP") != NULL;
     for (int i = 0; i < (sweep ? 10 : 5); i++) {
         const uint32_t *sh = i < 5 ? shapes[i] : half[i - 5];
@@ -541,7 +602,7 @@ static void test_skinny(void) {
             continue;
         }
         const uint32_t unrolls[2] = {4, 8}, sms[4] = {(uint32_t)n_sm / 2, (uint32_t)n_sm,
-                                                           (uint32_t)n_sm * 2, (uint32_t)n_sm * 4};
+                                                      (uint32_t)n_sm * 2, (uint32_t)n_sm * 4};
         for (int u = 0; u < 2; u++)
             for (int m = 0; m < 4; m++)
                 skinny_rate(8, sh[0], sh[1], sms[m], unrolls[u]);
@@ -568,8 +629,8 @@ static void argmax_case(uint32_t n_row, uint32_t n_col, int ties, uint32_t n_lim
     }
     float *d_lg = dup_to_dev(lg, (size_t)n_row * n_col * 4);
     uint32_t *d_ids = dalloc(n_row * 4, 0xff), *ids = xmalloc(n_row * 4);
-    tm_k_argmax_f32_args a = {.ids = d_ids, .logits = d_lg, .n_row = n_row, .n_col = n_col,
-                              .n_limit = n_limit};
+    tm_k_argmax_f32_args a = {
+        .ids = d_ids, .logits = d_lg, .n_row = n_row, .n_col = n_col, .n_limit = n_limit};
     TM_CHECK_OK(tm_k_argmax_f32(&a, g_stream, &err), &err);
     to_host(ids, d_ids, n_row * 4);
     int bad = 0;
@@ -606,8 +667,8 @@ static void argmax_tp_case(uint32_t n_row, uint32_t V, uint32_t n_rank, int ties
     float *d_full = dup_to_dev(lg, (size_t)n_row * V * 4);
     uint32_t *d_ref = dalloc(n_row * 4, 0xff), *d_ids = dalloc(n_row * 4, 0xff);
     uint32_t *d_cand = dalloc((size_t)n_rank * n_row * 2 * 4, 0);
-    tm_k_argmax_f32_args a = {.ids = d_ref, .logits = d_full, .n_row = n_row, .n_col = V,
-                              .n_limit = limit};
+    tm_k_argmax_f32_args a = {
+        .ids = d_ref, .logits = d_full, .n_row = n_row, .n_col = V, .n_limit = limit};
     TM_CHECK_OK(tm_k_argmax_f32(&a, g_stream, &err), &err);
     float *slice = xmalloc((size_t)n_row * v_per * 4);
     for (uint32_t k = 0; k < n_rank; k++) {
@@ -616,8 +677,11 @@ static void argmax_tp_case(uint32_t n_row, uint32_t V, uint32_t n_rank, int ties
             memcpy(slice + (size_t)r * nv, lg + (size_t)r * V + v0, nv * 4);
         float *d_slice = dup_to_dev(slice, (size_t)n_row * nv * 4);
         tm_k_argmax_part_f32_args pa = {.cand = d_cand + (size_t)k * n_row * 2,
-                                        .logits = d_slice, .n_row = n_row, .n_col = nv,
-                                        .id0 = v0, .id_limit = limit};
+                                        .logits = d_slice,
+                                        .n_row = n_row,
+                                        .n_col = nv,
+                                        .id0 = v0,
+                                        .id_limit = limit};
         TM_CHECK_OK(tm_k_argmax_part_f32(&pa, g_stream, &err), &err);
         cudaStreamSynchronize(g_stream);
         cudaFree(d_slice);

@@ -1,23 +1,23 @@
-/* tests/gpu/test_tp_cuda.c - tensor parallel over NCCL (runner/engine/cuda/engine_cuda.h tm_engine_cuda_tp_create)
- * against the single-GPU CUDA engine, one process per GPU: rank 0 is this process (device 0),
- * rank 1 is this binary started again with --rank (device 1), joined through the TCP rendezvous
- * (runner/tp/rendezvous.h) that hands it the NCCL id, and serving rank 0's step plans.
+/* tests/gpu/test_tp_cuda.c - tensor parallel over NCCL (runner/engine/cuda/engine_cuda.h
+ * tm_engine_cuda_tp_create) against the single-GPU CUDA engine, one process per GPU: rank 0 is this
+ * process (device 0), rank 1 is this binary started again with --rank (device 1), joined through
+ * the TCP rendezvous (runner/tp/rendezvous.h) that hands it the NCCL id, and serving rank 0's step
+ * plans.
  *
  * Per mkmodel model (GQA with split KV heads; Qwen2 with q/k/v bias and tied embeddings; one KV
  * head, replicated on both ranks; an odd vocabulary that splits unevenly): the schedule of
- * tests/gpu/tm_gpu_compare.h that test_engine_cuda also runs (prefill chunks with and without logits,
- * prefills mixed with decodes, then 72 decode steps that replay CUDA graphs, batch 4 then 3) runs
- * on TP1 and TP2, both fed TP1's greedy tokens. Every step runs twice on TP2, through the vtable
- * (fp32 logits gathered from the vocabulary slices) and through forward_greedy (per-rank argmax
- * candidates merged on the device); running a step twice rewrites the same K/V, so both see the
- * same state. Checks: logits within 0.03 x the row's max |logit| of TP1's (both are bf16 engines;
- * only the fp32 summation order of the split GEMMs differs), TP2's greedy tokens equal TP1's at
- * every step (>= 64 decode steps per sequence) except at near ties (TP1's top-2 margin below twice
- * the row's logit error; the count of those is printed), device greedy = argmax of the gathered
- * logits, kv_copy on TP2 = on TP1.
- * Then a graph-less TP2 engine, and the failure path: rank 1 is killed mid-run and rank 0's next
- * step must fail within seconds with a message naming rank 1, without hanging.
- * Skipped (77) without CUDA, without two GPUs, or without mkmodel. */
+ * tests/gpu/tm_gpu_compare.h that test_engine_cuda also runs (prefill chunks with and without
+ * logits, prefills mixed with decodes, then 72 decode steps that replay CUDA graphs, batch 4 then
+ * 3) runs on TP1 and TP2, both fed TP1's greedy tokens. Every step runs twice on TP2, through the
+ * vtable (fp32 logits gathered from the vocabulary slices) and through forward_greedy (per-rank
+ * argmax candidates merged on the device); running a step twice rewrites the same K/V, so both see
+ * the same state. Checks: logits within 0.03 x the row's max |logit| of TP1's (both are bf16
+ * engines; only the fp32 summation order of the split GEMMs differs), TP2's greedy tokens equal
+ * TP1's at every step (>= 64 decode steps per sequence) except at near ties (TP1's top-2 margin
+ * below twice the row's logit error; the count of those is printed), device greedy = argmax of the
+ * gathered logits, kv_copy on TP2 = on TP1. Then a graph-less TP2 engine, and the failure path:
+ * rank 1 is killed mid-run and rank 0's next step must fail within seconds with a message naming
+ * rank 1, without hanging. Skipped (77) without CUDA, without two GPUs, or without mkmodel. */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -46,8 +46,11 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #define SPARE_BLOCK SEQ_BLOCKS /* one block beyond the sequences' */
 
 static tm_engine_opts engine_opts(uint32_t tp) {
-    return (tm_engine_opts){.block_size = BLOCK, .n_kv_block = SPARE_BLOCK + 2,
-                            .max_seqs = N_SEQ, .max_batched_tokens = 256, .tp_size = tp};
+    return (tm_engine_opts){.block_size = BLOCK,
+                            .n_kv_block = SPARE_BLOCK + 2,
+                            .max_seqs = N_SEQ,
+                            .max_batched_tokens = 256,
+                            .tp_size = tp};
 }
 
 /* ---- rank 1: this binary with --rank 1 --port P --model DIR ---- */
@@ -58,15 +61,14 @@ static int rank_main(uint32_t rank, uint16_t port, const char *dir) {
     tm_engine *eng = NULL;
     uint8_t id[TM_NCCL_ID_BYTES];
     size_t len = 0;
-    tm_rdzv_cfg rc_cfg = {.addr = "127.0.0.1", .port = port, .rank = rank, .world = 2,
-                          .timeout_ms = 60000};
+    tm_rdzv_cfg rc_cfg = {
+        .addr = "127.0.0.1", .port = port, .rank = rank, .world = 2, .timeout_ms = 60000};
     tm_rc rc = tm_model_load(dir, &m, &err);
     if (!rc)
         rc = tm_rdzv_join(&rc_cfg, &rdzv, id, sizeof(id), &len, &err);
     tm_engine_opts eo = engine_opts(2);
     eo.tp_rank = rank;
-    tm_engine_cuda_tp tp = {.device = (int)rank, .rdzv = rdzv, .nccl_id = id,
-                            .timeout_ms = 60000};
+    tm_engine_cuda_tp tp = {.device = (int)rank, .rdzv = rdzv, .nccl_id = id, .timeout_ms = 60000};
     if (!rc)
         rc = tm_engine_cuda_tp_create(m, &eo, &tp, &eng, &err);
     if (!rc)
@@ -166,7 +168,11 @@ static double schedule(tm_engine *tp1, tm_engine *tp2e, uint32_t V, stats *st) {
     TM_CHECK_OK(tp1->ops->kv_copy(tp1, S[1].bt[0], SPARE_BLOCK, BLOCK, &err), &err);
     TM_CHECK_OK(tp2e->ops->kv_copy(tp2e, S[1].bt[0], SPARE_BLOCK, BLOCK, &err), &err);
     uint32_t bt[2] = {SPARE_BLOCK, SPARE_BLOCK + 1}, extra[3] = {1, 2, 3};
-    tm_batch_seq e = {.tokens = extra, .n_tok = 3, .pos = BLOCK, .block_table = bt, .n_block = 2,
+    tm_batch_seq e = {.tokens = extra,
+                      .n_tok = 3,
+                      .pos = BLOCK,
+                      .block_table = bt,
+                      .n_block = 2,
                       .want_logits = 1};
     float *a = malloc((size_t)V * 4), *g = malloc((size_t)V * 4);
     TM_CHECK_OK(tm_engine_forward(tp1, &(tm_batch){.seqs = &e, .n_seq = 1}, a, &err), &err);
@@ -210,8 +216,8 @@ static void run_model(const char *name, const char *args) {
         TM_CHECK(st.n_bad_rows == 0);
         // Both engines round GEMM inputs to bf16, and TP sums the split products in another
         // order: a flip is a bug only where TP1's top-2 margin is larger than that row's error.
-        TM_CHECK_MSG(st.n_clear_flip == 0, "%s: %d greedy tokens differ (%d not near a tie)",
-                     name, st.n_greedy_diff, st.n_clear_flip);
+        TM_CHECK_MSG(st.n_clear_flip == 0, "%s: %d greedy tokens differ (%d not near a tie)", name,
+                     st.n_greedy_diff, st.n_clear_flip);
         TM_CHECK(st.n_dev_diff == 0);
         TM_CHECK_MSG(tp2_close(&t) == 0, "%s: rank 1 did not exit cleanly", name);
     }
@@ -270,8 +276,8 @@ static void test_no_graphs_and_dead_rank(void) {
     waitpid(t.kid, &st_code, 0);
     t.kid = 0;
     uint32_t tok = 5, bt[2] = {0, 1}, ids[1];
-    tm_batch_seq s = {.tokens = &tok, .n_tok = 1, .pos = 0, .block_table = bt, .n_block = 2,
-                      .want_logits = 1};
+    tm_batch_seq s = {
+        .tokens = &tok, .n_tok = 1, .pos = 0, .block_table = bt, .n_block = 2, .want_logits = 1};
     const double t0 = tm_now_ms();
     tm_rc rc = TM_OK;
     for (int i = 0; i < 100 && rc == TM_OK; i++)
@@ -281,8 +287,8 @@ static void test_no_graphs_and_dead_rank(void) {
     TM_CHECK(rc != TM_OK && strstr(err.msg, "rank 1") != NULL);
     TM_CHECK(dt < 30000);
     // the engine stays dead, and destroying it does not hang
-    TM_CHECK(tm_engine_cuda_forward_greedy(t.eng, &(tm_batch){.seqs = &s, .n_seq = 1}, ids,
-                                           &err) != TM_OK);
+    TM_CHECK(tm_engine_cuda_forward_greedy(t.eng, &(tm_batch){.seqs = &s, .n_seq = 1}, ids, &err) !=
+             TM_OK);
     const double t1 = tm_now_ms();
     tp2_close(&t);
     fprintf(stderr, "  destroy after the failure: %.0f ms\n", tm_now_ms() - t1);

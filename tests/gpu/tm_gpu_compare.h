@@ -143,8 +143,11 @@ static inline uint32_t step_batch(const seq *S, const uint32_t *which, const uin
     uint32_t n_want = 0;
     for (uint32_t i = 0; i < n_chunk; i++) {
         const seq *s = &S[which[i]];
-        bs[i] = (tm_batch_seq){.tokens = s->tok + s->done, .n_tok = n_tok[i], .pos = s->done,
-                               .block_table = s->bt, .n_block = MAX_TOK / BLOCK,
+        bs[i] = (tm_batch_seq){.tokens = s->tok + s->done,
+                               .n_tok = n_tok[i],
+                               .pos = s->done,
+                               .block_table = s->bt,
+                               .n_block = MAX_TOK / BLOCK,
                                .want_logits = s->done + n_tok[i] == s->n};
         if (bs[i].want_logits)
             want_seq[n_want++] = which[i];

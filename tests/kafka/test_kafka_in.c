@@ -189,8 +189,7 @@ static void test_held_record_dropped(void) {
         TM_CHECK(tm_source_n_records(a) == 0); // its seq_no is taken back
         pos_check pc = {.part = held_part, .off = held_off};
         TM_CHECK_OK(tm_source_kafka_positions(a, check_pos, &pc, &err), &err);
-        TM_CHECK_MSG(!pc.done, "the dropped offset %d/%d is in A's done set", held_part,
-                     held_off);
+        TM_CHECK_MSG(!pc.done, "the dropped offset %d/%d is in A's done set", held_part, held_off);
     }
 
     // A drains what it owns now, acknowledging as it goes: seq_nos stay dense from 0.
@@ -221,8 +220,7 @@ static void test_held_record_dropped(void) {
         for (int o = 0; o < N_PER_PART; o++) {
             TM_CHECK_MSG(seen_a.n[p][o] <= 1 && seen_b.n[p][o] <= 1, "%d/%d: A %d, B %d", p, o,
                          seen_a.n[p][o], seen_b.n[p][o]);
-            TM_CHECK_MSG(seen_a.n[p][o] + seen_b.n[p][o] >= 1, "%d/%d handed out by nobody", p,
-                         o);
+            TM_CHECK_MSG(seen_a.n[p][o] + seen_b.n[p][o] >= 1, "%d/%d handed out by nobody", p, o);
         }
     fprintf(stderr, "held %d/%d dropped; afterwards A took %llu records\n", held_part, held_off,
             (unsigned long long)want_seq);

@@ -1,5 +1,5 @@
-/* tests/kafka/test_kafka_out.c - the Kafka sink's client paths on librdkafka's in-process mock cluster
- * (test.mock.num.brokers; label kafka): idempotent produce + commit counts every delivery;
+/* tests/kafka/test_kafka_out.c - the Kafka sink's client paths on librdkafka's in-process mock
+ * cluster (test.mock.num.brokers; label kafka): idempotent produce + commit counts every delivery;
  * transactional produce + send_offsets_to_transaction + commit, twice; a bad setting is a clear
  * TM_E_KAFKA. The mock acks TxnOffsetCommit without storing the offsets and does not fence or
  * filter aborted records (TOOLCHAIN.md 2.3), so exactly-once itself is not checked here. Skips
@@ -25,8 +25,11 @@ static void produce_some(tm_kafka_out *ko, int n, int base) {
 static void test_idempotent(void) {
     tm_err err = {0};
     tm_kafka_out *ko = NULL;
-    tm_kafka_out_cfg cfg = {.brokers = "localhost:1", .topic = "t1", .config = mock_cfg,
-                            .n_config = 2, .timeout_s = 20};
+    tm_kafka_out_cfg cfg = {.brokers = "localhost:1",
+                            .topic = "t1",
+                            .config = mock_cfg,
+                            .n_config = 2,
+                            .timeout_s = 20};
     TM_CHECK_OK(tm_kafka_out_open(&cfg, &ko, &err), &err);
     produce_some(ko, 50, 0);
     TM_CHECK_OK(tm_kafka_out_commit(ko, NULL, 0, NULL, &err), &err);
@@ -40,8 +43,12 @@ static void test_idempotent(void) {
 static void test_transactional(void) {
     tm_err err = {0};
     tm_kafka_out *ko = NULL;
-    tm_kafka_out_cfg cfg = {.brokers = "localhost:1", .topic = "t2", .config = mock_cfg,
-                            .n_config = 2, .transactional_id = "tm-test-txn", .timeout_s = 20};
+    tm_kafka_out_cfg cfg = {.brokers = "localhost:1",
+                            .topic = "t2",
+                            .config = mock_cfg,
+                            .n_config = 2,
+                            .transactional_id = "tm-test-txn",
+                            .timeout_s = 20};
     TM_CHECK_OK(tm_kafka_out_open(&cfg, &ko, &err), &err);
     tm_kafka_offset offs[] = {{.topic = "jobs", .partition = 0, .offset = 42},
                               {.topic = "jobs", .partition = 1, .offset = 7}};
@@ -67,8 +74,8 @@ static void test_bad_setting(void) {
 int main(void) {
     tm_err err = {0};
     tm_kafka_out *ko = NULL;
-    tm_kafka_out_cfg probe = {.brokers = "localhost:1", .topic = "p", .config = mock_cfg,
-                              .n_config = 1};
+    tm_kafka_out_cfg probe = {
+        .brokers = "localhost:1", .topic = "p", .config = mock_cfg, .n_config = 1};
     if (tm_kafka_out_open(&probe, &ko, &err) != TM_OK && strstr(err.msg, "without librdkafka"))
         tm_test_skip(err.msg);
     tm_kafka_out_close(ko);

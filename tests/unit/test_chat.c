@@ -107,8 +107,7 @@ static tm_tokenizer *tiny_tokenizer(const char *dir, const char *config) {
     tm_err err = {0};
     tm_buf_append_str(&b, "{\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {", &err);
     for (uint32_t v = 0; v < 256; v++) {
-        int self = (v >= 0x21 && v <= 0x7E) || (v >= 0xA1 && v <= 0xAC) ||
-                   (v >= 0xAE && v <= 0xFF);
+        int self = (v >= 0x21 && v <= 0x7E) || (v >= 0xA1 && v <= 0xAC) || (v >= 0xAE && v <= 0xFF);
         uint32_t k = 0;
         for (uint32_t c = 0; c < v; c++)
             k += !((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) ||
@@ -118,8 +117,10 @@ static tm_tokenizer *tiny_tokenizer(const char *dir, const char *config) {
         tm_buf_append_json_str(&b, s, n, &err);
         tm_buf_printf(&b, &err, ": %u%s", v, v < 255 ? ", " : "");
     }
-    tm_buf_append_str(&b, "}}, \"added_tokens\": [{\"id\": 256, \"content\": \"<s>\", "
-                      "\"special\": true}], \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", &err);
+    tm_buf_append_str(&b,
+                      "}}, \"added_tokens\": [{\"id\": 256, \"content\": \"<s>\", "
+                      "\"special\": true}], \"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+                      &err);
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     FILE *f = fopen(path, "w");
     TM_ASSERT(f);
@@ -139,8 +140,8 @@ static tm_tokenizer *tiny_tokenizer(const char *dir, const char *config) {
 static void test_plain_fallback(void) {
     char dir[] = "/tmp/tm_test_chat_XXXXXX";
     TM_ASSERT(mkdtemp(dir) != NULL);
-    tm_message m[4] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."},
-                       {"tool", "{}"}};
+    tm_message m[4] = {
+        {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"tool", "{}"}};
     const char *configs[] = {
         "{\"bos_token\": \"<s>\"}", // no template
         "{\"bos_token\": \"<s>\", \"chat_template\": \"{% for m in messages %}<|im_start|>"

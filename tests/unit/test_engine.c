@@ -7,10 +7,10 @@
  *      and RoPE) matches within 1e-5 of the row's largest logit;
  *  (d) the paths: GQA, q/k/v bias, tied and untied lm_head, llama3 rope scaling, sliding window,
  *      f32/bf16/f16 weights;
- *  (e) Hugging Face fixtures (the JSON files in tests/fixtures/hf/, from tests/oracles/hf/make_fixtures.py): rebuild
- *      the model with mkmodel, load it, replay prompt + greedy decode, compare logits (1e-4
- *      relative) and greedy tokens. Skipped, not failed, when no fixture exists.
- * Tiny models are built in memory here so (a)-(d) do not depend on the loader. */
+ *  (e) Hugging Face fixtures (the JSON files in tests/fixtures/hf/, from
+ * tests/oracles/hf/make_fixtures.py): rebuild the model with mkmodel, load it, replay prompt +
+ * greedy decode, compare logits (1e-4 relative) and greedy tokens. Skipped, not failed, when no
+ * fixture exists. Tiny models are built in memory here so (a)-(d) do not depend on the loader. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -106,7 +106,8 @@ static double elem(const tm_tensor *t, size_t i) {
         return dec_bf16(((const uint16_t *)t->data)[i]);
     case TM_DTYPE_F16:
         return dec_f16(((const uint16_t *)t->data)[i]);
-    default: break; // the test models are f32 / bf16 / f16
+    default:
+        break; // the test models are f32 / bf16 / f16
     }
     return NAN;
 }
@@ -275,9 +276,8 @@ static void ref_forward(const tm_model *m, const uint32_t *tokens, uint32_t n, f
             ref_rope(c, K + t * kvd, c->n_kv_head, t);
         }
         for (uint32_t t = 0; t < n; t++) {
-            uint32_t p0 = c->sliding_window && t + 1 > c->sliding_window
-                              ? t + 1 - c->sliding_window
-                              : 0;
+            uint32_t p0 = c->sliding_window && t + 1 > c->sliding_window ? t + 1 - c->sliding_window
+                                                                         : 0;
             for (uint32_t hh = 0; hh < c->n_head; hh++) {
                 uint32_t kh = hh / (c->n_head / c->n_kv_head);
                 double mx = -INFINITY, sum = 0.0;
@@ -337,7 +337,7 @@ typedef struct run {
     uint32_t len[MAX_SEQ];
     uint32_t table[MAX_SEQ][MAX_LEN]; /* block tables */
     uint32_t n_block[MAX_SEQ];
-    float *logits[MAX_SEQ];            /* [len][n_vocab]; NaN where not produced */
+    float *logits[MAX_SEQ]; /* [len][n_vocab]; NaN where not produced */
 } run;
 
 /* Block ids for every sequence, disjoint, from a shuffled pool of n_kv_block. */
@@ -518,8 +518,8 @@ static void check_variant(const spec *sp) {
     double worst = 0.0;
     for (uint32_t p = 0; p < len; p++) {
         double e = rel_err(base.logits[0] + (size_t)p * nv, ref + (size_t)p * nv, nv);
-        TM_CHECK_MSG(e >= 0 && e < 1e-5, "%s: position %u: engine vs naive rel err %g", sp->name,
-                     p, e);
+        TM_CHECK_MSG(e >= 0 && e < 1e-5, "%s: position %u: engine vs naive rel err %g", sp->name, p,
+                     e);
         worst = fmax(worst, e);
     }
     g_worst_ref = fmax(g_worst_ref, worst);
@@ -597,8 +597,8 @@ static void test_batch_invariance(void) {
             }
             free_run(&one);
         }
-        fprintf(stderr, "  %-24s batched vs alone: %d of %d rows bit-identical\n", sp->name,
-                n_same, n_cmp);
+        fprintf(stderr, "  %-24s batched vs alone: %d of %d rows bit-identical\n", sp->name, n_same,
+                n_cmp);
         TM_CHECK(n_cmp > MAX_SEQ * 5);
         TM_CHECK(n_same == n_cmp);
         free_run(&all);
@@ -619,8 +619,8 @@ static void test_errors(void) {
     float out[2 * 101];
     uint32_t toks[20] = {1, 2, 3}, table[4] = {0, 1, 2, 3}, bad_table[1] = {9};
     tm_err err = {0};
-    tm_batch_seq s = {.tokens = toks, .n_tok = 3, .block_table = table, .n_block = 1,
-                      .want_logits = 1};
+    tm_batch_seq s = {
+        .tokens = toks, .n_tok = 3, .block_table = table, .n_block = 1, .want_logits = 1};
     tm_batch b = {.seqs = &s, .n_seq = 1};
     TM_CHECK_OK(tm_engine_forward(eng, &b, out, &err), &err);
     s.pos = 3; // positions 3..5 need a second block
@@ -639,8 +639,8 @@ static void test_errors(void) {
     TM_CHECK(tm_engine_forward(eng, &b, out, &err) == TM_E_INVAL);
     tm_engine_destroy(eng);
 
-    tm_engine_opts o = {.n_threads = 1, .block_size = 4, .n_kv_block = 4, .max_seqs = 1,
-                        .max_batched_tokens = 8};
+    tm_engine_opts o = {
+        .n_threads = 1, .block_size = 4, .n_kv_block = 4, .max_seqs = 1, .max_batched_tokens = 8};
     tm_engine *e2 = NULL;
     tm->layers[1].wk.shape[0] = 7; // wrong shape
     TM_CHECK(tm_engine_cpu_create(&tm->m, &o, &e2, &err) == TM_E_INVAL);
@@ -677,13 +677,13 @@ static void bench(void) {
         return;
     spec sp = {"bench", TM_ARCH_LLAMA, 4, 512, 8, 4, 64, 1408, 4096, 0, 0, 0, 0, TM_DTYPE_BF16, 9};
     if (env && strcmp(env, "big") == 0)
-        sp = (spec){"bench-big", TM_ARCH_LLAMA, 8,    2048, 16, 4, 128, 5632, 32000,
-                    0,           0,             0,    0,    TM_DTYPE_BF16, 9};
+        sp = (spec){"bench-big", TM_ARCH_LLAMA, 8, 2048, 16, 4, 128, 5632, 32000, 0, 0, 0,
+                    0,           TM_DTYPE_BF16, 9};
     tmodel *tm = build_model(&sp);
     tm_err err = {0};
     tm_engine *eng = NULL;
-    tm_engine_opts o = {.block_size = 16, .n_kv_block = 256, .max_seqs = 8,
-                        .max_batched_tokens = 512};
+    tm_engine_opts o = {
+        .block_size = 16, .n_kv_block = 256, .max_seqs = 8, .max_batched_tokens = 512};
     TM_CHECK_OK(tm_engine_cpu_create(&tm->m, &o, &eng, &err), &err);
     if (!eng) {
         free_model(tm);
@@ -698,8 +698,12 @@ static void bench(void) {
     // prefill: 8 sequences x 64 tokens in one step
     tm_batch_seq s[8];
     for (uint32_t q = 0; q < 8; q++)
-        s[q] = (tm_batch_seq){.tokens = toks + q * 64, .n_tok = 64, .pos = 0,
-                              .block_table = table[q], .n_block = 32, .want_logits = 1};
+        s[q] = (tm_batch_seq){.tokens = toks + q * 64,
+                              .n_tok = 64,
+                              .pos = 0,
+                              .block_table = table[q],
+                              .n_block = 32,
+                              .want_logits = 1};
     tm_batch b = {.seqs = s, .n_seq = 8};
     double t0 = tm_now_ms();
     TM_CHECK_OK(tm_engine_forward(eng, &b, out, &err), &err);
@@ -784,8 +788,11 @@ static void check_fixture(const char *path) {
     const uint32_t n_gen = (uint32_t)json_array_size(greedy);
     TM_CHECK(json_array_size(logits) == n_gen && n_gen >= 1);
     uint32_t total = n_prompt + n_gen;
-    tm_engine_opts o = {.n_threads = 0, .block_size = 16, .n_kv_block = TM_CEIL_DIV(total, 16),
-                        .max_seqs = 1, .max_batched_tokens = n_prompt};
+    tm_engine_opts o = {.n_threads = 0,
+                        .block_size = 16,
+                        .n_kv_block = TM_CEIL_DIV(total, 16),
+                        .max_seqs = 1,
+                        .max_batched_tokens = n_prompt};
     TM_CHECK_OK(tm_engine_cpu_create(m, &o, &eng, &err), &err);
     if (!eng)
         goto done;

@@ -246,9 +246,13 @@ static void test_fnv_and_sink_ids(void) {
         {NULL, 9, "322db273dc23d01084222325cbf29ced"},
     };
     for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
-        tm_completion c = {.seq_no = v[i].seq_no, .id_json = (char *)v[i].id_json,
-                           .err_code = TM_ERRCODE_INVALID_JSON, .err_msg = "m",
-                           .format = TM_REC_FORMAT_OPENAI, .file = "f", .line = 1};
+        tm_completion c = {.seq_no = v[i].seq_no,
+                           .id_json = (char *)v[i].id_json,
+                           .err_code = TM_ERRCODE_INVALID_JSON,
+                           .err_msg = "m",
+                           .format = TM_REC_FORMAT_OPENAI,
+                           .file = "f",
+                           .line = 1};
         tm_buf b = {0};
         tm_err err = {0};
         TM_CHECK_OK(tm_sink_format_error(&b, &c, &err), &err);

@@ -1,6 +1,6 @@
-/* tests/unit/test_ingest_formats.c - OpenAI Batch API input lines (good ones map onto tm_job fields;
- * every unsupported or malformed one is one error record with the right code and message), the
- * record limits (limits.max_depth, max_field_bytes, max_messages), standard input ("-"), mixed
+/* tests/unit/test_ingest_formats.c - OpenAI Batch API input lines (good ones map onto tm_job
+ * fields; every unsupported or malformed one is one error record with the right code and message),
+ * the record limits (limits.max_depth, max_field_bytes, max_messages), standard input ("-"), mixed
  * native and OpenAI lines in one file, and the sink's OpenAI-shaped output and error lines. */
 #include <jansson.h>
 #include <stdio.h>
@@ -17,11 +17,11 @@
 static char g_tmp[256];
 
 typedef struct expect {
-    const char *line;  /* input line (without newline) */
+    const char *line; /* input line (without newline) */
     tm_errcode code;
     tm_rec_format fmt;
-    const char *id;    /* id_json or NULL */
-    const char *msg;   /* substring of err_msg, or for ok records of the prompt/first content */
+    const char *id;  /* id_json or NULL */
+    const char *msg; /* substring of err_msg, or for ok records of the prompt/first content */
 } expect;
 
 #define CHAT_HEAD "{\"custom_id\":\"%s\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\","
@@ -85,7 +85,8 @@ static const expect cases[] = {
      "field 'body.max_completion_tokens': expected an integer >= 1, got 0"},
     {"{\"custom_id\":\"im\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
      "\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}}",
-     TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"im\"", "\"image_url\" are not supported"},
+     TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"im\"",
+     "\"image_url\" are not supported"},
     {"{\"custom_id\":\"tl\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
      "\"m\"," MSGS ",\"tools\":[{\"type\":\"function\"}]}}",
      TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"tl\"", "field 'body.tools'"},
@@ -93,7 +94,8 @@ static const expect cases[] = {
      "\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\"}}}",
      TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"rf\"", "response_format"},
     {"{\"custom_id\":\"nb\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":[]}",
-     TM_ERRCODE_WRONG_TYPE, TM_REC_FORMAT_OPENAI_CHAT, "\"nb\"", "field 'body': expected an object"},
+     TM_ERRCODE_WRONG_TYPE, TM_REC_FORMAT_OPENAI_CHAT, "\"nb\"",
+     "field 'body': expected an object"},
     // Limits (the spec below: max_depth 8, max_field_bytes 64, max_messages 3).
     {"{\"id\":\"deep\",\"prompt\":\"x\",\"meta\":[[[[[[[[1]]]]]]]]}", TM_ERRCODE_NESTING_TOO_DEEP,
      TM_REC_FORMAT_OPENAI, NULL, "nested deeper than limits.max_depth (8) at column 41"},
@@ -142,7 +144,8 @@ static void check_case(const tm_job *job, const expect *e) {
                  job->err_msg ? job->err_msg : "");
     TM_CHECK_MSG(job->format == e->fmt, "line %llu: format %d, want %d", ln, (int)job->format,
                  (int)e->fmt);
-    TM_CHECK_MSG((!e->id && !job->id_json) || (e->id && job->id_json && !strcmp(e->id, job->id_json)),
+    TM_CHECK_MSG((!e->id && !job->id_json) ||
+                     (e->id && job->id_json && !strcmp(e->id, job->id_json)),
                  "line %llu: id %s", ln, job->id_json ? job->id_json : "NULL");
     if (e->code != TM_ERRCODE_NONE) {
         TM_CHECK_MSG(job->err_msg && strstr(job->err_msg, e->msg), "line %llu: message '%s'", ln,
@@ -166,8 +169,8 @@ static void test_openai_and_limits(void) {
     fclose(f);
     char files[600];
     snprintf(files, sizeof(files), "[\"%s\"]", path);
-    tm_job_spec *spec =
-        spec_over(files, "\"max_depth\": 8, \"max_field_bytes\": 64, \"max_messages\": 3");
+    tm_job_spec *spec = spec_over(files,
+                                  "\"max_depth\": 8, \"max_field_bytes\": 64, \"max_messages\": 3");
     if (!spec)
         return;
     tm_source *src = NULL;
@@ -256,9 +259,15 @@ static json_t *parse_line(const tm_buf *b) {
 static void test_sink_openai(void) {
     tm_err err = {0};
     tm_buf b = {0};
-    tm_completion ok = {.seq_no = 4, .id_json = "\"req-1\"", .text = "Hi \"you\"",
-                        .finish = TM_FINISH_LENGTH, .n_tok_prompt = 10, .n_tok_gen = 2,
-                        .n_tok_cached = 8, .format = TM_REC_FORMAT_OPENAI_CHAT, .model = "gpt-x",
+    tm_completion ok = {.seq_no = 4,
+                        .id_json = "\"req-1\"",
+                        .text = "Hi \"you\"",
+                        .finish = TM_FINISH_LENGTH,
+                        .n_tok_prompt = 10,
+                        .n_tok_gen = 2,
+                        .n_tok_cached = 8,
+                        .format = TM_REC_FORMAT_OPENAI_CHAT,
+                        .model = "gpt-x",
                         .src_meta_json = "{\"topic\":\"t\",\"partition\":1,\"offset\":5}"};
     TM_CHECK_OK(tm_sink_format_ok(&b, &ok, &err), &err);
     json_t *j = parse_line(&b);
@@ -272,12 +281,12 @@ static void test_sink_openai(void) {
         TM_CHECK(!strcmp(json_string_value(json_object_get(body, "object")), "chat.completion"));
         TM_CHECK(!strcmp(json_string_value(json_object_get(body, "model")), "gpt-x"));
         json_t *ch = json_array_get(json_object_get(body, "choices"), 0);
-        TM_CHECK(!strcmp(json_string_value(json_object_get(json_object_get(ch, "message"),
-                                                           "content")),
-                         "Hi \"you\""));
+        TM_CHECK(
+            !strcmp(json_string_value(json_object_get(json_object_get(ch, "message"), "content")),
+                    "Hi \"you\""));
         TM_CHECK(!strcmp(json_string_value(json_object_get(ch, "finish_reason")), "length"));
-        TM_CHECK(json_integer_value(json_object_get(json_object_get(body, "usage"),
-                                                    "total_tokens")) == 12);
+        TM_CHECK(json_integer_value(
+                     json_object_get(json_object_get(body, "usage"), "total_tokens")) == 12);
         TM_CHECK(json_integer_value(json_object_get(json_object_get(j, "source"), "offset")) == 5);
         json_decref(j);
     }
@@ -296,8 +305,12 @@ static void test_sink_openai(void) {
     }
     // Rejected by ingest: response null, error {code, message}, plus file and line.
     tm_buf_clear(&b);
-    tm_completion bad = {.seq_no = 5, .file = "in.jsonl", .line = 9, .format = TM_REC_FORMAT_OPENAI,
-                         .err_code = TM_ERRCODE_INVALID_JSON, .err_msg = "bad"};
+    tm_completion bad = {.seq_no = 5,
+                         .file = "in.jsonl",
+                         .line = 9,
+                         .format = TM_REC_FORMAT_OPENAI,
+                         .err_code = TM_ERRCODE_INVALID_JSON,
+                         .err_msg = "bad"};
     TM_CHECK_OK(tm_sink_format_error(&b, &bad, &err), &err);
     j = parse_line(&b);
     if (j) {

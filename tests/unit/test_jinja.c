@@ -1,5 +1,5 @@
-/* tests/unit/test_jinja.c - the Jinja subset (runner/text/jinja.h) against @huggingface/jinja: every
- * template in tests/fixtures/chat_templates/ (DeepSeek V3, Llama 3, Qwen2, Mistral, and a
+/* tests/unit/test_jinja.c - the Jinja subset (runner/text/jinja.h) against @huggingface/jinja:
+ * every template in tests/fixtures/chat_templates/ (DeepSeek V3, Llama 3, Qwen2, Mistral, and a
  * feature-exercise template) renders every message list of expected.jsonl (made by
  * tools/gen_chat_refs.cjs) byte for byte, with and without add_generation_prompt, and raises where
  * the reference raises; plus parse errors, runtime errors and the work limits. */

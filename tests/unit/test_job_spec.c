@@ -1,6 +1,6 @@
-/* tests/unit/test_job_spec.c - job file loading: defaults (and that they match the schema), relative
- * path resolution, unknown keys, wrong types with the JSON path in the message, input expansion
- * (folders, globs, dedupe), the quickstart job, and every allocation failing in turn. */
+/* tests/unit/test_job_spec.c - job file loading: defaults (and that they match the schema),
+ * relative path resolution, unknown keys, wrong types with the JSON path in the message, input
+ * expansion (folders, globs, dedupe), the quickstart job, and every allocation failing in turn. */
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -127,13 +127,13 @@ static void test_defaults(void) {
             }
             if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
                 double want_v = !strcmp(key, "commit_every_s") ? spec->commit_every_s
-                                                                : spec->commit_every_records;
+                                                               : spec->commit_every_records;
                 TM_CHECK_MSG(json_number_value(d) == want_v, "schema default of output.%s", key);
                 continue;
             }
-            int same = got && (json_equal(got, d) ||
-                               (json_is_number(got) && json_is_number(d) &&
-                                json_number_value(got) == json_number_value(d)));
+            int same = got &&
+                       (json_equal(got, d) || (json_is_number(got) && json_is_number(d) &&
+                                               json_number_value(got) == json_number_value(d)));
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
@@ -206,48 +206,62 @@ static void test_values_and_relative_paths(void) {
 
 static void test_errors(void) {
     // Unknown keys, at the top and inside sections, name the path and the allowed keys.
-    expect_error("{\"modle\": \"m\"}", TM_E_INVAL, "job.json: modle: unknown key (allowed here: "
-                                                  "$schema, model, input");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"max_sqes\": 8}}",
-                 TM_E_INVAL, "job.json: engine.max_sqes: unknown key");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"defaults\": {\"temprature\": 1}}",
-                 TM_E_INVAL, "job.json: defaults.temprature: unknown key");
+    expect_error("{\"modle\": \"m\"}", TM_E_INVAL,
+                 "job.json: modle: unknown key (allowed here: "
+                 "$schema, model, input");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"max_sqes\": 8}}",
+        TM_E_INVAL, "job.json: engine.max_sqes: unknown key");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"defaults\": {\"temprature\": 1}}",
+        TM_E_INVAL, "job.json: defaults.temprature: unknown key");
     // Wrong types and values.
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"max_seqs\": \"8\"}}",
-                 TM_E_INVAL, "job.json: engine.max_seqs: expected an integer >= 1, got \"8\"");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"max_seqs\": 0}}",
-                 TM_E_INVAL, "engine.max_seqs: expected an integer >= 1, got 0");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"block_size\": 100}}",
-                 TM_E_INVAL, "engine.block_size: expected a power of two");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"backend\": \"gpu\"}}",
-                 TM_E_INVAL, "engine.backend: expected one of \"auto\", \"cpu\", \"cuda\", got \"gpu\"");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 0}}",
-                 TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1, got 0");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 1.2}}",
-                 TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"engine\": {\"prefix_cache\": 1}}",
-                 TM_E_INVAL, "engine.prefix_cache: expected true or false, got 1");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"defaults\": {\"temperature\": \"hot\"}}",
-                 TM_E_INVAL, "job.json: defaults.temperature: expected a number >= 0, got \"hot\"");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"defaults\": {\"top_p\": 1.5}}",
-                 TM_E_INVAL, "defaults.top_p: expected a number > 0 and <= 1, got 1.5");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"limits\": {\"max_line_bytes\": 1.5}}",
-                 TM_E_INVAL, "limits.max_line_bytes: expected an integer >= 1");
-    expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
-                 " \"o\"}, \"limits\": {\"max_depth\": 2049}}",
-                 TM_E_INVAL, "limits.max_depth: expected an integer >= 1 and <= 2048, got 2049");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"max_seqs\": \"8\"}}",
+        TM_E_INVAL, "job.json: engine.max_seqs: expected an integer >= 1, got \"8\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"max_seqs\": 0}}",
+        TM_E_INVAL, "engine.max_seqs: expected an integer >= 1, got 0");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"block_size\": 100}}",
+        TM_E_INVAL, "engine.block_size: expected a power of two");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"backend\": \"gpu\"}}",
+        TM_E_INVAL, "engine.backend: expected one of \"auto\", \"cpu\", \"cuda\", got \"gpu\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 0}}",
+        TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1, got 0");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 1.2}}",
+        TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"prefix_cache\": 1}}",
+        TM_E_INVAL, "engine.prefix_cache: expected true or false, got 1");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"defaults\": {\"temperature\": \"hot\"}}",
+        TM_E_INVAL, "job.json: defaults.temperature: expected a number >= 0, got \"hot\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"defaults\": {\"top_p\": 1.5}}",
+        TM_E_INVAL, "defaults.top_p: expected a number > 0 and <= 1, got 1.5");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"limits\": {\"max_line_bytes\": 1.5}}",
+        TM_E_INVAL, "limits.max_line_bytes: expected an integer >= 1");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"limits\": {\"max_depth\": 2049}}",
+        TM_E_INVAL, "limits.max_depth: expected an integer >= 1 and <= 2048, got 2049");
     expect_error("{\"model\": \"m\", \"input\": {\"files\": [\"-\", \"in/a.jsonl\", \"-\"]}, "
                  "\"output\": {\"dir\": \"o\"}}",
                  TM_E_INVAL, "input.files[2]: standard input (\"-\") can be read only once");
@@ -258,7 +272,8 @@ static void test_errors(void) {
                  TM_E_INVAL, "input.files: expected a non-empty array of strings, got []");
     expect_error("{\"model\": \"m\", \"input\": {\"files\": \"in/a.jsonl\"}, \"output\": {\"dir\": "
                  "\"o\"}}",
-                 TM_E_INVAL, "input.files: expected a non-empty array of strings, got \"in/a.jsonl\"");
+                 TM_E_INVAL,
+                 "input.files: expected a non-empty array of strings, got \"in/a.jsonl\"");
     expect_error("{\"model\": 5, \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\": "
                  "\"o\"}}",
                  TM_E_INVAL, "job.json: model: expected a non-empty string, got 5");
@@ -313,15 +328,18 @@ static void test_output_durability(void) {
     TM_CHECK(strstr(spec->canonical_json, "commit_every") == NULL);
     tm_job_spec_destroy(spec);
     const char *bad[] = {
-        "\"commit_every_s\":0", "\"commit_every_records\":0",
-        "\"kafka\":{\"topic\":\"t\"}", "\"kafka\":{\"brokers\":\"b\",\"topic\":\"t\",\"acks\":1}",
+        "\"commit_every_s\":0",
+        "\"commit_every_records\":0",
+        "\"kafka\":{\"topic\":\"t\"}",
+        "\"kafka\":{\"brokers\":\"b\",\"topic\":\"t\",\"acks\":1}",
         "\"kafka\":{\"brokers\":\"b\",\"topic\":\"t\",\"config\":{\"linger.ms\":5}}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         char job[512];
         snprintf(job, sizeof(job),
                  "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
-                 "\"dir\":\"out\",%s}}", bad[i]);
+                 "\"dir\":\"out\",%s}}",
+                 bad[i]);
         write_file("job.json", job);
         spec = NULL;
         TM_CHECK_MSG(load("job.json", &spec, &err) == TM_E_INVAL, "accepted: %s", bad[i]);
@@ -353,8 +371,8 @@ static void test_expand(void) {
         return;
     // explicit g/x2 first; folder d sorted (hidden, txt and subfolder skipped); glob sorted with
     // x2 already present (dropped); d/b.jsonl again (dropped); glob d/s?b matches folder d/sub.
-    const char *want[] = {"g/x2.jsonl", "d/a.jsonl.lz4", "d/b.jsonl", "d/c.jsonl.gz",
-                          "g/x1.jsonl", "d/sub/deep.jsonl"};
+    const char *want[] = {"g/x2.jsonl",   "d/a.jsonl.lz4", "d/b.jsonl",
+                          "d/c.jsonl.gz", "g/x1.jsonl",    "d/sub/deep.jsonl"};
     TM_CHECK_MSG(spec->n_inputs == 6, "n_inputs %zu", spec->n_inputs);
     for (size_t i = 0; i < 6 && i < spec->n_inputs; i++) {
         char p[512];

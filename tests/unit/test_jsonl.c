@@ -1,8 +1,9 @@
-/* tests/unit/test_jsonl.c - the JSONL source: every kind of bad line in tests/fixtures/jsonl/mixed.jsonl
- * gives the right error code, line and id; good records carry the right fields; the same bytes as
- * .jsonl.lz4 (several frames, split mid-line) and .jsonl.gz (two members) give identical records;
- * corrupt streams fail cleanly; the line limit is exact (CRLF included); a 50 MB file streams in
- * bounded memory; every allocation failing in turn leaks nothing. */
+/* tests/unit/test_jsonl.c - the JSONL source: every kind of bad line in
+ * tests/fixtures/jsonl/mixed.jsonl gives the right error code, line and id; good records carry the
+ * right fields; the same bytes as .jsonl.lz4 (several frames, split mid-line) and .jsonl.gz (two
+ * members) give identical records; corrupt streams fail cleanly; the line limit is exact (CRLF
+ * included); a 50 MB file streams in bounded memory; every allocation failing in turn leaks
+ * nothing. */
 #include <jansson.h>
 #include <lz4frame.h>
 #include <stdio.h>
@@ -42,12 +43,16 @@ static const expect expected[] = {
     {14, TM_ERRCODE_MISSING_FIELD, NULL, "field 'id' is required"},
     {15, TM_ERRCODE_MISSING_FIELD, "\"np\"", "field 'prompt' or 'messages' is required"},
     {16, TM_ERRCODE_INVALID_VALUE, "\"both\"", "give exactly one of them"},
-    {17, TM_ERRCODE_WRONG_TYPE, "\"t1\"", "field 'temperature': expected a number >= 0, got \"hot\""},
+    {17, TM_ERRCODE_WRONG_TYPE, "\"t1\"",
+     "field 'temperature': expected a number >= 0, got \"hot\""},
     {18, TM_ERRCODE_INVALID_VALUE, "\"t2\"", "field 'temperature': expected a number >= 0, got -1"},
-    {19, TM_ERRCODE_INVALID_VALUE, "\"p1\"", "field 'top_p': expected a number > 0 and <= 1, got 0"},
+    {19, TM_ERRCODE_INVALID_VALUE, "\"p1\"",
+     "field 'top_p': expected a number > 0 and <= 1, got 0"},
     {20, TM_ERRCODE_INVALID_VALUE, "\"k1\"", "field 'top_k': expected an integer >= -1"},
-    {21, TM_ERRCODE_INVALID_VALUE, "\"m1\"", "field 'max_tokens': expected an integer >= 1, got -1"},
-    {22, TM_ERRCODE_WRONG_TYPE, "\"m2\"", "field 'max_tokens': expected an integer >= 1, got \"5\""},
+    {21, TM_ERRCODE_INVALID_VALUE, "\"m1\"",
+     "field 'max_tokens': expected an integer >= 1, got -1"},
+    {22, TM_ERRCODE_WRONG_TYPE, "\"m2\"",
+     "field 'max_tokens': expected an integer >= 1, got \"5\""},
     {23, TM_ERRCODE_WRONG_TYPE, "\"s1\"", "field 'stop': expected a non-empty string or an array"},
     {24, TM_ERRCODE_MISSING_FIELD, "\"msg1\"", "field 'messages[0].content' is required"},
     {25, TM_ERRCODE_WRONG_TYPE, "\"msg2\"", "field 'messages': expected an array"},
@@ -55,7 +60,8 @@ static const expect expected[] = {
     {27, TM_ERRCODE_WRONG_TYPE, "\"p2\"", "field 'prompt': expected a string, got 42"},
     {28, TM_ERRCODE_WRONG_TYPE, NULL, "record: expected a JSON object, got [1,2,3]"},
     {29, TM_ERRCODE_INVALID_JSON, NULL, "duplicate object key"},
-    {30, TM_ERRCODE_LINE_TOO_LONG, NULL, "line is 325 bytes, longer than limits.max_line_bytes (256)"},
+    {30, TM_ERRCODE_LINE_TOO_LONG, NULL,
+     "line is 325 bytes, longer than limits.max_line_bytes (256)"},
     {31, TM_ERRCODE_INVALID_VALUE, "\"seed\"", "field 'seed': expected an integer >= 0, got -1"},
     {32, TM_ERRCODE_INVALID_VALUE, "\"minp\"", "field 'min_p': expected a number >= 0 and <= 1"},
     {33, TM_ERRCODE_NONE, "\"last\"", NULL},
@@ -89,9 +95,10 @@ static void write_bytes(const char *path, const void *p, size_t n) {
 // Write a job file in g_tmp over the given inputs and load it.
 static tm_job_spec *make_spec(const char *const *files, size_t n_files, uint64_t max_line) {
     char job[4096];
-    int k = snprintf(job, sizeof(job), "{\"model\": \"m\", \"output\": {\"dir\": \"o\"}, "
-                                       "\"limits\": {\"max_line_bytes\": %llu}, \"input\": "
-                                       "{\"files\": [",
+    int k = snprintf(job, sizeof(job),
+                     "{\"model\": \"m\", \"output\": {\"dir\": \"o\"}, "
+                     "\"limits\": {\"max_line_bytes\": %llu}, \"input\": "
+                     "{\"files\": [",
                      (unsigned long long)max_line);
     for (size_t i = 0; i < n_files; i++)
         k += snprintf(job + k, sizeof(job) - (size_t)k, "%s\"%s\"", i ? ", " : "", files[i]);
@@ -108,9 +115,8 @@ static tm_job_spec *make_spec(const char *const *files, size_t n_files, uint64_t
 // Everything a record says except its file name, as one string (to compare formats).
 static void job_sig(const tm_job *j, char *out, size_t n) {
     int k = snprintf(out, n, "%llu|%llu|%d|%s|%s|%s|%u|", (unsigned long long)j->seq_no,
-                     (unsigned long long)j->line, (int)j->err_code,
-                     j->id_json ? j->id_json : "-", j->err_msg ? j->err_msg : "-",
-                     j->prompt ? j->prompt : "-", j->n_messages);
+                     (unsigned long long)j->line, (int)j->err_code, j->id_json ? j->id_json : "-",
+                     j->err_msg ? j->err_msg : "-", j->prompt ? j->prompt : "-", j->n_messages);
     for (uint32_t i = 0; i < j->n_messages && k < (int)n; i++)
         k += snprintf(out + k, n - (size_t)k, "%s:%s|", j->messages[i].role,
                       j->messages[i].content);
@@ -206,7 +212,8 @@ static void test_fixture(void) {
             TM_CHECK_NEAR(job->sp.min_p, 0.1, 1e-6);
             TM_CHECK(job->sp.n_stop == 2);
             if (job->sp.n_stop == 2)
-                TM_CHECK(strcmp(job->sp.stop[0], "\n\n") == 0 && strcmp(job->sp.stop[1], "END") == 0);
+                TM_CHECK(strcmp(job->sp.stop[0], "\n\n") == 0 &&
+                         strcmp(job->sp.stop[1], "END") == 0);
         }
         if (e->line == 12) {
             TM_CHECK(job->sp.set == TM_SP_STOP && job->sp.n_stop == 1);
@@ -282,8 +289,8 @@ static void test_compressed_same(void) {
         if (k > 0) {
             TM_CHECK_MSG(n_got == n_want, "%s: %zu records, want %zu", names[k], n_got, n_want);
             for (size_t i = 0; i < n_got && i < n_want; i++)
-                TM_CHECK_MSG(strcmp(want[i], got[i]) == 0, "%s record %zu:\n %s\n %s", names[k],
-                             i, got[i], want[i]);
+                TM_CHECK_MSG(strcmp(want[i], got[i]) == 0, "%s record %zu:\n %s\n %s", names[k], i,
+                             got[i], want[i]);
         }
         tm_job_spec_destroy(spec);
     }
@@ -355,9 +362,11 @@ static void test_line_limit(void) {
     const char *ok32 = "{\"id\":\"b\",\"prompt\":\"xxxxxxxxxx\"}"; // 32 bytes
     TM_CHECK(strlen(ok32) == 32);
     char data[512];
-    snprintf(data, sizeof(data), "%s\r\n%s\n{\"id\":\"c\",\"prompt\":\"xxxxxxxxxxx\"}\r\n"
-                                 "{\"id\":\"d\",\"prompt\":\"xxxxxxxxxxx\"}\n%s",
-             ok32, "{\"id\":\"a\",\"prompt\":\"xxxxxxxxxx\"}", "{\"id\":\"e\",\"prompt\":\"yyyyyyyyy\"}");
+    snprintf(data, sizeof(data),
+             "%s\r\n%s\n{\"id\":\"c\",\"prompt\":\"xxxxxxxxxxx\"}\r\n"
+             "{\"id\":\"d\",\"prompt\":\"xxxxxxxxxxx\"}\n%s",
+             ok32, "{\"id\":\"a\",\"prompt\":\"xxxxxxxxxx\"}",
+             "{\"id\":\"e\",\"prompt\":\"yyyyyyyyy\"}");
     char p[512];
     snprintf(p, sizeof(p), "%s/limit.jsonl", g_tmp);
     write_bytes(p, data, strlen(data));

@@ -148,8 +148,8 @@ static const char *PROMPT = "The quick brown fox jumps over the lazy dog. Then i
 // Greedy generation with logprobs + top 5, checked against a recomputation; then the greedy
 // text scored as a continuation, and prompt_logprobs.
 static void test_logprobs_and_scoring(void) {
-    uint32_t V =
-        tm_tok_n_vocab(g_tok) < g_model->cfg.n_vocab ? tm_tok_n_vocab(g_tok) : g_model->cfg.n_vocab;
+    uint32_t V = tm_tok_n_vocab(g_tok) < g_model->cfg.n_vocab ? tm_tok_n_vocab(g_tok)
+                                                              : g_model->cfg.n_vocab;
     tm_job *jobs[4];
     jobs[0] = new_job(0, PROMPT, 6, 0.0f, 1);
     jobs[0]->logprobs = 1;
@@ -305,8 +305,8 @@ static void test_n_samples(void) {
     json_t *body = json_object_get(json_object_get(j, "response"), "body");
     json_t *ch = json_object_get(body, "choices");
     TM_CHECK(json_array_size(ch) == 4);
-    json_t *content =
-        json_object_get(json_object_get(json_array_get(ch, 3), "logprobs"), "content");
+    json_t *content = json_object_get(json_object_get(json_array_get(ch, 3), "logprobs"),
+                                      "content");
     TM_CHECK(json_array_size(content) == 8);
     TM_CHECK(json_is_array(json_object_get(json_array_get(content, 0), "bytes")));
     TM_CHECK(json_is_real(json_object_get(json_array_get(content, 0), "logprob")));

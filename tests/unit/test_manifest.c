@@ -200,8 +200,11 @@ static void test_recover_every_byte(void) {
         snprintf(id, sizeof(id), "%d", i);
         snprintf(text, sizeof(text), "completion %d", i);
         tm_completion c = {.seq_no = (uint64_t)i, .id_json = id, .text = text};
-        tm_completion e = {.seq_no = (uint64_t)i, .file = "in", .line = (uint64_t)i + 1,
-                           .err_code = TM_ERRCODE_INVALID_JSON, .err_msg = "bad"};
+        tm_completion e = {.seq_no = (uint64_t)i,
+                           .file = "in",
+                           .line = (uint64_t)i + 1,
+                           .err_code = TM_ERRCODE_INVALID_JSON,
+                           .err_msg = "bad"};
         TM_CHECK_OK(tm_sink_write(sink, i % 7 == 3 ? &e : &c, &err), &err);
         if (i == 9 || i == 19) { // commits 1 and 2
             TM_CHECK_OK(tm_sink_flush(sink, &err), &err);

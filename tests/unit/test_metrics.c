@@ -1,5 +1,5 @@
-/* tests/unit/test_metrics.c - metrics accumulation and metrics.json: percentiles on known data, TPOT,
- * ITL (pooled histogram), throughput formulas, error counts by code, settings, job and bench
+/* tests/unit/test_metrics.c - metrics accumulation and metrics.json: percentiles on known data,
+ * TPOT, ITL (pooled histogram), throughput formulas, error counts by code, settings, job and bench
  * sections, null for unknowns (GPUs without NVML), atomic write. With
  * TM_SAMPLE_DIR set, a sample metrics.json is left there for schema validation. */
 #include <jansson.h>
@@ -51,8 +51,13 @@ static void fill(tm_metrics *m) {
         float itl[10];
         for (int t = 0; t < 10; t++)
             itl[t] = (float)(0.9 * i);
-        tm_completion c = {.n_tok_prompt = 100, .n_tok_cached = 25, .n_tok_gen = 11,
-                           .ttft_ms = i, .total_ms = 10.0 * i, .itl_ms = itl, .n_itl = 10};
+        tm_completion c = {.n_tok_prompt = 100,
+                           .n_tok_cached = 25,
+                           .n_tok_gen = 11,
+                           .ttft_ms = i,
+                           .total_ms = 10.0 * i,
+                           .itl_ms = itl,
+                           .n_itl = 10};
         TM_CHECK_OK(tm_metrics_add_record(m, &c, &err), &err);
     }
     tm_completion one_tok = {.n_tok_prompt = 100, .n_tok_gen = 1, .ttft_ms = 5, .total_ms = 5};
@@ -62,10 +67,15 @@ static void fill(tm_metrics *m) {
     TM_CHECK_OK(tm_metrics_add_record(m, &e1, &err), &err);
     TM_CHECK_OK(tm_metrics_add_record(m, &e1, &err), &err);
     TM_CHECK_OK(tm_metrics_add_record(m, &e2, &err), &err);
-    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_prefill = 8000, .prefill_s = 2.0});
-    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_prefill = 2100, .prefill_s = 0.5,
-                                                  .n_tok_decode = 1000, .decode_s = 1.5});
-    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1, .n_tok_decode = 100, .decode_s = 0.5});
+    tm_metrics_add_engine(
+        m, &(tm_metrics_engine){.steps = 1, .n_tok_prefill = 8000, .prefill_s = 2.0});
+    tm_metrics_add_engine(m, &(tm_metrics_engine){.steps = 1,
+                                                  .n_tok_prefill = 2100,
+                                                  .prefill_s = 0.5,
+                                                  .n_tok_decode = 1000,
+                                                  .decode_s = 1.5});
+    tm_metrics_add_engine(m,
+                          &(tm_metrics_engine){.steps = 1, .n_tok_decode = 100, .decode_s = 0.5});
 }
 
 static void test_json(void) {
@@ -75,9 +85,16 @@ static void test_json(void) {
     if (!m)
         return;
     fill(m);
-    tm_metrics_settings s = {.backend = "cpu", .tp = 1, .max_seqs = 8, .max_batched_tokens = 2048,
-                             .block_size = 128, .kv_dtype = "f32", .prefix_cache = true,
-                             .threads = 4, .model_path = "/models/tiny", .model_arch = "llama",
+    tm_metrics_settings s = {.backend = "cpu",
+                             .tp = 1,
+                             .max_seqs = 8,
+                             .max_batched_tokens = 2048,
+                             .block_size = 128,
+                             .kv_dtype = "f32",
+                             .prefix_cache = true,
+                             .threads = 4,
+                             .model_path = "/models/tiny",
+                             .model_arch = "llama",
                              .n_params = 123456};
     TM_CHECK_OK(tm_metrics_set_settings(m, &s, &err), &err);
     TM_CHECK_OK(tm_metrics_set_job(m, "jobs/x.json", &err), &err);
@@ -227,8 +244,13 @@ static void test_bench_section(void) {
     TM_CHECK_OK(tm_metrics_create(&m, &err), &err);
     if (!m)
         return;
-    tm_metrics_bench b = {.workload = "W8", .scale = "small", .n_seqs = 8, .prompt_tokens = 64,
-                          .gen_tokens = 16, .shared_prefix_tokens = 0, .seed = 42};
+    tm_metrics_bench b = {.workload = "W8",
+                          .scale = "small",
+                          .n_seqs = 8,
+                          .prompt_tokens = 64,
+                          .gen_tokens = 16,
+                          .shared_prefix_tokens = 0,
+                          .seed = 42};
     TM_CHECK_OK(tm_metrics_set_bench(m, &b, &err), &err);
     TM_CHECK_OK(tm_metrics_set_bench(m, &b, &err), &err); // replacing frees the old copy
     char path[512];
@@ -319,15 +341,26 @@ static void write_sample(void) {
         return;
     fill(m);
     tm_metrics_add_spec(m, 100, 70);
-    TM_CHECK_OK(tm_metrics_set_bench(m, &(tm_metrics_bench){.workload = "P", .scale = "small",
-                                                             .n_seqs = 8, .prompt_tokens = 256,
-                                                             .gen_tokens = 1, .seed = 1},
+    TM_CHECK_OK(tm_metrics_set_bench(m,
+                                     &(tm_metrics_bench){.workload = "P",
+                                                         .scale = "small",
+                                                         .n_seqs = 8,
+                                                         .prompt_tokens = 256,
+                                                         .gen_tokens = 1,
+                                                         .seed = 1},
                                      &err),
                 &err);
-    tm_metrics_settings s = {.backend = "cuda", .tp = 4, .max_seqs = 8,
-                             .max_batched_tokens = 16384, .block_size = 128, .kv_blocks = 4096,
-                             .kv_dtype = "bf16", .prefix_cache = true, .threads = 16,
-                             .model_path = "/models/x", .model_arch = "LlamaForCausalLM",
+    tm_metrics_settings s = {.backend = "cuda",
+                             .tp = 4,
+                             .max_seqs = 8,
+                             .max_batched_tokens = 16384,
+                             .block_size = 128,
+                             .kv_blocks = 4096,
+                             .kv_dtype = "bf16",
+                             .prefix_cache = true,
+                             .threads = 16,
+                             .model_path = "/models/x",
+                             .model_arch = "LlamaForCausalLM",
                              .device = "NVIDIA H200 x4"};
     TM_CHECK_OK(tm_metrics_set_settings(m, &s, &err), &err);
     tm_metrics_end(m);

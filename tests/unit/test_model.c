@@ -174,8 +174,9 @@ static void test_rope_and_tokenizer(void) {
         return;
     }
     char args[700];
-    snprintf(args, sizeof(args), "--tokenizer %s --vocab 129280 --layers 1 --hidden 16 --heads 2 "
-                                 "--ff 16",
+    snprintf(args, sizeof(args),
+             "--tokenizer %s --vocab 129280 --layers 1 --hidden 16 --heads 2 "
+             "--ff 16",
              tok);
     TM_CHECK(mkmodel("tok", args, dir, sizeof(dir)) == 0);
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
@@ -239,8 +240,7 @@ static void expect_cfg(const char *key, const char *value, tm_rc want, const cha
     tm_err err = {0};
     tm_model *m = NULL;
     tm_rc rc = tm_model_load(dir, &m, &err);
-    TM_CHECK_MSG(rc == want, "%s=%s: got %s: %s", key, value ? value : "", tm_rc_name(rc),
-                 err.msg);
+    TM_CHECK_MSG(rc == want, "%s=%s: got %s: %s", key, value ? value : "", tm_rc_name(rc), err.msg);
     if (want != TM_OK) {
         TM_CHECK_MSG(m == NULL && strstr(err.msg, phrase) && strstr(err.msg, "loading model"),
                      "%s=%s: want '%s' in: %s", key, value ? value : "", phrase, err.msg);
@@ -275,8 +275,7 @@ static void test_config_errors(void) {
     expect_cfg("rope_scaling", "{\"factor\":8}", TM_E_PARSE, "no rope_type");
     expect_cfg("rope_scaling", "{\"rope_type\":\"default\"}", TM_OK, NULL);
     expect_cfg("rope_scaling", "5", TM_E_PARSE, "rope_scaling is not an object");
-    expect_cfg("rope_parameters", "{\"rope_type\":\"default\",\"rope_theta\":500000}", TM_OK,
-               NULL);
+    expect_cfg("rope_parameters", "{\"rope_type\":\"default\",\"rope_theta\":500000}", TM_OK, NULL);
     expect_cfg("rope_parameters", "{\"rope_type\":\"dynamic\",\"factor\":2}", TM_E_INVAL,
                "rope_parameters type 'dynamic'");
     expect_cfg("rope_theta", "-1", TM_E_PARSE, "rope_theta");
@@ -377,8 +376,8 @@ static void test_weight_errors(void) {
     tm_st_wtensor *w = calloc(n, sizeof(*w));
     for (size_t i = 0; i < n; i++) {
         const tm_st_tensor *t = tm_st_file_tensor(f, i);
-        w[i] = (tm_st_wtensor){.name = t->name, .dtype = t->dtype, .n_dim = t->n_dim,
-                               .data = t->data};
+        w[i] =
+            (tm_st_wtensor){.name = t->name, .dtype = t->dtype, .n_dim = t->n_dim, .data = t->data};
         memcpy(w[i].shape, t->shape, sizeof(w[i].shape));
         if (!strcmp(t->name, "model.layers.1.self_attn.k_proj.weight")) {
             w[i].shape[0] = t->shape[1];
@@ -452,16 +451,16 @@ static void sweep(const char *dir, int through_jansson) {
     }
     json_set_alloc_funcs(malloc, free);
     TM_CHECK(done && n_nomem > 5);
-    fprintf(stderr, "  %s%s: %ld allocations; %ld failures gave NOMEM, %ld were survived\n",
-            dir, through_jansson ? " (jansson too)" : "", n - 2, n_nomem, n_tolerated);
+    fprintf(stderr, "  %s%s: %ld allocations; %ld failures gave NOMEM, %ld were survived\n", dir,
+            through_jansson ? " (jansson too)" : "", n - 2, n_nomem, n_tolerated);
 }
 
 static void test_alloc_failures(void) {
     char dirs[2][256];
     TM_CHECK(mkmodel("fault", "--arch qwen2 --layers 2 --hidden 16 --heads 2 --vocab 32", dirs[0],
                      sizeof(dirs[0])) == 0);
-    TM_CHECK(mkmodel("fault-sh", "--layers 2 --hidden 16 --heads 2 --vocab 32 --shards 2",
-                     dirs[1], sizeof(dirs[1])) == 0);
+    TM_CHECK(mkmodel("fault-sh", "--layers 2 --hidden 16 --heads 2 --vocab 32 --shards 2", dirs[1],
+                     sizeof(dirs[1])) == 0);
     for (int d = 0; d < 2; d++) {
         sweep(dirs[d], 0);
         // jansson 2.14 itself corrupts the heap when some of its allocations fail (glibc aborts

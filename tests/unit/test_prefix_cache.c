@@ -1,5 +1,5 @@
-/* tests/unit/test_prefix_cache.c - the prefix cache: chained keys, take/insert/evict semantics, and a
- * long random operation replay against a naive model (arrays and linear scans) compared after
+/* tests/unit/test_prefix_cache.c - the prefix cache: chained keys, take/insert/evict semantics, and
+ * a long random operation replay against a naive model (arrays and linear scans) compared after
  * every step. */
 #include <string.h>
 
@@ -33,10 +33,10 @@ static void test_take_insert_evict(void) {
     TM_CHECK(tm_pcache_insert(pc, k, blk[0]) == 1);
     TM_CHECK(tm_pcache_insert(pc, k, blk[1]) == 0); // key already cached
     TM_CHECK(tm_kv_block_refcount(pool, blk[0]) == 2);
-    TM_CHECK(tm_pcache_evict_one(pc) == 0);         // the sequence still holds it
+    TM_CHECK(tm_pcache_evict_one(pc) == 0); // the sequence still holds it
     tm_kv_block_unref(pool, blk[0]);
     tm_kv_block_unref(pool, blk[1]);
-    TM_CHECK(tm_kv_pool_n_free(pool) == 1);         // blk[0] stays, cached
+    TM_CHECK(tm_kv_pool_n_free(pool) == 1); // blk[0] stays, cached
     TM_CHECK(tm_pcache_take(pc, k, &got) == 1 && got == blk[0]);
     tm_kv_block_unref(pool, got);
     TM_CHECK(tm_pcache_evict_one(pc) == 1);
@@ -70,8 +70,7 @@ static void test_random_replay(void) {
     tm_bhash keys[NKEY];
     for (int k = 0; k < NKEY; k++)
         keys[k] = tm_pcache_key(NULL, 0, (uint32_t[]){(uint32_t)k}, 1);
-    TM_CHECK_OK(tm_kv_pool_create(&(tm_kv_cfg){.n_block = NB, .block_tok = 4}, &pool, &err),
-                &err);
+    TM_CHECK_OK(tm_kv_pool_create(&(tm_kv_cfg){.n_block = NB, .block_tok = 4}, &pool, &err), &err);
     TM_CHECK_OK(tm_pcache_create(pool, &pc, &err), &err);
     model m;
     memset(&m, 0, sizeof(m));

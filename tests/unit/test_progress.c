@@ -1,5 +1,5 @@
-/* tests/unit/test_progress.c - live progress: the status text (records done/total, failures, tok/s, ETA
- * in tokens) at chosen times, the bar on a stream, progress log lines, the Prometheus textfile
+/* tests/unit/test_progress.c - live progress: the status text (records done/total, failures, tok/s,
+ * ETA in tokens) at chosen times, the bar on a stream, progress log lines, the Prometheus textfile
  * (format, label escaping, atomic replace, finished flag), a textfile error that disables it with
  * one warning, and allocation failures in create. */
 #include <stdio.h>
@@ -16,7 +16,8 @@
 static char g_tmp[256];
 
 static void add(tm_progress *p, uint32_t prompt, uint32_t gen, int failed) {
-    tm_completion c = {.n_tok_prompt = prompt, .n_tok_gen = gen,
+    tm_completion c = {.n_tok_prompt = prompt,
+                       .n_tok_gen = gen,
                        .err_code = failed ? TM_ERRCODE_INVALID_JSON : TM_ERRCODE_NONE};
     tm_progress_add_record(p, &c);
 }
@@ -35,9 +36,9 @@ static char *slurp(const char *path) {
 static void test_format(void) {
     tm_progress *p = NULL;
     tm_err err = {0};
-    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.job_name = "j", .mode = TM_PROGRESS_OFF},
-                                   &p, &err),
-                &err);
+    TM_CHECK_OK(
+        tm_progress_create(&(tm_progress_cfg){.job_name = "j", .mode = TM_PROGRESS_OFF}, &p, &err),
+        &err);
     if (!p)
         return;
     double t0 = tm_now_ms();
@@ -78,8 +79,7 @@ static void test_bar(void) {
         return;
     tm_progress *p = NULL;
     tm_err err = {0};
-    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.mode = TM_PROGRESS_BAR, .out = f}, &p,
-                                   &err),
+    TM_CHECK_OK(tm_progress_create(&(tm_progress_cfg){.mode = TM_PROGRESS_BAR, .out = f}, &p, &err),
                 &err);
     if (!p) {
         fclose(f);
@@ -103,8 +103,8 @@ static void test_bar(void) {
     TM_CHECK_MSG(strncmp(s, "\r\033[K[######..................] 1/4 records (25.0%)", 50) == 0,
                  "%s", s);
     TM_CHECK(strstr(s, "2/4") == NULL);
-    TM_CHECK_MSG(strstr(s, "\r\033[K[########################] 4/4 records (100.0%)") != NULL,
-                 "%s", s);
+    TM_CHECK_MSG(strstr(s, "\r\033[K[########################] 4/4 records (100.0%)") != NULL, "%s",
+                 s);
     TM_CHECK(s[strlen(s) - 1] == '\n');
 }
 

@@ -36,10 +36,10 @@ static void test_e4m3_table(void) {
         uint8_t b;
         float f;
     } kat[] = {
-        {0x00, 0.0f},         {0x01, 0x1p-9f},  {0x07, 7 * 0x1p-9f}, {0x08, 0x1p-6f},
-        {0x38, 1.0f},         {0x39, 1.125f},   {0x3f, 1.875f},      {0x40, 2.0f},
-        {0x7e, 448.0f},       {0x77, 240.0f},   {0x30, 0.5f},        {0xb8, -1.0f},
-        {0xfe, -448.0f},      {0x81, -0x1p-9f}, {0x5c, 24.0f},       {0x22, 0.15625f},
+        {0x00, 0.0f},    {0x01, 0x1p-9f},  {0x07, 7 * 0x1p-9f}, {0x08, 0x1p-6f},
+        {0x38, 1.0f},    {0x39, 1.125f},   {0x3f, 1.875f},      {0x40, 2.0f},
+        {0x7e, 448.0f},  {0x77, 240.0f},   {0x30, 0.5f},        {0xb8, -1.0f},
+        {0xfe, -448.0f}, {0x81, -0x1p-9f}, {0x5c, 24.0f},       {0x22, 0.15625f},
     };
     for (size_t i = 0; i < sizeof(kat) / sizeof(kat[0]); i++) {
         TM_CHECK_MSG(bits(tm_e4m3_to_f32(kat[i].b)) == bits(kat[i].f), "0x%02x -> %g, want %g",
@@ -64,8 +64,8 @@ static void test_e4m3_table(void) {
     TM_CHECK(ok_round);
     TM_CHECK(ok_mono);
     // Rounding: ties to even, subnormal ties, saturation region, NaN/inf.
-    TM_CHECK(tm_f32_to_e4m3(1.0625f) == 0x38);  // halfway 1 / 1.125: even (1.0)
-    TM_CHECK(tm_f32_to_e4m3(1.1875f) == 0x3a);  // halfway 1.125 / 1.25: even (1.25)
+    TM_CHECK(tm_f32_to_e4m3(1.0625f) == 0x38); // halfway 1 / 1.125: even (1.0)
+    TM_CHECK(tm_f32_to_e4m3(1.1875f) == 0x3a); // halfway 1.125 / 1.25: even (1.25)
     TM_CHECK(tm_f32_to_e4m3(1.07f) == 0x39);
     TM_CHECK(tm_f32_to_e4m3(0.5f * 0x1p-9f) == 0x00); // half the least subnormal: even (0)
     TM_CHECK(tm_f32_to_e4m3(1.5f * 0x1p-9f) == 0x02);
@@ -96,7 +96,8 @@ static void test_e8m0_table(void) {
 }
 
 static void test_e2m1_table(void) {
-    static const float want[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    static const float want[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                                   -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
     for (int v = 0; v < 16; v++) {
         TM_CHECK(bits(tm_e2m1_to_f32((uint8_t)v)) == bits(want[v]));
         TM_CHECK(tm_f32_to_e2m1(want[v]) == v);
@@ -116,7 +117,8 @@ static void test_e2m1_table(void) {
     TM_CHECK(out[0] == 1.0f && out[1] == 6.0f && out[2] == -6.0f && out[3] == -0.5f);
     tm_dtype_to_f32(packed, TM_DTYPE_F4_E2M1, 1, 2, out); // odd offset
     TM_CHECK(out[0] == 6.0f && out[1] == -6.0f);
-    TM_CHECK(tm_dtype_bytes(TM_DTYPE_F4_E2M1, 64) == 32 && tm_dtype_bytes(TM_DTYPE_F8_E4M3, 3) == 3);
+    TM_CHECK(tm_dtype_bytes(TM_DTYPE_F4_E2M1, 64) == 32 &&
+             tm_dtype_bytes(TM_DTYPE_F8_E4M3, 3) == 3);
 }
 
 /* ---- quantized row reads ---- */
@@ -127,8 +129,13 @@ static void test_row_read(void) {
     for (int i = 0; i < 15; i++)
         w[i] = tm_f32_to_e4m3((float)(i + 1));
     const float sc[6] = {1.0f, 0.5f, 2.0f, 4.0f, 0.25f, 8.0f};
-    tm_tensor t = {.data = w, .dtype = TM_DTYPE_F8_E4M3, .n_dim = 2, .shape = {3, 5},
-                   .scale = sc, .quant = TM_QUANT_FP8_BLOCK, .scale_dtype = TM_DTYPE_F32,
+    tm_tensor t = {.data = w,
+                   .dtype = TM_DTYPE_F8_E4M3,
+                   .n_dim = 2,
+                   .shape = {3, 5},
+                   .scale = sc,
+                   .quant = TM_QUANT_FP8_BLOCK,
+                   .scale_dtype = TM_DTYPE_F32,
                    .qblock = {2, 2}};
     float row[5];
     tm_tensor_row_f32(&t, 2, row); // elements 11..15, scale row 1
@@ -141,8 +148,13 @@ static void test_row_read(void) {
     for (int i = 0; i < 64; i++)
         p[i] = (uint8_t)(0x2 | (0xa << 4)); // 1.0, -1.0
     const uint8_t e[4] = {127, 128, 125, 130};
-    tm_tensor m = {.data = p, .dtype = TM_DTYPE_F4_E2M1, .n_dim = 3, .shape = {2, 1, 64},
-                   .scale = e, .quant = TM_QUANT_MXFP4, .scale_dtype = TM_DTYPE_F8_E8M0,
+    tm_tensor m = {.data = p,
+                   .dtype = TM_DTYPE_F4_E2M1,
+                   .n_dim = 3,
+                   .shape = {2, 1, 64},
+                   .scale = e,
+                   .quant = TM_QUANT_MXFP4,
+                   .scale_dtype = TM_DTYPE_F8_E8M0,
                    .qblock = {1, 32}};
     float r1[64];
     tm_tensor_row_f32(&m, 1, r1);
@@ -177,13 +189,13 @@ static void test_config(void) {
                           "\"activation_scheme\":\"dynamic\",\"weight_block_size\":[128,128]}}",
                           0, &q, &err),
                 &err);
-    TM_CHECK(q.method == TM_QMETHOD_FP8 && q.weight == TM_QUANT_FP8_BLOCK &&
-             q.block[0] == 128 && q.block[1] == 128 && q.scale_dtype == TM_DTYPE_F32 &&
-             q.act == TM_QACT_DYNAMIC);
-    TM_CHECK_OK(parse_cfg("{\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":"
-                          "[64,32],\"scale_fmt\":\"ue8m0\"}}",
-                          0, &q, &err),
-                &err);
+    TM_CHECK(q.method == TM_QMETHOD_FP8 && q.weight == TM_QUANT_FP8_BLOCK && q.block[0] == 128 &&
+             q.block[1] == 128 && q.scale_dtype == TM_DTYPE_F32 && q.act == TM_QACT_DYNAMIC);
+    TM_CHECK_OK(
+        parse_cfg("{\"quantization_config\":{\"quant_method\":\"fp8\",\"weight_block_size\":"
+                  "[64,32],\"scale_fmt\":\"ue8m0\"}}",
+                  0, &q, &err),
+        &err);
     TM_CHECK(q.block[0] == 64 && q.block[1] == 32 && q.scale_dtype == TM_DTYPE_F8_E8M0);
     const char *ct = "{\"quantization_config\":{\"quant_method\":\"compressed-tensors\",\"format\":"
                      "\"float-quantized\",\"ignore\":[\"lm_head\"],\"config_groups\":{\"group_0\":{"
@@ -213,8 +225,8 @@ static void test_config(void) {
     expect_cfg_err("{\"quantization_config\":[1]}", 0, TM_E_PARSE, "not an object");
     expect_cfg_err("{\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\"}}", 0,
                    TM_E_INVAL, "fmt 'e5m2'");
-    expect_cfg_err("{\"quantization_config\":{\"quant_method\":\"fp8\",\"scale_fmt\":\"fp32\"}}",
-                   0, TM_E_INVAL, "scale_fmt 'fp32'");
+    expect_cfg_err("{\"quantization_config\":{\"quant_method\":\"fp8\",\"scale_fmt\":\"fp32\"}}", 0,
+                   TM_E_INVAL, "scale_fmt 'fp32'");
     expect_cfg_err("{\"quantization_config\":{\"quant_method\":\"fp8\",\"activation_scheme\":"
                    "\"static\"}}",
                    0, TM_E_INVAL, "activation_scheme 'static'");
@@ -447,8 +459,11 @@ static int run_greedy(const char *dir, const uint32_t *prompt, uint32_t n_prompt
         return 1;
     const uint32_t nv = m->cfg.n_vocab, total = n_prompt + n_gen;
     *n_vocab = nv;
-    tm_engine_opts o = {.n_threads = 2, .block_size = 16, .n_kv_block = TM_CEIL_DIV(total, 16),
-                        .max_seqs = 1, .max_batched_tokens = n_prompt};
+    tm_engine_opts o = {.n_threads = 2,
+                        .block_size = 16,
+                        .n_kv_block = TM_CEIL_DIV(total, 16),
+                        .max_seqs = 1,
+                        .max_batched_tokens = n_prompt};
     TM_CHECK_OK(tm_engine_cpu_create(m, &o, &eng, &err), &err);
     if (eng) {
         uint32_t toks[512], table[64];
@@ -634,7 +649,8 @@ static void check_fixture(const char *path) {
     TM_CHECK_MSG(root != NULL, "%s: %s", path, je.text);
     if (!root)
         return;
-    json_t *args = json_object_get(root, "mkmodel_args"), *prompt = json_object_get(root, "prompt_ids");
+    json_t *args = json_object_get(root, "mkmodel_args"),
+           *prompt = json_object_get(root, "prompt_ids");
     json_t *greedy = json_object_get(root, "greedy_ids"), *logits = json_object_get(root, "logits");
     TM_CHECK(json_is_array(args) && json_is_array(prompt) && json_is_array(greedy) &&
              json_is_array(logits) && json_array_size(logits) == json_array_size(greedy));
@@ -710,8 +726,9 @@ static void test_fixtures(void) {
         closedir(d);
     }
     if (n == 0)
-        fprintf(stderr, "  no quantized fixtures in %s (tests/oracles/hf/make_quant_fixtures.py "
-                        "makes them): that part skipped\n",
+        fprintf(stderr,
+                "  no quantized fixtures in %s (tests/oracles/hf/make_quant_fixtures.py "
+                "makes them): that part skipped\n",
                 dir);
 }
 

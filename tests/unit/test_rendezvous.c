@@ -43,8 +43,8 @@ static uint32_t checksum(const uint8_t *p, size_t n) {
 }
 
 static tm_rdzv_cfg cfg_of(uint16_t port, uint32_t rank, uint32_t world, uint32_t timeout_ms) {
-    return (tm_rdzv_cfg){.addr = "127.0.0.1", .port = port, .rank = rank, .world = world,
-                         .timeout_ms = timeout_ms};
+    return (tm_rdzv_cfg){
+        .addr = "127.0.0.1", .port = port, .rank = rank, .world = world, .timeout_ms = timeout_ms};
 }
 
 /* ---- child bodies: return the exit code (0 = the child's checks passed) ---- */
@@ -270,8 +270,7 @@ static int child_wrong_world(uint16_t port, uint32_t rank, uint32_t world) {
     size_t len = 0;
     tm_rdzv_cfg c = cfg_of(port, rank, world, 5000);
     tm_rc rc = tm_rdzv_join(&c, &r, &w, sizeof(w), &len, &err);
-    return rc == TM_E_INVAL && strstr(err.msg, "refused") && strstr(err.msg, "world size") ? 0
-                                                                                           : 50;
+    return rc == TM_E_INVAL && strstr(err.msg, "refused") && strstr(err.msg, "world size") ? 0 : 50;
 }
 
 static void test_wrong_world(void) {

@@ -71,8 +71,12 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
                 result *res) {
     tm_err err = {0};
     tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = n_kv_block,
-                         .max_seqs = 4, .max_batched_tokens = 96, .tp_size = 1};
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 16,
+                         .n_kv_block = n_kv_block,
+                         .max_seqs = 4,
+                         .max_batched_tokens = 96,
+                         .tp_size = 1};
     TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &in, &err), &err);
@@ -84,9 +88,14 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
         TM_CHECK(tm_queue_push(in, job) == TM_OK);
     }
     tm_queue_close(in);
-    tm_runner_cfg cfg = {.max_seqs = 4, .max_batched_tokens = 96, .block_size = 16,
-                         .n_kv_block = n_kv_block, .n_ctx = 4096, .prefix_cache = prefix_cache,
-                         .policy = policy, .lookahead = 64};
+    tm_runner_cfg cfg = {.max_seqs = 4,
+                         .max_batched_tokens = 96,
+                         .block_size = 16,
+                         .n_kv_block = n_kv_block,
+                         .n_ctx = 4096,
+                         .prefix_cache = prefix_cache,
+                         .policy = policy,
+                         .lookahead = 64};
     cfg.defaults.max_tokens = 8;
     cfg.defaults.temperature = temp;
     cfg.defaults.top_p = 1.0f;
@@ -216,8 +225,12 @@ static void test_preemption_keeps_outputs(void) {
 static void test_cache_salt(void) {
     tm_err err = {0};
     tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = 64, .max_seqs = 1,
-                         .max_batched_tokens = 96, .tp_size = 1};
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .max_seqs = 1,
+                         .max_batched_tokens = 96,
+                         .tp_size = 1};
     TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(8, &in, &err), &err);
@@ -234,9 +247,14 @@ static void test_cache_salt(void) {
         TM_CHECK(tm_queue_push(in, job) == TM_OK);
     }
     tm_queue_close(in);
-    tm_runner_cfg cfg = {.max_seqs = 1, .max_batched_tokens = 96, .block_size = 16,
-                         .n_kv_block = 64, .n_ctx = 4096, .prefix_cache = 1,
-                         .policy = TM_SCHED_FCFS, .lookahead = 1};
+    tm_runner_cfg cfg = {.max_seqs = 1,
+                         .max_batched_tokens = 96,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .n_ctx = 4096,
+                         .prefix_cache = 1,
+                         .policy = TM_SCHED_FCFS,
+                         .lookahead = 1};
     cfg.defaults.max_tokens = 2;
     tm_runner_stats st = {0};
     TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &st, &err), &err);
@@ -263,8 +281,12 @@ static void test_cache_salt(void) {
 static void test_record_failures(void) {
     tm_err err = {0};
     tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = 64, .max_seqs = 2,
-                         .max_batched_tokens = 96, .tp_size = 1};
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .max_seqs = 2,
+                         .max_batched_tokens = 96,
+                         .tp_size = 1};
     TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(16, &in, &err), &err);
@@ -300,8 +322,13 @@ static void test_record_failures(void) {
         TM_CHECK(tm_queue_push(in, job) == TM_OK);
     }
     tm_queue_close(in);
-    tm_runner_cfg cfg = {.max_seqs = 2, .max_batched_tokens = 96, .block_size = 16,
-                         .n_kv_block = 64, .n_ctx = 64, .policy = TM_SCHED_FCFS, .lookahead = 1,
+    tm_runner_cfg cfg = {.max_seqs = 2,
+                         .max_batched_tokens = 96,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .n_ctx = 64,
+                         .policy = TM_SCHED_FCFS,
+                         .lookahead = 1,
                          .chat_template = "{{ messages[0].content | no_such_filter }}"};
     cfg.defaults.max_tokens = 2;
     tm_runner_stats st = {0};
@@ -311,9 +338,13 @@ static void test_record_failures(void) {
         TM_ERRCODE_NONE,          TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED, TM_ERRCODE_INVALID_VALUE,
         TM_ERRCODE_INVALID_VALUE, TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED, TM_ERRCODE_TEMPLATE_ERROR,
         TM_ERRCODE_NONE};
-    static const char *const want_msg[N] = {
-        NULL, "prompt is ", "prompt is empty", "continuation 0 is empty",
-        "prompt + continuation 0 is ", "template: ", NULL};
+    static const char *const want_msg[N] = {NULL,
+                                            "prompt is ",
+                                            "prompt is empty",
+                                            "continuation 0 is empty",
+                                            "prompt + continuation 0 is ",
+                                            "template: ",
+                                            NULL};
     int seen[N] = {0};
     void *item;
     while (tm_queue_pop(out, &item) == TM_OK) {
@@ -343,14 +374,14 @@ static void test_record_failures(void) {
 enum { WRAP_PLAIN = 0, WRAP_TIES, WRAP_PAD_WINS, WRAP_NAN };
 
 typedef struct wrap {
-    tm_engine eng;        /* eng.impl points back here */
-    tm_engine *inner;     /* owned: the CPU engine */
-    int mode;             /* WRAP_*: how the inner logits are changed (the same in both paths) */
-    float *logits;        /* [max_seqs][n_vocab] forward_greedy's rows */
-    uint64_t n_call;      /* forward + forward_greedy calls */
-    uint64_t n_greedy;    /* forward_greedy calls */
+    tm_engine eng;     /* eng.impl points back here */
+    tm_engine *inner;  /* owned: the CPU engine */
+    int mode;          /* WRAP_*: how the inner logits are changed (the same in both paths) */
+    float *logits;     /* [max_seqs][n_vocab] forward_greedy's rows */
+    uint64_t n_call;   /* forward + forward_greedy calls */
+    uint64_t n_greedy; /* forward_greedy calls */
     uint64_t n_greedy_rows;
-    uint32_t limit_seen;  /* the n_vocab_limit of the last forward_greedy call */
+    uint32_t limit_seen; /* the n_vocab_limit of the last forward_greedy call */
 } wrap;
 
 static void wrap_edit(wrap *w, float *logits, uint32_t n_want) {
@@ -407,8 +438,7 @@ static tm_rc wrap_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_v
     return TM_OK;
 }
 
-static tm_rc wrap_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
-                          tm_err *err) {
+static tm_rc wrap_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
     wrap *w = eng->impl;
     return w->inner->ops->kv_copy(w->inner, src, dst, n_tok, err);
 }
@@ -420,11 +450,13 @@ static void wrap_destroy(tm_engine *eng) {
     tm_free(w);
 }
 
-static const tm_engine_ops wrap_ops_greedy = {.name = "wrap", .forward = wrap_forward,
+static const tm_engine_ops wrap_ops_greedy = {.name = "wrap",
+                                              .forward = wrap_forward,
                                               .forward_greedy = wrap_forward_greedy,
-                                              .kv_copy = wrap_kv_copy, .destroy = wrap_destroy};
-static const tm_engine_ops wrap_ops_plain = {.name = "wrap", .forward = wrap_forward,
-                                             .kv_copy = wrap_kv_copy, .destroy = wrap_destroy};
+                                              .kv_copy = wrap_kv_copy,
+                                              .destroy = wrap_destroy};
+static const tm_engine_ops wrap_ops_plain = {
+    .name = "wrap", .forward = wrap_forward, .kv_copy = wrap_kv_copy, .destroy = wrap_destroy};
 
 static wrap *wrap_create(const tm_engine_opts *eo, int with_op, int mode) {
     tm_err err = {0};
@@ -432,8 +464,10 @@ static wrap *wrap_create(const tm_engine_opts *eo, int with_op, int mode) {
     TM_ASSERT(w);
     TM_ASSERT(tm_engine_cpu_create(g_model, eo, &w->inner, &err) == TM_OK);
     TM_ASSERT(w->inner->ops->kv_copy);
-    w->eng = (tm_engine){.ops = with_op ? &wrap_ops_greedy : &wrap_ops_plain, .model = g_model,
-                         .opts = *eo, .impl = w};
+    w->eng = (tm_engine){.ops = with_op ? &wrap_ops_greedy : &wrap_ops_plain,
+                         .model = g_model,
+                         .opts = *eo,
+                         .impl = w};
     w->mode = mode;
     w->logits = tm_calloc((size_t)eo->max_seqs * g_model->cfg.n_vocab, sizeof(float));
     TM_ASSERT(w->logits);
@@ -498,9 +532,9 @@ static char *digest(const tm_completion *c) {
     size_t cap = 1 << 16, o = 0;
     char *buf = tm_calloc(cap, 1);
     TM_ASSERT(buf);
-    o += (size_t)snprintf(buf + o, cap - o, "err %d %s | %s | fin %d gen %u |",
-                          (int)c->err_code, c->err_msg ? c->err_msg : "",
-                          c->text ? c->text : "", (int)c->finish, c->n_tok_gen);
+    o += (size_t)snprintf(buf + o, cap - o, "err %d %s | %s | fin %d gen %u |", (int)c->err_code,
+                          c->err_msg ? c->err_msg : "", c->text ? c->text : "", (int)c->finish,
+                          c->n_tok_gen);
     put_lp(buf, cap, &o, c->logprobs);
     put_lp(buf, cap, &o, c->prompt_logprobs);
     for (uint32_t i = 0; i < c->n_choices && o < cap; i++) {
@@ -525,8 +559,12 @@ typedef struct gresult {
 static void run_greedy(int with_op, int mode, int kinds, int prefix_cache, uint32_t n_kv_block,
                        gresult *res) {
     tm_err err = {0};
-    tm_engine_opts eo = {.n_threads = 2, .block_size = 16, .n_kv_block = n_kv_block,
-                         .max_seqs = 4, .max_batched_tokens = 64, .tp_size = 1};
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 16,
+                         .n_kv_block = n_kv_block,
+                         .max_seqs = 4,
+                         .max_batched_tokens = 64,
+                         .tp_size = 1};
     wrap *w = wrap_create(&eo, with_op, mode);
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(N_G + 1, &in, &err), &err);
@@ -534,9 +572,14 @@ static void run_greedy(int with_op, int mode, int kinds, int prefix_cache, uint3
     for (int i = 0; i < N_G; i++)
         TM_CHECK(tm_queue_push(in, greedy_job(i, kinds)) == TM_OK);
     tm_queue_close(in);
-    tm_runner_cfg cfg = {.max_seqs = 4, .max_batched_tokens = 64, .block_size = 16,
-                         .n_kv_block = n_kv_block, .n_ctx = 4096, .prefix_cache = prefix_cache,
-                         .policy = TM_SCHED_FCFS, .lookahead = 8};
+    tm_runner_cfg cfg = {.max_seqs = 4,
+                         .max_batched_tokens = 64,
+                         .block_size = 16,
+                         .n_kv_block = n_kv_block,
+                         .n_ctx = 4096,
+                         .prefix_cache = prefix_cache,
+                         .policy = TM_SCHED_FCFS,
+                         .lookahead = 8};
     cfg.defaults.max_tokens = 8;
     cfg.defaults.temperature = 0.0f;
     cfg.defaults.top_p = 1.0f;
@@ -625,16 +668,19 @@ static void test_greedy_op_mixed(void) {
     static const struct {
         int mode, prefix_cache;
         uint32_t n_kv_block;
-    } cases[] = {{WRAP_PLAIN, 1, 256}, {WRAP_PLAIN, 0, 10}, {WRAP_TIES, 1, 256},
-                 {WRAP_PAD_WINS, 0, 256}, {WRAP_NAN, 1, 256}};
+    } cases[] = {{WRAP_PLAIN, 1, 256},
+                 {WRAP_PLAIN, 0, 10},
+                 {WRAP_TIES, 1, 256},
+                 {WRAP_PAD_WINS, 0, 256},
+                 {WRAP_NAN, 1, 256}};
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         gresult off, on;
         run_greedy(0, cases[k].mode, 1, cases[k].prefix_cache, cases[k].n_kv_block, &off);
         run_greedy(1, cases[k].mode, 1, cases[k].prefix_cache, cases[k].n_kv_block, &on);
         check_same(&off, &on, cases[k].mode);
         TM_CHECK_MSG(on.n_step_greedy > 0 && on.n_step_greedy < on.n_step,
-                     "case %zu: %llu of %llu steps greedy", k,
-                     (unsigned long long)on.n_step_greedy, (unsigned long long)on.n_step);
+                     "case %zu: %llu of %llu steps greedy", k, (unsigned long long)on.n_step_greedy,
+                     (unsigned long long)on.n_step);
         fprintf(stderr, "  mixed case %zu: %llu of %llu steps greedy, %d error records\n", k,
                 (unsigned long long)on.n_step_greedy, (unsigned long long)on.n_step, on.n_err);
         gresult_fini(&off);

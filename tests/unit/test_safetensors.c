@@ -1,5 +1,5 @@
-/* tests/unit/test_safetensors.c - the safetensors reader and writer (RELIABILITY.md row 12): a round
- * trip through tm_st_file_write, every truncation of a small valid file, handcrafted corrupt
+/* tests/unit/test_safetensors.c - the safetensors reader and writer (RELIABILITY.md row 12): a
+ * round trip through tm_st_file_write, every truncation of a small valid file, handcrafted corrupt
  * headers (each must be a clean TM_E_PARSE naming the rule), shard sets with an index, and an
  * allocation-failure sweep. Files live in a fresh temp dir that is removed at the end. */
 #include <stdint.h>
@@ -41,8 +41,8 @@ static unsigned char *read_bytes(const char *path, size_t *n) {
 
 /* Test data: three small tensors of each dtype, a scalar and an empty one. */
 static float g_a[6] = {1, -2, 3.5f, 0, 1e-3f, -7};
-static uint16_t g_b[4] = {0x3f80, 0xbf80, 0x4000, 0x0000};   /* bf16 1, -1, 2, 0 */
-static uint16_t g_c[3] = {0x3c00, 0x0001, 0x7c00};           /* f16 1, 2^-24, inf */
+static uint16_t g_b[4] = {0x3f80, 0xbf80, 0x4000, 0x0000}; /* bf16 1, -1, 2, 0 */
+static uint16_t g_c[3] = {0x3c00, 0x0001, 0x7c00};         /* f16 1, 2^-24, inf */
 static float g_s[1] = {42};
 
 static size_t make_valid(const char *name) {
@@ -279,9 +279,9 @@ static void test_corrupt_headers(void) {
     expect_good("{}", 0, 0);
     expect_good("{\"__metadata__\":{\"format\":\"pt\"}}", 0, 0);
     expect_good("{" T4("b", 4, 8) "," T4("a", 0, 4) "}     ", 8, 2); // any order, space padding
-    expect_good("{\"z\":{\"dtype\":\"F16\",\"shape\":[0],\"data_offsets\":[4,4]}," T4("a", 0, 4)
-                "}",
-                4, 2); // empty tensor at the end
+    expect_good(
+        "{\"z\":{\"dtype\":\"F16\",\"shape\":[0],\"data_offsets\":[4,4]}," T4("a", 0, 4) "}", 4,
+        2); // empty tensor at the end
 }
 
 static void test_sets(void) {
@@ -419,7 +419,7 @@ static void test_f16_conversions(void) {
     TM_CHECK(tm_f16_to_f32(0x03ff) == 0x3ffp-24f); // largest subnormal
     TM_CHECK(tm_f16_to_f32(0x7bff) == 65504.0f);
     TM_CHECK(tm_f16_to_f32(0xfc00) == -INFINITY);
-    TM_CHECK(tm_f32_to_f16(65520.0f) == 0x7c00);   // rounds to infinity
+    TM_CHECK(tm_f32_to_f16(65520.0f) == 0x7c00); // rounds to infinity
     TM_CHECK(tm_f32_to_f16(65519.0f) == 0x7bff);
     TM_CHECK(tm_f32_to_f16(0x1p-25f) == 0x0000);   // half of the smallest subnormal: ties to even
     TM_CHECK(tm_f32_to_f16(0x1.8p-24f) == 0x0002); // 1.5 ulp: ties to even
@@ -432,7 +432,7 @@ static void test_f16_conversions(void) {
             bad += tm_f32_to_bf16(f) != h;
     }
     TM_CHECK(bad == 0);
-    TM_CHECK(tm_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80);  // tie: even
+    TM_CHECK(tm_f32_to_bf16(1.0f + 0x1p-8f) == 0x3f80); // tie: even
     TM_CHECK(tm_f32_to_bf16(1.0f + 0x1.8p-7f) == 0x3f82);
     TM_CHECK(isnan(tm_bf16_to_f32(tm_f32_to_bf16(NAN))));
 }

@@ -105,7 +105,8 @@ static void test_top_k_top_p_min_p(void) {
     // top_p: p0 = 0.636, p0+p1 = 0.870, +p2 = 0.957. top_p 0.8 keeps {0, 1}.
     memset(count, 0, sizeof(count));
     for (long k = 0; k < N; k++)
-        count[sample(lg, 6, (tm_sample_params){.temperature = 1.0f, .top_p = 0.8f, .seed = 2}, k)]++;
+        count[sample(lg, 6, (tm_sample_params){.temperature = 1.0f, .top_p = 0.8f, .seed = 2},
+                     k)]++;
     TM_CHECK(count[0] > 0 && count[1] > 0);
     TM_CHECK(count[2] == 0 && count[3] == 0 && count[4] == 0 && count[5] == 0);
     double p2[6] = {e[0] / (e[0] + e[1]), e[1] / (e[0] + e[1])};
@@ -119,7 +120,8 @@ static void test_top_k_top_p_min_p(void) {
     // min_p = 0.1: drop p < 0.1 * p_max, i.e. logit < 3 - ln 10 = 0.697: keeps {0, 1, 2}
     memset(count, 0, sizeof(count));
     for (long k = 0; k < N; k++)
-        count[sample(lg, 6, (tm_sample_params){.temperature = 1.0f, .min_p = 0.1f, .seed = 3}, k)]++;
+        count[sample(lg, 6, (tm_sample_params){.temperature = 1.0f, .min_p = 0.1f, .seed = 3},
+                     k)]++;
     TM_CHECK(count[3] == 0 && count[4] == 0 && count[5] == 0);
     TM_CHECK_MSG(chi2(count, p3, 6, N) < 18.4, "min_p chi2");
     // combined: top_k 5, top_p 0.95 (on the top-5 renormalised: 0.64, 0.87, 0.96 -> {0,1,2}),
@@ -190,8 +192,9 @@ static void test_top_p_large_vocab(void) {
             s = s * 6364136223846793005ull + 1442695040888963407ull;
             double u = (double)(s >> 11) * 0x1p-53;
             // 0: nearly flat, 1: peaked (a few large logits), 2: heavy tail
-            lg[i] = shape == 0 ? (float)(u * 0.5) : shape == 1 ? (float)(u * 20.0)
-                                                            : (float)(-log(u + 1e-12));
+            lg[i] = shape == 0   ? (float)(u * 0.5)
+                    : shape == 1 ? (float)(u * 20.0)
+                                 : (float)(-log(u + 1e-12));
         }
         const float top_p = 0.9f;
         // exact nucleus threshold: the smallest logit inside the nucleus
@@ -214,9 +217,8 @@ static void test_top_p_large_vocab(void) {
         }
         uint32_t outside = 0;
         for (uint64_t st = 0; st < 300; st++) {
-            uint32_t t = sample(lg, N, (tm_sample_params){.temperature = 1.0f, .top_p = top_p,
-                                                          .seed = 7},
-                                st);
+            uint32_t t = sample(
+                lg, N, (tm_sample_params){.temperature = 1.0f, .top_p = top_p, .seed = 7}, st);
             outside += lg[t] < cut;
         }
         TM_CHECK_MSG(outside == 0, "shape %d: %u draws outside the nucleus of %u", shape, outside,

@@ -42,13 +42,13 @@ enum { KIND_GEN, KIND_PROMPT_LP, KIND_SCORE, KIND_NOTHING };
 
 typedef struct record {
     int kind;
-    uint32_t n_sub;                      /* sequences (samples, or continuations) */
-    uint32_t prompt[MAX_LEN], n_prompt;  /* without continuation */
+    uint32_t n_sub;                     /* sequences (samples, or continuations) */
+    uint32_t prompt[MAX_LEN], n_prompt; /* without continuation */
     uint32_t cont[MAX_SUB][8], n_cont[MAX_SUB];
     uint32_t max_tokens;
     uint64_t salt;
-    int fails_at;                        /* fail the record at this many generated tokens of
-                                          * sub 0 (0: never) */
+    int fails_at; /* fail the record at this many generated tokens of
+                   * sub 0 (0: never) */
     uint32_t n_admitted, n_finished;
     int failed, done;
 } record;
@@ -56,7 +56,7 @@ typedef struct record {
 typedef struct world_cfg {
     tm_sched_cfg sc;
     uint32_t n_kv_block;
-    uint32_t max_len;                    /* min(context, pool tokens), as the runner's */
+    uint32_t max_len; /* min(context, pool tokens), as the runner's */
     int prefix_cache;
     uint32_t n_rec;
 } world_cfg;
@@ -78,7 +78,7 @@ static void make_workload(const world_cfg *wc, record *recs) {
             max_prompt = wc->max_len > 9 ? wc->max_len - 8 : 1;
         max_prompt = TM_MIN(max_prompt, 40u);
         x->n_prompt = rnd_in(1, max_prompt);
-        const int k = (int)rnd_in(0, 4);     // 4: no shared prefix
+        const int k = (int)rnd_in(0, 4); // 4: no shared prefix
         const uint32_t n_shared = k < 4 ? rnd_in(0, x->n_prompt) : 0;
         for (uint32_t i = 0; i < x->n_prompt; i++)
             x->prompt[i] = i < n_shared ? shared[k][i] : (uint32_t)(rnd() % VOCAB);
@@ -108,8 +108,8 @@ typedef struct nseq {
     uint64_t salt;
     int preempted, gen;
     uint32_t score_next, score_end;
-    int seen;                /* considered in the step being planned */
-    uint32_t planned;        /* tokens planned in it */
+    int seen;         /* considered in the step being planned */
+    uint32_t planned; /* tokens planned in it */
 } nseq;
 
 typedef struct naive {
@@ -291,8 +291,8 @@ static void nplan(naive *m, tm_sched_plan *p) {
                 .pos = q->n_done,
                 .n_tok = got,
                 .n_block = q->n_block,
-                .want_logits =
-                    q->n_done + got - 1 == row && (q->gen || q->score_next < q->score_end),
+                .want_logits = q->n_done + got - 1 == row &&
+                               (q->gen || q->score_next < q->score_end),
                 .decode = decode,
             };
             if (decode)
@@ -315,7 +315,7 @@ static void ncomputed(naive *m, nseq *q) {
 /* ---- the world: the real scheduler, the naive one, the driver's per-slot state ---- */
 
 typedef struct slot_info {
-    int rec;           /* record index, -1: free */
+    int rec; /* record index, -1: free */
     uint32_t sub;
     uint32_t n_gen;
     uint32_t n_scored;
@@ -324,7 +324,7 @@ typedef struct slot_info {
 typedef struct world {
     world_cfg wc;
     record recs[MAX_REC];
-    uint32_t next_rec;        /* records [0, next_rec) are (being) admitted */
+    uint32_t next_rec; /* records [0, next_rec) are (being) admitted */
     uint64_t n_admitted;
     tm_kv_pool *pool;
     tm_pcache *pc;
@@ -673,18 +673,21 @@ static void test_plans_match_naive(void) {
         int before = tm_test_failures;
         run_world(&wc, seed, &w);
         if (tm_test_failures != before) {
-            fprintf(stderr, "  seed %llu: max_seqs %u, max_batched_tokens %u, block %u, %u blocks, "
-                    "cache %d, copy %d, %u records\n", (unsigned long long)seed, wc.sc.max_seqs,
-                    wc.sc.max_batched_tokens, wc.sc.block_size, wc.n_kv_block, wc.prefix_cache,
-                    wc.sc.can_copy, wc.n_rec);
+            fprintf(stderr,
+                    "  seed %llu: max_seqs %u, max_batched_tokens %u, block %u, %u blocks, "
+                    "cache %d, copy %d, %u records\n",
+                    (unsigned long long)seed, wc.sc.max_seqs, wc.sc.max_batched_tokens,
+                    wc.sc.block_size, wc.n_kv_block, wc.prefix_cache, wc.sc.can_copy, wc.n_rec);
             break;
         }
         n_step += w.n_step, n_preempt += w.n_preempt, n_copy += w.n_copy;
         n_cached += w.n_cached_tok, n_fail += w.n_fail;
     }
-    fprintf(stderr, "  %llu steps, %llu preemptions, %llu copies, %llu cached prompt tokens, %llu "
-            "failed records\n", (unsigned long long)n_step, (unsigned long long)n_preempt,
-            (unsigned long long)n_copy, (unsigned long long)n_cached, (unsigned long long)n_fail);
+    fprintf(stderr,
+            "  %llu steps, %llu preemptions, %llu copies, %llu cached prompt tokens, %llu "
+            "failed records\n",
+            (unsigned long long)n_step, (unsigned long long)n_preempt, (unsigned long long)n_copy,
+            (unsigned long long)n_cached, (unsigned long long)n_fail);
     // The workloads reached the paths that matter.
     TM_CHECK(n_preempt > 100 && n_copy > 100 && n_cached > 1000 && n_fail > 10);
 }

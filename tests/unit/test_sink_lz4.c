@@ -1,5 +1,5 @@
-/* tests/unit/test_sink_lz4.c - the completions/errors sink: LZ4 round trip through the frame API with
- * frame boundaries where the options put them, `lz4 -t` / `lz4 -dc` on the result, every line
+/* tests/unit/test_sink_lz4.c - the completions/errors sink: LZ4 round trip through the frame API
+ * with frame boundaries where the options put them, `lz4 -t` / `lz4 -dc` on the result, every line
  * parses as JSON with the right fields, escaping of quotes, newlines, controls, unicode and invalid
  * UTF-8, huge lines, flush durability points, append mode, error lines. With TM_SAMPLE_DIR set the
  * sample output is left there (e2e_schemas.sh validates it against the schemas). */
@@ -102,7 +102,8 @@ static void check_lines(const decoded *d, size_t want_n, int check_fields) {
             TM_CHECK(json_integer_value(json_object_get(u, "cached_tokens")) == (json_int_t)n % 5);
             json_t *t = json_object_get(j, "timing");
             TM_CHECK_NEAR(json_number_value(json_object_get(t, "ttft_ms")), 1.5 + (double)n, 1e-9);
-            TM_CHECK_NEAR(json_number_value(json_object_get(t, "total_ms")), 2.25 + (double)n, 1e-9);
+            TM_CHECK_NEAR(json_number_value(json_object_get(t, "total_ms")), 2.25 + (double)n,
+                          1e-9);
             TM_CHECK(json_object_size(j) == 5);
         }
         json_decref(j);
@@ -137,8 +138,8 @@ static void check_cli(const char *path, const decoded *d) {
         n += k;
     }
     TM_CHECK(pclose(p) == 0);
-    TM_CHECK_MSG(n == d->len && memcmp(buf, d->data, n) == 0, "lz4 -dc gave %zu bytes, want %zu",
-                 n, d->len);
+    TM_CHECK_MSG(n == d->len && memcmp(buf, d->data, n) == 0, "lz4 -dc gave %zu bytes, want %zu", n,
+                 d->len);
     free(buf);
 }
 
@@ -173,10 +174,11 @@ static void test_round_trip_frames(void) {
     TM_CHECK(decode_file(path, &d) == 0);
     TM_CHECK_MSG(d.n_frames == 11, "%d frames", d.n_frames);
     check_lines(&d, 1005, 1);
-    static const char first[] = "{\"id\":0,\"text\":\"completion number 0\",\"finish_reason\":\"stop\","
-                             "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,"
-                             "\"cached_tokens\":0},\"timing\":{\"ttft_ms\":1.500,"
-                             "\"total_ms\":2.250}}\n";
+    static const char first[] =
+        "{\"id\":0,\"text\":\"completion number 0\",\"finish_reason\":\"stop\","
+        "\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,"
+        "\"cached_tokens\":0},\"timing\":{\"ttft_ms\":1.500,"
+        "\"total_ms\":2.250}}\n";
     TM_CHECK(strncmp(d.data, first, sizeof(first) - 1) == 0);
     check_cli(path, &d);
     free(d.data);
@@ -290,12 +292,17 @@ static void test_errors_file(void) {
     TM_CHECK_OK(tm_sink_open(dir, &(tm_sink_opts){.no_fsync = true}, &sink, &err), &err);
     if (!sink)
         return;
-    tm_completion e1 = {.file = "data/in \"1\".jsonl", .line = 7, .id_json = "\"a7\"",
+    tm_completion e1 = {.file = "data/in \"1\".jsonl",
+                        .line = 7,
+                        .id_json = "\"a7\"",
                         .err_code = TM_ERRCODE_WRONG_TYPE,
                         .err_msg = "field 'temperature': expected a number >= 0, got \"hot\""};
-    tm_completion e2 = {.file = "data/in.jsonl", .line = 9, .err_code = TM_ERRCODE_INVALID_UTF8,
+    tm_completion e2 = {.file = "data/in.jsonl",
+                        .line = 9,
+                        .err_code = TM_ERRCODE_INVALID_UTF8,
                         .err_msg = "invalid UTF-8 at column 3: near '\xff'"};
-    tm_completion e3 = {.id_json = "12", .err_code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED,
+    tm_completion e3 = {.id_json = "12",
+                        .err_code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED,
                         .err_msg = "prompt is 9000 tokens\nlimit 4096"};
     TM_CHECK_OK(tm_sink_write(sink, &e1, &err), &err);
     TM_CHECK_OK(tm_sink_write(sink, &e2, &err), &err);
@@ -385,8 +392,8 @@ static void test_alloc_faults(void) {
         for (int i = 0; !rc && i < 3; i++) {
             tm_completion c = make_ok((uint64_t)i, "1", "some text \xc3\xa9");
             rc = tm_sink_write(sink, &c, &err);
-            tm_completion e = {.file = "f", .line = 1, .err_code = TM_ERRCODE_INVALID_JSON,
-                               .err_msg = "m"};
+            tm_completion e = {
+                .file = "f", .line = 1, .err_code = TM_ERRCODE_INVALID_JSON, .err_msg = "m"};
             if (!rc)
                 rc = tm_sink_write(sink, &e, &err);
         }
@@ -416,9 +423,14 @@ static void write_sample(void) {
     for (int i = 0; i < 3; i++)
         TM_CHECK_OK(tm_sink_write(sink, &ok[i], &err), &err);
     tm_completion errs[] = {
-        {.file = "data/a.jsonl", .line = 4, .id_json = "\"q004\"",
-         .err_code = TM_ERRCODE_WRONG_TYPE, .err_msg = "field 'top_p': expected a number"},
-        {.file = "data/a.jsonl", .line = 5, .err_code = TM_ERRCODE_INVALID_JSON,
+        {.file = "data/a.jsonl",
+         .line = 4,
+         .id_json = "\"q004\"",
+         .err_code = TM_ERRCODE_WRONG_TYPE,
+         .err_msg = "field 'top_p': expected a number"},
+        {.file = "data/a.jsonl",
+         .line = 5,
+         .err_code = TM_ERRCODE_INVALID_JSON,
          .err_msg = "invalid JSON at column 3"},
         {.id_json = "7", .err_code = TM_ERRCODE_ENGINE_ERROR, .err_msg = "engine died"},
     };

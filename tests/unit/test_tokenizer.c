@@ -1,12 +1,13 @@
-/* tests/unit/test_tokenizer.c - the DeepSeek V3 tokenizer against the node reference (@lenml/tokenizers,
- * which agrees with HF tokenizers): hard-coded ids from TOOLCHAIN.md section 7, a committed corpus
- * of seeded strings with reference ids, round trips, streaming decode, the pre-tokenizer regex
- * matchers for GPT-2 / Llama 3 / Qwen2 against JS RegExp splits, malformed tokenizer.json files,
- * allocation failures during load, and concurrent encoding.
+/* tests/unit/test_tokenizer.c - the DeepSeek V3 tokenizer against the node reference
+ * (@lenml/tokenizers, which agrees with HF tokenizers): hard-coded ids from TOOLCHAIN.md section 7,
+ * a committed corpus of seeded strings with reference ids, round trips, streaming decode, the
+ * pre-tokenizer regex matchers for GPT-2 / Llama 3 / Qwen2 against JS RegExp splits, malformed
+ * tokenizer.json files, allocation failures during load, and concurrent encoding.
  *
  * Needs the pinned npm test data (tools/setup); skips (77) without it.
  *
- * Regenerate the corpus fixture (after changing tests/fixtures/gen_tok_corpus.cjs or the reference):
+ * Regenerate the corpus fixture (after changing tests/fixtures/gen_tok_corpus.cjs or the
+ * reference):
  *   node tests/fixtures/gen_tok_corpus.cjs 6000 20240611 | node tests/oracles/tokref.cjs ids \
  *     | lz4 -9 -f - tests/fixtures/tokenizer/corpus.jsonl.lz4
  * Each line: {"text", "ids", "splits"?: {"gpt2", "llama3", "qwen2": piece byte lengths}}. */
@@ -67,12 +68,12 @@ static void test_reference_ids(void) {
           103, 46088, 25730, 102},
          19},
         {"def f(x):\n\treturn x*2  # comment\n\n\n    if x>10:\r\n        pass\n",
-         {3465, 285, 4042, 3395, 5562, 1527, 12, 20, 223, 1823, 7006, 6328, 361, 855, 1527, 32,
-          553, 28, 204, 201, 528, 2281, 201},
+         {3465, 285, 4042, 3395, 5562, 1527, 12,  20,  223, 1823, 7006, 6328,
+          361,  855, 1527, 32,   553,  28,   204, 201, 528, 2281, 201},
          23},
         {"1234567 3.14159 -42 1e10 ２０２４ 00042",
-         {6895, 18009, 25, 223, 21, 16, 9926, 3318, 565, 3180, 223, 19, 71, 553, 223, 86093, 18237,
-          33095, 223, 1320, 3180},
+         {6895, 18009, 25,  223, 21,    16,    9926,  3318, 565,  3180, 223,
+          19,   71,    553, 223, 86093, 18237, 33095, 223,  1320, 3180},
          21},
         {"  leading and trailing  ", {223, 6646, 305, 52964, 262}, 5},
         {"café naïve e\xcc\x81 a\xc2\xa0"
@@ -145,9 +146,7 @@ static void test_queries(void) {
 
 /* --- (b)+(c) corpus: ids, round trip, streaming decode, regex splits ----------------------- */
 
-static int is_valid_utf8(const char *s, size_t n) {
-    return tm_utf8_valid_prefix(s, n) == n;
-}
+static int is_valid_utf8(const char *s, size_t n) { return tm_utf8_valid_prefix(s, n) == n; }
 
 /* Streaming decode of ids; checks each push emits whole valid UTF-8 only. */
 static void check_streaming(const uint32_t *ids, size_t n, const char *want, size_t want_len,
@@ -248,7 +247,8 @@ static void test_corpus(void) {
     TM_CHECK(pclose(f) == 0);
     TM_CHECK(line_no >= 5000);
     TM_CHECK(n_bad == 0);
-    fprintf(stderr, "corpus: %zu/%zu strings match the reference (%zu with regex splits); "
+    fprintf(stderr,
+            "corpus: %zu/%zu strings match the reference (%zu with regex splits); "
             "%zu tokens, %.1f MB; encode %.0f tokens/s, %.1f MB/s\n",
             n_ok, line_no, n_split, n_tok, n_bytes / 1e6, n_tok / t_enc, n_bytes / 1e6 / t_enc);
 }
@@ -331,27 +331,28 @@ static void stream_bytes(const unsigned char *bytes, size_t n, int flush, const 
     if (flush)
         TM_CHECK_OK(tm_detok_flush(&st, &out, &err), &err);
     TM_CHECK_MSG(out.len == strlen(want) && memcmp(out.data ? out.data : "", want, out.len) == 0,
-                 "stream of %zu bytes: got \"%s\", want \"%s\"", n, out.data ? out.data : "",
-                 want);
+                 "stream of %zu bytes: got \"%s\", want \"%s\"", n, out.data ? out.data : "", want);
     tm_buf_fini(&out);
 }
 
 static void test_streaming_edges(void) {
     const char *R = "\xef\xbf\xbd"; // U+FFFD
     char want[64];
-    stream_bytes((const unsigned char *)"\xc3\xa9", 2, 1, "\xc3\xa9");          // é byte by byte
+    stream_bytes((const unsigned char *)"\xc3\xa9", 2, 1, "\xc3\xa9"); // é byte by byte
     stream_bytes((const unsigned char *)"\xf0\x9f\xa6\x80", 4, 1, "🦀");
-    stream_bytes((const unsigned char *)"\xf0\x9f\xa6", 3, 0, "");              // held back
-    stream_bytes((const unsigned char *)"\xf0\x9f\xa6", 3, 1, R);               // flushed: one
+    stream_bytes((const unsigned char *)"\xf0\x9f\xa6", 3, 0, ""); // held back
+    stream_bytes((const unsigned char *)"\xf0\x9f\xa6", 3, 1, R);  // flushed: one
     snprintf(want, sizeof(want), "%sa", R);
-    stream_bytes((const unsigned char *)"\xc3" "a", 2, 1, want);                // cut short
+    stream_bytes((const unsigned char *)"\xc3"
+                                        "a",
+                 2, 1, want); // cut short
     snprintf(want, sizeof(want), "%s%s", R, R);
-    stream_bytes((const unsigned char *)"\xa9\xff", 2, 1, want);                // stray bytes
+    stream_bytes((const unsigned char *)"\xa9\xff", 2, 1, want); // stray bytes
     // E0 80: E0 needs A0..BF next, so E0 is one maximal subpart and 80 another
     snprintf(want, sizeof(want), "%s%s\xc3\xa9", R, R);
     stream_bytes((const unsigned char *)"\xe0\x80\xc3\xa9", 4, 1, want);
     snprintf(want, sizeof(want), "%sx", R);
-    stream_bytes((const unsigned char *)"\xe2\x82x", 3, 1, want);               // € cut short
+    stream_bytes((const unsigned char *)"\xe2\x82x", 3, 1, want); // € cut short
 
     // skip_special drops special tokens but keeps the non-special added ones
     tm_err err = {0};
@@ -411,8 +412,10 @@ static char *tiny_json(const char *pre_tokenizer, const char *merges, const char
                        const char *top_extra) {
     tm_buf b = {0};
     tm_err err = {0};
-    tm_buf_printf(&b, &err, "{\"version\": \"1.0\", %s \"model\": {\"type\": \"BPE\", %s "
-                  "\"vocab\": {", top_extra, model_extra);
+    tm_buf_printf(&b, &err,
+                  "{\"version\": \"1.0\", %s \"model\": {\"type\": \"BPE\", %s "
+                  "\"vocab\": {",
+                  top_extra, model_extra);
     for (uint32_t v = 0; v < 256; v++) {
         uint32_t cp = v;
         if (!((v >= 0x21 && v <= 0x7E) || (v >= 0xA1 && v <= 0xAC) || (v >= 0xAE && v <= 0xFF))) {
@@ -427,8 +430,10 @@ static char *tiny_json(const char *pre_tokenizer, const char *merges, const char
         tm_buf_append_json_str(&b, s, n, &err);
         tm_buf_printf(&b, &err, ": %u, ", v);
     }
-    tm_buf_printf(&b, &err, "\"he\": 256, \"ll\": 257, \"hell\": 258, \"hello\": 259}, "
-                  "\"merges\": %s}, \"pre_tokenizer\": %s}", merges, pre_tokenizer);
+    tm_buf_printf(&b, &err,
+                  "\"he\": 256, \"ll\": 257, \"hell\": 258, \"hello\": 259}, "
+                  "\"merges\": %s}, \"pre_tokenizer\": %s}",
+                  merges, pre_tokenizer);
     return b.data;
 }
 
@@ -462,8 +467,9 @@ static void test_tiny_and_malformed(void) {
     tm_err err = {0};
     tm_tokenizer *tok = NULL;
     char *j = tiny_json(BL, MERGES, "", "");
-    TM_CHECK_OK(load_tiny(j, "{\"bos_token\": null, \"eos_token\": {\"content\": \"hello\"}}", &tok,
-                          &err), &err);
+    TM_CHECK_OK(
+        load_tiny(j, "{\"bos_token\": null, \"eos_token\": {\"content\": \"hello\"}}", &tok, &err),
+        &err);
     tm_free(j);
     if (tok) {
         tm_ids ids = {0};
@@ -506,7 +512,8 @@ static void test_tiny_and_malformed(void) {
     expect_fail("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -3}, \"merges\": []}}",
                 TM_E_PARSE, "bad id");
     expect_fail("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
-                "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}", TM_E_PARSE, "no token for byte");
+                "\"pre_tokenizer\": {\"type\": \"ByteLevel\"}}",
+                TM_E_PARSE, "no token for byte");
 
     struct {
         const char *pre, *merges, *model, *top, *msg;
@@ -648,8 +655,7 @@ static void *encode_thread(void *p) {
 }
 
 static void test_threads(void) {
-    const char *texts[4] = {"Hello, world! This is a test. ",
-                            "你好，世界！こんにちは 1234567",
+    const char *texts[4] = {"Hello, world! This is a test. ", "你好，世界！こんにちは 1234567",
                             "def f(x):\n\treturn x*2  # comment\n", "I ❤️ 🦀 <｜User｜>hi"};
     pthread_t th[4];
     thread_arg args[4];

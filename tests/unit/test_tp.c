@@ -1,5 +1,5 @@
-/* tests/unit/test_tp.c - the tensor-parallel sharding math on the CPU: TP=2 and TP=4 shard engines in
- * one process (an in-process all-reduce standing in for NCCL) against TP=1 on mkmodel models:
+/* tests/unit/test_tp.c - the tensor-parallel sharding math on the CPU: TP=2 and TP=4 shard engines
+ * in one process (an in-process all-reduce standing in for NCCL) against TP=1 on mkmodel models:
  * logits within 1e-4 relative error and equal greedy tokens for 64 decode steps of a batch that
  * mixes sequences of different lengths. Shapes cover split and replicated KV heads, q/k/v bias,
  * tied and untied embeddings and a vocabulary that does not divide by tp. */
@@ -29,8 +29,12 @@ typedef struct run_out {
 static void run(const tm_model *m, uint32_t tp, run_out *o) {
     tm_err err = {0};
     tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = tp, .block_size = BS, .n_kv_block = N_SEQ * MAX_POS / BS,
-                         .max_seqs = N_SEQ, .max_batched_tokens = 64, .tp_size = tp};
+    tm_engine_opts eo = {.n_threads = tp,
+                         .block_size = BS,
+                         .n_kv_block = N_SEQ * MAX_POS / BS,
+                         .max_seqs = N_SEQ,
+                         .max_batched_tokens = 64,
+                         .tp_size = tp};
     TM_CHECK_OK(tm_engine_cpu_tp_create(m, &eo, &eng, &err), &err);
     if (!eng)
         return;
@@ -53,8 +57,11 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
             uint32_t n = len[s] - done[s];
             if (n > 20)
                 n = 20, all_logits = 0;
-            bs[s] = (tm_batch_seq){.tokens = ids[s] + done[s], .n_tok = n, .pos = done[s],
-                                   .block_table = table[s], .n_block = MAX_POS / BS,
+            bs[s] = (tm_batch_seq){.tokens = ids[s] + done[s],
+                                   .n_tok = n,
+                                   .pos = done[s],
+                                   .block_table = table[s],
+                                   .n_block = MAX_POS / BS,
                                    .want_logits = done[s] + n == len[s]};
         }
         tm_batch b = {.seqs = bs, .n_seq = N_SEQ};
@@ -136,13 +143,15 @@ static void check_shape(const char *name, const char *args, const uint32_t *tps,
 }
 
 static void test_llama_gqa(void) { // 8 q heads, 2 KV heads: split at tp 2, replicated at tp 4
-    check_shape("llama gqa", "--arch llama --seed 11 --layers 2 --hidden 64 --heads 8 --kv-heads 2 "
+    check_shape("llama gqa",
+                "--arch llama --seed 11 --layers 2 --hidden 64 --heads 8 --kv-heads 2 "
                 "--ff 96 --vocab 501 --ctx 512 --tied 0 --dtype bf16 --rope-scaling llama3",
                 (uint32_t[]){2, 4}, 2);
 }
 
 static void test_qwen2_bias_tied(void) {
-    check_shape("qwen2 bias tied", "--arch qwen2 --seed 12 --layers 2 --hidden 64 --heads 4 "
+    check_shape("qwen2 bias tied",
+                "--arch qwen2 --seed 12 --layers 2 --hidden 64 --heads 4 "
                 "--kv-heads 4 --ff 128 --vocab 320 --ctx 512 --tied 1 --dtype f32",
                 (uint32_t[]){2, 4}, 2);
 }
@@ -160,8 +169,12 @@ static void test_bad_split(void) {
     tm_model *m = NULL;
     tm_engine *eng = NULL;
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
-    tm_engine_opts eo = {.n_threads = 2, .block_size = 8, .n_kv_block = 4, .max_seqs = 1,
-                         .max_batched_tokens = 8, .tp_size = 2};
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 8,
+                         .n_kv_block = 4,
+                         .max_seqs = 1,
+                         .max_batched_tokens = 8,
+                         .tp_size = 2};
     TM_CHECK(tm_engine_cpu_tp_create(m, &eo, &eng, &err) == TM_E_INVAL);
     TM_CHECK(strstr(err.msg, "must divide by tp 2") != NULL);
     tm_model_destroy(m);

@@ -1,9 +1,8 @@
 /* runner/engine/engine.c - what the engine backends share (see engine.h). */
 #include "runner/engine/engine.h"
 
-tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos,
-                     uint32_t n_vocab, const char *who, uint32_t *n_tok, uint64_t *n_bt,
-                     tm_err *err) {
+tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
+                     const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err) {
     if (b->n_seq > o->max_seqs)
         return TM_ERR(err, TM_E_INVAL, "%s: %u sequences > max_seqs %u", who, b->n_seq,
                       o->max_seqs);

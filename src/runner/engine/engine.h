@@ -20,12 +20,12 @@
 typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
 
 typedef struct tm_engine_opts {
-    uint32_t n_threads;    /* CPU worker threads; 0 = number of online CPUs */
-    uint32_t block_size;   /* tokens per KV block */
-    uint32_t n_kv_block;   /* KV blocks to allocate; 0 (CUDA engine only): size the pool from free
-                            * device memory (gpu_mem_util); the engine then records its count in
-                            * eng->opts.n_kv_block */
-    uint32_t max_seqs;     /* sequences per step */
+    uint32_t n_threads;  /* CPU worker threads; 0 = number of online CPUs */
+    uint32_t block_size; /* tokens per KV block */
+    uint32_t n_kv_block; /* KV blocks to allocate; 0 (CUDA engine only): size the pool from free
+                          * device memory (gpu_mem_util); the engine then records its count in
+                          * eng->opts.n_kv_block */
+    uint32_t max_seqs;   /* sequences per step */
     uint32_t max_batched_tokens; /* tokens per step */
     uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
     float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
@@ -36,16 +36,16 @@ typedef struct tm_engine_opts {
 
 /* One sequence's part of a step. */
 typedef struct tm_batch_seq {
-    const uint32_t *tokens;       /* n_tok token ids to process, borrowed for the call */
-    uint32_t n_tok;               /* >= 1 */
-    uint32_t pos;                 /* position of tokens[0] = tokens of this sequence already in KV */
-    const uint32_t *block_table;  /* block ids covering positions [0, pos + n_tok) */
+    const uint32_t *tokens;      /* n_tok token ids to process, borrowed for the call */
+    uint32_t n_tok;              /* >= 1 */
+    uint32_t pos;                /* position of tokens[0] = tokens of this sequence already in KV */
+    const uint32_t *block_table; /* block ids covering positions [0, pos + n_tok) */
     uint32_t n_block;
-    int want_logits;              /* 1: produce logits for the last token of this chunk */
+    int want_logits; /* 1: produce logits for the last token of this chunk */
 } tm_batch_seq;
 
 typedef struct tm_batch {
-    const tm_batch_seq *seqs;     /* n_seq entries, borrowed for the call */
+    const tm_batch_seq *seqs; /* n_seq entries, borrowed for the call */
     uint32_t n_seq;
 } tm_batch;
 
@@ -54,9 +54,8 @@ typedef struct tm_batch {
  * its block table, whose used entries are below o->n_kv_block; at most o->max_batched_tokens
  * tokens in all. who starts the messages ("cpu forward"). Writes the step's token count and the
  * block-table entries its sequences use. */
-tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos,
-                     uint32_t n_vocab, const char *who, uint32_t *n_tok, uint64_t *n_bt,
-                     tm_err *err);
+tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
+                     const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err);
 
 typedef struct tm_engine tm_engine;
 
@@ -80,9 +79,9 @@ typedef struct tm_engine_ops {
 
 struct tm_engine {
     const tm_engine_ops *ops;
-    const tm_model *model;  /* borrowed; must outlive the engine */
+    const tm_model *model; /* borrowed; must outlive the engine */
     tm_engine_opts opts;
-    void *impl;             /* owned by the backend */
+    void *impl; /* owned by the backend */
 };
 
 /* The CPU backend. On success *out owns the engine (KV memory allocated up front). With

@@ -1,7 +1,7 @@
 /* runner/model/model.c - load a Llama-family Hugging Face model folder: config.json (+
- * generation_config.json) into tm_model_cfg, and the safetensors weights (runner/model/safetensors.h)
- * bound to tm_tensor views whose shapes are checked against the config. Also the RoPE inverse
- * frequency table both engines use (tm_model_rope_inv_freq).
+ * generation_config.json) into tm_model_cfg, and the safetensors weights
+ * (runner/model/safetensors.h) bound to tm_tensor views whose shapes are checked against the
+ * config. Also the RoPE inverse frequency table both engines use (tm_model_rope_inv_freq).
  *
  * Error codes: TM_E_PARSE for malformed or inconsistent files (bad JSON, a missing field, a
  * value out of range, a tensor with the wrong shape), TM_E_INVAL for well-formed configs that ask
@@ -27,8 +27,7 @@
 
 #define CFG "config.json"
 
-static tm_rc load_json(const char *dir, const char *name, int optional, json_t **out,
-                       tm_err *err) {
+static tm_rc load_json(const char *dir, const char *name, int optional, json_t **out, tm_err *err) {
     char path[4096];
     int n = snprintf(path, sizeof(path), "%s/%s", dir, name);
     if (n < 0 || (size_t)n >= sizeof(path))
@@ -47,8 +46,8 @@ static tm_rc load_json(const char *dir, const char *name, int optional, json_t *
             return TM_ERR(err, TM_E_NOMEM, "%s: out of memory", name);
         if (json_error_code(&je) == json_error_cannot_open_file)
             return TM_ERR(err, TM_E_IO, "%s: %s", name, je.text);
-        return TM_ERR(err, TM_E_PARSE, "%s: not valid JSON: %s (line %d, column %d)", name,
-                      je.text, je.line, je.column);
+        return TM_ERR(err, TM_E_PARSE, "%s: not valid JSON: %s (line %d, column %d)", name, je.text,
+                      je.line, je.column);
     }
     if (!json_is_object(root)) {
         json_decref(root);
@@ -198,8 +197,7 @@ static tm_rc parse_rope(json_t *root, tm_model_cfg *c, tm_err *err) {
     if (rc == TM_OK)
         rc = get_num(rs, where, "high_freq_factor", 1, 0, &hi, err);
     if (rc == TM_OK)
-        rc = get_u32(rs, where, "original_max_position_embeddings", 1, 0, 1, 1u << 24, &orig,
-                     err);
+        rc = get_u32(rs, where, "original_max_position_embeddings", 1, 0, 1, 1u << 24, &orig, err);
     if (rc)
         return rc;
     if (!(factor >= 1.0) || factor > 1e6)
@@ -251,8 +249,8 @@ static tm_rc get_bos(json_t *obj, const char *file, uint32_t n_vocab, int32_t *b
         return TM_ERR(err, TM_E_PARSE, "%s: bos_token_id is not an integer", file);
     json_int_t id = json_integer_value(v);
     if (id < 0 || id >= (json_int_t)n_vocab)
-        return TM_ERR(err, TM_E_PARSE, "%s: bos_token_id %lld is outside the vocabulary (%u)",
-                      file, (long long)id, n_vocab);
+        return TM_ERR(err, TM_E_PARSE, "%s: bos_token_id %lld is outside the vocabulary (%u)", file,
+                      (long long)id, n_vocab);
     *bos = (int32_t)id;
     return TM_OK;
 }
@@ -270,8 +268,7 @@ static tm_rc parse_config(json_t *root, json_t *gen, tm_model_cfg *c, tm_err *er
     if (rc == TM_OK)
         rc = get_u32(root, CFG, "num_attention_heads", 1, 0, 1, 1024, &c->n_head, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "num_key_value_heads", 0, c->n_head, 1, 1024, &c->n_kv_head,
-                     err);
+        rc = get_u32(root, CFG, "num_key_value_heads", 0, c->n_head, 1, 1024, &c->n_kv_head, err);
     if (rc == TM_OK)
         rc = get_u32(root, CFG, "vocab_size", 1, 0, 1, 1u << 24, &c->n_vocab, err);
     if (rc == TM_OK)
@@ -548,10 +545,14 @@ void tm_model_destroy(tm_model *m) {
 
 const char *tm_model_arch_name(const tm_model *m) {
     switch (m->cfg.arch) {
-    case TM_ARCH_LLAMA: return "llama";
-    case TM_ARCH_QWEN2: return "qwen2";
-    case TM_ARCH_MISTRAL: return "mistral";
-    case TM_ARCH_DEEPSEEK_V4: return "deepseek_v4";
+    case TM_ARCH_LLAMA:
+        return "llama";
+    case TM_ARCH_QWEN2:
+        return "qwen2";
+    case TM_ARCH_MISTRAL:
+        return "mistral";
+    case TM_ARCH_DEEPSEEK_V4:
+        return "deepseek_v4";
     }
     return "?";
 }
@@ -571,16 +572,15 @@ static tm_rc check_weight(const char *who, const tm_tensor *t, const char *name,
                                                : t->dtype == TM_DTYPE_F8_E4M3;
         if (t->quant > TM_QUANT_MXFP4 || !ok_dt || !t->scale || !t->qblock[0] || !t->qblock[1])
             return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: bad quantized view (%s, %s)", who,
-                          layer, name, tm_quant_name((tm_quant)t->quant),
-                          tm_dtype_name(t->dtype));
+                          layer, name, tm_quant_name((tm_quant)t->quant), tm_dtype_name(t->dtype));
     } else if ((unsigned)t->dtype > (unsigned)TM_DTYPE_BF16) {
-        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: dtype %s is not a float dtype", who,
-                      layer, name, tm_dtype_name(t->dtype));
+        return TM_ERR(err, TM_E_INVAL, "%s: layer %u %s: dtype %s is not a float dtype", who, layer,
+                      name, tm_dtype_name(t->dtype));
     }
     if (t->n_dim != n_dim || t->shape[0] != d0 || (d1 && t->shape[1] != d1))
         return TM_ERR(err, TM_E_INVAL,
-                      "%s: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]",
-                      who, layer, name, (unsigned long long)t->shape[0],
+                      "%s: layer %u %s: shape [%llu, %llu] (n_dim %u), want [%llu, %llu]", who,
+                      layer, name, (unsigned long long)t->shape[0],
                       (unsigned long long)(t->n_dim > 1 ? t->shape[1] : 0), t->n_dim,
                       (unsigned long long)d0, (unsigned long long)d1);
     return TM_OK;

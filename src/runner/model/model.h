@@ -1,9 +1,10 @@
-/* runner/model/model.h - a loaded Hugging Face model folder: the parsed config.json and the weights,
- * memory-mapped from *.safetensors (one file or shards listed in model.safetensors.index.json).
- * Tensors point into the mappings; nothing is copied. Immutable after load, so any number of
- * threads may read it. Supports the Llama family (LlamaForCausalLM, Qwen2ForCausalLM,
- * MistralForCausalLM) and DeepseekV4ForCausalLM (its config and weights: runner/model/model_dsv4.h).
- * The types (config, layer weights, tm_model) are in runner/model/model_types.h. */
+/* runner/model/model.h - a loaded Hugging Face model folder: the parsed config.json and the
+ * weights, memory-mapped from *.safetensors (one file or shards listed in
+ * model.safetensors.index.json). Tensors point into the mappings; nothing is copied. Immutable
+ * after load, so any number of threads may read it. Supports the Llama family (LlamaForCausalLM,
+ * Qwen2ForCausalLM, MistralForCausalLM) and DeepseekV4ForCausalLM (its config and weights:
+ * runner/model/model_dsv4.h). The types (config, layer weights, tm_model) are in
+ * runner/model/model_types.h. */
 #ifndef TM_RUNNER_MODEL_MODEL_H
 #define TM_RUNNER_MODEL_MODEL_H
 
@@ -12,7 +13,6 @@
 
 #include "base/err.h"
 #include "runner/model/model_types.h"
-
 
 /* Load dir/config.json (+ generation_config.json if present) and map the safetensors. Every
  * header field is validated before use; a truncated or inconsistent file gives TM_E_PARSE with a
@@ -23,7 +23,8 @@
  * inconsistent files, missing fields, values out of range, wrong shapes), TM_E_INVAL (valid but
  * unsupported: other architectures or rope types, attention_bias/mlp_bias on Llama, Qwen2
  * sliding windows, hidden_act other than silu), TM_E_IO, TM_E_NOMEM. Messages start with
- * "loading model <dir>: ". impl is the tm_st_set (runner/model/safetensors.h) holding the mappings. */
+ * "loading model <dir>: ". impl is the tm_st_set (runner/model/safetensors.h) holding the mappings.
+ */
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err);
 void tm_model_destroy(tm_model *m); /* NULL is a no-op */
 /* "llama", "qwen2", "mistral" or "deepseek_v4". */

@@ -211,8 +211,8 @@ static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err 
         }
     } else {
         for (uint32_t i = 0; i < n; i++)
-            d->attn[i] =
-                i < 2 ? TM_DSV4_ATTN_HCA : ((i - 2) % 2 ? TM_DSV4_ATTN_CSA : TM_DSV4_ATTN_HCA);
+            d->attn[i] = i < 2 ? TM_DSV4_ATTN_HCA
+                               : ((i - 2) % 2 ? TM_DSV4_ATTN_CSA : TM_DSV4_ATTN_HCA);
     }
     json_t *mt = json_object_get(root, "mlp_layer_types");
     if (mt && !json_is_null(mt)) {

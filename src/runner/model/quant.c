@@ -117,8 +117,7 @@ static tm_rc parse_ct(json_t *qc, tm_quant_cfg *q, tm_err *err) {
         return TM_ERR(err, TM_E_PARSE, QC ": config_groups is %s",
                       groups ? "not a non-empty object" : "missing");
     if (json_object_size(groups) != 1)
-        return TM_ERR(err, TM_E_INVAL,
-                      QC ": config_groups has %zu groups (one is supported)",
+        return TM_ERR(err, TM_E_INVAL, QC ": config_groups has %zu groups (one is supported)",
                       json_object_size(groups));
     const char *gname;
     json_t *g;
@@ -267,8 +266,8 @@ static tm_rc bad_shape(const tm_st_tensor *s, const char *what, uint32_t n_dim,
     char got[160], exp[160];
     shape_str(got, sizeof(got), s->n_dim, s->shape);
     shape_str(exp, sizeof(exp), n_dim, want);
-    return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s'%s has shape %s, expected %s", s->file,
-                  s->name, what, got, exp);
+    return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s'%s has shape %s, expected %s", s->file, s->name,
+                  what, got, exp);
 }
 
 static int is_float(tm_dtype dt) {
@@ -314,8 +313,8 @@ static tm_rc bind_scale(const tm_st_set *st, const tm_quant_cfg *q, const char *
         want_dt = q->scale_dtype == TM_DTYPE_F8_E8M0 ? "F8_E8M0 (scale_fmt ue8m0)" : "F32";
     }
     if (!dt_ok)
-        return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' (scale) has dtype %s, expected %s",
-                      s->file, sname, tm_dtype_name(s->dtype), want_dt);
+        return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' (scale) has dtype %s, expected %s", s->file,
+                      sname, tm_dtype_name(s->dtype), want_dt);
     t->scale = s->data;
     t->scale_dtype = (uint8_t)s->dtype;
     // Scales must be finite and positive: a NaN or zero scale is a broken checkpoint.
@@ -333,16 +332,15 @@ static tm_rc bind_scale(const tm_st_set *st, const tm_quant_cfg *q, const char *
             snprintf(sname, sizeof(sname), "%.*sinput_scale", (int)(n - 6), name);
             const tm_st_tensor *is = tm_st_set_find(st, sname);
             if (!is)
-                return TM_ERR(err, TM_E_PARSE,
-                              "tensor '%s' is missing (static input_activations)", sname);
+                return TM_ERR(err, TM_E_PARSE, "tensor '%s' is missing (static input_activations)",
+                              sname);
             float v = 0.0f;
             if (!is_float(is->dtype) || !(is->n_dim == 0 || (is->n_dim == 1 && is->shape[0] == 1)))
                 return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' is not a float scalar", is->file,
                               sname);
             tm_dtype_to_f32(is->data, is->dtype, 0, 1, &v);
             if (!(v > 0.0f) || !isfinite(v))
-                return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' is %g", is->file, sname,
-                              (double)v);
+                return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' is %g", is->file, sname, (double)v);
         }
     }
     return TM_OK;
@@ -367,8 +365,8 @@ tm_rc tm_quant_bind(const tm_st_set *st, const tm_quant_cfg *q, const char *name
             return bad_shape(s, "", n_dim, want, err);
         if (expert && q->expert != TM_QUANT_NONE)
             return TM_ERR(err, TM_E_PARSE,
-                          "%s: tensor '%s' is %s but expert_dtype says the experts are %s",
-                          s->file, name, tm_dtype_name(s->dtype), tm_quant_name(scheme));
+                          "%s: tensor '%s' is %s but expert_dtype says the experts are %s", s->file,
+                          name, tm_dtype_name(s->dtype), tm_quant_name(scheme));
         char sname[256];
         snprintf(sname, sizeof(sname), "%s_scale_inv", name);
         const tm_st_tensor *stray = tm_st_set_find(st, sname);
@@ -404,8 +402,10 @@ tm_rc tm_quant_bind(const tm_st_set *st, const tm_quant_cfg *q, const char *name
             t->qblock[1] = (uint32_t)want[n_dim - 1];
         } else {
             if (n_dim != 2)
-                return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s': per-tensor scales need a 2-D "
-                              "weight", s->file, name);
+                return TM_ERR(err, TM_E_PARSE,
+                              "%s: tensor '%s': per-tensor scales need a 2-D "
+                              "weight",
+                              s->file, name);
             t->qblock[0] = (uint32_t)want[0];
             t->qblock[1] = (uint32_t)want[1];
         }

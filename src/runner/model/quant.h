@@ -55,7 +55,6 @@ typedef enum tm_qrole {
  * dtype and grid shape the scheme fixes. TM_E_PARSE names the tensor and the rule. */
 struct tm_st_set;
 tm_rc tm_quant_bind(const struct tm_st_set *st, const tm_quant_cfg *q, const char *name,
-                    tm_qrole role, uint32_t n_dim, const uint64_t *want, tm_tensor *t,
-                    tm_err *err);
+                    tm_qrole role, uint32_t n_dim, const uint64_t *want, tm_tensor *t, tm_err *err);
 
 #endif /* TM_RUNNER_MODEL_QUANT_H */

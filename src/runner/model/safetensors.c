@@ -1,8 +1,8 @@
-/* runner/model/safetensors.c - mapped, fully validated safetensors files and shard sets (see the header
- * for the rules), plus the writer used by tools/mkmodel and the tests. The header JSON is parsed
- * in place from the mapping with jansson; names are copied into one arena per file so the JSON can
- * be freed straight away. Nothing here touches the data section except through pointers handed
- * out to the caller. */
+/* runner/model/safetensors.c - mapped, fully validated safetensors files and shard sets (see the
+ * header for the rules), plus the writer used by tools/mkmodel and the tests. The header JSON is
+ * parsed in place from the mapping with jansson; names are copied into one arena per file so the
+ * JSON can be freed straight away. Nothing here touches the data section except through pointers
+ * handed out to the caller. */
 #include "runner/model/safetensors.h"
 
 #include <errno.h>
@@ -24,13 +24,13 @@ struct tm_st_file {
     const unsigned char *map; /* the whole file; owned (munmap) iff mapped */
     size_t map_bytes;
     int mapped;
-    tm_st_tensor *t;          /* owned; n_tensor entries sorted by name */
+    tm_st_tensor *t; /* owned; n_tensor entries sorted by name */
     size_t n_tensor;
-    char *names;              /* owned arena holding every t[i].name */
+    char *names; /* owned arena holding every t[i].name */
 };
 
 struct tm_st_set {
-    tm_st_file **files;       /* owned; n_file entries */
+    tm_st_file **files; /* owned; n_file entries */
     size_t n_file;
     const tm_st_tensor **by_name; /* owned array of pointers into files[*]; sorted by name */
     size_t n_tensor;
@@ -80,9 +80,9 @@ static int dtype_from_name(const char *s, tm_dtype *dt) {
 
 /* Dtypes of the format that we recognise but do not load. */
 static int dtype_known_other(const char *s) {
-    static const char *const names[] = {
-        "F64",  "I64",     "U64",     "I32", "U32", "I16",         "U16",
-        "BOOL", "F8_E5M2", "F6_E2M3", "F6_E3M2", "F4", "C64", "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
+    static const char *const names[] = {"F64",     "I64", "U64",  "I32",         "U32",
+                                        "I16",     "U16", "BOOL", "F8_E5M2",     "F6_E2M3",
+                                        "F6_E3M2", "F4",  "C64",  "F8_E4M3FNUZ", "F8_E5M2FNUZ"};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(s, names[i]))
             return 1;
@@ -91,14 +91,22 @@ static int dtype_known_other(const char *s) {
 
 static const char *st_dtype_name(tm_dtype dt) {
     switch (dt) {
-    case TM_DTYPE_F32: return "F32";
-    case TM_DTYPE_F16: return "F16";
-    case TM_DTYPE_BF16: return "BF16";
-    case TM_DTYPE_F8_E4M3: return "F8_E4M3";
-    case TM_DTYPE_F8_E8M0: return "F8_E8M0";
-    case TM_DTYPE_I8: return "I8";
-    case TM_DTYPE_U8: return "U8";
-    case TM_DTYPE_F4_E2M1: break; // not a header dtype: written as I8 [.., n/2] by the caller
+    case TM_DTYPE_F32:
+        return "F32";
+    case TM_DTYPE_F16:
+        return "F16";
+    case TM_DTYPE_BF16:
+        return "BF16";
+    case TM_DTYPE_F8_E4M3:
+        return "F8_E4M3";
+    case TM_DTYPE_F8_E8M0:
+        return "F8_E8M0";
+    case TM_DTYPE_I8:
+        return "I8";
+    case TM_DTYPE_U8:
+        return "U8";
+    case TM_DTYPE_F4_E2M1:
+        break; // not a header dtype: written as I8 [.., n/2] by the caller
     }
     return "?";
 }
@@ -156,8 +164,8 @@ static tm_rc parse_entry(const char *label, const char *name, json_t *v, uint64_
     }
     uint64_t n_bytes = 0;
     if (overflow || __builtin_mul_overflow(n_elem, (uint64_t)tm_dtype_size(t->dtype), &n_bytes))
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: tensor '%.100s': shape x dtype size overflows 64 bits", label, name);
+        return TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s': shape x dtype size overflows 64 bits",
+                      label, name);
     t->n_elem = n_elem;
     t->n_bytes = n_bytes;
     if (!json_is_array(joff) || json_array_size(joff) != 2)
@@ -173,8 +181,8 @@ static tm_rc parse_entry(const char *label, const char *name, json_t *v, uint64_
     uint64_t begin = (uint64_t)json_integer_value(jb), end = (uint64_t)json_integer_value(je);
     if (begin > end)
         return TM_ERR(err, TM_E_PARSE,
-                      "%s: tensor '%.100s': data_offsets begin %llu is after end %llu", label,
-                      name, (unsigned long long)begin, (unsigned long long)end);
+                      "%s: tensor '%.100s': data_offsets begin %llu is after end %llu", label, name,
+                      (unsigned long long)begin, (unsigned long long)end);
     if (end > data_bytes)
         return TM_ERR(err, TM_E_PARSE,
                       "%s: tensor '%.100s': data_offsets end %llu past the data section (%llu "
@@ -184,8 +192,7 @@ static tm_rc parse_entry(const char *label, const char *name, json_t *v, uint64_
         return TM_ERR(err, TM_E_PARSE,
                       "%s: tensor '%.100s': data_offsets span %llu bytes but shape x dtype needs "
                       "%llu",
-                      label, name, (unsigned long long)(end - begin),
-                      (unsigned long long)n_bytes);
+                      label, name, (unsigned long long)(end - begin), (unsigned long long)n_bytes);
     t->offset = begin;
     return TM_OK;
 }
@@ -262,8 +269,7 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
     size_t size = f->map_bytes;
     if (size < 8)
         return TM_ERR(err, TM_E_PARSE,
-                      "%s: file is %zu bytes, too short for the 8-byte header length", label,
-                      size);
+                      "%s: file is %zu bytes, too short for the 8-byte header length", label, size);
     uint64_t n_hdr = load_le64(f->map);
     if (n_hdr > TM_ST_MAX_HEADER_BYTES)
         return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
@@ -278,8 +284,7 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
         return TM_ERR(err, TM_E_PARSE, "%s: header does not start with '{'", label);
     size_t n_valid = tm_utf8_valid_prefix(hdr, (size_t)n_hdr);
     if (n_valid != n_hdr)
-        return TM_ERR(err, TM_E_PARSE, "%s: header is not valid UTF-8 (byte %zu)", label,
-                      n_valid);
+        return TM_ERR(err, TM_E_PARSE, "%s: header is not valid UTF-8 (byte %zu)", label, n_valid);
     if (memchr(hdr, '\0', (size_t)n_hdr))
         return TM_ERR(err, TM_E_PARSE, "%s: header contains a NUL byte", label);
 
@@ -572,13 +577,13 @@ static tm_rc set_open_index(tm_st_set *s, const char *dir, const char *index_pat
         const tm_st_tensor *t = tm_st_set_find(s, key);
         const char *want = json_string_value(val);
         if (!t) {
-            rc = TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s' is listed in %s but not there",
-                        label, key, want);
+            rc = TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s' is listed in %s but not there", label,
+                        key, want);
             goto out;
         }
         if (strcmp(t->file, want)) {
-            rc = TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s' is listed in %s but is in %s",
-                        label, key, want, t->file);
+            rc = TM_ERR(err, TM_E_PARSE, "%s: tensor '%.100s' is listed in %s but is in %s", label,
+                        key, want, t->file);
             goto out;
         }
     }
@@ -737,8 +742,8 @@ tm_rc tm_st_file_write(const char *path, const tm_st_wtensor *t, size_t n_tensor
         if (rc == TM_OK)
             rc = tm_buf_append_json_str(&hdr, w->name, strlen(w->name), err);
         if (rc == TM_OK)
-            rc =
-                tm_buf_printf(&hdr, err, ":{\"dtype\":\"%s\",\"shape\":[", st_dtype_name(w->dtype));
+            rc = tm_buf_printf(&hdr, err, ":{\"dtype\":\"%s\",\"shape\":[",
+                               st_dtype_name(w->dtype));
         for (uint32_t d = 0; d < w->n_dim && rc == TM_OK; d++)
             rc = tm_buf_printf(&hdr, err, "%s%llu", d ? "," : "", (unsigned long long)w->shape[d]);
         uint64_t nb = wtensor_bytes(w);

@@ -4,13 +4,13 @@
  * The reader maps the file read-only and validates the whole header before it hands out a single
  * pointer: N <= file size - 8 and N <= TM_ST_MAX_HEADER_BYTES; the header is valid UTF-8, starts
  * with '{' and is a JSON object without duplicate keys; every entry other than "__metadata__" is
- * an object with exactly "dtype" (F32, F16, BF16, F8_E4M3, F8_E8M0, I8 or U8), "shape" (at most TM_ST_MAX_DIM non-negative
- * integers whose product times the element size fits in 64 bits) and "data_offsets" ([begin,
- * end], begin <= end, end - begin == product * element size). The tensors must tile the data
- * section exactly, as the reference implementation (safetensors' validate()) demands: no
- * overlaps, no gaps, and no bytes after the last tensor. Every violation is TM_E_PARSE with a
- * message "<file>: <rule>", naming the tensor where there is one. File-sized allocations happen
- * only after the length checks (the header is parsed in place from the mapping).
+ * an object with exactly "dtype" (F32, F16, BF16, F8_E4M3, F8_E8M0, I8 or U8), "shape" (at most
+ * TM_ST_MAX_DIM non-negative integers whose product times the element size fits in 64 bits) and
+ * "data_offsets" ([begin, end], begin <= end, end - begin == product * element size). The tensors
+ * must tile the data section exactly, as the reference implementation (safetensors' validate())
+ * demands: no overlaps, no gaps, and no bytes after the last tensor. Every violation is TM_E_PARSE
+ * with a message "<file>: <rule>", naming the tensor where there is one. File-sized allocations
+ * happen only after the length checks (the header is parsed in place from the mapping).
  *
  * Not handled: a file that is truncated by someone else while it is mapped raises SIGBUS on the
  * next access to the lost pages; model files must not be modified while loaded.
@@ -29,16 +29,16 @@
 #define TM_ST_MAX_HEADER_BYTES (100u * 1000u * 1000u) /* 100 MB, as the reference reader */
 
 typedef struct tm_st_tensor {
-    const char *name;             /* NUL-terminated; valid until the file is closed */
-    const char *file;             /* the file's base name, for messages; same lifetime */
+    const char *name; /* NUL-terminated; valid until the file is closed */
+    const char *file; /* the file's base name, for messages; same lifetime */
     tm_dtype dtype;
-    uint32_t n_dim;               /* 0 (a scalar) .. TM_ST_MAX_DIM */
+    uint32_t n_dim; /* 0 (a scalar) .. TM_ST_MAX_DIM */
     uint64_t shape[TM_ST_MAX_DIM];
-    uint64_t n_elem;              /* product of shape (1 for a scalar) */
-    uint64_t n_bytes;             /* n_elem * tm_dtype_size(dtype) */
-    uint64_t offset;              /* from the start of the data section */
-    const void *data;             /* into the mapping; valid until closed. Aligned to the element
-                                   * size only if the writer padded the header (most do) */
+    uint64_t n_elem;  /* product of shape (1 for a scalar) */
+    uint64_t n_bytes; /* n_elem * tm_dtype_size(dtype) */
+    uint64_t offset;  /* from the start of the data section */
+    const void *data; /* into the mapping; valid until closed. Aligned to the element
+                       * size only if the writer padded the header (most do) */
 } tm_st_tensor;
 
 typedef struct tm_st_file tm_st_file; /* one mapped file */

@@ -12,14 +12,19 @@ typedef uint32_t u32x4 __attribute__((vector_size(16)));
 
 size_t tm_dtype_size(tm_dtype dt) {
     switch (dt) {
-    case TM_DTYPE_F32: return 4;
-    case TM_DTYPE_F16: return 2;
-    case TM_DTYPE_BF16: return 2;
+    case TM_DTYPE_F32:
+        return 4;
+    case TM_DTYPE_F16:
+        return 2;
+    case TM_DTYPE_BF16:
+        return 2;
     case TM_DTYPE_F8_E4M3:
     case TM_DTYPE_F8_E8M0:
     case TM_DTYPE_I8:
-    case TM_DTYPE_U8: return 1;
-    case TM_DTYPE_F4_E2M1: break; // half a byte
+    case TM_DTYPE_U8:
+        return 1;
+    case TM_DTYPE_F4_E2M1:
+        break; // half a byte
     }
     TM_ASSERT(0 && "bad dtype");
     return 0;
@@ -35,25 +40,38 @@ uint64_t tm_dtype_bytes(tm_dtype dt, uint64_t n) {
 
 const char *tm_dtype_name(tm_dtype dt) {
     switch (dt) {
-    case TM_DTYPE_F32: return "f32";
-    case TM_DTYPE_F16: return "f16";
-    case TM_DTYPE_BF16: return "bf16";
-    case TM_DTYPE_F8_E4M3: return "f8_e4m3";
-    case TM_DTYPE_F8_E8M0: return "f8_e8m0";
-    case TM_DTYPE_I8: return "i8";
-    case TM_DTYPE_U8: return "u8";
-    case TM_DTYPE_F4_E2M1: return "f4_e2m1";
+    case TM_DTYPE_F32:
+        return "f32";
+    case TM_DTYPE_F16:
+        return "f16";
+    case TM_DTYPE_BF16:
+        return "bf16";
+    case TM_DTYPE_F8_E4M3:
+        return "f8_e4m3";
+    case TM_DTYPE_F8_E8M0:
+        return "f8_e8m0";
+    case TM_DTYPE_I8:
+        return "i8";
+    case TM_DTYPE_U8:
+        return "u8";
+    case TM_DTYPE_F4_E2M1:
+        return "f4_e2m1";
     }
     return "?";
 }
 
 const char *tm_quant_name(tm_quant q) {
     switch (q) {
-    case TM_QUANT_NONE: return "none";
-    case TM_QUANT_FP8_BLOCK: return "fp8-block";
-    case TM_QUANT_FP8_CHANNEL: return "fp8-channel";
-    case TM_QUANT_FP8_TENSOR: return "fp8-tensor";
-    case TM_QUANT_MXFP4: return "mxfp4";
+    case TM_QUANT_NONE:
+        return "none";
+    case TM_QUANT_FP8_BLOCK:
+        return "fp8-block";
+    case TM_QUANT_FP8_CHANNEL:
+        return "fp8-channel";
+    case TM_QUANT_FP8_TENSOR:
+        return "fp8-tensor";
+    case TM_QUANT_MXFP4:
+        return "mxfp4";
     }
     return "?";
 }
@@ -108,7 +126,7 @@ uint8_t tm_f32_to_e2m1(float f) {
     float a = fabsf(f);
     uint8_t best = 7;
     for (uint8_t k = 0; k < 7; k++) {
-        float mid = 0.5f * (mag[k] + mag[k + 1]); // exact: all are short binary fractions
+        float mid = 0.5f * (mag[k] + mag[k + 1]);     // exact: all are short binary fractions
         if (a < mid || (a == mid && (k & 1u) == 0)) { // a tie goes to the even code
             best = k;
             break;
@@ -208,8 +226,8 @@ float tm_tensor_scale_at(const tm_tensor *t, size_t row, size_t col) {
     const uint64_t nbo = TM_CEIL_DIV(R, bo), nbi = TM_CEIL_DIV(C, bi);
     const uint64_t b = row / R, r = row % R;
     float s;
-    tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, (size_t)((b * nbo + r / bo) * nbi + col / bi),
-                    1, &s);
+    tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype,
+                    (size_t)((b * nbo + r / bo) * nbi + col / bi), 1, &s);
     return s;
 }
 

@@ -55,17 +55,17 @@ typedef enum tm_quant {
 const char *tm_quant_name(tm_quant q);
 
 typedef struct tm_tensor {
-    const void *data;   /* borrowed from the model's mapping; NULL if the tensor is absent */
+    const void *data; /* borrowed from the model's mapping; NULL if the tensor is absent */
     tm_dtype dtype;
-    uint32_t n_dim;     /* 1 or 2 for the Llama family */
-    uint64_t shape[4];  /* row-major, PyTorch order: a Linear weight is [out_features][in_features];
-                         * logical elements (an F4_E2M1 row of n values takes n/2 bytes) */
+    uint32_t n_dim;    /* 1 or 2 for the Llama family */
+    uint64_t shape[4]; /* row-major, PyTorch order: a Linear weight is [out_features][in_features];
+                        * logical elements (an F4_E2M1 row of n values takes n/2 bytes) */
     /* quantized weights only (quant != TM_QUANT_NONE); zero otherwise */
-    const void *scale;  /* borrowed like data: [batch][ceil(R/qblock[0])][ceil(C/qblock[1])] of
-                         * scale_dtype, R x C the last two dims */
-    uint8_t quant;      /* tm_quant */
+    const void *scale;   /* borrowed like data: [batch][ceil(R/qblock[0])][ceil(C/qblock[1])] of
+                          * scale_dtype, R x C the last two dims */
+    uint8_t quant;       /* tm_quant */
     uint8_t scale_dtype; /* tm_dtype: F32, BF16, F16 or F8_E8M0 */
-    uint32_t qblock[2]; /* rows x columns each scale covers, >= 1 */
+    uint32_t qblock[2];  /* rows x columns each scale covers, >= 1 */
 } tm_tensor;
 
 /* ---- element conversions ----

@@ -1,6 +1,6 @@
-/* runner/sched/kv_block.h - paged KV cache block pool: the ids of n_block blocks of block_tok tokens
- * whose storage the engine owns. Blocks are refcounted (sequences and, later, the prefix cache
- * share them); a block is on the free list iff its refcount is 0. Scheduler thread only. */
+/* runner/sched/kv_block.h - paged KV cache block pool: the ids of n_block blocks of block_tok
+ * tokens whose storage the engine owns. Blocks are refcounted (sequences and, later, the prefix
+ * cache share them); a block is on the free list iff its refcount is 0. Scheduler thread only. */
 #ifndef TM_RUNNER_SCHED_KV_BLOCK_H
 #define TM_RUNNER_SCHED_KV_BLOCK_H
 

@@ -1,6 +1,6 @@
-/* runner/sched/prefix_cache.c - an open-addressing table (linear probing, backward-shift deletion) from
- * key to block id, and a doubly linked LRU list over the cached block ids. Per-block state lives
- * in arrays indexed by block id, so the cache allocates nothing after create. */
+/* runner/sched/prefix_cache.c - an open-addressing table (linear probing, backward-shift deletion)
+ * from key to block id, and a doubly linked LRU list over the cached block ids. Per-block state
+ * lives in arrays indexed by block id, so the cache allocates nothing after create. */
 #include "runner/sched/prefix_cache.h"
 
 #include <string.h>
@@ -11,13 +11,13 @@
 #define NIL UINT32_MAX
 
 struct tm_pcache {
-    tm_kv_pool *pool;   /* borrowed */
+    tm_kv_pool *pool; /* borrowed */
     uint32_t n_block;
-    uint32_t *slots;    /* [n_slot] block id or NIL; n_slot is a power of two >= 2 * n_block */
+    uint32_t *slots; /* [n_slot] block id or NIL; n_slot is a power of two >= 2 * n_block */
     uint32_t n_slot;
-    tm_bhash *key;      /* [n_block] key of each cached block */
-    uint8_t *cached;    /* [n_block] 1 if the block is in the cache */
-    uint32_t *prev;     /* [n_block] LRU list: head = least recently used */
+    tm_bhash *key;   /* [n_block] key of each cached block */
+    uint8_t *cached; /* [n_block] 1 if the block is in the cache */
+    uint32_t *prev;  /* [n_block] LRU list: head = least recently used */
     uint32_t *next;
     uint32_t head, tail;
     uint32_t n_cached;

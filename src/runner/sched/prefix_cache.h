@@ -1,5 +1,5 @@
-/* runner/sched/prefix_cache.h - the prefix cache: full KV blocks keyed by a chained hash (XXH3-128 of
- * the parent block's hash, a salt and the block's token ids), so a block's key names its whole
+/* runner/sched/prefix_cache.h - the prefix cache: full KV blocks keyed by a chained hash (XXH3-128
+ * of the parent block's hash, a salt and the block's token ids), so a block's key names its whole
  * prefix. The cache holds one reference on every cached block (tm_kv_block_ref); sequences using
  * it hold theirs. A cached block that only the cache references is evictable; eviction takes the
  * least recently used one. Each block id is cached at most once, under one key. Scheduler thread

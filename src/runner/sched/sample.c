@@ -190,8 +190,7 @@ int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab) {
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
                       uint64_t step, tm_sample_scratch *s, uint32_t *out, tm_err *err) {
     if (n_vocab == 0 || n_vocab > s->n_vocab)
-        return TM_ERR(err, TM_E_INVAL, "sample: n_vocab %u (scratch for %u)", n_vocab,
-                      s->n_vocab);
+        return TM_ERR(err, TM_E_INVAL, "sample: n_vocab %u (scratch for %u)", n_vocab, s->n_vocab);
     uint32_t arg = 0;
     float mx = logits[0];
     for (uint32_t i = 0; i < n_vocab; i++) {

@@ -19,8 +19,8 @@ typedef struct tm_sample_params {
 
 /* Scratch for n_vocab candidates; one per thread. */
 typedef struct tm_sample_scratch {
-    float *prob;       /* [n_vocab] */
-    uint32_t *idx;     /* [n_vocab] */
+    float *prob;   /* [n_vocab] */
+    uint32_t *idx; /* [n_vocab] */
     uint32_t n_vocab;
 } tm_sample_scratch;
 

@@ -7,7 +7,6 @@
  * run of another sequence's same block. Plain loops over the slots; nothing allocates. */
 #include "runner/sched/sched.h"
 
-
 #include "base/alloc.h"
 
 tm_rc tm_sched_plan_init(tm_sched_plan *plan, uint32_t max_seqs, tm_err *err) {
@@ -46,8 +45,8 @@ static void ensure_keys(tm_sched *sc, tm_sched_seq *q, uint32_t n) {
     for (; q->n_keys < n; q->n_keys++) {
         uint32_t j = q->n_keys;
         TM_ASSERT((size_t)(j + 1) * bs <= q->ids.len);
-        q->keys[j] =
-            tm_pcache_key(j ? &q->keys[j - 1] : NULL, q->salt, q->ids.ids + (size_t)j * bs, bs);
+        q->keys[j] = tm_pcache_key(j ? &q->keys[j - 1] : NULL, q->salt, q->ids.ids + (size_t)j * bs,
+                                   bs);
     }
 }
 
@@ -152,8 +151,7 @@ static uint32_t reserve(tm_sched *sc, tm_sched_plan *plan, tm_sched_seq *q, uint
         if (need <= q->n_block)
             return want;
         uint32_t more = need - q->n_block;
-        while (sc->pcache && tm_kv_pool_n_free(sc->pool) < more &&
-               tm_pcache_evict_one(sc->pcache))
+        while (sc->pcache && tm_kv_pool_n_free(sc->pool) < more && tm_pcache_evict_one(sc->pcache))
             ; // cached blocks nobody uses go first
         uint32_t n_free = tm_kv_pool_n_free(sc->pool);
         if (more <= n_free) {

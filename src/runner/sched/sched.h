@@ -28,26 +28,26 @@
 /* What the scheduler knows of one sequence. The caller fills it at admission and clears it when
  * the sequence ends (all zero but blocks and keys is an empty slot). */
 typedef struct tm_sched_seq {
-    int active;             /* the slot holds a running sequence */
-    uint64_t admit_order;   /* admission counter; the youngest is preempted first */
-    tm_ids ids;             /* prompt then generated tokens; the caller owns and grows it */
-    uint32_t n_prompt;      /* prompt tokens (a scoring record's continuation included) */
-    uint32_t n_done;        /* tokens of ids whose K/V are in the cache */
-    uint32_t *blocks;       /* [max blocks per sequence] block table; the caller's storage */
-    uint32_t n_block;       /* blocks held: each holds a reference */
-    tm_bhash *keys;         /* [max blocks per sequence] prefix-cache keys of full blocks; the
-                             * caller's storage */
-    uint32_t n_keys;        /* keys[0, n_keys) are computed */
-    uint32_t n_offered;     /* full blocks [0, n_offered) were offered to the cache */
-    uint32_t n_cached;      /* prompt tokens served from the cache or copied (before any
-                             * preemption) */
-    uint64_t salt;          /* the record's cache_salt: blocks are shared only within a salt */
-    int preempted;          /* was preempted once (later cache hits are recomputes, not savings) */
-    int gen;                /* samples tokens (max_tokens > 0, not a scoring record): wants the
-                             * row of its last token */
-    uint32_t score_next;    /* rows of positions [score_next, score_end) are wanted (scoring, */
-    uint32_t score_end;     /* prompt logprobs); the row of position p scores token p + 1 */
-    uint32_t chunk;         /* tokens planned in the current step; 0 = not in the step */
+    int active;           /* the slot holds a running sequence */
+    uint64_t admit_order; /* admission counter; the youngest is preempted first */
+    tm_ids ids;           /* prompt then generated tokens; the caller owns and grows it */
+    uint32_t n_prompt;    /* prompt tokens (a scoring record's continuation included) */
+    uint32_t n_done;      /* tokens of ids whose K/V are in the cache */
+    uint32_t *blocks;     /* [max blocks per sequence] block table; the caller's storage */
+    uint32_t n_block;     /* blocks held: each holds a reference */
+    tm_bhash *keys;       /* [max blocks per sequence] prefix-cache keys of full blocks; the
+                           * caller's storage */
+    uint32_t n_keys;      /* keys[0, n_keys) are computed */
+    uint32_t n_offered;   /* full blocks [0, n_offered) were offered to the cache */
+    uint32_t n_cached;    /* prompt tokens served from the cache or copied (before any
+                           * preemption) */
+    uint64_t salt;        /* the record's cache_salt: blocks are shared only within a salt */
+    int preempted;        /* was preempted once (later cache hits are recomputes, not savings) */
+    int gen;              /* samples tokens (max_tokens > 0, not a scoring record): wants the
+                           * row of its last token */
+    uint32_t score_next;  /* rows of positions [score_next, score_end) are wanted (scoring, */
+    uint32_t score_end;   /* prompt logprobs); the row of position p scores token p + 1 */
+    uint32_t chunk;       /* tokens planned in the current step; 0 = not in the step */
 } tm_sched_seq;
 
 typedef struct tm_sched_cfg {
@@ -60,20 +60,20 @@ typedef struct tm_sched_cfg {
 /* Caller-provided storage; every pointer is borrowed and must outlive the scheduler's use. */
 typedef struct tm_sched {
     tm_sched_cfg cfg;
-    tm_kv_pool *pool;      /* the KV block pool */
-    tm_pcache *pcache;     /* the prefix cache, or NULL when it is off */
-    tm_sched_seq **slots;  /* [cfg.max_seqs] the sequence of each slot (active or not) */
+    tm_kv_pool *pool;     /* the KV block pool */
+    tm_pcache *pcache;    /* the prefix cache, or NULL when it is off */
+    tm_sched_seq **slots; /* [cfg.max_seqs] the sequence of each slot (active or not) */
 } tm_sched;
 
 /* One entry of a step: a sequence computes positions [pos, pos + n_tok). */
 typedef struct tm_sched_run {
-    uint32_t slot;         /* index into tm_sched.slots */
-    uint32_t pos;          /* the sequence's n_done when planned */
-    uint32_t n_tok;        /* >= 1 */
-    uint32_t n_block;      /* blocks of its table, enough for pos + n_tok */
-    int want_logits;       /* the row of position pos + n_tok - 1 is wanted */
-    int decode;            /* counted as decode (pos >= n_prompt: generated tokens, recomputes
-                            * after preemption included), else as prefill */
+    uint32_t slot;    /* index into tm_sched.slots */
+    uint32_t pos;     /* the sequence's n_done when planned */
+    uint32_t n_tok;   /* >= 1 */
+    uint32_t n_block; /* blocks of its table, enough for pos + n_tok */
+    int want_logits;  /* the row of position pos + n_tok - 1 is wanted */
+    int decode;       /* counted as decode (pos >= n_prompt: generated tokens, recomputes
+                       * after preemption included), else as prefill */
 } tm_sched_run;
 
 /* Positions [0, n_tok) of block src copied into block dst, for the sequence of slot. */
@@ -84,11 +84,11 @@ typedef struct tm_sched_copy {
 } tm_sched_copy;
 
 typedef struct tm_sched_plan {
-    tm_sched_run *run;      /* [max_seqs] the entries: decodes, then prefill chunks */
+    tm_sched_run *run; /* [max_seqs] the entries: decodes, then prefill chunks */
     uint32_t n_run;
-    tm_sched_copy *copy;    /* [max_seqs] copies to make before the forward, in order */
+    tm_sched_copy *copy; /* [max_seqs] copies to make before the forward, in order */
     uint32_t n_copy;
-    uint32_t *preempt;      /* [max_seqs] slots preempted while planning, in order */
+    uint32_t *preempt; /* [max_seqs] slots preempted while planning, in order */
     uint32_t n_preempt;
     uint32_t n_tok_prefill; /* tokens of the prefill entries */
     uint32_t n_tok_decode;  /* tokens of the decode entries */

@@ -1,8 +1,8 @@
-/* runner/text/jinja.c - a Jinja subset for chat templates (see jinja.h). Three stages: the template is
- * cut into text and tags (whitespace control, trim_blocks and lstrip_blocks applied to the text),
- * each tag's content is lexed into tokens, and a recursive-descent parser builds a tree of nodes
- * and expressions in the template's arena. Rendering walks the tree with values allocated from a
- * per-render arena that is freed as a whole at the end, so no value has an owner to track.
+/* runner/text/jinja.c - a Jinja subset for chat templates (see jinja.h). Three stages: the template
+ * is cut into text and tags (whitespace control, trim_blocks and lstrip_blocks applied to the
+ * text), each tag's content is lexed into tokens, and a recursive-descent parser builds a tree of
+ * nodes and expressions in the template's arena. Rendering walks the tree with values allocated
+ * from a per-render arena that is freed as a whole at the end, so no value has an owner to track.
  * Limits: MAX_DEPTH nesting (parse and eval), MAX_STEPS evaluation steps, MAX_OUT output bytes,
  * MAX_ARENA bytes of values. */
 #include "runner/text/jinja.h"
@@ -179,9 +179,7 @@ static uint32_t line_at(const char *src, const char *p) {
     return l;
 }
 
-static int is_space(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static tm_rc add_item(parser *p, int kind, const char *s, size_t n) {
     if (p->n_items == p->cap_items) {
@@ -344,9 +342,7 @@ static tm_rc lex(parser *p, const item *it) {
     return rc;
 }
 
-static token *peek(parser *p) {
-    return &p->toks[p->pos];
-}
+static token *peek(parser *p) { return &p->toks[p->pos]; }
 static token *next_tok(parser *p) {
     token *t = &p->toks[p->pos];
     if (t->kind != TK_END)
@@ -992,15 +988,9 @@ static tm_rc nomem(rnd *r) {
     return TM_ERR(r->err, TM_E_NOMEM, "template values");
 }
 
-static val vstr(const char *s, size_t n) {
-    return (val){.kind = V_STR, .s = s, .n = n};
-}
-static val vint(long long i) {
-    return (val){.kind = V_INT, .i = i};
-}
-static val vbool(int b) {
-    return (val){.kind = V_BOOL, .i = b != 0};
-}
+static val vstr(const char *s, size_t n) { return (val){.kind = V_STR, .s = s, .n = n}; }
+static val vint(long long i) { return (val){.kind = V_INT, .i = i}; }
+static val vbool(int b) { return (val){.kind = V_BOOL, .i = b != 0}; }
 
 static tm_rc list_push(rnd *r, list *l, val v) {
     if (l->n == l->cap) {

@@ -1,6 +1,6 @@
-/* runner/text/tokenizer.c - Hugging Face tokenizer.json byte-level BPE: load (jansson), encode (added
- * tokens, Split pre-tokenizer regexes as hand-written matchers, byte-level BPE by merge rank),
- * decode and streaming decode.
+/* runner/text/tokenizer.c - Hugging Face tokenizer.json byte-level BPE: load (jansson), encode
+ * (added tokens, Split pre-tokenizer regexes as hand-written matchers, byte-level BPE by merge
+ * rank), decode and streaming decode.
  *
  * Representation: every token id has a "piece", the raw bytes it stands for (a vocab token's
  * byte-level string mapped back through the GPT-2 bytes<->unicode table; an added token's
@@ -31,9 +31,9 @@
 #include "runner/text/tokenizer_int.h"
 #include "runner/text/unicode_tab.h"
 
-#define MAX_PAT 8               /* Split steps in a pre-tokenizer sequence */
-#define MAX_VOCAB (1u << 24)    /* ids above this are taken for a corrupt file */
-#define BPE_NAIVE_MAX 128       /* words up to this many bytes use the simple merge loop */
+#define MAX_PAT 8            /* Split steps in a pre-tokenizer sequence */
+#define MAX_VOCAB (1u << 24) /* ids above this are taken for a corrupt file */
+#define BPE_NAIVE_MAX 128    /* words up to this many bytes use the simple merge loop */
 
 enum {
     TOKF_PRESENT = 1, /* the id names a token */
@@ -48,35 +48,35 @@ typedef struct merge_slot {
 } merge_slot;
 
 struct tm_tokenizer {
-    uint32_t n_vocab;     /* 1 + largest id */
-    char *arena;          /* owned; all pieces */
-    uint32_t *piece_off;  /* owned [n_vocab]: piece of id = arena + piece_off[id] */
-    uint32_t *piece_len;  /* owned [n_vocab] bytes */
-    uint8_t *flags;       /* owned [n_vocab] TOKF_* */
+    uint32_t n_vocab;    /* 1 + largest id */
+    char *arena;         /* owned; all pieces */
+    uint32_t *piece_off; /* owned [n_vocab]: piece of id = arena + piece_off[id] */
+    uint32_t *piece_len; /* owned [n_vocab] bytes */
+    uint8_t *flags;      /* owned [n_vocab] TOKF_* */
 
-    uint32_t *vmap;       /* owned [vmap_mask + 1]: id + 1 of byte-level vocab tokens by piece */
+    uint32_t *vmap; /* owned [vmap_mask + 1]: id + 1 of byte-level vocab tokens by piece */
     uint32_t vmap_mask;
-    uint32_t *unclean;    /* owned [n_unclean]: vocab ids whose string is not byte-level text */
+    uint32_t *unclean; /* owned [n_unclean]: vocab ids whose string is not byte-level text */
     uint32_t n_unclean;
-    merge_slot *mmap;     /* owned [mmap_mask + 1] */
+    merge_slot *mmap; /* owned [mmap_mask + 1] */
     uint32_t mmap_mask;
     uint32_t byte_id[256]; /* token of each single byte */
-    int16_t cp_byte[324]; /* byte-level alphabet: code point -> byte, -1 if not in it */
-    int ignore_merges;    /* model.ignore_merges: a word that is a vocab token is not merged */
+    int16_t cp_byte[324];  /* byte-level alphabet: code point -> byte, -1 if not in it */
+    int ignore_merges;     /* model.ignore_merges: a word that is a vocab token is not merged */
 
-    uint32_t *amap;       /* owned [amap_mask + 1]: id + 1 of added tokens by content */
+    uint32_t *amap; /* owned [amap_mask + 1]: id + 1 of added tokens by content */
     uint32_t amap_mask;
     uint8_t added_first[256]; /* 1 if some added token starts with this byte */
     uint32_t added_lens[64];  /* distinct added-token byte lengths, longest first */
     uint32_t n_added_lens;
-    uint32_t added_max_len;   /* used when there are more than 64 distinct lengths */
+    uint32_t added_max_len; /* used when there are more than 64 distinct lengths */
 
     tm_pat pats[MAX_PAT]; /* Split steps, applied in order; the last step is byte-level + BPE */
     uint32_t n_pat;
 
-    char *chat_template;  /* owned or NULL */
-    char *bos_text;       /* owned, "" if none */
-    char *eos_text;       /* owned, "" if none */
+    char *chat_template; /* owned or NULL */
+    char *bos_text;      /* owned, "" if none */
+    char *eos_text;      /* owned, "" if none */
     int32_t bos_id, eos_id;
 };
 
@@ -262,13 +262,9 @@ int tm_pat_lookup(const char *regex) {
     return -1;
 }
 
-static inline uint32_t ucf(uint32_t c) {
-    return tm_uc_flags(c);
-}
+static inline uint32_t ucf(uint32_t c) { return tm_uc_flags(c); }
 
-static inline int is_crlf(uint32_t c) {
-    return c == '\r' || c == '\n';
-}
+static inline int is_crlf(uint32_t c) { return c == '\r' || c == '\n'; }
 
 static inline int is_ascii_alpha(uint32_t c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
@@ -309,10 +305,10 @@ static size_t match_ws(const uint32_t *cp, size_t i, size_t end, int with_crlf) 
                 return k - i;
     }
     if (r == end)
-        return r - i;         // \s+(?!\S) at the end of input
+        return r - i; // \s+(?!\S) at the end of input
     if (r - i >= 2)
-        return r - 1 - i;     // \s+(?!\S) backs off one so a space precedes the \S
-    return r - i;             // \s+
+        return r - 1 - i; // \s+(?!\S) backs off one so a space precedes the \S
+    return r - i;         // \s+
 }
 
 /* Contractions 's|'t|'re|'ve|'m|'ll|'d at cp[i] == '\''. With fold, case-insensitive as
@@ -455,11 +451,11 @@ typedef struct heap_ent {
 } heap_ent;
 
 typedef struct scratch {
-    uint32_t *cp;   /* [cap_cp] code points of the current segment */
-    uint32_t *off;  /* [cap_cp + 1] byte offset of each code point */
+    uint32_t *cp;  /* [cap_cp] code points of the current segment */
+    uint32_t *off; /* [cap_cp + 1] byte offset of each code point */
     size_t cap_cp;
-    uint32_t *sym;  /* [cap_sym] token id of each BPE symbol */
-    int32_t *prev;  /* [cap_sym] heap variant: linked list of live symbols */
+    uint32_t *sym; /* [cap_sym] token id of each BPE symbol */
+    int32_t *prev; /* [cap_sym] heap variant: linked list of live symbols */
     int32_t *next;
     uint32_t *rank; /* [cap_sym] naive variant: rank of pair (i, i+1) */
     size_t cap_sym;
@@ -612,10 +608,10 @@ static tm_rc bpe_heap(const tm_tokenizer *tok, scratch *s, size_t n, tm_ids *out
         heap_ent e = heap_pop(s);
         int32_t p = (int32_t)e.pos, q = next[p];
         if (sym[p] == UINT32_MAX || q < 0)
-            continue;                               // merged away, or now last
+            continue; // merged away, or now last
         const merge_slot *m = merge_find(tok, sym[p], sym[q]);
         if (!m || m->rank != e.rank)
-            continue;                               // stale: a neighbour changed
+            continue; // stale: a neighbour changed
         sym[p] = m->id;
         sym[q] = UINT32_MAX;
         next[p] = next[q];
@@ -747,8 +743,7 @@ static size_t match_added(const tm_tokenizer *tok, const char *text, size_t n, u
     return 0;
 }
 
-tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids *out,
-                    tm_err *err) {
+tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids *out, tm_err *err) {
     size_t valid = tm_utf8_valid_prefix(text, n);
     if (valid != n)
         return TM_ERR(err, TM_E_INVAL, "tokenizer: invalid UTF-8 at byte %zu", valid);
@@ -933,17 +928,11 @@ tm_rc tm_detok_flush(tm_detok *st, tm_buf *out, tm_err *err) {
 /* ---------------------------------------------------------------------------------------------
  * Queries */
 
-uint32_t tm_tok_n_vocab(const tm_tokenizer *tok) {
-    return tok->n_vocab;
-}
+uint32_t tm_tok_n_vocab(const tm_tokenizer *tok) { return tok->n_vocab; }
 
-int32_t tm_tok_bos_id(const tm_tokenizer *tok) {
-    return tok->bos_id;
-}
+int32_t tm_tok_bos_id(const tm_tokenizer *tok) { return tok->bos_id; }
 
-int32_t tm_tok_eos_id(const tm_tokenizer *tok) {
-    return tok->eos_id;
-}
+int32_t tm_tok_eos_id(const tm_tokenizer *tok) { return tok->eos_id; }
 
 int tm_tok_is_special(const tm_tokenizer *tok, uint32_t id) {
     return id < tok->n_vocab && (tok->flags[id] & TOKF_SPECIAL) != 0;
@@ -955,17 +944,11 @@ const char *tm_tok_piece(const tm_tokenizer *tok, uint32_t id, size_t *len) {
     return piece(tok, id, len);
 }
 
-const char *tm_tok_chat_template(const tm_tokenizer *tok) {
-    return tok->chat_template;
-}
+const char *tm_tok_chat_template(const tm_tokenizer *tok) { return tok->chat_template; }
 
-const char *tm_tok_bos_text(const tm_tokenizer *tok) {
-    return tok->bos_text ? tok->bos_text : "";
-}
+const char *tm_tok_bos_text(const tm_tokenizer *tok) { return tok->bos_text ? tok->bos_text : ""; }
 
-const char *tm_tok_eos_text(const tm_tokenizer *tok) {
-    return tok->eos_text ? tok->eos_text : "";
-}
+const char *tm_tok_eos_text(const tm_tokenizer *tok) { return tok->eos_text ? tok->eos_text : ""; }
 
 int32_t tm_tok_find(const tm_tokenizer *tok, const char *str) {
     size_t n = strlen(str);
@@ -1065,8 +1048,7 @@ static tm_rc read_file(const char *path, int missing_ok, char **out, size_t *len
     return TM_OK;
 }
 
-static tm_rc parse_json(const char *text, size_t len, const char *path, json_t **out,
-                        tm_err *err) {
+static tm_rc parse_json(const char *text, size_t len, const char *path, json_t **out, tm_err *err) {
     json_error_t jerr;
     *out = json_loadb(text, len, 0, &jerr);
     if (!*out)
@@ -1086,9 +1068,7 @@ static tm_rc load_json(const char *path, int missing_ok, json_t **out, tm_err *e
     return rc;
 }
 
-static int json_is_falsy(const json_t *v) {
-    return !v || json_is_null(v) || json_is_false(v);
-}
+static int json_is_falsy(const json_t *v) { return !v || json_is_null(v) || json_is_false(v); }
 
 static const char *json_type_str(const json_t *obj) {
     const char *t = json_string_value(json_object_get(obj, "type"));
@@ -1113,8 +1093,8 @@ static tm_rc parse_normalizer(const json_t *nz, const char *path, tm_err *err) {
     return TM_ERR(err, TM_E_PARSE, "%s: normalizer %s is not supported", path, type);
 }
 
-static tm_rc parse_pretok(tm_tokenizer *tok, const json_t *pt, int *saw_bytelevel,
-                          const char *path, tm_err *err) {
+static tm_rc parse_pretok(tm_tokenizer *tok, const json_t *pt, int *saw_bytelevel, const char *path,
+                          tm_err *err) {
     if (!json_is_object(pt))
         return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer is not an object", path);
     const char *type = json_type_str(pt);
@@ -1139,16 +1119,22 @@ static tm_rc parse_pretok(tm_tokenizer *tok, const json_t *pt, int *saw_byteleve
         const json_t *pat = json_object_get(pt, "pattern");
         const char *re = json_string_value(json_object_get(pat, "Regex"));
         if (!re)
-            return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer Split: only Regex patterns are "
-                          "supported", path);
+            return TM_ERR(err, TM_E_PARSE,
+                          "%s: pre_tokenizer Split: only Regex patterns are "
+                          "supported",
+                          path);
         int p = tm_pat_lookup(re);
         if (p < 0)
-            return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer Split regex is not one tokenmill "
-                          "knows (DeepSeek V3, Llama 3, Qwen2, GPT-2): \"%.300s\"", path, re);
+            return TM_ERR(err, TM_E_PARSE,
+                          "%s: pre_tokenizer Split regex is not one tokenmill "
+                          "knows (DeepSeek V3, Llama 3, Qwen2, GPT-2): \"%.300s\"",
+                          path, re);
         const char *behavior = json_string_value(json_object_get(pt, "behavior"));
         if (!behavior || strcmp(behavior, "Isolated") != 0)
-            return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer Split behavior %s is not supported "
-                          "(only Isolated)", path, behavior ? behavior : "(none)");
+            return TM_ERR(err, TM_E_PARSE,
+                          "%s: pre_tokenizer Split behavior %s is not supported "
+                          "(only Isolated)",
+                          path, behavior ? behavior : "(none)");
         if (!json_is_falsy(json_object_get(pt, "invert")))
             return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer Split invert is not supported", path);
         if (tok->n_pat == MAX_PAT)
@@ -1278,8 +1264,10 @@ static tm_rc parse_model(tm_tokenizer *tok, const json_t *root, const char *path
         char c = (char)b;
         int32_t id = map_find(tok, tok->vmap, tok->vmap_mask, &c, 1);
         if (id < 0)
-            return TM_ERR(err, TM_E_PARSE, "%s: vocab has no token for byte 0x%02x (not a "
-                          "byte-level BPE vocabulary?)", path, b);
+            return TM_ERR(err, TM_E_PARSE,
+                          "%s: vocab has no token for byte 0x%02x (not a "
+                          "byte-level BPE vocabulary?)",
+                          path, b);
         tok->byte_id[b] = (uint32_t)id;
     }
 
@@ -1356,7 +1344,10 @@ static tm_rc parse_model(tm_tokenizer *tok, const json_t *root, const char *path
         int64_t im = json_id(json_object_get(vocab, cat));
         if (ia < 0 || ib < 0 || im < 0)
             return TM_ERR(err, TM_E_PARSE, "%s: merges[%zu] (\"%.100s\"): %s is not in the vocab",
-                          path, i, cat, ia < 0 ? "left part" : ib < 0 ? "right part" : "result");
+                          path, i, cat,
+                          ia < 0   ? "left part"
+                          : ib < 0 ? "right part"
+                                   : "result");
         merge_put(tok, (uint32_t)ia, (uint32_t)ib, (uint32_t)i, (uint32_t)im);
     }
 
@@ -1369,8 +1360,10 @@ static tm_rc parse_model(tm_tokenizer *tok, const json_t *root, const char *path
             return rc;
     }
     if (!saw_bytelevel)
-        return TM_ERR(err, TM_E_PARSE, "%s: pre_tokenizer has no ByteLevel step (only byte-level "
-                      "BPE tokenizers are supported)", path);
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: pre_tokenizer has no ByteLevel step (only byte-level "
+                      "BPE tokenizers are supported)",
+                      path);
     tm_rc rc = parse_normalizer(json_object_get(root, "normalizer"), path, err);
     if (rc)
         return rc;
@@ -1389,8 +1382,7 @@ static tm_rc config_token(const json_t *cfg, const char *name, char **out, const
         v = json_object_get(v, "content");
     const char *s = json_string_value(v);
     if (!s && v && !json_is_null(v))
-        return TM_ERR(err, TM_E_PARSE, "%s: %s is neither a string nor {content: ...}", path,
-                      name);
+        return TM_ERR(err, TM_E_PARSE, "%s: %s is neither a string nor {content: ...}", path, name);
     *out = tm_strdup(s ? s : "");
     if (!*out)
         return TM_ERR(err, TM_E_NOMEM, "%s: %s", path, name);

@@ -46,7 +46,7 @@ tm_rc tm_tok_decode(const tm_tokenizer *tok, const uint32_t *ids, size_t n, tm_b
 
 /* Streaming decode: feed ids one at a time; only whole UTF-8 characters reach out. */
 typedef struct tm_detok {
-    char pending[8];   /* bytes of an incomplete UTF-8 sequence */
+    char pending[8]; /* bytes of an incomplete UTF-8 sequence */
     uint32_t n_pending;
 } tm_detok;
 /* Append the text that id completes to out. skip_special: special tokens produce no text.
@@ -59,7 +59,7 @@ tm_rc tm_detok_push(const tm_tokenizer *tok, tm_detok *st, uint32_t id, int skip
 tm_rc tm_detok_flush(tm_detok *st, tm_buf *out, tm_err *err);
 
 /* Queries. Ids are -1 when the tokenizer has none. */
-uint32_t tm_tok_n_vocab(const tm_tokenizer *tok);   /* 1 + the largest id */
+uint32_t tm_tok_n_vocab(const tm_tokenizer *tok); /* 1 + the largest id */
 int32_t tm_tok_bos_id(const tm_tokenizer *tok);
 int32_t tm_tok_eos_id(const tm_tokenizer *tok);
 int tm_tok_is_special(const tm_tokenizer *tok, uint32_t id);

@@ -1,7 +1,8 @@
-/* runner/text/tokenizer_int.h - tokenizer internals shared with tests: the hand-written matchers that
- * stand in for the pre-tokenizer Split regexes of tokenizer.json (C has no Unicode regex engine).
- * Each matcher reproduces one known pattern exactly under Oniguruma/JS backtracking semantics
- * (leftmost-first alternation, greedy quantifiers, the (?!\S) lookahead). Pure functions. */
+/* runner/text/tokenizer_int.h - tokenizer internals shared with tests: the hand-written matchers
+ * that stand in for the pre-tokenizer Split regexes of tokenizer.json (C has no Unicode regex
+ * engine). Each matcher reproduces one known pattern exactly under Oniguruma/JS backtracking
+ * semantics (leftmost-first alternation, greedy quantifiers, the (?!\S) lookahead). Pure functions.
+ */
 #ifndef TM_RUNNER_TEXT_TOKENIZER_INT_H
 #define TM_RUNNER_TEXT_TOKENIZER_INT_H
 

@@ -17,8 +17,8 @@ enum {
     TM_UC_WS = 1 << 5, /* \s (Oniguruma Unicode semantics = \p{White_Space}) */
 };
 
-extern const uint8_t tm_uc_stage1[4352];     /* [cp >> 8] -> block index */
-extern const uint8_t tm_uc_stage2[];         /* [block * 256 + (cp & 255)] -> TM_UC_* bits */
+extern const uint8_t tm_uc_stage1[4352]; /* [cp >> 8] -> block index */
+extern const uint8_t tm_uc_stage2[];     /* [block * 256 + (cp & 255)] -> TM_UC_* bits */
 
 /* Class bits of code point cp (cp <= 0x10FFFF; larger values give 0). */
 static inline uint32_t tm_uc_flags(uint32_t cp) {

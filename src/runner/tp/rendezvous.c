@@ -38,9 +38,9 @@ struct tm_rdzv {
     uint32_t rank, world, timeout_ms;
     char addr[256];
     uint16_t port;
-    int listen_fd;           /* rank 0 only; -1 otherwise */
-    int *fds;                /* rank 0: [world], fds[r] is rank r's connection (fds[0] = -1);
-                                other ranks: [1], the connection to rank 0 */
+    int listen_fd;             /* rank 0 only; -1 otherwise */
+    int *fds;                  /* rank 0: [world], fds[r] is rank r's connection (fds[0] = -1);
+                                  other ranks: [1], the connection to rank 0 */
     char (*hosts)[HOST_BYTES]; /* [world] peer host names, for messages */
 };
 
@@ -125,8 +125,8 @@ static tm_rc resolve(const char *addr, uint16_t port, int passive, struct addrin
                      tm_err *err) {
     char ps[16];
     snprintf(ps, sizeof(ps), "%u", port);
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = passive ? AI_PASSIVE : 0};
+    struct addrinfo hints = {
+        .ai_family = AF_INET, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
     int g = getaddrinfo(addr, ps, &hints, res);
     if (g != 0)
         return TM_ERR(err, TM_E_IO, "rendezvous: cannot resolve %s: %s", addr, gai_strerror(g));
@@ -255,8 +255,8 @@ tm_rc tm_rdzv_accept(tm_rdzv *r, const void *blob, size_t len, tm_err *err) {
             snprintf(why, sizeof(why), "rank %u on %s is out of range 1..%u", h.rank, h.host,
                      r->world - 1);
         else if (r->fds[h.rank] >= 0)
-            snprintf(why, sizeof(why), "rank %u joined twice (%s and %s)", h.rank,
-                     r->hosts[h.rank], h.host);
+            snprintf(why, sizeof(why), "rank %u joined twice (%s and %s)", h.rank, r->hosts[h.rank],
+                     h.host);
         if (why[0]) {
             reject(fd, why);
             close(fd);
@@ -270,16 +270,15 @@ tm_rc tm_rdzv_accept(tm_rdzv *r, const void *blob, size_t len, tm_err *err) {
         set_sock_opts(r->fds[k]);
         int e = send_msg(r->fds[k], MSG_WELCOME, blob, len, NULL, 0);
         if (e)
-            return TM_ERR(err, TM_E_IO, "rendezvous: welcome to rank %u (%s): %s", k,
-                          r->hosts[k], strerror(e));
+            return TM_ERR(err, TM_E_IO, "rendezvous: welcome to rank %u (%s): %s", k, r->hosts[k],
+                          strerror(e));
     }
     return TM_OK;
 }
 
 /* One connection attempt bounded by deadline. Returns the fd, or -1 with *e set. */
 static int connect_once(const struct addrinfo *ai, double deadline, int *e) {
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                    ai->ai_protocol);
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) {
         *e = errno;
         return -1;
@@ -412,8 +411,8 @@ tm_rc tm_rdzv_bcast(tm_rdzv *r, uint32_t type, const void *a, size_t na, const v
     return TM_OK;
 }
 
-tm_rc tm_rdzv_recv(tm_rdzv *r, int timeout_ms, uint32_t *type, void *buf, size_t cap,
-                   size_t *len, tm_err *err) {
+tm_rc tm_rdzv_recv(tm_rdzv *r, int timeout_ms, uint32_t *type, void *buf, size_t cap, size_t *len,
+                   tm_err *err) {
     TM_ASSERT(r->rank != 0);
     const int fd = r->fds[0];
     if (timeout_ms >= 0) {
@@ -436,8 +435,10 @@ tm_rc tm_rdzv_recv(tm_rdzv *r, int timeout_ms, uint32_t *type, void *buf, size_t
         return TM_ERR(err, TM_E_IO, "rank %u: control connection to rank 0: %s", r->rank,
                       read_err_str(e));
     if (mh.magic != MAGIC || mh.len > cap)
-        return TM_ERR(err, TM_E_PARSE, "rank %u: bad control message (magic %08x, %u bytes, "
-                      "buffer %zu)", r->rank, mh.magic, mh.len, cap);
+        return TM_ERR(err, TM_E_PARSE,
+                      "rank %u: bad control message (magic %08x, %u bytes, "
+                      "buffer %zu)",
+                      r->rank, mh.magic, mh.len, cap);
     e = read_full(fd, buf, mh.len, -1);
     if (e)
         return TM_ERR(err, TM_E_IO, "rank %u: control connection to rank 0: %s", r->rank,

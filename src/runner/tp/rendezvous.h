@@ -19,9 +19,9 @@
 
 #include "base/err.h"
 
-#define TM_RDZV_MAX_BLOB 4096      /* largest blob rank 0 hands out at join */
+#define TM_RDZV_MAX_BLOB 4096       /* largest blob rank 0 hands out at join */
 #define TM_RDZV_MAX_MSG (64u << 20) /* largest control message */
-#define TM_RDZV_MSG_USER 16u       /* message types below this are the rendezvous' own */
+#define TM_RDZV_MSG_USER 16u        /* message types below this are the rendezvous' own */
 
 typedef struct tm_rdzv tm_rdzv; /* opaque */
 
@@ -65,8 +65,8 @@ tm_rc tm_rdzv_bcast(tm_rdzv *r, uint32_t type, const void *a, size_t na, const v
  * timeout_ms < 0 waits for ever. Errors: TM_E_AGAIN (timeout, nothing consumed), TM_E_IO (rank 0
  * closed the connection: it exited or failed; or a read error), TM_E_PARSE (bad magic, or a
  * message larger than cap: the connection is unusable afterwards). */
-tm_rc tm_rdzv_recv(tm_rdzv *r, int timeout_ms, uint32_t *type, void *buf, size_t cap,
-                   size_t *len, tm_err *err);
+tm_rc tm_rdzv_recv(tm_rdzv *r, int timeout_ms, uint32_t *type, void *buf, size_t cap, size_t *len,
+                   tm_err *err);
 
 /* Non-blocking liveness check of the peers without consuming their messages: rank 0 checks every
  * other rank, another rank checks rank 0. TM_OK when nobody has hung up or reported a failure;
@@ -77,7 +77,7 @@ tm_rc tm_rdzv_check(tm_rdzv *r, tm_err *err);
 /* Rank > 0: tell rank 0 that this rank failed, with msg (best effort, never blocks long). */
 void tm_rdzv_report(tm_rdzv *r, const char *msg);
 
-uint16_t tm_rdzv_port(const tm_rdzv *r);  /* the port rank 0 listens on (after listen) */
+uint16_t tm_rdzv_port(const tm_rdzv *r); /* the port rank 0 listens on (after listen) */
 uint32_t tm_rdzv_rank(const tm_rdzv *r);
 uint32_t tm_rdzv_world(const tm_rdzv *r);
 

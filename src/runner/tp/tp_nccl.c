@@ -62,12 +62,12 @@ tm_rc tm_nccl_get_id(uint8_t id[TM_NCCL_ID_BYTES], tm_err *err) {
 typedef struct init_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int device;              /* the caller's current CUDA device, set on the thread */
+    int device; /* the caller's current CUDA device, set on the thread */
     ncclUniqueId id;
     int world, rank;
-    ncclComm_t comm;         /* results, once done */
+    ncclComm_t comm; /* results, once done */
     ncclResult_t r;
-    const char *last;        /* ncclGetLastError after a failure (static storage of NCCL) */
+    const char *last; /* ncclGetLastError after a failure (static storage of NCCL) */
     int done, abandoned;
 } init_job;
 
@@ -80,9 +80,9 @@ static void init_job_free(init_job *j) {
 static void *init_main(void *arg) {
     init_job *j = arg;
     ncclComm_t comm = NULL;
-    ncclResult_t r = cudaSetDevice(j->device) == cudaSuccess ? ncclCommInitRank(&comm, j->world,
-                                                                                j->id, j->rank)
-                                                             : ncclInvalidUsage;
+    ncclResult_t r = cudaSetDevice(j->device) == cudaSuccess
+                         ? ncclCommInitRank(&comm, j->world, j->id, j->rank)
+                         : ncclInvalidUsage;
     pthread_mutex_lock(&j->mu);
     j->comm = comm;
     j->r = r;
@@ -218,7 +218,8 @@ int tm_nccl_header_version(void) { return NCCL_VERSION_CODE; }
 
 #else /* !TM_HAVE_CUDA */
 
-#define NO_NCCL(err) TM_ERR((err), TM_E_INVAL, "nccl: built without NCCL (configure with -DTM_CUDA=ON)")
+#define NO_NCCL(err)                                                                               \
+    TM_ERR((err), TM_E_INVAL, "nccl: built without NCCL (configure with -DTM_CUDA=ON)")
 
 tm_rc tm_nccl_get_id(uint8_t id[TM_NCCL_ID_BYTES], tm_err *err) {
     (void)id;

@@ -23,10 +23,10 @@
 #include "runner/tp/shard.h"
 #include "runner/engine/cpu/thread_pool.h"
 
-#define TOK_PER_ITEM 16   /* tokens per work item of the element-wise ops */
+#define TOK_PER_ITEM 16      /* tokens per work item of the element-wise ops */
 #define ATTN_TOK_PER_ITEM 32 /* query tokens per attention work item */
-#define MAX_MATS 3        /* matmuls sharing one input, run as one pool run */
-#define MM_MIN_MACS 65536 /* least multiply-adds per matmul work item */
+#define MAX_MATS 3           /* matmuls sharing one input, run as one pool run */
+#define MM_MIN_MACS 65536    /* least multiply-adds per matmul work item */
 
 typedef struct cpu_impl cpu_impl;
 
@@ -54,12 +54,12 @@ typedef struct attn_item {
 } attn_item;
 
 struct cpu_impl {
-    tm_engine eng;            /* eng.impl points back here */
-    const tm_model *m;        /* borrowed, or the owned shard when tp_size > 1 */
-    tm_model *shard;          /* owned tensor-parallel shard of eng.model, or NULL */
-    uint32_t vocab0;          /* first vocabulary row of this shard (0 without TP) */
+    tm_engine eng;     /* eng.impl points back here */
+    const tm_model *m; /* borrowed, or the owned shard when tp_size > 1 */
+    tm_model *shard;   /* owned tensor-parallel shard of eng.model, or NULL */
+    uint32_t vocab0;   /* first vocabulary row of this shard (0 without TP) */
     tm_model_cfg cfg;
-    tm_cpu_pool *pool;        /* owned */
+    tm_cpu_pool *pool; /* owned */
     uint32_t n_thread;
     uint32_t q_dim, kv_dim, half;
     uint32_t max_pos;         /* n_kv_block * block_size: longest addressable sequence */
@@ -71,25 +71,25 @@ struct cpu_impl {
     float *out_norm;          /* owned: [n_embd] */
     const tm_tensor *lm_head; /* borrowed from m: lm_head or embd when tied */
     /* activations, owned, sized for max_batched_tokens rows (T) */
-    float *x;                 /* [T][n_embd] residual stream */
-    float *h;                 /* [T][n_embd] normed */
-    float *q;                 /* [T][q_dim] */
-    float *k;                 /* [T][kv_dim] */
-    float *v;                 /* [T][kv_dim] */
-    float *att;               /* [T][q_dim] */
-    float *gate;              /* [T][n_ff] */
-    float *up;                /* [T][n_ff] */
-    float *cos, *sin;         /* [T][head_dim/2] */
-    uint32_t *pos;            /* [T] position of each stacked token */
-    uint32_t *tok_seq;        /* [T] batch index of each stacked token */
-    uint32_t *seq_tok0;       /* [max_seqs] first stacked token of each sequence */
-    float *last;              /* [max_seqs][n_embd] final-normed last tokens */
-    attn_item *attn_items;    /* [max_seqs + T / ATTN_TOK_PER_ITEM + ...] */
+    float *x;              /* [T][n_embd] residual stream */
+    float *h;              /* [T][n_embd] normed */
+    float *q;              /* [T][q_dim] */
+    float *k;              /* [T][kv_dim] */
+    float *v;              /* [T][kv_dim] */
+    float *att;            /* [T][q_dim] */
+    float *gate;           /* [T][n_ff] */
+    float *up;             /* [T][n_ff] */
+    float *cos, *sin;      /* [T][head_dim/2] */
+    uint32_t *pos;         /* [T] position of each stacked token */
+    uint32_t *tok_seq;     /* [T] batch index of each stacked token */
+    uint32_t *seq_tok0;    /* [max_seqs] first stacked token of each sequence */
+    float *last;           /* [max_seqs][n_embd] final-normed last tokens */
+    attn_item *attn_items; /* [max_seqs + T / ATTN_TOK_PER_ITEM + ...] */
     uint32_t max_attn_items;
     /* per-thread scratch, owned */
-    float *wbuf;              /* [n_thread][TM_CPU_MM_ROWS * max_in] */
+    float *wbuf; /* [n_thread][TM_CPU_MM_ROWS * max_in] */
     size_t wbuf_floats;
-    float *scores;            /* [n_thread][max_pos] */
+    float *scores; /* [n_thread][max_pos] */
     /* the step being run (valid during forward) */
     uint32_t n_attn_items;
     uint32_t attn_layer;
@@ -311,7 +311,7 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             uint32_t row = s->tokens[k] - impl->vocab0; // wraps when below the shard
             if (row < c->n_vocab)
                 tm_dtype_to_f32(m->embd.data, m->embd.dtype, (size_t)row * d, d,
-                              impl->x + (size_t)t * d);
+                                impl->x + (size_t)t * d);
             else // another rank's vocabulary slice: it contributes the row to the sum
                 memset(impl->x + (size_t)t * d, 0, d * sizeof(float));
         }
@@ -358,8 +358,8 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         tm_cpu_pool_run(impl->pool, silu_item, &tj, tok_items(T));
         // x = x + act @ w_down^T
         mm_job dn = {.n_mat = 1};
-        dn.a[0] = mm_args(tp ? impl->h : impl->x, impl->gate, &L->w_down, NULL,
-                          tp ? NULL : impl->x, T);
+        dn.a[0] = mm_args(tp ? impl->h : impl->x, impl->gate, &L->w_down, NULL, tp ? NULL : impl->x,
+                          T);
         mm_run(impl, &dn);
         if (tp)
             add_reduced(impl, T);
@@ -546,8 +546,10 @@ static tm_rc cpu_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_
     const size_t blk = (size_t)bs * impl->kv_dim, n = (size_t)n_tok * impl->kv_dim;
     for (uint32_t l = 0; l < impl->cfg.n_layer; l++) {
         size_t base = (size_t)l * impl->layer_kv_floats;
-        memcpy(impl->k_cache + base + dst * blk, impl->k_cache + base + src * blk, n * sizeof(float));
-        memcpy(impl->v_cache + base + dst * blk, impl->v_cache + base + src * blk, n * sizeof(float));
+        memcpy(impl->k_cache + base + dst * blk, impl->k_cache + base + src * blk,
+               n * sizeof(float));
+        memcpy(impl->v_cache + base + dst * blk, impl->v_cache + base + src * blk,
+               n * sizeof(float));
     }
     return TM_OK;
 }

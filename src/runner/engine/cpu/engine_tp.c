@@ -22,26 +22,26 @@ typedef struct rank_ctx {
 } rank_ctx;
 
 struct tp_impl {
-    tm_engine eng;           /* eng.impl points back here */
-    uint32_t n;              /* ranks */
-    tm_engine **ranks;       /* [n] owned shard engines */
-    rank_ctx *ctx;           /* [n] */
-    pthread_t *threads;      /* [n] */
+    tm_engine eng;      /* eng.impl points back here */
+    uint32_t n;         /* ranks */
+    tm_engine **ranks;  /* [n] owned shard engines */
+    rank_ctx *ctx;      /* [n] */
+    pthread_t *threads; /* [n] */
     uint32_t n_started;
-    float **rank_logits;     /* [n] [max_seqs][vocab slice] */
-    uint32_t *vocab0;        /* [n] first vocabulary row of each rank */
-    uint32_t *n_vocab;       /* [n] vocabulary rows of each rank */
-    tm_rc *rc;               /* [n] result of the last step per rank */
-    tm_err *errs;            /* [n] */
+    float **rank_logits; /* [n] [max_seqs][vocab slice] */
+    uint32_t *vocab0;    /* [n] first vocabulary row of each rank */
+    uint32_t *n_vocab;   /* [n] vocabulary rows of each rank */
+    tm_rc *rc;           /* [n] result of the last step per rank */
+    tm_err *errs;        /* [n] */
     /* all-reduce */
     pthread_barrier_t bar;
     int bar_ok;
-    float **pub;             /* [n] buffers published for the current all-reduce */
-    float *sum;              /* [max_batched_tokens * n_embd] */
+    float **pub; /* [n] buffers published for the current all-reduce */
+    float *sum;  /* [max_batched_tokens * n_embd] */
     /* step hand-off */
     pthread_mutex_t mu;
     pthread_cond_t cv_go, cv_done;
-    uint64_t gen;            /* incremented per step */
+    uint64_t gen; /* incremented per step */
     uint32_t n_done;
     int quit;
     const tm_batch *b;
@@ -81,7 +81,8 @@ static void *rank_main(void *arg) {
         const tm_batch *b = tp->b;
         pthread_mutex_unlock(&tp->mu);
         tm_err *err = &tp->errs[rc->rank];
-        tp->rc[rc->rank] = tm_engine_forward(tp->ranks[rc->rank], b, tp->rank_logits[rc->rank], err);
+        tp->rc[rc->rank] = tm_engine_forward(tp->ranks[rc->rank], b, tp->rank_logits[rc->rank],
+                                             err);
         pthread_mutex_lock(&tp->mu);
         if (++tp->n_done == tp->n)
             pthread_cond_signal(&tp->cv_done);
@@ -113,8 +114,7 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
     for (uint32_t w = 0; w < n_want; w++)
         for (uint32_t r = 0; r < tp->n; r++)
             memcpy(logits + (size_t)w * n_vocab + tp->vocab0[r],
-                   tp->rank_logits[r] + (size_t)w * tp->n_vocab[r],
-                   tp->n_vocab[r] * sizeof(float));
+                   tp->rank_logits[r] + (size_t)w * tp->n_vocab[r], tp->n_vocab[r] * sizeof(float));
     return TM_OK;
 }
 
@@ -194,8 +194,8 @@ tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_
     tp->errs = tm_calloc(n, sizeof(*tp->errs));
     tp->pub = tm_calloc(n, sizeof(*tp->pub));
     tp->sum = tm_calloc((size_t)opts->max_batched_tokens * m->cfg.n_embd, sizeof(float));
-    if (!tp->ranks || !tp->ctx || !tp->threads || !tp->rank_logits || !tp->vocab0 ||
-        !tp->n_vocab || !tp->rc || !tp->errs || !tp->pub || !tp->sum) {
+    if (!tp->ranks || !tp->ctx || !tp->threads || !tp->rank_logits || !tp->vocab0 || !tp->n_vocab ||
+        !tp->rc || !tp->errs || !tp->pub || !tp->sum) {
         rc = TM_ERR(err, TM_E_NOMEM, "tp engine state for %u ranks", n);
         goto fail;
     }

@@ -20,7 +20,6 @@ static inline f32x4 load4(const float *p) {
     return v;
 }
 
-
 // Fold the LANES partial sums in a fixed tree: (0+4, 1+5, 2+6, 3+7), then pairs, then the last.
 static inline float fold(const float *acc) {
     float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6], s3 = acc[3] + acc[7];
@@ -51,8 +50,8 @@ float tm_cpu_dot(const float *a, const float *b, size_t n) {
 
 // Four dots of x against four weight rows at once, so each x element is loaded once for four
 // rows. Lane by lane the same operations as tm_cpu_dot, hence the same bits.
-static void dot4(const float *x, const float *w0, const float *w1, const float *w2,
-                 const float *w3, size_t n, float *out) {
+static void dot4(const float *x, const float *w0, const float *w1, const float *w2, const float *w3,
+                 size_t n, float *out) {
     f32x4 l0 = {0}, h0 = {0}, l1 = {0}, h1 = {0}, l2 = {0}, h2 = {0}, l3 = {0}, h3 = {0};
     size_t i = 0;
     // hot loop: 4-row matmul micro-kernel

@@ -1,8 +1,8 @@
 /* runner/engine/cpu/ops.h - the host reference ops of the Llama-family forward pass:
  * matmul against [out][in] weights (any dtype of runner/model/tensor.h), RMSNorm, rotate-half RoPE,
  * paged causal attention, SiLU(gate)*up. Each op takes an args struct; the CUDA kernels take the
- * same structs (they move to kernels/<family>.h when those land) and tests/gpu/test_kernels.c checks
- * each kernel against the function here.
+ * same structs (they move to kernels/<family>.h when those land) and tests/gpu/test_kernels.c
+ * checks each kernel against the function here.
  *
  * Numerics: all math is fp32. Every dot product goes through tm_cpu_dot(), whose reduction order
  * depends only on the length n, so a given (token, output row) gives the same bits whatever the
@@ -28,18 +28,18 @@ float tm_cpu_dot(const float *a, const float *b, size_t n);
 /* ---- matmul: out[t][o] = sum_i x[t][i] * w[o][i] (+ bias[o]) (+ res[t][o]) ---- */
 
 typedef struct tm_k_matmul_args {
-    float *out;          /* [n_tok][ld_out] */
-    const float *x;      /* [n_tok][n_in] */
-    const void *w;       /* [n_out][n_in], dtype w_dtype; unused when wq is set */
+    float *out;     /* [n_tok][ld_out] */
+    const float *x; /* [n_tok][n_in] */
+    const void *w;  /* [n_out][n_in], dtype w_dtype; unused when wq is set */
     tm_dtype w_dtype;
     const tm_tensor *wq; /* a quantized weight (runner/model/tensor.h), or NULL: output row o is
                           * row wq_row0 + o of wq, read dequantized with tm_tensor_row_f32 */
     uint64_t wq_row0;
-    const void *bias;    /* [n_out], dtype bias_dtype, or NULL */
+    const void *bias; /* [n_out], dtype bias_dtype, or NULL */
     tm_dtype bias_dtype;
-    const float *res;    /* [n_tok][ld_out] residual added after the bias, or NULL; may == out */
+    const float *res; /* [n_tok][ld_out] residual added after the bias, or NULL; may == out */
     uint32_t n_tok, n_in, n_out;
-    uint32_t ld_out;     /* row stride of out/res in floats, >= n_out */
+    uint32_t ld_out; /* row stride of out/res in floats, >= n_out */
 } tm_k_matmul_args;
 
 /* Floats of scratch tm_cpu_matmul_rows needs: TM_CPU_MM_ROWS * n_in. */
@@ -55,9 +55,9 @@ void tm_cpu_matmul(const tm_k_matmul_args *a, float *wbuf);
 /* ---- RMSNorm: out[r] = x[r] * 1/sqrt(mean(x[r]^2) + eps) * w, in fp32 ---- */
 
 typedef struct tm_k_rmsnorm_args {
-    float *out;          /* [n_row][n_col]; may == x */
-    const float *x;      /* [n_row][n_col] */
-    const void *w;       /* [n_col], dtype w_dtype */
+    float *out;     /* [n_row][n_col]; may == x */
+    const float *x; /* [n_row][n_col] */
+    const void *w;  /* [n_col], dtype w_dtype */
     tm_dtype w_dtype;
     uint32_t n_row, n_col;
     float eps;
@@ -69,11 +69,11 @@ void tm_cpu_rmsnorm(const tm_k_rmsnorm_args *a);
  *      y[i] = x[i]*c - x[i+d/2]*s;  y[i+d/2] = x[i+d/2]*c + x[i]*s ---- */
 
 typedef struct tm_k_rope_args {
-    float *x;            /* [n_tok][ld_x]: heads at x[t][h*head_dim], rotated in place */
-    const float *cos;    /* [n_tok][head_dim/2] */
-    const float *sin;    /* [n_tok][head_dim/2] */
+    float *x;         /* [n_tok][ld_x]: heads at x[t][h*head_dim], rotated in place */
+    const float *cos; /* [n_tok][head_dim/2] */
+    const float *sin; /* [n_tok][head_dim/2] */
     uint32_t n_tok, n_head, head_dim; /* head_dim even */
-    uint32_t ld_x;       /* row stride in floats, >= n_head*head_dim */
+    uint32_t ld_x;                    /* row stride in floats, >= n_head*head_dim */
 } tm_k_rope_args;
 
 void tm_cpu_rope(const tm_k_rope_args *a);
@@ -90,16 +90,16 @@ void tm_cpu_rope_table(const uint32_t *pos, uint32_t n_tok, const float *inv_fre
  * h / (n_head / n_kv_head) (GQA). With window > 0 (Mistral / Qwen2 sliding window) a token at
  * position p attends only to positions (p - window, p], as HF's sliding mask does. */
 typedef struct tm_k_attn_args {
-    float *out;                /* [n_tok][n_head*head_dim] (row stride ld_q) */
-    const float *q;            /* [n_tok][ld_q], rotated */
-    const float *k_cache;      /* one layer: [n_block][block_size][n_kv_head*head_dim] */
-    const float *v_cache;      /* same shape */
+    float *out;           /* [n_tok][n_head*head_dim] (row stride ld_q) */
+    const float *q;       /* [n_tok][ld_q], rotated */
+    const float *k_cache; /* one layer: [n_block][block_size][n_kv_head*head_dim] */
+    const float *v_cache; /* same shape */
     const uint32_t *block_table;
     uint32_t pos0, n_tok;
     uint32_t n_head, n_kv_head, head_dim, block_size;
-    uint32_t ld_q;             /* row stride of q and out in floats */
-    uint32_t window;           /* sliding window in tokens; 0 = full causal attention */
-    float scale;               /* 1/sqrt(head_dim) */
+    uint32_t ld_q;   /* row stride of q and out in floats */
+    uint32_t window; /* sliding window in tokens; 0 = full causal attention */
+    float scale;     /* 1/sqrt(head_dim) */
 } tm_k_attn_args;
 
 /* Query head h for every token of the chunk. scores: pos0 + n_tok floats of scratch (indexed by
@@ -111,9 +111,9 @@ void tm_cpu_attn(const tm_k_attn_args *a, float *scores);
 /* ---- out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)) ---- */
 
 typedef struct tm_k_silu_mul_args {
-    float *out;          /* [n]; may == gate or up */
-    const float *gate;   /* [n] */
-    const float *up;     /* [n] */
+    float *out;        /* [n]; may == gate or up */
+    const float *gate; /* [n] */
+    const float *up;   /* [n] */
     size_t n;
 } tm_k_silu_mul_args;
 

@@ -22,18 +22,18 @@ typedef struct worker {
 } worker;
 
 struct tm_cpu_pool {
-    uint32_t n_thread;         /* workers + the caller */
-    worker *workers;           /* [n_thread - 1], owned; worker i has tid i + 1 */
+    uint32_t n_thread; /* workers + the caller */
+    worker *workers;   /* [n_thread - 1], owned; worker i has tid i + 1 */
     pthread_mutex_t mu;
-    pthread_cond_t cv_work;    /* some worker's seq changed, or quit */
-    pthread_cond_t cv_done;    /* n_active reached 0 */
-    int quit;                  /* under mu */
+    pthread_cond_t cv_work; /* some worker's seq changed, or quit */
+    pthread_cond_t cv_done; /* n_active reached 0 */
+    int quit;               /* under mu */
     /* the current run: written by the caller before any seq is bumped */
     tm_cpu_pool_fn fn;
     void *ctx;
     uint32_t n_item;
-    atomic_uint next;          /* next unclaimed item */
-    atomic_uint n_active;      /* workers that have not finished the current run */
+    atomic_uint next;     /* next unclaimed item */
+    atomic_uint n_active; /* workers that have not finished the current run */
 };
 
 static void drain(tm_cpu_pool *pool, uint32_t tid) {

@@ -43,8 +43,8 @@
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
-#define KV_HEADROOM_BYTES ((size_t)1 << 30) /* kept free when the KV pool is sized from free
-                                             * memory: cuBLAS, CUDA graphs, NCCL buffers */
+/* Kept free when the KV pool is sized from free memory: cuBLAS, CUDA graphs, NCCL buffers. */
+#define KV_HEADROOM_BYTES ((size_t)1 << 30)
 #define GPU_MEM_UTIL_DEFAULT 0.90f
 
 /* The architecture table of a model, or NULL when the CUDA engine has none for it. */
@@ -52,8 +52,10 @@ static const tm_cuda_arch *pick_arch(tm_arch arch) {
     switch (arch) {
     case TM_ARCH_LLAMA:
     case TM_ARCH_QWEN2:
-    case TM_ARCH_MISTRAL: return &tm_cuda_arch_llama;
-    case TM_ARCH_DEEPSEEK_V4: return NULL;
+    case TM_ARCH_MISTRAL:
+        return &tm_cuda_arch_llama;
+    case TM_ARCH_DEEPSEEK_V4:
+        return NULL;
     }
     return NULL;
 }
@@ -79,8 +81,7 @@ static void cuda_destroy(tm_engine *eng);
 static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
 static tm_rc cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
                                  uint32_t *ids, tm_err *err);
-static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
-                          tm_err *err);
+static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
@@ -92,8 +93,7 @@ static const tm_engine_ops cuda_ops = {
 
 // The first n_tok token slots of block src into block dst, in every layer: one strided copy per
 // cache (a row per layer), ordered on the engine's stream with the forward passes.
-static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
-                          tm_err *err) {
+static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
     tm_cuda_engine *impl = eng->impl;
     const uint32_t bs = eng->opts.block_size;
     if (impl->dead)
@@ -115,11 +115,10 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
     const size_t width = (size_t)n_tok * impl->kv_dim * sizeof(uint16_t);
     uint16_t *caches[2] = {impl->k_cache, impl->v_cache};
     for (int c = 0; c < 2; c++) {
-        tm_rc rc = TM_CUDA_CHECK(cudaMemcpy2DAsync(caches[c] + dst * blk, pitch,
-                                                   caches[c] + src * blk, pitch, width,
-                                                   impl->cfg.n_layer, cudaMemcpyDeviceToDevice,
-                                                   impl->stream),
-                                 err);
+        tm_rc rc = TM_CUDA_CHECK(
+            cudaMemcpy2DAsync(caches[c] + dst * blk, pitch, caches[c] + src * blk, pitch, width,
+                              impl->cfg.n_layer, cudaMemcpyDeviceToDevice, impl->stream),
+            err);
         if (rc) {
             impl->dead = 1;
             return rc;
@@ -141,11 +140,10 @@ static tm_rc gemm(tm_cuda_engine *impl, const uint16_t *w, const uint16_t *x, vo
     if (n_tok == 0)
         return TM_OK;
     const float alpha = 1.0f;
-    cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out,
-                                     (int)n_tok, (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x,
-                                     CUDA_R_16BF, (int)n_in, &beta, y,
-                                     y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)n_out,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok,
+                                     (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x, CUDA_R_16BF,
+                                     (int)n_in, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                                     (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return blas_check(st, "cublasGemmEx", err);
 }
 
@@ -174,8 +172,14 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
         const uint32_t n_split = tm_k_gemm_skinny_splits(n_in, n_out, impl->n_sm, &kps);
         float *part = n_split == 1 && beta == 0.0f ? dst : impl->sk_part;
         TM_ASSERT((size_t)n_split * T * n_out <= impl->sk_part_floats);
-        tm_k_gemm_skinny_args ga = {.part = part, .w = w, .x = x, .n_tok = T, .n_in = n_in,
-                                    .n_out = n_out, .n_split = n_split, .k_per_split = kps};
+        tm_k_gemm_skinny_args ga = {.part = part,
+                                    .w = w,
+                                    .x = x,
+                                    .n_tok = T,
+                                    .n_in = n_in,
+                                    .n_out = n_out,
+                                    .n_split = n_split,
+                                    .k_per_split = kps};
         *out = (tm_cuda_proj){.p = part, .n = n_split, .stride = (size_t)T * n_out};
         return TM_CUDA_OP(impl, abl, what, tm_k_gemm_skinny(&ga, impl->stream, err));
     }
@@ -187,7 +191,8 @@ void tm_cuda_prof_mark(tm_cuda_engine *impl, const char *what) {
     if (!impl->prof || impl->prof_n >= TM_CUDA_PROF_EVENTS)
         return;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(impl->stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone)
+    if (cudaStreamIsCapturing(impl->stream, &cs) != cudaSuccess ||
+        cs != cudaStreamCaptureStatusNone)
         return;
     if (impl->prof_n == 0) { // the step's start
         cudaEventRecord(impl->prof_ev[0], impl->stream);
@@ -223,11 +228,18 @@ static tm_rc run_model(tm_cuda_engine *impl, uint32_t T, uint32_t S, uint32_t n_
                        uint32_t n_tile, size_t tile_off, tm_err *err) {
     const meta_off mo = meta_layout(T, S);
     const uint32_t *md = impl->meta_d;
-    const tm_cuda_step st = {
-        .n_tok = T, .n_seq = S, .n_want = n_want, .n_tile = n_tile, .tokens = md + mo.tokens,
-        .pos = md + mo.pos, .slot = md + mo.slot, .tok_seq = md + mo.tok_seq,
-        .seq_bt = md + mo.seq_bt, .want_row = md + mo.want_row, .block_tables = md + mo.bt,
-        .tiles = (const tm_k_attn_prefill_tile *)(md + tile_off)};
+    const tm_cuda_step st = {.n_tok = T,
+                             .n_seq = S,
+                             .n_want = n_want,
+                             .n_tile = n_tile,
+                             .tokens = md + mo.tokens,
+                             .pos = md + mo.pos,
+                             .slot = md + mo.slot,
+                             .tok_seq = md + mo.tok_seq,
+                             .seq_bt = md + mo.seq_bt,
+                             .want_row = md + mo.want_row,
+                             .block_tables = md + mo.bt,
+                             .tiles = (const tm_k_attn_prefill_tile *)(md + tile_off)};
     return impl->arch->forward(impl, &st, err);
 }
 
@@ -270,8 +282,8 @@ static tm_rc pack_batch(tm_cuda_engine *impl, const tm_batch *b, uint32_t *T_out
             mh[mo.want_row + n_want++] = t - 1;
         if (s->n_tok != 1 || !s->want_logits)
             *decode_only = 0;
-        impl->chunks_h[i] = (tm_k_attn_prefill_chunk){
-            .t0 = t - s->n_tok, .n_tok = s->n_tok, .pos0 = s->pos};
+        impl->chunks_h[i] =
+            (tm_k_attn_prefill_chunk){.t0 = t - s->n_tok, .n_tok = s->n_tok, .pos0 = s->pos};
     }
     // Steps other than pure decodes run attention as query tiles on tensor cores (every
     // sequence of the step, a decode being a one-row tile); their list ends the metadata.
@@ -327,8 +339,8 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
         tm_cuda_drv_step_begin(impl->drv);
     tm_cuda_mark(impl, "(step start)");
     tm_rc rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->meta_d, impl->meta_h,
-                                             h->n_meta * sizeof(uint32_t),
-                                             cudaMemcpyHostToDevice, s),
+                                             h->n_meta * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                             s),
                              err);
     if (!rc) {
         if (h->graph && impl->use_graphs)
@@ -340,20 +352,26 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
     const uint32_t n_want = h->n_want, nv = impl->cfg.n_vocab;
     if (!rc && n_want && h->greedy) {
         if (tp) {
-            tm_k_argmax_part_f32_args pa = {.cand = impl->cand, .logits = impl->logits,
-                                            .n_row = n_want, .n_col = nv, .id0 = impl->vocab0,
+            tm_k_argmax_part_f32_args pa = {.cand = impl->cand,
+                                            .logits = impl->logits,
+                                            .n_row = n_want,
+                                            .n_col = nv,
+                                            .id0 = impl->vocab0,
                                             .id_limit = h->vocab_limit};
             rc = tm_k_argmax_part_f32(&pa, s, err);
             if (!rc)
                 rc = tm_nccl_allgather(impl->comm->nccl, impl->cand, impl->cand_all,
                                        2 * (size_t)n_want, TM_NCCL_U32, s, err);
-            tm_k_argmax_merge_args ma = {.ids = impl->ids, .cand = impl->cand_all,
-                                         .n_row = n_want, .n_rank = impl->tp_size};
+            tm_k_argmax_merge_args ma = {
+                .ids = impl->ids, .cand = impl->cand_all, .n_row = n_want, .n_rank = impl->tp_size};
             if (!rc && out_host)
                 rc = tm_k_argmax_merge(&ma, s, err);
         } else {
-            tm_k_argmax_f32_args ga = {.ids = impl->ids, .logits = impl->logits,
-                                       .n_row = n_want, .n_col = nv, .n_limit = h->vocab_limit};
+            tm_k_argmax_f32_args ga = {.ids = impl->ids,
+                                       .logits = impl->logits,
+                                       .n_row = n_want,
+                                       .n_col = nv,
+                                       .n_limit = h->vocab_limit};
             rc = tm_k_argmax_f32(&ga, s, err);
         }
         if (!rc && out_host)
@@ -371,9 +389,9 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
             n = (size_t)impl->tp_size * n_want * impl->v_per;
         }
         if (!rc && out_host)
-            rc = TM_CUDA_CHECK(cudaMemcpyAsync(impl->logits_h, src, n * sizeof(float),
-                                               cudaMemcpyDeviceToHost, s),
-                               err);
+            rc = TM_CUDA_CHECK(
+                cudaMemcpyAsync(impl->logits_h, src, n * sizeof(float), cudaMemcpyDeviceToHost, s),
+                err);
     }
     tm_cuda_mark(impl, "sample/gather + copy out");
     // Wait for the stream; with TP the driver polls it, so that a step its watchdog aborted
@@ -403,10 +421,15 @@ static tm_rc forward_step(tm_cuda_engine *impl, const tm_batch *b, float *logits
     if (rc || T == 0)
         return rc;
     tm_cuda_plan *h = impl->plan_h;
-    *h = (tm_cuda_plan){.op = TM_CUDA_PLAN_STEP, .T = T, .S = b->n_seq, .n_want = n_want,
+    *h = (tm_cuda_plan){.op = TM_CUDA_PLAN_STEP,
+                        .T = T,
+                        .S = b->n_seq,
+                        .n_want = n_want,
                         .graph = (uint32_t)(decode_only && impl->use_graphs),
-                        .greedy = ids != NULL, .vocab_limit = ids ? vocab_limit : 0,
-                        .n_meta = (uint32_t)n_meta, .n_tile = n_tile};
+                        .greedy = ids != NULL,
+                        .vocab_limit = ids ? vocab_limit : 0,
+                        .n_meta = (uint32_t)n_meta,
+                        .n_tile = n_tile};
     if (impl->drv) // the other ranks start while this one launches its own work
         rc = tm_cuda_drv_send_step(impl->drv, h, impl->meta_h, err);
     if (!rc)
@@ -444,8 +467,7 @@ static tm_rc cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_v
     return forward_step(impl, b, NULL, ids, TM_MIN(n_vocab_limit, impl->vocab_full), err);
 }
 
-tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids,
-                                    tm_err *err) {
+tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids, tm_err *err) {
     if (!eng || eng->ops != &cuda_ops)
         return TM_ERR(err, TM_E_INVAL, "cuda forward_greedy: not a CUDA engine");
     return cuda_forward_greedy(eng, b, UINT32_MAX, ids, err);
@@ -453,9 +475,7 @@ tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t 
 
 /* ---- the rank engine, as the TP driver's serve loop drives it (tm_cuda_rank_ops) ---- */
 
-static int rank_dead(const void *ctx) {
-    return ((const tm_cuda_engine *)ctx)->dead;
-}
+static int rank_dead(const void *ctx) { return ((const tm_cuda_engine *)ctx)->dead; }
 
 static tm_cuda_plan *rank_plan_buf(void *ctx, size_t *cap) {
     tm_cuda_engine *impl = ctx;
@@ -466,8 +486,8 @@ static tm_cuda_plan *rank_plan_buf(void *ctx, size_t *cap) {
 static int rank_plan_fits(const void *ctx, const tm_cuda_plan *h, size_t len) {
     const tm_cuda_engine *impl = ctx;
     const tm_engine_opts *o = &impl->eng.opts;
-    return !(h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs ||
-             h->n_want > h->S || h->n_meta > impl->meta_cap ||
+    return !(h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs || h->n_want > h->S ||
+             h->n_meta > impl->meta_cap ||
              (h->greedy && (h->vocab_limit == 0 || h->vocab_limit > impl->vocab_full)) ||
              len != sizeof(*h) + (size_t)h->n_meta * sizeof(uint32_t) ||
              (h->graph && (h->T != h->S || h->T != h->n_want)) ||
@@ -482,9 +502,7 @@ static tm_rc rank_kv_copy(void *ctx, uint32_t src, uint32_t dst, uint32_t n_tok,
     return cuda_kv_copy(&((tm_cuda_engine *)ctx)->eng, src, dst, n_tok, err);
 }
 
-static void rank_fail(void *ctx) {
-    fail_engine(ctx);
-}
+static void rank_fail(void *ctx) { fail_engine(ctx); }
 
 static const tm_cuda_rank_ops rank_ops = {
     .dead = rank_dead,
@@ -544,8 +562,8 @@ static uint32_t kv_cap_blocks(const tm_model_cfg *c, const tm_engine_opts *o) {
  * all ranks. The count ends up in eng.opts.n_kv_block. */
 static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     tm_engine_opts *o = &impl->eng.opts;
-    const size_t block_bytes =
-        2 * (size_t)impl->cfg.n_layer * o->block_size * impl->kv_dim * sizeof(uint16_t);
+    const size_t block_bytes = 2 * (size_t)impl->cfg.n_layer * o->block_size * impl->kv_dim *
+                               sizeof(uint16_t);
     tm_rc rc;
     if (o->n_kv_block == 0) {
         size_t free_b = 0, total_b = 0;
@@ -564,7 +582,8 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
                 return rc;
         }
         if (n < o->max_seqs) {
-            TM_LOG_WARN("cuda", "KV pool: %u blocks fit within gpu_memory_utilization %.2f of "
+            TM_LOG_WARN("cuda",
+                        "KV pool: %u blocks fit within gpu_memory_utilization %.2f of "
                         "%.1f GB (%.1f GB in use) but max_seqs is %u; taking one block per "
                         "sequence (set engine.kv_blocks, raise gpu_memory_utilization or lower "
                         "max_seqs)",
@@ -572,7 +591,8 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
             n = o->max_seqs;
         }
         o->n_kv_block = n;
-        TM_LOG_INFO("cuda", "KV pool: %u blocks of %u tokens, %.2f GB, from free memory "
+        TM_LOG_INFO("cuda",
+                    "KV pool: %u blocks of %u tokens, %.2f GB, from free memory "
                     "(gpu_memory_utilization %.2f of %.1f GB, %.1f GB in use before; %u blocks "
                     "would hold max_seqs %u full contexts)",
                     n, o->block_size, (double)n * block_bytes / 1e9, (double)util, total_b / 1e9,
@@ -597,8 +617,7 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
 }
 
 static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engine_cuda_tp *tp,
-                    int random, uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
-                    tm_err *err) {
+                    int random, uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out, tm_err *err) {
     if (!opts->block_size || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: block_size, max_seqs and max_batched_tokens must be > 0");
@@ -612,8 +631,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                       "cuda engine: tp_size %u needs tm_engine_cuda_tp_create (rendezvous, NCCL "
                       "id)",
                       opts->tp_size);
-    if (tp_size > 1 && (tm_rdzv_rank(tp->rdzv) != opts->tp_rank ||
-                        tm_rdzv_world(tp->rdzv) != tp_size))
+    if (tp_size > 1 &&
+        (tm_rdzv_rank(tp->rdzv) != opts->tp_rank || tm_rdzv_world(tp->rdzv) != tp_size))
         return TM_ERR(err, TM_E_INVAL, "cuda engine: rank %u of %u, rendezvous says %u of %u",
                       opts->tp_rank, tp_size, tm_rdzv_rank(tp->rdzv), tm_rdzv_world(tp->rdzv));
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
@@ -709,11 +728,12 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
             goto fail;
         impl->comm = tm_cuda_drv_comm(impl->drv);
         const int v = tm_nccl_version(), hv = tm_nccl_header_version();
-        TM_LOG_INFO("cuda", "tp rank %u of %u on device %d: NCCL %d.%d.%d (built with %d.%d.%d), "
+        TM_LOG_INFO("cuda",
+                    "tp rank %u of %u on device %d: NCCL %d.%d.%d (built with %d.%d.%d), "
                     "%u heads, %u KV heads, n_ff %u, vocabulary rows [%u, %u)",
-                    impl->tp_rank, tp_size, device, v / 10000, v / 100 % 100, v % 100,
-                    hv / 10000, hv / 100 % 100, hv % 100, c->n_head, c->n_kv_head, c->n_ff,
-                    vocab0, vocab0 + c->n_vocab);
+                    impl->tp_rank, tp_size, device, v / 10000, v / 100 % 100, v % 100, hv / 10000,
+                    hv / 100 % 100, hv % 100, c->n_head, c->n_kv_head, c->n_ff, vocab0,
+                    vocab0 + c->n_vocab);
     }
 
     int n_sm = 0;
@@ -736,8 +756,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->sk_part_floats = impl->sk_max_tok ? arch->skinny_floats(impl, impl->sk_max_tok) : 0;
     impl->ablate = parse_ablate(getenv("TM_CUDA_ABLATE"));
     if (impl->ablate)
-        TM_LOG_WARN("cuda", "TM_CUDA_ABLATE=%s: ops skipped, outputs are meaningless "
-                    "(benchmarks only)", getenv("TM_CUDA_ABLATE"));
+        TM_LOG_WARN("cuda",
+                    "TM_CUDA_ABLATE=%s: ops skipped, outputs are meaningless "
+                    "(benchmarks only)",
+                    getenv("TM_CUDA_ABLATE"));
 
     // Size the arenas (carving with no base), allocate them, then carve them for real.
     tm_cuda_carver cw = {0};
@@ -750,8 +772,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         rc = TM_CUDA_CHECK(cudaMalloc(&impl->a_arena, ca.off), err);
     if (!rc)
         rc = TM_CUDA_CHECK(
-            cudaMallocHost((void **)&impl->plan_h, sizeof(tm_cuda_plan) + impl->meta_cap * 4),
-            err);
+            cudaMallocHost((void **)&impl->plan_h, sizeof(tm_cuda_plan) + impl->meta_cap * 4), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->logits_h, logits_h_n * sizeof(float)),
                            err);
@@ -769,8 +790,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     carve_acts(impl, &ca);
     rc = alloc_kv(impl, util, err);
     if (!rc && impl->drv)
-        rc = tm_cuda_drv_ar_setup(impl->drv, impl->cfg.n_embd, impl->gemm_ws,
-                                  TM_CUDA_GEMM_WS_BYTES, impl->stream, err);
+        rc = tm_cuda_drv_ar_setup(impl->drv, impl->cfg.n_embd, impl->gemm_ws, TM_CUDA_GEMM_WS_BYTES,
+                                  impl->stream, err);
     if (rc)
         goto fail;
 
@@ -807,9 +828,8 @@ tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts
     return create(m, opts, NULL, 1, seed, TM_CUDA_W_BF16, out, err);
 }
 
-tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts,
-                                       uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
-                                       tm_err *err) {
+tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts, uint64_t seed,
+                                       tm_cuda_wfmt fmt, tm_engine **out, tm_err *err) {
     if ((unsigned)fmt > TM_CUDA_W_FP8_CHANNEL)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: weight format %d", (int)fmt);
     return create(m, opts, NULL, 1, seed, fmt, out, err);

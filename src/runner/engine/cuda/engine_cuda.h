@@ -1,11 +1,12 @@
-/* runner/engine/cuda/engine_cuda.h - the CUDA backend of runner/engine/engine.h for the Llama family (Llama,
- * Qwen2 with q/k/v bias, Mistral; tied or untied lm_head) on one GPU (device 0).
+/* runner/engine/cuda/engine_cuda.h - the CUDA backend of runner/engine/engine.h for the Llama
+ * family (Llama, Qwen2 with q/k/v bias, Mistral; tied or untied lm_head) on one GPU (device 0).
  *
  * Numerics: weights live on the GPU as bf16 (f32/f16 checkpoints are rounded to bf16 once, at
- * create), FP8 checkpoints' linears as their e4m3 bytes and scales (below); norm weights, biases and the residual stream are fp32; projections are cuBLAS GEMMs
- * with bf16 inputs and fp32 accumulation (the residual add is the GEMM's beta = 1 epilogue, in
- * fp32); the inputs of each GEMM (normed rows, attention output, SwiGLU output) and the KV cache
- * are bf16; softmax and everything element-wise run in fp32. Logits are fp32.
+ * create), FP8 checkpoints' linears as their e4m3 bytes and scales (below); norm weights, biases
+ * and the residual stream are fp32; projections are cuBLAS GEMMs with bf16 inputs and fp32
+ * accumulation (the residual add is the GEMM's beta = 1 epilogue, in fp32); the inputs of each GEMM
+ * (normed rows, attention output, SwiGLU output) and the KV cache are bf16; softmax and everything
+ * element-wise run in fp32. Logits are fp32.
  *
  * Memory: everything (weights, the paged KV cache of opts->n_kv_block blocks of
  * opts->block_size tokens, activations for opts->max_batched_tokens tokens and opts->max_seqs
@@ -66,11 +67,11 @@ typedef struct tm_engine_cuda_tp {
 /* Create the engine on device 0 and upload m's weights. m is borrowed and must outlive the
  * engine. opts: block_size, max_seqs, max_batched_tokens > 0; n_kv_block 0 sizes the pool
  * (above); gpu_mem_util in (0, 1], 0 meaning 0.90; n_threads is ignored;
- * tp_size must be 0 or 1 (else see tm_engine_cuda_tp_create). On success *out owns the engine (tm_engine_destroy frees it).
- * Errors: TM_E_CUDA (no GPU or no usable driver, out of device memory, any CUDA/cuBLAS failure;
- * the message names the call), TM_E_INVAL (unsupported model: an architecture other than the Llama
- * family, head_dim not a multiple of 8 or above 256, wrong tensor shapes; bad opts; or a build
- * without CUDA), TM_E_NOMEM. */
+ * tp_size must be 0 or 1 (else see tm_engine_cuda_tp_create). On success *out owns the engine
+ * (tm_engine_destroy frees it). Errors: TM_E_CUDA (no GPU or no usable driver, out of device
+ * memory, any CUDA/cuBLAS failure; the message names the call), TM_E_INVAL (unsupported model: an
+ * architecture other than the Llama family, head_dim not a multiple of 8 or above 256, wrong tensor
+ * shapes; bad opts; or a build without CUDA), TM_E_NOMEM. */
 tm_rc tm_engine_cuda_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err);
 
@@ -82,10 +83,10 @@ tm_rc tm_engine_cuda_create_random(const tm_model *m, const tm_engine_opts *opts
 
 /* The format of the seven linears of each layer in random weights (benchmarks). */
 typedef enum tm_cuda_wfmt {
-    TM_CUDA_W_BF16 = 0,        /* as tm_engine_cuda_create_random */
-    TM_CUDA_W_FP8_BLOCK,       /* e4m3 with fp32 scales per 128 x 128 block */
-    TM_CUDA_W_FP8_BLOCK_E8M0,  /* e4m3 with e8m0 (power of two) scales per 128 x 128 block */
-    TM_CUDA_W_FP8_CHANNEL,     /* e4m3 with an fp32 scale per output row */
+    TM_CUDA_W_BF16 = 0,       /* as tm_engine_cuda_create_random */
+    TM_CUDA_W_FP8_BLOCK,      /* e4m3 with fp32 scales per 128 x 128 block */
+    TM_CUDA_W_FP8_BLOCK_E8M0, /* e4m3 with e8m0 (power of two) scales per 128 x 128 block */
+    TM_CUDA_W_FP8_CHANNEL,    /* e4m3 with an fp32 scale per output row */
 } tm_cuda_wfmt;
 
 /* tm_engine_cuda_create_random with the linears in format fmt: e4m3 values uniform over
@@ -93,16 +94,14 @@ typedef enum tm_cuda_wfmt {
  * of std 1/sqrt(n_in), as a checkpoint quantized with absmax / 448 would hold); the embedding,
  * LM head and norms as there. FP8 formats need the shapes of a quantized checkpoint (see
  * tm_engine_cuda_create) and a single GPU. */
-tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts,
-                                       uint64_t seed, tm_cuda_wfmt fmt, tm_engine **out,
-                                       tm_err *err);
+tm_rc tm_engine_cuda_create_random_fmt(const tm_model *m, const tm_engine_opts *opts, uint64_t seed,
+                                       tm_cuda_wfmt fmt, tm_engine **out, tm_err *err);
 
 /* Forward pass with greedy sampling on the device: ids[i] = argmax of the logits row of the i-th
  * sequence with want_logits (lowest id on ties), or TM_ENGINE_ID_NONFINITE when the row holds a
  * NaN or infinite logit; only the ids cross to the host. The engine's forward_greedy op does the
  * same over ids below a limit. Same errors as forward; TM_E_INVAL if eng is not a CUDA engine. */
-tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids,
-                                    tm_err *err);
+tm_rc tm_engine_cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t *ids, tm_err *err);
 
 /* One tensor-parallel rank: like tm_engine_cuda_create, on device tp->device, with this rank's
  * shard of m (m is the full model, borrowed; with tp->random only m->cfg is read). Blocks until

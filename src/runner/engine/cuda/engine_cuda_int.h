@@ -24,9 +24,9 @@
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
 
-#define TM_CUDA_ALIGN_BYTES 256               /* every carved piece starts on this */
+#define TM_CUDA_ALIGN_BYTES 256                  /* every carved piece starts on this */
 #define TM_CUDA_GEMM_WS_BYTES ((size_t)32 << 20) /* cuBLAS workspace (needed for graph capture) */
-#define TM_CUDA_PROF_EVENTS 1024              /* TM_CUDA_PROFILE: events per step */
+#define TM_CUDA_PROF_EVENTS 1024                 /* TM_CUDA_PROFILE: events per step */
 #define TM_CUDA_PROF_KINDS 24
 
 /* TM_CUDA_ABLATE=op,op,...: the ops named are planned but not launched, so that a benchmark can
@@ -64,17 +64,17 @@ static inline void *tm_cuda_carve(tm_cuda_carver *cv, size_t bytes) {
 /* One packed step as an architecture's forward pass reads it: counts, and the device metadata
  * arrays (uint32 each, inside the runtime's metadata buffer). */
 struct tm_cuda_step {
-    uint32_t n_tok;            /* T: tokens of the step, sequences stacked */
-    uint32_t n_seq;            /* S */
-    uint32_t n_want;           /* rows wanting logits */
-    uint32_t n_tile;           /* prefill attention tiles; 0: the step uses attn_paged */
-    const uint32_t *tokens;    /* [T] token ids */
-    const uint32_t *pos;       /* [T] positions */
-    const uint32_t *slot;      /* [T] KV slots: block * block_size + offset */
-    const uint32_t *tok_seq;   /* [T] token -> sequence */
-    const uint32_t *seq_bt;    /* [S] first block-table entry of each sequence */
-    const uint32_t *want_row;  /* [n_want] token rows whose logits are wanted */
-    const uint32_t *block_tables; /* the sequences' block tables, concatenated */
+    uint32_t n_tok;                      /* T: tokens of the step, sequences stacked */
+    uint32_t n_seq;                      /* S */
+    uint32_t n_want;                     /* rows wanting logits */
+    uint32_t n_tile;                     /* prefill attention tiles; 0: the step uses attn_paged */
+    const uint32_t *tokens;              /* [T] token ids */
+    const uint32_t *pos;                 /* [T] positions */
+    const uint32_t *slot;                /* [T] KV slots: block * block_size + offset */
+    const uint32_t *tok_seq;             /* [T] token -> sequence */
+    const uint32_t *seq_bt;              /* [S] first block-table entry of each sequence */
+    const uint32_t *want_row;            /* [n_want] token rows whose logits are wanted */
+    const uint32_t *block_tables;        /* the sequences' block tables, concatenated */
     const tm_k_attn_prefill_tile *tiles; /* [n_tile] */
 };
 
@@ -87,55 +87,55 @@ typedef struct tm_cuda_proj {
 } tm_cuda_proj;
 
 struct tm_cuda_engine {
-    tm_engine eng;             /* eng.impl points back here */
-    const tm_cuda_arch *arch;  /* the model's architecture (arch.h) */
-    void *arch_state;          /* owned by arch (init / fini) */
-    tm_model_cfg cfg;          /* this rank's shard with TP, else the model's */
-    cudaStream_t stream;       /* owned */
-    cublasHandle_t blas;       /* owned, bound to stream */
-    int dead;                  /* a CUDA error happened during forward */
-    int random;                /* weights from arch->fill_random (only eng.model->cfg is read) */
-    uint8_t random_fmt;        /* with random: tm_cuda_wfmt of the linears (engine_cuda.h) */
+    tm_engine eng;            /* eng.impl points back here */
+    const tm_cuda_arch *arch; /* the model's architecture (arch.h) */
+    void *arch_state;         /* owned by arch (init / fini) */
+    tm_model_cfg cfg;         /* this rank's shard with TP, else the model's */
+    cudaStream_t stream;      /* owned */
+    cublasHandle_t blas;      /* owned, bound to stream */
+    int dead;                 /* a CUDA error happened during forward */
+    int random;               /* weights from arch->fill_random (only eng.model->cfg is read) */
+    uint8_t random_fmt;       /* with random: tm_cuda_wfmt of the linears (engine_cuda.h) */
     int use_graphs;
-    uint32_t kv_dim;           /* arch->kv_dim: bf16 per token and layer in each of K and V */
-    uint32_t max_pos;          /* n_kv_block * block_size */
-    uint32_t bt_cap;           /* block table entries per step */
-    void *w_arena;             /* owned: the weights, carved by arch->carve_weights */
+    uint32_t kv_dim;  /* arch->kv_dim: bf16 per token and layer in each of K and V */
+    uint32_t max_pos; /* n_kv_block * block_size */
+    uint32_t bt_cap;  /* block table entries per step */
+    void *w_arena;    /* owned: the weights, carved by arch->carve_weights */
     /* KV cache: [layer][block][block_size][kv_dim] bf16 each */
     uint16_t *k_cache, *v_cache; /* owned */
     size_t layer_kv_elems;
     /* activations: one allocation, carved (arch->carve_acts, then the runtime's below);
      * T = max_batched_tokens, S = max_seqs */
-    void *a_arena;             /* owned */
-    float *logits;             /* [S][v_stride] */
-    float *sk_part;            /* split-K partials of the skinny projections (decode steps) */
+    void *a_arena;  /* owned */
+    float *logits;  /* [S][v_stride] */
+    float *sk_part; /* split-K partials of the skinny projections (decode steps) */
     size_t sk_part_floats;
-    uint32_t sk_max_tok;       /* steps of at most this many tokens use gemm_skinny; 0: none */
-    uint32_t n_sm;             /* multiprocessors of the device (split-K planning) */
-    int use_fa;                /* prefill steps carry attention tiles (arch->prefill_tiles) */
-    uint32_t ablate;           /* TM_CUDA_ABLATE: ops not launched (benchmarks only), bits */
+    uint32_t sk_max_tok; /* steps of at most this many tokens use gemm_skinny; 0: none */
+    uint32_t n_sm;       /* multiprocessors of the device (split-K planning) */
+    int use_fa;          /* prefill steps carry attention tiles (arch->prefill_tiles) */
+    uint32_t ablate;     /* TM_CUDA_ABLATE: ops not launched (benchmarks only), bits */
     /* TM_CUDA_PROFILE=1: GPU time per op kind of eager steps (events between launches; decode
      * graphs are not split up, so run with graphs off), printed at destroy. */
     int prof;
-    uint32_t prof_n;                  /* events recorded in this step */
+    uint32_t prof_n;                          /* events recorded in this step */
     cudaEvent_t prof_ev[TM_CUDA_PROF_EVENTS]; /* [0]: step start */
     const char *prof_what[TM_CUDA_PROF_EVENTS];
     const char *prof_kind[TM_CUDA_PROF_KINDS];
     double prof_ms[TM_CUDA_PROF_KINDS];
     uint64_t prof_calls[TM_CUDA_PROF_KINDS];
     tm_k_attn_prefill_chunk *chunks_h; /* host [S] scratch of pack_batch, owned */
-    uint32_t *ids;             /* [S] */
-    void *gemm_ws;             /* [TM_CUDA_GEMM_WS_BYTES] */
-    uint32_t *meta_d;          /* [meta_cap] step metadata */
+    uint32_t *ids;                     /* [S] */
+    void *gemm_ws;                     /* [TM_CUDA_GEMM_WS_BYTES] */
+    uint32_t *meta_d;                  /* [meta_cap] step metadata */
     size_t meta_cap;
     /* pinned host staging, owned */
-    tm_cuda_plan *plan_h;      /* host: a plan header followed by meta_h */
-    uint32_t *meta_h;          /* host [meta_cap], inside plan_h's allocation */
-    float *logits_h;           /* host [S][n_vocab]; with TP [tp][S][v_per] gathered slices */
-    uint32_t *ids_h;           /* host [S] */
-    cudaGraphExec_t *graphs;   /* host array [S + 1]: decode steps of T sequences, or NULL */
-    int device;                /* CUDA device ordinal */
-    uint32_t v_stride;         /* row stride of logits: n_vocab, or v_per with TP */
+    tm_cuda_plan *plan_h;    /* host: a plan header followed by meta_h */
+    uint32_t *meta_h;        /* host [meta_cap], inside plan_h's allocation */
+    float *logits_h;         /* host [S][n_vocab]; with TP [tp][S][v_per] gathered slices */
+    uint32_t *ids_h;         /* host [S] */
+    cudaGraphExec_t *graphs; /* host array [S + 1]: decode steps of T sequences, or NULL */
+    int device;              /* CUDA device ordinal */
+    uint32_t v_stride;       /* row stride of logits: n_vocab, or v_per with TP */
     /* tensor parallel (tp_size > 1); cfg above is this rank's shard */
     uint32_t tp_rank, tp_size;
     uint32_t vocab_full;       /* the model's n_vocab */
@@ -182,7 +182,7 @@ static inline tm_rc tm_cuda_op_end(tm_cuda_engine *impl, const char *what, tm_rc
  *     rc = TM_CUDA_OP(impl, TM_CUDA_ABL_ROPE, "rope_kv", tm_k_rope_kv_bf16(&ra, s, err));
  * evaluates launch (a tm_rc expression) unless op kind abl is ablated, then marks the end of
  * kind what. */
-#define TM_CUDA_OP(impl, abl, what, launch)                                                       \
+#define TM_CUDA_OP(impl, abl, what, launch)                                                        \
     tm_cuda_op_end((impl), (what), tm_cuda_ablated((impl), (abl)) ? TM_OK : (launch))
 
 #endif /* TM_RUNNER_ENGINE_CUDA_ENGINE_CUDA_INT_H */

@@ -55,16 +55,16 @@
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/tp/shard.h"
 
-#define ATTN_PART_HEADS 4096             /* (token, head, split) partials the attention may use */
-#define UPLOAD_CHUNK ((size_t)1 << 22)   /* elements converted per host staging pass */
-#define FP8_BLOCK 128                    /* the block side of kernels/gemm_quant.h */
+#define ATTN_PART_HEADS 4096           /* (token, head, split) partials the attention may use */
+#define UPLOAD_CHUNK ((size_t)1 << 22) /* elements converted per host staging pass */
+#define FP8_BLOCK 128                  /* the block side of kernels/gemm_quant.h */
 
 /* A linear (or a fused group of them) on the device: bf16 rows, or e4m3 rows with scales in the
  * layouts of kernels/gemm_quant.h. fp8 and sk are set at init, the rest at carve. */
 typedef struct cuda_lin {
-    void *w;            /* [n_out][n_in] bf16, or e4m3 when fp8 */
-    void *scale;        /* fp8: by sk, fp32 [ceil(n_out/128)][ceil(n_in/128)] or e8m0 bytes of
-                         * that grid (block) or fp32 [n_out] (channel); NULL otherwise */
+    void *w;     /* [n_out][n_in] bf16, or e4m3 when fp8 */
+    void *scale; /* fp8: by sk, fp32 [ceil(n_out/128)][ceil(n_in/128)] or e8m0 bytes of
+                  * that grid (block) or fp32 [n_out] (channel); NULL otherwise */
     uint32_t n_out, n_in;
     uint8_t fp8;
     tm_k_fp8_scale sk;
@@ -75,37 +75,37 @@ typedef struct cuda_layer {
      * wk, wv apart (FP8 block scales whose row counts are not multiples of 128) */
     cuda_lin qkv[3];
     uint32_t n_qkv;
-    cuda_lin o;         /* [n_embd][q_dim] */
-    cuda_lin gu[2];     /* n_gu 1: fused [2*n_ff][n_embd], w_gate rows, then w_up; 2: apart */
+    cuda_lin o;     /* [n_embd][q_dim] */
+    cuda_lin gu[2]; /* n_gu 1: fused [2*n_ff][n_embd], w_gate rows, then w_up; 2: apart */
     uint32_t n_gu;
-    cuda_lin down;      /* [n_embd][n_ff] */
-    float *b_qkv;      /* [q_dim + 2*kv_dim] fp32, NULL without bias */
-    float *attn_norm;  /* [n_embd] fp32 */
-    float *ffn_norm;   /* [n_embd] fp32 */
+    cuda_lin down;    /* [n_embd][n_ff] */
+    float *b_qkv;     /* [q_dim + 2*kv_dim] fp32, NULL without bias */
+    float *attn_norm; /* [n_embd] fp32 */
+    float *ffn_norm;  /* [n_embd] fp32 */
 } cuda_layer;
 
 /* impl->arch_state. Device pointers unless marked host. */
 typedef struct llama {
-    uint32_t q_dim, qkv_dim;   /* kv_dim is impl->kv_dim */
+    uint32_t q_dim, qkv_dim; /* kv_dim is impl->kv_dim */
     /* weights (impl->w_arena) */
-    uint16_t *embd;            /* [n_vocab][n_embd] */
-    uint16_t *lm_head;         /* [n_vocab][n_embd]; == embd when tied */
-    float *out_norm;           /* [n_embd] */
-    float *inv_freq;           /* [head_dim/2] */
-    cuda_layer *layers;        /* host array of n_layer, owned */
+    uint16_t *embd;     /* [n_vocab][n_embd] */
+    uint16_t *lm_head;  /* [n_vocab][n_embd]; == embd when tied */
+    float *out_norm;    /* [n_embd] */
+    float *inv_freq;    /* [head_dim/2] */
+    cuda_layer *layers; /* host array of n_layer, owned */
     /* activations (impl->a_arena); T = max_batched_tokens, S = max_seqs */
-    float *x;                  /* [T][n_embd] residual stream */
-    float *qkv;                /* [T][qkv_dim] */
-    float *gu;                 /* [T][2*n_ff] */
-    float *part;               /* attention split partials */
+    float *x;    /* [T][n_embd] residual stream */
+    float *qkv;  /* [T][qkv_dim] */
+    float *gu;   /* [T][2*n_ff] */
+    float *part; /* attention split partials */
     size_t part_floats;
-    uint16_t *h;               /* [T][n_embd] normed */
-    uint16_t *q;               /* [T][q_dim] rotated */
-    uint16_t *att;             /* [T][q_dim] */
-    uint16_t *ffa;             /* [T][n_ff] */
-    uint16_t *last;            /* [S][n_embd] final-normed wanted rows */
-    uint16_t *wdq;             /* [wdq_elems] bf16: an FP8 weight dequantized (prefill steps) */
-    size_t wdq_elems;          /* 0: no FP8 linear */
+    uint16_t *h;      /* [T][n_embd] normed */
+    uint16_t *q;      /* [T][q_dim] rotated */
+    uint16_t *att;    /* [T][q_dim] */
+    uint16_t *ffa;    /* [T][n_ff] */
+    uint16_t *last;   /* [S][n_embd] final-normed wanted rows */
+    uint16_t *wdq;    /* [wdq_elems] bf16: an FP8 weight dequantized (prefill steps) */
+    size_t wdq_elems; /* 0: no FP8 linear */
     /* the FP8 decode GEMM's variant and depth (kernels/gemm_quant.h; 0: its defaults), from
      * TM_CUDA_FP8_VARIANT=mma|cvt|fma and TM_CUDA_FP8_DEPTH=4|8 (benchmarks) */
     tm_k_quant_variant fp8_variant;
@@ -144,7 +144,8 @@ static tm_rc lin_fmt(const tm_tensor *t, uint32_t layer, const char *name, cuda_
     switch ((tm_quant)t->quant) {
     case TM_QUANT_NONE:
     case TM_QUANT_FP8_CHANNEL:
-    case TM_QUANT_FP8_TENSOR: return TM_OK; // a per-tensor scale is uploaded as per-channel
+    case TM_QUANT_FP8_TENSOR:
+        return TM_OK; // a per-tensor scale is uploaded as per-channel
     case TM_QUANT_FP8_BLOCK:
         if (t->qblock[0] != FP8_BLOCK || t->qblock[1] != FP8_BLOCK)
             return TM_ERR(err, TM_E_INVAL,
@@ -153,10 +154,11 @@ static tm_rc lin_fmt(const tm_tensor *t, uint32_t layer, const char *name, cuda_
                           layer, name, t->qblock[0], t->qblock[1]);
         f->sk = t->scale_dtype == TM_DTYPE_F8_E8M0 ? TM_K_FP8_BLOCK_E8M0 : TM_K_FP8_BLOCK_F32;
         return TM_OK;
-    case TM_QUANT_MXFP4: break;
+    case TM_QUANT_MXFP4:
+        break;
     }
-    return TM_ERR(err, TM_E_INVAL, "cuda engine: layer %u %s: %s weights are not supported",
-                  layer, name, tm_quant_name((tm_quant)t->quant));
+    return TM_ERR(err, TM_E_INVAL, "cuda engine: layer %u %s: %s weights are not supported", layer,
+                  name, tm_quant_name((tm_quant)t->quant));
 }
 
 static int same_fmt(const cuda_lin *a, const cuda_lin *b) {
@@ -214,14 +216,10 @@ static tm_rc shard_cfg(const tm_model_cfg *c, uint32_t rank, uint32_t tp, tm_mod
     return TM_OK;
 }
 
-static uint32_t kv_dim(const tm_model_cfg *c) {
-    return c->n_kv_head * c->head_dim;
-}
+static uint32_t kv_dim(const tm_model_cfg *c) { return c->n_kv_head * c->head_dim; }
 
 // Prefill attention on tensor cores for head_dim 64/128.
-static int prefill_tiles(const tm_model_cfg *c) {
-    return tm_k_attn_prefill_supported(c->head_dim);
-}
+static int prefill_tiles(const tm_model_cfg *c) { return tm_k_attn_prefill_supported(c->head_dim); }
 
 static void fini(tm_cuda_engine *impl) {
     llama *lm = impl->arch_state;
@@ -245,7 +243,7 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     // attention partials (attn_splits splits less when a step's would not fit)
     lm->part_floats = tm_k_attn_part_floats(1, ATTN_PART_HEADS, 1, c->head_dim);
     const char *fv = getenv("TM_CUDA_FP8_VARIANT"), *fd = getenv("TM_CUDA_FP8_DEPTH");
-    lm->fp8_variant = !fv                   ? TM_K_QUANT_DEFAULT
+    lm->fp8_variant = !fv                  ? TM_K_QUANT_DEFAULT
                       : !strcmp(fv, "mma") ? TM_K_QUANT_MMA
                       : !strcmp(fv, "cvt") ? TM_K_QUANT_MMA_CVT
                       : !strcmp(fv, "fma") ? TM_K_QUANT_FMA
@@ -260,12 +258,11 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     for (uint32_t l = 0; l < c->n_layer; l++) {
         cuda_layer *L = &lm->layers[l];
         if (impl->random) {
-            const cuda_lin f = {.fp8 = impl->random_fmt != TM_CUDA_W_BF16,
-                                .sk = impl->random_fmt == TM_CUDA_W_FP8_BLOCK_E8M0
-                                          ? TM_K_FP8_BLOCK_E8M0
-                                          : impl->random_fmt == TM_CUDA_W_FP8_CHANNEL
-                                                ? TM_K_FP8_CHANNEL
-                                                : TM_K_FP8_BLOCK_F32};
+            const cuda_lin f = {
+                .fp8 = impl->random_fmt != TM_CUDA_W_BF16,
+                .sk = impl->random_fmt == TM_CUDA_W_FP8_BLOCK_E8M0 ? TM_K_FP8_BLOCK_E8M0
+                      : impl->random_fmt == TM_CUDA_W_FP8_CHANNEL  ? TM_K_FP8_CHANNEL
+                                                                   : TM_K_FP8_BLOCK_F32};
             L->qkv[0] = L->qkv[1] = L->qkv[2] = L->o = L->gu[0] = L->gu[1] = L->down = f;
         } else if (m->layers) {
             tm_rc rc = layer_fmts(&m->layers[l], l, L, err);
@@ -302,8 +299,10 @@ static void group_rows(const tm_cuda_engine *impl, const llama *lm, uint32_t qkv
 static size_t skinny_floats(const tm_cuda_engine *impl, uint32_t T) {
     const llama *lm = impl->arch_state;
     const tm_model_cfg *c = &impl->cfg;
-    const uint32_t shapes[5][2] = {{c->n_embd, lm->qkv_dim}, {lm->q_dim, c->n_embd},
-                                   {c->n_embd, 2 * c->n_ff}, {c->n_ff, c->n_embd},
+    const uint32_t shapes[5][2] = {{c->n_embd, lm->qkv_dim},
+                                   {lm->q_dim, c->n_embd},
+                                   {c->n_embd, 2 * c->n_ff},
+                                   {c->n_ff, c->n_embd},
                                    {c->n_embd, c->n_vocab}};
     size_t most = 0;
     for (int i = 0; i < 5; i++) {
@@ -392,8 +391,8 @@ static cuda_lin group_part(const cuda_lin *g, uint32_t n, const uint32_t *rows, 
     p.w = (char *)p.w + r0 * p.n_in * (p.fp8 ? 1 : sizeof(uint16_t));
     if (p.fp8) {
         TM_ASSERT(p.sk == TM_K_FP8_CHANNEL || r0 % FP8_BLOCK == 0);
-        p.scale = (char *)p.scale + (p.sk == TM_K_FP8_CHANNEL ? r0 * sizeof(float)
-                                                              : scale_bytes(p.sk, r0, p.n_in));
+        p.scale = (char *)p.scale +
+                  (p.sk == TM_K_FP8_CHANNEL ? r0 * sizeof(float) : scale_bytes(p.sk, r0, p.n_in));
     }
     return p;
 }
@@ -473,9 +472,8 @@ static tm_rc upload_lin(const cuda_lin *dst, const tm_tensor *t, uint16_t *stage
         return upload_bf16(dst->w, t, stage, err);
     TM_ASSERT(t->dtype == TM_DTYPE_F8_E4M3 && t->shape[0] == dst->n_out &&
               t->shape[1] == dst->n_in);
-    tm_rc rc = TM_CUDA_CHECK(cudaMemcpy(dst->w, t->data, (size_t)dst->n_out * dst->n_in,
-                                        cudaMemcpyHostToDevice),
-                             err);
+    tm_rc rc = TM_CUDA_CHECK(
+        cudaMemcpy(dst->w, t->data, (size_t)dst->n_out * dst->n_in, cudaMemcpyHostToDevice), err);
     if (rc)
         return rc;
     const size_t sb = scale_bytes(dst->sk, dst->n_out, dst->n_in);
@@ -499,9 +497,9 @@ static tm_rc upload_inv_freq(tm_cuda_engine *impl, llama *lm, tm_err *err) {
     const tm_model_cfg *c = &impl->cfg;
     float inv_freq[TM_ATTN_MAX_HEAD_DIM / 2];
     tm_model_rope_inv_freq(c, inv_freq);
-    return TM_CUDA_CHECK(cudaMemcpy(lm->inv_freq, inv_freq, c->head_dim / 2 * sizeof(float),
-                                    cudaMemcpyHostToDevice),
-                         err);
+    return TM_CUDA_CHECK(
+        cudaMemcpy(lm->inv_freq, inv_freq, c->head_dim / 2 * sizeof(float), cudaMemcpyHostToDevice),
+        err);
 }
 
 static tm_rc upload_weights(tm_cuda_engine *impl, llama *lm, const tm_model *m, tm_err *err) {
@@ -564,9 +562,8 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     rc = tm_shard_create(m, impl->tp_rank, impl->tp_size, &shard, &sv0, err);
     if (!rc) {
         const tm_model_cfg *sc = &shard->cfg;
-        TM_ASSERT(sv0 == impl->vocab0 && sc->n_head == c->n_head &&
-                  sc->n_kv_head == c->n_kv_head && sc->n_ff == c->n_ff &&
-                  sc->n_vocab == c->n_vocab);
+        TM_ASSERT(sv0 == impl->vocab0 && sc->n_head == c->n_head && sc->n_kv_head == c->n_kv_head &&
+                  sc->n_ff == c->n_ff && sc->n_vocab == c->n_vocab);
         rc = tm_model_check_weights(shard, "cuda engine", err);
     }
     if (!rc)
@@ -578,8 +575,11 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
 static tm_rc fill_mat(tm_cuda_engine *impl, uint16_t *p, size_t n_out, size_t n_in, uint64_t seed,
                       tm_err *err) {
     // uniform [-a, a) has std a/sqrt(3); aim for std 1/sqrt(n_in)
-    tm_k_fill_bf16_args fa = {.p = p, .n = n_out * n_in, .seed = seed,
-                              .scale = sqrtf(3.0f / (float)n_in), .offset = 0.0f};
+    tm_k_fill_bf16_args fa = {.p = p,
+                              .n = n_out * n_in,
+                              .seed = seed,
+                              .scale = sqrtf(3.0f / (float)n_in),
+                              .offset = 0.0f};
     return tm_k_fill_bf16(&fa, impl->stream, err);
 }
 
@@ -602,8 +602,8 @@ static tm_rc fill_vec_f32(float *dst, size_t n, uint64_t seed, float scale, floa
  * range, scales s0 = sqrt(3 / n_in) / 448 with a +-10% spread (e8m0: the power of two at or
  * above s0). */
 static tm_rc fill_lin_fp8(tm_cuda_engine *impl, const cuda_lin *p, uint64_t seed, tm_err *err) {
-    tm_k_fill_e4m3_args fa = {.p = p->w, .n = (size_t)p->n_out * p->n_in, .seed = seed,
-                              .amax = 448.0f};
+    tm_k_fill_e4m3_args fa = {
+        .p = p->w, .n = (size_t)p->n_out * p->n_in, .seed = seed, .amax = 448.0f};
     tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
     const float s0 = sqrtf(3.0f / (float)p->n_in) / 448.0f;
     const size_t sb = scale_bytes(p->sk, p->n_out, p->n_in);
@@ -687,26 +687,37 @@ static tm_rc tp_reduce_norm(tm_cuda_engine *impl, llama *lm, uint32_t T, tm_cuda
     tm_rc rc = TM_OK;
     if (tm_cuda_ablated(impl, TM_CUDA_ABL_AR)) { // benchmarks only: nothing launched
     } else if (cm->ar_on && T <= TM_AR_MAX_ROWS && d % 4 == 0) {
-        tm_k_allreduce_args a = {.x = lm->x, .n_tok = T, .d = d, .d_cap = cm->ar_d,
-                                 .rank = impl->tp_rank, .world = impl->tp_size,
+        tm_k_allreduce_args a = {.x = lm->x,
+                                 .n_tok = T,
+                                 .d = d,
+                                 .d_cap = cm->ar_d,
+                                 .rank = impl->tp_rank,
+                                 .world = impl->tp_size,
                                  .parts = skinny ? res->p : NULL,
                                  .part_stride = skinny ? res->stride : 0,
-                                 .n_part = skinny ? res->n : 0, .beta = beta,
-                                 .out = w ? lm->h : NULL, .w = w, .eps = impl->cfg.rms_eps};
+                                 .n_part = skinny ? res->n : 0,
+                                 .beta = beta,
+                                 .out = w ? lm->h : NULL,
+                                 .w = w,
+                                 .eps = impl->cfg.rms_eps};
         memcpy(a.regions, cm->ar_regions, sizeof(a.regions));
         rc = tm_k_allreduce_sum_f32(&a, impl->stream, err);
     } else {
         const size_t n_x = (size_t)T * d;
         if (skinny) {
-            tm_k_sum_parts_args sp = {.y = lm->x, .part = res->p, .stride = res->stride,
-                                      .n = n_x, .n_part = res->n, .beta = beta};
+            tm_k_sum_parts_args sp = {.y = lm->x,
+                                      .part = res->p,
+                                      .stride = res->stride,
+                                      .n = n_x,
+                                      .n_part = res->n,
+                                      .beta = beta};
             rc = tm_k_sum_parts(&sp, impl->stream, err);
         }
         if (!rc)
             rc = tm_nccl_allreduce_sum(cm->nccl, lm->x, n_x, TM_NCCL_F32, impl->stream, err);
         if (!rc && w) {
-            tm_k_rmsnorm_bf16_args na = {.out = lm->h, .x = lm->x, .w = w, .n_row = T,
-                                         .n_col = d, .eps = impl->cfg.rms_eps};
+            tm_k_rmsnorm_bf16_args na = {
+                .out = lm->h, .x = lm->x, .w = w, .n_row = T, .n_col = d, .eps = impl->cfg.rms_eps};
             rc = tm_k_rmsnorm_bf16(&na, impl->stream, err);
         }
     }
@@ -721,16 +732,23 @@ static tm_rc embed(tm_cuda_engine *impl, llama *lm, const tm_cuda_step *st, tm_e
     const tm_model_cfg *c = &impl->cfg;
     tm_rc rc;
     if (impl->tp_size > 1) {
-        tm_k_embed_part_bf16_args ea = {.x = lm->x, .table = lm->embd, .tokens = st->tokens,
-                                        .n_tok = st->n_tok, .n_embd = c->n_embd,
-                                        .vocab0 = impl->vocab0, .n_vocab = c->n_vocab};
+        tm_k_embed_part_bf16_args ea = {.x = lm->x,
+                                        .table = lm->embd,
+                                        .tokens = st->tokens,
+                                        .n_tok = st->n_tok,
+                                        .n_embd = c->n_embd,
+                                        .vocab0 = impl->vocab0,
+                                        .n_vocab = c->n_vocab};
         rc = tm_k_embed_part_bf16(&ea, impl->stream, err);
         if (!rc)
             rc = tp_reduce_norm(impl, lm, st->n_tok, NULL, 1.0f,
                                 c->n_layer ? lm->layers[0].attn_norm : NULL, err);
     } else {
-        tm_k_embed_bf16_args ea = {.x = lm->x, .table = lm->embd, .tokens = st->tokens,
-                                   .n_tok = st->n_tok, .n_embd = c->n_embd};
+        tm_k_embed_bf16_args ea = {.x = lm->x,
+                                   .table = lm->embd,
+                                   .tokens = st->tokens,
+                                   .n_tok = st->n_tok,
+                                   .n_embd = c->n_embd};
         rc = tm_k_embed_bf16(&ea, impl->stream, err);
     }
     return tm_cuda_op_end(impl, "metadata upload + embed", rc);
@@ -755,9 +773,16 @@ static tm_rc residual_norm(tm_cuda_engine *impl, llama *lm, uint32_t T, tm_cuda_
                            const float *w, const char *what, tm_err *err) {
     if (impl->tp_size > 1)
         return TM_OK;
-    tm_k_rmsnorm_bf16_args na = {.out = lm->h, .x = lm->x, .rows = NULL, .w = w, .n_row = T,
-                                 .n_col = impl->cfg.n_embd, .eps = impl->cfg.rms_eps,
-                                 .add = res->p, .add_stride = res->stride, .n_add = res->n};
+    tm_k_rmsnorm_bf16_args na = {.out = lm->h,
+                                 .x = lm->x,
+                                 .rows = NULL,
+                                 .w = w,
+                                 .n_row = T,
+                                 .n_col = impl->cfg.n_embd,
+                                 .eps = impl->cfg.rms_eps,
+                                 .add = res->p,
+                                 .add_stride = res->stride,
+                                 .n_add = res->n};
     *res = (tm_cuda_proj){0};
     return TM_CUDA_OP(impl, TM_CUDA_ABL_NORM, what, tm_k_rmsnorm_bf16(&na, impl->stream, err));
 }
@@ -767,9 +792,9 @@ static tm_rc residual_norm(tm_cuda_engine *impl, llama *lm, uint32_t T, tm_cuda_
  * decode GEMM with the same partial convention (several parts: beta 0 only; each part's
  * partials summed into its columns of dst, which is then the result); longer steps dequantize
  * the weight into lm->wdq (the parts at their row offsets) and run the bf16 projection. */
-static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
-                     const cuda_lin *g, uint32_t n, const uint16_t *x, uint32_t T, float *dst,
-                     float beta, tm_cuda_proj *out, tm_err *err) {
+static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what, const cuda_lin *g,
+                     uint32_t n, const uint16_t *x, uint32_t T, float *dst, float beta,
+                     tm_cuda_proj *out, tm_err *err) {
     const uint32_t n_in = g[0].n_in;
     uint32_t n_out = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -786,17 +811,29 @@ static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
             const uint32_t ns = tm_k_gemm_fp8_splits(n_in, g[i].n_out, impl->n_sm, &kps);
             float *part = n == 1 && ns == 1 && beta == 0.0f ? dst : impl->sk_part;
             TM_ASSERT((size_t)ns * T * g[i].n_out <= impl->sk_part_floats);
-            tm_k_gemm_fp8_args ga = {.part = part, .w = g[i].w, .scale = g[i].scale, .x = x,
-                                     .n_tok = T, .n_in = n_in, .n_out = g[i].n_out,
-                                     .n_split = ns, .k_per_split = kps, .scale_kind = g[i].sk,
-                                     .variant = lm->fp8_variant, .depth = lm->fp8_depth};
+            tm_k_gemm_fp8_args ga = {.part = part,
+                                     .w = g[i].w,
+                                     .scale = g[i].scale,
+                                     .x = x,
+                                     .n_tok = T,
+                                     .n_in = n_in,
+                                     .n_out = g[i].n_out,
+                                     .n_split = ns,
+                                     .k_per_split = kps,
+                                     .scale_kind = g[i].sk,
+                                     .variant = lm->fp8_variant,
+                                     .depth = lm->fp8_depth};
             if (n == 1) {
                 *out = (tm_cuda_proj){.p = part, .n = ns, .stride = (size_t)T * n_out};
                 return TM_CUDA_OP(impl, abl, what, tm_k_gemm_fp8(&ga, s, err));
             }
-            tm_k_sum_parts_cols_args sc = {.y = dst + col, .ld_y = n_out, .part = part,
-                                           .stride = (size_t)T * g[i].n_out, .n_part = ns,
-                                           .n_tok = T, .n_col = g[i].n_out};
+            tm_k_sum_parts_cols_args sc = {.y = dst + col,
+                                           .ld_y = n_out,
+                                           .part = part,
+                                           .stride = (size_t)T * g[i].n_out,
+                                           .n_part = ns,
+                                           .n_tok = T,
+                                           .n_col = g[i].n_out};
             rc = TM_CUDA_OP(impl, abl, NULL, tm_k_gemm_fp8(&ga, s, err));
             if (!rc)
                 rc = TM_CUDA_OP(impl, abl, NULL, tm_k_sum_parts_cols(&sc, s, err));
@@ -808,8 +845,11 @@ static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
     size_t row = 0;
     TM_ASSERT((size_t)n_out * n_in <= lm->wdq_elems);
     for (uint32_t i = 0; !rc && i < n; i++) {
-        tm_k_dequant_fp8_args da = {.out = lm->wdq + row * n_in, .w = g[i].w,
-                                    .scale = g[i].scale, .n_out = g[i].n_out, .n_in = n_in,
+        tm_k_dequant_fp8_args da = {.out = lm->wdq + row * n_in,
+                                    .w = g[i].w,
+                                    .scale = g[i].scale,
+                                    .n_out = g[i].n_out,
+                                    .n_in = n_in,
                                     .scale_kind = g[i].sk};
         rc = TM_CUDA_OP(impl, abl, NULL, tm_k_dequant_fp8_bf16(&da, s, err));
         row += g[i].n_out;
@@ -841,55 +881,88 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
         uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
         rc = residual_norm(impl, lm, T, &res, L->attn_norm, "attn_norm (+residual)", err);
         if (!rc)
-            rc = project(impl, lm, TM_CUDA_ABL_QKV, "qkv_proj", L->qkv, L->n_qkv, lm->h, T,
-                         lm->qkv, 0.0f, &po, err);
+            rc = project(impl, lm, TM_CUDA_ABL_QKV, "qkv_proj", L->qkv, L->n_qkv, lm->h, T, lm->qkv,
+                         0.0f, &po, err);
         if (rc)
             return rc;
-        tm_k_rope_kv_bf16_args ra = {
-            .q = lm->q, .k_cache = kc, .v_cache = vc, .qkv = po.p, .bias = L->b_qkv,
-            .pos = st->pos, .slot = st->slot, .inv_freq = lm->inv_freq, .n_tok = T,
-            .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-            .n_part = po.n, .part_stride = po.stride};
+        tm_k_rope_kv_bf16_args ra = {.q = lm->q,
+                                     .k_cache = kc,
+                                     .v_cache = vc,
+                                     .qkv = po.p,
+                                     .bias = L->b_qkv,
+                                     .pos = st->pos,
+                                     .slot = st->slot,
+                                     .inv_freq = lm->inv_freq,
+                                     .n_tok = T,
+                                     .n_head = c->n_head,
+                                     .n_kv_head = c->n_kv_head,
+                                     .head_dim = c->head_dim,
+                                     .n_part = po.n,
+                                     .part_stride = po.stride};
         rc = TM_CUDA_OP(impl, TM_CUDA_ABL_ROPE, "rope_kv", tm_k_rope_kv_bf16(&ra, s, err));
         if (rc)
             return rc;
-        tm_k_attn_paged_bf16_args aa = {
-            .out = lm->att, .q = lm->q, .k_cache = kc, .v_cache = vc, .pos = st->pos,
-            .tok_seq = st->tok_seq, .seq_bt = st->seq_bt, .block_tables = st->block_tables,
-            .part_acc = lm->part,
-            .part_ml = lm->part + (size_t)T * c->n_head * n_split * c->head_dim,
-            .n_tok = T, .n_head = c->n_head, .n_kv_head = c->n_kv_head,
-            .head_dim = c->head_dim, .block_size = impl->eng.opts.block_size,
-            .ld_q = lm->q_dim, .window = c->sliding_window, .n_split = n_split,
-            .scale = 1.0f / sqrtf((float)c->head_dim)};
-        tm_k_attn_prefill_bf16_args fa = {
-            .out = lm->att, .q = lm->q, .k_cache = kc, .v_cache = vc, .seq_bt = st->seq_bt,
-            .block_tables = st->block_tables, .tiles = st->tiles, .n_tile = st->n_tile,
-            .n_head = c->n_head, .n_kv_head = c->n_kv_head, .head_dim = c->head_dim,
-            .block_size = impl->eng.opts.block_size, .ld_q = lm->q_dim,
-            .window = c->sliding_window, .scale = aa.scale};
+        tm_k_attn_paged_bf16_args aa = {.out = lm->att,
+                                        .q = lm->q,
+                                        .k_cache = kc,
+                                        .v_cache = vc,
+                                        .pos = st->pos,
+                                        .tok_seq = st->tok_seq,
+                                        .seq_bt = st->seq_bt,
+                                        .block_tables = st->block_tables,
+                                        .part_acc = lm->part,
+                                        .part_ml = lm->part +
+                                                   (size_t)T * c->n_head * n_split * c->head_dim,
+                                        .n_tok = T,
+                                        .n_head = c->n_head,
+                                        .n_kv_head = c->n_kv_head,
+                                        .head_dim = c->head_dim,
+                                        .block_size = impl->eng.opts.block_size,
+                                        .ld_q = lm->q_dim,
+                                        .window = c->sliding_window,
+                                        .n_split = n_split,
+                                        .scale = 1.0f / sqrtf((float)c->head_dim)};
+        tm_k_attn_prefill_bf16_args fa = {.out = lm->att,
+                                          .q = lm->q,
+                                          .k_cache = kc,
+                                          .v_cache = vc,
+                                          .seq_bt = st->seq_bt,
+                                          .block_tables = st->block_tables,
+                                          .tiles = st->tiles,
+                                          .n_tile = st->n_tile,
+                                          .n_head = c->n_head,
+                                          .n_kv_head = c->n_kv_head,
+                                          .head_dim = c->head_dim,
+                                          .block_size = impl->eng.opts.block_size,
+                                          .ld_q = lm->q_dim,
+                                          .window = c->sliding_window,
+                                          .scale = aa.scale};
         rc = st->n_tile ? TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, "attention (prefill)",
                                      tm_k_attn_prefill_bf16(&fa, s, err))
                         : TM_CUDA_OP(impl, TM_CUDA_ABL_ATTN, "attention (paged)",
                                      tm_k_attn_paged_bf16(&aa, s, err));
         if (!rc)
-            rc = project(impl, lm, TM_CUDA_ABL_O, "o_proj", &L->o, 1, lm->att, T, lm->x,
-                         beta_res, &res, err);
+            rc = project(impl, lm, TM_CUDA_ABL_O, "o_proj", &L->o, 1, lm->att, T, lm->x, beta_res,
+                         &res, err);
         if (!rc)
             rc = residual_reduce(impl, lm, T, &res, beta_res, L->ffn_norm, err);
         if (!rc)
             rc = residual_norm(impl, lm, T, &res, L->ffn_norm, "ffn_norm (+residual)", err);
         if (!rc)
-            rc = project(impl, lm, TM_CUDA_ABL_GU, "gate_up_proj", L->gu, L->n_gu, lm->h, T,
-                         lm->gu, 0.0f, &po, err);
+            rc = project(impl, lm, TM_CUDA_ABL_GU, "gate_up_proj", L->gu, L->n_gu, lm->h, T, lm->gu,
+                         0.0f, &po, err);
         if (rc)
             return rc;
-        tm_k_silu_mul_bf16_args sa = {.out = lm->ffa, .gu = po.p, .n_tok = T, .n_ff = ff,
-                                      .n_part = po.n, .part_stride = po.stride};
+        tm_k_silu_mul_bf16_args sa = {.out = lm->ffa,
+                                      .gu = po.p,
+                                      .n_tok = T,
+                                      .n_ff = ff,
+                                      .n_part = po.n,
+                                      .part_stride = po.stride};
         rc = TM_CUDA_OP(impl, TM_CUDA_ABL_SILU, "silu_mul", tm_k_silu_mul_bf16(&sa, s, err));
         if (!rc)
-            rc = project(impl, lm, TM_CUDA_ABL_DOWN, "down_proj", &L->down, 1, lm->ffa, T,
-                         lm->x, beta_res, &res, err);
+            rc = project(impl, lm, TM_CUDA_ABL_DOWN, "down_proj", &L->down, 1, lm->ffa, T, lm->x,
+                         beta_res, &res, err);
         if (!rc)
             rc = residual_reduce(impl, lm, T, &res, beta_res,
                                  l + 1 < c->n_layer ? lm->layers[l + 1].attn_norm : NULL, err);
@@ -898,9 +971,15 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
     }
     if (st->n_want == 0)
         return TM_OK;
-    tm_k_rmsnorm_bf16_args na = {.out = lm->last, .x = lm->x, .rows = st->want_row,
-                                 .w = lm->out_norm, .n_row = st->n_want, .n_col = d,
-                                 .eps = c->rms_eps, .add = res.p, .add_stride = res.stride,
+    tm_k_rmsnorm_bf16_args na = {.out = lm->last,
+                                 .x = lm->x,
+                                 .rows = st->want_row,
+                                 .w = lm->out_norm,
+                                 .n_row = st->n_want,
+                                 .n_col = d,
+                                 .eps = c->rms_eps,
+                                 .add = res.p,
+                                 .add_stride = res.stride,
                                  .n_add = res.n};
     rc = TM_CUDA_OP(impl, TM_CUDA_ABL_LM, "final_norm", tm_k_rmsnorm_bf16(&na, s, err));
     if (!rc)
@@ -909,8 +988,11 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
     if (rc)
         return rc;
     // the skinny kernel's split-K partials, summed into the logits
-    tm_k_sum_parts_args sp = {.y = impl->logits, .part = po.p, .stride = po.stride,
-                              .n = (size_t)st->n_want * c->n_vocab, .n_part = po.n,
+    tm_k_sum_parts_args sp = {.y = impl->logits,
+                              .part = po.p,
+                              .stride = po.stride,
+                              .n = (size_t)st->n_want * c->n_vocab,
+                              .n_part = po.n,
                               .beta = 0.0f};
     return TM_CUDA_OP(impl, TM_CUDA_ABL_LM, "lm_head",
                       po.p == impl->logits ? TM_OK : tm_k_sum_parts(&sp, s, err));

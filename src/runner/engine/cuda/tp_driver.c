@@ -22,25 +22,25 @@
 #include "kernels/common.h"
 #include "runner/tp/rendezvous.h"
 
-#define PLAN_MSG TM_RDZV_MSG_USER   /* rendezvous message type of a step plan */
-#define SPIN_PLAN_MS 20.0           /* ranks > 0 poll this long for the next plan, then block */
-#define DEAD_WAIT_MS 10000          /* destroy after a TP failure waits this long, then leaks */
+#define PLAN_MSG TM_RDZV_MSG_USER /* rendezvous message type of a step plan */
+#define SPIN_PLAN_MS 20.0         /* ranks > 0 poll this long for the next plan, then block */
+#define DEAD_WAIT_MS 10000        /* destroy after a TP failure waits this long, then leaks */
 #define TIMEOUT_MS_DEFAULT 300000
 
 struct tm_cuda_drv {
     uint32_t rank, world;
-    tm_rdzv *rdzv;             /* borrowed: plans out (rank 0) or in (the others) */
-    uint32_t timeout_ms;       /* a step running longer means a rank hung */
-    tm_cuda_comm comm;         /* nccl and the all-reduce regions owned */
+    tm_rdzv *rdzv;       /* borrowed: plans out (rank 0) or in (the others) */
+    uint32_t timeout_ms; /* a step running longer means a rank hung */
+    tm_cuda_comm comm;   /* nccl and the all-reduce regions owned */
     /* the watchdog thread; wd_mu guards the wd_ fields below it */
     pthread_t wd;
     int wd_started;
     pthread_mutex_t wd_mu;
-    int wd_busy;               /* a step is in flight since wd_t0 */
+    int wd_busy; /* a step is in flight since wd_t0 */
     int wd_quit;
-    int wd_aborted;            /* the communicator was aborted (by either thread) */
+    int wd_aborted; /* the communicator was aborted (by either thread) */
     double wd_t0;
-    tm_err wd_err;             /* why the watchdog aborted */
+    tm_err wd_err; /* why the watchdog aborted */
 };
 
 /* ---- failure detection ---- */
@@ -92,8 +92,10 @@ static void *watchdog_main(void *arg) {
         if (!rc)
             rc = tm_nccl_check(drv->comm.nccl, &e);
         if (!rc && tm_now_ms() - t0 > drv->timeout_ms)
-            rc = TM_ERR(&e, TM_E_IO, "a step did not finish within %.0f s (a rank hung or the "
-                        "network stalled)", drv->timeout_ms / 1e3);
+            rc = TM_ERR(&e, TM_E_IO,
+                        "a step did not finish within %.0f s (a rank hung or the "
+                        "network stalled)",
+                        drv->timeout_ms / 1e3);
         if (rc) {
             tm_err_wrap(&e, "tp rank %u of %u", drv->rank, drv->world);
             abort_comm(drv, &e);
@@ -101,9 +103,7 @@ static void *watchdog_main(void *arg) {
     }
 }
 
-void tm_cuda_drv_step_begin(tm_cuda_drv *drv) {
-    set_busy(drv, 1);
-}
+void tm_cuda_drv_step_begin(tm_cuda_drv *drv) { set_busy(drv, 1); }
 
 tm_rc tm_cuda_drv_sync(tm_cuda_drv *drv, cudaStream_t s, tm_err *err) {
     for (uint64_t spin = 0;; spin++) {
@@ -123,9 +123,7 @@ void tm_cuda_drv_step_end(tm_cuda_drv *drv, tm_rc rc, tm_err *err) {
         comm_aborted(drv, err);
 }
 
-void tm_cuda_drv_abort(tm_cuda_drv *drv) {
-    abort_comm(drv, NULL);
-}
+void tm_cuda_drv_abort(tm_cuda_drv *drv) { abort_comm(drv, NULL); }
 
 /* ---- lifecycle ---- */
 
@@ -180,9 +178,10 @@ int tm_cuda_drv_stop(tm_cuda_drv *drv, int dead, cudaStream_t s) {
             stuck = tm_now_ms() - t0 > DEAD_WAIT_MS;
     }
     if (stuck) {
-        TM_LOG_WARN("cuda", "tp rank %u: NCCL kernels still running %d s after the abort; "
-                    "leaving the engine's GPU memory to process exit", drv->rank,
-                    DEAD_WAIT_MS / 1000);
+        TM_LOG_WARN("cuda",
+                    "tp rank %u: NCCL kernels still running %d s after the abort; "
+                    "leaving the engine's GPU memory to process exit",
+                    drv->rank, DEAD_WAIT_MS / 1000);
         return 1;
     }
     if (drv->rank == 0 && !dead) {
@@ -209,9 +208,7 @@ void tm_cuda_drv_destroy(tm_cuda_drv *drv) {
     tm_free(drv);
 }
 
-tm_cuda_comm *tm_cuda_drv_comm(tm_cuda_drv *drv) {
-    return &drv->comm;
-}
+tm_cuda_comm *tm_cuda_drv_comm(tm_cuda_drv *drv) { return &drv->comm; }
 
 /* ---- create-time agreements ---- */
 
@@ -253,14 +250,14 @@ tm_rc tm_cuda_drv_agree_min(tm_cuda_drv *drv, uint32_t *n, void *scratch, size_t
 /* What a rank tells the others about its all-reduce region. */
 typedef struct ar_card {
     cudaIpcMemHandle_t handle;
-    uint64_t host;             /* hash of the host name */
-    uint32_t ok;               /* 1: region allocated and exported */
+    uint64_t host; /* hash of the host name */
+    uint32_t ok;   /* 1: region allocated and exported */
     uint32_t pad;
 } ar_card;
 
 // Every rank takes part in both exchanges whatever it wants, so the decision is the same on all.
-tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch,
-                           size_t scratch_bytes, cudaStream_t s, tm_err *err) {
+tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch, size_t scratch_bytes,
+                           cudaStream_t s, tm_err *err) {
     tm_cuda_comm *cm = &drv->comm;
     const uint32_t tp = drv->world, me = drv->rank;
     if (tp > TM_AR_MAX_RANKS || n_embd > TM_AR_MAX_D)
@@ -326,8 +323,10 @@ tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch,
         return TM_OK;
     }
     if (me == 0)
-        TM_LOG_INFO("cuda", "tp: all-reduces of steps of up to %u tokens over peer memory "
-                    "(one-shot, fused with the RMSNorm), larger ones on NCCL", TM_AR_MAX_ROWS);
+        TM_LOG_INFO("cuda",
+                    "tp: all-reduces of steps of up to %u tokens over peer memory "
+                    "(one-shot, fused with the RMSNorm), larger ones on NCCL",
+                    TM_AR_MAX_ROWS);
     return TM_OK;
 }
 

@@ -34,15 +34,15 @@
  * n_tile prefill tiles of 4 uint32). Rank 0 builds it for itself too. */
 enum { TM_CUDA_PLAN_STEP = 1, TM_CUDA_PLAN_KV_COPY, TM_CUDA_PLAN_STOP };
 typedef struct tm_cuda_plan {
-    uint32_t op;               /* TM_CUDA_PLAN_* */
-    uint32_t T, S, n_want;     /* step: tokens, sequences, rows wanting logits */
-    uint32_t graph;            /* 1: a pure decode step (CUDA graph of T sequences) */
-    uint32_t greedy;           /* 1: ids only (candidates), 0: full logits to rank 0 */
-    uint32_t vocab_limit;      /* greedy: only ids below it compete, 1 .. the model's n_vocab */
-    uint32_t n_meta;           /* uint32 that follow */
+    uint32_t op;           /* TM_CUDA_PLAN_* */
+    uint32_t T, S, n_want; /* step: tokens, sequences, rows wanting logits */
+    uint32_t graph;        /* 1: a pure decode step (CUDA graph of T sequences) */
+    uint32_t greedy;       /* 1: ids only (candidates), 0: full logits to rank 0 */
+    uint32_t vocab_limit;  /* greedy: only ids below it compete, 1 .. the model's n_vocab */
+    uint32_t n_meta;       /* uint32 that follow */
     uint32_t kv_src, kv_dst, kv_n_tok; /* TM_CUDA_PLAN_KV_COPY */
-    uint32_t n_tile;           /* prefill attention tiles (4 uint32 each) ending the metadata;
-                                  0: the step uses attn_paged */
+    uint32_t n_tile; /* prefill attention tiles (4 uint32 each) ending the metadata;
+                        0: the step uses attn_paged */
 } tm_cuda_plan;
 
 /* The communicator a rank engine is given (owned by the driver, valid until
@@ -107,8 +107,8 @@ tm_cuda_comm *tm_cuda_drv_comm(tm_cuda_drv *drv);
  * decision is the same on every rank. Errors only when the exchanges fail. */
 tm_rc tm_cuda_drv_agree_min(tm_cuda_drv *drv, uint32_t *n, void *scratch, size_t scratch_bytes,
                             cudaStream_t s, tm_err *err);
-tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch,
-                           size_t scratch_bytes, cudaStream_t s, tm_err *err);
+tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch, size_t scratch_bytes,
+                           cudaStream_t s, tm_err *err);
 
 /* Rank 0: send a step plan h with its h->n_meta uint32 of metadata, or a KV copy, to the other
  * ranks. TM_E_IO when a rank is gone. */
