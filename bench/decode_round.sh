@@ -9,13 +9,7 @@ stages=${*:-test bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv
 if has test; then
-  for t in test_kernels test_attn_prefill; do
-    $B/$t > "$OUT/$t.log" 2>&1; echo "$t rc=$? $(grep -E 'checks' "$OUT/$t.log" | tail -1)"
-    grep -E "FAIL" "$OUT/$t.log" | head -5
-  done
-  TM_BUILD=$B TM_SRC=. $B/test_engine_cuda > "$OUT/test_engine_cuda.log" 2>&1
-  echo "test_engine_cuda rc=$? $(tail -1 "$OUT/test_engine_cuda.log")"
-  grep -E "FAIL|max err" "$OUT/test_engine_cuda.log" | head -6
+  gpu_tests
   TM_BUILD=$B timeout -k 5 240 $B/test_tp_cuda > "$OUT/test_tp_cuda.log" 2>&1
   echo "test_tp_cuda rc=$? $(tail -1 "$OUT/test_tp_cuda.log")"
   grep -E "FAIL|greedy" "$OUT/test_tp_cuda.log" | grep -v "^ok" | head -8
