@@ -859,7 +859,12 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     t->scale_at = (long)*n;
     mk_tensor *st = &list[(*n)++];
     memset(st, 0, sizeof(*st));
-    snprintf(st->name, sizeof(st->name), "%s%s", t->name, ct ? "_scale" : "_scale_inv");
+    // The scale's name is the weight's plus a suffix; both live in list, so build it apart.
+    char sname[sizeof(st->name)];
+    int len = snprintf(sname, sizeof(sname), "%.*s%s", (int)(sizeof(sname) - 16), t->name,
+                       ct ? "_scale" : "_scale_inv");
+    TM_ASSERT(len > 0 && (size_t)len < sizeof(sname) && strlen(t->name) < sizeof(sname) - 16);
+    memcpy(st->name, sname, (size_t)len + 1);
     st->scale_at = -2; // marks a scale
     if (scheme == TM_QUANT_FP8_TENSOR) {
         st->n_dim = 0;
@@ -882,8 +887,10 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     if (ct && o->ct_static) { // static activations: a scalar input_scale beside the weight
         mk_tensor *is = &list[(*n)++];
         memset(is, 0, sizeof(*is));
-        snprintf(is->name, sizeof(is->name), "%.*sinput_scale", (int)(strlen(t->name) - 6),
-                 t->name);
+        char iname[sizeof(is->name)];
+        TM_ASSERT(strlen(t->name) > 6 && strlen(t->name) < sizeof(iname) - 16);
+        snprintf(iname, sizeof(iname), "%.*sinput_scale", (int)(strlen(t->name) - 6), t->name);
+        memcpy(is->name, iname, sizeof(iname));
         is->scale_at = -2;
         is->n_dim = 0;
         is->dtype = TM_DTYPE_F32;
