@@ -24,7 +24,12 @@
  *   case fmt=<bf16|fp8-block-f32|fp8-block-e8m0|fp8-channel|mxfp4|moe-mxfp4-gateup|moe-mxfp4-down>
  *        var=<mma|mma-cvt|fma|skinny> depth=<4|8> tok=<n> n_in=<k> n_out=<n> split=<s> bytes=<B>
  *        us=<median us> gbs=<GB/s> pct=<% of copy> [experts=<mean distinct>]
- * Usage: bench_gemm_quant [--reps R] [--quick] (quick: W8 only, default variants) */
+ * Usage: bench_gemm_quant [--reps R] [--quick] (quick: W8 only, default variants)
+ *        bench_gemm_quant --only CASE[/CASE...] [--reps R]
+ *   runs just those cases, CASE = FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]] (FMT as printed, or
+ *   moe-gateup / moe-down with N_IN, N_OUT of one expert; DEPTH 0 = default; SPLIT > 0 forces
+ *   that many splits instead of the planner's; VAR mma | mma-cvt | fma); R may be as low as 1
+ *   there (e.g. under Nsight Compute: 5 warm-ups, then R timed launches per case). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,6 +51,15 @@ static int g_n_sm;
 static cudaStream_t g_s;
 static uint8_t *g_pool; /* POOL_BYTES of weights, a valid pattern in every format */
 static double g_copy_gbs;
+static uint32_t g_force_split; /* --only SPLIT: 0 = the planner's */
+
+/* k_per_split for a forced split count (a multiple of unit) */
+static uint32_t forced_split(uint32_t n_in, uint32_t unit, uint32_t *kps) {
+    uint32_t k = (n_in + g_force_split - 1) / g_force_split;
+    k = (k + unit - 1) / unit * unit;
+    *kps = k;
+    return (n_in + k - 1) / k;
+}
 
 #define CK(call)                                                                                   \
     do {                                                                                           \
@@ -208,6 +222,8 @@ static void dense_case(fmt f, tm_k_quant_variant var, uint32_t depth, uint32_t n
         d.n_split = tm_k_gemm_mxfp4_splits(n_in, n_out, (uint32_t)g_n_sm, &d.kps);
     else
         d.n_split = tm_k_gemm_fp8_splits(n_in, n_out, (uint32_t)g_n_sm, &d.kps);
+    if (g_force_split)
+        d.n_split = forced_split(n_in, f == F_BF16 ? 32 : f == F_MXFP4 ? 128 : 64, &d.kps);
     double t[MAX_REPS], us;
     time_case(run_dense, &d, t, &us);
     const double gbs = (double)bytes / (us * 1e3);
@@ -298,6 +314,8 @@ static void moe_case(uint8_t *mpool, uint32_t n_in, uint32_t n_out, int per_pair
     }
     m.n_split = tm_k_gemm_mxfp4_splits(n_in, (uint32_t)(n_out * mean_distinct), (uint32_t)g_n_sm,
                                        &m.kps);
+    if (g_force_split)
+        m.n_split = forced_split(n_in, 128, &m.kps);
     double t[MAX_REPS], us;
     time_case(run_moe, &m, t, &us);
     double g[MAX_REPS];
@@ -316,20 +334,76 @@ static void moe_case(uint8_t *mpool, uint32_t n_in, uint32_t n_out, int per_pair
         cudaFree(m.d_pe[k]), cudaFree(m.d_pr[k]);
 }
 
+/* --only: cases separated by '/', each FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]]; 2 on a bad
+ * spec. The MoE cases allocate their own pool (g_pool is freed first). */
+static int run_only(const char *list) {
+    char buf[8192];
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (char *save = NULL, *spec = strtok_r(buf, "/", &save); spec;
+         spec = strtok_r(NULL, "/", &save)) {
+        char o_fmt[32] = "", o_var[16] = "mma";
+        unsigned o_in = 0, o_out = 0, o_tok = 0, o_depth = 0, o_split = 0;
+        if (sscanf(spec, "%31[^,],%u,%u,%u,%u,%u,%15s", o_fmt, &o_in, &o_out, &o_tok, &o_depth,
+                   &o_split, o_var) < 4 ||
+            o_split > TM_QUANT_MAX_SPLIT || o_tok < 1 || o_tok > TM_QUANT_MAX_TOK) {
+            fprintf(stderr, "--only: bad case %s\n", spec);
+            return 2;
+        }
+        g_force_split = o_split;
+        const tm_k_quant_variant var = !strcmp(o_var, "mma-cvt") ? TM_K_QUANT_MMA_CVT
+                                       : !strcmp(o_var, "fma")   ? TM_K_QUANT_FMA
+                                                                 : TM_K_QUANT_MMA;
+        int done = 0;
+        for (int f = 0; f < 5 && !done; f++)
+            if (!strcmp(o_fmt, fmt_name[f])) {
+                if (!g_pool) {
+                    CK(cudaMalloc((void **)&g_pool, POOL_BYTES));
+                    CK(cudaMemset(g_pool, 0x3c, POOL_BYTES));
+                }
+                dense_case((fmt)f, var, o_depth, o_tok, o_in, o_out);
+                done = 1;
+            }
+        if (!done && (!strcmp(o_fmt, "moe-gateup") || !strcmp(o_fmt, "moe-down"))) {
+            cudaFree(g_pool);
+            g_pool = NULL;
+            const size_t mb =
+                (size_t)MOE_E * o_in * o_out / 2 + (size_t)MOE_E * o_in * o_out / 32;
+            uint8_t *mpool = NULL;
+            CK(cudaMalloc((void **)&mpool, mb));
+            CK(cudaMemset(mpool, 0x3c, mb));
+            CK(cudaDeviceSynchronize());
+            moe_case(mpool, o_in, o_out, !strcmp(o_fmt, "moe-down"), o_depth ? o_depth : 4);
+            cudaFree(mpool);
+            done = 1;
+        }
+        if (!done) {
+            fprintf(stderr, "--only: unknown format %s\n", o_fmt);
+            return 2;
+        }
+    }
+    g_force_split = 0;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int quick = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+            only = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_gemm_quant [--reps R (20..%d)] [--quick]\n", MAX_REPS);
+            fprintf(stderr, "usage: bench_gemm_quant [--reps R (20..%d)] [--quick] | --only "
+                            "FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]][/...] [--reps R (1..)]\n",
+                    MAX_REPS);
             return 2;
         }
     }
-    if (g_reps < 20 || g_reps > MAX_REPS) {
-        fprintf(stderr, "--reps must be 20..%d\n", MAX_REPS);
+    if (g_reps < (only ? 1 : 20) || g_reps > MAX_REPS) {
+        fprintf(stderr, "--reps must be %d..%d\n", only ? 1 : 20, MAX_REPS);
         return 2;
     }
     int n_dev = 0;
@@ -353,6 +427,14 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&g_x, (size_t)64 * 16384 * 2));
     CK(cudaMemset(g_x, 0x3c, (size_t)64 * 16384 * 2));
     CK(cudaDeviceSynchronize());
+
+    if (only) {
+        const int rc = run_only(only);
+        cudaFree(g_pool);
+        cudaFree(g_part), cudaFree(g_x);
+        cudaStreamDestroy(g_s);
+        return rc;
+    }
 
     // llama8b decode projections: qkv, o, gate|up, down
     const uint32_t shapes[4][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}};

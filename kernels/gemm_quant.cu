@@ -8,7 +8,11 @@
  * into bf16 pairs in registers and feeds them to mma.sync m16n8k16 as the A fragment directly,
  * with the inner index permuted: every k slot of an mma takes one of the lane's own inputs, and
  * the B fragment (the tokens' x, loaded by the same lane) is permuted the same way, so the dot
- * products are unchanged and no shuffle or shared-memory transpose is needed.
+ * products are unchanged and no shuffle or shared-memory transpose is needed. The FP8 kernel
+ * also copies the lane's x of each chunk into the ring (cp.async through the L1, one commit group
+ * with the weights), so x waits with the weights D chunks ahead: loaded next to its use, x was
+ * the FP8 kernel's top stall in Nsight Compute (half the warp stall samples on an H200); the same
+ * change made no measurable difference to MXFP4 and is not used there.
  *
  * Dequantization (exact; the constants are powers of two):
  *   e4m3, integer path: a byte b placed as bf16 bits sign << 15 | (b & 0x7f) << 4 is the value
@@ -19,8 +23,11 @@
  *   e4m3, cvt path: cvt.rn.f16x2.e4m3x2 (exact), then f16 -> bf16 by moving the bits (the f16 of
  *     an e4m3 value is normal with 3 mantissa bits) = value * 2^-112, then * 2^112. Natural pairs.
  *   e2m1: nibbles j and j + 4 of a word (16 bits apart) become one bf16 pair with the sign moved to
- *     bit 15 and the 3 magnitude bits to bits 6-8 (= value * 2^-126), then * 2^126 and * the e8m0
- *     scale (two bf16x2 multiplies, exact). x is paired (x_j, x_j+4) by byte-permutes.
+ *     bit 15 and the 3 magnitude bits to bits 6-8 (= value * 2^-126; e2m1_pairs_raw makes the four
+ *     pairs of a word in 11 integer operations), then one bf16x2 multiply by 2^126 * the e8m0 scale
+ *     = 2^(e-1) (exact; where a warp meets a scale above 2 = e 128, which 2^(e-1) cannot hold in
+ *     bf16, the two multiplies by 2^126 and the scale). x is paired (x_j, x_j+4) by
+ *     byte-permutes.
  * Scales are loaded D chunks ahead into registers (the main loop is unrolled by D so that the
  * slot and its scale register are compile-time), with volatile loads that the compiler keeps in
  * place: a scale that missed to DRAM would otherwise stall every chunk that starts a new sector. */
@@ -40,6 +47,23 @@ static __device__ __forceinline__ void cp16_l2pf(void *smem, const void *gmem, u
                  "r"(n_src)
                  : "memory");
 }
+
+/* cp.async of 16 bytes through the L1 (n_src 0: zeros written): the x rows, which every warp of
+ * a split re-reads. */
+static __device__ __forceinline__ void cp16_ca(void *smem, const void *gmem, uint32_t n_src) {
+    const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
+                 "r"(n_src)
+                 : "memory");
+}
+
+/* Warps per block of the FP8 MMA kernel: 4, or fewer where the per-warp ring (D slots of the
+ * chunk's weights and x, (2 + 2 NT) x 512 bytes) would pass 48 KB of static shared memory. */
+template <int NT, int D> struct fp8_cfg {
+    static constexpr int SLOT = 2 + 2 * NT; // uint4 per lane in a slot: w lo, w hi, x halves
+    static constexpr int WARP_BYTES = D * SLOT * 512;
+    static constexpr int WPB = WARP_BYTES * 4 <= 48 * 1024 ? 4 : WARP_BYTES * 2 <= 48 * 1024 ? 2 : 1;
+};
 
 /* Read-only loads that stay where they are written (issued D chunks before their use). */
 static __device__ __forceinline__ uint32_t ld_u8(const uint8_t *p) {
@@ -85,15 +109,31 @@ static __device__ __forceinline__ uint32_t e4m3x2_cvt_bf16x2(uint32_t w16) {
     return bf16x2_mul(raw, 0x77807780u);                                 // * 2^112
 }
 
-/* Nibbles J (low half) and J + 4 (high half) of q -> bf16 pair times 2^-126 (sign to bit 15,
- * magnitude bits e1 e0 m to bits 8 7 6). */
-template <int J> static __device__ __forceinline__ uint32_t e2m1_pair_raw(uint32_t q) {
-    uint32_t mag;
-    if constexpr (J < 2)
-        mag = q << (6 - 4 * J);
-    else
-        mag = q >> (4 * J - 6);
-    return ((q << (12 - 4 * J)) & 0x80008000u) | (mag & 0x01c001c0u);
+/* 2^126 * 2^(e-127) = 2^(e-1) as a pair of bf16, for e <= 128 (e = 0: 2^-1) or 255 (NaN). */
+static __device__ __forceinline__ uint32_t e8m0_fold_bf16x2(uint32_t e) {
+    const uint32_t h = e == 255 ? 0x7fc0u : (e + 126) << 7;
+    return h | h << 16;
+}
+
+/* Pair J (J = 0..3) of q: nibbles J (low half) and J + 4 (high half) -> bf16 pair times 2^-126
+ * (sign to bit 15, magnitude bits e1 e0 m to bits 8 7 6), i.e. (q << (12 - 4J)) & 0x80008000 |
+ * (q shifted by 6 - 4J) & 0x01c001c0, all four in 11 operations instead of 16-20: the words
+ *   yA = q's bits, with bits 9, 13, 25, 29 taken from q << 6 (the signs of nibbles 0, 1, 4, 5
+ *        moved 6 bits up: 9 bits above their magnitudes, as in a bf16 whose magnitude bits are
+ *        8..6 and sign bit 15),
+ *   yB = (q >> 6)'s bits, with bits 11, 15, 27, 31 taken from q (nibbles 2, 3, 6, 7: the
+ *        magnitudes moved 6 bits down),
+ * hold every nibble's sign 9 bits above its magnitude and no two nibbles of one group overlap;
+ * pair J is then one shift of yA or yB and one mask (checked against the formula above on 5e7
+ * random words). */
+static __device__ __forceinline__ void e2m1_pairs_raw(uint32_t q, uint32_t (&pr)[4]) {
+    const uint32_t m = 0x81c081c0u;
+    const uint32_t ya = ((q << 6) & 0x22002200u) | (q & ~0x22002200u);
+    const uint32_t yb = (q & 0x88008800u) | ((q >> 6) & ~0x88008800u);
+    pr[0] = (ya << 6) & m;
+    pr[1] = (ya << 2) & m;
+    pr[2] = (yb << 4) & m;
+    pr[3] = yb & m;
 }
 
 /* bf16 pair (lo, hi halves) -> two floats */
@@ -107,10 +147,13 @@ static __device__ __forceinline__ float bf_hi(uint32_t v) {
 /* NT token tiles, D chunks in flight, BLOCK: 128x128 block scales (else per channel), CVT: the
  * hardware e4m3 conversion. */
 template <int NT, int D, bool BLOCK, bool CVT>
-static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_kernel(tm_k_gemm_fp8_args a) {
-    __shared__ uint4 ring[WARPS][D][2][32]; // [warp][slot][row lo/hi][lane]: conflict-free reads
+static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
+    gemm_fp8_kernel(tm_k_gemm_fp8_args a) {
+    constexpr int WPB = fp8_cfg<NT, D>::WPB, SLOT = fp8_cfg<NT, D>::SLOT;
+    // [warp][slot][w lo, w hi, x tile 0 halves, x tile 1 halves][lane]: conflict-free reads
+    __shared__ uint4 ring[WPB][D][SLOT][32];
     const uint32_t lane = threadIdx.x & 31, wib = threadIdx.x / 32;
-    const uint32_t gw = blockIdx.x * WARPS + wib;
+    const uint32_t gw = blockIdx.x * WPB + wib;
     const uint32_t n_tiles = (a.n_out + 15) / 16;
     const uint32_t tile = gw % n_tiles, split = gw / n_tiles;
     if (split >= a.n_split)
@@ -122,27 +165,34 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_kernel(tm_k_gemm_f
     const uint8_t *wl = a.w + (size_t)min(row_lo, a.n_out - 1) * a.n_in;
     const uint8_t *wh = a.w + (size_t)min(row_hi, a.n_out - 1) * a.n_in;
     const uint16_t *xp[NT];
-    bool xok[NT];
+    uint32_t xn[NT]; // 16 where the lane's token exists, else 0 (zeros copied)
 #pragma unroll
     for (int j = 0; j < NT; j++) {
         const uint32_t tok = r + 8 * j;
-        xok[j] = tok < a.n_tok;
-        xp[j] = a.x + (size_t)(xok[j] ? tok : 0) * a.n_in;
+        xn[j] = tok < a.n_tok ? 16 : 0;
+        xp[j] = a.x + (size_t)(tok < a.n_tok ? tok : 0) * a.n_in;
     }
     // The 16 rows of a tile lie in one 128-row block: one scale per chunk for the whole warp.
     const uint32_t n_kb = (a.n_in + 127) / 128;
     const size_t sb = (size_t)(tile * 16 / 128) * n_kb;
     const bool e8m0 = a.scale_kind == TM_K_FP8_BLOCK_E8M0;
     const uint32_t n_chunk = (k1 - k0 + 63) / 64;
-    uint4(*my)[2][32] = ring[wib];
+    uint4(*my)[SLOT][32] = ring[wib];
     float sreg[D]; // the block scale of the chunk in each slot
-    // Chunk i into slot p (and its scale into sreg[p]); lanes past k1 copy zeros.
+    // Chunk i into slot p: the weights, the lane's 16 inputs of x for each token tile (through
+    // the L1: x is read by every warp of the split), and the chunk's scale into sreg[p]; lanes
+    // past k1 copy zeros.
 #define FP8_ISSUE(i, p)                                                                            \
     do {                                                                                           \
         const uint32_t kq = k0 + 64 * (i) + 16 * c;                                                \
         const bool v = kq < k1;                                                                    \
-        cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);                                 \
-        cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);                                 \
+        const uint32_t ko = v ? kq : 0;                                                            \
+        cp16_l2pf(&my[p][0][lane], wl + ko, v ? 16 : 0);                                           \
+        cp16_l2pf(&my[p][1][lane], wh + ko, v ? 16 : 0);                                           \
+        _Pragma("unroll") for (int j = 0; j < NT; j++) {                                           \
+            cp16_ca(&my[p][2 + 2 * j][lane], xp[j] + ko, v ? xn[j] : 0);                           \
+            cp16_ca(&my[p][3 + 2 * j][lane], xp[j] + ko + 8, v ? xn[j] : 0);                       \
+        }                                                                                          \
         if (BLOCK) {                                                                               \
             const size_t si = sb + ((k0 + 64 * (i)) >> 7);                                         \
             sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))                        \
@@ -162,28 +212,21 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_kernel(tm_k_gemm_f
 #pragma unroll
     for (int j = 0; j < NT; j++)
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
 #pragma unroll
         for (int p = 0; p < D; p++) {
             const uint32_t i = base + p;
             if (i >= n_chunk)
                 break;
-            const uint32_t kq = k0 + 64 * i + 16 * c; // this lane's first input
-            const bool lv = kq < k1;
+            tm_cp_async_wait<D - 1>();
+            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
             uint32_t xw[NT][8];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                const uint4 u0 = xok[j] && lv ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq))
-                                              : zero;
-                const uint4 u1 = xok[j] && lv
-                                     ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq + 8))
-                                     : zero;
+                const uint4 u0 = my[p][2 + 2 * j][lane], u1 = my[p][3 + 2 * j][lane];
                 xw[j][0] = u0.x, xw[j][1] = u0.y, xw[j][2] = u0.z, xw[j][3] = u0.w;
                 xw[j][4] = u1.x, xw[j][5] = u1.y, xw[j][6] = u1.z, xw[j][7] = u1.w;
             }
-            tm_cp_async_wait<D - 1>();
-            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
             const float s = BLOCK ? sreg[p] : 1.0f;
             // The slot's values are in registers, so it can be refilled.
             if (i + D < n_chunk)
@@ -523,8 +566,14 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_mxfp4_kernel(tm_k_moe_
                                        : zero;
                 tm_cp_async_wait<D - 1>();
                 const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
-                const uint32_t flo = lv ? e8m0_bf16x2(slo[p]) : 0u;
-                const uint32_t fhi = lv ? e8m0_bf16x2(shi[p]) : 0u;
+                // One multiply per pair: the raw pair (value * 2^-126) times 2^126 * scale =
+                // 2^(e-1), a bf16 for e <= 128 (and NaN for e = 255); where some lane of the warp
+                // has a larger scale (e in 129..254), the two multiplies of the definition.
+                const uint32_t elo = slo[p], ehi = shi[p];
+                const bool big = (elo > 128 && elo < 255) || (ehi > 128 && ehi < 255);
+                const bool two = __any_sync(0xffffffffu, big);
+                const uint32_t flo = !lv ? 0u : two ? e8m0_bf16x2(elo) : e8m0_fold_bf16x2(elo);
+                const uint32_t fhi = !lv ? 0u : two ? e8m0_bf16x2(ehi) : e8m0_fold_bf16x2(ehi);
                 if (i + D < n_chunk)
                     FP4_ISSUE(i + D, p);
                 tm_cp_async_commit();
@@ -532,16 +581,23 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_mxfp4_kernel(tm_k_moe_
                 const uint32_t whi[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
                 for (int q = 0; q < 4; q++) { // the lane's inputs 8q .. 8q + 7
-                    const uint32_t bias = 0x7e807e80u; // 2^126
                     uint32_t pl[4], ph[4];
-                    pl[0] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<0>(wlo[q]), bias), flo);
-                    pl[1] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<1>(wlo[q]), bias), flo);
-                    pl[2] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<2>(wlo[q]), bias), flo);
-                    pl[3] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<3>(wlo[q]), bias), flo);
-                    ph[0] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<0>(whi[q]), bias), fhi);
-                    ph[1] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<1>(whi[q]), bias), fhi);
-                    ph[2] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<2>(whi[q]), bias), fhi);
-                    ph[3] = bf16x2_mul(bf16x2_mul(e2m1_pair_raw<3>(whi[q]), bias), fhi);
+                    e2m1_pairs_raw(wlo[q], pl);
+                    e2m1_pairs_raw(whi[q], ph);
+                    if (two) {
+                        const uint32_t bias = 0x7e807e80u; // 2^126
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            pl[k] = bf16x2_mul(bf16x2_mul(pl[k], bias), flo);
+                            ph[k] = bf16x2_mul(bf16x2_mul(ph[k], bias), fhi);
+                        }
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            pl[k] = bf16x2_mul(pl[k], flo);
+                            ph[k] = bf16x2_mul(ph[k], fhi);
+                        }
+                    }
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         // mma (q, h): inputs (2h, 2h+4) in k slots 2c, 2c+1 and (2h+1, 2h+5) in
@@ -580,12 +636,20 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_mxfp4_kernel(tm_k_moe_
 
 /* ---- planners and launchers ---- */
 
+/* About 12 warps per SM (the split count rounded to the nearest), at least min_k inputs per split,
+ * a multiple of chunk_k; where the tiles alone give that many warps, n_in / long_k splits if
+ * long_k (else one). Measured on an H200 (8 tokens, llama8b shapes, splits 1..16 tried): FP8 qkv
+ * 4, o 6, down 6 splits were the fastest, and gate|up (1792 tiles) 3-4 (many short warps
+ * balance the SMs over several waves; 1 or 2 splits were 7-10% slower); MXFP4 qkv / o 4, down
+ * 4-8 (9 was 12% slower); the MoE GEMM (thousands of tiles) is fastest unsplit. The bf16 planner
+ * (16 warps per SM) gave the quantized kernels too many splits on the narrow shapes. */
 static uint32_t plan_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm, uint32_t chunk_k,
-                            uint32_t min_k, uint32_t *k_per_split) {
+                            uint32_t min_k, uint32_t long_k, uint32_t *k_per_split) {
     const uint64_t n_tiles = (TM_MAX(n_rows, 1u) + 15) / 16;
-    // About 16 warps per SM, as gemm_skinny's planner (D KB in flight each).
-    const uint64_t want_warps = (uint64_t)TM_MAX(n_sm, 1u) * 16;
-    uint64_t n_split = (want_warps + n_tiles - 1) / n_tiles;
+    const uint64_t want_warps = (uint64_t)TM_MAX(n_sm, 1u) * 12;
+    uint64_t n_split = (want_warps + n_tiles / 2) / n_tiles;
+    if (n_split <= 1)
+        n_split = long_k ? n_in / long_k : 1;
     n_split = TM_MIN(n_split, (uint64_t)TM_MAX(n_in / min_k, 1u));
     n_split = TM_MIN(n_split, (uint64_t)TM_QUANT_MAX_SPLIT);
     n_split = TM_MAX(n_split, (uint64_t)1);
@@ -605,26 +669,28 @@ extern "C" int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_ou
 
 extern "C" uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
                                          uint32_t *k_per_split) {
-    return plan_splits(n_in, n_rows, n_sm, 64, 512, k_per_split);
+    return plan_splits(n_in, n_rows, n_sm, 64, 512, 1024, k_per_split);
 }
 
 extern "C" uint32_t tm_k_gemm_mxfp4_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
                                            uint32_t *k_per_split) {
-    return plan_splits(n_in, n_rows, n_sm, 128, 1024, k_per_split);
+    return plan_splits(n_in, n_rows, n_sm, 128, 1024, 0, k_per_split);
 }
 
 template <int NT, int D>
-static void launch_fp8(const tm_k_gemm_fp8_args *a, unsigned grid, cudaStream_t s) {
+static void launch_fp8(const tm_k_gemm_fp8_args *a, uint64_t n_warps, cudaStream_t s) {
+    constexpr int W = fp8_cfg<NT, D>::WPB;
+    const unsigned grid = (unsigned)((n_warps + W - 1) / W);
     const bool block = a->scale_kind != TM_K_FP8_CHANNEL;
     const bool cvt = a->variant == TM_K_QUANT_MMA_CVT;
     if (block && cvt)
-        gemm_fp8_kernel<NT, D, true, true><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_fp8_kernel<NT, D, true, true><<<grid, W * 32, 0, s>>>(*a);
     else if (block)
-        gemm_fp8_kernel<NT, D, true, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_fp8_kernel<NT, D, true, false><<<grid, W * 32, 0, s>>>(*a);
     else if (cvt)
-        gemm_fp8_kernel<NT, D, false, true><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_fp8_kernel<NT, D, false, true><<<grid, W * 32, 0, s>>>(*a);
     else
-        gemm_fp8_kernel<NT, D, false, false><<<grid, WARPS * 32, 0, s>>>(*a);
+        gemm_fp8_kernel<NT, D, false, false><<<grid, W * 32, 0, s>>>(*a);
 }
 
 extern "C" tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
@@ -650,13 +716,13 @@ extern "C" tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_e
         else
             gemm_fp8_fma_kernel<4, true><<<grid, WARPS * 32, 0, s>>>(*a);
     } else if (a->n_tok <= 8 && depth >= 8) {
-        launch_fp8<1, 8>(a, grid, s);
+        launch_fp8<1, 8>(a, n_warps, s);
     } else if (a->n_tok <= 8) {
-        launch_fp8<1, 4>(a, grid, s);
+        launch_fp8<1, 4>(a, n_warps, s);
     } else if (depth >= 8) {
-        launch_fp8<2, 8>(a, grid, s);
+        launch_fp8<2, 8>(a, n_warps, s);
     } else {
-        launch_fp8<2, 4>(a, grid, s);
+        launch_fp8<2, 4>(a, n_warps, s);
     }
     return tm_cuda_launched(err, s, "gemm_fp8");
 }

@@ -136,10 +136,11 @@ int tm_k_gemm_fp8_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
 int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
 
 /* The split of the inner dimension for n_rows output rows (for the MoE kernel: n_out times the
- * expected number of distinct experts) on a GPU of n_sm multiprocessors: about 16 warps per SM,
- * at least 512 weight bytes per row per split. Depends only on the arguments. Writes
- * *k_per_split (a multiple of 64 for FP8, 128 for MXFP4); returns n_split (>= 1, no empty
- * split). */
+ * expected number of distinct experts) on a GPU of n_sm multiprocessors: about 12 warps per SM
+ * (FP8: where the tiles alone give that many, splits of about 1024 inputs instead), at least 512
+ * weight bytes per row per split; tuned on an H200 (gemm_quant.cu says how). Depends only on the
+ * arguments. Writes *k_per_split (a multiple of 64 for FP8, 128 for MXFP4); returns n_split (>= 1,
+ * no empty split). */
 uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
                               uint32_t *k_per_split);
 uint32_t tm_k_gemm_mxfp4_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
