@@ -1,13 +1,13 @@
-/* bench/bench_gemm_quant.c - weight-stream rate of the quantized decode GEMMs (kernels/gemm_quant.h)
- * and of the bf16 gemm_skinny on the same shapes, against a device-to-device copy measured in the
- * same run. Needs a GPU; prints one parseable line per case.
+/* bench/bench_gemm_quant.c - weight-stream rate of the quantized decode GEMMs
+ * (kernels/gemm_quant.h) and of the bf16 gemm_skinny on the same shapes, against a device-to-device
+ * copy measured in the same run. Needs a GPU; prints one parseable line per case.
  *
  * Method: each case's weights (values + scales) are laid out in C copies, C chosen so that the
  * copies together are >= 512 MB (more than 10x the H200's 50 MB L2), and rep r reads copy r % C, so
- * that the L2 does not serve the weights. Each launch is timed alone with CUDA events on one stream;
- * the median of --reps (default 30) launches after 5 warm-ups is reported. GB/s counts the weight
- * bytes the kernel must read (values + scales; x and the fp32 partials are ignored, and so is the
- * consumer's sum of split partials). The copy figure is cudaMemcpyAsync of a 2 GiB buffer,
+ * that the L2 does not serve the weights. Each launch is timed alone with CUDA events on one
+ * stream; the median of --reps (default 30) launches after 5 warm-ups is reported. GB/s counts the
+ * weight bytes the kernel must read (values + scales; x and the fp32 partials are ignored, and so
+ * is the consumer's sum of split partials). The copy figure is cudaMemcpyAsync of a 2 GiB buffer,
  * counting bytes read + written (as bench_engine), median of 20: pct = GB/s / copy GB/s, i.e. the
  * bytes floor over the measured time.
  *
@@ -143,8 +143,7 @@ static double copy_gbs(void) {
 /* ---- dense cases ---- */
 
 typedef enum fmt { F_BF16, F_FP8_BF32, F_FP8_BE8, F_FP8_CH, F_MXFP4 } fmt;
-static const char *fmt_name[] = {"bf16", "fp8-block-f32", "fp8-block-e8m0", "fp8-channel",
-                                 "mxfp4"};
+static const char *fmt_name[] = {"bf16", "fp8-block-f32", "fp8-block-e8m0", "fp8-channel", "mxfp4"};
 
 typedef struct dense {
     fmt f;
@@ -163,25 +162,44 @@ static int run_dense(void *ctx, int r) {
     tm_err err = {0};
     tm_rc rc = TM_OK;
     if (d->f == F_BF16) {
-        tm_k_gemm_skinny_args a = {.part = d->part, .w = (const uint16_t *)base, .x = d->x,
-                                   .n_tok = d->n_tok, .n_in = d->n_in, .n_out = d->n_out,
-                                   .n_split = d->n_split, .k_per_split = d->kps,
+        tm_k_gemm_skinny_args a = {.part = d->part,
+                                   .w = (const uint16_t *)base,
+                                   .x = d->x,
+                                   .n_tok = d->n_tok,
+                                   .n_in = d->n_in,
+                                   .n_out = d->n_out,
+                                   .n_split = d->n_split,
+                                   .k_per_split = d->kps,
                                    .unroll = d->depth};
         rc = tm_k_gemm_skinny(&a, g_s, &err);
     } else if (d->f == F_MXFP4) {
-        tm_k_gemm_mxfp4_args a = {.part = d->part, .w = base, .scale = sc, .x = d->x,
-                                  .n_tok = d->n_tok, .n_in = d->n_in, .n_out = d->n_out,
-                                  .n_split = d->n_split, .k_per_split = d->kps,
+        tm_k_gemm_mxfp4_args a = {.part = d->part,
+                                  .w = base,
+                                  .scale = sc,
+                                  .x = d->x,
+                                  .n_tok = d->n_tok,
+                                  .n_in = d->n_in,
+                                  .n_out = d->n_out,
+                                  .n_split = d->n_split,
+                                  .k_per_split = d->kps,
                                   .depth = d->depth};
         rc = tm_k_gemm_mxfp4(&a, g_s, &err);
     } else {
         const tm_k_fp8_scale k = d->f == F_FP8_BF32  ? TM_K_FP8_BLOCK_F32
                                  : d->f == F_FP8_BE8 ? TM_K_FP8_BLOCK_E8M0
                                                      : TM_K_FP8_CHANNEL;
-        tm_k_gemm_fp8_args a = {.part = d->part, .w = base, .scale = sc, .x = d->x,
-                                .n_tok = d->n_tok, .n_in = d->n_in, .n_out = d->n_out,
-                                .n_split = d->n_split, .k_per_split = d->kps, .scale_kind = k,
-                                .variant = d->var, .depth = d->depth};
+        tm_k_gemm_fp8_args a = {.part = d->part,
+                                .w = base,
+                                .scale = sc,
+                                .x = d->x,
+                                .n_tok = d->n_tok,
+                                .n_in = d->n_in,
+                                .n_out = d->n_out,
+                                .n_split = d->n_split,
+                                .k_per_split = d->kps,
+                                .scale_kind = k,
+                                .variant = d->var,
+                                .depth = d->depth};
         rc = tm_k_gemm_fp8(&a, g_s, &err);
     }
     if (rc != TM_OK)
@@ -189,21 +207,37 @@ static int run_dense(void *ctx, int r) {
     return rc != TM_OK;
 }
 
-static float *g_part;   /* fp32 partials, big enough for every case */
-static uint16_t *g_x;   /* bf16 x rows, big enough for every case */
+static float *g_part; /* fp32 partials, big enough for every case */
+static uint16_t *g_x; /* bf16 x rows, big enough for every case */
 
-static void dense_case(fmt f, tm_k_quant_variant var, uint32_t depth, uint32_t n_tok,
-                       uint32_t n_in, uint32_t n_out) {
-    dense d = {.f = f, .var = var, .depth = depth, .n_tok = n_tok, .n_in = n_in, .n_out = n_out,
-               .part = g_part, .x = g_x};
+static void dense_case(fmt f, tm_k_quant_variant var, uint32_t depth, uint32_t n_tok, uint32_t n_in,
+                       uint32_t n_out) {
+    dense d = {.f = f,
+               .var = var,
+               .depth = depth,
+               .n_tok = n_tok,
+               .n_in = n_in,
+               .n_out = n_out,
+               .part = g_part,
+               .x = g_x};
     const size_t nw = (size_t)n_out * n_in;
     const size_t n_rb = (n_out + 127) / 128, n_kb = (n_in + 127) / 128;
     switch (f) {
-    case F_BF16: d.w_bytes = nw * 2, d.s_bytes = 0; break;
-    case F_FP8_BF32: d.w_bytes = nw, d.s_bytes = n_rb * n_kb * 4; break;
-    case F_FP8_BE8: d.w_bytes = nw, d.s_bytes = n_rb * n_kb; break;
-    case F_FP8_CH: d.w_bytes = nw, d.s_bytes = (size_t)n_out * 4; break;
-    case F_MXFP4: d.w_bytes = nw / 2, d.s_bytes = nw / 32; break;
+    case F_BF16:
+        d.w_bytes = nw * 2, d.s_bytes = 0;
+        break;
+    case F_FP8_BF32:
+        d.w_bytes = nw, d.s_bytes = n_rb * n_kb * 4;
+        break;
+    case F_FP8_BE8:
+        d.w_bytes = nw, d.s_bytes = n_rb * n_kb;
+        break;
+    case F_FP8_CH:
+        d.w_bytes = nw, d.s_bytes = (size_t)n_out * 4;
+        break;
+    case F_MXFP4:
+        d.w_bytes = nw / 2, d.s_bytes = nw / 32;
+        break;
     }
     const size_t bytes = d.w_bytes + d.s_bytes;
     d.stride = (bytes + 255) / 256 * 256;
@@ -227,7 +261,7 @@ static void dense_case(fmt f, tm_k_quant_variant var, uint32_t depth, uint32_t n
     double t[MAX_REPS], us;
     time_case(run_dense, &d, t, &us);
     const double gbs = (double)bytes / (us * 1e3);
-    const char *vn = f == F_BF16                   ? "skinny"
+    const char *vn = f == F_BF16                 ? "skinny"
                      : var == TM_K_QUANT_MMA_CVT ? "mma-cvt"
                      : var == TM_K_QUANT_FMA     ? "fma"
                                                  : "mma";
@@ -257,11 +291,19 @@ typedef struct moe {
 static int run_moe(void *ctx, int r) {
     moe *m = ctx;
     const int k = (r + WARM) % N_ROUTE;
-    tm_k_moe_mxfp4_args a = {.part = m->part, .w = m->w, .scale = m->sc, .x = g_x,
-                             .pair_expert = m->d_pe[k], .pair_row = m->d_pr[k],
-                             .n_pair = m->n_pair, .n_expert = MOE_E,
-                             .max_pair_per_expert = m->max_pair[k], .n_in = m->n_in,
-                             .n_out = m->n_out, .n_split = m->n_split, .k_per_split = m->kps,
+    tm_k_moe_mxfp4_args a = {.part = m->part,
+                             .w = m->w,
+                             .scale = m->sc,
+                             .x = g_x,
+                             .pair_expert = m->d_pe[k],
+                             .pair_row = m->d_pr[k],
+                             .n_pair = m->n_pair,
+                             .n_expert = MOE_E,
+                             .max_pair_per_expert = m->max_pair[k],
+                             .n_in = m->n_in,
+                             .n_out = m->n_out,
+                             .n_split = m->n_split,
+                             .k_per_split = m->kps,
                              .depth = m->depth};
     tm_err err = {0};
     const tm_rc rc = tm_k_moe_mxfp4(&a, g_s, &err);
@@ -327,8 +369,8 @@ static void moe_case(uint8_t *mpool, uint32_t n_in, uint32_t n_out, int per_pair
     printf("case fmt=%s var=mma depth=%u tok=%u n_in=%u n_out=%u split=%u bytes=%.0f us=%.2f "
            "gbs=%.1f pct=%.1f experts=%.1f\n",
            per_pair_x ? "moe-mxfp4-down" : "moe-mxfp4-gateup", depth ? depth : 4, MOE_TOK, n_in,
-           n_out, m.n_split, mean_distinct * (double)(ew + es), us, gbs,
-           100.0 * gbs / g_copy_gbs, mean_distinct);
+           n_out, m.n_split, mean_distinct * (double)(ew + es), us, gbs, 100.0 * gbs / g_copy_gbs,
+           mean_distinct);
     fflush(stdout);
     for (int k = 0; k < N_ROUTE; k++)
         cudaFree(m.d_pe[k]), cudaFree(m.d_pr[k]);
@@ -366,8 +408,7 @@ static int run_only(const char *list) {
         if (!done && (!strcmp(o_fmt, "moe-gateup") || !strcmp(o_fmt, "moe-down"))) {
             cudaFree(g_pool);
             g_pool = NULL;
-            const size_t mb =
-                (size_t)MOE_E * o_in * o_out / 2 + (size_t)MOE_E * o_in * o_out / 32;
+            const size_t mb = (size_t)MOE_E * o_in * o_out / 2 + (size_t)MOE_E * o_in * o_out / 32;
             uint8_t *mpool = NULL;
             CK(cudaMalloc((void **)&mpool, mb));
             CK(cudaMemset(mpool, 0x3c, mb));
@@ -396,8 +437,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             only = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_gemm_quant [--reps R (20..%d)] [--quick] | --only "
-                            "FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]][/...] [--reps R (1..)]\n",
+            fprintf(stderr,
+                    "usage: bench_gemm_quant [--reps R (20..%d)] [--quick] | --only "
+                    "FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]][/...] [--reps R (1..)]\n",
                     MAX_REPS);
             return 2;
         }

@@ -52,8 +52,7 @@ static __device__ __forceinline__ void cp16_l2pf(void *smem, const void *gmem, u
  * a split re-reads. */
 static __device__ __forceinline__ void cp16_ca(void *smem, const void *gmem, uint32_t n_src) {
     const uint32_t sa = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem),
-                 "r"(n_src)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n_src)
                  : "memory");
 }
 
@@ -62,7 +61,9 @@ static __device__ __forceinline__ void cp16_ca(void *smem, const void *gmem, uin
 template <int NT, int D> struct fp8_cfg {
     static constexpr int SLOT = 2 + 2 * NT; // uint4 per lane in a slot: w lo, w hi, x halves
     static constexpr int WARP_BYTES = D * SLOT * 512;
-    static constexpr int WPB = WARP_BYTES * 4 <= 48 * 1024 ? 4 : WARP_BYTES * 2 <= 48 * 1024 ? 2 : 1;
+    static constexpr int WPB = WARP_BYTES * 4 <= 48 * 1024   ? 4
+                               : WARP_BYTES * 2 <= 48 * 1024 ? 2
+                                                             : 1;
 };
 
 /* Read-only loads that stay where they are written (issued D chunks before their use). */
@@ -98,7 +99,7 @@ static __device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
 /* The e4m3 bytes 1 and 3 of t -> bf16 pair (byte 1 in the low half), exact. */
 static __device__ __forceinline__ uint32_t e4m3_b13_bf16x2(uint32_t t) {
     const uint32_t raw = ((t & 0x7f007f00u) >> 4) | (t & 0x80008000u); // value * 2^-120
-    return bf16x2_mul(raw, 0x7b807b80u);                                 // * 2^120
+    return bf16x2_mul(raw, 0x7b807b80u);                               // * 2^120
 }
 
 /* Two e4m3 (low byte -> low half) -> bf16 pair through the hardware f16 conversion, exact. */
@@ -106,7 +107,7 @@ static __device__ __forceinline__ uint32_t e4m3x2_cvt_bf16x2(uint32_t w16) {
     uint32_t h;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"((unsigned short)w16));
     const uint32_t raw = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u); // value * 2^-112
-    return bf16x2_mul(raw, 0x77807780u);                                 // * 2^112
+    return bf16x2_mul(raw, 0x77807780u);                               // * 2^112
 }
 
 /* 2^126 * 2^(e-127) = 2^(e-1) as a pair of bf16, for e <= 128 (e = 0: 2^-1) or 255 (NaN). */
@@ -248,7 +249,7 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
                 } else {
                     af[0] = e4m3_b13_bf16x2(wlo[m] << 8); // (v4m, v4m+2)
                     af[1] = e4m3_b13_bf16x2(whi[m] << 8);
-                    af[2] = e4m3_b13_bf16x2(wlo[m]);      // (v4m+1, v4m+3)
+                    af[2] = e4m3_b13_bf16x2(wlo[m]); // (v4m+1, v4m+3)
                     af[3] = e4m3_b13_bf16x2(whi[m]);
                 }
 #pragma unroll

@@ -80,31 +80,31 @@ typedef enum tm_k_quant_variant {
 } tm_k_quant_variant;
 
 typedef struct tm_k_gemm_fp8_args {
-    float *part;              /* [n_split][n_tok][n_out] fp32 */
-    const uint8_t *w;         /* [n_out][n_in] e4m3, 16-byte aligned */
-    const void *scale;        /* see scale_kind; fp32 scales 4-byte aligned */
-    const uint16_t *x;        /* [n_tok][n_in] bf16, 16-byte aligned */
-    uint32_t n_tok;           /* 1..TM_QUANT_MAX_TOK */
-    uint32_t n_in;            /* a multiple of 16, >= 16 */
-    uint32_t n_out;           /* >= 1 */
-    uint32_t n_split;         /* from tm_k_gemm_fp8_splits */
-    uint32_t k_per_split;     /* from tm_k_gemm_fp8_splits: a multiple of 64 */
+    float *part;          /* [n_split][n_tok][n_out] fp32 */
+    const uint8_t *w;     /* [n_out][n_in] e4m3, 16-byte aligned */
+    const void *scale;    /* see scale_kind; fp32 scales 4-byte aligned */
+    const uint16_t *x;    /* [n_tok][n_in] bf16, 16-byte aligned */
+    uint32_t n_tok;       /* 1..TM_QUANT_MAX_TOK */
+    uint32_t n_in;        /* a multiple of 16, >= 16 */
+    uint32_t n_out;       /* >= 1 */
+    uint32_t n_split;     /* from tm_k_gemm_fp8_splits */
+    uint32_t k_per_split; /* from tm_k_gemm_fp8_splits: a multiple of 64 */
     tm_k_fp8_scale scale_kind;
     tm_k_quant_variant variant;
-    uint32_t depth;           /* 0: the default (4); 4 or 8: chunks in flight per warp */
+    uint32_t depth; /* 0: the default (4); 4 or 8: chunks in flight per warp */
 } tm_k_gemm_fp8_args;
 
 typedef struct tm_k_gemm_mxfp4_args {
-    float *part;              /* [n_split][n_tok][n_out] fp32 */
-    const uint8_t *w;         /* [n_out][n_in / 2] packed e2m1, 16-byte aligned */
-    const uint8_t *scale;     /* [n_out][n_in / 32] e8m0 */
-    const uint16_t *x;        /* [n_tok][n_in] bf16, 16-byte aligned */
-    uint32_t n_tok;           /* 1..TM_QUANT_MAX_TOK */
-    uint32_t n_in;            /* a multiple of 32, >= 32 */
-    uint32_t n_out;           /* >= 1 */
-    uint32_t n_split;         /* from tm_k_gemm_mxfp4_splits */
-    uint32_t k_per_split;     /* from tm_k_gemm_mxfp4_splits: a multiple of 128 */
-    uint32_t depth;           /* 0: the default (4); 4 or 8 */
+    float *part;          /* [n_split][n_tok][n_out] fp32 */
+    const uint8_t *w;     /* [n_out][n_in / 2] packed e2m1, 16-byte aligned */
+    const uint8_t *scale; /* [n_out][n_in / 32] e8m0 */
+    const uint16_t *x;    /* [n_tok][n_in] bf16, 16-byte aligned */
+    uint32_t n_tok;       /* 1..TM_QUANT_MAX_TOK */
+    uint32_t n_in;        /* a multiple of 32, >= 32 */
+    uint32_t n_out;       /* >= 1 */
+    uint32_t n_split;     /* from tm_k_gemm_mxfp4_splits */
+    uint32_t k_per_split; /* from tm_k_gemm_mxfp4_splits: a multiple of 128 */
+    uint32_t depth;       /* 0: the default (4); 4 or 8 */
 } tm_k_gemm_mxfp4_args;
 
 /* The grouped expert GEMM of an MoE decode step: pair p (token row pair_row[p] routed to expert
@@ -114,21 +114,21 @@ typedef struct tm_k_gemm_mxfp4_args {
  * (in passes of at most 8 or 16 pairs; a slot with more pairs re-reads its weights). A pair whose
  * expert id is out of [0, n_expert) is skipped: its output row is not written. */
 typedef struct tm_k_moe_mxfp4_args {
-    float *part;              /* [n_split][n_pair][n_out] fp32, row p for pair p */
-    const uint8_t *w;         /* [n_expert][n_out][n_in / 2] packed e2m1, 16-byte aligned */
-    const uint8_t *scale;     /* [n_expert][n_out][n_in / 32] e8m0 */
-    const uint16_t *x;        /* [*][n_in] bf16 rows, 16-byte aligned */
-    const int32_t *pair_expert; /* [n_pair] device */
-    const uint32_t *pair_row;   /* [n_pair] device: the row of x for each pair */
-    uint32_t n_pair;          /* 1..TM_MOE_MAX_PAIRS (0 launches nothing) */
-    uint32_t n_expert;        /* 1..TM_MOE_MAX_EXPERT */
+    float *part;                  /* [n_split][n_pair][n_out] fp32, row p for pair p */
+    const uint8_t *w;             /* [n_expert][n_out][n_in / 2] packed e2m1, 16-byte aligned */
+    const uint8_t *scale;         /* [n_expert][n_out][n_in / 32] e8m0 */
+    const uint16_t *x;            /* [*][n_in] bf16 rows, 16-byte aligned */
+    const int32_t *pair_expert;   /* [n_pair] device */
+    const uint32_t *pair_row;     /* [n_pair] device: the row of x for each pair */
+    uint32_t n_pair;              /* 1..TM_MOE_MAX_PAIRS (0 launches nothing) */
+    uint32_t n_expert;            /* 1..TM_MOE_MAX_EXPERT */
     uint32_t max_pair_per_expert; /* a bound the caller knows (e.g. tokens in the step): <= 8
                                      picks the one-tile kernel; larger values the two-tile one */
-    uint32_t n_in;            /* a multiple of 32 */
-    uint32_t n_out;           /* >= 1 */
-    uint32_t n_split;         /* from tm_k_gemm_mxfp4_splits */
-    uint32_t k_per_split;     /* a multiple of 128 */
-    uint32_t depth;           /* 0: the default (4); 4 or 8 */
+    uint32_t n_in;                /* a multiple of 32 */
+    uint32_t n_out;               /* >= 1 */
+    uint32_t n_split;             /* from tm_k_gemm_mxfp4_splits */
+    uint32_t k_per_split;         /* a multiple of 128 */
+    uint32_t depth;               /* 0: the default (4); 4 or 8 */
 } tm_k_moe_mxfp4_args;
 
 /* 1 if the shape can run (n_tok in range, n_in a multiple of 16 / 32, n_out >= 1). */
@@ -141,8 +141,7 @@ int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
  * weight bytes per row per split; tuned on an H200 (gemm_quant.cu says how). Depends only on the
  * arguments. Writes *k_per_split (a multiple of 64 for FP8, 128 for MXFP4); returns n_split (>= 1,
  * no empty split). */
-uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
-                              uint32_t *k_per_split);
+uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm, uint32_t *k_per_split);
 uint32_t tm_k_gemm_mxfp4_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
                                 uint32_t *k_per_split);
 

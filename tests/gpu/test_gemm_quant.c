@@ -17,8 +17,9 @@
  * fp32 arithmetic differs from the reference): |gpu - ref| <= 2e-5 * sum_k |w_k x_k| + 1e-30 per
  * output, where w is the dequantized weight. Also checked: every output row is written (outputs
  * are poisoned with NaN; a skipped MoE pair's row must stay poisoned), runs that differ only in
- * depth (4 / 8) or token tiles (one / two) give identical bits, and so does a repeated launch. Large shapes compare a sample of rows (every row_step-th
- * and the last 16) with the reference; all rows are checked for being written.
+ * depth (4 / 8) or token tiles (one / two) give identical bits, and so does a repeated launch.
+ * Large shapes compare a sample of rows (every row_step-th and the last 16) with the reference; all
+ * rows are checked for being written.
  *
  * TM_GQ_SMALL=1 runs only the small and edge shapes (fast enough under compute-sanitizer).
  *
@@ -65,8 +66,8 @@ static uint8_t e4m3_enc(float v) {
         code = (uint32_t)floor(a / ldexp(1.0, -9) + 0.5); // 8 = the smallest normal, e 1 m 0
     } else {
         int ex = 0;
-        (void)frexp(a, &ex);            // a = f * 2^ex, f in [0.5, 1)
-        const int e = ex - 1 + 7;       // biased exponent of a
+        (void)frexp(a, &ex);      // a = f * 2^ex, f in [0.5, 1)
+        const int e = ex - 1 + 7; // biased exponent of a
         const double mant = a / ldexp(1.0, ex - 1) - 1.0;
         code = (uint32_t)((e << 3) + (int)floor(mant * 8.0 + 0.5)); // a carry bumps e
     }
@@ -152,8 +153,8 @@ static void cmp_one(cmp_state *st, uint32_t t, uint32_t o, float got, double ref
     if (!(e <= tol)) {
         if (!st->bad)
             snprintf(st->first, sizeof(st->first),
-                     "first bad: token %u row %u: gpu %.9g ref %.9g |err| %.3g tol %.3g", t, o,
-                     got, ref, e, tol);
+                     "first bad: token %u row %u: gpu %.9g ref %.9g |err| %.3g tol %.3g", t, o, got,
+                     ref, e, tol);
         st->bad++;
     }
 }
@@ -191,8 +192,9 @@ static void plan(int mxfp4, uint32_t n_in, uint32_t n_rows, uint32_t force_split
 /* ---- FP8 ---- */
 
 static const char *kind_name(tm_k_fp8_scale k) {
-    return k == TM_K_FP8_BLOCK_F32 ? "block-f32" : k == TM_K_FP8_BLOCK_E8M0 ? "block-e8m0"
-                                                                            : "channel";
+    return k == TM_K_FP8_BLOCK_F32    ? "block-f32"
+           : k == TM_K_FP8_BLOCK_E8M0 ? "block-e8m0"
+                                      : "channel";
 }
 static const char *var_name(tm_k_quant_variant v) {
     return v == TM_K_QUANT_MMA_CVT ? "mma-cvt" : v == TM_K_QUANT_FMA ? "fma" : "mma";
@@ -245,17 +247,28 @@ static void fp8_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, tm_k_fp8_sca
 
     // same: the run whose bits this one must repeat (the same products in the same order;
     // the integer and cvt paths place the inputs in other mma slots, so they may differ), or -1
-    struct { tm_k_quant_variant v; uint32_t depth; int same; } runs[] = {
-        {TM_K_QUANT_DEFAULT, 0, -1}, {TM_K_QUANT_MMA, 8, 0},  {TM_K_QUANT_MMA_CVT, 4, -1},
-        {TM_K_QUANT_MMA_CVT, 8, 2},  {TM_K_QUANT_FMA, 0, -1}, {TM_K_QUANT_DEFAULT, 0, 0}};
+    struct {
+        tm_k_quant_variant v;
+        uint32_t depth;
+        int same;
+    } runs[] = {{TM_K_QUANT_DEFAULT, 0, -1}, {TM_K_QUANT_MMA, 8, 0},  {TM_K_QUANT_MMA_CVT, 4, -1},
+                {TM_K_QUANT_MMA_CVT, 8, 2},  {TM_K_QUANT_FMA, 0, -1}, {TM_K_QUANT_DEFAULT, 0, 0}};
     float *ys[6] = {0};
     const int n_runs = (int)(sizeof(runs) / sizeof(runs[0]));
     for (int ri = 0; ri < n_runs; ri++) {
         TM_ASSERT(cudaMemset(d_part, 0xff, (size_t)n_split * ny * 4) == cudaSuccess);
         TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-        tm_k_gemm_fp8_args a = {.part = d_part, .w = d_w, .scale = d_s, .x = d_x, .n_tok = n_tok,
-                                .n_in = n_in, .n_out = n_out, .n_split = n_split,
-                                .k_per_split = kps, .scale_kind = kind, .variant = runs[ri].v,
+        tm_k_gemm_fp8_args a = {.part = d_part,
+                                .w = d_w,
+                                .scale = d_s,
+                                .x = d_x,
+                                .n_tok = n_tok,
+                                .n_in = n_in,
+                                .n_out = n_out,
+                                .n_split = n_split,
+                                .k_per_split = kps,
+                                .scale_kind = kind,
+                                .variant = runs[ri].v,
                                 .depth = runs[ri].depth};
         TM_CHECK_OK(tm_k_gemm_fp8(&a, g_stream, &err), &err);
         stream_sync(kind_name(kind), n_tok, n_in, n_out, var_name(runs[ri].v), runs[ri].depth);
@@ -290,8 +303,8 @@ static void fp8_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, tm_k_fp8_sca
                          "fp8 %s %s depth %u: %zu of %zu outputs differ in bits from run %d (%s "
                          "depth %u) (%u tok x %u -> %u)",
                          kind_name(kind), var_name(runs[ri].v), runs[ri].depth, diff, ny,
-                         runs[ri].same, var_name(runs[runs[ri].same].v),
-                         runs[runs[ri].same].depth, n_tok, n_in, n_out);
+                         runs[ri].same, var_name(runs[runs[ri].same].v), runs[runs[ri].same].depth,
+                         n_tok, n_in, n_out);
         }
     }
     for (int ri = 0; ri < n_runs; ri++)
@@ -309,7 +322,7 @@ static void test_fp8(void) {
         fp8_case(8, 208, 130, kinds[k], 0, 1);   // n_in, n_out not multiples of 64 / 128
         fp8_case(16, 1040, 300, kinds[k], 3, 1); // 3 splits, the last shorter; two token tiles
         fp8_case(9, 4096 + 16, 257, kinds[k], 5, 1);
-        fp8_case(5, 544, 33, kinds[k], 7, 1);    // splits of one chunk
+        fp8_case(5, 544, 33, kinds[k], 7, 1); // splits of one chunk
     }
     if (g_small)
         return;
@@ -366,9 +379,16 @@ static void mxfp4_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t f
     for (int ri = 0; ri < 3; ri++) {
         TM_ASSERT(cudaMemset(d_part, 0xff, (size_t)n_split * ny * 4) == cudaSuccess);
         TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-        tm_k_gemm_mxfp4_args a = {.part = d_part, .w = d_w, .scale = d_s, .x = d_x,
-                                  .n_tok = n_tok, .n_in = n_in, .n_out = n_out,
-                                  .n_split = n_split, .k_per_split = kps, .depth = depths[ri]};
+        tm_k_gemm_mxfp4_args a = {.part = d_part,
+                                  .w = d_w,
+                                  .scale = d_s,
+                                  .x = d_x,
+                                  .n_tok = n_tok,
+                                  .n_in = n_in,
+                                  .n_out = n_out,
+                                  .n_split = n_split,
+                                  .k_per_split = kps,
+                                  .depth = depths[ri]};
         TM_CHECK_OK(tm_k_gemm_mxfp4(&a, g_stream, &err), &err);
         stream_sync("mxfp4", n_tok, n_in, n_out, "mma", depths[ri]);
         to_host(part, d_part, (size_t)n_split * ny * 4);
@@ -377,9 +397,10 @@ static void mxfp4_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t f
             size_t diff = 0;
             for (size_t i = 0; i < ny; i++)
                 diff += memcmp(&y0[i], &y[i], 4) != 0;
-            TM_CHECK_MSG(diff == 0, "mxfp4 depth %u: %zu of %zu outputs differ in bits from "
-                         "the first run (%u tok x %u -> %u)", depths[ri], diff, ny, n_tok, n_in,
-                         n_out);
+            TM_CHECK_MSG(diff == 0,
+                         "mxfp4 depth %u: %zu of %zu outputs differ in bits from "
+                         "the first run (%u tok x %u -> %u)",
+                         depths[ri], diff, ny, n_tok, n_in, n_out);
             continue;
         }
         memcpy(y0, y, ny * 4);
@@ -409,7 +430,7 @@ static void mxfp4_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, uint32_t f
 
 static void test_mxfp4(void) {
     mxfp4_case(1, 32, 1, 0, 1);
-    mxfp4_case(3, 96, 17, 0, 1);     // a partial chunk (3 of 4 lanes), ragged rows
+    mxfp4_case(3, 96, 17, 0, 1); // a partial chunk (3 of 4 lanes), ragged rows
     mxfp4_case(8, 160, 130, 0, 1);
     mxfp4_case(16, 1056, 300, 3, 1); // 3 splits, the last shorter; two token tiles
     mxfp4_case(9, 2880, 2880, 2, 1); // gpt-oss width: 90 scale bytes a row (unaligned rows)
@@ -504,11 +525,20 @@ static void moe_case(uint32_t n_tok, uint32_t top_k, uint32_t n_expert, uint32_t
     for (int ri = 0; ri < 3; ri++) {
         TM_ASSERT(cudaMemset(d_part, 0xff, (size_t)n_split * ny * 4) == cudaSuccess);
         TM_ASSERT(cudaDeviceSynchronize() == cudaSuccess);
-        tm_k_moe_mxfp4_args a = {.part = d_part, .w = d_w, .scale = d_s, .x = d_x,
-                                 .pair_expert = d_pe, .pair_row = d_pr, .n_pair = n_pair,
-                                 .n_expert = n_expert, .max_pair_per_expert = maxp[ri],
-                                 .n_in = n_in, .n_out = n_out, .n_split = n_split,
-                                 .k_per_split = kps, .depth = depths[ri]};
+        tm_k_moe_mxfp4_args a = {.part = d_part,
+                                 .w = d_w,
+                                 .scale = d_s,
+                                 .x = d_x,
+                                 .pair_expert = d_pe,
+                                 .pair_row = d_pr,
+                                 .n_pair = n_pair,
+                                 .n_expert = n_expert,
+                                 .max_pair_per_expert = maxp[ri],
+                                 .n_in = n_in,
+                                 .n_out = n_out,
+                                 .n_split = n_split,
+                                 .k_per_split = kps,
+                                 .depth = depths[ri]};
         TM_CHECK_OK(tm_k_moe_mxfp4(&a, g_stream, &err), &err);
         stream_sync("moe-mxfp4", n_pair, n_in, n_out, maxp[ri] > 8 ? "two-tile" : "one-tile",
                     depths[ri]);
@@ -529,8 +559,10 @@ static void moe_case(uint32_t n_tok, uint32_t top_k, uint32_t n_expert, uint32_t
             size_t diff = 0;
             for (size_t i = 0; i < ny; i++)
                 diff += pe[i / n_out] >= 0 && memcmp(&y0[i], &y[i], 4) != 0;
-            TM_CHECK_MSG(diff == 0, "moe max_pair %u depth %u: %zu of %zu outputs differ in bits "
-                         "from the first run", maxp[ri], depths[ri], diff, ny);
+            TM_CHECK_MSG(diff == 0,
+                         "moe max_pair %u depth %u: %zu of %zu outputs differ in bits "
+                         "from the first run",
+                         maxp[ri], depths[ri], diff, ny);
             continue;
         }
         memcpy(y0, y, ny * 4);
@@ -544,13 +576,13 @@ static void moe_case(uint32_t n_tok, uint32_t top_k, uint32_t n_expert, uint32_t
                 if (!isfinite(y[i])) {
                     if (!st.unwritten && !st.bad)
                         snprintf(st.first, sizeof(st.first),
-                                 "pair %u (expert %u) row %u not written or not finite: %g", p,
-                                 e, o, y[i]);
+                                 "pair %u (expert %u) row %u not written or not finite: %g", p, e,
+                                 o, y[i]);
                     st.unwritten++;
                 } else if (sampled(o, n_out, row_step)) {
                     double ref, mag;
-                    fp4_dot(hw[e] + o * rb, hs[e] + o * ng, x + (size_t)prow[p] * n_in, n_in,
-                            &ref, &mag);
+                    fp4_dot(hw[e] + o * rb, hs[e] + o * ng, x + (size_t)prow[p] * n_in, n_in, &ref,
+                            &mag);
                     cmp_one(&st, p, o, y[i], ref, mag);
                 }
             }
@@ -571,10 +603,10 @@ static void moe_case(uint32_t n_tok, uint32_t top_k, uint32_t n_expert, uint32_t
 }
 
 static void test_moe(void) {
-    moe_case(1, 1, 1, 32, 1, -1, 0, 0, 0, 1);        // one pair, one expert
-    moe_case(3, 2, 5, 96, 17, -1, 1, 0, 0, 1);       // ragged, a skipped pair
-    moe_case(12, 3, 40, 256, 40, 7, 0, 0, 0, 1);     // expert 7 has 12 pairs: two passes / tiles
-    moe_case(16, 4, 64, 1088, 33, 2, 1, 1, 2, 1);    // 16 pairs on one expert, splits, per-pair x
+    moe_case(1, 1, 1, 32, 1, -1, 0, 0, 0, 1);     // one pair, one expert
+    moe_case(3, 2, 5, 96, 17, -1, 1, 0, 0, 1);    // ragged, a skipped pair
+    moe_case(12, 3, 40, 256, 40, 7, 0, 0, 0, 1);  // expert 7 has 12 pairs: two passes / tiles
+    moe_case(16, 4, 64, 1088, 33, 2, 1, 1, 2, 1); // 16 pairs on one expert, splits, per-pair x
     if (g_small)
         return;
     // DeepSeek-V4-Flash experts: hidden 4096, width 2048, 256 experts, top-6, 8 tokens
