@@ -363,6 +363,11 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
     rc = tm_model_load(p->spec->model, &p->model, err);
     if (rc)
         return rc;
+    if (p->spec->engine.quantization == TM_JOB_QUANT_FP8) { // done in engine_setup
+        rc = tm_model_quantize_fp8_check(p->model, err);
+        if (rc)
+            return tm_err_wrap(err, "%s: engine.quantization \"fp8\"", path);
+    }
     rc = tm_tok_load(p->spec->model, &p->tok, err);
     if (rc)
         return rc;
@@ -510,7 +515,16 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
     };
-    tm_rc rc = create_engine(spec, j->p.model, &j->eo, j->path, j->opts->tp, &j->eng, err);
+    tm_rc rc;
+    if (spec->engine.quantization == TM_JOB_QUANT_FP8) {
+        const double t0 = tm_now_ms();
+        rc = tm_model_quantize_fp8(j->p.model, j->eo.n_threads, err);
+        if (rc)
+            return tm_err_wrap(err, "%s: engine.quantization \"fp8\"", j->path);
+        TM_LOG_INFO("job", "%s: linears quantized to fp8 e4m3 per channel in %.2f s (%u threads)",
+                    j->path, (tm_now_ms() - t0) / 1000.0, j->eo.n_threads);
+    }
+    rc = create_engine(spec, j->p.model, &j->eo, j->path, j->opts->tp, &j->eng, err);
     if (rc)
         return rc;
     const tm_engine_opts *eo = &j->eo;
@@ -539,6 +553,7 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
         .block_size = eo->block_size,
         .kv_blocks = eo->n_kv_block,
         .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
+        .quantization = tm_job_quant_name(spec->engine.quantization),
         .prefix_cache = spec->engine.prefix_cache,
         .threads = eo->n_threads,
         .model_path = spec->model,

@@ -36,7 +36,8 @@ static const char *const output_keys[] = {
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
 static const char *const engine_keys[] = {
     "backend", "max_seqs",  "max_batched_tokens",     "block_size", "prefix_cache", "tp",
-    "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    NULL};
+    "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    "quantization",
+    NULL};
 static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
                                           "max_messages", NULL};
 
@@ -51,6 +52,8 @@ const char *tm_backend_name(tm_backend b) {
     }
     return "unknown";
 }
+
+const char *tm_job_quant_name(tm_job_quant q) { return q == TM_JOB_QUANT_FP8 ? "fp8" : "none"; }
 
 static tm_rc fail(loader *ld, tm_rc rc, const char *jpath, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -560,8 +563,29 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
         e->schedule_fcfs = strcmp(s, "fcfs") == 0;
     }
     canon_set(ld, c, "schedule", json_string(e->schedule_fcfs ? "fcfs" : "prefix"));
-    return get_u32(ld, eng, "engine", "lookahead", 1, 1u << 20, TM_JOB_DEFAULT_LOOKAHEAD,
-                   &e->lookahead, c);
+    rc = get_u32(ld, eng, "engine", "lookahead", 1, 1u << 20, TM_JOB_DEFAULT_LOOKAHEAD,
+                 &e->lookahead, c);
+    if (rc)
+        return rc;
+    // Part of the job's identity (it changes the results), but written only when not "none", so
+    // the canonical spec (and so the resume identity) of jobs without it stays what it was.
+    v = eng ? json_object_get(eng, "quantization") : NULL;
+    e->quantization = TM_JOB_QUANT_NONE;
+    if (v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "fp8") != 0 && strcmp(s, "none") != 0)
+            return fail_value(ld, "engine.quantization", "one of \"none\", \"fp8\"", v);
+        e->quantization = strcmp(s, "fp8") == 0 ? TM_JOB_QUANT_FP8 : TM_JOB_QUANT_NONE;
+    }
+    if (e->quantization != TM_JOB_QUANT_NONE) {
+        if (e->tp > 1)
+            return fail(ld, TM_E_INVAL, "engine.quantization",
+                        "\"%s\" with engine.tp %u is not supported (no engine splits quantized "
+                        "weights across ranks yet)",
+                        tm_job_quant_name(e->quantization), e->tp);
+        canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
+    }
+    return TM_OK;
 }
 
 static tm_rc load_defaults(loader *ld, const json_t *dflt) {

@@ -39,6 +39,13 @@ typedef enum tm_backend {
     TM_BACKEND_CUDA,
 } tm_backend;
 
+/* engine.quantization: what the loader does to the checkpoint's weights. */
+typedef enum tm_job_quant {
+    TM_JOB_QUANT_NONE = 0, /* "none": run the checkpoint as stored (quantized or not) */
+    TM_JOB_QUANT_FP8,      /* "fp8": quantize a float checkpoint's linears to FP8 e4m3 with one
+                            * scale per output channel at load (vLLM's quantization="fp8") */
+} tm_job_quant;
+
 typedef struct tm_job_engine {
     tm_backend backend;
     uint32_t max_seqs;             /* sequences in flight per step, >= 1 */
@@ -52,6 +59,7 @@ typedef struct tm_job_engine {
                                     * use may reach, KV pool included, in (0, 1] */
     bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
+    tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */
@@ -108,5 +116,7 @@ void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
 
 /* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */
 const char *tm_backend_name(tm_backend b);
+/* The job-file spelling of a quantization ("none", "fp8"). */
+const char *tm_job_quant_name(tm_job_quant q);
 
 #endif /* TM_INGEST_JOB_SPEC_H */

@@ -64,7 +64,7 @@ struct tm_metrics {
     bool spec_used;
     /* settings (owned copies) */
     tm_metrics_settings set;
-    char *backend, *kv_dtype, *model_path, *model_arch, *device;
+    char *backend, *kv_dtype, *quantization, *model_path, *model_arch, *device;
     bool have_settings;
     char *job_path;         /* owned, or NULL */
     tm_metrics_bench bench; /* strings owned; valid when have_bench */
@@ -152,10 +152,11 @@ tm_rc tm_metrics_create(tm_metrics **out, tm_err *err) {
 static void free_settings(tm_metrics *m) {
     tm_free(m->backend);
     tm_free(m->kv_dtype);
+    tm_free(m->quantization);
     tm_free(m->model_path);
     tm_free(m->model_arch);
     tm_free(m->device);
-    m->backend = m->kv_dtype = m->model_path = m->model_arch = m->device = NULL;
+    m->backend = m->kv_dtype = m->quantization = m->model_path = m->model_arch = m->device = NULL;
 }
 
 void tm_metrics_destroy(tm_metrics *m) {
@@ -189,11 +190,13 @@ tm_rc tm_metrics_set_settings(tm_metrics *m, const tm_metrics_settings *s, tm_er
     m->set = *s;
     m->backend = opt_dup(s->backend, &nomem);
     m->kv_dtype = opt_dup(s->kv_dtype, &nomem);
+    m->quantization = opt_dup(s->quantization, &nomem);
     m->model_path = opt_dup(s->model_path, &nomem);
     m->model_arch = opt_dup(s->model_arch, &nomem);
     m->device = opt_dup(s->device, &nomem);
     // The struct copy's pointers are the caller's; never use them after this call.
-    m->set.backend = m->set.kv_dtype = m->set.model_path = m->set.model_arch = m->set.device = NULL;
+    m->set.backend = m->set.kv_dtype = m->set.quantization = m->set.model_path = m->set.model_arch =
+        m->set.device = NULL;
     m->have_settings = true;
     if (nomem) {
         free_settings(m);
@@ -469,13 +472,14 @@ static json_t *build_json(const tm_metrics *m) {
                       num_or_null(ratio((double)m->n_spec_accepted, (double)m->n_spec_proposed)));
     json_t *settings = json_null();
     if (m->have_settings)
-        settings = json_pack(
-            "{s:o, s:i, s:i, s:i, s:i, s:o, s:o, s:b, s:i}", "backend", str_or_null(m->backend),
-            "tp", (int)m->set.tp, "max_seqs", (int)m->set.max_seqs, "max_batched_tokens",
-            (int)m->set.max_batched_tokens, "block_size", (int)m->set.block_size, "kv_blocks",
-            m->set.kv_blocks ? json_integer(m->set.kv_blocks) : json_null(), "kv_dtype",
-            str_or_null(m->kv_dtype), "prefix_cache", (int)m->set.prefix_cache, "threads",
-            (int)m->set.threads);
+        settings =
+            json_pack("{s:o, s:i, s:i, s:i, s:i, s:o, s:o, s:o, s:b, s:i}", "backend",
+                      str_or_null(m->backend), "tp", (int)m->set.tp, "max_seqs",
+                      (int)m->set.max_seqs, "max_batched_tokens", (int)m->set.max_batched_tokens,
+                      "block_size", (int)m->set.block_size, "kv_blocks",
+                      m->set.kv_blocks ? json_integer(m->set.kv_blocks) : json_null(), "kv_dtype",
+                      str_or_null(m->kv_dtype), "quantization", str_or_null(m->quantization),
+                      "prefix_cache", (int)m->set.prefix_cache, "threads", (int)m->set.threads);
     json_t *bench = json_null();
     if (m->have_bench)
         bench = json_pack("{s:o, s:o, s:i, s:i, s:i, s:i, s:I}", "workload",

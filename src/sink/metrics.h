@@ -34,9 +34,11 @@ typedef struct tm_metrics_settings {
     uint32_t tp;         /* tensor-parallel ranks */
     uint32_t max_seqs;
     uint32_t max_batched_tokens;
-    uint32_t block_size;  /* tokens per KV block */
-    uint32_t kv_blocks;   /* KV blocks in the pool (0 = unknown) */
-    const char *kv_dtype; /* "bf16", "f32", ... */
+    uint32_t block_size;      /* tokens per KV block */
+    uint32_t kv_blocks;       /* KV blocks in the pool (0 = unknown) */
+    const char *kv_dtype;     /* "bf16", "f32", ... */
+    const char *quantization; /* engine.quantization: "none", or "fp8" (linears quantized at
+                               * load); NULL: not a job setting (bench) */
     bool prefix_cache;
     uint32_t threads; /* CPU threads used */
     const char *model_path;

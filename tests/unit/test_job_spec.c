@@ -81,6 +81,7 @@ static void test_defaults(void) {
     TM_CHECK(spec->engine.threads == 0);
     TM_CHECK(spec->engine.kv_blocks == 0);
     TM_CHECK(spec->engine.gpu_memory_utilization == 0.90);
+    TM_CHECK(spec->engine.quantization == TM_JOB_QUANT_NONE);
     TM_CHECK(spec->defaults.set == 0);
     TM_CHECK(spec->defaults.max_tokens == 256);
     TM_CHECK(spec->defaults.temperature == 1.0f);
@@ -125,6 +126,12 @@ static void test_defaults(void) {
                 TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
                 continue;
             }
+            if (!strcmp(sect, "engine") && !strcmp(key, "quantization")) {
+                // written to the canonical spec only when not "none" (identity kept)
+                TM_CHECK(!got && !strcmp(json_string_value(d),
+                                         tm_job_quant_name(spec->engine.quantization)));
+                continue;
+            }
             if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
                 double want_v = !strcmp(key, "commit_every_s") ? spec->commit_every_s
                                                                : spec->commit_every_records;
@@ -137,7 +144,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 24); // engine 11, defaults 7, limits 4, output 2
+    TM_CHECK(n_defaults == 25); // engine 12, defaults 7, limits 4, output 2
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -248,6 +255,23 @@ static void test_errors(void) {
         TM_E_INVAL, "engine.prefix_cache: expected true or false, got 1");
     expect_error(
         "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"quantization\": \"int8\"}}",
+        TM_E_INVAL,
+        "job.json: engine.quantization: expected one of \"none\", \"fp8\", got \"int8\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"quantization\": 8}}",
+        TM_E_INVAL, "job.json: engine.quantization: expected one of \"none\", \"fp8\", got 8");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"quantization\": true}}",
+        TM_E_INVAL, "job.json: engine.quantization: expected one of \"none\", \"fp8\", got true");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"quantization\": \"fp8\", \"tp\": 2}}",
+        TM_E_INVAL, "job.json: engine.quantization: \"fp8\" with engine.tp 2 is not supported");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
         " \"o\"}, \"defaults\": {\"temperature\": \"hot\"}}",
         TM_E_INVAL, "job.json: defaults.temperature: expected a number >= 0, got \"hot\"");
     expect_error(
@@ -304,6 +328,41 @@ static void test_errors(void) {
     tm_err err = {0};
     TM_CHECK(tm_job_spec_load("/nonexistent/job.json", &spec, &err) == TM_E_IO);
     TM_CHECK(strstr(err.msg, "/nonexistent/job.json") != NULL);
+}
+
+// engine.quantization: "fp8" is read and is part of the job's identity; "none" (explicit or by
+// default) leaves the canonical spec as it was before the field existed.
+static void test_quantization(void) {
+    write_file("in/a.jsonl", "{\"id\":1,\"prompt\":\"x\"}\n");
+    const char *fmt = "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
+                      "\"dir\":\"out\"},\"engine\":{\"quantization\":\"%s\"}}";
+    char job[256];
+    char *canon_none = NULL;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        snprintf(job, sizeof(job), fmt, fp8 ? "fp8" : "none");
+        write_file("job.json", job);
+        tm_job_spec *spec = NULL;
+        tm_err err = {0};
+        TM_CHECK_OK(load("job.json", &spec, &err), &err);
+        if (!spec)
+            continue;
+        TM_CHECK(spec->engine.quantization == (fp8 ? TM_JOB_QUANT_FP8 : TM_JOB_QUANT_NONE));
+        TM_CHECK(!strcmp(tm_job_quant_name(spec->engine.quantization), fp8 ? "fp8" : "none"));
+        const char *q = strstr(spec->canonical_json, "\"quantization\":\"fp8\"");
+        TM_CHECK_MSG(fp8 ? q != NULL : strstr(spec->canonical_json, "quantization") == NULL,
+                     "canonical: %s", spec->canonical_json);
+        if (!fp8)
+            canon_none = strdup(spec->canonical_json);
+        tm_job_spec_destroy(spec);
+    }
+    // explicit "none" gives the same identity as leaving the field out
+    write_file("job.json", MIN_JOB);
+    tm_job_spec *spec = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    TM_CHECK(spec && canon_none && !strcmp(spec->canonical_json, canon_none));
+    tm_job_spec_destroy(spec);
+    free(canon_none);
 }
 
 // output.commit_every_* and output.kafka: values, identity (kafka is in the canonical spec, the
@@ -428,6 +487,7 @@ int main(void) {
     TM_RUN(test_values_and_relative_paths);
     TM_RUN(test_errors);
     TM_RUN(test_output_durability);
+    TM_RUN(test_quantization);
     TM_RUN(test_expand);
     TM_RUN(test_quickstart);
     TM_RUN(test_alloc_faults);

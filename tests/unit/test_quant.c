@@ -3,8 +3,9 @@
  * config.json quantization_config forms, the loader's checks of scale tensors (truncated,
  * mis-shaped, wrong dtype: each rejected naming the tensor), and CPU-engine runs of mkmodel's
  * quantized checkpoints: bit-equal to the same weights written dequantized as f32, and within
- * the stated error of the bf16 original; plus the transformers fixtures in
- * tests/fixtures/hf_quant when present. */
+ * the stated error of the bf16 original; quantization at load (engine.quantization "fp8"): the
+ * same bytes as mkmodel's fp8-channel checkpoint and bit-equal CPU-engine logits, errors leaving
+ * the model unchanged; plus the transformers fixtures in tests/fixtures/hf_quant when present. */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/alloc.h"
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
 #include "runner/model/model_dsv4.h"
@@ -447,9 +449,9 @@ static void test_loader_rejects(void) {
 
 /* Greedy-decode n_gen tokens after prompt on the CPU engine (teacher-forced with force[] when
  * given); logits[g * n_vocab ...] of each step, ids[g] the argmax. 0 on success. */
-static int run_greedy(const char *dir, const uint32_t *prompt, uint32_t n_prompt,
-                      const uint32_t *force, uint32_t n_gen, float *logits, uint32_t *ids,
-                      uint32_t *n_vocab) {
+static int run_greedy_q(const char *dir, uint32_t qload_threads, const uint32_t *prompt,
+                        uint32_t n_prompt, const uint32_t *force, uint32_t n_gen, float *logits,
+                        uint32_t *ids, uint32_t *n_vocab) {
     tm_model *m = NULL;
     tm_engine *eng = NULL;
     tm_err err = {0};
@@ -457,6 +459,14 @@ static int run_greedy(const char *dir, const uint32_t *prompt, uint32_t n_prompt
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
     if (!m)
         return 1;
+    if (qload_threads) { // engine.quantization "fp8": quantize at load
+        tm_rc rc = tm_model_quantize_fp8(m, qload_threads, &err);
+        TM_CHECK_OK(rc, &err);
+        if (rc) {
+            tm_model_destroy(m);
+            return 1;
+        }
+    }
     const uint32_t nv = m->cfg.n_vocab, total = n_prompt + n_gen;
     *n_vocab = nv;
     tm_engine_opts o = {.n_threads = 2,
@@ -495,6 +505,12 @@ static int run_greedy(const char *dir, const uint32_t *prompt, uint32_t n_prompt
     tm_engine_destroy(eng);
     tm_model_destroy(m);
     return bad;
+}
+
+static int run_greedy(const char *dir, const uint32_t *prompt, uint32_t n_prompt,
+                      const uint32_t *force, uint32_t n_gen, float *logits, uint32_t *ids,
+                      uint32_t *n_vocab) {
+    return run_greedy_q(dir, 0, prompt, n_prompt, force, n_gen, logits, ids, n_vocab);
 }
 
 typedef struct qcase {
@@ -641,6 +657,159 @@ static void test_engine_quant(void) {
     free(lb);
 }
 
+/* ---- quantization at load (engine.quantization "fp8") ---- */
+
+static tm_tensor *lin_at(tm_model *m, uint32_t l, int i) {
+    tm_layer_w *L = &m->layers[l];
+    tm_tensor *lin[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return lin[i];
+}
+
+/* The linears of a (quantized at load) and b (mkmodel's fp8-channel checkpoint) are the same
+ * views: scheme, shape, codes and scales byte for byte. Returns the number of differing ones. */
+static int same_fp8_views(tm_model *a, tm_model *b, const char *what) {
+    int n_bad = 0;
+    for (uint32_t l = 0; l < a->cfg.n_layer; l++)
+        for (int i = 0; i < 7; i++) {
+            const tm_tensor *x = lin_at(a, l, i), *y = lin_at(b, l, i);
+            const uint64_t R = x->shape[0], C = x->shape[1];
+            int ok = x->quant == TM_QUANT_FP8_CHANNEL && y->quant == TM_QUANT_FP8_CHANNEL &&
+                     x->dtype == TM_DTYPE_F8_E4M3 && y->dtype == x->dtype && x->n_dim == 2 &&
+                     R == y->shape[0] && C == y->shape[1] && x->qblock[0] == 1 &&
+                     x->qblock[1] == C && y->qblock[0] == 1 && y->qblock[1] == C &&
+                     x->scale_dtype == TM_DTYPE_F32 && y->scale_dtype == TM_DTYPE_F32;
+            ok = ok && !memcmp(x->data, y->data, (size_t)(R * C)) &&
+                 !memcmp(x->scale, y->scale, (size_t)R * sizeof(float));
+            TM_CHECK_MSG(ok, "%s: layer %u linear %d differs from mkmodel's fp8-channel", what, l,
+                         i);
+            n_bad += !ok;
+        }
+    return n_bad;
+}
+
+static void test_quantize_at_load(void) {
+    if (!have_mkmodel())
+        return;
+    // Odd sizes (hidden 200, ff 328) so row chunks and threads do not divide evenly; an untied
+    // lm_head and Qwen2 biases stay as stored.
+    const char *base = "--arch qwen2 --layers 3 --hidden 200 --heads 5 --kv-heads 1 --head-dim 40 "
+                       "--ff 328 --vocab 700 --seed 11 --tied 0";
+    const char *dts[] = {"bf16", "f16", "f32"};
+    uint32_t prompt[40];
+    for (int i = 0; i < 40; i++)
+        prompt[i] = (uint32_t)(i * 37 + 5) % 700;
+    float *la = malloc((size_t)N_GEN * 700 * sizeof(float));
+    float *lb = malloc((size_t)N_GEN * 700 * sizeof(float));
+    for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+        char dp[256], dq[256], args[512];
+        snprintf(dp, sizeof(dp), "%s/ql_%s", g_tmp, dts[d]);
+        snprintf(dq, sizeof(dq), "%s/ql_%s_fp8", g_tmp, dts[d]);
+        snprintf(args, sizeof(args), "%s --dtype %s", base, dts[d]);
+        if (mkmodel(dp, args))
+            continue;
+        snprintf(args, sizeof(args), "%s --dtype %s --quant fp8-channel", base, dts[d]);
+        if (mkmodel(dq, args))
+            continue;
+        // 1. the views: equal to mkmodel's checkpoint for 1 and 3 threads
+        tm_model *a = NULL, *b = NULL;
+        tm_err err = {0};
+        TM_CHECK_OK(tm_model_load(dq, &b, &err), &err);
+        for (uint32_t nt = 1; b && nt <= 3; nt += 2) {
+            TM_CHECK_OK(tm_model_load(dp, &a, &err), &err);
+            if (!a)
+                break;
+            const void *embd = a->embd.data, *head = a->lm_head.data, *norm = a->out_norm.data;
+            TM_CHECK(!tm_model_is_quantized(a));
+            TM_CHECK_OK(tm_model_quantize_fp8(a, nt, &err), &err);
+            TM_CHECK(tm_model_is_quantized(a) && a->qbuf != NULL);
+            same_fp8_views(a, b, dts[d]);
+            TM_CHECK(a->cfg.quant.method == b->cfg.quant.method &&
+                     a->cfg.quant.weight == b->cfg.quant.weight &&
+                     a->cfg.quant.act == b->cfg.quant.act);
+            TM_CHECK(a->embd.data == embd && a->lm_head.data == head && a->out_norm.data == norm &&
+                     a->embd.quant == TM_QUANT_NONE && a->lm_head.quant == TM_QUANT_NONE);
+            TM_CHECK_OK(tm_model_check_weights_quant(a, "test", &err), &err);
+            // quantizing twice: already quantized
+            TM_CHECK(tm_model_quantize_fp8(a, nt, &err) == TM_E_INVAL &&
+                     strstr(err.msg, "already quantized"));
+            tm_model_destroy(a);
+            a = NULL;
+        }
+        // 2. an FP8 checkpoint with engine.quantization "fp8": refused, naming the scheme
+        if (b) {
+            TM_CHECK(tm_model_quantize_fp8_check(b, &err) == TM_E_INVAL);
+            TM_CHECK_MSG(strstr(err.msg, "already quantized (quant_method compressed-tensors, "
+                                         "fp8-channel weights)") != NULL,
+                         "%s", err.msg);
+        }
+        tm_model_destroy(b);
+        // 3. the CPU engine: logits bit for bit (bf16 only; the views are equal for all)
+        if (d == 0) {
+            uint32_t ia[N_GEN], ib[N_GEN], nv = 0;
+            if (!run_greedy_q(dp, 2, prompt, 40, NULL, N_GEN, la, ia, &nv) &&
+                !run_greedy(dq, prompt, 40, NULL, N_GEN, lb, ib, &nv))
+                TM_CHECK_MSG(!memcmp(la, lb, (size_t)N_GEN * nv * sizeof(float)) &&
+                                 !memcmp(ia, ib, sizeof(ia)),
+                             "quantized at load and mkmodel fp8-channel: logits differ");
+        }
+    }
+    free(la);
+    free(lb);
+
+    // 4. errors leave the model unchanged: every allocation failing in turn, and a row with an
+    // infinity (a copy of layer 1's o_proj with one inf in row 3).
+    char dp[256];
+    snprintf(dp, sizeof(dp), "%s/ql_bf16", g_tmp);
+    tm_model *a = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_model_load(dp, &a, &err), &err);
+    if (!a)
+        return;
+    for (long n = 1; n <= 8; n++) {
+        tm_fault_set(TM_FAULT_ALLOC, n);
+        tm_rc rc = tm_model_quantize_fp8(a, 2, &err);
+        tm_fault_set(TM_FAULT_ALLOC, 0);
+        TM_CHECK_MSG(rc == TM_OK || rc == TM_E_NOMEM, "alloc %ld: %s", n, tm_rc_name(rc));
+        if (rc == TM_OK)
+            break; // later allocations are worker buffers, which the others cover
+        TM_CHECK(!a->qbuf && !tm_model_is_quantized(a) && a->cfg.quant.method == TM_QMETHOD_NONE);
+    }
+    tm_model_destroy(a);
+    a = NULL;
+    TM_CHECK_OK(tm_model_load(dp, &a, &err), &err);
+    if (!a)
+        return;
+    tm_tensor *wo = &a->layers[1].wo, saved = *wo;
+    const size_t n_wo = (size_t)tm_tensor_n_elem(wo);
+    uint16_t *copy = malloc(n_wo * 2);
+    memcpy(copy, wo->data, n_wo * 2);
+    copy[3 * wo->shape[1] + 7] = 0x7f80; // +inf
+    wo->data = copy;
+    TM_CHECK(tm_model_quantize_fp8(a, 3, &err) == TM_E_INVAL);
+    TM_CHECK_MSG(strstr(err.msg, "layer 1 o_proj") && strstr(err.msg, "infinite"), "%s", err.msg);
+    TM_CHECK(!a->qbuf && a->layers[1].wo.data == copy && a->layers[0].wq.quant == TM_QUANT_NONE);
+    *wo = saved;
+    free(copy);
+    tm_model_destroy(a);
+
+    // 5. DeepSeek-V4: refused, saying why
+    char ds[256];
+    snprintf(ds, sizeof(ds), "%s/ql_dsv4", g_tmp);
+    if (mkmodel(ds, "--arch deepseek_v4 --layers 3 --dsv4-layers shc --dsv4-mlp hmm --hidden 128 "
+                    "--heads 4 --head-dim 32 --ff 64 --vocab 512 --experts 8 --experts-used 2 "
+                    "--q-lora 64 --o-lora 32 --o-groups 2 --index-heads 4 --index-dim 32 "
+                    "--index-topk 4 --rope-dim 8 --window 8 --hca-ratio 8 --hc 2 --seed 9"))
+        return;
+    a = NULL;
+    TM_CHECK_OK(tm_model_load(ds, &a, &err), &err);
+    if (a) {
+        TM_CHECK(tm_model_quantize_fp8(a, 2, &err) == TM_E_INVAL);
+        TM_CHECK_MSG(strstr(err.msg, "deepseek_v4") && strstr(err.msg, "block-scaled"), "%s",
+                     err.msg);
+    }
+    tm_model_destroy(a);
+}
+
 /* ---- transformers / Python-dequant fixtures (tests/oracles/hf/make_quant_fixtures.py) ---- */
 
 static void check_fixture(const char *path) {
@@ -742,6 +911,7 @@ int main(void) {
     TM_RUN(test_config);
     TM_RUN(test_loader_rejects);
     TM_RUN(test_engine_quant);
+    TM_RUN(test_quantize_at_load);
     TM_RUN(test_fixtures);
     char cmd[128];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);

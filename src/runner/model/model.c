@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -538,6 +540,7 @@ void tm_model_destroy(tm_model *m) {
         return;
     tm_st_set_close(m->impl);
     tm_dsv4_destroy(m->arch_w);
+    tm_free(m->qbuf);
     tm_free(m->layers);
     tm_free(m->dir);
     tm_free(m);
@@ -656,6 +659,176 @@ int tm_model_is_quantized(const tm_model *m) {
                 return 1;
     }
     return 0;
+}
+
+/* ---- quantization at load (tm_model_quantize_fp8) ---------------------------------------- */
+
+#define QROW_CHUNK 64 /* rows per work item */
+#define N_LIN 7
+
+static const char *const lin_names[N_LIN] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                             "gate_proj", "up_proj", "down_proj"};
+
+static void layer_lins(tm_layer_w *L, tm_tensor *lin[N_LIN]) {
+    lin[0] = &L->wq, lin[1] = &L->wk, lin[2] = &L->wv, lin[3] = &L->wo;
+    lin[4] = &L->w_gate, lin[5] = &L->w_up, lin[6] = &L->w_down;
+}
+
+// One linear to quantize: its float view, where its codes and scales go, its first work item.
+typedef struct qjob {
+    const tm_tensor *src;
+    uint8_t *codes; /* [R][C] */
+    float *scales;  /* [R] */
+    uint64_t item0; /* index of its first chunk of QROW_CHUNK rows */
+} qjob;
+
+typedef struct qwork {
+    const qjob *jobs;
+    size_t n_jobs;
+    uint64_t n_items;
+    uint64_t max_cols;
+    atomic_uint_fast64_t next; /* next work item */
+    atomic_int bad_job;        /* 1 + index of a job with a row whose scale is not finite, or 0 */
+} qwork;
+
+static void *quant_worker(void *arg) {
+    qwork *w = arg;
+    float *row = tm_malloc((size_t)w->max_cols * sizeof(float));
+    if (!row)
+        return NULL; // the others (the caller at least) do the work
+    size_t j = 0;
+    for (;;) { // hot loop: chunks of rows, in item order, over all linears
+        uint64_t it = atomic_fetch_add(&w->next, 1);
+        if (it >= w->n_items)
+            break;
+        while (j + 1 < w->n_jobs && w->jobs[j + 1].item0 <= it)
+            j++;
+        while (w->jobs[j].item0 > it)
+            j--;
+        const qjob *q = &w->jobs[j];
+        const uint64_t R = q->src->shape[0], C = q->src->shape[1];
+        const uint64_t r0 = (it - q->item0) * QROW_CHUNK, r1 = TM_MIN(R, r0 + QROW_CHUNK);
+        for (uint64_t r = r0; r < r1; r++) {
+            tm_tensor_row_f32(q->src, (size_t)r, row);
+            const float s = tm_quant_fp8_row(row, (size_t)C, q->codes + r * C);
+            q->scales[r] = s;
+            if (!(s > 0.0f) || !isfinite(s))
+                atomic_store(&w->bad_job, (int)j + 1);
+        }
+    }
+    tm_free(row);
+    return NULL;
+}
+
+tm_rc tm_model_quantize_fp8_check(const tm_model *m, tm_err *err) {
+    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
+        return TM_ERR(err, TM_E_INVAL,
+                      "model %s: deepseek_v4 is not quantized at load (its FP8 format is 128x128 "
+                      "block-scaled with ue8m0 scales, not per channel; use its FP8 checkpoint)",
+                      m->dir);
+    if (m->cfg.quant.method != TM_QMETHOD_NONE || tm_model_is_quantized(m)) {
+        const tm_quant_cfg *q = &m->cfg.quant;
+        return TM_ERR(err, TM_E_INVAL,
+                      "model %s is already quantized (quant_method %s, %s weights): only float "
+                      "checkpoints are quantized at load; run it as stored",
+                      m->dir,
+                      q->method == TM_QMETHOD_FP8  ? "fp8"
+                      : q->method == TM_QMETHOD_CT ? "compressed-tensors"
+                                                   : "none",
+                      tm_quant_name((tm_quant)q->weight));
+    }
+    return tm_model_check_weights(m, "quantizing at load", err);
+}
+
+tm_rc tm_model_quantize_fp8(tm_model *m, uint32_t n_threads, tm_err *err) {
+    tm_rc rc = tm_model_quantize_fp8_check(m, err);
+    if (rc)
+        return rc;
+    const size_t n_jobs = (size_t)m->cfg.n_layer * N_LIN;
+    qjob *jobs = tm_calloc(n_jobs ? n_jobs : 1, sizeof(*jobs));
+    if (!jobs)
+        return TM_ERR(err, TM_E_NOMEM, "quantizing %s: %zu linears", m->dir, n_jobs);
+    // One allocation: for each linear its codes, then its scales, each 64-byte aligned.
+    uint64_t off = 0, n_items = 0, max_cols = 1;
+    for (size_t j = 0; j < n_jobs; j++) {
+        tm_tensor *lin[N_LIN];
+        layer_lins(&m->layers[j / N_LIN], lin);
+        const tm_tensor *t = lin[j % N_LIN];
+        const uint64_t R = t->shape[0], C = t->shape[1];
+        jobs[j].src = t;
+        jobs[j].codes = (uint8_t *)(uintptr_t)off;
+        off += TM_CEIL_DIV(R * C, 64) * 64;
+        jobs[j].scales = (float *)(uintptr_t)off;
+        off += TM_CEIL_DIV(R * sizeof(float), 64) * 64;
+        jobs[j].item0 = n_items;
+        n_items += TM_CEIL_DIV(R, QROW_CHUNK);
+        max_cols = TM_MAX(max_cols, C);
+    }
+    uint8_t *buf = off <= SIZE_MAX - 64 ? tm_malloc((size_t)off + 64) : NULL;
+    if (!buf) {
+        tm_free(jobs);
+        return TM_ERR(err, TM_E_NOMEM, "quantizing %s: %llu bytes of fp8 weights and scales",
+                      m->dir, (unsigned long long)off);
+    }
+    uint8_t *base = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    for (size_t j = 0; j < n_jobs; j++) {
+        jobs[j].codes = base + (uintptr_t)jobs[j].codes;
+        jobs[j].scales = (float *)(void *)(base + (uintptr_t)jobs[j].scales);
+    }
+    qwork w = {.jobs = jobs, .n_jobs = n_jobs, .n_items = n_items, .max_cols = max_cols};
+    atomic_init(&w.next, 0);
+    atomic_init(&w.bad_job, 0);
+    // The caller is one worker; threads that cannot be started leave their share to the others.
+    uint32_t n_th = TM_MAX(n_threads, 1u), n_started = 0;
+    pthread_t *th = n_th > 1 ? tm_calloc(n_th - 1, sizeof(*th)) : NULL;
+    for (uint32_t i = 0; th && i + 1 < n_th; i++) {
+        if (pthread_create(&th[n_started], NULL, quant_worker, &w) != 0)
+            break;
+        n_started++;
+    }
+    // The caller's own pass takes items until none is left, so a thread that could not get its
+    // row buffer only costs time; if the caller's fails too, items remain: TM_E_NOMEM.
+    quant_worker(&w);
+    for (uint32_t i = 0; i < n_started; i++)
+        pthread_join(th[i], NULL);
+    tm_free(th);
+    const int bad = atomic_load(&w.bad_job);
+    if (atomic_load(&w.next) < n_items) {
+        rc = TM_ERR(err, TM_E_NOMEM, "quantizing %s: row buffers", m->dir);
+    } else if (bad) {
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "quantizing %s: layer %zu %s has a row with an infinite (or all "
+                    "below 448 * 2^-149) weight: no finite fp8 scale",
+                    m->dir, (size_t)(bad - 1) / N_LIN, lin_names[(bad - 1) % N_LIN]);
+    }
+    if (rc) {
+        tm_free(buf);
+        tm_free(jobs);
+        return rc;
+    }
+    // Every row is done: switch the views (nothing above touched m).
+    for (size_t j = 0; j < n_jobs; j++) {
+        tm_tensor *lin[N_LIN];
+        layer_lins(&m->layers[j / N_LIN], lin);
+        tm_tensor *t = lin[j % N_LIN];
+        const uint64_t R = t->shape[0], C = t->shape[1];
+        *t = (tm_tensor){.data = jobs[j].codes,
+                         .dtype = TM_DTYPE_F8_E4M3,
+                         .n_dim = 2,
+                         .shape = {R, C},
+                         .scale = jobs[j].scales,
+                         .quant = TM_QUANT_FP8_CHANNEL,
+                         .scale_dtype = TM_DTYPE_F32,
+                         .qblock = {1, (uint32_t)C}};
+    }
+    m->cfg.quant = (tm_quant_cfg){.method = TM_QMETHOD_CT,
+                                  .weight = TM_QUANT_FP8_CHANNEL,
+                                  .scale_dtype = TM_DTYPE_F32,
+                                  .act = TM_QACT_DYNAMIC};
+    tm_free(m->qbuf);
+    m->qbuf = buf;
+    tm_free(jobs);
+    return TM_OK;
 }
 
 void tm_model_rope_inv_freq(const tm_model_cfg *cfg, float *inv_freq) {

@@ -42,6 +42,24 @@ tm_rc tm_model_check_weights_quant(const tm_model *m, const char *who, tm_err *e
 /* 1 if any weight of m is quantized (Llama family and DeepSeek-V4), else 0. */
 int tm_model_is_quantized(const tm_model *m);
 
+/* Whether tm_model_quantize_fp8 can quantize m: a Llama-family model whose linears are all float
+ * (f32, f16, bf16) and with no quantization_config. TM_E_INVAL otherwise: DeepSeek-V4 (its FP8
+ * format is 128x128 block-scaled, not per channel) or a checkpoint that is already quantized
+ * (the message names its scheme). Any thread. */
+tm_rc tm_model_quantize_fp8_check(const tm_model *m, tm_err *err);
+/* Quantize the seven linears (q/k/v/o/gate/up/down) of every layer of m to FP8 e4m3 with one
+ * fp32 scale per output row, by tm_quant_fp8_row (runner/model/quant.h): the weights become
+ * quantized views (TM_QUANT_FP8_CHANNEL, scale [out] f32) exactly like those of a
+ * compressed-tensors per-channel checkpoint of the same values, and cfg.quant says so
+ * (compressed-tensors, channel, dynamic activations). Embeddings, norms, biases and lm_head are
+ * untouched. The codes and scales are one allocation owned by m (freed by tm_model_destroy); the
+ * float weights stay mapped but are no longer read. Uses n_threads threads (the caller's included;
+ * 0 or 1: the caller's only). Call it before any engine is made from m (it changes the views);
+ * not thread-safe with readers of m. On error m is unchanged. Errors: those of
+ * tm_model_quantize_fp8_check, TM_E_INVAL naming the tensor for a row with an infinity,
+ * TM_E_NOMEM. */
+tm_rc tm_model_quantize_fp8(tm_model *m, uint32_t n_threads, tm_err *err);
+
 /* The RoPE inverse frequencies of a Llama-family cfg, which both engines use:
  * inv_freq[i] = 1/theta^(2i/d) for i < d/2 (d = cfg->head_dim), with the llama3 rescaling when
  * cfg->rope_type says so. fp32 math in the order HF uses. inv_freq holds head_dim / 2 floats.

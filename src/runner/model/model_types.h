@@ -79,6 +79,8 @@ typedef struct tm_model {
     void *impl;         /* owned mappings */
     void *arch_w;       /* owned arch-specific config + weights: tm_dsv4 (runner/model/model_dsv4.h)
                          * for TM_ARCH_DEEPSEEK_V4, NULL otherwise */
+    void *qbuf;         /* owned: the codes and scales of weights quantized at load
+                         * (tm_model_quantize_fp8), which the linears' views point into; else NULL */
 } tm_model;
 
 #endif /* TM_RUNNER_MODEL_MODEL_TYPES_H */

@@ -437,3 +437,15 @@ tm_rc tm_quant_bind(const tm_st_set *st, const tm_quant_cfg *q, const char *name
     return TM_ERR(err, TM_E_PARSE, "%s: tensor '%s' has dtype %s, which is not a weight dtype",
                   s->file, name, tm_dtype_name(s->dtype));
 }
+
+float tm_quant_fp8_row(const float *v, size_t n, uint8_t *q) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) { // fmaxf without the libm call: a NaN compares false
+        const float a = fabsf(v[i]);
+        amax = a > amax ? a : amax;
+    }
+    const float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (size_t i = 0; i < n; i++)
+        q[i] = tm_f32_to_e4m3(v[i] / s);
+    return s;
+}

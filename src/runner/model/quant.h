@@ -6,6 +6,7 @@
 #ifndef TM_RUNNER_MODEL_QUANT_H
 #define TM_RUNNER_MODEL_QUANT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -56,5 +57,13 @@ typedef enum tm_qrole {
 struct tm_st_set;
 tm_rc tm_quant_bind(const struct tm_st_set *st, const tm_quant_cfg *q, const char *name,
                     tm_qrole role, uint32_t n_dim, const uint64_t *want, tm_tensor *t, tm_err *err);
+
+/* Quantize one row v[0..n) to FP8 e4m3 with one scale, the per-channel rule of
+ * docs/quantization.md (the same as mkmodel --quant fp8-channel, llm-compressor's static FP8
+ * weights and vLLM's dynamic fp8): s = max|v| / 448 in fp32 (NaNs ignored; an all-zero row gets
+ * s = 1), then q[i] = e4m3(v[i] / s), the quotient in fp32 and rounded to nearest even
+ * (tm_f32_to_e4m3). Returns s; it is not finite (or 0) only if v holds an infinity (or only
+ * values below 448 * 2^-149), which the caller must refuse. */
+float tm_quant_fp8_row(const float *v, size_t n, uint8_t *q);
 
 #endif /* TM_RUNNER_MODEL_QUANT_H */
