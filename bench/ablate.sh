@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/ablate.sh - what each kind of op costs inside the decode graph: bench_engine W8 decode
 # with TM_CUDA_ABLATE naming ops that are planned but not launched (outputs meaningless; see
-# src/runner/engine/cuda/engine_cuda.c). The difference to the full step is the op's marginal cost.
+# src/runner/engine/cuda/engine_cuda_int.h, TM_CUDA_ABL_*). The difference to the full step is
+# the op's marginal cost.
 # Prebuilt binaries in $B (with lib/), logs in $OUT. Env: SHAPE (llama8b-half), ARGS (extra
 # bench_engine arguments, e.g. "--tp 2"). Usage: OUT=... B=.devcarry bash bench/ablate.sh [sets...]
 . "$(dirname "$0")/device_env.sh"
