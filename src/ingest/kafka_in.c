@@ -25,6 +25,7 @@
 #define COMMIT_EVERY_MS 200.0
 #define WATERMARK_TIMEOUT_MS 10000
 #define WATERMARK_TRIES 6
+#define DESTROY_WAIT_MS 1000 /* destroy_bounded */
 
 enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
 
@@ -58,6 +59,8 @@ struct tm_kafka_in {
     bool assigned; /* an assignment is in place (eager: false between revoke and
                     * assign) */
     bool closing;
+    bool coop; /* the group's rebalance protocol is COOPERATIVE (read on the first
+                * assignment: asking librdkafka during close can block, librdkafka#4041) */
     bool stop_logged;
     bool holding;      /* in tm_kafka_in_wait: the source thread holds the last record
                         * handed out (it waits to push it), so it cannot become durable
@@ -78,8 +81,11 @@ struct tm_kafka_in {
     size_t n_stash, cap_stash, stash_head;
     double last_commit_ms;
     double last_warn_ms;
-    int revoke_wait_ms; /* TM_KAFKA_IN_REVOKE_WAIT_MS, at most half the session timeout */
-    char file[320];     /* "kafka:TOPIC/PARTITION" of the current record */
+    int revoke_wait_ms;       /* TM_KAFKA_IN_REVOKE_WAIT_MS, at most half the session timeout */
+    int commit_wait_ms;       /* TM_KAFKA_IN_COMMIT_WAIT_MS, at most a quarter of it */
+    int close_wait_ms;        /* TM_KAFKA_IN_CLOSE_WAIT_MS, at most half of it */
+    double close_deadline_ms; /* tm_kafka_in_close: when it stops waiting for the broker */
+    char file[320];           /* "kafka:TOPIC/PARTITION" of the current record */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -244,8 +250,56 @@ static void warn_limited(tm_kafka_in *ki, const char *fmt, const char *a, const 
     TM_LOG_WARN("kafka_in", fmt, a, b);
 }
 
+static void commit_answered(rd_kafka_t *rk, rd_kafka_resp_err_t e,
+                            rd_kafka_topic_partition_list_t *offs, void *opaque) {
+    (void)rk, (void)e, (void)offs, (void)opaque; // read as an event by commit_bounded
+}
+
+/* Commit l and wait at most ms for the broker's answer. rd_kafka_commit's synchronous form waits
+ * without a limit: with a broker that stops answering it never returns (issue 24). The answer
+ * comes as an event on a queue of our own; when the wait ends first the queue is destroyed, and a
+ * late answer is dropped by librdkafka (the commit itself may still be applied). NO_ERROR, the
+ * commit's error (the first per-partition one included), or RD_KAFKA_RESP_ERR__TIMED_OUT. */
+static rd_kafka_resp_err_t commit_bounded(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *l,
+                                          int ms) {
+    rd_kafka_queue_t *q = rd_kafka_queue_new(ki->rk);
+    if (!q)
+        return RD_KAFKA_RESP_ERR__CRIT_SYS_RESOURCE;
+    // A callback, though never called (the queue is read as events), keeps librdkafka from also
+    // sending the answer to on_commit.
+    rd_kafka_resp_err_t e = rd_kafka_commit_queue(ki->rk, l, q, commit_answered, NULL);
+    double end = tm_now_ms() + (ms > 0 ? ms : 0);
+    while (!e) {
+        double left = end - tm_now_ms();
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, left > 0 ? (int)left + 1 : 0);
+        if (!ev) {
+            if (left <= 0) {
+                e = RD_KAFKA_RESP_ERR__TIMED_OUT;
+                break;
+            }
+            continue;
+        }
+        if (rd_kafka_event_type(ev) != RD_KAFKA_EVENT_OFFSET_COMMIT) {
+            rd_kafka_event_destroy(ev);
+            continue;
+        }
+        e = rd_kafka_event_error(ev);
+        const rd_kafka_topic_partition_list_t *r = rd_kafka_event_topic_partition_list(ev);
+        for (int i = 0; !e && r && i < r->cnt; i++)
+            e = r->elems[i].err;
+        rd_kafka_event_destroy(ev);
+        if (!e || e == RD_KAFKA_RESP_ERR__NO_OFFSET)
+            e = RD_KAFKA_RESP_ERR_NO_ERROR;
+        break;
+    }
+    rd_kafka_queue_destroy(q);
+    return e;
+}
+
 /* Commit the committable offset of every owned partition (only = true: just those marked
- * revoking) that moved since the last commit. Source thread only. */
+ * revoking) that moved since the last commit. sync: wait for the answer, at most
+ * commit_wait_ms (and never past close_deadline_ms while closing); a commit that failed or was
+ * not answered in time is retried by the next one (committed reset). Source thread only. */
 static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
     if (ki->txn)
         return;
@@ -264,9 +318,20 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
     }
     pthread_mutex_unlock(&ki->mu);
     if (l->cnt > 0) {
-        rd_kafka_resp_err_t e = rd_kafka_commit(ki->rk, l, sync ? 0 : 1);
-        if (e) {
+        int ms = ki->commit_wait_ms;
+        if (ki->closing && ki->close_deadline_ms - tm_now_ms() < ms)
+            ms = (int)(ki->close_deadline_ms - tm_now_ms());
+        rd_kafka_resp_err_t e = sync ? commit_bounded(ki, l, ms) : rd_kafka_commit(ki->rk, l, 1);
+        if (e == RD_KAFKA_RESP_ERR__TIMED_OUT)
+            TM_LOG_WARN("kafka_in",
+                        "offset commit not answered within %d ms (brokers %s): the group's "
+                        "offsets may lag behind; the manifest's done offsets keep the output "
+                        "exactly once",
+                        ms > 0 ? ms : 0, ki->cfg->brokers);
+        else if (e) {
             warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
+        }
+        if (e) {
             pthread_mutex_lock(&ki->mu);
             for (int i = 0; i < l->cnt; i++) {
                 kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
@@ -339,8 +404,9 @@ static void set_revoking(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t 
         if (!p)
             continue;
         p->revoking = on;
-        if (on)
+        if (on && !ki->closing)
             p->committed = -1; // commit again, synchronously: an async one may have failed
+                               // (closing: tm_kafka_in_close has just made that commit)
         if (on && ki->holding) {
             const ring_ent *e = ring_at(ki, ki->last_seq);
             if (e && &ki->parts[e->part] == p)
@@ -374,7 +440,11 @@ static void stash_purge(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *
 static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
                          rd_kafka_topic_partition_list_t *parts, void *opaque) {
     tm_kafka_in *ki = opaque;
-    bool coop = strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE") == 0;
+    if (e == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        const char *proto = rd_kafka_rebalance_protocol(rk);
+        ki->coop = proto && strcmp(proto, "COOPERATIVE") == 0;
+    }
+    bool coop = ki->coop; // a revoke always follows an assignment
     rd_kafka_error_t *aerr = NULL;
     rd_kafka_resp_err_t rerr = RD_KAFKA_RESP_ERR_NO_ERROR;
     if (e == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
@@ -541,6 +611,8 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     if (rd_kafka_conf_get(conf, "session.timeout.ms", sess, &n_sess) == RD_KAFKA_CONF_OK)
         sess_ms = strtol(sess, NULL, 10);
     ki->revoke_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_REVOKE_WAIT_MS, TM_MAX(sess_ms / 2, 100L));
+    ki->commit_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_COMMIT_WAIT_MS, TM_MAX(sess_ms / 4, 100L));
+    ki->close_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_CLOSE_WAIT_MS, TM_MAX(sess_ms / 2, 200L));
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
     rd_kafka_conf_set_error_cb(conf, on_error);
@@ -577,23 +649,130 @@ fail:
     return rc;
 }
 
+/* Leave the group (rd_kafka_consumer_close_queue), serving the close queue here until the
+ * consumer is closed or close_deadline_ms passes: rd_kafka_consumer_close waits without a limit.
+ * The last revoke comes as an event and goes through on_rebalance (its commit is bounded by the
+ * same deadline). true: closed. */
+static bool close_bounded(tm_kafka_in *ki) {
+    rd_kafka_queue_t *q = rd_kafka_queue_new(ki->rk);
+    if (!q)
+        return false;
+    rd_kafka_error_t *e = rd_kafka_consumer_close_queue(ki->rk, q);
+    if (e) {
+        TM_LOG_WARN("kafka_in", "closing the consumer: %s", rd_kafka_error_string(e));
+        rd_kafka_error_destroy(e);
+        rd_kafka_queue_destroy(q);
+        return rd_kafka_consumer_closed(ki->rk);
+    }
+    while (!rd_kafka_consumer_closed(ki->rk)) {
+        double left = ki->close_deadline_ms - tm_now_ms();
+        if (left <= 0)
+            break;
+        rd_kafka_event_t *ev = rd_kafka_queue_poll(q, (int)left + 1);
+        if (!ev)
+            continue;
+        if (rd_kafka_event_type(ev) == RD_KAFKA_EVENT_REBALANCE)
+            on_rebalance(ki->rk, rd_kafka_event_error(ev),
+                         (rd_kafka_topic_partition_list_t *)rd_kafka_event_topic_partition_list(ev),
+                         ki);
+        rd_kafka_event_destroy(ev); // anything else (messages, errors) is of no use now
+    }
+    bool closed = rd_kafka_consumer_closed(ki->rk);
+    rd_kafka_queue_destroy(q);
+    return closed;
+}
+
+typedef struct destroyer {
+    rd_kafka_t *rk;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, abandoned; /* abandoned: the thread frees this */
+} destroyer;
+
+static void *destroyer_main(void *arg) {
+    destroyer *d = arg;
+    rd_kafka_destroy_flags(d->rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+    pthread_mutex_lock(&d->mu);
+    d->done = true;
+    bool abandoned = d->abandoned;
+    pthread_cond_signal(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (abandoned) {
+        pthread_cond_destroy(&d->cv);
+        pthread_mutex_destroy(&d->mu);
+        tm_free(d);
+    }
+    return NULL;
+}
+
+/* A consumer that did not close in time: librdkafka's destroy joins its main thread, which waits
+ * for the requests in flight to time out (about session.timeout.ms more when the broker does not
+ * answer). Destroy it on a detached thread and wait for that at most DESTROY_WAIT_MS; past it the
+ * thread finishes by itself (no callback of ours runs there: librdkafka serves them only in our
+ * polls, and NO_CONSUMER_CLOSE disables the rest). */
+static void destroy_bounded(rd_kafka_t *rk) {
+    destroyer *d = tm_calloc(1, sizeof(*d));
+    pthread_t t;
+    if (!d) {
+        rd_kafka_destroy_flags(rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+        return;
+    }
+    d->rk = rk;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    if (pthread_create(&t, NULL, destroyer_main, d) != 0) {
+        destroyer_main(d); // not abandoned: frees nothing
+    } else {
+        pthread_detach(t);
+        struct timespec dl;
+        tm_deadline_in_ms(&dl, DESTROY_WAIT_MS);
+        pthread_mutex_lock(&d->mu);
+        while (!d->done && pthread_cond_timedwait(&d->cv, &d->mu, &dl) != ETIMEDOUT) {
+        }
+        d->abandoned = !d->done;
+        pthread_mutex_unlock(&d->mu);
+        if (!d->done) {
+            TM_LOG_WARN("kafka_in",
+                        "librdkafka is still shutting the consumer down after %d ms; "
+                        "not waiting for it",
+                        DESTROY_WAIT_MS);
+            return; // destroyer_main frees d
+        }
+    }
+    pthread_cond_destroy(&d->cv);
+    pthread_mutex_destroy(&d->mu);
+    tm_free(d);
+}
+
 void tm_kafka_in_close(tm_kafka_in *ki) {
     if (!ki)
         return;
+    bool closed = true;
     if (ki->rk) {
         pthread_mutex_lock(&ki->mu);
         ki->closing = true;
+        ki->close_deadline_ms = tm_now_ms() + ki->close_wait_ms;
         for (size_t i = 0; i < ki->n_parts; i++)
-            ki->parts[i].committed = -1; // the last word is a synchronous commit
+            ki->parts[i].committed = -1; // the last word is a synchronous (bounded) commit
         pthread_mutex_unlock(&ki->mu);
         commit_offsets(ki, true, false);
-        rd_kafka_consumer_close(ki->rk); // serves the last revoke (commits again, no wait)
+        closed = close_bounded(ki);
+        if (!closed)
+            TM_LOG_WARN(
+                "kafka_in",
+                "the consumer did not leave group %s within %d ms (brokers %s not "
+                "answering?): given up without leaving (the group drops the member when its "
+                "session times out); the group's offsets may lag behind the manifest, which "
+                "keeps the output exactly once",
+                ki->cfg->group, ki->close_wait_ms, ki->cfg->brokers);
     }
     for (size_t i = 0; i < ki->n_stash; i++)
         rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
     tm_free(ki->stash);
-    if (ki->rk)
+    if (ki->rk && closed)
         rd_kafka_destroy(ki->rk);
+    else if (ki->rk)
+        destroy_bounded(ki->rk);
     for (size_t i = 0; i < ki->n_parts; i++) {
         tm_free(ki->parts[i].topic);
         tm_free(ki->parts[i].rng);

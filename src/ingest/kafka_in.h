@@ -22,6 +22,13 @@
  *
  * Commits: without transactions the consumer thread commits (asynchronously, at most every
  * 200 ms, synchronously on revoke and close) the committable offsets of the partitions it owns.
+ * A synchronous commit waits for the broker's answer at most TM_KAFKA_IN_COMMIT_WAIT_MS (a quarter
+ * of session.timeout.ms when that is less), never without limit (issue 24); one not answered in
+ * time is retried by the next commit, and its outcome is unknown: it may be applied late or never.
+ * Either way the group's offset never passes a record that is not durable, and a group offset
+ * that lags behind only makes the next run read records again that the manifest's done set
+ * skips (exactly once within an output folder; another folder may answer them again, as after a
+ * refused revoke commit).
  * With tm_kafka_in_set_txn the consumer never commits: job_run hands the positions and the group
  * metadata to the transactional producer (send_offsets_to_transaction).
  *
@@ -58,6 +65,10 @@
 #include "ingest/kpos.h"
 
 #define TM_KAFKA_IN_REVOKE_WAIT_MS 10000
+#define TM_KAFKA_IN_COMMIT_WAIT_MS                                                                 \
+    5000                                /* a synchronous commit (at most session.timeout.ms / 4)   \
+                                         */
+#define TM_KAFKA_IN_CLOSE_WAIT_MS 10000 /* tm_kafka_in_close (at most session.timeout.ms / 2) */
 
 typedef struct tm_kafka_in tm_kafka_in;
 
@@ -67,7 +78,11 @@ typedef struct tm_kafka_in tm_kafka_in;
  * unknown topic metadata), TM_E_NOMEM. */
 tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kafka_in **out,
                        tm_err *err);
-/* Commit the durable offsets (without transactions), leave the group and free. NULL: no-op. */
+/* Commit the durable offsets (without transactions), leave the group and free. NULL: no-op.
+ * Bounded: the commit and the leave together wait at most TM_KAFKA_IN_CLOSE_WAIT_MS (half of
+ * session.timeout.ms when that is less); past it the consumer is given up without leaving the
+ * group (logged; librdkafka's threads end by themselves), and the group drops the member when its
+ * session times out. */
 void tm_kafka_in_close(tm_kafka_in *ki);
 
 /* Positions of an earlier run (the manifest): offsets < next and those in the inclusive
