@@ -612,6 +612,7 @@ static tm_rc io_open(job_run *j, tm_err *err) {
             .config = spec->kafka->config,
             .n_config = spec->kafka->n_config,
             .transactional_id = spec->kafka->transactional_id,
+            .startup_timeout_s = spec->kafka->startup_timeout_s,
         };
         rc = tm_kafka_out_open(&kcfg, &j->kafka, err);
         if (rc)

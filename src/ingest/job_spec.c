@@ -30,10 +30,12 @@ typedef struct loader {
 static const char *const root_keys[] = {"$schema",  "model",  "input",         "output", "engine",
                                         "defaults", "limits", "chat_template", NULL};
 static const char *const input_keys[] = {"files", "kafka", NULL};
-static const char *const kafka_in_keys[] = {"brokers", "topics", "group", "mode", "config", NULL};
+static const char *const kafka_in_keys[] = {
+    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
 static const char *const output_keys[] = {
     "dir", "prometheus_textfile", "commit_every_s", "commit_every_records", "kafka", NULL};
-static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
+static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
+                                         "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
     "backend", "max_seqs",  "max_batched_tokens",     "block_size", "prefix_cache", "tp",
     "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    "quantization",
@@ -382,6 +384,19 @@ static tm_rc load_rdkafka_config(loader *ld, const json_t *cfg, const char *jpat
     return TM_OK;
 }
 
+// input/output.kafka.startup_timeout_s: seconds, > 0 and <= 3600 (not part of the job's identity:
+// how long start-up waits for the brokers does not change the results).
+static tm_rc get_startup_timeout(loader *ld, const json_t *k, const char *jpath, double *out) {
+    *out = TM_JOB_DEFAULT_KAFKA_STARTUP_TIMEOUT_S;
+    const json_t *v = json_object_get(k, "startup_timeout_s");
+    if (!v)
+        return TM_OK;
+    if (!json_is_number(v) || json_number_value(v) <= 0 || json_number_value(v) > 3600)
+        return fail_value(ld, jpath, "a number of seconds > 0 and <= 3600", v);
+    *out = json_number_value(v);
+    return TM_OK;
+}
+
 // input.kafka. Only the topics enter the canonical spec (the manifest keeps done offsets per
 // topic partition, whatever the group); brokers, group, mode and config do not change the
 // results (a cluster reached under another address is the same input).
@@ -439,6 +454,8 @@ static tm_rc load_kafka_in(loader *ld, const json_t *k) {
     }
     rc = load_rdkafka_config(ld, json_object_get(k, "config"), "input.kafka.config", &ki->config,
                              &ki->n_config);
+    if (!rc)
+        rc = get_startup_timeout(ld, k, "input.kafka.startup_timeout_s", &ki->startup_timeout_s);
     if (rc) {
         json_decref(ctopics);
         return rc;
@@ -687,8 +704,14 @@ static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
     if (!rc)
         rc = load_rdkafka_config(ld, json_object_get(k, "config"), "output.kafka.config",
                                  &ko->config, &ko->n_config);
-    if (!rc && cout)
-        canon_set(ld, cout, "kafka", json_deep_copy(k));
+    if (!rc)
+        rc = get_startup_timeout(ld, k, "output.kafka.startup_timeout_s", &ko->startup_timeout_s);
+    if (!rc && cout) {
+        json_t *ck = json_deep_copy(k);
+        if (ck)
+            json_object_del(ck, "startup_timeout_s"); // how long start-up waits: not identity
+        canon_set(ld, cout, "kafka", ck);
+    }
     return rc;
 }
 

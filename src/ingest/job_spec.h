@@ -30,6 +30,7 @@
 #define TM_JOB_DEFAULT_COMMIT_EVERY_S 2.0
 #define TM_JOB_DEFAULT_GPU_MEMORY_UTILIZATION 0.90
 #define TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS 1000
+#define TM_JOB_DEFAULT_KAFKA_STARTUP_TIMEOUT_S 30.0 /* input/output.kafka.startup_timeout_s */
 /* input.files entry that means standard input (read as plain JSONL, once). */
 #define TM_JOB_STDIN "-"
 
@@ -68,7 +69,8 @@ typedef struct tm_job_kafka_out {
     char *topic;   /* owned */
     char **config; /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
-    char *transactional_id; /* owned; NULL: idempotent producer without transactions */
+    char *transactional_id;   /* owned; NULL: idempotent producer without transactions */
+    double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
 } tm_job_kafka_out;
 
 /* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
@@ -81,6 +83,7 @@ typedef struct tm_job_kafka_in {
     bool follow;     /* mode "follow": run until SIGINT/SIGTERM; false: "drain" */
     char **config;   /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
+    double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
 } tm_job_kafka_in;
 
 typedef struct tm_job_spec {

@@ -62,6 +62,8 @@ struct tm_kafka_in {
     bool coop; /* the group's rebalance protocol is COOPERATIVE (read on the first
                 * assignment: asking librdkafka during close can block, librdkafka#4041) */
     bool stop_logged;
+    bool started;      /* the brokers answered at start-up: librdkafka's log lines are shown */
+    uint64_t n_quiet;  /* librdkafka log lines not shown while waiting for the brokers */
     bool holding;      /* in tm_kafka_in_wait: the source thread holds the last record
                         * handed out (it waits to push it), so it cannot become durable
                         * before the wait returns */
@@ -504,6 +506,10 @@ static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
     (void)e;
+    if (!ki->started) { // the start-up wait: on_log has shown the first such line
+        ki->n_quiet++;
+        return;
+    }
     warn_limited(ki, "consumer: %s%s", reason, "");
 }
 
@@ -516,27 +522,107 @@ static tm_rc set(rd_kafka_conf_t *conf, const char *k, const char *v, tm_err *er
     return TM_OK;
 }
 
-// Drain mode: the high watermark of every partition of every topic, now.
-static tm_rc read_watermarks(tm_kafka_in *ki, tm_err *err) {
+/* librdkafka's log lines (log.queue: served on our thread, in our polls). Until the brokers have
+ * answered at start-up only the first is shown: an address nothing listens on would otherwise
+ * print a retry line every second or so until the start-up timeout. */
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+    tm_kafka_in *ki = rd_kafka_opaque(rk);
+    if (ki->started) {
+        rd_kafka_log_print(rk, level, fac, buf);
+        return;
+    }
+    if (ki->n_quiet++ == 0)
+        TM_LOG_WARN("kafka_in",
+                    "librdkafka: %s: %s (more such lines are not shown until the "
+                    "brokers answer)",
+                    fac, buf);
+}
+
+// Start-up: serve what librdkafka queued for this thread (its log lines; nothing else comes
+// before the subscription).
+static void serve_startup(tm_kafka_in *ki) {
+    rd_kafka_message_t *m;
+    while ((m = rd_kafka_consumer_poll(ki->rk, 0)) != NULL)
+        rd_kafka_message_destroy(m);
+}
+
+static double startup_s(const tm_kafka_in *ki) {
+    return ki->cfg->startup_timeout_s > 0 ? ki->cfg->startup_timeout_s
+                                          : TM_JOB_DEFAULT_KAFKA_STARTUP_TIMEOUT_S;
+}
+
+static int left_ms(double deadline_ms, int most) {
+    double left = deadline_ms - tm_now_ms();
+    return left < 1 ? 1 : left > most ? most : (int)left;
+}
+
+static tm_rc startup_fail(tm_kafka_in *ki, const char *what, const char *topic, int32_t part,
+                          rd_kafka_resp_err_t e, tm_err *err) {
+    char where[320];
+    snprintf(where, sizeof(where), part >= 0 ? "%s/%d" : "%s", topic, (int)part);
+    return TM_ERR(err, TM_E_KAFKA,
+                  "input.kafka: no %s of topic %s from brokers %s within %g s "
+                  "(input.kafka.startup_timeout_s): %s",
+                  what, where, ki->cfg->brokers, startup_s(ki), rd_kafka_err2str(e));
+}
+
+/* The metadata of topic, asked again until deadline_ms while the brokers do not answer (need:
+ * also while the topic is unknown, at most WATERMARK_TRIES answers). Drain mode needs its
+ * partitions; follow mode only that the brokers answer. */
+static tm_rc topic_metadata(tm_kafka_in *ki, const char *topic, double deadline_ms, bool need,
+                            const rd_kafka_metadata_t **out, tm_err *err) {
+    rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
+    int answers = 0;
+    bool waited = false;
+    for (;;) {
+        const rd_kafka_metadata_t *md = NULL;
+        rd_kafka_topic_t *rkt = rd_kafka_topic_new(ki->rk, topic, NULL);
+        e = rd_kafka_metadata(ki->rk, 0, rkt, &md, left_ms(deadline_ms, 1000));
+        rd_kafka_topic_destroy(rkt);
+        bool answered = !e;
+        if (answered) {
+            rd_kafka_resp_err_t te = md->topic_cnt == 1 ? md->topics[0].err
+                                                        : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
+            if (!te || !need) {
+                *out = md;
+                return TM_OK;
+            }
+            rd_kafka_metadata_destroy(md);
+            e = te;
+            if (++answers >= WATERMARK_TRIES)
+                break;
+        }
+        if (tm_now_ms() >= deadline_ms)
+            break;
+        if (!waited && !answered) {
+            serve_startup(ki); // shows librdkafka's first line: why the brokers do not answer
+            TM_LOG_WARN("kafka_in",
+                        "no answer from brokers %s yet (%s); waiting up to %g s "
+                        "(input.kafka.startup_timeout_s)",
+                        ki->cfg->brokers, rd_kafka_err2str(e), startup_s(ki));
+            waited = true;
+        }
+        if (answered) { // the topic is unknown (yet): ask again a little later
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return startup_fail(ki, "metadata", topic, -1, e, err);
+}
+
+/* Start-up, until deadline_ms: the brokers answer (metadata of every topic) and, in drain mode,
+ * the high watermark of every partition of every topic, now. */
+static tm_rc read_watermarks(tm_kafka_in *ki, double deadline_ms, tm_err *err) {
     for (size_t t = 0; t < ki->cfg->n_topics; t++) {
         const char *topic = ki->cfg->topics[t];
         const rd_kafka_metadata_t *md = NULL;
-        rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
-        for (int k = 0; k < WATERMARK_TRIES; k++) {
-            rd_kafka_topic_t *rkt = rd_kafka_topic_new(ki->rk, topic, NULL);
-            e = rd_kafka_metadata(ki->rk, 0, rkt, &md, WATERMARK_TIMEOUT_MS);
-            rd_kafka_topic_destroy(rkt);
-            if (!e && md->topic_cnt == 1 && !md->topics[0].err)
-                break;
-            if (!e) {
-                e = md->topic_cnt == 1 ? md->topics[0].err : RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC;
-                rd_kafka_metadata_destroy(md);
-                md = NULL;
-            }
+        tm_rc rc = topic_metadata(ki, topic, deadline_ms, !ki->cfg->follow, &md, err);
+        if (rc)
+            return rc;
+        if (ki->cfg->follow) {
+            rd_kafka_metadata_destroy(md);
+            continue;
         }
-        if (e)
-            return TM_ERR(err, TM_E_KAFKA, "input.kafka: metadata of topic %s: %s", topic,
-                          rd_kafka_err2str(e));
         int n = md->topics[0].partition_cnt;
         int32_t *ids = tm_calloc((size_t)(n > 0 ? n : 1), sizeof(*ids));
         for (int i = 0; ids && i < n; i++)
@@ -544,18 +630,17 @@ static tm_rc read_watermarks(tm_kafka_in *ki, tm_err *err) {
         rd_kafka_metadata_destroy(md);
         if (!ids)
             return TM_ERR(err, TM_E_NOMEM, "kafka partitions");
-        tm_rc rc = TM_OK;
         for (int i = 0; i < n && !rc; i++) {
             int64_t lo = 0, hi = 0;
-            for (int k = 0; k < WATERMARK_TRIES; k++) {
+            rd_kafka_resp_err_t e;
+            for (;;) {
                 e = rd_kafka_query_watermark_offsets(ki->rk, topic, ids[i], &lo, &hi,
-                                                     WATERMARK_TIMEOUT_MS);
-                if (!e)
+                                                     left_ms(deadline_ms, WATERMARK_TIMEOUT_MS));
+                if (!e || tm_now_ms() >= deadline_ms)
                     break;
             }
             if (e) {
-                rc = TM_ERR(err, TM_E_KAFKA, "input.kafka: high watermark of %s/%d: %s", topic,
-                            ids[i], rd_kafka_err2str(e));
+                rc = startup_fail(ki, "high watermark", topic, ids[i], e, err);
                 break;
             }
             pthread_mutex_lock(&ki->mu);
@@ -599,6 +684,8 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
         rc = set(conf, "enable.auto.offset.store", "false", err);
     if (!rc)
         rc = set(conf, "enable.partition.eof", "true", err);
+    if (!rc)
+        rc = set(conf, "log.queue", "true", err); // on_log runs in our polls, on this thread
     if (rc) {
         rd_kafka_conf_destroy(conf);
         goto fail;
@@ -616,6 +703,7 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
     rd_kafka_conf_set_error_cb(conf, on_error);
+    rd_kafka_conf_set_log_cb(conf, on_log);
     rd_kafka_conf_set_opaque(conf, ki);
     char es[512];
     ki->rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, es, sizeof(es)); // takes conf on success
@@ -625,11 +713,15 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
         goto fail;
     }
     rd_kafka_poll_set_consumer(ki->rk);
-    if (!cfg->follow) {
-        rc = read_watermarks(ki, err);
-        if (rc)
-            goto fail;
-    }
+    rd_kafka_set_log_queue(ki->rk, NULL); // the main queue, which now feeds the consumer's
+    rc = read_watermarks(ki, tm_now_ms() + startup_s(ki) * 1000.0, err);
+    serve_startup(ki); // the lines of the wait, quietly
+    ki->started = true;
+    if (ki->n_quiet > 1)
+        TM_LOG_INFO("kafka_in", "%llu librdkafka lines and errors of the start-up wait not shown",
+                    (unsigned long long)(ki->n_quiet - 1));
+    if (rc)
+        goto fail;
     rd_kafka_topic_partition_list_t *subs = rd_kafka_topic_partition_list_new((int)cfg->n_topics);
     for (size_t i = 0; i < cfg->n_topics; i++)
         rd_kafka_topic_partition_list_add(subs, cfg->topics[i], RD_KAFKA_PARTITION_UA);
@@ -671,7 +763,12 @@ static bool close_bounded(tm_kafka_in *ki) {
         rd_kafka_event_t *ev = rd_kafka_queue_poll(q, (int)left + 1);
         if (!ev)
             continue;
-        if (rd_kafka_event_type(ev) == RD_KAFKA_EVENT_REBALANCE)
+        const char *fac, *str;
+        int level;
+        if (rd_kafka_event_type(ev) == RD_KAFKA_EVENT_LOG &&
+            rd_kafka_event_log(ev, &fac, &str, &level) == 0)
+            on_log(ki->rk, level, fac, str);
+        else if (rd_kafka_event_type(ev) == RD_KAFKA_EVENT_REBALANCE)
             on_rebalance(ki->rk, rd_kafka_event_error(ev),
                          (rd_kafka_topic_partition_list_t *)rd_kafka_event_topic_partition_list(ev),
                          ki);

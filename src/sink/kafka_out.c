@@ -2,11 +2,14 @@
  * are counted in a callback that runs inside rd_kafka_poll/flush on the calling thread. */
 #include "sink/kafka_out.h"
 
+#define _POSIX_C_SOURCE 200809L
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
+#include "base/log.h"
 
 struct tm_kafka_out {
     rd_kafka_t *rk;
@@ -14,6 +17,8 @@ struct tm_kafka_out {
     bool txn;    /* transactional mode */
     bool in_txn; /* a transaction is open */
     int timeout_ms;
+    bool started;             /* the brokers answered at open: librdkafka's log lines are shown */
+    uint64_t n_quiet;         /* librdkafka log lines not shown while waiting for the brokers */
     uint64_t n_sent, n_acked; /* messages produced / acknowledged */
     uint64_t n_failed;        /* failed delivery reports */
     char first_error[256];    /* the first failed delivery report */
@@ -28,6 +33,64 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
     }
     if (ko->n_failed++ == 0)
         snprintf(ko->first_error, sizeof(ko->first_error), "%s", rd_kafka_err2str(msg->err));
+}
+
+/* librdkafka's log lines (log.queue: served in our polls, on the sink thread). While open waits
+ * for the brokers only the first is shown (an address nothing listens on would print a retry
+ * line every second or so). */
+static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
+    tm_kafka_out *ko = rd_kafka_opaque(rk);
+    if (ko->started) {
+        rd_kafka_log_print(rk, level, fac, buf);
+        return;
+    }
+    if (ko->n_quiet++ == 0)
+        TM_LOG_WARN("kafka_out",
+                    "librdkafka: %s: %s (more such lines are not shown until the "
+                    "brokers answer)",
+                    fac, buf);
+}
+
+/* Wait until the brokers answer (the metadata of the topic; it may not exist yet where the
+ * cluster creates topics on first use) or startup_s pass. */
+static tm_rc wait_brokers(tm_kafka_out *ko, const tm_kafka_out_cfg *cfg, tm_err *err) {
+    double startup_s = cfg->startup_timeout_s > 0 ? cfg->startup_timeout_s : 30.0;
+    double deadline = tm_now_ms() + startup_s * 1000.0;
+    rd_kafka_resp_err_t e;
+    bool waited = false;
+    for (;;) {
+        const rd_kafka_metadata_t *md = NULL;
+        double left = deadline - tm_now_ms();
+        e = rd_kafka_metadata(ko->rk, 0, ko->rkt, &md,
+                              left < 1      ? 1
+                              : left > 1000 ? 1000
+                                            : (int)left);
+        if (!e) {
+            rd_kafka_metadata_destroy(md);
+            break;
+        }
+        if (tm_now_ms() >= deadline)
+            break;
+        if (!waited) {
+            rd_kafka_poll(ko->rk, 0); // shows librdkafka's first line: why they do not answer
+            TM_LOG_WARN("kafka_out",
+                        "no answer from brokers %s yet (%s); waiting up to %g s "
+                        "(output.kafka.startup_timeout_s)",
+                        cfg->brokers, rd_kafka_err2str(e), startup_s);
+            waited = true;
+        }
+    }
+    rd_kafka_poll(ko->rk, 0); // the lines of the wait, quietly
+    ko->started = true;
+    if (ko->n_quiet > 1)
+        TM_LOG_INFO("kafka_out", "%llu librdkafka lines of the start-up wait not shown",
+                    (unsigned long long)(ko->n_quiet - 1));
+    if (e)
+        return TM_ERR(err, TM_E_KAFKA,
+                      "output.kafka: no metadata of topic %s from brokers %s within %g s "
+                      "(output.kafka.startup_timeout_s): %s",
+                      cfg->topic, cfg->brokers, startup_s, rd_kafka_err2str(e));
+    return TM_OK;
 }
 
 static tm_rc check(tm_kafka_out *ko, tm_err *err) {
@@ -77,12 +140,15 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
         rc = set(conf, "acks", "all", err);
     if (!rc && ko->txn)
         rc = set(conf, "transactional.id", cfg->transactional_id, err);
+    if (!rc)
+        rc = set(conf, "log.queue", "true", err); // on_log runs in our polls
     if (rc) {
         rd_kafka_conf_destroy(conf);
         tm_free(ko);
         return rc;
     }
     rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
+    rd_kafka_conf_set_log_cb(conf, on_log);
     rd_kafka_conf_set_opaque(conf, ko);
     char es[512];
     ko->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, es, sizeof(es)); // takes conf on success
@@ -91,12 +157,16 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
         tm_free(ko);
         return TM_ERR(err, TM_E_KAFKA, "output.kafka: creating the producer: %s", es);
     }
+    rd_kafka_set_log_queue(ko->rk, NULL); // the main queue, served by rd_kafka_poll and flush
     ko->rkt = rd_kafka_topic_new(ko->rk, cfg->topic, NULL);
     if (!ko->rkt) {
         rc = TM_ERR(err, TM_E_KAFKA, "output.kafka: topic %s: %s", cfg->topic,
                     rd_kafka_err2str(rd_kafka_last_error()));
         goto fail;
     }
+    rc = wait_brokers(ko, cfg, err);
+    if (rc)
+        goto fail;
     if (ko->txn) {
         rd_kafka_error_t *e = rd_kafka_init_transactions(ko->rk, ko->timeout_ms);
         if (!e)

@@ -33,6 +33,7 @@ typedef struct tm_kafka_out_cfg {
     size_t n_config;
     const char *transactional_id; /* NULL: no transactions */
     double timeout_s;             /* most seconds one commit may wait for acks; 0 = 60 */
+    double startup_timeout_s;     /* most seconds open waits for the brokers to answer; 0 = 30 */
 } tm_kafka_out_cfg;
 
 /* An input position to commit inside the transaction (Kafka input). */
@@ -42,9 +43,11 @@ typedef struct tm_kafka_offset {
     int64_t offset; /* the next offset to consume (last processed + 1) */
 } tm_kafka_offset;
 
-/* Create the producer (and with a transactional id, init_transactions + begin the first
- * transaction). Borrows cfg for the call. On success *out owns it (tm_kafka_out_close).
- * TM_E_KAFKA with librdkafka's message (bad setting, init failure, fenced), TM_E_NOMEM. */
+/* Create the producer, wait up to startup_timeout_s for the brokers to answer (the topic's
+ * metadata; while waiting only the first librdkafka log line is shown) and with a transactional
+ * id, init_transactions + begin the first transaction. Borrows cfg for the call. On success *out
+ * owns it (tm_kafka_out_close). TM_E_KAFKA with librdkafka's message (bad setting, brokers not
+ * answering: named, init failure, fenced), TM_E_NOMEM. */
 tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err *err);
 
 /* Produce one message (key = the record id's JSON text, value = the output line without its
