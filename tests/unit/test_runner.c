@@ -6,7 +6,12 @@
  * itself, as the CUDA engine does on the device) give byte-identical records to steps through
  * forward, for greedy, sampled, stop-string, n > 1, logprobs and scoring records, with logits
  * full of ties, with padding ids above the tokenizer's vocabulary that would win, and with
- * non-finite logits. */
+ * non-finite logits.
+ *
+ * With TM_TEST_SMALL set (CMake sets it for the sanitized build, where this test took 406 s)
+ * every check runs on fewer records: 5 questions per system prompt instead of 12 and 10 records of
+ * the forward_greedy tests instead of 30 (each record kind still once); the full sizes run in the
+ * normal build. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -23,11 +28,13 @@
 #include "tm_test.h"
 
 #define N_SYS 4
-#define N_Q 12
-#define N_REC (N_SYS * N_Q)
+#define N_Q 12              /* questions per system prompt; N_Q_SMALL with TM_TEST_SMALL */
+#define N_Q_SMALL 5         /* 20 records: 17 is coprime with 20 too (the shuffle in run) */
+#define N_REC (N_SYS * N_Q) /* the most records; g_n_rec are used */
 
 static tm_model *g_model;
 static tm_tokenizer *g_tok;
+static int g_n_rec = N_REC; /* records of the prefix-cache tests (N_SYS * N_Q_SMALL when small) */
 
 typedef struct result {
     char *text[N_REC];
@@ -81,8 +88,8 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &in, &err), &err);
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &out, &err), &err);
-    for (int k = 0; k < N_REC; k++) {
-        int i = (k * 17) % N_REC; // a fixed shuffle (17 is coprime with 48)
+    for (int k = 0; k < g_n_rec; k++) {
+        int i = (k * 17) % g_n_rec; // a fixed shuffle (17 is coprime with 48 and 20)
         tm_job *job = new_job(i, 6 + i % 5);
         job->seq_no = (uint64_t)k;
         TM_CHECK(tm_queue_push(in, job) == TM_OK);
@@ -116,19 +123,19 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
         tm_completion_destroy(c);
         n++;
     }
-    TM_CHECK(n == N_REC);
+    TM_CHECK(n == g_n_rec);
     tm_queue_destroy(in);
     tm_queue_destroy(out);
     tm_engine_destroy(eng);
 }
 
 static void result_fini(result *r) {
-    for (int i = 0; i < N_REC; i++)
+    for (int i = 0; i < g_n_rec; i++)
         tm_free(r->text[i]);
 }
 
 static int same_outputs(const result *a, const result *b) {
-    for (int i = 0; i < N_REC; i++)
+    for (int i = 0; i < g_n_rec; i++)
         if (!a->text[i] || !b->text[i] || strcmp(a->text[i], b->text[i]) != 0 ||
             a->n_gen[i] != b->n_gen[i]) {
             fprintf(stderr, "record %d differs: \"%s\" vs \"%s\"\n", i,
@@ -143,14 +150,14 @@ static uint64_t unique_prompt_tokens(void) {
     tm_ids ids[N_REC];
     tm_err err = {0};
     uint64_t total = 0;
-    for (int i = 0; i < N_REC; i++) {
+    for (int i = 0; i < g_n_rec; i++) {
         ids[i] = (tm_ids){0};
         char *p = prompt_of(i);
         tm_ids_push(&ids[i], (uint32_t)tm_tok_bos_id(g_tok), &err);
         tm_tok_encode(g_tok, p, strlen(p), &ids[i], &err);
         tm_free(p);
     }
-    for (int i = 0; i < N_REC; i++) {
+    for (int i = 0; i < g_n_rec; i++) {
         size_t best = 0; // longest common prefix with an earlier prompt: those tokens are shared
         for (int k = 0; k < i; k++) {
             size_t n = 0;
@@ -160,7 +167,7 @@ static uint64_t unique_prompt_tokens(void) {
         }
         total += ids[i].len - best;
     }
-    for (int i = 0; i < N_REC; i++)
+    for (int i = 0; i < g_n_rec; i++)
         tm_ids_fini(&ids[i]);
     return total;
 }
@@ -178,7 +185,7 @@ static void test_cache_on_off_identical(void) {
         TM_CHECK(on.stats.n_tok_cached > 0);
         TM_CHECK(on.stats.n_tok_prefill < off.stats.n_tok_prefill);
         uint64_t cached = 0;
-        for (int i = 0; i < N_REC; i++)
+        for (int i = 0; i < g_n_rec; i++)
             cached += on.cached[i];
         TM_CHECK(cached == on.stats.n_tok_cached);
         // Every prompt token is either computed or served from the cache.
@@ -474,7 +481,9 @@ static wrap *wrap_create(const tm_engine_opts *eo, int with_op, int mode) {
     return w;
 }
 
-#define N_G 30
+#define N_G 30       /* the most records of the forward_greedy tests; g_n_g are used */
+#define N_G_SMALL 10 /* each of the 10 kinds of greedy_job once */
+static int g_n_g = N_G;
 
 // Record kinds: all (kinds 1: by i % 10), or only those sampled greedily (kinds 0).
 static tm_job *greedy_job(int i, int kinds) {
@@ -569,7 +578,7 @@ static void run_greedy(int with_op, int mode, int kinds, int prefix_cache, uint3
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(N_G + 1, &in, &err), &err);
     TM_CHECK_OK(tm_queue_create(N_G + 1, &out, &err), &err);
-    for (int i = 0; i < N_G; i++)
+    for (int i = 0; i < g_n_g; i++)
         TM_CHECK(tm_queue_push(in, greedy_job(i, kinds)) == TM_OK);
     tm_queue_close(in);
     tm_runner_cfg cfg = {.max_seqs = 4,
@@ -592,8 +601,8 @@ static void run_greedy(int with_op, int mode, int kinds, int prefix_cache, uint3
     while (tm_queue_pop(out, &item) == TM_OK) {
         tm_completion *c = item;
         int i = atoi(c->id_json);
-        TM_CHECK(i >= 0 && i < N_G && res->d[i] == NULL);
-        if (i >= 0 && i < N_G && !res->d[i])
+        TM_CHECK(i >= 0 && i < g_n_g && res->d[i] == NULL);
+        if (i >= 0 && i < g_n_g && !res->d[i])
             res->d[i] = digest(c);
         res->n_err += c->err_code != TM_ERRCODE_NONE;
         tm_completion_destroy(c);
@@ -609,12 +618,12 @@ static void run_greedy(int with_op, int mode, int kinds, int prefix_cache, uint3
 }
 
 static void gresult_fini(gresult *r) {
-    for (int i = 0; i < N_G; i++)
+    for (int i = 0; i < g_n_g; i++)
         tm_free(r->d[i]);
 }
 
 static int same_digests(const gresult *a, const gresult *b) {
-    for (int i = 0; i < N_G; i++)
+    for (int i = 0; i < g_n_g; i++)
         if (!a->d[i] || !b->d[i] || strcmp(a->d[i], b->d[i]) != 0) {
             fprintf(stderr, "record %d differs:\n  %.400s\n  %.400s\n", i,
                     a->d[i] ? a->d[i] : "(none)", b->d[i] ? b->d[i] : "(none)");
@@ -632,7 +641,7 @@ static void check_same(const gresult *off, const gresult *on, int mode) {
         return;
     }
     TM_CHECK(off->n_err > 0 && off->n_err == on->n_err);
-    for (int i = 0; i < N_G; i++) {
+    for (int i = 0; i < g_n_g; i++) {
         int e_off = off->d[i] && strncmp(off->d[i], "err 0 ", 6) != 0;
         int e_on = on->d[i] && strncmp(on->d[i], "err 0 ", 6) != 0;
         TM_CHECK_MSG(e_off == e_on, "record %d fails in one path only", i);
@@ -720,6 +729,13 @@ int main(void) {
         tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
     fclose(f);
     TM_ASSERT(mkdtemp(dir));
+    const char *small = getenv("TM_TEST_SMALL");
+    if (small && *small && strcmp(small, "0") != 0) {
+        g_n_rec = N_SYS * N_Q_SMALL;
+        g_n_g = N_G_SMALL;
+        fprintf(stderr, "TM_TEST_SMALL: %d and %d records (full: %d and %d)\n", g_n_rec, g_n_g,
+                N_REC, N_G);
+    }
     snprintf(cmd, sizeof(cmd),
              "'%s/mkmodel' --out '%s' --arch llama --seed 3 --layers 2 --hidden 64 --heads 4 "
              "--kv-heads 2 --ff 128 --vocab 129280 --ctx 4096 --tied 1 --dtype bf16 "
