@@ -241,15 +241,25 @@ done:
     rd_kafka_destroy(prod);
 }
 
-typedef struct resume_ctx {
-    tm_source *dst;
+typedef struct saved_pos { /* one partition's done set, as a manifest keeps it */
+    char topic[64];
+    tm_source_kpos pos;
+    uint64_t ranges[64];
     int n;
-} resume_ctx;
+} saved_pos;
 
-static tm_rc copy_pos(void *ctx, const tm_source_kpos *pos, tm_err *err) {
-    resume_ctx *c = ctx;
-    c->n++;
-    return tm_source_kafka_resume(c->dst, pos, err);
+static tm_rc save_pos(void *ctx, const tm_source_kpos *pos, tm_err *err) {
+    (void)err;
+    saved_pos *c = ctx;
+    TM_CHECK(c->n == 0 && pos->n_ranges <= 32);
+    if (c->n++ > 0 || pos->n_ranges > 32)
+        return TM_OK;
+    snprintf(c->topic, sizeof(c->topic), "%s", pos->topic);
+    c->pos = *pos;
+    c->pos.topic = c->topic;
+    memcpy(c->ranges, pos->ranges, 2 * pos->n_ranges * sizeof(*pos->ranges));
+    c->pos.ranges = c->ranges;
+    return TM_OK;
 }
 
 #define N_CLOSE 6
@@ -302,13 +312,10 @@ static void test_close_bounded(void) {
         tm_job_destroy(job);
     }
     TM_CHECK(n_a == N_CLOSE);
-    // The next run (C) resumes from what the manifest would keep: A's done offsets, read before
-    // the close. C is opened first: in drain mode it asks the broker for the high watermarks.
-    TM_CHECK_OK(tm_source_open(spec, &c, &err), &err);
-    resume_ctx rc_ = {.dst = c};
-    if (c)
-        TM_CHECK_OK(tm_source_kafka_positions(a, copy_pos, &rc_, &err), &err);
-    TM_CHECK(rc_.n == 1);
+    // What the manifest would keep: A's done offsets, read before the close.
+    saved_pos saved = {.n = 0};
+    TM_CHECK_OK(tm_source_kafka_positions(a, save_pos, &saved, &err), &err);
+    TM_CHECK(saved.n == 1);
     // The broker stops answering: every request waits 10 minutes for its response.
     TM_CHECK(rd_kafka_mock_broker_set_rtt(mc, -1, 600000) == RD_KAFKA_RESP_ERR_NO_ERROR);
     double t0 = tm_now_ms();
@@ -318,8 +325,12 @@ static void test_close_bounded(void) {
     fprintf(stderr, "close with an unanswering broker took %.0f ms\n", dt);
     TM_CHECK_MSG(dt < 10000.0, "close took %.0f ms with the broker not answering", dt);
     TM_CHECK(rd_kafka_mock_broker_set_rtt(mc, -1, 0) == RD_KAFKA_RESP_ERR_NO_ERROR);
-    if (!c)
+    // The next run (C) resumes from those offsets. It connects once the broker answers again (a
+    // connection made before would wait out the requests it sent meanwhile).
+    TM_CHECK_OK(tm_source_open(spec, &c, &err), &err);
+    if (!c || saved.n != 1)
         goto done;
+    TM_CHECK_OK(tm_source_kafka_resume(c, &saved.pos, &err), &err);
     // C hands out the records that were not durable, each once, and none of the durable ones,
     // whether A's last commit reached the broker or not.
     int seen_c[N_CLOSE] = {0};
