@@ -551,7 +551,7 @@ tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
     if (src->kafka)
         return tm_kafka_in_next(src->kafka, out, err);
     for (;;) {
-        if (src->i_held < src->n_held) { // records of a checked stdin prefix, in input order
+        if (!src->checking && src->i_held < src->n_held) { // a checked prefix's, in order
             *out = src->held[src->i_held++];
             if (src->i_held == src->n_held)
                 src->i_held = src->n_held = 0;
