@@ -19,7 +19,7 @@
 /* What was wrong with one field value. code is TM_ERRCODE_NONE when the value was accepted. */
 typedef struct tm_field_fail {
     tm_errcode code; /* TM_ERRCODE_WRONG_TYPE or TM_ERRCODE_INVALID_VALUE */
-    char msg[224];   /* "expected a number >= 0 and <= 2, got \"hot\"" (no field name) */
+    char msg[224];   /* "expected a number >= 0, got \"hot\"" (no field name) */
 } tm_field_fail;
 
 /* Names of the sampling fields, in schema order, NULL-terminated. */
