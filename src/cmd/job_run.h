@@ -13,9 +13,13 @@ typedef struct tm_job_run_opts {
     int restart; /* discard the output folder's manifest and outputs, even of another job */
     const struct tm_tp_launch *tp; /* tensor-parallel launch options (cmd/tp_run.h), borrowed for
                                       the call; NULL: one node, defaults */
+    int *stop_signal; /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
+                       * gracefully (base/stop.h), 0 if none; main exits 128 + it */
 } tm_job_run_opts;
 /* tm_job_run with options. Over an output folder whose manifest names the same job it resumes
- * (or, when that job finished, prints so and returns TM_OK without running); a different job is
+ * (or, when that job finished, prints so and returns TM_OK without running; a job reading
+ * standard input is never finished: its stream must start with the committed prefix, and lines
+ * after it are answered); a different job is
  * refused unless opts->restart; a second process on the same folder is refused (lock file). */
 tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts);
 /* Check the job file, model, tokenizer and every input line without running the model. */

@@ -1,7 +1,7 @@
 /* cmd/main.c - the tokenmill command line: run, validate, tokenize, --help, --version. Parses
  * arguments and hands off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel
  * launch that do not run the job) or the tokenizer; exit codes: 0 success, 1 the job
- * or command failed, 2 bad usage. */
+ * or command failed, 2 bad usage, 130 / 143 a file job stopped gracefully by SIGINT / SIGTERM. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -92,6 +92,15 @@ static int cmd_tokenize(const char *model_dir) {
     return status;
 }
 
+// Exit status of a job run: 0 done, 1 failed, 128 + the signal for a file job that a stop
+// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM).
+static int run_status(const char *path, tm_job_run_opts o) {
+    int sig = 0;
+    o.stop_signal = &sig;
+    tm_rc rc = tm_job_run_with(path, &o);
+    return rc != TM_OK ? 1 : sig ? 128 + sig : 0;
+}
+
 // `tokenmill run JOB.json [launch options]`: global rank 0 runs the job, every other rank of a
 // tensor-parallel launch serves rank 0's steps (cmd/tp_run.h).
 static int cmd_run_launch(int argc, char **argv) {
@@ -101,10 +110,7 @@ static int cmd_run_launch(int argc, char **argv) {
         return status;
     if (!tm_tp_is_rank0(&a.launch))
         return tm_tp_serve_cmd(a.path, &a.launch);
-    return tm_job_run_with(a.path, &(tm_job_run_opts){.restart = a.restart, .tp = &a.launch}) ==
-                   TM_OK
-               ? 0
-               : 1;
+    return run_status(a.path, (tm_job_run_opts){.restart = a.restart, .tp = &a.launch});
 }
 
 int main(int argc, char **argv) {
@@ -132,7 +138,7 @@ int main(int argc, char **argv) {
     if (i < argc && !strcmp(argv[i], "report"))
         return tm_report_cmd(argc - i - 1, argv + i + 1);
     if (i + 3 == argc && !strcmp(argv[i], "run") && !strcmp(argv[i + 1], "--restart"))
-        return tm_job_run_with(argv[i + 2], &(tm_job_run_opts){.restart = 1}) == TM_OK ? 0 : 1;
+        return run_status(argv[i + 2], (tm_job_run_opts){.restart = 1});
     if (i + 2 < argc && !strcmp(argv[i], "run")) // launch options of tensor parallel (cmd/tp_run.h)
         return cmd_run_launch(argc - i - 1, argv + i + 1);
     if (i + 2 != argc) {
@@ -141,7 +147,7 @@ int main(int argc, char **argv) {
     }
     const char *cmd = argv[i], *arg = argv[i + 1];
     if (!strcmp(cmd, "run"))
-        return tm_job_run(arg) == TM_OK ? 0 : 1;
+        return run_status(arg, (tm_job_run_opts){0});
     if (!strcmp(cmd, "validate"))
         return tm_job_validate(arg) == TM_OK ? 0 : 1;
     if (!strcmp(cmd, "tokenize"))

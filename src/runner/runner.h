@@ -19,6 +19,7 @@
 #ifndef TM_RUNNER_RUNNER_H
 #define TM_RUNNER_RUNNER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -44,6 +45,8 @@ typedef struct tm_runner_cfg {
     uint32_t lookahead;        /* records tokenized and ordered ahead of admission (PREFIX) */
     const char *chat_template; /* Jinja chat template overriding the tokenizer's, or NULL;
                                 * borrowed (must outlive the run) */
+    bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
+                          * in flight (a file job: the next run answers them) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
