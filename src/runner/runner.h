@@ -71,4 +71,13 @@ typedef struct tm_runner_stats {
 tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
                     tm_queue *out, tm_runner_stats *stats, tm_err *err);
 
+/* The checks the runner makes of a record before admitting it, without an engine (validate):
+ * tokenizing (chat records through the chat template), the prompt's length against n_ctx and the
+ * KV pool (n_kv_block * block_size; n_kv_block 0: n_ctx alone), scoring continuations, n > 1
+ * groups. Reads cfg->n_ctx, n_kv_block, block_size and chat_template. Borrows job. TM_OK: run
+ * would admit it; TM_E_RECORD: run would answer it with an error record, *code and err->msg say
+ * which (also for a record ingest rejected); anything else is fatal. */
+tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, tm_job *job,
+                             tm_errcode *code, tm_err *err);
+
 #endif /* TM_RUNNER_RUNNER_H */
