@@ -555,6 +555,7 @@ typedef struct job_run {
     source_ctx sc; /* the source thread's; read after it is joined */
     sink_ctx kc;   /* the sink thread's; read after it is joined */
     tm_runner_stats stats;
+    _Atomic uint64_t live_tok_gen, live_tok_prompt; /* runner -> progress line, as computed */
 } job_run;
 
 // The engine the spec asks for, with the job's limits; logs what was made.
@@ -640,6 +641,7 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         &j->progress, err);
     if (rc)
         return rc;
+    tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
@@ -723,6 +725,8 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
         .lookahead = spec->engine.lookahead,
         .chat_template = spec->chat_template,
+        .live_tok_gen = &j->live_tok_gen,
+        .live_tok_prompt = &j->live_tok_prompt,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)

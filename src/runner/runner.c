@@ -693,6 +693,8 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
 // A token was sampled for s: append it, detokenize, and check the stop conditions.
 static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     double now = tm_now_ms();
+    if (r->cfg->live_tok_gen) // the progress line counts tokens of unfinished records too
+        atomic_fetch_add_explicit(r->cfg->live_tok_gen, 1, memory_order_relaxed);
     if (s->n_gen == 0) {
         s->t_first_ms = now;
     } else { // inter-token latency sample (vLLM's ITL); grows like ids, not per step
@@ -856,6 +858,8 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     st->decode_s += dt_s * n_dec / (n_pre + n_dec);
     st->sum_step_fill += (double)(n_pre + n_dec) / r->cfg->max_batched_tokens;
     st->sum_running += plan->n_run;
+    if (r->cfg->live_tok_prompt)
+        atomic_fetch_add_explicit(r->cfg->live_tok_prompt, n_pre, memory_order_relaxed);
 }
 
 // Entry e's sequence s computed its chunk; w is its logits row (or id, in a greedy step) when it

@@ -19,6 +19,7 @@
 #ifndef TM_RUNNER_RUNNER_H
 #define TM_RUNNER_RUNNER_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -41,9 +42,11 @@ typedef struct tm_runner_cfg {
     tm_sampling defaults;        /* job defaults; borrowed (stop strings must outlive the run) */
     int prefix_cache;            /* reuse cached KV blocks of shared prefixes */
     tm_sched_policy policy;
-    uint32_t lookahead;        /* records tokenized and ordered ahead of admission (PREFIX) */
-    const char *chat_template; /* Jinja chat template overriding the tokenizer's, or NULL;
-                                * borrowed (must outlive the run) */
+    uint32_t lookahead;             /* records tokenized and ordered ahead of admission (PREFIX) */
+    const char *chat_template;      /* Jinja chat template overriding the tokenizer's, or NULL;
+                                     * borrowed (must outlive the run) */
+    _Atomic uint64_t *live_tok_gen; /* when not NULL: += every token generated, as it is */
+    _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
