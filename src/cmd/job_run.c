@@ -20,6 +20,7 @@
 #include "base/log.h"
 #include "base/queue.h"
 #include "base/seqset.h"
+#include "base/stop.h"
 #include "ingest/job_spec.h"
 #include "ingest/source.h"
 #include "runner/engine/engine.h"
@@ -45,7 +46,8 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof; /* the whole input was read */
+    bool eof;     /* the whole input was read */
+    bool stopped; /* a file job's source stopped at a stop signal (base/stop.h) */
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -102,8 +104,17 @@ static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
 static void *source_main(void *arg) {
     source_ctx *c = arg;
     for (uint64_t n_read = 0;; n_read++) {
+        // A file job stops reading at a stop signal (a Kafka source sees it itself and ends).
+        if (!tm_source_is_kafka(c->src) && tm_stop_requested()) {
+            c->stopped = true;
+            break;
+        }
         tm_job *job = NULL;
         tm_rc rc = tm_source_next(c->src, &job, &c->err);
+        if (rc == TM_E_AGAIN && tm_stop_requested()) { // stdin was waiting for data
+            c->stopped = true;
+            break;
+        }
         if (rc == TM_E_EOF) {
             c->eof = true;
             tm_progress_set_total(c->progress, n_read); // now the progress line has a total
@@ -138,6 +149,7 @@ static void *source_main(void *arg) {
             n_read--;
         }
     }
+    c->n_skipped += tm_source_n_skipped(c->src); // dropped by the source's stdin prefix check
     tm_queue_close(c->q);
     return NULL;
 }
@@ -196,6 +208,13 @@ static tm_rc commit(sink_ctx *c, tm_err *err) {
         rc = tm_sink_flush(c->sink, err);
     if (rc)
         return rc;
+    if (c->man->in_stdin.set) { // what of standard input this commit covers (source.h)
+        tm_source_stdin_fp fp;
+        tm_source_stdin_fingerprint(c->src, &fp);
+        c->man->in_stdin.n_bytes = fp.n_bytes;
+        c->man->in_stdin.n_records = fp.n_records;
+        c->man->in_stdin.xxh3 = fp.xxh3;
+    }
     tm_sink_stats st;
     tm_sink_get_stats(c->sink, &st);
     c->man->bytes_completions = st.size_lz4;
@@ -448,6 +467,25 @@ static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
     return TM_OK;
 }
 
+// An input of the same job (same spec, same path) that is larger now than when the job started:
+// it grew after being read up to its size at start (ingest/source.h). NULL if none.
+static const tm_manifest_file *grown_input(const tm_manifest *old, const tm_manifest *cur) {
+    if (strcmp(old->spec_hash, cur->spec_hash) != 0 || old->n_inputs != cur->n_inputs)
+        return NULL;
+    for (size_t k = 0; k < cur->n_inputs; k++)
+        if (old->inputs[k].size >= 0 && cur->inputs[k].size > old->inputs[k].size &&
+            strcmp(old->inputs[k].name, cur->inputs[k].name) == 0)
+            return &old->inputs[k];
+    return NULL;
+}
+
+static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
+    for (size_t k = 0; k < cur->n_inputs; k++)
+        if (strcmp(cur->inputs[k].name, f->name) == 0)
+            return cur->inputs[k].size;
+    return -1;
+}
+
 // Lock the output folder, read its manifest and decide: fresh start, resume (data files cut to
 // their committed lengths), nothing to do (finished), or refuse (another job; --restart wipes).
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
@@ -462,6 +500,8 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (rc)
         return rc;
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        rs->man.in_stdin.set |= strcmp(spec->inputs[i], TM_JOB_STDIN) == 0;
     tm_manifest old;
     bool found = false;
     rc = tm_manifest_load(dir, &old, &found, err);
@@ -481,6 +521,19 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
         return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
+    const tm_manifest_file *grown = grown_input(&old, &rs->man);
+    if (grown) {
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "input %s grew from %lld to %lld bytes since the job in %s started: tokenmill "
+                    "reads each input up to the size it had when the job started, so the new "
+                    "lines were not read and this output folder cannot take them. Put them in a "
+                    "new file for a new job (or output.dir), or run `tokenmill run --restart %s` "
+                    "to run the whole input again",
+                    grown->name, (long long)grown->size, (long long)grown_size(&rs->man, grown),
+                    dir, path);
+        tm_manifest_fini(&old);
+        return rc;
+    }
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "output folder %s holds another job's outputs: %s. Run "
@@ -490,7 +543,9 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         tm_manifest_fini(&old);
         return rc;
     }
-    if (old.finished && !spec->kafka_in) { // a Kafka job is never done: a rerun reads what is new
+    // A Kafka or stdin job is never done: a rerun reads what is new (a stdin stream must start
+    // with the bytes already answered, which the source checks).
+    if (old.finished && !spec->kafka_in && !rs->man.in_stdin.set) {
         rs->finished_before = true;
         rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
@@ -511,6 +566,15 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
                                    old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
                                    err);
+    if (!rc && rs->man.in_stdin.set) {
+        rs->man.in_stdin = old.in_stdin;
+        rs->man.in_stdin.set = true;
+        if (!old.in_stdin.set && tm_seqset_count(&old.done) > 0)
+            TM_LOG_WARN("job",
+                        "%s: the manifest in %s has no fingerprint of standard input (an older "
+                        "tokenmill wrote it): this run cannot check that it is the same stream",
+                        path, dir);
+    }
     if (!rc) {
         rs->resumed = true;
         rs->earlier = old.counts;
@@ -645,6 +709,25 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
+    // Each file is read up to the size the manifest recorded at start; a resumed stdin stream
+    // must start with the committed prefix, checked here (before anything is written) when stdin
+    // is the first input.
+    int64_t *sizes = tm_malloc((j->rs.man.n_inputs + 1) * sizeof(*sizes));
+    if (!sizes)
+        return TM_ERR(err, TM_E_NOMEM, "input sizes");
+    for (size_t i = 0; i < j->rs.man.n_inputs; i++)
+        sizes[i] = j->rs.man.inputs[i].size;
+    if (!spec->kafka_in)
+        rc = tm_source_set_input_sizes(j->src, sizes, j->rs.man.n_inputs, err);
+    tm_free(sizes);
+    if (!rc && j->rs.resumed && j->rs.man.in_stdin.set) {
+        const tm_manifest_stdin *in = &j->rs.man.in_stdin;
+        tm_source_stdin_resume(j->src, &j->rs.skip,
+                               &(tm_source_stdin_fp){.n_bytes = in->n_bytes,
+                                                     .n_records = in->n_records,
+                                                     .xxh3 = in->xxh3});
+        rc = tm_source_stdin_check(j->src, err);
+    }
     for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
         const tm_manifest_kpart *k = &j->rs.man.kparts[i];
         rc = tm_source_kafka_resume(j->src,
@@ -727,6 +810,7 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .chat_template = spec->chat_template,
         .live_tok_gen = &j->live_tok_gen,
         .live_tok_prompt = &j->live_tok_prompt,
+        .stop_on_signal = spec->kafka_in == NULL,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)
@@ -824,7 +908,12 @@ static void print_summary(const job_run *j) {
     const tm_runner_stats *st = &j->stats;
     double wall_s = (tm_now_ms() - j->t0_ms) / 1e3;
     uint64_t n_ok = j->rs.man.counts.n_ok, n_err = j->rs.man.counts.n_failed;
-    printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
+    if (tm_stop_requested() && !j->rs.man.finished)
+        printf("tokenmill: %s stopped by signal %d after %.1f s; what was done is committed "
+               "(run it again to go on)\n",
+               j->path, tm_stop_signal(), wall_s);
+    else
+        printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
     printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
            (unsigned long long)n_ok, (unsigned long long)n_err);
     if (j->rs.resumed)
@@ -929,6 +1018,7 @@ static void job_run_fini(job_run *j) {
 // engine, open the inputs and outputs, run the three stages, drain them, commit and summarize.
 static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
     job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
+    tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
     tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
@@ -956,6 +1046,10 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
             .n_failed = j.rs.finished_before ? j.rs.earlier.n_failed : j.rs.man.counts.n_failed,
             .fail_on_error = j.p.spec && j.p.spec->fail_on_error_records};
     }
+    if (opts->stop_signal)
+        *opts->stop_signal = j.sink_started && !j.p.spec->kafka_in && !j.rs.man.finished
+                                 ? tm_stop_signal()
+                                 : 0;
     job_run_fini(&j);
     return rc;
 }

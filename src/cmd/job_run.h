@@ -29,9 +29,13 @@ typedef struct tm_job_run_opts {
     const char *spec_json;         /* the job as JSON text (one-command mode; relative paths against
                                     * the current folder) instead of the file at path; borrowed */
     tm_job_run_result *result;     /* filled when not NULL (also on failure: what is known) */
+    int *stop_signal; /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
+                       * gracefully (base/stop.h), 0 if none; main exits 128 + it */
 } tm_job_run_opts;
 /* tm_job_run with options. Over an output folder whose manifest names the same job it resumes
- * (or, when that job finished, prints so and returns TM_OK without running); a different job is
+ * (or, when that job finished, prints so and returns TM_OK without running; a job reading
+ * standard input is never finished: its stream must start with the committed prefix, and lines
+ * after it are answered); a different job is
  * refused unless opts->restart; a second process on the same folder is refused (lock file). */
 tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts);
 /* Check the job file, model, tokenizer, engine availability and every input record as run

@@ -4,7 +4,8 @@
  * job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may stand
  * before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or command
  * failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
- * limits.fail_on_error_records, some record failed). */
+ * limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped gracefully by
+ * SIGINT / SIGTERM. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +44,7 @@ static const char usage[] =
     "  -v, --verbose       debug logging\n"
     "\n"
     "exit status: 0 ok, 1 the job or command failed, 2 bad usage, 3 no record succeeded (or,\n"
-    "with --fail-on-error, some record failed)\n";
+    "with --fail-on-error, some record failed), 130 / 143 a file job stopped by SIGINT / SIGTERM\n";
 
 static const char run_usage[] =
     "usage: tokenmill run JOB.json [--restart] [--fail-on-error] [tensor-parallel options]\n"
@@ -334,10 +335,14 @@ static int is_one_command(int argc, char **argv) {
     return 0;
 }
 
-// The exit status of a run or validate: 1 failed; 3 records failed as README's "Exit codes" say.
-static int exit_status(tm_rc rc, const tm_job_run_result *r, int fail_on_error) {
+// The exit status of a run or validate: 1 failed; 128 + the signal for a file job that a stop
+// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM); 3 records failed as README's
+// "Exit codes" say.
+static int exit_status(tm_rc rc, int sig, const tm_job_run_result *r, int fail_on_error) {
     if (rc != TM_OK)
         return 1;
+    if (sig)
+        return 128 + sig;
     if (r->n_ok == 0 && r->n_failed > 0) {
         fprintf(stderr, "tokenmill: no record succeeded (%llu failed); exit status 3\n",
                 (unsigned long long)r->n_failed);
@@ -371,11 +376,13 @@ static int cmd_one_command(const char *cmd, int argc, char **argv) {
         return 0;
     }
     tm_job_run_result res = {0};
-    tm_job_run_opts o = {.restart = c.restart, .spec_json = text, .result = &res};
+    int sig = 0;
+    tm_job_run_opts o = {
+        .restart = c.restart, .spec_json = text, .result = &res, .stop_signal = &sig};
     tm_rc rc = !strcmp(cmd, "run") ? tm_job_run_with(TM_JOB_CLI_NAME, &o)
                                    : tm_job_validate_with(TM_JOB_CLI_NAME, &o);
     free(text);
-    return exit_status(rc, &res, 0);
+    return exit_status(rc, sig, &res, 0);
 }
 
 // `tokenmill run JOB.json [--restart] [--fail-on-error] [launch options]`: global rank 0 runs the
@@ -402,9 +409,11 @@ static int cmd_run(int argc, char **argv) {
     if (!tm_tp_is_rank0(&a.launch))
         return tm_tp_serve_cmd(a.path, &a.launch);
     tm_job_run_result res = {0};
+    int sig = 0;
     tm_rc rc = tm_job_run_with(
-        a.path, &(tm_job_run_opts){.restart = a.restart, .tp = &a.launch, .result = &res});
-    return exit_status(rc, &res, fail_on_error);
+        a.path, &(tm_job_run_opts){
+                    .restart = a.restart, .tp = &a.launch, .result = &res, .stop_signal = &sig});
+    return exit_status(rc, sig, &res, fail_on_error);
 }
 
 static int cmd_validate(int argc, char **argv) {
@@ -430,7 +439,7 @@ static int cmd_validate(int argc, char **argv) {
     }
     tm_job_run_result res = {0};
     tm_rc rc = tm_job_validate_with(path, &(tm_job_run_opts){.result = &res});
-    return exit_status(rc, &res, fail_on_error);
+    return exit_status(rc, 0, &res, fail_on_error);
 }
 
 static int is_global_opt(const char *a) {

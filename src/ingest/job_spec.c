@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/log.h"
 #include "ingest/fields_int.h"
 
 typedef struct loader {
@@ -207,7 +209,8 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 // Add the *.jsonl, *.jsonl.lz4 and *.jsonl.gz regular files directly inside folder, sorted by
-// name (bytewise). Hidden files and subfolders are skipped. *n_added counts them.
+// name (bytewise). Hidden files, subfolders and symbolic links (with a warning) are skipped.
+// *n_added counts them.
 static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_t *n_added) {
     DIR *d = opendir(folder);
     if (!d)
@@ -231,7 +234,18 @@ static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_
             if (slash)
                 p[nf] = '/';
             memcpy(p + nf + (size_t)slash, de->d_name, nn + 1);
+            // A link inside a folder is not followed: whoever can write the folder could point
+            // it anywhere (a system file's lines would be quoted into errors.jsonl). Naming the
+            // link itself in input.files, or matching it by a pattern, reads what it points to.
             struct stat st;
+            if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode)) {
+                TM_LOG_WARN("job_spec",
+                            "%s: %s: skipping %s: a symbolic link inside an input folder is not "
+                            "followed (list it in input.files to read it)",
+                            ld->file, jpath, p);
+                tm_free(p);
+                continue;
+            }
             if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
                 tm_free(p);
                 continue;
@@ -541,9 +555,17 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     rc = get_u32(ld, eng, "engine", "tp", 1, 1024, 1, &e->tp, c);
     if (rc)
         return rc;
-    rc = get_u32(ld, eng, "engine", "threads", 0, 65536, 0, &e->threads, c);
+    rc = get_u32(ld, eng, "engine", "threads", 0, TM_JOB_MAX_THREADS, 0, &e->threads, c);
     if (rc)
         return rc;
+    // More threads than cores only adds switching; far more (65,536 took 5 GB of stacks before
+    // failing) is a typo. The limit depends on the machine, as the default (0) does.
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_cpu > 0 && e->threads > 4 * (uint64_t)n_cpu)
+        return fail(ld, TM_E_INVAL, "engine.threads",
+                    "%u is more than 4 x the %ld online CPU cores of this machine (at most %ld; "
+                    "0 means one per core)",
+                    e->threads, n_cpu, 4 * n_cpu);
     rc = get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
     if (rc)
         return rc;

@@ -21,6 +21,8 @@
 #define TM_JOB_DEFAULT_MAX_BATCHED_TOKENS 16384
 #define TM_JOB_DEFAULT_BLOCK_SIZE 128
 #define TM_JOB_DEFAULT_MAX_TOKENS 256
+/* engine.threads: at most this many, and at most 4 x the online CPU cores (job_spec.c). */
+#define TM_JOB_MAX_THREADS 1024
 #define TM_JOB_DEFAULT_LOOKAHEAD 1024
 #define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
 #define TM_JOB_DEFAULT_MAX_DEPTH 64

@@ -19,6 +19,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/stop.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
@@ -1049,6 +1050,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
 
     int input_open = 1;
     for (;;) {
+        if (cfg->stop_on_signal && tm_stop_requested())
+            break; // graceful stop: what was emitted gets committed, the rest runs next time
         // Refill the window once it is empty; block on the queue only when nothing runs.
         if (r.win_head == r.win_len && input_open) {
             r.win_head = r.win_len = 0;

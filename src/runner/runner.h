@@ -20,6 +20,7 @@
 #define TM_RUNNER_RUNNER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -47,6 +48,8 @@ typedef struct tm_runner_cfg {
                                      * borrowed (must outlive the run) */
     _Atomic uint64_t *live_tok_gen; /* when not NULL: += every token generated, as it is */
     _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
+    bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
+                          * in flight (a file job: the next run answers them) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */

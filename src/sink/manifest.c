@@ -353,6 +353,18 @@ static json_t *to_json(const tm_manifest *m) {
         json_decref(root);
         return NULL;
     }
+    if (root && m->in_stdin.set) {
+        const tm_manifest_stdin *in = &m->in_stdin;
+        char h[33];
+        snprintf(h, sizeof(h), "%016llx%016llx", (unsigned long long)in->xxh3.hi,
+                 (unsigned long long)in->xxh3.lo);
+        if (json_object_set_new(root, "stdin",
+                                json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)in->n_bytes,
+                                          "records", (json_int_t)in->n_records, "xxh3", h)) != 0) {
+            json_decref(root);
+            return NULL;
+        }
+    }
     return root;
 }
 
@@ -561,6 +573,18 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     m->n_runs = (uint32_t)get_u64(r, cm, "runs", "commits.runs");
     if (!r->rc)
         kparts_from_json(r, json_object_get(root, "input_kafka"), m);
+    const json_t *in = json_object_get(root, "stdin");
+    if (!r->rc && in) { // optional: a job reading standard input (absent before it was kept)
+        const char *h = json_string_value(json_object_get(in, "xxh3"));
+        unsigned long long hi = 0, lo = 0;
+        m->in_stdin.n_bytes = get_u64(r, in, "bytes", "stdin.bytes");
+        m->in_stdin.n_records = get_u64(r, in, "records", "stdin.records");
+        if (!h || strlen(h) != 32 || strspn(h, "0123456789abcdef") != 32 ||
+            sscanf(h, "%16llx%16llx", &hi, &lo) != 2)
+            bad(r, "stdin.xxh3");
+        m->in_stdin.xxh3 = (tm_h128){.lo = lo, .hi = hi};
+        m->in_stdin.set = !r->rc;
+    }
     return r->rc;
 }
 
