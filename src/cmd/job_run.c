@@ -7,9 +7,12 @@
 #include "cmd/job_run.h"
 
 #include <errno.h>
+#include <lz4frame.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -328,6 +331,16 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
     return (uint32_t)TM_MIN(want, cap);
 }
 
+// engine.backend "cuda" where no GPU answers: say what to do instead, after the cause.
+static const char *cuda_hint(const char *cause) {
+    static _Thread_local char msg[sizeof(((tm_err *)0)->msg)];
+    snprintf(msg, sizeof(msg),
+             "engine.backend \"cuda\": no usable GPU here (%.*s); use \"cpu\", or \"auto\" (the "
+             "CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
+             (int)(sizeof(msg) / 2), cause);
+    return msg;
+}
+
 // The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
 // else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math). cuda
 // (or auto with a GPU) with tp > 1: one process per GPU over NCCL (cmd/tp_run.h). The KV pool: the
@@ -360,6 +373,8 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
 done:
     if (rc == TM_OK)
         eo->n_kv_block = (*out)->opts.n_kv_block;
+    else if (be == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
+        TM_ERR(err, rc, "%s", cuda_hint(err->msg));
     return rc;
 }
 
@@ -375,8 +390,45 @@ static void parts_fini(job_parts *p) {
     tm_job_spec_destroy(p->spec);
 }
 
-static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
-    tm_rc rc = tm_job_spec_load(path, &p->spec, err);
+tm_rc tm_job_check_model_dir(const char *dir, tm_err *err) {
+    static const char need[] = "tokenmill needs a local Hugging Face model folder (config.json, "
+                               "tokenizer.json, *.safetensors)";
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int e = errno;
+        const char *slash = strchr(dir, '/');
+        bool hf_id = dir[0] != '/' && dir[0] != '.' && slash && !strchr(slash + 1, '/') &&
+                     slash[1] != '\0';
+        if (hf_id)
+            return TM_ERR(err, TM_E_IO,
+                          "model %s: %s. It looks like a Hugging Face id: %s; download it first "
+                          "(huggingface-cli download %s --local-dir models/NAME) and give that "
+                          "folder",
+                          dir, strerror(e), need, dir);
+        return TM_ERR(err, TM_E_IO, "model %s: %s (%s)", dir, strerror(e), need);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        size_t n = strlen(dir);
+        bool gguf = n > 5 && strcmp(dir + n - 5, ".gguf") == 0;
+        return TM_ERR(err, TM_E_IO, "model %s: a file, not a folder%s; %s", dir,
+                      gguf ? " (GGUF checkpoints are not read; use the Hugging Face checkpoint it "
+                             "was converted from)"
+                           : "",
+                      need);
+    }
+    char cfg[4096];
+    snprintf(cfg, sizeof(cfg), "%s/config.json", dir);
+    if (stat(cfg, &st) != 0)
+        return TM_ERR(err, TM_E_IO, "model %s: no config.json in this folder; %s", dir, need);
+    return TM_OK;
+}
+
+static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, tm_err *err) {
+    tm_rc rc = spec_json ? tm_job_spec_load_text(path, NULL, spec_json, &p->spec, err)
+                         : tm_job_spec_load(path, &p->spec, err);
+    if (rc)
+        return rc;
+    rc = tm_job_check_model_dir(p->spec->model, err);
     if (rc)
         return rc;
     rc = tm_model_load(p->spec->model, &p->model, err);
@@ -443,6 +495,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     if (!rc)
         rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
                                   spec->n_inputs, err);
+    rs->man.completions_plain = spec->compression == TM_JOB_COMPRESSION_NONE;
     if (!rc && spec->kafka && !(rs->man.kafka_topic = tm_strdup(spec->kafka->topic)))
         rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (rc)
@@ -494,6 +547,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     // with the bytes already answered, which the source checks).
     if (old.finished && !spec->kafka_in && !rs->man.in_stdin.set) {
         rs->finished_before = true;
+        rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
                "nothing to do (tokenmill run --restart runs it again)\n",
                path, dir, (unsigned long long)(old.counts.n_ok + old.counts.n_failed),
@@ -565,6 +619,7 @@ typedef struct job_run {
     source_ctx sc; /* the source thread's; read after it is joined */
     sink_ctx kc;   /* the sink thread's; read after it is joined */
     tm_runner_stats stats;
+    _Atomic uint64_t live_tok_gen, live_tok_prompt; /* runner -> progress line, as computed */
 } job_run;
 
 // The engine the spec asks for, with the job's limits; logs what was made.
@@ -650,6 +705,7 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         &j->progress, err);
     if (rc)
         return rc;
+    tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
@@ -685,7 +741,10 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     if (rc)
         return rc;
     tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
-    rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = j->rs.resumed}, &j->sink, err);
+    rc = tm_sink_open(spec->output_dir,
+                      &(tm_sink_opts){.append = j->rs.resumed,
+                                      .plain = spec->compression == TM_JOB_COMPRESSION_NONE},
+                      &j->sink, err);
     if (rc)
         return rc;
     if (spec->kafka) {
@@ -749,6 +808,8 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
         .lookahead = spec->engine.lookahead,
         .chat_template = spec->chat_template,
+        .live_tok_gen = &j->live_tok_gen,
+        .live_tok_prompt = &j->live_tok_prompt,
         .stop_on_signal = spec->kafka_in == NULL,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
@@ -864,8 +925,78 @@ static void print_summary(const job_run *j) {
     printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
            st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
            st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, j->kc.n_tok_gen / wall_s);
-    printf("  outputs   %s/{completions.jsonl.lz4,errors.jsonl,metrics.json}\n",
-           j->p.spec->output_dir);
+    printf("  outputs   %s/{%s,errors.jsonl,metrics.json}\n", j->p.spec->output_dir,
+           j->rs.man.completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
+    if (j->p.spec->results_file && j->rs.man.finished)
+        printf("  results   %s (every answer line, as vLLM's run-batch -o)\n",
+               j->p.spec->results_file);
+}
+
+// Append the file at path to out: as it is, or (lz4) its LZ4 frames decoded.
+static tm_rc copy_into(FILE *out, const char *out_path, const char *path, bool lz4, tm_err *err) {
+    FILE *in = fopen(path, "rb");
+    if (!in)
+        return errno == ENOENT ? TM_OK
+                               : TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+    LZ4F_dctx *dctx = NULL;
+    tm_rc rc = TM_OK;
+    if (lz4 && LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION)))
+        rc = TM_ERR(err, TM_E_NOMEM, "LZ4 decompression context");
+    static _Thread_local char src[1 << 16], dst[1 << 16];
+    size_t n;
+    for (int eof = 0; !rc && !eof;) {
+        n = fread(src, 1, sizeof(src), in);
+        eof = n == 0;
+        if (!lz4) {
+            if (n && fwrite(src, 1, n, out) != n)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", out_path, strerror(errno));
+            continue;
+        }
+        // at the end, calls with no input drain what the context still holds
+        for (size_t off = 0, dst_n = 1; !rc && (off < n || (eof && dst_n));) {
+            size_t src_n = n - off;
+            dst_n = sizeof(dst);
+            size_t r = LZ4F_decompress(dctx, dst, &dst_n, src + off, &src_n, NULL);
+            if (LZ4F_isError(r))
+                rc = TM_ERR(err, TM_E_PARSE, "%s: %s", path, LZ4F_getErrorName(r));
+            off += src_n;
+            if (!rc && dst_n && fwrite(dst, 1, dst_n, out) != dst_n)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", out_path, strerror(errno));
+        }
+    }
+    if (!rc && ferror(in))
+        rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path, strerror(errno));
+    LZ4F_freeDecompressionContext(dctx);
+    fclose(in);
+    return rc;
+}
+
+// output.results_file of a finished job: every answer line in one plain JSONL file (the
+// completions, then the error lines), as vLLM's run-batch writes its -o file; PATH.tmp, then a
+// rename, so the file is whole or absent. Completions sent to Kafka are not in it.
+static tm_rc write_results_file(const tm_job_spec *spec, bool plain, tm_err *err) {
+    char tmp[4096], comp[4096], errs[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", spec->results_file);
+    snprintf(comp, sizeof(comp), "%s/%s", spec->output_dir,
+             plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
+    snprintf(errs, sizeof(errs), "%s/%s", spec->output_dir, TM_SINK_ERRORS_FILE);
+    FILE *out = fopen(tmp, "wb");
+    if (!out)
+        return TM_ERR(err, TM_E_IO, "output.results_file: opening %s: %s", tmp, strerror(errno));
+    tm_rc rc = spec->kafka ? TM_OK : copy_into(out, tmp, comp, !plain, err);
+    if (!rc)
+        rc = copy_into(out, tmp, errs, false, err);
+    if (fflush(out) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+    if (!rc && fsync(fileno(out)) != 0)
+        rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
+    fclose(out);
+    if (!rc && rename(tmp, spec->results_file) != 0)
+        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, spec->results_file,
+                    strerror(errno));
+    if (rc)
+        unlink(tmp);
+    return rc;
 }
 
 static void job_run_fini(job_run *j) {
@@ -888,7 +1019,7 @@ static void job_run_fini(job_run *j) {
 static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
     job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
     tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
-    tm_rc rc = parts_load(path, &j.p, err);
+    tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
     if (rc == TM_OK && !j.rs.finished_before) {
@@ -904,8 +1035,17 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     }
     drain(&j, &rc, err);
     finish_outputs(&j, &rc, err);
+    bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
+    if (rc == TM_OK && finished && j.p.spec->results_file)
+        rc = write_results_file(j.p.spec, j.rs.man.completions_plain, err);
     if (rc == TM_OK && j.sink_started)
         print_summary(&j);
+    if (opts->result) {
+        *opts->result = (tm_job_run_result){
+            .n_ok = j.rs.finished_before ? j.rs.earlier.n_ok : j.rs.man.counts.n_ok,
+            .n_failed = j.rs.finished_before ? j.rs.earlier.n_failed : j.rs.man.counts.n_failed,
+            .fail_on_error = j.p.spec && j.p.spec->fail_on_error_records};
+    }
     if (opts->stop_signal)
         *opts->stop_signal = j.sink_started && !j.p.spec->kafka_in && !j.rs.man.finished
                                  ? tm_stop_signal()
@@ -924,12 +1064,18 @@ tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts) {
     return rc;
 }
 
-static tm_rc validate_job(const char *path, tm_err *err) {
+// validate: run's per-record checks (ingest's, then the runner's: tokenize, chat template,
+// context length against the model and the KV pool run would make) and the engine's
+// availability, without an engine.
+static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
     job_parts p = {0};
     tm_source *src = NULL;
     tm_buf line = {0};
     uint64_t n_ok = 0, n_bad = 0;
-    tm_rc rc = parts_load(path, &p, err);
+    tm_rc rc = parts_load(path, opts->spec_json, &p, err);
+    if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
+        rc = TM_ERR(err, TM_E_INVAL, "%s",
+                    cuda_hint("no CUDA device answers, or this build has no CUDA engine"));
     if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
         printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
                "validate does not read\n",
@@ -937,44 +1083,72 @@ static tm_rc validate_job(const char *path, tm_err *err) {
         parts_fini(&p);
         return TM_OK;
     }
-    if (rc == TM_OK)
+    // The KV pool run would make: the CPU engine's is known here; a GPU's is sized from free
+    // memory at run time (kv_blocks 0), so there only the context length limits a prompt.
+    uint32_t n_kv_block = p.spec ? p.spec->engine.kv_blocks : 0;
+    if (rc == TM_OK && !n_kv_block && p.spec->engine.backend == TM_BACKEND_CPU)
+        n_kv_block = cpu_kv_blocks(p.spec, &p.model->cfg);
+    tm_runner_cfg rcfg = {0};
+    if (rc == TM_OK) {
+        rcfg = (tm_runner_cfg){.n_ctx = p.model->cfg.n_ctx,
+                               .n_kv_block = n_kv_block,
+                               .block_size = p.spec->engine.block_size,
+                               .defaults = p.spec->defaults,
+                               .chat_template = p.spec->chat_template};
         rc = tm_source_open(p.spec, &src, err);
+    }
     while (rc == TM_OK) {
         tm_job *job = NULL;
         rc = tm_source_next(src, &job, err);
         if (rc)
             break;
-        if (job->err_code == TM_ERRCODE_NONE) {
+        tm_errcode code = TM_ERRCODE_NONE;
+        tm_err rec_err = {0};
+        tm_rc crc = tm_runner_check_record(&rcfg, p.tok, job, &code, &rec_err);
+        if (crc == TM_OK) {
             n_ok++;
-        } else {
+        } else if (crc == TM_E_RECORD) {
             n_bad++;
             tm_completion c = {.file = job->file,
                                .line = job->line,
                                .id_json = job->id_json,
-                               .err_code = job->err_code,
-                               .err_msg = job->err_msg};
+                               .err_code = code,
+                               .err_msg = rec_err.msg};
             tm_buf_clear(&line);
             rc = tm_sink_format_error(&line, &c, err);
             if (rc == TM_OK)
                 fputs(line.data, stdout);
+        } else {
+            *err = rec_err;
+            rc = crc;
         }
         tm_job_destroy(job);
     }
+    tm_source_destroy(src); // the unknown-key summary (ingest) goes out here
+    src = NULL;
     if (rc == TM_E_EOF) {
         rc = TM_OK;
         printf("tokenmill: %s is valid: model %s (%s), %llu records ok, %llu rejected%s\n", path,
                p.spec->model, tm_model_arch_name(p.model), (unsigned long long)n_ok,
                (unsigned long long)n_bad, n_bad ? " (listed above)" : "");
     }
+    if (opts->result)
+        *opts->result = (tm_job_run_result){.n_ok = n_ok,
+                                            .n_failed = n_bad,
+                                            .fail_on_error = p.spec &&
+                                                             p.spec->fail_on_error_records};
     tm_buf_fini(&line);
-    tm_source_destroy(src);
     parts_fini(&p);
     return rc;
 }
 
 tm_rc tm_job_validate(const char *path) {
+    return tm_job_validate_with(path, &(tm_job_run_opts){0});
+}
+
+tm_rc tm_job_validate_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
-    tm_rc rc = validate_job(path, &err);
+    tm_rc rc = validate_job(path, opts, &err);
     if (rc)
         TM_LOG_ERROR("validate", "%s: %s", path, err.msg);
     return rc;

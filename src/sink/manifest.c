@@ -340,7 +340,9 @@ static json_t *to_json(const tm_manifest *m) {
                      "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
                      "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
                      "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
-                     files_json(m->inputs, m->n_inputs, false), "outputs", TM_SINK_COMPLETIONS_FILE,
+                     files_json(m->inputs, m->n_inputs, false), "outputs",
+                     m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
+                                          : TM_SINK_COMPLETIONS_FILE,
                      "bytes", (json_int_t)m->bytes_completions, TM_SINK_ERRORS_FILE, "bytes",
                      (json_int_t)m->bytes_errors, "kafka", kafka, "records", "watermark",
                      (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done), "total",
@@ -496,8 +498,13 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
                         &m->n_inputs))
         return r->rc;
     const json_t *outs = json_object_get(root, "outputs");
-    m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
-                                   "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
+    m->completions_plain = json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE) != NULL;
+    if (m->completions_plain)
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE),
+                                       "bytes", "outputs." TM_SINK_COMPLETIONS_PLAIN_FILE ".bytes");
+    else
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
+                                       "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
     m->bytes_errors = get_u64(r, json_object_get(outs, TM_SINK_ERRORS_FILE), "bytes",
                               "outputs." TM_SINK_ERRORS_FILE ".bytes");
     const json_t *kafka = json_object_get(root, "kafka");
@@ -695,7 +702,9 @@ tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_b
         unlink(p); // a leftover of a crash; never read
         tm_free(p);
     }
-    tm_rc rc = cut_file(dir, TM_SINK_COMPLETIONS_FILE, m->bytes_completions, cut_bytes, err);
+    tm_rc rc = cut_file(
+        dir, m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE,
+        m->bytes_completions, cut_bytes, err);
     if (!rc)
         rc = cut_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, cut_bytes, err);
     return rc;

@@ -77,7 +77,9 @@ typedef struct tm_manifest {
     size_t n_model_files;
     tm_manifest_file *inputs; /* [n_inputs] owned; in read order */
     size_t n_inputs;
-    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 */
+    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 (or .jsonl) */
+    bool completions_plain;     /* the completions file is plain completions.jsonl
+                                 * (output.compression "none"), not completions.jsonl.lz4 */
     uint64_t bytes_errors;      /* committed length of errors.jsonl */
     tm_seqset done;             /* input records (seq_no) whose output is committed */
     uint64_t n_records;         /* records in the whole input; valid when total_known */
