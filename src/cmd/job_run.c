@@ -380,9 +380,9 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
 
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
-    int lock_fd;
-    tm_manifest man; /* this run's manifest: identity now, progress carried over */
-    tm_seqset skip;  /* records committed before this run */
+    tm_manifest_lk lk; /* the output folder's locks */
+    tm_manifest man;   /* this run's manifest: identity now, progress carried over */
+    tm_seqset skip;    /* records committed before this run */
     tm_manifest_counts earlier;
     uint64_t cut_bytes;
     bool resumed, finished_before;
@@ -401,7 +401,10 @@ static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
-    tm_rc rc = tm_manifest_lock(dir, &rs->lock_fd, err);
+    tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
+    if (!rc) // links, FIFOs and the like under tokenmill's names: refused before anything opens
+             // them
+        rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
     if (!rc)
         rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
                                   spec->n_inputs, err);
@@ -425,8 +428,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
             rc = tm_manifest_sync_dir(dir, err);
         return rc;
     }
+    if (!found && !o->restart) // a fresh start must not overwrite files tokenmill did not write
+        rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
-        return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
+        return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
         rc = TM_ERR(err, TM_E_INVAL,
@@ -478,7 +483,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
-    tm_manifest_unlock(rs->lock_fd);
+    tm_manifest_unlock(&rs->lk);
 }
 
 // Everything one run of a job holds, from loading to the summary; run_job's helpers share it.
@@ -797,7 +802,8 @@ static void job_run_fini(job_run *j) {
 // One run of a job: load, check what the output folder holds (resume, or nothing to do), make the
 // engine, open the inputs and outputs, run the three stages, drain them, commit and summarize.
 static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
-    job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
+    job_run j = {
+        .path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lk = TM_MANIFEST_LK_INIT}};
     tm_rc rc = parts_load(path, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
