@@ -380,9 +380,9 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
 
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
-    tm_manifest_lk lk; /* the output folder's locks */
-    tm_manifest man;   /* this run's manifest: identity now, progress carried over */
-    tm_seqset skip;    /* records committed before this run */
+    tm_manifest_lk lk;
+    tm_manifest man; /* this run's manifest: identity now, progress carried over */
+    tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
     uint64_t cut_bytes;
     bool resumed, finished_before;
@@ -402,8 +402,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
     tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
-    if (!rc) // links, FIFOs and the like under tokenmill's names: refused before anything opens
-             // them
+    if (!rc) // links, FIFOs and such under tokenmill's names: refused before anything opens them
         rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
     if (!rc)
         rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
