@@ -51,8 +51,8 @@ dur_run || fail "first run"
 dur_verify
 cp -a "$out" "$work/done"
 # a fresh folder (restart) and a finished one: every name tokenmill writes
-for name in completions.jsonl.lz4 errors.jsonl tokenmill.lock manifest.json metrics.json \
-    manifest.json.tmp metrics.json.tmp; do
+for name in completions.jsonl.lz4 completions.jsonl errors.jsonl tokenmill.lock manifest.json \
+    metrics.json manifest.json.tmp metrics.json.tmp; do
     rm -rf "$out"
     mkdir -p "$out"
     : >"$out/tokenmill.lock"
@@ -87,7 +87,7 @@ rm "$out/completions.jsonl.lz4"
 head -c "$committed" "$work/victim2" >"$out/completions.jsonl.lz4"
 dur_run || fail "resume once the link is gone"
 dur_verify
-echo "e2e_hostile_out: links ok (7 names + a hard link refused, targets intact; resume cut)"
+echo "e2e_hostile_out: links ok (8 names + a hard link refused, targets intact; resume cut)"
 
 # ---- lock: deleting tokenmill.lock does not let a second writer in ----
 rm -rf "$out"
@@ -176,12 +176,20 @@ check_collision '{ "dir": "data/out" }' '{ "files": ["data/*"] }' \
     "input.files\[0\]: \"data/\*\" reads .*/data/out/completions.jsonl.lz4"
 check_collision '{ "dir": "out" }' '{ "files": ["data/in.jsonl", "out/errors.jsonl"] }' \
     "input.files\[1\]: \"out/errors.jsonl\" reads .*/out/errors.jsonl, which is output.dir \(errors.jsonl\)"
-ln -s ../out/errors.jsonl "$work/data/linked.jsonl" # another name of an output, found by inode
-check_collision '{ "dir": "out" }' '{ "files": ["data"] }' \
-    "input.files: input .*linked.jsonl is .*/out/errors.jsonl \(output.dir \(errors.jsonl\)\)"
+check_collision '{ "dir": "out", "results_file": "out/errors.jsonl" }' "$in_files" \
+    "output.results_file: .*/out/errors.jsonl is also output.dir \(errors.jsonl\)"
+check_collision '{ "dir": "out2", "results_file": "r.jsonl", "prometheus_textfile": "r.jsonl" }' \
+    "$in_files" "output.results_file: .*/r.jsonl is also output.prometheus_textfile"
+ln -s ../out/errors.jsonl "$work/data/linked.jsonl" # a link to an output, named as an input
+check_collision '{ "dir": "out" }' '{ "files": ["data/linked.jsonl"] }' \
+    "input.files\[0\]: \"data/linked.jsonl\" reads .*/out/errors.jsonl, which is output.dir"
 rm "$work/data/linked.jsonl"
+ln "$out/errors.jsonl" "$work/data/hard.jsonl" # another name of an output, found by inode
+check_collision '{ "dir": "out" }' '{ "files": ["data"] }' \
+    "input.files: input .*hard.jsonl is .*/out/errors.jsonl \(output.dir \(errors.jsonl\)\)"
+rm "$work/data/hard.jsonl"
 [ ! -e "$work/out2" ] || fail "a refused job created its output folder"
-echo "e2e_hostile_out: collisions ok (8 job-spec errors, nothing written)"
+echo "e2e_hostile_out: collisions ok (11 job-spec errors, nothing written)"
 
 # ---- FIFOs in place of output files: refused at once ----
 for name in errors.jsonl completions.jsonl.lz4 manifest.json metrics.json.tmp tokenmill.lock; do
