@@ -7,6 +7,7 @@
 #include "cmd/job_run.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lz4frame.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,6 +18,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/fsutil.h"
 #include "base/log.h"
 #include "base/queue.h"
 #include "base/seqset.h"
@@ -451,7 +453,7 @@ static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, t
 
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
-    int lock_fd;
+    tm_manifest_lk lk;
     tm_manifest man; /* this run's manifest: identity now, progress carried over */
     tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
@@ -491,7 +493,9 @@ static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
-    tm_rc rc = tm_manifest_lock(dir, &rs->lock_fd, err);
+    tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
+    if (!rc) // links, FIFOs and such under tokenmill's names: refused before anything opens them
+        rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
     if (!rc)
         rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
                                   spec->n_inputs, err);
@@ -518,8 +522,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
             rc = tm_manifest_sync_dir(dir, err);
         return rc;
     }
+    if (!found && !o->restart) // a fresh start must not overwrite files tokenmill did not write
+        rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
-        return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
+        return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
     const tm_manifest_file *grown = grown_input(&old, &rs->man);
     if (grown) {
@@ -596,7 +602,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
-    tm_manifest_unlock(rs->lock_fd);
+    tm_manifest_unlock(&rs->lk);
 }
 
 // Everything one run of a job holds, from loading to the summary; run_job's helpers share it.
@@ -980,9 +986,14 @@ static tm_rc write_results_file(const tm_job_spec *spec, bool plain, tm_err *err
     snprintf(comp, sizeof(comp), "%s/%s", spec->output_dir,
              plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
     snprintf(errs, sizeof(errs), "%s/%s", spec->output_dir, TM_SINK_ERRORS_FILE);
-    FILE *out = fopen(tmp, "wb");
-    if (!out)
+    int fd = -1; // never through a link, never a FIFO (base/fsutil.h)
+    if (tm_fs_open_out(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666, NULL, &fd, err))
+        return tm_err_wrap(err, "output.results_file");
+    FILE *out = fdopen(fd, "wb");
+    if (!out) {
+        close(fd);
         return TM_ERR(err, TM_E_IO, "output.results_file: opening %s: %s", tmp, strerror(errno));
+    }
     tm_rc rc = spec->kafka ? TM_OK : copy_into(out, tmp, comp, !plain, err);
     if (!rc)
         rc = copy_into(out, tmp, errs, false, err);
@@ -1017,7 +1028,8 @@ static void job_run_fini(job_run *j) {
 // One run of a job: load, check what the output folder holds (resume, or nothing to do), make the
 // engine, open the inputs and outputs, run the three stages, drain them, commit and summarize.
 static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
-    job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
+    job_run j = {
+        .path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lk = TM_MANIFEST_LK_INIT}};
     tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
     tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
     if (rc == TM_OK)

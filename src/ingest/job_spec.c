@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
 #include "base/log.h"
 #include "ingest/fields_int.h"
 
@@ -769,6 +771,232 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
     return rc;
 }
 
+// ---- what the job writes against what it reads (issue 24) ----
+
+// The names tokenmill writes in output.dir (sink/sink.h, sink/manifest.h, metrics.json and the
+// temporary files of its atomic replacements). ingest does not include the sink's headers, so
+// they are listed here; sink/manifest.c's tm_manifest_check_folder checks the same names.
+static const char *const out_names[] = {
+    "completions.jsonl.lz4", "completions.jsonl", "errors.jsonl",      "metrics.json",
+    "manifest.json",         "tokenmill.lock",    "manifest.json.tmp", "metrics.json.tmp"};
+enum { N_OUT_NAMES = sizeof(out_names) / sizeof(out_names[0]) };
+
+// One file the job writes: its folder (canonical) and name there, and the field that makes it.
+typedef struct out_file {
+    const char *dir;  /* tm_fs_canon of the folder; borrowed from out_set */
+    const char *name; /* name in dir; borrowed */
+    char *canon;      /* owned; tm_fs_canon of dir/name (a link there resolved) */
+    char field[80];   /* "output.dir (errors.jsonl)", "output.prometheus_textfile", ... */
+} out_file;
+
+typedef struct out_set {
+    char *dir, *text_dir, *text_name, *text_tmp; /* owned canonical folders and names */
+    char *res_dir, *res_name, *res_tmp;          /* output.results_file's */
+    out_file f[N_OUT_NAMES + 4];
+    size_t n;
+} out_set;
+
+static void out_set_fini(out_set *o) {
+    for (size_t i = 0; i < o->n; i++)
+        tm_free(o->f[i].canon);
+    tm_free(o->dir);
+    tm_free(o->text_dir);
+    tm_free(o->text_name);
+    tm_free(o->text_tmp);
+    tm_free(o->res_dir);
+    tm_free(o->res_name);
+    tm_free(o->res_tmp);
+}
+
+// The canonical folder of path and the name in it (new strings; false when out of memory).
+static bool split_canon(const char *path, char **dir, char **name) {
+    char *c = tm_fs_canon(path);
+    const char *slash = c ? strrchr(c, '/') : NULL;
+    *dir = !c       ? NULL
+           : !slash ? tm_strdup(".")
+                    : tm_strndup(c, slash == c ? 1 : (size_t)(slash - c));
+    *name = !c ? NULL : tm_strdup(slash ? slash + 1 : c);
+    tm_free(c);
+    return *dir && *name;
+}
+
+static bool out_add(out_set *o, const char *dir, const char *name, const char *field) {
+    out_file *f = &o->f[o->n++];
+    f->dir = dir;
+    f->name = name;
+    snprintf(f->field, sizeof(f->field), "%s", field);
+    char *p = tm_fs_path_join(dir, name);
+    f->canon = p ? tm_fs_canon(p) : NULL;
+    tm_free(p);
+    return f->canon != NULL;
+}
+
+// A file given by path (a job field) and its .tmp file, added to o; the names go to *dir,
+// *name and *tmp (owned by o).
+static bool out_add_file(out_set *o, const char *path, const char *field, char **dir, char **name,
+                         char **tmp) {
+    if (!split_canon(path, dir, name))
+        return false;
+    size_t n = strlen(*name);
+    *tmp = tm_malloc(n + sizeof(".tmp"));
+    if (!*tmp)
+        return false;
+    memcpy(*tmp, *name, n);
+    memcpy(*tmp + n, ".tmp", sizeof(".tmp"));
+    char tfield[96];
+    snprintf(tfield, sizeof(tfield), "%s (its .tmp file)", field);
+    return out_add(o, *dir, *name, field) && out_add(o, *dir, *tmp, tfield);
+}
+
+static bool out_set_make(const tm_job_spec *spec, out_set *o) {
+    o->dir = tm_fs_canon(spec->output_dir);
+    if (!o->dir)
+        return false;
+    for (size_t i = 0; i < N_OUT_NAMES; i++) {
+        char field[80];
+        snprintf(field, sizeof(field), "output.dir (%s)", out_names[i]);
+        if (!out_add(o, o->dir, out_names[i], field))
+            return false;
+    }
+    if (spec->prometheus_textfile &&
+        !out_add_file(o, spec->prometheus_textfile, "output.prometheus_textfile", &o->text_dir,
+                      &o->text_name, &o->text_tmp))
+        return false;
+    return !spec->results_file || out_add_file(o, spec->results_file, "output.results_file",
+                                               &o->res_dir, &o->res_name, &o->res_tmp);
+}
+
+// A glob pattern with the folders before its first wildcard made canonical (new string or NULL).
+static char *canon_pattern(const char *pat) {
+    const char *w = strpbrk(pat, "*?[");
+    const char *slash = NULL;
+    for (const char *q = pat; q < w; q++)
+        if (*q == '/')
+            slash = q;
+    char *pre = !slash ? tm_strdup(".") : tm_strndup(pat, slash == pat ? 1 : (size_t)(slash - pat));
+    char *c = pre ? tm_fs_canon(pre) : NULL;
+    tm_free(pre);
+    if (!c)
+        return NULL;
+    const char *rest = slash ? slash + 1 : pat;
+    size_t nc = strlen(c), nr = strlen(rest);
+    char *out = tm_malloc(nc + nr + 2);
+    if (out) {
+        memcpy(out, c, nc);
+        size_t k = nc;
+        if (nc == 0 || c[nc - 1] != '/')
+            out[k++] = '/';
+        memcpy(out + k, rest, nr + 1);
+    }
+    tm_free(c);
+    return out;
+}
+
+// Does input entry `given` (input.files[i], resolved p) read out file f, now or once the job has
+// written it? A file: the same file. A folder: f is one of its input-named files. A pattern: it
+// matches f, or the folder of f when f has an input name (glob expands folders).
+static bool entry_reads(const char *given, const char *p, const out_file *f, bool *nomem) {
+    char *in_dir = tm_fs_path_join(f->dir, f->name);
+    if (!in_dir) {
+        *nomem = true;
+        return false;
+    }
+    bool hit = false;
+    if (strpbrk(given, "*?[")) {
+        char *pat = canon_pattern(p);
+        if (!pat)
+            *nomem = true;
+        else
+            hit = fnmatch(pat, in_dir, FNM_PATHNAME | FNM_PERIOD) == 0 ||
+                  fnmatch(pat, f->canon, FNM_PATHNAME | FNM_PERIOD) == 0 ||
+                  (is_input_name(f->name) && fnmatch(pat, f->dir, FNM_PATHNAME | FNM_PERIOD) == 0);
+        tm_free(pat);
+    } else {
+        char *c = tm_fs_canon(p);
+        struct stat st;
+        if (!c)
+            *nomem = true;
+        else if (stat(c, &st) == 0 && S_ISDIR(st.st_mode))
+            hit = is_input_name(f->name) && tm_fs_same_file(c, f->dir);
+        else
+            hit = tm_fs_same_file(c, f->canon);
+        tm_free(c);
+    }
+    tm_free(in_dir);
+    return hit;
+}
+
+// Every path the job writes against every other one, the job file, the model folder and every
+// input (as given and as expanded): a collision is a job-spec error naming both fields. Paths are
+// compared in canonical form (tm_fs_canon) and, where both exist, by inode.
+static tm_rc check_outputs(loader *ld, const json_t *input) {
+    const tm_job_spec *spec = ld->spec;
+    out_set o = {0};
+    char *job = NULL, *model = NULL;
+    tm_rc rc = TM_OK;
+    bool nomem = !out_set_make(spec, &o);
+    if (!nomem) {
+        job = tm_fs_canon(ld->file);
+        model = tm_fs_canon(spec->model);
+        nomem = !job || !model;
+    }
+    // The side files (textfile, results file, their .tmp) against output.dir's and each other.
+    for (size_t i = N_OUT_NAMES; i < o.n && !rc && !nomem; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "%.*s", (int)strcspn(o.f[i].field, " "), o.f[i].field);
+        for (size_t k = 0; k < i && !rc; k++)
+            if (tm_fs_same_file(o.f[i].canon, o.f[k].canon))
+                rc = fail(ld, TM_E_INVAL, key,
+                          "%s is also %s: outputs must not overwrite each other", o.f[i].canon,
+                          o.f[k].field);
+        if (!rc && tm_fs_same_file(o.f[i].dir, model))
+            rc = fail(ld, TM_E_INVAL, key,
+                      "%s is inside the model folder (model): outputs must not write into it",
+                      o.f[i].canon);
+    }
+    for (size_t i = 0; i < o.n && !rc && !nomem; i++)
+        if (tm_fs_same_file(o.f[i].canon, job))
+            rc = fail(ld, TM_E_INVAL, o.f[i].field, "%s is the job file itself", o.f[i].canon);
+    const json_t *files = json_object_get(input, "files");
+    for (size_t e = 0; e < json_array_size(files) && !rc && !nomem; e++) {
+        const char *given = json_string_value(json_array_get(files, e));
+        if (!given || strcmp(given, TM_JOB_STDIN) == 0)
+            continue;
+        char *p = resolve(ld, given);
+        nomem = !p;
+        for (size_t i = 0; i < o.n && !rc && !nomem; i++) {
+            if (!entry_reads(given, p, &o.f[i], &nomem))
+                continue;
+            char jpath[64];
+            snprintf(jpath, sizeof(jpath), "input.files[%zu]", e);
+            rc = fail(ld, TM_E_INVAL, jpath,
+                      "\"%s\" reads %s, which is %s: a job must not read its own outputs (they "
+                      "would be overwritten, or read as inputs by the next run); choose paths "
+                      "outside the inputs",
+                      given, o.f[i].canon, o.f[i].field);
+        }
+        tm_free(p);
+    }
+    // The expanded inputs against outputs that exist: another name (a link) of an output.
+    for (size_t i = 0; i < o.n && !rc && !nomem; i++) {
+        struct stat so, si;
+        if (stat(o.f[i].canon, &so) != 0)
+            continue;
+        for (size_t k = 0; k < spec->n_inputs && !rc; k++)
+            if (strcmp(spec->inputs[k], TM_JOB_STDIN) != 0 && stat(spec->inputs[k], &si) == 0 &&
+                si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+                rc = fail(ld, TM_E_INVAL, "input.files",
+                          "input %s is %s (%s): a job must not read its own outputs",
+                          spec->inputs[k], o.f[i].canon, o.f[i].field);
+    }
+    if (nomem && !rc)
+        rc = TM_ERR(ld->err, TM_E_NOMEM, "output paths");
+    tm_free(job);
+    tm_free(model);
+    out_set_fini(&o);
+    return rc;
+}
+
 static tm_rc load_root(loader *ld, const json_t *root) {
     tm_job_spec *spec = ld->spec;
     tm_rc rc = check_keys(ld, root, "", root_keys);
@@ -839,6 +1067,8 @@ static tm_rc load_root(loader *ld, const json_t *root) {
         rc = load_limits(ld, lim);
     if (!rc)
         rc = load_input(ld, input); // last: it touches the file system
+    if (!rc)
+        rc = check_outputs(ld, input);
     return rc;
 }
 
@@ -862,6 +1092,12 @@ static tm_rc spec_load(const char *path, const char *base_dir, const char *text,
     ld.canon = json_object();
     if (!spec->path || !ld.dir || !ld.canon) {
         TM_ERR(err, TM_E_NOMEM, "job spec");
+        goto fail;
+    }
+    struct stat st;
+    if (!text && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        TM_ERR(err, TM_E_INVAL, "%s is a folder, not a job file (give the path of the job's .json)",
+               path);
         goto fail;
     }
     json_error_t jerr;

@@ -14,8 +14,12 @@
  * after_rename_before_dirsync (between 4 and 5), after_commit. A failed fsync is never retried: the
  * job stops and the next run starts from the last manifest.
  *
- * One process per output folder: tm_manifest_lock takes an flock(2) on output.dir/tokenmill.lock
- * for the life of the process (the kernel drops it when the process dies, also on kill -9).
+ * One process per output folder: tm_manifest_lock takes an flock(2) on the output folder itself
+ * and one on output.dir/tokenmill.lock for the life of the process (the kernel drops them when the
+ * process dies, also on kill -9). The folder's lock is what deleting tokenmill.lock cannot defeat;
+ * the file's keeps out tokenmill versions that lock only the file, and marks the folder as one
+ * tokenmill made. Every file of the folder is opened with tm_fs_open_out (base/fsutil.h): links,
+ * FIFOs and other non-regular files are refused, never followed or waited on.
  * Not thread-safe: one owner at a time (the job thread, then the sink thread, then the job thread
  * again after joining it). */
 #ifndef TM_SINK_MANIFEST_H
@@ -111,8 +115,9 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
                            tm_err *err);
 
 /* Read dir/manifest.json into *m (zeroed first). *found is false (and m empty) when there is no
- * manifest. TM_E_PARSE (not a manifest this version understands: the message names the file and
- * the field), TM_E_IO, TM_E_NOMEM. */
+ * manifest. A manifest that is a symbolic link or not a regular file is TM_E_IO. TM_E_PARSE (not a
+ * manifest this version understands: the message names the file and the field), TM_E_IO,
+ * TM_E_NOMEM. */
 tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err);
 
 /* Publish m as dir/manifest.json: steps 3-5 of the commit protocol (the data files must already
@@ -132,11 +137,31 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
  * TM_E_IO naming the file. *cut_bytes gets the bytes cut off (torn tails). */
 tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err);
 
-/* Create dir (and parents) if missing, then lock dir/tokenmill.lock without waiting. On success
- * *fd is the lock's descriptor (close it with tm_manifest_unlock). TM_E_AGAIN when another process
- * holds it (the message says so), TM_E_IO. */
-tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err);
-void tm_manifest_unlock(int fd); /* fd < 0 is a no-op */
+/* The output folder's locks (tm_manifest_lock). */
+typedef struct tm_manifest_lk {
+    int dir_fd;   /* the output folder, flock'ed; -1 when not held */
+    int file_fd;  /* dir/tokenmill.lock, flock'ed; -1 when not held */
+    bool created; /* tokenmill.lock did not exist before: the folder was not tokenmill's */
+} tm_manifest_lk;
+#define TM_MANIFEST_LK_INIT                                                                        \
+    { .dir_fd = -1, .file_fd = -1 }
+
+/* Create dir (and parents) if missing, then lock the folder and dir/tokenmill.lock without
+ * waiting. On success *lk holds both (release them with tm_manifest_unlock). A file system that
+ * cannot flock a folder (NFS) keeps the file's lock only, with a warning. TM_E_AGAIN when another
+ * process holds either (the message says so); TM_E_IO (tokenmill.lock a link or not a regular
+ * file, named). */
+tm_rc tm_manifest_lock(const char *dir, tm_manifest_lk *lk, tm_err *err);
+void tm_manifest_unlock(tm_manifest_lk *lk); /* releases what lk holds; then lk holds nothing */
+
+/* Check the names tokenmill writes in dir (manifest.json, completions.jsonl[.lz4], errors.jsonl,
+ * metrics.json and their temporary files): each one that exists must be a regular file, not a
+ * symbolic link, FIFO, folder or device (TM_E_IO naming it). With fresh (a run about to start with
+ * no manifest and without --restart) such files must also be tokenmill's: when this run created
+ * tokenmill.lock (lk->created), the folder was never tokenmill's and any of them is the user's,
+ * which a fresh run would overwrite: TM_E_INVAL listing them; then the lock file this run created
+ * is removed again, so that the next run refuses too. Opens nothing. */
+tm_rc tm_manifest_check_folder(const char *dir, const tm_manifest_lk *lk, bool fresh, tm_err *err);
 
 /* fsync the folder (EINVAL, folders that cannot be synced, is ignored). TM_E_IO. */
 tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err);

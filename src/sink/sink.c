@@ -3,6 +3,7 @@
 #include "sink/sink.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lz4frame.h>
 #include <math.h>
 #include <stdio.h>
@@ -558,6 +559,22 @@ static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) 
     return TM_OK;
 }
 
+// Open a data file: appended to (resume) or emptied; never through a link, never a FIFO
+// (tm_fs_open_out).
+static tm_rc open_data(tm_sink *sink, const char *path, FILE **f, tm_err *err) {
+    int flags = O_WRONLY | O_CREAT | (sink->opts.append ? O_APPEND : O_TRUNC);
+    int fd = -1;
+    tm_rc rc = tm_fs_open_out(path, flags, 0666, NULL, &fd, err);
+    if (rc)
+        return rc;
+    *f = fdopen(fd, sink->opts.append ? "ab" : "wb");
+    if (!*f) {
+        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return rc;
+}
+
 // ---- public API ----
 
 tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out, tm_err *err) {
@@ -598,17 +615,9 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
         TM_ERR(err, TM_E_NOMEM, "sink paths");
         goto fail;
     }
-    const char *mode = sink->opts.append ? "ab" : "wb";
-    sink->f_lz4 = fopen(sink->path_lz4, mode);
-    if (!sink->f_lz4) {
-        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_lz4, strerror(errno));
+    if (open_data(sink, sink->path_lz4, &sink->f_lz4, err) ||
+        open_data(sink, sink->path_err, &sink->f_err, err))
         goto fail;
-    }
-    sink->f_err = fopen(sink->path_err, mode);
-    if (!sink->f_err) {
-        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_err, strerror(errno));
-        goto fail;
-    }
     struct stat st_lz4, st_err; // appending: the files' lengths so far (stats.size_*)
     if (fstat(fileno(sink->f_lz4), &st_lz4) != 0 || fstat(fileno(sink->f_err), &st_err) != 0) {
         TM_ERR(err, TM_E_IO, "stat %s: %s", sink->path_lz4, strerror(errno));
