@@ -304,7 +304,16 @@ static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *cod
             continue;
         const char *cont = job->continuations[i];
         *code = TM_ERRCODE_INVALID_VALUE;
-        rc = record_text_fault(tm_tok_encode(r->tok, cont, strlen(cont), v, err), err);
+        int over = 0; // stop counting past the context (issue 24): cost O(context), not O(text)
+        rc = tm_tok_encode_max(r->tok, cont, strlen(cont), r->max_len, v, &over, err);
+        rc = record_text_fault(rc, err);
+        if (rc == TM_OK && over) {
+            *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+            rc = TM_ERR(err, TM_E_RECORD,
+                        "prompt + continuation %u is at least %u tokens; this engine holds at most "
+                        "%u tokens per sequence",
+                        i, r->max_len + 1, r->max_len);
+        }
         if (rc == TM_OK && v->len == p->ids.len)
             rc = TM_ERR(err, TM_E_RECORD, "continuation %u is empty", i);
         if (rc == TM_OK && v->len > r->max_len) {
@@ -342,6 +351,16 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
 }
 
+// A prompt found to need at least max_len tokens (tm_tok_encode_max stopped counting): the same
+// record error as window_add's check, without the exact count.
+static tm_rc prompt_over(const runner *r, tm_errcode *code, tm_err *err) {
+    *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+    return TM_ERR(err, TM_E_RECORD,
+                  "prompt is at least %u tokens; this engine holds at most %u tokens per sequence "
+                  "(prompt + at least 1 generated)",
+                  r->max_len, r->max_len);
+}
+
 // Tokenize a record into ids. Per-record problems (a template that fails on these messages, text
 // the tokenizer rejects) return TM_E_RECORD with err filled and *code set; anything else is
 // fatal.
@@ -355,15 +374,20 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
     }
     if (job->prompt_ids)
         return TM_OK;
+    // window_add refuses ids.len >= max_len: count no further (issue 24: memory and time are
+    // bounded by the context, not by the prompt's bytes)
+    size_t max_prompt = r->max_len ? r->max_len - 1 : 0;
     if (job->messages) {
         tm_buf prompt = {0};
+        int over = 0;
         rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages, 1,
                                  &prompt, err);
         if (rc == TM_OK)
-            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
+            rc = tm_tok_encode_max(r->tok, prompt.data ? prompt.data : "", prompt.len, max_prompt,
+                                   ids, &over, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
-        return record_text_fault(rc, err);
+        return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
     }
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
@@ -373,8 +397,9 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return record_text_fault(tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err),
-                             err);
+    int over = 0;
+    rc = tm_tok_encode_max(r->tok, job->prompt, strlen(job->prompt), max_prompt, ids, &over, err);
+    return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
 }
 
 // A record's checks before it can run (window_add's, and tm_runner_check_record's): tokenize it

@@ -71,7 +71,7 @@ while IFS=$'\t' read -r name body want; do
     if [ "$rc" != 0 ]; then
         echo "FAIL $name: rc $rc"; cat "$work/$name/run.err"; exit 1
     fi
-    read -r secs kib <"$work/$name/time"
+    read -r secs kib < <(tail -n 1 "$work/$name/time")
     node -e '
       const fs = require("fs");
       const [name, dir, want, always, secs, kib] = process.argv.slice(1);
