@@ -50,7 +50,7 @@ node -e '
   const comp = require("child_process").execFileSync("lz4", ["-dc", dir +
     "/completions.jsonl.lz4"]).toString().split("\n").filter(Boolean).map((l) => JSON.parse(l));
   const bad = [];
-  const want = /^prompt is at least 256 tokens; this engine holds at most 256 tokens per sequence \(prompt \+ at least 1 generated\)$/;
+  const want = /^prompt is more than 1024 tokens; this engine holds at most 256 tokens per sequence \(prompt \+ at least 1 generated\)$/;
   for (const id of ["word", "words", "chat"]) {
     const e = errs.find((x) => x.id === id);
     if (!e) bad.push(`${id}: no error record`);
