@@ -17,6 +17,7 @@
 #include "cmd/job_run.h"
 #include "cmd/report.h"
 #include "cmd/tp_run.h"
+#include "ingest/job_spec.h"
 #include "runner/text/tokenizer.h"
 
 static const char usage[] =
@@ -31,7 +32,7 @@ static const char usage[] =
     "  validate JOB.json   run's checks of the job, model, engine and every input record\n"
     "                      (tokenize, chat template, context length, fields) without the model\n"
     "  tokenize MODEL_DIR  read JSON lines {\"text\": ...} on stdin, write {\"ids\": [...]} per\n"
-    "                      line (no BOS added), like llama-tokenize\n"
+    "                      line (no BOS added), like llama-tokenize; lines up to 16 MiB\n"
     "  bench --model DIR [...]  run the standard workloads (W1, W8, P, prefix), print a summary\n"
     "                      and write a metrics.json for each\n"
     "  report METRICS... [-o report.html]  one self-contained HTML report of metrics files or\n"
@@ -97,30 +98,103 @@ static const char validate_usage[] =
     "or with --fail-on-error any record would fail).\n";
 
 static const char tokenize_usage[] =
-    "usage: tokenmill tokenize MODEL_DIR < lines.jsonl\n"
+    "usage: tokenmill tokenize MODEL_DIR [--max-line-bytes N] < lines.jsonl\n"
     "\n"
     "Reads JSON lines {\"text\": ...} on stdin and writes {\"ids\": [...]} per line with the\n"
     "model folder's tokenizer (tokenizer.json; no BOS added), like llama-tokenize. A bad line is\n"
-    "reported on stderr and the exit status is 1.\n";
+    "reported on stderr and the exit status is 1. A line over N bytes (default 16 MiB, run's\n"
+    "limits.max_line_bytes; 1 to 1073741824) is such a bad line, named by its number; it is\n"
+    "read past, never held in memory.\n";
 
-static int cmd_tokenize(const char *model_dir) {
+// stdin for tokenize, read in blocks and cut into lines (a line is never held past the limit).
+typedef struct line_in {
+    char blk[1 << 16];
+    size_t at, len;
+} line_in;
+
+// The next line of stdin without its "\n" (and a "\r" before it) into line, its length in *n:
+// 1, 0 at the end of the input, -1 when out of memory. A line over max bytes is read to its end
+// but not kept (line empty, *n its length).
+static int next_line(line_in *in, size_t max, tm_buf *line, size_t *n, tm_err *err) {
+    tm_buf_clear(line);
+    int any = 0;
+    char last = 0;
+    *n = 0;
+    for (;;) {
+        if (in->at == in->len) {
+            in->at = 0;
+            in->len = fread(in->blk, 1, sizeof(in->blk), stdin);
+            if (in->len == 0)
+                break;
+        }
+        any = 1;
+        const char *p = in->blk + in->at, *nl = memchr(p, '\n', in->len - in->at);
+        size_t seg = nl ? (size_t)(nl - p) : in->len - in->at;
+        if (*n + seg <= max + 1 && tm_buf_append(line, p, seg, err))
+            return -1; // up to max + 1 bytes: the last may be the "\r" of a CRLF
+        if (seg)
+            last = p[seg - 1];
+        *n += seg;
+        in->at += seg + (nl != NULL);
+        if (nl)
+            break;
+    }
+    if (last == '\r' && *n <= max + 1)
+        line->data[--line->len] = '\0';
+    *n -= last == '\r';
+    if (*n > max)
+        tm_buf_clear(line);
+    return any;
+}
+
+// `tokenize MODEL_DIR [--max-line-bytes N]`.
+static int cmd_tokenize(int argc, char **argv) {
+    const char *model_dir = NULL;
+    unsigned long long max = TM_JOB_DEFAULT_MAX_LINE_BYTES;
+    for (int k = 0; k < argc; k++) {
+        char *end = NULL;
+        if (!strcmp(argv[k], "--max-line-bytes") && k + 1 < argc) {
+            max = strtoull(argv[++k], &end, 10);
+            if (*end || max < 1 || max > (1u << 30)) {
+                fprintf(stderr, "tokenmill tokenize: --max-line-bytes wants 1 to %u\n", 1u << 30);
+                return 2;
+            }
+        } else if (!model_dir && argv[k][0] != '-') {
+            model_dir = argv[k];
+        } else {
+            model_dir = NULL;
+            break;
+        }
+    }
+    if (!model_dir) {
+        fprintf(stderr, "tokenmill tokenize: expected one MODEL_DIR\n\n%s", tokenize_usage);
+        return 2;
+    }
     tm_err err = {0};
     tm_tokenizer *tok = NULL;
     if (tm_tok_load(model_dir, &tok, &err) != TM_OK) {
         fprintf(stderr, "tokenmill tokenize: %s\n", err.msg);
         return 1;
     }
-    int status = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
+    int status = 0, got;
+    static line_in in;
+    tm_buf line = {0};
+    size_t n;
     unsigned long lineno = 0;
     tm_ids ids = {0};
     tm_buf out = {0};
-    while ((n = getline(&line, &cap, stdin)) > 0) {
+    while ((got = next_line(&in, (size_t)max, &line, &n, &err)) > 0) {
         lineno++;
+        if (n > max) {
+            fprintf(stderr,
+                    "tokenmill tokenize: stdin line %lu: %zu bytes, over the limit of %llu "
+                    "(--max-line-bytes)\n",
+                    lineno, n, max);
+            status = 1;
+            continue;
+        }
         json_error_t jerr;
-        json_t *j = json_loadb(line, (size_t)n, 0, &jerr);
+        json_t *j = json_loadb(line.data ? line.data : "", line.len, 0, &jerr);
         const char *text = j ? json_string_value(json_object_get(j, "text")) : NULL;
         if (!text) {
             fprintf(stderr, "tokenmill tokenize: stdin line %lu: expected {\"text\": string}%s%s\n",
@@ -147,7 +221,11 @@ static int cmd_tokenize(const char *model_dir) {
         }
         fwrite(out.data, 1, out.len, stdout);
     }
-    free(line);
+    if (got < 0) {
+        fprintf(stderr, "tokenmill tokenize: stdin line %lu: %s\n", lineno + 1, err.msg);
+        status = 1;
+    }
+    tm_buf_fini(&line);
     tm_ids_fini(&ids);
     tm_buf_fini(&out);
     tm_tok_destroy(tok);
@@ -506,9 +584,5 @@ int main(int argc, char **argv) {
         return cmd_run(sub_argc, sub);
     if (!strcmp(cmd, "validate"))
         return cmd_validate(sub_argc, sub);
-    if (sub_argc != 1) {
-        fprintf(stderr, "tokenmill tokenize: expected one MODEL_DIR\n\n%s", tokenize_usage);
-        return 2;
-    }
-    return cmd_tokenize(sub[0]);
+    return cmd_tokenize(sub_argc, sub);
 }

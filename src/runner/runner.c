@@ -266,6 +266,10 @@ static void group_unref(group *g) {
     tm_free(g);
 }
 
+// How far a record's tokens are counted: 4 contexts, so that a prompt somewhat too long is told
+// its exact length, while a huge one costs O(context) (tm_tok_encode_max).
+static size_t count_cap(const runner *r) { return 4 * (size_t)r->max_len; }
+
 // Make p (its job and tokenized prompt) a group of n_sub sequences: copies of the prompt, or
 // prompt + each continuation (tokenized on its own and appended, as lm-eval-harness does, so a
 // continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_RECORD
@@ -304,7 +308,16 @@ static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *cod
             continue;
         const char *cont = job->continuations[i];
         *code = TM_ERRCODE_INVALID_VALUE;
-        rc = record_text_fault(tm_tok_encode(r->tok, cont, strlen(cont), v, err), err);
+        int over = 0; // stop counting past the context (issue 24): cost O(context), not O(text)
+        rc = tm_tok_encode_max(r->tok, cont, strlen(cont), count_cap(r), v, &over, err);
+        rc = record_text_fault(rc, err);
+        if (rc == TM_OK && over) {
+            *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+            rc = TM_ERR(err, TM_E_RECORD,
+                        "prompt + continuation %u is more than %zu tokens; this engine holds at "
+                        "most %u tokens per sequence",
+                        i, count_cap(r), r->max_len);
+        }
         if (rc == TM_OK && v->len == p->ids.len)
             rc = TM_ERR(err, TM_E_RECORD, "continuation %u is empty", i);
         if (rc == TM_OK && v->len > r->max_len) {
@@ -342,6 +355,16 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
 }
 
+// A prompt found to need more than count_cap tokens (tm_tok_encode_max stopped counting): the
+// same record error as prepare's length check, with a bound for the count.
+static tm_rc prompt_over(const runner *r, tm_errcode *code, tm_err *err) {
+    *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+    return TM_ERR(err, TM_E_RECORD,
+                  "prompt is more than %zu tokens; this engine holds at most %u tokens per "
+                  "sequence (prompt + at least 1 generated)",
+                  count_cap(r), r->max_len);
+}
+
 // Tokenize a record into ids. Per-record problems (a template that fails on these messages, text
 // the tokenizer rejects) return TM_E_RECORD with err filled and *code set; anything else is
 // fatal.
@@ -355,15 +378,20 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
     }
     if (job->prompt_ids)
         return TM_OK;
+    // Count no further than count_cap (issue 24: memory and time are bounded by the context, not
+    // by the prompt's bytes); a prompt under it that is too long gets its exact count below.
+    size_t max_prompt = count_cap(r);
     if (job->messages) {
         tm_buf prompt = {0};
+        int over = 0;
         rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages, 1,
                                  &prompt, err);
         if (rc == TM_OK)
-            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
+            rc = tm_tok_encode_max(r->tok, prompt.data ? prompt.data : "", prompt.len, max_prompt,
+                                   ids, &over, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
-        return record_text_fault(rc, err);
+        return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
     }
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
@@ -373,8 +401,9 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return record_text_fault(tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err),
-                             err);
+    int over = 0;
+    rc = tm_tok_encode_max(r->tok, job->prompt, strlen(job->prompt), max_prompt, ids, &over, err);
+    return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
 }
 
 // A record's checks before it can run (window_add's, and tm_runner_check_record's): tokenize it
