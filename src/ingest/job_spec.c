@@ -824,7 +824,10 @@ static bool out_add(out_set *o, const char *dir, const char *name, const char *f
     out_file *f = &o->f[o->n++];
     f->dir = dir;
     f->name = name;
-    snprintf(f->field, sizeof(f->field), "%s", field);
+    // field names are short literals; a longer one is cut (it only names the field in errors)
+    const size_t fl = strnlen(field, sizeof(f->field) - 1);
+    memcpy(f->field, field, fl);
+    f->field[fl] = 0;
     char *p = tm_fs_path_join(dir, name);
     f->canon = p ? tm_fs_canon(p) : NULL;
     tm_free(p);
