@@ -47,7 +47,7 @@ static const char *const engine_keys[] = {"backend",
                                           "lookahead",
                                           "quantization",
                                           "kv_cache_dtype",
-                                          NULL};
+                                          /* NULL ends the list */ NULL};
 static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
                                           "max_messages", NULL};
 
