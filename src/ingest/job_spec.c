@@ -34,20 +34,12 @@ static const char *const kafka_in_keys[] = {"brokers", "topics", "group", "mode"
 static const char *const output_keys[] = {
     "dir", "prometheus_textfile", "commit_every_s", "commit_every_records", "kafka", NULL};
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
-static const char *const engine_keys[] = {"backend",
-                                          "max_seqs",
-                                          "max_batched_tokens",
-                                          "block_size",
-                                          "prefix_cache",
-                                          "tp",
-                                          "threads",
-                                          "kv_blocks",
-                                          "gpu_memory_utilization",
-                                          "schedule",
-                                          "lookahead",
-                                          "quantization",
-                                          "kv_cache_dtype",
-                                          /* NULL ends the list */ NULL};
+static const char *const engine_keys[] = {
+    "backend",        "max_seqs",     "max_batched_tokens",
+    "block_size",     "prefix_cache", "tp",
+    "threads",        "kv_blocks",    "gpu_memory_utilization",
+    "schedule",       "lookahead",    "quantization",
+    "kv_cache_dtype", /* end */ NULL};
 static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
                                           "max_messages", NULL};
 
