@@ -77,6 +77,8 @@ static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const u
 /* exact_greedy: the model is bf16, so both engines run the same weights and every greedy token
  * must agree. f32/f16 checkpoints are rounded to bf16 on upload (a slightly different model):
  * there a flip is allowed only at a near tie (CPU top-2 margin <= 2 x that row's logit error). */
+#define LOGIT_TOL_KV_FP8 0.10
+
 static void run_model_kv(const char *name, const char *args, int exact_greedy, tm_kv_dtype kvt) {
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
     if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
@@ -120,7 +122,11 @@ static void run_model_kv(const char *name, const char *args, int exact_greedy, t
             st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_diff);
     TM_CHECK(ok);
     TM_CHECK(st.n_rows >= N_DECODE * 3);
-    TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
+    if (kvt == TM_KV_DTYPE_FP8) // the rows over LOGIT_TOL are reported above, not failed
+        TM_CHECK_MSG(st.max_rel <= LOGIT_TOL_KV_FP8, "%s: max err / max|logit| %.4g > %.2g", name,
+                     st.max_rel, LOGIT_TOL_KV_FP8);
+    else
+        TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
     TM_CHECK_MSG(exact_greedy ? st.n_greedy_diff == 0 : st.n_clear_flip == 0,
                  "%s: %d greedy tokens differ (%d not near a tie)", name, st.n_greedy_diff,
                  st.n_clear_flip);
@@ -212,11 +218,15 @@ static void test_fp8_tensor_static(void) {
 }
 
 // fp8 (e4m3) KV on both engines: the CPU engine rounds each K/V element from its fp32 value, the
-// CUDA engine from its own (bf16 GEMM inputs), so an element near a rounding tie may land one
-// e4m3 step apart: greedy tokens may flip only at near ties (as for f32/f16 models), logits
-// within the bf16 tolerance. head_dim 32 (generic paged kernel, prefill on it too), 128 with 4
-// query heads per KV head (GQA decode kernel, tensor-core prefill), 64 with 4 (both too), and
-// FP8 weights with fp8 KV.
+// CUDA engine from its own (bf16 GEMM inputs, about 2^-9 apart), so an element near a rounding
+// tie lands one e4m3 step (1/16 to 1/8 of its value) apart: a few percent of the elements do.
+// That, not the kernels (test_kernels: exact widening, the bf16 tolerances), sets the logit error:
+// measured 0.034 to 0.067 of max|logit| on the first H200 run (bf16 models: 0.009 to 0.018), so
+// the bf16 bound LOGIT_TOL is not met; rows over it are reported and the row error is held to
+// LOGIT_TOL_KV_FP8 (fp8 KV's own error against bf16 KV on these models, test_kv_fp8: 0.09 to
+// 0.12). Greedy tokens may flip only at near ties (as for f32/f16 models). head_dim 32 (generic
+// paged kernel, prefill on it too), 128 with 4 query heads per KV head (GQA decode kernel,
+// tensor-core prefill), 64 with 4 (both too), and FP8 weights with fp8 KV.
 static void test_kv_fp8_hd32(void) {
     run_model_kv("kv-fp8-hd32",
                  "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
