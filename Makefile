@@ -19,11 +19,24 @@ all: build
 setup:
 	@tools/setup
 
+# A build folder configured in another checkout (this one moved or copied, build/ included) makes
+# cmake refuse ("CMakeCache.txt directory ... is different"): its cache and CMake files are
+# dropped first, so the folder is configured anew here (objects are rebuilt).
+define fresh_cache
+	@if [ -f $(1)/CMakeCache.txt ] && ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$(CURDIR)" \
+	    $(1)/CMakeCache.txt; then \
+	    echo "make: $(1) was configured for another checkout; configuring it anew"; \
+	    rm -rf $(1)/CMakeCache.txt $(1)/CMakeFiles; \
+	fi
+endef
+
 build: setup
+	$(call fresh_cache,$(BUILD))
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 build-asan: setup
+	$(call fresh_cache,$(ASAN_BUILD))
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTM_SANITIZE=ON -DTM_CUDA=OFF >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 
@@ -39,6 +52,7 @@ demo: build $(DEMO_MODEL)/config.json
 
 # Every parser fuzz target (tests/fuzz/) for FUZZ_SECONDS each, libFuzzer + ASan/UBSan (clang).
 fuzz-ci: setup
+	$(call fresh_cache,$(FUZZ_BUILD))
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DTM_FUZZ=ON -DTM_CUDA=OFF \
 	    -DTM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_bins -- --no-print-directory

@@ -822,11 +822,19 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)n_el, v);
     for (uint64_t i = 0; i < n_sc; i++)
         sc[i] = 0.0f;
-    for (uint64_t i = 0; i < n_el; i++) { // block absmax
-        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
-        float *a = &sc[(b * nbo + r / bo) * nbi + c / bi];
-        *a = fmaxf(*a, fabsf(v[i]));
-    }
+    // Element i = (b * R + r) * C + c; nested loops keep 64-bit divisions out of the inner one
+    // (an 8B-shape checkpoint quantizes ~7e9 elements).
+    for (uint64_t b = 0, i = 0; b < B; b++) // block absmax
+        for (uint64_t r = 0; r < R; r++) {
+            float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                float a = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++)
+                    a = fmaxf(a, fabsf(v[i]));
+                row[c0 / bi] = a;
+            }
+        }
     const float qmax = mx ? 6.0f : 448.0f;
     for (uint64_t i = 0; i < n_sc; i++) {
         if (e8) {
@@ -838,14 +846,21 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     }
     if (mx)
         memset(q, 0, (size_t)(n_el / 2));
-    for (uint64_t i = 0; i < n_el; i++) {
-        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
-        float x = v[i] / sc[(b * nbo + r / bo) * nbi + c / bi];
-        if (mx)
-            q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
-        else
-            q[i] = tm_f32_to_e4m3(x);
-    }
+    for (uint64_t b = 0, i = 0; b < B; b++)
+        for (uint64_t r = 0; r < R; r++) {
+            const float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                const float s = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++) {
+                    const float x = v[i] / s;
+                    if (mx)
+                        q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
+                    else
+                        q[i] = tm_f32_to_e4m3(x);
+                }
+            }
+        }
     tm_free(v);
     tm_free(t->data);
     t->data = q;

@@ -133,10 +133,12 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
         sp->max_tokens = (int32_t)i;
         break;
     case TM_SP_TEMPERATURE:
-        if (get_num(v, "a number >= 0", &d, fail))
+        // OpenAI's range (vLLM takes any value >= 0): past 2 the distribution is all but
+        // uniform, and a huge value (1e308) would overflow the float copy to inf.
+        if (get_num(v, "a number >= 0", &d, fail)) // (the wrong-type text predates the cap)
             return TM_OK;
-        if (!(d >= 0) || !isfinite(d)) {
-            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, "a number >= 0", v);
+        if (!(d >= 0 && d <= TM_INGEST_MAX_TEMPERATURE)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, "a number >= 0 and <= 2", v);
             return TM_OK;
         }
         sp->temperature = (float)d;

@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/log.h"
 #include "ingest/fields_int.h"
 
 typedef struct loader {
@@ -32,7 +34,8 @@ static const char *const root_keys[] = {"$schema",  "model",  "input",         "
 static const char *const input_keys[] = {"files", "kafka", NULL};
 static const char *const kafka_in_keys[] = {"brokers", "topics", "group", "mode", "config", NULL};
 static const char *const output_keys[] = {
-    "dir", "prometheus_textfile", "commit_every_s", "commit_every_records", "kafka", NULL};
+    "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
+    "kafka", "compression",         "results_file",   NULL};
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
 static const char *const engine_keys[] = {
     "backend",        "max_seqs",     "max_batched_tokens",
@@ -40,8 +43,9 @@ static const char *const engine_keys[] = {
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
     "kv_cache_dtype", /* end */ NULL};
-static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
-                                          "max_messages", NULL};
+static const char *const limits_keys[] = {
+    "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
+    "fail_on_error_records", NULL};
 
 const char *tm_backend_name(tm_backend b) {
     switch (b) {
@@ -207,7 +211,8 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 // Add the *.jsonl, *.jsonl.lz4 and *.jsonl.gz regular files directly inside folder, sorted by
-// name (bytewise). Hidden files and subfolders are skipped. *n_added counts them.
+// name (bytewise). Hidden files, subfolders and symbolic links (with a warning) are skipped.
+// *n_added counts them.
 static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_t *n_added) {
     DIR *d = opendir(folder);
     if (!d)
@@ -231,7 +236,18 @@ static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_
             if (slash)
                 p[nf] = '/';
             memcpy(p + nf + (size_t)slash, de->d_name, nn + 1);
+            // A link inside a folder is not followed: whoever can write the folder could point
+            // it anywhere (a system file's lines would be quoted into errors.jsonl). Naming the
+            // link itself in input.files, or matching it by a pattern, reads what it points to.
             struct stat st;
+            if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode)) {
+                TM_LOG_WARN("job_spec",
+                            "%s: %s: skipping %s: a symbolic link inside an input folder is not "
+                            "followed (list it in input.files to read it)",
+                            ld->file, jpath, p);
+                tm_free(p);
+                continue;
+            }
             if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
                 tm_free(p);
                 continue;
@@ -541,9 +557,17 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     rc = get_u32(ld, eng, "engine", "tp", 1, 1024, 1, &e->tp, c);
     if (rc)
         return rc;
-    rc = get_u32(ld, eng, "engine", "threads", 0, 65536, 0, &e->threads, c);
+    rc = get_u32(ld, eng, "engine", "threads", 0, TM_JOB_MAX_THREADS, 0, &e->threads, c);
     if (rc)
         return rc;
+    // More threads than cores only adds switching; far more (65,536 took 5 GB of stacks before
+    // failing) is a typo. The limit depends on the machine, as the default (0) does.
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_cpu > 0 && e->threads > 4 * (uint64_t)n_cpu)
+        return fail(ld, TM_E_INVAL, "engine.threads",
+                    "%u is more than 4 x the %ld online CPU cores of this machine (at most %ld; "
+                    "0 means one per core)",
+                    e->threads, n_cpu, 4 * n_cpu);
     rc = get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
     if (rc)
         return rc;
@@ -666,6 +690,21 @@ static tm_rc load_limits(loader *ld, const json_t *lim) {
     if (!rc)
         rc = get_u32(ld, lim, "limits", "max_messages", 1, 1u << 20, TM_JOB_DEFAULT_MAX_MESSAGES,
                      &ld->spec->max_messages, c);
+    // strict_fields changes which records fail, so it is canonical, but only when true (the
+    // identity of jobs without it stays what it was); fail_on_error_records is the exit status
+    // only, not part of the job's identity.
+    const char *flags[] = {"strict_fields", "fail_on_error_records"};
+    bool *outs[] = {&ld->spec->strict_fields, &ld->spec->fail_on_error_records};
+    for (size_t i = 0; !rc && i < 2; i++) {
+        const json_t *v = lim ? json_object_get(lim, flags[i]) : NULL;
+        char p[64];
+        join_path(p, sizeof(p), "limits", flags[i]);
+        if (v && !json_is_boolean(v))
+            return fail_value(ld, p, "true or false", v);
+        *outs[i] = json_is_true(v);
+    }
+    if (!rc && ld->spec->strict_fields)
+        canon_set(ld, c, "strict_fields", json_true());
     return rc;
 }
 
@@ -720,6 +759,24 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
     tm_rc rc = get_u32(ld, output, "output", "commit_every_records", 1, INT32_MAX,
                        TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS, &spec->commit_every_records, scratch);
     json_decref(scratch);
+    // compression: part of the identity (another file), written only when not "lz4" so the
+    // canonical spec of existing jobs stays what it was. results_file: where a copy goes, not.
+    v = json_object_get(output, "compression");
+    if (!rc && v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "lz4") != 0 && strcmp(s, "none") != 0)
+            return fail_value(ld, "output.compression", "one of \"lz4\", \"none\"", v);
+        spec->compression = strcmp(s, "none") == 0 ? TM_JOB_COMPRESSION_NONE
+                                                   : TM_JOB_COMPRESSION_LZ4;
+        if (spec->compression == TM_JOB_COMPRESSION_NONE && cout)
+            canon_set(ld, cout, "compression", json_string("none"));
+    }
+    if (!rc && json_object_get(output, "results_file")) {
+        const char *s = NULL;
+        rc = get_path_str(ld, output, "results_file", "output.results_file", &s);
+        if (!rc && !(spec->results_file = resolve(ld, s)))
+            rc = TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    }
     if (!rc && json_object_get(output, "kafka"))
         rc = load_kafka_out(ld, json_object_get(output, "kafka"), cout);
     return rc;
@@ -798,7 +855,10 @@ static tm_rc load_root(loader *ld, const json_t *root) {
     return rc;
 }
 
-tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
+// Load from the file at path, or (text != NULL) from JSON text named path whose relative paths
+// resolve against base_dir.
+static tm_rc spec_load(const char *path, const char *base_dir, const char *text, tm_job_spec **out,
+                       tm_err *err) {
     loader ld = {.file = path, .err = err};
     json_t *root = NULL;
     tm_job_spec *spec = tm_calloc(1, sizeof(*spec));
@@ -807,14 +867,19 @@ tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
     ld.spec = spec;
     spec->path = tm_strdup(path);
     const char *slash = strrchr(path, '/');
-    ld.dir = !slash ? tm_strdup("") : tm_strndup(path, slash == path ? 1 : (size_t)(slash - path));
+    if (text)
+        ld.dir = tm_strdup(base_dir ? base_dir : "");
+    else
+        ld.dir = !slash ? tm_strdup("")
+                        : tm_strndup(path, slash == path ? 1 : (size_t)(slash - path));
     ld.canon = json_object();
     if (!spec->path || !ld.dir || !ld.canon) {
         TM_ERR(err, TM_E_NOMEM, "job spec");
         goto fail;
     }
     json_error_t jerr;
-    root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
+                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);
@@ -852,9 +917,19 @@ fail:
     return err->rc;
 }
 
+tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
+    return spec_load(path, NULL, NULL, out, err);
+}
+
+tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
+                            tm_job_spec **out, tm_err *err) {
+    return spec_load(name, base_dir, json_text, out, err);
+}
+
 void tm_job_spec_destroy(tm_job_spec *spec) {
     if (!spec)
         return;
+    tm_free(spec->results_file);
     tm_free(spec->path);
     tm_free(spec->model);
     for (size_t i = 0; i < spec->n_inputs; i++)

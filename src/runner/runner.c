@@ -19,6 +19,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/stop.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
@@ -376,6 +377,33 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
                              err);
 }
 
+// A record's checks before it can run (window_add's, and tm_runner_check_record's): tokenize it
+// into p->ids, check its length, make its group of sequences (n > 1, continuations).
+// Per-record problems: TM_E_RECORD with *code and rec_err set.
+static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, tm_err *rec_err) {
+    tm_errcode code = TM_ERRCODE_NONE;
+    double t0 = tm_now_ms();
+    tm_rc rc = tokenize_job(r, job, &p->ids, &code, rec_err);
+    if (r->stats)
+        r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
+    if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
+        code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
+        if (p->ids.len)
+            TM_ERR(rec_err, TM_E_RECORD,
+                   "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
+                   "(prompt + at least 1 generated)",
+                   p->ids.len, r->max_len);
+        else
+            TM_ERR(rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
+    }
+    uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
+    if (rc == TM_OK && (job->continuations || n_sub > 1))
+        rc = group_create(r, p, n_sub, &code, rec_err);
+    *code_out = code;
+    return rc;
+}
+
 // Take one record off the input: answer it with an error completion, or tokenize it into the
 // window.
 static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
@@ -385,23 +413,7 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     *p = (pending){.job = job};
     tm_errcode code = TM_ERRCODE_NONE;
     tm_err rec_err = {0};
-    double t0 = tm_now_ms();
-    tm_rc rc = tokenize_job(r, job, &p->ids, &code, &rec_err);
-    r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
-    if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
-        code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
-        if (p->ids.len)
-            TM_ERR(&rec_err, TM_E_RECORD,
-                   "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
-                   "(prompt + at least 1 generated)",
-                   p->ids.len, r->max_len);
-        else
-            TM_ERR(&rec_err, TM_E_RECORD, "prompt is empty");
-        rc = TM_E_RECORD;
-    }
-    uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
-    if (rc == TM_OK && (job->continuations || n_sub > 1))
-        rc = group_create(r, p, n_sub, &code, &rec_err);
+    tm_rc rc = prepare(r, job, p, &code, &rec_err);
     if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
@@ -682,6 +694,8 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
 // A token was sampled for s: append it, detokenize, and check the stop conditions.
 static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     double now = tm_now_ms();
+    if (r->cfg->live_tok_gen) // the progress line counts tokens of unfinished records too
+        atomic_fetch_add_explicit(r->cfg->live_tok_gen, 1, memory_order_relaxed);
     if (s->n_gen == 0) {
         s->t_first_ms = now;
     } else { // inter-token latency sample (vLLM's ITL); grows like ids, not per step
@@ -845,6 +859,8 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     st->decode_s += dt_s * n_dec / (n_pre + n_dec);
     st->sum_step_fill += (double)(n_pre + n_dec) / r->cfg->max_batched_tokens;
     st->sum_running += plan->n_run;
+    if (r->cfg->live_tok_prompt)
+        atomic_fetch_add_explicit(r->cfg->live_tok_prompt, n_pre, memory_order_relaxed);
 }
 
 // Entry e's sequence s computed its chunk; w is its logits row (or id, in a greedy step) when it
@@ -949,6 +965,24 @@ static void runner_fini(runner *r) {
     tm_kv_pool_destroy(r->pool);
 }
 
+tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, tm_job *job,
+                             tm_errcode *code, tm_err *err) {
+    *code = job->err_code;
+    if (job->err_code != TM_ERRCODE_NONE)
+        return TM_ERR(err, TM_E_RECORD, "%s", job->err_msg ? job->err_msg : "");
+    runner r = {.cfg = cfg, .tok = tok, .bos_id = tm_tok_bos_id(tok)};
+    uint64_t pool_tok = (uint64_t)cfg->n_kv_block * cfg->block_size;
+    r.max_len = cfg->n_kv_block ? (uint32_t)TM_MIN((uint64_t)cfg->n_ctx, pool_tok) : cfg->n_ctx;
+    pending p = {.job = job};
+    tm_rc rc = prepare(&r, job, &p, code, err);
+    if (p.grp) {
+        p.grp->job = NULL; // the caller's
+        group_unref(p.grp);
+    }
+    tm_ids_fini(&p.ids);
+    return rc;
+}
+
 tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
                     tm_queue *out, tm_runner_stats *stats, tm_err *err) {
     runner r = {.cfg = cfg, .eng = eng, .tok = tok, .out = out, .stats = stats};
@@ -1016,6 +1050,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
 
     int input_open = 1;
     for (;;) {
+        if (cfg->stop_on_signal && tm_stop_requested())
+            break; // graceful stop: what was emitted gets committed, the rest runs next time
         // Refill the window once it is empty; block on the queue only when nothing runs.
         if (r.win_head == r.win_len && input_open) {
             r.win_head = r.win_len = 0;

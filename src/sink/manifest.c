@@ -340,7 +340,9 @@ static json_t *to_json(const tm_manifest *m) {
                      "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
                      "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
                      "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
-                     files_json(m->inputs, m->n_inputs, false), "outputs", TM_SINK_COMPLETIONS_FILE,
+                     files_json(m->inputs, m->n_inputs, false), "outputs",
+                     m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
+                                          : TM_SINK_COMPLETIONS_FILE,
                      "bytes", (json_int_t)m->bytes_completions, TM_SINK_ERRORS_FILE, "bytes",
                      (json_int_t)m->bytes_errors, "kafka", kafka, "records", "watermark",
                      (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done), "total",
@@ -350,6 +352,18 @@ static json_t *to_json(const tm_manifest *m) {
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
+    }
+    if (root && m->in_stdin.set) {
+        const tm_manifest_stdin *in = &m->in_stdin;
+        char h[33];
+        snprintf(h, sizeof(h), "%016llx%016llx", (unsigned long long)in->xxh3.hi,
+                 (unsigned long long)in->xxh3.lo);
+        if (json_object_set_new(root, "stdin",
+                                json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)in->n_bytes,
+                                          "records", (json_int_t)in->n_records, "xxh3", h)) != 0) {
+            json_decref(root);
+            return NULL;
+        }
     }
     return root;
 }
@@ -484,8 +498,13 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
                         &m->n_inputs))
         return r->rc;
     const json_t *outs = json_object_get(root, "outputs");
-    m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
-                                   "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
+    m->completions_plain = json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE) != NULL;
+    if (m->completions_plain)
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE),
+                                       "bytes", "outputs." TM_SINK_COMPLETIONS_PLAIN_FILE ".bytes");
+    else
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
+                                       "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
     m->bytes_errors = get_u64(r, json_object_get(outs, TM_SINK_ERRORS_FILE), "bytes",
                               "outputs." TM_SINK_ERRORS_FILE ".bytes");
     const json_t *kafka = json_object_get(root, "kafka");
@@ -554,6 +573,18 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     m->n_runs = (uint32_t)get_u64(r, cm, "runs", "commits.runs");
     if (!r->rc)
         kparts_from_json(r, json_object_get(root, "input_kafka"), m);
+    const json_t *in = json_object_get(root, "stdin");
+    if (!r->rc && in) { // optional: a job reading standard input (absent before it was kept)
+        const char *h = json_string_value(json_object_get(in, "xxh3"));
+        unsigned long long hi = 0, lo = 0;
+        m->in_stdin.n_bytes = get_u64(r, in, "bytes", "stdin.bytes");
+        m->in_stdin.n_records = get_u64(r, in, "records", "stdin.records");
+        if (!h || strlen(h) != 32 || strspn(h, "0123456789abcdef") != 32 ||
+            sscanf(h, "%16llx%16llx", &hi, &lo) != 2)
+            bad(r, "stdin.xxh3");
+        m->in_stdin.xxh3 = (tm_h128){.lo = lo, .hi = hi};
+        m->in_stdin.set = !r->rc;
+    }
     return r->rc;
 }
 
@@ -671,7 +702,9 @@ tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_b
         unlink(p); // a leftover of a crash; never read
         tm_free(p);
     }
-    tm_rc rc = cut_file(dir, TM_SINK_COMPLETIONS_FILE, m->bytes_completions, cut_bytes, err);
+    tm_rc rc = cut_file(
+        dir, m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE,
+        m->bytes_completions, cut_bytes, err);
     if (!rc)
         rc = cut_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, cut_bytes, err);
     return rc;

@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/record.h"
 #include "base/seqset.h"
 
@@ -60,6 +61,15 @@ typedef struct tm_manifest_kpart {
     size_t n_ranges;
 } tm_manifest_kpart;
 
+/* Standard input's committed prefix (ingest/source.h's fingerprint) of a job that reads "-": a
+ * resumed run's stream must start with these bytes (JSON "stdin"; absent for other jobs). */
+typedef struct tm_manifest_stdin {
+    bool set;           /* the job reads standard input */
+    uint64_t n_bytes;   /* bytes of the stream read by this commit */
+    uint64_t n_records; /* records numbered by then (over the whole job) */
+    tm_h128 xxh3;       /* XXH3-128 of those bytes */
+} tm_manifest_stdin;
+
 typedef struct tm_manifest {
     char spec_hash[33];            /* xxh3-128 hex of the canonical job spec */
     char *job_path;                /* owned; informational (the job may move) */
@@ -67,7 +77,9 @@ typedef struct tm_manifest {
     size_t n_model_files;
     tm_manifest_file *inputs; /* [n_inputs] owned; in read order */
     size_t n_inputs;
-    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 */
+    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 (or .jsonl) */
+    bool completions_plain;     /* the completions file is plain completions.jsonl
+                                 * (output.compression "none"), not completions.jsonl.lz4 */
     uint64_t bytes_errors;      /* committed length of errors.jsonl */
     tm_seqset done;             /* input records (seq_no) whose output is committed */
     uint64_t n_records;         /* records in the whole input; valid when total_known */
@@ -79,6 +91,7 @@ typedef struct tm_manifest {
     char *kafka_topic;         /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
     tm_manifest_kpart *kparts; /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
     size_t n_kparts, cap_kparts;
+    tm_manifest_stdin in_stdin; /* set for a job reading standard input */
 } tm_manifest;
 
 /* Free what m owns and zero it. */

@@ -521,6 +521,12 @@ static tm_rc frame_end(tm_sink *sink, tm_err *err) {
 
 static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) {
     tm_rc rc;
+    if (sink->opts.plain) { // no frames: the line as it is
+        sink->stats.bytes_raw += n;
+        sink->stats.bytes_lz4 += n;
+        sink->stats.size_lz4 += n;
+        return write_all(sink->f_lz4, sink->path_lz4, s, n, err);
+    }
     if (!sink->in_frame) {
         size_t r = LZ4F_compressBegin(sink->cctx, sink->dst, sink->dst_cap, &sink->prefs);
         if (LZ4F_isError(r))
@@ -585,7 +591,8 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
     }
     if (make_dir(out_dir, err))
         goto fail;
-    sink->path_lz4 = tm_fs_path_join(out_dir, TM_SINK_COMPLETIONS_FILE);
+    sink->path_lz4 = tm_fs_path_join(out_dir, sink->opts.plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
+                                                               : TM_SINK_COMPLETIONS_FILE);
     sink->path_err = tm_fs_path_join(out_dir, TM_SINK_ERRORS_FILE);
     if (!sink->path_lz4 || !sink->path_err) {
         TM_ERR(err, TM_E_NOMEM, "sink paths");
