@@ -11,6 +11,10 @@
  * (tm_engine_cuda_create_random_fmt); the bandwidth floor then counts their e4m3 bytes and scales
  * (plus the bf16 LM head and norms), and the weight bytes are printed.
  *
+ * --kv-dtype fp8: the KV cache as e4m3 entries (engine.kv_cache_dtype "fp8"); the floor then
+ * counts one byte per K/V element. --kv-pool: also size a KV pool from free memory (n_kv_block
+ * 0, gpu_memory_utilization 0.9, the context cap lifted) and print its token capacity.
+ *
  * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
@@ -63,6 +67,7 @@ static void usage(void) {
         "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
         "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
@@ -333,6 +338,8 @@ int main(int argc, char **argv) {
     int graphs = 1, use_logits = 0, ceiling = 1;
     uint32_t tp = 1, tp_port = 0;
     const char *quant = "bf16";
+    const char *kv_name = "bf16";
+    int kv_pool = 0;
     tm_cuda_wfmt wfmt = TM_CUDA_W_BF16;
     int tp_rank = -1; // >= 0: a started rank > 0 (hidden options)
     for (int i = 1; i < argc; i++) {
@@ -358,6 +365,10 @@ int main(int argc, char **argv) {
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
             quant = v, i++;
+        else if (!strcmp(a, "--kv-dtype") && v)
+            kv_name = v, i++;
+        else if (!strcmp(a, "--kv-pool"))
+            kv_pool = 1;
         else if (!strcmp(a, "--tp") && v)
             tp = (uint32_t)atoi(v), i++;
         else if (!strcmp(a, "--tp-rank") && v)
@@ -390,7 +401,8 @@ int main(int argc, char **argv) {
         p = *end ? end + 1 : end;
     }
     if (n_batch == 0 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 || tp > TP_MAX ||
-        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1)) {
+        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1) ||
+        (strcmp(kv_name, "bf16") && strcmp(kv_name, "fp8"))) {
         usage();
         return 2;
     }
@@ -414,7 +426,34 @@ int main(int argc, char **argv) {
                          .n_kv_block = B * n_block_seq,
                          .max_seqs = B,
                          .max_batched_tokens = B * L,
-                         .tp_size = tp};
+                         .tp_size = tp,
+                         .kv_dtype = strcmp(kv_name, "fp8") ? TM_KV_DTYPE_AUTO : TM_KV_DTYPE_FP8};
+    const double kv_elem_bytes = eo.kv_dtype == TM_KV_DTYPE_FP8 ? 1.0 : 2.0;
+    if (kv_pool && tp == 1) { // the pool that the same memory gives, then the measured runs
+        tm_model pm = m;
+        pm.cfg.n_ctx = 1u << 20; // lift kv_cap_blocks (max_seqs full contexts) above memory
+        tm_engine_opts po = eo;
+        po.n_kv_block = 0;
+        po.gpu_mem_util = 0.9f;
+        tm_engine *pe = NULL;
+        tm_rc prc = wfmt == TM_CUDA_W_BF16
+                        ? tm_engine_cuda_create_random(&pm, &po, 1234, &pe, &err)
+                        : tm_engine_cuda_create_random_fmt(&pm, &po, 1234, wfmt, &pe, &err);
+        if (prc) {
+            fprintf(stderr, "create (kv pool): %s\n", err.msg);
+            return 1;
+        }
+        const uint64_t pool_tok = (uint64_t)pe->opts.n_kv_block * BLOCK;
+        const double pool_gb = 2.0 * c->n_layer * c->n_kv_head * c->head_dim * kv_elem_bytes *
+                               (double)pool_tok / 1e9;
+        printf("kv pool: %s KV, gpu_memory_utilization 0.9: %u blocks of %u = %llu tokens, "
+               "%.2f GB\n",
+               kv_name, pe->opts.n_kv_block, BLOCK, (unsigned long long)pool_tok, pool_gb);
+        printf("{\"shape\":\"%s\",\"quant\":\"%s\",\"kv\":\"%s\",\"kv_pool_tokens\":%llu,"
+               "\"kv_pool_gb\":%.3f}\n",
+               shape, quant, kv_name, (unsigned long long)pool_tok, pool_gb);
+        tm_engine_destroy(pe);
+    }
     tm_engine *eng = NULL;
     tm_rdzv *rdzv = NULL;
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
@@ -560,7 +599,7 @@ int main(int argc, char **argv) {
         const uint32_t b = batches[bi];
         const double ttft_ms = res_ttft[bi], dec_s = res_dec[bi];
         const double per_seq = N > 1 ? (N - 1) / dec_s : 0.0;
-        const double kv_bytes = 2.0 * c->n_layer * 2 * kvd * (L + N / 2.0) * b;
+        const double kv_bytes = 2.0 * c->n_layer * kv_elem_bytes * kvd * (L + N / 2.0) * b;
         // with tp, each GPU streams about 1/tp of the weights and KV (norms replicated: ignored)
         const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / tp / (bw * 1e9) * 1e3 : 0.0;
         const double ceil_seq = floor_ms > 0 ? 1e3 / floor_ms : 0.0;
@@ -569,8 +608,8 @@ int main(int argc, char **argv) {
                "(median)\n",
                prop.name, prop.multiProcessorCount, tp, shape, b, L, N, graphs ? "graphs" : "eager",
                use_logits ? "logits to host" : "greedy on device", reps);
-        printf("weights: %s linears, %.3f GB streamed per decode step (floor)\n", quant,
-               w_bytes / 1e9);
+        printf("weights: %s linears, %.3f GB streamed per decode step (floor); KV %s\n", quant,
+               w_bytes / 1e9, kv_name);
         printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, b * L / (ttft_ms * 1e-3));
         printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", step_ms, per_seq,
                per_seq * b);
@@ -593,13 +632,14 @@ int main(int argc, char **argv) {
             printf("prefill ceiling: bf16 GEMM %.1f TFLOP/s, %.2f TFLOP -> floor %.2f ms; prefill "
                    "at %.1f%% of the floor\n",
                    tflops, pf_flops / 1e12, pf_floor_ms, 100.0 * pf_floor_ms / ttft_ms);
-        printf("{\"tp\":%u,\"shape\":\"%s\",\"arch\":\"%s\",\"quant\":\"%s\",\"w_gb\":%.3f,"
+        printf("{\"tp\":%u,\"shape\":\"%s\",\"arch\":\"%s\",\"quant\":\"%s\",\"kv\":\"%s\","
+               "\"w_gb\":%.3f,"
                "\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
                "\"ttft_ms\":%.3f,\"step_ms\":%.4f,\"floor_ms\":%.4f,\"decode_tok_s_seq\":%.2f,"
                "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
                "\"pct_ceiling\":%.1f}\n",
-               tp, shape, arch, quant, w_bytes / 1e9, b, L, N, graphs, use_logits, ttft_ms, step_ms,
-               floor_ms, per_seq, per_seq * b, bw, ceil_seq * b,
+               tp, shape, arch, quant, kv_name, w_bytes / 1e9, b, L, N, graphs, use_logits, ttft_ms,
+               step_ms, floor_ms, per_seq, per_seq * b, bw, ceil_seq * b,
                ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     }
     for (uint32_t i = 0; i < B; i++)

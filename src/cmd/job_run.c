@@ -639,6 +639,7 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         .max_seqs = spec->engine.max_seqs,
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
+        .kv_dtype = spec->engine.kv_cache_fp8 ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO,
     };
     tm_rc rc;
     if (spec->engine.quantization == TM_JOB_QUANT_FP8) {
@@ -677,7 +678,9 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
         .max_batched_tokens = eo->max_batched_tokens,
         .block_size = eo->block_size,
         .kv_blocks = eo->n_kv_block,
-        .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
+        .kv_dtype = eo->kv_dtype == TM_KV_DTYPE_FP8 ? "fp8"
+                    : strcmp(backend, "cuda") == 0  ? "bf16"
+                                                    : "f32",
         .quantization = tm_job_quant_name(spec->engine.quantization),
         .prefix_cache = spec->engine.prefix_cache,
         .threads = eo->n_threads,

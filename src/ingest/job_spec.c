@@ -40,9 +40,11 @@ static const char *const output_keys[] = {
     "kafka", "compression",         "results_file",   NULL};
 static const char *const kafka_keys[] = {"brokers", "topic", "config", "transactional_id", NULL};
 static const char *const engine_keys[] = {
-    "backend", "max_seqs",  "max_batched_tokens",     "block_size", "prefix_cache", "tp",
-    "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    "quantization",
-    NULL};
+    "backend",        "max_seqs",     "max_batched_tokens",
+    "block_size",     "prefix_cache", "tp",
+    "threads",        "kv_blocks",    "gpu_memory_utilization",
+    "schedule",       "lookahead",    "quantization",
+    "kv_cache_dtype", /* end */ NULL};
 static const char *const limits_keys[] = {
     "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
     "fail_on_error_records", NULL};
@@ -611,6 +613,17 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                         tm_job_quant_name(e->quantization), e->tp);
         canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
     }
+    // Also part of the identity, written only when not "auto" (as quantization).
+    v = eng ? json_object_get(eng, "kv_cache_dtype") : NULL;
+    e->kv_cache_fp8 = false;
+    if (v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "fp8") != 0 && strcmp(s, "auto") != 0)
+            return fail_value(ld, "engine.kv_cache_dtype", "one of \"auto\", \"fp8\"", v);
+        e->kv_cache_fp8 = strcmp(s, "fp8") == 0;
+    }
+    if (e->kv_cache_fp8)
+        canon_set(ld, c, "kv_cache_dtype", json_string("fp8"));
     return TM_OK;
 }
 

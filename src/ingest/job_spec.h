@@ -62,6 +62,8 @@ typedef struct tm_job_engine {
     bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
     tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
+    bool kv_cache_fp8;             /* engine.kv_cache_dtype "fp8" (e4m3, scale 1.0); false:
+                                    * "auto", the model's dtype */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */

@@ -126,6 +126,12 @@ static void test_defaults(void) {
                 TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
                 continue;
             }
+            if (!strcmp(sect, "engine") && !strcmp(key, "kv_cache_dtype")) {
+                // written to the canonical spec only when not "auto" (identity kept)
+                TM_CHECK(!got && !strcmp(json_string_value(d), "auto") &&
+                         !spec->engine.kv_cache_fp8);
+                continue;
+            }
             if (!strcmp(sect, "engine") && !strcmp(key, "quantization")) {
                 // written to the canonical spec only when not "none" (identity kept)
                 TM_CHECK(!got && !strcmp(json_string_value(d),
@@ -156,7 +162,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 28); // engine 12, defaults 7, limits 6, output 3
+    TM_CHECK(n_defaults == 29); // engine 13, defaults 7, limits 6, output 3
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -377,6 +383,46 @@ static void test_quantization(void) {
     free(canon_none);
 }
 
+// engine.kv_cache_dtype: "fp8" is read and is part of the job's identity; "auto" (explicit or
+// by default) leaves the canonical spec as it was before the field existed; other values fail.
+static void test_kv_cache_dtype(void) {
+    write_file("in/a.jsonl", "{\"id\":1,\"prompt\":\"x\"}\n");
+    const char *fmt = "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
+                      "\"dir\":\"out\"},\"engine\":{\"kv_cache_dtype\":\"%s\"}}";
+    char job[256];
+    write_file("job.json", MIN_JOB);
+    tm_job_spec *spec = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    char *canon_min = spec ? strdup(spec->canonical_json) : NULL;
+    tm_job_spec_destroy(spec);
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        snprintf(job, sizeof(job), fmt, fp8 ? "fp8" : "auto");
+        write_file("job.json", job);
+        spec = NULL;
+        TM_CHECK_OK(load("job.json", &spec, &err), &err);
+        if (!spec)
+            continue;
+        TM_CHECK(spec->engine.kv_cache_fp8 == (fp8 != 0));
+        if (fp8)
+            TM_CHECK_MSG(strstr(spec->canonical_json, "\"kv_cache_dtype\":\"fp8\"") != NULL,
+                         "canonical: %s", spec->canonical_json);
+        else
+            TM_CHECK(canon_min && !strcmp(spec->canonical_json, canon_min));
+        tm_job_spec_destroy(spec);
+    }
+    free(canon_min);
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"kv_cache_dtype\": \"fp8_e5m2\"}}",
+        TM_E_INVAL,
+        "job.json: engine.kv_cache_dtype: expected one of \"auto\", \"fp8\", got \"fp8_e5m2\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"kv_cache_dtype\": 8}}",
+        TM_E_INVAL, "job.json: engine.kv_cache_dtype: expected one of \"auto\", \"fp8\", got 8");
+}
+
 // output.compression, output.results_file, limits.strict_fields / fail_on_error_records: values,
 // identity (compression "none" and strict_fields true are canonical; "lz4", false, the results
 // file and fail_on_error_records are not), bad values, and the same job from text in memory.
@@ -564,6 +610,7 @@ int main(void) {
     TM_RUN(test_errors);
     TM_RUN(test_output_durability);
     TM_RUN(test_quantization);
+    TM_RUN(test_kv_cache_dtype);
     TM_RUN(test_cli_fields);
     TM_RUN(test_expand);
     TM_RUN(test_quickstart);

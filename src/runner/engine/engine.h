@@ -19,6 +19,18 @@
  * all-reduce); every rank calls it the same number of times with the same n. */
 typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
 
+/* What the KV cache stores (engine.kv_cache_dtype). */
+typedef enum tm_kv_dtype {
+    TM_KV_DTYPE_AUTO = 0, /* the engine's own: fp32 (CPU), bf16 (CUDA) */
+    TM_KV_DTYPE_FP8,      /* e4m3fn with scale 1.0 (vLLM's default for uncalibrated fp8 KV): each
+                           * K/V element is rounded to nearest even from fp32 and saturated to
+                           * +-448 when written (tm_kv_fp8_round), read back exactly */
+    TM_KV_DTYPE_BF16,     /* CPU engine only: round to bf16 when written, as the CUDA engine's
+                           * auto (for comparisons) */
+    TM_KV_DTYPE_FP8_HEAD, /* CPU engine only, for the scale study (bench/kv_fp8_quality.c): e4m3
+                           * with a dynamic fp32 scale per (token, KV head), absmax / 448 */
+} tm_kv_dtype;
+
 typedef struct tm_engine_opts {
     uint32_t n_threads;  /* CPU worker threads; 0 = number of online CPUs */
     uint32_t block_size; /* tokens per KV block */
@@ -30,6 +42,7 @@ typedef struct tm_engine_opts {
     uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
     float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
                                   * device use may reach, KV pool included, in (0, 1]; 0 = 0.90 */
+    tm_kv_dtype kv_dtype;        /* KV cache entries; AUTO (0) by default */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
 } tm_engine_opts;
@@ -58,6 +71,14 @@ tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_po
                      const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err);
 
 typedef struct tm_engine tm_engine;
+
+/* "auto", "fp8", "bf16", "fp8-head" ("?" outside the enum). */
+const char *tm_kv_dtype_name(tm_kv_dtype d);
+
+/* x rounded to e4m3fn and back, as an fp8 KV cache stores it: NaN stays NaN, |x| >= 448 (inf
+ * included) saturates to +-448, everything else rounds to nearest even (subnormals m * 2^-9).
+ * The CUDA engine's KV write (kernels/rope.cu, __NV_SATFINITE) gives the same bytes. */
+float tm_kv_fp8_round(float x);
 
 typedef struct tm_engine_ops {
     const char *name;

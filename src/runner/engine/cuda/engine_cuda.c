@@ -111,9 +111,10 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
             return rc;
         }
     }
-    const size_t blk = (size_t)bs * impl->kv_dim, pitch = impl->layer_kv_elems * sizeof(uint16_t);
-    const size_t width = (size_t)n_tok * impl->kv_dim * sizeof(uint16_t);
-    uint16_t *caches[2] = {impl->k_cache, impl->v_cache};
+    // in bytes: the entries are bf16 or e4m3 (the prefix cache shares blocks of either)
+    const size_t eb = impl->kv_elem_bytes, blk = (size_t)bs * impl->kv_dim * eb;
+    const size_t pitch = impl->layer_kv_bytes, width = (size_t)n_tok * impl->kv_dim * eb;
+    char *caches[2] = {(char *)impl->k_cache, (char *)impl->v_cache};
     for (int c = 0; c < 2; c++) {
         tm_rc rc = TM_CUDA_CHECK(
             cudaMemcpy2DAsync(caches[c] + dst * blk, pitch, caches[c] + src * blk, pitch, width,
@@ -563,7 +564,7 @@ static uint32_t kv_cap_blocks(const tm_model_cfg *c, const tm_engine_opts *o) {
 static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     tm_engine_opts *o = &impl->eng.opts;
     const size_t block_bytes = 2 * (size_t)impl->cfg.n_layer * o->block_size * impl->kv_dim *
-                               sizeof(uint16_t);
+                               impl->kv_elem_bytes; // fp8 entries: half the bytes
     tm_rc rc;
     if (o->n_kv_block == 0) {
         size_t free_b = 0, total_b = 0;
@@ -602,7 +603,8 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     TM_ASSERT(max_pos <= UINT32_MAX); // explicit counts are checked in create, sized ones capped
     impl->max_pos = (uint32_t)max_pos;
     impl->layer_kv_elems = (size_t)max_pos * impl->kv_dim;
-    const size_t kv_bytes = (size_t)impl->cfg.n_layer * impl->layer_kv_elems * sizeof(uint16_t);
+    impl->layer_kv_bytes = impl->layer_kv_elems * impl->kv_elem_bytes;
+    const size_t kv_bytes = (size_t)impl->cfg.n_layer * impl->layer_kv_bytes;
     rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->k_cache, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->v_cache, kv_bytes), err);
@@ -613,6 +615,13 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     rc = TM_CUDA_CHECK(cudaMemset(impl->k_cache, 0, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMemset(impl->v_cache, 0, kv_bytes), err);
+    if (!rc)
+        TM_LOG_INFO("cuda",
+                    "KV pool: %u blocks of %u tokens = %llu tokens of %s KV (%u bytes per token "
+                    "and layer in K and V), %.2f GB",
+                    o->n_kv_block, o->block_size, (unsigned long long)max_pos,
+                    impl->kv_fp8 ? "fp8 e4m3" : "bf16", 2 * impl->kv_dim * impl->kv_elem_bytes,
+                    2 * kv_bytes / 1e9);
     return rc;
 }
 
@@ -635,6 +644,13 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         (tm_rdzv_rank(tp->rdzv) != opts->tp_rank || tm_rdzv_world(tp->rdzv) != tp_size))
         return TM_ERR(err, TM_E_INVAL, "cuda engine: rank %u of %u, rendezvous says %u of %u",
                       opts->tp_rank, tp_size, tm_rdzv_rank(tp->rdzv), tm_rdzv_world(tp->rdzv));
+    if (opts->kv_dtype != TM_KV_DTYPE_AUTO && opts->kv_dtype != TM_KV_DTYPE_FP8)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: kv_cache_dtype %s not supported (auto, fp8)",
+                      tm_kv_dtype_name(opts->kv_dtype));
+    if (opts->kv_dtype == TM_KV_DTYPE_FP8 && tp_size > 1)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: kv_cache_dtype fp8 with tp_size %u is not supported yet",
+                      tp_size);
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
     if (!arch)
         return TM_ERR(err, TM_E_INVAL,
@@ -692,6 +708,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->v_per = v_per;
     impl->v_stride = tp_size > 1 ? v_per : c->n_vocab;
     impl->kv_dim = arch->kv_dim(c);
+    impl->kv_fp8 = opts->kv_dtype == TM_KV_DTYPE_FP8;
+    impl->kv_elem_bytes = impl->kv_fp8 ? 1 : 2;
     const uint32_t S = opts->max_seqs, T = opts->max_batched_tokens;
     // Block-table entries per step: each sequence covers at most min(pool, n_ctx) positions.
     const uint64_t seq_pos = TM_MIN(max_pos, (uint64_t)TM_MAX(c->n_ctx, 1u));

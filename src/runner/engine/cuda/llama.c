@@ -950,8 +950,9 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
     tm_cuda_proj po;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const cuda_layer *L = &lm->layers[l];
-        uint16_t *kc = impl->k_cache + (size_t)l * impl->layer_kv_elems;
-        uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
+        // layer l's K and V (bf16, or e4m3 bytes with kv_fp8)
+        uint16_t *kc = (uint16_t *)((char *)impl->k_cache + (size_t)l * impl->layer_kv_bytes);
+        uint16_t *vc = (uint16_t *)((char *)impl->v_cache + (size_t)l * impl->layer_kv_bytes);
         rc = residual_norm(impl, lm, T, &res, L->attn_norm, "attn_norm (+residual)", err);
         if (!rc)
             rc = project(impl, lm, TM_CUDA_ABL_QKV, "qkv_proj", L->qkv, L->n_qkv, lm->h, T, lm->qkv,
@@ -971,7 +972,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                      .n_kv_head = c->n_kv_head,
                                      .head_dim = c->head_dim,
                                      .n_part = po.n,
-                                     .part_stride = po.stride};
+                                     .part_stride = po.stride,
+                                     .kv_fp8 = impl->kv_fp8};
         rc = TM_CUDA_OP(impl, TM_CUDA_ABL_ROPE, "rope_kv", tm_k_rope_kv_bf16(&ra, s, err));
         if (rc)
             return rc;
@@ -994,7 +996,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                         .ld_q = lm->q_dim,
                                         .window = c->sliding_window,
                                         .n_split = n_split,
-                                        .scale = 1.0f / sqrtf((float)c->head_dim)};
+                                        .scale = 1.0f / sqrtf((float)c->head_dim),
+                                        .kv_fp8 = impl->kv_fp8};
         tm_k_attn_prefill_bf16_args fa = {.out = lm->att,
                                           .q = lm->q,
                                           .k_cache = kc,
@@ -1009,7 +1012,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                           .block_size = impl->eng.opts.block_size,
                                           .ld_q = lm->q_dim,
                                           .window = c->sliding_window,
-                                          .scale = aa.scale};
+                                          .scale = aa.scale,
+                                          .kv_fp8 = impl->kv_fp8};
         rc = st->n_tile ? TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, "attention (prefill)",
                                      tm_k_attn_prefill_bf16(&fa, s, err))
                         : TM_CUDA_OP(impl, TM_CUDA_ABL_ATTN, "attention (paged)",
