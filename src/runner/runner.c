@@ -38,6 +38,13 @@ typedef struct seq {
     tm_sample_params sp;
     char *const *stop; /* borrowed from job or defaults */
     uint32_t n_stop;
+    /* Logits processing (issue 22): penalties and logit_bias are in sp (borrowed like stop). */
+    int ignore_eos;
+    uint32_t min_tokens;      /* EOS and stop ids are masked while n_gen < min_tokens */
+    const uint32_t *stop_ids; /* borrowed from job or defaults: ids that end the record */
+    uint32_t n_stop_ids;
+    uint32_t *mask; /* owned; [n_mask] EOS ids (unless ignore_eos) and stop_ids */
+    uint32_t n_mask;
     size_t max_stop_len;
     tm_detok detok;
     tm_buf text;
@@ -162,6 +169,7 @@ static void seq_reset(runner *r, seq *s) {
     tm_free(s->itl);
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
+    tm_free(s->mask);
     uint32_t *blocks = s->q.blocks;
     tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
@@ -333,6 +341,18 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
     s->sp.min_p = ((rec->set & TM_SP_MIN_P) ? rec : d)->min_p;
     s->sp.seed = ((rec->set & TM_SP_SEED) ? rec : d)->seed;
     s->max_tokens = ((rec->set & TM_SP_MAX_TOKENS) ? rec : d)->max_tokens;
+    const tm_sampling *pp = (rec->set & TM_SP_PRESENCE_PENALTY) ? rec : d;
+    const tm_sampling *fp = (rec->set & TM_SP_FREQUENCY_PENALTY) ? rec : d;
+    const tm_sampling *rp = (rec->set & TM_SP_REPETITION_PENALTY) ? rec : d;
+    const tm_sampling *lb = (rec->set & TM_SP_LOGIT_BIAS) ? rec : d;
+    const tm_sampling *si = (rec->set & TM_SP_STOP_TOKEN_IDS) ? rec : d;
+    s->sp.presence_penalty = pp->presence_penalty;
+    s->sp.frequency_penalty = fp->frequency_penalty;
+    s->sp.repetition_penalty = rp->repetition_penalty;
+    s->sp.bias_ids = lb->bias_ids, s->sp.bias = lb->bias, s->sp.n_bias = lb->n_bias;
+    s->min_tokens = (uint32_t)TM_MAX(((rec->set & TM_SP_MIN_TOKENS) ? rec : d)->min_tokens, 0);
+    s->ignore_eos = ((rec->set & TM_SP_IGNORE_EOS) ? rec : d)->ignore_eos;
+    s->stop_ids = si->stop_ids, s->n_stop_ids = si->n_stop_ids;
     const tm_sampling *st = (rec->set & TM_SP_STOP) ? rec : d;
     s->stop = st->stop;
     s->n_stop = st->n_stop;
@@ -397,6 +417,14 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
                    p->ids.len, r->max_len);
         else
             TM_ERR(&rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
+    }
+    const tm_sampling *lb = (job->sp.set & TM_SP_LOGIT_BIAS) ? &job->sp : &r->cfg->defaults;
+    if (rc == TM_OK && lb->n_bias && lb->bias_ids[lb->n_bias - 1] >= r->n_vocab_tok) {
+        code = TM_ERRCODE_INVALID_VALUE; // ids are sorted: the last is the largest
+        TM_ERR(&rec_err, TM_E_RECORD,
+               "field 'logit_bias': token id %u is beyond the model's %u ids",
+               lb->bias_ids[lb->n_bias - 1], r->n_vocab_tok);
         rc = TM_E_RECORD;
     }
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
@@ -510,6 +538,16 @@ static tm_rc admit(runner *r, tm_err *err) {
     s->n_prompt_only = g ? g->n_prompt : s->q.n_prompt;
     s->q.salt = job->cache_salt;
     merge_sampling(&r->cfg->defaults, &s->job->sp, s);
+    s->ignore_eos |= job->ignore_eos;
+    if (s->min_tokens) {
+        s->mask = tm_malloc((r->n_eos + s->n_stop_ids + 1) * sizeof(uint32_t));
+        if (!s->mask)
+            return TM_ERR(err, TM_E_NOMEM, "min_tokens mask");
+        for (uint32_t i = 0; i < r->n_eos && !s->ignore_eos; i++)
+            s->mask[s->n_mask++] = (uint32_t)r->eos_ids[i];
+        for (uint32_t i = 0; i < s->n_stop_ids; i++)
+            s->mask[s->n_mask++] = s->stop_ids[i];
+    }
     if (g && !job->continuations)
         s->sp.seed = tm_sample_seed_of(s->sp.seed, s->sub);
     s->max_len = r->max_len;
@@ -540,6 +578,13 @@ static tm_rc admit(runner *r, tm_err *err) {
 static int is_eos(const runner *r, uint32_t id) {
     for (uint32_t i = 0; i < r->n_eos; i++)
         if ((uint32_t)r->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+static int is_stop_id(const seq *s, uint32_t id) {
+    for (uint32_t i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == id)
             return 1;
     return 0;
 }
@@ -697,7 +742,9 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     }
     s->t_last_ms = now;
     s->n_gen++;
-    if (!s->job->ignore_eos && is_eos(r, id))
+    // Before min_tokens no stop applies (vLLM); EOS and stop ids are masked until then.
+    const int may_stop = s->n_gen >= s->min_tokens;
+    if (may_stop && ((!s->ignore_eos && is_eos(r, id)) || is_stop_id(s, id)))
         return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
@@ -706,7 +753,7 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     rc = record_fault(tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err), err);
     if (rc)
         return rc;
-    if (s->n_stop && s->text.len > before) {
+    if (may_stop && s->n_stop && s->text.len > before) {
         // A stop string may start up to max_stop_len - 1 bytes before the new text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
         size_t cut = SIZE_MAX;
@@ -772,12 +819,25 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
     return TM_OK;
 }
 
+// The sampling parameters of s's next generated token: its history and, before min_tokens, the
+// mask (borrowed from s: valid until s's ids grow).
+static tm_sample_params row_params(const seq *s) {
+    tm_sample_params p = s->sp;
+    p.hist = s->q.ids.ids;
+    p.n_hist = (uint32_t)s->q.ids.len;
+    p.n_hist_prompt = s->q.n_prompt;
+    p.mask_ids = s->mask;
+    p.n_mask = s->n_gen < s->min_tokens ? s->n_mask : 0;
+    return p;
+}
+
 // 1 when s's wanted row this step is a generated token that tm_sample_token would pick as the
 // argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
 // itself (forward_greedy) and keep the logits row.
 static int row_is_greedy(const runner *r, const seq *s) {
-    return s->q.score_next >= s->q.score_end && !s->lp &&
-           tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+    const tm_sample_params p = row_params(s);
+    return s->q.score_next >= s->q.score_end && !s->lp && tm_sample_is_greedy(&p, r->n_vocab_tok) &&
+           !tm_sample_has_proc(&p);
 }
 
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
@@ -869,9 +929,11 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
     } else {
         if (greedy)
             rc = greedy_token(r, r->ids[w], &id, err);
-        else
+        else {
+            const tm_sample_params p = row_params(s);
             rc = record_fault(
-                tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err), err);
+                tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
+        }
         if (rc == TM_OK && s->lp) {
             uint32_t am;
             float v;
