@@ -110,12 +110,14 @@ typedef struct runner {
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
-    tm_sched sched;       /* the step planner over seqs[i].q (slots) */
-    tm_sched_seq **slots; /* [max_seqs] &seqs[i].q */
-    tm_sched_plan plan;   /* the current step's plan */
-    tm_batch_seq *bseqs;  /* [max_seqs] the current step's batch, one per plan entry */
-    float *logits;        /* [max_seqs][n_vocab] */
-    uint32_t *ids;        /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_sched sched;              /* the step planner over seqs[i].q (slots) */
+    tm_sched_seq **slots;        /* [max_seqs] &seqs[i].q */
+    tm_sched_plan plan;          /* the current step's plan */
+    tm_batch_seq *bseqs;         /* [max_seqs] the current step's batch, one per plan entry */
+    float *logits;               /* [max_seqs][n_vocab] */
+    uint32_t *ids;               /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_engine_sample_row *srows; /* [max_seqs] forward_sample's rows of a sampled step */
+    tm_engine_sample_out *souts; /* [max_seqs] and its results */
     tm_sample_scratch scratch;
 } runner;
 
@@ -840,6 +842,24 @@ static int row_is_greedy(const runner *r, const seq *s) {
            !tm_sample_has_proc(&p);
 }
 
+// 1 when s's wanted row this step is a generated token (not a scoring row): forward_sample may
+// sample it on the engine, its logprobs included.
+static int row_is_sampled(const seq *s) { return s->q.score_next >= s->q.score_end; }
+
+// The token of a sampled row as forward_sample gave it; rows tm_sample_token would refuse fail
+// their record the same way (TM_E_RECORD).
+static tm_rc sampled_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
+    if (got == TM_ENGINE_ID_MASKED)
+        return TM_ERR(err, TM_E_RECORD, "sample: every token is masked (min_tokens)");
+    if (got == TM_ENGINE_ID_NONFINITE)
+        return TM_ERR(err, TM_E_RECORD, "sample: a logit is NaN or inf");
+    if (got >= r->n_vocab_tok)
+        return TM_ERR(err, TM_E_INTERNAL, "engine %s: sampled id %u beyond the %u sampled ids",
+                      r->eng->ops->name, got, r->n_vocab_tok);
+    *id = got;
+    return TM_OK;
+}
+
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
 // tm_sample_token would (TM_E_RECORD).
 static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
@@ -855,8 +875,10 @@ static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
 // ---- a step: the plan (runner/sched/sched.h), then the engine, the stats and the rows ----
 
 // Carry out the plan's copies, then one forward of its entries. A greedy step (the engine has
-// forward_greedy and every wanted row only needs its argmax) leaves one id per wanted row in
-// r->ids, any other step the rows in r->logits. *dt_s gets the forward's time.
+// forward_greedy and every wanted row only needs its argmax: *greedy 1) leaves one id per wanted
+// row in r->ids; a sampled step (the engine has forward_sample and every wanted row is a
+// generated token: *greedy 2) its picks and logprobs in r->souts; any other step (*greedy 0)
+// the rows in r->logits. *dt_s gets the forward's time.
 static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, double *dt_s,
                         tm_err *err) {
     for (uint32_t i = 0; i < plan->n_copy; i++) { // in plan order (runner/sched/sched.h)
@@ -869,6 +891,8 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
     if (plan->n_run == 0)
         return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
     int g = r->eng->ops->forward_greedy != NULL;
+    int smp = r->eng->ops->forward_sample != NULL;
+    uint32_t n_want = 0;
     for (uint32_t i = 0; i < plan->n_run; i++) {
         const tm_sched_run *e = &plan->run[i];
         const seq *s = &r->seqs[e->slot];
@@ -881,15 +905,27 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
             .want_logits = e->want_logits,
         };
         g = g && (!e->want_logits || row_is_greedy(r, s));
+        if (e->want_logits && smp && row_is_sampled(s))
+            r->srows[n_want++] = (tm_engine_sample_row){
+                .p = row_params(s), .step = s->n_gen, .want_lp = s->lp != NULL, .n_top = s->n_top};
+        else if (e->want_logits)
+            smp = 0;
     }
     tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
     double t0 = tm_now_ms();
-    tm_rc rc = g ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
-                 : tm_engine_forward(r->eng, &b, r->logits, err);
+    tm_rc rc = TM_E_AGAIN;
+    if (g)
+        rc = r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err);
+    else if (smp && n_want)
+        rc = r->eng->ops->forward_sample(r->eng, &b, r->n_vocab_tok, r->srows, r->souts, err);
+    *greedy = g ? 1 : 2;
+    if (rc == TM_E_AGAIN) { // no sampler on the engine for these rows: logits to the host
+        rc = tm_engine_forward(r->eng, &b, r->logits, err);
+        *greedy = 0;
+    }
     if (rc)
         return rc;
     *dt_s = (tm_now_ms() - t0) / 1e3;
-    *greedy = g;
     return TM_OK;
 }
 
@@ -898,7 +934,7 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     const uint32_t n_pre = plan->n_tok_prefill, n_dec = plan->n_tok_decode;
     tm_runner_stats *st = r->stats;
     st->n_step++;
-    st->n_step_greedy += greedy;
+    st->n_step_greedy += greedy == 1;
     st->n_tok_prefill += n_pre;
     st->n_tok_decode += n_dec;
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
@@ -927,14 +963,19 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
             rc = finish(r, s, TM_FINISH_LENGTH, err);
     } else {
-        if (greedy)
+        if (greedy == 1)
             rc = greedy_token(r, r->ids[w], &id, err);
+        else if (greedy == 2)
+            rc = sampled_token(r, r->souts[w].id, &id, err);
         else {
             const tm_sample_params p = row_params(s);
             rc = record_fault(
                 tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
         }
-        if (rc == TM_OK && s->lp) {
+        if (rc == TM_OK && s->lp && greedy == 2) {
+            const tm_engine_sample_out *o = &r->souts[w];
+            rc = lp_push(s->lp, &s->lp_cap, id, o->lp, o->top_ids, o->top_lp, err);
+        } else if (rc == TM_OK && s->lp) {
             uint32_t am;
             float v;
             rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
@@ -1006,6 +1047,8 @@ static void runner_fini(runner *r) {
     tm_sched_plan_fini(&r->plan);
     tm_free(r->logits);
     tm_free(r->ids);
+    tm_free(r->srows);
+    tm_free(r->souts);
     tm_sample_scratch_fini(&r->scratch);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
@@ -1047,7 +1090,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.slots = tm_calloc(cfg->max_seqs, sizeof(*r.slots));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
     r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
-    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids) {
+    r.srows = tm_calloc(cfg->max_seqs, sizeof(*r.srows));
+    r.souts = tm_calloc(cfg->max_seqs, sizeof(*r.souts));
+    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids || !r.srows || !r.souts) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }
