@@ -461,15 +461,15 @@ int main(int argc, char **argv) {
         if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
             return 1;
         double ms[N_SAMPLE_MODES];
-        for (int m = 0; m < N_SAMPLE_MODES; m++) {
+        for (int md = 0; md < N_SAMPLE_MODES; md++) {
             for (uint32_t i = 0; i <= reps; i++) {
-                if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, m, &scr))
+                if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
                     return 1;
                 dec[i > 0 ? i - 1 : 0] = r.decode_s;
             }
-            ms[m] = median(dec, reps) * 1e3 / (N - 1);
-            printf("sample %-16s decode %.3f ms/step (%+.1f%% vs greedy)\n", sample_mode_name[m],
-                   ms[m], 100.0 * (ms[m] / ms[0] - 1.0));
+            ms[md] = median(dec, reps) * 1e3 / (N - 1);
+            printf("sample %-16s decode %.3f ms/step (%+.1f%% vs greedy)\n", sample_mode_name[md],
+                   ms[md], 100.0 * (ms[md] / ms[0] - 1.0));
             fflush(stdout);
         }
         tm_sample_scratch_fini(&scr);

@@ -157,10 +157,13 @@ static size_t ds_pack(dev_sampler *d, uint32_t i, const tm_sample_params *p, dou
 static void ds_run(dev_sampler *d, uint32_t n, size_t n_pk, uint32_t *ids, float *lp,
                    uint32_t *top_ids, float *top_lp) {
     tm_err err = {0};
+    // pageable copies on the legacy stream may return before their DMA ends: wait for them
+    TM_CHECK(cudaDeviceSynchronize() == cudaSuccess);
     TM_CHECK(cudaMemcpy(d->rows, d->rows_h, n * sizeof(d->rows_h[0]), cudaMemcpyHostToDevice) ==
              cudaSuccess);
     TM_CHECK(cudaMemcpy(d->pk, d->pk_h, (n_pk ? n_pk : 1) * 4, cudaMemcpyHostToDevice) ==
              cudaSuccess);
+    TM_CHECK(cudaDeviceSynchronize() == cudaSuccess);
     tm_k_sample_f32_args a = {.ids = d->ids,
                               .lp = d->lp,
                               .top_ids = d->top_ids,
