@@ -19,7 +19,12 @@
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
  * NCCL id and serve rank 0's step plans (runner/engine/cuda/engine_cuda.h
- * tm_engine_cuda_tp_create). */
+ * tm_engine_cuda_tp_create).
+ *
+ * --sample-all (issue 22): before the greedy run, the decode loop once per sampling mode
+ * (sample_mode_name: greedy on the device, forward_sample with temperature 0.8 / top-p 0.95,
+ * top-k 50, a repetition penalty, logprobs top-5, and temperature / top-p sampled on the host),
+ * each warm-up + reps in this one process, ms/step printed against greedy's. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,7 +72,7 @@ static void usage(void) {
         "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
-        "                    [--kv-dtype bf16|fp8] [--kv-pool]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
         "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
@@ -75,6 +80,7 @@ static void usage(void) {
         "  --model DIR: the shape of a Hugging Face folder's config.json (weights not read:\n"
         "    random weights of that shape, as for --shape)\n"
         "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
+        "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -259,9 +265,55 @@ typedef struct run_result {
     double ttft_ms, decode_s;
 } run_result;
 
+/* Decode-step sampling modes of --sample (issue 22): 0 greedy on the device (forward_greedy),
+ * else forward_sample with: 1 temperature 0.8 / top-p 0.95, 2 top-k 50 (temperature 0.8),
+ * 3 temperature 0.8 / top-p 0.95 + repetition_penalty 1.1 over prompt + output, 4 temperature
+ * 0.8 / top-p 0.95 + logprobs top-5; 5 = mode 1 sampled on the host (logits copied,
+ * tm_sample_token). */
+enum { N_SAMPLE_MODES = 6 };
+static const char *const sample_mode_name[N_SAMPLE_MODES] = {
+    "greedy", "t0.8-p0.95", "topk50", "rep1.1", "logprobs5", "host-t0.8-p0.95"};
+
+static tm_sample_params sample_mode_params(int mode, uint64_t seed) {
+    tm_sample_params p = {.temperature = 0.8f, .top_p = 0.95f, .seed = seed};
+    if (mode == 2)
+        p.top_p = 0.0f, p.top_k = 50;
+    if (mode == 3)
+        p.repetition_penalty = 1.1f;
+    return p;
+}
+
+// One step's ids with sampling mode m (> 0; mode 5 needs logits and scratch) at decode step k.
+static tm_rc sample_step(tm_engine *eng, const tm_batch *b, int m, uint32_t L, uint32_t k,
+                         uint32_t **tok, float *logits, tm_sample_scratch *scr, uint32_t *ids,
+                         tm_err *err) {
+    static tm_engine_sample_row rows[256];
+    static tm_engine_sample_out outs[256];
+    const uint32_t V = eng->model->cfg.n_vocab;
+    for (uint32_t i = 0; i < b->n_seq; i++) {
+        rows[i] = (tm_engine_sample_row){.p = sample_mode_params(m, 7 + i),
+                                         .step = k,
+                                         .want_lp = m == 4,
+                                         .n_top = m == 4 ? 5 : 0};
+        rows[i].p.hist = tok[i], rows[i].p.n_hist = L + k, rows[i].p.n_hist_prompt = L;
+        if (m != 3)
+            rows[i].p.n_hist = 0;
+    }
+    if (m == 5) {
+        tm_rc rc = tm_engine_forward(eng, b, logits, err);
+        for (uint32_t i = 0; !rc && i < b->n_seq; i++)
+            rc = tm_sample_token(logits + (size_t)i * V, V, &rows[i].p, k, scr, &ids[i], err);
+        return rc;
+    }
+    tm_rc rc = eng->ops->forward_sample(eng, b, V, rows, outs, err);
+    for (uint32_t i = 0; !rc && i < b->n_seq; i++)
+        ids[i] = outs[i].id < V ? outs[i].id : 0;
+    return rc;
+}
+
 static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t L, uint32_t N,
                     int use_logits, uint32_t **tok, uint32_t **bt, float *logits, run_result *res,
-                    uint64_t seed) {
+                    uint64_t seed, int mode, tm_sample_scratch *scr) {
     tm_err err = {0};
     tm_batch_seq seqs[256];
     uint32_t ids[256];
@@ -308,14 +360,17 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
                                      .block_table = bt[i],
                                      .n_block = n_block,
                                      .want_logits = 1};
-        rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
-                        : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
+        if (mode > 0)
+            rc = sample_step(eng, &b, mode, L, k, tok, logits, scr, ids, &err);
+        else
+            rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
+                            : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
         if (rc) {
             fprintf(stderr, "decode step %u: %s\n", k, err.msg);
             return 0;
         }
         for (uint32_t i = 0; i < B; i++) {
-            if (use_logits) {
+            if (use_logits && mode == 0) {
                 const float *row = logits + (size_t)i * c->n_vocab;
                 uint32_t best = 0;
                 for (uint32_t v = 1; v < c->n_vocab; v++)
@@ -335,7 +390,7 @@ int main(int argc, char **argv) {
     const char *shape = "llama8b", *model_dir = NULL, *batch_list = "8";
     uint32_t B = 8, L = 512, N = 256, reps = 3;
     uint32_t batches[16], n_batch = 0;
-    int graphs = 1, use_logits = 0, ceiling = 1;
+    int graphs = 1, use_logits = 0, ceiling = 1, sample_all = 0;
     uint32_t tp = 1, tp_port = 0;
     const char *quant = "bf16";
     const char *kv_name = "bf16";
@@ -361,6 +416,8 @@ int main(int argc, char **argv) {
             graphs = 0;
         else if (!strcmp(a, "--logits"))
             use_logits = 1;
+        else if (!strcmp(a, "--sample-all"))
+            sample_all = 1;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
@@ -529,7 +586,8 @@ int main(int argc, char **argv) {
     tm_engine_cuda_set_graphs(eng, graphs);
 
     uint32_t **tok = calloc(B, sizeof(*tok)), **bt = calloc(B, sizeof(*bt));
-    float *logits = use_logits ? malloc((size_t)B * c->n_vocab * sizeof(float)) : NULL;
+    float *logits = use_logits || sample_all ? malloc((size_t)B * c->n_vocab * sizeof(float))
+                                             : NULL;
     for (uint32_t i = 0; i < B; i++) {
         tok[i] = calloc(L + N + 1, sizeof(uint32_t));
         bt[i] = calloc(n_block_seq, sizeof(uint32_t));
@@ -539,12 +597,30 @@ int main(int argc, char **argv) {
     double *ttft = calloc(reps, sizeof(double)), *dec = calloc(reps, sizeof(double));
     double res_ttft[16], res_dec[16];
     run_result r;
+    if (sample_all) { // every sampling mode in this one process, each: warm-up + reps
+        tm_sample_scratch scr;
+        if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
+            return 1;
+        double ms[N_SAMPLE_MODES];
+        for (int md = 0; md < N_SAMPLE_MODES; md++) {
+            for (uint32_t i = 0; i <= reps; i++) {
+                if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
+                    return 1;
+                dec[i > 0 ? i - 1 : 0] = r.decode_s;
+            }
+            ms[md] = median(dec, reps) * 1e3 / (N - 1);
+            printf("sample %-16s decode %.3f ms/step (%+.1f%% vs greedy)\n", sample_mode_name[md],
+                   ms[md], 100.0 * (ms[md] / ms[0] - 1.0));
+            fflush(stdout);
+        }
+        tm_sample_scratch_fini(&scr);
+    }
     for (uint32_t bi = 0; bi < n_batch; bi++) {
         const uint32_t b = batches[bi];
-        if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 99)) // warm-up
+        if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 99, 0, NULL)) // warm-up
             return 1;
         for (uint32_t i = 0; i < reps; i++) {
-            if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 100 + i))
+            if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 100 + i, 0, NULL))
                 return 1;
             ttft[i] = r.ttft_ms;
             dec[i] = r.decode_s;

@@ -298,6 +298,12 @@ static tm_rc sp_field(tm_rec_parser *ps, tm_job *job, const char *key, const cha
         return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
                         "field '%s' has %zu strings, more than limits.max_messages (%u)", field,
                         json_array_size(v), ps->spec->max_messages);
+    size_t n_ent = json_is_object(v) ? json_object_size(v) : json_array_size(v);
+    if ((strcmp(key, "stop_token_ids") == 0 || strcmp(key, "logit_bias") == 0) &&
+        n_ent > ps->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu entries, more than limits.max_messages (%u)", field,
+                        n_ent, ps->spec->max_messages);
     tm_rc rc = tm_ingest_sp_field(key, v, &job->sp, &ff, err);
     if (rc)
         return rc;
@@ -506,16 +512,10 @@ static const struct {
     const char *key;
     const char *neutral[3];
 } unsupported_body[] = {
-    {"tools", {"[]"}},
-    {"functions", {"[]"}},
-    {"best_of", {"1"}},
-    {"echo", {"false"}},
-    {"suffix", {"\"\""}},
-    {"logit_bias", {"{}"}},
-    {"frequency_penalty", {"0", "0.0"}},
-    {"presence_penalty", {"0", "0.0"}},
-    {"audio", {"{}"}},
-    {"prediction", {"{}"}},
+    {"tools", {"[]"}},     // (logit_bias, frequency_penalty and presence_penalty are
+    {"functions", {"[]"}}, // served since issue 22)
+    {"best_of", {"1"}},    {"echo", {"false"}},    {"suffix", {"\"\""}},
+    {"audio", {"{}"}},     {"prediction", {"{}"}},
 };
 
 static int is_neutral(const json_t *v, const char *const *neutral) {

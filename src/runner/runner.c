@@ -39,6 +39,13 @@ typedef struct seq {
     tm_sample_params sp;
     char *const *stop; /* borrowed from job or defaults */
     uint32_t n_stop;
+    /* Logits processing (issue 22): penalties and logit_bias are in sp (borrowed like stop). */
+    int ignore_eos;
+    uint32_t min_tokens;      /* EOS and stop ids are masked while n_gen < min_tokens */
+    const uint32_t *stop_ids; /* borrowed from job or defaults: ids that end the record */
+    uint32_t n_stop_ids;
+    uint32_t *mask; /* owned; [n_mask] EOS ids (unless ignore_eos) and stop_ids */
+    uint32_t n_mask;
     size_t max_stop_len;
     tm_detok detok;
     tm_buf text;
@@ -104,12 +111,14 @@ typedef struct runner {
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
-    tm_sched sched;       /* the step planner over seqs[i].q (slots) */
-    tm_sched_seq **slots; /* [max_seqs] &seqs[i].q */
-    tm_sched_plan plan;   /* the current step's plan */
-    tm_batch_seq *bseqs;  /* [max_seqs] the current step's batch, one per plan entry */
-    float *logits;        /* [max_seqs][n_vocab] */
-    uint32_t *ids;        /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_sched sched;              /* the step planner over seqs[i].q (slots) */
+    tm_sched_seq **slots;        /* [max_seqs] &seqs[i].q */
+    tm_sched_plan plan;          /* the current step's plan */
+    tm_batch_seq *bseqs;         /* [max_seqs] the current step's batch, one per plan entry */
+    float *logits;               /* [max_seqs][n_vocab] */
+    uint32_t *ids;               /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_engine_sample_row *srows; /* [max_seqs] forward_sample's rows of a sampled step */
+    tm_engine_sample_out *souts; /* [max_seqs] and its results */
     tm_sample_scratch scratch;
 } runner;
 
@@ -163,6 +172,7 @@ static void seq_reset(runner *r, seq *s) {
     tm_free(s->itl);
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
+    tm_free(s->mask);
     uint32_t *blocks = s->q.blocks;
     tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
@@ -347,6 +357,18 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
     s->sp.min_p = ((rec->set & TM_SP_MIN_P) ? rec : d)->min_p;
     s->sp.seed = ((rec->set & TM_SP_SEED) ? rec : d)->seed;
     s->max_tokens = ((rec->set & TM_SP_MAX_TOKENS) ? rec : d)->max_tokens;
+    const tm_sampling *pp = (rec->set & TM_SP_PRESENCE_PENALTY) ? rec : d;
+    const tm_sampling *fp = (rec->set & TM_SP_FREQUENCY_PENALTY) ? rec : d;
+    const tm_sampling *rp = (rec->set & TM_SP_REPETITION_PENALTY) ? rec : d;
+    const tm_sampling *lb = (rec->set & TM_SP_LOGIT_BIAS) ? rec : d;
+    const tm_sampling *si = (rec->set & TM_SP_STOP_TOKEN_IDS) ? rec : d;
+    s->sp.presence_penalty = pp->presence_penalty;
+    s->sp.frequency_penalty = fp->frequency_penalty;
+    s->sp.repetition_penalty = rp->repetition_penalty;
+    s->sp.bias_ids = lb->bias_ids, s->sp.bias = lb->bias, s->sp.n_bias = lb->n_bias;
+    s->min_tokens = (uint32_t)TM_MAX(((rec->set & TM_SP_MIN_TOKENS) ? rec : d)->min_tokens, 0);
+    s->ignore_eos = ((rec->set & TM_SP_IGNORE_EOS) ? rec : d)->ignore_eos;
+    s->stop_ids = si->stop_ids, s->n_stop_ids = si->n_stop_ids;
     const tm_sampling *st = (rec->set & TM_SP_STOP) ? rec : d;
     s->stop = st->stop;
     s->n_stop = st->n_stop;
@@ -424,6 +446,13 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
                    p->ids.len, r->max_len);
         else
             TM_ERR(rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
+    }
+    const tm_sampling *lb = (job->sp.set & TM_SP_LOGIT_BIAS) ? &job->sp : &r->cfg->defaults;
+    if (rc == TM_OK && lb->n_bias && lb->bias_ids[lb->n_bias - 1] >= r->n_vocab_tok) {
+        code = TM_ERRCODE_INVALID_VALUE; // ids are sorted: the last is the largest
+        TM_ERR(rec_err, TM_E_RECORD, "field 'logit_bias': token id %u is beyond the model's %u ids",
+               lb->bias_ids[lb->n_bias - 1], r->n_vocab_tok);
         rc = TM_E_RECORD;
     }
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
@@ -551,6 +580,16 @@ static tm_rc admit(runner *r, tm_err *err) {
     s->n_prompt_only = g ? g->n_prompt : s->q.n_prompt;
     s->q.salt = job->cache_salt;
     merge_sampling(&r->cfg->defaults, &s->job->sp, s);
+    s->ignore_eos |= job->ignore_eos;
+    if (s->min_tokens) {
+        s->mask = tm_malloc((r->n_eos + s->n_stop_ids + 1) * sizeof(uint32_t));
+        if (!s->mask)
+            return TM_ERR(err, TM_E_NOMEM, "min_tokens mask");
+        for (uint32_t i = 0; i < r->n_eos && !s->ignore_eos; i++)
+            s->mask[s->n_mask++] = (uint32_t)r->eos_ids[i];
+        for (uint32_t i = 0; i < s->n_stop_ids; i++)
+            s->mask[s->n_mask++] = s->stop_ids[i];
+    }
     if (g && !job->continuations)
         s->sp.seed = tm_sample_seed_of(s->sp.seed, s->sub);
     s->max_len = r->max_len;
@@ -581,6 +620,13 @@ static tm_rc admit(runner *r, tm_err *err) {
 static int is_eos(const runner *r, uint32_t id) {
     for (uint32_t i = 0; i < r->n_eos; i++)
         if ((uint32_t)r->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+static int is_stop_id(const seq *s, uint32_t id) {
+    for (uint32_t i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == id)
             return 1;
     return 0;
 }
@@ -740,7 +786,9 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     }
     s->t_last_ms = now;
     s->n_gen++;
-    if (!s->job->ignore_eos && is_eos(r, id))
+    // Before min_tokens no stop applies (vLLM); EOS and stop ids are masked until then.
+    const int may_stop = s->n_gen >= s->min_tokens;
+    if (may_stop && ((!s->ignore_eos && is_eos(r, id)) || is_stop_id(s, id)))
         return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
@@ -749,7 +797,7 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     rc = record_fault(tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err), err);
     if (rc)
         return rc;
-    if (s->n_stop && s->text.len > before) {
+    if (may_stop && s->n_stop && s->text.len > before) {
         // A stop string may start up to max_stop_len - 1 bytes before the new text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
         size_t cut = SIZE_MAX;
@@ -815,12 +863,43 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
     return TM_OK;
 }
 
+// The sampling parameters of s's next generated token: its history and, before min_tokens, the
+// mask (borrowed from s: valid until s's ids grow).
+static tm_sample_params row_params(const seq *s) {
+    tm_sample_params p = s->sp;
+    p.hist = s->q.ids.ids;
+    p.n_hist = (uint32_t)s->q.ids.len;
+    p.n_hist_prompt = s->q.n_prompt;
+    p.mask_ids = s->mask;
+    p.n_mask = s->n_gen < s->min_tokens ? s->n_mask : 0;
+    return p;
+}
+
 // 1 when s's wanted row this step is a generated token that tm_sample_token would pick as the
 // argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
 // itself (forward_greedy) and keep the logits row.
 static int row_is_greedy(const runner *r, const seq *s) {
-    return s->q.score_next >= s->q.score_end && !s->lp &&
-           tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+    const tm_sample_params p = row_params(s);
+    return s->q.score_next >= s->q.score_end && !s->lp && tm_sample_is_greedy(&p, r->n_vocab_tok) &&
+           !tm_sample_has_proc(&p);
+}
+
+// 1 when s's wanted row this step is a generated token (not a scoring row): forward_sample may
+// sample it on the engine, its logprobs included.
+static int row_is_sampled(const seq *s) { return s->q.score_next >= s->q.score_end; }
+
+// The token of a sampled row as forward_sample gave it; rows tm_sample_token would refuse fail
+// their record the same way (TM_E_RECORD).
+static tm_rc sampled_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
+    if (got == TM_ENGINE_ID_MASKED)
+        return TM_ERR(err, TM_E_RECORD, "sample: every token is masked (min_tokens)");
+    if (got == TM_ENGINE_ID_NONFINITE)
+        return TM_ERR(err, TM_E_RECORD, "sample: a logit is NaN or inf");
+    if (got >= r->n_vocab_tok)
+        return TM_ERR(err, TM_E_INTERNAL, "engine %s: sampled id %u beyond the %u sampled ids",
+                      r->eng->ops->name, got, r->n_vocab_tok);
+    *id = got;
+    return TM_OK;
 }
 
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
@@ -838,8 +917,10 @@ static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
 // ---- a step: the plan (runner/sched/sched.h), then the engine, the stats and the rows ----
 
 // Carry out the plan's copies, then one forward of its entries. A greedy step (the engine has
-// forward_greedy and every wanted row only needs its argmax) leaves one id per wanted row in
-// r->ids, any other step the rows in r->logits. *dt_s gets the forward's time.
+// forward_greedy and every wanted row only needs its argmax: *greedy 1) leaves one id per wanted
+// row in r->ids; a sampled step (the engine has forward_sample and every wanted row is a
+// generated token: *greedy 2) its picks and logprobs in r->souts; any other step (*greedy 0)
+// the rows in r->logits. *dt_s gets the forward's time.
 static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, double *dt_s,
                         tm_err *err) {
     for (uint32_t i = 0; i < plan->n_copy; i++) { // in plan order (runner/sched/sched.h)
@@ -852,6 +933,8 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
     if (plan->n_run == 0)
         return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
     int g = r->eng->ops->forward_greedy != NULL;
+    int smp = r->eng->ops->forward_sample != NULL;
+    uint32_t n_want = 0;
     for (uint32_t i = 0; i < plan->n_run; i++) {
         const tm_sched_run *e = &plan->run[i];
         const seq *s = &r->seqs[e->slot];
@@ -864,15 +947,27 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
             .want_logits = e->want_logits,
         };
         g = g && (!e->want_logits || row_is_greedy(r, s));
+        if (e->want_logits && smp && row_is_sampled(s))
+            r->srows[n_want++] = (tm_engine_sample_row){
+                .p = row_params(s), .step = s->n_gen, .want_lp = s->lp != NULL, .n_top = s->n_top};
+        else if (e->want_logits)
+            smp = 0;
     }
     tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
     double t0 = tm_now_ms();
-    tm_rc rc = g ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
-                 : tm_engine_forward(r->eng, &b, r->logits, err);
+    tm_rc rc = TM_E_AGAIN;
+    if (g)
+        rc = r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err);
+    else if (smp && n_want)
+        rc = r->eng->ops->forward_sample(r->eng, &b, r->n_vocab_tok, r->srows, r->souts, err);
+    *greedy = g ? 1 : 2;
+    if (rc == TM_E_AGAIN) { // no sampler on the engine for these rows: logits to the host
+        rc = tm_engine_forward(r->eng, &b, r->logits, err);
+        *greedy = 0;
+    }
     if (rc)
         return rc;
     *dt_s = (tm_now_ms() - t0) / 1e3;
-    *greedy = g;
     return TM_OK;
 }
 
@@ -881,7 +976,7 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     const uint32_t n_pre = plan->n_tok_prefill, n_dec = plan->n_tok_decode;
     tm_runner_stats *st = r->stats;
     st->n_step++;
-    st->n_step_greedy += greedy;
+    st->n_step_greedy += greedy == 1;
     st->n_tok_prefill += n_pre;
     st->n_tok_decode += n_dec;
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
@@ -912,12 +1007,19 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
             rc = finish(r, s, TM_FINISH_LENGTH, err);
     } else {
-        if (greedy)
+        if (greedy == 1)
             rc = greedy_token(r, r->ids[w], &id, err);
-        else
+        else if (greedy == 2)
+            rc = sampled_token(r, r->souts[w].id, &id, err);
+        else {
+            const tm_sample_params p = row_params(s);
             rc = record_fault(
-                tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err), err);
-        if (rc == TM_OK && s->lp) {
+                tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
+        }
+        if (rc == TM_OK && s->lp && greedy == 2) {
+            const tm_engine_sample_out *o = &r->souts[w];
+            rc = lp_push(s->lp, &s->lp_cap, id, o->lp, o->top_ids, o->top_lp, err);
+        } else if (rc == TM_OK && s->lp) {
             uint32_t am;
             float v;
             rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
@@ -989,6 +1091,8 @@ static void runner_fini(runner *r) {
     tm_sched_plan_fini(&r->plan);
     tm_free(r->logits);
     tm_free(r->ids);
+    tm_free(r->srows);
+    tm_free(r->souts);
     tm_sample_scratch_fini(&r->scratch);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
@@ -1048,7 +1152,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.slots = tm_calloc(cfg->max_seqs, sizeof(*r.slots));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
     r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
-    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids) {
+    r.srows = tm_calloc(cfg->max_seqs, sizeof(*r.srows));
+    r.souts = tm_calloc(cfg->max_seqs, sizeof(*r.souts));
+    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids || !r.srows || !r.souts) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }

@@ -11,6 +11,7 @@
 
 #include "base/err.h"
 #include "runner/model/model.h"
+#include "runner/sched/sample.h"
 
 /* forward_greedy's id for a row with a NaN or infinite logit (tm_sample_token fails such a row). */
 #define TM_ENGINE_ID_NONFINITE UINT32_MAX
@@ -70,6 +71,25 @@ typedef struct tm_batch {
 tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
                      const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err);
 
+/* forward_sample's id for a row whose every id is masked (tm_sample_token fails such a row). */
+#define TM_ENGINE_ID_MASKED (UINT32_MAX - 1)
+#define TM_ENGINE_MAX_TOP 20 /* logprobs alternatives forward_sample returns per row */
+
+/* One wanted row of forward_sample. */
+typedef struct tm_engine_sample_row {
+    tm_sample_params p; /* as for tm_sample_token; its arrays borrowed for the call */
+    uint64_t step;      /* tm_sample_token's step */
+    uint32_t want_lp;   /* 1: the raw row's logprob of the pick and n_top alternatives */
+    uint32_t n_top;     /* <= TM_ENGINE_MAX_TOP */
+} tm_engine_sample_row;
+
+typedef struct tm_engine_sample_out {
+    uint32_t id; /* tm_sample_token's pick, TM_ENGINE_ID_NONFINITE or TM_ENGINE_ID_MASKED */
+    float lp;    /* with want_lp: tm_sample_logprobs' lp_id of id */
+    uint32_t top_ids[TM_ENGINE_MAX_TOP]; /* with want_lp: its top_ids/top_lp, n_top of them */
+    float top_lp[TM_ENGINE_MAX_TOP];
+} tm_engine_sample_out;
+
 typedef struct tm_engine tm_engine;
 
 /* "auto", "fp8", "bf16", "fp8-head" ("?" outside the enum). */
@@ -91,6 +111,14 @@ typedef struct tm_engine_ops {
      * n_vocab means n_vocab. ids: [n_want]. Lets a backend keep the logits where they are. */
     tm_rc (*forward_greedy)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
                             uint32_t *ids, tm_err *err);
+    /* Optional (NULL: not supported). forward, but the i-th wanted row is sampled on the engine
+     * as tm_sample_token(row, n_vocab_limit, &rows[i].p, rows[i].step) would (docs/sampling.md
+     * says where float rounding may differ), with its logprobs when asked, into out[i]. Returns
+     * TM_E_AGAIN, having run nothing, when it cannot take these rows (their histories exceed its
+     * staging); the caller then runs forward. */
+    tm_rc (*forward_sample)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                            const tm_engine_sample_row *rows, tm_engine_sample_out *out,
+                            tm_err *err);
     /* Optional (NULL: not supported). Copy the K/V of token slots [0, n_tok) of block src into
      * block dst, in every layer; the runner uses it to share the computed part of a partly
      * filled block between sequences with a common prefix. Ordered with forward calls. */

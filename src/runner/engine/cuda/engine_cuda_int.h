@@ -147,6 +147,7 @@ struct tm_cuda_engine {
     tm_cuda_comm *comm;        /* drv's communicator; NULL without TP */
     float *logits_all;         /* [tp][S][v_per] gathered slices (TP) */
     uint32_t *cand, *cand_all; /* [S][2] this rank's argmax candidates, [tp][S][2] gathered */
+    struct tm_cuda_samp *samp; /* owned device sampler state (engine_cuda.c); NULL with TP */
 };
 
 /* y = x[T][n_in] @ w[n_out][n_in]^T (bf16 in, fp32 out). Steps of at most sk_max_tok tokens
