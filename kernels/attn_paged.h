@@ -15,7 +15,7 @@
  * can be captured in a CUDA graph and replayed with other positions.
  *
  * Host reference: tm_cpu_attn (runner/engine/cpu/ops.h), one sequence at a time, on the same
- * bf16 values widened to fp32. */
+ * bf16 (or e4m3, kv_fp8) values widened to fp32. */
 #ifndef TM_KERNELS_ATTN_PAGED_H
 #define TM_KERNELS_ATTN_PAGED_H
 
@@ -55,6 +55,9 @@ typedef struct tm_k_attn_paged_bf16_args {
     uint32_t window;  /* 0 = full causal attention */
     uint32_t n_split; /* 1 .. TM_ATTN_MAX_SPLIT */
     float scale;      /* 1/sqrt(head_dim) */
+    uint32_t kv_fp8;  /* 1: k_cache / v_cache hold e4m3 bytes (cast to uint8_t; the same
+                       * [slot][n_kv_head*head_dim] layout, 16-B aligned), widened exactly
+                       * (kernels/kv_fp8.cuh); the math is the same as for bf16 */
 } tm_k_attn_paged_bf16_args;
 
 /* Floats of part_acc + part_ml needed for (n_tok, n_head, n_split, head_dim). */

@@ -67,6 +67,8 @@ typedef struct tm_k_attn_prefill_bf16_args {
                                             a multiple of 8 */
     uint32_t window;                     /* 0 = full causal attention */
     float scale;                         /* usually 1/sqrt(head_dim) */
+    uint32_t kv_fp8; /* 1: the caches hold e4m3 bytes (cast to uint8_t, same layout), widened
+                      * exactly to bf16 in shared memory (kernels/kv_fp8.cuh) */
 } tm_k_attn_prefill_bf16_args;
 
 /* 1 if the kernel handles this head_dim (64, 128), else 0. */

@@ -47,6 +47,27 @@ typedef struct tm_k_sum_parts_cols_args {
 
 tm_rc tm_k_sum_parts_cols(const tm_k_sum_parts_cols_args *a, cudaStream_t s, tm_err *err);
 
+/* Activations to FP8 for the W8A8 prefill GEMM (runner/engine/cuda/lt_fp8.h): x [n_tok][n_in]
+ * bf16 -> out [n_tok][n_in] e4m3 with one fp32 scale per group of `group` inputs of a token:
+ * s = amax / 448 over the group (1 for an all-zero group), out = e4m3(x / s), the quotient in
+ * fp32 rounded to nearest even (the host's tm_f32_to_e4m3, except that |q| > 464 saturates to 448
+ * instead of NaN: a quotient never exceeds 448 by more than rounding), as DeepSeek's
+ * act_quant and vLLM's per-token-group quantization do. group 128 (n_in % 128 == 0): scale
+ * [n_in / 128][n_tok], tokens fastest (cuBLASLt's VEC128_32F layout); group n_in: scale [n_tok]
+ * (per token, OUTER_VEC_32F). Rows n_tok..n_tok_pad-1 (padding for cuBLASLt, which wants the
+ * token count a multiple of 4 with these scales) are written as zeros with scale 1; the scale
+ * layout then uses n_tok_pad as its token count. */
+typedef struct tm_k_act_quant_fp8_args {
+    uint8_t *out;      /* [n_tok][n_in] e4m3 */
+    float *scale;      /* see above */
+    const uint16_t *x; /* [n_tok][n_in] bf16 */
+    uint32_t n_tok, n_in;
+    uint32_t n_tok_pad; /* >= n_tok; 0 means n_tok */
+    uint32_t group;     /* 128 or n_in */
+} tm_k_act_quant_fp8_args;
+
+tm_rc tm_k_act_quant_fp8(const tm_k_act_quant_fp8_args *a, cudaStream_t s, tm_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -2,11 +2,21 @@
  * (float)pos * inv_freq[i], rounded once as on the host; sincosf is CUDA's full-range version
  * (no fast math), within 2 ulp of the host's cosf/sinf. */
 #include "kernels/common.cuh"
+#include "kernels/kv_fp8.cuh"
 #include "kernels/rope.h"
 
 /* grid (n_tok, ceil(items / BLOCK)): items of a token are its rotation pairs (q and k heads),
  * then its v elements; one item per thread. */
-template <int BLOCK> static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
+/* One K/V element into the cache: bf16, or with F8 an e4m3 byte. */
+template <bool F8>
+static __device__ __forceinline__ void kv_put(uint16_t *cache, size_t i, float x) {
+    if constexpr (F8)
+        reinterpret_cast<uint8_t *>(cache)[i] = tm_kv_f2e4m3(x);
+    else
+        cache[i] = tm_f2bf(x);
+}
+
+template <int BLOCK, bool F8> static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf16_args a) {
     const size_t t = blockIdx.x;
     const uint32_t hd = a.head_dim, half = hd / 2;
     const uint32_t qd = a.n_head * hd, kvd = a.n_kv_head * hd, ld = qd + 2 * kvd;
@@ -33,8 +43,8 @@ template <int BLOCK> static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf1
             a.q[t * qd + c0] = tm_f2bf(y0);
             a.q[t * qd + c1] = tm_f2bf(y1);
         } else {
-            a.k_cache[slot * kvd + (c0 - qd)] = tm_f2bf(y0);
-            a.k_cache[slot * kvd + (c1 - qd)] = tm_f2bf(y1);
+            kv_put<F8>(a.k_cache, slot * kvd + (c0 - qd), y0);
+            kv_put<F8>(a.k_cache, slot * kvd + (c1 - qd), y1);
         }
     } else if (j < n_pair + kvd) {
         const uint32_t c = j - n_pair;
@@ -43,7 +53,7 @@ template <int BLOCK> static __global__ void rope_kv_bf16_kernel(tm_k_rope_kv_bf1
             v += row[p * a.part_stride + qd + kvd + c];
         if (a.bias)
             v += a.bias[qd + kvd + c];
-        a.v_cache[slot * kvd + c] = tm_f2bf(v);
+        kv_put<F8>(a.v_cache, slot * kvd + c, v);
     }
 }
 
@@ -54,6 +64,10 @@ extern "C" tm_rc tm_k_rope_kv_bf16(const tm_k_rope_kv_bf16_args *a, cudaStream_t
     TM_ASSERT(a->q && a->k_cache && a->v_cache && a->qkv && a->pos && a->slot && a->inv_freq);
     const uint32_t items = (a->n_head + a->n_kv_head) * (a->head_dim / 2) +
                            a->n_kv_head * a->head_dim;
-    rope_kv_bf16_kernel<128><<<dim3(a->n_tok, TM_CEIL_DIV(items, 128u)), 128, 0, s>>>(*a);
+    const dim3 grid(a->n_tok, TM_CEIL_DIV(items, 128u));
+    if (a->kv_fp8)
+        rope_kv_bf16_kernel<128, true><<<grid, 128, 0, s>>>(*a);
+    else
+        rope_kv_bf16_kernel<128, false><<<grid, 128, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "rope_kv_bf16");
 }

@@ -1,7 +1,10 @@
-/* kernels/sample.h - on-device greedy sampling: ids[r] = argmax over logits[r][0..n_limit), the
- * lowest index among equal maxima, or UINT32_MAX when one of those values is NaN or infinite (the
- * runner's greedy sampler fails such a row). Host reference: a linear scan (the runner's greedy
- * sampler in runner/sched/sample.c picks the first maximum the same way). */
+/* kernels/sample.h - on-device sampling. tm_k_argmax_f32: ids[r] = argmax over
+ * logits[r][0..n_limit), the lowest index among equal maxima, or UINT32_MAX when one of those
+ * values is NaN or infinite (the runner's greedy sampler fails such a row). Host reference: a
+ * linear scan (the runner's greedy sampler in runner/sched/sample.c picks the first maximum the
+ * same way). tm_k_sample_f32: the whole sampler of docs/sampling.md per row (logits processing,
+ * greedy or top-k / top-p / min-p and the draw of a given uniform, and the raw row's logprobs);
+ * host reference: tm_sample_token and tm_sample_logprobs (runner/sched/sample.h). */
 #ifndef TM_KERNELS_SAMPLE_H
 #define TM_KERNELS_SAMPLE_H
 
@@ -24,6 +27,42 @@ typedef struct tm_k_argmax_f32_args {
 
 /* Launches on s; n_row 0 launches nothing. */
 tm_rc tm_k_argmax_f32(const tm_k_argmax_f32_args *a, cudaStream_t s, tm_err *err);
+
+#define TM_K_SAMPLE_MAX_TOP 20              /* logprobs alternatives per row */
+#define TM_K_SAMPLE_NONFINITE UINT32_MAX    /* id of a row with a NaN/inf logit */
+#define TM_K_SAMPLE_MASKED (UINT32_MAX - 1) /* id of a row whose every id is masked */
+
+/* One row's sampling parameters (tm_sample_params flattened; offsets index the packed arrays). */
+typedef struct tm_k_sample_row {
+    double u;              /* the draw's uniform in [0, 1): tm_sample_uniform(seed, step) */
+    float inv_t;           /* 1.0f / temperature; 0: greedy */
+    int32_t top_k;         /* <= 0: off */
+    float top_p;           /* off unless in (0, 1) */
+    float min_p;           /* <= 0: off */
+    float rep, freq, pres; /* penalties; rep 0 or 1, freq 0, pres 0: off */
+    uint32_t hist0, n_hist, n_hist_prompt; /* history: pk[hist0, hist0 + n_hist) */
+    uint32_t bias0, n_bias; /* bias ids pk[bias0 + j], values pk[bias0 + n_bias + j] */
+    uint32_t mask0, n_mask; /* masked ids pk[mask0 + j] */
+    uint32_t n_top;         /* logprobs alternatives, <= TM_K_SAMPLE_MAX_TOP */
+    uint32_t want_lp;       /* 1: lp and the alternatives */
+} tm_k_sample_row;
+
+typedef struct tm_k_sample_f32_args {
+    uint32_t *ids;               /* [n_row] the picked ids (or the TM_K_SAMPLE_ codes) */
+    float *lp;                   /* [n_row] logprob of the picked id (rows with want_lp) */
+    uint32_t *top_ids;           /* [n_row][TM_K_SAMPLE_MAX_TOP] */
+    float *top_lp;               /* [n_row][TM_K_SAMPLE_MAX_TOP] */
+    const float *logits;         /* [n_row][n_col] fp32, read only */
+    float *work;                 /* [n_row][n_col] scratch: the processed logits */
+    uint32_t *cnt;               /* [n_row][n_col] all 0 on entry, left all 0 */
+    const tm_k_sample_row *rows; /* [n_row] */
+    const uint32_t *pk;          /* packed history / bias / mask arrays (bias values as bits) */
+    uint32_t n_row, n_col;
+    uint32_t n_limit; /* only columns [0, n_limit) are candidates; 0 or >= n_col: all */
+} tm_k_sample_f32_args;
+
+/* Launches on s (one block per row); n_row 0 launches nothing. */
+tm_rc tm_k_sample_f32(const tm_k_sample_f32_args *a, cudaStream_t s, tm_err *err);
 
 #ifdef __cplusplus
 }

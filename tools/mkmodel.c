@@ -168,10 +168,28 @@ static tm_rc write_file_atomic(const char *path, const void *data, size_t n, tm_
     return TM_OK;
 }
 
-static tm_rc write_json(const char *dir, const char *name, json_t *j, tm_err *err) {
+// partial_rotary_factor for rope_dim of head_dim: the double nearest rope_dim / head_dim for which
+// int(head_dim * f) == rope_dim, since transformers (rope_utils: dim = int(head_dim *
+// partial_rotary_factor)) and model_dsv4.c read it by truncation and the plain quotient does not
+// always survive that (30/44 * 44 is 29.999999999999996). *digits: the fewest significant digits
+// (at least 10, the other reals' precision) that write f exactly, so the file reads back as f.
+static double rotary_factor(long rope_dim, long head_dim, int *digits) {
+    double f = (double)rope_dim / (double)head_dim;
+    while ((long)((double)head_dim * f) < rope_dim)
+        f = nextafter(f, 2.0);
+    for (*digits = 10; *digits < 17; (*digits)++) {
+        char buf[64];
+        snprintf(buf, sizeof(buf), "%.*g", *digits, f);
+        if (strtod(buf, NULL) == f)
+            break;
+    }
+    return f;
+}
+
+static tm_rc write_json(const char *dir, const char *name, json_t *j, int digits, tm_err *err) {
     char path[4096];
     snprintf(path, sizeof(path), "%s/%s", dir, name);
-    char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_REAL_PRECISION(digits));
     if (!s)
         return TM_ERR(err, TM_E_NOMEM, "%s: json_dumps", name);
     size_t n = strlen(s);
@@ -406,8 +424,9 @@ static json_t *make_dsv4_config(const mk_opts *o) {
     json_object_set_new(c, "num_key_value_heads", json_integer(1));
     json_object_set_new(c, "head_dim", json_integer(o->head_dim));
     json_object_set_new(c, "q_lora_rank", json_integer(o->q_lora));
+    int digits;
     json_object_set_new(c, "partial_rotary_factor",
-                        json_real((double)o->rope_dim / (double)o->head_dim));
+                        json_real(rotary_factor(o->rope_dim, o->head_dim, &digits)));
     json_object_set_new(c, "num_experts_per_tok", json_integer(o->experts_used));
     json_object_set_new(c, "n_routed_experts", json_integer(o->experts));
     json_object_set_new(c, "n_shared_experts", json_integer(1));
@@ -822,11 +841,19 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)n_el, v);
     for (uint64_t i = 0; i < n_sc; i++)
         sc[i] = 0.0f;
-    for (uint64_t i = 0; i < n_el; i++) { // block absmax
-        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
-        float *a = &sc[(b * nbo + r / bo) * nbi + c / bi];
-        *a = fmaxf(*a, fabsf(v[i]));
-    }
+    // Element i = (b * R + r) * C + c; nested loops keep 64-bit divisions out of the inner one
+    // (an 8B-shape checkpoint quantizes ~7e9 elements).
+    for (uint64_t b = 0, i = 0; b < B; b++) // block absmax
+        for (uint64_t r = 0; r < R; r++) {
+            float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                float a = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++)
+                    a = fmaxf(a, fabsf(v[i]));
+                row[c0 / bi] = a;
+            }
+        }
     const float qmax = mx ? 6.0f : 448.0f;
     for (uint64_t i = 0; i < n_sc; i++) {
         if (e8) {
@@ -838,14 +865,21 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
     }
     if (mx)
         memset(q, 0, (size_t)(n_el / 2));
-    for (uint64_t i = 0; i < n_el; i++) {
-        uint64_t b = i / (R * C), r = i / C % R, c = i % C;
-        float x = v[i] / sc[(b * nbo + r / bo) * nbi + c / bi];
-        if (mx)
-            q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
-        else
-            q[i] = tm_f32_to_e4m3(x);
-    }
+    for (uint64_t b = 0, i = 0; b < B; b++)
+        for (uint64_t r = 0; r < R; r++) {
+            const float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                const float s = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++) {
+                    const float x = v[i] / s;
+                    if (mx)
+                        q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
+                    else
+                        q[i] = tm_f32_to_e4m3(x);
+                }
+            }
+        }
     tm_free(v);
     tm_free(t->data);
     t->data = q;
@@ -996,7 +1030,7 @@ static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err
         rc = tm_st_file_write(path, w, hi - lo, meta, 1, err);
     }
     if (rc == TM_OK && index)
-        rc = write_json(o->out, "model.safetensors.index.json", index, err);
+        rc = write_json(o->out, "model.safetensors.index.json", index, 10, err);
     json_decref(index);
     tm_free(w);
     return rc;
@@ -1311,9 +1345,12 @@ int main(int argc, char **argv) {
         json_decref(gen);
         cfg = make_config(&oc);
         gen = make_gen_config(&oc);
-        rc = write_json(oc.out, "config.json", cfg, &err);
+        int digits = 10; // deepseek_v4's partial_rotary_factor may need more to be exact
+        if (is_dsv4(&oc))
+            rotary_factor(oc.rope_dim, oc.head_dim, &digits);
+        rc = write_json(oc.out, "config.json", cfg, digits, &err);
         if (rc == TM_OK)
-            rc = write_json(oc.out, "generation_config.json", gen, &err);
+            rc = write_json(oc.out, "generation_config.json", gen, 10, &err);
         if (rc == TM_OK && o.tokenizer) {
             rc = copy_file(o.tokenizer, oc.out, "tokenizer.json", 0, &err);
             if (rc == TM_OK)

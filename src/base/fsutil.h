@@ -7,12 +7,19 @@
  * base/fault_io.h describes, and the crash tests count them. Side files (metrics.json, the
  * Prometheus textfile) pass TM_FS_HOOKS_OFF, so writing them never shifts those counts. Errors
  * name the file and carry strerror()'s text. Stateless; thread-safe where the paths differ. Does
- * not lock, and does not retry anything but EINTR. */
+ * not lock, and does not retry anything but EINTR.
+ *
+ * Files tokenmill writes in place (its output folder's data files, lock and temporary files) are
+ * opened with tm_fs_open_out: never through a symbolic link, never a FIFO or device (which could
+ * block the open forever or be something else altogether), never a file with other hard links.
+ * tm_fs_canon and tm_fs_same_file let the job spec compare the paths a job writes with the paths
+ * it reads before anything starts. */
 #ifndef TM_BASE_FSUTIL_H
 #define TM_BASE_FSUTIL_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/err.h"
 
@@ -53,5 +60,27 @@ tm_rc tm_fs_sync_dir(const char *dir, tm_fs_hooks hooks, tm_err *err);
  * rename is the commit). TM_E_IO, TM_E_NOMEM. Borrows everything for the call. */
 tm_rc tm_fs_replace(const char *path, const char *const *parts, size_t n_parts,
                     const tm_fs_replace_opts *opts, tm_err *err);
+
+/* Open path for tokenmill to write (or, O_RDONLY, to lock): flags is O_RDONLY, O_WRONLY or O_RDWR
+ * with any of O_CREAT, O_APPEND and O_TRUNC. The file must be a regular file: a symbolic link at
+ * path (never followed: O_NOFOLLOW), a FIFO, socket, device or folder is TM_E_IO naming it, and the
+ * open never blocks (O_NONBLOCK until the file is known to be regular). Opened for writing, a file
+ * with more than one hard link is refused too (writing it would change the other names' file).
+ * O_TRUNC is applied after these checks. *created (may be NULL) tells whether this call made the
+ * file. On success *fd is the blocking, close-on-exec descriptor the caller closes. TM_E_IO. */
+tm_rc tm_fs_open_out(const char *path, int flags, unsigned mode, bool *created, int *fd,
+                     tm_err *err);
+/* lstat path, which tokenmill writes: *size is its length, or -1 when there is no such file. A
+ * symbolic link or anything but a regular file there is TM_E_IO naming it; TM_E_IO for other
+ * lstat errors. Opens nothing, so it cannot block. */
+tm_rc tm_fs_check_out(const char *path, int64_t *size, tm_err *err);
+/* The canonical form of path, whether it exists or not: realpath(3) of its longest existing
+ * leading part (symbolic links, "." and ".." resolved; relative paths against the current folder),
+ * then the rest with "." and ".." taken lexically. A new string the caller frees with tm_free();
+ * NULL when out of memory. */
+char *tm_fs_canon(const char *path);
+/* Do the canonical paths a and b (tm_fs_canon) name the same file: equal strings, or both exist
+ * and are the same inode (hard links)? */
+bool tm_fs_same_file(const char *a, const char *b);
 
 #endif /* TM_BASE_FSUTIL_H */

@@ -45,6 +45,12 @@ void tm_sampling_fini(tm_sampling *sp) {
     tm_free(sp->stop);
     sp->stop = NULL;
     sp->n_stop = 0;
+    tm_free(sp->bias_ids);
+    tm_free(sp->bias);
+    tm_free(sp->stop_ids);
+    sp->bias_ids = sp->stop_ids = NULL;
+    sp->bias = NULL;
+    sp->n_bias = sp->n_stop_ids = 0;
 }
 
 void tm_logprobs_destroy(tm_logprobs *lp) {

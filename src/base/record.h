@@ -17,6 +17,13 @@ enum {
     TM_SP_MIN_P = 1u << 4,
     TM_SP_SEED = 1u << 5,
     TM_SP_STOP = 1u << 6,
+    TM_SP_PRESENCE_PENALTY = 1u << 7, /* logits processing (issue 22; docs/sampling.md) */
+    TM_SP_FREQUENCY_PENALTY = 1u << 8,
+    TM_SP_REPETITION_PENALTY = 1u << 9,
+    TM_SP_LOGIT_BIAS = 1u << 10,
+    TM_SP_MIN_TOKENS = 1u << 11,
+    TM_SP_STOP_TOKEN_IDS = 1u << 12,
+    TM_SP_IGNORE_EOS = 1u << 13,
 };
 
 typedef struct tm_sampling {
@@ -29,6 +36,16 @@ typedef struct tm_sampling {
     uint64_t seed;      /* per-record RNG seed */
     char **stop;        /* n_stop owned UTF-8 strings */
     uint32_t n_stop;
+    float presence_penalty;   /* [-2, 2]; 0 = off */
+    float frequency_penalty;  /* [-2, 2]; 0 = off */
+    float repetition_penalty; /* (0, 100]; 1 (or 0: not given) = off */
+    uint32_t *bias_ids;       /* owned; [n_bias] distinct token ids, ascending */
+    float *bias;              /* owned; [n_bias] in [-100, 100] */
+    uint32_t n_bias;
+    int32_t min_tokens; /* >= 0: EOS and stop_token_ids cannot end the record before */
+    uint32_t *stop_ids; /* owned; [n_stop_ids] token ids that end the record (not output) */
+    uint32_t n_stop_ids;
+    int ignore_eos; /* 1: EOS does not end the record */
 } tm_sampling;
 
 typedef struct tm_message {

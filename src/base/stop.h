@@ -1,9 +1,11 @@
-/* base/stop.h - graceful stop on SIGINT/SIGTERM for long-running sources (Kafka "follow" and
- * "drain" modes): the first signal sets a flag the source polls (it stops consuming, the job
- * finishes what is in flight, commits and exits 0); the handler is one-shot, so a second signal
- * has the default effect (the process ends; the next run resumes from the last commit). The flag
- * is process-wide state, which is why it lives in base/. Async-signal-safe: the handler only
- * stores to a sig_atomic_t. */
+/* base/stop.h - graceful stop on SIGINT/SIGTERM: the first signal sets a flag the job polls; the
+ * handler is one-shot, so a second signal has the default effect (the process ends at once; the
+ * next run resumes from the last commit). Kafka sources ("follow" and "drain" modes) stop
+ * consuming, finish what is in flight, commit and exit 0; file jobs (cmd/job_run.c) stop reading,
+ * drop the records in flight (the next run answers them), commit what was written, write
+ * metrics.json and the manifest, and exit 128 + the signal (130 SIGINT, 143 SIGTERM). The flag is
+ * process-wide state, which is why it lives in base/. Async-signal-safe: the handler only stores
+ * to sig_atomic_t variables. */
 #ifndef TM_BASE_STOP_H
 #define TM_BASE_STOP_H
 
@@ -13,5 +15,7 @@
 void tm_stop_install(void);
 /* Has a stop signal arrived since tm_stop_install? Any thread. */
 bool tm_stop_requested(void);
+/* The first stop signal's number (SIGINT or SIGTERM), 0 if none arrived. Any thread. */
+int tm_stop_signal(void);
 
 #endif /* TM_BASE_STOP_H */

@@ -5,6 +5,7 @@
 #include "cmd/bench.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "base/queue.h"
+#include "cmd/job_run.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/model/model.h"
@@ -53,8 +55,10 @@ enum { N_WL = sizeof(full_wl) / sizeof(full_wl[0]) };
 static const char usage[] =
     "usage: tokenmill bench --model DIR [options]\n"
     "\n"
-    "Runs the standard workloads through the runner and engine and writes OUT/<workload>/\n"
-    "metrics.json for each (schemas/metrics.schema.json, with a \"bench\" section):\n"
+    "Runs the standard workloads through the runner and engine, prints a summary table (prefill,\n"
+    "decode and output tok/s, TTFT p50, and the decode %% of the bandwidth ceiling when\n"
+    "--bandwidth is given) and writes OUT/<workload>/metrics.json for each\n"
+    "(schemas/metrics.schema.json, with a \"bench\" section):\n"
     "  W1      1 x 512-token prompt + 256 generated (batch-1 TTFT and decode)\n"
     "  W8      8 x 512 + 256 each (batched decode)\n"
     "  P       8 x 2048 prefill + 1 token (prefill throughput)\n"
@@ -65,7 +69,11 @@ static const char usage[] =
     "  --model DIR         Hugging Face model folder (required)\n"
     "  --backend cpu|cuda  engine (default cpu)\n"
     "  --workloads LIST    comma-separated subset of W1,W8,P,prefix (default all)\n"
-    "  --out DIR           output folder (default bench-out)\n"
+    "  --out DIR           output folder (default out/bench)\n"
+    "  --bandwidth GBS     memory bandwidth in GB/s (e.g. 4237, an H200's measured copy rate,\n"
+    "                      docs/BENCHMARKS.md): the table gives decode tok/s as a %% of the\n"
+    "                      ceiling B x GBS / (parameters x 2 bytes) (bf16 weights; KV reads\n"
+    "                      left out, so the ceiling is a little high)\n"
     "  --scale full|small  small: 64-token prompts, 16 generated, P 8 x 256 (CI on tiny models)\n"
     "  --threads N         CPU threads (default: one per core)\n"
     "  --seed N            prompt seed (default 1)\n";
@@ -199,7 +207,66 @@ static tm_rc run_workload(bench *b, const workload *w, tm_metrics *metrics, tm_e
     return rc;
 }
 
-static tm_rc measure(bench *b, const workload *w, const char *out_dir, tm_err *err) {
+// One row of the summary table, read back from the metrics.json just written.
+typedef struct bench_row {
+    const workload *w;
+    double prefill_tok_s, decode_tok_s, output_tok_s, ttft_p50_ms;
+} bench_row;
+
+static double num_at(const json_t *root, const char *a, const char *b, const char *c) {
+    const json_t *v = json_object_get(json_object_get(root, a), b);
+    if (c)
+        v = json_object_get(v, c);
+    return json_is_number(v) ? json_number_value(v) : -1;
+}
+
+static void read_row(const char *path, bench_row *row) {
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    row->prefill_tok_s = num_at(root, "throughput", "prefill_tok_s", NULL);
+    row->decode_tok_s = num_at(root, "throughput", "decode_tok_s", NULL);
+    row->output_tok_s = num_at(root, "throughput", "output_tok_s", NULL);
+    row->ttft_p50_ms = num_at(root, "latency_ms", "ttft", "p50");
+    json_decref(root);
+}
+
+// "%10.1f" of x, or "-" when unknown (< 0).
+static const char *cell(double x, const char *fmt, char *buf, size_t n) {
+    if (x < 0)
+        snprintf(buf, n, "%s", "-");
+    else
+        snprintf(buf, n, fmt, x);
+    return buf;
+}
+
+static void print_table(const bench *b, const bench_row *rows, int n, double bandwidth_gbs) {
+    double weight_bytes = (double)count_params(b->model) * 2.0;
+    printf("\n%-7s %-16s %12s %12s %12s %10s %10s\n", "work", "shape", "prefill t/s", "decode t/s",
+           "output t/s", "TTFT p50", "% ceiling");
+    for (int i = 0; i < n; i++) {
+        const bench_row *r = &rows[i];
+        char shape[32], c1[24], c2[24], c3[24], c4[24], c5[24];
+        snprintf(shape, sizeof(shape), "%u x %u + %u", r->w->n_seqs, r->w->prompt_tok,
+                 r->w->gen_tok);
+        double pct = -1;
+        if (bandwidth_gbs > 0 && r->w->gen_tok > 1 && r->decode_tok_s > 0 && weight_bytes > 0)
+            pct = 100.0 * r->decode_tok_s / (r->w->n_seqs * bandwidth_gbs * 1e9 / weight_bytes);
+        printf("%-7s %-16s %12s %12s %12s %10s %10s\n", r->w->name, shape,
+               cell(r->prefill_tok_s, "%.0f", c1, sizeof(c1)),
+               cell(r->w->gen_tok > 1 ? r->decode_tok_s : -1, "%.1f", c2, sizeof(c2)),
+               cell(r->output_tok_s, "%.1f", c3, sizeof(c3)),
+               cell(r->ttft_p50_ms, "%.1f ms", c4, sizeof(c4)),
+               cell(pct, "%.1f%%", c5, sizeof(c5)));
+    }
+    if (bandwidth_gbs <= 0)
+        printf("(%% of ceiling: give --bandwidth GB/s; tokenmill bench --help)\n");
+    else
+        printf("(ceiling: B x %.0f GB/s / %.2f GB of bf16 weights per decode step)\n",
+               bandwidth_gbs, weight_bytes / 1e9);
+}
+
+static tm_rc measure(bench *b, const workload *w, const char *out_dir, bench_row *row,
+                     tm_err *err) {
     tm_metrics *m = NULL;
     tm_rc rc = tm_metrics_create(&m, err);
     if (rc)
@@ -239,9 +306,12 @@ static tm_rc measure(bench *b, const workload *w, const char *out_dir, tm_err *e
     if (!rc)
         rc = tm_metrics_write_json(m, path, err);
     tm_metrics_destroy(m);
-    if (!rc)
+    if (!rc) {
         printf("  %-7s %u x %5u + %3u  -> %s\n", w->name, w->n_seqs, w->prompt_tok, w->gen_tok,
                path);
+        *row = (bench_row){.w = w};
+        read_row(path, row);
+    }
     return rc;
 }
 
@@ -274,8 +344,9 @@ static int parse_u64(const char *s, uint64_t *out) {
 
 int tm_bench_cmd(int argc, char **argv) {
     const char *model_dir = NULL, *backend = "cpu", *list = "W1,W8,P,prefix";
-    const char *out_dir = "bench-out", *scale = "full";
+    const char *out_dir = "out/bench", *scale = "full";
     uint64_t threads = 0, seed = 1;
+    double bandwidth = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -299,7 +370,11 @@ int tm_bench_cmd(int argc, char **argv) {
             bad = parse_u64(v, &threads) || threads > 65536;
         else if (!strcmp(a, "--seed"))
             bad = parse_u64(v, &seed);
-        else
+        else if (!strcmp(a, "--bandwidth")) {
+            char *end;
+            bandwidth = strtod(v, &end);
+            bad = *end || end == v || !(bandwidth > 0);
+        } else
             bad = 1;
         if (bad) {
             fprintf(stderr, "tokenmill bench: bad option %s%s%s\n\n%s", a, v ? " " : "", v ? v : "",
@@ -323,7 +398,8 @@ int tm_bench_cmd(int argc, char **argv) {
     bench b = {.backend = backend, .scale = scale, .seed = seed};
     tm_err err = {0};
     tm_rc rc = TM_OK;
-    if (!realpath(model_dir, b.model_path))
+    rc = tm_job_check_model_dir(model_dir, &err); // the same hints as run's
+    if (!rc && !realpath(model_dir, b.model_path))
         rc = TM_ERR(&err, TM_E_IO, "model folder %s: %s", model_dir, strerror(errno));
     if (!rc)
         rc = tm_model_load(b.model_path, &b.model, &err);
@@ -370,9 +446,13 @@ int tm_bench_cmd(int argc, char **argv) {
         const workload warm = {"warm-up", 1, 16, 2, 0};
         rc = run_workload(&b, &warm, NULL, &err); // first-touch costs: weights paged in, etc.
     }
+    bench_row rows[N_WL];
+    int n_rows = 0;
     for (int i = 0; !rc && i < N_WL; i++)
-        if (want[i])
-            rc = measure(&b, &wl[i], out_dir, &err);
+        if (want[i] && (rc = measure(&b, &wl[i], out_dir, &rows[n_rows], &err)) == TM_OK)
+            n_rows++;
+    if (!rc)
+        print_table(&b, rows, n_rows, bandwidth);
     tm_engine_destroy(b.eng);
     tm_tok_destroy(b.tok);
     tm_model_destroy(b.model);

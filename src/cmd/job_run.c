@@ -7,16 +7,22 @@
 #include "cmd/job_run.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <lz4frame.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/fsutil.h"
 #include "base/log.h"
 #include "base/queue.h"
 #include "base/seqset.h"
+#include "base/stop.h"
 #include "ingest/job_spec.h"
 #include "ingest/source.h"
 #include "runner/engine/engine.h"
@@ -42,7 +48,8 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof; /* the whole input was read */
+    bool eof;     /* the whole input was read */
+    bool stopped; /* a file job's source stopped at a stop signal (base/stop.h) */
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -99,8 +106,17 @@ static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
 static void *source_main(void *arg) {
     source_ctx *c = arg;
     for (uint64_t n_read = 0;; n_read++) {
+        // A file job stops reading at a stop signal (a Kafka source sees it itself and ends).
+        if (!tm_source_is_kafka(c->src) && tm_stop_requested()) {
+            c->stopped = true;
+            break;
+        }
         tm_job *job = NULL;
         tm_rc rc = tm_source_next(c->src, &job, &c->err);
+        if (rc == TM_E_AGAIN && tm_stop_requested()) { // stdin was waiting for data
+            c->stopped = true;
+            break;
+        }
         if (rc == TM_E_EOF) {
             c->eof = true;
             tm_progress_set_total(c->progress, n_read); // now the progress line has a total
@@ -135,6 +151,7 @@ static void *source_main(void *arg) {
             n_read--;
         }
     }
+    c->n_skipped += tm_source_n_skipped(c->src); // dropped by the source's stdin prefix check
     tm_queue_close(c->q);
     return NULL;
 }
@@ -193,6 +210,13 @@ static tm_rc commit(sink_ctx *c, tm_err *err) {
         rc = tm_sink_flush(c->sink, err);
     if (rc)
         return rc;
+    if (c->man->in_stdin.set) { // what of standard input this commit covers (source.h)
+        tm_source_stdin_fp fp;
+        tm_source_stdin_fingerprint(c->src, &fp);
+        c->man->in_stdin.n_bytes = fp.n_bytes;
+        c->man->in_stdin.n_records = fp.n_records;
+        c->man->in_stdin.xxh3 = fp.xxh3;
+    }
     tm_sink_stats st;
     tm_sink_get_stats(c->sink, &st);
     c->man->bytes_completions = st.size_lz4;
@@ -309,6 +333,16 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
     return (uint32_t)TM_MIN(want, cap);
 }
 
+// engine.backend "cuda" where no GPU answers: say what to do instead, after the cause.
+static const char *cuda_hint(const char *cause) {
+    static _Thread_local char msg[sizeof(((tm_err *)0)->msg)];
+    snprintf(msg, sizeof(msg),
+             "engine.backend \"cuda\": no usable GPU here (%.*s); use \"cpu\", or \"auto\" (the "
+             "CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
+             (int)(sizeof(msg) / 2), cause);
+    return msg;
+}
+
 // The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
 // else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math). cuda
 // (or auto with a GPU) with tp > 1: one process per GPU over NCCL (cmd/tp_run.h). The KV pool: the
@@ -341,6 +375,8 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
 done:
     if (rc == TM_OK)
         eo->n_kv_block = (*out)->opts.n_kv_block;
+    else if (be == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
+        TM_ERR(err, rc, "%s", cuda_hint(err->msg));
     return rc;
 }
 
@@ -356,8 +392,45 @@ static void parts_fini(job_parts *p) {
     tm_job_spec_destroy(p->spec);
 }
 
-static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
-    tm_rc rc = tm_job_spec_load(path, &p->spec, err);
+tm_rc tm_job_check_model_dir(const char *dir, tm_err *err) {
+    static const char need[] = "tokenmill needs a local Hugging Face model folder (config.json, "
+                               "tokenizer.json, *.safetensors)";
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int e = errno;
+        const char *slash = strchr(dir, '/');
+        bool hf_id = dir[0] != '/' && dir[0] != '.' && slash && !strchr(slash + 1, '/') &&
+                     slash[1] != '\0';
+        if (hf_id)
+            return TM_ERR(err, TM_E_IO,
+                          "model %s: %s. It looks like a Hugging Face id: %s; download it first "
+                          "(huggingface-cli download %s --local-dir models/NAME) and give that "
+                          "folder",
+                          dir, strerror(e), need, dir);
+        return TM_ERR(err, TM_E_IO, "model %s: %s (%s)", dir, strerror(e), need);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        size_t n = strlen(dir);
+        bool gguf = n > 5 && strcmp(dir + n - 5, ".gguf") == 0;
+        return TM_ERR(err, TM_E_IO, "model %s: a file, not a folder%s; %s", dir,
+                      gguf ? " (GGUF checkpoints are not read; use the Hugging Face checkpoint it "
+                             "was converted from)"
+                           : "",
+                      need);
+    }
+    char cfg[4096];
+    snprintf(cfg, sizeof(cfg), "%s/config.json", dir);
+    if (stat(cfg, &st) != 0)
+        return TM_ERR(err, TM_E_IO, "model %s: no config.json in this folder; %s", dir, need);
+    return TM_OK;
+}
+
+static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, tm_err *err) {
+    tm_rc rc = spec_json ? tm_job_spec_load_text(path, NULL, spec_json, &p->spec, err)
+                         : tm_job_spec_load(path, &p->spec, err);
+    if (rc)
+        return rc;
+    rc = tm_job_check_model_dir(p->spec->model, err);
     if (rc)
         return rc;
     rc = tm_model_load(p->spec->model, &p->model, err);
@@ -380,7 +453,7 @@ static tm_rc parts_load(const char *path, job_parts *p, tm_err *err) {
 
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
-    int lock_fd;
+    tm_manifest_lk lk;
     tm_manifest man; /* this run's manifest: identity now, progress carried over */
     tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
@@ -396,19 +469,43 @@ static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
     return TM_OK;
 }
 
+// An input of the same job (same spec, same path) that is larger now than when the job started:
+// it grew after being read up to its size at start (ingest/source.h). NULL if none.
+static const tm_manifest_file *grown_input(const tm_manifest *old, const tm_manifest *cur) {
+    if (strcmp(old->spec_hash, cur->spec_hash) != 0 || old->n_inputs != cur->n_inputs)
+        return NULL;
+    for (size_t k = 0; k < cur->n_inputs; k++)
+        if (old->inputs[k].size >= 0 && cur->inputs[k].size > old->inputs[k].size &&
+            strcmp(old->inputs[k].name, cur->inputs[k].name) == 0)
+            return &old->inputs[k];
+    return NULL;
+}
+
+static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
+    for (size_t k = 0; k < cur->n_inputs; k++)
+        if (strcmp(cur->inputs[k].name, f->name) == 0)
+            return cur->inputs[k].size;
+    return -1;
+}
+
 // Lock the output folder, read its manifest and decide: fresh start, resume (data files cut to
 // their committed lengths), nothing to do (finished), or refuse (another job; --restart wipes).
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
-    tm_rc rc = tm_manifest_lock(dir, &rs->lock_fd, err);
+    tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
+    if (!rc) // links, FIFOs and such under tokenmill's names: refused before anything opens them
+        rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
     if (!rc)
         rc = tm_manifest_identify(&rs->man, spec->canonical_json, path, spec->model, spec->inputs,
                                   spec->n_inputs, err);
+    rs->man.completions_plain = spec->compression == TM_JOB_COMPRESSION_NONE;
     if (!rc && spec->kafka && !(rs->man.kafka_topic = tm_strdup(spec->kafka->topic)))
         rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (rc)
         return rc;
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        rs->man.in_stdin.set |= strcmp(spec->inputs[i], TM_JOB_STDIN) == 0;
     tm_manifest old;
     bool found = false;
     rc = tm_manifest_load(dir, &old, &found, err);
@@ -425,9 +522,24 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
             rc = tm_manifest_sync_dir(dir, err);
         return rc;
     }
+    if (!found && !o->restart) // a fresh start must not overwrite files tokenmill did not write
+        rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
-        return remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
+        return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
+    const tm_manifest_file *grown = grown_input(&old, &rs->man);
+    if (grown) {
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "input %s grew from %lld to %lld bytes since the job in %s started: tokenmill "
+                    "reads each input up to the size it had when the job started, so the new "
+                    "lines were not read and this output folder cannot take them. Put them in a "
+                    "new file for a new job (or output.dir), or run `tokenmill run --restart %s` "
+                    "to run the whole input again",
+                    grown->name, (long long)grown->size, (long long)grown_size(&rs->man, grown),
+                    dir, path);
+        tm_manifest_fini(&old);
+        return rc;
+    }
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "output folder %s holds another job's outputs: %s. Run "
@@ -437,8 +549,11 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         tm_manifest_fini(&old);
         return rc;
     }
-    if (old.finished && !spec->kafka_in) { // a Kafka job is never done: a rerun reads what is new
+    // A Kafka or stdin job is never done: a rerun reads what is new (a stdin stream must start
+    // with the bytes already answered, which the source checks).
+    if (old.finished && !spec->kafka_in && !rs->man.in_stdin.set) {
         rs->finished_before = true;
+        rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
                "nothing to do (tokenmill run --restart runs it again)\n",
                path, dir, (unsigned long long)(old.counts.n_ok + old.counts.n_failed),
@@ -457,6 +572,15 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
                                    old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
                                    err);
+    if (!rc && rs->man.in_stdin.set) {
+        rs->man.in_stdin = old.in_stdin;
+        rs->man.in_stdin.set = true;
+        if (!old.in_stdin.set && tm_seqset_count(&old.done) > 0)
+            TM_LOG_WARN("job",
+                        "%s: the manifest in %s has no fingerprint of standard input (an older "
+                        "tokenmill wrote it): this run cannot check that it is the same stream",
+                        path, dir);
+    }
     if (!rc) {
         rs->resumed = true;
         rs->earlier = old.counts;
@@ -478,7 +602,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
-    tm_manifest_unlock(rs->lock_fd);
+    tm_manifest_unlock(&rs->lk);
 }
 
 // Everything one run of a job holds, from loading to the summary; run_job's helpers share it.
@@ -501,6 +625,7 @@ typedef struct job_run {
     source_ctx sc; /* the source thread's; read after it is joined */
     sink_ctx kc;   /* the sink thread's; read after it is joined */
     tm_runner_stats stats;
+    _Atomic uint64_t live_tok_gen, live_tok_prompt; /* runner -> progress line, as computed */
 } job_run;
 
 // The engine the spec asks for, with the job's limits; logs what was made.
@@ -514,6 +639,7 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         .max_seqs = spec->engine.max_seqs,
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
+        .kv_dtype = spec->engine.kv_cache_fp8 ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO,
     };
     tm_rc rc;
     if (spec->engine.quantization == TM_JOB_QUANT_FP8) {
@@ -552,7 +678,9 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
         .max_batched_tokens = eo->max_batched_tokens,
         .block_size = eo->block_size,
         .kv_blocks = eo->n_kv_block,
-        .kv_dtype = strcmp(backend, "cuda") == 0 ? "bf16" : "f32",
+        .kv_dtype = eo->kv_dtype == TM_KV_DTYPE_FP8 ? "fp8"
+                    : strcmp(backend, "cuda") == 0  ? "bf16"
+                                                    : "f32",
         .quantization = tm_job_quant_name(spec->engine.quantization),
         .prefix_cache = spec->engine.prefix_cache,
         .threads = eo->n_threads,
@@ -586,9 +714,29 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         &j->progress, err);
     if (rc)
         return rc;
+    tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
+    // Each file is read up to the size the manifest recorded at start; a resumed stdin stream
+    // must start with the committed prefix, checked here (before anything is written) when stdin
+    // is the first input.
+    int64_t *sizes = tm_malloc((j->rs.man.n_inputs + 1) * sizeof(*sizes));
+    if (!sizes)
+        return TM_ERR(err, TM_E_NOMEM, "input sizes");
+    for (size_t i = 0; i < j->rs.man.n_inputs; i++)
+        sizes[i] = j->rs.man.inputs[i].size;
+    if (!spec->kafka_in)
+        rc = tm_source_set_input_sizes(j->src, sizes, j->rs.man.n_inputs, err);
+    tm_free(sizes);
+    if (!rc && j->rs.resumed && j->rs.man.in_stdin.set) {
+        const tm_manifest_stdin *in = &j->rs.man.in_stdin;
+        tm_source_stdin_resume(j->src, &j->rs.skip,
+                               &(tm_source_stdin_fp){.n_bytes = in->n_bytes,
+                                                     .n_records = in->n_records,
+                                                     .xxh3 = in->xxh3});
+        rc = tm_source_stdin_check(j->src, err);
+    }
     for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
         const tm_manifest_kpart *k = &j->rs.man.kparts[i];
         rc = tm_source_kafka_resume(j->src,
@@ -602,7 +750,10 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     if (rc)
         return rc;
     tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
-    rc = tm_sink_open(spec->output_dir, &(tm_sink_opts){.append = j->rs.resumed}, &j->sink, err);
+    rc = tm_sink_open(spec->output_dir,
+                      &(tm_sink_opts){.append = j->rs.resumed,
+                                      .plain = spec->compression == TM_JOB_COMPRESSION_NONE},
+                      &j->sink, err);
     if (rc)
         return rc;
     if (spec->kafka) {
@@ -667,6 +818,9 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .policy = spec->engine.schedule_fcfs ? TM_SCHED_FCFS : TM_SCHED_PREFIX,
         .lookahead = spec->engine.lookahead,
         .chat_template = spec->chat_template,
+        .live_tok_gen = &j->live_tok_gen,
+        .live_tok_prompt = &j->live_tok_prompt,
+        .stop_on_signal = spec->kafka_in == NULL,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)
@@ -764,7 +918,12 @@ static void print_summary(const job_run *j) {
     const tm_runner_stats *st = &j->stats;
     double wall_s = (tm_now_ms() - j->t0_ms) / 1e3;
     uint64_t n_ok = j->rs.man.counts.n_ok, n_err = j->rs.man.counts.n_failed;
-    printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
+    if (tm_stop_requested() && !j->rs.man.finished)
+        printf("tokenmill: %s stopped by signal %d after %.1f s; what was done is committed "
+               "(run it again to go on)\n",
+               j->path, tm_stop_signal(), wall_s);
+    else
+        printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
     printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
            (unsigned long long)n_ok, (unsigned long long)n_err);
     if (j->rs.resumed)
@@ -776,8 +935,83 @@ static void print_summary(const job_run *j) {
     printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
            st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
            st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, j->kc.n_tok_gen / wall_s);
-    printf("  outputs   %s/{completions.jsonl.lz4,errors.jsonl,metrics.json}\n",
-           j->p.spec->output_dir);
+    printf("  outputs   %s/{%s,errors.jsonl,metrics.json}\n", j->p.spec->output_dir,
+           j->rs.man.completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
+    if (j->p.spec->results_file && j->rs.man.finished)
+        printf("  results   %s (every answer line, as vLLM's run-batch -o)\n",
+               j->p.spec->results_file);
+}
+
+// Append the file at path to out: as it is, or (lz4) its LZ4 frames decoded.
+static tm_rc copy_into(FILE *out, const char *out_path, const char *path, bool lz4, tm_err *err) {
+    FILE *in = fopen(path, "rb");
+    if (!in)
+        return errno == ENOENT ? TM_OK
+                               : TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+    LZ4F_dctx *dctx = NULL;
+    tm_rc rc = TM_OK;
+    if (lz4 && LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION)))
+        rc = TM_ERR(err, TM_E_NOMEM, "LZ4 decompression context");
+    static _Thread_local char src[1 << 16], dst[1 << 16];
+    size_t n;
+    for (int eof = 0; !rc && !eof;) {
+        n = fread(src, 1, sizeof(src), in);
+        eof = n == 0;
+        if (!lz4) {
+            if (n && fwrite(src, 1, n, out) != n)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", out_path, strerror(errno));
+            continue;
+        }
+        // at the end, calls with no input drain what the context still holds
+        for (size_t off = 0, dst_n = 1; !rc && (off < n || (eof && dst_n));) {
+            size_t src_n = n - off;
+            dst_n = sizeof(dst);
+            size_t r = LZ4F_decompress(dctx, dst, &dst_n, src + off, &src_n, NULL);
+            if (LZ4F_isError(r))
+                rc = TM_ERR(err, TM_E_PARSE, "%s: %s", path, LZ4F_getErrorName(r));
+            off += src_n;
+            if (!rc && dst_n && fwrite(dst, 1, dst_n, out) != dst_n)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", out_path, strerror(errno));
+        }
+    }
+    if (!rc && ferror(in))
+        rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path, strerror(errno));
+    LZ4F_freeDecompressionContext(dctx);
+    fclose(in);
+    return rc;
+}
+
+// output.results_file of a finished job: every answer line in one plain JSONL file (the
+// completions, then the error lines), as vLLM's run-batch writes its -o file; PATH.tmp, then a
+// rename, so the file is whole or absent. Completions sent to Kafka are not in it.
+static tm_rc write_results_file(const tm_job_spec *spec, bool plain, tm_err *err) {
+    char tmp[4096], comp[4096], errs[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", spec->results_file);
+    snprintf(comp, sizeof(comp), "%s/%s", spec->output_dir,
+             plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
+    snprintf(errs, sizeof(errs), "%s/%s", spec->output_dir, TM_SINK_ERRORS_FILE);
+    int fd = -1; // never through a link, never a FIFO (base/fsutil.h)
+    if (tm_fs_open_out(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666, NULL, &fd, err))
+        return tm_err_wrap(err, "output.results_file");
+    FILE *out = fdopen(fd, "wb");
+    if (!out) {
+        close(fd);
+        return TM_ERR(err, TM_E_IO, "output.results_file: opening %s: %s", tmp, strerror(errno));
+    }
+    tm_rc rc = spec->kafka ? TM_OK : copy_into(out, tmp, comp, !plain, err);
+    if (!rc)
+        rc = copy_into(out, tmp, errs, false, err);
+    if (fflush(out) != 0 && !rc)
+        rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+    if (!rc && fsync(fileno(out)) != 0)
+        rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
+    fclose(out);
+    if (!rc && rename(tmp, spec->results_file) != 0)
+        rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, spec->results_file,
+                    strerror(errno));
+    if (rc)
+        unlink(tmp);
+    return rc;
 }
 
 static void job_run_fini(job_run *j) {
@@ -798,8 +1032,10 @@ static void job_run_fini(job_run *j) {
 // One run of a job: load, check what the output folder holds (resume, or nothing to do), make the
 // engine, open the inputs and outputs, run the three stages, drain them, commit and summarize.
 static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
-    job_run j = {.path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lock_fd = -1}};
-    tm_rc rc = parts_load(path, &j.p, err);
+    job_run j = {
+        .path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lk = TM_MANIFEST_LK_INIT}};
+    tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
+    tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
     if (rc == TM_OK && !j.rs.finished_before) {
@@ -815,8 +1051,21 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     }
     drain(&j, &rc, err);
     finish_outputs(&j, &rc, err);
+    bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
+    if (rc == TM_OK && finished && j.p.spec->results_file)
+        rc = write_results_file(j.p.spec, j.rs.man.completions_plain, err);
     if (rc == TM_OK && j.sink_started)
         print_summary(&j);
+    if (opts->result) {
+        *opts->result = (tm_job_run_result){
+            .n_ok = j.rs.finished_before ? j.rs.earlier.n_ok : j.rs.man.counts.n_ok,
+            .n_failed = j.rs.finished_before ? j.rs.earlier.n_failed : j.rs.man.counts.n_failed,
+            .fail_on_error = j.p.spec && j.p.spec->fail_on_error_records};
+    }
+    if (opts->stop_signal)
+        *opts->stop_signal = j.sink_started && !j.p.spec->kafka_in && !j.rs.man.finished
+                                 ? tm_stop_signal()
+                                 : 0;
     job_run_fini(&j);
     return rc;
 }
@@ -831,12 +1080,18 @@ tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts) {
     return rc;
 }
 
-static tm_rc validate_job(const char *path, tm_err *err) {
+// validate: run's per-record checks (ingest's, then the runner's: tokenize, chat template,
+// context length against the model and the KV pool run would make) and the engine's
+// availability, without an engine.
+static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err *err) {
     job_parts p = {0};
     tm_source *src = NULL;
     tm_buf line = {0};
     uint64_t n_ok = 0, n_bad = 0;
-    tm_rc rc = parts_load(path, &p, err);
+    tm_rc rc = parts_load(path, opts->spec_json, &p, err);
+    if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
+        rc = TM_ERR(err, TM_E_INVAL, "%s",
+                    cuda_hint("no CUDA device answers, or this build has no CUDA engine"));
     if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
         printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
                "validate does not read\n",
@@ -844,44 +1099,72 @@ static tm_rc validate_job(const char *path, tm_err *err) {
         parts_fini(&p);
         return TM_OK;
     }
-    if (rc == TM_OK)
+    // The KV pool run would make: the CPU engine's is known here; a GPU's is sized from free
+    // memory at run time (kv_blocks 0), so there only the context length limits a prompt.
+    uint32_t n_kv_block = p.spec ? p.spec->engine.kv_blocks : 0;
+    if (rc == TM_OK && !n_kv_block && p.spec->engine.backend == TM_BACKEND_CPU)
+        n_kv_block = cpu_kv_blocks(p.spec, &p.model->cfg);
+    tm_runner_cfg rcfg = {0};
+    if (rc == TM_OK) {
+        rcfg = (tm_runner_cfg){.n_ctx = p.model->cfg.n_ctx,
+                               .n_kv_block = n_kv_block,
+                               .block_size = p.spec->engine.block_size,
+                               .defaults = p.spec->defaults,
+                               .chat_template = p.spec->chat_template};
         rc = tm_source_open(p.spec, &src, err);
+    }
     while (rc == TM_OK) {
         tm_job *job = NULL;
         rc = tm_source_next(src, &job, err);
         if (rc)
             break;
-        if (job->err_code == TM_ERRCODE_NONE) {
+        tm_errcode code = TM_ERRCODE_NONE;
+        tm_err rec_err = {0};
+        tm_rc crc = tm_runner_check_record(&rcfg, p.tok, job, &code, &rec_err);
+        if (crc == TM_OK) {
             n_ok++;
-        } else {
+        } else if (crc == TM_E_RECORD) {
             n_bad++;
             tm_completion c = {.file = job->file,
                                .line = job->line,
                                .id_json = job->id_json,
-                               .err_code = job->err_code,
-                               .err_msg = job->err_msg};
+                               .err_code = code,
+                               .err_msg = rec_err.msg};
             tm_buf_clear(&line);
             rc = tm_sink_format_error(&line, &c, err);
             if (rc == TM_OK)
                 fputs(line.data, stdout);
+        } else {
+            *err = rec_err;
+            rc = crc;
         }
         tm_job_destroy(job);
     }
+    tm_source_destroy(src); // the unknown-key summary (ingest) goes out here
+    src = NULL;
     if (rc == TM_E_EOF) {
         rc = TM_OK;
         printf("tokenmill: %s is valid: model %s (%s), %llu records ok, %llu rejected%s\n", path,
                p.spec->model, tm_model_arch_name(p.model), (unsigned long long)n_ok,
                (unsigned long long)n_bad, n_bad ? " (listed above)" : "");
     }
+    if (opts->result)
+        *opts->result = (tm_job_run_result){.n_ok = n_ok,
+                                            .n_failed = n_bad,
+                                            .fail_on_error = p.spec &&
+                                                             p.spec->fail_on_error_records};
     tm_buf_fini(&line);
-    tm_source_destroy(src);
     parts_fini(&p);
     return rc;
 }
 
 tm_rc tm_job_validate(const char *path) {
+    return tm_job_validate_with(path, &(tm_job_run_opts){0});
+}
+
+tm_rc tm_job_validate_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
-    tm_rc rc = validate_job(path, &err);
+    tm_rc rc = validate_job(path, opts, &err);
     if (rc)
         TM_LOG_ERROR("validate", "%s: %s", path, err.msg);
     return rc;

@@ -69,9 +69,20 @@ typedef struct run {
     int latest;      /* the last run of its series */
 } run;
 
+typedef struct file_id {
+    dev_t dev;
+    ino_t ino;
+    const char *path; /* borrowed: the argument or run path it was read as (for messages) */
+} file_id;
+
 typedef struct report {
     run *runs;
     size_t n, cap;
+    file_id *read; /* owned [n_read]: every file opened as an input (-o must not be one) */
+    size_t n_read, cap_read;
+    char **read_paths; /* owned [n_read] */
+    int strict;        /* --strict: a bad metrics file is an error, not a warning */
+    int n_skipped;     /* metrics files skipped with a warning */
     const char **keys; /* [n_series] borrowed from runs, sorted */
     size_t n_series;
     double threshold; /* fraction, e.g. 0.05 */
@@ -212,22 +223,206 @@ static void describe(run *r) {
         r->start_s = parse_utc(str_at(r, "time.start_utc"));
 }
 
-// Load one metrics file. *skipped = 1 (and TM_OK) for a JSON file that is not metrics, when the
-// file came from a folder listing; an explicitly named file must be metrics.
+// Remember that path was read (its device and inode), so that -o cannot name it.
+static tm_rc note_read(report *rp, const char *path, tm_err *err) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return TM_OK; // it was just read; if it is gone now, -o cannot overwrite it
+    if (rp->n_read == rp->cap_read) {
+        size_t cap = rp->cap_read ? 2 * rp->cap_read : 16;
+        file_id *nr = tm_realloc(rp->read, cap * sizeof(*nr));
+        char **np = nr ? tm_realloc(rp->read_paths, cap * sizeof(*np)) : NULL;
+        if (nr)
+            rp->read = nr;
+        if (!nr || !np)
+            return TM_ERR(err, TM_E_NOMEM, "report inputs");
+        rp->read_paths = np;
+        rp->cap_read = cap;
+    }
+    char *copy = tm_strdup(path);
+    if (!copy)
+        return TM_ERR(err, TM_E_NOMEM, "report inputs");
+    rp->read_paths[rp->n_read] = copy;
+    rp->read[rp->n_read++] = (file_id){st.st_dev, st.st_ino, copy};
+    return TM_OK;
+}
+
+static const char *json_kind(const json_t *v) {
+    if (!v)
+        return "missing";
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
+// What the report reads from a metrics file, with the JSON type it needs (null or absent is
+// always accepted: old files lack some). Parents come before their members.
+typedef enum want { W_OBJ, W_NUM, W_STR, W_BOOL, W_ARR } want;
+static const struct {
+    const char *path;
+    want w;
+} fields[] = {
+    {"throughput", W_OBJ},
+    {"throughput.output_tok_s", W_NUM},
+    {"throughput.prefill_tok_s", W_NUM},
+    {"throughput.decode_tok_s", W_NUM},
+    {"latency_ms", W_OBJ},
+    {"latency_ms.ttft", W_OBJ},
+    {"latency_ms.ttft.p50", W_NUM},
+    {"latency_ms.ttft.p99", W_NUM},
+    {"latency_ms.tpot", W_OBJ},
+    {"latency_ms.tpot.p50", W_NUM},
+    {"latency_ms.itl", W_OBJ},
+    {"latency_ms.itl.p50", W_NUM},
+    {"latency_ms.e2e", W_OBJ},
+    {"latency_ms.e2e.p50", W_NUM},
+    {"time", W_OBJ},
+    {"time.start_unix_s", W_NUM},
+    {"time.start_utc", W_STR},
+    {"time.wall_s", W_NUM},
+    {"job", W_STR},
+    {"bench", W_OBJ},
+    {"bench.workload", W_STR},
+    {"bench.scale", W_STR},
+    {"bench.seqs", W_NUM},
+    {"bench.prompt_tokens", W_NUM},
+    {"bench.gen_tokens", W_NUM},
+    {"bench.shared_prefix_tokens", W_NUM},
+    {"model", W_OBJ},
+    {"model.path", W_STR},
+    {"model.arch", W_STR},
+    {"model.n_params", W_NUM},
+    {"settings", W_OBJ},
+    {"settings.backend", W_STR},
+    {"settings.block_size", W_NUM},
+    {"settings.kv_blocks", W_NUM},
+    {"settings.kv_dtype", W_STR},
+    {"settings.max_batched_tokens", W_NUM},
+    {"settings.max_seqs", W_NUM},
+    {"settings.prefix_cache", W_BOOL},
+    {"settings.threads", W_NUM},
+    {"settings.tp", W_NUM},
+    {"records", W_OBJ},
+    {"records.in", W_NUM},
+    {"records.ok", W_NUM},
+    {"records.failed", W_NUM},
+    {"tokens", W_OBJ},
+    {"tokens.prompt", W_NUM},
+    {"tokens.completion", W_NUM},
+    {"tokens.prefix_cache_hit_rate", W_NUM},
+    {"engine", W_OBJ},
+    {"engine.steps", W_NUM},
+    {"engine.preemptions", W_NUM},
+    {"engine.mean_step_fill", W_NUM},
+    {"host", W_OBJ},
+    {"host.hostname", W_STR},
+    {"host.cpu_model", W_STR},
+    {"host.n_cpus", W_NUM},
+    {"host.gpus", W_OBJ},
+    {"host.gpus.count", W_NUM},
+    {"host.gpus.name", W_STR},
+    {"host.gpus.devices", W_ARR},
+    {"tokenmill", W_OBJ},
+    {"tokenmill.version", W_STR},
+    {"tokenmill.git_commit", W_STR},
+};
+
+// What is wrong with metrics document j for the report, into why ("" when nothing is).
+static void check_metrics(json_t *j, char *why, size_t n) {
+    static const char *const want_name[] = {"an object", "a number", "a string", "a boolean",
+                                            "an array"};
+    why[0] = '\0';
+    json_t *ver = json_object_get(j, "schema_version");
+    if (!json_is_integer(ver)) {
+        snprintf(why, n, "schema_version is %s, expected an integer (1 or 2)", json_kind(ver));
+        return;
+    }
+    if (json_integer_value(ver) < 1 || json_integer_value(ver) > 2) {
+        snprintf(why, n, "schema_version %lld is not one this report reads (1 or 2)",
+                 (long long)json_integer_value(ver));
+        return;
+    }
+    if (!json_is_object(json_object_get(j, "throughput"))) {
+        snprintf(why, n, "throughput is %s, expected an object",
+                 json_kind(json_object_get(j, "throughput")));
+        return;
+    }
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        json_t *v = at(j, fields[i].path);
+        int ok = !v || json_is_null(v);
+        switch (fields[i].w) {
+        case W_OBJ:
+            ok |= json_is_object(v);
+            break;
+        case W_NUM:
+            ok |= json_is_number(v);
+            break;
+        case W_STR:
+            ok |= json_is_string(v);
+            break;
+        case W_BOOL:
+            ok |= json_is_boolean(v);
+            break;
+        case W_ARR:
+            ok |= json_is_array(v);
+            break;
+        }
+        if (!ok) {
+            snprintf(why, n, "%s is %s, expected %s", fields[i].path, json_kind(v),
+                     want_name[fields[i].w]);
+            return;
+        }
+    }
+}
+
+// A metrics file that cannot be reported: skipped with a warning, or (--strict) the error.
+static tm_rc bad_file(report *rp, const char *path, const char *why, tm_err *err) {
+    if (rp->strict)
+        return TM_ERR(err, TM_E_PARSE, "%s: %s", path, why);
+    fprintf(stderr, "tokenmill report: warning: skipping %s: %s\n", path, why);
+    rp->n_skipped++;
+    return TM_OK;
+}
+
+// Load one metrics file. A JSON file without schema_version in a folder listing is not metrics
+// and is passed over in silence; any other file that cannot be reported (unreadable, not JSON,
+// wrong types: check_metrics) is skipped with a warning naming the field, or with --strict is
+// the error.
 static tm_rc load_file(report *rp, const char *path, int from_dir, tm_err *err) {
     json_error_t jerr;
     json_t *j = json_load_file(path, 0, &jerr);
-    json_t *ver = j ? json_object_get(j, "schema_version") : NULL;
-    int ok = j && json_is_integer(ver) && json_integer_value(ver) >= 1 &&
-             json_integer_value(ver) <= 2 && json_is_object(json_object_get(j, "throughput"));
-    if (!ok) {
+    tm_rc rc = note_read(rp, path, err);
+    if (rc) {
         json_decref(j);
-        if (from_dir)
-            return TM_OK;
-        if (!j)
-            return TM_ERR(err, TM_E_PARSE, "%s: %s (line %d)", path, jerr.text, jerr.line);
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: not a tokenmill metrics file (schema_version 1 or 2 expected)", path);
+        return rc;
+    }
+    if (from_dir && (!json_is_object(j) || !json_object_get(j, "schema_version"))) {
+        json_decref(j);
+        return TM_OK;
+    }
+    char why[300];
+    if (!j)
+        snprintf(why, sizeof(why), "%s (line %d)", jerr.text, jerr.line);
+    else if (!json_is_object(j))
+        snprintf(why, sizeof(why), "the document is %s, not a metrics object", json_kind(j));
+    else
+        check_metrics(j, why, sizeof(why));
+    if (why[0]) {
+        json_decref(j);
+        return bad_file(rp, path, why, err);
     }
     if (rp->n == rp->cap) {
         size_t cap = rp->cap ? 2 * rp->cap : 16;
@@ -249,7 +444,10 @@ static tm_rc load_file(report *rp, const char *path, int from_dir, tm_err *err) 
     if (!isfinite(r->start_s)) {
         json_decref(j);
         tm_free(r->file);
-        return TM_ERR(err, TM_E_PARSE, "%s: time.start_utc is missing or malformed", path);
+        return bad_file(rp, path,
+                        "no start time (time.start_unix_s, or time.start_utc "
+                        "as YYYY-MM-DDTHH:MM:SSZ)",
+                        err);
     }
     rp->n++;
     return TM_OK;
@@ -972,6 +1170,34 @@ static tm_rc write_out(const char *path, const tm_buf *b, tm_err *err) {
     return rc;
 }
 
+// The input that out is (the same file: device and inode, so links and other spellings of its
+// path count too), or its temporary out.tmp is; NULL if none.
+static const char *output_is_input(const report *rp, const char *out) {
+    struct stat st[2];
+    char tmp[4096];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", out);
+    int have[2] = {stat(out, &st[0]) == 0, stat(tmp, &st[1]) == 0};
+    for (size_t i = 0; i < rp->n_read; i++)
+        for (int k = 0; k < 2; k++)
+            if (have[k] && st[k].st_dev == rp->read[i].dev && st[k].st_ino == rp->read[i].ino)
+                return rp->read[i].path;
+    return NULL;
+}
+
+static void free_report(report *rp) {
+    for (size_t i = 0; i < rp->n; i++) {
+        json_decref(rp->runs[i].j);
+        tm_free(rp->runs[i].file);
+    }
+    for (size_t i = 0; i < rp->n_read; i++)
+        tm_free(rp->read_paths[i]);
+    tm_free(rp->read_paths);
+    tm_free(rp->read);
+    tm_free(rp->runs);
+    tm_free(rp->keys);
+    tm_buf_fini(&rp->b);
+}
+
 static const char usage[] =
     "usage: tokenmill report [options] METRICS...\n"
     "\n"
@@ -985,7 +1211,12 @@ static const char usage[] =
     "  -o, --out FILE          output (default report.html)\n"
     "  --threshold PCT         how much worse counts as a regression (default 5)\n"
     "  --title TEXT            page title\n"
-    "  --fail-on-regression    exit 3 when a latest run regressed\n";
+    "  --fail-on-regression    exit 3 when a latest run regressed\n"
+    "  --strict                a metrics file that cannot be reported (not JSON, a field of the\n"
+    "                          wrong type, no start time) is an error (exit 1); by default it is\n"
+    "                          skipped with a warning that names the file and the field\n"
+    "\n"
+    "The output may not be one of the input files (exit 2).\n";
 
 int tm_report_cmd(int argc, char **argv) {
     const char *out = "report.html";
@@ -1019,6 +1250,8 @@ int tm_report_cmd(int argc, char **argv) {
             rp.title = v, i++;
         } else if (!strcmp(a, "--fail-on-regression")) {
             fail_on_reg = 1;
+        } else if (!strcmp(a, "--strict")) {
+            rp.strict = 1;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "tokenmill report: bad option %s\n\n%s", a, usage);
             tm_free(inputs);
@@ -1038,6 +1271,14 @@ int tm_report_cmd(int argc, char **argv) {
                                : load_file(&rp, inputs[i], 0, &err);
     if (!rc && rp.n == 0)
         rc = TM_ERR(&err, TM_E_INVAL, "no metrics files found in the arguments");
+    const char *clash = rc ? NULL : output_is_input(&rp, out);
+    if (clash) {
+        fprintf(stderr, "tokenmill report: the output %s is the input %s; choose another -o\n", out,
+                clash);
+        free_report(&rp);
+        tm_free(inputs);
+        return 2;
+    }
     if (!rc)
         rc = link_runs(&rp, &err);
     if (!rc) {
@@ -1051,17 +1292,12 @@ int tm_report_cmd(int argc, char **argv) {
         if (rp.runs[i].latest)
             n_reg += n_regressions(&rp, (int)i);
     if (!rc)
-        printf("tokenmill report: %s: %zu runs, %zu series, %d regression%s in the latest runs\n",
-               out, rp.n, rp.n_series, n_reg, n_reg == 1 ? "" : "s");
+        printf("tokenmill report: %s: %zu runs, %zu series, %d regression%s in the latest runs%s\n",
+               out, rp.n, rp.n_series, n_reg, n_reg == 1 ? "" : "s",
+               rp.n_skipped ? " (some files skipped: see the warnings)" : "");
     else
         fprintf(stderr, "tokenmill report: %s\n", err.msg);
-    for (size_t i = 0; i < rp.n; i++) {
-        json_decref(rp.runs[i].j);
-        tm_free(rp.runs[i].file);
-    }
-    tm_free(rp.runs);
-    tm_free(rp.keys);
+    free_report(&rp);
     tm_free(inputs);
-    tm_buf_fini(&rp.b);
     return rc ? 1 : fail_on_reg && n_reg ? 3 : 0;
 }

@@ -5,18 +5,45 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
 #include "base/utf8.h"
 
 const char *const tm_ingest_sp_keys[] = {
-    "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", NULL,
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "min_tokens",
+    "stop_token_ids",
+    "ignore_eos",
+    NULL,
 };
 
 static const uint32_t sp_bits[] = {
-    TM_SP_MAX_TOKENS, TM_SP_TEMPERATURE, TM_SP_TOP_P, TM_SP_TOP_K,
-    TM_SP_MIN_P,      TM_SP_SEED,        TM_SP_STOP,
+    TM_SP_MAX_TOKENS,
+    TM_SP_TEMPERATURE,
+    TM_SP_TOP_P,
+    TM_SP_TOP_K,
+    TM_SP_MIN_P,
+    TM_SP_SEED,
+    TM_SP_STOP,
+    TM_SP_PRESENCE_PENALTY,
+    TM_SP_FREQUENCY_PENALTY,
+    TM_SP_REPETITION_PENALTY,
+    TM_SP_LOGIT_BIAS,
+    TM_SP_MIN_TOKENS,
+    TM_SP_STOP_TOKEN_IDS,
+    TM_SP_IGNORE_EOS,
 };
 
 uint32_t tm_ingest_sp_bit(const char *key) {
@@ -112,10 +139,150 @@ static tm_rc get_stop(const json_t *v, tm_sampling *sp, tm_field_fail *fail, tm_
             return TM_ERR(err, TM_E_NOMEM, "stop strings");
         }
     }
-    tm_sampling_fini(sp);
+    for (uint32_t j = 0; j < sp->n_stop; j++) // the previous stop list only
+        tm_free(sp->stop[j]);
+    tm_free(sp->stop);
     sp->stop = stop;
     sp->n_stop = (uint32_t)n;
     sp->set |= TM_SP_STOP;
+    return TM_OK;
+}
+
+// ---- logits processing fields (issue 22; docs/sampling.md) ----
+
+#define MAX_TOKEN_ID 0x7fffffff /* ids are checked against the model's vocabulary later */
+
+// A number in [lo, hi] (lo_open: > lo) into *out; 0, or -1 with fail filled.
+static int get_range(const json_t *v, double lo, double hi, int lo_open, const char *what,
+                     float *out, tm_field_fail *fail) {
+    double d;
+    if (get_num(v, what, &d, fail))
+        return -1;
+    if (!(lo_open ? d > lo : d >= lo) || !(d <= hi)) {
+        tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, what, v);
+        return -1;
+    }
+    *out = (float)d;
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+// logit_bias: an object {"<token id>": bias in [-100, 100]}, kept sorted by id.
+static tm_rc get_logit_bias(const json_t *v, tm_sampling *sp, tm_field_fail *fail, tm_err *err) {
+    static const char what[] = "an object of token id strings to numbers in [-100, 100]";
+    if (!json_is_object(v)) {
+        tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, what, v);
+        return TM_OK;
+    }
+    size_t n = json_object_size(v), k = 0;
+    uint32_t *ids = tm_calloc(n ? n : 1, sizeof(*ids));
+    float *bias = tm_calloc(n ? n : 1, sizeof(*bias));
+    float *vals = tm_calloc(n ? n : 1, sizeof(*vals));
+    uint64_t *pairs = tm_calloc(n ? n : 1, sizeof(*pairs));
+    if (!ids || !bias || !vals || !pairs) {
+        tm_free(ids), tm_free(bias), tm_free(vals), tm_free(pairs);
+        return TM_ERR(err, TM_E_NOMEM, "logit_bias of %zu entries", n);
+    }
+    const char *key;
+    json_t *b;
+    json_object_foreach((json_t *)v, key, b) {
+        char *end = NULL;
+        long long id = strtoll(key, &end, 10);
+        if (key[0] < '0' || key[0] > '9' || *end || id > MAX_TOKEN_ID) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, what, v);
+            break;
+        }
+        if (get_range(b, -100, 100, 0, what, &vals[k], fail))
+            break;
+        pairs[k] = (uint64_t)id << 32 | k; // sort by id, then find the value by slot
+        k++;
+    }
+    if (fail->code != TM_ERRCODE_NONE) {
+        tm_free(ids), tm_free(bias), tm_free(vals), tm_free(pairs);
+        return TM_OK;
+    }
+    qsort(pairs, k, sizeof(*pairs), cmp_u64);
+    for (size_t j = 0; j < k; j++) {
+        ids[j] = (uint32_t)(pairs[j] >> 32);
+        bias[j] = vals[(uint32_t)pairs[j]];
+        if (j && ids[j] == ids[j - 1]) { // "1" and "01"
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, "distinct token ids", v);
+            tm_free(ids), tm_free(bias), tm_free(pairs), tm_free(vals);
+            return TM_OK;
+        }
+    }
+    tm_free(pairs), tm_free(vals);
+    tm_free(sp->bias_ids), tm_free(sp->bias);
+    sp->bias_ids = ids, sp->bias = bias, sp->n_bias = (uint32_t)k;
+    sp->set |= TM_SP_LOGIT_BIAS;
+    return TM_OK;
+}
+
+// stop_token_ids: an array of token ids (integers >= 0).
+static tm_rc get_stop_ids(const json_t *v, tm_sampling *sp, tm_field_fail *fail, tm_err *err) {
+    static const char what[] = "an array of token ids (integers >= 0)";
+    if (!json_is_array(v)) {
+        tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, what, v);
+        return TM_OK;
+    }
+    size_t n = json_array_size(v);
+    for (size_t i = 0; i < n; i++) {
+        json_int_t x;
+        if (get_int(json_array_get(v, i), 0, MAX_TOKEN_ID, what, &x, fail))
+            return TM_OK;
+    }
+    uint32_t *ids = tm_calloc(n ? n : 1, sizeof(*ids));
+    if (!ids)
+        return TM_ERR(err, TM_E_NOMEM, "stop_token_ids of %zu ids", n);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (uint32_t)json_integer_value(json_array_get(v, i));
+    tm_free(sp->stop_ids);
+    sp->stop_ids = ids, sp->n_stop_ids = (uint32_t)n;
+    sp->set |= TM_SP_STOP_TOKEN_IDS;
+    return TM_OK;
+}
+
+static tm_rc proc_field(uint32_t bit, const json_t *v, tm_sampling *sp, tm_field_fail *fail,
+                        tm_err *err) {
+    json_int_t i = 0;
+    switch (bit) {
+    case TM_SP_PRESENCE_PENALTY:
+        if (get_range(v, -2, 2, 0, "a number from -2 to 2", &sp->presence_penalty, fail))
+            return TM_OK;
+        break;
+    case TM_SP_FREQUENCY_PENALTY:
+        if (get_range(v, -2, 2, 0, "a number from -2 to 2", &sp->frequency_penalty, fail))
+            return TM_OK;
+        break;
+    case TM_SP_REPETITION_PENALTY:
+        if (get_range(v, 0, 100, 1, "a number > 0 and <= 100 (1 = off)", &sp->repetition_penalty,
+                      fail))
+            return TM_OK;
+        break;
+    case TM_SP_LOGIT_BIAS:
+        return get_logit_bias(v, sp, fail, err);
+    case TM_SP_MIN_TOKENS:
+        if (get_int(v, 0, INT32_MAX, "an integer >= 0", &i, fail))
+            return TM_OK;
+        sp->min_tokens = (int32_t)i;
+        break;
+    case TM_SP_STOP_TOKEN_IDS:
+        return get_stop_ids(v, sp, fail, err);
+    case TM_SP_IGNORE_EOS:
+        if (!json_is_boolean(v)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, "true or false", v);
+            return TM_OK;
+        }
+        sp->ignore_eos = json_is_true(v);
+        break;
+    default:
+        TM_ASSERT(!"not a sampling key");
+    }
+    sp->set |= bit;
     return TM_OK;
 }
 
@@ -133,10 +300,12 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
         sp->max_tokens = (int32_t)i;
         break;
     case TM_SP_TEMPERATURE:
-        if (get_num(v, "a number >= 0", &d, fail))
+        // OpenAI's range (vLLM takes any value >= 0): past 2 the distribution is all but
+        // uniform, and a huge value (1e308) would overflow the float copy to inf.
+        if (get_num(v, "a number >= 0", &d, fail)) // (the wrong-type text predates the cap)
             return TM_OK;
-        if (!(d >= 0) || !isfinite(d)) {
-            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, "a number >= 0", v);
+        if (!(d >= 0 && d <= TM_INGEST_MAX_TEMPERATURE)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, "a number >= 0 and <= 2", v);
             return TM_OK;
         }
         sp->temperature = (float)d;
@@ -172,7 +341,7 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
     case TM_SP_STOP:
         return get_stop(v, sp, fail, err);
     default:
-        TM_ASSERT(!"not a sampling key");
+        return proc_field(bit, v, sp, fail, err);
     }
     sp->set |= bit;
     return TM_OK;

@@ -13,6 +13,9 @@
 #include "base/err.h"
 #include "base/record.h"
 
+/* Largest temperature accepted (OpenAI's range is 0..2). */
+#define TM_INGEST_MAX_TEMPERATURE 2.0
+
 /* What was wrong with one field value. code is TM_ERRCODE_NONE when the value was accepted. */
 typedef struct tm_field_fail {
     tm_errcode code; /* TM_ERRCODE_WRONG_TYPE or TM_ERRCODE_INVALID_VALUE */

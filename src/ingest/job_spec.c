@@ -5,6 +5,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <glob.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -12,8 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
+#include "base/log.h"
 #include "ingest/fields_int.h"
 
 typedef struct loader {
@@ -33,15 +37,19 @@ static const char *const input_keys[] = {"files", "kafka", NULL};
 static const char *const kafka_in_keys[] = {
     "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
 static const char *const output_keys[] = {
-    "dir", "prometheus_textfile", "commit_every_s", "commit_every_records", "kafka", NULL};
+    "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
+    "kafka", "compression",         "results_file",   NULL};
 static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
                                          "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
-    "backend", "max_seqs",  "max_batched_tokens",     "block_size", "prefix_cache", "tp",
-    "threads", "kv_blocks", "gpu_memory_utilization", "schedule",   "lookahead",    "quantization",
-    NULL};
-static const char *const limits_keys[] = {"max_line_bytes", "max_depth", "max_field_bytes",
-                                          "max_messages", NULL};
+    "backend",        "max_seqs",     "max_batched_tokens",
+    "block_size",     "prefix_cache", "tp",
+    "threads",        "kv_blocks",    "gpu_memory_utilization",
+    "schedule",       "lookahead",    "quantization",
+    "kv_cache_dtype", /* end */ NULL};
+static const char *const limits_keys[] = {
+    "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
+    "fail_on_error_records", NULL};
 
 const char *tm_backend_name(tm_backend b) {
     switch (b) {
@@ -207,7 +215,8 @@ static int cmp_str(const void *a, const void *b) {
 }
 
 // Add the *.jsonl, *.jsonl.lz4 and *.jsonl.gz regular files directly inside folder, sorted by
-// name (bytewise). Hidden files and subfolders are skipped. *n_added counts them.
+// name (bytewise). Hidden files, subfolders and symbolic links (with a warning) are skipped.
+// *n_added counts them.
 static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_t *n_added) {
     DIR *d = opendir(folder);
     if (!d)
@@ -231,7 +240,18 @@ static tm_rc add_folder(loader *ld, const char *jpath, const char *folder, size_
             if (slash)
                 p[nf] = '/';
             memcpy(p + nf + (size_t)slash, de->d_name, nn + 1);
+            // A link inside a folder is not followed: whoever can write the folder could point
+            // it anywhere (a system file's lines would be quoted into errors.jsonl). Naming the
+            // link itself in input.files, or matching it by a pattern, reads what it points to.
             struct stat st;
+            if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode)) {
+                TM_LOG_WARN("job_spec",
+                            "%s: %s: skipping %s: a symbolic link inside an input folder is not "
+                            "followed (list it in input.files to read it)",
+                            ld->file, jpath, p);
+                tm_free(p);
+                continue;
+            }
             if (stat(p, &st) != 0 || !S_ISREG(st.st_mode)) {
                 tm_free(p);
                 continue;
@@ -556,9 +576,17 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     rc = get_u32(ld, eng, "engine", "tp", 1, 1024, 1, &e->tp, c);
     if (rc)
         return rc;
-    rc = get_u32(ld, eng, "engine", "threads", 0, 65536, 0, &e->threads, c);
+    rc = get_u32(ld, eng, "engine", "threads", 0, TM_JOB_MAX_THREADS, 0, &e->threads, c);
     if (rc)
         return rc;
+    // More threads than cores only adds switching; far more (65,536 took 5 GB of stacks before
+    // failing) is a typo. The limit depends on the machine, as the default (0) does.
+    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_cpu > 0 && e->threads > 4 * (uint64_t)n_cpu)
+        return fail(ld, TM_E_INVAL, "engine.threads",
+                    "%u is more than 4 x the %ld online CPU cores of this machine (at most %ld; "
+                    "0 means one per core)",
+                    e->threads, n_cpu, 4 * n_cpu);
     rc = get_u32(ld, eng, "engine", "kv_blocks", 0, INT32_MAX, 0, &e->kv_blocks, c);
     if (rc)
         return rc;
@@ -602,6 +630,17 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                         tm_job_quant_name(e->quantization), e->tp);
         canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
     }
+    // Also part of the identity, written only when not "auto" (as quantization).
+    v = eng ? json_object_get(eng, "kv_cache_dtype") : NULL;
+    e->kv_cache_fp8 = false;
+    if (v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "fp8") != 0 && strcmp(s, "auto") != 0)
+            return fail_value(ld, "engine.kv_cache_dtype", "one of \"auto\", \"fp8\"", v);
+        e->kv_cache_fp8 = strcmp(s, "fp8") == 0;
+    }
+    if (e->kv_cache_fp8)
+        canon_set(ld, c, "kv_cache_dtype", json_string("fp8"));
     return TM_OK;
 }
 
@@ -670,6 +709,21 @@ static tm_rc load_limits(loader *ld, const json_t *lim) {
     if (!rc)
         rc = get_u32(ld, lim, "limits", "max_messages", 1, 1u << 20, TM_JOB_DEFAULT_MAX_MESSAGES,
                      &ld->spec->max_messages, c);
+    // strict_fields changes which records fail, so it is canonical, but only when true (the
+    // identity of jobs without it stays what it was); fail_on_error_records is the exit status
+    // only, not part of the job's identity.
+    const char *flags[] = {"strict_fields", "fail_on_error_records"};
+    bool *outs[] = {&ld->spec->strict_fields, &ld->spec->fail_on_error_records};
+    for (size_t i = 0; !rc && i < 2; i++) {
+        const json_t *v = lim ? json_object_get(lim, flags[i]) : NULL;
+        char p[64];
+        join_path(p, sizeof(p), "limits", flags[i]);
+        if (v && !json_is_boolean(v))
+            return fail_value(ld, p, "true or false", v);
+        *outs[i] = json_is_true(v);
+    }
+    if (!rc && ld->spec->strict_fields)
+        canon_set(ld, c, "strict_fields", json_true());
     return rc;
 }
 
@@ -730,8 +784,255 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
     tm_rc rc = get_u32(ld, output, "output", "commit_every_records", 1, INT32_MAX,
                        TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS, &spec->commit_every_records, scratch);
     json_decref(scratch);
+    // compression: part of the identity (another file), written only when not "lz4" so the
+    // canonical spec of existing jobs stays what it was. results_file: where a copy goes, not.
+    v = json_object_get(output, "compression");
+    if (!rc && v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "lz4") != 0 && strcmp(s, "none") != 0)
+            return fail_value(ld, "output.compression", "one of \"lz4\", \"none\"", v);
+        spec->compression = strcmp(s, "none") == 0 ? TM_JOB_COMPRESSION_NONE
+                                                   : TM_JOB_COMPRESSION_LZ4;
+        if (spec->compression == TM_JOB_COMPRESSION_NONE && cout)
+            canon_set(ld, cout, "compression", json_string("none"));
+    }
+    if (!rc && json_object_get(output, "results_file")) {
+        const char *s = NULL;
+        rc = get_path_str(ld, output, "results_file", "output.results_file", &s);
+        if (!rc && !(spec->results_file = resolve(ld, s)))
+            rc = TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    }
     if (!rc && json_object_get(output, "kafka"))
         rc = load_kafka_out(ld, json_object_get(output, "kafka"), cout);
+    return rc;
+}
+
+// ---- what the job writes against what it reads (issue 24) ----
+
+// The names tokenmill writes in output.dir (sink/sink.h, sink/manifest.h, metrics.json and the
+// temporary files of its atomic replacements). ingest does not include the sink's headers, so
+// they are listed here; sink/manifest.c's tm_manifest_check_folder checks the same names.
+static const char *const out_names[] = {
+    "completions.jsonl.lz4", "completions.jsonl", "errors.jsonl",      "metrics.json",
+    "manifest.json",         "tokenmill.lock",    "manifest.json.tmp", "metrics.json.tmp"};
+enum { N_OUT_NAMES = sizeof(out_names) / sizeof(out_names[0]) };
+
+// One file the job writes: its folder (canonical) and name there, and the field that makes it.
+typedef struct out_file {
+    const char *dir;  /* tm_fs_canon of the folder; borrowed from out_set */
+    const char *name; /* name in dir; borrowed */
+    char *canon;      /* owned; tm_fs_canon of dir/name (a link there resolved) */
+    char field[80];   /* "output.dir (errors.jsonl)", "output.prometheus_textfile", ... */
+} out_file;
+
+typedef struct out_set {
+    char *dir, *text_dir, *text_name, *text_tmp; /* owned canonical folders and names */
+    char *res_dir, *res_name, *res_tmp;          /* output.results_file's */
+    out_file f[N_OUT_NAMES + 4];
+    size_t n;
+} out_set;
+
+static void out_set_fini(out_set *o) {
+    for (size_t i = 0; i < o->n; i++)
+        tm_free(o->f[i].canon);
+    tm_free(o->dir);
+    tm_free(o->text_dir);
+    tm_free(o->text_name);
+    tm_free(o->text_tmp);
+    tm_free(o->res_dir);
+    tm_free(o->res_name);
+    tm_free(o->res_tmp);
+}
+
+// The canonical folder of path and the name in it (new strings; false when out of memory).
+static bool split_canon(const char *path, char **dir, char **name) {
+    char *c = tm_fs_canon(path);
+    const char *slash = c ? strrchr(c, '/') : NULL;
+    *dir = !c       ? NULL
+           : !slash ? tm_strdup(".")
+                    : tm_strndup(c, slash == c ? 1 : (size_t)(slash - c));
+    *name = !c ? NULL : tm_strdup(slash ? slash + 1 : c);
+    tm_free(c);
+    return *dir && *name;
+}
+
+static bool out_add(out_set *o, const char *dir, const char *name, const char *field) {
+    out_file *f = &o->f[o->n++];
+    f->dir = dir;
+    f->name = name;
+    // field names are short literals; a longer one is cut (it only names the field in errors)
+    const size_t fl = strnlen(field, sizeof(f->field) - 1);
+    memcpy(f->field, field, fl);
+    f->field[fl] = 0;
+    char *p = tm_fs_path_join(dir, name);
+    f->canon = p ? tm_fs_canon(p) : NULL;
+    tm_free(p);
+    return f->canon != NULL;
+}
+
+// A file given by path (a job field) and its .tmp file, added to o; the names go to *dir,
+// *name and *tmp (owned by o).
+static bool out_add_file(out_set *o, const char *path, const char *field, char **dir, char **name,
+                         char **tmp) {
+    if (!split_canon(path, dir, name))
+        return false;
+    size_t n = strlen(*name);
+    *tmp = tm_malloc(n + sizeof(".tmp"));
+    if (!*tmp)
+        return false;
+    memcpy(*tmp, *name, n);
+    memcpy(*tmp + n, ".tmp", sizeof(".tmp"));
+    char tfield[96];
+    snprintf(tfield, sizeof(tfield), "%s (its .tmp file)", field);
+    return out_add(o, *dir, *name, field) && out_add(o, *dir, *tmp, tfield);
+}
+
+static bool out_set_make(const tm_job_spec *spec, out_set *o) {
+    o->dir = tm_fs_canon(spec->output_dir);
+    if (!o->dir)
+        return false;
+    for (size_t i = 0; i < N_OUT_NAMES; i++) {
+        char field[80];
+        snprintf(field, sizeof(field), "output.dir (%s)", out_names[i]);
+        if (!out_add(o, o->dir, out_names[i], field))
+            return false;
+    }
+    if (spec->prometheus_textfile &&
+        !out_add_file(o, spec->prometheus_textfile, "output.prometheus_textfile", &o->text_dir,
+                      &o->text_name, &o->text_tmp))
+        return false;
+    return !spec->results_file || out_add_file(o, spec->results_file, "output.results_file",
+                                               &o->res_dir, &o->res_name, &o->res_tmp);
+}
+
+// A glob pattern with the folders before its first wildcard made canonical (new string or NULL).
+static char *canon_pattern(const char *pat) {
+    const char *w = strpbrk(pat, "*?[");
+    const char *slash = NULL;
+    for (const char *q = pat; q < w; q++)
+        if (*q == '/')
+            slash = q;
+    char *pre = !slash ? tm_strdup(".") : tm_strndup(pat, slash == pat ? 1 : (size_t)(slash - pat));
+    char *c = pre ? tm_fs_canon(pre) : NULL;
+    tm_free(pre);
+    if (!c)
+        return NULL;
+    const char *rest = slash ? slash + 1 : pat;
+    size_t nc = strlen(c), nr = strlen(rest);
+    char *out = tm_malloc(nc + nr + 2);
+    if (out) {
+        memcpy(out, c, nc);
+        size_t k = nc;
+        if (nc == 0 || c[nc - 1] != '/')
+            out[k++] = '/';
+        memcpy(out + k, rest, nr + 1);
+    }
+    tm_free(c);
+    return out;
+}
+
+// Does input entry `given` (input.files[i], resolved p) read out file f, now or once the job has
+// written it? A file: the same file. A folder: f is one of its input-named files. A pattern: it
+// matches f, or the folder of f when f has an input name (glob expands folders).
+static bool entry_reads(const char *given, const char *p, const out_file *f, bool *nomem) {
+    char *in_dir = tm_fs_path_join(f->dir, f->name);
+    if (!in_dir) {
+        *nomem = true;
+        return false;
+    }
+    bool hit = false;
+    if (strpbrk(given, "*?[")) {
+        char *pat = canon_pattern(p);
+        if (!pat)
+            *nomem = true;
+        else
+            hit = fnmatch(pat, in_dir, FNM_PATHNAME | FNM_PERIOD) == 0 ||
+                  fnmatch(pat, f->canon, FNM_PATHNAME | FNM_PERIOD) == 0 ||
+                  (is_input_name(f->name) && fnmatch(pat, f->dir, FNM_PATHNAME | FNM_PERIOD) == 0);
+        tm_free(pat);
+    } else {
+        char *c = tm_fs_canon(p);
+        struct stat st;
+        if (!c)
+            *nomem = true;
+        else if (stat(c, &st) == 0 && S_ISDIR(st.st_mode))
+            hit = is_input_name(f->name) && tm_fs_same_file(c, f->dir);
+        else
+            hit = tm_fs_same_file(c, f->canon);
+        tm_free(c);
+    }
+    tm_free(in_dir);
+    return hit;
+}
+
+// Every path the job writes against every other one, the job file, the model folder and every
+// input (as given and as expanded): a collision is a job-spec error naming both fields. Paths are
+// compared in canonical form (tm_fs_canon) and, where both exist, by inode.
+static tm_rc check_outputs(loader *ld, const json_t *input) {
+    const tm_job_spec *spec = ld->spec;
+    out_set o = {0};
+    char *job = NULL, *model = NULL;
+    tm_rc rc = TM_OK;
+    bool nomem = !out_set_make(spec, &o);
+    if (!nomem) {
+        job = tm_fs_canon(ld->file);
+        model = tm_fs_canon(spec->model);
+        nomem = !job || !model;
+    }
+    // The side files (textfile, results file, their .tmp) against output.dir's and each other.
+    for (size_t i = N_OUT_NAMES; i < o.n && !rc && !nomem; i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "%.*s", (int)strcspn(o.f[i].field, " "), o.f[i].field);
+        for (size_t k = 0; k < i && !rc; k++)
+            if (tm_fs_same_file(o.f[i].canon, o.f[k].canon))
+                rc = fail(ld, TM_E_INVAL, key,
+                          "%s is also %s: outputs must not overwrite each other", o.f[i].canon,
+                          o.f[k].field);
+        if (!rc && tm_fs_same_file(o.f[i].dir, model))
+            rc = fail(ld, TM_E_INVAL, key,
+                      "%s is inside the model folder (model): outputs must not write into it",
+                      o.f[i].canon);
+    }
+    for (size_t i = 0; i < o.n && !rc && !nomem; i++)
+        if (tm_fs_same_file(o.f[i].canon, job))
+            rc = fail(ld, TM_E_INVAL, o.f[i].field, "%s is the job file itself", o.f[i].canon);
+    const json_t *files = json_object_get(input, "files");
+    for (size_t e = 0; e < json_array_size(files) && !rc && !nomem; e++) {
+        const char *given = json_string_value(json_array_get(files, e));
+        if (!given || strcmp(given, TM_JOB_STDIN) == 0)
+            continue;
+        char *p = resolve(ld, given);
+        nomem = !p;
+        for (size_t i = 0; i < o.n && !rc && !nomem; i++) {
+            if (!entry_reads(given, p, &o.f[i], &nomem))
+                continue;
+            char jpath[64];
+            snprintf(jpath, sizeof(jpath), "input.files[%zu]", e);
+            rc = fail(ld, TM_E_INVAL, jpath,
+                      "\"%s\" reads %s, which is %s: a job must not read its own outputs (they "
+                      "would be overwritten, or read as inputs by the next run); choose paths "
+                      "outside the inputs",
+                      given, o.f[i].canon, o.f[i].field);
+        }
+        tm_free(p);
+    }
+    // The expanded inputs against outputs that exist: another name (a link) of an output.
+    for (size_t i = 0; i < o.n && !rc && !nomem; i++) {
+        struct stat so, si;
+        if (stat(o.f[i].canon, &so) != 0)
+            continue;
+        for (size_t k = 0; k < spec->n_inputs && !rc; k++)
+            if (strcmp(spec->inputs[k], TM_JOB_STDIN) != 0 && stat(spec->inputs[k], &si) == 0 &&
+                si.st_dev == so.st_dev && si.st_ino == so.st_ino)
+                rc = fail(ld, TM_E_INVAL, "input.files",
+                          "input %s is %s (%s): a job must not read its own outputs",
+                          spec->inputs[k], o.f[i].canon, o.f[i].field);
+    }
+    if (nomem && !rc)
+        rc = TM_ERR(ld->err, TM_E_NOMEM, "output paths");
+    tm_free(job);
+    tm_free(model);
+    out_set_fini(&o);
     return rc;
 }
 
@@ -805,10 +1106,15 @@ static tm_rc load_root(loader *ld, const json_t *root) {
         rc = load_limits(ld, lim);
     if (!rc)
         rc = load_input(ld, input); // last: it touches the file system
+    if (!rc)
+        rc = check_outputs(ld, input);
     return rc;
 }
 
-tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
+// Load from the file at path, or (text != NULL) from JSON text named path whose relative paths
+// resolve against base_dir.
+static tm_rc spec_load(const char *path, const char *base_dir, const char *text, tm_job_spec **out,
+                       tm_err *err) {
     loader ld = {.file = path, .err = err};
     json_t *root = NULL;
     tm_job_spec *spec = tm_calloc(1, sizeof(*spec));
@@ -817,14 +1123,25 @@ tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
     ld.spec = spec;
     spec->path = tm_strdup(path);
     const char *slash = strrchr(path, '/');
-    ld.dir = !slash ? tm_strdup("") : tm_strndup(path, slash == path ? 1 : (size_t)(slash - path));
+    if (text)
+        ld.dir = tm_strdup(base_dir ? base_dir : "");
+    else
+        ld.dir = !slash ? tm_strdup("")
+                        : tm_strndup(path, slash == path ? 1 : (size_t)(slash - path));
     ld.canon = json_object();
     if (!spec->path || !ld.dir || !ld.canon) {
         TM_ERR(err, TM_E_NOMEM, "job spec");
         goto fail;
     }
+    struct stat st;
+    if (!text && stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        TM_ERR(err, TM_E_INVAL, "%s is a folder, not a job file (give the path of the job's .json)",
+               path);
+        goto fail;
+    }
     json_error_t jerr;
-    root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
+                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);
@@ -862,9 +1179,19 @@ fail:
     return err->rc;
 }
 
+tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
+    return spec_load(path, NULL, NULL, out, err);
+}
+
+tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
+                            tm_job_spec **out, tm_err *err) {
+    return spec_load(name, base_dir, json_text, out, err);
+}
+
 void tm_job_spec_destroy(tm_job_spec *spec) {
     if (!spec)
         return;
+    tm_free(spec->results_file);
     tm_free(spec->path);
     tm_free(spec->model);
     for (size_t i = 0; i < spec->n_inputs; i++)

@@ -21,6 +21,8 @@
 #define TM_JOB_DEFAULT_MAX_BATCHED_TOKENS 16384
 #define TM_JOB_DEFAULT_BLOCK_SIZE 128
 #define TM_JOB_DEFAULT_MAX_TOKENS 256
+/* engine.threads: at most this many, and at most 4 x the online CPU cores (job_spec.c). */
+#define TM_JOB_MAX_THREADS 1024
 #define TM_JOB_DEFAULT_LOOKAHEAD 1024
 #define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
 #define TM_JOB_DEFAULT_MAX_DEPTH 64
@@ -61,6 +63,8 @@ typedef struct tm_job_engine {
     bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
     tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
+    bool kv_cache_fp8;             /* engine.kv_cache_dtype "fp8" (e4m3, scale 1.0); false:
+                                    * "auto", the model's dtype */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */
@@ -86,6 +90,12 @@ typedef struct tm_job_kafka_in {
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
 } tm_job_kafka_in;
 
+/* output.compression: how completions are written. */
+typedef enum tm_job_compression {
+    TM_JOB_COMPRESSION_LZ4 = 0, /* "lz4" (default): completions.jsonl.lz4, concatenated frames */
+    TM_JOB_COMPRESSION_NONE,    /* "none": completions.jsonl, plain JSON lines */
+} tm_job_compression;
+
 typedef struct tm_job_spec {
     char *path;                /* the job file, as given to tm_job_spec_load */
     char *model;               /* model folder, resolved */
@@ -96,14 +106,19 @@ typedef struct tm_job_spec {
     char *prometheus_textfile; /* output.prometheus_textfile, resolved; NULL when not set */
     char *chat_template;   /* owned Jinja text overriding the tokenizer's chat_template; or NULL */
     double commit_every_s; /* output.commit_every_s: commit at least this often, > 0 */
-    uint32_t commit_every_records; /* output.commit_every_records: ... or after this many, >= 1 */
-    tm_job_kafka_out *kafka;       /* output.kafka, owned; NULL when not set */
+    uint32_t commit_every_records;  /* output.commit_every_records: ... or after this many, >= 1 */
+    tm_job_kafka_out *kafka;        /* output.kafka, owned; NULL when not set */
+    tm_job_compression compression; /* output.compression */
+    char *results_file; /* output.results_file, resolved: every answer line (ok and error) in one
+                         * plain JSONL file once the job finishes (vLLM run-batch's -o); or NULL */
     tm_job_engine engine;
-    tm_sampling defaults;     /* every field filled; .set has the bits the file gave explicitly */
-    uint64_t max_line_bytes;  /* limits.max_line_bytes: longest accepted input line, >= 1 */
-    uint32_t max_depth;       /* limits.max_depth: deepest array/object nesting in a line */
-    uint64_t max_field_bytes; /* limits.max_field_bytes: longest string field tokenmill reads */
-    uint32_t max_messages;    /* limits.max_messages: most chat messages (and stop strings) */
+    tm_sampling defaults;       /* every field filled; .set has the bits the file gave explicitly */
+    uint64_t max_line_bytes;    /* limits.max_line_bytes: longest accepted input line, >= 1 */
+    uint32_t max_depth;         /* limits.max_depth: deepest array/object nesting in a line */
+    uint64_t max_field_bytes;   /* limits.max_field_bytes: longest string field tokenmill reads */
+    uint32_t max_messages;      /* limits.max_messages: most chat messages (and stop strings) */
+    bool strict_fields;         /* limits.strict_fields: an unknown record / body key is an error */
+    bool fail_on_error_records; /* limits.fail_on_error_records: exit 1 if any record failed */
     /* The spec as compact JSON with sorted keys and every default filled in; paths as written in
      * the file (not resolved, so moving the job folder keeps it). Equal specs give equal text:
      * hash it to recognise the same job (resume). */
@@ -115,6 +130,11 @@ typedef struct tm_job_spec {
  * (schema violation or an input entry that names nothing), TM_E_NOMEM; err->msg reads like
  * "job.json: engine.max_seqs: expected an integer >= 1, got \"8\"". */
 tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err);
+/* The same from JSON text held in memory (the one-command mode of cmd/main.c builds its job this
+ * way): name stands for the file in messages and spec->path; relative paths resolve against
+ * base_dir ("" or NULL: the current folder). Same errors, TM_E_PARSE naming name. */
+tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
+                            tm_job_spec **out, tm_err *err);
 void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
 
 /* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */

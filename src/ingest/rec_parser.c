@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/log.h"
 #include "base/buf.h"
 #include "base/hash.h"
 #include "ingest/fields_int.h"
@@ -297,6 +298,12 @@ static tm_rc sp_field(tm_rec_parser *ps, tm_job *job, const char *key, const cha
         return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
                         "field '%s' has %zu strings, more than limits.max_messages (%u)", field,
                         json_array_size(v), ps->spec->max_messages);
+    size_t n_ent = json_is_object(v) ? json_object_size(v) : json_array_size(v);
+    if ((strcmp(key, "stop_token_ids") == 0 || strcmp(key, "logit_bias") == 0) &&
+        n_ent > ps->spec->max_messages)
+        return job_fail(job, TM_ERRCODE_FIELD_TOO_LARGE, err,
+                        "field '%s' has %zu entries, more than limits.max_messages (%u)", field,
+                        n_ent, ps->spec->max_messages);
     tm_rc rc = tm_ingest_sp_field(key, v, &job->sp, &ff, err);
     if (rc)
         return rc;
@@ -505,16 +512,10 @@ static const struct {
     const char *key;
     const char *neutral[3];
 } unsupported_body[] = {
-    {"tools", {"[]"}},
-    {"functions", {"[]"}},
-    {"best_of", {"1"}},
-    {"echo", {"false"}},
-    {"suffix", {"\"\""}},
-    {"logit_bias", {"{}"}},
-    {"frequency_penalty", {"0", "0.0"}},
-    {"presence_penalty", {"0", "0.0"}},
-    {"audio", {"{}"}},
-    {"prediction", {"{}"}},
+    {"tools", {"[]"}},     // (logit_bias, frequency_penalty and presence_penalty are
+    {"functions", {"[]"}}, // served since issue 22)
+    {"best_of", {"1"}},    {"echo", {"false"}},    {"suffix", {"\"\""}},
+    {"audio", {"{}"}},     {"prediction", {"{}"}},
 };
 
 static int is_neutral(const json_t *v, const char *const *neutral) {
@@ -719,6 +720,149 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
     return TM_OK;
 }
 
+// ---- unknown keys ----
+
+static const char *const native_keys[] = {
+    "id",           "prompt",          "messages",      "max_tokens",   "temperature", "top_p",
+    "top_k",        "min_p",           "seed",          "stop",         "n",           "logprobs",
+    "top_logprobs", "prompt_logprobs", "continuations", "continuation", "cache_salt",  NULL};
+static const char *const openai_keys[] = {"custom_id", "method", "url", "body", NULL};
+// Body keys tokenmill reads, refuses (unsupported_body, stream, response_format), or accepts as
+// OpenAI parameters that do not change a batch answer here.
+static const char *const body_keys[] = {"model",
+                                        "messages",
+                                        "prompt",
+                                        "max_tokens",
+                                        "max_completion_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "top_k",
+                                        "min_p",
+                                        "seed",
+                                        "stop",
+                                        "n",
+                                        "stream",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "tools",
+                                        "functions",
+                                        "best_of",
+                                        "echo",
+                                        "suffix",
+                                        "logit_bias",
+                                        "frequency_penalty",
+                                        "presence_penalty",
+                                        "audio",
+                                        "prediction",
+                                        "response_format",
+                                        "user",
+                                        "metadata",
+                                        "store",
+                                        "stream_options",
+                                        "service_tier",
+                                        "tool_choice",
+                                        "parallel_tool_calls",
+                                        "function_call",
+                                        "modalities",
+                                        "reasoning_effort",
+                                        "web_search_options",
+                                        NULL};
+
+// Levenshtein distance of a and b, at most 31 bytes each (longer: 99).
+static size_t edit_distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 31 || nb > 31)
+        return 99;
+    size_t row[32];
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j];
+            size_t sub = diag + (a[i - 1] != b[j - 1]);
+            row[j] = TM_MIN(TM_MIN(row[j - 1] + 1, up + 1), sub);
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+const char *tm_rec_parser_nearest(const char *key, const char *const *known) {
+    const char *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; known[i]; i++) {
+        size_t d = edit_distance(key, known[i]);
+        if (d < best_d && d < strlen(key)) {
+            best = known[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+// One unknown key of a record (prefix "" or "body."): counted, warned about at its first record;
+// with limits.strict_fields the record fails (unless it failed already).
+static tm_rc unknown_key(tm_rec_parser *ps, tm_job *job, const char *prefix, const char *key,
+                         const char *const *known, tm_err *err) {
+    const char *near = tm_rec_parser_nearest(key, known);
+    char full[64], hint[64] = "";
+    snprintf(full, sizeof(full), "%s%.50s", prefix, key);
+    if (near)
+        snprintf(hint, sizeof(hint), " (did you mean '%s%s'?)", prefix, near);
+    size_t i = 0;
+    while (i < ps->n_unknown && strcmp(ps->unknown[i].key, full) != 0)
+        i++;
+    if (i < ps->n_unknown) {
+        ps->unknown[i].n++;
+    } else if (i < TM_REC_PARSER_MAX_UNKNOWN) {
+        tm_rec_parser_unknown *u = &ps->unknown[ps->n_unknown++];
+        snprintf(u->key, sizeof(u->key), "%s", full);
+        snprintf(u->near, sizeof(u->near), "%s", near ? near : "");
+        u->n = 1;
+        TM_LOG_WARN("ingest",
+                    "%s line %llu: unknown key '%s'%s: %s (warned once per key; the count comes "
+                    "at the end)",
+                    job->file, (unsigned long long)job->line, full, hint,
+                    ps->spec->strict_fields ? "an error (limits.strict_fields)" : "ignored");
+    } else {
+        ps->n_unknown_other++;
+    }
+    if (!ps->spec->strict_fields || job->err_code != TM_ERRCODE_NONE)
+        return TM_OK;
+    return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                    "unknown key '%s'%s; limits.strict_fields rejects keys that are not in the "
+                    "record schema",
+                    full, hint);
+}
+
+static int is_known(const char *key, const char *const *known) {
+    for (size_t i = 0; known[i]; i++)
+        if (strcmp(key, known[i]) == 0)
+            return 1;
+    return 0;
+}
+
+// Every unknown key of a record object (and of an OpenAI line's body).
+static tm_rc check_keys(tm_rec_parser *ps, const json_t *root, bool oai, tm_job *job, tm_err *err) {
+    const char *key;
+    json_t *v;
+    tm_rc rc = TM_OK;
+    const char *const *known = oai ? openai_keys : native_keys;
+    json_object_foreach((json_t *)root, key, v) {
+        if (!rc && !is_known(key, known))
+            rc = unknown_key(ps, job, "", key, known, err);
+    }
+    const json_t *body = oai ? json_object_get(root, "body") : NULL;
+    if (json_is_object(body))
+        json_object_foreach((json_t *)body, key, v) {
+            if (!rc && !is_known(key, body_keys))
+                rc = unknown_key(ps, job, "body.", key, body_keys, err);
+        }
+    return rc;
+}
+
 static bool is_openai_line(const json_t *root) {
     return json_object_get(root, "custom_id") || json_object_get(root, "body") ||
            json_object_get(root, "url");
@@ -765,6 +909,8 @@ static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_jo
         }
         job->format = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
         rc = oai ? parse_openai(ps, root, job, err) : parse_native(ps, root, job, err);
+        if (!rc)
+            rc = check_keys(ps, root, oai, job, err);
     }
     json_decref(root);
     return rc;
@@ -797,6 +943,19 @@ void tm_rec_parser_init(tm_rec_parser *ps, const tm_job_spec *spec) {
 }
 
 void tm_rec_parser_fini(tm_rec_parser *ps) {
+    if (ps->n_unknown) { // one line with every key's count
+        char line[1024];
+        size_t len = 0;
+        for (size_t i = 0; i < ps->n_unknown && len < sizeof(line); i++)
+            len += (size_t)snprintf(line + len, sizeof(line) - len, "%s'%s' in %llu record%s",
+                                    i ? ", " : "", ps->unknown[i].key,
+                                    (unsigned long long)ps->unknown[i].n,
+                                    ps->unknown[i].n == 1 ? "" : "s");
+        TM_LOG_WARN("ingest", "unknown keys in this job's records: %s%s%s", line,
+                    ps->n_unknown_other ? " and more (other keys)" : "",
+                    ps->spec->strict_fields ? " (rejected: limits.strict_fields)" : " (ignored)");
+    }
+    ps->n_unknown = 0;
     tm_free(ps->ids.slots);
     ps->ids = (tm_rec_parser_ids){0};
 }

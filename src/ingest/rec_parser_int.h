@@ -25,6 +25,14 @@ typedef struct tm_rec_parser_ids {
     size_t n;        /* ids in the set */
 } tm_rec_parser_ids;
 
+/* An unknown record or body key seen in this job (warned about once, counted). */
+typedef struct tm_rec_parser_unknown {
+    char key[64];  /* "max_token", "body.max_token" (cut) */
+    char near[32]; /* the nearest known key, or "" */
+    uint64_t n;    /* records that had it */
+} tm_rec_parser_unknown;
+#define TM_REC_PARSER_MAX_UNKNOWN 32 /* distinct keys tracked; more are counted together */
+
 typedef struct tm_rec_parser {
     const tm_job_spec *spec; /* borrowed: limits.* */
     uint64_t seq_no;         /* seq_no of the next record */
@@ -32,11 +40,19 @@ typedef struct tm_rec_parser {
     tm_rec_format file_fmt; /* format of the current file's first JSON object line */
     bool file_fmt_known;
     bool no_id_check; /* duplicate ids are not checked (Kafka: redelivery is normal) */
+    /* Unknown keys (not in schemas/record.schema.json or openai_input.schema.json): each is
+     * warned about once, with the nearest known key, at its first record; fini logs the counts.
+     * With limits.strict_fields a record with one is an invalid_value error record. */
+    tm_rec_parser_unknown unknown[TM_REC_PARSER_MAX_UNKNOWN];
+    size_t n_unknown;
+    uint64_t n_unknown_other; /* records with keys beyond the tracked ones */
 } tm_rec_parser;
 
 /* Caller-provided storage. Borrows spec, which must outlive the parser. Allocates nothing. */
 void tm_rec_parser_init(tm_rec_parser *ps, const tm_job_spec *spec);
-void tm_rec_parser_fini(tm_rec_parser *ps); /* frees the id set */
+void tm_rec_parser_fini(tm_rec_parser *ps); /* frees the id set; logs the unknown-key counts */
+/* The known key nearest to key (edit distance <= 2 and less than key's length), or NULL. */
+const char *tm_rec_parser_nearest(const char *key, const char *const *known);
 
 /* Parse one line s[0..n) (no line ending; need not be NUL-terminated; blank and BOM handling
  * are the caller's) into *out, a new tm_job (valid or an error record) with the next seq_no,

@@ -2,7 +2,23 @@
  * record contract). Files are read in the spec's order, one at a time, line by line with bounded
  * memory: a 64 KiB read buffer plus one line of at most limits.max_line_bytes. Formats by file
  * name: "*.lz4" is a stream of LZ4 frames (decoded incrementally, any number of frames), "*.gz"
- * is gzip (zlib; concatenated members are fine), anything else is plain text.
+ * is gzip (zlib inflate; concatenated members are fine, anything after the last member is an
+ * error), anything else is plain text. A compressed file is checked by its bytes, not trusted by
+ * its name: a "*.gz" that does not start with the gzip magic (1f 8b) or a "*.lz4" that is not an
+ * LZ4 frame is an error naming the file, never read as text. Standard input ("-") is plain text.
+ *
+ * Inputs that change while the job runs: after tm_source_set_input_sizes, a regular file is read
+ * up to the size it had when the job started (the size the manifest records); bytes appended
+ * later are not read (a line being written at that moment is read as far as it had been written),
+ * and a file that shrinks below that size is an error. A file rewritten in place with the same
+ * size cannot be told apart here; the manifest's mtime catches it on the next run.
+ *
+ * Standard input on resume: the source fingerprints the stdin bytes of the lines it has returned
+ * (length, records, XXH3-128; tm_source_stdin_fingerprint, kept in the manifest). On a resumed
+ * run (tm_source_stdin_resume) it first reads that many bytes of the new stream, holding back the
+ * records there that the earlier run did not commit, and only if the stream starts with exactly
+ * those bytes (and the line there ends where it ended) does it return anything; otherwise
+ * tm_source_next fails with TM_E_INVAL before returning any record of the stream.
  *
  * Lines: "\n" ends a line and a "\r" before it is dropped (CRLF files work); the last line may
  * lack its "\n"; lines holding only spaces/tabs are skipped (they get no seq_no); a UTF-8 byte
@@ -13,7 +29,9 @@
  * record whose id was already seen (valid or not) is a duplicate_id error; the first one wins.
  *
  * Memory: the id set keeps a 128-bit hash per distinct id (about 32 bytes per record); everything
- * else is bounded. One thread at a time (the source thread). */
+ * else is bounded (the records held back while a resumed stdin prefix is checked are the ones the
+ * earlier run had in flight at its last commit). One thread at a time (the source thread), except
+ * where a function says it is thread-safe. */
 #ifndef TM_INGEST_SOURCE_H
 #define TM_INGEST_SOURCE_H
 
@@ -23,7 +41,9 @@
 #include "base/buf.h"
 
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/record.h"
+#include "base/seqset.h"
 #include "ingest/job_spec.h"
 #include "ingest/kpos.h"
 
@@ -39,10 +59,41 @@ void tm_source_destroy(tm_source *src); /* NULL is a no-op; closes the open file
 /* Next record. TM_OK: *out owns a new tm_job (free with tm_job_destroy) that is either a valid
  * record or an error record (err_code != TM_ERRCODE_NONE). TM_E_EOF after the last record of the
  * last file. A bad line is never an error return. Error returns (the source cannot go on; the
- * message names the file): TM_E_IO (open/read failed), TM_E_PARSE (corrupt or truncated .lz4 or
- * .gz stream), TM_E_NOMEM. Lines of a corrupt LZ4 frame before the point of corruption may already
- * have been returned (the frame checksum is only known at its end). */
+ * message names the file): TM_E_IO (open/read failed, a file shrank), TM_E_PARSE (corrupt or
+ * truncated .lz4 or .gz stream, or a file whose name says .gz or .lz4 but whose bytes are not),
+ * TM_E_INVAL (standard input does not start with the fingerprinted prefix of
+ * tm_source_stdin_resume), TM_E_NOMEM. TM_E_AGAIN: a stop was requested (base/stop.h) while
+ * standard input had no data; the source is done (the next run reads the stream again). Lines of
+ * a corrupt LZ4 or gzip stream before the point of corruption may already have been returned. */
 tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err);
+
+/* Read input i (spec->inputs order) only up to sizes[i] bytes, the size it had when the job
+ * started; sizes[i] < 0 (standard input, unknown) reads to the end. Applies to regular files only.
+ * Call before the first tm_source_next; copies sizes. TM_E_NOMEM. */
+tm_rc tm_source_set_input_sizes(tm_source *src, const int64_t *sizes, size_t n, tm_err *err);
+
+/* The committed-prefix fingerprint of standard input: the first n_bytes bytes of the stream
+ * (every line the source returned, blank ones included, with their "\n"), which held n_records
+ * records (seq_nos below it, counted over the whole job), and their XXH3-128. */
+typedef struct tm_source_stdin_fp {
+    uint64_t n_bytes;
+    uint64_t n_records;
+    tm_h128 xxh3;
+} tm_source_stdin_fp;
+/* The fingerprint now; at a commit it covers every record the commit made durable. Before
+ * standard input is reached (or, on a resumed run, until its prefix was checked) it is the one
+ * tm_source_stdin_resume gave (zero bytes otherwise). Thread-safe. */
+void tm_source_stdin_fingerprint(tm_source *src, tm_source_stdin_fp *out);
+/* Resume: the stream must start with fp's bytes; the records there whose seq_no is in skip
+ * (borrowed; must outlive the source) are acked and dropped, the others returned once the prefix
+ * checked out. Call before the first tm_source_next. */
+void tm_source_stdin_resume(tm_source *src, const tm_seqset *skip, const tm_source_stdin_fp *fp);
+/* When standard input is the first input and a prefix is to be checked, read and check it now
+ * (so a wrong stream is refused before anything runs); otherwise nothing. Errors as
+ * tm_source_next. */
+tm_rc tm_source_stdin_check(tm_source *src, tm_err *err);
+/* Records tm_source_stdin_resume's skip set made the source drop (acked, never returned). */
+uint64_t tm_source_n_skipped(const tm_source *src);
 
 /* Durability acknowledgements, sink -> source (ARCHITECTURE.md's ack path). After a commit is
  * durable (sink/manifest.h: data fsynced and the manifest published, or the Kafka sink's broker

@@ -19,6 +19,7 @@
 #include "base/buf.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "base/stop.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
@@ -38,6 +39,13 @@ typedef struct seq {
     tm_sample_params sp;
     char *const *stop; /* borrowed from job or defaults */
     uint32_t n_stop;
+    /* Logits processing (issue 22): penalties and logit_bias are in sp (borrowed like stop). */
+    int ignore_eos;
+    uint32_t min_tokens;      /* EOS and stop ids are masked while n_gen < min_tokens */
+    const uint32_t *stop_ids; /* borrowed from job or defaults: ids that end the record */
+    uint32_t n_stop_ids;
+    uint32_t *mask; /* owned; [n_mask] EOS ids (unless ignore_eos) and stop_ids */
+    uint32_t n_mask;
     size_t max_stop_len;
     tm_detok detok;
     tm_buf text;
@@ -103,12 +111,14 @@ typedef struct runner {
     int32_t bos_id;
     int32_t eos_ids[TM_MODEL_MAX_EOS + 1];
     uint32_t n_eos;
-    tm_sched sched;       /* the step planner over seqs[i].q (slots) */
-    tm_sched_seq **slots; /* [max_seqs] &seqs[i].q */
-    tm_sched_plan plan;   /* the current step's plan */
-    tm_batch_seq *bseqs;  /* [max_seqs] the current step's batch, one per plan entry */
-    float *logits;        /* [max_seqs][n_vocab] */
-    uint32_t *ids;        /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_sched sched;              /* the step planner over seqs[i].q (slots) */
+    tm_sched_seq **slots;        /* [max_seqs] &seqs[i].q */
+    tm_sched_plan plan;          /* the current step's plan */
+    tm_batch_seq *bseqs;         /* [max_seqs] the current step's batch, one per plan entry */
+    float *logits;               /* [max_seqs][n_vocab] */
+    uint32_t *ids;               /* [max_seqs] forward_greedy's ids of a greedy step */
+    tm_engine_sample_row *srows; /* [max_seqs] forward_sample's rows of a sampled step */
+    tm_engine_sample_out *souts; /* [max_seqs] and its results */
     tm_sample_scratch scratch;
 } runner;
 
@@ -162,6 +172,7 @@ static void seq_reset(runner *r, seq *s) {
     tm_free(s->itl);
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
+    tm_free(s->mask);
     uint32_t *blocks = s->q.blocks;
     tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
@@ -265,6 +276,10 @@ static void group_unref(group *g) {
     tm_free(g);
 }
 
+// How far a record's tokens are counted: 4 contexts, so that a prompt somewhat too long is told
+// its exact length, while a huge one costs O(context) (tm_tok_encode_max).
+static size_t count_cap(const runner *r) { return 4 * (size_t)r->max_len; }
+
 // Make p (its job and tokenized prompt) a group of n_sub sequences: copies of the prompt, or
 // prompt + each continuation (tokenized on its own and appended, as lm-eval-harness does, so a
 // continuation's tokens do not depend on how the prompt ends). Per-record problems: TM_E_RECORD
@@ -303,7 +318,16 @@ static tm_rc group_create(runner *r, pending *p, uint32_t n_sub, tm_errcode *cod
             continue;
         const char *cont = job->continuations[i];
         *code = TM_ERRCODE_INVALID_VALUE;
-        rc = record_text_fault(tm_tok_encode(r->tok, cont, strlen(cont), v, err), err);
+        int over = 0; // stop counting past the context (issue 24): cost O(context), not O(text)
+        rc = tm_tok_encode_max(r->tok, cont, strlen(cont), count_cap(r), v, &over, err);
+        rc = record_text_fault(rc, err);
+        if (rc == TM_OK && over) {
+            *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+            rc = TM_ERR(err, TM_E_RECORD,
+                        "prompt + continuation %u is more than %zu tokens; this engine holds at "
+                        "most %u tokens per sequence",
+                        i, count_cap(r), r->max_len);
+        }
         if (rc == TM_OK && v->len == p->ids.len)
             rc = TM_ERR(err, TM_E_RECORD, "continuation %u is empty", i);
         if (rc == TM_OK && v->len > r->max_len) {
@@ -333,12 +357,34 @@ static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s)
     s->sp.min_p = ((rec->set & TM_SP_MIN_P) ? rec : d)->min_p;
     s->sp.seed = ((rec->set & TM_SP_SEED) ? rec : d)->seed;
     s->max_tokens = ((rec->set & TM_SP_MAX_TOKENS) ? rec : d)->max_tokens;
+    const tm_sampling *pp = (rec->set & TM_SP_PRESENCE_PENALTY) ? rec : d;
+    const tm_sampling *fp = (rec->set & TM_SP_FREQUENCY_PENALTY) ? rec : d;
+    const tm_sampling *rp = (rec->set & TM_SP_REPETITION_PENALTY) ? rec : d;
+    const tm_sampling *lb = (rec->set & TM_SP_LOGIT_BIAS) ? rec : d;
+    const tm_sampling *si = (rec->set & TM_SP_STOP_TOKEN_IDS) ? rec : d;
+    s->sp.presence_penalty = pp->presence_penalty;
+    s->sp.frequency_penalty = fp->frequency_penalty;
+    s->sp.repetition_penalty = rp->repetition_penalty;
+    s->sp.bias_ids = lb->bias_ids, s->sp.bias = lb->bias, s->sp.n_bias = lb->n_bias;
+    s->min_tokens = (uint32_t)TM_MAX(((rec->set & TM_SP_MIN_TOKENS) ? rec : d)->min_tokens, 0);
+    s->ignore_eos = ((rec->set & TM_SP_IGNORE_EOS) ? rec : d)->ignore_eos;
+    s->stop_ids = si->stop_ids, s->n_stop_ids = si->n_stop_ids;
     const tm_sampling *st = (rec->set & TM_SP_STOP) ? rec : d;
     s->stop = st->stop;
     s->n_stop = st->n_stop;
     s->max_stop_len = 0;
     for (uint32_t i = 0; i < s->n_stop; i++)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
+}
+
+// A prompt found to need more than count_cap tokens (tm_tok_encode_max stopped counting): the
+// same record error as prepare's length check, with a bound for the count.
+static tm_rc prompt_over(const runner *r, tm_errcode *code, tm_err *err) {
+    *code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+    return TM_ERR(err, TM_E_RECORD,
+                  "prompt is more than %zu tokens; this engine holds at most %u tokens per "
+                  "sequence (prompt + at least 1 generated)",
+                  count_cap(r), r->max_len);
 }
 
 // Tokenize a record into ids. Per-record problems (a template that fails on these messages, text
@@ -354,15 +400,20 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
     }
     if (job->prompt_ids)
         return TM_OK;
+    // Count no further than count_cap (issue 24: memory and time are bounded by the context, not
+    // by the prompt's bytes); a prompt under it that is too long gets its exact count below.
+    size_t max_prompt = count_cap(r);
     if (job->messages) {
         tm_buf prompt = {0};
+        int over = 0;
         rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages, 1,
                                  &prompt, err);
         if (rc == TM_OK)
-            rc = tm_tok_encode(r->tok, prompt.data ? prompt.data : "", prompt.len, ids, err);
+            rc = tm_tok_encode_max(r->tok, prompt.data ? prompt.data : "", prompt.len, max_prompt,
+                                   ids, &over, err);
         tm_buf_fini(&prompt);
         *code = TM_ERRCODE_TEMPLATE_ERROR;
-        return record_text_fault(rc, err);
+        return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
     }
     // Plain prompts get the BOS token the model was trained with, as HF tokenizers with
     // add_bos_token do (the chat format writes its own BOS).
@@ -372,8 +423,43 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
             return rc;
     }
     *code = TM_ERRCODE_INVALID_VALUE;
-    return record_text_fault(tm_tok_encode(r->tok, job->prompt, strlen(job->prompt), ids, err),
-                             err);
+    int over = 0;
+    rc = tm_tok_encode_max(r->tok, job->prompt, strlen(job->prompt), max_prompt, ids, &over, err);
+    return rc == TM_OK && over ? prompt_over(r, code, err) : record_text_fault(rc, err);
+}
+
+// A record's checks before it can run (window_add's, and tm_runner_check_record's): tokenize it
+// into p->ids, check its length, make its group of sequences (n > 1, continuations).
+// Per-record problems: TM_E_RECORD with *code and rec_err set.
+static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, tm_err *rec_err) {
+    tm_errcode code = TM_ERRCODE_NONE;
+    double t0 = tm_now_ms();
+    tm_rc rc = tokenize_job(r, job, &p->ids, &code, rec_err);
+    if (r->stats)
+        r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
+    if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
+        code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
+        if (p->ids.len)
+            TM_ERR(rec_err, TM_E_RECORD,
+                   "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
+                   "(prompt + at least 1 generated)",
+                   p->ids.len, r->max_len);
+        else
+            TM_ERR(rec_err, TM_E_RECORD, "prompt is empty");
+        rc = TM_E_RECORD;
+    }
+    const tm_sampling *lb = (job->sp.set & TM_SP_LOGIT_BIAS) ? &job->sp : &r->cfg->defaults;
+    if (rc == TM_OK && lb->n_bias && lb->bias_ids[lb->n_bias - 1] >= r->n_vocab_tok) {
+        code = TM_ERRCODE_INVALID_VALUE; // ids are sorted: the last is the largest
+        TM_ERR(rec_err, TM_E_RECORD, "field 'logit_bias': token id %u is beyond the model's %u ids",
+               lb->bias_ids[lb->n_bias - 1], r->n_vocab_tok);
+        rc = TM_E_RECORD;
+    }
+    uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
+    if (rc == TM_OK && (job->continuations || n_sub > 1))
+        rc = group_create(r, p, n_sub, &code, rec_err);
+    *code_out = code;
+    return rc;
 }
 
 // Take one record off the input: answer it with an error completion, or tokenize it into the
@@ -385,23 +471,7 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     *p = (pending){.job = job};
     tm_errcode code = TM_ERRCODE_NONE;
     tm_err rec_err = {0};
-    double t0 = tm_now_ms();
-    tm_rc rc = tokenize_job(r, job, &p->ids, &code, &rec_err);
-    r->stats->tokenize_s += (tm_now_ms() - t0) / 1e3;
-    if (rc == TM_OK && (p->ids.len == 0 || p->ids.len >= r->max_len)) {
-        code = p->ids.len ? TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED : TM_ERRCODE_INVALID_VALUE;
-        if (p->ids.len)
-            TM_ERR(&rec_err, TM_E_RECORD,
-                   "prompt is %zu tokens; this engine holds at most %u tokens per sequence "
-                   "(prompt + at least 1 generated)",
-                   p->ids.len, r->max_len);
-        else
-            TM_ERR(&rec_err, TM_E_RECORD, "prompt is empty");
-        rc = TM_E_RECORD;
-    }
-    uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
-    if (rc == TM_OK && (job->continuations || n_sub > 1))
-        rc = group_create(r, p, n_sub, &code, &rec_err);
+    tm_rc rc = prepare(r, job, p, &code, &rec_err);
     if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
@@ -510,6 +580,16 @@ static tm_rc admit(runner *r, tm_err *err) {
     s->n_prompt_only = g ? g->n_prompt : s->q.n_prompt;
     s->q.salt = job->cache_salt;
     merge_sampling(&r->cfg->defaults, &s->job->sp, s);
+    s->ignore_eos |= job->ignore_eos;
+    if (s->min_tokens) {
+        s->mask = tm_malloc((r->n_eos + s->n_stop_ids + 1) * sizeof(uint32_t));
+        if (!s->mask)
+            return TM_ERR(err, TM_E_NOMEM, "min_tokens mask");
+        for (uint32_t i = 0; i < r->n_eos && !s->ignore_eos; i++)
+            s->mask[s->n_mask++] = (uint32_t)r->eos_ids[i];
+        for (uint32_t i = 0; i < s->n_stop_ids; i++)
+            s->mask[s->n_mask++] = s->stop_ids[i];
+    }
     if (g && !job->continuations)
         s->sp.seed = tm_sample_seed_of(s->sp.seed, s->sub);
     s->max_len = r->max_len;
@@ -540,6 +620,13 @@ static tm_rc admit(runner *r, tm_err *err) {
 static int is_eos(const runner *r, uint32_t id) {
     for (uint32_t i = 0; i < r->n_eos; i++)
         if ((uint32_t)r->eos_ids[i] == id)
+            return 1;
+    return 0;
+}
+
+static int is_stop_id(const seq *s, uint32_t id) {
+    for (uint32_t i = 0; i < s->n_stop_ids; i++)
+        if (s->stop_ids[i] == id)
             return 1;
     return 0;
 }
@@ -682,6 +769,8 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
 // A token was sampled for s: append it, detokenize, and check the stop conditions.
 static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     double now = tm_now_ms();
+    if (r->cfg->live_tok_gen) // the progress line counts tokens of unfinished records too
+        atomic_fetch_add_explicit(r->cfg->live_tok_gen, 1, memory_order_relaxed);
     if (s->n_gen == 0) {
         s->t_first_ms = now;
     } else { // inter-token latency sample (vLLM's ITL); grows like ids, not per step
@@ -697,7 +786,9 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     }
     s->t_last_ms = now;
     s->n_gen++;
-    if (!s->job->ignore_eos && is_eos(r, id))
+    // Before min_tokens no stop applies (vLLM); EOS and stop ids are masked until then.
+    const int may_stop = s->n_gen >= s->min_tokens;
+    if (may_stop && ((!s->ignore_eos && is_eos(r, id)) || is_stop_id(s, id)))
         return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
@@ -706,7 +797,7 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     rc = record_fault(tm_detok_push(r->tok, &s->detok, id, 1, &s->text, err), err);
     if (rc)
         return rc;
-    if (s->n_stop && s->text.len > before) {
+    if (may_stop && s->n_stop && s->text.len > before) {
         // A stop string may start up to max_stop_len - 1 bytes before the new text.
         size_t from = before > s->max_stop_len ? before - s->max_stop_len + 1 : 0;
         size_t cut = SIZE_MAX;
@@ -772,12 +863,43 @@ static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
     return TM_OK;
 }
 
+// The sampling parameters of s's next generated token: its history and, before min_tokens, the
+// mask (borrowed from s: valid until s's ids grow).
+static tm_sample_params row_params(const seq *s) {
+    tm_sample_params p = s->sp;
+    p.hist = s->q.ids.ids;
+    p.n_hist = (uint32_t)s->q.ids.len;
+    p.n_hist_prompt = s->q.n_prompt;
+    p.mask_ids = s->mask;
+    p.n_mask = s->n_gen < s->min_tokens ? s->n_mask : 0;
+    return p;
+}
+
 // 1 when s's wanted row this step is a generated token that tm_sample_token would pick as the
 // argmax, and nothing else reads the row (no logprobs, not a scoring row): the engine may pick it
 // itself (forward_greedy) and keep the logits row.
 static int row_is_greedy(const runner *r, const seq *s) {
-    return s->q.score_next >= s->q.score_end && !s->lp &&
-           tm_sample_is_greedy(&s->sp, r->n_vocab_tok);
+    const tm_sample_params p = row_params(s);
+    return s->q.score_next >= s->q.score_end && !s->lp && tm_sample_is_greedy(&p, r->n_vocab_tok) &&
+           !tm_sample_has_proc(&p);
+}
+
+// 1 when s's wanted row this step is a generated token (not a scoring row): forward_sample may
+// sample it on the engine, its logprobs included.
+static int row_is_sampled(const seq *s) { return s->q.score_next >= s->q.score_end; }
+
+// The token of a sampled row as forward_sample gave it; rows tm_sample_token would refuse fail
+// their record the same way (TM_E_RECORD).
+static tm_rc sampled_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
+    if (got == TM_ENGINE_ID_MASKED)
+        return TM_ERR(err, TM_E_RECORD, "sample: every token is masked (min_tokens)");
+    if (got == TM_ENGINE_ID_NONFINITE)
+        return TM_ERR(err, TM_E_RECORD, "sample: a logit is NaN or inf");
+    if (got >= r->n_vocab_tok)
+        return TM_ERR(err, TM_E_INTERNAL, "engine %s: sampled id %u beyond the %u sampled ids",
+                      r->eng->ops->name, got, r->n_vocab_tok);
+    *id = got;
+    return TM_OK;
 }
 
 // The token of a greedy row as forward_greedy gave it; a non-finite row fails its record as
@@ -795,8 +917,10 @@ static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
 // ---- a step: the plan (runner/sched/sched.h), then the engine, the stats and the rows ----
 
 // Carry out the plan's copies, then one forward of its entries. A greedy step (the engine has
-// forward_greedy and every wanted row only needs its argmax) leaves one id per wanted row in
-// r->ids, any other step the rows in r->logits. *dt_s gets the forward's time.
+// forward_greedy and every wanted row only needs its argmax: *greedy 1) leaves one id per wanted
+// row in r->ids; a sampled step (the engine has forward_sample and every wanted row is a
+// generated token: *greedy 2) its picks and logprobs in r->souts; any other step (*greedy 0)
+// the rows in r->logits. *dt_s gets the forward's time.
 static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, double *dt_s,
                         tm_err *err) {
     for (uint32_t i = 0; i < plan->n_copy; i++) { // in plan order (runner/sched/sched.h)
@@ -809,6 +933,8 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
     if (plan->n_run == 0)
         return TM_ERR(err, TM_E_INTERNAL, "scheduler: no sequence could be scheduled");
     int g = r->eng->ops->forward_greedy != NULL;
+    int smp = r->eng->ops->forward_sample != NULL;
+    uint32_t n_want = 0;
     for (uint32_t i = 0; i < plan->n_run; i++) {
         const tm_sched_run *e = &plan->run[i];
         const seq *s = &r->seqs[e->slot];
@@ -821,15 +947,27 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
             .want_logits = e->want_logits,
         };
         g = g && (!e->want_logits || row_is_greedy(r, s));
+        if (e->want_logits && smp && row_is_sampled(s))
+            r->srows[n_want++] = (tm_engine_sample_row){
+                .p = row_params(s), .step = s->n_gen, .want_lp = s->lp != NULL, .n_top = s->n_top};
+        else if (e->want_logits)
+            smp = 0;
     }
     tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
     double t0 = tm_now_ms();
-    tm_rc rc = g ? r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err)
-                 : tm_engine_forward(r->eng, &b, r->logits, err);
+    tm_rc rc = TM_E_AGAIN;
+    if (g)
+        rc = r->eng->ops->forward_greedy(r->eng, &b, r->n_vocab_tok, r->ids, err);
+    else if (smp && n_want)
+        rc = r->eng->ops->forward_sample(r->eng, &b, r->n_vocab_tok, r->srows, r->souts, err);
+    *greedy = g ? 1 : 2;
+    if (rc == TM_E_AGAIN) { // no sampler on the engine for these rows: logits to the host
+        rc = tm_engine_forward(r->eng, &b, r->logits, err);
+        *greedy = 0;
+    }
     if (rc)
         return rc;
     *dt_s = (tm_now_ms() - t0) / 1e3;
-    *greedy = g;
     return TM_OK;
 }
 
@@ -838,13 +976,15 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     const uint32_t n_pre = plan->n_tok_prefill, n_dec = plan->n_tok_decode;
     tm_runner_stats *st = r->stats;
     st->n_step++;
-    st->n_step_greedy += greedy;
+    st->n_step_greedy += greedy == 1;
     st->n_tok_prefill += n_pre;
     st->n_tok_decode += n_dec;
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);
     st->decode_s += dt_s * n_dec / (n_pre + n_dec);
     st->sum_step_fill += (double)(n_pre + n_dec) / r->cfg->max_batched_tokens;
     st->sum_running += plan->n_run;
+    if (r->cfg->live_tok_prompt)
+        atomic_fetch_add_explicit(r->cfg->live_tok_prompt, n_pre, memory_order_relaxed);
 }
 
 // Entry e's sequence s computed its chunk; w is its logits row (or id, in a greedy step) when it
@@ -867,12 +1007,19 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
             rc = finish(r, s, TM_FINISH_LENGTH, err);
     } else {
-        if (greedy)
+        if (greedy == 1)
             rc = greedy_token(r, r->ids[w], &id, err);
-        else
+        else if (greedy == 2)
+            rc = sampled_token(r, r->souts[w].id, &id, err);
+        else {
+            const tm_sample_params p = row_params(s);
             rc = record_fault(
-                tm_sample_token(lg, r->n_vocab_tok, &s->sp, s->n_gen, &r->scratch, &id, err), err);
-        if (rc == TM_OK && s->lp) {
+                tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
+        }
+        if (rc == TM_OK && s->lp && greedy == 2) {
+            const tm_engine_sample_out *o = &r->souts[w];
+            rc = lp_push(s->lp, &s->lp_cap, id, o->lp, o->top_ids, o->top_lp, err);
+        } else if (rc == TM_OK && s->lp) {
             uint32_t am;
             float v;
             rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
@@ -944,9 +1091,29 @@ static void runner_fini(runner *r) {
     tm_sched_plan_fini(&r->plan);
     tm_free(r->logits);
     tm_free(r->ids);
+    tm_free(r->srows);
+    tm_free(r->souts);
     tm_sample_scratch_fini(&r->scratch);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
+}
+
+tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, tm_job *job,
+                             tm_errcode *code, tm_err *err) {
+    *code = job->err_code;
+    if (job->err_code != TM_ERRCODE_NONE)
+        return TM_ERR(err, TM_E_RECORD, "%s", job->err_msg ? job->err_msg : "");
+    runner r = {.cfg = cfg, .tok = tok, .bos_id = tm_tok_bos_id(tok)};
+    uint64_t pool_tok = (uint64_t)cfg->n_kv_block * cfg->block_size;
+    r.max_len = cfg->n_kv_block ? (uint32_t)TM_MIN((uint64_t)cfg->n_ctx, pool_tok) : cfg->n_ctx;
+    pending p = {.job = job};
+    tm_rc rc = prepare(&r, job, &p, code, err);
+    if (p.grp) {
+        p.grp->job = NULL; // the caller's
+        group_unref(p.grp);
+    }
+    tm_ids_fini(&p.ids);
+    return rc;
 }
 
 tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
@@ -985,7 +1152,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.slots = tm_calloc(cfg->max_seqs, sizeof(*r.slots));
     r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
     r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
-    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids) {
+    r.srows = tm_calloc(cfg->max_seqs, sizeof(*r.srows));
+    r.souts = tm_calloc(cfg->max_seqs, sizeof(*r.souts));
+    if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids || !r.srows || !r.souts) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;
     }
@@ -1016,6 +1185,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
 
     int input_open = 1;
     for (;;) {
+        if (cfg->stop_on_signal && tm_stop_requested())
+            break; // graceful stop: what was emitted gets committed, the rest runs next time
         // Refill the window once it is empty; block on the queue only when nothing runs.
         if (r.win_head == r.win_len && input_open) {
             r.win_head = r.win_len = 0;

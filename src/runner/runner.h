@@ -19,6 +19,8 @@
 #ifndef TM_RUNNER_RUNNER_H
 #define TM_RUNNER_RUNNER_H
 
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -41,9 +43,13 @@ typedef struct tm_runner_cfg {
     tm_sampling defaults;        /* job defaults; borrowed (stop strings must outlive the run) */
     int prefix_cache;            /* reuse cached KV blocks of shared prefixes */
     tm_sched_policy policy;
-    uint32_t lookahead;        /* records tokenized and ordered ahead of admission (PREFIX) */
-    const char *chat_template; /* Jinja chat template overriding the tokenizer's, or NULL;
-                                * borrowed (must outlive the run) */
+    uint32_t lookahead;             /* records tokenized and ordered ahead of admission (PREFIX) */
+    const char *chat_template;      /* Jinja chat template overriding the tokenizer's, or NULL;
+                                     * borrowed (must outlive the run) */
+    _Atomic uint64_t *live_tok_gen; /* when not NULL: += every token generated, as it is */
+    _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
+    bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
+                          * in flight (a file job: the next run answers them) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -70,5 +76,14 @@ typedef struct tm_runner_stats {
  * too long, a template or text that fails, non-finite logits) become error completions. */
 tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer *tok, tm_queue *in,
                     tm_queue *out, tm_runner_stats *stats, tm_err *err);
+
+/* The checks the runner makes of a record before admitting it, without an engine (validate):
+ * tokenizing (chat records through the chat template), the prompt's length against n_ctx and the
+ * KV pool (n_kv_block * block_size; n_kv_block 0: n_ctx alone), scoring continuations, n > 1
+ * groups. Reads cfg->n_ctx, n_kv_block, block_size and chat_template. Borrows job. TM_OK: run
+ * would admit it; TM_E_RECORD: run would answer it with an error record, *code and err->msg say
+ * which (also for a record ingest rejected); anything else is fatal. */
+tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, tm_job *job,
+                             tm_errcode *code, tm_err *err);
 
 #endif /* TM_RUNNER_RUNNER_H */

@@ -18,6 +18,7 @@
 #include "base/fault_io.h"
 #include "base/fsutil.h"
 #include "base/hash.h"
+#include "base/log.h"
 #include "sink/sink.h"
 
 #define FORMAT_NAME "tokenmill.manifest"
@@ -340,7 +341,9 @@ static json_t *to_json(const tm_manifest *m) {
                      "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
                      "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
                      "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
-                     files_json(m->inputs, m->n_inputs, false), "outputs", TM_SINK_COMPLETIONS_FILE,
+                     files_json(m->inputs, m->n_inputs, false), "outputs",
+                     m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
+                                          : TM_SINK_COMPLETIONS_FILE,
                      "bytes", (json_int_t)m->bytes_completions, TM_SINK_ERRORS_FILE, "bytes",
                      (json_int_t)m->bytes_errors, "kafka", kafka, "records", "watermark",
                      (json_int_t)m->done.watermark, "done_above", ranges_json(&m->done), "total",
@@ -350,6 +353,18 @@ static json_t *to_json(const tm_manifest *m) {
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
+    }
+    if (root && m->in_stdin.set) {
+        const tm_manifest_stdin *in = &m->in_stdin;
+        char h[33];
+        snprintf(h, sizeof(h), "%016llx%016llx", (unsigned long long)in->xxh3.hi,
+                 (unsigned long long)in->xxh3.lo);
+        if (json_object_set_new(root, "stdin",
+                                json_pack("{s:I, s:I, s:s}", "bytes", (json_int_t)in->n_bytes,
+                                          "records", (json_int_t)in->n_records, "xxh3", h)) != 0) {
+            json_decref(root);
+            return NULL;
+        }
     }
     return root;
 }
@@ -484,8 +499,13 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
                         &m->n_inputs))
         return r->rc;
     const json_t *outs = json_object_get(root, "outputs");
-    m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
-                                   "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
+    m->completions_plain = json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE) != NULL;
+    if (m->completions_plain)
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_PLAIN_FILE),
+                                       "bytes", "outputs." TM_SINK_COMPLETIONS_PLAIN_FILE ".bytes");
+    else
+        m->bytes_completions = get_u64(r, json_object_get(outs, TM_SINK_COMPLETIONS_FILE), "bytes",
+                                       "outputs." TM_SINK_COMPLETIONS_FILE ".bytes");
     m->bytes_errors = get_u64(r, json_object_get(outs, TM_SINK_ERRORS_FILE), "bytes",
                               "outputs." TM_SINK_ERRORS_FILE ".bytes");
     const json_t *kafka = json_object_get(root, "kafka");
@@ -554,6 +574,18 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     m->n_runs = (uint32_t)get_u64(r, cm, "runs", "commits.runs");
     if (!r->rc)
         kparts_from_json(r, json_object_get(root, "input_kafka"), m);
+    const json_t *in = json_object_get(root, "stdin");
+    if (!r->rc && in) { // optional: a job reading standard input (absent before it was kept)
+        const char *h = json_string_value(json_object_get(in, "xxh3"));
+        unsigned long long hi = 0, lo = 0;
+        m->in_stdin.n_bytes = get_u64(r, in, "bytes", "stdin.bytes");
+        m->in_stdin.n_records = get_u64(r, in, "records", "stdin.records");
+        if (!h || strlen(h) != 32 || strspn(h, "0123456789abcdef") != 32 ||
+            sscanf(h, "%16llx%16llx", &hi, &lo) != 2)
+            bad(r, "stdin.xxh3");
+        m->in_stdin.xxh3 = (tm_h128){.lo = lo, .hi = hi};
+        m->in_stdin.set = !r->rc;
+    }
     return r->rc;
 }
 
@@ -566,11 +598,10 @@ tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err
     tm_rc rc = TM_OK;
     json_error_t jerr;
     json_t *root = NULL;
-    if (access(path, F_OK) != 0) {
-        if (errno != ENOENT)
-            rc = TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+    int64_t size;
+    rc = tm_fs_check_out(path, &size, err); // a link or a FIFO is refused, never opened
+    if (rc || size < 0)
         goto done;
-    }
     root = json_load_file(path, 0, &jerr);
     if (!root) {
         rc = TM_ERR(err, TM_E_PARSE,
@@ -627,28 +658,29 @@ static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t 
     char *path = tm_fs_path_join(dir, name);
     if (!path)
         return TM_ERR(err, TM_E_NOMEM, "output path");
-    tm_rc rc = TM_OK;
-    struct stat st;
-    if (stat(path, &st) != 0) {
-        if (errno != ENOENT || len > 0)
-            rc = TM_ERR(err, TM_E_IO,
-                        "%s: %s, but the manifest commits %llu bytes of it "
-                        "(the output folder was damaged; rerun with --restart to start over)",
-                        path, strerror(errno), (unsigned long long)len);
+    int64_t size;
+    tm_rc rc = tm_fs_check_out(path, &size, err); // a link is refused, never cut
+    if (!rc && size < 0 && len > 0)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s: %s, but the manifest commits %llu bytes of it "
+                    "(the output folder was damaged; rerun with --restart to start over)",
+                    path, strerror(ENOENT), (unsigned long long)len);
+    if (rc || size < 0) {
         tm_free(path);
         return rc;
     }
-    if ((uint64_t)st.st_size < len) {
+    if ((uint64_t)size < len) {
         rc = TM_ERR(err, TM_E_IO,
                     "%s has %lld bytes but the manifest commits %llu (committed "
                     "bytes were lost: the output folder was damaged outside tokenmill; rerun "
                     "with --restart to start over)",
-                    path, (long long)st.st_size, (unsigned long long)len);
-    } else if ((uint64_t)st.st_size > len) {
-        *cut += (uint64_t)st.st_size - len;
-        int fd = open(path, O_WRONLY | O_CLOEXEC);
-        int e = tm_fault_io(TM_IO_TRUNCATE);
-        if (fd < 0 || e || ftruncate(fd, (off_t)len) != 0)
+                    path, (long long)size, (unsigned long long)len);
+    } else if ((uint64_t)size > len) {
+        *cut += (uint64_t)size - len;
+        int fd = -1;
+        rc = tm_fs_open_out(path, O_WRONLY, 0, NULL, &fd, err);
+        int e = rc ? 0 : tm_fault_io(TM_IO_TRUNCATE);
+        if (!rc && (e || ftruncate(fd, (off_t)len) != 0))
             rc = TM_ERR(err, TM_E_IO, "cutting %s to its committed %llu bytes: %s", path,
                         (unsigned long long)len, strerror(e ? e : errno));
         e = rc ? 0 : tm_fault_io(TM_IO_FSYNC);
@@ -671,39 +703,102 @@ tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_b
         unlink(p); // a leftover of a crash; never read
         tm_free(p);
     }
-    tm_rc rc = cut_file(dir, TM_SINK_COMPLETIONS_FILE, m->bytes_completions, cut_bytes, err);
+    tm_rc rc = cut_file(
+        dir, m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE,
+        m->bytes_completions, cut_bytes, err);
     if (!rc)
         rc = cut_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, cut_bytes, err);
     return rc;
 }
 
-tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err) {
-    *fd = -1;
+static tm_rc held_elsewhere(const char *dir, const char *what, tm_err *err) {
+    return TM_ERR(err, TM_E_AGAIN,
+                  "another tokenmill process is running a job in %s (it holds %s); wait for it "
+                  "to end",
+                  dir, what);
+}
+
+tm_rc tm_manifest_lock(const char *dir, tm_manifest_lk *lk, tm_err *err) {
+    *lk = (tm_manifest_lk)TM_MANIFEST_LK_INIT;
     tm_rc rc = tm_fs_mkdir_p(dir, err);
     if (rc)
         return rc;
-    char *path = tm_fs_path_join(dir, TM_MANIFEST_LOCK_FILE);
-    if (!path)
-        return TM_ERR(err, TM_E_NOMEM, "lock path");
-    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (f < 0) {
-        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
-    } else if (flock(f, LOCK_EX | LOCK_NB) != 0) {
+    // The folder itself first: unlike a file in it, it cannot be deleted and made anew under a
+    // running job (rm of tokenmill.lock let a second writer in, issue 24).
+    int d = open(dir, O_RDONLY | O_DIRECTORY | O_NONBLOCK | O_CLOEXEC);
+    if (d < 0)
+        return TM_ERR(err, TM_E_IO, "opening %s: %s", dir, strerror(errno));
+    if (flock(d, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
-        close(f);
-        rc = e == EWOULDBLOCK ? TM_ERR(err, TM_E_AGAIN,
-                                       "another tokenmill process is running a job in %s "
-                                       "(it holds %s); wait for it to end",
-                                       dir, path)
+        close(d);
+        d = -1;
+        if (e == EWOULDBLOCK)
+            return held_elsewhere(dir, "a lock on the folder", err);
+        TM_LOG_WARN("manifest",
+                    "cannot lock the folder %s itself (%s): only %s guards it, so deleting that "
+                    "file while a job runs would let a second one in",
+                    dir, strerror(e), TM_MANIFEST_LOCK_FILE);
+    }
+    lk->dir_fd = d;
+    char *path = tm_fs_path_join(dir, TM_MANIFEST_LOCK_FILE);
+    if (!path) {
+        rc = TM_ERR(err, TM_E_NOMEM, "lock path");
+        goto fail;
+    }
+    rc = tm_fs_open_out(path, O_RDONLY | O_CREAT, 0666, &lk->created, &lk->file_fd, err);
+    if (!rc && flock(lk->file_fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        rc = e == EWOULDBLOCK ? held_elsewhere(dir, path, err)
                               : TM_ERR(err, TM_E_IO, "locking %s: %s", path, strerror(e));
-    } else {
-        *fd = f;
     }
     tm_free(path);
+    if (rc)
+        goto fail;
+    return TM_OK;
+fail:
+    tm_manifest_unlock(lk);
     return rc;
 }
 
-void tm_manifest_unlock(int fd) {
-    if (fd >= 0)
-        close(fd); // drops the flock
+void tm_manifest_unlock(tm_manifest_lk *lk) {
+    if (lk->file_fd >= 0)
+        close(lk->file_fd); // drops the flock
+    if (lk->dir_fd >= 0)
+        close(lk->dir_fd);
+    lk->file_fd = lk->dir_fd = -1;
+}
+
+tm_rc tm_manifest_check_folder(const char *dir, const tm_manifest_lk *lk, bool fresh, tm_err *err) {
+    static const char *const names[] = {
+        TM_MANIFEST_FILE,    TM_SINK_COMPLETIONS_FILE, TM_SINK_COMPLETIONS_PLAIN_FILE,
+        TM_SINK_ERRORS_FILE, "metrics.json",           TM_MANIFEST_FILE ".tmp",
+        "metrics.json.tmp"};
+    char found[512] = "";
+    size_t n_found = 0;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        char *p = tm_fs_path_join(dir, names[i]);
+        if (!p)
+            return TM_ERR(err, TM_E_NOMEM, "output path");
+        int64_t size;
+        tm_rc rc = tm_fs_check_out(p, &size, err);
+        tm_free(p);
+        if (rc)
+            return rc;
+        if (size >= 0) {
+            size_t len = strlen(found);
+            snprintf(found + len, sizeof(found) - len, "%s%s", n_found ? ", " : "", names[i]);
+            n_found++;
+        }
+    }
+    if (!fresh || !lk->created || n_found == 0)
+        return TM_OK;
+    char *lock = tm_fs_path_join(dir, TM_MANIFEST_LOCK_FILE);
+    if (lock)
+        unlink(lock); // made by this run a moment ago; the next run must find the folder as it was
+    tm_free(lock);
+    return TM_ERR(err, TM_E_INVAL,
+                  "output folder %s holds %s but no %s or %s: these files were not written by "
+                  "tokenmill, and a new job would overwrite them. Move them away or choose "
+                  "another output.dir (tokenmill run --restart overwrites them)",
+                  dir, found, TM_MANIFEST_FILE, TM_MANIFEST_LOCK_FILE);
 }

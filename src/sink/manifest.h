@@ -14,8 +14,12 @@
  * after_rename_before_dirsync (between 4 and 5), after_commit. A failed fsync is never retried: the
  * job stops and the next run starts from the last manifest.
  *
- * One process per output folder: tm_manifest_lock takes an flock(2) on output.dir/tokenmill.lock
- * for the life of the process (the kernel drops it when the process dies, also on kill -9).
+ * One process per output folder: tm_manifest_lock takes an flock(2) on the output folder itself
+ * and one on output.dir/tokenmill.lock for the life of the process (the kernel drops them when the
+ * process dies, also on kill -9). The folder's lock is what deleting tokenmill.lock cannot defeat;
+ * the file's keeps out tokenmill versions that lock only the file, and marks the folder as one
+ * tokenmill made. Every file of the folder is opened with tm_fs_open_out (base/fsutil.h): links,
+ * FIFOs and other non-regular files are refused, never followed or waited on.
  * Not thread-safe: one owner at a time (the job thread, then the sink thread, then the job thread
  * again after joining it). */
 #ifndef TM_SINK_MANIFEST_H
@@ -26,6 +30,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "base/hash.h"
 #include "base/record.h"
 #include "base/seqset.h"
 
@@ -60,6 +65,15 @@ typedef struct tm_manifest_kpart {
     size_t n_ranges;
 } tm_manifest_kpart;
 
+/* Standard input's committed prefix (ingest/source.h's fingerprint) of a job that reads "-": a
+ * resumed run's stream must start with these bytes (JSON "stdin"; absent for other jobs). */
+typedef struct tm_manifest_stdin {
+    bool set;           /* the job reads standard input */
+    uint64_t n_bytes;   /* bytes of the stream read by this commit */
+    uint64_t n_records; /* records numbered by then (over the whole job) */
+    tm_h128 xxh3;       /* XXH3-128 of those bytes */
+} tm_manifest_stdin;
+
 typedef struct tm_manifest {
     char spec_hash[33];            /* xxh3-128 hex of the canonical job spec */
     char *job_path;                /* owned; informational (the job may move) */
@@ -67,7 +81,9 @@ typedef struct tm_manifest {
     size_t n_model_files;
     tm_manifest_file *inputs; /* [n_inputs] owned; in read order */
     size_t n_inputs;
-    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 */
+    uint64_t bytes_completions; /* committed length of completions.jsonl.lz4 (or .jsonl) */
+    bool completions_plain;     /* the completions file is plain completions.jsonl
+                                 * (output.compression "none"), not completions.jsonl.lz4 */
     uint64_t bytes_errors;      /* committed length of errors.jsonl */
     tm_seqset done;             /* input records (seq_no) whose output is committed */
     uint64_t n_records;         /* records in the whole input; valid when total_known */
@@ -79,6 +95,7 @@ typedef struct tm_manifest {
     char *kafka_topic;         /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
     tm_manifest_kpart *kparts; /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
     size_t n_kparts, cap_kparts;
+    tm_manifest_stdin in_stdin; /* set for a job reading standard input */
 } tm_manifest;
 
 /* Free what m owns and zero it. */
@@ -98,8 +115,9 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
                            tm_err *err);
 
 /* Read dir/manifest.json into *m (zeroed first). *found is false (and m empty) when there is no
- * manifest. TM_E_PARSE (not a manifest this version understands: the message names the file and
- * the field), TM_E_IO, TM_E_NOMEM. */
+ * manifest. A manifest that is a symbolic link or not a regular file is TM_E_IO. TM_E_PARSE (not a
+ * manifest this version understands: the message names the file and the field), TM_E_IO,
+ * TM_E_NOMEM. */
 tm_rc tm_manifest_load(const char *dir, tm_manifest *m, bool *found, tm_err *err);
 
 /* Publish m as dir/manifest.json: steps 3-5 of the commit protocol (the data files must already
@@ -119,11 +137,31 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
  * TM_E_IO naming the file. *cut_bytes gets the bytes cut off (torn tails). */
 tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err);
 
-/* Create dir (and parents) if missing, then lock dir/tokenmill.lock without waiting. On success
- * *fd is the lock's descriptor (close it with tm_manifest_unlock). TM_E_AGAIN when another process
- * holds it (the message says so), TM_E_IO. */
-tm_rc tm_manifest_lock(const char *dir, int *fd, tm_err *err);
-void tm_manifest_unlock(int fd); /* fd < 0 is a no-op */
+/* The output folder's locks (tm_manifest_lock). */
+typedef struct tm_manifest_lk {
+    int dir_fd;   /* the output folder, flock'ed; -1 when not held */
+    int file_fd;  /* dir/tokenmill.lock, flock'ed; -1 when not held */
+    bool created; /* tokenmill.lock did not exist before: the folder was not tokenmill's */
+} tm_manifest_lk;
+#define TM_MANIFEST_LK_INIT                                                                        \
+    { .dir_fd = -1, .file_fd = -1 }
+
+/* Create dir (and parents) if missing, then lock the folder and dir/tokenmill.lock without
+ * waiting. On success *lk holds both (release them with tm_manifest_unlock). A file system that
+ * cannot flock a folder (NFS) keeps the file's lock only, with a warning. TM_E_AGAIN when another
+ * process holds either (the message says so); TM_E_IO (tokenmill.lock a link or not a regular
+ * file, named). */
+tm_rc tm_manifest_lock(const char *dir, tm_manifest_lk *lk, tm_err *err);
+void tm_manifest_unlock(tm_manifest_lk *lk); /* releases what lk holds; then lk holds nothing */
+
+/* Check the names tokenmill writes in dir (manifest.json, completions.jsonl[.lz4], errors.jsonl,
+ * metrics.json and their temporary files): each one that exists must be a regular file, not a
+ * symbolic link, FIFO, folder or device (TM_E_IO naming it). With fresh (a run about to start with
+ * no manifest and without --restart) such files must also be tokenmill's: when this run created
+ * tokenmill.lock (lk->created), the folder was never tokenmill's and any of them is the user's,
+ * which a fresh run would overwrite: TM_E_INVAL listing them; then the lock file this run created
+ * is removed again, so that the next run refuses too. Opens nothing. */
+tm_rc tm_manifest_check_folder(const char *dir, const tm_manifest_lk *lk, bool fresh, tm_err *err);
 
 /* fsync the folder (EINVAL, folders that cannot be synced, is ignored). TM_E_IO. */
 tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err);

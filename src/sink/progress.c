@@ -3,8 +3,10 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include "base/alloc.h"
@@ -27,7 +29,9 @@ struct tm_progress {
     uint64_t n_done, n_failed, n_tok_prompt, n_tok_gen;
     double start_ms, start_unix_s;
     double last_draw_ms, last_line_ms, last_textfile_ms;
-    int drawn; /* BAR: something is on the line */
+    int drawn;                                      /* BAR: something is on the line */
+    int width;                                      /* cfg.width */
+    const _Atomic uint64_t *live_gen, *live_prompt; /* tm_progress_set_live, or NULL */
 };
 
 static double unix_now_s(void) {
@@ -47,6 +51,7 @@ tm_rc tm_progress_create(const tm_progress_cfg *cfg, tm_progress **out, tm_err *
         return TM_ERR(err, TM_E_NOMEM, "progress");
     }
     p->out = cfg->out ? cfg->out : stderr;
+    p->width = cfg->width;
     p->mode = cfg->mode;
     if (p->mode == TM_PROGRESS_AUTO) {
         if (tm_log_get_level() < TM_LOG_LEVEL_INFO)
@@ -73,6 +78,12 @@ void tm_progress_destroy(tm_progress *p) {
 
 void tm_progress_set_total(tm_progress *p, uint64_t n_records) {
     atomic_store(&p->total_p1, n_records + 1);
+}
+
+void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
+                          const _Atomic uint64_t *n_tok_prompt) {
+    p->live_gen = n_tok_gen;
+    p->live_prompt = n_tok_prompt;
 }
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
@@ -111,6 +122,7 @@ static void fmt_duration(double s, char *buf, size_t n) {
 typedef struct snapshot {
     int total_known;
     uint64_t total;
+    double tok_gen; /* generated so far (live: unfinished records too) */
     double elapsed_s, out_tok_s, all_tok_s;
     int eta_known;
     double eta_s, eta_tok;
@@ -122,16 +134,28 @@ static snapshot take(const tm_progress *p, double now_ms) {
     s.total_known = t != 0;
     s.total = t ? t - 1 : 0;
     s.elapsed_s = (now_ms - p->start_ms) / 1e3;
-    uint64_t n_tok = p->n_tok_prompt + p->n_tok_gen;
-    if (s.elapsed_s > 0) {
-        s.out_tok_s = (double)p->n_tok_gen / s.elapsed_s;
-        s.all_tok_s = (double)n_tok / s.elapsed_s;
+    uint64_t n_tok = p->n_tok_prompt + p->n_tok_gen; // of the finished records
+    double gen = (double)p->n_tok_gen, done_tok = (double)n_tok;
+    if (p->live_gen) { // tokens as computed, finished or not (never less than the finished ones)
+        gen = TM_MAX(gen, (double)atomic_load_explicit(p->live_gen, memory_order_relaxed));
+        double all = gen + (double)atomic_load_explicit(p->live_prompt, memory_order_relaxed);
+        done_tok = TM_MAX(done_tok, all);
     }
-    // ETA in tokens: what is left, in tokens at the mean size of the records done, over the
-    // token rate so far.
+    s.tok_gen = gen;
+    if (s.elapsed_s > 0) {
+        s.out_tok_s = gen / s.elapsed_s;
+        s.all_tok_s = done_tok / s.elapsed_s;
+    }
+    // ETA in tokens: the job's tokens at the mean size of the records done, less the tokens
+    // computed so far (unfinished records' included), over the token rate so far.
     if (s.total_known && p->n_done > 0 && s.all_tok_s > 0 && s.total >= p->n_done) {
         s.eta_known = 1;
-        s.eta_tok = (double)(s.total - p->n_done) * (double)n_tok / (double)p->n_done;
+        double expect = (double)s.total * (double)n_tok / (double)p->n_done;
+        if (!p->live_gen)
+            expect = (double)(s.total - p->n_done) * (double)n_tok / (double)p->n_done;
+        else
+            expect = TM_MAX(expect - done_tok, 0.0);
+        s.eta_tok = expect;
         s.eta_s = s.eta_tok / s.all_tok_s;
     }
     return s;
@@ -156,6 +180,10 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
     if (len >= 0 && (size_t)len < n)
         len += snprintf(buf + len, n - (size_t)len, " | %s tok/s out, %s tok/s in+out | %s", a, b,
                         e);
+    if (p->live_gen && len >= 0 && (size_t)len < n) {
+        fmt_count(s.tok_gen, d, sizeof(d));
+        len += snprintf(buf + len, n - (size_t)len, " | %s tok out", d);
+    }
     if (s.eta_known && len >= 0 && (size_t)len < n) {
         fmt_duration(s.eta_s, c, sizeof(c));
         fmt_count(s.eta_tok, d, sizeof(d));
@@ -164,10 +192,24 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
     return buf;
 }
 
-static void draw_bar(tm_progress *p, double now_ms, int final) {
+// Columns of the terminal out is (else $COLUMNS, else 80); a stream that is not a terminal does
+// not wrap, so it gets the whole line.
+static int term_width(FILE *out) {
+    struct winsize ws;
+    if (ioctl(fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+        return ws.ws_col;
+    if (!isatty(fileno(out)))
+        return 1 << 20;
+    const char *c = getenv("COLUMNS");
+    int w = c ? atoi(c) : 0;
+    return w > 0 ? w : 80;
+}
+
+const char *tm_progress_bar_line(const tm_progress *p, double now_ms, int width, int final,
+                                 char *buf, size_t n) {
     char line[256], bar[BAR_WIDTH + 3];
     tm_progress_format(p, now_ms, line, sizeof(line));
-    uint64_t t = atomic_load(&p->total_p1);
+    uint64_t t = atomic_load(&((tm_progress *)p)->total_p1);
     bar[0] = '\0';
     if (t > 1) {
         uint64_t total = t - 1;
@@ -178,8 +220,22 @@ static void draw_bar(tm_progress *p, double now_ms, int final) {
         bar[BAR_WIDTH + 1] = ']';
         bar[BAR_WIDTH + 2] = '\0';
     }
+    // At most width - 1 columns (the last column would wrap on some terminals): the bar goes
+    // first, then the status is cut. All of it is ASCII, one column per byte.
+    size_t room = width > 1 ? (size_t)width - 1 : 1;
+    if (bar[0] && strlen(bar) + 1 + strlen(line) > room)
+        bar[0] = '\0';
+    if (strlen(line) > room)
+        line[room] = '\0';
     // \r back to the start of the line, ESC[K clears what a longer earlier line left
-    fprintf(p->out, "\r\033[K%s%s%s%s", bar, bar[0] ? " " : "", line, final ? "\n" : "");
+    snprintf(buf, n, "\r\033[K%s%s%s%s", bar, bar[0] ? " " : "", line, final ? "\n" : "");
+    return buf;
+}
+
+static void draw_bar(tm_progress *p, double now_ms, int final) {
+    char buf[320];
+    int width = p->width > 0 ? p->width : term_width(p->out);
+    fputs(tm_progress_bar_line(p, now_ms, width, final, buf, sizeof(buf)), p->out);
     fflush(p->out);
     p->drawn = !final;
 }

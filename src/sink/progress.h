@@ -5,14 +5,18 @@
  * output tokens/s, and an ETA measured in tokens: the tokens still to come (records left times the
  * mean prompt + completion tokens of the records done) over the token rate so far.
  *
- * Counting happens per finished record (the sink sees records, not tokens in flight), so a job of
- * a few long records moves in steps. Threading: tm_progress_set_total may be called from any
+ * Records are counted as they finish; tokens, with tm_progress_set_live, as the runner computes
+ * them (unfinished records included), so a job of a few long records shows its token rate from
+ * the start. The bar is clipped to the terminal's width (it never wraps, so a redraw never adds
+ * a line). Threading: tm_progress_set_total may be called from any
  * thread (the source thread); everything else belongs to the sink thread. Display and textfile
  * problems never fail the job: the first textfile error is logged as a warning and the textfile
- * is then left alone. Does not read the runner's counters (ingest/sink never see the runner). */
+ * is then left alone. The live counters are plain atomics the job hands to both the runner and
+ * this module (sink never sees the runner). */
 #ifndef TM_SINK_PROGRESS_H
 #define TM_SINK_PROGRESS_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -32,6 +36,7 @@ typedef struct tm_progress_cfg {
     tm_progress_mode mode;
     double interval_s; /* LINES: seconds between lines; 0 = 10 */
     FILE *out;         /* where BAR/LINES go; NULL = stderr. Borrowed; must outlive it */
+    int width;         /* BAR: columns; 0 = the terminal's (TIOCGWINSZ, else $COLUMNS, else 80) */
 } tm_progress_cfg;
 
 typedef struct tm_progress tm_progress;
@@ -42,6 +47,12 @@ void tm_progress_destroy(tm_progress *p); /* NULL is a no-op; does not remove th
 
 /* The job has n_records records in all. Any thread. */
 void tm_progress_set_total(tm_progress *p, uint64_t n_records);
+/* Count tokens as they are computed: *n_tok_gen generated, *n_tok_prompt prompt tokens computed,
+ * finished records or not (the runner adds to them: runner/runner.h live_tok_*). Borrowed; they
+ * must outlive p. With them the rates, "tok out" and the ETA use these counts; without, the
+ * finished records' tokens. */
+void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
+                          const _Atomic uint64_t *n_tok_prompt);
 /* Count one finished record (ok or error). Borrows c. */
 void tm_progress_add_record(tm_progress *p, const tm_completion *c);
 /* Redraw / log / write the textfile if their time has come (BAR at most 5 times a second, LINES
@@ -51,9 +62,13 @@ void tm_progress_tick(tm_progress *p);
 void tm_progress_finish(tm_progress *p);
 
 /* The status text at time now_ms (tm_now_ms clock) into buf, e.g.
- * "37/51 records (72.5%), 2 failed | 412.3 tok/s out | ETA 12s (~4.9k tok left)". Exposed for
- * tests. Returns buf. */
+ * "37/51 records (72.5%), 2 failed | 412.3 tok/s out | ETA 12s (~4.9k tok left)"; with live
+ * counters also "| 1.9k tok out" after the rates. Exposed for tests. Returns buf. */
 const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, size_t n);
+/* The bar line as drawn at now_ms into buf: "\r\033[K" + [###...] + status, clipped to width - 1
+ * columns (the bar goes first when it does not fit), + "\n" when final. Exposed for tests. */
+const char *tm_progress_bar_line(const tm_progress *p, double now_ms, int width, int final,
+                                 char *buf, size_t n);
 /* Write the Prometheus textfile now (atomically: path.tmp, then rename). TM_E_IO, TM_E_NOMEM.
  * Exposed for tests; tick/finish call it. */
 tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finished, tm_err *err);

@@ -3,6 +3,7 @@
 #include "sink/sink.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <lz4frame.h>
 #include <math.h>
 #include <stdio.h>
@@ -521,6 +522,12 @@ static tm_rc frame_end(tm_sink *sink, tm_err *err) {
 
 static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) {
     tm_rc rc;
+    if (sink->opts.plain) { // no frames: the line as it is
+        sink->stats.bytes_raw += n;
+        sink->stats.bytes_lz4 += n;
+        sink->stats.size_lz4 += n;
+        return write_all(sink->f_lz4, sink->path_lz4, s, n, err);
+    }
     if (!sink->in_frame) {
         size_t r = LZ4F_compressBegin(sink->cctx, sink->dst, sink->dst_cap, &sink->prefs);
         if (LZ4F_isError(r))
@@ -550,6 +557,22 @@ static tm_rc write_ok_line(tm_sink *sink, const char *s, size_t n, tm_err *err) 
         sink->frame_n_bytes >= sink->opts.frame_bytes)
         return frame_end(sink, err);
     return TM_OK;
+}
+
+// Open a data file: appended to (resume) or emptied; never through a link, never a FIFO
+// (tm_fs_open_out).
+static tm_rc open_data(tm_sink *sink, const char *path, FILE **f, tm_err *err) {
+    int flags = O_WRONLY | O_CREAT | (sink->opts.append ? O_APPEND : O_TRUNC);
+    int fd = -1;
+    tm_rc rc = tm_fs_open_out(path, flags, 0666, NULL, &fd, err);
+    if (rc)
+        return rc;
+    *f = fdopen(fd, sink->opts.append ? "ab" : "wb");
+    if (!*f) {
+        rc = TM_ERR(err, TM_E_IO, "opening %s: %s", path, strerror(errno));
+        close(fd);
+    }
+    return rc;
 }
 
 // ---- public API ----
@@ -585,23 +608,16 @@ tm_rc tm_sink_open(const char *out_dir, const tm_sink_opts *opts, tm_sink **out,
     }
     if (make_dir(out_dir, err))
         goto fail;
-    sink->path_lz4 = tm_fs_path_join(out_dir, TM_SINK_COMPLETIONS_FILE);
+    sink->path_lz4 = tm_fs_path_join(out_dir, sink->opts.plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
+                                                               : TM_SINK_COMPLETIONS_FILE);
     sink->path_err = tm_fs_path_join(out_dir, TM_SINK_ERRORS_FILE);
     if (!sink->path_lz4 || !sink->path_err) {
         TM_ERR(err, TM_E_NOMEM, "sink paths");
         goto fail;
     }
-    const char *mode = sink->opts.append ? "ab" : "wb";
-    sink->f_lz4 = fopen(sink->path_lz4, mode);
-    if (!sink->f_lz4) {
-        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_lz4, strerror(errno));
+    if (open_data(sink, sink->path_lz4, &sink->f_lz4, err) ||
+        open_data(sink, sink->path_err, &sink->f_err, err))
         goto fail;
-    }
-    sink->f_err = fopen(sink->path_err, mode);
-    if (!sink->f_err) {
-        TM_ERR(err, TM_E_IO, "opening %s: %s", sink->path_err, strerror(errno));
-        goto fail;
-    }
     struct stat st_lz4, st_err; // appending: the files' lengths so far (stats.size_*)
     if (fstat(fileno(sink->f_lz4), &st_lz4) != 0 || fstat(fileno(sink->f_err), &st_err) != 0) {
         TM_ERR(err, TM_E_IO, "stat %s: %s", sink->path_lz4, strerror(errno));

@@ -3,6 +3,7 @@
  *   completions.jsonl.lz4  ok records, one JSON line each, as concatenated LZ4 frames (content
  *                          checksum on, linked 256 KiB blocks); `lz4 -dc` reads the file;
  *   errors.jsonl           error records, one JSON line each, plain text.
+ * (With opts.plain: completions.jsonl, plain JSON lines, instead of the LZ4 file.)
  * A frame is closed every frame_records records or frame_bytes uncompressed bytes (whichever comes
  * first, always on a line boundary), at tm_sink_flush and at tm_sink_close, so after a successful
  * flush every record written before it is durable (fsync) and decodable; only the frame after the
@@ -19,6 +20,7 @@
 #include "base/record.h"
 
 #define TM_SINK_COMPLETIONS_FILE "completions.jsonl.lz4"
+#define TM_SINK_COMPLETIONS_PLAIN_FILE "completions.jsonl" /* opts.plain */
 #define TM_SINK_ERRORS_FILE "errors.jsonl"
 #define TM_SINK_DEFAULT_FRAME_BYTES (1u << 20)
 
@@ -29,6 +31,8 @@ typedef struct tm_sink_opts {
     uint64_t frame_bytes;   /* ... or after this many uncompressed bytes; 0 = 1 MiB */
     bool append;            /* append to existing files (resume) instead of truncating them */
     bool no_fsync;          /* flush without fsync (tests, benchmarks); durability is lost */
+    bool plain; /* ok records go to completions.jsonl as plain lines, not LZ4 frames (the job's
+                 * output.compression "none"); a flush then ends on a line boundary as well */
 } tm_sink_opts;
 
 typedef struct tm_sink_stats {
@@ -36,7 +40,7 @@ typedef struct tm_sink_stats {
     uint64_t n_err;     /* error records written */
     uint64_t n_frames;  /* LZ4 frames closed */
     uint64_t bytes_raw; /* uncompressed JSONL bytes of ok records */
-    uint64_t bytes_lz4; /* bytes written to completions.jsonl.lz4 */
+    uint64_t bytes_lz4; /* bytes written to completions.jsonl.lz4 (or .jsonl with opts.plain) */
     uint64_t size_lz4;  /* length of completions.jsonl.lz4 (appended-to length included, */
     uint64_t size_err;  /* ... and of errors.jsonl), buffered bytes included: right after a
                          * successful tm_sink_flush, the durable lengths (the manifest's) */

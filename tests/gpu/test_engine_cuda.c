@@ -39,6 +39,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include <cuda_runtime_api.h>
 
+#include "base/log.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/model/model.h"
@@ -76,7 +77,9 @@ static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const u
 /* exact_greedy: the model is bf16, so both engines run the same weights and every greedy token
  * must agree. f32/f16 checkpoints are rounded to bf16 on upload (a slightly different model):
  * there a flip is allowed only at a near tie (CPU top-2 margin <= 2 x that row's logit error). */
-static void run_model(const char *name, const char *args, int exact_greedy) {
+#define LOGIT_TOL_KV_FP8 0.10
+
+static void run_model_kv(const char *name, const char *args, int exact_greedy, tm_kv_dtype kvt) {
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
     if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
         fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
@@ -93,7 +96,8 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
                          .block_size = BLOCK,
                          .n_kv_block = SEQ_BLOCKS,
                          .max_seqs = N_SEQ,
-                         .max_batched_tokens = 256};
+                         .max_batched_tokens = 256,
+                         .kv_dtype = kvt};
     tm_engine *cpu = NULL, *gpu = NULL, *gpu2 = NULL;
     TM_CHECK_OK(tm_engine_cpu_create(m, &eo, &cpu, &err), &err);
     TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
@@ -118,7 +122,11 @@ static void run_model(const char *name, const char *args, int exact_greedy) {
             st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_diff);
     TM_CHECK(ok);
     TM_CHECK(st.n_rows >= N_DECODE * 3);
-    TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
+    if (kvt == TM_KV_DTYPE_FP8) // the rows over LOGIT_TOL are reported above, not failed
+        TM_CHECK_MSG(st.max_rel <= LOGIT_TOL_KV_FP8, "%s: max err / max|logit| %.4g > %.2g", name,
+                     st.max_rel, LOGIT_TOL_KV_FP8);
+    else
+        TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
     TM_CHECK_MSG(exact_greedy ? st.n_greedy_diff == 0 : st.n_clear_flip == 0,
                  "%s: %d greedy tokens differ (%d not near a tie)", name, st.n_greedy_diff,
                  st.n_clear_flip);
@@ -147,6 +155,10 @@ done:
     tm_model_destroy(m);
     if (rmdir_all(dir) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static void run_model(const char *name, const char *args, int exact_greedy) {
+    run_model_kv(name, args, exact_greedy, TM_KV_DTYPE_AUTO);
 }
 
 static void test_llama(void) {
@@ -205,6 +217,95 @@ static void test_fp8_tensor_static(void) {
               0);
 }
 
+// fp8 (e4m3) KV on both engines: the CPU engine rounds each K/V element from its fp32 value, the
+// CUDA engine from its own (bf16 GEMM inputs, about 2^-9 apart), so an element near a rounding
+// tie lands one e4m3 step (1/16 to 1/8 of its value) apart: a few percent of the elements do.
+// That, not the kernels (test_kernels: exact widening, the bf16 tolerances), sets the logit error:
+// measured 0.034 to 0.067 of max|logit| on the first H200 run (bf16 models: 0.009 to 0.018), so
+// the bf16 bound LOGIT_TOL is not met; rows over it are reported and the row error is held to
+// LOGIT_TOL_KV_FP8 (fp8 KV's own error against bf16 KV on these models, test_kv_fp8: 0.09 to
+// 0.12). Greedy tokens may flip only at near ties (as for f32/f16 models). head_dim 32 (generic
+// paged kernel, prefill on it too), 128 with 4 query heads per KV head (GQA decode kernel,
+// tensor-core prefill), 64 with 4 (both too), and FP8 weights with fp8 KV.
+static void test_kv_fp8_hd32(void) {
+    run_model_kv("kv-fp8-hd32",
+                 "--layers 3 --hidden 256 --heads 8 --kv-heads 2 --ff 512 --vocab 512 "
+                 "--ctx 1024 --seed 3",
+                 0, TM_KV_DTYPE_FP8);
+}
+static void test_kv_fp8_hd128(void) {
+    run_model_kv("kv-fp8-hd128",
+                 "--layers 2 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 --ff 1024 "
+                 "--vocab 512 --ctx 1024 --seed 21",
+                 0, TM_KV_DTYPE_FP8);
+}
+static void test_kv_fp8_hd64_qwen2(void) {
+    run_model_kv("kv-fp8-hd64-qwen2",
+                 "--arch qwen2 --layers 2 --hidden 256 --heads 8 --kv-heads 2 --head-dim 64 "
+                 "--ff 512 --vocab 512 --ctx 1024 --seed 22",
+                 0, TM_KV_DTYPE_FP8);
+}
+static void test_kv_fp8_weights_fp8(void) {
+    run_model_kv("kv-fp8-w-fp8-ue8m0",
+                 "--layers 2 --hidden 256 --heads 2 --kv-heads 1 --head-dim 128 "
+                 "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 --seed 14",
+                 0, TM_KV_DTYPE_FP8);
+}
+
+static char g_log[4096]; /* the "cuda" INFO lines of the last engine create */
+static void log_sink(tm_log_level level, const char *line, void *ud) {
+    (void)level, (void)ud;
+    if (strstr(line, "KV pool") && strlen(g_log) + strlen(line) + 2 < sizeof(g_log)) {
+        strcat(g_log, line);
+        strcat(g_log, "\n");
+    }
+}
+
+// The KV pool sized from free memory (n_kv_block 0) holds twice the tokens with fp8 entries: the
+// same memory, half the bytes per token; the start-up log says how many tokens.
+static void test_kv_fp8_pool(void) {
+    tm_model m = {.cfg = {.arch = TM_ARCH_LLAMA,
+                          .n_layer = 4,
+                          .n_embd = 512,
+                          .n_ff = 1024,
+                          .n_head = 8,
+                          .n_kv_head = 2,
+                          .head_dim = 64,
+                          .n_vocab = 1024,
+                          .n_ctx = 1u << 20, // the cap (max_seqs full contexts) above memory
+                          .rope_theta = 1e4f,
+                          .rms_eps = 1e-5f,
+                          .bos_id = -1}};
+    uint32_t n_block[2] = {0, 0};
+    for (int f = 0; f < 2; f++) {
+        tm_engine_opts eo = {.block_size = BLOCK,
+                             .n_kv_block = 0,
+                             .max_seqs = 64,
+                             .max_batched_tokens = 256,
+                             .gpu_mem_util = 0.2f, // fp8 stays below the cap too
+                             .kv_dtype = f ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO};
+        tm_engine *eng = NULL;
+        tm_err err = {0};
+        g_log[0] = 0;
+        tm_log_set_sink(log_sink, NULL);
+        TM_CHECK_OK(tm_engine_cuda_create_random(&m, &eo, 5, &eng, &err), &err);
+        tm_log_set_sink(NULL, NULL);
+        if (!eng)
+            return;
+        n_block[f] = eng->opts.n_kv_block;
+        char want[128];
+        snprintf(want, sizeof(want), "= %llu tokens of %s KV",
+                 (unsigned long long)n_block[f] * BLOCK, f ? "fp8 e4m3" : "bf16");
+        TM_CHECK_MSG(strstr(g_log, want) != NULL, "no '%s' in the log:\n%s", want, g_log);
+        fputs(g_log, stderr);
+        tm_engine_destroy(eng);
+    }
+    const double ratio = (double)n_block[1] / n_block[0];
+    fprintf(stderr, "  KV pool from the same memory: bf16 %u blocks, fp8 %u blocks (x%.4f)\n",
+            n_block[0], n_block[1], ratio);
+    TM_CHECK(ratio > 1.99 && ratio < 2.01);
+}
+
 // Block scales other than 128 x 128 are refused with a message naming the tensor.
 static void test_fp8_bad_block(void) {
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
@@ -229,7 +330,7 @@ static void test_fp8_bad_block(void) {
 // kv_copy: B shares A's first 20 tokens; B takes A's full block 0 and a copy of the 4 computed
 // slots of A's block 1, then computes its own 3 tokens. Its logits must match C, which computes
 // all 23 tokens itself.
-static void test_kv_copy(void) {
+static void kv_copy_case(tm_kv_dtype kvt) {
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
     TM_CHECK(mkmodel(dir,
                      "--layers 2 --hidden 128 --heads 4 --kv-heads 2 --ff 256 --vocab 300 "
@@ -239,8 +340,11 @@ static void test_kv_copy(void) {
     tm_model *m = NULL;
     tm_engine *gpu = NULL;
     TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
-    tm_engine_opts eo = {
-        .block_size = BLOCK, .n_kv_block = 16, .max_seqs = 2, .max_batched_tokens = 64};
+    tm_engine_opts eo = {.block_size = BLOCK,
+                         .n_kv_block = 16,
+                         .max_seqs = 2,
+                         .max_batched_tokens = 64,
+                         .kv_dtype = kvt};
     if (m)
         TM_CHECK_OK(tm_engine_cuda_create(m, &eo, &gpu, &err), &err);
     if (!gpu) {
@@ -273,7 +377,8 @@ static void test_kv_copy(void) {
         max_d = fmax(max_d, fabs((double)lb[v] - lc[v]));
         max_c = fmax(max_c, fabs((double)lc[v]));
     }
-    fprintf(stderr, "  kv_copy: max |logit B - logit C| / max |C| = %.3g\n", max_d / max_c);
+    fprintf(stderr, "  kv_copy (%s KV): max |logit B - logit C| / max |C| = %.3g\n",
+            tm_kv_dtype_name(kvt), max_d / max_c);
     TM_CHECK(max_d / max_c < LOGIT_TOL);
     TM_CHECK(argmax(lb, V) == argmax(lc, V));
     TM_CHECK(gpu->ops->kv_copy(gpu, 16, 0, 1, &err) == TM_E_INVAL); // block out of range
@@ -281,6 +386,12 @@ static void test_kv_copy(void) {
     tm_engine_destroy(gpu);
     tm_model_destroy(m);
     TM_CHECK(rmdir_all(dir) == 0);
+}
+
+// fp8 KV: the copy moves e4m3 bytes (half the bytes per slot)
+static void test_kv_copy(void) {
+    kv_copy_case(TM_KV_DTYPE_AUTO);
+    kv_copy_case(TM_KV_DTYPE_FP8);
 }
 
 static void test_no_gpu_error(void) {
@@ -331,6 +442,11 @@ int main(void) {
     TM_RUN(test_fp8_channel);
     TM_RUN(test_fp8_tensor_static);
     TM_RUN(test_fp8_bad_block);
+    TM_RUN(test_kv_fp8_hd32);
+    TM_RUN(test_kv_fp8_hd128);
+    TM_RUN(test_kv_fp8_hd64_qwen2);
+    TM_RUN(test_kv_fp8_weights_fp8);
+    TM_RUN(test_kv_fp8_pool);
     return tm_test_report();
 }
 

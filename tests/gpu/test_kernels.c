@@ -33,7 +33,13 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "kernels/sample.h"
 #include "kernels/tp.h"
 #include "runner/engine/cpu/ops.h"
+#include "runner/engine/engine.h"
+#include "runner/model/tensor.h"
 #include "tm_gpu_test.h"
+
+/* 1: rope_case and attn_case run with an fp8 (e4m3) KV cache (kv_fp8). */
+static int g_kv_fp8;
+static uint64_t g_fp8_n, g_fp8_exact; /* fp8 K/V elements written, equal to the host's */
 
 /* Compare bf16 gpu values with fp32 references; returns the number of failures and prints the
  * first. */
@@ -276,7 +282,8 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
                                 .n_kv_head = n_kv_head,
                                 .head_dim = hd,
                                 .n_part = n_part,
-                                .part_stride = (size_t)n_tok * ld};
+                                .part_stride = (size_t)n_tok * ld,
+                                .kv_fp8 = (uint32_t)g_kv_fp8};
     TM_CHECK_OK(tm_k_rope_kv_bf16(&a, g_stream, &err), &err);
     uint16_t *q = xmalloc((size_t)n_tok * qd * 2), *k = xmalloc((size_t)n_slot * kvd * 2);
     uint16_t *v = xmalloc((size_t)n_slot * kvd * 2);
@@ -309,15 +316,35 @@ static void rope_case(uint32_t n_tok, uint32_t n_head, uint32_t n_kv_head, uint3
     for (uint32_t t = 0; t < n_tok; t++) {
         memcpy(row, rq + (size_t)t * ld, ld * 4);
         memcpy(got, q + (size_t)t * qd, qd * 2);
+        if (g_kv_fp8) { // q as bf16; K and V bytes: the host rounding of the same value
+            bad += cmp_bf16("rope_kv", got, row, qd, 1e-5f);
+            for (uint32_t c = 0; c < 2 * kvd; c++) {
+                const uint8_t *cache = (const uint8_t *)(c < kvd ? k : v);
+                const uint8_t byte = cache[(size_t)slot[t] * kvd + c % kvd];
+                const float ref = row[qd + c], want = tm_kv_fp8_round(ref);
+                const float gotf = tm_e4m3_to_f32(byte);
+                g_fp8_n++;
+                g_fp8_exact += gotf == want;
+                // a neighbouring code only where sincosf's 2 ulp put ref at a rounding tie
+                if (!(fabsf(gotf - ref) <= 0.0625f * fabsf(ref) + 0x1p-10f)) {
+                    if (bad++ == 0)
+                        fprintf(stderr, "rope_kv fp8 [%u][%u]: got %g want %g (ref %g)\n", t, c,
+                                gotf, want, ref);
+                }
+            }
+            continue;
+        }
         memcpy(got + qd, k + (size_t)slot[t] * kvd, kvd * 2);
         memcpy(got + qd + kvd, v + (size_t)slot[t] * kvd, kvd * 2);
         bad += cmp_bf16("rope_kv", got, row, ld, 1e-5f);
     }
-    // slots no token owns stay poisoned (0xffff)
+    // slots no token owns stay poisoned (0xffff; fp8: 0xff bytes)
     for (uint32_t i = n_tok; i < n_slot; i++)
         for (uint32_t c = 0; c < kvd; c++)
-            unwritten_ok &= k[(size_t)perm[i] * kvd + c] == 0xffff &&
-                            v[(size_t)perm[i] * kvd + c] == 0xffff;
+            unwritten_ok &= g_kv_fp8 ? ((const uint8_t *)k)[(size_t)perm[i] * kvd + c] == 0xff &&
+                                           ((const uint8_t *)v)[(size_t)perm[i] * kvd + c] == 0xff
+                                     : k[(size_t)perm[i] * kvd + c] == 0xffff &&
+                                           v[(size_t)perm[i] * kvd + c] == 0xffff;
     TM_CHECK_MSG(bad == 0 && unwritten_ok,
                  "rope_kv %u tok, %u/%u heads, hd %u, bias %d, llama3 %d: %d bad, others "
                  "untouched %d",
@@ -361,13 +388,23 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
     uint16_t *kc = xmalloc(cache_n * 2), *vc = xmalloc(cache_n * 2);
     float *kf = xmalloc(cache_n * 4), *vf = xmalloc(cache_n * 4);
     float vmax = 0.0f;
+    uint8_t *k8 = (uint8_t *)kc, *v8 = (uint8_t *)vc; // kv_fp8: the caches as bytes
     for (size_t i = 0; i < cache_n; i++) {
-        kc[i] = to_bf(2.0f * frand());
-        vc[i] = to_bf(frand());
-        kf[i] = bf(kc[i]);
-        vf[i] = bf(vc[i]);
+        if (g_kv_fp8) { // e4m3 values, subnormals included (|v| down to 2^-9)
+            const float sk = i % 7 == 0 ? 0.01f : 2.0f, sv = i % 5 == 0 ? 0.005f : 1.0f;
+            k8[i] = tm_f32_to_e4m3(tm_kv_fp8_round(sk * frand()));
+            v8[i] = tm_f32_to_e4m3(tm_kv_fp8_round(sv * frand()));
+            kf[i] = tm_e4m3_to_f32(k8[i]);
+            vf[i] = tm_e4m3_to_f32(v8[i]);
+        } else {
+            kc[i] = to_bf(2.0f * frand());
+            vc[i] = to_bf(frand());
+            kf[i] = bf(kc[i]);
+            vf[i] = bf(vc[i]);
+        }
         vmax = fmaxf(vmax, fabsf(vf[i]));
     }
+    const size_t cache_b = cache_n * (g_kv_fp8 ? 1 : 2); // bytes of each cache
     uint16_t *q;
     float *qf;
     rand_bf16((size_t)T * ld_q, 2.0f, &q, &qf);
@@ -381,7 +418,7 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
             tok_seq[t] = i;
         }
     }
-    uint16_t *d_kc = dup_to_dev(kc, cache_n * 2), *d_vc = dup_to_dev(vc, cache_n * 2);
+    uint16_t *d_kc = dup_to_dev(kc, cache_b), *d_vc = dup_to_dev(vc, cache_b);
     uint16_t *d_q = dup_to_dev(q, (size_t)T * ld_q * 2);
     uint16_t *d_out = dalloc((size_t)T * ld_q * 2, 0xff);
     uint32_t *d_pos = dup_to_dev(pos, T * 4), *d_ts = dup_to_dev(tok_seq, T * 4);
@@ -406,7 +443,8 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
                                    .ld_q = ld_q,
                                    .window = window,
                                    .n_split = n_split,
-                                   .scale = 1.0f / sqrtf((float)hd)};
+                                   .scale = 1.0f / sqrtf((float)hd),
+                                   .kv_fp8 = (uint32_t)g_kv_fp8};
     TM_CHECK_OK(tm_k_attn_paged_bf16(&a, g_stream, &err), &err);
     uint16_t *out = xmalloc((size_t)T * ld_q * 2);
     to_host(out, d_out, (size_t)T * ld_q * 2);
@@ -438,9 +476,10 @@ static void attn_case(const attn_seq *seqs, uint32_t n_seq, uint32_t n_head, uin
             pad_ok &= out[(size_t)t * ld_q + c] == 0xffff; // row padding untouched
     }
     TM_CHECK_MSG(bad == 0 && pad_ok,
-                 "attn %u seqs %u tok, %u/%u heads, hd %u, bs %u, window %u, split %u: %d bad, "
+                 "attn%s %u seqs %u tok, %u/%u heads, hd %u, bs %u, window %u, split %u: %d bad, "
                  "padding untouched %d",
-                 n_seq, T, n_head, n_kv_head, hd, bs, window, n_split, bad, pad_ok);
+                 g_kv_fp8 ? " (fp8 KV)" : "", n_seq, T, n_head, n_kv_head, hd, bs, window, n_split,
+                 bad, pad_ok);
     cudaFree(d_kc), cudaFree(d_vc), cudaFree(d_q), cudaFree(d_out), cudaFree(d_pos);
     cudaFree(d_ts), cudaFree(d_sbt), cudaFree(d_bt), cudaFree(d_part);
     free(bt), free(perm), free(kc), free(vc), free(kf), free(vf), free(q), free(qf), free(pos);
@@ -472,6 +511,19 @@ static void test_attn(void) {
     attn_case(mixed, 5, 16, 2, 128, 16, 0, 4);   // group 8
     attn_case(decodes, 6, 4, 4, 64, 16, 0, 32);  // group 1, splits without positions
     attn_case(prefill, 1, 32, 8, 128, 32, 0, 1); // group 4, one split over 300 positions
+}
+
+/* The KV write and the paged attention with an fp8 (e4m3, scale 1) cache: the same cases and
+ * tolerances as bf16 (the kernels widen e4m3 exactly: the references read the same values). */
+static void test_kv_fp8(void) {
+    g_kv_fp8 = 1;
+    g_fp8_n = g_fp8_exact = 0;
+    test_rope_kv();
+    fprintf(stderr, "  rope_kv fp8: %llu of %llu K/V bytes equal to the host rounding\n",
+            (unsigned long long)g_fp8_exact, (unsigned long long)g_fp8_n);
+    TM_CHECK(g_fp8_n > 0 && (double)g_fp8_exact >= 0.99 * (double)g_fp8_n);
+    test_attn();
+    g_kv_fp8 = 0;
 }
 
 /* ---- skinny GEMM (decode projections) ---- */
@@ -754,6 +806,7 @@ int main(void) {
     TM_RUN(test_silu_mul);
     TM_RUN(test_rope_kv);
     TM_RUN(test_attn);
+    TM_RUN(test_kv_fp8);
     TM_RUN(test_skinny);
     TM_RUN(test_argmax);
     TM_RUN(test_fill);

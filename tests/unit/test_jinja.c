@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "base/alloc.h"
 #include "runner/text/jinja.h"
@@ -184,11 +185,83 @@ static void test_errors(void) {
     check_error(deep, "nested deeper");
 }
 
+// Hostile templates (issue 24): each ends in a TM_E_INVAL "template: ..." error (a per-record
+// template_error), never TM_E_NOMEM (which ends the job), a crash or a hang; and rendering them
+// all stays within a few hundred MB.
+static void test_hostile(void) {
+    // s: a 1 MiB string built by doubling; big, big2: 1 MiB strings that differ at the end
+#define MIB_S                                                                                      \
+    "{% set ns = namespace(s='x') %}{% for i in range(20) %}{% set ns.s = ns.s ~ ns.s %}"          \
+    "{% endfor %}"
+    static const struct {
+        const char *src, *msg;
+    } cases[] = {
+        // doubling a string 40 times (the job-level template of the issue)
+        {"{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
+         "{% endfor %}{{ ns.s }}",
+         "template: more than 64 MiB of values"},
+        {"{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+         "{% endfor %}{{ ns.s | length }}",
+         "template: more than 64 MiB of values"},
+        {"{% set ns = namespace(l=[1]) %}{% for i in range(40) %}{% set ns.l = ns.l + ns.l %}"
+         "{% endfor %}{{ ns.l | length }}",
+         "template: more than 64 MiB of values"},
+        // printing, tojson and string of 20 references to a 1 MiB string
+        {MIB_S "{% set n2 = namespace(l=[]) %}{% for i in range(20) %}"
+               "{% set n2.l = n2.l + [ns.s] %}{% endfor %}{{ n2.l }}",
+         "template: a string over 16 MiB"},
+        {MIB_S "{% set n2 = namespace(l=[]) %}{% for i in range(20) %}"
+               "{% set n2.l = n2.l + [ns.s] %}{% endfor %}{{ n2.l | tojson }}",
+         "template: a string over 16 MiB"},
+        {MIB_S "{% set n2 = namespace(l=[]) %}{% for i in range(20) %}"
+               "{% set n2.l = n2.l + [ns.s] %}{% endfor %}{{ n2.l | string | length }}",
+         "template: a string over 16 MiB"},
+        {MIB_S "{{ ns.s.replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}",
+         "template: a string over 16 MiB"},
+        // values nested 1000 deep, and a namespace that holds itself: printed or compared
+        {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}"
+         "{% endfor %}{{ ns.l }}",
+         "nested too deep"},
+        {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}"
+         "{% endfor %}{{ ns.l | tojson }}",
+         "nested too deep"},
+        {"{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = [ns.l] %}"
+         "{% endfor %}{{ ns.l == ns.l }}",
+         "nested too deep"},
+        {"{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}", "nested too deep"},
+        {"{% set ns = namespace(a=1) %}{% set ns.me = [ns, ns] %}{{ ns | tojson }}", "template: "},
+        // CPU: comparing and searching 1 MiB strings 100000 times (minutes before)
+        {MIB_S "{% set a = ns.s ~ 'a' %}{% set b = ns.s ~ 'b' %}{% for i in range(100000) %}"
+               "{% if a == b %}{% endif %}{% endfor %}",
+         "template: more than 1024 MiB of string work"},
+        {MIB_S "{% set a = ns.s ~ 'a' %}{% for i in range(100000) %}"
+               "{% if 'xa' in a and a.split('q') %}{% endif %}{% endfor %}",
+         "template: more than 1024 MiB of string work"},
+        // huge ranges (one whose size overflows), nested loops, division by zero
+        {"{% for i in range(1000000000) %}{% endfor %}", "range() over 100000 items"},
+        {"{% set lo = 0 - 9 * 1000000000000000000 %}{{ range(lo, 9 * 1000000000000000000) }}",
+         "range() over 100000 items"},
+        {"{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}"
+         "{% endfor %}",
+         "template: "},
+        {"{{ (messages | length) // 0 }}", "division by zero"},
+        {"{% for m in messages %}{{ 7 % (loop.index - 1) }}{% endfor %}", "division by zero"},
+    };
+#undef MIB_S
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+        check_error(cases[i].src, cases[i].msg);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    TM_CHECK_MSG(ru.ru_maxrss < 512 * 1024, "max RSS %ld KiB after the hostile templates",
+                 ru.ru_maxrss);
+}
+
 int main(void) {
     const char *src = getenv("TM_SRC");
     snprintf(g_dir, sizeof(g_dir), "%s/tests/fixtures/chat_templates", src ? src : ".");
     TM_RUN(test_reference_renderings);
     TM_RUN(test_expressions);
     TM_RUN(test_errors);
+    TM_RUN(test_hostile);
     return tm_test_report();
 }

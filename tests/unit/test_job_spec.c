@@ -126,10 +126,28 @@ static void test_defaults(void) {
                 TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
                 continue;
             }
+            if (!strcmp(sect, "engine") && !strcmp(key, "kv_cache_dtype")) {
+                // written to the canonical spec only when not "auto" (identity kept)
+                TM_CHECK(!got && !strcmp(json_string_value(d), "auto") &&
+                         !spec->engine.kv_cache_fp8);
+                continue;
+            }
             if (!strcmp(sect, "engine") && !strcmp(key, "quantization")) {
                 // written to the canonical spec only when not "none" (identity kept)
                 TM_CHECK(!got && !strcmp(json_string_value(d),
                                          tm_job_quant_name(spec->engine.quantization)));
+                continue;
+            }
+            if (!strcmp(sect, "output") && !strcmp(key, "compression")) { // canonical if "none"
+                TM_CHECK(!got && !strcmp(json_string_value(d), "lz4") &&
+                         spec->compression == TM_JOB_COMPRESSION_LZ4);
+                continue;
+            }
+            if (!strcmp(sect, "limits") &&
+                (!strcmp(key, "strict_fields") || !strcmp(key, "fail_on_error_records"))) {
+                // strict_fields: canonical only when true; fail_on_error_records: exit status only
+                TM_CHECK(!got && json_is_false(d) && !spec->strict_fields &&
+                         !spec->fail_on_error_records);
                 continue;
             }
             if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
@@ -144,7 +162,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 25); // engine 12, defaults 7, limits 4, output 2
+    TM_CHECK(n_defaults == 29); // engine 13, defaults 7, limits 6, output 3
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -365,6 +383,110 @@ static void test_quantization(void) {
     free(canon_none);
 }
 
+// engine.kv_cache_dtype: "fp8" is read and is part of the job's identity; "auto" (explicit or
+// by default) leaves the canonical spec as it was before the field existed; other values fail.
+static void test_kv_cache_dtype(void) {
+    write_file("in/a.jsonl", "{\"id\":1,\"prompt\":\"x\"}\n");
+    const char *fmt = "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
+                      "\"dir\":\"out\"},\"engine\":{\"kv_cache_dtype\":\"%s\"}}";
+    char job[256];
+    write_file("job.json", MIN_JOB);
+    tm_job_spec *spec = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    char *canon_min = spec ? strdup(spec->canonical_json) : NULL;
+    tm_job_spec_destroy(spec);
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        snprintf(job, sizeof(job), fmt, fp8 ? "fp8" : "auto");
+        write_file("job.json", job);
+        spec = NULL;
+        TM_CHECK_OK(load("job.json", &spec, &err), &err);
+        if (!spec)
+            continue;
+        TM_CHECK(spec->engine.kv_cache_fp8 == (fp8 != 0));
+        if (fp8)
+            TM_CHECK_MSG(strstr(spec->canonical_json, "\"kv_cache_dtype\":\"fp8\"") != NULL,
+                         "canonical: %s", spec->canonical_json);
+        else
+            TM_CHECK(canon_min && !strcmp(spec->canonical_json, canon_min));
+        tm_job_spec_destroy(spec);
+    }
+    free(canon_min);
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"kv_cache_dtype\": \"fp8_e5m2\"}}",
+        TM_E_INVAL,
+        "job.json: engine.kv_cache_dtype: expected one of \"auto\", \"fp8\", got \"fp8_e5m2\"");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"kv_cache_dtype\": 8}}",
+        TM_E_INVAL, "job.json: engine.kv_cache_dtype: expected one of \"auto\", \"fp8\", got 8");
+}
+
+// output.compression, output.results_file, limits.strict_fields / fail_on_error_records: values,
+// identity (compression "none" and strict_fields true are canonical; "lz4", false, the results
+// file and fail_on_error_records are not), bad values, and the same job from text in memory.
+static void test_cli_fields(void) {
+    write_file("in/a.jsonl", "{\"id\":1,\"prompt\":\"x\"}\n");
+    write_file("job.json", MIN_JOB);
+    tm_job_spec *base = NULL, *spec = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(load("job.json", &base, &err), &err);
+    const char *same =
+        "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{\"dir\":\"out\","
+        "\"compression\":\"lz4\",\"results_file\":\"r.jsonl\"},\"limits\":{\"strict_fields\":"
+        "false,\"fail_on_error_records\":true}}";
+    write_file("job.json", same);
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    if (base && spec) {
+        TM_CHECK_MSG(!strcmp(base->canonical_json, spec->canonical_json), "%s",
+                     spec->canonical_json);
+        TM_CHECK(spec->compression == TM_JOB_COMPRESSION_LZ4 && !spec->strict_fields &&
+                 spec->fail_on_error_records);
+        TM_CHECK(spec->results_file && strstr(spec->results_file, "/r.jsonl") &&
+                 !strncmp(spec->results_file, g_tmp, strlen(g_tmp)));
+        TM_CHECK(!base->results_file && !base->fail_on_error_records);
+    }
+    tm_job_spec_destroy(spec);
+    write_file("job.json", "{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{"
+                           "\"dir\":\"out\",\"compression\":\"none\"},\"limits\":{"
+                           "\"strict_fields\":true}}");
+    TM_CHECK_OK(load("job.json", &spec, &err), &err);
+    if (spec) {
+        TM_CHECK(spec->compression == TM_JOB_COMPRESSION_NONE && spec->strict_fields);
+        TM_CHECK_MSG(strstr(spec->canonical_json, "\"compression\":\"none\"") &&
+                         strstr(spec->canonical_json, "\"strict_fields\":true"),
+                     "%s", spec->canonical_json);
+    }
+    tm_job_spec_destroy(spec);
+    expect_error("{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{\"dir\":"
+                 "\"o\",\"compression\":\"gzip\"}}",
+                 TM_E_INVAL, "output.compression: expected one of \"lz4\", \"none\", got \"gzip\"");
+    expect_error("{\"model\":\"m\",\"input\":{\"files\":[\"in/a.jsonl\"]},\"output\":{\"dir\":"
+                 "\"o\"},\"limits\":{\"strict_fields\":1}}",
+                 TM_E_INVAL, "limits.strict_fields: expected true or false, got 1");
+    // From text: relative paths against base_dir, the name in messages, same canonical spec.
+    char dir[300];
+    snprintf(dir, sizeof(dir), "%s", g_tmp);
+    spec = NULL;
+    TM_CHECK_OK(tm_job_spec_load_text("(cli)", dir, MIN_JOB, &spec, &err), &err);
+    if (base && spec) {
+        TM_CHECK(!strcmp(base->canonical_json, spec->canonical_json));
+        TM_CHECK(!strcmp(base->inputs[0], spec->inputs[0]) && !strcmp(spec->path, "(cli)"));
+    }
+    tm_job_spec_destroy(spec);
+    spec = NULL;
+    TM_CHECK(tm_job_spec_load_text("(cli)", dir, "{\"model\": 1", &spec, &err) == TM_E_PARSE);
+    TM_CHECK_MSG(strstr(err.msg, "(cli): line 1") != NULL, "%s", err.msg);
+    TM_CHECK(tm_job_spec_load_text("(cli)", dir,
+                                   "{\"model\":\"m\",\"input\":{\"files\":[\"in/"
+                                   "a.jsonl\"]},\"output\":{\"dir\":\"o\"},\"defaults\":"
+                                   "{\"max_tokens\":\"hot\"}}",
+                                   &spec, &err) == TM_E_INVAL);
+    TM_CHECK_MSG(strstr(err.msg, "(cli): defaults.max_tokens") != NULL, "%s", err.msg);
+    tm_job_spec_destroy(base);
+}
+
 // output.commit_every_* and output.kafka: values, identity (kafka is in the canonical spec, the
 // commit cadence is not) and errors.
 static void test_output_durability(void) {
@@ -488,6 +610,8 @@ int main(void) {
     TM_RUN(test_errors);
     TM_RUN(test_output_durability);
     TM_RUN(test_quantization);
+    TM_RUN(test_kv_cache_dtype);
+    TM_RUN(test_cli_fields);
     TM_RUN(test_expand);
     TM_RUN(test_quickstart);
     TM_RUN(test_alloc_faults);

@@ -247,16 +247,24 @@ static void test_recover_every_byte(void) {
 }
 
 static void test_lock(void) {
-    char dir[600];
+    char dir[600], lock[700];
     snprintf(dir, sizeof(dir), "%s/locked/sub", g_dir);
+    snprintf(lock, sizeof(lock), "%s/" TM_MANIFEST_LOCK_FILE, dir);
     tm_err err = {0};
-    int fd1 = -1, fd2 = -1;
-    TM_CHECK_OK(tm_manifest_lock(dir, &fd1, &err), &err); // creates the folders too
-    TM_CHECK(tm_manifest_lock(dir, &fd2, &err) == TM_E_AGAIN);
-    TM_CHECK(strstr(err.msg, "another tokenmill process") != NULL && fd2 < 0);
-    tm_manifest_unlock(fd1);
-    TM_CHECK_OK(tm_manifest_lock(dir, &fd2, &err), &err);
-    tm_manifest_unlock(fd2);
+    tm_manifest_lk lk1 = TM_MANIFEST_LK_INIT, lk2 = TM_MANIFEST_LK_INIT;
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk1, &err), &err); // creates the folders too
+    TM_CHECK(lk1.created);
+    TM_CHECK(tm_manifest_lock(dir, &lk2, &err) == TM_E_AGAIN);
+    TM_CHECK(strstr(err.msg, "another tokenmill process") != NULL && lk2.file_fd < 0);
+    TM_CHECK(unlink(lock) == 0); // deleting the lock file does not open the folder (issue 24)
+    TM_CHECK(tm_manifest_lock(dir, &lk2, &err) == TM_E_AGAIN);
+    TM_CHECK(lk2.dir_fd < 0 && lk2.file_fd < 0);
+    tm_manifest_unlock(&lk1);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
+    tm_manifest_unlock(&lk2);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
+    TM_CHECK(!lk2.created); // the file was there: the folder is tokenmill's
+    tm_manifest_unlock(&lk2);
 }
 
 int main(void) {

@@ -1,7 +1,9 @@
 /* tests/unit/test_progress.c - live progress: the status text (records done/total, failures, tok/s,
  * ETA in tokens) at chosen times, the bar on a stream, progress log lines, the Prometheus textfile
  * (format, label escaping, atomic replace, finished flag), a textfile error that disables it with
- * one warning, and allocation failures in create. */
+ * one warning, live token counters of unfinished records (rates, tokens out, ETA) and the bar
+ * clipped to 80 and 160 columns, and allocation failures in create. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,12 +251,62 @@ static void test_alloc_faults(void) {
     }
 }
 
+// Live counters: tokens of unfinished records count in the rates, "tok out" and the ETA.
+static void test_live(void) {
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(
+        tm_progress_create(&(tm_progress_cfg){.job_name = "j", .mode = TM_PROGRESS_OFF}, &p, &err),
+        &err);
+    if (!p)
+        return;
+    _Atomic uint64_t gen = 0, prompt = 0;
+    tm_progress_set_live(p, &gen, &prompt);
+    tm_progress_set_total(p, 2);
+    double t0 = tm_now_ms();
+    char line[256];
+    // two long records in flight, none finished: 1150 tokens generated, 50 prompt tokens in 10 s
+    atomic_store(&gen, 1150);
+    atomic_store(&prompt, 50);
+    tm_progress_format(p, t0 + 10000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "0/2 records (0.0%) | 115 tok/s out, 120 tok/s in+out | 10s | "
+                              "1150 tok out") == line,
+                 "%s", line);
+    TM_CHECK(strstr(line, "ETA") == NULL); // no record done: no size known yet
+    // one finishes (25 prompt + 1000 generated); the other has 300 generated so far: the job is
+    // ~2 x 1025 tokens, 1375 computed, 675 left at 1375 / 11 s = 125 tok/s
+    add(p, 25, 1000, 0);
+    atomic_store(&gen, 1300);
+    atomic_store(&prompt, 75);
+    tm_progress_format(p, t0 + 11000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "1/2 records (50.0%) | 118 tok/s out, 125 tok/s in+out | 11s | "
+                              "1300 tok out | ETA 5s (~675 tok left)") == line,
+                 "%s", line);
+    // the bar at 80 and 160 columns: never longer than width - 1, the bar dropped first
+    char buf[320];
+    for (int w = 80; w <= 160; w += 80) {
+        tm_progress_bar_line(p, t0 + 11000, w, 0, buf, sizeof(buf));
+        TM_CHECK(strncmp(buf, "\r\033[K", 4) == 0);
+        TM_CHECK_MSG(strlen(buf + 4) <= (size_t)w - 1, "%d: %zu", w, strlen(buf + 4));
+        TM_CHECK(strchr(buf, '\n') == NULL);
+        TM_CHECK_MSG(strstr(buf, "1/2 records (50.0%)") != NULL, "%s", buf);
+        TM_CHECK_MSG((strstr(buf, "[############............]") != NULL) == (w == 160), "%d %s", w,
+                     buf);
+    }
+    tm_progress_bar_line(p, t0 + 11000, 160, 1, buf, sizeof(buf));
+    TM_CHECK(buf[strlen(buf) - 1] == '\n' && strstr(buf, "ETA 5s (~675 tok left)"));
+    tm_progress_bar_line(p, t0 + 11000, 20, 0, buf, sizeof(buf));
+    TM_CHECK_MSG(strcmp(buf + 4, "1/2 records (50.0%)") == 0, "%s", buf + 4); // 19 columns
+    tm_progress_destroy(p);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_progress_XXXXXX");
     if (!mkdtemp(g_tmp))
         return 1;
     TM_RUN(test_format);
     TM_RUN(test_bar);
+    TM_RUN(test_live);
     TM_RUN(test_lines);
     TM_RUN(test_textfile);
     TM_RUN(test_alloc_faults);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -187,6 +188,28 @@ static void check_splits(const json_t *splits, const char *text, size_t n, size_
     }
 }
 
+/* tm_tok_encode_max agrees with tm_tok_encode at the exact bound and reports over one below it
+ * (after a prefix id already in out, as the runner's BOS is). */
+static void check_bounded(const char *text, size_t n, const tm_ids *want, size_t line_no) {
+    tm_err err = {0};
+    for (size_t slack = 0; slack < 2 && slack <= want->len; slack++) {
+        tm_ids ids = {0};
+        int over = -1;
+        TM_CHECK_OK(tm_ids_push(&ids, 7, &err), &err);
+        size_t bound = 1 + want->len - slack;
+        tm_rc rc = tm_tok_encode_max(g_tok, text, n, bound, &ids, &over, &err);
+        TM_CHECK_OK(rc, &err);
+        if (slack == 0)
+            TM_CHECK_MSG(over == 0 && ids.len == want->len + 1 &&
+                             memcmp(ids.ids + 1, want->ids, want->len * sizeof(uint32_t)) == 0,
+                         "corpus line %zu: bounded encode at the exact bound differs", line_no);
+        else
+            TM_CHECK_MSG(over == 1, "corpus line %zu: %zu ids with a bound of %zu: not over",
+                         line_no, want->len + 1, bound);
+        tm_ids_fini(&ids);
+    }
+}
+
 static void test_corpus(void) {
     char cmd[4096];
     snprintf(cmd, sizeof(cmd), "lz4 -dc '%s/tests/fixtures/tokenizer/corpus.jsonl.lz4'", g_src);
@@ -234,6 +257,7 @@ static void test_corpus(void) {
                      "corpus line %zu: decode(encode(x)) != x", line_no);
         tm_buf_fini(&out);
         check_streaming(ids.ids, ids.len, text, n, line_no);
+        check_bounded(text, n, &ids, line_no);
         const json_t *splits = json_object_get(row, "splits");
         if (splits) {
             check_splits(splits, text, n, line_no);
@@ -390,6 +414,63 @@ static void test_long_runs(void) {
         tm_buf_fini(&out);
         tm_ids_fini(&ids);
     }
+    tm_free(s);
+}
+
+/* Bounded encoding (issue 24): a prompt far over the context costs time and memory of the order
+ * of the context, not of the text: 64 MB as one word, as many words, and as added tokens stop at
+ * once; a text just within the byte bound stops while counting. */
+static long max_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+static void test_bounded(void) {
+    const size_t n = 64u << 20, bound = 4096;
+    char *s = tm_malloc(n);
+    TM_ASSERT(s);
+    tm_err err = {0};
+    const char *units[] = {"a", "ab cd ", "<｜begin▁of▁sentence｜>", "12 中文 x\n"};
+    long rss0 = 0;
+    for (size_t u = 0; u < sizeof(units) / sizeof(units[0]); u++) {
+        size_t ul = strlen(units[u]), len = 0;
+        while (len + ul <= n) {
+            memcpy(s + len, units[u], ul);
+            len += ul;
+        }
+        if (u == 0)
+            rss0 = max_rss_kib(); // the text itself is paged in now
+        tm_ids ids = {0};
+        int over = -1;
+        double t0 = now_s();
+        TM_CHECK_OK(tm_tok_encode_max(g_tok, s, len, bound, &ids, &over, &err), &err);
+        double dt = now_s() - t0;
+        TM_CHECK_MSG(over == 1, "64 MB of \"%s\": not over %zu ids", units[u], bound);
+        TM_CHECK_MSG(ids.len <= bound + 64, "64 MB of \"%s\": %zu ids kept", units[u], ids.len);
+        // no more than the UTF-8 check it starts with (timed alone here, so load does not matter)
+        double t1 = now_s();
+        TM_CHECK(tm_utf8_valid_prefix(s, len) == len);
+        double dt_utf8 = now_s() - t1;
+        TM_CHECK_MSG(dt < 3 * dt_utf8 + 0.2, "64 MB of \"%s\": %.2f s (UTF-8 check %.2f s)",
+                     units[u], dt, dt_utf8);
+        tm_ids_fini(&ids);
+        // just within the byte bound (bound * the longest token): stopped by the count
+        size_t m = TM_MIN(len, bound * 8 / ul * ul);
+        over = -1;
+        TM_CHECK_OK(tm_tok_encode_max(g_tok, s, m, bound, &ids, &over, &err), &err);
+        tm_ids full = {0};
+        TM_CHECK_OK(tm_tok_encode(g_tok, s, m, &full, &err), &err);
+        TM_CHECK_MSG(over == (full.len > bound), "%zu bytes of \"%s\": over %d, %zu ids", m,
+                     units[u], over, full.len);
+        if (!over)
+            TM_CHECK(ids_equal(&ids, full.ids, full.len));
+        tm_ids_fini(&ids);
+        tm_ids_fini(&full);
+    }
+    long grew = max_rss_kib() - rss0;
+    TM_CHECK_MSG(grew < 64 * 1024, "bounded encoding of 64 MB texts grew max RSS by %ld KiB", grew);
+    fprintf(stderr, "  bounded encode of 64 MB texts: max RSS grew %ld KiB\n", grew);
     tm_free(s);
 }
 
@@ -697,6 +778,7 @@ int main(void) {
     TM_RUN(test_hf_probes);
     TM_RUN(test_streaming_edges);
     TM_RUN(test_long_runs);
+    TM_RUN(test_bounded);
     TM_RUN(test_tiny_and_malformed);
     TM_RUN(test_threads);
     TM_RUN(test_load_nomem);

@@ -1,5 +1,6 @@
 /* runner/engine/engine.c - what the engine backends share (see engine.h). */
 #include "runner/engine/engine.h"
+#include "runner/model/tensor.h"
 
 tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
                      const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err) {
@@ -36,4 +37,27 @@ tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_po
     *n_tok = (uint32_t)T;
     *n_bt = bt;
     return TM_OK;
+}
+
+const char *tm_kv_dtype_name(tm_kv_dtype d) {
+    switch (d) {
+    case TM_KV_DTYPE_AUTO:
+        return "auto";
+    case TM_KV_DTYPE_FP8:
+        return "fp8";
+    case TM_KV_DTYPE_BF16:
+        return "bf16";
+    case TM_KV_DTYPE_FP8_HEAD:
+        return "fp8-head";
+    }
+    return "?";
+}
+
+float tm_kv_fp8_round(float x) {
+    // saturate first (the comparisons are false for NaN, which tm_f32_to_e4m3 keeps NaN)
+    if (x > 448.0f)
+        x = 448.0f;
+    else if (x < -448.0f)
+        x = -448.0f;
+    return tm_e4m3_to_f32(tm_f32_to_e4m3(x));
 }

@@ -11,6 +11,7 @@
 
 #include "base/err.h"
 #include "runner/model/model.h"
+#include "runner/sched/sample.h"
 
 /* forward_greedy's id for a row with a NaN or infinite logit (tm_sample_token fails such a row). */
 #define TM_ENGINE_ID_NONFINITE UINT32_MAX
@@ -18,6 +19,18 @@
 /* Sum buf[0..n) element-wise across the tensor-parallel ranks, in place, on every rank (an
  * all-reduce); every rank calls it the same number of times with the same n. */
 typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
+
+/* What the KV cache stores (engine.kv_cache_dtype). */
+typedef enum tm_kv_dtype {
+    TM_KV_DTYPE_AUTO = 0, /* the engine's own: fp32 (CPU), bf16 (CUDA) */
+    TM_KV_DTYPE_FP8,      /* e4m3fn with scale 1.0 (vLLM's default for uncalibrated fp8 KV): each
+                           * K/V element is rounded to nearest even from fp32 and saturated to
+                           * +-448 when written (tm_kv_fp8_round), read back exactly */
+    TM_KV_DTYPE_BF16,     /* CPU engine only: round to bf16 when written, as the CUDA engine's
+                           * auto (for comparisons) */
+    TM_KV_DTYPE_FP8_HEAD, /* CPU engine only, for the scale study (bench/kv_fp8_quality.c): e4m3
+                           * with a dynamic fp32 scale per (token, KV head), absmax / 448 */
+} tm_kv_dtype;
 
 typedef struct tm_engine_opts {
     uint32_t n_threads;  /* CPU worker threads; 0 = number of online CPUs */
@@ -30,6 +43,7 @@ typedef struct tm_engine_opts {
     uint32_t tp_rank, tp_size;   /* this engine is shard tp_rank of tp_size (0/1: whole model) */
     float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
                                   * device use may reach, KV pool included, in (0, 1]; 0 = 0.90 */
+    tm_kv_dtype kv_dtype;        /* KV cache entries; AUTO (0) by default */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
 } tm_engine_opts;
@@ -57,7 +71,34 @@ typedef struct tm_batch {
 tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
                      const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err);
 
+/* forward_sample's id for a row whose every id is masked (tm_sample_token fails such a row). */
+#define TM_ENGINE_ID_MASKED (UINT32_MAX - 1)
+#define TM_ENGINE_MAX_TOP 20 /* logprobs alternatives forward_sample returns per row */
+
+/* One wanted row of forward_sample. */
+typedef struct tm_engine_sample_row {
+    tm_sample_params p; /* as for tm_sample_token; its arrays borrowed for the call */
+    uint64_t step;      /* tm_sample_token's step */
+    uint32_t want_lp;   /* 1: the raw row's logprob of the pick and n_top alternatives */
+    uint32_t n_top;     /* <= TM_ENGINE_MAX_TOP */
+} tm_engine_sample_row;
+
+typedef struct tm_engine_sample_out {
+    uint32_t id; /* tm_sample_token's pick, TM_ENGINE_ID_NONFINITE or TM_ENGINE_ID_MASKED */
+    float lp;    /* with want_lp: tm_sample_logprobs' lp_id of id */
+    uint32_t top_ids[TM_ENGINE_MAX_TOP]; /* with want_lp: its top_ids/top_lp, n_top of them */
+    float top_lp[TM_ENGINE_MAX_TOP];
+} tm_engine_sample_out;
+
 typedef struct tm_engine tm_engine;
+
+/* "auto", "fp8", "bf16", "fp8-head" ("?" outside the enum). */
+const char *tm_kv_dtype_name(tm_kv_dtype d);
+
+/* x rounded to e4m3fn and back, as an fp8 KV cache stores it: NaN stays NaN, |x| >= 448 (inf
+ * included) saturates to +-448, everything else rounds to nearest even (subnormals m * 2^-9).
+ * The CUDA engine's KV write (kernels/rope.cu, __NV_SATFINITE) gives the same bytes. */
+float tm_kv_fp8_round(float x);
 
 typedef struct tm_engine_ops {
     const char *name;
@@ -70,6 +111,14 @@ typedef struct tm_engine_ops {
      * n_vocab means n_vocab. ids: [n_want]. Lets a backend keep the logits where they are. */
     tm_rc (*forward_greedy)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
                             uint32_t *ids, tm_err *err);
+    /* Optional (NULL: not supported). forward, but the i-th wanted row is sampled on the engine
+     * as tm_sample_token(row, n_vocab_limit, &rows[i].p, rows[i].step) would (docs/sampling.md
+     * says where float rounding may differ), with its logprobs when asked, into out[i]. Returns
+     * TM_E_AGAIN, having run nothing, when it cannot take these rows (their histories exceed its
+     * staging); the caller then runs forward. */
+    tm_rc (*forward_sample)(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                            const tm_engine_sample_row *rows, tm_engine_sample_out *out,
+                            tm_err *err);
     /* Optional (NULL: not supported). Copy the K/V of token slots [0, n_tok) of block src into
      * block dst, in every layer; the runner uses it to share the computed part of a partly
      * filled block between sequences with a common prefix. Ordered with forward calls. */

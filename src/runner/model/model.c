@@ -297,7 +297,7 @@ static tm_rc parse_config(json_t *root, json_t *gen, tm_model_cfg *c, tm_err *er
     if (c->head_dim % 2 != 0 || c->head_dim > 1024)
         return TM_ERR(err, TM_E_PARSE, CFG ": head_dim %u must be even and at most 1024 (RoPE)",
                       c->head_dim);
-    double eps;
+    double eps = 0;
     rc = get_num(root, CFG, "rms_norm_eps", 0, 1e-6, &eps, err);
     if (rc)
         return rc;
@@ -484,6 +484,22 @@ static tm_rc bind_all(tm_model *m, const tm_st_set *st, tm_err *err) {
 }
 
 /* ---- load ------------------------------------------------------------------------------------ */
+
+tm_rc tm_model_cfg_load(const char *dir, tm_model_cfg *cfg, tm_err *err) {
+    json_t *root = NULL, *gen = NULL;
+    tm_rc rc = load_json(dir, "config.json", 0, &root, err);
+    if (rc == TM_OK)
+        rc = load_json(dir, "generation_config.json", 1, &gen, err);
+    if (rc == TM_OK)
+        rc = parse_config(root, gen, cfg, err);
+    if (rc == TM_OK && cfg->arch == TM_ARCH_DEEPSEEK_V4)
+        rc = TM_ERR(err, TM_E_INVAL, "%s: a DeepSeek-V4 config has no Llama-family shape", dir);
+    if (rc == TM_OK)
+        rc = tm_quant_cfg_parse(root, 0, &cfg->quant, err);
+    json_decref(root);
+    json_decref(gen);
+    return rc;
+}
 
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
     json_t *root = NULL, *gen = NULL;

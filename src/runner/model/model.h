@@ -27,6 +27,11 @@
  */
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err);
 void tm_model_destroy(tm_model *m); /* NULL is a no-op */
+/* The configuration alone (config.json + generation_config.json, parsed and checked as
+ * tm_model_load does; no weights opened): what a benchmark of random weights of a real model's
+ * shape needs. Llama family only (TM_E_INVAL for DeepSeek-V4). */
+tm_rc tm_model_cfg_load(const char *dir, tm_model_cfg *cfg, tm_err *err);
+
 /* "llama", "qwen2", "mistral" or "deepseek_v4". */
 const char *tm_model_arch_name(const tm_model *m);
 

@@ -226,7 +226,7 @@ static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err 
             d->hash[i] = !strcmp(s, "hash_moe");
         }
     } else {
-        uint32_t n_hash;
+        uint32_t n_hash = 0;
         tm_rc rc = get_u32(root, "num_hash_layers", 0, 3, 0, TM_DSV4_MAX_LAYER, &n_hash, err);
         if (rc)
             return rc;

@@ -1,11 +1,14 @@
-/* runner/sched/sample.c - greedy and temperature/top-k/top-p/min-p sampling (see sample.h).
+/* runner/sched/sample.c - logits processing, greedy and temperature/top-k/top-p/min-p sampling
+ * (see sample.h; the definition is docs/sampling.md).
  *
- * Candidate order is always (logit descending, token id ascending), so ties resolve to the lowest
- * id everywhere (greedy, top_k = 1, the nucleus cut). Cost for a vocab of n: one O(n) scan; top_k
- * uses an O(n) partial selection and sorts only the k survivors; top_p without top_k sorts only
- * the tokens above a probability threshold whose mass already reaches top_p (the threshold is
- * lowered until it does, ending at a bound that is guaranteed to). The draw uses a counter-based
- * uniform from (seed, step), so nothing depends on batch composition or call order. */
+ * Canonical order: the kept set is defined by a cut in the order (processed logit descending,
+ * token id ascending) plus the min-p weight threshold, and the draw walks the kept set in id
+ * order with one uniform from (seed, step). The CUDA sampler (kernels/sample.cu) finds the same
+ * cut by bisection and walks the same order, so both draw the same token up to float rounding of
+ * the sums and of expf. Finding the cut here: top_k uses an O(n) partial selection; top_p sorts
+ * only the tokens above a weight threshold whose mass already reaches top_p (the threshold is
+ * lowered until it does), or selects the nucleus by mass when it is large; the cut's level is
+ * then recomputed as the device computes it (mass strictly above it, then ties by id). */
 #include "runner/sched/sample.h"
 
 #include <math.h>
@@ -66,10 +69,14 @@ tm_rc tm_sample_logprobs(const float *logits, uint32_t n_vocab, uint32_t id, uin
 }
 
 tm_rc tm_sample_scratch_init(tm_sample_scratch *s, uint32_t n_vocab, tm_err *err) {
-    s->prob = tm_malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof(float));
-    s->idx = tm_malloc((size_t)(n_vocab ? n_vocab : 1) * sizeof(uint32_t));
+    const size_t n = n_vocab ? n_vocab : 1;
+    s->prob = tm_malloc(n * sizeof(float));
+    s->idx = tm_malloc(n * sizeof(uint32_t));
+    s->l = tm_malloc(n * sizeof(float));
+    s->w = tm_malloc(n * sizeof(float));
+    s->cnt = tm_calloc(n, sizeof(uint32_t));
     s->n_vocab = n_vocab;
-    if (!s->prob || !s->idx) {
+    if (!s->prob || !s->idx || !s->l || !s->w || !s->cnt) {
         tm_sample_scratch_fini(s);
         return TM_ERR(err, TM_E_NOMEM, "sample scratch for %u tokens", n_vocab);
     }
@@ -79,9 +86,10 @@ tm_rc tm_sample_scratch_init(tm_sample_scratch *s, uint32_t n_vocab, tm_err *err
 void tm_sample_scratch_fini(tm_sample_scratch *s) {
     tm_free(s->prob);
     tm_free(s->idx);
-    s->prob = NULL;
-    s->idx = NULL;
-    s->n_vocab = 0;
+    tm_free(s->l);
+    tm_free(s->w);
+    tm_free(s->cnt);
+    *s = (tm_sample_scratch){0};
 }
 
 /* ---- ordering of (value, id) pairs: value descending, id ascending ---- */
@@ -152,39 +160,103 @@ static void select_first(float *v, uint32_t *ix, size_t n, size_t k) {
     }
 }
 
-// Move pairs with v >= thr to the front (order not kept); returns how many.
-static size_t split_at(float *v, uint32_t *ix, size_t n, float thr) {
+// Move the pairs whose weight w[id] >= thr to the front (order not kept); returns how many.
+static size_t split_at(float *v, uint32_t *ix, const float *w, size_t n, float thr) {
     size_t store = 0;
     for (size_t i = 0; i < n; i++)
-        if (v[i] >= thr)
+        if (w[ix[i]] >= thr)
             swap2(v, ix, i, store++);
     return store;
 }
 
 // The nucleus: rearrange so that [0, k) holds the smallest set of first pairs (value descending,
-// id ascending) whose values sum to at least need, in no particular order; returns k. Quickselect
-// by mass: partition, then keep only the side that holds the cut.
-static size_t select_mass(float *v, uint32_t *ix, size_t n, double need) {
+// id ascending) whose weights w[id] sum to at least need, in no particular order; returns k.
+// Quickselect by mass: partition, then keep only the side that holds the cut.
+static size_t select_mass(float *v, uint32_t *ix, const float *w, size_t n, double need) {
     size_t lo = 0, hi = n; // the cut lies in [lo, hi); everything before lo is kept
     while (hi - lo > 1) {
         size_t p = partition(v, ix, lo, hi - 1);
         double upper = 0.0;
         for (size_t i = lo; i < p; i++)
-            upper += v[i];
+            upper += w[ix[i]];
         if (upper >= need) {
             hi = p; // the cut is among the pairs before the pivot
-        } else if (upper + v[p] >= need) {
+        } else if (upper + w[ix[p]] >= need) {
             return p + 1;
         } else {
-            need -= upper + v[p];
+            need -= upper + w[ix[p]];
             lo = p + 1;
         }
     }
     return hi;
 }
 
+// The slot of the last pair (in the order) among [0, n), n >= 1.
+static size_t last_of(const float *v, const uint32_t *ix, size_t n) {
+    size_t j0 = 0;
+    for (size_t j = 1; j < n; j++)
+        if (before(v, ix, j0, j))
+            j0 = j;
+    return j0;
+}
+
 int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab) {
     return !(p->temperature > 0.0f) || p->top_k == 1 || n_vocab == 1;
+}
+
+int tm_sample_has_proc(const tm_sample_params *p) {
+    const int rep = p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
+    const int pen = rep || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    return (pen && p->n_hist > 0) || p->n_bias > 0 || p->n_mask > 0;
+}
+
+tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
+                        tm_sample_scratch *s, float *out, tm_err *err) {
+    if (n_vocab > s->n_vocab)
+        return TM_ERR(err, TM_E_INVAL, "sample: n_vocab %u (scratch for %u)", n_vocab, s->n_vocab);
+    for (uint32_t i = 0; i < n_vocab; i++)
+        out[i] = logits[i];
+    // 1. logit_bias
+    for (uint32_t j = 0; j < p->n_bias; j++) {
+        if (p->bias_ids[j] >= n_vocab)
+            return TM_ERR(err, TM_E_INVAL, "logit_bias: token %u is beyond the model's %u ids",
+                          p->bias_ids[j], n_vocab);
+        out[p->bias_ids[j]] = out[p->bias_ids[j]] + p->bias[j];
+    }
+    // 2. penalties over the history, once per distinct id. cnt[id]: bit 31 = seen (prompt or
+    // output), bits 0-30 = count in the output. Ids beyond n_vocab have no logit: skipped.
+    const float rp = p->repetition_penalty, fp = p->frequency_penalty, pp = p->presence_penalty;
+    const int rep = rp > 0.0f && rp != 1.0f;
+    if (rep || fp != 0.0f || pp != 0.0f) {
+        uint32_t *cnt = s->cnt;
+        for (uint32_t j = 0; j < p->n_hist; j++) {
+            uint32_t id = p->hist[j];
+            if (id < n_vocab)
+                cnt[id] = (cnt[id] | 0x80000000u) + (j >= p->n_hist_prompt);
+        }
+        for (uint32_t j = 0; j < p->n_hist; j++) {
+            uint32_t id = p->hist[j];
+            if (id >= n_vocab || cnt[id] == 0)
+                continue;
+            const uint32_t n_out = cnt[id] & 0x7fffffffu;
+            cnt[id] = 0; // the first occurrence applies the penalty, and leaves cnt all 0
+            float x = out[id];
+            if (rep)
+                x = x > 0.0f ? x / rp : x * rp;
+            if (n_out) {
+                x = x - fp * (float)n_out; // two roundings (no FMA: ISO C, docs/sampling.md)
+                x = x - pp;
+            }
+            out[id] = x;
+        }
+    }
+    // 3. the mask (min_tokens: EOS and stop_token_ids)
+    for (uint32_t j = 0; j < p->n_mask; j++) {
+        if (p->mask_ids[j] >= n_vocab)
+            continue; // an EOS id the tokenizer cannot decode is never picked anyway
+        out[p->mask_ids[j]] = -INFINITY;
+    }
+    return TM_OK;
 }
 
 tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
@@ -202,6 +274,25 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
             arg = i;
         }
     }
+    const float *l = logits;
+    if (tm_sample_has_proc(p)) {
+        tm_rc rc = tm_sample_process(logits, n_vocab, p, s, s->l, err);
+        if (rc)
+            return rc;
+        l = s->l;
+        arg = 0;
+        mx = l[0];
+        for (uint32_t i = 0; i < n_vocab; i++) {
+            if (isnan(l[i]) || l[i] == INFINITY)
+                return TM_ERR(err, TM_E_INVAL, "sample: processed logit %u is not finite", i);
+            if (l[i] > mx) {
+                mx = l[i];
+                arg = i;
+            }
+        }
+        if (mx == -INFINITY)
+            return TM_ERR(err, TM_E_INVAL, "sample: every token is masked (min_tokens)");
+    }
     if (tm_sample_is_greedy(p, n_vocab)) {
         *out = arg;
         return TM_OK;
@@ -210,110 +301,120 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
         return TM_ERR(err, TM_E_INVAL, "sample: bad parameters (temperature %g top_p %g min_p %g)",
                       (double)p->temperature, (double)p->top_p, (double)p->min_p);
 
-    float *v = s->prob;
+    float *v = s->prob, *w = s->w;
     uint32_t *ix = s->idx;
-    size_t n = n_vocab;
-    int sorted = 0;
-    for (size_t i = 0; i < n; i++) {
-        v[i] = logits[i];
-        ix[i] = (uint32_t)i;
-    }
+    const size_t n = n_vocab;
+    // The cut: id i is kept iff !has_cut, or l[i] > cut_l, or l[i] == cut_l and i <= cut_id.
+    int has_cut = 0;
+    float cut_l = 0.0f;
+    uint32_t cut_id = 0;
     if (p->top_k > 0 && (size_t)p->top_k < n) {
-        select_first(v, ix, n, (size_t)p->top_k);
-        n = (size_t)p->top_k;
-        sort_pairs(v, ix, n);
-        sorted = 1;
+        for (size_t i = 0; i < n; i++) {
+            v[i] = l[i];
+            ix[i] = (uint32_t)i;
+        }
+        const size_t k = (size_t)p->top_k;
+        select_first(v, ix, n, k);
+        const size_t j = last_of(v, ix, k); // the k-th in the order
+        has_cut = 1, cut_l = v[j], cut_id = ix[j];
     }
-
-    // Unnormalised probabilities relative to the best token (which is always kept: exp(0) = 1).
+    // Weights relative to the best token (which is always kept: exp(0) = 1), by id.
     const float inv_t = 1.0f / p->temperature;
     double sum = 0.0;
+    size_t m0 = 0;
     for (size_t i = 0; i < n; i++) {
-        v[i] = expf((v[i] - mx) * inv_t);
-        sum += v[i];
+        const int kept = !has_cut || l[i] > cut_l || (l[i] == cut_l && i <= cut_id);
+        w[i] = kept ? expf((l[i] - mx) * inv_t) : 0.0f;
+        sum += w[i];
+        if (w[i] > 0.0f) {
+            v[m0] = l[i];
+            ix[m0++] = (uint32_t)i;
+        }
     }
 
     if (p->top_p > 0.0f && p->top_p < 1.0f) {
         const double need = (double)p->top_p * sum;
-        if (!sorted) {
-            // Sort only the tokens above a threshold whose mass already reaches top_p. Below
-            // thr_safe the excluded mass is < n * thr_safe <= (1 - top_p) * sum, so that one
-            // always works; try much higher thresholds first.
-            const float thr_safe = (float)((1.0 - (double)p->top_p) * sum / (double)n);
-            float thr = 0x1p-6f;
-            size_t m = n;
-            for (;;) {
-                if (thr <= thr_safe)
-                    thr = thr_safe;
-                m = split_at(v, ix, n, thr);
-                double mass = 0.0;
-                for (size_t i = 0; i < m; i++)
-                    mass += v[i];
-                if (mass >= need || thr == thr_safe)
-                    break;
-                thr *= 0x1p-6f;
-            }
-            if (m > SORT_NUCLEUS_MAX) {
-                // A flat distribution (a random model, a high temperature): the nucleus holds
-                // most of the vocabulary, and sorting it would dominate the step. Select it by
-                // mass instead, in expected O(m); it stays in a fixed (unsorted) order.
-                n = select_mass(v, ix, m, need);
-                goto nucleus_done;
-            }
-            sort_pairs(v, ix, m);
-            n = m; // the cut below stays inside the sorted prefix
-            sorted = 1;
-        }
-        double cum = 0.0;
-        size_t keep = n;
-        for (size_t i = 0; i < n; i++) {
-            cum += v[i];
-            if (cum >= need) {
-                keep = i + 1;
+        // Find an element c of the cut's level: sort only the pairs above a weight threshold
+        // whose mass already reaches top_p. Below thr_safe the excluded mass is < m0 * thr_safe
+        // <= (1 - top_p) * sum, so that one always works; try much higher thresholds first.
+        const float thr_safe = (float)((1.0 - (double)p->top_p) * sum / (double)m0);
+        float thr = 0x1p-6f;
+        size_t m = m0, c = 0;
+        for (;;) {
+            if (thr <= thr_safe)
+                thr = thr_safe;
+            m = split_at(v, ix, w, m0, thr);
+            double mass = 0.0;
+            for (size_t i = 0; i < m; i++)
+                mass += w[ix[i]];
+            if (mass >= need || thr == thr_safe)
                 break;
-            }
+            thr *= 0x1p-6f;
         }
-        n = keep;
-    }
-nucleus_done:
-
-    if (p->min_p > 0.0f) {
-        const float thr = p->min_p; // p_max is 1 in these units
-        if (sorted) {
-            size_t keep = 1;
-            while (keep < n && v[keep] >= thr)
-                keep++;
-            n = keep;
+        if (m > SORT_NUCLEUS_MAX) {
+            // A flat distribution (a random model, a high temperature): select the nucleus by
+            // mass in expected O(m) instead of sorting it, then take its last pair.
+            const size_t k = select_mass(v, ix, w, m, need);
+            c = last_of(v, ix, k);
         } else {
-            // Keep id order: deterministic and no sort needed.
-            size_t w = 0;
-            for (size_t i = 0; i < n; i++) {
-                if (v[i] >= thr) {
-                    v[w] = v[i];
-                    ix[w] = ix[i];
-                    w++;
+            sort_pairs(v, ix, m);
+            double cum = 0.0;
+            c = m - 1;
+            for (size_t i = 0; i < m; i++) {
+                cum += w[ix[i]];
+                if (cum >= need) {
+                    c = i;
+                    break;
                 }
             }
-            n = w; // the best token has v = 1 >= min_p for any min_p <= 1
-            if (n == 0) {
-                *out = arg;
-                return TM_OK;
-            }
         }
+        // The level L = l of c: the mass strictly above it, then its tokens in id order, each
+        // kept while the mass before it is below need (as the device computes it).
+        const float L = v[c], wL = w[ix[c]];
+        double g = 0.0;
+        uint32_t n_lvl = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!(w[i] > 0.0f))
+                continue;
+            if (l[i] > L)
+                g += w[i];
+            else if (l[i] == L)
+                n_lvl++;
+        }
+        uint32_t keep_lvl = 1;
+        while (keep_lvl < n_lvl && g + (double)keep_lvl * (double)wL < need)
+            keep_lvl++;
+        for (size_t i = 0; i < n; i++)
+            if (w[i] > 0.0f && l[i] == L && --keep_lvl == 0) {
+                cut_id = (uint32_t)i;
+                break;
+            }
+        has_cut = 1, cut_l = L;
     }
 
+    // The draw: one uniform, the kept set walked in id order.
+    const float min_p = p->min_p > 0.0f ? p->min_p : 0.0f;
     double total = 0.0;
-    for (size_t i = 0; i < n; i++)
-        total += v[i];
+    for (size_t i = 0; i < n; i++) {
+        const int kept = w[i] > 0.0f && w[i] >= min_p &&
+                         (!has_cut || l[i] > cut_l || (l[i] == cut_l && i <= cut_id));
+        if (!kept)
+            w[i] = 0.0f;
+        total += w[i];
+    }
     const double u = tm_sample_uniform(p->seed, step) * total;
     double cum = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        cum += v[i];
+    uint32_t last = arg;
+    for (size_t i = 0; i < n; i++) { // hot loop: the whole vocabulary
+        if (w[i] == 0.0f)
+            continue;
+        cum += w[i];
+        last = (uint32_t)i;
         if (u < cum) {
-            *out = ix[i];
+            *out = (uint32_t)i;
             return TM_OK;
         }
     }
-    *out = ix[n - 1]; // rounding: u landed on the very top of the total
+    *out = last; // rounding: u landed on the very top of the total
     return TM_OK;
 }

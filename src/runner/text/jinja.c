@@ -3,8 +3,13 @@
  * text), each tag's content is lexed into tokens, and a recursive-descent parser builds a tree of
  * nodes and expressions in the template's arena. Rendering walks the tree with values allocated
  * from a per-render arena that is freed as a whole at the end, so no value has an owner to track.
- * Limits: MAX_DEPTH nesting (parse and eval), MAX_STEPS evaluation steps, MAX_OUT output bytes,
- * MAX_ARENA bytes of values. */
+ * Limits, each a TM_E_INVAL "template: ..." error (a template_error record, never the end of a
+ * job): MAX_DEPTH nesting (parse, eval, and the printing and comparing of nested values),
+ * MAX_STEPS evaluation steps (every loop iteration is one), MAX_OUT output bytes, MAX_ARENA bytes
+ * of values (every string, list and dict a template makes, so it also bounds their count and the
+ * parse tree), MAX_STR bytes for one string built outside the arena (printing a value, replace,
+ * tojson), MAX_RANGE items from range(). So one render holds at most about MAX_ARENA + MAX_OUT +
+ * MAX_DEPTH * MAX_STR bytes, whatever the template; TM_E_NOMEM means the heap itself failed. */
 #include "runner/text/jinja.h"
 
 #include <stdarg.h>
@@ -19,6 +24,9 @@ enum {
     MAX_STEPS = 4000000,
     MAX_OUT = 16u << 20,
     MAX_ARENA = 64u << 20,
+    MAX_STR = 16u << 20,
+    MAX_RANGE = 100000,
+    MAX_WORK = 1u << 30, /* bytes compared, searched or copied by string operations */
     BLK_BYTES = 16u << 10,
 };
 
@@ -33,14 +41,17 @@ typedef struct blk {
 typedef struct arena {
     blk *head;
     size_t total;
+    int over; /* an allocation was refused for MAX_ARENA (not for want of heap) */
 } arena;
 
 static void *aalloc(arena *a, size_t n) {
     n = (n + 15) & ~(size_t)15;
     if (!a->head || a->head->cap - a->head->used < n) {
         size_t cap = n > BLK_BYTES ? n : BLK_BYTES;
-        if (a->total + cap > MAX_ARENA)
+        if (cap > MAX_ARENA || a->total + cap > MAX_ARENA) {
+            a->over = 1;
             return NULL;
+        }
         blk *b = tm_malloc(sizeof(blk) + cap);
         if (!b)
             return NULL;
@@ -258,6 +269,8 @@ static tm_rc split(parser *p) {
     return TM_OK;
 }
 
+static void *tree_alloc(parser *p, size_t n);
+
 static tm_rc push_tok(parser *p, token t) {
     if (p->n_toks == p->cap_toks) {
         size_t cap = p->cap_toks ? 2 * p->cap_toks : 64;
@@ -310,9 +323,9 @@ static tm_rc lex(parser *p, const item *it) {
             }
             if (s >= e)
                 return perr(p, line, "unterminated string");
-            char *d = aalloc(p->ar, n + 1);
+            char *d = tree_alloc(p, n + 1);
             if (!d)
-                return TM_ERR(p->err, TM_E_NOMEM, "template string");
+                return p->err->rc;
             size_t k = 0;
             for (const char *q = b; q < s; q++) {
                 char ch = *q;
@@ -372,7 +385,10 @@ static tm_rc expect(parser *p, tk kind, const char *s) {
 static void *tree_alloc(parser *p, size_t n) {
     void *v = aalloc(p->ar, n);
     if (!v) {
-        TM_ERR(p->err, TM_E_NOMEM, "template tree");
+        if (p->ar->over)
+            TM_ERR(p->err, TM_E_INVAL, "template: parse tree over %u MiB", MAX_ARENA >> 20);
+        else
+            TM_ERR(p->err, TM_E_NOMEM, "template tree");
         p->failed = 1;
     }
     return v;
@@ -418,13 +434,10 @@ static int parse_args(parser *p, const char *close, expr *x, int kw) {
             return -1;
         n++;
     }
-    x->args = aalloc(p->ar, (n ? n : 1) * sizeof(expr *));
-    x->keys = aalloc(p->ar, (n ? n : 1) * sizeof(expr *));
-    if (!x->args || !x->keys) {
-        TM_ERR(p->err, TM_E_NOMEM, "template tree");
-        p->failed = 1;
+    x->args = tree_alloc(p, (n ? n : 1) * sizeof(expr *));
+    x->keys = x->args ? tree_alloc(p, (n ? n : 1) * sizeof(expr *)) : NULL;
+    if (!x->args || !x->keys)
         return -1;
-    }
     memcpy(x->args, tmp, n * sizeof(expr *));
     memcpy(x->keys, tk_, n * sizeof(expr *));
     x->n_args = n;
@@ -440,7 +453,7 @@ static expr *parse_primary(parser *p) {
             x->s = t->s, x->n = t->n;
         while (x && peek(p)->kind == TK_STR) { // adjacent literals concatenate
             token *u = next_tok(p);
-            char *d = aalloc(p->ar, x->n + u->n + 1);
+            char *d = tree_alloc(p, x->n + u->n + 1);
             if (!d)
                 return NULL;
             memcpy(d, x->s, x->n);
@@ -495,8 +508,8 @@ static expr *parse_primary(parser *p) {
             n++;
         }
         if (x) {
-            x->keys = aalloc(p->ar, (n + 1) * sizeof(expr *));
-            x->args = aalloc(p->ar, (n + 1) * sizeof(expr *));
+            x->keys = tree_alloc(p, (n + 1) * sizeof(expr *));
+            x->args = x->keys ? tree_alloc(p, (n + 1) * sizeof(expr *)) : NULL;
             if (!x->keys || !x->args)
                 return NULL;
             memcpy(x->keys, ks, n * sizeof(expr *));
@@ -965,6 +978,7 @@ typedef struct rnd {
     tm_err *err;
     long steps;
     int depth;
+    size_t work; /* bytes of string work so far (MAX_WORK) */
     scope *sc;
 } rnd;
 
@@ -983,9 +997,38 @@ static tm_rc rerr(rnd *r, uint32_t line, const char *fmt, ...) {
 
 // Out of value memory: the arena limit (a template error: TM_E_INVAL) or the heap (TM_E_NOMEM).
 static tm_rc nomem(rnd *r) {
-    if (r->ar.total + 2 * BLK_BYTES > MAX_ARENA)
+    if (r->ar.over)
         return TM_ERR(r->err, TM_E_INVAL, "template: more than %u MiB of values", MAX_ARENA >> 20);
     return TM_ERR(r->err, TM_E_NOMEM, "template values");
+}
+
+// Count n bytes of string work (compare, search, copy) against MAX_WORK, so that a template
+// cannot spend its steps on ever larger strings.
+static tm_rc charge(rnd *r, size_t n) {
+    r->work += n;
+    if (r->work > MAX_WORK)
+        return TM_ERR(r->err, TM_E_INVAL, "template: more than %u MiB of string work",
+                      MAX_WORK >> 20);
+    return TM_OK;
+}
+
+// b may grow by n more bytes (a string built outside the arena: MAX_STR).
+static tm_rc room(rnd *r, const tm_buf *b, size_t n) {
+    if (b->len + n > MAX_STR)
+        return TM_ERR(r->err, TM_E_INVAL, "template: a string over %u MiB", MAX_STR >> 20);
+    return charge(r, n);
+}
+
+// Entering one level of a nested value (printing or comparing it): a step, and a level of depth,
+// so that deep or cyclic values (a namespace holding itself) end in an error, not a crash. The
+// caller does r->depth-- when done.
+static tm_rc enter(rnd *r) {
+    ++r->depth;
+    if (++r->steps > MAX_STEPS)
+        return TM_ERR(r->err, TM_E_INVAL, "template: more than %d evaluation steps", MAX_STEPS);
+    if (r->depth > MAX_DEPTH * 2)
+        return TM_ERR(r->err, TM_E_INVAL, "template: values nested too deep");
+    return TM_OK;
 }
 
 static val vstr(const char *s, size_t n) { return (val){.kind = V_STR, .s = s, .n = n}; }
@@ -1064,33 +1107,57 @@ static const char *kind_name(vk k) {
     return names[k];
 }
 
-static int veq(val a, val b) {
-    if ((a.kind == V_INT || a.kind == V_BOOL) && (b.kind == V_INT || b.kind == V_BOOL))
-        return a.i == b.i;
+// *eq = (a == b) as Python compares them.
+static tm_rc veq(rnd *r, val a, val b, int *eq) {
+    *eq = 0;
+    if ((a.kind == V_INT || a.kind == V_BOOL) && (b.kind == V_INT || b.kind == V_BOOL)) {
+        *eq = a.i == b.i;
+        return TM_OK;
+    }
     if (a.kind != b.kind)
-        return 0;
+        return TM_OK;
+    tm_rc rc = enter(r);
     switch (a.kind) {
     case V_UNDEF:
     case V_NONE:
-        return 1;
+        *eq = 1;
+        break;
     case V_STR:
-        return a.n == b.n && memcmp(a.s, b.s, a.n) == 0;
+        if (!rc && a.n == b.n)
+            rc = charge(r, a.n);
+        if (!rc)
+            *eq = a.n == b.n && memcmp(a.s, b.s, a.n) == 0;
+        break;
     case V_LIST:
-        if (a.l->n != b.l->n)
-            return 0;
-        for (size_t i = 0; i < a.l->n; i++)
-            if (!veq(a.l->v[i], b.l->v[i]))
-                return 0;
-        return 1;
+        *eq = !rc && a.l->n == b.l->n;
+        for (size_t i = 0; i < a.l->n && *eq && !rc; i++)
+            rc = veq(r, a.l->v[i], b.l->v[i], eq);
+        break;
     default:
-        return a.l == b.l && a.d == b.d;
+        *eq = a.l == b.l && a.d == b.d;
     }
+    r->depth--;
+    return rc;
 }
 
 // Append the text of v (as {{ v }} prints it: python's str()) to b.
 static tm_rc to_text(rnd *r, tm_buf *b, val v, int repr);
 
+static tm_rc json_of_(rnd *r, tm_buf *b, val v);
+
 static tm_rc json_of(rnd *r, tm_buf *b, val v) {
+    tm_rc rc = enter(r);
+    if (!rc)
+        rc = room(r, b, v.kind == V_STR ? v.n : 0);
+    if (!rc)
+        rc = json_of_(r, b, v);
+    if (!rc && b->len > MAX_STR) // escapes made it longer
+        rc = room(r, b, 0);
+    r->depth--;
+    return rc;
+}
+
+static tm_rc json_of_(rnd *r, tm_buf *b, val v) {
     tm_err *e = r->err;
     switch (v.kind) {
     case V_STR:
@@ -1113,6 +1180,8 @@ static tm_rc json_of(rnd *r, tm_buf *b, val v) {
         for (size_t i = 0; i < v.d->n && !rc; i++) {
             rc = i ? tm_buf_append_str(b, ", ", e) : TM_OK;
             if (!rc)
+                rc = room(r, b, v.d->kn[i]);
+            if (!rc)
                 rc = tm_buf_append_json_str(b, v.d->k[i], v.d->kn[i], e);
             if (!rc)
                 rc = tm_buf_append_str(b, ": ", e);
@@ -1126,7 +1195,19 @@ static tm_rc json_of(rnd *r, tm_buf *b, val v) {
     }
 }
 
+static tm_rc to_text_(rnd *r, tm_buf *b, val v, int repr);
+
 static tm_rc to_text(rnd *r, tm_buf *b, val v, int repr) {
+    tm_rc rc = enter(r);
+    if (!rc)
+        rc = room(r, b, v.kind == V_STR ? v.n : 0);
+    if (!rc)
+        rc = to_text_(r, b, v, repr);
+    r->depth--;
+    return rc;
+}
+
+static tm_rc to_text_(rnd *r, tm_buf *b, val v, int repr) {
     tm_err *e = r->err;
     switch (v.kind) {
     case V_UNDEF:
@@ -1158,7 +1239,9 @@ static tm_rc to_text(rnd *r, tm_buf *b, val v, int repr) {
     case V_DICT: {
         tm_rc rc = tm_buf_append_str(b, "{", e);
         for (size_t i = 0; i < v.d->n && !rc; i++) {
-            rc = tm_buf_printf(b, e, "%s'%.*s': ", i ? ", " : "", (int)v.d->kn[i], v.d->k[i]);
+            rc = room(r, b, v.d->kn[i]);
+            if (!rc)
+                rc = tm_buf_printf(b, e, "%s'%.*s': ", i ? ", " : "", (int)v.d->kn[i], v.d->k[i]);
             if (!rc)
                 rc = to_text(r, b, v.d->v[i], 1);
         }
@@ -1196,6 +1279,9 @@ static tm_rc str_of(rnd *r, val v, val *out) {
 }
 
 static tm_rc cat(rnd *r, val a, val b, val *out) {
+    tm_rc rc = charge(r, a.n + b.n);
+    if (rc)
+        return rc;
     char *s = aalloc(&r->ar, a.n + b.n + 1);
     if (!s)
         return nomem(r);
@@ -1244,6 +1330,9 @@ static val strip(val s, int left, int right) {
 }
 
 static tm_rc map_case(rnd *r, val s, int upper, int cap_first, val *out) {
+    tm_rc rc = charge(r, s.n);
+    if (rc)
+        return rc;
     char *d = aalloc(&r->ar, s.n + 1);
     if (!d)
         return nomem(r);
@@ -1289,10 +1378,13 @@ static tm_rc call_method(rnd *r, const expr *x, val self, const char *name, size
             if (na)
                 return rerr(r, x->line, "%.*s(chars) is not supported", (int)nn, name);
             *out = strip(self, name[0] != 'r', name[0] != 'l');
-            return TM_OK;
+            return charge(r, self.n - out->n);
         }
         if ((name_is(name, nn, "startswith") || name_is(name, nn, "endswith")) && na == 1 &&
             a[0].kind == V_STR) {
+            tm_rc rc = charge(r, a[0].n);
+            if (rc)
+                return rc;
             int ok = a[0].n <= self.n && memcmp(name[0] == 's' ? self.s : self.s + self.n - a[0].n,
                                                 a[0].s, a[0].n) == 0;
             *out = vbool(ok);
@@ -1304,35 +1396,38 @@ static tm_rc call_method(rnd *r, const expr *x, val self, const char *name, size
             list *l = aalloc(&r->ar, sizeof(*l));
             if (!l)
                 return nomem(r);
+            tm_rc rc = charge(r, self.n + a[0].n);
+            const char *hit;
             size_t at = 0;
-            for (size_t i = 0; i + a[0].n <= self.n;) {
-                if (memcmp(self.s + i, a[0].s, a[0].n) == 0) {
-                    tm_rc rc = list_push(r, l, vstr(self.s + at, i - at));
-                    if (rc)
-                        return rc;
-                    i += a[0].n;
-                    at = i;
-                } else {
-                    i++;
-                }
+            while (!rc && (hit = memmem(self.s + at, self.n - at, a[0].s, a[0].n)) != NULL) {
+                size_t i = (size_t)(hit - self.s);
+                rc = list_push(r, l, vstr(self.s + at, i - at));
+                at = i + a[0].n;
             }
-            tm_rc rc = list_push(r, l, vstr(self.s + at, self.n - at));
+            if (!rc)
+                rc = list_push(r, l, vstr(self.s + at, self.n - at));
             *out = (val){.kind = V_LIST, .l = l};
             return rc;
         }
         if (name_is(name, nn, "replace") && na == 2 && a[0].kind == V_STR && a[1].kind == V_STR &&
             a[0].n) {
             tm_buf b = {0};
-            tm_rc rc = TM_OK;
-            for (size_t i = 0; i < self.n && !rc;) {
-                if (i + a[0].n <= self.n && memcmp(self.s + i, a[0].s, a[0].n) == 0) {
+            tm_rc rc = charge(r, self.n + a[0].n);
+            const char *hit;
+            size_t at = 0;
+            while (!rc && (hit = memmem(self.s + at, self.n - at, a[0].s, a[0].n)) != NULL) {
+                size_t i = (size_t)(hit - self.s);
+                rc = room(r, &b, i - at + a[1].n);
+                if (!rc)
+                    rc = tm_buf_append(&b, self.s + at, i - at, r->err);
+                if (!rc)
                     rc = tm_buf_append(&b, a[1].s, a[1].n, r->err);
-                    i += a[0].n;
-                } else {
-                    rc = tm_buf_append(&b, self.s + i, 1, r->err);
-                    i++;
-                }
+                at = i + a[0].n;
             }
+            if (!rc)
+                rc = room(r, &b, self.n - at);
+            if (!rc)
+                rc = tm_buf_append(&b, self.s + at, self.n - at, r->err);
             if (!rc)
                 rc = str_from_buf(r, &b, out);
             tm_buf_fini(&b);
@@ -1340,6 +1435,9 @@ static tm_rc call_method(rnd *r, const expr *x, val self, const char *name, size
         }
     } else if (self.kind == V_DICT) {
         if (name_is(name, nn, "get") && (na == 1 || na == 2) && a[0].kind == V_STR) {
+            tm_rc rc = charge(r, a[0].n * self.d->n);
+            if (rc)
+                return rc;
             val *v = dict_find(self.d, a[0].s, a[0].n);
             *out = v ? *v : na == 2 ? a[1] : VAL(V_NONE);
             return TM_OK;
@@ -1411,8 +1509,8 @@ static tm_rc eval_call(rnd *r, const expr *x, val *out) {
             lo = a[0].i, hi = a[1].i;
         else
             return rerr(r, x->line, "range() takes one or two integers");
-        if (hi - lo > 100000)
-            return rerr(r, x->line, "range() over 100000 items");
+        if (hi > lo && (unsigned long long)hi - (unsigned long long)lo > MAX_RANGE)
+            return rerr(r, x->line, "range() over %d items", MAX_RANGE);
         list *l = aalloc(&r->ar, sizeof(*l));
         if (!l)
             return nomem(r);
@@ -1540,7 +1638,7 @@ static tm_rc eval_filter(rnd *r, const expr *x, val *out) {
     }
     if (name_is(f, fn, "trim")) {
         *out = strip(v, 1, 1);
-        return TM_OK;
+        return charge(r, v.n - out->n);
     }
     if (name_is(f, fn, "upper") || name_is(f, fn, "lower"))
         return map_case(r, v, f[0] == 'u', 0, out);
@@ -1578,15 +1676,18 @@ static tm_rc eval_test(rnd *r, const expr *x, val *out) {
     else if ((name_is(t, tn, "even") || name_is(t, tn, "odd")) && v.kind == V_INT)
         res = (v.i % 2 == 0) == (t[0] == 'e');
     else if ((name_is(t, tn, "equalto") || name_is(t, tn, "eq")) && x->n_args == 1)
-        res = veq(v, a[0]);
+        rc = veq(r, v, a[0], &res);
     else
         return rerr(r, x->line, "unknown test '%.*s'", (int)tn, t);
     *out = vbool(x->i ? !res : res);
-    return TM_OK;
+    return rc;
 }
 
 static tm_rc eval_index(rnd *r, const expr *x, val obj, val key, val *out) {
     if (obj.kind == V_DICT && key.kind == V_STR) {
+        tm_rc rc = charge(r, key.n * obj.d->n);
+        if (rc)
+            return rc;
         val *v = dict_find(obj.d, key.s, key.n);
         *out = v ? *v : VAL(V_UNDEF);
         return TM_OK;
@@ -1632,24 +1733,27 @@ static tm_rc eval_bin(rnd *r, const expr *x, val *out) {
         return rc ? rc : cat(r, a, b, out);
     }
     if (name_is(op, x->n, "==") || name_is(op, x->n, "!=")) {
-        *out = vbool(veq(a, b) == (op[0] == '='));
-        return TM_OK;
+        int eq;
+        rc = veq(r, a, b, &eq);
+        *out = vbool(eq == (op[0] == '='));
+        return rc;
     }
     if (name_is(op, x->n, "in") || name_is(op, x->n, "notin")) {
         int res = 0;
         if (b.kind == V_STR && a.kind == V_STR) {
-            for (size_t i = 0; i + a.n <= b.n && !res; i++)
-                res = memcmp(b.s + i, a.s, a.n) == 0;
+            rc = charge(r, a.n + b.n);
+            res = !rc && (a.n == 0 || memmem(b.s, b.n, a.s, a.n) != NULL);
         } else if (b.kind == V_LIST) {
-            for (size_t i = 0; i < b.l->n && !res; i++)
-                res = veq(a, b.l->v[i]);
+            for (size_t i = 0; i < b.l->n && !res && !rc; i++)
+                rc = veq(r, a, b.l->v[i], &res);
         } else if (b.kind == V_DICT && a.kind == V_STR) {
-            res = dict_find(b.d, a.s, a.n) != NULL;
+            rc = charge(r, a.n * b.d->n);
+            res = !rc && dict_find(b.d, a.s, a.n) != NULL;
         } else {
             return rerr(r, x->line, "'in' with %s and %s", kind_name(a.kind), kind_name(b.kind));
         }
         *out = vbool(op[0] == 'i' ? res : !res);
-        return TM_OK;
+        return rc;
     }
     if (op[0] == '+' && a.kind == V_STR && b.kind == V_STR)
         return cat(r, a, b, out);
@@ -1664,6 +1768,9 @@ static tm_rc eval_bin(rnd *r, const expr *x, val *out) {
     }
     if (a.kind == V_STR && b.kind == V_STR && strchr("<>", op[0])) {
         size_t n = TM_MIN(a.n, b.n);
+        rc = charge(r, n);
+        if (rc)
+            return rc;
         int c = memcmp(a.s, b.s, n);
         if (c == 0)
             c = a.n < b.n ? -1 : a.n > b.n;

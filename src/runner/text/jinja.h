@@ -14,8 +14,13 @@
  *   dict methods get, items, keys, values;
  *   globals: namespace(...), raise_exception(msg), range(n).
  * Anything else (macros, call blocks, includes, other filters) is a parse error naming it. The
- * renderer limits work (loop iterations, output bytes, nesting) so a hostile template cannot hang
- * or exhaust memory. A template is immutable after parse; render is thread-safe. */
+ * renderer limits work so a hostile template cannot hang, crash or exhaust memory: evaluation
+ * steps (loop iterations), output bytes (16 MiB), value memory (64 MiB: every string, list and
+ * dict, so also their count), one string built while printing (16 MiB), bytes of string work
+ * (compare, search, copy: 1 GiB), nesting of blocks, expressions and values (also a namespace that
+ * holds itself), range() size; each is TM_E_INVAL "template: ...", never TM_E_NOMEM, so the runner
+ * makes it the record's template_error (jinja.c lists the values). A template is immutable after
+ * parse; render is thread-safe. */
 #ifndef TM_RUNNER_TEXT_JINJA_H
 #define TM_RUNNER_TEXT_JINJA_H
 

@@ -70,6 +70,7 @@ struct tm_tokenizer {
     uint32_t added_lens[64];  /* distinct added-token byte lengths, longest first */
     uint32_t n_added_lens;
     uint32_t added_max_len; /* used when there are more than 64 distinct lengths */
+    uint32_t max_piece;     /* longest piece in bytes: no token covers more of the text */
 
     tm_pat pats[MAX_PAT]; /* Split steps, applied in order; the last step is byte-level + BPE */
     uint32_t n_pat;
@@ -461,6 +462,8 @@ typedef struct scratch {
     size_t cap_sym;
     heap_ent *heap; /* [cap_heap] */
     size_t n_heap, cap_heap;
+    size_t max_ids; /* tm_tok_encode_max's bound on out->len */
+    int over;       /* set once out must hold more than max_ids: encoding stops */
 } scratch;
 
 static void scratch_fini(scratch *s) {
@@ -662,11 +665,26 @@ static tm_rc bpe_word(const tm_tokenizer *tok, const char *w, size_t n, scratch 
     return n <= BPE_NAIVE_MAX ? bpe_naive(tok, s, n, out, err) : bpe_heap(tok, s, n, out, err);
 }
 
-/* Apply Split step `level` to code points [a, b) of seg; the last level runs BPE. */
+/* Whether n more bytes of text certainly take out past s->max_ids: each token covers at most
+ * max_piece bytes, so they are at least ceil(n / max_piece) tokens. Sets s->over if so. */
+static int over_bound(const tm_tokenizer *tok, scratch *s, const tm_ids *out, size_t n) {
+    if (n > 0 && (out->len > s->max_ids || (n - 1) / tok->max_piece + 1 > s->max_ids - out->len))
+        s->over = 1;
+    return s->over;
+}
+
+/* Apply Split step `level` to code points [a, b) of seg; the last level runs BPE. Stops early
+ * (TM_OK, s->over set) once out holds more than s->max_ids ids. */
 static tm_rc pretok(const tm_tokenizer *tok, uint32_t level, size_t a, size_t b, const char *seg,
                     scratch *s, tm_ids *out, tm_err *err) {
-    if (level == tok->n_pat)
-        return bpe_word(tok, seg + s->off[a], s->off[b] - s->off[a], s, out, err);
+    if (level == tok->n_pat) {
+        size_t n = s->off[b] - s->off[a];
+        if (over_bound(tok, s, out, n))
+            return TM_OK;
+        tm_rc rc = bpe_word(tok, seg + s->off[a], n, s, out, err);
+        s->over |= out->len > s->max_ids;
+        return rc;
+    }
     tm_rc rc;
     size_t gap = a, i = a;
     while (i < b) {
@@ -677,11 +695,11 @@ static tm_rc pretok(const tm_tokenizer *tok, uint32_t level, size_t a, size_t b,
         }
         if (gap < i) {
             rc = pretok(tok, level + 1, gap, i, seg, s, out, err);
-            if (rc)
+            if (rc || s->over)
                 return rc;
         }
         rc = pretok(tok, level + 1, i, i + len, seg, s, out, err);
-        if (rc)
+        if (rc || s->over)
             return rc;
         i += len;
         gap = i;
@@ -709,7 +727,7 @@ static size_t load_cps(scratch *s, const char *seg, size_t n) {
 /* Text between added tokens. */
 static tm_rc encode_segment(const tm_tokenizer *tok, const char *seg, size_t n, scratch *s,
                             tm_ids *out, tm_err *err) {
-    if (n == 0)
+    if (n == 0 || over_bound(tok, s, out, n))
         return TM_OK;
     tm_rc rc = scratch_cp(s, n, err);
     if (rc)
@@ -744,14 +762,25 @@ static size_t match_added(const tm_tokenizer *tok, const char *text, size_t n, u
 }
 
 tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids *out, tm_err *err) {
+    int over;
+    return tm_tok_encode_max(tok, text, n, SIZE_MAX, out, &over, err);
+}
+
+tm_rc tm_tok_encode_max(const tm_tokenizer *tok, const char *text, size_t n, size_t max_len,
+                        tm_ids *out, int *over, tm_err *err) {
+    *over = 0;
     size_t valid = tm_utf8_valid_prefix(text, n);
     if (valid != n)
         return TM_ERR(err, TM_E_INVAL, "tokenizer: invalid UTF-8 at byte %zu", valid);
     if (n > UINT32_MAX - 1)
         return TM_ERR(err, TM_E_INVAL, "tokenizer: text of %zu bytes is too long", n);
-    scratch s = {0};
+    scratch s = {.max_ids = max_len};
     tm_rc rc = TM_OK;
     size_t seg = 0, i = 0;
+    // The whole text takes at least ceil(n / max_piece) tokens: past the bound, stop before any
+    // work (a 200 MB prompt costs its UTF-8 check, not its tokenization).
+    if (over_bound(tok, &s, out, n))
+        goto done;
     while (i < n) {
         uint32_t id, len = 0;
         if (tok->added_first[(uint8_t)text[i]])
@@ -761,10 +790,11 @@ tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids 
             continue;
         }
         rc = encode_segment(tok, text + seg, i - seg, &s, out, err);
-        if (rc)
+        if (rc || s.over)
             goto done;
         rc = tm_ids_push(out, id, err);
-        if (rc)
+        s.over |= out->len > s.max_ids;
+        if (rc || s.over)
             goto done;
         i += len;
         seg = i;
@@ -772,6 +802,7 @@ tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids 
     rc = encode_segment(tok, text + seg, n - seg, &s, out, err);
 done:
     scratch_fini(&s);
+    *over = rc == TM_OK && s.over;
     return rc;
 }
 
@@ -1350,6 +1381,10 @@ static tm_rc parse_model(tm_tokenizer *tok, const json_t *root, const char *path
                                    : "result");
         merge_put(tok, (uint32_t)ia, (uint32_t)ib, (uint32_t)i, (uint32_t)im);
     }
+
+    tok->max_piece = 1;
+    for (uint32_t id = 0; id < tok->n_vocab; id++)
+        tok->max_piece = TM_MAX(tok->max_piece, tok->piece_len[id]);
 
     // pre-tokenizer, normalizer, decoder
     int saw_bytelevel = 0;

@@ -39,6 +39,13 @@ void tm_tok_destroy(tm_tokenizer *tok); /* NULL is a no-op */
 /* Append the ids of text[0..n) to out. No BOS is added. Text that spells an added token is
  * matched as that token. Invalid UTF-8 in text: TM_E_INVAL. */
 tm_rc tm_tok_encode(const tm_tokenizer *tok, const char *text, size_t n, tm_ids *out, tm_err *err);
+/* The same, bounded: when the result fits (out->len <= max_len afterwards), *over = 0 and out is
+ * what tm_tok_encode gives. Otherwise *over = 1 (TM_OK) and out holds its old ids plus some
+ * unspecified ones (truncate it): encoding stops as soon as the bound is certainly passed, and a
+ * text longer than the bound times the longest token's bytes is not tokenized at all, so time and
+ * memory are O(max_len), not O(n), past the UTF-8 check (which runs first, as in tm_tok_encode). */
+tm_rc tm_tok_encode_max(const tm_tokenizer *tok, const char *text, size_t n, size_t max_len,
+                        tm_ids *out, int *over, tm_err *err);
 /* Append the bytes of ids (special tokens included as their text) to out. Ids out of range:
  * TM_E_INVAL. The result may end in an incomplete UTF-8 sequence if the ids do. */
 tm_rc tm_tok_decode(const tm_tokenizer *tok, const uint32_t *ids, size_t n, tm_buf *out,

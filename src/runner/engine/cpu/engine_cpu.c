@@ -1,5 +1,7 @@
 /* runner/engine/cpu/engine_cpu.c - the CPU reference engine: the Llama-family forward pass
- * (Llama, Qwen2, Mistral) in fp32 over f32/f16/bf16 weights, with a paged fp32 KV cache.
+ * (Llama, Qwen2, Mistral) in fp32 over f32/f16/bf16 weights, with a paged fp32 KV cache. With
+ * opts.kv_dtype fp8 (or bf16) each K/V element is rounded to that type when written and the cache
+ * holds the rounded value in fp32: the reference of a smaller cache, not a smaller one.
  *
  * A step takes a batch of sequences, each a chunk of n_tok tokens at positions [pos, pos+n_tok)
  * (prefill chunks and decodes mixed). All tokens of the step are stacked into one [T][dim]
@@ -197,7 +199,28 @@ static void ffn_norm_item(void *ctx, uint32_t item, uint32_t tid) {
     norm_item(j, item, j->impl->ffn_norm);
 }
 
-/* RoPE on q and k, then K and V rows into the paged cache. */
+/* One cache row (kv_dim floats, heads of hd) as a KV cache of dtype kvt stores it: the cache
+ * holds the rounded values widened to fp32 (exactly what reading the smaller entries gives). */
+static void kv_round(tm_kv_dtype kvt, float *row, uint32_t kv_dim, uint32_t hd) {
+    if (kvt == TM_KV_DTYPE_FP8) {
+        for (uint32_t i = 0; i < kv_dim; i++)
+            row[i] = tm_kv_fp8_round(row[i]);
+    } else if (kvt == TM_KV_DTYPE_BF16) {
+        for (uint32_t i = 0; i < kv_dim; i++)
+            row[i] = tm_bf16_to_f32(tm_f32_to_bf16(row[i]));
+    } else if (kvt == TM_KV_DTYPE_FP8_HEAD) {
+        for (uint32_t h0 = 0; h0 < kv_dim; h0 += hd) {
+            float amax = 0.0f;
+            for (uint32_t i = 0; i < hd; i++)
+                amax = fmaxf(amax, fabsf(row[h0 + i]));
+            const float sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+            for (uint32_t i = 0; i < hd; i++)
+                row[h0 + i] = tm_kv_fp8_round(row[h0 + i] / sc) * sc;
+        }
+    }
+}
+
+/* RoPE on q and k, then K and V rows into the paged cache (rounded to the KV dtype). */
 static void rope_kv_item(void *ctx, uint32_t item, uint32_t tid) {
     (void)tid;
     tok_job *j = ctx;
@@ -229,6 +252,10 @@ static void rope_kv_item(void *ctx, uint32_t item, uint32_t tid) {
         size_t row = (size_t)s->block_table[p / bs] * bs + p % bs;
         memcpy(kc + row * kv_dim, impl->k + (size_t)t * kv_dim, kv_dim * sizeof(float));
         memcpy(vc + row * kv_dim, impl->v + (size_t)t * kv_dim, kv_dim * sizeof(float));
+        if (impl->eng.opts.kv_dtype != TM_KV_DTYPE_AUTO) {
+            kv_round(impl->eng.opts.kv_dtype, kc + row * kv_dim, kv_dim, hd);
+            kv_round(impl->eng.opts.kv_dtype, vc + row * kv_dim, kv_dim, hd);
+        }
     }
 }
 
@@ -422,6 +449,10 @@ static void *alloc_floats(size_t n, int *failed) {
 
 tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                            tm_err *err) {
+    if ((unsigned)opts->kv_dtype > TM_KV_DTYPE_FP8_HEAD ||
+        (m->cfg.arch == TM_ARCH_DEEPSEEK_V4 && opts->kv_dtype != TM_KV_DTYPE_AUTO))
+        return TM_ERR(err, TM_E_INVAL, "cpu engine: kv_cache_dtype %s not supported for %s",
+                      tm_kv_dtype_name(opts->kv_dtype), tm_model_arch_name(m));
     if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
         return tm_dsv4_engine_create(m, opts, out, err); // runner/engine/cpu/dsv4.c
     if (!opts->block_size || !opts->n_kv_block || !opts->max_seqs || !opts->max_batched_tokens)

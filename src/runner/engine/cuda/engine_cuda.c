@@ -43,6 +43,22 @@
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
+/* The device sampler (forward_sample, issue 22; tp_size 1): the processed-logits and count rows,
+ * and the per-step parameters, packed history / bias / mask arrays and outputs, staged through
+ * pinned host buffers. */
+#define SAMP_PK_CAP ((size_t)1 << 22) /* packed uint32 entries per step */
+#define SAMP_OUT_WORDS(S) ((size_t)(S) * (2 + 2 * TM_K_SAMPLE_MAX_TOP))
+typedef struct tm_cuda_samp {
+    float *work;                      /* [S][n_vocab] */
+    uint32_t *cnt;                    /* [S][n_vocab], all 0 between steps */
+    tm_k_sample_row *rows_d, *rows_h; /* [S]; rows_h pinned host */
+    uint32_t *pk_d, *pk_h;            /* [SAMP_PK_CAP]; pk_h pinned host */
+    uint32_t *out_d, *out_h;          /* ids [S], lp [S], top ids [S][20], top lp [S][20] */
+    uint32_t n_row, n_limit;          /* this step's */
+    size_t n_pk;
+    int active; /* 1 while forward_sample runs its step */
+} tm_cuda_samp;
+
 /* Kept free when the KV pool is sized from free memory: cuBLAS, CUDA graphs, NCCL buffers. */
 #define KV_HEADROOM_BYTES ((size_t)1 << 30)
 #define GPU_MEM_UTIL_DEFAULT 0.90f
@@ -82,11 +98,15 @@ static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
 static tm_rc cuda_forward_greedy(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
                                  uint32_t *ids, tm_err *err);
 static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
+static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                                 const tm_engine_sample_row *rows, tm_engine_sample_out *out,
+                                 tm_err *err);
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
     .forward = cuda_forward,
     .forward_greedy = cuda_forward_greedy,
+    .forward_sample = cuda_forward_sample,
     .kv_copy = cuda_kv_copy,
     .destroy = cuda_destroy,
 };
@@ -111,9 +131,10 @@ static tm_rc cuda_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
             return rc;
         }
     }
-    const size_t blk = (size_t)bs * impl->kv_dim, pitch = impl->layer_kv_elems * sizeof(uint16_t);
-    const size_t width = (size_t)n_tok * impl->kv_dim * sizeof(uint16_t);
-    uint16_t *caches[2] = {impl->k_cache, impl->v_cache};
+    // in bytes: the entries are bf16 or e4m3 (the prefix cache shares blocks of either)
+    const size_t eb = impl->kv_elem_bytes, blk = (size_t)bs * impl->kv_dim * eb;
+    const size_t pitch = impl->layer_kv_bytes, width = (size_t)n_tok * impl->kv_dim * eb;
+    char *caches[2] = {(char *)impl->k_cache, (char *)impl->v_cache};
     for (int c = 0; c < 2; c++) {
         tm_rc rc = TM_CUDA_CHECK(
             cudaMemcpy2DAsync(caches[c] + dst * blk, pitch, caches[c] + src * blk, pitch, width,
@@ -350,7 +371,37 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
                            h->n_meta - 4 * (size_t)h->n_tile, err);
     }
     const uint32_t n_want = h->n_want, nv = impl->cfg.n_vocab;
-    if (!rc && n_want && h->greedy) {
+    tm_cuda_samp *sp = impl->samp;
+    if (!rc && n_want && sp && sp->active) {
+        // device sampling: parameters in, the kernel, ids (and logprobs) out
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->rows_d, sp->rows_h, n_want * sizeof(*sp->rows_h),
+                                           cudaMemcpyHostToDevice, s),
+                           err);
+        if (!rc && sp->n_pk)
+            rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->pk_d, sp->pk_h, sp->n_pk * sizeof(uint32_t),
+                                               cudaMemcpyHostToDevice, s),
+                               err);
+        const size_t S = impl->eng.opts.max_seqs, T20 = TM_K_SAMPLE_MAX_TOP;
+        tm_k_sample_f32_args ka = {.ids = sp->out_d,
+                                   .lp = (float *)(sp->out_d + S),
+                                   .top_ids = sp->out_d + 2 * S,
+                                   .top_lp = (float *)(sp->out_d + 2 * S + T20 * S),
+                                   .logits = impl->logits,
+                                   .work = sp->work,
+                                   .cnt = sp->cnt,
+                                   .rows = sp->rows_d,
+                                   .pk = sp->pk_d,
+                                   .n_row = n_want,
+                                   .n_col = nv,
+                                   .n_limit = sp->n_limit};
+        if (!rc)
+            rc = tm_k_sample_f32(&ka, s, err);
+        if (!rc)
+            rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->out_h, sp->out_d,
+                                               SAMP_OUT_WORDS(S) * sizeof(uint32_t),
+                                               cudaMemcpyDeviceToHost, s),
+                               err);
+    } else if (!rc && n_want && h->greedy) {
         if (tp) {
             tm_k_argmax_part_f32_args pa = {.cand = impl->cand,
                                             .logits = impl->logits,
@@ -449,10 +500,124 @@ static tm_rc forward_step(tm_cuda_engine *impl, const tm_batch *b, float *logits
             for (uint32_t w = 0; w < n_want; w++)
                 memcpy(logits + w * V + v0, blk + w * nv, nv * sizeof(float));
         }
-    } else if (n_want) {
+    } else if (n_want && logits) { // (forward_sample's step leaves its ids in samp->out_h)
         memcpy(logits, impl->logits_h, (size_t)n_want * impl->vocab_full * sizeof(float));
     }
     return TM_OK;
+}
+
+// Stage the rows' parameters and packed arrays, run the step with the device sampler on, and
+// unpack its outputs.
+static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_vocab_limit,
+                                 const tm_engine_sample_row *rows, tm_engine_sample_out *out,
+                                 tm_err *err) {
+    tm_cuda_engine *impl = eng->impl;
+    tm_cuda_samp *sp = impl->samp;
+    if (!sp)
+        return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: no device sampler (TP)");
+    if (n_vocab_limit == 0)
+        return TM_ERR(err, TM_E_INVAL, "cuda forward_sample: n_vocab_limit 0");
+    uint32_t n_want = 0;
+    size_t n_pk = 0;
+    for (uint32_t i = 0; i < b->n_seq; i++)
+        n_want += b->seqs[i].want_logits != 0;
+    for (uint32_t i = 0; i < n_want && n_want <= eng->opts.max_seqs; i++) {
+        const tm_sample_params *p = &rows[i].p;
+        n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask;
+    }
+    if (n_want > eng->opts.max_seqs || n_pk > SAMP_PK_CAP)
+        return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: %zu packed entries", n_pk);
+    size_t o = 0;
+    for (uint32_t i = 0; i < n_want; i++) {
+        const tm_sample_params *p = &rows[i].p;
+        tm_k_sample_row *kr = &sp->rows_h[i];
+        *kr = (tm_k_sample_row){
+            .u = tm_sample_uniform(p->seed, rows[i].step),
+            .inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f,
+            .top_k = p->top_k,
+            .top_p = p->top_p,
+            .min_p = p->min_p,
+            .rep = p->repetition_penalty,
+            .freq = p->frequency_penalty,
+            .pres = p->presence_penalty,
+            .n_top = TM_MIN(rows[i].n_top, (uint32_t)TM_K_SAMPLE_MAX_TOP),
+            .want_lp = rows[i].want_lp,
+        };
+        kr->hist0 = (uint32_t)o, kr->n_hist = p->n_hist, kr->n_hist_prompt = p->n_hist_prompt;
+        if (p->n_hist)
+            memcpy(sp->pk_h + o, p->hist, p->n_hist * sizeof(uint32_t));
+        o += p->n_hist;
+        kr->bias0 = (uint32_t)o, kr->n_bias = p->n_bias;
+        if (p->n_bias) {
+            memcpy(sp->pk_h + o, p->bias_ids, p->n_bias * sizeof(uint32_t));
+            memcpy(sp->pk_h + o + p->n_bias, p->bias, p->n_bias * sizeof(float));
+        }
+        o += 2 * (size_t)p->n_bias;
+        kr->mask0 = (uint32_t)o, kr->n_mask = p->n_mask;
+        if (p->n_mask)
+            memcpy(sp->pk_h + o, p->mask_ids, p->n_mask * sizeof(uint32_t));
+        o += p->n_mask;
+    }
+    sp->n_pk = o;
+    sp->n_row = n_want;
+    sp->n_limit = TM_MIN(n_vocab_limit, impl->vocab_full);
+    sp->active = 1;
+    tm_rc rc = forward_step(impl, b, NULL, NULL, 0, err);
+    sp->active = 0;
+    if (rc)
+        return rc;
+    const size_t S = eng->opts.max_seqs, T20 = TM_K_SAMPLE_MAX_TOP;
+    const float *lp = (const float *)(sp->out_h + S);
+    const float *top_lp = (const float *)(sp->out_h + 2 * S + T20 * S);
+    for (uint32_t i = 0; i < n_want; i++) {
+        out[i].id = sp->out_h[i]; // the TM_K_SAMPLE_ codes are the TM_ENGINE_ID_ ones
+        if (!rows[i].want_lp)
+            continue;
+        out[i].lp = lp[i];
+        memcpy(out[i].top_ids, sp->out_h + 2 * S + T20 * i, T20 * sizeof(uint32_t));
+        memcpy(out[i].top_lp, top_lp + T20 * i, T20 * sizeof(float));
+    }
+    return TM_OK;
+}
+
+static tm_rc samp_alloc(tm_cuda_engine *impl, tm_err *err) {
+    const size_t S = impl->eng.opts.max_seqs, V = impl->cfg.n_vocab;
+    tm_cuda_samp *sp = tm_calloc(1, sizeof(*sp));
+    if (!sp)
+        return TM_ERR(err, TM_E_NOMEM, "cuda sampler state");
+    impl->samp = sp;
+    tm_rc rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->work, S * V * sizeof(float)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->cnt, S * V * sizeof(uint32_t)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemset(sp->cnt, 0, S * V * sizeof(uint32_t)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->rows_d, S * sizeof(*sp->rows_d)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->rows_h, S * sizeof(*sp->rows_h)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->pk_d, SAMP_PK_CAP * sizeof(uint32_t)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->pk_h, SAMP_PK_CAP * sizeof(uint32_t)), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->out_d, SAMP_OUT_WORDS(S) * 4), err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->out_h, SAMP_OUT_WORDS(S) * 4), err);
+    return rc;
+}
+
+static void samp_free(tm_cuda_samp *sp) {
+    if (!sp)
+        return;
+    cudaFree(sp->work);
+    cudaFree(sp->cnt);
+    cudaFree(sp->rows_d);
+    cudaFreeHost(sp->rows_h);
+    cudaFree(sp->pk_d);
+    cudaFreeHost(sp->pk_h);
+    cudaFree(sp->out_d);
+    cudaFreeHost(sp->out_h);
+    tm_free(sp);
 }
 
 static tm_rc cuda_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err) {
@@ -563,7 +728,7 @@ static uint32_t kv_cap_blocks(const tm_model_cfg *c, const tm_engine_opts *o) {
 static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     tm_engine_opts *o = &impl->eng.opts;
     const size_t block_bytes = 2 * (size_t)impl->cfg.n_layer * o->block_size * impl->kv_dim *
-                               sizeof(uint16_t);
+                               impl->kv_elem_bytes; // fp8 entries: half the bytes
     tm_rc rc;
     if (o->n_kv_block == 0) {
         size_t free_b = 0, total_b = 0;
@@ -602,7 +767,8 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     TM_ASSERT(max_pos <= UINT32_MAX); // explicit counts are checked in create, sized ones capped
     impl->max_pos = (uint32_t)max_pos;
     impl->layer_kv_elems = (size_t)max_pos * impl->kv_dim;
-    const size_t kv_bytes = (size_t)impl->cfg.n_layer * impl->layer_kv_elems * sizeof(uint16_t);
+    impl->layer_kv_bytes = impl->layer_kv_elems * impl->kv_elem_bytes;
+    const size_t kv_bytes = (size_t)impl->cfg.n_layer * impl->layer_kv_bytes;
     rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->k_cache, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc((void **)&impl->v_cache, kv_bytes), err);
@@ -613,6 +779,13 @@ static tm_rc alloc_kv(tm_cuda_engine *impl, float util, tm_err *err) {
     rc = TM_CUDA_CHECK(cudaMemset(impl->k_cache, 0, kv_bytes), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMemset(impl->v_cache, 0, kv_bytes), err);
+    if (!rc)
+        TM_LOG_INFO("cuda",
+                    "KV pool: %u blocks of %u tokens = %llu tokens of %s KV (%u bytes per token "
+                    "and layer in K and V), %.2f GB",
+                    o->n_kv_block, o->block_size, (unsigned long long)max_pos,
+                    impl->kv_fp8 ? "fp8 e4m3" : "bf16", 2 * impl->kv_dim * impl->kv_elem_bytes,
+                    2 * kv_bytes / 1e9);
     return rc;
 }
 
@@ -635,6 +808,13 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         (tm_rdzv_rank(tp->rdzv) != opts->tp_rank || tm_rdzv_world(tp->rdzv) != tp_size))
         return TM_ERR(err, TM_E_INVAL, "cuda engine: rank %u of %u, rendezvous says %u of %u",
                       opts->tp_rank, tp_size, tm_rdzv_rank(tp->rdzv), tm_rdzv_world(tp->rdzv));
+    if (opts->kv_dtype != TM_KV_DTYPE_AUTO && opts->kv_dtype != TM_KV_DTYPE_FP8)
+        return TM_ERR(err, TM_E_INVAL, "cuda engine: kv_cache_dtype %s not supported (auto, fp8)",
+                      tm_kv_dtype_name(opts->kv_dtype));
+    if (opts->kv_dtype == TM_KV_DTYPE_FP8 && tp_size > 1)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: kv_cache_dtype fp8 with tp_size %u is not supported yet",
+                      tp_size);
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
     if (!arch)
         return TM_ERR(err, TM_E_INVAL,
@@ -692,6 +872,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->v_per = v_per;
     impl->v_stride = tp_size > 1 ? v_per : c->n_vocab;
     impl->kv_dim = arch->kv_dim(c);
+    impl->kv_fp8 = opts->kv_dtype == TM_KV_DTYPE_FP8;
+    impl->kv_elem_bytes = impl->kv_fp8 ? 1 : 2;
     const uint32_t S = opts->max_seqs, T = opts->max_batched_tokens;
     // Block-table entries per step: each sequence covers at most min(pool, n_ctx) positions.
     const uint64_t seq_pos = TM_MIN(max_pos, (uint64_t)TM_MAX(c->n_ctx, 1u));
@@ -788,7 +970,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     arch->carve_weights(impl, &cw);
     ca = (tm_cuda_carver){.base = impl->a_arena};
     carve_acts(impl, &ca);
-    rc = alloc_kv(impl, util, err);
+    // before the KV pool is sized; TM_CUDA_HOST_SAMPLE=1: none (sampling on the host, tests)
+    rc = impl->tp_size > 1 || getenv("TM_CUDA_HOST_SAMPLE") ? TM_OK : samp_alloc(impl, err);
+    if (!rc)
+        rc = alloc_kv(impl, util, err);
     if (!rc && impl->drv)
         rc = tm_cuda_drv_ar_setup(impl->drv, impl->cfg.n_embd, impl->gemm_ws, TM_CUDA_GEMM_WS_BYTES,
                                   impl->stream, err);
@@ -887,6 +1072,7 @@ static void cuda_destroy(tm_engine *eng) {
     cudaFreeHost(impl->plan_h);
     cudaFreeHost(impl->logits_h);
     cudaFreeHost(impl->ids_h);
+    samp_free(impl->samp);
     if (impl->stream)
         cudaStreamDestroy(impl->stream);
     tm_cuda_drv_destroy(impl->drv);

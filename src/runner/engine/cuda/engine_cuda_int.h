@@ -101,9 +101,12 @@ struct tm_cuda_engine {
     uint32_t max_pos; /* n_kv_block * block_size */
     uint32_t bt_cap;  /* block table entries per step */
     void *w_arena;    /* owned: the weights, carved by arch->carve_weights */
-    /* KV cache: [layer][block][block_size][kv_dim] bf16 each */
+    /* KV cache: [layer][block][block_size][kv_dim] bf16 each, or e4m3 bytes with kv_fp8 */
     uint16_t *k_cache, *v_cache; /* owned */
     size_t layer_kv_elems;
+    size_t layer_kv_bytes;  /* layer_kv_elems * kv_elem_bytes: one layer of K (or V) */
+    uint32_t kv_fp8;        /* opts.kv_dtype fp8: e4m3 entries (kernels/kv_fp8.cuh) */
+    uint32_t kv_elem_bytes; /* 2 (bf16) or 1 (fp8) */
     /* activations: one allocation, carved (arch->carve_acts, then the runtime's below);
      * T = max_batched_tokens, S = max_seqs */
     void *a_arena;  /* owned */
@@ -144,6 +147,7 @@ struct tm_cuda_engine {
     tm_cuda_comm *comm;        /* drv's communicator; NULL without TP */
     float *logits_all;         /* [tp][S][v_per] gathered slices (TP) */
     uint32_t *cand, *cand_all; /* [S][2] this rank's argmax candidates, [tp][S][2] gathered */
+    struct tm_cuda_samp *samp; /* owned device sampler state (engine_cuda.c); NULL with TP */
 };
 
 /* y = x[T][n_in] @ w[n_out][n_in]^T (bf16 in, fp32 out). Steps of at most sk_max_tok tokens

