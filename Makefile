@@ -11,6 +11,7 @@ FUZZ_SECONDS ?= 20
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_MODEL := models/demo-pystdlib
+DEMO_BUILD ?= build-demo
 # random weights, DeepSeek V3 tokenizer (bench/shared_prefix.sh, tests/fixtures/jsonl/job.json)
 DEMO_RANDOM := $(BUILD)/demo-model
 CLANG_FORMAT ?= clang-format
@@ -50,9 +51,14 @@ $(DEMO_RANDOM)/config.json: | build
 
 demo-random-model: $(DEMO_RANDOM)/config.json
 
-demo: build
+# The demo needs only tokenmill on the CPU engine: its own CPU-only build of that one target (a
+# fresh clone's first `make demo` compiles no CUDA and no tests).
+demo: setup
+	@$(call fresh_cache,$(DEMO_BUILD))
+	@cmake -S . -B $(DEMO_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTM_CUDA=OFF >/dev/null
+	@cmake --build $(DEMO_BUILD) -j $(JOBS) --target tokenmill -- --no-print-directory
 	@rm -rf out/demo
-	@$(BUILD)/tokenmill run jobs/demo.json
+	@$(DEMO_BUILD)/tokenmill run jobs/demo.json
 	@tools/demo_summary out/demo $(DEMO_MODEL) jobs/data/demo.jsonl
 
 # Every parser fuzz target (tests/fuzz/) for FUZZ_SECONDS each, libFuzzer + ASan/UBSan (clang).

@@ -39,7 +39,7 @@ cat >"$work/stand_ins.sh" <<'SH'
 # make demo: what `make -n demo` prints, less tools/setup and the cmake configure/build lines
 make() {
     [ "$*" = demo ] || { echo "quickstart stand-in: only 'make demo' is known, not 'make $*'" >&2; return 1; }
-    command make -n --no-print-directory demo | sed -e '/^tools\/setup/d' -e '/^cmake /d' \
+    command make -n --no-print-directory demo DEMO_BUILD=build | sed -e '/^tools\/setup/d' -e '/^cmake /d' \
         -e '/CMakeCache.txt/d' >make-demo.sh
     bash -euo pipefail make-demo.sh
 }
