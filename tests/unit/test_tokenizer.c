@@ -201,7 +201,8 @@ static void check_bounded(const char *text, size_t n, const tm_ids *want, size_t
         TM_CHECK_OK(rc, &err);
         if (slack == 0)
             TM_CHECK_MSG(over == 0 && ids.len == want->len + 1 &&
-                             memcmp(ids.ids + 1, want->ids, want->len * sizeof(uint32_t)) == 0,
+                             (want->len == 0 ||
+                              memcmp(ids.ids + 1, want->ids, want->len * sizeof(uint32_t)) == 0),
                          "corpus line %zu: bounded encode at the exact bound differs", line_no);
         else
             TM_CHECK_MSG(over == 1, "corpus line %zu: %zu ids with a bound of %zu: not over",
@@ -407,7 +408,10 @@ static void test_long_runs(void) {
         double t0 = now_s();
         TM_CHECK_OK(tm_tok_encode(g_tok, s, len, &ids, &err), &err);
         double dt = now_s() - t0;
-        TM_CHECK_MSG(dt < 2.0, "100 kB run of \"%s\" took %.2f s", units[u], dt);
+        // a guard against quadratic matching, not a benchmark: sanitized builds (TM_TEST_SMALL,
+        // set by CMake there) run several times slower on a loaded machine
+        const double dt_max = getenv("TM_TEST_SMALL") ? 8.0 : 2.0;
+        TM_CHECK_MSG(dt < dt_max, "100 kB run of \"%s\" took %.2f s", units[u], dt);
         tm_buf out = {0};
         TM_CHECK_OK(tm_tok_decode(g_tok, ids.ids, ids.len, &out, &err), &err);
         TM_CHECK(out.len == len && memcmp(out.data, s, len) == 0);
