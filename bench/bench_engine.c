@@ -72,7 +72,7 @@ static void usage(void) {
         "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
-        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all|--sample-device]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
         "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
@@ -81,6 +81,7 @@ static void usage(void) {
         "    random weights of that shape, as for --shape)\n"
         "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
         "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
+        "  --sample-device: the same without the host-sampled mode\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -418,6 +419,8 @@ int main(int argc, char **argv) {
             use_logits = 1;
         else if (!strcmp(a, "--sample-all"))
             sample_all = 1;
+        else if (!strcmp(a, "--sample-device")) // --sample-all without the host mode
+            sample_all = 2;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
@@ -602,7 +605,7 @@ int main(int argc, char **argv) {
         if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
             return 1;
         double ms[N_SAMPLE_MODES];
-        for (int md = 0; md < N_SAMPLE_MODES; md++) {
+        for (int md = 0; md < (sample_all == 2 ? N_SAMPLE_MODES - 1 : N_SAMPLE_MODES); md++) {
             for (uint32_t i = 0; i <= reps; i++) {
                 if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
                     return 1;
