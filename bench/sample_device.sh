@@ -8,6 +8,7 @@
 #   job   a real `tokenmill run` job, greedy then sampled (temperature 0.8 / top-p 0.95), on a
 #         random-weight llama3.2-1b-shape checkpoint (tools/mkmodel, DeepSeek V3 tokenizer:
 #         vocabulary 129,280), 8 prompts of 512 words, 256 tokens each, max_seqs 8
+# Env: STEPS (default "test ncu bench job"), SHAPES, BATCHES, GEN (decode tokens, default 128).
 # Run from a folder holding stripped test_sample_cuda, bench_engine, tokenmill and mkmodel plus
 # tok/ (tokenizer.json, tokenizer_config.json), with the shared libraries in ../new/lib (see
 # COMMON.md device runs: .devcarry/NAME); logs go to /tmp/o and $OUT/o.tgz.
@@ -47,8 +48,8 @@ if has ncu; then
 fi
 
 if has bench; then
-  for sh in llama3.1-8b qwen2.5-7b; do
-    for b in 8 1; do
+  for sh in ${SHAPES:-llama3.1-8b qwen2.5-7b}; do
+    for b in ${BATCHES:-8 1}; do
       timeout 100 ./bench_engine --shape $sh --batch $b --prompt 512 --gen $GEN --reps 2 \
         --sample-device > $O/bench_${sh}_b$b.log 2> $O/bench_${sh}_b${b}_stderr.log
       echo "bench $sh B$b rc $?"
