@@ -577,6 +577,19 @@ extern "C" int tm_k_sample_f32_supported(uint32_t n_col, int device) {
     return major >= 9 && sample_dyn_bytes(n_col) + sizeof(samp_smem) + 1024 <= (size_t)optin;
 }
 
+static cudaError_t sample_set_smem(size_t dyn) {
+    return cudaFuncSetAttribute(sample_f32_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dyn);
+}
+
+extern "C" tm_rc tm_k_sample_f32_prepare(uint32_t n_col, tm_err *err) {
+    const cudaError_t e = sample_set_smem(sample_dyn_bytes(n_col));
+    if (e != cudaSuccess)
+        return TM_ERR(err, TM_E_CUDA, "sample_f32: prepare for %u ids: %s", n_col,
+                      cudaGetErrorString(e));
+    return TM_OK;
+}
+
 extern "C" tm_rc tm_k_sample_f32(const tm_k_sample_f32_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_row == 0)
         return TM_OK;
@@ -585,8 +598,7 @@ extern "C" tm_rc tm_k_sample_f32(const tm_k_sample_f32_args *a, cudaStream_t s, 
     k.n_limit = a->n_limit && a->n_limit < a->n_col ? a->n_limit : a->n_col;
     TM_ASSERT(k.n_limit <= SAMPLE_MAX_N);
     const size_t dyn = sample_dyn_bytes(k.n_limit);
-    cudaError_t e = cudaFuncSetAttribute(sample_f32_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn);
+    const cudaError_t e = sample_set_smem(dyn);
     if (e != cudaSuccess)
         return TM_ERR(err, TM_E_CUDA, "sample_f32: %zu bytes of shared memory: %s", dyn,
                       cudaGetErrorString(e));

@@ -68,6 +68,10 @@ typedef struct tm_k_sample_f32_args {
  * thread block clusters; a row's ids fit the shared memory of one cluster; n_col <= 2^19). */
 int tm_k_sample_f32_supported(uint32_t n_col, int device);
 
+/* Loads the kernel and sets its shared-memory size for rows of n_col ids on the current device
+ * (optional; keeps that one-time cost out of the first launch). */
+tm_rc tm_k_sample_f32_prepare(uint32_t n_col, tm_err *err);
+
 /* Launches on s (one cluster of 8 blocks per row); n_row 0 launches nothing. */
 tm_rc tm_k_sample_f32(const tm_k_sample_f32_args *a, cudaStream_t s, tm_err *err);
 

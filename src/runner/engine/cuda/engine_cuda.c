@@ -571,7 +571,7 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     sp->active = 0;
     if (rc)
         return rc;
-    const size_t S = n_want, T20 = TM_K_SAMPLE_MAX_TOP; // run_step packs the outputs so
+    const size_t S = n_want, T20 = TM_K_SAMPLE_MAX_TOP; // as run_step packed them
     const float *lp = (const float *)(sp->out_h + S);
     const float *top_lp = (const float *)(sp->out_h + 2 * S + T20 * S);
     for (uint32_t i = 0; i < n_want; i++) {
@@ -609,6 +609,8 @@ static tm_rc samp_alloc(tm_cuda_engine *impl, tm_err *err) {
         rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->out_d, SAMP_OUT_WORDS(S) * 4), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->out_h, SAMP_OUT_WORDS(S) * 4), err);
+    if (!rc)
+        rc = tm_k_sample_f32_prepare((uint32_t)V, err);
     return rc;
 }
 
