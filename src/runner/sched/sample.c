@@ -4,7 +4,7 @@
  * Canonical order: the kept set is defined by a cut in the order (processed logit descending,
  * token id ascending) plus the min-p weight threshold, and the draw walks the kept set in id
  * order with one uniform from (seed, step). The CUDA sampler (kernels/sample.cu) finds the same
- * cut by bisection and walks the same order, so both draw the same token up to float rounding of
+ * cut by radix selects, walks the same order, so both draw the same token up to float rounding of
  * the sums and of expf. Finding the cut here: top_k uses an O(n) partial selection; top_p sorts
  * only the tokens above a weight threshold whose mass already reaches top_p (the threshold is
  * lowered until it does), or selects the nucleus by mass when it is large; the cut's level is
