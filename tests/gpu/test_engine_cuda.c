@@ -14,9 +14,11 @@
  * model, 72+ decode steps per sequence), and may differ only at near ties for f32/f16 models
  * (rounded to bf16 on upload). FP8 models: the decode steps (at most 16 tokens) compute with
  * the exact checkpoint weights, prefill steps with the weights dequantized to bf16 (exact for
- * e8m0 scales only); their greedy tokens may flip only at near ties (the f32/f16 rule: bf16
- * activations against the CPU's fp32 ones leave the same logit error as for bf16 models, and
- * these seeds put a few rows' top-2 margins below it), and the logit tolerance is the bf16 one.
+ * e8m0 scales only), or, at shapes cuBLASLt's block mode takes (fp8-block*-w8a8), as W8A8 with
+ * activations quantized per token and 128 inputs; their greedy tokens may flip only at near ties
+ * (the f32/f16 rule: bf16 activations against the CPU's fp32 ones leave the same logit error as for
+ * bf16 models, and these seeds put a few rows' top-2 margins below it), and the logit tolerance is
+ * the bf16 one.
  *
  * Tolerance: the CUDA engine keeps weights, GEMM inputs and the KV cache in bf16 (the CPU engine
  * is fp32 throughout), so logits differ by bf16 rounding carried through the layers. A row
@@ -200,6 +202,21 @@ static void test_fp8_block_ue8m0(void) {
               "--layers 2 --hidden 256 --heads 2 --kv-heads 1 --head-dim 128 "
               "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 "
               "--seed 14",
+              0);
+}
+// FP8 at a W8A8 prefill shape (every inner dimension a multiple of 512: the cuBLASLt block mode
+// of lt_fp8.h runs the prefill chunks, decode steps stay on gemm_quant): fp32 and e8m0 block
+// scales (the e8m0 grid reaches cuBLASLt as its fp32 copy, cuda_lin.scale_f32).
+static void test_fp8_block_w8a8(void) {
+    run_model("fp8-block-w8a8",
+              "--layers 2 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 "
+              "--ff 1024 --vocab 512 --ctx 1024 --quant fp8-block --seed 17",
+              0);
+}
+static void test_fp8_block_ue8m0_w8a8(void) {
+    run_model("fp8-block-ue8m0-w8a8",
+              "--layers 2 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 "
+              "--ff 1024 --vocab 512 --ctx 1024 --quant fp8-block-ue8m0 --seed 18",
               0);
 }
 static void test_fp8_channel(void) {
@@ -439,6 +456,8 @@ int main(void) {
     TM_RUN(test_f16);
     TM_RUN(test_fp8_block);
     TM_RUN(test_fp8_block_ue8m0);
+    TM_RUN(test_fp8_block_w8a8);
+    TM_RUN(test_fp8_block_ue8m0_w8a8);
     TM_RUN(test_fp8_channel);
     TM_RUN(test_fp8_tensor_static);
     TM_RUN(test_fp8_bad_block);
