@@ -422,6 +422,9 @@ static cuda_lin group_part(const cuda_lin *g, uint32_t n, const uint32_t *rows, 
         TM_ASSERT(p.sk == TM_K_FP8_CHANNEL || r0 % FP8_BLOCK == 0);
         p.scale = (char *)p.scale +
                   (p.sk == TM_K_FP8_CHANNEL ? r0 * sizeof(float) : scale_bytes(p.sk, r0, p.n_in));
+        if (p.scale_f32)
+            p.scale_f32 =
+                (float *)((char *)p.scale_f32 + scale_bytes(TM_K_FP8_BLOCK_F32, r0, p.n_in));
     }
     return p;
 }
