@@ -568,6 +568,12 @@ int main(int argc, char **argv) {
         tm_rdzv_close(rdzv);
         return r ? 1 : 0;
     }
+    // The ceilings before any engine exists: measured after the runs, the same copy read ~11%
+    // lower (3,787 vs 4,240 GB/s on one H200, bench/RESULTS.md 2026-12-01); that figure is
+    // printed too ("after the runs").
+    const double bw = ceiling ? copy_bw() : 0.0;
+    const double rbw = ceiling ? read_bw() : 0.0;
+    const double tflops = ceiling ? gemm_tflops() : 0.0;
     double t0 = tm_now_ms();
     tm_rc crc = TM_OK;
     if (tp > 1) {
@@ -689,9 +695,11 @@ int main(int argc, char **argv) {
         }
         w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d + bias) + 4.0 * d + 2.0 * c->n_vocab * d;
     }
-    const double bw = ceiling ? copy_bw() : 0.0;
-    const double rbw = ceiling ? read_bw() : 0.0;
-    const double tflops = ceiling ? gemm_tflops() : 0.0;
+    const double bw_after = ceiling ? copy_bw() : 0.0;
+    if (ceiling)
+        printf("ceilings before the engine: copy %.0f GB/s, read-only %.0f GB/s, bf16 GEMM %.1f "
+               "TFLOP/s; copy after the runs %.0f GB/s\n",
+               bw, rbw, tflops, bw_after);
     int dev = 0;
     struct cudaDeviceProp prop;
     cudaGetDevice(&dev);
