@@ -30,6 +30,7 @@
 #include "runner/engine/cpu/ops.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/model_dsv4.h"
+#include "runner/tp/shard.h"
 
 /* fp32 copies of a layer's small tensors */
 typedef struct dl_small {
@@ -53,6 +54,15 @@ typedef struct dl_state {
     uint32_t ratio, cw;
 } dl_state;
 
+/* Tensor parallel: a layer's column slices of this rank (o_b's columns of its output groups, the
+ * down projections' columns of its expert width), owned f32 copies (dequantized when the
+ * checkpoint's are quantized). */
+typedef struct dl_cols {
+    tm_tensor o_b;     /* [D][n_group * o_lora] */
+    tm_tensor down;    /* [E][D][n_ff] */
+    tm_tensor sh_down; /* [D][n_ff] */
+} dl_cols;
+
 typedef struct dsv4_eng {
     tm_engine eng; /* eng.impl points back here */
     const tm_model *m;
@@ -63,8 +73,14 @@ typedef struct dsv4_eng {
     uint32_t n_thread;
     uint32_t bs, n_block, max_pos, T, S;
     uint32_t D, N, hd, H, rd, mix, qr, di, Hi, E, I, G, olr, ing;
-    dl_small *sm; /* [n_layer] */
-    dl_state *st; /* [n_layer] */
+    /* tensor parallel (docs/deepseek_v4.md "Tensor parallel"): H, G and Ir are this rank's
+     * heads, output groups and expert width (the whole model's at tp 1), sh says where they
+     * start; I is the full expert width (weight row offsets) */
+    uint32_t tp, Ir;
+    tm_shard_dsv4 sh;
+    dl_cols *cols; /* [n_layer], NULL at tp 1 */
+    dl_small *sm;  /* [n_layer] */
+    dl_state *st;  /* [n_layer] */
     float *hc_head_base, *hc_head_scale, *out_norm;
     /* activations, [T] rows */
     float *streams;                       /* [T][N*D] */
@@ -207,6 +223,12 @@ static void mm(dsv4_eng *e, float *out, uint32_t ld_out, const float *x, uint32_
     want = TM_CEIL_DIV(want, TM_CPU_MM_ROWS) * TM_CPU_MM_ROWS;
     j.rows_per_item = TM_MAX(want, (uint32_t)TM_CPU_MM_ROWS);
     tm_cpu_pool_run(e->pool, mm_item, &j, TM_CEIL_DIV(n_out, j.rows_per_item));
+}
+
+/* Tensor parallel: sum buf[0..n) over the ranks (a no-op at tp 1). */
+static void allreduce(dsv4_eng *e, float *buf, size_t n) {
+    if (e->tp > 1)
+        e->eng.opts.allreduce(e->eng.opts.allreduce_ctx, buf, n);
 }
 
 /* ---- hyper-connections ---- */
@@ -406,7 +428,7 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
     float *o = e->att + (size_t)t * H * hd;
     for (uint32_t h = 0; h < H; h++) {
         const float *qh = e->q + ((size_t)t * H + h) * hd;
-        float mx = sm->sinks[h];
+        float mx = sm->sinks[e->sh.h0 + h];
         for (uint32_t i = 0; i < n_sl; i++) {
             lg[i] = tm_cpu_dot(qh, ls->kv + tok_slot(e, table, p0 + i) * hd, hd) * scale;
             mx = fmaxf(mx, lg[i]);
@@ -416,7 +438,7 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
             lg[n_sl + i] = tm_cpu_dot(qh, kr, hd) * scale;
             mx = fmaxf(mx, lg[n_sl + i]);
         }
-        float sum = expf(sm->sinks[h] - mx);
+        float sum = expf(sm->sinks[e->sh.h0 + h] - mx);
         for (uint32_t i = 0; i < n_sl + n_c; i++) {
             lg[i] = expf(lg[i] - mx);
             sum += lg[i];
@@ -467,7 +489,7 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
     mm(e, e->qres, e->qr, e->h, T, D, &L->q_a, 0, e->qr);
     for (uint32_t t = 0; t < T; t++)
         rms_weighted(e->qres + (size_t)t * e->qr, sm->q_a_norm, e->qr, eps);
-    mm(e, e->q, H * hd, e->qres, T, e->qr, &L->q_b, 0, H * hd);
+    mm(e, e->q, H * hd, e->qres, T, e->qr, &L->q_b, (size_t)e->sh.h0 * hd * e->qr, H * hd);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             float *qh = e->q + ((size_t)t * H + h) * hd;
@@ -535,17 +557,18 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
         for (uint32_t t = 0; t < T; t++)
             memcpy(e->gin + (size_t)t * ing, e->att + (size_t)t * H * hd + (size_t)g * ing,
                    ing * sizeof(float));
-        mm(e, e->oa + (size_t)g * olr, G * olr, e->gin, T, ing, &L->o_a, (size_t)g * olr * ing,
-           olr);
+        mm(e, e->oa + (size_t)g * olr, G * olr, e->gin, T, ing, &L->o_a,
+           (size_t)(e->sh.g0 + g) * olr * ing, olr);
     }
-    mm(e, e->out, D, e->oa, T, G * olr, &L->o_b, 0, D);
+    mm(e, e->out, D, e->oa, T, G * olr, e->cols ? &e->cols[il].o_b : &L->o_b, 0, D);
+    allreduce(e, e->out, (size_t)T * D); // TP: each rank's groups gave a partial o_b product
     hc_post(e, e->streams, T, e->out, e->post, e->comb);
 }
 
 static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
     const tm_dsv4_layer *L = &e->w->layers[il];
     const dl_small *sm = &e->sm[il];
-    const uint32_t D = e->D, E = e->E, I = e->I, k = e->d.n_expert_used;
+    const uint32_t D = e->D, E = e->E, I = e->I, Ir = e->Ir, f0 = e->sh.f0, k = e->d.n_expert_used;
     hc_pre(e, e->streams, T, &L->ffn_hc_fn, sm->ffn_hc_base, sm->ffn_hc_scale, e->x, e->post,
            e->comb);
     memcpy(e->h, e->x, (size_t)T * D * sizeof(float));
@@ -612,11 +635,18 @@ static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
                 }
         if (!n)
             continue;
-        mm(e, e->gu, 2 * I, e->gin, n, D, &L->gate_up, (size_t)ex * 2 * I * D, 2 * I);
+        if (e->tp == 1) {
+            mm(e, e->gu, 2 * I, e->gin, n, D, &L->gate_up, (size_t)ex * 2 * I * D, 2 * I);
+        } else { // this rank's slice of the gate rows and of the up rows
+            mm(e, e->gu, 2 * Ir, e->gin, n, D, &L->gate_up, ((size_t)ex * 2 * I + f0) * D, Ir);
+            mm(e, e->gu + Ir, 2 * Ir, e->gin, n, D, &L->gate_up, ((size_t)ex * 2 * I + I + f0) * D,
+               Ir);
+        }
         for (uint32_t i = 0; i < n; i++)
-            silu_clamped(e->act + (size_t)i * I, e->gu + (size_t)i * 2 * I,
-                         e->gu + (size_t)i * 2 * I + I, I, e->d.swiglu_limit);
-        mm(e, e->dn, D, e->act, n, I, &L->down, (size_t)ex * D * I, D);
+            silu_clamped(e->act + (size_t)i * Ir, e->gu + (size_t)i * 2 * Ir,
+                         e->gu + (size_t)i * 2 * Ir + Ir, Ir, e->d.swiglu_limit);
+        mm(e, e->dn, D, e->act, n, Ir, e->cols ? &e->cols[il].down : &L->down, (size_t)ex * D * Ir,
+           D);
         for (uint32_t i = 0; i < n; i++) {
             float *o = e->out + (size_t)e->e_tok[i] * D;
             const float *dv = e->dn + (size_t)i * D;
@@ -625,14 +655,15 @@ static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
         }
     }
     // shared expert, added after the routed sum
-    mm(e, e->gu, 2 * I, e->h, T, D, &L->sh_gate, 0, I);
-    mm(e, e->gu + I, 2 * I, e->h, T, D, &L->sh_up, 0, I);
+    mm(e, e->gu, 2 * Ir, e->h, T, D, &L->sh_gate, (size_t)f0 * D, Ir);
+    mm(e, e->gu + Ir, 2 * Ir, e->h, T, D, &L->sh_up, (size_t)f0 * D, Ir);
     for (uint32_t t = 0; t < T; t++)
-        silu_clamped(e->act + (size_t)t * I, e->gu + (size_t)t * 2 * I,
-                     e->gu + (size_t)t * 2 * I + I, I, e->d.swiglu_limit);
-    mm(e, e->dn, D, e->act, T, I, &L->sh_down, 0, D);
+        silu_clamped(e->act + (size_t)t * Ir, e->gu + (size_t)t * 2 * Ir,
+                     e->gu + (size_t)t * 2 * Ir + Ir, Ir, e->d.swiglu_limit);
+    mm(e, e->dn, D, e->act, T, Ir, e->cols ? &e->cols[il].sh_down : &L->sh_down, 0, D);
     for (size_t i = 0; i < (size_t)T * D; i++)
         e->out[i] = e->out[i] + e->dn[i];
+    allreduce(e, e->out, (size_t)T * D); // TP: routed + shared partial down products
     hc_post(e, e->streams, T, e->out, e->post, e->comb);
 }
 
@@ -671,9 +702,23 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
     e->b = b;
     const uint32_t D = e->D, N = e->N, half = e->rd / 2;
     // embeddings, copied into every stream
+    if (e->tp > 1) { // vocab-parallel: the rank holding a token's row contributes it, others 0
+        for (uint32_t t = 0; t < T; t++) {
+            uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
+            if (row < e->sh.n_vocab)
+                tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
+                                e->x + (size_t)t * D);
+            else
+                memset(e->x + (size_t)t * D, 0, D * sizeof(float));
+        }
+        allreduce(e, e->x, (size_t)T * D);
+    }
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->streams + (size_t)t * N * D;
-        tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
+        if (e->tp > 1)
+            memcpy(st, e->x + (size_t)t * D, D * sizeof(float));
+        else
+            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
         for (uint32_t i = 1; i < N; i++)
             memcpy(st + (size_t)i * D, st, D * sizeof(float));
         rope_table(&e->d.rope_main, e->rd, e->pos[t], e->cos_m + (size_t)t * half,
@@ -716,7 +761,8 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
         rms_weighted(xo, e->out_norm, D, e->c.rms_eps);
     }
     const tm_tensor *lm = e->m->lm_head.data ? &e->m->lm_head : &e->m->embd;
-    mm(e, logits, e->c.n_vocab, e->lastx, r, D, lm, 0, e->c.n_vocab);
+    // vocab-parallel head: this rank's rows [vocab0, vocab0 + n_vocab) (all of them at tp 1)
+    mm(e, logits, e->sh.n_vocab, e->lastx, r, D, lm, (size_t)e->sh.vocab0 * D, e->sh.n_vocab);
     return TM_OK;
 }
 
@@ -765,6 +811,32 @@ static float *small_f32(const tm_tensor *t, int *failed) {
     return p;
 }
 
+/* Columns [c0, c0 + n) of every row of t (2-D, or 3-D: the rows of all its matrices) into *out,
+ * an owned f32 tensor of the same shape with n columns, dequantized where t is quantized. Returns
+ * 1 on allocation failure (out->data NULL). */
+static int col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out) {
+    const uint64_t C = t->shape[t->n_dim - 1], rows = tm_tensor_n_elem(t) / C;
+    memset(out, 0, sizeof(*out));
+    float *buf = tm_malloc((size_t)(rows * n) * sizeof(float));
+    float *row = tm_malloc((size_t)C * sizeof(float));
+    if (!buf || !row) {
+        tm_free(buf);
+        tm_free(row);
+        return 1;
+    }
+    for (uint64_t r = 0; r < rows; r++) {
+        tm_tensor_row_f32(t, (size_t)r, row);
+        memcpy(buf + r * n, row + c0, (size_t)n * sizeof(float));
+    }
+    tm_free(row);
+    out->data = buf;
+    out->dtype = TM_DTYPE_F32;
+    out->n_dim = t->n_dim;
+    memcpy(out->shape, t->shape, sizeof(out->shape));
+    out->shape[t->n_dim - 1] = n;
+    return 0;
+}
+
 static float *alloc_f(size_t n, int *failed) {
     float *p = tm_calloc(n ? n : 1, sizeof(float));
     if (!p)
@@ -781,9 +853,14 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
         return TM_ERR(err, TM_E_INVAL,
                       "dsv4 engine: block_size, n_kv_block, max_seqs and "
                       "max_batched_tokens must be > 0");
-    if (opts->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "dsv4 engine: tensor parallel is not supported");
     const tm_dsv4_cfg *d = &w->cfg;
+    const uint32_t tp = TM_MAX(opts->tp_size, 1u);
+    if (tp > 1 && !opts->allreduce)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 engine: tp_size %u without an all-reduce", tp);
+    tm_shard_dsv4 sh;
+    tm_rc src = tm_shard_dsv4_split(&sh, &m->cfg, d->o_groups, tp > 1 ? opts->tp_rank : 0, tp, err);
+    if (src)
+        return src;
     for (uint32_t il = 0; il < m->cfg.n_layer; il++) {
         uint32_t r = d->attn[il] == TM_DSV4_ATTN_CSA   ? d->ratio_csa
                      : d->attn[il] == TM_DSV4_ATTN_HCA ? d->ratio_hca
@@ -833,6 +910,11 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->G = d->o_groups;
     e->olr = d->o_lora_rank;
     e->ing = e->H * e->hd / e->G;
+    e->tp = tp;
+    e->sh = sh;
+    e->H = sh.n_head; // from here on this rank's part
+    e->G = sh.n_group;
+    e->Ir = sh.n_ff;
 
     const size_t T = e->T, S = e->S, D = e->D, ND = (size_t)e->N * D, hd = e->hd;
     const size_t nb = e->n_block, bs = e->bs, L = m->cfg.n_layer;
@@ -883,6 +965,17 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
         if (kind == TM_DSV4_ATTN_CSA) {
             ls->iin = alloc_f(nb * bs * 4 * e->di, &failed);
             ls->icomp = alloc_f(nb * (bs / ls->ratio) * e->di, &failed);
+        }
+    }
+    if (tp > 1 && !failed) {
+        e->cols = tm_calloc(L, sizeof(*e->cols));
+        failed = !e->cols;
+        for (size_t il = 0; !failed && il < L; il++) {
+            const tm_dsv4_layer *lw = &w->layers[il];
+            const uint64_t olr = e->olr;
+            failed = col_slice(&lw->o_b, sh.g0 * olr, sh.n_group * olr, &e->cols[il].o_b) ||
+                     col_slice(&lw->down, sh.f0, sh.n_ff, &e->cols[il].down) ||
+                     col_slice(&lw->sh_down, sh.f0, sh.n_ff, &e->cols[il].sh_down);
         }
     }
     e->hc_head_base = small_f32(&w->hc_head_base, &failed);
@@ -972,6 +1065,12 @@ static void dsv4_destroy(tm_engine *eng) {
         tm_free(e->st[il].iin);
         tm_free(e->st[il].icomp);
     }
+    for (uint32_t il = 0; e->cols && il < e->c.n_layer; il++) {
+        tm_free((void *)e->cols[il].o_b.data);
+        tm_free((void *)e->cols[il].down.data);
+        tm_free((void *)e->cols[il].sh_down.data);
+    }
+    tm_free(e->cols);
     tm_free(e->sm);
     tm_free(e->st);
     void *p[] = {e->hc_head_base,
