@@ -15,9 +15,20 @@
  * window never straddles blocks.
  *
  * Numerics: fp32; matmuls through tm_cpu_matmul_rows (fixed reduction order),
- * so results do not depend on batch composition, chunking or thread count. Not
- * supported: tensor parallel, the MTP layer, FP8/FP4 weights. All memory is
- * allocated at create; forward allocates nothing. One thread drives an engine.
+ * so results do not depend on batch composition, chunking or thread count.
+ *
+ * Tensor parallel (tp_size > 1, docs/deepseek_v4.md "Tensor parallel"): this
+ * engine is one rank; it reads its rows of the full model's tensors in place
+ * (query heads, output groups, expert width, vocabulary) and keeps owned f32
+ * copies of its column slices (o_b, the down projections); opts->allreduce sums
+ * the embedding, the o_b product and the MoE output. At tp 1 every call is the
+ * unsplit one, bit for bit.
+ *
+ * MTP: the model's MTP layer, when it has one, is layer n_layer here (weights,
+ * state in the KV blocks, kv_copy); tm_dsv4_mtp_forward runs it on its own
+ * streams buffer so the main forward's final streams stay readable
+ * (tm_dsv4_hidden). All memory is allocated at create; forward allocates
+ * nothing. One thread drives an engine.
  */
 #include "runner/engine/cpu/dsv4.h"
 
@@ -78,9 +89,17 @@ typedef struct dsv4_eng {
      * start; I is the full expert width (weight row offsets) */
     uint32_t tp, Ir;
     tm_shard_dsv4 sh;
-    dl_cols *cols; /* [n_layer], NULL at tp 1 */
-    dl_small *sm;  /* [n_layer] */
-    dl_state *st;  /* [n_layer] */
+    uint32_t NL;   /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
+    dl_cols *cols; /* [NL], NULL at tp 1 */
+    dl_small *sm;  /* [NL] */
+    dl_state *st;  /* [NL] */
+    /* MTP (tm_dsv4_mtp_forward) */
+    float *mstreams;                         /* [T][N*D] its streams; NULL without MTP */
+    float *mtp_enorm, *mtp_hnorm, *mtp_norm; /* [D] */
+    float *mtp_hc_base, *mtp_hc_scale;       /* [N], [1] */
+    tm_batch_seq *mseqs;                     /* [S] its rows as a batch for the layers */
+    tm_batch mb;
+    uint32_t last_T; /* tokens of the last forward: e->streams holds their final streams */
     float *hc_head_base, *hc_head_scale, *out_norm;
     /* activations, [T] rows */
     float *streams;                       /* [T][N*D] */
@@ -669,6 +688,34 @@ static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
 
 /* ---- forward ---- */
 
+/* The final hyper-connection head (fn, base, scale), norm and the LM head on the r streams rows
+ * gathered in e->last: logits rows of ld floats, this rank's vocabulary slice [vocab0, vocab0 +
+ * n_vocab) (all of it at tp 1). */
+static void head_logits(dsv4_eng *e, uint32_t r, const tm_tensor *fn, const float *base,
+                        const float *scale, const float *norm, float *logits, uint32_t ld) {
+    const uint32_t D = e->D, N = e->N;
+    memcpy(e->lastn, e->last, (size_t)r * N * D * sizeof(float));
+    for (uint32_t i = 0; i < r; i++)
+        rms_unweighted(e->lastn + (size_t)i * N * D, N * D, e->c.rms_eps);
+    mm(e, e->lastm, N, e->lastn, r, N * D, fn, 0, N);
+    for (uint32_t i = 0; i < r; i++) {
+        float pre[TM_DSV4_MAX_HC];
+        for (uint32_t j = 0; j < N; j++)
+            pre[j] = sigmoidf_(e->lastm[(size_t)i * N + j] * scale[0] + base[j]) + e->d.hc_eps;
+        float *xo = e->lastx + (size_t)i * D;
+        const float *st = e->last + (size_t)i * N * D;
+        for (uint32_t dd = 0; dd < D; dd++) {
+            float acc = 0.0f;
+            for (uint32_t j = 0; j < N; j++)
+                acc += pre[j] * st[j * D + dd];
+            xo[dd] = acc;
+        }
+        rms_weighted(xo, norm, D, e->c.rms_eps);
+    }
+    const tm_tensor *lm = e->m->lm_head.data ? &e->m->lm_head : &e->m->embd;
+    mm(e, logits, ld, e->lastx, r, D, lm, (size_t)e->sh.vocab0 * D, e->sh.n_vocab);
+}
+
 static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err) {
     dsv4_eng *e = eng->impl;
     if (b->n_seq > e->S)
@@ -730,6 +777,7 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
         layer_attn(e, il, T);
         layer_moe(e, il, T);
     }
+    e->last_T = T;
     if (!n_want)
         return TM_OK;
     // final hyper-connection head on the rows that want logits, norm, lm_head
@@ -740,29 +788,8 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
             memcpy(e->last + (size_t)r++ * N * D, e->streams + (size_t)(t0 - 1) * N * D,
                    (size_t)N * D * sizeof(float));
     }
-    memcpy(e->lastn, e->last, (size_t)r * N * D * sizeof(float));
-    for (uint32_t i = 0; i < r; i++)
-        rms_unweighted(e->lastn + (size_t)i * N * D, N * D, e->c.rms_eps);
-    mm(e, e->lastm, N, e->lastn, r, N * D, &e->w->hc_head_fn, 0, N);
-    for (uint32_t i = 0; i < r; i++) {
-        float pre[TM_DSV4_MAX_HC];
-        for (uint32_t j = 0; j < N; j++)
-            pre[j] =
-                sigmoidf_(e->lastm[(size_t)i * N + j] * e->hc_head_scale[0] + e->hc_head_base[j]) +
-                e->d.hc_eps;
-        float *xo = e->lastx + (size_t)i * D;
-        const float *st = e->last + (size_t)i * N * D;
-        for (uint32_t dd = 0; dd < D; dd++) {
-            float acc = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                acc += pre[j] * st[j * D + dd];
-            xo[dd] = acc;
-        }
-        rms_weighted(xo, e->out_norm, D, e->c.rms_eps);
-    }
-    const tm_tensor *lm = e->m->lm_head.data ? &e->m->lm_head : &e->m->embd;
-    // vocab-parallel head: this rank's rows [vocab0, vocab0 + n_vocab) (all of them at tp 1)
-    mm(e, logits, e->sh.n_vocab, e->lastx, r, D, lm, (size_t)e->sh.vocab0 * D, e->sh.n_vocab);
+    head_logits(e, r, &e->w->hc_head_fn, e->hc_head_base, e->hc_head_scale, e->out_norm, logits,
+                e->sh.n_vocab);
     return TM_OK;
 }
 
@@ -773,7 +800,7 @@ static tm_rc dsv4_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
                       n_tok);
     if (src == dst)
         return TM_OK;
-    for (uint32_t il = 0; il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; il < e->NL; il++) { // the MTP layer's state too
         const dl_state *ls = &e->st[il];
         const size_t bs = e->bs;
         memcpy(ls->kv + dst * bs * e->hd, ls->kv + src * bs * e->hd, n_tok * e->hd * sizeof(float));
@@ -861,7 +888,7 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     tm_rc src = tm_shard_dsv4_split(&sh, &m->cfg, d->o_groups, tp > 1 ? opts->tp_rank : 0, tp, err);
     if (src)
         return src;
-    for (uint32_t il = 0; il < m->cfg.n_layer; il++) {
+    for (uint32_t il = 0; il < m->cfg.n_layer + w->n_mtp; il++) {
         uint32_t r = d->attn[il] == TM_DSV4_ATTN_CSA   ? d->ratio_csa
                      : d->attn[il] == TM_DSV4_ATTN_HCA ? d->ratio_hca
                                                        : 1;
@@ -917,7 +944,8 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->Ir = sh.n_ff;
 
     const size_t T = e->T, S = e->S, D = e->D, ND = (size_t)e->N * D, hd = e->hd;
-    const size_t nb = e->n_block, bs = e->bs, L = m->cfg.n_layer;
+    e->NL = m->cfg.n_layer + w->n_mtp;
+    const size_t nb = e->n_block, bs = e->bs, L = e->NL;
     int failed = 0;
     tm_rc rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
     if (rc) {
@@ -981,6 +1009,16 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->hc_head_base = small_f32(&w->hc_head_base, &failed);
     e->hc_head_scale = small_f32(&w->hc_head_scale, &failed);
     e->out_norm = small_f32(&m->out_norm, &failed);
+    if (w->n_mtp) {
+        e->mstreams = alloc_f(T * ND, &failed);
+        e->mtp_enorm = small_f32(&w->mtp.enorm, &failed);
+        e->mtp_hnorm = small_f32(&w->mtp.hnorm, &failed);
+        e->mtp_norm = small_f32(&w->mtp.norm, &failed);
+        e->mtp_hc_base = small_f32(&w->mtp.hc_head_base, &failed);
+        e->mtp_hc_scale = small_f32(&w->mtp.hc_head_scale, &failed);
+        e->mseqs = tm_calloc(S, sizeof(*e->mseqs));
+        failed |= !e->mseqs;
+    }
     const size_t ing = e->ing, I = e->I, E = e->E, k = d->n_expert_used;
     e->streams = alloc_f(T * ND, &failed);
     e->hcn = alloc_f(T * ND, &failed);
@@ -1048,7 +1086,7 @@ static void dsv4_destroy(tm_engine *eng) {
         return;
     dsv4_eng *e = eng->impl;
     tm_cpu_pool_destroy(e->pool);
-    for (uint32_t il = 0; e->sm && il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; e->sm && il < e->NL; il++) {
         dl_small *sm = &e->sm[il];
         float *f[] = {sm->attn_hc_base, sm->attn_hc_scale, sm->ffn_hc_base, sm->ffn_hc_scale,
                       sm->attn_norm,    sm->ffn_norm,      sm->q_a_norm,    sm->kv_norm,
@@ -1058,14 +1096,14 @@ static void dsv4_destroy(tm_engine *eng) {
             tm_free(f[i]);
         tm_free(sm->tid2eid);
     }
-    for (uint32_t il = 0; e->st && il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; e->st && il < e->NL; il++) {
         tm_free(e->st[il].kv);
         tm_free(e->st[il].cin);
         tm_free(e->st[il].comp);
         tm_free(e->st[il].iin);
         tm_free(e->st[il].icomp);
     }
-    for (uint32_t il = 0; e->cols && il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; e->cols && il < e->NL; il++) {
         tm_free((void *)e->cols[il].o_b.data);
         tm_free((void *)e->cols[il].down.data);
         tm_free((void *)e->cols[il].sh_down.data);
@@ -1073,7 +1111,14 @@ static void dsv4_destroy(tm_engine *eng) {
     tm_free(e->cols);
     tm_free(e->sm);
     tm_free(e->st);
-    void *p[] = {e->hc_head_base,
+    void *p[] = {e->mstreams,
+                 e->mtp_enorm,
+                 e->mtp_hnorm,
+                 e->mtp_norm,
+                 e->mtp_hc_base,
+                 e->mtp_hc_scale,
+                 e->mseqs,
+                 e->hc_head_base,
                  e->hc_head_scale,
                  e->out_norm,
                  e->streams,
@@ -1119,4 +1164,127 @@ static void dsv4_destroy(tm_engine *eng) {
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         tm_free(p[i]);
     tm_free(e);
+}
+
+/* ---- MTP ---- */
+
+int tm_dsv4_has_mtp(const tm_model *m) {
+    const tm_dsv4 *w = tm_model_dsv4(m);
+    return w && w->n_mtp;
+}
+
+const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok) {
+    *n_tok = 0;
+    if (!eng || eng->ops != &dsv4_ops)
+        return NULL;
+    const dsv4_eng *e = eng->impl;
+    *n_tok = e->last_T;
+    return e->last_T ? e->streams : NULL;
+}
+
+tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
+                          float *logits, float *streams_out, tm_err *err) {
+    if (!eng || eng->ops != &dsv4_ops)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
+    dsv4_eng *e = eng->impl;
+    if (!e->w->n_mtp)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: the model has no MTP layer");
+    if (e->tp > 1)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: the tensor-parallel MTP forward is not done");
+    if (n_seq > e->S)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: %u sequences > max_seqs %u", n_seq, e->S);
+    const uint32_t D = e->D, N = e->N, half = e->rd / 2, il = e->c.n_layer;
+    const size_t ND = (size_t)N * D;
+    uint32_t T = 0, r = 0;
+    for (uint32_t s = 0; s < n_seq; s++) {
+        const tm_dsv4_mtp_seq *sq = &seqs[s];
+        if (sq->n_tok == 0 || (uint64_t)sq->pos + sq->n_tok > e->max_pos ||
+            (uint64_t)sq->n_block * e->bs < (uint64_t)sq->pos + sq->n_tok || !sq->next ||
+            (!sq->hidden && !sq->block_in))
+            return TM_ERR(err, TM_E_INVAL,
+                          "dsv4 mtp: sequence %u: bad rows (pos %u, %u rows, %u blocks, inputs)", s,
+                          sq->pos, sq->n_tok, sq->n_block);
+        for (uint32_t i = 0; i < sq->n_block; i++)
+            if (sq->block_table[i] >= e->n_block)
+                return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: block id %u out of range",
+                              sq->block_table[i]);
+        for (uint32_t i = 0; i < sq->n_tok; i++)
+            if (sq->next[i] >= e->c.n_vocab)
+                return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: token id %u out of range", sq->next[i]);
+        if ((uint64_t)T + sq->n_tok > e->T)
+            return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: step has more than %u rows", e->T);
+        for (uint32_t i = 0; i < sq->n_tok; i++) {
+            e->pos[T] = sq->pos + i;
+            e->tok_seq[T] = s;
+            e->tok_id[T] = sq->next[i]; // the MTP layer's input ids (hash routing, if any)
+            T++;
+        }
+        e->mseqs[s] = (tm_batch_seq){.tokens = sq->next,
+                                     .n_tok = sq->n_tok,
+                                     .pos = sq->pos,
+                                     .block_table = sq->block_table,
+                                     .n_block = sq->n_block,
+                                     .want_logits = sq->want_logits};
+    }
+    e->mb = (tm_batch){.seqs = e->mseqs, .n_seq = n_seq};
+    e->b = &e->mb;
+    const tm_dsv4_mtp *x = &e->w->mtp;
+    float *main_streams = e->streams, *B = e->mstreams;
+    // e = e_proj(enorm(embed(next))) [T][D] (vocab-parallel embedding, as the main forward's)
+    for (uint32_t t = 0; t < T; t++) {
+        uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
+        if (row < e->sh.n_vocab)
+            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
+                            e->h + (size_t)t * D);
+        else
+            memset(e->h + (size_t)t * D, 0, D * sizeof(float));
+    }
+    allreduce(e, e->h, (size_t)T * D);
+    for (uint32_t t = 0; t < T; t++)
+        rms_weighted(e->h + (size_t)t * D, e->mtp_enorm, D, e->c.rms_eps);
+    mm(e, e->out, D, e->h, T, D, &x->e_proj, 0, D);
+    // h_proj(hnorm(stream)) of every stream, [T * N][D]; rows given as block_in are 0 here
+    for (uint32_t s = 0, t0 = 0; s < n_seq; t0 += seqs[s++].n_tok) {
+        float *dst = e->hcn + (size_t)t0 * ND;
+        if (seqs[s].block_in)
+            memset(dst, 0, (size_t)seqs[s].n_tok * ND * sizeof(float));
+        else
+            memcpy(dst, seqs[s].hidden, (size_t)seqs[s].n_tok * ND * sizeof(float));
+    }
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        rms_weighted(e->hcn + i * D, e->mtp_hnorm, D, e->c.rms_eps);
+    mm(e, B, D, e->hcn, T * N, D, &x->h_proj, 0, D);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t i = 0; i < N; i++) {
+            float *st = B + (size_t)t * ND + (size_t)i * D;
+            const float *ev = e->out + (size_t)t * D;
+            for (uint32_t dd = 0; dd < D; dd++)
+                st[dd] = ev[dd] + st[dd];
+        }
+    for (uint32_t s = 0, t0 = 0; s < n_seq; t0 += seqs[s++].n_tok)
+        if (seqs[s].block_in)
+            memcpy(B + (size_t)t0 * ND, seqs[s].block_in,
+                   (size_t)seqs[s].n_tok * ND * sizeof(float));
+    for (uint32_t t = 0; t < T; t++) {
+        rope_table(&e->d.rope_main, e->rd, e->pos[t], e->cos_m + (size_t)t * half,
+                   e->sin_m + (size_t)t * half);
+        rope_table(&e->d.rope_compress, e->rd, e->pos[t], e->cos_c + (size_t)t * half,
+                   e->sin_c + (size_t)t * half);
+    }
+    // the block, on its own streams (the main forward's stay for tm_dsv4_hidden)
+    e->streams = B;
+    layer_attn(e, il, T);
+    layer_moe(e, il, T);
+    e->streams = main_streams;
+    if (streams_out)
+        memcpy(streams_out, B, (size_t)T * ND * sizeof(float));
+    for (uint32_t s = 0, t0 = 0; s < n_seq; s++) {
+        t0 += seqs[s].n_tok;
+        if (seqs[s].want_logits)
+            memcpy(e->last + (size_t)r++ * ND, B + (size_t)(t0 - 1) * ND, ND * sizeof(float));
+    }
+    if (r)
+        head_logits(e, r, &x->hc_head_fn, e->mtp_hc_base, e->mtp_hc_scale, e->mtp_norm, logits,
+                    e->sh.n_vocab);
+    return TM_OK;
 }
