@@ -8,8 +8,10 @@
  * the down projections add in another order, so logits differ in the last bits; routing and the
  * indexer's top-k are replicated math on the same inputs). Shapes cover sliding, CSA and HCA
  * layers, hash and top-k MoE, 2 and 3 hyper-connection streams, tied and untied heads, a
- * vocabulary that does not divide by the ranks, bf16/f32 and FP8 + MXFP4 weights; and a shape
- * that does not split is refused with a clear message. Without mkmodel the test is skipped. */
+ * vocabulary that does not divide by the ranks, bf16/f32 and FP8 + MXFP4 weights; a model with
+ * an MTP layer, run after every step over the step's rows, whose draft logits must match TP=1's
+ * the same way (and its greedy drafts be equal); and a shape that does not split is refused with
+ * a clear message. Without mkmodel the test is skipped. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -17,8 +19,10 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runner/engine/cpu/dsv4.h"
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
+#include "runner/model/model_dsv4.h"
 #include "tm_test.h"
 
 #define N_SEQ 3
@@ -29,9 +33,48 @@
 
 typedef struct run_out {
     uint32_t tokens[N_SEQ][N_STEP];
-    float *logits; /* [N_STEP][N_SEQ][n_vocab] */
+    float *logits;                  /* [N_STEP][N_SEQ][n_vocab] */
+    uint32_t drafts[N_SEQ][N_STEP]; /* with an MTP layer: its greedy draft tokens */
+    float *mtp;                     /* [N_STEP][N_SEQ][n_vocab] its logits, or NULL */
     int ok;
 } run_out;
+
+static uint32_t argmax(const float *l, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t v = 1; v < n; v++)
+        if (l[v] > l[best])
+            best = v;
+    return best;
+}
+
+// After a main step: the MTP layer over the same rows (the step's hidden streams, each row's
+// next token), draft logits into out.
+static int run_mtp(tm_engine *eng, size_t width, const tm_batch_seq *bs,
+                   uint32_t ids[N_SEQ][MAX_POS], float *out, tm_err *err) {
+    uint32_t n_tok = 0, next[3 * CHUNK];
+    const float *hid = tm_dsv4_hidden(eng, &n_tok);
+    TM_CHECK(hid != NULL);
+    if (!hid)
+        return 0;
+    tm_dsv4_mtp_seq ms[N_SEQ];
+    uint32_t t0 = 0;
+    for (uint32_t s = 0; s < N_SEQ; s++) {
+        for (uint32_t i = 0; i < bs[s].n_tok; i++)
+            next[t0 + i] = ids[s][bs[s].pos + i + 1];
+        ms[s] = (tm_dsv4_mtp_seq){.hidden = hid + (size_t)t0 * width, // stacked in batch order
+                                  .next = next + t0,
+                                  .n_tok = bs[s].n_tok,
+                                  .pos = bs[s].pos,
+                                  .block_table = bs[s].block_table,
+                                  .n_block = bs[s].n_block,
+                                  .want_logits = bs[s].want_logits};
+        t0 += bs[s].n_tok;
+    }
+    TM_CHECK(t0 == n_tok);
+    tm_rc rc = tm_dsv4_mtp_forward(eng, ms, N_SEQ, out, NULL, err);
+    TM_CHECK_OK(rc, err);
+    return rc == TM_OK;
+}
 
 static void run(const tm_model *m, uint32_t tp, run_out *o) {
     tm_err err = {0};
@@ -55,7 +98,12 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
             table[s][k] = k * N_SEQ + (N_SEQ - 1 - s); // interleaved blocks
     }
     float *logits = tm_calloc((size_t)N_SEQ * V, sizeof(float));
+    float *mlog = tm_calloc((size_t)N_SEQ * V, sizeof(float));
     o->logits = tm_calloc((size_t)N_STEP * N_SEQ * V, sizeof(float));
+    const int mtp = tm_dsv4_has_mtp(m);
+    const size_t width = (size_t)tm_model_dsv4(m)->cfg.hc_mult * m->cfg.n_embd;
+    if (mtp)
+        o->mtp = tm_calloc((size_t)N_STEP * N_SEQ * V, sizeof(float));
     int ok = 1;
     for (uint32_t step = 0; ok && step < N_STEP; step++) {
         // Prompts in chunks of up to CHUNK tokens; a step counts once every sequence has logits.
@@ -81,13 +129,10 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
             done[s] += bs[s].n_tok;
             if (!bs[s].want_logits)
                 continue;
-            const float *l = logits + (size_t)row++ * V;
-            uint32_t best = 0;
-            for (uint32_t v = 1; v < V; v++)
-                if (l[v] > l[best])
-                    best = v;
-            ids[s][len[s]++] = best;
+            ids[s][len[s]++] = argmax(logits + (size_t)row++ * V, V);
         }
+        if (ok && mtp) // every chunk, so the MTP layer's state covers every position
+            ok = run_mtp(eng, width, bs, ids, mlog, &err);
         if (!all_logits) { // a chunked prompt needs another pass before this step counts
             step--;
             continue;
@@ -96,11 +141,27 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
             o->tokens[s][step] = ids[s][len[s] - 1];
             memcpy(o->logits + ((size_t)step * N_SEQ + s) * V, logits + (size_t)s * V,
                    V * sizeof(float));
+            if (mtp) {
+                o->drafts[s][step] = argmax(mlog + (size_t)s * V, V);
+                memcpy(o->mtp + ((size_t)step * N_SEQ + s) * V, mlog + (size_t)s * V,
+                       V * sizeof(float));
+            }
         }
     }
     o->ok = ok;
     tm_free(logits);
+    tm_free(mlog);
     tm_engine_destroy(eng);
+}
+
+// max |a - b| / max |a| over a row
+static double rel_err(const float *a, const float *b, uint32_t n) {
+    double max_d = 0, max_a = 0;
+    for (uint32_t v = 0; v < n; v++) {
+        max_d = fmax(max_d, fabs((double)a[v] - b[v]));
+        max_a = fmax(max_a, fabs((double)a[v]));
+    }
+    return max_a > 0 ? max_d / max_a : max_d;
 }
 
 static void compare(const char *name, const tm_model *m, const run_out *ref, uint32_t tp) {
@@ -112,20 +173,18 @@ static void compare(const char *name, const tm_model *m, const run_out *ref, uin
         return;
     }
     const uint32_t V = m->cfg.n_vocab;
-    double worst = 0;
+    double worst = 0, worst_mtp = 0;
     uint32_t n_equal = 0;
-    int tokens_equal = 1;
+    int tokens_equal = 1, drafts_equal = 1;
     for (uint32_t step = 0; tokens_equal && step < N_STEP; step++) {
         for (uint32_t s = 0; s < N_SEQ; s++) {
-            const float *a = ref->logits + ((size_t)step * N_SEQ + s) * V;
-            const float *b = got.logits + ((size_t)step * N_SEQ + s) * V;
-            double max_d = 0, max_a = 0;
-            for (uint32_t v = 0; v < V; v++) {
-                max_d = fmax(max_d, fabs((double)a[v] - b[v]));
-                max_a = fmax(max_a, fabs((double)a[v]));
-            }
-            worst = fmax(worst, max_a > 0 ? max_d / max_a : max_d);
+            const size_t at = ((size_t)step * N_SEQ + s) * V;
+            worst = fmax(worst, rel_err(ref->logits + at, got.logits + at, V));
             tokens_equal &= ref->tokens[s][step] == got.tokens[s][step];
+            if (ref->mtp && got.mtp) {
+                worst_mtp = fmax(worst_mtp, rel_err(ref->mtp + at, got.mtp + at, V));
+                drafts_equal &= ref->drafts[s][step] == got.drafts[s][step];
+            }
         }
         n_equal += tokens_equal; // later steps would compare different continuations
     }
@@ -134,7 +193,15 @@ static void compare(const char *name, const tm_model *m, const run_out *ref, uin
             name, tp, worst, n_equal, N_STEP);
     TM_CHECK(worst < 1e-4);
     TM_CHECK(tokens_equal);
+    if (ref->mtp) {
+        fprintf(stderr, "    MTP draft logits: max relative error %.2e, draft tokens %s\n",
+                worst_mtp, drafts_equal ? "equal" : "DIFFER");
+        TM_CHECK(got.mtp != NULL);
+        TM_CHECK(worst_mtp < 1e-4);
+        TM_CHECK(drafts_equal);
+    }
     tm_free(got.logits);
+    tm_free(got.mtp);
 }
 
 static int make_model(const char *args, char *dir) {
@@ -158,6 +225,7 @@ static void check_shape(const char *name, const char *args, const uint32_t *tps,
         for (int i = 0; i < n_tp; i++)
             compare(name, m, &ref, tps[i]);
         tm_free(ref.logits);
+        tm_free(ref.mtp);
     }
     tm_model_destroy(m);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
@@ -190,6 +258,13 @@ static void test_quantized(void) { // FP8 block-scaled dense linears, MXFP4 rout
                 SMALL "--seed 23 --layers 2 --dsv4-layers cs --dsv4-mlp mh --ff 32 --vocab 67 "
                       "--hc 2 --dtype bf16 --quant fp8-block --quant-block 16 --expert-dtype fp4",
                 (uint32_t[]){2}, 1);
+}
+
+static void test_mtp(void) { // the MTP layer split like a main one, its draft logits gathered
+    check_shape("sc/hm + MTP cm",
+                SMALL "--seed 24 --layers 2 --dsv4-layers sc --dsv4-mlp hm --dsv4-mtp cm --ff 16 "
+                      "--vocab 67 --hc 2 --dtype bf16",
+                (uint32_t[]){2, 4}, 2);
 }
 
 static void test_bad_split(void) { // 3 output groups do not split 2 ways
@@ -235,6 +310,7 @@ int main(void) {
     TM_RUN(test_sch_bf16);
     TM_RUN(test_hcs_f32_tied);
     TM_RUN(test_quantized);
+    TM_RUN(test_mtp);
     TM_RUN(test_bad_split);
     return tm_test_report();
 }

@@ -1175,6 +1175,9 @@ int tm_dsv4_has_mtp(const tm_model *m) {
 
 const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok) {
     *n_tok = 0;
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0); // every rank holds them
+    if (r0)
+        eng = r0;
     if (!eng || eng->ops != &dsv4_ops)
         return NULL;
     const dsv4_eng *e = eng->impl;
@@ -1182,15 +1185,12 @@ const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok) {
     return e->last_T ? e->streams : NULL;
 }
 
-tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
-                          float *logits, float *streams_out, tm_err *err) {
-    if (!eng || eng->ops != &dsv4_ops)
-        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
-    dsv4_eng *e = eng->impl;
+/* The MTP forward of one engine (a rank at tp > 1): logits rows of ld floats, this rank's
+ * vocabulary slice at their start. */
+static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq, float *logits,
+                         uint32_t ld, float *streams_out, tm_err *err) {
     if (!e->w->n_mtp)
         return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: the model has no MTP layer");
-    if (e->tp > 1)
-        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: the tensor-parallel MTP forward is not done");
     if (n_seq > e->S)
         return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: %u sequences > max_seqs %u", n_seq, e->S);
     const uint32_t D = e->D, N = e->N, half = e->rd / 2, il = e->c.n_layer;
@@ -1284,7 +1284,34 @@ tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t 
             memcpy(e->last + (size_t)r++ * ND, B + (size_t)(t0 - 1) * ND, ND * sizeof(float));
     }
     if (r)
-        head_logits(e, r, &x->hc_head_fn, e->mtp_hc_base, e->mtp_hc_scale, e->mtp_norm, logits,
-                    e->sh.n_vocab);
+        head_logits(e, r, &x->hc_head_fn, e->mtp_hc_base, e->mtp_hc_scale, e->mtp_norm, logits, ld);
     return TM_OK;
+}
+
+typedef struct mtp_job {
+    const tm_dsv4_mtp_seq *seqs;
+    uint32_t n_seq;
+    float *logits, *streams_out;
+} mtp_job;
+
+// One rank of a tensor-parallel MTP forward: its vocabulary columns of the shared logits rows.
+static tm_rc mtp_rank(tm_engine *reng, uint32_t rank, void *ctx, tm_err *err) {
+    const mtp_job *j = ctx;
+    if (reng->ops != &dsv4_ops)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
+    dsv4_eng *e = reng->impl;
+    return mtp_forward(e, j->seqs, j->n_seq, j->logits ? j->logits + e->sh.vocab0 : NULL,
+                       e->c.n_vocab, rank == 0 ? j->streams_out : NULL, err);
+}
+
+tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
+                          float *logits, float *streams_out, tm_err *err) {
+    if (tm_engine_cpu_tp_rank(eng, 0)) {
+        mtp_job j = {.seqs = seqs, .n_seq = n_seq, .logits = logits, .streams_out = streams_out};
+        return tm_engine_cpu_tp_run(eng, mtp_rank, &j, err);
+    }
+    if (!eng || eng->ops != &dsv4_ops)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
+    dsv4_eng *e = eng->impl;
+    return mtp_forward(e, seqs, n_seq, logits, e->sh.n_vocab, streams_out, err);
 }

@@ -57,9 +57,10 @@ int tm_dsv4_has_mtp(const tm_model *m);
 /* The final hyper-connection streams (before the head) of every token of the
  * last tm_engine_forward on eng, [*n_tok][hc_mult * n_embd], the tokens of the
  * step's sequences stacked in batch order; what tm_dsv4_mtp_seq.hidden takes.
- * Valid until the next forward on eng (MTP forwards leave it). NULL (and
- * *n_tok 0) when eng is not a DeepSeek-V4 CPU engine (a tensor-parallel one
- * included) or has run no step. */
+ * Valid until the next forward on eng (MTP forwards leave it). eng may be a
+ * tm_engine_cpu_tp_create engine (rank 0's streams: every rank holds the same).
+ * NULL (and *n_tok 0) when eng is not a DeepSeek-V4 CPU engine or has run no
+ * step. */
 const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok);
 
 /* Run the MTP layer over the rows of n_seq sequences (at most max_seqs, at most
@@ -70,10 +71,26 @@ const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok);
  * connection head and norm, then the shared LM head. logits: [n_want][n_vocab],
  * one row per sequence with want_logits, in order. streams_out: NULL, or
  * [rows][hc_mult * n_embd] the block's output streams of every row (the hidden a
- * second draft step would take). eng: a DeepSeek-V4 CPU engine at tp_size 1
- * (the tensor-parallel MTP forward is not done). Errors: TM_E_INVAL (no MTP
+ * second draft step would take). eng: a DeepSeek-V4 CPU engine, or one made
+ * by tm_engine_cpu_tp_create (the MTP block split like a main layer, each rank
+ * writing its vocabulary slice of the logits). Errors: TM_E_INVAL (no MTP
  * layer, another engine, bad rows as a forward's checks), nothing run then. */
 tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
                           float *logits, float *streams_out, tm_err *err);
+
+/* ---- hooks of the CPU tensor-parallel engine (runner/engine/cpu/engine_tp.c) ---- */
+
+/* A job for every rank: rank_eng is rank's shard engine, err that rank's. */
+typedef tm_rc (*tm_cpu_tp_job)(tm_engine *rank_eng, uint32_t rank, void *ctx, tm_err *err);
+
+/* Rank's shard engine of an engine made by tm_engine_cpu_tp_create with tp_size > 1; NULL for any
+ * other engine or rank >= tp_size. Borrowed from eng. */
+tm_engine *tm_engine_cpu_tp_rank(tm_engine *eng, uint32_t rank);
+
+/* Run job on every rank's engine at once, each on its rank thread (so the ranks' all-reduces
+ * meet), and wait for all; ordered with forward calls. Returns the lowest failing rank's error. A
+ * job must fail on every rank alike before its first all-reduce, as forward does. TM_E_INVAL for
+ * an engine not made by tm_engine_cpu_tp_create with tp_size > 1. */
+tm_rc tm_engine_cpu_tp_run(tm_engine *eng, tm_cpu_tp_job job, void *ctx, tm_err *err);
 
 #endif /* TM_RUNNER_ENGINE_CPU_DSV4_H */
