@@ -10,8 +10,9 @@
  * layers, hash and top-k MoE, 2 and 3 hyper-connection streams, tied and untied heads, a
  * vocabulary that does not divide by the ranks, bf16/f32 and FP8 + MXFP4 weights; a model with
  * an MTP layer, run after every step over the step's rows, whose draft logits must match TP=1's
- * the same way (and its greedy drafts be equal); and a shape that does not split is refused with
- * a clear message. Without mkmodel the test is skipped. */
+ * the same way (and its greedy drafts be equal); every allocation of a TP=2 engine create
+ * failing in turn, cleanly; and a shape that does not split is refused with a clear message.
+ * Without mkmodel the test is skipped. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdio.h>
@@ -267,6 +268,44 @@ static void test_mtp(void) { // the MTP layer split like a main one, its draft l
                 (uint32_t[]){2, 4}, 2);
 }
 
+static void test_alloc_failures(void) { // every allocation of a TP=2 + MTP create failing in turn
+    char dir[] = "/tmp/tm_dsv4_tp_XXXXXX", cmd[256];
+    TM_ASSERT(mkdtemp(dir));
+    TM_CHECK(make_model(SMALL "--seed 25 --layers 2 --dsv4-layers hc --dsv4-mlp hm --dsv4-mtp sm "
+                              "--ff 16 --vocab 67 --hc 2 --dtype bf16",
+                        dir) == 0);
+    tm_err err = {0};
+    tm_model *m = NULL;
+    TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = BS,
+                         .n_kv_block = 8,
+                         .max_seqs = 2,
+                         .max_batched_tokens = 32,
+                         .tp_size = 2};
+    int n_fail = 0, ok = 0;
+    const long live0 = tm_alloc_live();
+    for (long k = 1; m && k < 1000; k++) {
+        tm_engine *e = NULL;
+        tm_fault_set(TM_FAULT_ALLOC, k);
+        tm_rc rc = tm_engine_cpu_tp_create(m, &eo, &e, &err);
+        tm_fault_set(TM_FAULT_ALLOC, 0);
+        if (rc == TM_OK) {
+            tm_engine_destroy(e);
+            ok = 1;
+            break;
+        }
+        TM_CHECK_MSG(rc == TM_E_NOMEM, "allocation %ld: rc %d (%s)", k, (int)rc, err.msg);
+        TM_CHECK(tm_alloc_live() == live0);
+        n_fail++;
+    }
+    fprintf(stderr, "  %d allocations failed in turn, each cleanly\n", n_fail);
+    TM_CHECK(ok && n_fail > 50);
+    tm_model_destroy(m);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    TM_CHECK(system(cmd) == 0);
+}
+
 static void test_bad_split(void) { // 3 output groups do not split 2 ways
     char dir[] = "/tmp/tm_dsv4_tp_XXXXXX", cmd[256];
     TM_ASSERT(mkdtemp(dir));
@@ -311,6 +350,7 @@ int main(void) {
     TM_RUN(test_hcs_f32_tied);
     TM_RUN(test_quantized);
     TM_RUN(test_mtp);
+    TM_RUN(test_alloc_failures);
     TM_RUN(test_bad_split);
     return tm_test_report();
 }
