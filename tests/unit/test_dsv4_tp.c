@@ -3,14 +3,15 @@
  * in-process all-reduce standing in for NCCL) against TP=1 on small mkmodel DeepSeek-V4 models.
  * Three sequences (prompts of 9, 40 and 70 tokens, prefilled in chunks of at most 24 that end off
  * the compression windows, the blocks of the sequences interleaved) then 32 greedy decode steps
- * of all three together. Required: the greedy tokens equal over every step, and each logits row
- * within 1e-4 of TP=1's, relative to the row's largest magnitude (the all-reduced sums of o_b and
- * the down projections add in another order, so logits differ in the last bits; routing and the
- * indexer's top-k are replicated math on the same inputs). Shapes cover sliding, CSA and HCA
- * layers, hash and top-k MoE, 2 and 3 hyper-connection streams, tied and untied heads, a
- * vocabulary that does not divide by the ranks, bf16/f32 and FP8 + MXFP4 weights; a model with
- * an MTP layer, run after every step over the step's rows, whose draft logits must match TP=1's
- * the same way (and its greedy drafts be equal); every allocation of a TP=2 engine create
+ * of all three together, then a fourth sequence that shares the third's first block and gets
+ * part of its second by kv_copy (the prefix cache's path). Required: the greedy tokens equal over
+ * every step, and each logits row within 1e-4 of TP=1's, relative to the row's largest magnitude
+ * (the all-reduced sums of o_b and the down projections add in another order, so logits differ in
+ * the last bits; routing and the indexer's top-k are replicated math on the same inputs). Shapes
+ * cover sliding, CSA and HCA layers, hash and top-k MoE, 2 and 3 hyper-connection streams, tied and
+ * untied heads, a vocabulary that does not divide by the ranks, bf16/f32 and FP8 + MXFP4 weights; a
+ * model with an MTP layer, run after every step over the step's rows, whose draft logits must match
+ * TP=1's the same way (and its greedy drafts be equal); every allocation of a TP=2 engine create
  * failing in turn, cleanly; and a shape that does not split is refused with a clear message.
  * Without mkmodel the test is skipped. */
 #define _POSIX_C_SOURCE 200809L
@@ -31,12 +32,15 @@
 #define BS 16
 #define MAX_POS 128
 #define CHUNK 24
+#define SHARED_BLOCKS 5 /* spare blocks of the prefix-shared sequence (it needs 5) */
+#define SHARED_PART 5   /* tokens of a partly filled block copied by kv_copy */
 
 typedef struct run_out {
     uint32_t tokens[N_SEQ][N_STEP];
     float *logits;                  /* [N_STEP][N_SEQ][n_vocab] */
     uint32_t drafts[N_SEQ][N_STEP]; /* with an MTP layer: its greedy draft tokens */
     float *mtp;                     /* [N_STEP][N_SEQ][n_vocab] its logits, or NULL */
+    float *shared;                  /* [n_vocab] last logits of the prefix-shared sequence */
     int ok;
 } run_out;
 
@@ -82,7 +86,7 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
     tm_engine *eng = NULL;
     tm_engine_opts eo = {.n_threads = tp,
                          .block_size = BS,
-                         .n_kv_block = N_SEQ * MAX_POS / BS,
+                         .n_kv_block = N_SEQ * MAX_POS / BS + SHARED_BLOCKS,
                          .max_seqs = N_SEQ,
                          .max_batched_tokens = 3 * CHUNK,
                          .tp_size = tp};
@@ -149,6 +153,29 @@ static void run(const tm_model *m, uint32_t tp, run_out *o) {
             }
         }
     }
+    // The prefix cache's way: a fourth sequence with the third's prompt reuses its first block,
+    // gets the first SHARED_PART tokens of its second block by kv_copy, and prefills the rest.
+    o->shared = tm_calloc(V, sizeof(float));
+    if (ok && o->shared) {
+        uint32_t t4[MAX_POS / BS];
+        for (uint32_t k = 0; k < MAX_POS / BS; k++)
+            t4[k] = N_SEQ * MAX_POS / BS + TM_MIN(k, SHARED_BLOCKS - 1u);
+        t4[0] = table[2][0];
+        tm_rc rc = eng->ops->kv_copy(eng, table[2][1], t4[1], SHARED_PART, &err);
+        TM_CHECK_OK(rc, &err);
+        const uint32_t p0 = BS + SHARED_PART, n = 70 - p0; // the third prompt is 70 tokens
+        tm_batch_seq sq = {.tokens = ids[2] + p0,
+                           .n_tok = n,
+                           .pos = p0,
+                           .block_table = t4,
+                           .n_block = 70 / BS + 1,
+                           .want_logits = 1};
+        tm_batch b = {.seqs = &sq, .n_seq = 1};
+        if (rc == TM_OK)
+            rc = tm_engine_forward(eng, &b, o->shared, &err);
+        TM_CHECK_OK(rc, &err);
+        ok = rc == TM_OK;
+    }
     o->ok = ok;
     tm_free(logits);
     tm_free(mlog);
@@ -171,6 +198,8 @@ static void compare(const char *name, const tm_model *m, const run_out *ref, uin
     if (!ref->ok || !got.ok) {
         TM_CHECK(!"run failed");
         tm_free(got.logits);
+        tm_free(got.mtp);
+        tm_free(got.shared);
         return;
     }
     const uint32_t V = m->cfg.n_vocab;
@@ -194,6 +223,18 @@ static void compare(const char *name, const tm_model *m, const run_out *ref, uin
             name, tp, worst, n_equal, N_STEP);
     TM_CHECK(worst < 1e-4);
     TM_CHECK(tokens_equal);
+    // The shared sequence recomputes the third prompt's last row: within its own engine the same
+    // bits as the third sequence's first step (chunking and batch do not change a row's sums).
+    double worst_shared = rel_err(ref->shared, got.shared, V);
+    const size_t third = 2 * (size_t)V; // step 0, sequence 2
+    int same_bits = !memcmp(got.shared, got.logits + third, V * sizeof(float)) &&
+                    !memcmp(ref->shared, ref->logits + third, V * sizeof(float));
+    fprintf(stderr,
+            "    prefix-shared sequence (first block shared, kv_copy of %u): %.2e; the unshared "
+            "row's bits: %s\n",
+            SHARED_PART, worst_shared, same_bits ? "yes" : "NO");
+    TM_CHECK(worst_shared < 1e-4);
+    TM_CHECK(same_bits);
     if (ref->mtp) {
         fprintf(stderr, "    MTP draft logits: max relative error %.2e, draft tokens %s\n",
                 worst_mtp, drafts_equal ? "equal" : "DIFFER");
@@ -203,6 +244,7 @@ static void compare(const char *name, const tm_model *m, const run_out *ref, uin
     }
     tm_free(got.logits);
     tm_free(got.mtp);
+    tm_free(got.shared);
 }
 
 static int make_model(const char *args, char *dir) {
@@ -227,6 +269,7 @@ static void check_shape(const char *name, const char *args, const uint32_t *tps,
             compare(name, m, &ref, tps[i]);
         tm_free(ref.logits);
         tm_free(ref.mtp);
+        tm_free(ref.shared);
     }
     tm_model_destroy(m);
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);

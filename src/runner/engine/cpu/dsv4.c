@@ -1213,6 +1213,8 @@ static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_se
                 return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: token id %u out of range", sq->next[i]);
         if ((uint64_t)T + sq->n_tok > e->T)
             return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: step has more than %u rows", e->T);
+        if (sq->want_logits && !logits)
+            return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: sequence %u wants logits, none given", s);
         for (uint32_t i = 0; i < sq->n_tok; i++) {
             e->pos[T] = sq->pos + i;
             e->tok_seq[T] = s;
