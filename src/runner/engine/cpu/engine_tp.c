@@ -128,37 +128,6 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
     return TM_OK;
 }
 
-static const tm_engine_ops tp_ops;
-
-tm_engine *tm_engine_cpu_tp_rank(tm_engine *eng, uint32_t rank) {
-    if (!eng || eng->ops != &tp_ops)
-        return NULL;
-    tp_impl *tp = eng->impl;
-    return rank < tp->n ? tp->ranks[rank] : NULL;
-}
-
-tm_rc tm_engine_cpu_tp_run(tm_engine *eng, tm_cpu_tp_job job, void *ctx, tm_err *err) {
-    if (!eng || eng->ops != &tp_ops)
-        return TM_ERR(err, TM_E_INVAL, "tp engine: not a CPU tensor-parallel engine");
-    tp_impl *tp = eng->impl;
-    pthread_mutex_lock(&tp->mu);
-    tp->job = job;
-    tp->job_ctx = ctx;
-    tp->n_done = 0;
-    tp->gen++;
-    pthread_cond_broadcast(&tp->cv_go);
-    while (tp->n_done < tp->n)
-        pthread_cond_wait(&tp->cv_done, &tp->mu);
-    tp->job = NULL;
-    pthread_mutex_unlock(&tp->mu);
-    for (uint32_t r = 0; r < tp->n; r++)
-        if (tp->rc[r]) {
-            *err = tp->errs[r];
-            return tp->rc[r];
-        }
-    return TM_OK;
-}
-
 static tm_rc tp_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
     tp_impl *tp = eng->impl;
     for (uint32_t r = 0; r < tp->n; r++) {
@@ -210,6 +179,35 @@ static const tm_engine_ops tp_ops = {
     .kv_copy = tp_kv_copy,
     .destroy = tp_destroy,
 };
+
+tm_engine *tm_engine_cpu_tp_rank(tm_engine *eng, uint32_t rank) {
+    if (!eng || eng->ops != &tp_ops)
+        return NULL;
+    tp_impl *tp = eng->impl;
+    return rank < tp->n ? tp->ranks[rank] : NULL;
+}
+
+tm_rc tm_engine_cpu_tp_run(tm_engine *eng, tm_cpu_tp_job job, void *ctx, tm_err *err) {
+    if (!eng || eng->ops != &tp_ops)
+        return TM_ERR(err, TM_E_INVAL, "tp engine: not a CPU tensor-parallel engine");
+    tp_impl *tp = eng->impl;
+    pthread_mutex_lock(&tp->mu);
+    tp->job = job;
+    tp->job_ctx = ctx;
+    tp->n_done = 0;
+    tp->gen++;
+    pthread_cond_broadcast(&tp->cv_go);
+    while (tp->n_done < tp->n)
+        pthread_cond_wait(&tp->cv_done, &tp->mu);
+    tp->job = NULL;
+    pthread_mutex_unlock(&tp->mu);
+    for (uint32_t r = 0; r < tp->n; r++)
+        if (tp->rc[r]) {
+            *err = tp->errs[r];
+            return tp->rc[r];
+        }
+    return TM_OK;
+}
 
 tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                               tm_err *err) {
