@@ -370,7 +370,7 @@ static __global__ void index_kernel(tm_k_dsv4_index_args a) {
     __shared__ uint32_t wsum[8];
     __shared__ uint32_t s_prefix, s_remaining;
     const uint32_t t = blockIdx.x, r = a.r, di = a.di, Hi = a.n_head;
-    const uint32_t p = a.sq.pos[t], n_valid = (p + 1) / r;
+    const uint32_t p = a.sq.pos[t], n_valid = min((p + 1) / r, a.max_entries);
     const uint32_t kk = min(a.topk, n_valid);
     uint32_t *sel = a.sel + (size_t)t * a.topk;
     if (threadIdx.x == 0)

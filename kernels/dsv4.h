@@ -135,7 +135,7 @@ tm_rc tm_k_dsv4_compress(const tm_k_dsv4_compress_args *a, cudaStream_t s, tm_er
 
 /* Lightning indexer: for token t, score(w) = sum_h relu(iq_h . K_w) / sqrt(di) * iw_h /
  * sqrt(n_head) over the closed entries w < (pos+1)/4; sel[t] = the top min(topk, n) (ties: lower
- * index), n_sel[t] their count; all entries when n <= topk. */
+ * index), n_sel[t] their count; all entries when n <= topk. n is capped at max_entries. */
 typedef struct tm_k_dsv4_index_args {
     uint32_t *sel;   /* [T][topk] */
     uint32_t *n_sel; /* [T] */

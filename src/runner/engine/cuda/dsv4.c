@@ -106,8 +106,6 @@ static tm_rc check_cfg(const tm_model_cfg *c, tm_err *err) {
     return TM_OK;
 }
 
-static int t_quant(const tm_tensor *t) { return t->data && t->quant != TM_QUANT_NONE; }
-
 static tm_rc check_weights(const tm_model *m, tm_err *err) {
     const tm_dsv4 *w = tm_model_dsv4(m);
     if (!w || !w->layers)
@@ -230,7 +228,8 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
                 return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: mixed expert formats");
     }
     if (g->mxfp4 && (g->D % 32 || g->I % 32))
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: MXFP4 experts need widths that divide by 32");
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: dsv4: MXFP4 experts need widths that divide by 32");
     return TM_OK;
 }
 
