@@ -482,6 +482,8 @@ static int dsv4_bench(int argc, char **argv) {
         fprintf(stderr, "bench_engine dsv4: create: %s\n", err.msg);
         return 1;
     }
+    if (getenv("TM_DSV4_NO_GRAPHS")) // eager decode steps (with TM_CUDA_PROFILE=1: per-op times)
+        tm_engine_cuda_set_graphs(eng, 0);
     printf("dsv4-flash: %u layers, dense bf16, experts %s, create %.1f s, copy bandwidth %.0f "
            "GB/s\n",
            n_layer, mx ? "mxfp4" : "bf16", (tm_now_ms() / 1e3) - t0, bw);
