@@ -8,7 +8,7 @@
 #include "kernels/common.cuh"
 #include "kernels/dsv4.h"
 
-#define ATT_HPB 4    /* heads (warps) per attention block */
+#define ATT_WARPS 8  /* warps per (token, head) attention block, splitting the keys */
 #define ATT_MAX_J 16 /* elements per lane: head_dim <= 512 */
 #define NR_MAX_J 16  /* pairs per lane in norm_rope: dim <= 1024 */
 #define IDX_WARPS 8
@@ -83,25 +83,22 @@ static __device__ void hc_mix(const float *m, const float *base, const float *sc
     }
 }
 
-/* Mixes m[0, n_mix) = rs * fn[m] . st, rs = 1 / rms(st over ND); by warps. */
-template <int BLOCK>
-static __device__ void hc_mixes(const float *st, uint32_t ND, const float *fn, uint32_t n_mix,
-                                float eps, float *m) {
-    float ss = 0.0f;
-    for (uint32_t i = threadIdx.x; i < ND; i += BLOCK)
-        ss += st[i] * st[i];
-    const float rs = 1.0f / sqrtf(tm_block_sum<BLOCK>(ss) / (float)ND + eps);
-    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (uint32_t k = warp; k < n_mix; k += BLOCK / 32) {
-        const float *f = fn + (size_t)k * ND;
-        float acc = 0.0f;
-        for (uint32_t i = lane; i < ND; i += 32)
-            acc += f[i] * (st[i] * rs);
-        acc = tm_warp_sum(acc);
-        if (lane == 0)
-            m[k] = acc;
+/* mixes[r][k] = rs * fn[k] . st, rs = 1 / rms(st over ND), st = streams row rows[r] (or r):
+ * block (r, k). */
+static __global__ void hc_dot_kernel(const float *streams, const uint32_t *rows, const float *fn,
+                                     uint32_t n_mix, uint32_t ND, float eps, float *mixes) {
+    const uint32_t r = blockIdx.x, k = blockIdx.y;
+    const float *st = streams + (size_t)(rows ? rows[r] : r) * ND, *f = fn + (size_t)k * ND;
+    float ss = 0.0f, acc = 0.0f;
+    for (uint32_t i = threadIdx.x; i < ND; i += 256) {
+        const float v = st[i];
+        ss += v * v;
+        acc += f[i] * v;
     }
-    __syncthreads();
+    ss = tm_block_sum<256>(ss);
+    acc = tm_block_sum<256>(acc);
+    if (threadIdx.x == 0)
+        mixes[(size_t)r * n_mix + k] = acc * (1.0f / sqrtf(ss / (float)ND + eps));
 }
 
 /* x (smem, D floats) -> out = bf16(w * rms(x)). */
@@ -122,7 +119,9 @@ static __global__ void hc_pre_kernel(tm_k_dsv4_hc_pre_args a) {
     __shared__ float pre[TM_DSV4_K_MAX_HC];
     const uint32_t t = blockIdx.x, N = a.N, D = a.D, ND = N * D;
     const float *st = a.streams + (size_t)t * ND;
-    hc_mixes<256>(st, ND, a.fn, (2 + N) * N, a.eps, m);
+    for (uint32_t k = threadIdx.x; k < (2 + N) * N; k += 256)
+        m[k] = a.mixes[(size_t)t * (2 + N) * N + k];
+    __syncthreads();
     if (threadIdx.x == 0)
         hc_mix(m, a.base, a.scale, N, a.iters, a.hc_eps, pre, a.post + (size_t)t * N,
                a.comb + (size_t)t * N * N);
@@ -141,6 +140,9 @@ extern "C" tm_rc tm_k_dsv4_hc_pre(const tm_k_dsv4_hc_pre_args *a, cudaStream_t s
     if (!a->n_tok)
         return TM_OK;
     TM_ASSERT(a->N >= 1 && a->N <= TM_DSV4_K_MAX_HC && a->D * sizeof(float) <= 48 * 1024);
+    const uint32_t n_mix = (2 + a->N) * a->N;
+    hc_dot_kernel<<<dim3(a->n_tok, n_mix), 256, 0, s>>>(a->streams, NULL, a->fn, n_mix, a->N * a->D,
+                                                        a->eps, a->mixes);
     hc_pre_kernel<<<a->n_tok, 256, a->D * sizeof(float), s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_hc_pre");
 }
@@ -470,12 +472,13 @@ extern "C" tm_rc tm_k_dsv4_index(const tm_k_dsv4_index_args *a, cudaStream_t s, 
 
 /* ---- attention ---- */
 
+/* Block per (token, head); its ATT_WARPS warps take every ATT_WARPS-th key of the list (window
+ * rows, then compressed rows) with their own online softmax, merged at the end with the sink. */
 static __global__ void attn_kernel(tm_k_dsv4_attn_args a) {
-    __shared__ float ob[ATT_HPB][512];
-    const uint32_t t = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const uint32_t h = blockIdx.y * ATT_HPB + warp, hd = a.hd, ld = a.ld;
-    if (h >= a.H)
-        return;
+    __shared__ float wacc[ATT_WARPS][512];
+    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
+    const uint32_t t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint32_t hd = a.hd, ld = a.ld;
     const float *qh = a.q + ((size_t)t * a.H + h) * hd;
     float qv[ATT_MAX_J], acc[ATT_MAX_J];
     uint32_t eq[ATT_MAX_J], er[ATT_MAX_J];
@@ -490,25 +493,7 @@ static __global__ void attn_kernel(tm_k_dsv4_attn_args a) {
     }
     const float scale = 1.0f / sqrtf((float)hd);
     const uint32_t p = a.sq.pos[t], W = a.window;
-    const uint32_t p0 = p + 1 > W ? p + 1 - W : 0;
-    float m = a.sinks[h], l = 1.0f;
-    for (uint32_t q = p0; q <= p; q++) {
-        const float *k = a.kv + (size_t)seq_slot(a.sq, t, q) * ld;
-        float kv[ATT_MAX_J], dot = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
-            const uint32_t e = lane + 32 * j;
-            kv[j] = e < hd ? k[e] : 0.0f;
-            dot += qv[j] * kv[j];
-        }
-        const float sv = tm_warp_sum(dot) * scale;
-        const float mn = fmaxf(m, sv), corr = expf(m - mn), pe = expf(sv - mn);
-        l = l * corr + pe;
-#pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++)
-            acc[j] = acc[j] * corr + pe * kv[j];
-        m = mn;
-    }
+    const uint32_t p0 = p + 1 > W ? p + 1 - W : 0, n_sl = p - p0 + 1;
     uint32_t n_c = 0;
     const uint32_t *sel = NULL;
     if (a.kind == 1) {
@@ -517,16 +502,28 @@ static __global__ void attn_kernel(tm_k_dsv4_attn_args a) {
     } else if (a.kind == 2) {
         n_c = (p + 1) / a.r;
     }
-    for (uint32_t i = 0; i < n_c; i++) {
-        const uint32_t w = sel ? sel[i] : i;
-        const uint32_t base = seq_slot(a.sq, t, w * a.r);
+    float m = -INFINITY, l = 0.0f;
+    for (uint32_t i = warp; i < n_sl + n_c; i += ATT_WARPS) {
         float kv[ATT_MAX_J], dot = 0.0f;
+        if (i < n_sl) {
+            const float *k = a.kv + (size_t)seq_slot(a.sq, t, p0 + i) * ld;
 #pragma unroll
-        for (int j = 0; j < ATT_MAX_J; j++) {
-            const uint32_t e = lane + 32 * j;
-            kv[j] = e < hd ? a.comp[(size_t)(base + eq[j]) * ld + er[j]] : 0.0f;
-            dot += qv[j] * kv[j];
+            for (int j = 0; j < ATT_MAX_J; j++) {
+                const uint32_t e = lane + 32 * j;
+                kv[j] = e < hd ? k[e] : 0.0f;
+            }
+        } else {
+            const uint32_t w = sel ? sel[i - n_sl] : i - n_sl;
+            const uint32_t base = seq_slot(a.sq, t, w * a.r);
+#pragma unroll
+            for (int j = 0; j < ATT_MAX_J; j++) {
+                const uint32_t e = lane + 32 * j;
+                kv[j] = e < hd ? a.comp[(size_t)(base + eq[j]) * ld + er[j]] : 0.0f;
+            }
         }
+#pragma unroll
+        for (int j = 0; j < ATT_MAX_J; j++)
+            dot += qv[j] * kv[j];
         const float sv = tm_warp_sum(dot) * scale;
         const float mn = fmaxf(m, sv), corr = expf(m - mn), pe = expf(sv - mn);
         l = l * corr + pe;
@@ -535,26 +532,47 @@ static __global__ void attn_kernel(tm_k_dsv4_attn_args a) {
             acc[j] = acc[j] * corr + pe * kv[j];
         m = mn;
     }
-    float *o = ob[warp];
 #pragma unroll
     for (int j = 0; j < ATT_MAX_J; j++) {
         const uint32_t e = lane + 32 * j;
         if (e < hd)
-            o[e] = acc[j] / l;
+            wacc[warp][e] = acc[j];
     }
-    __syncwarp();
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+    __syncthreads();
+    // merge: the sink joins the denominator (exp(sink - M)), every warp's part is rescaled
+    const float sink = a.sinks[h];
+    float M = sink;
+    for (int w = 0; w < ATT_WARPS; w++)
+        M = fmaxf(M, wm[w]);
+    float L = expf(sink - M), f[ATT_WARPS];
+    for (int w = 0; w < ATT_WARPS; w++) {
+        f[w] = wl[w] > 0.0f ? expf(wm[w] - M) : 0.0f;
+        L += wl[w] * f[w];
+    }
+    float *o = wacc[0]; // row 0 is overwritten in place: each element by its own thread
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < ATT_WARPS; w++)
+            v += wacc[w][e] * f[w];
+        o[e] = v / L;
+    }
+    __syncthreads();
     const float pf = (float)p;
-    for (uint32_t i = lane; i < a.rd / 2; i += 32) {
+    for (uint32_t i = threadIdx.x; i < a.rd / 2; i += blockDim.x) {
         const uint32_t e = hd - a.rd + 2 * i;
         const float ang = pf * a.inv_freq[i];
-        const float c = cosf(ang) * a.attn_factor, s = -sinf(ang) * a.attn_factor;
+        const float c = cosf(ang) * a.attn_factor, sn = -sinf(ang) * a.attn_factor;
         const float x0 = o[e], x1 = o[e + 1];
-        o[e] = x0 * c - x1 * s;
-        o[e + 1] = x1 * c + x0 * s;
+        o[e] = x0 * c - x1 * sn;
+        o[e + 1] = x1 * c + x0 * sn;
     }
-    __syncwarp();
+    __syncthreads();
     uint16_t *out = a.out + ((size_t)t * a.H + h) * hd;
-    for (uint32_t e = lane; e < hd; e += 32)
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
         out[e] = tm_f2bf(o[e]);
 }
 
@@ -563,15 +581,15 @@ extern "C" tm_rc tm_k_dsv4_attn(const tm_k_dsv4_attn_args *a, cudaStream_t s, tm
         return TM_OK;
     TM_ASSERT(a->hd <= 32 * ATT_MAX_J && a->rd <= a->hd && a->window >= 1);
     TM_ASSERT(a->kind == 0 || (a->r >= 1 && a->sq.block_size % a->r == 0));
-    const dim3 grid(a->n_tok, TM_CEIL_DIV(a->H, (uint32_t)ATT_HPB));
-    attn_kernel<<<grid, 32 * ATT_HPB, 0, s>>>(*a);
+    const dim3 grid(a->n_tok, a->H);
+    attn_kernel<<<grid, 32 * ATT_WARPS, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_attn");
 }
 
 /* ---- MoE ---- */
 
 static __global__ void route_kernel(tm_k_dsv4_route_args a) {
-    extern __shared__ float sc[]; // [E]
+    extern __shared__ float sc[]; // [2E]
     const uint32_t t = blockIdx.x, E = a.E, k = a.k;
     const float *lg = a.logits + (size_t)t * E;
     if (a.scoring == 2) {
@@ -591,30 +609,31 @@ static __global__ void route_kernel(tm_k_dsv4_route_args a) {
             sc[e] = a.scoring == 1 ? sigmoidf_(x) : sqrtf(x > 20.0f ? x : log1pf(expf(x)));
         }
     }
+    __shared__ int32_t se[TM_DSV4_K_MAX_TOPK];
+    float *v = sc + E; // [E] score + bias, -inf once taken
+    __syncthreads();
+    if (a.tid2eid) {
+        for (uint32_t j = threadIdx.x; j < k; j += 256)
+            se[j] = a.tid2eid[(size_t)a.tokens[t] * k + j];
+    } else {
+        for (uint32_t e = threadIdx.x; e < E; e += 256)
+            v[e] = sc[e] + a.bias[e];
+        __syncthreads();
+        for (uint32_t j = 0; j < k; j++) { // the best untaken expert, lowest id on ties
+            float bv;
+            uint32_t bi;
+            tm_block_argmax<256>(v, E, &bv, &bi);
+            if (threadIdx.x == 0) {
+                bi = bi < E ? bi : 0;
+                se[j] = (int32_t)bi;
+                v[bi] = -INFINITY;
+            }
+            __syncthreads();
+        }
+    }
     __syncthreads();
     if (threadIdx.x)
         return;
-    int32_t se[TM_DSV4_K_MAX_TOPK];
-    if (a.tid2eid) {
-        for (uint32_t j = 0; j < k; j++)
-            se[j] = a.tid2eid[(size_t)a.tokens[t] * k + j];
-    } else {
-        for (uint32_t j = 0; j < k; j++) {
-            int32_t best = -1;
-            float bv = -INFINITY;
-            for (uint32_t i = 0; i < E; i++) {
-                int taken = 0;
-                for (uint32_t q = 0; q < j; q++)
-                    taken |= se[q] == (int32_t)i;
-                const float v = sc[i] + a.bias[i];
-                if (!taken && (best < 0 || v > bv)) {
-                    best = (int32_t)i;
-                    bv = v;
-                }
-            }
-            se[j] = best;
-        }
-    }
     float sw[TM_DSV4_K_MAX_TOPK], sum = 0.0f;
     for (uint32_t j = 0; j < k; j++)
         sum += (sw[j] = sc[se[j]]);
@@ -630,8 +649,8 @@ extern "C" tm_rc tm_k_dsv4_route(const tm_k_dsv4_route_args *a, cudaStream_t s, 
     if (!a->n_tok)
         return TM_OK;
     TM_ASSERT(a->k >= 1 && a->k <= TM_DSV4_K_MAX_TOPK && a->k <= a->E && (a->tid2eid || a->bias));
-    TM_ASSERT(a->E * sizeof(float) <= 48 * 1024);
-    route_kernel<<<a->n_tok, 256, a->E * sizeof(float), s>>>(*a);
+    TM_ASSERT(2 * a->E * sizeof(float) <= 48 * 1024);
+    route_kernel<<<a->n_tok, 256, 2 * a->E * sizeof(float), s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_route");
 }
 
@@ -736,7 +755,9 @@ static __global__ void head_kernel(tm_k_dsv4_head_args a) {
     __shared__ float m[TM_DSV4_K_MAX_HC], pre[TM_DSV4_K_MAX_HC];
     const uint32_t r = blockIdx.x, N = a.N, D = a.D, ND = N * D;
     const float *st = a.streams + (size_t)a.rows[r] * ND;
-    hc_mixes<256>(st, ND, a.fn, N, a.eps, m);
+    if (threadIdx.x < N)
+        m[threadIdx.x] = a.mixes[(size_t)r * N + threadIdx.x];
+    __syncthreads();
     if (threadIdx.x < N)
         pre[threadIdx.x] = sigmoidf_(m[threadIdx.x] * a.scale[0] + a.base[threadIdx.x]) + a.hc_eps;
     __syncthreads();
@@ -754,6 +775,8 @@ extern "C" tm_rc tm_k_dsv4_head(const tm_k_dsv4_head_args *a, cudaStream_t s, tm
     if (!a->n_row)
         return TM_OK;
     TM_ASSERT(a->N >= 1 && a->N <= TM_DSV4_K_MAX_HC && a->D * sizeof(float) <= 48 * 1024);
+    hc_dot_kernel<<<dim3(a->n_row, a->N), 256, 0, s>>>(a->streams, a->rows, a->fn, a->N,
+                                                       a->N * a->D, a->eps, a->mixes);
     head_kernel<<<a->n_row, 256, a->D * sizeof(float), s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_head");
 }

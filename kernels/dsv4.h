@@ -65,6 +65,7 @@ typedef struct tm_k_dsv4_hc_pre_args {
     const float *base;    /* [(2+N)N] */
     const float *scale;   /* [3] */
     const float *norm_w;  /* [D] */
+    float *mixes;         /* [T][(2+N)N] scratch */
     uint32_t n_tok, N, D, iters;
     float eps, hc_eps;
 } tm_k_dsv4_hc_pre_args;
@@ -229,6 +230,7 @@ typedef struct tm_k_dsv4_head_args {
     const float *streams; /* [T][N * D] */
     const uint32_t *rows;
     const float *fn, *base, *scale, *norm_w;
+    float *mixes; /* [n_row][N] scratch */
     uint32_t n_row, N, D;
     float eps, hc_eps;
 } tm_k_dsv4_head_args;

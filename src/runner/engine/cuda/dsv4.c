@@ -84,7 +84,7 @@ typedef struct dsv4 {
     float *inv_main, *inv_comp; /* [rd/2] */
     dlayer *L;                  /* host [n_layer] */
     /* activations */
-    float *streams, *post, *comb, *qres, *q, *kvr, *cbuf, *ibuf, *iq, *iw, *isc, *out, *rl;
+    float *streams, *mixes, *post, *comb, *qres, *q, *kvr, *cbuf, *ibuf, *iq, *iw, *isc, *out, *rl;
     float *pair_w, *gu, *dn, *sh_gu_o, *sh_dn;
     uint16_t *h, *qres_bf, *att, *oa, *act, *sh_act, *last;
     uint32_t *sel, *n_sel, *pair_row, *iota;
@@ -306,6 +306,7 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     const size_t T = impl->eng.opts.max_batched_tokens, S = impl->eng.opts.max_seqs;
     const size_t D = g->D, f4 = 4, bf = 2, P = T * g->K, I = g->I;
     g->streams = tm_cuda_carve(cv, T * g->N * D * f4);
+    g->mixes = tm_cuda_carve(cv, TM_MAX(T, S) * g->mix * f4);
     g->post = tm_cuda_carve(cv, T * g->N * f4);
     g->comb = tm_cuda_carve(cv, T * g->N * g->N * f4);
     g->qres = tm_cuda_carve(cv, T * g->qr * f4);
@@ -696,6 +697,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                 .base = L->attn_base,
                                 .scale = L->attn_scale,
                                 .norm_w = L->attn_norm,
+                                .mixes = g->mixes,
                                 .n_tok = T,
                                 .N = g->N,
                                 .D = D,
@@ -905,6 +907,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                 .base = L->ffn_base,
                                 .scale = L->ffn_scale,
                                 .norm_w = L->ffn_norm,
+                                .mixes = g->mixes,
                                 .n_tok = T,
                                 .N = g->N,
                                 .D = D,
@@ -1054,6 +1057,7 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                               .base = g->hc_base,
                               .scale = g->hc_scale,
                               .norm_w = g->out_norm,
+                              .mixes = g->mixes,
                               .n_row = st->n_want,
                               .N = g->N,
                               .D = g->D,
