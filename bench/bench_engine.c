@@ -389,8 +389,9 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
 /* ---- DeepSeek-V4-Flash (--shape dsv4-flash [--layers N]; issue 21) ----
  * Flash widths (transformers' DeepseekV4Config defaults), the first --layers layers (default 4:
  * layers 0-1 sliding, then CSA / HCA alternating; 0-2 hash-routed MoE), random weights on the
- * device: --quant bf16 (default) or fp8-block (then the routed experts are MXFP4; the dense
- * linears stay bf16 in this engine version, see docs/deepseek_v4.md). A run per batch size:
+ * device: --quant fp8-block (default: q_a, q_b, kv_proj, o_b and the shared expert as e4m3 with
+ * 128 x 128 block scales, the routed experts MXFP4; o_a, compressor, indexer and router bf16) or
+ * bf16. A run per batch size:
  * prefill B prompts of L tokens in one step, then N - 1 greedy decode steps (best of --reps
  * after a warm-up that captures the graphs); per-layer decode ms = step ms / layers (the head is
  * charged to the layers). The bytes floor (docs/deepseek_v4.md) of a step is printed next to it,
@@ -484,16 +485,21 @@ static int dsv4_bench(int argc, char **argv) {
     }
     if (getenv("TM_DSV4_NO_GRAPHS")) // eager decode steps (with TM_CUDA_PROFILE=1: per-op times)
         tm_engine_cuda_set_graphs(eng, 0);
-    printf("dsv4-flash: %u layers, dense bf16, experts %s, create %.1f s, copy bandwidth %.0f "
+    printf("dsv4-flash: %u layers, dense %s, experts %s, create %.1f s, copy bandwidth %.0f "
            "GB/s\n",
-           n_layer, mx ? "mxfp4" : "bf16", (tm_now_ms() / 1e3) - t0, bw);
+           n_layer, mx ? "fp8-block (o_a bf16)" : "bf16", mx ? "mxfp4" : "bf16",
+           (tm_now_ms() / 1e3) - t0, bw);
     // Bytes a decode step reads per layer (docs/deepseek_v4.md), as this engine stores them.
     const double D = 4096, hd = 512, H = 64, qr = 1024, G = 8, olr = 1024, I = 2048, E = 256, k = 6,
                  di = 128, Hi = 64, V = 129280;
-    const double attn = 2 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
+    // q_a, q_b, kv_proj, o_b and the shared expert: e4m3 (+ fp32 block scales) with fp8-block;
+    // o_a (grouped), compressor, indexer, router: bf16
+    const double wb = mx ? 1.0 + 4.0 / (128 * 128) : 2.0;
+    const double attn = wb * (qr * D + H * hd * qr + hd * D + D * G * olr) +
+                        2 * G * olr * (H * hd / G);
     const double csa = 2 * (2 * 2 * hd * D + 4 * di * D + Hi * di * qr + Hi * D);
     const double hca = 2 * (2 * hd * D);
-    const double hc = 2 * 24 * 4 * D * 4, router = E * D * 2, shared = 3 * I * D * 2;
+    const double hc = 2 * 24 * 4 * D * 4, router = E * D * 2, shared = 3 * I * D * wb;
     const double expert = 3 * I * D * (mx ? 0.5 + 1.0 / 32 : 2.0);
     const double head = V * D * 2;
     uint32_t *tok = calloc((size_t)Bmax * L, 4), *bt = calloc((size_t)Bmax * per_seq, 4);

@@ -35,6 +35,7 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "kernels/common.h"
+#include "kernels/dequant.h"
 #include "kernels/dsv4.h"
 #include "kernels/fill.h"
 #include "kernels/gemm_quant.h"
@@ -50,6 +51,17 @@ typedef struct dfield {
     uint8_t plane;
     uint32_t off;
 } dfield;
+
+/* The FP8 (128 x 128 block-scaled) form of a dense linear, kept beside its bf16 copy: decode-sized
+ * steps run kernels/gemm_quant.h on it, longer ones cuBLAS on the copy. */
+enum { Q8_QA, Q8_QB, Q8_KV, Q8_OB, Q8_SHGU, Q8_SHDN, Q8_N };
+typedef struct dq8 {
+    uint8_t on;
+    uint8_t sk;  /* tm_k_fp8_scale */
+    uint8_t *w;  /* [n_out][n_in] e4m3 */
+    void *scale; /* [ceil(n_out/128)][ceil(n_in/128)] fp32 or e8m0 */
+    uint32_t n_out, n_in;
+} dq8;
 
 typedef struct dlayer {
     uint32_t kind, ratio, cw, hash;
@@ -68,6 +80,7 @@ typedef struct dlayer {
     /* routed experts: bf16 [E][2I][D] / [E][D][I], or MXFP4 packed with e8m0 scales */
     void *gu_w, *dn_w;
     uint8_t *gu_s, *dn_s;
+    dq8 q8[Q8_N];
     /* state fields */
     dfield f_kv, f_ckv, f_cg, f_comp, f_ikv, f_ig, f_icomp;
 } dlayer;
@@ -86,6 +99,8 @@ typedef struct dsv4 {
     /* activations */
     float *streams, *mixes, *post, *comb, *qres, *q, *kvr, *cbuf, *ibuf, *iq, *iw, *isc, *out, *rl;
     float *pair_w, *gu, *dn, *sh_gu_o, *sh_dn;
+    float *q8_part; /* split-K partials of the FP8 decode GEMMs */
+    size_t q8_part_floats;
     uint16_t *h, *qres_bf, *att, *oa, *act, *sh_act, *last;
     uint32_t *sel, *n_sel, *pair_row, *iota;
     int32_t *pair_e;
@@ -227,6 +242,39 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             if ((w->layers[l].gate_up.quant == TM_QUANT_MXFP4) != g->mxfp4)
                 return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: mixed expert formats");
     }
+    // FP8 dense decode GEMMs (TM_CUDA_DSV4_FP8=0: the bf16 copies for every step)
+    const char *f8 = getenv("TM_CUDA_DSV4_FP8");
+    const int f8_ok = !(f8 && !strcmp(f8, "0"));
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        dlayer *L = &g->L[l];
+        const uint32_t shape[Q8_N][2] = {{g->qr, g->D},    {g->H * g->hd, g->qr},
+                                         {g->hd, g->D},    {g->D, g->G * g->olr},
+                                         {2 * g->I, g->D}, {g->D, g->I}};
+        for (int i = 0; i < Q8_N; i++) {
+            dq8 *q = &L->q8[i];
+            q->n_out = shape[i][0], q->n_in = shape[i][1];
+            if (impl->random) {
+                q->on = impl->random_fmt == TM_CUDA_W_FP8_BLOCK ||
+                        impl->random_fmt == TM_CUDA_W_FP8_BLOCK_E8M0;
+                q->sk = impl->random_fmt == TM_CUDA_W_FP8_BLOCK_E8M0 ? TM_K_FP8_BLOCK_E8M0
+                                                                     : TM_K_FP8_BLOCK_F32;
+            } else if (w->layers) {
+                const tm_dsv4_layer *W = &w->layers[l];
+                const tm_tensor *t[Q8_N] = {&W->q_a, &W->q_b,     &W->kv,
+                                            &W->o_b, &W->sh_gate, &W->sh_down};
+                const tm_tensor *x = t[i];
+                q->on = x->quant == TM_QUANT_FP8_BLOCK && x->qblock[0] == 128 &&
+                        x->qblock[1] == 128 && x->dtype == TM_DTYPE_F8_E4M3;
+                if (i == Q8_SHGU) // gate and up fused: both FP8, the block rows whole
+                    q->on = q->on && W->sh_up.quant == TM_QUANT_FP8_BLOCK &&
+                            W->sh_up.qblock[0] == 128 && W->sh_up.qblock[1] == 128 &&
+                            W->sh_up.scale_dtype == x->scale_dtype && g->I % 128 == 0;
+                q->sk = x->scale_dtype == TM_DTYPE_F8_E8M0 ? TM_K_FP8_BLOCK_E8M0
+                                                           : TM_K_FP8_BLOCK_F32;
+            }
+            q->on = f8_ok && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
+        }
+    }
     if (g->mxfp4 && (g->D % 32 || g->I % 32))
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv4: MXFP4 experts need widths that divide by 32");
@@ -239,6 +287,11 @@ static size_t skinny_floats(const tm_cuda_engine *impl, uint32_t n_tok) {
 }
 
 /* ---- memory ---- */
+
+static size_t q8_scale_bytes(const dq8 *q) {
+    const size_t n = TM_CEIL_DIV((size_t)q->n_out, 128) * TM_CEIL_DIV((size_t)q->n_in, 128);
+    return q->sk == TM_K_FP8_BLOCK_E8M0 ? n : n * sizeof(float);
+}
 
 static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     dsv4 *g = impl->arch_state;
@@ -298,6 +351,13 @@ static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
         }
         L->sh_gu = tm_cuda_carve(cv, 2 * I * D * bf);
         L->sh_down = tm_cuda_carve(cv, D * I * bf);
+        for (int i = 0; i < Q8_N; i++) {
+            dq8 *q = &L->q8[i];
+            if (!q->on)
+                continue;
+            q->w = tm_cuda_carve(cv, (size_t)q->n_out * q->n_in);
+            q->scale = tm_cuda_carve(cv, q8_scale_bytes(q));
+        }
     }
 }
 
@@ -336,6 +396,18 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     g->act = tm_cuda_carve(cv, P * I * bf);
     g->sh_act = tm_cuda_carve(cv, T * I * bf);
     g->last = tm_cuda_carve(cv, S * D * bf);
+    size_t most = 0;
+    for (uint32_t l = 0; l < impl->cfg.n_layer; l++)
+        for (int i = 0; i < Q8_N; i++) {
+            const dq8 *q = &g->L[l].q8[i];
+            uint32_t kps = 0;
+            if (q->on)
+                most = TM_MAX(most,
+                              (size_t)tm_k_gemm_fp8_splits(q->n_in, q->n_out, impl->n_sm, &kps) *
+                                  TM_QUANT_MAX_TOK * q->n_out);
+        }
+    g->q8_part_floats = most;
+    g->q8_part = most ? tm_cuda_carve(cv, most * f4) : NULL;
 }
 
 /* ---- weights ---- */
@@ -385,6 +457,28 @@ static tm_rc up_f32_big(float *dst, const tm_tensor *t, float *fb, tm_err *err) 
             return rc;
     }
     return TM_OK;
+}
+
+/* The e4m3 codes and block scales of t (and of t2 after it: a fused pair) into q. */
+static tm_rc up_q8(const dq8 *q, const tm_tensor *t, const tm_tensor *t2, float *fb, tm_err *err) {
+    const tm_tensor *parts[2] = {t, t2};
+    size_t row = 0, srow = 0;
+    tm_rc rc = TM_OK;
+    for (int k = 0; !rc && k < 2 && parts[k]; k++) {
+        const tm_tensor *x = parts[k];
+        const size_t R = x->shape[0], C = x->shape[1];
+        const size_t gr = TM_CEIL_DIV(R, (size_t)128), gc = TM_CEIL_DIV(C, (size_t)128);
+        rc = h2d(q->w + row * C, x->data, R * C, err);
+        if (!rc && q->sk == TM_K_FP8_BLOCK_E8M0) {
+            rc = h2d((uint8_t *)q->scale + srow * gc, x->scale, gr * gc, err);
+        } else if (!rc) {
+            TM_ASSERT(gr * gc <= UPLOAD_CHUNK);
+            tm_dtype_to_f32(x->scale, (tm_dtype)x->scale_dtype, 0, gr * gc, fb);
+            rc = h2d((float *)q->scale + srow * gc, fb, gr * gc * 4, err);
+        }
+        row += R, srow += gr;
+    }
+    return rc;
 }
 
 static tm_rc upload_inv_freq(dsv4 *g, tm_err *err) {
@@ -476,6 +570,12 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
         for (size_t i = 0; !rc && i < sizeof(lin) / sizeof(lin[0]); i++)
             if (lin[i].dst)
                 rc = up_bf16(lin[i].dst, lin[i].t, stage, fb, err);
+        const tm_tensor *q8t[Q8_N][2] = {{&W->q_a, NULL},          {&W->q_b, NULL},
+                                         {&W->kv, NULL},           {&W->o_b, NULL},
+                                         {&W->sh_gate, &W->sh_up}, {&W->sh_down, NULL}};
+        for (int i = 0; !rc && i < Q8_N; i++)
+            if (L->q8[i].on)
+                rc = up_q8(&L->q8[i], q8t[i][0], q8t[i][1], fb, err);
         if (!rc && L->tid2eid) {
             const size_t n = (size_t)c->n_vocab * g->K;
             int32_t *u = tm_malloc(n * 4);
@@ -549,6 +649,32 @@ static tm_rc fill_mxfp4(tm_cuda_engine *impl, void *w, uint8_t *s, size_t n_elem
     return rc;
 }
 
+/* Random FP8 linear q (as the Llama arch's): e4m3 over the whole range, block scales about
+ * sqrt(3 / n_in) / 448 (+-10%; e8m0: the power of two at or above), and its bf16 copy bf (the
+ * exact products rounded once: the same weights for prefill). */
+static tm_rc fill_q8(tm_cuda_engine *impl, const dq8 *q, uint16_t *bf, uint64_t seed, float *fb,
+                     tm_err *err) {
+    tm_k_fill_e4m3_args fa = {
+        .p = q->w, .n = (size_t)q->n_out * q->n_in, .seed = seed, .amax = 448.0f};
+    tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
+    const float s0 = sqrtf(3.0f / (float)q->n_in) / 448.0f;
+    const size_t sb = q8_scale_bytes(q);
+    if (!rc && q->sk == TM_K_FP8_BLOCK_E8M0)
+        rc = TM_CUDA_CHECK(cudaMemsetAsync(q->scale, 127 + (int)ceilf(log2f(s0)), sb, impl->stream),
+                           err);
+    else if (!rc)
+        rc = fill_vec(q->scale, sb / 4, seed, 0.1f * s0, s0, fb, err);
+    tm_k_dequant_fp8_args da = {.out = bf,
+                                .w = q->w,
+                                .scale = q->scale,
+                                .n_out = q->n_out,
+                                .n_in = q->n_in,
+                                .scale_kind = (tm_k_fp8_scale)q->sk};
+    if (!rc)
+        rc = tm_k_dequant_fp8_bf16(&da, impl->stream, err);
+    return rc;
+}
+
 static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
     dsv4 *g = impl->arch_state;
     const tm_model_cfg *c = &impl->cfg;
@@ -615,6 +741,10 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
         for (size_t i = 0; !rc && i < sizeof(m) / sizeof(m[0]); i++)
             if (m[i].p)
                 rc = fill_mat(impl, m[i].p, m[i].n_out, m[i].n_in, k++, err);
+        uint16_t *q8bf[Q8_N] = {L->q_a, L->q_b, L->kv, L->o_b, L->sh_gu, L->sh_down};
+        for (int i = 0; !rc && i < Q8_N; i++)
+            if (L->q8[i].on)
+                rc = fill_q8(impl, &L->q8[i], q8bf[i], k++, fb, err);
         if (!rc && g->mxfp4) {
             rc = fill_mxfp4(impl, L->gu_w, L->gu_s, E * 2 * I * D, D, k++, err);
             if (!rc)
@@ -665,6 +795,39 @@ static tm_rc gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, con
     return tm_cuda_op_end(impl, what, blas_rc(st, what, err));
 }
 
+/* y[T][n_out] fp32 (row stride n_out) = x (row stride n_in) @ linear i of layer L: the FP8 decode
+ * GEMM for steps of at most TM_QUANT_MAX_TOK tokens when the linear has an FP8 form (split-K
+ * partials summed into y), else cuBLAS on the bf16 copy bf. */
+static tm_rc lin(tm_cuda_engine *impl, dsv4 *g, const dlayer *L, int i, const char *what,
+                 const uint16_t *bf, const uint16_t *x, float *y, uint32_t T, tm_err *err) {
+    const dq8 *q = &L->q8[i];
+    if (!q->on || T > TM_QUANT_MAX_TOK)
+        return gemm(impl, what, bf, x, q->n_in, y, 0, q->n_out, T, q->n_in, q->n_out, err);
+    uint32_t kps = 0;
+    const uint32_t ns = tm_k_gemm_fp8_splits(q->n_in, q->n_out, impl->n_sm, &kps);
+    float *part = ns == 1 ? y : g->q8_part;
+    TM_ASSERT(ns == 1 || (size_t)ns * T * q->n_out <= g->q8_part_floats);
+    tm_k_gemm_fp8_args ga = {.part = part,
+                             .w = q->w,
+                             .scale = q->scale,
+                             .x = x,
+                             .n_tok = T,
+                             .n_in = q->n_in,
+                             .n_out = q->n_out,
+                             .n_split = ns,
+                             .k_per_split = kps,
+                             .scale_kind = (tm_k_fp8_scale)q->sk};
+    tm_rc rc = TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, NULL, tm_k_gemm_fp8(&ga, impl->stream, err));
+    tm_k_dsv4_sum_args sa = {.y = y,
+                             .part = part,
+                             .stride = (size_t)T * q->n_out,
+                             .n = (size_t)T * q->n_out,
+                             .n_part = ns};
+    if (!rc && ns > 1)
+        rc = tm_k_dsv4_sum(&sa, impl->stream, err);
+    return tm_cuda_op_end(impl, what, rc);
+}
+
 static float *fieldp(const tm_cuda_engine *impl, const dsv4 *g, uint32_t l, dfield f) {
     char *plane = (char *)(f.plane ? impl->v_cache : impl->k_cache) +
                   (size_t)l * impl->layer_kv_bytes;
@@ -706,13 +869,13 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                 .hc_eps = g->d.hc_eps};
     tm_rc rc = OP("hc_pre (attn)", tm_k_dsv4_hc_pre(&hp, s, err));
     if (!rc)
-        rc = gemm(impl, "q_a", L->q_a, g->h, D, g->qres, 0, g->qr, T, D, g->qr, err);
+        rc = lin(impl, g, L, Q8_QA, "q_a", L->q_a, g->h, g->qres, T, err);
     tm_k_rmsnorm_bf16_args na = {
         .out = g->qres_bf, .x = g->qres, .w = L->q_a_norm, .n_row = T, .n_col = g->qr, .eps = eps};
     if (!rc)
         rc = OP("q_a_norm", tm_k_rmsnorm_bf16(&na, s, err));
     if (!rc)
-        rc = gemm(impl, "q_b", L->q_b, g->qres_bf, g->qr, g->q, 0, H * hd, T, g->qr, H * hd, err);
+        rc = lin(impl, g, L, Q8_QB, "q_b", L->q_b, g->qres_bf, g->q, T, err);
     tm_k_dsv4_norm_rope_args qa = {.out = g->q,
                                    .ld_out = H * hd,
                                    .x = g->q,
@@ -729,7 +892,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
     if (!rc)
         rc = OP("q norm+rope", tm_k_dsv4_norm_rope(&qa, s, err));
     if (!rc)
-        rc = gemm(impl, "kv_proj", L->kv, g->h, D, g->kvr, 0, hd, T, D, hd, err);
+        rc = lin(impl, g, L, Q8_KV, "kv_proj", L->kv, g->h, g->kvr, T, err);
     tm_k_dsv4_norm_rope_args ka = {.state = fieldp(impl, g, l, L->f_kv),
                                    .ld_state = ld,
                                    .slot = st->slot,
@@ -879,8 +1042,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
         (int)g->G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     rc = tm_cuda_op_end(impl, "o_a (grouped)", blas_rc(bs, "o_a", err));
     if (!rc)
-        rc = gemm(impl, "o_b", L->o_b, g->oa, g->G * g->olr, g->out, 0, D, T, g->G * g->olr, D,
-                  err);
+        rc = lin(impl, g, L, Q8_OB, "o_b", L->o_b, g->oa, g->out, T, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
                                  .y = g->out,
                                  .n_part = 1,
@@ -995,8 +1157,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
     }
     // shared expert
     if (!rc)
-        rc = gemm(impl, "shared gate_up", L->sh_gu, g->h, D, g->sh_gu_o, 0, 2 * I, T, D, 2 * I,
-                  err);
+        rc = lin(impl, g, L, Q8_SHGU, "shared gate_up", L->sh_gu, g->h, g->sh_gu_o, T, err);
     // the fused weight puts gate rows then up rows: row t of the output is [gate | up]
     tm_k_dsv4_swiglu_args ss = {.act = g->sh_act,
                                 .gu = g->sh_gu_o,
@@ -1007,7 +1168,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
     if (!rc)
         rc = OP("swiglu (shared)", tm_k_dsv4_swiglu(&ss, s, err));
     if (!rc)
-        rc = gemm(impl, "shared down", L->sh_down, g->sh_act, I, g->sh_dn, 0, D, T, I, D, err);
+        rc = lin(impl, g, L, Q8_SHDN, "shared down", L->sh_down, g->sh_act, g->sh_dn, T, err);
     tm_k_dsv4_combine_args ca = {.y = g->out,
                                  .dn = g->dn,
                                  .dn_part = 1,
