@@ -867,15 +867,15 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                 .iters = g->d.hc_iters,
                                 .eps = eps,
                                 .hc_eps = g->d.hc_eps};
-    tm_rc rc = OP("hc_pre (attn)", tm_k_dsv4_hc_pre(&hp, s, err));
+    tm_rc rc = OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_QA, "q_a", L->q_a, g->h, g->qres, T, err);
+        rc = lin(impl, g, L, Q8_QA, "q/kv proj", L->q_a, g->h, g->qres, T, err);
     tm_k_rmsnorm_bf16_args na = {
         .out = g->qres_bf, .x = g->qres, .w = L->q_a_norm, .n_row = T, .n_col = g->qr, .eps = eps};
     if (!rc)
-        rc = OP("q_a_norm", tm_k_rmsnorm_bf16(&na, s, err));
+        rc = OP("norm+rope", tm_k_rmsnorm_bf16(&na, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_QB, "q_b", L->q_b, g->qres_bf, g->q, T, err);
+        rc = lin(impl, g, L, Q8_QB, "q/kv proj", L->q_b, g->qres_bf, g->q, T, err);
     tm_k_dsv4_norm_rope_args qa = {.out = g->q,
                                    .ld_out = H * hd,
                                    .x = g->q,
@@ -890,9 +890,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                    .norm = 1,
                                    .eps = eps};
     if (!rc)
-        rc = OP("q norm+rope", tm_k_dsv4_norm_rope(&qa, s, err));
+        rc = OP("norm+rope", tm_k_dsv4_norm_rope(&qa, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_KV, "kv_proj", L->kv, g->h, g->kvr, T, err);
+        rc = lin(impl, g, L, Q8_KV, "q/kv proj", L->kv, g->h, g->kvr, T, err);
     tm_k_dsv4_norm_rope_args ka = {.state = fieldp(impl, g, l, L->f_kv),
                                    .ld_state = ld,
                                    .slot = st->slot,
@@ -909,7 +909,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                    .norm = 2,
                                    .eps = eps};
     if (!rc)
-        rc = OP("kv norm+rope", tm_k_dsv4_norm_rope(&ka, s, err));
+        rc = OP("norm+rope", tm_k_dsv4_norm_rope(&ka, s, err));
     if (!rc && !sliding) {
         const uint32_t cw = L->cw;
         rc = gemm(impl, "compressor proj", L->c_kvg, g->h, D, g->cbuf, 0, 2 * cw, T, D, 2 * cw,
@@ -945,7 +945,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
         if (!rc)
             rc = OP("store", tm_k_dsv4_store(&sa, s, err));
         if (!rc)
-            rc = gemm(impl, "indexer q_b", L->i_qb, g->qres_bf, g->qr, g->iq, 0, Hi * di, T, g->qr,
+            rc = gemm(impl, "indexer proj", L->i_qb, g->qres_bf, g->qr, g->iq, 0, Hi * di, T, g->qr,
                       Hi * di, err);
         tm_k_dsv4_norm_rope_args ia = {.out = g->iq,
                                        .ld_out = Hi * di,
@@ -961,9 +961,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                        .norm = 0,
                                        .eps = eps};
         if (!rc)
-            rc = OP("indexer q rope", tm_k_dsv4_norm_rope(&ia, s, err));
+            rc = OP("norm+rope", tm_k_dsv4_norm_rope(&ia, s, err));
         if (!rc)
-            rc = gemm(impl, "indexer weights", L->i_w, g->h, D, g->iw, 0, Hi, T, D, Hi, err);
+            rc = gemm(impl, "indexer proj", L->i_w, g->h, D, g->iw, 0, Hi, T, D, Hi, err);
     }
     if (!rc && !sliding) {
         tm_k_dsv4_compress_args ca = {.comp = fieldp(impl, g, l, L->f_comp),
@@ -988,7 +988,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
             ca.in_kv = fieldp(impl, g, l, L->f_ikv);
             ca.in_gate = fieldp(impl, g, l, L->f_ig);
             ca.bias = L->i_bias, ca.norm = L->i_norm, ca.dim = g->di, ca.cw = 2 * g->di;
-            rc = OP("compress (indexer)", tm_k_dsv4_compress(&ca, s, err));
+            rc = OP("compress", tm_k_dsv4_compress(&ca, s, err));
         }
         if (!rc && csa) {
             tm_k_dsv4_index_args xa = {.sel = g->sel,
@@ -1040,9 +1040,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
         CUDA_R_16BF, (int)g->ing, (long long)g->olr * g->ing, g->att, CUDA_R_16BF, (int)(H * hd),
         (long long)g->ing, &beta, g->oa, CUDA_R_16BF, (int)(g->G * g->olr), (long long)g->olr,
         (int)g->G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    rc = tm_cuda_op_end(impl, "o_a (grouped)", blas_rc(bs, "o_a", err));
+    rc = tm_cuda_op_end(impl, "o proj", blas_rc(bs, "o_a", err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_OB, "o_b", L->o_b, g->oa, g->out, T, err);
+        rc = lin(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
                                  .y = g->out,
                                  .n_part = 1,
@@ -1052,7 +1052,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                  .N = g->N,
                                  .D = D};
     if (!rc)
-        rc = OP("hc_post (attn)", tm_k_dsv4_hc_post(&po, s, err));
+        rc = OP("hc post-mix", tm_k_dsv4_hc_post(&po, s, err));
     return rc;
 }
 
@@ -1076,7 +1076,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                 .iters = g->d.hc_iters,
                                 .eps = impl->cfg.rms_eps,
                                 .hc_eps = g->d.hc_eps};
-    tm_rc rc = OP("hc_pre (moe)", tm_k_dsv4_hc_pre(&hp, s, err));
+    tm_rc rc = OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, s, err));
     if (!rc)
         rc = gemm(impl, "router", L->router, g->h, D, g->rl, 0, E, T, D, E, err);
     tm_k_dsv4_route_args ra = {.pair_e = g->pair_e,
@@ -1109,7 +1109,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .n_out = 2 * I,
                                       .n_split = 1,
                                       .k_per_split = TM_CEIL_DIV(D, 128u) * 128};
-            rc = OP("experts gate_up (mxfp4)", tm_k_moe_mxfp4(&ma, s, err));
+            rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
         }
     } else if (!rc) {
         tm_k_dsv4_moe_bf16_args ma = {.out = g->gu,
@@ -1120,12 +1120,12 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .n_pair = P,
                                       .n_out = 2 * I,
                                       .n_in = D};
-        rc = OP("experts gate_up", tm_k_dsv4_moe_bf16(&ma, s, err));
+        rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
     }
     tm_k_dsv4_swiglu_args sw = {
         .act = g->act, .gu = g->gu, .n_part = 1, .n_row = P, .n = I, .limit = g->d.swiglu_limit};
     if (!rc)
-        rc = OP("swiglu (experts)", tm_k_dsv4_swiglu(&sw, s, err));
+        rc = OP("swiglu", tm_k_dsv4_swiglu(&sw, s, err));
     if (!rc && g->mxfp4) {
         for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
             const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
@@ -1142,7 +1142,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .n_out = D,
                                       .n_split = 1,
                                       .k_per_split = TM_CEIL_DIV(I, 128u) * 128};
-            rc = OP("experts down (mxfp4)", tm_k_moe_mxfp4(&ma, s, err));
+            rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
         }
     } else if (!rc) {
         tm_k_dsv4_moe_bf16_args ma = {.out = g->dn,
@@ -1153,11 +1153,11 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .n_pair = P,
                                       .n_out = D,
                                       .n_in = I};
-        rc = OP("experts down", tm_k_dsv4_moe_bf16(&ma, s, err));
+        rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
     }
     // shared expert
     if (!rc)
-        rc = lin(impl, g, L, Q8_SHGU, "shared gate_up", L->sh_gu, g->h, g->sh_gu_o, T, err);
+        rc = lin(impl, g, L, Q8_SHGU, "shared expert", L->sh_gu, g->h, g->sh_gu_o, T, err);
     // the fused weight puts gate rows then up rows: row t of the output is [gate | up]
     tm_k_dsv4_swiglu_args ss = {.act = g->sh_act,
                                 .gu = g->sh_gu_o,
@@ -1166,9 +1166,9 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                 .n = I,
                                 .limit = g->d.swiglu_limit};
     if (!rc)
-        rc = OP("swiglu (shared)", tm_k_dsv4_swiglu(&ss, s, err));
+        rc = OP("swiglu", tm_k_dsv4_swiglu(&ss, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_SHDN, "shared down", L->sh_down, g->sh_act, g->sh_dn, T, err);
+        rc = lin(impl, g, L, Q8_SHDN, "shared expert", L->sh_down, g->sh_act, g->sh_dn, T, err);
     tm_k_dsv4_combine_args ca = {.y = g->out,
                                  .dn = g->dn,
                                  .dn_part = 1,
@@ -1189,7 +1189,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                  .N = g->N,
                                  .D = D};
     if (!rc)
-        rc = OP("hc_post (moe)", tm_k_dsv4_hc_post(&po, s, err));
+        rc = OP("hc post-mix", tm_k_dsv4_hc_post(&po, s, err));
     return rc;
 }
 
