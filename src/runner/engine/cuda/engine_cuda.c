@@ -71,7 +71,7 @@ static const tm_cuda_arch *pick_arch(tm_arch arch) {
     case TM_ARCH_MISTRAL:
         return &tm_cuda_arch_llama;
     case TM_ARCH_DEEPSEEK_V4:
-        return NULL;
+        return &tm_cuda_arch_dsv4;
     }
     return NULL;
 }
