@@ -26,8 +26,7 @@ static __global__ void copy_kernel(uint4 *d, const uint4 *s, size_t n) {
         __stcs(d + i, __ldcs(s + i));
 }
 
-template <int CS>
-static __global__ void read_kernel(const uint4 *p, size_t n, float *out) {
+template <int CS> static __global__ void read_kernel(const uint4 *p, size_t n, float *out) {
     float acc = 0.0f;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
