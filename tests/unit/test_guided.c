@@ -60,8 +60,12 @@ static void test_regex(void) {
     check_table(TM_GUIDE_KIND_REGEX, "x{2,}|[]", (const char *[]){"xx", "xxxxx", NULL},
                 (const char *[]){"x", "", NULL});
     check_table(TM_GUIDE_KIND_REGEX, "\\u00e9\\x41[\\u{1F600}-\\u{1F601}]",
-                (const char *[]){"\xc3\xa9" "A\xf0\x9f\x98\x80", NULL},
-                (const char *[]){"\xc3\xa9" "A", NULL});
+                (const char *[]){"\xc3\xa9"
+                                 "A\xf0\x9f\x98\x80",
+                                 NULL},
+                (const char *[]){"\xc3\xa9"
+                                 "A",
+                                 NULL});
     check_table(TM_GUIDE_KIND_CHOICE, "[\"red\", \"green\", \"gr\\\"ey\"]",
                 (const char *[]){"red", "green", "gr\"ey", NULL},
                 (const char *[]){"re", "redd", "blue", NULL});
@@ -144,8 +148,8 @@ static void test_schema(void) {
                        "{\"type\": \"null\"}]}}, \"required\": [\"v\", \"next\"]}}, "
                        "\"$ref\": \"#/$defs/node\"}";
     check_table(TM_GUIDE_KIND_JSON_SCHEMA, refs,
-                (const char *[]){"{\"v\":1,\"next\":null}", "{\"v\":1,\"next\":{\"v\":1,\"next\":null}}",
-                                 NULL},
+                (const char *[]){"{\"v\":1,\"next\":null}",
+                                 "{\"v\":1,\"next\":{\"v\":1,\"next\":null}}", NULL},
                 (const char *[]){"{\"v\":2,\"next\":null}",
                                  "{\"v\":1,\"next\":{\"v\":1,\"next\":{\"v\":1,\"next\":{\"v\":1,"
                                  "\"next\":null}}}}",
@@ -154,8 +158,8 @@ static void test_schema(void) {
                 "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"number\"}, \"b\": "
                 "{\"type\": \"string\", \"pattern\": \"^[a-z]+\\\"?$\"}, \"c\": {\"type\": "
                 "\"null\"}}}",
-                (const char *[]){"{}", "{\"a\":1.5e-3}", "{\"b\":\"xy\\\"\"}", "{\"a\":0,\"c\":null}",
-                                 "{\"c\":null}", NULL},
+                (const char *[]){"{}", "{\"a\":1.5e-3}", "{\"b\":\"xy\\\"\"}",
+                                 "{\"a\":0,\"c\":null}", "{\"c\":null}", NULL},
                 (const char *[]){"{,\"c\":null}", "{\"a\":1,}", "{\"b\":\"X\"}", "{\"b\":\"x\"\"}",
                                  "{\"a\":.5}", NULL});
     check_table(TM_GUIDE_KIND_JSON_OBJECT, "",
@@ -165,8 +169,8 @@ static void test_schema(void) {
 
 // Mask of each state of a small vocabulary against a naive walk of every token.
 static void test_mask(void) {
-    const char *pieces[] = {"{", "}", "\"", "a", "ab", "abc", "\":", "1", "12", "{\"", "",
-                            "b\"", "x", "\xc3", "\xa9", "\xc3\xa9", NULL};
+    const char *pieces[] = {"{",   "}", "\"",  "a", "ab",   "abc",  "\":",      "1", "12",
+                            "{\"", "",  "b\"", "x", "\xc3", "\xa9", "\xc3\xa9", NULL};
     uint32_t n = 0;
     size_t len[32];
     while (pieces[n])

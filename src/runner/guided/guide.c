@@ -15,13 +15,13 @@
 
 struct tm_guide_vocab {
     uint32_t n_vocab, n_words;
-    uint32_t n_node;   /* node 0 is the root */
-    uint8_t *byte;     /* [n_node] */
-    uint16_t *depth;   /* [n_node] root 0 */
-    uint32_t *skip;    /* [n_node] */
-    uint32_t *tok_lo;  /* [n_node + 1] the node's ids are ids[tok_lo[i], tok_lo[i + 1]) */
-    uint32_t *ids;     /* token ids in byte order */
-    uint32_t *eos;     /* [n_eos] */
+    uint32_t n_node;  /* node 0 is the root */
+    uint8_t *byte;    /* [n_node] */
+    uint16_t *depth;  /* [n_node] root 0 */
+    uint32_t *skip;   /* [n_node] */
+    uint32_t *tok_lo; /* [n_node + 1] the node's ids are ids[tok_lo[i], tok_lo[i + 1]) */
+    uint32_t *ids;    /* token ids in byte order */
+    uint32_t *eos;    /* [n_eos] */
     uint32_t n_eos;
     uint32_t max_depth;
 };

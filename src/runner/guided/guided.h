@@ -17,6 +17,7 @@
 #define TM_GUIDE_MAX_STATES 20000u /* DFA states of one constraint (1 KiB of table each) */
 #define TM_GUIDE_JSON_DEPTH 4      /* json_object: objects/arrays nested at most this deep */
 #define TM_GUIDE_REF_DEPTH 3       /* a recursive $ref is expanded at most this many times */
+#define TM_GUIDE_MAX_DIGITS 16     /* integer and fraction digits of a generated JSON number */
 
 /* What a constraint is (the same values as base/record.h's TM_GUIDED_*). */
 typedef enum tm_guide_kind {
@@ -72,8 +73,7 @@ tm_rc tm_dfa_compile(tm_guide_kind kind, const char *spec, size_t n, tm_dfa **ou
  * tokens) and the end-of-sequence ids eos[0, n_eos) (ids >= n_vocab are ignored). Copies what it
  * needs. Masks have ceil(n_vocab / 32) words. */
 tm_rc tm_guide_vocab_create(const char *const *piece, const size_t *len, uint32_t n_vocab,
-                            const uint32_t *eos, uint32_t n_eos, tm_guide_vocab **out,
-                            tm_err *err);
+                            const uint32_t *eos, uint32_t n_eos, tm_guide_vocab **out, tm_err *err);
 void tm_guide_vocab_destroy(tm_guide_vocab *v); /* NULL is a no-op */
 uint32_t tm_guide_vocab_n_words(const tm_guide_vocab *v);
 

@@ -14,9 +14,9 @@
 #include "runner/guided/guided.h"
 
 #define RX_MAX_CP 0x10FFFFu
-#define RX_MAX_REPEAT 1000u      /* largest {m,n} bound and maxLength / maxItems */
-#define RX_MAX_NFA 4000000u      /* NFA states of one constraint */
-#define RX_MAX_NODES 1000000u    /* tree nodes of one constraint */
+#define RX_MAX_REPEAT 1000u   /* largest {m,n} bound and maxLength / maxItems */
+#define RX_MAX_NFA 4000000u   /* NFA states of one constraint */
+#define RX_MAX_NODES 1000000u /* tree nodes of one constraint */
 
 typedef enum rx_kind {
     RX_SET,   /* one code point of rng (UTF-8; JSON-escaped when json) */
@@ -57,7 +57,7 @@ void *rx_fail(rx_ctx *c, tm_guide_why why, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 rx_node *rx_set(rx_ctx *c, const uint32_t *rng, uint32_t n, int json); /* copies rng */
-rx_node *rx_bytes(rx_ctx *c, const void *p, size_t n);                  /* copies p */
+rx_node *rx_bytes(rx_ctx *c, const void *p, size_t n);                 /* copies p */
 rx_node *rx_str(rx_ctx *c, const char *s);
 rx_node *rx_cat(rx_ctx *c, rx_node *const *kids, uint32_t n); /* NULL if any kid is NULL */
 rx_node *rx_alt(rx_ctx *c, rx_node *const *kids, uint32_t n);

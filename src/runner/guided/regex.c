@@ -337,8 +337,8 @@ static int p_escape(parser *p, int in_class, int32_t *cp, int *cls) {
             for (int k = 0; k < nd; k++) {
                 int h = hexval(peek(p));
                 if (h < 0) {
-                    rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: bad \\%c escape at offset %zu",
-                            ch, p->i);
+                    rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: bad \\%c escape at offset %zu", ch,
+                            p->i);
                     return -1;
                 }
                 v = v * 16 + (uint32_t)h;
@@ -347,8 +347,7 @@ static int p_escape(parser *p, int in_class, int32_t *cp, int *cls) {
         }
         if (v >= 0xD800 && v <= 0xDFFF) {
             rx_fail(p->c, TM_GUIDE_WHY_UNSUPPORTED,
-                    "regex: surrogate escapes (\\u%04X) are not supported; write the character",
-                    v);
+                    "regex: surrogate escapes (\\u%04X) are not supported; write the character", v);
             return -1;
         }
         *cp = (int32_t)v;
@@ -361,8 +360,8 @@ static int p_escape(parser *p, int in_class, int32_t *cp, int *cls) {
         }
         break;
     default:
-        if (ch < 0x80 && !((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                           (ch >= '0' && ch <= '9'))) {
+        if (ch < 0x80 &&
+            !((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))) {
             *cp = ch; // an escaped punctuation character stands for itself
             return 0;
         }
@@ -450,8 +449,7 @@ static rx_node *p_class(parser *p) {
             }
         } else if ((lo = p_cp(p)) < 0) {
             cps_fini(&s);
-            return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: invalid UTF-8 at offset %zu",
-                           p->i);
+            return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: invalid UTF-8 at offset %zu", p->i);
         }
         if (cls) {
             if (add_escape_class(&s, cls)) {
@@ -512,15 +510,14 @@ static rx_node *p_atom(parser *p) {
             }
         }
         if (++p->depth > RX_MAX_PAREN)
-            return rx_fail(p->c, TM_GUIDE_WHY_UNSUPPORTED,
-                           "regex: groups nested deeper than %d", RX_MAX_PAREN);
+            return rx_fail(p->c, TM_GUIDE_WHY_UNSUPPORTED, "regex: groups nested deeper than %d",
+                           RX_MAX_PAREN);
         rx_node *x = p_alt(p);
         p->depth--;
         if (!x)
             return NULL;
         if (peek(p) != ')')
-            return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: missing ')' at offset %zu",
-                           p->i);
+            return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: missing ')' at offset %zu", p->i);
         p->i++;
         return x;
     }
@@ -545,8 +542,7 @@ static rx_node *p_atom(parser *p) {
                        "pattern (the whole output is matched)",
                        ch);
     if (ch == '*' || ch == '+' || ch == '?' || ch == '{')
-        return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: nothing to repeat at offset %zu",
-                       p->i);
+        return rx_fail(p->c, TM_GUIDE_WHY_INVALID, "regex: nothing to repeat at offset %zu", p->i);
     if (ch == '\\') {
         p->i++;
         int32_t cp = 0;
@@ -717,8 +713,7 @@ typedef struct nfa {
 
 #define NONE_ST UINT32_MAX
 
-static uint32_t nfa_add(nfa *a, uint8_t type, uint8_t lo, uint8_t hi, uint32_t out,
-                        uint32_t out2) {
+static uint32_t nfa_add(nfa *a, uint8_t type, uint8_t lo, uint8_t hi, uint32_t out, uint32_t out2) {
     if (a->n == a->cap) {
         if (a->cap >= RX_MAX_NFA) {
             rx_fail(a->c, TM_GUIDE_WHY_UNSUPPORTED,

@@ -51,18 +51,25 @@ static rx_node *str_schema(sc *s, uint32_t min, uint32_t max) {
     return rx_cat(s->c, k, 3);
 }
 
+// Integers of at most TM_GUIDE_MAX_DIGITS digits (beyond, doubles lose integers anyway), no
+// leading zeros ("-0" is allowed, as JSON allows it).
 static rx_node *rx_int(rx_ctx *c) {
     static const uint32_t d19[] = {'1', '9'}, d09[] = {'0', '9'};
-    rx_node *nz[] = {rx_set(c, d19, 1, 0), rx_rep(c, rx_set(c, d09, 1, 0), 0, RX_INF)};
+    rx_node *nz[] = {rx_set(c, d19, 1, 0),
+                     rx_rep(c, rx_set(c, d09, 1, 0), 0, TM_GUIDE_MAX_DIGITS - 1)};
     rx_node *mag[] = {rx_str(c, "0"), rx_cat(c, nz, 2)};
     return rx_cat2(c, rx_rep(c, rx_str(c, "-"), 0, 1), rx_alt(c, mag, 2));
 }
 
+// Numbers: the integer part as above, at most TM_GUIDE_MAX_DIGITS fraction digits and 3 exponent
+// digits.
 static rx_node *json_number(rx_ctx *c) {
-    static const uint32_t d09[] = {'0', '9'}, eE[] = {'E', 'E', 'e', 'e'}, pm[] = {'+', '+', '-', '-'};
-    rx_node *digits = rx_rep(c, rx_set(c, d09, 1, 0), 1, RX_INF);
-    rx_node *frac = rx_rep(c, rx_cat2(c, rx_str(c, "."), digits), 0, 1);
-    rx_node *e[] = {rx_set(c, eE, 2, 0), rx_rep(c, rx_set(c, pm, 2, 0), 0, 1), digits};
+    static const uint32_t d09[] = {'0', '9'}, eE[] = {'E', 'E', 'e', 'e'},
+                          pm[] = {'+', '+', '-', '-'};
+    rx_node *fd = rx_rep(c, rx_set(c, d09, 1, 0), 1, TM_GUIDE_MAX_DIGITS);
+    rx_node *frac = rx_rep(c, rx_cat2(c, rx_str(c, "."), fd), 0, 1);
+    rx_node *e[] = {rx_set(c, eE, 2, 0), rx_rep(c, rx_set(c, pm, 2, 0), 0, 1),
+                    rx_rep(c, rx_set(c, d09, 1, 0), 1, 3)};
     rx_node *k[] = {rx_int(c), frac, rx_rep(c, rx_cat(c, e, 3), 0, 1)};
     return rx_cat(c, k, 3);
 }
@@ -79,8 +86,8 @@ static rx_node *json_lit(sc *s, const json_t *v) {
 
 static int is_annotation(const char *k) {
     static const char *const ann[] = {
-        "title", "description", "$schema", "$id", "$comment", "default", "examples", "deprecated",
-        "readOnly", "writeOnly", "$defs", "definitions", "strict", NULL};
+        "title",      "description", "$schema",   "$id",   "$comment",    "default", "examples",
+        "deprecated", "readOnly",    "writeOnly", "$defs", "definitions", "strict",  NULL};
     for (int i = 0; ann[i]; i++)
         if (strcmp(k, ann[i]) == 0)
             return 1;
@@ -88,9 +95,9 @@ static int is_annotation(const char *k) {
 }
 
 static int is_supported(const char *k) {
-    static const char *const kw[] = {"type",      "properties", "required",  "additionalProperties",
-                                     "items",     "minItems",   "maxItems",  "enum",
-                                     "const",     "anyOf",      "$ref",      "minLength",
+    static const char *const kw[] = {"type",      "properties", "required", "additionalProperties",
+                                     "items",     "minItems",   "maxItems", "enum",
+                                     "const",     "anyOf",      "$ref",     "minLength",
                                      "maxLength", "pattern",    NULL};
     for (int i = 0; kw[i]; i++)
         if (strcmp(k, kw[i]) == 0)
@@ -313,7 +320,8 @@ static rx_node *ref_schema(sc *s, const json_t *ref) {
 
 // Any JSON value nested at most depth objects/arrays deep.
 static rx_node *generic(rx_ctx *c, rx_node *ws, uint32_t depth) {
-    rx_node *str = rx_cat2(c, rx_str(c, "\""), rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
+    rx_node *str = rx_cat2(c, rx_str(c, "\""),
+                           rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
     rx_node *sc5[] = {str, json_number(c), rx_str(c, "true"), rx_str(c, "false"),
                       rx_str(c, "null")};
     rx_node *scalar = rx_alt(c, sc5, 5);
@@ -326,17 +334,18 @@ static rx_node *generic(rx_ctx *c, rx_node *ws, uint32_t depth) {
     rx_node *ob[] = {rx_str(c, "{"),
                      rx_rep(c, rx_cat2(c, m, rx_rep(c, rx_cat2(c, sep, m), 0, RX_INF)), 0, 1),
                      rx_str(c, "}")};
-    rx_node *ar[] = {rx_str(c, "["),
-                     rx_rep(c, rx_cat2(c, inner, rx_rep(c, rx_cat2(c, sep, inner), 0, RX_INF)), 0,
-                            1),
-                     rx_str(c, "]")};
+    rx_node *ar[] = {
+        rx_str(c, "["),
+        rx_rep(c, rx_cat2(c, inner, rx_rep(c, rx_cat2(c, sep, inner), 0, RX_INF)), 0, 1),
+        rx_str(c, "]")};
     rx_node *v3[] = {scalar, rx_cat(c, ob, 3), rx_cat(c, ar, 3)};
     return rx_alt(c, v3, 3);
 }
 
 // One JSON object nested at most depth deep (itself included), depth >= 1.
 static rx_node *generic_object(rx_ctx *c, rx_node *ws, uint32_t depth) {
-    rx_node *str = rx_cat2(c, rx_str(c, "\""), rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
+    rx_node *str = rx_cat2(c, rx_str(c, "\""),
+                           rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
     rx_node *inner = generic(c, ws, depth - 1);
     rx_node *mem[] = {str, rx_str(c, ":"), ws, inner};
     rx_node *m = rx_cat(c, mem, 4);
@@ -431,9 +440,9 @@ static rx_node *value(sc *s, const json_t *schema) {
         size_t n = json_array_size(type);
         for (size_t i = 0; i < n; i++) {
             const json_t *t = json_array_get(type, i);
-            k[i] = json_is_string(t) ? type_schema(s, schema, json_string_value(t))
-                                     : rx_fail(s->c, TM_GUIDE_WHY_INVALID,
-                                               "schema: 'type' must list type names");
+            k[i] = json_is_string(t)
+                       ? type_schema(s, schema, json_string_value(t))
+                       : rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'type' must list type names");
         }
         x = rx_alt(s->c, k, (uint32_t)n);
     } else if (type) {

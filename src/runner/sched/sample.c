@@ -207,7 +207,7 @@ int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab) {
 int tm_sample_has_proc(const tm_sample_params *p) {
     const int rep = p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
     const int pen = rep || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
-    return (pen && p->n_hist > 0) || p->n_bias > 0 || p->n_mask > 0;
+    return (pen && p->n_hist > 0) || p->n_bias > 0 || p->n_mask > 0 || p->allow != NULL;
 }
 
 tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
@@ -256,6 +256,11 @@ tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_p
             continue; // an EOS id the tokenizer cannot decode is never picked anyway
         out[p->mask_ids[j]] = -INFINITY;
     }
+    // 4. the allow mask (structured output): ids whose bit is clear cannot be picked
+    if (p->allow)
+        for (uint32_t i = 0; i < n_vocab; i++)
+            if (!((p->allow[i >> 5] >> (i & 31)) & 1u))
+                out[i] = -INFINITY;
     return TM_OK;
 }
 
@@ -291,7 +296,8 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
             }
         }
         if (mx == -INFINITY)
-            return TM_ERR(err, TM_E_INVAL, "sample: every token is masked (min_tokens)");
+            return TM_ERR(err, TM_E_INVAL,
+                          "sample: every token is masked (min_tokens or structured output)");
     }
     if (tm_sample_is_greedy(p, n_vocab)) {
         *out = arg;
