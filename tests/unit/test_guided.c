@@ -9,6 +9,7 @@
 
 #include "base/alloc.h"
 #include "runner/guided/guided.h"
+#include "runner/sched/sample.h"
 #include "tm_test.h"
 
 static tm_dfa *compile(tm_guide_kind kind, const char *spec) {
@@ -228,6 +229,57 @@ static void test_alloc_faults(void) {
     }
 }
 
+// The sampler honours allow (greedy and sampled, with penalties and bias in play): only allowed
+// ids are picked, the greedy pick is the best allowed one, an empty mask fails the row.
+static void test_sample_allow(void) {
+    enum { N = 1000 };
+    static float lg[N];
+    static uint32_t allow[(N + 31) / 32];
+    tm_err err = {0};
+    tm_sample_scratch sc = {0};
+    TM_CHECK_OK(tm_sample_scratch_init(&sc, N, &err), &err);
+    uint64_t x = 7;
+    for (int i = 0; i < N; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        lg[i] = (float)((x >> 40) % 2000) / 100.0f - 10.0f;
+    }
+    const uint32_t ids[] = {3, 64, 65, 500, 999};
+    for (int i = 0; i < 5; i++)
+        allow[ids[i] >> 5] |= 1u << (ids[i] & 31);
+    uint32_t best = ids[0];
+    for (int i = 1; i < 5; i++)
+        if (lg[ids[i]] > lg[best])
+            best = ids[i];
+    const uint32_t hist[] = {64, 65};
+    tm_sample_params g = {.temperature = 0, .allow = allow};
+    TM_CHECK(tm_sample_has_proc(&g));
+    uint32_t out = 0;
+    TM_CHECK_OK(tm_sample_token(lg, N, &g, 0, &sc, &out, &err), &err);
+    TM_CHECK(out == best);
+    int seen[5] = {0};
+    for (uint64_t step = 0; step < 400; step++) {
+        tm_sample_params p = {.temperature = 1.5f,
+                              .top_p = 0.95f,
+                              .seed = 11,
+                              .allow = allow,
+                              .presence_penalty = 0.5f,
+                              .hist = hist,
+                              .n_hist = 2,
+                              .n_hist_prompt = 0};
+        TM_CHECK_OK(tm_sample_token(lg, N, &p, step, &sc, &out, &err), &err);
+        int ok = 0;
+        for (int i = 0; i < 5; i++)
+            if (out == ids[i])
+                ok = 1, seen[i] = 1;
+        TM_CHECK(ok);
+    }
+    TM_CHECK(seen[0] + seen[1] + seen[2] + seen[3] + seen[4] >= 2);
+    static uint32_t none[(N + 31) / 32];
+    tm_sample_params e = {.temperature = 0, .allow = none};
+    TM_CHECK(tm_sample_token(lg, N, &e, 0, &sc, &out, &err) == TM_E_INVAL);
+    tm_sample_scratch_fini(&sc);
+}
+
 int main(void) {
     long live = tm_alloc_live();
     TM_RUN(test_regex);
@@ -235,6 +287,7 @@ int main(void) {
     TM_RUN(test_schema);
     TM_RUN(test_mask);
     TM_RUN(test_alloc_faults);
+    TM_RUN(test_sample_allow);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();
 }
