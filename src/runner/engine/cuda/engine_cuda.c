@@ -524,6 +524,8 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     for (uint32_t i = 0; i < n_want && n_want <= eng->opts.max_seqs; i++) {
         const tm_sample_params *p = &rows[i].p;
         n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask;
+        if (p->allow) // TODO(h26guided, #26): until the device sampler reads the allow mask
+            return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: structured-output mask");
     }
     if (n_want > eng->opts.max_seqs || n_pk > SAMP_PK_CAP)
         return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: %zu packed entries", n_pk);
