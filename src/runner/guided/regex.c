@@ -1106,20 +1106,45 @@ static tm_rc finish_dfa(builder *b, tm_dfa **out) {
         rc = TM_E_NOMEM;
         goto out;
     }
-    for (uint32_t i = 1; i < n; i++)
-        live[i] = b->accept[i];
-    for (int changed = 1; changed;) { // backwards reachability, by sweeps (small DFAs)
-        changed = 0;
-        for (uint32_t i = n; i-- > 1;) {
-            if (live[i])
-                continue;
-            for (int y = 0; y < 256; y++)
-                if (live[b->next[(size_t)i * 256 + y]]) {
-                    live[i] = 1, changed = 1;
-                    break;
-                }
+    // backwards reachability from the accepting states: reverse edges in CSR form (runs of one
+    // target in a row count once), then a worklist
+    uint32_t *cnt = tm_calloc((size_t)n + 1, sizeof(uint32_t));
+    uint32_t *stack = tm_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
+    uint32_t *src = NULL;
+    size_t n_edge = 0;
+    for (uint32_t i = 1; cnt && i < n; i++)
+        for (int y = 0; y < 256; y++) {
+            uint32_t t = b->next[(size_t)i * 256 + y];
+            if (t && (y == 0 || t != b->next[(size_t)i * 256 + y - 1]))
+                cnt[t + 1]++, n_edge++;
         }
+    if (cnt)
+        src = tm_malloc((n_edge ? n_edge : 1) * sizeof(uint32_t));
+    if (!cnt || !stack || !src) {
+        tm_free(cnt), tm_free(stack), tm_free(src);
+        rx_fail(c, TM_GUIDE_WHY_NONE, "guided: out of memory (DFA)");
+        rc = TM_E_NOMEM;
+        goto out;
     }
+    for (uint32_t i = 0; i < n; i++)
+        cnt[i + 1] += cnt[i];
+    for (uint32_t i = 1; i < n; i++)
+        for (int y = 0; y < 256; y++) {
+            uint32_t t = b->next[(size_t)i * 256 + y];
+            if (t && (y == 0 || t != b->next[(size_t)i * 256 + y - 1]))
+                src[cnt[t]++] = i; // cnt[t] ends at the start of t + 1's sources
+        }
+    uint32_t sp = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (b->accept[i])
+            live[i] = 1, stack[sp++] = i;
+    while (sp) {
+        uint32_t t = stack[--sp];
+        for (uint32_t k = t ? cnt[t - 1] : 0; k < cnt[t]; k++)
+            if (!live[src[k]])
+                live[src[k]] = 1, stack[sp++] = src[k];
+    }
+    tm_free(cnt), tm_free(stack), tm_free(src);
     if (n < 2 || !live[1]) {
         rx_fail(c, TM_GUIDE_WHY_INVALID,
                 "guided: no output satisfies the constraint (an empty language; a recursive $ref "
