@@ -72,7 +72,7 @@ for (let k = 0; k < 3; k++)
   // random weights rarely close a free string: bias the closing tokens (", }, "}, ], ",", ":",
   // "}," and "],": DeepSeek-V3 ids), which the mask still allows only where they fit
   good.push({ id: `obj-${k}`, prompt: `JSON ${k}:`, response_format: { type: "json_object" }, max_tokens: 400,
-    logit_bias: { 4: 8, 95: 8, 62773: 8, 63: 8, 1760: 8, 3362: 8, 87928: 8, 3031: 8 }, ...sp(k) });
+    logit_bias: { 4: 8, 62773: 8, 63: 8, 1760: 8, 3362: 8, 87928: 8, 3031: 8 }, ...sp(k) });
 // OpenAI Batch lines (the docs' example shape, unchanged) with response_format
 const oa = (id, rf, extra = {}) => ({ custom_id: id, method: "POST", url: "/v1/chat/completions",
   body: { model: "gpt-4o-mini", messages: [{ role: "system", content: "Reply in JSON." }, { role: "user", content: `Describe item ${id}.` }], max_tokens: 400, response_format: rf, ...extra } });
@@ -91,10 +91,12 @@ bad.push({ id: "e-grammar", prompt: "x", guided_grammar: "root ::= \"a\"" });
 bad.push({ id: "e-choice", prompt: "x", guided_choice: [] });
 bad.push(oa("e-oa-type", { type: "xml" }));
 bad.push(oa("e-oa-ref", { type: "json_schema", json_schema: { name: "r", schema: { $ref: "https://example.com/s.json" } } }));
-const lines = [...good, ...bad].map((r) => JSON.stringify(r));
+// cannot finish within max_tokens: finish_reason length, counted as unfinished
+const cut = { id: "cut", prompt: "Spell:", guided_regex: "[a-z]{60}", max_tokens: 3 };
+const lines = [...good, cut, ...bad].map((r) => JSON.stringify(r));
 fs.writeFileSync(`${dir}/batch.jsonl`, lines.join("\n") + "\n");
 fs.writeFileSync(`${dir}/good.jsonl`, good.map((r) => JSON.stringify(r)).join("\n") + "\n");
-const n0 = good.length;
+const n0 = good.length + 1;
 const codes = ["unsupported", "unsupported", "invalid_value", "unsupported", "invalid_value", "unsupported", "invalid_value", "invalid_value", "unsupported"];
 fs.writeFileSync(`${dir}/expect.tsv`, codes.map((c, k) => `batch.jsonl:${n0 + k + 1}\t${c}\n`).join(""));
 NODE
@@ -126,8 +128,14 @@ node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/metrics.schema.json"
 node -e '
 const m = require(process.argv[1]);
 const g = m.guided, n = Number(process.argv[2]);
-if (!g || g.records !== n || !(g.mask_s > 0) || !(g.masks >= g.records) || g.unfinished !== 0) {
+if (!g || g.records !== n || !(g.mask_s > 0) || !(g.masks >= g.records) || g.unfinished !== 1) {
   console.error("metrics.guided: " + JSON.stringify(g) + " (want records " + n + ")"); process.exit(1); }
 console.log("metrics.guided: " + JSON.stringify(g));
-' "$out/metrics.json" "$(($(wc -l <"$work/good.jsonl") + 1))"
+'  "$out/metrics.json" "$(($(wc -l <"$work/good.jsonl") + 2))" # n2 runs 2 sequences; cut
+node -e '
+const rows = require("fs").readFileSync(process.argv[1], "utf8").split("\n").filter(Boolean).map(JSON.parse);
+const r = rows.find((x) => x.id === "cut");
+if (!r || r.finish_reason !== "length" || !/^[a-z]+$/.test(r.text) || r.text.length >= 60) {
+  console.error("cut: " + JSON.stringify(r)); process.exit(1); }
+' "$work/answers.jsonl"
 echo "e2e_guided: ok"

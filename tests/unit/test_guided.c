@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runner/guided/cache.h"
 #include "runner/guided/guided.h"
 #include "runner/sched/sample.h"
 #include "tm_test.h"
@@ -280,6 +281,33 @@ static void test_sample_allow(void) {
     tm_sample_scratch_fini(&sc);
 }
 
+// The runner's cache compiles each distinct constraint once, failures included.
+static void test_cache(void) {
+    tm_err err = {0};
+    tm_guide_cache *c = NULL;
+    const int32_t eos = 0;
+    TM_CHECK_OK(tm_guide_cache_create(NULL, 10, &eos, 1, &c, &err), &err);
+    const char *bad = "{\"type\": \"string\", \"format\": \"email\"}";
+    for (int k = 0; k < 3; k++) {
+        tm_guide_ent *e = NULL;
+        tm_errcode code = TM_ERRCODE_NONE;
+        err = (tm_err){0};
+        TM_CHECK(tm_guide_cache_get(c, TM_GUIDED_JSON_SCHEMA, bad, &e, &code, &err) == TM_E_RECORD);
+        TM_CHECK(e == NULL && code == TM_ERRCODE_UNSUPPORTED && strstr(err.msg, "'format'"));
+    }
+    tm_guide_ent *a = NULL, *b = NULL;
+    tm_errcode code = TM_ERRCODE_NONE;
+    TM_CHECK_OK(tm_guide_cache_get(c, TM_GUIDED_REGEX, "a|b", &a, &code, &err), &err);
+    TM_CHECK_OK(tm_guide_cache_get(c, TM_GUIDED_REGEX, "a|b", &b, &code, &err), &err);
+    TM_CHECK(a && a == b);
+    TM_CHECK(tm_guide_cache_stats(c)->n_compiled == 2);
+    TM_CHECK(tm_guide_cache_get(NULL, TM_GUIDED_REGEX, "(", &b, &code, &err) == TM_E_RECORD);
+    TM_CHECK(code == TM_ERRCODE_INVALID_VALUE);
+    tm_guide_cache_unref(c, a);
+    tm_guide_cache_unref(c, a);
+    tm_guide_cache_destroy(c);
+}
+
 int main(void) {
     long live = tm_alloc_live();
     TM_RUN(test_regex);
@@ -288,6 +316,7 @@ int main(void) {
     TM_RUN(test_mask);
     TM_RUN(test_alloc_faults);
     TM_RUN(test_sample_allow);
+    TM_RUN(test_cache);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();
 }

@@ -10,11 +10,14 @@
 
 struct tm_guide_ent {
     uint32_t kind;
-    char *spec;     /* owned */
-    tm_dfa *dfa;    /* owned until the guide is made (at the first sequence start) */
-    tm_guide *g;    /* owned; NULL until then */
-    uint32_t n_ref; /* records holding it */
-    uint64_t last;  /* use stamp for eviction */
+    char *spec;           /* owned */
+    tm_dfa *dfa;          /* owned until the guide is made (at the first sequence start) */
+    tm_guide *g;          /* owned; NULL until then */
+    uint32_t n_ref;       /* records holding it */
+    uint64_t last;        /* use stamp for eviction */
+    tm_errcode fail_code; /* != NONE: the constraint does not compile (kept so that records
+                           * repeating it are not compiled again); fail_msg says why */
+    char *fail_msg;       /* owned */
 };
 
 struct tm_guide_cache {
@@ -46,6 +49,7 @@ static void ent_free(tm_guide_ent *e) {
     if (!e)
         return;
     tm_free(e->spec);
+    tm_free(e->fail_msg);
     tm_dfa_destroy(e->dfa);
     tm_guide_destroy(e->g);
     tm_free(e);
@@ -113,8 +117,12 @@ tm_rc tm_guide_cache_get(tm_guide_cache *c, uint32_t kind, const char *spec, tm_
     for (uint32_t i = 0; c && i < c->n_ents; i++) {
         tm_guide_ent *e = c->ents[i];
         if (e->kind == kind && strcmp(e->spec, spec) == 0) {
-            e->n_ref++;
             e->last = ++c->clock;
+            if (e->fail_code) {
+                *code = e->fail_code;
+                return TM_ERR(err, TM_E_RECORD, "%s", e->fail_msg);
+            }
+            e->n_ref++;
             *out = e;
             return TM_OK;
         }
@@ -128,35 +136,49 @@ tm_rc tm_guide_cache_get(tm_guide_cache *c, uint32_t kind, const char *spec, tm_
         c->st.compile_s += (tm_now_ms() - t0) / 1e3;
         c->st.n_compiled++;
     }
-    if (rc == TM_E_INVAL) {
-        *code = why == TM_GUIDE_WHY_UNSUPPORTED ? TM_ERRCODE_UNSUPPORTED : TM_ERRCODE_INVALID_VALUE;
-        return TM_ERR(err, TM_E_RECORD, "structured output (%s): %s", kind_name(kind), cerr.msg);
-    }
-    if (rc) {
+    if (rc && rc != TM_E_INVAL) {
         *err = cerr;
         return rc;
     }
+    tm_errcode fcode = TM_ERRCODE_NONE;
+    if (rc == TM_E_INVAL) {
+        fcode = why == TM_GUIDE_WHY_UNSUPPORTED ? TM_ERRCODE_UNSUPPORTED : TM_ERRCODE_INVALID_VALUE;
+        TM_ERR(err, TM_E_RECORD, "structured output (%s): %s", kind_name(kind), cerr.msg);
+        *code = fcode;
+    }
     if (!c) {
         tm_dfa_destroy(d);
-        return TM_OK;
+        return rc ? TM_E_RECORD : TM_OK;
     }
     tm_guide_ent *e = tm_calloc(1, sizeof(*e));
     char *copy = tm_strdup(spec);
-    if (!e || !copy || (c->n_ents == c->cap_ents && c->cap_ents >= UINT32_MAX / 2)) {
-        tm_free(e), tm_free(copy), tm_dfa_destroy(d);
+    char *fmsg = fcode ? tm_strdup(err->msg) : NULL;
+    if (!e || !copy || (fcode && !fmsg) ||
+        (c->n_ents == c->cap_ents && c->cap_ents >= UINT32_MAX / 2)) {
+        tm_free(e), tm_free(copy), tm_free(fmsg), tm_dfa_destroy(d);
         return TM_ERR(err, TM_E_NOMEM, "guided: cache entry");
     }
     if (c->n_ents == c->cap_ents) {
         uint32_t cap = c->cap_ents ? 2 * c->cap_ents : 8;
         tm_guide_ent **ne = tm_realloc(c->ents, cap * sizeof(*ne));
         if (!ne) {
-            tm_free(e), tm_free(copy), tm_dfa_destroy(d);
+            tm_free(e), tm_free(copy), tm_free(fmsg), tm_dfa_destroy(d);
             return TM_ERR(err, TM_E_NOMEM, "guided: cache entries");
         }
         c->ents = ne, c->cap_ents = cap;
     }
-    *e = (tm_guide_ent){.kind = kind, .spec = copy, .dfa = d, .n_ref = 1, .last = ++c->clock};
+    *e = (tm_guide_ent){.kind = kind,
+                        .spec = copy,
+                        .dfa = d,
+                        .n_ref = fcode ? 0 : 1,
+                        .last = ++c->clock,
+                        .fail_code = fcode,
+                        .fail_msg = fmsg};
     c->ents[c->n_ents++] = e;
+    if (fcode) {
+        trim(c);
+        return TM_E_RECORD;
+    }
     *out = e;
     return TM_OK;
 }

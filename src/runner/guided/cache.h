@@ -31,7 +31,7 @@ typedef struct tm_guided_seq {
 /* Counters (metrics.json "guided"). */
 typedef struct tm_guide_stats {
     uint64_t n_records;    /* sequences that ran constrained */
-    uint64_t n_compiled;   /* constraints compiled (cache misses) */
+    uint64_t n_compiled;   /* constraints compiled (cache misses; failures included) */
     uint64_t n_mask;       /* masks looked up (one per constrained generated token) */
     uint64_t n_mask_cold;  /* of them, computed (not in the cache) */
     double mask_s;         /* time in mask lookups and computation */
@@ -48,7 +48,8 @@ const tm_guide_stats *tm_guide_cache_stats(const tm_guide_cache *c);
 
 /* The compiled constraint of a record's guided_kind and guided text, as a new reference in *out.
  * A constraint that cannot be compiled: TM_E_RECORD with *code (unsupported or invalid_value) and
- * err naming the keyword. c NULL: compile only, to check (*out stays NULL). TM_E_NOMEM. */
+ * err naming the keyword (the failure is cached too: a record repeating the constraint gets the
+ * same answer without compiling). c NULL: compile only, to check (*out stays NULL). TM_E_NOMEM. */
 tm_rc tm_guide_cache_get(tm_guide_cache *c, uint32_t kind, const char *spec, tm_guide_ent **out,
                          tm_errcode *code, tm_err *err);
 void tm_guide_ent_ref(tm_guide_ent *e);
