@@ -72,7 +72,7 @@ static void usage(void) {
         "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
-        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all|--sample-device]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
         "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
@@ -81,6 +81,7 @@ static void usage(void) {
         "    random weights of that shape, as for --shape)\n"
         "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
         "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
+        "  --sample-device: the same without the host-sampled mode\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -216,6 +217,36 @@ static double copy_bw(void) {
     }
     cudaFree(a);
     cudaFree(b);
+    return res;
+}
+
+typedef struct read_op {
+    const void *p;
+    size_t n;
+    float *out;
+} read_op;
+
+static void run_read(void *ctx) {
+    const read_op *r = ctx;
+    tm_err e = {0};
+    (void)tm_k_read_stream(r->p, r->n, r->out, 0, &e);
+}
+
+/* Read-only stream of 4 GiB (the anchors' x.sum() over 4 GiB of bf16), GB/s of bytes read;
+ * median of 20. Reported beside the copy figure; the floors use the copy (BENCHMARKS.md). */
+static double read_bw(void) {
+    const size_t n = (size_t)4 << 30;
+    void *a = NULL;
+    float *out = NULL;
+    double res = 0.0;
+    if (cudaMalloc(&a, n) == cudaSuccess &&
+        cudaMalloc((void **)&out, TM_K_READ_BLOCKS * sizeof(float)) == cudaSuccess) {
+        cudaMemset(a, 0, n);
+        read_op r = {.p = a, .n = n, .out = out};
+        res = n / (median_ms(run_read, &r, 3, 20) * 1e-3) / 1e9;
+    }
+    cudaFree(a);
+    cudaFree(out);
     return res;
 }
 
@@ -418,6 +449,8 @@ int main(int argc, char **argv) {
             use_logits = 1;
         else if (!strcmp(a, "--sample-all"))
             sample_all = 1;
+        else if (!strcmp(a, "--sample-device")) // --sample-all without the host mode
+            sample_all = 2;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
@@ -538,6 +571,12 @@ int main(int argc, char **argv) {
         tm_rdzv_close(rdzv);
         return r ? 1 : 0;
     }
+    // The ceilings before any engine exists: measured after the runs, the same copy read ~11%
+    // lower (3,787 vs 4,240 GB/s on one H200, bench/RESULTS.md 2026-12-01); that figure is
+    // printed too ("after the runs").
+    const double bw = ceiling ? copy_bw() : 0.0;
+    const double rbw = ceiling ? read_bw() : 0.0;
+    const double tflops = ceiling ? gemm_tflops() : 0.0;
     double t0 = tm_now_ms();
     tm_rc crc = TM_OK;
     if (tp > 1) {
@@ -602,7 +641,7 @@ int main(int argc, char **argv) {
         if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
             return 1;
         double ms[N_SAMPLE_MODES];
-        for (int md = 0; md < N_SAMPLE_MODES; md++) {
+        for (int md = 0; md < (sample_all == 2 ? N_SAMPLE_MODES - 1 : N_SAMPLE_MODES); md++) {
             for (uint32_t i = 0; i <= reps; i++) {
                 if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
                     return 1;
@@ -659,8 +698,11 @@ int main(int argc, char **argv) {
         }
         w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d + bias) + 4.0 * d + 2.0 * c->n_vocab * d;
     }
-    const double bw = ceiling ? copy_bw() : 0.0;
-    const double tflops = ceiling ? gemm_tflops() : 0.0;
+    const double bw_after = ceiling ? copy_bw() : 0.0;
+    if (ceiling)
+        printf("ceilings before the engine: copy %.0f GB/s, read-only %.0f GB/s, bf16 GEMM %.1f "
+               "TFLOP/s; copy after the runs %.0f GB/s\n",
+               bw, rbw, tflops, bw_after);
     int dev = 0;
     struct cudaDeviceProp prop;
     cudaGetDevice(&dev);
@@ -690,11 +732,12 @@ int main(int argc, char **argv) {
         printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", step_ms, per_seq,
                per_seq * b);
         if (bw > 0 && N > 1)
-            printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f "
-                   "ms, %.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling (%.3f ms a "
-                   "step above the floor)\n",
-                   bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * b,
-                   100.0 * per_seq / ceil_seq, step_ms - floor_ms);
+            printf(
+                "ceiling: copy %.0f GB/s (read-only stream %.0f GB/s), weights %.2f GB + KV %.3f GB per step -> floor %.3f "
+                "ms, %.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling (%.3f ms a "
+                "step above the floor)\n",
+                bw, rbw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * b,
+                100.0 * per_seq / ceil_seq, step_ms - floor_ms);
         // Prefill floor (the anchors' report.py): layer matmuls for b*L tokens, the LM head for
         // the last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bw).
         const double pf_flops = 2.0 * b * L * c->n_layer * (layer - 2 * d) +
@@ -712,10 +755,10 @@ int main(int argc, char **argv) {
                "\"w_gb\":%.3f,"
                "\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
                "\"ttft_ms\":%.3f,\"step_ms\":%.4f,\"floor_ms\":%.4f,\"decode_tok_s_seq\":%.2f,"
-               "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
+               "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"read_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
                "\"pct_ceiling\":%.1f}\n",
                tp, shape, arch, quant, kv_name, w_bytes / 1e9, b, L, N, graphs, use_logits, ttft_ms,
-               step_ms, floor_ms, per_seq, per_seq * b, bw, ceil_seq * b,
+               step_ms, floor_ms, per_seq, per_seq * b, bw, rbw, ceil_seq * b,
                ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     }
     for (uint32_t i = 0; i < B; i++)

@@ -4,7 +4,7 @@
  * Canonical order: the kept set is defined by a cut in the order (processed logit descending,
  * token id ascending) plus the min-p weight threshold, and the draw walks the kept set in id
  * order with one uniform from (seed, step). The CUDA sampler (kernels/sample.cu) finds the same
- * cut by bisection and walks the same order, so both draw the same token up to float rounding of
+ * cut by radix selects, walks the same order, so both draw the same token up to float rounding of
  * the sums and of expf. Finding the cut here: top_k uses an O(n) partial selection; top_p sorts
  * only the tokens above a weight threshold whose mass already reaches top_p (the threshold is
  * lowered until it does), or selects the nucleus by mass when it is large; the cut's level is
@@ -256,7 +256,7 @@ tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_p
             continue; // an EOS id the tokenizer cannot decode is never picked anyway
         out[p->mask_ids[j]] = -INFINITY;
     }
-    // 4. the allow mask (structured output): ids whose bit is clear cannot be picked
+    // 4. the allowed ids (structured output): a disallowed id is masked like the ids above
     if (p->allow)
         for (uint32_t i = 0; i < n_vocab; i++)
             if (!((p->allow[i >> 5] >> (i & 31)) & 1u))
@@ -296,8 +296,7 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
             }
         }
         if (mx == -INFINITY)
-            return TM_ERR(err, TM_E_INVAL,
-                          "sample: every token is masked (min_tokens or structured output)");
+            return TM_ERR(err, TM_E_INVAL, "sample: every token is masked (min_tokens)");
     }
     if (tm_sample_is_greedy(p, n_vocab)) {
         *out = arg;

@@ -26,9 +26,9 @@ typedef struct tm_sample_params {
     uint32_t n_bias;
     const uint32_t *mask_ids; /* borrowed; [n_mask] ids that cannot be picked (min_tokens) */
     uint32_t n_mask;
-    /* borrowed; NULL: every id; else a bitmask of ceil(n_vocab / 32) words: id i may be picked
-     * only when bit (i & 31) of allow[i >> 5] is set (structured output) */
-    const uint32_t *allow;
+    const uint32_t
+        *allow; /* borrowed; NULL: every id; else a bitmask of ceil(n_vocab / 32) words: id i may be
+                   picked only when bit (i & 31) of allow[i >> 5] is set (structured output) */
     const uint32_t *hist; /* borrowed; [n_hist] the sequence so far: prompt, then generated */
     uint32_t n_hist, n_hist_prompt;
 } tm_sample_params;
@@ -58,8 +58,8 @@ tm_rc tm_sample_token(const float *logits, uint32_t n_vocab, const tm_sample_par
  * among equal maxima; non-finite logits fail the row), giving the same token. */
 int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab);
 
-/* 1 when p changes the logits before sampling (a penalty, a bias, a mask or an allow mask): the
- * argmax of the raw row is then not the greedy pick. */
+/* 1 when p changes the logits before sampling (a penalty, a bias or a mask): the argmax of the
+ * raw row is then not the greedy pick. */
 int tm_sample_has_proc(const tm_sample_params *p);
 
 /* The logits processing alone: out[i] = processed logits[i] for i < n_vocab (masked ids get
