@@ -33,22 +33,40 @@ struct tm_guide {
     uint32_t n_cached;
 };
 
-typedef struct sort_ctx {
-    const char *const *piece;
-    const size_t *len;
-} sort_ctx;
-
-static sort_ctx g_sort; // qsort has no context argument in C11: set only while sorting below
-
-static int cmp_piece(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    size_t nx = g_sort.len[x], ny = g_sort.len[y], n = nx < ny ? nx : ny;
-    int c = n ? memcmp(g_sort.piece[x], g_sort.piece[y], n) : 0;
+// Order of token ids by their pieces (bytes, then length, then id: a total order).
+static int piece_before(const char *const *piece, const size_t *len, uint32_t x, uint32_t y) {
+    size_t nx = len[x], ny = len[y], n = nx < ny ? nx : ny;
+    int c = n ? memcmp(piece[x], piece[y], n) : 0;
     if (c)
-        return c;
+        return c < 0;
     if (nx != ny)
-        return nx < ny ? -1 : 1;
-    return x < y ? -1 : x > y;
+        return nx < ny;
+    return x < y;
+}
+
+// Sort ids[0, n) by piece_before: bottom-up merge sort through tmp (qsort has no context
+// argument in C11, and the module keeps no global state).
+static void sort_ids(uint32_t *ids, uint32_t *tmp, uint32_t n, const char *const *piece,
+                     const size_t *len) {
+    uint32_t *src = ids, *dst = tmp;
+    for (uint32_t w = 1; w < n; w *= 2) {
+        for (uint32_t lo = 0; lo < n; lo += 2 * w) {
+            uint32_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            uint32_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi)
+                dst[k++] = piece_before(piece, len, src[j], src[i]) ? src[j++] : src[i++];
+            while (i < mid)
+                dst[k++] = src[i++];
+            while (j < hi)
+                dst[k++] = src[j++];
+        }
+        uint32_t *t = src;
+        src = dst, dst = t;
+        if (w > UINT32_MAX / 2)
+            break;
+    }
+    if (src != ids)
+        memcpy(ids, src, (size_t)n * sizeof(uint32_t));
 }
 
 uint32_t tm_guide_vocab_n_words(const tm_guide_vocab *v) { return v->n_words; }
@@ -85,9 +103,7 @@ tm_rc tm_guide_vocab_create(const char *const *piece, const size_t *len, uint32_
         if (lens[i])
             order[n_tok++] = i, total += lens[i];
     }
-    g_sort = (sort_ctx){.piece = piece, .len = lens};
-    qsort(order, n_tok, sizeof(uint32_t), cmp_piece);
-    g_sort = (sort_ctx){0};
+    sort_ids(order, end, n_tok, piece, lens); // end[] is free until the trie is built
     size_t cap = total + 1;
     if (cap > UINT32_MAX / 2)
         goto nomem;
