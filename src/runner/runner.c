@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/stop.h"
+#include "runner/guided/cache.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
@@ -67,6 +68,7 @@ typedef struct seq {
     double score_sum;  /* continuation: sum of its token logprobs */
     uint32_t n_scored; /* continuation tokens scored */
     int not_greedy;    /* continuation: some token was not the argmax of its row */
+    tm_guided_seq gd;  /* structured output (issue 26): the automaton and its mask, or zeroed */
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -89,6 +91,7 @@ typedef struct pending {
     tm_ids ids;         /* owned prompt tokens */
     group *grp;         /* a reference to the record's group, or NULL */
     int32_t max_tokens; /* merged with the defaults, for ordering */
+    tm_guide_ent *gent; /* a reference to the record's compiled constraint, or NULL */
 } pending;
 
 typedef struct runner {
@@ -120,6 +123,7 @@ typedef struct runner {
     tm_engine_sample_row *srows; /* [max_seqs] forward_sample's rows of a sampled step */
     tm_engine_sample_out *souts; /* [max_seqs] and its results */
     tm_sample_scratch scratch;
+    tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -173,6 +177,7 @@ static void seq_reset(runner *r, seq *s) {
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
     tm_free(s->mask);
+    tm_guided_end(r->gcache, &s->gd, 0);
     uint32_t *blocks = s->q.blocks;
     tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
@@ -455,6 +460,12 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
                lb->bias_ids[lb->n_bias - 1], r->n_vocab_tok);
         rc = TM_E_RECORD;
     }
+    if (rc == TM_OK && job->guided_kind && job->continuations) {
+        code = TM_ERRCODE_INVALID_VALUE;
+        rc = TM_ERR(rec_err, TM_E_RECORD, "structured output does not apply to scoring records");
+    }
+    if (rc == TM_OK && job->guided_kind) // compiled once per distinct constraint (the cache)
+        rc = tm_guide_cache_get(r->gcache, job->guided_kind, job->guided, &p->gent, &code, rec_err);
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
     if (rc == TM_OK && (job->continuations || n_sub > 1))
         rc = group_create(r, p, n_sub, &code, rec_err);
@@ -472,6 +483,10 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     tm_errcode code = TM_ERRCODE_NONE;
     tm_err rec_err = {0};
     tm_rc rc = prepare(r, job, p, &code, &rec_err);
+    if (rc) {
+        tm_guide_cache_unref(r->gcache, p->gent);
+        p->gent = NULL;
+    }
     if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
@@ -546,6 +561,7 @@ static tm_rc admit(runner *r, tm_err *err) {
         r->win_head++;
         tm_ids_fini(&p->ids);
         group_unref(g);
+        tm_guide_cache_unref(r->gcache, p->gent);
         *p = (pending){0};
         return TM_OK;
     }
@@ -556,6 +572,11 @@ static tm_rc admit(runner *r, tm_err *err) {
     TM_ASSERT(s);
     s->job = p->job;
     s->q.active = 1;
+    if (p->gent) { // the automaton's start state and its mask (the sequence's own reference)
+        tm_rc grc = tm_guided_start(r->gcache, p->gent, &s->gd, err);
+        if (grc)
+            return grc;
+    }
     if (g) {
         s->sub = g->n_admit++;
         s->q.ids = g->sub_ids[s->sub];
@@ -570,6 +591,7 @@ static tm_rc admit(runner *r, tm_err *err) {
         r->win_head++;
         tm_ids_fini(&p->ids);
         group_unref(g); // the pending entry's reference
+        tm_guide_cache_unref(r->gcache, p->gent);
         *p = (pending){0};
     }
     const tm_job *job = s->job;
@@ -719,6 +741,7 @@ static tm_rc fail_seq(runner *r, seq *s, const char *msg, tm_err *err) {
 }
 
 static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
+    tm_guided_end(r->gcache, &s->gd, why == TM_FINISH_LENGTH); // counts an unfinished constraint
     tm_rc rc = record_fault(tm_detok_flush(&s->detok, &s->text, err), err);
     if (rc == TM_OK)
         rc = lp_finish(r, s->lp, err);
@@ -790,6 +813,8 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     const int may_stop = s->n_gen >= s->min_tokens;
     if (may_stop && ((!s->ignore_eos && is_eos(r, id)) || is_stop_id(s, id)))
         return finish(r, s, TM_FINISH_STOP, err);
+    if (s->gd.ent && is_eos(r, id)) // structured output: EOS is allowed only where it accepts
+        return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
         return rc;
@@ -817,6 +842,14 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
             s->detok.n_pending = 0;
             return finish(r, s, TM_FINISH_STOP, err);
         }
+    }
+    if (s->gd.ent) { // structured output: advance by the token's bytes, then the next mask
+        int final = 0;
+        rc = tm_guided_advance(r->gcache, &s->gd, id, &final, err);
+        if (rc)
+            return rc;
+        if (final) // the answer is complete and nothing may follow: no need to wait for EOS
+            return finish(r, s, TM_FINISH_STOP, err);
     }
     if ((int64_t)s->n_gen >= (int64_t)s->max_tokens || s->q.ids.len >= s->max_len)
         return finish(r, s, TM_FINISH_LENGTH, err);
@@ -872,6 +905,7 @@ static tm_sample_params row_params(const seq *s) {
     p.n_hist_prompt = s->q.n_prompt;
     p.mask_ids = s->mask;
     p.n_mask = s->n_gen < s->min_tokens ? s->n_mask : 0;
+    p.allow = s->gd.allow; // structured output: NULL when unconstrained
     return p;
 }
 
@@ -1016,6 +1050,10 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
             rc = record_fault(
                 tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
         }
+        if (rc == TM_OK && s->gd.ent && !tm_guided_allows(&s->gd, id))
+            rc = TM_ERR(err, TM_E_RECORD,
+                        "structured output: engine %s picked token %u, which the mask forbids",
+                        r->eng->ops->name, id);
         if (rc == TM_OK && s->lp && greedy == 2) {
             const tm_engine_sample_out *o = &r->souts[w];
             rc = lp_push(s->lp, &s->lp_cap, id, o->lp, o->top_ids, o->top_lp, err);
@@ -1079,6 +1117,7 @@ static void runner_fini(runner *r) {
         tm_free(s->q.keys);
     }
     for (uint32_t i = r->win_head; i < r->win_len; i++) {
+        tm_guide_cache_unref(r->gcache, r->win[i].gent);
         if (!r->win[i].grp)
             tm_job_destroy(r->win[i].job);
         group_unref(r->win[i].grp);
@@ -1094,6 +1133,9 @@ static void runner_fini(runner *r) {
     tm_free(r->srows);
     tm_free(r->souts);
     tm_sample_scratch_fini(&r->scratch);
+    if (r->gcache && r->stats)
+        r->stats->guided = *tm_guide_cache_stats(r->gcache);
+    tm_guide_cache_destroy(r->gcache);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
 }
@@ -1182,6 +1224,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     rc = tm_sample_scratch_init(&r.scratch, r.n_vocab, err);
     if (rc)
         goto done;
+    rc = tm_guide_cache_create(tok, r.n_vocab_tok, r.eos_ids, r.n_eos, &r.gcache, err);
+    if (rc)
+        goto done;
 
     int input_open = 1;
     for (;;) {
@@ -1222,6 +1267,12 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             goto done;
     }
     rc = TM_OK;
+    const tm_guide_stats *gs = tm_guide_cache_stats(r.gcache);
+    if (gs->n_unfinished)
+        TM_LOG_WARN("runner",
+                    "%llu constrained record(s) reached max_tokens or the context before their "
+                    "structured output was complete: finish_reason \"length\", text cut short",
+                    (unsigned long long)gs->n_unfinished);
 done:
     runner_fini(&r);
     return rc;

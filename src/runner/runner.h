@@ -27,6 +27,7 @@
 #include "base/queue.h"
 #include "base/record.h"
 #include "runner/engine/engine.h"
+#include "runner/guided/cache.h"
 #include "runner/text/tokenizer.h"
 
 typedef enum tm_sched_policy {
@@ -67,6 +68,7 @@ typedef struct tm_runner_stats {
     uint64_t n_tok_prompt; /* prompt tokens of admitted records */
     double sum_step_fill;  /* sum over steps of tokens / max_batched_tokens */
     double sum_running;    /* sum over steps of sequences in the step */
+    tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;
 
 /* Run until the input queue is closed and drained and every admitted record has finished. Pops
