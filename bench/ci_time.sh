@@ -6,21 +6,23 @@
 # Run from the source root. On a shared machine compare user+sys (CPU), not wall.
 #   STEPS="fmt build asan test kafka asantest fuzzbuild fuzz" (default: all, in that order)
 #   JOBS (default nproc), CMAKE_FLAGS (for the normal build, as `make build` takes them)
-# Output: PREFIX-times.txt (one line per piece) and PREFIX-<piece>.log (ctest --timing output).
+# Output: PREFIX-logs/times.txt (one line per piece) and PREFIX-logs/<piece>.log (build output,
+# ctest --timing output); a PREFIX starting with "build" keeps them git-ignored.
 set -uo pipefail
 p=${1:-build-ct}
 jobs=${JOBS:-$(nproc)}
 steps=${STEPS:-fmt build asan test kafka asantest fuzzbuild fuzz}
-out=$p-times.txt
+mkdir -p "$p-logs"
+out=$p-logs/times.txt
 : >>"$out"
 echo "# $(date -u +%FT%TZ) $(git rev-parse --short HEAD)$(git diff --quiet || echo +dirty)" \
     "nproc=$(nproc) jobs=$jobs load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
 piece() { # piece NAME CMD... : time one piece, log to PREFIX-NAME.log, one line to $out
     local name=$1
     shift
-    /usr/bin/time -f "%e %U %S" -o "$p-$name.time" "$@" >"$p-$name.log" 2>&1
+    /usr/bin/time -f "%e %U %S" -o "$p-logs/$name.time" "$@" >"$p-logs/$name.log" 2>&1
     local rc=$?
-    read -r w u s <"$p-$name.time" || true
+    read -r w u s <"$p-logs/$name.time" || true
     printf '%-10s rc=%d wall=%7.1f s user=%7.1f s sys=%6.1f s cpu=%7.1f s load=%s\n' "$name" "$rc" \
         "$w" "$u" "$s" "$(echo "$u + $s" | bc)" "$(cut -d' ' -f1 /proc/loadavg)" | tee -a "$out"
 }
@@ -43,8 +45,8 @@ for s in $steps; do
 done
 # The slowest tests of each ctest piece (seconds, name).
 for s in test kafka asantest fuzz; do
-    [ -f "$p-$s.log" ] || continue
+    [ -f "$p-logs/$s.log" ] || continue
     echo "-- $s: slowest tests (wall s)"
-    grep -E 'Test +#' "$p-$s.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec.*/\2 \1/' |
+    grep -E 'Test +#' "$p-logs/$s.log" | sed -E 's/.*Test +#[0-9]+: ([^ ]+) .* ([0-9.]+) sec.*/\2 \1/' |
         sort -rn | head -8
 done
