@@ -246,7 +246,7 @@ static void test_cache_salt(void) {
     for (int i = 0; i < 4; i++) {
         tm_job *job = tm_calloc(1, sizeof(*job));
         job->seq_no = (uint64_t)i;
-        char id[8];
+        char id[16]; // room for any int: gcc -O1 -fsanitize=address loses the range of i
         snprintf(id, sizeof(id), "%d", i);
         job->id_json = tm_strdup(id);
         job->prompt = prompt_of(0); // the same prompt every time
