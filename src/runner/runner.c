@@ -1064,16 +1064,17 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
 
 // ---- speculative decoding (runner/sched/spec.h) ----
 
-// Before planning: n-gram drafts for each running record about to decode (its last token not yet
-// computed), written after its ids (q.n_draft of them), at most spec_k, none past its max_tokens
-// (the step's last row gives one more token) or its context. The adaptive rule may pause it.
+// Before planning: n-gram drafts for each running record about to decode (its last generated
+// token not yet computed; not the last prompt token of a chunked prefill), written after its ids
+// (q.n_draft of them), at most spec_k, none past its max_tokens (the step's last row gives one more
+// token) or its context. The adaptive rule may pause it.
 static tm_rc spec_draft(runner *r, tm_err *err) {
     const tm_runner_cfg *cfg = r->cfg;
     for (uint32_t i = 0; cfg->spec_k && i < cfg->max_seqs; i++) {
         seq *s = &r->seqs[i];
         tm_sched_seq *q = &s->q;
         if (!s->job || !q->gen || q->score_next < q->score_end || q->ids.len != q->n_done + 1 ||
-            !tm_spec_may_draft(&s->spec))
+            q->n_done < q->n_prompt || !tm_spec_may_draft(&s->spec))
             continue;
         int64_t k = TM_MIN((int64_t)cfg->spec_k, (int64_t)s->max_tokens - s->n_gen - 1);
         k = TM_MIN(k, (int64_t)s->max_len - (int64_t)q->ids.len);
