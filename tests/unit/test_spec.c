@@ -20,6 +20,7 @@
 
 #include "base/alloc.h"
 #include "base/queue.h"
+#include "ingest/job_spec.h"
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
 #include "runner/runner.h"
@@ -120,6 +121,76 @@ static void test_adaptive(void) {
             ;
     }
     TM_CHECK(st.next == TM_SPEC_PAUSE_MAX);
+}
+
+// ---- engine.speculative in the job spec ----
+
+// The job with engine.speculative = sp loaded: its k / min / max, or the error's code.
+static tm_rc load_spec(const char *sp, uint32_t *k, uint32_t *lo, uint32_t *hi, char *canon,
+                       size_t n_canon, tm_err *err) {
+    char text[1024];
+    snprintf(
+        text, sizeof(text),
+        "{\"model\": \"m\", \"input\": {\"files\": [\"%s\"]}, \"output\": {\"dir\": \"o\"}%s%s%s}",
+        "tests/fixtures/spec/copy.jsonl", sp ? ", \"engine\": {\"speculative\": " : "",
+        sp ? sp : "", sp ? "}" : "");
+    tm_job_spec *spec = NULL;
+    tm_rc rc = tm_job_spec_load_text("(t)", NULL, text, &spec, err);
+    if (!rc) {
+        *k = spec->engine.spec_k, *lo = spec->engine.spec_lookup_min;
+        *hi = spec->engine.spec_lookup_max;
+        snprintf(canon, n_canon, "%s", spec->canonical_json);
+    }
+    tm_job_spec_destroy(spec);
+    return rc;
+}
+
+static void test_job_spec(void) {
+    tm_err err = {0};
+    uint32_t k = 9, lo = 9, hi = 9;
+    char c0[4096], c1[4096];
+    TM_CHECK_OK(load_spec(NULL, &k, &lo, &hi, c0, sizeof(c0), &err), &err);
+    TM_CHECK(k == 0 && strstr(c0, "speculative") == NULL); // off; identity unchanged
+    TM_CHECK_OK(load_spec("{\"method\": \"ngram\", \"num_speculative_tokens\": 4}", &k, &lo, &hi,
+                          c1, sizeof(c1), &err),
+                &err);
+    TM_CHECK(k == 4 && lo == 5 && hi == 5 && strstr(c1, "\"speculative\"") != NULL);
+    TM_CHECK_OK(load_spec("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, "
+                          "\"prompt_lookup_max\": 3}",
+                          &k, &lo, &hi, c1, sizeof(c1), &err),
+                &err);
+    TM_CHECK(k == 2 && lo == 3 && hi == 3);
+    TM_CHECK_OK(load_spec("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, "
+                          "\"prompt_lookup_min\": 2}",
+                          &k, &lo, &hi, c1, sizeof(c1), &err),
+                &err);
+    TM_CHECK(lo == 2 && hi == 2);
+    TM_CHECK_OK(load_spec("{\"method\": \"ngram\", \"num_speculative_tokens\": 16, "
+                          "\"prompt_lookup_min\": 1, \"prompt_lookup_max\": 7}",
+                          &k, &lo, &hi, c1, sizeof(c1), &err),
+                &err);
+    TM_CHECK(k == 16 && lo == 1 && hi == 7);
+    static const char *const bad[][2] = {
+        {"{\"method\": \"mtp\", \"num_speculative_tokens\": 1}",
+         "engine.speculative.method: unsupported"},
+        {"{\"method\": \"eagle\", \"num_speculative_tokens\": 1}", "engine.speculative.method"},
+        {"{\"num_speculative_tokens\": 1}", "engine.speculative.method: required"},
+        {"{\"method\": \"ngram\"}", "engine.speculative.num_speculative_tokens: required"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 0}", "num_speculative_tokens"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 17}", "num_speculative_tokens"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 1, \"prompt_lookup_min\": 0}",
+         "prompt_lookup_min"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 1, \"prompt_lookup_min\": 6, "
+         "\"prompt_lookup_max\": 5}",
+         "prompt_lookup_min: 6 is more than"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 1, \"k\": 1}",
+         "engine.speculative.k: unknown key"},
+        {"[1]", "engine.speculative: expected an object"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        TM_CHECK(load_spec(bad[i][0], &k, &lo, &hi, c1, sizeof(c1), &err) == TM_E_INVAL);
+        TM_CHECK_MSG(strstr(err.msg, bad[i][1]) != NULL, "%s: %s", bad[i][0], err.msg);
+    }
 }
 
 // ---- engine rows ----
@@ -712,6 +783,7 @@ int main(void) {
     TM_RUN(test_propose_cases);
     TM_RUN(test_propose_random);
     TM_RUN(test_adaptive);
+    TM_RUN(test_job_spec);
     TM_RUN(test_engine_rows);
     TM_RUN(test_lossless_batches);
     TM_RUN(test_lossless_modes);
