@@ -124,6 +124,8 @@ typedef struct runner {
     tm_engine_sample_row *srows; /* [max_rows] forward_sample's rows of a sampled step */
     tm_engine_sample_out *souts; /* [max_rows] and its results */
     tm_sample_scratch scratch;
+    double spec_t_spec, spec_t_plain; /* speculative step gate: decode-only step seconds with and
+                                       * without drafts (moving averages; 0 = none yet) */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -1070,6 +1072,7 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
 // token) or its context. The adaptive rule may pause it.
 static tm_rc spec_draft(runner *r, tm_err *err) {
     const tm_runner_cfg *cfg = r->cfg;
+    double gain = 0;
     for (uint32_t i = 0; cfg->spec_k && i < cfg->max_seqs; i++) {
         seq *s = &r->seqs[i];
         tm_sched_seq *q = &s->q;
@@ -1091,7 +1094,17 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
         q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
                                            cfg->spec_lookup_max, (uint32_t)k,
                                            q->ids.ids + q->ids.len);
+        gain += q->n_draft ? tm_spec_gain(&s->spec) : 0.0;
     }
+    // The step gate (runner/sched/spec.h): drop this step's drafts when they would not pay.
+    if (gain > 0 && !cfg->spec_no_gate &&
+        !tm_spec_gate_open(gain, r->n_running, r->spec_t_spec, r->spec_t_plain))
+        for (uint32_t i = 0; i < cfg->max_seqs; i++)
+            if (r->seqs[i].q.n_draft) {
+                r->seqs[i].q.n_draft = 0;
+                tm_spec_gated(&r->seqs[i].spec);
+                r->stats->n_spec_gated++;
+            }
     return TM_OK;
 }
 
@@ -1161,6 +1174,13 @@ static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
     if (rc)
         return rc;
     book_step(r, plan, greedy, dt_s);
+    if (r->cfg->spec_k && plan->n_tok_prefill == 0) { // the step gate's times: decode-only steps
+        int drafts = 0;
+        for (uint32_t i = 0; i < plan->n_run; i++)
+            drafts |= plan->run[i].n_draft > 0;
+        double *t = drafts ? &r->spec_t_spec : &r->spec_t_plain;
+        *t = *t > 0 ? 0.9 * *t + 0.1 * dt_s : dt_s;
+    }
     uint32_t row = 0;
     for (uint32_t i = 0; i < plan->n_run; i++) {
         const tm_sched_run *e = &plan->run[i];

@@ -55,6 +55,7 @@ typedef struct tm_runner_cfg {
      * record and step (0: off, <= TM_SPEC_MAX_K), from n-grams of spec_lookup_min..max tokens.
      * The engine must hold max_seqs * (spec_k + 1) logits rows (tm_engine_opts.max_rows). */
     uint32_t spec_k, spec_lookup_min, spec_lookup_max;
+    bool spec_no_gate; /* tests: draft whenever a record may (no step gate, spec.h) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -76,6 +77,7 @@ typedef struct tm_runner_stats {
      * the drafts accepted, and how many verifications accepted the draft at position i. Rejected
      * drafts are not counted in n_tok_decode. */
     uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
+    uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
     uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
 } tm_runner_stats;
 

@@ -121,6 +121,23 @@ static void test_adaptive(void) {
             ;
     }
     TM_CHECK(st.next == TM_SPEC_PAUSE_MAX);
+    // the step gate's estimate: from TM_SPEC_GAIN0 towards the accepted counts, back when gated
+    st = (tm_spec_state){0};
+    TM_CHECK(tm_spec_gain(&st) == TM_SPEC_GAIN0);
+    for (int i = 0; i < 40; i++)
+        tm_spec_verified(&st, 5, 5);
+    TM_CHECK(fabsf(tm_spec_gain(&st) - 5.0f) < 1e-3f);
+    for (int i = 0; i < 40; i++)
+        tm_spec_verified(&st, 5, 0);
+    TM_CHECK(tm_spec_gain(&st) < 0.01f);
+    for (int i = 0; i < 100; i++)
+        tm_spec_gated(&st);
+    TM_CHECK(tm_spec_gain(&st) > 0.9f * TM_SPEC_GAIN0 && tm_spec_gain(&st) <= TM_SPEC_GAIN0);
+    // the gate: open until both times are known, and for one record; else gain >= B (r - 1)
+    TM_CHECK(tm_spec_gate_open(0.1, 8, 0, 1e-3) && tm_spec_gate_open(0.1, 8, 2e-3, 0));
+    TM_CHECK(tm_spec_gate_open(0.1, 1, 5e-3, 1e-3));
+    TM_CHECK(!tm_spec_gate_open(3.9, 8, 1.5e-3, 1e-3) && tm_spec_gate_open(4.0, 8, 1.5e-3, 1e-3));
+    TM_CHECK(tm_spec_gate_open(0.0, 8, 0.9e-3, 1e-3)); // drafts cost nothing more
 }
 
 // ---- engine.speculative in the job spec ----
@@ -465,7 +482,8 @@ static void run(const variant *v, uint32_t spec_k, result *res) {
                          .lookahead = 16,
                          .spec_k = spec_k,
                          .spec_lookup_min = 2,
-                         .spec_lookup_max = 4};
+                         .spec_lookup_max = 4,
+                         .spec_no_gate = true}; // every draft a record may make (timing aside)
     cfg.defaults.max_tokens = 16;
     cfg.defaults.temperature = v->mode == 0 || v->mode == 3 ? 0.0f : 0.8f;
     cfg.defaults.top_p = v->mode == 0 ? 1.0f : 0.95f;
@@ -709,7 +727,8 @@ static void test_distribution(void) {
                          .lookahead = 16,
                          .spec_k = 3,
                          .spec_lookup_min = 1,
-                         .spec_lookup_max = 2};
+                         .spec_lookup_max = 2,
+                         .spec_no_gate = true};
     cfg.defaults.max_tokens = 3; // one draft at the second token (k <= max_tokens - n_gen - 1)
     cfg.defaults.temperature = 1.0f;
     cfg.defaults.top_k = TOPK;

@@ -35,11 +35,26 @@ int tm_spec_may_draft(tm_spec_state *st) {
     return 0;
 }
 
+float tm_spec_gain(const tm_spec_state *st) { return st->has_gain ? st->gain : TM_SPEC_GAIN0; }
+
+void tm_spec_gated(tm_spec_state *st) {
+    st->gain = tm_spec_gain(st) + TM_SPEC_GAIN_DRIFT * (TM_SPEC_GAIN0 - tm_spec_gain(st));
+    st->has_gain = 1;
+}
+
+int tm_spec_gate_open(double gain, uint32_t n_running, double t_spec_s, double t_plain_s) {
+    if (n_running < 2 || t_spec_s <= 0 || t_plain_s <= 0)
+        return 1;
+    return gain >= n_running * (t_spec_s / t_plain_s - 1.0);
+}
+
 void tm_spec_verified(tm_spec_state *st, uint32_t n_draft, uint32_t n_acc) {
     if (n_draft == 0)
         return;
+    st->gain = tm_spec_gain(st) + TM_SPEC_GAIN_ALPHA * ((float)n_acc - tm_spec_gain(st));
+    st->has_gain = 1;
     if (n_acc > 0) {
-        *st = (tm_spec_state){0};
+        st->miss = st->pause = st->next = 0;
         return;
     }
     if (++st->miss < TM_SPEC_MISS_LIMIT)
