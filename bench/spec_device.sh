@@ -3,22 +3,34 @@
 # one call: the trained demo model (models/demo-pystdlib) at W1 (max_seqs 1) and W8 (max_seqs 8),
 # each job with engine.speculative off and on (ngram, k 5, lookup 2..5):
 #   copy:   copy-heavy prompts (COPY_JSONL, from tools/spec_copy_prompts.py: a stdlib function,
-#           then its first line again), greedy, max_tokens 128;
-#   nocopy: jobs/data/demo.jsonl's ten code starts sampled at temperature 1.0 (seed 1), so the
-#           text has few repeats to copy, max_tokens 128;
+#           then its first line again), each REPEAT times (default 4, ids suffixed), greedy,
+#           max_tokens MAX_TOKENS (default 384; the model's context is 1024);
+#   nocopy: jobs/data/demo.jsonl's ten code starts, REPEAT times, sampled at temperature 1.0
+#           (seeds per line), so the text has few repeats to copy, max_tokens MAX_TOKENS;
 # then, with bench_engine built with CUDA, the 8B shape's mechanism cost (bench_engine --verify 5
-# at batch 8: a verification step of 5 drafts per sequence vs a plain decode step).
+# at batch 8: a verification step of 5 drafts per sequence vs a plain decode step), with the
+# decode step as a CUDA graph (as the runner runs it) and eager (--no-graphs: launch cost aside).
 # Writes OUT_DIR/<job>_<w>_<on|off>/{metrics.json,completions.jsonl}, OUT_DIR/summary.txt (TPOT
 # from the records: (total_ms - ttft_ms) / (tokens - 1), mean over records; greedy equality of the
 # copy job on/off) and OUT_DIR/verify.txt. Needs only bash, coreutils and sed on the machine.
-# BACKEND: cuda (default) or cpu (a local check of the script).
+# BACKEND: cuda (default) or cpu (a local check of the script). SKIP_VERIFY=1: no bench_engine.
 set -uo pipefail
 bin=$(cd "${1:?bin dir}" && pwd)
 out=${2:?out dir}
 backend=${3:-cuda}
-src=$(cd "$(dirname "$0")/.." && pwd)
+src=${SRC:-$(cd "$(dirname "$0")/.." && pwd)} # the tree with models/ and jobs/
 copy=${COPY_JSONL:-$src/tests/fixtures/spec/copy.jsonl}
 mkdir -p "$out"
+repeat=${REPEAT:-4}
+max_tokens=${MAX_TOKENS:-384}
+rep_jsonl() { # IN OUT: each line REPEAT times, "id" suffixed with #r and a "seed" r
+    : >"$2"
+    for r in $(seq 1 "$repeat"); do
+        sed -e "s/\"id\": *\"\([^\"]*\)\"/\"id\": \"\1#$r\", \"seed\": $r/" "$1" >>"$2"
+    done
+}
+rep_jsonl "$copy" "$out/copy_in.jsonl"
+rep_jsonl "$src/jobs/data/demo.jsonl" "$out/nocopy_in.jsonl"
 spec='"speculative": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, "prompt_lookup_max": 5}'
 run_job() { # NAME W INPUT DEFAULTS on|off
     local name=$1 w=$2 input=$3 dflt=$4 s=$5 d="$out/$1_w$2_$5"
@@ -44,14 +56,14 @@ canon() { # completions without timing, cached_tokens and usage.speculative, sor
     sed -e 's/,"timing":{[^}]*}//' -e 's/,"speculative":{[^}]*}//' -e 's/,"cached_tokens":[0-9]*//' \
         "$1/completions.jsonl" | sort
 }
-copy_dflt='{ "max_tokens": 128, "temperature": 0 }'
-nocopy_dflt='{ "max_tokens": 128, "temperature": 1.0, "seed": 1 }'
+copy_dflt="{ \"max_tokens\": $max_tokens, \"temperature\": 0 }"
+nocopy_dflt="{ \"max_tokens\": $max_tokens, \"temperature\": 1.0 }"
 {
-    echo "backend $backend; $(date -u +%FT%TZ); spec: ngram k 5 lookup 2..5"
+    echo "backend $backend; $(date -u +%FT%TZ); spec: ngram k 5 lookup 2..5; x$repeat records, max_tokens $max_tokens"
     for w in 1 8; do
         for job in copy nocopy; do
-            input=$copy dflt=$copy_dflt
-            [ $job = nocopy ] && input=$src/jobs/data/demo.jsonl dflt=$nocopy_dflt
+            input=$out/copy_in.jsonl dflt=$copy_dflt
+            [ $job = nocopy ] && input=$out/nocopy_in.jsonl dflt=$nocopy_dflt
             run_job $job $w "$input" "$dflt" off
             run_job $job $w "$input" "$dflt" on
             a=$(tpot "$out/${job}_w${w}_off") b=$(tpot "$out/${job}_w${w}_on")
@@ -60,12 +72,16 @@ nocopy_dflt='{ "max_tokens": 128, "temperature": 1.0, "seed": 1 }'
             n_diff=$(diff <(canon "$out/${job}_w${w}_off") <(canon "$out/${job}_w${w}_on") | grep -c '^<')
             acc=$(tr -d ' \n' <"$out/${job}_w${w}_on/metrics.json" |
                 sed -n 's/.*"speculative":{\([^]]*\]\),"acceptance_rate_per_pos".*/\1/p')
-            echo "$job W$w: TPOT off $a ms, on $b ms, speed-up $(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", a/b}')x; records on/off $same ($n_diff differ); $acc"
+            steps=$(for s in off on; do tr -d ' \n' <"$out/${job}_w${w}_$s/metrics.json" | sed -n 's/.*"engine":{"steps":\([0-9]*\).*/\1/p'; echo; done | paste -sd/)
+            echo "$job W$w: steps off/on $steps; TPOT off $a ms, on $b ms, speed-up $(awk -v a="$a" -v b="$b" 'BEGIN{printf "%.3f", a/b}')x; records on/off $same ($n_diff differ); $acc"
         done
     done
 } | tee "$out/summary.txt"
-if [ -x "$bin/bench_engine" ] && [ "$backend" = cuda ]; then
-    "$bin/bench_engine" --shape llama8b --batch 8 --prompt 512 --gen 64 --reps 1 --no-ceiling \
-        --verify 5 >"$out/verify.txt" 2>"$out/verify.log" || echo "bench_engine failed" >>"$out/verify.txt"
-    grep -E "verify|speed-up|decode" "$out/verify.txt"
+if [ -x "$bin/bench_engine" ] && [ "$backend" = cuda ] && [ -z "${SKIP_VERIFY:-}" ]; then
+    for g in "" --no-graphs; do
+        "$bin/bench_engine" --shape llama8b --batch 8 --prompt 512 --gen 64 --reps 1 --no-ceiling \
+            --verify 5 $g >"$out/verify$g.txt" 2>"$out/verify$g.log" || echo "bench_engine failed" >>"$out/verify$g.txt"
+        echo "bench_engine --verify 5 ${g:-(graphs)}:"
+        grep -E "^verify|^speed-up|^decode" "$out/verify$g.txt"
+    done
 fi
