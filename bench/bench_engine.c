@@ -80,7 +80,7 @@ static void usage(void) {
         "                    [--batch B[,B...]] [--prompt L] [--gen N]\n"
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
-        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all]\n"
+        "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all|--sample-device]\n"
         "                    [--verify K]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
@@ -90,6 +90,7 @@ static void usage(void) {
         "    random weights of that shape, as for --shape)\n"
         "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
         "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
+        "  --sample-device: the same without the host-sampled mode\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -225,6 +226,36 @@ static double copy_bw(void) {
     }
     cudaFree(a);
     cudaFree(b);
+    return res;
+}
+
+typedef struct read_op {
+    const void *p;
+    size_t n;
+    float *out;
+} read_op;
+
+static void run_read(void *ctx) {
+    const read_op *r = ctx;
+    tm_err e = {0};
+    (void)tm_k_read_stream(r->p, r->n, r->out, 0, &e);
+}
+
+/* Read-only stream of 4 GiB (the anchors' x.sum() over 4 GiB of bf16), GB/s of bytes read;
+ * median of 20. Reported beside the copy figure; the floors use the copy (BENCHMARKS.md). */
+static double read_bw(void) {
+    const size_t n = (size_t)4 << 30;
+    void *a = NULL;
+    float *out = NULL;
+    double res = 0.0;
+    if (cudaMalloc(&a, n) == cudaSuccess &&
+        cudaMalloc((void **)&out, TM_K_READ_BLOCKS * sizeof(float)) == cudaSuccess) {
+        cudaMemset(a, 0, n);
+        read_op r = {.p = a, .n = n, .out = out};
+        res = n / (median_ms(run_read, &r, 3, 20) * 1e-3) / 1e9;
+    }
+    cudaFree(a);
+    cudaFree(out);
     return res;
 }
 
@@ -424,7 +455,196 @@ static double verify_ms(tm_engine *eng, uint32_t B, uint32_t P, uint32_t n, uint
     return median(t, 50);
 }
 
+/* ---- DeepSeek-V4-Flash (--shape dsv4-flash [--layers N]; issue 21) ----
+ * Flash widths (transformers' DeepseekV4Config defaults), the first --layers layers (default 4:
+ * layers 0-1 sliding, then CSA / HCA alternating; 0-2 hash-routed MoE), random weights on the
+ * device: --quant fp8-block (default: q_a, q_b, kv_proj, o_b and the shared expert as e4m3 with
+ * 128 x 128 block scales, the routed experts MXFP4; o_a, compressor, indexer and router bf16) or
+ * bf16. A run per batch size:
+ * prefill B prompts of L tokens in one step, then N - 1 greedy decode steps (best of --reps
+ * after a warm-up that captures the graphs); per-layer decode ms = step ms / layers (the head is
+ * charged to the layers). The bytes floor (docs/deepseek_v4.md) of a step is printed next to it,
+ * from the device-copy bandwidth measured in this run. */
+#include <jansson.h>
+
+#include "runner/model/model_dsv4.h"
+
+static int dsv4_bench(int argc, char **argv) {
+    uint32_t n_layer = 4, L = 512, N = 64, batches[8] = {1, 8}, n_batch = 2, reps = 1;
+    const char *quant = "fp8-block";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--layers"))
+            n_layer = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--prompt"))
+            L = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--gen"))
+            N = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--reps"))
+            reps = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--quant"))
+            quant = v;
+        else if (!strcmp(a, "--batch")) {
+            n_batch = 0;
+            for (char *p = (char *)v; *p && n_batch < 8;) {
+                batches[n_batch++] = (uint32_t)strtoul(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        }
+    }
+    if (n_layer < 1 || n_layer > 64 || L < 1 || N < 2 || !reps || !n_batch) {
+        fprintf(stderr, "bench_engine dsv4: bad --layers/--prompt/--gen/--reps/--batch\n");
+        return 2;
+    }
+    const int mx = !strcmp(quant, "fp8-block");
+    char cfg[8192];
+    int o = snprintf(cfg, sizeof(cfg),
+                     "{\"architectures\":[\"DeepseekV4ForCausalLM\"],\"vocab_size\":129280,"
+                     "\"hidden_size\":4096,\"moe_intermediate_size\":2048,"
+                     "\"num_hidden_layers\":%u,\"num_attention_heads\":64,"
+                     "\"num_key_value_heads\":1,\"head_dim\":512,\"q_lora_rank\":1024,"
+                     "\"partial_rotary_factor\":0.125,\"num_experts_per_tok\":6,"
+                     "\"n_routed_experts\":256,\"scoring_func\":\"sqrtsoftplus\","
+                     "\"routed_scaling_factor\":1.5,\"max_position_embeddings\":65536,"
+                     "\"rope_theta\":10000.0,\"compress_rope_theta\":160000.0,"
+                     "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":16.0,"
+                     "\"original_max_position_embeddings\":4096,\"beta_fast\":32.0,"
+                     "\"beta_slow\":1.0},\"hc_mult\":4,\"hc_sinkhorn_iters\":20,"
+                     "\"hc_eps\":1e-6,\"swiglu_limit\":10.0,\"sliding_window\":128,"
+                     "\"o_groups\":8,\"o_lora_rank\":1024,\"index_n_heads\":64,"
+                     "\"index_head_dim\":128,\"index_topk\":512,\"hidden_act\":\"silu\","
+                     "\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":false,"
+                     "\"bos_token_id\":0,\"eos_token_id\":1,\"num_hash_layers\":3,"
+                     "\"compress_ratios\":[",
+                     n_layer);
+    for (uint32_t i = 0; i < n_layer; i++)
+        o += snprintf(cfg + o, sizeof(cfg) - (size_t)o, "%s%d", i ? "," : "",
+                      i < 2   ? 0
+                      : i % 2 ? 128
+                              : 4);
+    snprintf(cfg + o, sizeof(cfg) - (size_t)o, "]}");
+    json_error_t je;
+    json_t *root = json_loads(cfg, 0, &je);
+    tm_model m = {0};
+    tm_dsv4 *d = NULL;
+    tm_err err = {0};
+    if (!root || tm_dsv4_config_parse(root, NULL, &m.cfg, &d, &err)) {
+        fprintf(stderr, "bench_engine dsv4: config: %s %s\n", je.text, err.msg);
+        return 1;
+    }
+    json_decref(root);
+    m.cfg.arch = TM_ARCH_DEEPSEEK_V4;
+    m.arch_w = d;
+    uint32_t Bmax = 0;
+    for (uint32_t i = 0; i < n_batch; i++)
+        Bmax = batches[i] > Bmax ? batches[i] : Bmax;
+    const uint32_t bs = 128, per_seq = (L + N + bs - 1) / bs;
+    tm_engine_opts eo = {.block_size = bs,
+                         .n_kv_block = Bmax * per_seq,
+                         .max_seqs = Bmax,
+                         .max_batched_tokens = Bmax * L};
+    const double bw = copy_bw();
+    tm_engine *eng = NULL;
+    const double t0 = (tm_now_ms() / 1e3);
+    if (tm_engine_cuda_create_random_fmt(&m, &eo, 7, mx ? TM_CUDA_W_FP8_BLOCK : TM_CUDA_W_BF16,
+                                         &eng, &err)) {
+        fprintf(stderr, "bench_engine dsv4: create: %s\n", err.msg);
+        return 1;
+    }
+    if (getenv("TM_DSV4_NO_GRAPHS")) // eager decode steps (with TM_CUDA_PROFILE=1: per-op times)
+        tm_engine_cuda_set_graphs(eng, 0);
+    printf("dsv4-flash: %u layers, dense %s, experts %s, create %.1f s, copy bandwidth %.0f "
+           "GB/s\n",
+           n_layer, mx ? "fp8-block (o_a bf16)" : "bf16", mx ? "mxfp4" : "bf16",
+           (tm_now_ms() / 1e3) - t0, bw);
+    // Bytes a decode step reads per layer (docs/deepseek_v4.md), as this engine stores them.
+    const double D = 4096, hd = 512, H = 64, qr = 1024, G = 8, olr = 1024, I = 2048, E = 256, k = 6,
+                 di = 128, Hi = 64, V = 129280;
+    // q_a, q_b, kv_proj, o_b and the shared expert: e4m3 (+ fp32 block scales) with fp8-block;
+    // o_a (grouped), compressor, indexer, router: bf16
+    const double wb = mx ? 1.0 + 4.0 / (128 * 128) : 2.0;
+    const double attn = wb * (qr * D + H * hd * qr + hd * D + D * G * olr) +
+                        2 * G * olr * (H * hd / G);
+    const double csa = 2 * (2 * 2 * hd * D + 4 * di * D + Hi * di * qr + Hi * D);
+    const double hca = 2 * (2 * hd * D);
+    const double hc = 2 * 24 * 4 * D * 4, router = E * D * 2, shared = 3 * I * D * wb;
+    const double expert = 3 * I * D * (mx ? 0.5 + 1.0 / 32 : 2.0);
+    const double head = V * D * 2;
+    uint32_t *tok = calloc((size_t)Bmax * L, 4), *bt = calloc((size_t)Bmax * per_seq, 4);
+    tm_batch_seq *sq = calloc(Bmax, sizeof(*sq));
+    uint32_t *ids = calloc(Bmax, 4);
+    for (size_t i = 0; i < (size_t)Bmax * L; i++)
+        tok[i] = (uint32_t)((i * 2654435761u) % 129280);
+    for (size_t i = 0; i < (size_t)Bmax * per_seq; i++)
+        bt[i] = (uint32_t)i;
+    int rc = 0;
+    for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
+        const uint32_t B = batches[bi];
+        double best_pf = 1e30, best_dec = 1e30;
+        for (uint32_t rep = 0; rep <= reps && !rc; rep++) { // rep 0: warm-up (graph capture)
+            for (uint32_t s = 0; s < B; s++)
+                sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
+                                       .n_tok = L,
+                                       .pos = 0,
+                                       .block_table = bt + (size_t)s * per_seq,
+                                       .n_block = per_seq,
+                                       .want_logits = 1};
+            tm_batch b = {.seqs = sq, .n_seq = B};
+            double ta = (tm_now_ms() / 1e3);
+            rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
+            const double pf = (tm_now_ms() / 1e3) - ta;
+            uint32_t next[64];
+            for (uint32_t s = 0; s < B && s < 64; s++)
+                next[s] = ids[s];
+            ta = (tm_now_ms() / 1e3);
+            for (uint32_t step = 1; step < N && !rc; step++) {
+                for (uint32_t s = 0; s < B; s++) {
+                    sq[s].tokens = &next[s];
+                    sq[s].n_tok = 1;
+                    sq[s].pos = L + step - 1;
+                }
+                rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
+                for (uint32_t s = 0; s < B; s++)
+                    next[s] = ids[s];
+            }
+            const double dec = ((tm_now_ms() / 1e3) - ta) / (N - 1);
+            if (rep > 0) {
+                best_pf = pf < best_pf ? pf : best_pf;
+                best_dec = dec < best_dec ? dec : best_dec;
+            }
+        }
+        if (rc) {
+            fprintf(stderr, "bench_engine dsv4: forward: %s\n", err.msg);
+            break;
+        }
+        const double hit = E * (1.0 - pow(1.0 - k / E, B)); // distinct experts, uniform routing
+        uint32_t n_csa = 0, n_hca = 0;
+        for (uint32_t l = 0; l < n_layer; l++)
+            n_csa += d->cfg.attn[l] == TM_DSV4_ATTN_CSA,
+                n_hca += d->cfg.attn[l] == TM_DSV4_ATTN_HCA;
+        const double layer_b = attn + hc + router + shared + hit * expert +
+                               (n_csa * csa + n_hca * hca) / n_layer;
+        const double floor_ms = (layer_b * n_layer + head) / (bw * 1e9) * 1e3;
+        const double step_ms = best_dec * 1e3;
+        printf("dsv4-flash B=%u L=%u N=%u: prefill %.1f ms (%.0f tok/s), decode %.3f ms/step "
+               "(%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the layers);"
+               " bytes floor %.3f ms/step (%.1f MB/layer, %.1f distinct experts) -> %.0f%% of "
+               "floor; full depth 43 layers extrapolated %.2f ms/step = %.1f tok/s/seq\n",
+               B, L, N, best_pf * 1e3, B * L / best_pf, step_ms, 1e3 / step_ms, B * 1e3 / step_ms,
+               step_ms / n_layer, floor_ms, layer_b / 1e6, hit, 100.0 * floor_ms / step_ms,
+               step_ms / n_layer * 43, 1e3 / (step_ms / n_layer * 43));
+    }
+    free(tok), free(bt), free(sq), free(ids);
+    tm_engine_destroy(eng);
+    tm_dsv4_destroy(d);
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) // DeepSeek-V4 (issue 21): its own loop above
+        if (!strcmp(argv[i], "--shape") && !strcmp(argv[i + 1], "dsv4-flash"))
+            return dsv4_bench(argc, argv);
     const char *shape = "llama8b", *model_dir = NULL, *batch_list = "8";
     uint32_t B = 8, L = 512, N = 256, reps = 3;
     uint32_t batches[16], n_batch = 0;
@@ -457,6 +677,8 @@ int main(int argc, char **argv) {
             use_logits = 1;
         else if (!strcmp(a, "--sample-all"))
             sample_all = 1;
+        else if (!strcmp(a, "--sample-device")) // --sample-all without the host mode
+            sample_all = 2;
         else if (!strcmp(a, "--no-ceiling"))
             ceiling = 0;
         else if (!strcmp(a, "--quant") && v)
@@ -580,6 +802,12 @@ int main(int argc, char **argv) {
         tm_rdzv_close(rdzv);
         return r ? 1 : 0;
     }
+    // The ceilings before any engine exists: measured after the runs, the same copy read ~11%
+    // lower (3,787 vs 4,240 GB/s on one H200, bench/RESULTS.md 2026-12-01); that figure is
+    // printed too ("after the runs").
+    const double bw = ceiling ? copy_bw() : 0.0;
+    const double rbw = ceiling ? read_bw() : 0.0;
+    const double tflops = ceiling ? gemm_tflops() : 0.0;
     double t0 = tm_now_ms();
     tm_rc crc = TM_OK;
     if (tp > 1) {
@@ -644,7 +872,7 @@ int main(int argc, char **argv) {
         if (tm_sample_scratch_init(&scr, c->n_vocab, &err))
             return 1;
         double ms[N_SAMPLE_MODES];
-        for (int md = 0; md < N_SAMPLE_MODES; md++) {
+        for (int md = 0; md < (sample_all == 2 ? N_SAMPLE_MODES - 1 : N_SAMPLE_MODES); md++) {
             for (uint32_t i = 0; i <= reps; i++) {
                 if (!run_once(eng, c, B, L, N, 0, tok, bt, logits, &r, 100 + i, md, &scr))
                     return 1;
@@ -706,8 +934,11 @@ int main(int argc, char **argv) {
         }
         w_bytes = c->n_layer * (lin + sc + 2 * 4.0 * d + bias) + 4.0 * d + 2.0 * c->n_vocab * d;
     }
-    const double bw = ceiling ? copy_bw() : 0.0;
-    const double tflops = ceiling ? gemm_tflops() : 0.0;
+    const double bw_after = ceiling ? copy_bw() : 0.0;
+    if (ceiling)
+        printf("ceilings before the engine: copy %.0f GB/s, read-only %.0f GB/s, bf16 GEMM %.1f "
+               "TFLOP/s; copy after the runs %.0f GB/s\n",
+               bw, rbw, tflops, bw_after);
     int dev = 0;
     struct cudaDeviceProp prop;
     cudaGetDevice(&dev);
@@ -737,11 +968,12 @@ int main(int argc, char **argv) {
         printf("decode %.2f ms/step, %.1f tok/s/seq, %.1f tok/s aggregate\n", step_ms, per_seq,
                per_seq * b);
         if (bw > 0 && N > 1)
-            printf("ceiling: copy %.0f GB/s, weights %.2f GB + KV %.3f GB per step -> floor %.3f "
-                   "ms, %.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling (%.3f ms a "
-                   "step above the floor)\n",
-                   bw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * b,
-                   100.0 * per_seq / ceil_seq, step_ms - floor_ms);
+            printf(
+                "ceiling: copy %.0f GB/s (read-only stream %.0f GB/s), weights %.2f GB + KV %.3f GB per step -> floor %.3f "
+                "ms, %.1f tok/s/seq, %.0f aggregate; decode at %.1f%% of ceiling (%.3f ms a "
+                "step above the floor)\n",
+                bw, rbw, w_bytes / 1e9, kv_bytes / 1e9, floor_ms, ceil_seq, ceil_seq * b,
+                100.0 * per_seq / ceil_seq, step_ms - floor_ms);
         // Prefill floor (the anchors' report.py): layer matmuls for b*L tokens, the LM head for
         // the last token of each prompt, causal attention; max(FLOPs / GEMM rate, bytes / bw).
         const double pf_flops = 2.0 * b * L * c->n_layer * (layer - 2 * d) +
@@ -759,10 +991,10 @@ int main(int argc, char **argv) {
                "\"w_gb\":%.3f,"
                "\"B\":%u,\"L\":%u,\"N\":%u,\"graphs\":%d,\"logits\":%d,"
                "\"ttft_ms\":%.3f,\"step_ms\":%.4f,\"floor_ms\":%.4f,\"decode_tok_s_seq\":%.2f,"
-               "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
+               "\"decode_tok_s\":%.1f,\"copy_gbs\":%.0f,\"read_gbs\":%.0f,\"ceiling_tok_s\":%.1f,"
                "\"pct_ceiling\":%.1f}\n",
                tp, shape, arch, quant, kv_name, w_bytes / 1e9, b, L, N, graphs, use_logits, ttft_ms,
-               step_ms, floor_ms, per_seq, per_seq * b, bw, ceil_seq * b,
+               step_ms, floor_ms, per_seq, per_seq * b, bw, rbw, ceil_seq * b,
                ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     }
     if (verify_k && v_plain > 0 && v_spec > 0) {

@@ -50,3 +50,39 @@ extern "C" tm_rc tm_k_fill_e4m3(const tm_k_fill_e4m3_args *a, cudaStream_t s, tm
     fill_e4m3_kernel<<<grid, 256, 0, s>>>(a->p, a->n, a->seed, a->amax);
     return tm_cuda_launched(err, s, "fill_e4m3");
 }
+
+static __global__ void __launch_bounds__(512)
+    read_stream_kernel(const uint4 *p, size_t n, float *out) {
+    float acc = 0.0f;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = __ldcs(p + i); // streaming: no reuse
+        const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            acc += __uint_as_float(w[k] << 16) + __uint_as_float(w[k] & 0xffff0000u);
+    }
+    __shared__ float red[32];
+    for (int o = 16; o > 0; o >>= 1)
+        acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (unsigned w = 0; w < blockDim.x / 32; w++)
+            t += red[w];
+        out[blockIdx.x] = t;
+    }
+}
+
+extern "C" tm_rc tm_k_read_stream(const void *p, size_t n_bytes, float *out, cudaStream_t s,
+                                  tm_err *err) {
+    TM_ASSERT(p && out && n_bytes % 16 == 0 && ((uintptr_t)p & 15) == 0);
+    const size_t n = n_bytes / 16;
+    if (n == 0)
+        return TM_OK;
+    const unsigned grid = (unsigned)TM_MIN(TM_CEIL_DIV(n, (size_t)512), (size_t)TM_K_READ_BLOCKS);
+    read_stream_kernel<<<grid, 512, 0, s>>>((const uint4 *)p, n, out);
+    return tm_cuda_launched(err, s, "read_stream");
+}

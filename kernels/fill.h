@@ -37,6 +37,13 @@ typedef struct tm_k_fill_e4m3_args {
 
 tm_rc tm_k_fill_e4m3(const tm_k_fill_e4m3_args *a, cudaStream_t s, tm_err *err);
 
+/* Read-only stream for the bandwidth ceiling (bench_engine, as the anchors' x.sum() over 4 GiB
+ * of bf16): every 16-byte word of p[0, n_bytes) read once (n_bytes a multiple of 16, p 16-byte
+ * aligned), its bf16 values summed in fp32 per block into out[block] (the sums keep the loads
+ * live; their values are not meaningful). out holds TM_K_READ_BLOCKS floats. */
+#define TM_K_READ_BLOCKS 4224
+tm_rc tm_k_read_stream(const void *p, size_t n_bytes, float *out, cudaStream_t s, tm_err *err);
+
 #ifdef __cplusplus
 }
 #endif

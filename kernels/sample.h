@@ -3,8 +3,9 @@
  * values is NaN or infinite (the runner's greedy sampler fails such a row). Host reference: a
  * linear scan (the runner's greedy sampler in runner/sched/sample.c picks the first maximum the
  * same way). tm_k_sample_f32: the whole sampler of docs/sampling.md per row (logits processing,
- * greedy or top-k / top-p / min-p and the draw of a given uniform, and the raw row's logprobs);
- * host reference: tm_sample_token and tm_sample_logprobs (runner/sched/sample.h). */
+ * an allowed-ids bitmask, greedy or top-k / top-p / min-p and the draw of a given uniform, and
+ * the raw row's logprobs), one thread block cluster (sm_90+) per row; host reference:
+ * tm_sample_token and tm_sample_logprobs (runner/sched/sample.h). */
 #ifndef TM_KERNELS_SAMPLE_H
 #define TM_KERNELS_SAMPLE_H
 
@@ -43,8 +44,11 @@ typedef struct tm_k_sample_row {
     uint32_t hist0, n_hist, n_hist_prompt; /* history: pk[hist0, hist0 + n_hist) */
     uint32_t bias0, n_bias; /* bias ids pk[bias0 + j], values pk[bias0 + n_bias + j] */
     uint32_t mask0, n_mask; /* masked ids pk[mask0 + j] */
-    uint32_t n_top;         /* logprobs alternatives, <= TM_K_SAMPLE_MAX_TOP */
-    uint32_t want_lp;       /* 1: lp and the alternatives */
+    uint32_t allow0;        /* with has_allow: id i may be picked only when bit (i & 31) of
+                             * pk[allow0 + (i >> 5)] is set (ceil(n_limit / 32) words) */
+    uint32_t has_allow;
+    uint32_t n_top;   /* logprobs alternatives, <= TM_K_SAMPLE_MAX_TOP */
+    uint32_t want_lp; /* 1: lp and the alternatives */
 } tm_k_sample_row;
 
 typedef struct tm_k_sample_f32_args {
@@ -53,7 +57,6 @@ typedef struct tm_k_sample_f32_args {
     uint32_t *top_ids;           /* [n_row][TM_K_SAMPLE_MAX_TOP] */
     float *top_lp;               /* [n_row][TM_K_SAMPLE_MAX_TOP] */
     const float *logits;         /* [n_row][n_col] fp32, read only */
-    float *work;                 /* [n_row][n_col] scratch: the processed logits */
     uint32_t *cnt;               /* [n_row][n_col] all 0 on entry, left all 0 */
     const tm_k_sample_row *rows; /* [n_row] */
     const uint32_t *pk;          /* packed history / bias / mask arrays (bias values as bits) */
@@ -61,7 +64,15 @@ typedef struct tm_k_sample_f32_args {
     uint32_t n_limit; /* only columns [0, n_limit) are candidates; 0 or >= n_col: all */
 } tm_k_sample_f32_args;
 
-/* Launches on s (one block per row); n_row 0 launches nothing. */
+/* 1 when tm_k_sample_f32 can run rows of n_col ids on device (compute capability 9.0+ for
+ * thread block clusters; a row's ids fit the shared memory of one cluster; n_col <= 2^19). */
+int tm_k_sample_f32_supported(uint32_t n_col, int device);
+
+/* Loads the kernel and sets its shared-memory size for rows of n_col ids on the current device
+ * (optional; keeps that one-time cost out of the first launch). */
+tm_rc tm_k_sample_f32_prepare(uint32_t n_col, tm_err *err);
+
+/* Launches on s (one cluster of 8 blocks per row); n_row 0 launches nothing. */
 tm_rc tm_k_sample_f32(const tm_k_sample_f32_args *a, cudaStream_t s, tm_err *err);
 
 #ifdef __cplusplus

@@ -56,6 +56,8 @@ typedef struct mk_opts {
     /* deepseek_v4 only */
     const char *dsv4_layers; /* one letter per layer: s, c, h */
     const char *dsv4_mlp;    /* one letter per layer: h (hash_moe), m (moe) */
+    const char *dsv4_mtp;    /* NULL, or the MTP layer's attention and MLP letters ("sm") */
+    long mtp_copy;           /* -1, or the main layer whose values the MTP block copies */
     long q_lora, o_groups, o_lora, experts, experts_used, window, index_heads, index_dim,
         index_topk, hc, rope_dim, hca_ratio, yarn;
     /* quantization (docs/quantization.md) */
@@ -80,6 +82,7 @@ static void usage(void) {
             "             [--o-lora R] [--experts E] [--experts-used K] [--window W]\n"
             "             [--index-heads N] [--index-dim D] [--index-topk K] [--hc N]\n"
             "             [--rope-dim D] [--hca-ratio R] [--yarn 0|1] [--expert-dtype fp4|fp8]\n"
+            "             [--dsv4-mtp AM (attention s/c/h, MLP h/m)] [--dsv4-mtp-copy L]\n"
             "quantized:   [--quant none|fp8-block|fp8-block-ue8m0|fp8-channel|fp8-tensor]\n"
             "             [--quant-block N] [--ct-static 0|1] [--dequant-copy DIR]\n"
             "Defaults: llama, seed 1, 2 layers, hidden 64, 4 heads, 2 kv heads, ff 128, vocab 256\n"
@@ -456,6 +459,13 @@ static json_t *make_dsv4_config(const mk_opts *o) {
                                                          : "heavily_compressed_attention"));
         json_array_append_new(mt, json_string(m == 'h' ? "hash_moe" : "moe"));
     }
+    if (o->dsv4_mtp && strcmp(o->dsv4_mtp, "sm")) { // the MTP layer's kinds, entry n_layer
+        char a = o->dsv4_mtp[0], m = o->dsv4_mtp[1];
+        json_array_append_new(lt, json_string(a == 's'   ? "sliding_attention"
+                                              : a == 'c' ? "compressed_sparse_attention"
+                                                         : "heavily_compressed_attention"));
+        json_array_append_new(mt, json_string(m == 'h' ? "hash_moe" : "moe"));
+    }
     json_object_set_new(c, "layer_types", lt);
     json_object_set_new(c, "mlp_layer_types", mt);
     json_t *rates = json_object();
@@ -472,7 +482,7 @@ static json_t *make_dsv4_config(const mk_opts *o) {
     json_object_set_new(c, "index_n_heads", json_integer(o->index_heads));
     json_object_set_new(c, "index_head_dim", json_integer(o->index_dim));
     json_object_set_new(c, "index_topk", json_integer(o->index_topk));
-    json_object_set_new(c, "num_nextn_predict_layers", json_integer(0));
+    json_object_set_new(c, "num_nextn_predict_layers", json_integer(o->dsv4_mtp ? 1 : 0));
     json_object_set_new(c, "hidden_act", json_string("silu"));
     json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
     json_object_set_new(c, "initializer_range", json_real(0.02));
@@ -579,7 +589,8 @@ typedef struct mk_tensor {
      * (packed FP4 stores half of it) */
     tm_quant quant;
     uint32_t qblock[2];
-    long scale_at; /* -1: none; -2: this tensor is a scale (or input_scale) itself */
+    long scale_at;       /* -1: none; -2: this tensor is a scale (or input_scale) itself */
+    char seed_name[128]; /* non-empty: values drawn as for the tensor of this name (a copy) */
     uint64_t cols;
 } mk_tensor;
 
@@ -605,6 +616,7 @@ static void add3(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint
     x->borrowed = 0;
     x->quant = TM_QUANT_NONE;
     x->scale_at = -1;
+    x->seed_name[0] = '\0';
 }
 
 static void add(mk_tensor *t, size_t *n, const char *name, uint32_t n_dim, uint64_t d0, uint64_t d1,
@@ -628,10 +640,12 @@ static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
     add(t, &n, "model.hc_head.hc_scale", 1, 1, 0, MK_NORM_W, 0.1);
     if (!o->tied)
         add(t, &n, "lm_head.weight", 2, v, e, MK_NORMAL, 2.0 / sqrt((double)e));
-    for (long il = 0; il < o->layers; il++) {
+    for (long il = 0; il < o->layers + (o->dsv4_mtp != NULL); il++) {
         char nm[128];
-        const char at = o->dsv4_layers[il];
-        const int hash = o->dsv4_mlp[il] == 'h';
+        const int mtp = il == o->layers; // the MTP layer: its block, then its own tensors
+        const char at = mtp ? o->dsv4_mtp[0] : o->dsv4_layers[il];
+        const int hash = (mtp ? o->dsv4_mtp[1] : o->dsv4_mlp[il]) == 'h';
+        const size_t n0 = n;
 #define L(suffix) (snprintf(nm, sizeof(nm), "model.layers.%ld.%s", il, suffix), nm)
         const char *hcs[2] = {"attn_hc", "ffn_hc"};
         for (int k = 0; k < 2; k++) {
@@ -688,6 +702,25 @@ static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
         add(t, &n, L("mlp.shared_experts.up_proj.weight"), 2, I, e, MK_NORMAL, se);
         add(t, &n, L("mlp.shared_experts.down_proj.weight"), 2, e, I, MK_NORMAL,
             1.0 / sqrt((double)I));
+        if (mtp) {
+            // --dsv4-mtp-copy: the block takes layer L's values, the head the model's own
+            for (size_t i = n0; o->mtp_copy >= 0 && i < n; i++)
+                snprintf(t[i].seed_name, sizeof(t[i].seed_name), "model.layers.%ld.%s", o->mtp_copy,
+                         t[i].name + strlen(L("")));
+            static const char *const head_src[4] = {"model.norm.weight", "model.hc_head.hc_fn",
+                                                    "model.hc_head.hc_base",
+                                                    "model.hc_head.hc_scale"};
+            add(t, &n, L("enorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+            add(t, &n, L("hnorm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+            add(t, &n, L("e_proj.weight"), 2, e, e, MK_NORMAL, se);
+            add(t, &n, L("h_proj.weight"), 2, e, e, MK_NORMAL, se);
+            add(t, &n, L("norm.weight"), 1, e, 0, MK_NORM_W, 0.1);
+            add(t, &n, L("hc_head_fn"), 2, N, N * e, MK_NORMAL, 1.0 / sqrt((double)(N * e)));
+            add(t, &n, L("hc_head_base"), 1, N, 0, MK_NORMAL, 0.5);
+            add(t, &n, L("hc_head_scale"), 1, 1, 0, MK_NORM_W, 0.1);
+            for (int k = 0; o->mtp_copy >= 0 && k < 4; k++)
+                snprintf(t[n - 4 + k].seed_name, sizeof(t[n - 4 + k].seed_name), "%s", head_src[k]);
+        }
 #undef L
     }
     return n;
@@ -735,7 +768,7 @@ static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
     if (!t->data)
         return TM_ERR(err, TM_E_NOMEM, "%s: %llu elements", t->name, (unsigned long long)n);
     mk_rng r;
-    rng_seed(&r, o->seed, t->name);
+    rng_seed(&r, o->seed, t->seed_name[0] ? t->seed_name : t->name);
     if (t->init == MK_HASH) {
         // Each row: k distinct expert ids (a partial Fisher-Yates shuffle of 0..E-1).
         uint32_t n_e = (uint32_t)t->std, k = (uint32_t)t->shape[1], perm[4096];
@@ -785,11 +818,16 @@ static tm_quant quant_scheme(const mk_opts *o, const char *name) {
     if (is_dsv4(o)) {
         if (ends_with(name, "mlp.experts.gate_up_proj") || ends_with(name, "mlp.experts.down_proj"))
             return o->expert;
-        static const char *const dense[] = {
-            "self_attn.q_a_proj.weight",         "self_attn.q_b_proj.weight",
-            "self_attn.kv_proj.weight",          "self_attn.o_a_proj.weight",
-            "self_attn.o_b_proj.weight",         "mlp.shared_experts.gate_proj.weight",
-            "mlp.shared_experts.up_proj.weight", "mlp.shared_experts.down_proj.weight"};
+        static const char *const dense[] = {"self_attn.q_a_proj.weight",
+                                            "self_attn.q_b_proj.weight",
+                                            "self_attn.kv_proj.weight",
+                                            "self_attn.o_a_proj.weight",
+                                            "self_attn.o_b_proj.weight",
+                                            "mlp.shared_experts.gate_proj.weight",
+                                            "mlp.shared_experts.up_proj.weight",
+                                            "mlp.shared_experts.down_proj.weight",
+                                            ".e_proj.weight",
+                                            ".h_proj.weight"};
         for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
             if (ends_with(name, dense[i]) && !strstr(name, "compressor"))
                 return o->quant;
@@ -1067,6 +1105,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
                    .rope_theta = 10000.0,
                    .dsv4_layers = "sc",
                    .dsv4_mlp = "hm",
+                   .mtp_copy = -1,
                    .q_lora = 32,
                    .o_groups = 2,
                    .o_lora = 16,
@@ -1148,6 +1187,10 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->tokenizer = v;
         else if (!strcmp(a, "--dsv4-layers"))
             o->dsv4_layers = v, ok = strspn(v, "sch") == strlen(v);
+        else if (!strcmp(a, "--dsv4-mtp"))
+            o->dsv4_mtp = v, ok = strlen(v) == 2 && strchr("sch", v[0]) && strchr("hm", v[1]);
+        else if (!strcmp(a, "--dsv4-mtp-copy"))
+            ok = parse_long(v, 0, 4095, &o->mtp_copy);
         else if (!strcmp(a, "--dsv4-mlp"))
             o->dsv4_mlp = v, ok = strspn(v, "hm") == strlen(v);
         else if (!strcmp(a, "--q-lora"))
@@ -1228,6 +1271,13 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             return 0;
         }
     }
+    if (is_dsv4(o) && o->mtp_copy >= 0 &&
+        (!o->dsv4_mtp || o->mtp_copy >= o->layers ||
+         o->dsv4_layers[o->mtp_copy] != o->dsv4_mtp[0] ||
+         o->dsv4_mlp[o->mtp_copy] != o->dsv4_mtp[1])) {
+        fprintf(stderr, "mkmodel: --dsv4-mtp-copy L needs --dsv4-mtp with layer L's letters\n");
+        return 0;
+    }
     if (is_dsv4(o) && !o->expert_set)
         o->expert = o->quant; // experts stored like the dense linears
     if (is_dsv4(o) && o->quant != TM_QUANT_NONE && o->quant != TM_QUANT_FP8_BLOCK) {
@@ -1305,7 +1355,7 @@ int main(int argc, char **argv) {
     rc = mkdir_p(o.out, &err);
     if (rc)
         goto out;
-    t = tm_calloc(8 + (size_t)o.layers * 48 * 3, sizeof(*t)); // + scales and input scales
+    t = tm_calloc(16 + (size_t)(o.layers + 1) * 48 * 3, sizeof(*t)); // + scales, input scales, MTP
     if (!t) {
         rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
         goto out;

@@ -84,6 +84,7 @@ void tm_job_destroy(tm_job *job) {
     for (uint32_t i = 0; i < job->n_continuations; i++)
         tm_free(job->continuations[i]);
     tm_free(job->continuations);
+    tm_free(job->guided);
     tm_free(job);
 }
 

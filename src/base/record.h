@@ -82,6 +82,16 @@ typedef enum tm_rec_format {
     TM_REC_FORMAT_OPENAI, /* OpenAI Batch line with another/unreadable url (errors only) */
 } tm_rec_format;
 
+/* Structured output (issue 26): what constrains a record's answer (tm_job.guided_kind); the
+ * values are runner/guided/guided.h's tm_guide_kind. */
+enum {
+    TM_GUIDED_NONE = 0,
+    TM_GUIDED_JSON_SCHEMA = 1, /* guided: the schema's JSON text */
+    TM_GUIDED_JSON_OBJECT = 2, /* any JSON object; guided unused (NULL) */
+    TM_GUIDED_REGEX = 3,       /* guided: the pattern (the whole answer must match) */
+    TM_GUIDED_CHOICE = 4,      /* guided: a JSON array of strings (the answer is one of them) */
+};
+
 #define TM_MAX_TOP_LOGPROBS 20 /* alternatives per token, as vLLM and OpenAI allow */
 #define TM_MAX_N 128           /* samples per record (n) */
 
@@ -116,6 +126,8 @@ typedef struct tm_job {
     char **continuations; /* owned; [n_continuations] texts to score after the prompt (a scoring
                            * record: nothing is generated); NULL otherwise */
     uint32_t n_continuations;
+    uint32_t guided_kind; /* TM_GUIDED_*: structured output (issue 26); 0: none */
+    char *guided;         /* owned; the constraint's text (see TM_GUIDED_*), or NULL */
 } tm_job;
 
 typedef enum tm_finish {

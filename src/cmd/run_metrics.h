@@ -34,6 +34,17 @@ static inline void tm_run_metrics_add_engine(tm_metrics *m, const tm_runner_stat
                                  .sum_step_fill = stats->sum_step_fill,
                                  .sum_running = stats->sum_running,
                              });
+    const tm_guide_stats *g = &stats->guided;
+    if (g->n_records || g->n_compiled) // structured output (issue 26)
+        tm_metrics_add_guided(m, &(tm_metrics_guided){
+                                     .records = g->n_records,
+                                     .compiled = g->n_compiled,
+                                     .masks = g->n_mask,
+                                     .masks_cold = g->n_mask_cold,
+                                     .mask_s = g->mask_s,
+                                     .compile_s = g->compile_s,
+                                     .unfinished = g->n_unfinished,
+                                 });
 }
 
 #endif /* TM_CMD_RUN_METRICS_H */

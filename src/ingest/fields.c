@@ -346,3 +346,151 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
     sp->set |= bit;
     return TM_OK;
 }
+
+// ---- structured output (issue 26; docs/structured_output.md) ----
+
+// One constraint field: *kind and *text (owned: jansson's json_dumps copy re-allocated with
+// tm_strdup, or the string itself). 0, -1 with fail filled, or -2 on allocation failure.
+static int guided_one(const char *key, const json_t *v, uint32_t *kind, char **text,
+                      tm_field_fail *fail, char *field, size_t n_field) {
+    const json_t *src = v; // what becomes the text
+    int dump = 1;
+    snprintf(field, n_field, "%s", key);
+    if (strcmp(key, "response_format") == 0) {
+        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_object(v)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, "an object with a \"type\"", v);
+            return -1;
+        }
+        if (!json_is_string(t)) {
+            snprintf(field, n_field, "%s.type", key);
+            tm_ingest_fail_set(fail, t ? TM_ERRCODE_WRONG_TYPE : TM_ERRCODE_INVALID_VALUE,
+                               "\"text\", \"json_object\" or \"json_schema\"", t ? t : v);
+            return -1;
+        }
+        const char *ts = json_string_value(t);
+        if (strcmp(ts, "text") == 0) {
+            *kind = TM_GUIDED_NONE;
+            return 0;
+        }
+        if (strcmp(ts, "json_object") == 0) {
+            *kind = TM_GUIDED_JSON_OBJECT;
+            *text = NULL;
+            return 0;
+        }
+        if (strcmp(ts, "json_schema") != 0) {
+            snprintf(field, n_field, "%s.type", key);
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE,
+                               "\"text\", \"json_object\" or \"json_schema\"", t);
+            return -1;
+        }
+        const json_t *js = json_object_get(v, "json_schema");
+        snprintf(field, n_field, "%s.json_schema", key);
+        if (!json_is_object(js)) {
+            tm_ingest_fail_set(fail, js ? TM_ERRCODE_WRONG_TYPE : TM_ERRCODE_INVALID_VALUE,
+                               "an object with a \"schema\"", js ? js : v);
+            return -1;
+        }
+        const json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+        if (name && !json_is_string(name)) {
+            snprintf(field, n_field, "%s.json_schema.name", key);
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, "a string", name);
+            return -1;
+        }
+        if (strict && !json_is_boolean(strict) && !json_is_null(strict)) {
+            snprintf(field, n_field, "%s.json_schema.strict", key);
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, "true or false", strict);
+            return -1;
+        }
+        src = json_object_get(js, "schema");
+        snprintf(field, n_field, "%s.json_schema.schema", key);
+        if (!json_is_object(src) && !json_is_boolean(src)) {
+            tm_ingest_fail_set(fail, src ? TM_ERRCODE_WRONG_TYPE : TM_ERRCODE_INVALID_VALUE,
+                               "a JSON Schema object", src ? src : js);
+            return -1;
+        }
+        *kind = TM_GUIDED_JSON_SCHEMA;
+    } else if (strcmp(key, "guided_json") == 0) {
+        if (!json_is_object(v) && !json_is_string(v) && !json_is_boolean(v)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE,
+                               "a JSON Schema (an object, or its JSON text)", v);
+            return -1;
+        }
+        dump = !json_is_string(v);
+        *kind = TM_GUIDED_JSON_SCHEMA;
+    } else if (strcmp(key, "guided_regex") == 0) {
+        if (!json_is_string(v)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, "a string (a regular expression)", v);
+            return -1;
+        }
+        dump = 0;
+        *kind = TM_GUIDED_REGEX;
+    } else { // guided_choice
+        const char *what = "a non-empty array of strings";
+        if (!json_is_array(v)) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, what, v);
+            return -1;
+        }
+        for (size_t i = 0; i < json_array_size(v); i++)
+            if (!json_is_string(json_array_get(v, i))) {
+                tm_ingest_fail_set(fail, TM_ERRCODE_WRONG_TYPE, what, v);
+                return -1;
+            }
+        if (json_array_size(v) == 0) {
+            tm_ingest_fail_set(fail, TM_ERRCODE_INVALID_VALUE, what, v);
+            return -1;
+        }
+        *kind = TM_GUIDED_CHOICE;
+    }
+    if (!dump) {
+        *text = tm_strndup(json_string_value(src), json_string_length(src));
+    } else {
+        char *t = json_dumps(src, JSON_ENCODE_ANY | JSON_COMPACT);
+        *text = t ? tm_strdup(t) : NULL;
+        free(t); // jansson's allocation
+    }
+    return *text ? 0 : -2;
+}
+
+tm_rc tm_ingest_guided(const json_t *obj, uint32_t *kind, char **text, tm_field_fail *fail,
+                       char *field, size_t n_field, tm_err *err) {
+    static const char *const keys[] = {"response_format", "guided_json", "guided_regex",
+                                       "guided_choice", NULL};
+    fail->code = TM_ERRCODE_NONE;
+    fail->msg[0] = '\0';
+    *kind = TM_GUIDED_NONE;
+    *text = NULL;
+    const char *first = NULL;
+    for (size_t i = 0; keys[i]; i++) {
+        const json_t *v = json_object_get(obj, keys[i]);
+        if (!v || json_is_null(v))
+            continue;
+        uint32_t k = TM_GUIDED_NONE;
+        char *t = NULL;
+        int r = guided_one(keys[i], v, &k, &t, fail, field, n_field);
+        if (r == -2)
+            return TM_ERR(err, TM_E_NOMEM, "structured output constraint");
+        if (r < 0 || k == TM_GUIDED_NONE) {
+            tm_free(t);
+            if (r < 0) {
+                tm_free(*text), *text = NULL, *kind = TM_GUIDED_NONE;
+                return TM_OK;
+            }
+            continue;
+        }
+        if (first) {
+            tm_free(t);
+            tm_free(*text), *text = NULL, *kind = TM_GUIDED_NONE;
+            snprintf(field, n_field, "%s", keys[i]);
+            fail->code = TM_ERRCODE_INVALID_VALUE;
+            snprintf(fail->msg, sizeof(fail->msg),
+                     "give at most one constraint; '%s' was given already (response_format, "
+                     "guided_json, guided_regex, guided_choice)",
+                     first);
+            return TM_OK;
+        }
+        first = keys[i];
+        *kind = k, *text = t;
+    }
+    return TM_OK;
+}

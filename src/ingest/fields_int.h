@@ -34,6 +34,17 @@ uint32_t tm_ingest_sp_bit(const char *key);
 tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_field_fail *fail,
                          tm_err *err);
 
+/* The structured-output fields of a record object (a native record, or an OpenAI line's body):
+ * response_format ({"type": "text" | "json_object" | "json_schema", "json_schema": {"name",
+ * "schema", "strict"}}) and vLLM's guided_json (a schema object or its text), guided_regex and
+ * guided_choice; null means not given. Sets *kind (TM_GUIDED_*; NONE for none or "text") and
+ * *text (owned; see base/record.h). A bad value or two constraints fill fail and field (the key,
+ * e.g. "response_format.type", without a prefix), leaving *kind NONE and *text NULL, and return
+ * TM_OK; the return code is only for TM_E_NOMEM. The constraint itself is compiled (and refused
+ * when outside the subset) by the runner. */
+tm_rc tm_ingest_guided(const json_t *obj, uint32_t *kind, char **text, tm_field_fail *fail,
+                       char *field, size_t n_field, tm_err *err);
+
 /* Render v as compact JSON for a message, cut to at most ~60 bytes on a UTF-8 boundary ("..."
  * appended when cut). out has n >= 8 bytes. */
 void tm_ingest_describe(const json_t *v, char *out, size_t n);

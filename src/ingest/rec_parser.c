@@ -444,6 +444,25 @@ static tm_rc parse_eval_native(tm_rec_parser *ps, const json_t *root, tm_job *jo
     return TM_OK;
 }
 
+// Structured output (issue 26): response_format, guided_json, guided_regex, guided_choice of obj
+// (the record, or an OpenAI body: prefix "body."); vLLM's guided_grammar is refused.
+static tm_rc parse_guided(tm_job *job, const json_t *obj, const char *prefix, tm_err *err) {
+    tm_field_fail ff;
+    char field[64], full[80];
+    const json_t *gr = json_object_get(obj, "guided_grammar");
+    if (gr && !json_is_null(gr))
+        return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
+                        "field '%sguided_grammar': grammars are not supported (JSON Schema, regex "
+                        "and choice constraints are)",
+                        prefix);
+    tm_rc rc = tm_ingest_guided(obj, &job->guided_kind, &job->guided, &ff, field, sizeof(field),
+                                err);
+    if (rc || ff.code == TM_ERRCODE_NONE)
+        return rc;
+    snprintf(full, sizeof(full), "%s%s", prefix, field);
+    return field_fail(job, full, &ff, err);
+}
+
 static tm_rc parse_native(tm_rec_parser *ps, const json_t *root, tm_job *job, tm_err *err) {
     tm_field_fail ff;
     tm_rc rc = TM_OK;
@@ -501,6 +520,9 @@ static tm_rc parse_native(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
             return rc;
     }
     rc = parse_eval_native(ps, root, job, err);
+    if (rc || job->err_code)
+        return rc;
+    rc = parse_guided(job, root, "", err);
     if (rc || job->err_code)
         return rc;
     return parse_cache_salt(ps, job, json_object_get(root, "cache_salt"), err);
@@ -648,17 +670,9 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
                             unsupported_body[i].key, ff.msg);
         }
     }
-    v = json_object_get(body, "response_format");
-    if (v && !json_is_null(v)) {
-        const json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0) {
-            tm_ingest_describe(v, ff.msg, 80);
-            return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
-                            "field 'body.response_format': %s is not supported (only "
-                            "{\"type\": \"text\"})",
-                            ff.msg);
-        }
-    }
+    rc = parse_guided(job, body, "body.", err);
+    if (rc || job->err_code)
+        return rc;
     // The prompt: messages for chat, prompt for completions.
     const json_t *prompt = json_object_get(body, "prompt");
     const json_t *msgs = json_object_get(body, "messages");
@@ -722,12 +736,31 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
 
 // ---- unknown keys ----
 
-static const char *const native_keys[] = {
-    "id",           "prompt",          "messages",      "max_tokens",   "temperature", "top_p",
-    "top_k",        "min_p",           "seed",          "stop",         "n",           "logprobs",
-    "top_logprobs", "prompt_logprobs", "continuations", "continuation", "cache_salt",  NULL};
+static const char *const native_keys[] = {"id",
+                                          "prompt",
+                                          "messages",
+                                          "max_tokens",
+                                          "temperature",
+                                          "top_p",
+                                          "top_k",
+                                          "min_p",
+                                          "seed",
+                                          "stop",
+                                          "n",
+                                          "logprobs",
+                                          "top_logprobs",
+                                          "prompt_logprobs",
+                                          "continuations",
+                                          "continuation",
+                                          "cache_salt",
+                                          "response_format",
+                                          "guided_json",
+                                          "guided_regex",
+                                          "guided_choice",
+                                          "guided_grammar",
+                                          NULL};
 static const char *const openai_keys[] = {"custom_id", "method", "url", "body", NULL};
-// Body keys tokenmill reads, refuses (unsupported_body, stream, response_format), or accepts as
+// Body keys tokenmill reads, refuses (unsupported_body, stream, guided_grammar), or accepts as
 // OpenAI parameters that do not change a batch answer here.
 static const char *const body_keys[] = {"model",
                                         "messages",
@@ -755,6 +788,10 @@ static const char *const body_keys[] = {"model",
                                         "audio",
                                         "prediction",
                                         "response_format",
+                                        "guided_json",
+                                        "guided_regex",
+                                        "guided_choice",
+                                        "guided_grammar",
                                         "user",
                                         "metadata",
                                         "store",
@@ -851,7 +888,7 @@ static tm_rc check_keys(tm_rec_parser *ps, const json_t *root, bool oai, tm_job 
     tm_rc rc = TM_OK;
     const char *const *known = oai ? openai_keys : native_keys;
     json_object_foreach((json_t *)root, key, v) {
-        if (!rc && !is_known(key, known))
+        if (!rc && !is_known(key, known) && (oai || !tm_ingest_sp_bit(key))) // (issue 22's keys)
             rc = unknown_key(ps, job, "", key, known, err);
     }
     const json_t *body = oai ? json_object_get(root, "body") : NULL;

@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/stop.h"
+#include "runner/guided/cache.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
 #include "runner/sched/prefix_cache.h"
@@ -70,6 +71,7 @@ typedef struct seq {
     /* Speculative decoding (runner/sched/spec.h): drafting state and the record's counts. */
     tm_spec_state spec;
     uint32_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
+    tm_guided_seq gd; /* structured output (issue 26): the automaton and its mask, or zeroed */
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -92,6 +94,7 @@ typedef struct pending {
     tm_ids ids;         /* owned prompt tokens */
     group *grp;         /* a reference to the record's group, or NULL */
     int32_t max_tokens; /* merged with the defaults, for ordering */
+    tm_guide_ent *gent; /* a reference to the record's compiled constraint, or NULL */
 } pending;
 
 typedef struct runner {
@@ -126,6 +129,7 @@ typedef struct runner {
     tm_sample_scratch scratch;
     double spec_t_spec, spec_t_plain; /* speculative step gate: decode-only step seconds with and
                                        * without drafts (moving averages; 0 = none yet) */
+    tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -179,6 +183,7 @@ static void seq_reset(runner *r, seq *s) {
     tm_logprobs_destroy(s->lp);
     tm_logprobs_destroy(s->plp);
     tm_free(s->mask);
+    tm_guided_end(r->gcache, &s->gd, 0);
     uint32_t *blocks = s->q.blocks;
     tm_bhash *keys = s->q.keys;
     memset(s, 0, sizeof(*s));
@@ -461,6 +466,12 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
                lb->bias_ids[lb->n_bias - 1], r->n_vocab_tok);
         rc = TM_E_RECORD;
     }
+    if (rc == TM_OK && job->guided_kind && job->continuations) {
+        code = TM_ERRCODE_INVALID_VALUE;
+        rc = TM_ERR(rec_err, TM_E_RECORD, "structured output does not apply to scoring records");
+    }
+    if (rc == TM_OK && job->guided_kind) // compiled once per distinct constraint (the cache)
+        rc = tm_guide_cache_get(r->gcache, job->guided_kind, job->guided, &p->gent, &code, rec_err);
     uint32_t n_sub = job->continuations ? job->n_continuations : TM_MAX(job->n, 1u);
     if (rc == TM_OK && (job->continuations || n_sub > 1))
         rc = group_create(r, p, n_sub, &code, rec_err);
@@ -478,6 +489,10 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     tm_errcode code = TM_ERRCODE_NONE;
     tm_err rec_err = {0};
     tm_rc rc = prepare(r, job, p, &code, &rec_err);
+    if (rc) {
+        tm_guide_cache_unref(r->gcache, p->gent);
+        p->gent = NULL;
+    }
     if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
         return emit_error(r, job, code, rec_err.msg, err);
@@ -552,6 +567,7 @@ static tm_rc admit(runner *r, tm_err *err) {
         r->win_head++;
         tm_ids_fini(&p->ids);
         group_unref(g);
+        tm_guide_cache_unref(r->gcache, p->gent);
         *p = (pending){0};
         return TM_OK;
     }
@@ -562,6 +578,11 @@ static tm_rc admit(runner *r, tm_err *err) {
     TM_ASSERT(s);
     s->job = p->job;
     s->q.active = 1;
+    if (p->gent) { // the automaton's start state and its mask (the sequence's own reference)
+        tm_rc grc = tm_guided_start(r->gcache, p->gent, &s->gd, err);
+        if (grc)
+            return grc;
+    }
     if (g) {
         s->sub = g->n_admit++;
         s->q.ids = g->sub_ids[s->sub];
@@ -576,6 +597,7 @@ static tm_rc admit(runner *r, tm_err *err) {
         r->win_head++;
         tm_ids_fini(&p->ids);
         group_unref(g); // the pending entry's reference
+        tm_guide_cache_unref(r->gcache, p->gent);
         *p = (pending){0};
     }
     const tm_job *job = s->job;
@@ -729,6 +751,7 @@ static tm_rc fail_seq(runner *r, seq *s, const char *msg, tm_err *err) {
 }
 
 static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
+    tm_guided_end(r->gcache, &s->gd, why == TM_FINISH_LENGTH); // counts an unfinished constraint
     tm_rc rc = record_fault(tm_detok_flush(&s->detok, &s->text, err), err);
     if (rc == TM_OK)
         rc = lp_finish(r, s->lp, err);
@@ -804,6 +827,8 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
     const int may_stop = s->n_gen >= s->min_tokens;
     if (may_stop && ((!s->ignore_eos && is_eos(r, id)) || is_stop_id(s, id)))
         return finish(r, s, TM_FINISH_STOP, err);
+    if (s->gd.ent && is_eos(r, id)) // structured output: EOS is allowed only where it accepts
+        return finish(r, s, TM_FINISH_STOP, err);
     tm_rc rc = tm_ids_push(&s->q.ids, id, err);
     if (rc)
         return rc;
@@ -831,6 +856,14 @@ static tm_rc on_token(runner *r, seq *s, uint32_t id, tm_err *err) {
             s->detok.n_pending = 0;
             return finish(r, s, TM_FINISH_STOP, err);
         }
+    }
+    if (s->gd.ent) { // structured output: advance by the token's bytes, then the next mask
+        int final = 0;
+        rc = tm_guided_advance(r->gcache, &s->gd, id, &final, err);
+        if (rc)
+            return rc;
+        if (final) // the answer is complete and nothing may follow: no need to wait for EOS
+            return finish(r, s, TM_FINISH_STOP, err);
     }
     if ((int64_t)s->n_gen >= (int64_t)s->max_tokens || s->q.ids.len >= s->max_len)
         return finish(r, s, TM_FINISH_LENGTH, err);
@@ -886,6 +919,7 @@ static tm_sample_params row_params(const seq *s) {
     p.n_hist_prompt = s->q.n_prompt;
     p.mask_ids = s->mask;
     p.n_mask = s->n_gen < s->min_tokens ? s->n_mask : 0;
+    p.allow = s->gd.allow; // structured output: NULL when unconstrained
     return p;
 }
 
@@ -1020,6 +1054,10 @@ static tm_rc sample_row(runner *r, seq *s, uint32_t w, int greedy, uint32_t *id,
         rc = record_fault(tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, id, err),
                           err);
     }
+    if (rc == TM_OK && s->gd.ent && !tm_guided_allows(&s->gd, *id))
+        rc = TM_ERR(err, TM_E_RECORD,
+                    "structured output: engine %s picked token %u, which the mask forbids",
+                    r->eng->ops->name, *id);
     if (rc == TM_OK && s->lp && greedy == 2) {
         const tm_engine_sample_out *o = &r->souts[w];
         rc = lp_push(s->lp, &s->lp_cap, *id, o->lp, o->top_ids, o->top_lp, err);
@@ -1067,7 +1105,8 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
 // ---- speculative decoding (runner/sched/spec.h) ----
 
 // Before planning: n-gram drafts for each running record about to decode (its last generated
-// token not yet computed; not the last prompt token of a chunked prefill), written after its ids
+// token not yet computed; not the last prompt token of a chunked prefill; not structured output,
+// whose mask follows the accepted tokens), written after its ids
 // (q.n_draft of them), at most spec_k, none past its max_tokens (the step's last row gives one more
 // token) or its context. The adaptive rule may pause it.
 static tm_rc spec_draft(runner *r, tm_err *err) {
@@ -1077,7 +1116,7 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
         seq *s = &r->seqs[i];
         tm_sched_seq *q = &s->q;
         if (!s->job || !q->gen || q->score_next < q->score_end || q->ids.len != q->n_done + 1 ||
-            q->n_done < q->n_prompt || !tm_spec_may_draft(&s->spec))
+            q->n_done < q->n_prompt || s->gd.ent || !tm_spec_may_draft(&s->spec))
             continue;
         int64_t k = TM_MIN((int64_t)cfg->spec_k, (int64_t)s->max_tokens - s->n_gen - 1);
         k = TM_MIN(k, (int64_t)s->max_len - (int64_t)q->ids.len);
@@ -1221,6 +1260,7 @@ static void runner_fini(runner *r) {
         tm_free(s->q.keys);
     }
     for (uint32_t i = r->win_head; i < r->win_len; i++) {
+        tm_guide_cache_unref(r->gcache, r->win[i].gent);
         if (!r->win[i].grp)
             tm_job_destroy(r->win[i].job);
         group_unref(r->win[i].grp);
@@ -1236,6 +1276,9 @@ static void runner_fini(runner *r) {
     tm_free(r->srows);
     tm_free(r->souts);
     tm_sample_scratch_fini(&r->scratch);
+    if (r->gcache && r->stats)
+        r->stats->guided = *tm_guide_cache_stats(r->gcache);
+    tm_guide_cache_destroy(r->gcache);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
 }
@@ -1342,6 +1385,9 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     rc = tm_sample_scratch_init(&r.scratch, r.n_vocab, err);
     if (rc)
         goto done;
+    rc = tm_guide_cache_create(tok, r.n_vocab_tok, r.eos_ids, r.n_eos, &r.gcache, err);
+    if (rc)
+        goto done;
 
     int input_open = 1;
     for (;;) {
@@ -1382,6 +1428,12 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             goto done;
     }
     rc = TM_OK;
+    const tm_guide_stats *gs = tm_guide_cache_stats(r.gcache);
+    if (gs->n_unfinished)
+        TM_LOG_WARN("runner",
+                    "%llu constrained record(s) reached max_tokens or the context before their "
+                    "structured output was complete: finish_reason \"length\", text cut short",
+                    (unsigned long long)gs->n_unfinished);
 done:
     runner_fini(&r);
     return rc;

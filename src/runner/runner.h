@@ -28,6 +28,7 @@
 #include "base/record.h"
 #include "runner/engine/engine.h"
 #include "runner/sched/spec.h"
+#include "runner/guided/cache.h"
 #include "runner/text/tokenizer.h"
 
 typedef enum tm_sched_policy {
@@ -79,6 +80,7 @@ typedef struct tm_runner_stats {
     uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
     uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
     uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
+    tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;
 
 /* Run until the input queue is closed and drained and every admitted record has finished. Pops

@@ -63,6 +63,8 @@ struct tm_metrics {
     tm_metrics_spec spec; /* totals; accepted_pos points to spec_pos */
     uint64_t spec_pos[TM_METRICS_SPEC_MAX_K];
     bool spec_used;
+    tm_metrics_guided guided; /* structured output; valid when guided_used */
+    bool guided_used;
     /* settings (owned copies) */
     tm_metrics_settings set;
     char *backend, *kv_dtype, *quantization, *model_path, *model_arch, *device;
@@ -344,6 +346,17 @@ void tm_metrics_add_spec(tm_metrics *m, const tm_metrics_spec *s) {
         m->spec_pos[i] += s->accepted_pos[i];
 }
 
+void tm_metrics_add_guided(tm_metrics *m, const tm_metrics_guided *g) {
+    m->guided_used = true;
+    m->guided.records += g->records;
+    m->guided.compiled += g->compiled;
+    m->guided.masks += g->masks;
+    m->guided.masks_cold += g->masks_cold;
+    m->guided.mask_s += g->mask_s;
+    m->guided.compile_s += g->compile_s;
+    m->guided.unfinished += g->unfinished;
+}
+
 static void poll_gpus(tm_metrics *m, double now_ms) {
     m->last_poll_ms = now_ms;
     for (uint32_t i = 0; i < m->n_gpu; i++) {
@@ -562,6 +575,18 @@ tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) 
                       m->dur.commit_ms_total, "commit_ms_max", m->dur.commit_ms_max, "runs",
                       (int)m->dur.runs, "resumed_records", (json_int_t)m->dur.resumed_records,
                       "cut_bytes", (json_int_t)m->dur.cut_bytes)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
+    const tm_metrics_guided *g = &m->guided;
+    if (root && m->guided_used &&
+        json_object_set_new(
+            root, "guided",
+            json_pack("{s:I, s:I, s:I, s:I, s:f, s:o, s:f, s:I}", "records", (json_int_t)g->records,
+                      "compiled", (json_int_t)g->compiled, "masks", (json_int_t)g->masks,
+                      "masks_cold", (json_int_t)g->masks_cold, "mask_s", g->mask_s,
+                      "mask_us_per_token", num_or_null(ratio(g->mask_s * 1e6, (double)g->masks)),
+                      "compile_s", g->compile_s, "unfinished", (json_int_t)g->unfinished)) != 0) {
         json_decref(root);
         root = NULL;
     }

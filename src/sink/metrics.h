@@ -104,6 +104,18 @@ typedef struct tm_metrics_spec {
 
 /* Add speculative totals (the method and k of the last call stand). */
 void tm_metrics_add_spec(tm_metrics *m, const tm_metrics_spec *s);
+/* Structured output (issue 26): the runner's counters (omit the call when no record was
+ * constrained; metrics.json then has no "guided" key). Adds to earlier calls. */
+typedef struct tm_metrics_guided {
+    uint64_t records;    /* sequences that ran constrained */
+    uint64_t compiled;   /* distinct constraints compiled */
+    uint64_t masks;      /* token masks looked up (one per constrained token) */
+    uint64_t masks_cold; /* of them, computed rather than cached */
+    double mask_s;       /* time in mask lookups and computation */
+    double compile_s;    /* time compiling constraints and the vocabulary trie */
+    uint64_t unfinished; /* records cut by max_tokens / the context before acceptance */
+} tm_metrics_guided;
+void tm_metrics_add_guided(tm_metrics *m, const tm_metrics_guided *g);
 /* Records finished by earlier runs of the same job (a resumed job; sink/manifest.h carries the
  * totals): added to records and tokens, so metrics.json covers the whole job. Latencies,
  * throughput and engine figures stay this run's. n_err_by_code is [TM_ERRCODE_COUNT]. */

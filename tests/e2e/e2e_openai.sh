@@ -27,6 +27,8 @@ for (let i = 0; i < 24; i++) {
   if (i === 7) body.messages[1].content = [{ type: "text", text: "part one, " }, { type: "text", text: "part two" }];
   if (i === 9) Object.assign(body, { n: 2, logprobs: true, top_logprobs: 2 }); // chat: choices, logprobs
   if (i === 11) body.logprobs = 3; // completions: the legacy logprobs object
+  if (i === 13) Object.assign(body, { max_tokens: 40, response_format: { type: "json_schema", json_schema: { name: "verdict", strict: true,
+    schema: { type: "object", properties: { answer: { enum: ["yes", "no"] }, confidence: { type: "integer" } }, required: ["answer", "confidence"], additionalProperties: false } } } });
   lines.push(JSON.stringify({ custom_id: `req-${i}`, method: "POST", url: chat ? "/v1/chat/completions" : "/v1/completions", body }));
 }
 lines.push(JSON.stringify({ custom_id: "echo", method: "POST", url: "/v1/completions", body: { model: "m", prompt: "x", echo: true } }));
@@ -67,7 +69,12 @@ for (const r of rows) {
   const i = +r.custom_id.slice(4), b = r.response.body;
   const obj = i % 3 !== 2 ? "chat.completion" : "text_completion";
   if (b.object !== obj || b.model !== "gpt-4o-mini") { console.error("bad body for " + r.custom_id); process.exit(1); }
-  const maxTok = i === 5 ? 2 : 1 + (i % 4);
+  const maxTok = i === 5 ? 2 : i === 13 ? 40 : 1 + (i % 4);
+  if (i === 13) { // structured output (issue 26): the content is a JSON document of the schema
+    const ans = JSON.parse(b.choices[0].message.content), ks = Object.keys(ans).join();
+    if (b.choices[0].finish_reason !== "stop" || ks !== "answer,confidence" || !["yes", "no"].includes(ans.answer) || !Number.isInteger(ans.confidence)) {
+      console.error("response_format json_schema not honoured: " + JSON.stringify(b.choices[0])); process.exit(1); }
+  }
   if (b.choices.length !== (i === 9 ? 2 : 1) || (i === 9 || i === 11) !== (b.choices[0].logprobs !== null)) { console.error("choices/logprobs wrong for " + r.custom_id); process.exit(1); }
   if (b.usage.completion_tokens > maxTok * b.choices.length) { console.error("max_tokens ignored for " + r.custom_id); process.exit(1); }
 }

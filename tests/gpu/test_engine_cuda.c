@@ -14,9 +14,12 @@
  * model, 72+ decode steps per sequence), and may differ only at near ties for f32/f16 models
  * (rounded to bf16 on upload). FP8 models: the decode steps (at most 16 tokens) compute with
  * the exact checkpoint weights, prefill steps with the weights dequantized to bf16 (exact for
- * e8m0 scales only); their greedy tokens may flip only at near ties (the f32/f16 rule: bf16
- * activations against the CPU's fp32 ones leave the same logit error as for bf16 models, and
- * these seeds put a few rows' top-2 margins below it), and the logit tolerance is the bf16 one.
+ * e8m0 scales only), or, at shapes cuBLASLt's block mode takes (fp8-block*-w8a8), as W8A8 with
+ * activations quantized per token and 128 inputs (their own bound, LOGIT_TOL_W8A8); their greedy
+ * tokens may flip only at near ties
+ * (the f32/f16 rule: bf16 activations against the CPU's fp32 ones leave the same logit error as for
+ * bf16 models, and these seeds put a few rows' top-2 margins below it), and the logit tolerance is
+ * the bf16 one (W8A8 aside).
  *
  * Tolerance: the CUDA engine keeps weights, GEMM inputs and the KV cache in bf16 (the CPU engine
  * is fp32 throughout), so logits differ by bf16 rounding carried through the layers. A row
@@ -78,6 +81,15 @@ static int step(tm_engine *cpu, tm_engine *gpu, tm_engine *gpu2, seq *S, const u
  * must agree. f32/f16 checkpoints are rounded to bf16 on upload (a slightly different model):
  * there a flip is allowed only at a near tie (CPU top-2 margin <= 2 x that row's logit error). */
 #define LOGIT_TOL_KV_FP8 0.10
+/* W8A8 prefill (fp8-block*-w8a8 models; TM_CUDA_FP8_PREFILL=dequant turns it off): activations
+ * are rounded to e4m3 per token and 128 inputs, a relative error of up to 1/16 per element,
+ * about 3.6% (rms) of a random-sign dot product, so the prefill logits of these random-weight
+ * models sit a few times past LOGIT_TOL (0.12 on the first H200 run, dequantized 0.014). The
+ * exact oracle of that arithmetic is test_lt_fp8 (the GEMM against a host reference quantizing
+ * the same way); here rows over LOGIT_TOL are reported and the row error is held to
+ * LOGIT_TOL_W8A8. */
+#define LOGIT_TOL_W8A8 0.20
+static double g_tol_loose; /* > 0: the run's row bound (rows over LOGIT_TOL reported) */
 
 static void run_model_kv(const char *name, const char *args, int exact_greedy, tm_kv_dtype kvt) {
     char dir[] = "/tmp/tm_engine_cuda_XXXXXX", cmd[1024];
@@ -122,9 +134,10 @@ static void run_model_kv(const char *name, const char *args, int exact_greedy, t
             st.n_greedy - st.n_greedy_diff, st.n_greedy, st.n_dev_diff);
     TM_CHECK(ok);
     TM_CHECK(st.n_rows >= N_DECODE * 3);
-    if (kvt == TM_KV_DTYPE_FP8) // the rows over LOGIT_TOL are reported above, not failed
-        TM_CHECK_MSG(st.max_rel <= LOGIT_TOL_KV_FP8, "%s: max err / max|logit| %.4g > %.2g", name,
-                     st.max_rel, LOGIT_TOL_KV_FP8);
+    const double loose = kvt == TM_KV_DTYPE_FP8 ? LOGIT_TOL_KV_FP8 : g_tol_loose;
+    if (loose > 0) // the rows over LOGIT_TOL are reported above, not failed
+        TM_CHECK_MSG(st.max_rel <= loose, "%s: max err / max|logit| %.4g > %.2g", name, st.max_rel,
+                     loose);
     else
         TM_CHECK_MSG(st.n_bad_rows == 0, "%s: %d rows beyond tolerance", name, st.n_bad_rows);
     TM_CHECK_MSG(exact_greedy ? st.n_greedy_diff == 0 : st.n_clear_flip == 0,
@@ -201,6 +214,27 @@ static void test_fp8_block_ue8m0(void) {
               "--ff 320 --vocab 400 --ctx 1024 --quant fp8-block-ue8m0 "
               "--seed 14",
               0);
+}
+// FP8 at a W8A8 prefill shape (every inner dimension a multiple of 512: the cuBLASLt block mode
+// of lt_fp8.h runs the prefill chunks, decode steps stay on gemm_quant): fp32 and e8m0 block
+// scales (the e8m0 grid reaches cuBLASLt as its fp32 copy, cuda_lin.scale_f32).
+static void test_fp8_block_w8a8(void) {
+    const char *env = getenv("TM_CUDA_FP8_PREFILL");
+    g_tol_loose = env && !strcmp(env, "dequant") ? 0.0 : LOGIT_TOL_W8A8;
+    run_model("fp8-block-w8a8",
+              "--layers 2 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 "
+              "--ff 1024 --vocab 512 --ctx 1024 --quant fp8-block --seed 17",
+              0);
+    g_tol_loose = 0.0;
+}
+static void test_fp8_block_ue8m0_w8a8(void) {
+    const char *env = getenv("TM_CUDA_FP8_PREFILL");
+    g_tol_loose = env && !strcmp(env, "dequant") ? 0.0 : LOGIT_TOL_W8A8;
+    run_model("fp8-block-ue8m0-w8a8",
+              "--layers 2 --hidden 512 --heads 4 --kv-heads 1 --head-dim 128 "
+              "--ff 1024 --vocab 512 --ctx 1024 --quant fp8-block-ue8m0 --seed 18",
+              0);
+    g_tol_loose = 0.0;
 }
 static void test_fp8_channel(void) {
     run_model("fp8-channel",
@@ -439,6 +473,8 @@ int main(void) {
     TM_RUN(test_f16);
     TM_RUN(test_fp8_block);
     TM_RUN(test_fp8_block_ue8m0);
+    TM_RUN(test_fp8_block_w8a8);
+    TM_RUN(test_fp8_block_ue8m0_w8a8);
     TM_RUN(test_fp8_channel);
     TM_RUN(test_fp8_tensor_static);
     TM_RUN(test_fp8_bad_block);

@@ -4,16 +4,17 @@
  *
  * Per model: 8 sequences, 256 decode steps each, every sequence with its own sampling setup
  * (temperature / top-p, top-k, min-p, penalties, logit_bias, a min_tokens mask, greedy with a
- * penalty), logprobs top-5 on every row. Engine B gives each step's logits to the host; the CPU
- * sampler picks from them, and the same rows are uploaded and sampled by the kernel (same
- * uniform), which must agree on >= 99% of the 2048 draws; every difference is printed with the
- * smallest perturbation eps of the uniform (u +- eps) at which the kernel gives the CPU's token
- * (the draw lay within eps of a boundary of the walk), or "level" when no eps <= 1e-4 does (the
- * top-p level moved by a rounding of the mass). Device logprobs must be within 1e-3 of the CPU's
- * and the top-5 ids equal. Engine A runs the same steps through forward_sample (the engine's
- * staging, uniform and wiring): its ids must equal the kernel's on B's logits at >= 99% of the
- * draws (both engines are fed the CPU's tokens, so their states stay identical). Skipped (77)
- * without a GPU, without CUDA, or without mkmodel. */
+ * penalty, a random allowed-ids bitmask drawn afresh every step on a sampled row (half the ids
+ * allowed) and on the greedy one (1 in 64 allowed)), logprobs top-5 on every row. Engine B gives
+ * each step's logits to the host; the CPU sampler picks from them, and the same rows are uploaded
+ * and sampled by the kernel (same uniform), which must agree on >= 99% of the 2048 draws; every
+ * difference is printed with the smallest perturbation eps of the uniform (u +- eps) at which the
+ * kernel gives the CPU's token (the draw lay within eps of a boundary of the walk), or "level" when
+ * no eps <= 1e-4 does (the top-p level moved by a rounding of the mass). Device logprobs must be
+ * within 1e-3 of the CPU's and the top-5 ids equal. Engine A runs the same steps through
+ * forward_sample (the engine's staging, uniform and wiring): its ids must equal the kernel's on B's
+ * logits at >= 99% of the draws (both engines are fed the CPU's tokens, so their states stay
+ * identical). Skipped (77) without a GPU, without CUDA, or without mkmodel. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
 #include <stdint.h>
@@ -46,6 +47,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 static const uint32_t BIAS_IDS[3] = {3, 17, 250};
 static const float BIAS_V[3] = {5.0f, -100.0f, 2.5f};
 static const uint32_t MASK_IDS[3] = {0, 1, 2};
+static uint32_t *g_allow[NS]; /* this step's allowed-ids bitmasks (NULL: none) */
 
 // Sequence i's parameters at decode step k (hist: its tokens so far).
 static tm_sample_params params_of(uint32_t i, uint32_t k, const uint32_t *hist) {
@@ -80,6 +82,7 @@ static tm_sample_params params_of(uint32_t i, uint32_t k, const uint32_t *hist) 
         if (k < 100)
             p.mask_ids = MASK_IDS, p.n_mask = 3;
     }
+    p.allow = g_allow[i];
     if (!(p.repetition_penalty > 0) && p.frequency_penalty == 0 && p.presence_penalty == 0)
         p.n_hist = 0;
     return p;
@@ -102,29 +105,32 @@ static void rmdir_all(const char *dir) {
 }
 
 typedef struct dev_sampler {
-    float *logits, *work, *lp, *top_lp;
+    float *logits, *lp, *top_lp;
     uint32_t *cnt, *ids, *top_ids, *pk;
     tm_k_sample_row *rows;
-    uint32_t pk_h[NS * (MAX_TOK + 16)];
+    uint32_t *pk_h; /* [NS * (MAX_TOK + 16 + n_allow)] */
+    size_t pk_n;
     tm_k_sample_row rows_h[NS];
     uint32_t V;
 } dev_sampler;
 
 static void ds_init(dev_sampler *d, uint32_t V) {
     d->V = V;
+    d->pk_n = (size_t)NS * (MAX_TOK + 16 + TM_CEIL_DIV(V, 32));
+    d->pk_h = xmalloc(d->pk_n * 4);
     d->logits = dalloc((size_t)NS * V * 4, 0);
-    d->work = dalloc((size_t)NS * V * 4, 0);
     d->cnt = dalloc((size_t)NS * V * 4, 0);
     d->ids = dalloc(NS * 4, 0);
     d->lp = dalloc(NS * 4, 0);
     d->top_ids = dalloc(NS * TM_K_SAMPLE_MAX_TOP * 4, 0);
     d->top_lp = dalloc(NS * TM_K_SAMPLE_MAX_TOP * 4, 0);
-    d->pk = dalloc(sizeof(d->pk_h), 0);
+    d->pk = dalloc(d->pk_n * 4, 0);
     d->rows = dalloc(sizeof(d->rows_h), 0);
 }
 
 static void ds_fini(dev_sampler *d) {
-    cudaFree(d->logits), cudaFree(d->work), cudaFree(d->cnt), cudaFree(d->ids), cudaFree(d->lp);
+    cudaFree(d->logits), cudaFree(d->cnt), cudaFree(d->ids), cudaFree(d->lp);
+    free(d->pk_h);
     cudaFree(d->top_ids), cudaFree(d->top_lp), cudaFree(d->pk), cudaFree(d->rows);
 }
 
@@ -150,7 +156,13 @@ static size_t ds_pack(dev_sampler *d, uint32_t i, const tm_sample_params *p, dou
     o += 2 * p->n_bias;
     kr->mask0 = (uint32_t)o, kr->n_mask = p->n_mask;
     memcpy(d->pk_h + o, p->mask_ids, p->n_mask * 4);
-    return o + p->n_mask;
+    o += p->n_mask;
+    kr->allow0 = (uint32_t)o, kr->has_allow = p->allow != NULL;
+    if (p->allow) {
+        memcpy(d->pk_h + o, p->allow, TM_CEIL_DIV(d->V, 32) * 4);
+        o += TM_CEIL_DIV(d->V, 32);
+    }
+    return o;
 }
 
 // Run the kernel on n rows of host logits already in d->logits; ids/lp/top to the host.
@@ -169,7 +181,6 @@ static void ds_run(dev_sampler *d, uint32_t n, size_t n_pk, uint32_t *ids, float
                               .top_ids = d->top_ids,
                               .top_lp = d->top_lp,
                               .logits = d->logits,
-                              .work = d->work,
                               .cnt = d->cnt,
                               .rows = d->rows,
                               .pk = d->pk,
@@ -228,7 +239,19 @@ static void run_model(const char *name, const char *args, tally *all) {
     tm_batch_seq seqs[NS];
     tm_engine_sample_row rows[NS];
     tm_engine_sample_out outs[NS];
+    const size_t n_aw = TM_CEIL_DIV(V, 32);
+    uint32_t *allow4 = xmalloc(n_aw * 4), *allow6 = xmalloc(n_aw * 4);
+    g_allow[4] = allow4, g_allow[6] = allow6;
+    uint64_t n_allowed = 0, n_allow_rows = 0;
     for (uint32_t k = 0; k < N_DEC; k++) { // step k samples generated token k
+        for (size_t w = 0; w < n_aw; w++) {
+            allow4[w] = (uint32_t)rnd(); // half the ids
+            allow6[w] = 0;
+        }
+        for (uint32_t j = 0; j < V / 64; j++) { // about 1 in 64 (the greedy row)
+            const uint32_t id = urand(V);
+            allow6[id >> 5] |= 1u << (id & 31);
+        }
         for (uint32_t i = 0; i < NS; i++) {
             const uint32_t pos = k == 0 ? 0 : PROMPT + k - 1, n = k == 0 ? PROMPT : 1;
             seqs[i] = (tm_batch_seq){.tokens = tok[i] + pos,
@@ -260,6 +283,11 @@ static void run_model(const char *name, const char *args, tally *all) {
         for (uint32_t i = 0; i < NS; i++) {
             t.n_draw++;
             t.n_same += dev[i] == cpu[i];
+            if (g_allow[i]) { // the pick is an allowed id, on both
+                n_allow_rows++;
+                n_allowed += cpu[i] < V && ((g_allow[i][cpu[i] >> 5] >> (cpu[i] & 31)) & 1u) &&
+                             dev[i] < V && ((g_allow[i][dev[i] >> 5] >> (dev[i] & 31)) & 1u);
+            }
             t.n_eng_same += outs[i].id == dev[i];
             // logprobs
             uint32_t cids[5], am;
@@ -285,8 +313,7 @@ static void run_model(const char *name, const char *args, tally *all) {
                     uint32_t alt[1];
                     TM_CHECK(cudaMemcpy(d.logits, logits + (size_t)i * V, (size_t)V * 4,
                                         cudaMemcpyHostToDevice) == cudaSuccess);
-                    ds_pack(&d, 0, &rows[i].p, u + sg * eps, 0);
-                    size_t n_pk = rows[i].p.n_hist + 2 * rows[i].p.n_bias + rows[i].p.n_mask;
+                    size_t n_pk = ds_pack(&d, 0, &rows[i].p, u + sg * eps, 0);
                     ds_run(&d, 1, n_pk, alt, NULL, NULL, NULL);
                     if (alt[0] == cpu[i])
                         found = eps;
@@ -311,6 +338,12 @@ static void run_model(const char *name, const char *args, tally *all) {
     all->n_draw += t.n_draw, all->n_same += t.n_same, all->n_eng_same += t.n_eng_same;
     all->n_lp_bad += t.n_lp_bad, all->n_top_bad += t.n_top_bad;
     all->max_lp_err = fmax(all->max_lp_err, t.max_lp_err);
+    printf("%s: allowed-ids rows: %llu/%llu picks allowed on both\n", name,
+           (unsigned long long)n_allowed, (unsigned long long)n_allow_rows);
+    TM_CHECK(n_allowed == n_allow_rows && n_allow_rows == 2 * N_DEC);
+    g_allow[4] = g_allow[6] = NULL;
+    free(allow4);
+    free(allow6);
     ds_fini(&d);
     tm_sample_scratch_fini(&scr);
     free(logits);

@@ -15,8 +15,17 @@
  * max|ours - hf| / max|hf|, required below 1e-4. Also, on a small model of our
  * own: logits bit-identical across thread counts and prompt chunkings, config
  * errors, block sizes that are not a multiple of a compression ratio, and every
- * allocation of model load and engine create failing in turn. Without mkmodel
- * the test is skipped (exit 77). */
+ * allocation of model load and engine create failing in turn. The MTP layer
+ * (test_mtp): on mkmodel checkpoints whose MTP block and head copy main layer
+ * 0 and the model's head (one-layer models, a CSA/top-k and an HCA/hash one),
+ * the MTP forward given layer 0's input (the embedding streams) as its block
+ * input must give the main forward's final streams and logits bit for bit, at
+ * every step of chunked prefills and decodes of two sequences; and the MTP
+ * forward from the main model's hidden streams and the next tokens must match
+ * the block input the test computes itself from enorm/hnorm/e_proj/h_proj (in
+ * double) within 1e-4; with the MTP layer's own random weights the first
+ * check must fail (its tensors are the ones used). Without mkmodel the test is
+ * skipped (exit 77). */
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -26,6 +35,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "runner/engine/cpu/dsv4.h"
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
 #include "runner/model/model_dsv4.h"
@@ -406,8 +416,261 @@ static void test_small_model(void) {
         fprintf(stderr, "  could not remove %s\n", dir);
 }
 
+/* ---- MTP ---- */
+
+#define MTP_BS 16
+#define MTP_MAXP 96
+
+typedef struct mtp_ctx {
+    const tm_model *m;
+    uint32_t D, N, V;
+    float *ref; /* [rows][N*D] block inputs computed here */
+} mtp_ctx;
+
+// x_i = h_proj(hnorm(h_i)) + e_proj(enorm(embed(next))) for every stream i, in double.
+static void mtp_block_in(const mtp_ctx *c, const float *hidden, const uint32_t *next, uint32_t n,
+                         float *out) {
+    const tm_dsv4 *w = tm_model_dsv4(c->m);
+    const uint32_t D = c->D, N = c->N;
+    const double eps = c->m->cfg.rms_eps;
+    double *a = malloc(D * sizeof(double)), *ep = malloc(D * sizeof(double));
+    for (uint32_t t = 0; t < n; t++) {
+        double ss = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            a[d] = tm_tensor_get_f32(&c->m->embd, (size_t)next[t] * D + d);
+            ss += a[d] * a[d];
+        }
+        double sc = 1.0 / sqrt(ss / D + eps);
+        for (uint32_t d = 0; d < D; d++)
+            a[d] = tm_tensor_get_f32(&w->mtp.enorm, d) * (a[d] * sc);
+        for (uint32_t o = 0; o < D; o++) {
+            double acc = 0;
+            for (uint32_t d = 0; d < D; d++)
+                acc += tm_tensor_get_f32(&w->mtp.e_proj, (size_t)o * D + d) * a[d];
+            ep[o] = acc;
+        }
+        for (uint32_t i = 0; i < N; i++) {
+            const float *h = hidden + ((size_t)t * N + i) * D;
+            ss = 0;
+            for (uint32_t d = 0; d < D; d++)
+                ss += (double)h[d] * h[d];
+            sc = 1.0 / sqrt(ss / D + eps);
+            for (uint32_t d = 0; d < D; d++)
+                a[d] = tm_tensor_get_f32(&w->mtp.hnorm, d) * (h[d] * sc);
+            for (uint32_t o = 0; o < D; o++) {
+                double acc = 0;
+                for (uint32_t d = 0; d < D; d++)
+                    acc += tm_tensor_get_f32(&w->mtp.h_proj, (size_t)o * D + d) * a[d];
+                out[((size_t)t * N + i) * D + o] = (float)(acc + ep[o]);
+            }
+        }
+    }
+    free(a);
+    free(ep);
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double md = 0, ma = 0;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        ma = fmax(ma, fabs((double)a[i]));
+    }
+    return ma > 0 ? md / ma : md;
+}
+
+static void check_mtp(const char *name, const char *args, int copy) {
+    const char *build = getenv("TM_BUILD");
+    char dir[] = "/tmp/tm_test_dsv4m_XXXXXX", cmd[2048];
+    TM_ASSERT(mkdtemp(dir));
+    snprintf(cmd, sizeof(cmd), "'%s/mkmodel' --out '%s/m' --arch deepseek_v4 %s >/dev/null", build,
+             dir, args);
+    TM_CHECK(system(cmd) == 0);
+    snprintf(cmd, sizeof(cmd), "%s/m", dir);
+    tm_err err = {0};
+    tm_model *m = NULL;
+    TM_CHECK_OK(tm_model_load(cmd, &m, &err), &err);
+    tm_engine *e1 = NULL, *e2 = NULL, *e3 = NULL;
+    const uint32_t N_S = 2;
+    tm_engine_opts o = {.n_threads = 2,
+                        .block_size = MTP_BS,
+                        .n_kv_block = N_S * MTP_MAXP / MTP_BS,
+                        .max_seqs = N_S,
+                        .max_batched_tokens = 64};
+    if (m) {
+        TM_CHECK(tm_dsv4_has_mtp(m));
+        TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e1, &err), &err);
+        TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e2, &err), &err);
+        TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e3, &err), &err);
+    }
+    if (e1 && e2 && e3) {
+        const uint32_t D = m->cfg.n_embd, N = tm_model_dsv4(m)->cfg.hc_mult, V = m->cfg.n_vocab;
+        const size_t ND = (size_t)N * D;
+        mtp_ctx c = {.m = m, .D = D, .N = N, .V = V};
+        uint32_t ids[2][MTP_MAXP + 1], len[2] = {37, 20}, done[2] = {0},
+                                       table[2][MTP_MAXP / MTP_BS];
+        for (uint32_t s = 0; s < N_S; s++) {
+            for (uint32_t i = 0; i < len[s]; i++)
+                ids[s][i] = (s * 29 + i * 13 + 5) % V;
+            for (uint32_t k = 0; k < MTP_MAXP / MTP_BS; k++)
+                table[s][k] = k * N_S + 1 - s;
+        }
+        float *lg = malloc(2 * V * sizeof(float)), *ml = malloc(2 * V * sizeof(float));
+        float *ml2 = malloc(2 * V * sizeof(float)), *ml3 = malloc(2 * V * sizeof(float));
+        float *emb = malloc(64 * ND * sizeof(float)), *so = malloc(64 * ND * sizeof(float));
+        float *xin = malloc(64 * ND * sizeof(float));
+        uint32_t nxt[64];
+        int same_logits = 1, same_streams = 1, n_step = 0;
+        double worst = 0;
+        static const uint32_t chunk[] = {16, 5, 11, 20}; // prefill chunks, then decodes
+        for (uint32_t step = 0; step < 16; step++) {
+            tm_batch_seq bs[2];
+            tm_dsv4_mtp_seq ms[2], ms2[2], ms3[2];
+            uint32_t T = 0;
+            for (uint32_t s = 0; s < N_S; s++) {
+                uint32_t n = TM_MIN(len[s] - done[s], step < 4 ? chunk[(step + s) % 4] : 1u);
+                if (n == 0)
+                    n = 1; // prompt done: this step decodes
+                bs[s] = (tm_batch_seq){.tokens = ids[s] + done[s],
+                                       .n_tok = n,
+                                       .pos = done[s],
+                                       .block_table = table[s],
+                                       .n_block = MTP_MAXP / MTP_BS,
+                                       .want_logits = done[s] + n >= len[s]};
+                for (uint32_t i = 0; i < n; i++, T++) // layer 0's input: the embedding streams
+                    for (uint32_t k = 0; k < N; k++)
+                        tm_dtype_to_f32(m->embd.data, m->embd.dtype,
+                                        (size_t)ids[s][done[s] + i] * D, D,
+                                        emb + (size_t)T * ND + (size_t)k * D);
+            }
+            tm_batch b = {.seqs = bs, .n_seq = N_S};
+            TM_CHECK_OK(tm_engine_forward(e1, &b, lg, &err), &err);
+            uint32_t r = 0;
+            for (uint32_t s = 0; s < N_S; s++) {
+                if (!bs[s].want_logits)
+                    continue;
+                const float *l = lg + (size_t)r++ * V;
+                uint32_t best = 0;
+                for (uint32_t v = 1; v < V; v++)
+                    if (l[v] > l[best])
+                        best = v;
+                if (done[s] + bs[s].n_tok == len[s])
+                    ids[s][len[s]++] = best;
+            }
+            uint32_t hT = 0;
+            const float *hid = tm_dsv4_hidden(e1, &hT);
+            TM_CHECK(hid && hT == T);
+            if (!hid || hT != T)
+                break;
+            // 1. the MTP block as layer 0: same input, same output and head
+            for (uint32_t s = 0, t0 = 0; s < N_S; t0 += bs[s++].n_tok)
+                ms[s] = (tm_dsv4_mtp_seq){.block_in = emb + (size_t)t0 * ND,
+                                          .next = bs[s].tokens,
+                                          .n_tok = bs[s].n_tok,
+                                          .pos = bs[s].pos,
+                                          .block_table = table[s],
+                                          .n_block = MTP_MAXP / MTP_BS,
+                                          .want_logits = bs[s].want_logits};
+            TM_CHECK_OK(tm_dsv4_mtp_forward(e1, ms, N_S, ml, so, &err), &err);
+            same_logits &= memcmp(ml, lg, (size_t)r * V * sizeof(float)) == 0;
+            same_streams &= memcmp(so, hid, (size_t)T * ND * sizeof(float)) == 0;
+            // 2. from the hidden streams and the next tokens, against the block input made here
+            for (uint32_t s = 0, t0 = 0; s < N_S; t0 += bs[s++].n_tok) {
+                for (uint32_t i = 0; i < bs[s].n_tok; i++)
+                    nxt[t0 + i] = ids[s][bs[s].pos + i + 1 < len[s] ? bs[s].pos + i + 1 : 0];
+                ms2[s] = ms[s];
+                ms2[s].block_in = NULL;
+                ms2[s].hidden = hid + (size_t)t0 * ND;
+                ms2[s].next = nxt + t0;
+                ms3[s] = ms2[s];
+                ms3[s].hidden = NULL;
+                ms3[s].block_in = xin + (size_t)t0 * ND;
+            }
+            mtp_block_in(&c, hid, nxt, T, xin);
+            TM_CHECK_OK(tm_dsv4_mtp_forward(e2, ms2, N_S, ml2, NULL, &err), &err);
+            TM_CHECK_OK(tm_dsv4_mtp_forward(e3, ms3, N_S, ml3, NULL, &err), &err);
+            for (uint32_t i = 0; i < r; i++)
+                worst = fmax(worst, max_rel(ml3 + (size_t)i * V, ml2 + (size_t)i * V, V));
+            for (uint32_t s = 0; s < N_S; s++)
+                done[s] += bs[s].n_tok;
+            n_step++;
+        }
+        fprintf(stderr,
+                "  %s: %d steps; MTP on layer 0's input: logits %s, streams %s; MTP from hidden + "
+                "next vs own block input: max rel err %.2e\n",
+                name, n_step, same_logits ? "bit-equal" : "differ",
+                same_streams ? "bit-equal" : "differ", worst);
+        // a copy of layer 0 and the head must reproduce them; its own random weights must not
+        TM_CHECK(copy ? same_logits && same_streams : !same_logits && !same_streams);
+        TM_CHECK(worst < 1e-4);
+        free(lg), free(ml), free(ml2), free(ml3), free(emb), free(so), free(xin);
+    }
+    tm_engine_destroy(e1);
+    tm_engine_destroy(e2);
+    tm_engine_destroy(e3);
+    tm_model_destroy(m);
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    TM_CHECK(system(cmd) == 0);
+}
+
+static void test_mtp(void) {
+    if (!getenv("TM_BUILD")) {
+        tm_test_skip("no mkmodel");
+        return;
+    }
+#define MTP_SMALL                                                                                  \
+    "--hidden 32 --heads 4 --head-dim 16 --o-groups 2 --o-lora 8 --q-lora 16 --ff 16 --vocab 64 "  \
+    "--ctx 1024 --window 8 --index-heads 4 --index-dim 8 --index-topk 3 --rope-dim 4 "             \
+    "--experts 4 --experts-used 2 --hca-ratio 16 --layers 1 "
+    check_mtp("mtp csa/top-k bf16",
+              MTP_SMALL "--seed 31 --dsv4-layers c --dsv4-mlp m --dsv4-mtp cm "
+                        "--dsv4-mtp-copy 0 --hc 2 --dtype bf16",
+              1);
+    check_mtp("mtp hca/hash f32",
+              MTP_SMALL "--seed 32 --dsv4-layers h --dsv4-mlp h --dsv4-mtp hh "
+                        "--dsv4-mtp-copy 0 --hc 3 --dtype f32 --yarn 1",
+              1);
+    check_mtp("mtp sliding/top-k fp8",
+              MTP_SMALL "--seed 33 --dsv4-layers s --dsv4-mlp m "
+                        "--dsv4-mtp sm --dsv4-mtp-copy 0 --hc 2 "
+                        "--dtype bf16 --quant fp8-block --quant-block 16",
+              1);
+    check_mtp("mtp own weights",
+              MTP_SMALL "--seed 31 --dsv4-layers c --dsv4-mlp m --dsv4-mtp cm "
+                        "--hc 2 --dtype bf16",
+              0);
+    // a model without the MTP layer refuses the MTP forward
+    char dir[256];
+    if (make_small(dir, sizeof(dir)) == 0) {
+        tm_err err = {0};
+        tm_model *m = NULL;
+        tm_engine *e = NULL;
+        TM_CHECK_OK(tm_model_load(dir, &m, &err), &err);
+        tm_engine_opts o = {.n_threads = 1,
+                            .block_size = 128,
+                            .n_kv_block = 2,
+                            .max_seqs = 1,
+                            .max_batched_tokens = 8};
+        if (m && tm_engine_cpu_create(m, &o, &e, &err) == TM_OK) {
+            TM_CHECK(!tm_dsv4_has_mtp(m));
+            uint32_t tok = 1, table[1] = {0};
+            float x[2 * 64];
+            tm_dsv4_mtp_seq s = {
+                .block_in = x, .next = &tok, .n_tok = 1, .block_table = table, .n_block = 1};
+            TM_CHECK(tm_dsv4_mtp_forward(e, &s, 1, NULL, NULL, &err) == TM_E_INVAL);
+            TM_CHECK(strstr(err.msg, "no MTP layer") != NULL);
+        }
+        tm_engine_destroy(e);
+        tm_model_destroy(m);
+        char cmd[400];
+        dir[strlen(dir) - 2] = '\0';
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        TM_CHECK(system(cmd) == 0);
+    }
+}
+
 int main(void) {
     TM_RUN(test_small_model);
+    TM_RUN(test_mtp);
     TM_RUN(test_hf_fixtures);
     return tm_test_report();
 }

@@ -91,8 +91,9 @@ static const expect cases[] = {
      "\"m\"," MSGS ",\"tools\":[{\"type\":\"function\"}]}}",
      TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"tl\"", "field 'body.tools'"},
     {"{\"custom_id\":\"rf\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
-     "\"m\"," MSGS ",\"response_format\":{\"type\":\"json_object\"}}}",
-     TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"rf\"", "response_format"},
+     "\"m\"," MSGS ",\"response_format\":{\"type\":\"xml\"}}}",
+     TM_ERRCODE_INVALID_VALUE, TM_REC_FORMAT_OPENAI_CHAT, "\"rf\"",
+     "field 'body.response_format.type'"}, // json_object and json_schema are served (issue 26)
     {"{\"custom_id\":\"nb\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":[]}",
      TM_ERRCODE_WRONG_TYPE, TM_REC_FORMAT_OPENAI_CHAT, "\"nb\"",
      "field 'body': expected an object"},

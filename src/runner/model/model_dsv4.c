@@ -177,13 +177,17 @@ static tm_rc parse_rope_obj(json_t *p, double theta_def, tm_dsv4_rope *r, tm_err
 
 /* ---- config ---- */
 
+/* Layers [0, n) (required) and the MTP layer's entry n (when the lists have it; else sliding
+ * attention and top-k MoE). */
 static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err *err) {
     json_t *lt = json_object_get(root, "layer_types");
     json_t *cr = json_object_get(root, "compress_ratios");
+    d->attn[n] = TM_DSV4_ATTN_SLIDING;
+    d->hash[n] = 0;
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || json_array_size(lt) < n)
             return TM_ERR(err, TM_E_PARSE, CFG ": layer_types must list %u layers", n);
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n + (json_array_size(lt) > n); i++) {
             const char *s = json_string_value(json_array_get(lt, i));
             if (s && !strcmp(s, "sliding_attention"))
                 d->attn[i] = TM_DSV4_ATTN_SLIDING;
@@ -197,7 +201,7 @@ static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err 
     } else if (cr && !json_is_null(cr)) {
         if (!json_is_array(cr) || json_array_size(cr) < n)
             return TM_ERR(err, TM_E_PARSE, CFG ": compress_ratios must list %u layers", n);
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n + (json_array_size(cr) > n); i++) {
             json_t *e = json_array_get(cr, i);
             json_int_t r = json_is_integer(e) ? json_integer_value(e) : -1;
             if (r == 0)
@@ -218,7 +222,7 @@ static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err 
     if (mt && !json_is_null(mt)) {
         if (!json_is_array(mt) || json_array_size(mt) < n)
             return TM_ERR(err, TM_E_PARSE, CFG ": mlp_layer_types must list %u layers", n);
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0; i < n + (json_array_size(mt) > n); i++) {
             const char *s = json_string_value(json_array_get(mt, i));
             if (!s || (strcmp(s, "hash_moe") && strcmp(s, "moe")))
                 return TM_ERR(err, TM_E_PARSE, CFG ": mlp_layer_types[%u] is not hash_moe or moe",
@@ -440,15 +444,146 @@ static tm_rc bind(const tm_st_set *st, const char *name, uint32_t n_dim, uint64_
     return TM_OK;
 }
 
+/* The block tensors of layer il (the MTP layer when il == n_layer) under prefix ("model.layers.3.")
+ * into *L. */
+static tm_rc bind_layer(const tm_st_set *st, const tm_model_cfg *c, const tm_dsv4_cfg *d,
+                        const char *prefix, uint32_t il, tm_dsv4_layer *L, tm_err *err) {
+    const uint64_t D = c->n_embd, N = d->hc_mult, hd = c->head_dim, H = c->n_head,
+                   mix = (2 + N) * N, E = d->n_expert, I = c->n_ff, di = d->index_head_dim;
+    tm_rc rc = TM_OK;
+    const int attn = d->attn[il], csa = attn == TM_DSV4_ATTN_CSA;
+    const uint64_t cw = csa ? 2 * hd : hd;
+    const uint64_t ratio = csa ? d->ratio_csa : d->ratio_hca;
+    struct {
+        const char *suffix;
+        uint32_t n_dim;
+        uint64_t d0, d1, d2;
+        tm_tensor *t;
+        int when; /* 0 always, 1 compressor, 2 indexer, 3 hash, 4 top-k */
+        int lin;  /* 1: a linear, plain or quantized; 2: routed experts (expert_dtype) */
+    } spec[] = {
+        {"attn_hc.fn", 2, mix, N * D, 0, &L->attn_hc_fn, 0, 0},
+        {"attn_hc.base", 1, mix, 0, 0, &L->attn_hc_base, 0, 0},
+        {"attn_hc.scale", 1, 3, 0, 0, &L->attn_hc_scale, 0, 0},
+        {"ffn_hc.fn", 2, mix, N * D, 0, &L->ffn_hc_fn, 0, 0},
+        {"ffn_hc.base", 1, mix, 0, 0, &L->ffn_hc_base, 0, 0},
+        {"ffn_hc.scale", 1, 3, 0, 0, &L->ffn_hc_scale, 0, 0},
+        {"input_layernorm.weight", 1, D, 0, 0, &L->attn_norm, 0, 0},
+        {"post_attention_layernorm.weight", 1, D, 0, 0, &L->ffn_norm, 0, 0},
+        {"self_attn.q_a_proj.weight", 2, d->q_lora_rank, D, 0, &L->q_a, 0, 1},
+        {"self_attn.q_a_norm.weight", 1, d->q_lora_rank, 0, 0, &L->q_a_norm, 0, 0},
+        {"self_attn.q_b_proj.weight", 2, H * hd, d->q_lora_rank, 0, &L->q_b, 0, 1},
+        {"self_attn.kv_proj.weight", 2, hd, D, 0, &L->kv, 0, 1},
+        {"self_attn.kv_norm.weight", 1, hd, 0, 0, &L->kv_norm, 0, 0},
+        {"self_attn.o_a_proj.weight", 2, (uint64_t)d->o_groups * d->o_lora_rank,
+         H * hd / d->o_groups, 0, &L->o_a, 0, 1},
+        {"self_attn.o_b_proj.weight", 2, D, (uint64_t)d->o_groups * d->o_lora_rank, 0, &L->o_b, 0,
+         1},
+        {"self_attn.sinks", 1, H, 0, 0, &L->sinks, 0, 0},
+        {"self_attn.compressor.kv_proj.weight", 2, cw, D, 0, &L->c_kv, 1, 1},
+        {"self_attn.compressor.gate_proj.weight", 2, cw, D, 0, &L->c_gate, 1, 1},
+        {"self_attn.compressor.position_bias", 2, ratio, cw, 0, &L->c_bias, 1, 0},
+        {"self_attn.compressor.kv_norm.weight", 1, hd, 0, 0, &L->c_norm, 1, 0},
+        {"self_attn.compressor.indexer.kv_proj.weight", 2, 2 * di, D, 0, &L->i_kv, 2, 1},
+        {"self_attn.compressor.indexer.gate_proj.weight", 2, 2 * di, D, 0, &L->i_gate, 2, 1},
+        {"self_attn.compressor.indexer.position_bias", 2, d->ratio_csa, 2 * di, 0, &L->i_bias, 2,
+         0},
+        {"self_attn.compressor.indexer.kv_norm.weight", 1, di, 0, 0, &L->i_norm, 2, 0},
+        {"self_attn.compressor.indexer.q_b_proj.weight", 2, (uint64_t)d->index_n_heads * di,
+         d->q_lora_rank, 0, &L->i_qb, 2, 1},
+        {"self_attn.compressor.indexer.scorer.weights_proj.weight", 2, d->index_n_heads, D, 0,
+         &L->i_w, 2, 1},
+        {"mlp.gate.weight", 2, E, D, 0, &L->router, 0, 0},
+        {"mlp.gate.tid2eid", 2, c->n_vocab, d->n_expert_used, 0, &L->tid2eid, 3, 0},
+        {"mlp.gate.e_score_correction_bias", 1, E, 0, 0, &L->router_bias, 4, 0},
+        {"mlp.experts.gate_up_proj", 3, E, 2 * I, D, &L->gate_up, 0, 2},
+        {"mlp.experts.down_proj", 3, E, D, I, &L->down, 0, 2},
+        {"mlp.shared_experts.gate_proj.weight", 2, I, D, 0, &L->sh_gate, 0, 1},
+        {"mlp.shared_experts.up_proj.weight", 2, I, D, 0, &L->sh_up, 0, 1},
+        {"mlp.shared_experts.down_proj.weight", 2, D, I, 0, &L->sh_down, 0, 1},
+    };
+    for (size_t i = 0; rc == TM_OK && i < sizeof(spec) / sizeof(spec[0]); i++) {
+        int when = spec[i].when;
+        if ((when == 1 && attn == TM_DSV4_ATTN_SLIDING) || (when == 2 && !csa) ||
+            (when == 3 && !d->hash[il]) || (when == 4 && d->hash[il]))
+            continue;
+        char name[160];
+        snprintf(name, sizeof(name), "%s%s", prefix, spec[i].suffix);
+        const uint64_t want[3] = {spec[i].d0, spec[i].d1, spec[i].d2};
+        if (spec[i].lin)
+            rc = tm_quant_bind(st, &c->quant, name,
+                               spec[i].lin == 2 ? TM_QROLE_EXPERT : TM_QROLE_DENSE, spec[i].n_dim,
+                               want, spec[i].t, err);
+        else
+            rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].d2, spec[i].t, err);
+    }
+    // Hash routing reads expert ids from tid2eid: they must be integers below
+    // E.
+    for (uint64_t i = 0; rc == TM_OK && d->hash[il] && i < (uint64_t)c->n_vocab * d->n_expert_used;
+         i++) {
+        float e = tm_tensor_get_f32(&L->tid2eid, (size_t)i);
+        if (!(e >= 0.0f) || e >= (float)E || e != floorf(e))
+            rc = TM_ERR(err, TM_E_PARSE, "layer %u: tid2eid[%llu] = %g is not an expert id", il,
+                        (unsigned long long)i, (double)e);
+    }
+    return rc;
+}
+
+/* The MTP layer: found by its enorm under model.layers.<n_layer>. or mtp.0.; none is fine. */
+static tm_rc bind_mtp(tm_model *m, const tm_st_set *st, tm_err *err) {
+    tm_dsv4 *w = m->arch_w;
+    const tm_model_cfg *c = &m->cfg;
+    const uint64_t D = c->n_embd, N = w->cfg.hc_mult;
+    char pre[64], name[160];
+    snprintf(pre, sizeof(pre), "model.layers.%u.", c->n_layer);
+    snprintf(name, sizeof(name), "%senorm.weight", pre);
+    if (!tm_st_set_find(st, name)) {
+        snprintf(pre, sizeof(pre), "mtp.0.");
+        snprintf(name, sizeof(name), "%senorm.weight", pre);
+        if (!tm_st_set_find(st, name))
+            return TM_OK;
+    }
+    tm_dsv4_mtp *x = &w->mtp;
+    tm_rc rc = bind_layer(st, c, &w->cfg, pre, c->n_layer, &w->layers[c->n_layer], err);
+    const uint64_t dd[2] = {D, D};
+    struct {
+        const char *suffix, *alt;
+        uint32_t n_dim;
+        uint64_t d0, d1;
+        tm_tensor *t;
+        int lin;
+    } spec[] = {
+        {"enorm.weight", NULL, 1, D, 0, &x->enorm, 0},
+        {"hnorm.weight", NULL, 1, D, 0, &x->hnorm, 0},
+        {"e_proj.weight", NULL, 2, D, D, &x->e_proj, 1},
+        {"h_proj.weight", NULL, 2, D, D, &x->h_proj, 1},
+        {"norm.weight", "shared_head.norm.weight", 1, D, 0, &x->norm, 0},
+        {"hc_head_fn", "hc_head.hc_fn", 2, N, N * D, &x->hc_head_fn, 0},
+        {"hc_head_base", "hc_head.hc_base", 1, N, 0, &x->hc_head_base, 0},
+        {"hc_head_scale", "hc_head.hc_scale", 1, 1, 0, &x->hc_head_scale, 0},
+    };
+    for (size_t i = 0; rc == TM_OK && i < sizeof(spec) / sizeof(spec[0]); i++) {
+        snprintf(name, sizeof(name), "%s%s", pre, spec[i].suffix);
+        if (spec[i].alt && !tm_st_set_find(st, name))
+            snprintf(name, sizeof(name), "%s%s", pre, spec[i].alt);
+        if (spec[i].lin)
+            rc = tm_quant_bind(st, &c->quant, name, TM_QROLE_DENSE, 2, dd, spec[i].t, err);
+        else
+            rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, 0, spec[i].t, err);
+    }
+    if (rc == TM_OK)
+        w->n_mtp = 1;
+    return rc;
+}
+
 tm_rc tm_dsv4_bind(tm_model *m, const struct tm_st_set *st, tm_err *err) {
     tm_dsv4 *w = m->arch_w;
     const tm_model_cfg *c = &m->cfg;
     const tm_dsv4_cfg *d = &w->cfg;
-    w->layers = tm_calloc(c->n_layer, sizeof(*w->layers));
+    w->layers = tm_calloc(c->n_layer + 1, sizeof(*w->layers)); // + the MTP layer's
     if (!w->layers)
         return TM_ERR(err, TM_E_NOMEM, "deepseek_v4 layers");
-    const uint64_t D = c->n_embd, N = d->hc_mult, hd = c->head_dim, H = c->n_head,
-                   mix = (2 + N) * N, E = d->n_expert, I = c->n_ff, di = d->index_head_dim;
+    const uint64_t D = c->n_embd, N = d->hc_mult;
     tm_rc rc = bind(st, "model.embed_tokens.weight", 2, c->n_vocab, D, 0, &m->embd, err);
     if (rc == TM_OK)
         rc = bind(st, "model.norm.weight", 1, D, 0, 0, &m->out_norm, err);
@@ -465,84 +600,12 @@ tm_rc tm_dsv4_bind(tm_model *m, const struct tm_st_set *st, tm_err *err) {
             rc = bind(st, "lm_head.weight", 2, c->n_vocab, D, 0, &m->lm_head, err);
     }
     for (uint32_t il = 0; rc == TM_OK && il < c->n_layer; il++) {
-        tm_dsv4_layer *L = &w->layers[il];
-        const int attn = d->attn[il], csa = attn == TM_DSV4_ATTN_CSA;
-        const uint64_t cw = csa ? 2 * hd : hd;
-        const uint64_t ratio = csa ? d->ratio_csa : d->ratio_hca;
-        struct {
-            const char *suffix;
-            uint32_t n_dim;
-            uint64_t d0, d1, d2;
-            tm_tensor *t;
-            int when; /* 0 always, 1 compressor, 2 indexer, 3 hash, 4 top-k */
-            int lin;  /* 1: a linear, plain or quantized; 2: routed experts (expert_dtype) */
-        } spec[] = {
-            {"attn_hc.fn", 2, mix, N * D, 0, &L->attn_hc_fn, 0, 0},
-            {"attn_hc.base", 1, mix, 0, 0, &L->attn_hc_base, 0, 0},
-            {"attn_hc.scale", 1, 3, 0, 0, &L->attn_hc_scale, 0, 0},
-            {"ffn_hc.fn", 2, mix, N * D, 0, &L->ffn_hc_fn, 0, 0},
-            {"ffn_hc.base", 1, mix, 0, 0, &L->ffn_hc_base, 0, 0},
-            {"ffn_hc.scale", 1, 3, 0, 0, &L->ffn_hc_scale, 0, 0},
-            {"input_layernorm.weight", 1, D, 0, 0, &L->attn_norm, 0, 0},
-            {"post_attention_layernorm.weight", 1, D, 0, 0, &L->ffn_norm, 0, 0},
-            {"self_attn.q_a_proj.weight", 2, d->q_lora_rank, D, 0, &L->q_a, 0, 1},
-            {"self_attn.q_a_norm.weight", 1, d->q_lora_rank, 0, 0, &L->q_a_norm, 0, 0},
-            {"self_attn.q_b_proj.weight", 2, H * hd, d->q_lora_rank, 0, &L->q_b, 0, 1},
-            {"self_attn.kv_proj.weight", 2, hd, D, 0, &L->kv, 0, 1},
-            {"self_attn.kv_norm.weight", 1, hd, 0, 0, &L->kv_norm, 0, 0},
-            {"self_attn.o_a_proj.weight", 2, (uint64_t)d->o_groups * d->o_lora_rank,
-             H * hd / d->o_groups, 0, &L->o_a, 0, 1},
-            {"self_attn.o_b_proj.weight", 2, D, (uint64_t)d->o_groups * d->o_lora_rank, 0, &L->o_b,
-             0, 1},
-            {"self_attn.sinks", 1, H, 0, 0, &L->sinks, 0, 0},
-            {"self_attn.compressor.kv_proj.weight", 2, cw, D, 0, &L->c_kv, 1, 1},
-            {"self_attn.compressor.gate_proj.weight", 2, cw, D, 0, &L->c_gate, 1, 1},
-            {"self_attn.compressor.position_bias", 2, ratio, cw, 0, &L->c_bias, 1, 0},
-            {"self_attn.compressor.kv_norm.weight", 1, hd, 0, 0, &L->c_norm, 1, 0},
-            {"self_attn.compressor.indexer.kv_proj.weight", 2, 2 * di, D, 0, &L->i_kv, 2, 1},
-            {"self_attn.compressor.indexer.gate_proj.weight", 2, 2 * di, D, 0, &L->i_gate, 2, 1},
-            {"self_attn.compressor.indexer.position_bias", 2, d->ratio_csa, 2 * di, 0, &L->i_bias,
-             2, 0},
-            {"self_attn.compressor.indexer.kv_norm.weight", 1, di, 0, 0, &L->i_norm, 2, 0},
-            {"self_attn.compressor.indexer.q_b_proj.weight", 2, (uint64_t)d->index_n_heads * di,
-             d->q_lora_rank, 0, &L->i_qb, 2, 1},
-            {"self_attn.compressor.indexer.scorer.weights_proj.weight", 2, d->index_n_heads, D, 0,
-             &L->i_w, 2, 1},
-            {"mlp.gate.weight", 2, E, D, 0, &L->router, 0, 0},
-            {"mlp.gate.tid2eid", 2, c->n_vocab, d->n_expert_used, 0, &L->tid2eid, 3, 0},
-            {"mlp.gate.e_score_correction_bias", 1, E, 0, 0, &L->router_bias, 4, 0},
-            {"mlp.experts.gate_up_proj", 3, E, 2 * I, D, &L->gate_up, 0, 2},
-            {"mlp.experts.down_proj", 3, E, D, I, &L->down, 0, 2},
-            {"mlp.shared_experts.gate_proj.weight", 2, I, D, 0, &L->sh_gate, 0, 1},
-            {"mlp.shared_experts.up_proj.weight", 2, I, D, 0, &L->sh_up, 0, 1},
-            {"mlp.shared_experts.down_proj.weight", 2, D, I, 0, &L->sh_down, 0, 1},
-        };
-        for (size_t i = 0; rc == TM_OK && i < sizeof(spec) / sizeof(spec[0]); i++) {
-            int when = spec[i].when;
-            if ((when == 1 && attn == TM_DSV4_ATTN_SLIDING) || (when == 2 && !csa) ||
-                (when == 3 && !d->hash[il]) || (when == 4 && d->hash[il]))
-                continue;
-            char name[160];
-            snprintf(name, sizeof(name), "model.layers.%u.%s", il, spec[i].suffix);
-            const uint64_t want[3] = {spec[i].d0, spec[i].d1, spec[i].d2};
-            if (spec[i].lin)
-                rc = tm_quant_bind(st, &c->quant, name,
-                                   spec[i].lin == 2 ? TM_QROLE_EXPERT : TM_QROLE_DENSE,
-                                   spec[i].n_dim, want, spec[i].t, err);
-            else
-                rc = bind(st, name, spec[i].n_dim, spec[i].d0, spec[i].d1, spec[i].d2, spec[i].t,
-                          err);
-        }
-        // Hash routing reads expert ids from tid2eid: they must be integers below
-        // E.
-        for (uint64_t i = 0;
-             rc == TM_OK && d->hash[il] && i < (uint64_t)c->n_vocab * d->n_expert_used; i++) {
-            float e = tm_tensor_get_f32(&L->tid2eid, (size_t)i);
-            if (!(e >= 0.0f) || e >= (float)E || e != floorf(e))
-                rc = TM_ERR(err, TM_E_PARSE, "layer %u: tid2eid[%llu] = %g is not an expert id", il,
-                            (unsigned long long)i, (double)e);
-        }
+        char pre[64];
+        snprintf(pre, sizeof(pre), "model.layers.%u.", il);
+        rc = bind_layer(st, c, d, pre, il, &w->layers[il], err);
     }
+    if (rc == TM_OK)
+        rc = bind_mtp(m, st, err);
     return rc;
 }
 

@@ -13,7 +13,23 @@
  * checkpoint names (layers.<i>.attn.wq_a.weight, ...) that transformers renames
  * on load,
  * int64 tid2eid tensors (the safetensors reader takes float dtypes only), and
- * the MTP layers (ignored when present). */
+ * more than one MTP layer.
+ *
+ * The MTP (multi-token prediction) layer, when the checkpoint has one: DeepSeek's
+ * MTPBlock (its inference/model.py; vLLM's deepseek_v4_mtp.py loads it the same
+ * way): a decoder block like the main ones plus enorm, hnorm, e_proj, h_proj,
+ * its own final norm and hyper-connection head, sharing the embedding and the
+ * LM head. Its tensors are read under the prefix model.layers.<n_layer>. (where
+ * vLLM remaps DeepSeek's mtp.0.) or mtp.0., the block with the transformers
+ * names of a main layer (self_attn.q_a_proj.weight, mlp.experts.gate_up_proj,
+ * attn_hc.fn, ...) and the extras with DeepSeek's: enorm.weight, hnorm.weight,
+ * e_proj.weight, h_proj.weight, norm.weight (or shared_head.norm.weight),
+ * hc_head_fn, hc_head_base, hc_head_scale. Its layer kinds: entry n_layer of
+ * layer_types (or of compress_ratios, as DeepSeek's config lists it) and of
+ * mlp_layer_types when given, else sliding-window attention and top-k MoE (the
+ * released checkpoints' compress_ratios end with 0 for it). A checkpoint
+ * without the tensors loads without MTP (transformers' save_pretrained drops
+ * them). */
 #ifndef TM_RUNNER_MODEL_MODEL_DSV4_H
 #define TM_RUNNER_MODEL_MODEL_DSV4_H
 
@@ -70,8 +86,10 @@ typedef struct tm_dsv4_cfg {
     uint32_t hc_mult, hc_iters; /* hyper-connection streams, Sinkhorn iterations */
     float hc_eps;
     tm_dsv4_rope rope_main, rope_compress;
-    uint8_t attn[TM_DSV4_MAX_LAYER]; /* tm_dsv4_attn per layer (layer_types) */
-    uint8_t hash[TM_DSV4_MAX_LAYER]; /* 1: hash_moe, 0: moe (mlp_layer_types) */
+    uint8_t attn[TM_DSV4_MAX_LAYER + 1]; /* tm_dsv4_attn per layer (layer_types); [n_layer]: the
+                                            MTP layer's */
+    uint8_t hash[TM_DSV4_MAX_LAYER + 1]; /* 1: hash_moe, 0: moe (mlp_layer_types); [n_layer]:
+                                            the MTP layer's */
 } tm_dsv4_cfg;
 
 typedef struct tm_dsv4_layer {
@@ -105,9 +123,19 @@ typedef struct tm_dsv4_layer {
     tm_tensor sh_gate, sh_up, sh_down; /* [I][D], [I][D], [D][I] */
 } tm_dsv4_layer;
 
+/* The MTP layer's own tensors besides its block (layers[n_layer]); D = n_embd, N = hc_mult. */
+typedef struct tm_dsv4_mtp {
+    tm_tensor enorm, hnorm;                            /* [D] */
+    tm_tensor e_proj, h_proj;                          /* [D][D], plain or quantized */
+    tm_tensor norm;                                    /* [D] before the shared LM head */
+    tm_tensor hc_head_fn, hc_head_base, hc_head_scale; /* [N][N*D], [N], [1] */
+} tm_dsv4_mtp;
+
 typedef struct tm_dsv4 {
     tm_dsv4_cfg cfg;
-    tm_dsv4_layer *layers;                             /* owned, n_layer */
+    tm_dsv4_layer *layers; /* owned, n_layer + n_mtp: layers[n_layer] is the MTP block */
+    uint32_t n_mtp;        /* 1 when the checkpoint has the MTP layer, else 0 */
+    tm_dsv4_mtp mtp;       /* valid when n_mtp */
     tm_tensor hc_head_fn, hc_head_base, hc_head_scale; /* [N][N*D], [N], [1] */
 } tm_dsv4;
 

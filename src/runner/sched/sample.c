@@ -4,7 +4,7 @@
  * Canonical order: the kept set is defined by a cut in the order (processed logit descending,
  * token id ascending) plus the min-p weight threshold, and the draw walks the kept set in id
  * order with one uniform from (seed, step). The CUDA sampler (kernels/sample.cu) finds the same
- * cut by bisection and walks the same order, so both draw the same token up to float rounding of
+ * cut by radix selects, walks the same order, so both draw the same token up to float rounding of
  * the sums and of expf. Finding the cut here: top_k uses an O(n) partial selection; top_p sorts
  * only the tokens above a weight threshold whose mass already reaches top_p (the threshold is
  * lowered until it does), or selects the nucleus by mass when it is large; the cut's level is
@@ -207,7 +207,7 @@ int tm_sample_is_greedy(const tm_sample_params *p, uint32_t n_vocab) {
 int tm_sample_has_proc(const tm_sample_params *p) {
     const int rep = p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
     const int pen = rep || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
-    return (pen && p->n_hist > 0) || p->n_bias > 0 || p->n_mask > 0;
+    return (pen && p->n_hist > 0) || p->n_bias > 0 || p->n_mask > 0 || p->allow != NULL;
 }
 
 tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_params *p,
@@ -256,6 +256,11 @@ tm_rc tm_sample_process(const float *logits, uint32_t n_vocab, const tm_sample_p
             continue; // an EOS id the tokenizer cannot decode is never picked anyway
         out[p->mask_ids[j]] = -INFINITY;
     }
+    // 4. the allowed ids (structured output): a disallowed id is masked like the ids above
+    if (p->allow)
+        for (uint32_t i = 0; i < n_vocab; i++)
+            if (!((p->allow[i >> 5] >> (i & 31)) & 1u))
+                out[i] = -INFINITY;
     return TM_OK;
 }
 

@@ -26,6 +26,9 @@ typedef struct tm_sample_params {
     uint32_t n_bias;
     const uint32_t *mask_ids; /* borrowed; [n_mask] ids that cannot be picked (min_tokens) */
     uint32_t n_mask;
+    const uint32_t
+        *allow; /* borrowed; NULL: every id; else a bitmask of ceil(n_vocab / 32) words: id i may be
+                   picked only when bit (i & 31) of allow[i >> 5] is set (structured output) */
     const uint32_t *hist; /* borrowed; [n_hist] the sequence so far: prompt, then generated */
     uint32_t n_hist, n_hist_prompt;
 } tm_sample_params;

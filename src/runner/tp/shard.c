@@ -1,5 +1,6 @@
 /* runner/tp/shard.c - the tensor-parallel split of a Llama-family model (runner/tp/shard.h): the
- * per-rank counts, and the weights sliced by them for one rank. */
+ * per-rank counts, and the weights sliced by them for one rank; and the DeepSeek-V4 per-rank
+ * counts (its engine slices the weights itself). */
 #include "runner/tp/shard.h"
 
 #include <string.h>
@@ -63,6 +64,30 @@ tm_rc tm_shard_split_init(tm_shard_split *out, const tm_model_cfg *c, uint32_t r
     out->kv0 = c->n_kv_head >= tp ? rank * nkv : rank / (tp / c->n_kv_head);
     out->vocab0 = v0;
     out->v_per = v_per;
+    return TM_OK;
+}
+
+tm_rc tm_shard_dsv4_split(tm_shard_dsv4 *out, const tm_model_cfg *c, uint32_t o_groups,
+                          uint32_t rank, uint32_t tp, tm_err *err) {
+    if (tp == 0 || rank >= tp)
+        return TM_ERR(err, TM_E_INVAL, "tp shard: deepseek_v4: rank %u of %u", rank, tp);
+    if (c->n_head % tp || o_groups % tp || c->n_ff % tp)
+        return TM_ERR(err, TM_E_INVAL,
+                      "tp shard: deepseek_v4: %u attention heads, %u output groups and expert "
+                      "width %u must all divide by tp %u",
+                      c->n_head, o_groups, c->n_ff, tp);
+    tm_shard_split sp; // the vocabulary rows, as every TP engine splits them
+    tm_rc rc = tm_shard_split_init(&sp, c, rank, tp, "tp shard: deepseek_v4", err);
+    if (rc)
+        return rc;
+    out->n_head = c->n_head / tp;
+    out->h0 = rank * out->n_head;
+    out->n_group = o_groups / tp;
+    out->g0 = rank * out->n_group;
+    out->n_ff = c->n_ff / tp;
+    out->f0 = rank * out->n_ff;
+    out->vocab0 = sp.vocab0;
+    out->n_vocab = sp.cfg.n_vocab;
     return TM_OK;
 }
 

@@ -32,6 +32,26 @@ typedef struct tm_shard_split {
 tm_rc tm_shard_split_init(tm_shard_split *out, const tm_model_cfg *c, uint32_t rank, uint32_t tp,
                           const char *who, tm_err *err);
 
+/* One rank's part of the DeepSeek-V4 split (docs/deepseek_v4.md "Tensor parallel"), as the CPU
+ * engine (runner/engine/cpu/dsv4.c) applies it and the CUDA engine is to: query heads
+ * [h0, h0 + n_head) with their sinks; output groups [g0, g0 + n_group) (o_a rows
+ * [g0 * o_lora, ...), o_b columns the same range); channels [f0, f0 + n_ff) of every expert's
+ * width (routed gate/up rows and down columns, the shared expert's likewise); vocabulary rows as
+ * tm_shard_split. The single KV head, compressor, indexer, router and hyper-connections are
+ * replicated. */
+typedef struct tm_shard_dsv4 {
+    uint32_t h0, n_head;
+    uint32_t g0, n_group;
+    uint32_t f0, n_ff;
+    uint32_t vocab0, n_vocab; /* n_vocab 0 when the vocabulary is smaller than the ranks need */
+} tm_shard_dsv4;
+
+/* Fill *out with rank's DeepSeek-V4 split of c (n_head, n_ff = moe_intermediate_size, n_vocab)
+ * with o_groups output groups, tp ways. TM_E_INVAL ("tp shard: deepseek_v4: ...") when tp is 0,
+ * rank >= tp, or n_head, o_groups or n_ff does not divide by tp. */
+tm_rc tm_shard_dsv4_split(tm_shard_dsv4 *out, const tm_model_cfg *c, uint32_t o_groups,
+                          uint32_t rank, uint32_t tp, tm_err *err);
+
 /* Build rank's shard of full (borrowed; must outlive the shard), split by tm_shard_split_init
  * (messages start with "tp shard"). Its cfg is the split's with tie_embd 0 (the shard always
  * carries its own lm_head view); *vocab0 is its first vocabulary row. TM_E_INVAL as the split,

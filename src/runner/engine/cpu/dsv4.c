@@ -15,9 +15,20 @@
  * window never straddles blocks.
  *
  * Numerics: fp32; matmuls through tm_cpu_matmul_rows (fixed reduction order),
- * so results do not depend on batch composition, chunking or thread count. Not
- * supported: tensor parallel, the MTP layer, FP8/FP4 weights. All memory is
- * allocated at create; forward allocates nothing. One thread drives an engine.
+ * so results do not depend on batch composition, chunking or thread count.
+ *
+ * Tensor parallel (tp_size > 1, docs/deepseek_v4.md "Tensor parallel"): this
+ * engine is one rank; it reads its rows of the full model's tensors in place
+ * (query heads, output groups, expert width, vocabulary) and keeps owned f32
+ * copies of its column slices (o_b, the down projections); opts->allreduce sums
+ * the embedding, the o_b product and the MoE output. At tp 1 every call is the
+ * unsplit one, bit for bit.
+ *
+ * MTP: the model's MTP layer, when it has one, is layer n_layer here (weights,
+ * state in the KV blocks, kv_copy); tm_dsv4_mtp_forward runs it on its own
+ * streams buffer so the main forward's final streams stay readable
+ * (tm_dsv4_hidden). All memory is allocated at create; forward allocates
+ * nothing. One thread drives an engine.
  */
 #include "runner/engine/cpu/dsv4.h"
 
@@ -30,6 +41,7 @@
 #include "runner/engine/cpu/ops.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/model_dsv4.h"
+#include "runner/tp/shard.h"
 
 /* fp32 copies of a layer's small tensors */
 typedef struct dl_small {
@@ -53,6 +65,15 @@ typedef struct dl_state {
     uint32_t ratio, cw;
 } dl_state;
 
+/* Tensor parallel: a layer's column slices of this rank (o_b's columns of its output groups, the
+ * down projections' columns of its expert width), owned f32 copies (dequantized when the
+ * checkpoint's are quantized). */
+typedef struct dl_cols {
+    tm_tensor o_b;     /* [D][n_group * o_lora] */
+    tm_tensor down;    /* [E][D][n_ff] */
+    tm_tensor sh_down; /* [D][n_ff] */
+} dl_cols;
+
 typedef struct dsv4_eng {
     tm_engine eng; /* eng.impl points back here */
     const tm_model *m;
@@ -63,8 +84,22 @@ typedef struct dsv4_eng {
     uint32_t n_thread;
     uint32_t bs, n_block, max_pos, T, S;
     uint32_t D, N, hd, H, rd, mix, qr, di, Hi, E, I, G, olr, ing;
-    dl_small *sm; /* [n_layer] */
-    dl_state *st; /* [n_layer] */
+    /* tensor parallel (docs/deepseek_v4.md "Tensor parallel"): H, G and Ir are this rank's
+     * heads, output groups and expert width (the whole model's at tp 1), sh says where they
+     * start; I is the full expert width (weight row offsets) */
+    uint32_t tp, Ir;
+    tm_shard_dsv4 sh;
+    uint32_t NL;   /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
+    dl_cols *cols; /* [NL], NULL at tp 1 */
+    dl_small *sm;  /* [NL] */
+    dl_state *st;  /* [NL] */
+    /* MTP (tm_dsv4_mtp_forward) */
+    float *mstreams;                         /* [T][N*D] its streams; NULL without MTP */
+    float *mtp_enorm, *mtp_hnorm, *mtp_norm; /* [D] */
+    float *mtp_hc_base, *mtp_hc_scale;       /* [N], [1] */
+    tm_batch_seq *mseqs;                     /* [S] its rows as a batch for the layers */
+    tm_batch mb;
+    uint32_t last_T; /* tokens of the last forward: e->streams holds their final streams */
     float *hc_head_base, *hc_head_scale, *out_norm;
     /* activations, [T] rows */
     float *streams;                       /* [T][N*D] */
@@ -207,6 +242,12 @@ static void mm(dsv4_eng *e, float *out, uint32_t ld_out, const float *x, uint32_
     want = TM_CEIL_DIV(want, TM_CPU_MM_ROWS) * TM_CPU_MM_ROWS;
     j.rows_per_item = TM_MAX(want, (uint32_t)TM_CPU_MM_ROWS);
     tm_cpu_pool_run(e->pool, mm_item, &j, TM_CEIL_DIV(n_out, j.rows_per_item));
+}
+
+/* Tensor parallel: sum buf[0..n) over the ranks (a no-op at tp 1). */
+static void allreduce(dsv4_eng *e, float *buf, size_t n) {
+    if (e->tp > 1)
+        e->eng.opts.allreduce(e->eng.opts.allreduce_ctx, buf, n);
 }
 
 /* ---- hyper-connections ---- */
@@ -406,7 +447,7 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
     float *o = e->att + (size_t)t * H * hd;
     for (uint32_t h = 0; h < H; h++) {
         const float *qh = e->q + ((size_t)t * H + h) * hd;
-        float mx = sm->sinks[h];
+        float mx = sm->sinks[e->sh.h0 + h];
         for (uint32_t i = 0; i < n_sl; i++) {
             lg[i] = tm_cpu_dot(qh, ls->kv + tok_slot(e, table, p0 + i) * hd, hd) * scale;
             mx = fmaxf(mx, lg[i]);
@@ -416,7 +457,7 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
             lg[n_sl + i] = tm_cpu_dot(qh, kr, hd) * scale;
             mx = fmaxf(mx, lg[n_sl + i]);
         }
-        float sum = expf(sm->sinks[h] - mx);
+        float sum = expf(sm->sinks[e->sh.h0 + h] - mx);
         for (uint32_t i = 0; i < n_sl + n_c; i++) {
             lg[i] = expf(lg[i] - mx);
             sum += lg[i];
@@ -467,7 +508,7 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
     mm(e, e->qres, e->qr, e->h, T, D, &L->q_a, 0, e->qr);
     for (uint32_t t = 0; t < T; t++)
         rms_weighted(e->qres + (size_t)t * e->qr, sm->q_a_norm, e->qr, eps);
-    mm(e, e->q, H * hd, e->qres, T, e->qr, &L->q_b, 0, H * hd);
+    mm(e, e->q, H * hd, e->qres, T, e->qr, &L->q_b, (size_t)e->sh.h0 * hd * e->qr, H * hd);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < H; h++) {
             float *qh = e->q + ((size_t)t * H + h) * hd;
@@ -535,17 +576,18 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
         for (uint32_t t = 0; t < T; t++)
             memcpy(e->gin + (size_t)t * ing, e->att + (size_t)t * H * hd + (size_t)g * ing,
                    ing * sizeof(float));
-        mm(e, e->oa + (size_t)g * olr, G * olr, e->gin, T, ing, &L->o_a, (size_t)g * olr * ing,
-           olr);
+        mm(e, e->oa + (size_t)g * olr, G * olr, e->gin, T, ing, &L->o_a,
+           (size_t)(e->sh.g0 + g) * olr * ing, olr);
     }
-    mm(e, e->out, D, e->oa, T, G * olr, &L->o_b, 0, D);
+    mm(e, e->out, D, e->oa, T, G * olr, e->cols ? &e->cols[il].o_b : &L->o_b, 0, D);
+    allreduce(e, e->out, (size_t)T * D); // TP: each rank's groups gave a partial o_b product
     hc_post(e, e->streams, T, e->out, e->post, e->comb);
 }
 
 static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
     const tm_dsv4_layer *L = &e->w->layers[il];
     const dl_small *sm = &e->sm[il];
-    const uint32_t D = e->D, E = e->E, I = e->I, k = e->d.n_expert_used;
+    const uint32_t D = e->D, E = e->E, I = e->I, Ir = e->Ir, f0 = e->sh.f0, k = e->d.n_expert_used;
     hc_pre(e, e->streams, T, &L->ffn_hc_fn, sm->ffn_hc_base, sm->ffn_hc_scale, e->x, e->post,
            e->comb);
     memcpy(e->h, e->x, (size_t)T * D * sizeof(float));
@@ -612,11 +654,18 @@ static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
                 }
         if (!n)
             continue;
-        mm(e, e->gu, 2 * I, e->gin, n, D, &L->gate_up, (size_t)ex * 2 * I * D, 2 * I);
+        if (e->tp == 1) {
+            mm(e, e->gu, 2 * I, e->gin, n, D, &L->gate_up, (size_t)ex * 2 * I * D, 2 * I);
+        } else { // this rank's slice of the gate rows and of the up rows
+            mm(e, e->gu, 2 * Ir, e->gin, n, D, &L->gate_up, ((size_t)ex * 2 * I + f0) * D, Ir);
+            mm(e, e->gu + Ir, 2 * Ir, e->gin, n, D, &L->gate_up, ((size_t)ex * 2 * I + I + f0) * D,
+               Ir);
+        }
         for (uint32_t i = 0; i < n; i++)
-            silu_clamped(e->act + (size_t)i * I, e->gu + (size_t)i * 2 * I,
-                         e->gu + (size_t)i * 2 * I + I, I, e->d.swiglu_limit);
-        mm(e, e->dn, D, e->act, n, I, &L->down, (size_t)ex * D * I, D);
+            silu_clamped(e->act + (size_t)i * Ir, e->gu + (size_t)i * 2 * Ir,
+                         e->gu + (size_t)i * 2 * Ir + Ir, Ir, e->d.swiglu_limit);
+        mm(e, e->dn, D, e->act, n, Ir, e->cols ? &e->cols[il].down : &L->down, (size_t)ex * D * Ir,
+           D);
         for (uint32_t i = 0; i < n; i++) {
             float *o = e->out + (size_t)e->e_tok[i] * D;
             const float *dv = e->dn + (size_t)i * D;
@@ -625,18 +674,47 @@ static void layer_moe(dsv4_eng *e, uint32_t il, uint32_t T) {
         }
     }
     // shared expert, added after the routed sum
-    mm(e, e->gu, 2 * I, e->h, T, D, &L->sh_gate, 0, I);
-    mm(e, e->gu + I, 2 * I, e->h, T, D, &L->sh_up, 0, I);
+    mm(e, e->gu, 2 * Ir, e->h, T, D, &L->sh_gate, (size_t)f0 * D, Ir);
+    mm(e, e->gu + Ir, 2 * Ir, e->h, T, D, &L->sh_up, (size_t)f0 * D, Ir);
     for (uint32_t t = 0; t < T; t++)
-        silu_clamped(e->act + (size_t)t * I, e->gu + (size_t)t * 2 * I,
-                     e->gu + (size_t)t * 2 * I + I, I, e->d.swiglu_limit);
-    mm(e, e->dn, D, e->act, T, I, &L->sh_down, 0, D);
+        silu_clamped(e->act + (size_t)t * Ir, e->gu + (size_t)t * 2 * Ir,
+                     e->gu + (size_t)t * 2 * Ir + Ir, Ir, e->d.swiglu_limit);
+    mm(e, e->dn, D, e->act, T, Ir, e->cols ? &e->cols[il].sh_down : &L->sh_down, 0, D);
     for (size_t i = 0; i < (size_t)T * D; i++)
         e->out[i] = e->out[i] + e->dn[i];
+    allreduce(e, e->out, (size_t)T * D); // TP: routed + shared partial down products
     hc_post(e, e->streams, T, e->out, e->post, e->comb);
 }
 
 /* ---- forward ---- */
+
+/* The final hyper-connection head (fn, base, scale), norm and the LM head on the r streams rows
+ * gathered in e->last: logits rows of ld floats, this rank's vocabulary slice [vocab0, vocab0 +
+ * n_vocab) (all of it at tp 1). */
+static void head_logits(dsv4_eng *e, uint32_t r, const tm_tensor *fn, const float *base,
+                        const float *scale, const float *norm, float *logits, uint32_t ld) {
+    const uint32_t D = e->D, N = e->N;
+    memcpy(e->lastn, e->last, (size_t)r * N * D * sizeof(float));
+    for (uint32_t i = 0; i < r; i++)
+        rms_unweighted(e->lastn + (size_t)i * N * D, N * D, e->c.rms_eps);
+    mm(e, e->lastm, N, e->lastn, r, N * D, fn, 0, N);
+    for (uint32_t i = 0; i < r; i++) {
+        float pre[TM_DSV4_MAX_HC];
+        for (uint32_t j = 0; j < N; j++)
+            pre[j] = sigmoidf_(e->lastm[(size_t)i * N + j] * scale[0] + base[j]) + e->d.hc_eps;
+        float *xo = e->lastx + (size_t)i * D;
+        const float *st = e->last + (size_t)i * N * D;
+        for (uint32_t dd = 0; dd < D; dd++) {
+            float acc = 0.0f;
+            for (uint32_t j = 0; j < N; j++)
+                acc += pre[j] * st[j * D + dd];
+            xo[dd] = acc;
+        }
+        rms_weighted(xo, norm, D, e->c.rms_eps);
+    }
+    const tm_tensor *lm = e->m->lm_head.data ? &e->m->lm_head : &e->m->embd;
+    mm(e, logits, ld, e->lastx, r, D, lm, (size_t)e->sh.vocab0 * D, e->sh.n_vocab);
+}
 
 static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err) {
     dsv4_eng *e = eng->impl;
@@ -674,9 +752,23 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
     e->b = b;
     const uint32_t D = e->D, N = e->N, half = e->rd / 2;
     // embeddings, copied into every stream
+    if (e->tp > 1) { // vocab-parallel: the rank holding a token's row contributes it, others 0
+        for (uint32_t t = 0; t < T; t++) {
+            uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
+            if (row < e->sh.n_vocab)
+                tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
+                                e->x + (size_t)t * D);
+            else
+                memset(e->x + (size_t)t * D, 0, D * sizeof(float));
+        }
+        allreduce(e, e->x, (size_t)T * D);
+    }
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->streams + (size_t)t * N * D;
-        tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
+        if (e->tp > 1)
+            memcpy(st, e->x + (size_t)t * D, D * sizeof(float));
+        else
+            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
         for (uint32_t i = 1; i < N; i++)
             memcpy(st + (size_t)i * D, st, D * sizeof(float));
         rope_table(&e->d.rope_main, e->rd, e->pos[t], e->cos_m + (size_t)t * half,
@@ -688,6 +780,7 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
         layer_attn(e, il, T);
         layer_moe(e, il, T);
     }
+    e->last_T = T;
     if (!n_want)
         return TM_OK;
     // final hyper-connection head on the rows that want logits, norm, lm_head
@@ -698,28 +791,8 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
             memcpy(e->last + (size_t)r++ * N * D, e->streams + (size_t)(t0 - k) * N * D,
                    (size_t)N * D * sizeof(float));
     }
-    memcpy(e->lastn, e->last, (size_t)r * N * D * sizeof(float));
-    for (uint32_t i = 0; i < r; i++)
-        rms_unweighted(e->lastn + (size_t)i * N * D, N * D, e->c.rms_eps);
-    mm(e, e->lastm, N, e->lastn, r, N * D, &e->w->hc_head_fn, 0, N);
-    for (uint32_t i = 0; i < r; i++) {
-        float pre[TM_DSV4_MAX_HC];
-        for (uint32_t j = 0; j < N; j++)
-            pre[j] =
-                sigmoidf_(e->lastm[(size_t)i * N + j] * e->hc_head_scale[0] + e->hc_head_base[j]) +
-                e->d.hc_eps;
-        float *xo = e->lastx + (size_t)i * D;
-        const float *st = e->last + (size_t)i * N * D;
-        for (uint32_t dd = 0; dd < D; dd++) {
-            float acc = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                acc += pre[j] * st[j * D + dd];
-            xo[dd] = acc;
-        }
-        rms_weighted(xo, e->out_norm, D, e->c.rms_eps);
-    }
-    const tm_tensor *lm = e->m->lm_head.data ? &e->m->lm_head : &e->m->embd;
-    mm(e, logits, e->c.n_vocab, e->lastx, r, D, lm, 0, e->c.n_vocab);
+    head_logits(e, r, &e->w->hc_head_fn, e->hc_head_base, e->hc_head_scale, e->out_norm, logits,
+                e->sh.n_vocab);
     return TM_OK;
 }
 
@@ -730,7 +803,7 @@ static tm_rc dsv4_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n
                       n_tok);
     if (src == dst)
         return TM_OK;
-    for (uint32_t il = 0; il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; il < e->NL; il++) { // the MTP layer's state too
         const dl_state *ls = &e->st[il];
         const size_t bs = e->bs;
         memcpy(ls->kv + dst * bs * e->hd, ls->kv + src * bs * e->hd, n_tok * e->hd * sizeof(float));
@@ -768,6 +841,32 @@ static float *small_f32(const tm_tensor *t, int *failed) {
     return p;
 }
 
+/* Columns [c0, c0 + n) of every row of t (2-D, or 3-D: the rows of all its matrices) into *out,
+ * an owned f32 tensor of the same shape with n columns, dequantized where t is quantized. Returns
+ * 1 on allocation failure (out->data NULL). */
+static int col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out) {
+    const uint64_t C = t->shape[t->n_dim - 1], rows = tm_tensor_n_elem(t) / C;
+    memset(out, 0, sizeof(*out));
+    float *buf = tm_malloc((size_t)(rows * n) * sizeof(float));
+    float *row = tm_malloc((size_t)C * sizeof(float));
+    if (!buf || !row) {
+        tm_free(buf);
+        tm_free(row);
+        return 1;
+    }
+    for (uint64_t r = 0; r < rows; r++) {
+        tm_tensor_row_f32(t, (size_t)r, row);
+        memcpy(buf + r * n, row + c0, (size_t)n * sizeof(float));
+    }
+    tm_free(row);
+    out->data = buf;
+    out->dtype = TM_DTYPE_F32;
+    out->n_dim = t->n_dim;
+    memcpy(out->shape, t->shape, sizeof(out->shape));
+    out->shape[t->n_dim - 1] = n;
+    return 0;
+}
+
 static float *alloc_f(size_t n, int *failed) {
     float *p = tm_calloc(n ? n : 1, sizeof(float));
     if (!p)
@@ -784,10 +883,15 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
         return TM_ERR(err, TM_E_INVAL,
                       "dsv4 engine: block_size, n_kv_block, max_seqs and "
                       "max_batched_tokens must be > 0");
-    if (opts->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "dsv4 engine: tensor parallel is not supported");
     const tm_dsv4_cfg *d = &w->cfg;
-    for (uint32_t il = 0; il < m->cfg.n_layer; il++) {
+    const uint32_t tp = TM_MAX(opts->tp_size, 1u);
+    if (tp > 1 && !opts->allreduce)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 engine: tp_size %u without an all-reduce", tp);
+    tm_shard_dsv4 sh;
+    tm_rc src = tm_shard_dsv4_split(&sh, &m->cfg, d->o_groups, tp > 1 ? opts->tp_rank : 0, tp, err);
+    if (src)
+        return src;
+    for (uint32_t il = 0; il < m->cfg.n_layer + w->n_mtp; il++) {
         uint32_t r = d->attn[il] == TM_DSV4_ATTN_CSA   ? d->ratio_csa
                      : d->attn[il] == TM_DSV4_ATTN_HCA ? d->ratio_hca
                                                        : 1;
@@ -836,10 +940,16 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->G = d->o_groups;
     e->olr = d->o_lora_rank;
     e->ing = e->H * e->hd / e->G;
+    e->tp = tp;
+    e->sh = sh;
+    e->H = sh.n_head; // from here on this rank's part
+    e->G = sh.n_group;
+    e->Ir = sh.n_ff;
 
-    const size_t T = e->T, R = tm_engine_max_rows(opts), D = e->D, ND = (size_t)e->N * D,
+    const size_t T = e->T, S = e->S, R = tm_engine_max_rows(opts), D = e->D, ND = (size_t)e->N * D,
                  hd = e->hd;
-    const size_t nb = e->n_block, bs = e->bs, L = m->cfg.n_layer;
+    e->NL = m->cfg.n_layer + w->n_mtp;
+    const size_t nb = e->n_block, bs = e->bs, L = e->NL;
     int failed = 0;
     tm_rc rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
     if (rc) {
@@ -889,9 +999,30 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
             ls->icomp = alloc_f(nb * (bs / ls->ratio) * e->di, &failed);
         }
     }
+    if (tp > 1 && !failed) {
+        e->cols = tm_calloc(L, sizeof(*e->cols));
+        failed = !e->cols;
+        for (size_t il = 0; !failed && il < L; il++) {
+            const tm_dsv4_layer *lw = &w->layers[il];
+            const uint64_t olr = e->olr;
+            failed = col_slice(&lw->o_b, sh.g0 * olr, sh.n_group * olr, &e->cols[il].o_b) ||
+                     col_slice(&lw->down, sh.f0, sh.n_ff, &e->cols[il].down) ||
+                     col_slice(&lw->sh_down, sh.f0, sh.n_ff, &e->cols[il].sh_down);
+        }
+    }
     e->hc_head_base = small_f32(&w->hc_head_base, &failed);
     e->hc_head_scale = small_f32(&w->hc_head_scale, &failed);
     e->out_norm = small_f32(&m->out_norm, &failed);
+    if (w->n_mtp) {
+        e->mstreams = alloc_f(T * ND, &failed);
+        e->mtp_enorm = small_f32(&w->mtp.enorm, &failed);
+        e->mtp_hnorm = small_f32(&w->mtp.hnorm, &failed);
+        e->mtp_norm = small_f32(&w->mtp.norm, &failed);
+        e->mtp_hc_base = small_f32(&w->mtp.hc_head_base, &failed);
+        e->mtp_hc_scale = small_f32(&w->mtp.hc_head_scale, &failed);
+        e->mseqs = tm_calloc(S, sizeof(*e->mseqs));
+        failed |= !e->mseqs;
+    }
     const size_t ing = e->ing, I = e->I, E = e->E, k = d->n_expert_used;
     e->streams = alloc_f(T * ND, &failed);
     e->hcn = alloc_f(T * ND, &failed);
@@ -959,7 +1090,7 @@ static void dsv4_destroy(tm_engine *eng) {
         return;
     dsv4_eng *e = eng->impl;
     tm_cpu_pool_destroy(e->pool);
-    for (uint32_t il = 0; e->sm && il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; e->sm && il < e->NL; il++) {
         dl_small *sm = &e->sm[il];
         float *f[] = {sm->attn_hc_base, sm->attn_hc_scale, sm->ffn_hc_base, sm->ffn_hc_scale,
                       sm->attn_norm,    sm->ffn_norm,      sm->q_a_norm,    sm->kv_norm,
@@ -969,16 +1100,29 @@ static void dsv4_destroy(tm_engine *eng) {
             tm_free(f[i]);
         tm_free(sm->tid2eid);
     }
-    for (uint32_t il = 0; e->st && il < e->c.n_layer; il++) {
+    for (uint32_t il = 0; e->st && il < e->NL; il++) {
         tm_free(e->st[il].kv);
         tm_free(e->st[il].cin);
         tm_free(e->st[il].comp);
         tm_free(e->st[il].iin);
         tm_free(e->st[il].icomp);
     }
+    for (uint32_t il = 0; e->cols && il < e->NL; il++) {
+        tm_free((void *)e->cols[il].o_b.data);
+        tm_free((void *)e->cols[il].down.data);
+        tm_free((void *)e->cols[il].sh_down.data);
+    }
+    tm_free(e->cols);
     tm_free(e->sm);
     tm_free(e->st);
-    void *p[] = {e->hc_head_base,
+    void *p[] = {e->mstreams,
+                 e->mtp_enorm,
+                 e->mtp_hnorm,
+                 e->mtp_norm,
+                 e->mtp_hc_base,
+                 e->mtp_hc_scale,
+                 e->mseqs,
+                 e->hc_head_base,
                  e->hc_head_scale,
                  e->out_norm,
                  e->streams,
@@ -1024,4 +1168,156 @@ static void dsv4_destroy(tm_engine *eng) {
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         tm_free(p[i]);
     tm_free(e);
+}
+
+/* ---- MTP ---- */
+
+int tm_dsv4_has_mtp(const tm_model *m) {
+    const tm_dsv4 *w = tm_model_dsv4(m);
+    return w && w->n_mtp;
+}
+
+const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok) {
+    *n_tok = 0;
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0); // every rank holds them
+    if (r0)
+        eng = r0;
+    if (!eng || eng->ops != &dsv4_ops)
+        return NULL;
+    const dsv4_eng *e = eng->impl;
+    *n_tok = e->last_T;
+    return e->last_T ? e->streams : NULL;
+}
+
+/* The MTP forward of one engine (a rank at tp > 1): logits rows of ld floats, this rank's
+ * vocabulary slice at their start. */
+static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq, float *logits,
+                         uint32_t ld, float *streams_out, tm_err *err) {
+    if (!e->w->n_mtp)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: the model has no MTP layer");
+    if (n_seq > e->S)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: %u sequences > max_seqs %u", n_seq, e->S);
+    const uint32_t D = e->D, N = e->N, half = e->rd / 2, il = e->c.n_layer;
+    const size_t ND = (size_t)N * D;
+    uint32_t T = 0, r = 0;
+    for (uint32_t s = 0; s < n_seq; s++) {
+        const tm_dsv4_mtp_seq *sq = &seqs[s];
+        if (sq->n_tok == 0 || (uint64_t)sq->pos + sq->n_tok > e->max_pos ||
+            (uint64_t)sq->n_block * e->bs < (uint64_t)sq->pos + sq->n_tok || !sq->next ||
+            (!sq->hidden && !sq->block_in))
+            return TM_ERR(err, TM_E_INVAL,
+                          "dsv4 mtp: sequence %u: bad rows (pos %u, %u rows, %u blocks, inputs)", s,
+                          sq->pos, sq->n_tok, sq->n_block);
+        for (uint32_t i = 0; i < sq->n_block; i++)
+            if (sq->block_table[i] >= e->n_block)
+                return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: block id %u out of range",
+                              sq->block_table[i]);
+        for (uint32_t i = 0; i < sq->n_tok; i++)
+            if (sq->next[i] >= e->c.n_vocab)
+                return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: token id %u out of range", sq->next[i]);
+        if ((uint64_t)T + sq->n_tok > e->T)
+            return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: step has more than %u rows", e->T);
+        if (sq->want_logits && !logits)
+            return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: sequence %u wants logits, none given", s);
+        for (uint32_t i = 0; i < sq->n_tok; i++) {
+            e->pos[T] = sq->pos + i;
+            e->tok_seq[T] = s;
+            e->tok_id[T] = sq->next[i]; // the MTP layer's input ids (hash routing, if any)
+            T++;
+        }
+        e->mseqs[s] = (tm_batch_seq){.tokens = sq->next,
+                                     .n_tok = sq->n_tok,
+                                     .pos = sq->pos,
+                                     .block_table = sq->block_table,
+                                     .n_block = sq->n_block,
+                                     .want_logits = sq->want_logits};
+    }
+    e->mb = (tm_batch){.seqs = e->mseqs, .n_seq = n_seq};
+    e->b = &e->mb;
+    const tm_dsv4_mtp *x = &e->w->mtp;
+    float *main_streams = e->streams, *B = e->mstreams;
+    // e = e_proj(enorm(embed(next))) [T][D] (vocab-parallel embedding, as the main forward's)
+    for (uint32_t t = 0; t < T; t++) {
+        uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
+        if (row < e->sh.n_vocab)
+            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
+                            e->h + (size_t)t * D);
+        else
+            memset(e->h + (size_t)t * D, 0, D * sizeof(float));
+    }
+    allreduce(e, e->h, (size_t)T * D);
+    for (uint32_t t = 0; t < T; t++)
+        rms_weighted(e->h + (size_t)t * D, e->mtp_enorm, D, e->c.rms_eps);
+    mm(e, e->out, D, e->h, T, D, &x->e_proj, 0, D);
+    // h_proj(hnorm(stream)) of every stream, [T * N][D]; rows given as block_in are 0 here
+    for (uint32_t s = 0, t0 = 0; s < n_seq; t0 += seqs[s++].n_tok) {
+        float *dst = e->hcn + (size_t)t0 * ND;
+        if (seqs[s].block_in)
+            memset(dst, 0, (size_t)seqs[s].n_tok * ND * sizeof(float));
+        else
+            memcpy(dst, seqs[s].hidden, (size_t)seqs[s].n_tok * ND * sizeof(float));
+    }
+    for (size_t i = 0; i < (size_t)T * N; i++)
+        rms_weighted(e->hcn + i * D, e->mtp_hnorm, D, e->c.rms_eps);
+    mm(e, B, D, e->hcn, T * N, D, &x->h_proj, 0, D);
+    for (uint32_t t = 0; t < T; t++)
+        for (uint32_t i = 0; i < N; i++) {
+            float *st = B + (size_t)t * ND + (size_t)i * D;
+            const float *ev = e->out + (size_t)t * D;
+            for (uint32_t dd = 0; dd < D; dd++)
+                st[dd] = ev[dd] + st[dd];
+        }
+    for (uint32_t s = 0, t0 = 0; s < n_seq; t0 += seqs[s++].n_tok)
+        if (seqs[s].block_in)
+            memcpy(B + (size_t)t0 * ND, seqs[s].block_in,
+                   (size_t)seqs[s].n_tok * ND * sizeof(float));
+    for (uint32_t t = 0; t < T; t++) {
+        rope_table(&e->d.rope_main, e->rd, e->pos[t], e->cos_m + (size_t)t * half,
+                   e->sin_m + (size_t)t * half);
+        rope_table(&e->d.rope_compress, e->rd, e->pos[t], e->cos_c + (size_t)t * half,
+                   e->sin_c + (size_t)t * half);
+    }
+    // the block, on its own streams (the main forward's stay for tm_dsv4_hidden)
+    e->streams = B;
+    layer_attn(e, il, T);
+    layer_moe(e, il, T);
+    e->streams = main_streams;
+    if (streams_out)
+        memcpy(streams_out, B, (size_t)T * ND * sizeof(float));
+    for (uint32_t s = 0, t0 = 0; s < n_seq; s++) {
+        t0 += seqs[s].n_tok;
+        if (seqs[s].want_logits)
+            memcpy(e->last + (size_t)r++ * ND, B + (size_t)(t0 - 1) * ND, ND * sizeof(float));
+    }
+    if (r)
+        head_logits(e, r, &x->hc_head_fn, e->mtp_hc_base, e->mtp_hc_scale, e->mtp_norm, logits, ld);
+    return TM_OK;
+}
+
+typedef struct mtp_job {
+    const tm_dsv4_mtp_seq *seqs;
+    uint32_t n_seq;
+    float *logits, *streams_out;
+} mtp_job;
+
+// One rank of a tensor-parallel MTP forward: its vocabulary columns of the shared logits rows.
+static tm_rc mtp_rank(tm_engine *reng, uint32_t rank, void *ctx, tm_err *err) {
+    const mtp_job *j = ctx;
+    if (reng->ops != &dsv4_ops)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
+    dsv4_eng *e = reng->impl;
+    return mtp_forward(e, j->seqs, j->n_seq, j->logits ? j->logits + e->sh.vocab0 : NULL,
+                       e->c.n_vocab, rank == 0 ? j->streams_out : NULL, err);
+}
+
+tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
+                          float *logits, float *streams_out, tm_err *err) {
+    if (tm_engine_cpu_tp_rank(eng, 0)) {
+        mtp_job j = {.seqs = seqs, .n_seq = n_seq, .logits = logits, .streams_out = streams_out};
+        return tm_engine_cpu_tp_run(eng, mtp_rank, &j, err);
+    }
+    if (!eng || eng->ops != &dsv4_ops)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 mtp: not a DeepSeek-V4 CPU engine");
+    dsv4_eng *e = eng->impl;
+    return mtp_forward(e, seqs, n_seq, logits, e->sh.n_vocab, streams_out, err);
 }

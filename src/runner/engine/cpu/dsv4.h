@@ -1,8 +1,11 @@
 /* runner/engine/cpu/dsv4.h - the DeepSeek-V4 forward pass of the CPU engine,
  * behind the same tm_engine vtable as the Llama family (tm_engine_cpu_create
  * dispatches here when the model's arch is TM_ARCH_DEEPSEEK_V4). fp32 math over
- * f32/f16/bf16 weights; see docs/deepseek_v4.md for the per-layer math and how
- * the per-sequence state lives in the paged KV blocks. */
+ * f32/f16/bf16 (and FP8 / MXFP4) weights; see docs/deepseek_v4.md for the
+ * per-layer math, how the per-sequence state lives in the paged KV blocks, the
+ * tensor-parallel split and the MTP layer. Besides the vtable: the MTP layer as
+ * a separate forward (tm_dsv4_mtp_forward) and the final hidden streams it
+ * takes (tm_dsv4_hidden), for speculative decoding. */
 #ifndef TM_RUNNER_ENGINE_CPU_DSV4_H
 #define TM_RUNNER_ENGINE_CPU_DSV4_H
 
@@ -11,13 +14,83 @@
 #include "runner/model/model.h"
 
 /* Create the DeepSeek-V4 CPU engine for m (borrowed; must outlive the engine).
- * All state is allocated here: per layer and KV block, the raw KV rows, the
- * compressor (and indexer) inputs of every token and the compressed rows.
- * opts->block_size must be a multiple of every compression ratio the model uses
- * (4 and 128 for the released configs). Errors: TM_E_INVAL (bad options,
- * tp_size > 1, block size not a multiple of a ratio), TM_E_NOMEM, TM_E_IO
- * (thread pool). On success *out owns the engine. */
+ * All state is allocated here: per layer (the MTP layer included, when the
+ * model has one) and KV block, the raw KV rows, the compressor (and indexer)
+ * inputs of every token and the compressed rows. opts->block_size must be a
+ * multiple of every compression ratio the model uses (4 and 128 for the released
+ * configs). With opts->tp_size > 1 the engine is rank opts->tp_rank's shard
+ * (runner/tp/shard.h tm_shard_dsv4_split; opts->allreduce sums the partial
+ * results) and its logits rows hold its vocabulary slice only, as the Llama
+ * family's (tm_engine_cpu_tp_create runs the ranks). Errors: TM_E_INVAL (bad
+ * options, a shape that does not split tp_size ways, block size not a multiple
+ * of a ratio), TM_E_NOMEM, TM_E_IO (thread pool). On success *out owns the
+ * engine. */
 tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err);
+
+/* ---- MTP (multi-token prediction; docs/deepseek_v4.md "MTP") ---- */
+
+/* One sequence's rows of an MTP step. Row i is position pos + i: the main
+ * model's final hyper-connection streams there (hidden: what produced the
+ * main logits of that position) and next[i], the token at position pos + i + 1
+ * (the main model's pick there, or the prompt's next token); the row's draft
+ * logits guess the token at pos + i + 2. The MTP layer keeps its own sliding-
+ * window (and, for a compressed MTP layer, compressor) state in the same KV
+ * blocks, so like a main forward the rows of a sequence must come in position
+ * order from 0 without gaps (prefill rows included) and may be chunked. */
+typedef struct tm_dsv4_mtp_seq {
+    const float *hidden;         /* [n_tok][hc_mult * n_embd] streams, borrowed for the call */
+    const float *block_in;       /* NULL; or (tests) [n_tok][hc_mult * n_embd] the MTP block's input
+                                    streams themselves, skipping enorm/hnorm/e_proj/h_proj (hidden and
+                                    next then only feed hash routing: next must still be valid) */
+    const uint32_t *next;        /* [n_tok] token ids, borrowed for the call */
+    uint32_t n_tok;              /* >= 1 */
+    uint32_t pos;                /* position of row 0 */
+    const uint32_t *block_table; /* block ids covering positions [0, pos + n_tok) */
+    uint32_t n_block;
+    int want_logits; /* 1: draft logits for the last row */
+} tm_dsv4_mtp_seq;
+
+/* 1 when m is a DeepSeek-V4 model with an MTP layer, else 0. */
+int tm_dsv4_has_mtp(const tm_model *m);
+
+/* The final hyper-connection streams (before the head) of every token of the
+ * last tm_engine_forward on eng, [*n_tok][hc_mult * n_embd], the tokens of the
+ * step's sequences stacked in batch order; what tm_dsv4_mtp_seq.hidden takes.
+ * Valid until the next forward on eng (MTP forwards leave it). eng may be a
+ * tm_engine_cpu_tp_create engine (rank 0's streams: every rank holds the same).
+ * NULL (and *n_tok 0) when eng is not a DeepSeek-V4 CPU engine or has run no
+ * step. */
+const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok);
+
+/* Run the MTP layer over the rows of n_seq sequences (at most max_seqs, at most
+ * max_batched_tokens rows in all): the embedding of next, enorm, e_proj; the
+ * hidden streams, hnorm (each stream), h_proj; their sum into every stream as
+ * the block's input; the MTP block (attention and MoE with their
+ * hyper-connections, its state at each row's position); its own hyper-
+ * connection head and norm, then the shared LM head. logits: [n_want][n_vocab],
+ * one row per sequence with want_logits, in order. streams_out: NULL, or
+ * [rows][hc_mult * n_embd] the block's output streams of every row (the hidden a
+ * second draft step would take). eng: a DeepSeek-V4 CPU engine, or one made
+ * by tm_engine_cpu_tp_create (the MTP block split like a main layer, each rank
+ * writing its vocabulary slice of the logits). Errors: TM_E_INVAL (no MTP
+ * layer, another engine, bad rows as a forward's checks), nothing run then. */
+tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq,
+                          float *logits, float *streams_out, tm_err *err);
+
+/* ---- hooks of the CPU tensor-parallel engine (runner/engine/cpu/engine_tp.c) ---- */
+
+/* A job for every rank: rank_eng is rank's shard engine, err that rank's. */
+typedef tm_rc (*tm_cpu_tp_job)(tm_engine *rank_eng, uint32_t rank, void *ctx, tm_err *err);
+
+/* Rank's shard engine of an engine made by tm_engine_cpu_tp_create with tp_size > 1; NULL for any
+ * other engine or rank >= tp_size. Borrowed from eng. */
+tm_engine *tm_engine_cpu_tp_rank(tm_engine *eng, uint32_t rank);
+
+/* Run job on every rank's engine at once, each on its rank thread (so the ranks' all-reduces
+ * meet), and wait for all; ordered with forward calls. Returns the lowest failing rank's error. A
+ * job must fail on every rank alike before its first all-reduce, as forward does. TM_E_INVAL for
+ * an engine not made by tm_engine_cpu_tp_create with tp_size > 1. */
+tm_rc tm_engine_cpu_tp_run(tm_engine *eng, tm_cpu_tp_job job, void *ctx, tm_err *err);
 
 #endif /* TM_RUNNER_ENGINE_CPU_DSV4_H */

@@ -6,11 +6,13 @@
  * The all-reduce: each rank publishes its buffer, a barrier, each rank sums its 1/tp share of the
  * elements over all ranks in rank order into a shared buffer, a barrier, each rank copies the sum
  * back, a barrier. Every rank gets the same bits. One thread drives the engine; forward blocks
- * until every rank has finished the step. */
+ * until every rank has finished the step. tm_engine_cpu_tp_run (runner/engine/cpu/dsv4.h) hands
+ * the ranks another job the same way (the DeepSeek-V4 MTP forward). */
 #include <pthread.h>
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runner/engine/cpu/dsv4.h"
 #include "runner/engine/engine.h"
 #include "runner/tp/shard.h"
 
@@ -45,6 +47,8 @@ struct tp_impl {
     uint32_t n_done;
     int quit;
     const tm_batch *b;
+    tm_cpu_tp_job job; /* non-NULL: the step runs job on every rank instead of a forward */
+    void *job_ctx;
 };
 
 static void tp_allreduce(void *vctx, float *buf, size_t n) {
@@ -79,10 +83,15 @@ static void *rank_main(void *arg) {
         }
         seen = tp->gen;
         const tm_batch *b = tp->b;
+        tm_cpu_tp_job job = tp->job;
+        void *job_ctx = tp->job_ctx;
         pthread_mutex_unlock(&tp->mu);
         tm_err *err = &tp->errs[rc->rank];
-        tp->rc[rc->rank] = tm_engine_forward(tp->ranks[rc->rank], b, tp->rank_logits[rc->rank],
-                                             err);
+        if (job)
+            tp->rc[rc->rank] = job(tp->ranks[rc->rank], rc->rank, job_ctx, err);
+        else
+            tp->rc[rc->rank] = tm_engine_forward(tp->ranks[rc->rank], b, tp->rank_logits[rc->rank],
+                                                 err);
         pthread_mutex_lock(&tp->mu);
         if (++tp->n_done == tp->n)
             pthread_cond_signal(&tp->cv_done);
@@ -94,6 +103,7 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
     tp_impl *tp = eng->impl;
     pthread_mutex_lock(&tp->mu);
     tp->b = b;
+    tp->job = NULL;
     tp->n_done = 0;
     tp->gen++;
     pthread_cond_broadcast(&tp->cv_go);
@@ -169,6 +179,35 @@ static const tm_engine_ops tp_ops = {
     .kv_copy = tp_kv_copy,
     .destroy = tp_destroy,
 };
+
+tm_engine *tm_engine_cpu_tp_rank(tm_engine *eng, uint32_t rank) {
+    if (!eng || eng->ops != &tp_ops)
+        return NULL;
+    tp_impl *tp = eng->impl;
+    return rank < tp->n ? tp->ranks[rank] : NULL;
+}
+
+tm_rc tm_engine_cpu_tp_run(tm_engine *eng, tm_cpu_tp_job job, void *ctx, tm_err *err) {
+    if (!eng || eng->ops != &tp_ops)
+        return TM_ERR(err, TM_E_INVAL, "tp engine: not a CPU tensor-parallel engine");
+    tp_impl *tp = eng->impl;
+    pthread_mutex_lock(&tp->mu);
+    tp->job = job;
+    tp->job_ctx = ctx;
+    tp->n_done = 0;
+    tp->gen++;
+    pthread_cond_broadcast(&tp->cv_go);
+    while (tp->n_done < tp->n)
+        pthread_cond_wait(&tp->cv_done, &tp->mu);
+    tp->job = NULL;
+    pthread_mutex_unlock(&tp->mu);
+    for (uint32_t r = 0; r < tp->n; r++)
+        if (tp->rc[r]) {
+            *err = tp->errs[r];
+            return tp->rc[r];
+        }
+    return TM_OK;
+}
 
 tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                               tm_err *err) {

@@ -8,8 +8,9 @@
  * Contract with the runtime (in call order during create):
  *   check_cfg, check_weights (single GPU, from a checkpoint only), shard_cfg (tp > 1),
  *   kv_dim and prefill_tiles (pure), init (its host state; impl->cfg, opts, tp_rank/tp_size and
- *   kv_dim are set), skinny_floats, carve_weights and carve_acts (twice each: with a NULL base to
- *   size the arenas, then for real, the same sequence of carves both times), then upload or
+ *   kv_dim are set; init may raise kv_dim, which nothing reads before it), skinny_floats,
+ *   carve_weights and carve_acts (twice each: with a NULL base to size the arenas, then for real,
+ *   the same sequence of carves both times), then upload or
  *   fill_random (the cuBLAS handle and the KV cache exist), forward for every step, fini at
  *   destroy (also after a failed init; its state may be NULL). The runtime's device buffers the
  *   arch reads or writes: the K/V caches ([n_layer][max_pos][kv_dim] bf16 each), logits
@@ -69,5 +70,8 @@ typedef struct tm_cuda_arch {
 
 /* The Llama family: Llama, Qwen2 (q/k/v bias), Mistral (sliding window); llama.c. */
 extern const tm_cuda_arch tm_cuda_arch_llama;
+/* DeepSeek-V4 (single GPU); dsv4.c. Its init raises impl->kv_dim to the width of its per-token
+ * state (laid out inside the K and V rows), before the runtime sizes the KV pool. */
+extern const tm_cuda_arch tm_cuda_arch_dsv4;
 
 #endif /* TM_RUNNER_ENGINE_CUDA_ARCH_H */

@@ -43,18 +43,18 @@
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
-/* The device sampler (forward_sample, issue 22; tp_size 1): the processed-logits and count rows,
- * and the per-step parameters, packed history / bias / mask arrays and outputs, staged through
+/* The device sampler (forward_sample, issue 22; tp_size 1): the count rows, and the per-step
+ * parameters, packed history / bias / mask / allowed-ids arrays and outputs, staged through
  * pinned host buffers. */
 #define SAMP_PK_CAP ((size_t)1 << 22) /* packed uint32 entries per step */
 #define SAMP_OUT_WORDS(S) ((size_t)(S) * (2 + 2 * TM_K_SAMPLE_MAX_TOP))
 typedef struct tm_cuda_samp {
-    float *work;                      /* [S][n_vocab] */
     uint32_t *cnt;                    /* [S][n_vocab], all 0 between steps */
-    tm_k_sample_row *rows_d, *rows_h; /* [S]; rows_h pinned host */
-    uint32_t *pk_d, *pk_h;            /* [SAMP_PK_CAP]; pk_h pinned host */
-    uint32_t *out_d, *out_h;          /* ids [S], lp [S], top ids [S][20], top lp [S][20] */
-    uint32_t n_row, n_limit;          /* this step's */
+    tm_k_sample_row *rows_d, *rows_h; /* [S], then pk: one copy in; rows_h pinned host */
+    uint32_t *pk_d, *pk_h;            /* [SAMP_PK_CAP] right after rows_d / rows_h */
+    uint32_t *out_d, *out_h; /* ids [n], lp [n], top ids [n][20], top lp [n][20]; n = n_row */
+    uint32_t n_row, n_limit; /* this step's */
+    int any_lp;              /* a row of this step wants logprobs */
     size_t n_pk;
     int active; /* 1 while forward_sample runs its step */
 } tm_cuda_samp;
@@ -71,7 +71,7 @@ static const tm_cuda_arch *pick_arch(tm_arch arch) {
     case TM_ARCH_MISTRAL:
         return &tm_cuda_arch_llama;
     case TM_ARCH_DEEPSEEK_V4:
-        return NULL;
+        return &tm_cuda_arch_dsv4;
     }
     return NULL;
 }
@@ -378,20 +378,15 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
     tm_cuda_samp *sp = impl->samp;
     if (!rc && n_want && sp && sp->active) {
         // device sampling: parameters in, the kernel, ids (and logprobs) out
-        rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->rows_d, sp->rows_h, n_want * sizeof(*sp->rows_h),
-                                           cudaMemcpyHostToDevice, s),
+        const size_t S = n_want, T20 = TM_K_SAMPLE_MAX_TOP; // outputs packed for n_want rows
+        const size_t n_in = (size_t)((char *)sp->pk_h - (char *)sp->rows_h) + sp->n_pk * 4;
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->rows_d, sp->rows_h, n_in, cudaMemcpyHostToDevice, s),
                            err);
-        if (!rc && sp->n_pk)
-            rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->pk_d, sp->pk_h, sp->n_pk * sizeof(uint32_t),
-                                               cudaMemcpyHostToDevice, s),
-                               err);
-        const size_t S = tm_engine_max_rows(&impl->eng.opts), T20 = TM_K_SAMPLE_MAX_TOP;
         tm_k_sample_f32_args ka = {.ids = sp->out_d,
                                    .lp = (float *)(sp->out_d + S),
                                    .top_ids = sp->out_d + 2 * S,
                                    .top_lp = (float *)(sp->out_d + 2 * S + T20 * S),
                                    .logits = impl->logits,
-                                   .work = sp->work,
                                    .cnt = sp->cnt,
                                    .rows = sp->rows_d,
                                    .pk = sp->pk_d,
@@ -401,10 +396,11 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
         if (!rc)
             rc = tm_k_sample_f32(&ka, s, err);
         if (!rc)
-            rc = TM_CUDA_CHECK(cudaMemcpyAsync(sp->out_h, sp->out_d,
-                                               SAMP_OUT_WORDS(S) * sizeof(uint32_t),
-                                               cudaMemcpyDeviceToHost, s),
-                               err);
+            rc = TM_CUDA_CHECK(
+                cudaMemcpyAsync(sp->out_h, sp->out_d,
+                                (sp->any_lp ? SAMP_OUT_WORDS(S) : S) * sizeof(uint32_t),
+                                cudaMemcpyDeviceToHost, s),
+                err);
     } else if (!rc && n_want && h->greedy) {
         if (tp) {
             tm_k_argmax_part_f32_args pa = {.cand = impl->cand,
@@ -523,19 +519,23 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
         return TM_ERR(err, TM_E_INVAL, "cuda forward_sample: n_vocab_limit 0");
     uint32_t n_want = 0;
     size_t n_pk = 0;
+    const uint32_t n_limit = TM_MIN(n_vocab_limit, impl->vocab_full);
+    const size_t n_allow = TM_CEIL_DIV((size_t)n_limit, 32); // words of an allowed-ids bitmask
     for (uint32_t i = 0; i < b->n_seq; i++)
         n_want += tm_batch_seq_rows(&b->seqs[i]);
     const uint32_t R = tm_engine_max_rows(&eng->opts);
     for (uint32_t i = 0; i < n_want && n_want <= R; i++) {
         const tm_sample_params *p = &rows[i].p;
-        n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask;
+        n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask + (p->allow ? n_allow : 0);
     }
     if (n_want > R || n_pk > SAMP_PK_CAP)
         return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: %zu packed entries", n_pk);
     size_t o = 0;
+    sp->any_lp = 0;
     for (uint32_t i = 0; i < n_want; i++) {
         const tm_sample_params *p = &rows[i].p;
         tm_k_sample_row *kr = &sp->rows_h[i];
+        sp->any_lp |= rows[i].want_lp != 0;
         *kr = (tm_k_sample_row){
             .u = tm_sample_uniform(p->seed, rows[i].step),
             .inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f,
@@ -562,16 +562,21 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
         if (p->n_mask)
             memcpy(sp->pk_h + o, p->mask_ids, p->n_mask * sizeof(uint32_t));
         o += p->n_mask;
+        kr->allow0 = (uint32_t)o, kr->has_allow = p->allow != NULL;
+        if (p->allow) {
+            memcpy(sp->pk_h + o, p->allow, n_allow * sizeof(uint32_t));
+            o += n_allow;
+        }
     }
     sp->n_pk = o;
     sp->n_row = n_want;
-    sp->n_limit = TM_MIN(n_vocab_limit, impl->vocab_full);
+    sp->n_limit = n_limit;
     sp->active = 1;
     tm_rc rc = forward_step(impl, b, NULL, NULL, 0, err);
     sp->active = 0;
     if (rc)
         return rc;
-    const size_t S = R, T20 = TM_K_SAMPLE_MAX_TOP;
+    const size_t S = n_want, T20 = TM_K_SAMPLE_MAX_TOP; // as run_step packed them
     const float *lp = (const float *)(sp->out_h + S);
     const float *top_lp = (const float *)(sp->out_h + 2 * S + T20 * S);
     for (uint32_t i = 0; i < n_want; i++) {
@@ -587,39 +592,39 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
 
 static tm_rc samp_alloc(tm_cuda_engine *impl, tm_err *err) {
     const size_t S = tm_engine_max_rows(&impl->eng.opts), V = impl->cfg.n_vocab; // rows
+    if (!tm_k_sample_f32_supported((uint32_t)V, impl->device))
+        return TM_OK; // no device sampler: sampled steps take the logits to the host
     tm_cuda_samp *sp = tm_calloc(1, sizeof(*sp));
     if (!sp)
         return TM_ERR(err, TM_E_NOMEM, "cuda sampler state");
     impl->samp = sp;
-    tm_rc rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->work, S * V * sizeof(float)), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->cnt, S * V * sizeof(uint32_t)), err);
+    tm_rc rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->cnt, S * V * sizeof(uint32_t)), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMemset(sp->cnt, 0, S * V * sizeof(uint32_t)), err);
+    const size_t n_in = S * sizeof(tm_k_sample_row) + SAMP_PK_CAP * sizeof(uint32_t);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->rows_d, S * sizeof(*sp->rows_d)), err);
+        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->rows_d, n_in), err);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->rows_h, S * sizeof(*sp->rows_h)), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->pk_d, SAMP_PK_CAP * sizeof(uint32_t)), err);
-    if (!rc)
-        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->pk_h, SAMP_PK_CAP * sizeof(uint32_t)), err);
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->rows_h, n_in), err);
+    if (!rc) {
+        sp->pk_d = (uint32_t *)(sp->rows_d + S);
+        sp->pk_h = (uint32_t *)(sp->rows_h + S);
+    }
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc((void **)&sp->out_d, SAMP_OUT_WORDS(S) * 4), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&sp->out_h, SAMP_OUT_WORDS(S) * 4), err);
+    if (!rc)
+        rc = tm_k_sample_f32_prepare((uint32_t)V, err);
     return rc;
 }
 
 static void samp_free(tm_cuda_samp *sp) {
     if (!sp)
         return;
-    cudaFree(sp->work);
     cudaFree(sp->cnt);
     cudaFree(sp->rows_d);
     cudaFreeHost(sp->rows_h);
-    cudaFree(sp->pk_d);
-    cudaFreeHost(sp->pk_h);
     cudaFree(sp->out_d);
     cudaFreeHost(sp->out_h);
     tm_free(sp);

@@ -65,9 +65,11 @@
 /* A linear (or a fused group of them) on the device: bf16 rows, or e4m3 rows with scales in the
  * layouts of kernels/gemm_quant.h. fp8 and sk are set at init, the rest at carve. */
 typedef struct cuda_lin {
-    void *w;     /* [n_out][n_in] bf16, or e4m3 when fp8 */
-    void *scale; /* fp8: by sk, fp32 [ceil(n_out/128)][ceil(n_in/128)] or e8m0 bytes of
-                  * that grid (block) or fp32 [n_out] (channel); NULL otherwise */
+    void *w;          /* [n_out][n_in] bf16, or e4m3 when fp8 */
+    void *scale;      /* fp8: by sk, fp32 [ceil(n_out/128)][ceil(n_in/128)] or e8m0 bytes of
+                       * that grid (block) or fp32 [n_out] (channel); NULL otherwise */
+    float *scale_f32; /* e8m0 block scales only: the same grid as fp32 (cuBLASLt's W8A8 prefill
+                       * takes fp32 block scales); NULL otherwise */
     uint32_t n_out, n_in;
     uint8_t fp8;
     tm_k_fp8_scale sk;
@@ -375,6 +377,20 @@ static void carve_lin(tm_cuda_carver *cv, cuda_lin *f, uint32_t n_out, uint32_t 
     f->n_out = n_out, f->n_in = n_in;
     f->w = tm_cuda_carve(cv, (size_t)n_out * n_in * (f->fp8 ? 1 : sizeof(uint16_t)));
     f->scale = f->fp8 ? tm_cuda_carve(cv, scale_bytes(f->sk, n_out, n_in)) : NULL;
+    f->scale_f32 = f->fp8 && f->sk == TM_K_FP8_BLOCK_E8M0
+                       ? tm_cuda_carve(cv, scale_bytes(TM_K_FP8_BLOCK_F32, n_out, n_in))
+                       : NULL;
+}
+
+/* n e8m0 block scales (host bytes) into dst->scale_f32 as fp32: 2^(e - 127) exactly (byte 0 is
+ * the fp32 subnormal 2^-127), byte 255 NaN, as kernels/gemm_quant.h reads them. f: n floats of
+ * host staging. */
+static tm_rc upload_e8m0_f32(const cuda_lin *dst, const uint8_t *e, size_t n, float *f,
+                             tm_err *err) {
+    for (size_t i = 0; i < n; i++)
+        f[i] = e[i] == 255 ? NAN : ldexpf(1.0f, (int)e[i] - 127);
+    return TM_CUDA_CHECK(cudaMemcpy(dst->scale_f32, f, n * sizeof(float), cudaMemcpyHostToDevice),
+                         err);
 }
 
 /* A group of parts (rows[i] rows each, n_in columns): one fused linear when n == 1. */
@@ -406,6 +422,9 @@ static cuda_lin group_part(const cuda_lin *g, uint32_t n, const uint32_t *rows, 
         TM_ASSERT(p.sk == TM_K_FP8_CHANNEL || r0 % FP8_BLOCK == 0);
         p.scale = (char *)p.scale +
                   (p.sk == TM_K_FP8_CHANNEL ? r0 * sizeof(float) : scale_bytes(p.sk, r0, p.n_in));
+        if (p.scale_f32)
+            p.scale_f32 =
+                (float *)((char *)p.scale_f32 + scale_bytes(TM_K_FP8_BLOCK_F32, r0, p.n_in));
     }
     return p;
 }
@@ -458,7 +477,8 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
 
 /* The cuBLASLt W8A8 prefill path, after the carves (lm->lt stays NULL if off or unavailable:
  * prefill then dequantizes the weight and runs bf16, W8A16). TM_CUDA_FP8_PREFILL: auto (the
- * default: W8A8 for 128 x 128 block-scaled weights, whose 1 x 128 activation groups keep the
+ * default: W8A8 for 128 x 128 block-scaled weights, fp32 or e8m0 scales (the latter through their
+ * fp32 copy, cuda_lin.scale_f32), whose 1 x 128 activation groups keep the
  * logits within the bf16 checks' bounds; channel-scaled weights dequantize, because one scale
  * per token was measured 2.5x past them), w8a8 (both), dequant (neither). A mode is used only if
  * cuBLASLt has an algorithm for the model's projection shape at a prefill size. */
@@ -525,11 +545,14 @@ static tm_rc upload_lin(const cuda_lin *dst, const tm_tensor *t, uint16_t *stage
     if (rc)
         return rc;
     const size_t sb = scale_bytes(dst->sk, dst->n_out, dst->n_in);
-    if (dst->sk == TM_K_FP8_BLOCK_E8M0)
-        return TM_CUDA_CHECK(cudaMemcpy(dst->scale, t->scale, sb, cudaMemcpyHostToDevice), err);
+    float *f = (float *)(stage + UPLOAD_CHUNK);
+    if (dst->sk == TM_K_FP8_BLOCK_E8M0) {
+        TM_ASSERT(sb <= UPLOAD_CHUNK);
+        rc = TM_CUDA_CHECK(cudaMemcpy(dst->scale, t->scale, sb, cudaMemcpyHostToDevice), err);
+        return rc ? rc : upload_e8m0_f32(dst, t->scale, sb, f, err);
+    }
     const size_t n = sb / sizeof(float);
     TM_ASSERT(n <= UPLOAD_CHUNK);
-    float *f = (float *)(stage + UPLOAD_CHUNK);
     if (t->quant == TM_QUANT_FP8_TENSOR) {
         tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, 0, 1, f);
         for (size_t i = 1; i < n; i++)
@@ -668,6 +691,12 @@ static tm_rc fill_lin_fp8(tm_cuda_engine *impl, const cuda_lin *p, uint64_t seed
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: %zu scale bytes", sb);
     memset(h, 127 + (int)ceilf(log2f(s0)), sb);
     rc = TM_CUDA_CHECK(cudaMemcpy(p->scale, h, sb, cudaMemcpyHostToDevice), err);
+    float *f = rc ? NULL : tm_malloc(sb * sizeof(float));
+    if (!rc && !f)
+        rc = TM_ERR(err, TM_E_NOMEM, "cuda engine: %zu scales", sb);
+    if (!rc)
+        rc = upload_e8m0_f32(p, h, sb, f, err);
+    tm_free(f);
     tm_free(h);
     return rc;
 }
@@ -897,8 +926,8 @@ static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
         return tm_cuda_op_end(impl, what, rc);
     }
     const tm_lt_fp8_mode mode = g[0].sk == TM_K_FP8_CHANNEL ? TM_LT_FP8_ROWWISE : TM_LT_FP8_BLOCK;
-    if (lm->lt && n == 1 && g[0].sk != TM_K_FP8_BLOCK_E8M0 && lm->lt_mode_ok[mode] &&
-        tm_lt_fp8_fits(mode, n_in, n_out) && n_in <= lm->max_in) {
+    if (lm->lt && n == 1 && lm->lt_mode_ok[mode] && tm_lt_fp8_fits(mode, n_in, n_out) &&
+        n_in <= lm->max_in) {
         const uint32_t group = mode == TM_LT_FP8_BLOCK ? 128 : n_in;
         tm_k_act_quant_fp8_args qa = {.out = lm->xq,
                                       .scale = lm->xs,
@@ -910,8 +939,9 @@ static tm_rc project(tm_cuda_engine *impl, llama *lm, int abl, const char *what,
         rc = TM_CUDA_OP(impl, abl, NULL, tm_k_act_quant_fp8(&qa, s, err));
         if (!rc)
             rc = TM_CUDA_OP(impl, abl, NULL,
-                            tm_lt_fp8_gemm(lm->lt, mode, g[0].w, g[0].scale, lm->xq, lm->xs, T,
-                                           n_in, n_out, dst, beta, err));
+                            tm_lt_fp8_gemm(lm->lt, mode, g[0].w,
+                                           g[0].scale_f32 ? g[0].scale_f32 : g[0].scale, lm->xq,
+                                           lm->xs, T, n_in, n_out, dst, beta, err));
         *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
         return tm_cuda_op_end(impl, what, rc);
     }

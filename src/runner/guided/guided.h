@@ -1,0 +1,96 @@
+/* runner/guided/guided.h - structured output (issue 26; docs/structured_output.md): a constraint
+ * (a JSON Schema, a regular expression, a list of choices, or "any JSON object") compiled into a
+ * byte-level DFA, and the token mask of a DFA state over a tokenizer's vocabulary: token id i is
+ * allowed in state q iff the DFA, walking i's decoded bytes from q, stays in a state from which
+ * an accepting state can still be reached; the end-of-sequence ids are allowed iff q accepts.
+ * Masks are computed by walking a byte trie of the vocabulary from q (dead branches pruned) and
+ * cached per state. A compiled tm_guide is immutable but for its mask cache: one thread at a time
+ * (the runner's). No global state. */
+#ifndef TM_RUNNER_GUIDED_GUIDED_H
+#define TM_RUNNER_GUIDED_GUIDED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/err.h"
+
+#define TM_GUIDE_MAX_STATES 20000u /* DFA states of one constraint (1 KiB of table each) */
+#define TM_GUIDE_JSON_DEPTH 4      /* json_object: objects/arrays nested at most this deep */
+#define TM_GUIDE_REF_DEPTH 3       /* a recursive $ref is expanded at most this many times */
+#define TM_GUIDE_MAX_DIGITS 16     /* integer and fraction digits of a generated JSON number */
+
+/* What a constraint is (the same values as base/record.h's TM_GUIDED_*). */
+typedef enum tm_guide_kind {
+    TM_GUIDE_KIND_NONE = 0,
+    TM_GUIDE_KIND_JSON_SCHEMA = 1, /* spec: the schema's JSON text */
+    TM_GUIDE_KIND_JSON_OBJECT = 2, /* spec: unused */
+    TM_GUIDE_KIND_REGEX = 3,       /* spec: the pattern (whole-output match) */
+    TM_GUIDE_KIND_CHOICE = 4,      /* spec: a JSON array of strings */
+} tm_guide_kind;
+
+/* Why a compilation failed (besides TM_E_NOMEM). */
+typedef enum tm_guide_why {
+    TM_GUIDE_WHY_NONE = 0,
+    TM_GUIDE_WHY_INVALID,     /* malformed: bad regex syntax, a schema that is not a schema */
+    TM_GUIDE_WHY_UNSUPPORTED, /* valid but outside the subset (the message names the keyword) */
+} tm_guide_why;
+
+typedef struct tm_dfa tm_dfa;
+typedef struct tm_guide tm_guide;
+typedef struct tm_guide_vocab tm_guide_vocab;
+
+/* ---- the DFA: state 0 is dead, tm_dfa_start() the start; transitions never lead from a live
+ * state to a state that cannot reach acceptance (those are 0) ---- */
+void tm_dfa_destroy(tm_dfa *d); /* NULL is a no-op */
+uint32_t tm_dfa_start(const tm_dfa *d);
+uint32_t tm_dfa_n_states(const tm_dfa *d);
+static inline uint32_t tm_dfa_next(const uint32_t *table, uint32_t q, uint8_t b) {
+    return table[(size_t)q * 256 + b];
+}
+const uint32_t *tm_dfa_table(const tm_dfa *d); /* [n_states][256]; valid until destroy */
+int tm_dfa_accepts(const tm_dfa *d, uint32_t q);
+/* 1 when q accepts and no byte leads on: only the end of the output may follow. */
+int tm_dfa_is_final(const tm_dfa *d, uint32_t q);
+/* The state after bytes p[0, n) from q (0: dead). */
+uint32_t tm_dfa_walk(const tm_dfa *d, uint32_t q, const void *p, size_t n);
+/* 1 when the whole of p[0, n) is accepted from the start state. */
+int tm_dfa_match(const tm_dfa *d, const void *p, size_t n);
+
+/* Compile a regular expression (whole-string match) into a DFA. Syntax errors: TM_E_INVAL with
+ * *why INVALID; constructs outside the subset, or a DFA over TM_GUIDE_MAX_STATES states:
+ * TM_E_INVAL with *why UNSUPPORTED (err names the construct); TM_E_NOMEM. */
+tm_rc tm_dfa_regex(const char *re, size_t n, tm_dfa **out, tm_guide_why *why, tm_err *err);
+
+/* Compile a constraint of any kind (spec[0, n) as tm_guide_kind says) into a DFA; errors as
+ * tm_dfa_regex, and a constraint that no output satisfies (an empty language: a recursive $ref
+ * with no way out within TM_GUIDE_REF_DEPTH) is INVALID. */
+tm_rc tm_dfa_compile(tm_guide_kind kind, const char *spec, size_t n, tm_dfa **out,
+                     tm_guide_why *why, tm_err *err);
+
+/* ---- the vocabulary: a byte trie of the tokens' decoded bytes ---- */
+
+/* Build from n_vocab tokens: piece[i] (len[i] bytes; len 0 or NULL: never allowed, e.g. special
+ * tokens) and the end-of-sequence ids eos[0, n_eos) (ids >= n_vocab are ignored). Copies what it
+ * needs. Masks have ceil(n_vocab / 32) words. */
+tm_rc tm_guide_vocab_create(const char *const *piece, const size_t *len, uint32_t n_vocab,
+                            const uint32_t *eos, uint32_t n_eos, tm_guide_vocab **out, tm_err *err);
+void tm_guide_vocab_destroy(tm_guide_vocab *v); /* NULL is a no-op */
+uint32_t tm_guide_vocab_n_words(const tm_guide_vocab *v);
+
+/* ---- a guide: a DFA with its cached masks ---- */
+
+/* Takes ownership of dfa (also on failure). v is borrowed and must outlive g. */
+tm_rc tm_guide_create(tm_dfa *dfa, const tm_guide_vocab *v, tm_guide **out, tm_err *err);
+void tm_guide_destroy(tm_guide *g); /* NULL is a no-op */
+const tm_dfa *tm_guide_dfa(const tm_guide *g);
+/* The mask of state q (q != 0): ceil(n_vocab / 32) words, bit (i & 31) of word i >> 5 set iff id
+ * i is allowed. Computed on the first call for q, then cached; valid until g is destroyed.
+ * *cold (may be NULL) is set to 1 when it was computed now. NULL on TM_E_NOMEM (err filled). */
+const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, int *cold, tm_err *err);
+/* Masks computed so far (cache entries), for tests and metrics. */
+uint32_t tm_guide_n_cached(const tm_guide *g);
+
+/* Compute the mask of DFA state q into mask (n_words words) without caching: the trie walk. */
+void tm_guide_vocab_mask(const tm_guide_vocab *v, const tm_dfa *d, uint32_t q, uint32_t *mask);
+
+#endif /* TM_RUNNER_GUIDED_GUIDED_H */

@@ -1,0 +1,542 @@
+/* runner/guided/schema.c - JSON Schema (OpenAI's strict subset), guided_choice and json_object
+ * into expression trees (guided_int.h), and tm_dfa_compile / tm_dfa_regex. The output language
+ * is a subset of what the schema accepts, written one way: properties in the schema's order,
+ * compact JSON but for at most one space after ':' and ',' (docs/structured_output.md), strings
+ * with the shortest escapes, integers without fraction or exponent. Keywords outside the subset
+ * are refused by name rather than ignored, so an answer never fails its schema silently. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "runner/guided/guided_int.h"
+
+#define MAX_SCHEMA_DEPTH 64 /* schema objects nested (through refs too) */
+
+typedef struct sc {
+    rx_ctx *c;
+    const json_t *root;
+    const char *ref_name[MAX_SCHEMA_DEPTH]; /* the $refs being expanded (a stack) */
+    uint32_t n_ref;
+    uint32_t depth;
+    rx_node *ws; /* after ':' and ',': "" or " " */
+} sc;
+
+static rx_node *value(sc *s, const json_t *schema);
+static rx_node *generic_object(rx_ctx *c, rx_node *ws, uint32_t depth);
+
+static rx_node *lit(sc *s, const char *t) { return rx_str(s->c, t); }
+
+// A JSON string of characters from the tree of one character, repeated min..max times.
+static rx_node *json_chars(rx_ctx *c, uint32_t min, uint32_t max) {
+    // any code point, JSON-escaped ('"', '\\', controls by their escapes; others as they are),
+    // or any \uXXXX escape of a non-surrogate (so each alternative is one code point)
+    static const uint32_t any[] = {0, 0xD7FF, 0xE000, RX_MAX_CP};
+    static const uint32_t hex[] = {'0', '9', 'A', 'F', 'a', 'f'};
+    static const uint32_t hex_ns[] = {'0', '9', 'A', 'C', 'E', 'F', 'a', 'c', 'e', 'f'};
+    static const uint32_t d07[] = {'0', '7'};
+    static const uint32_t dD[] = {'D', 'D', 'd', 'd'};
+    rx_node *h = rx_set(c, hex, 3, 0);
+    rx_node *h2[] = {rx_set(c, hex_ns, 5, 0), h, h, h};
+    rx_node *h3[] = {rx_set(c, dD, 2, 0), rx_set(c, d07, 1, 0), h, h};
+    rx_node *u_alt[] = {rx_cat(c, h2, 4), rx_cat(c, h3, 4)};
+    rx_node *uesc = rx_cat2(c, rx_str(c, "\\u"), rx_alt(c, u_alt, 2));
+    rx_node *one[] = {rx_set(c, any, 2, 1), uesc};
+    return rx_rep(c, rx_alt(c, one, 2), min, max);
+}
+
+static rx_node *str_schema(sc *s, uint32_t min, uint32_t max) {
+    rx_node *k[] = {lit(s, "\""), json_chars(s->c, min, max), lit(s, "\"")};
+    return rx_cat(s->c, k, 3);
+}
+
+// Integers of at most TM_GUIDE_MAX_DIGITS digits (beyond, doubles lose integers anyway), no
+// leading zeros ("-0" is allowed, as JSON allows it).
+static rx_node *rx_int(rx_ctx *c) {
+    static const uint32_t d19[] = {'1', '9'}, d09[] = {'0', '9'};
+    rx_node *nz[] = {rx_set(c, d19, 1, 0),
+                     rx_rep(c, rx_set(c, d09, 1, 0), 0, TM_GUIDE_MAX_DIGITS - 1)};
+    rx_node *mag[] = {rx_str(c, "0"), rx_cat(c, nz, 2)};
+    return rx_cat2(c, rx_rep(c, rx_str(c, "-"), 0, 1), rx_alt(c, mag, 2));
+}
+
+// Numbers: the integer part as above, at most TM_GUIDE_MAX_DIGITS fraction digits and 3 exponent
+// digits.
+static rx_node *json_number(rx_ctx *c) {
+    static const uint32_t d09[] = {'0', '9'}, eE[] = {'E', 'E', 'e', 'e'},
+                          pm[] = {'+', '+', '-', '-'};
+    rx_node *fd = rx_rep(c, rx_set(c, d09, 1, 0), 1, TM_GUIDE_MAX_DIGITS);
+    rx_node *frac = rx_rep(c, rx_cat2(c, rx_str(c, "."), fd), 0, 1);
+    rx_node *e[] = {rx_set(c, eE, 2, 0), rx_rep(c, rx_set(c, pm, 2, 0), 0, 1),
+                    rx_rep(c, rx_set(c, d09, 1, 0), 1, 3)};
+    rx_node *k[] = {rx_int(c), frac, rx_rep(c, rx_cat(c, e, 3), 0, 1)};
+    return rx_cat(c, k, 3);
+}
+
+// The JSON text of v (compact, UTF-8 as is) as a literal.
+static rx_node *json_lit(sc *s, const json_t *v) {
+    char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (!t)
+        return rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+    rx_node *x = rx_str(s->c, t);
+    free(t); // jansson's allocation
+    return x;
+}
+
+static int is_annotation(const char *k) {
+    static const char *const ann[] = {
+        "title",      "description", "$schema",   "$id",   "$comment",    "default", "examples",
+        "deprecated", "readOnly",    "writeOnly", "$defs", "definitions", "strict",  NULL};
+    for (int i = 0; ann[i]; i++)
+        if (strcmp(k, ann[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int is_supported(const char *k) {
+    static const char *const kw[] = {"type",      "properties", "required", "additionalProperties",
+                                     "items",     "minItems",   "maxItems", "enum",
+                                     "const",     "anyOf",      "$ref",     "minLength",
+                                     "maxLength", "pattern",    NULL};
+    for (int i = 0; kw[i]; i++)
+        if (strcmp(k, kw[i]) == 0)
+            return 1;
+    return is_annotation(k);
+}
+
+// A count keyword (minLength, maxItems, ...): *out set when present; -1 on a bad value.
+static int count_kw(sc *s, const json_t *schema, const char *k, uint32_t *out) {
+    const json_t *v = json_object_get(schema, k);
+    if (!v)
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < 0) {
+        rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '%s' must be an integer >= 0", k);
+        return -1;
+    }
+    if (json_integer_value(v) > RX_MAX_REPEAT) {
+        rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED, "schema: '%s' over %u is not supported", k,
+                RX_MAX_REPEAT);
+        return -1;
+    }
+    *out = (uint32_t)json_integer_value(v);
+    return 0;
+}
+
+static rx_node *string_schema(sc *s, const json_t *schema) {
+    uint32_t min = 0, max = RX_INF;
+    if (count_kw(s, schema, "minLength", &min) || count_kw(s, schema, "maxLength", &max))
+        return NULL;
+    if (max != RX_INF && max < min)
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: maxLength is below minLength");
+    const json_t *pat = json_object_get(schema, "pattern");
+    if (pat) {
+        if (!json_is_string(pat))
+            return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'pattern' must be a string");
+        if (json_object_get(schema, "minLength") || json_object_get(schema, "maxLength"))
+            return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                           "schema: 'pattern' together with 'minLength'/'maxLength' is not "
+                           "supported");
+        rx_node *in = rx_parse(s->c, json_string_value(pat), json_string_length(pat), 1);
+        rx_node *k[] = {lit(s, "\""), in, lit(s, "\"")};
+        return rx_cat(s->c, k, 3);
+    }
+    return str_schema(s, min, max);
+}
+
+static rx_node *array_schema(sc *s, const json_t *schema) {
+    uint32_t min = 0, max = RX_INF;
+    if (count_kw(s, schema, "minItems", &min) || count_kw(s, schema, "maxItems", &max))
+        return NULL;
+    if (max != RX_INF && max < min)
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: maxItems is below minItems");
+    const json_t *items = json_object_get(schema, "items");
+    if (items && !json_is_object(items) && !json_is_true(items))
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                       "schema: 'items' must be a schema object (tuple forms are not supported)");
+    rx_node *item = items && json_is_object(items) ? value(s, items) : value(s, NULL);
+    if (!item)
+        return NULL;
+    rx_node *sep_item = rx_cat2(s->c, rx_cat2(s->c, lit(s, ","), s->ws), item);
+    rx_node *body;
+    if (max == 0) {
+        body = rx_empty(s->c);
+    } else {
+        rx_node *rest = rx_rep(s->c, sep_item, min ? min - 1 : 0, max == RX_INF ? RX_INF : max - 1);
+        body = rx_cat2(s->c, item, rest);
+        if (min == 0)
+            body = rx_rep(s->c, body, 0, 1);
+    }
+    rx_node *k[] = {lit(s, "["), body, lit(s, "]")};
+    return rx_cat(s->c, k, 3);
+}
+
+static rx_node *object_schema(sc *s, const json_t *schema) {
+    const json_t *props = json_object_get(schema, "properties");
+    const json_t *req = json_object_get(schema, "required");
+    const json_t *addl = json_object_get(schema, "additionalProperties");
+    if (props && !json_is_object(props))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'properties' must be an object");
+    if (req && !json_is_array(req))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'required' must be an array");
+    if (addl && !json_is_boolean(addl))
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                       "schema: 'additionalProperties' as a schema is not supported (use false)");
+    size_t n = props ? json_object_size(props) : 0;
+    for (size_t i = 0; req && i < json_array_size(req); i++) {
+        const json_t *r = json_array_get(req, i);
+        if (!json_is_string(r))
+            return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'required' must list strings");
+        if (!props || !json_object_get(props, json_string_value(r)))
+            return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                           "schema: 'required' names '%.60s', which is not in 'properties'",
+                           json_string_value(r));
+    }
+    if (n == 0) {
+        if (!props && !json_is_false(addl)) // {"type": "object"}: any object
+            return generic_object(s->c, s->ws, 2);
+        return lit(s, "{}");
+    }
+    // member i: "key": value; required or optional. In schema (insertion) order.
+    rx_node **mem = tm_calloc(n, sizeof(*mem));
+    int *opt = tm_calloc(n, sizeof(*opt));
+    rx_node **tails = tm_calloc(n + 1, sizeof(*tails));
+    rx_node *x = NULL;
+    if (!mem || !opt || !tails) {
+        rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+        goto out;
+    }
+    const char *key;
+    const json_t *sub;
+    size_t i = 0;
+    json_object_foreach((json_t *)props, key, sub) {
+        json_t *k = json_string(key);
+        rx_node *kl = k ? json_lit(s, k) : rx_fail(s->c, TM_GUIDE_WHY_NONE, "out of memory");
+        json_decref(k);
+        rx_node *v = json_is_object(sub) || json_is_boolean(sub)
+                         ? value(s, sub)
+                         : rx_fail(s->c, TM_GUIDE_WHY_INVALID,
+                                   "schema: property '%.60s' must be a schema object", key);
+        rx_node *parts[] = {kl, lit(s, ":"), s->ws, v};
+        mem[i] = rx_cat(s->c, parts, 4);
+        if (!mem[i])
+            goto out;
+        opt[i] = 1;
+        for (size_t j = 0; req && j < json_array_size(req); j++)
+            if (strcmp(json_string_value(json_array_get(req, j)), key) == 0)
+                opt[i] = 0;
+        i++;
+    }
+    // tails[i]: members i.. after at least one was written (each with its comma)
+    tails[n] = rx_empty(s->c);
+    for (size_t j = n; j-- > 0;) {
+        rx_node *one[] = {lit(s, ","), s->ws, mem[j]};
+        rx_node *m = rx_cat(s->c, one, 3);
+        if (opt[j])
+            m = rx_rep(s->c, m, 0, 1);
+        tails[j] = rx_cat2(s->c, m, tails[j + 1]);
+    }
+    // first[i]: members i.. when none was written yet
+    rx_node *first = rx_empty(s->c);
+    for (size_t j = n; j-- > 0;) {
+        rx_node *here = rx_cat2(s->c, mem[j], tails[j + 1]);
+        if (opt[j]) {
+            rx_node *alt[] = {here, first};
+            first = rx_alt(s->c, alt, 2);
+        } else {
+            first = here;
+        }
+    }
+    rx_node *k[] = {lit(s, "{"), first, lit(s, "}")};
+    x = rx_cat(s->c, k, 3);
+out:
+    tm_free(mem);
+    tm_free(opt);
+    tm_free(tails);
+    return x;
+}
+
+static rx_node *type_schema(sc *s, const json_t *schema, const char *t) {
+    if (strcmp(t, "string") == 0)
+        return string_schema(s, schema);
+    if (strcmp(t, "integer") == 0)
+        return rx_int(s->c);
+    if (strcmp(t, "number") == 0)
+        return json_number(s->c);
+    if (strcmp(t, "boolean") == 0) {
+        rx_node *k[] = {lit(s, "true"), lit(s, "false")};
+        return rx_alt(s->c, k, 2);
+    }
+    if (strcmp(t, "null") == 0)
+        return lit(s, "null");
+    if (strcmp(t, "object") == 0)
+        return object_schema(s, schema);
+    if (strcmp(t, "array") == 0)
+        return array_schema(s, schema);
+    return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: unknown type '%.40s'", t);
+}
+
+// "#/$defs/name", "#/definitions/name" or "#": the schema it names.
+static const json_t *resolve(sc *s, const char *ref) {
+    if (strcmp(ref, "#") == 0)
+        return s->root;
+    static const char *const pre[] = {"#/$defs/", "#/definitions/"};
+    for (int i = 0; i < 2; i++) {
+        size_t n = strlen(pre[i]);
+        if (strncmp(ref, pre[i], n) == 0) {
+            const json_t *defs = json_object_get(s->root, i ? "definitions" : "$defs");
+            const json_t *d = json_object_get(defs, ref + n);
+            if (!d)
+                return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '$ref' %.80s names no schema",
+                               ref);
+            return d;
+        }
+    }
+    return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                   "schema: '$ref' %.80s is not supported (only #, #/$defs/... and "
+                   "#/definitions/...)",
+                   ref);
+}
+
+static rx_node *ref_schema(sc *s, const json_t *ref) {
+    if (!json_is_string(ref))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '$ref' must be a string");
+    const char *name = json_string_value(ref);
+    uint32_t seen = 0;
+    for (uint32_t i = 0; i < s->n_ref; i++)
+        seen += strcmp(s->ref_name[i], name) == 0;
+    if (seen >= TM_GUIDE_REF_DEPTH) // recursion: this branch gets no deeper
+        return rx_none(s->c);
+    const json_t *d = resolve(s, name);
+    if (!d)
+        return NULL;
+    if (s->n_ref == MAX_SCHEMA_DEPTH)
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED, "schema: '$ref' nested too deeply");
+    s->ref_name[s->n_ref++] = name;
+    rx_node *x = value(s, d);
+    s->n_ref--;
+    return x;
+}
+
+// Any JSON value nested at most depth objects/arrays deep.
+static rx_node *generic(rx_ctx *c, rx_node *ws, uint32_t depth) {
+    rx_node *str = rx_cat2(c, rx_str(c, "\""),
+                           rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
+    rx_node *sc5[] = {str, json_number(c), rx_str(c, "true"), rx_str(c, "false"),
+                      rx_str(c, "null")};
+    rx_node *scalar = rx_alt(c, sc5, 5);
+    if (depth == 0)
+        return scalar;
+    rx_node *inner = generic(c, ws, depth - 1);
+    rx_node *mem[] = {str, rx_str(c, ":"), ws, inner};
+    rx_node *m = rx_cat(c, mem, 4);
+    rx_node *sep = rx_cat2(c, rx_str(c, ","), ws);
+    rx_node *ob[] = {rx_str(c, "{"),
+                     rx_rep(c, rx_cat2(c, m, rx_rep(c, rx_cat2(c, sep, m), 0, RX_INF)), 0, 1),
+                     rx_str(c, "}")};
+    rx_node *ar[] = {
+        rx_str(c, "["),
+        rx_rep(c, rx_cat2(c, inner, rx_rep(c, rx_cat2(c, sep, inner), 0, RX_INF)), 0, 1),
+        rx_str(c, "]")};
+    rx_node *v3[] = {scalar, rx_cat(c, ob, 3), rx_cat(c, ar, 3)};
+    return rx_alt(c, v3, 3);
+}
+
+// One JSON object nested at most depth deep (itself included), depth >= 1.
+static rx_node *generic_object(rx_ctx *c, rx_node *ws, uint32_t depth) {
+    rx_node *str = rx_cat2(c, rx_str(c, "\""),
+                           rx_cat2(c, json_chars(c, 0, RX_INF), rx_str(c, "\"")));
+    rx_node *inner = generic(c, ws, depth - 1);
+    rx_node *mem[] = {str, rx_str(c, ":"), ws, inner};
+    rx_node *m = rx_cat(c, mem, 4);
+    rx_node *sep = rx_cat2(c, rx_str(c, ","), ws);
+    rx_node *ob[] = {rx_str(c, "{"),
+                     rx_rep(c, rx_cat2(c, m, rx_rep(c, rx_cat2(c, sep, m), 0, RX_INF)), 0, 1),
+                     rx_str(c, "}")};
+    return rx_cat(c, ob, 3);
+}
+
+// json_object: one JSON object, nested at most TM_GUIDE_JSON_DEPTH deep (itself included).
+rx_node *rx_json_object(rx_ctx *c) {
+    return generic_object(c, rx_rep(c, rx_str(c, " "), 0, 1), TM_GUIDE_JSON_DEPTH);
+}
+
+// The tree of a schema (NULL, true or {}: any JSON value, nested at most 2 deep).
+static rx_node *value(sc *s, const json_t *schema) {
+    if (!schema || json_is_true(schema) || (json_is_object(schema) && !json_object_size(schema)))
+        return generic(s->c, s->ws, 2);
+    if (json_is_false(schema))
+        return rx_none(s->c);
+    if (!json_is_object(schema))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: a schema must be an object");
+    if (++s->depth > MAX_SCHEMA_DEPTH)
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED, "schema: nested deeper than %d",
+                       MAX_SCHEMA_DEPTH);
+    rx_node *x = NULL;
+    const char *key;
+    const json_t *v;
+    int n_constraint = 0; // keywords besides annotations
+    json_object_foreach((json_t *)schema, key, v) {
+        if (!is_supported(key)) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                        "schema: keyword '%.60s' is not supported (docs/structured_output.md "
+                        "lists the subset)",
+                        key);
+            goto out;
+        }
+        n_constraint += !is_annotation(key);
+    }
+    const json_t *ref = json_object_get(schema, "$ref");
+    const json_t *cst = json_object_get(schema, "const");
+    const json_t *en = json_object_get(schema, "enum");
+    const json_t *any = json_object_get(schema, "anyOf");
+    const json_t *type = json_object_get(schema, "type");
+    const char *alone = ref ? "$ref" : any ? "anyOf" : NULL;
+    if (alone && n_constraint > 1) {
+        x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                    "schema: '%s' with sibling keywords (other than annotations) is not "
+                    "supported",
+                    alone);
+        goto out;
+    }
+    if (ref) {
+        x = ref_schema(s, ref);
+    } else if (cst) {
+        x = json_lit(s, cst);
+    } else if (en) {
+        if (!json_is_array(en) || json_array_size(en) == 0) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'enum' must be a non-empty array");
+            goto out;
+        }
+        size_t n = json_array_size(en);
+        rx_node **k = tm_calloc(n, sizeof(*k));
+        if (!k) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+            k[i] = json_lit(s, json_array_get(en, i));
+        x = rx_alt(s->c, k, (uint32_t)n);
+        tm_free(k);
+    } else if (any) {
+        if (!json_is_array(any) || json_array_size(any) == 0) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'anyOf' must be a non-empty array");
+            goto out;
+        }
+        size_t n = json_array_size(any);
+        rx_node **k = tm_calloc(n, sizeof(*k));
+        if (!k) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++)
+            k[i] = value(s, json_array_get(any, i));
+        x = rx_alt(s->c, k, (uint32_t)n);
+        tm_free(k);
+    } else if (json_is_string(type)) {
+        x = type_schema(s, schema, json_string_value(type));
+    } else if (json_is_array(type) && json_array_size(type) > 0 && json_array_size(type) <= 7) {
+        rx_node *k[7];
+        size_t n = json_array_size(type);
+        for (size_t i = 0; i < n; i++) {
+            const json_t *t = json_array_get(type, i);
+            k[i] = json_is_string(t)
+                       ? type_schema(s, schema, json_string_value(t))
+                       : rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'type' must list type names");
+        }
+        x = rx_alt(s->c, k, (uint32_t)n);
+    } else if (type) {
+        x = rx_fail(s->c, TM_GUIDE_WHY_INVALID,
+                    "schema: 'type' must be a type name or a list of 1 to 7 of them");
+    } else if (json_object_get(schema, "properties") || json_object_get(schema, "required")) {
+        x = object_schema(s, schema);
+    } else if (json_object_get(schema, "items") || json_object_get(schema, "minItems") ||
+               json_object_get(schema, "maxItems")) {
+        x = array_schema(s, schema);
+    } else if (json_object_get(schema, "minLength") || json_object_get(schema, "maxLength") ||
+               json_object_get(schema, "pattern")) {
+        x = string_schema(s, schema);
+    } else {
+        x = generic(s->c, s->ws, 2);
+    }
+out:
+    s->depth--;
+    return x;
+}
+
+rx_node *rx_schema(rx_ctx *c, const char *text, size_t n) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
+    if (!root)
+        return rx_fail(c, TM_GUIDE_WHY_INVALID, "schema: invalid JSON: %s", jerr.text);
+    rx_node *x;
+    if (!json_is_object(root) && !json_is_boolean(root)) {
+        x = rx_fail(c, TM_GUIDE_WHY_INVALID, "schema: must be a JSON object");
+    } else {
+        sc s = {.c = c, .root = root};
+        s.ws = rx_rep(c, rx_str(c, " "), 0, 1);
+        x = value(&s, root);
+    }
+    json_decref(root);
+    return x;
+}
+
+rx_node *rx_choice(rx_ctx *c, const char *text, size_t n) {
+    json_error_t jerr;
+    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return rx_fail(c, TM_GUIDE_WHY_INVALID, "guided_choice: invalid JSON: %s", jerr.text);
+    rx_node *x = NULL;
+    size_t k = json_is_array(root) ? json_array_size(root) : 0;
+    rx_node **kids = k ? tm_calloc(k, sizeof(*kids)) : NULL;
+    if (!k) {
+        x = rx_fail(c, TM_GUIDE_WHY_INVALID, "guided_choice: must be a non-empty array of strings");
+    } else if (!kids) {
+        x = rx_fail(c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+    } else {
+        for (size_t i = 0; i < k; i++) {
+            const json_t *v = json_array_get(root, i);
+            kids[i] = json_is_string(v)
+                          ? rx_bytes(c, json_string_value(v), json_string_length(v))
+                          : rx_fail(c, TM_GUIDE_WHY_INVALID,
+                                    "guided_choice: must be a non-empty array of strings");
+        }
+        x = rx_alt(c, kids, (uint32_t)k);
+    }
+    tm_free(kids);
+    json_decref(root);
+    return x;
+}
+
+tm_rc tm_dfa_compile(tm_guide_kind kind, const char *spec, size_t n, tm_dfa **out,
+                     tm_guide_why *why, tm_err *err) {
+    rx_ctx c = {.err = err};
+    rx_node *root = NULL;
+    *out = NULL;
+    switch (kind) {
+    case TM_GUIDE_KIND_JSON_SCHEMA:
+        root = rx_schema(&c, spec, n);
+        break;
+    case TM_GUIDE_KIND_JSON_OBJECT:
+        root = rx_json_object(&c);
+        break;
+    case TM_GUIDE_KIND_REGEX:
+        root = rx_parse(&c, spec, n, 0);
+        break;
+    case TM_GUIDE_KIND_CHOICE:
+        root = rx_choice(&c, spec, n);
+        break;
+    default:
+        rx_fail(&c, TM_GUIDE_WHY_INVALID, "guided: unknown constraint kind %d", (int)kind);
+    }
+    tm_rc rc = root ? rx_compile(&c, root, 0, out) : err->rc;
+    if (!rc && !root)
+        rc = TM_ERR(err, TM_E_INTERNAL, "guided: no tree and no error");
+    *why = rc ? (c.why ? c.why : TM_GUIDE_WHY_NONE) : TM_GUIDE_WHY_NONE;
+    rx_ctx_fini(&c);
+    return rc;
+}
+
+tm_rc tm_dfa_regex(const char *re, size_t n, tm_dfa **out, tm_guide_why *why, tm_err *err) {
+    return tm_dfa_compile(TM_GUIDE_KIND_REGEX, re, n, out, why, err);
+}
