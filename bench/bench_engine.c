@@ -24,7 +24,14 @@
  * --sample-all (issue 22): before the greedy run, the decode loop once per sampling mode
  * (sample_mode_name: greedy on the device, forward_sample with temperature 0.8 / top-p 0.95,
  * top-k 50, a repetition penalty, logprobs top-5, and temperature / top-p sampled on the host),
- * each warm-up + reps in this one process, ms/step printed against greedy's. */
+ * each warm-up + reps in this one process, ms/step printed against greedy's.
+ *
+ * --verify K (issue 25): after the runs, the mechanism cost of speculative decoding at the first
+ * batch size: a plain decode step (1 token per sequence, greedy on the device, graphs as set)
+ * against a verification step (K + 1 tokens per sequence, a logits row and a device argmax for
+ * each: tm_batch_seq.n_logits), both at position L + N - 1 of every sequence, median of 50 after
+ * 5 warm-ups; then the speed-up that a mean acceptance length a (tokens per verification, 1 ..
+ * K + 1) gives: a x plain / verify. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +52,7 @@
 #include "runner/tp/tp_nccl.h"
 
 #define BLOCK 16
+#define TM_SPEC_BENCH_MAX_K 16 /* --verify K at most */
 #define TP_MAX 8
 
 /* Public dense shapes (the widths of each model's config.json on the Hugging Face hub). */
@@ -73,6 +81,7 @@ static void usage(void) {
         "                    [--reps R] [--no-graphs] [--logits] [--no-ceiling] [--tp N]\n"
         "                    [--quant bf16|fp8-block|fp8-block-ue8m0|fp8-channel]\n"
         "                    [--kv-dtype bf16|fp8] [--kv-pool] [--sample-all|--sample-device]\n"
+        "                    [--verify K]\n"
         "  defaults: llama8b, B 8, L 512, N 256, R 3; greedy on the device (--logits: fp32\n"
         "  logits to the host and argmax there, the plain engine vtable path)\n"
         "  --shape: one of the public shapes below, or dims:layers=,hidden=,ff=,heads=,kv=,\n"
@@ -417,6 +426,35 @@ static int run_once(tm_engine *eng, const tm_model_cfg *c, uint32_t B, uint32_t 
     return 1;
 }
 
+// --verify K: ms of one step of B sequences at position P with n tokens each (n_logits n), median
+// of 50 after 5 warm-ups; 0 on failure.
+static double verify_ms(tm_engine *eng, uint32_t B, uint32_t P, uint32_t n, uint32_t n_block,
+                        uint32_t **tok, uint32_t **bt) {
+    tm_batch_seq seqs[256];
+    static uint32_t ids[256 * (TM_SPEC_BENCH_MAX_K + 1)];
+    double t[50];
+    tm_err err = {0};
+    for (uint32_t i = 0; i < B; i++)
+        seqs[i] = (tm_batch_seq){.tokens = &tok[i][P],
+                                 .n_tok = n,
+                                 .pos = P,
+                                 .block_table = bt[i],
+                                 .n_block = n_block,
+                                 .want_logits = 1,
+                                 .n_logits = n};
+    tm_batch b = {.seqs = seqs, .n_seq = B};
+    for (int k = -5; k < 50; k++) {
+        const double t0 = tm_now_ms();
+        if (tm_engine_cuda_forward_greedy(eng, &b, ids, &err)) {
+            fprintf(stderr, "verify step (%u tokens): %s\n", n, err.msg);
+            return 0;
+        }
+        if (k >= 0)
+            t[k] = tm_now_ms() - t0;
+    }
+    return median(t, 50);
+}
+
 /* ---- DeepSeek-V4-Flash (--shape dsv4-flash [--layers N]; issue 21) ----
  * Flash widths (transformers' DeepseekV4Config defaults), the first --layers layers (default 4:
  * layers 0-1 sliding, then CSA / HCA alternating; 0-2 hash-routed MoE), random weights on the
@@ -615,6 +653,7 @@ int main(int argc, char **argv) {
     const char *quant = "bf16";
     const char *kv_name = "bf16";
     int kv_pool = 0;
+    uint32_t verify_k = 0;
     tm_cuda_wfmt wfmt = TM_CUDA_W_BF16;
     int tp_rank = -1; // >= 0: a started rank > 0 (hidden options)
     for (int i = 1; i < argc; i++) {
@@ -646,6 +685,8 @@ int main(int argc, char **argv) {
             quant = v, i++;
         else if (!strcmp(a, "--kv-dtype") && v)
             kv_name = v, i++;
+        else if (!strcmp(a, "--verify") && v)
+            verify_k = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(a, "--kv-pool"))
             kv_pool = 1;
         else if (!strcmp(a, "--tp") && v)
@@ -680,7 +721,7 @@ int main(int argc, char **argv) {
         p = *end ? end + 1 : end;
     }
     if (n_batch == 0 || L == 0 || N == 0 || reps == 0 || reps > 50 || tp == 0 || tp > TP_MAX ||
-        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1) ||
+        !quant || (wfmt != TM_CUDA_W_BF16 && tp > 1) || verify_k > TM_SPEC_BENCH_MAX_K ||
         (strcmp(kv_name, "bf16") && strcmp(kv_name, "fp8"))) {
         usage();
         return 2;
@@ -700,12 +741,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     const tm_model_cfg *c = &m.cfg;
-    const uint32_t n_block_seq = TM_CEIL_DIV(L + N, BLOCK);
+    const uint32_t n_block_seq = TM_CEIL_DIV(L + N + verify_k + 1, BLOCK);
     tm_engine_opts eo = {.block_size = BLOCK,
                          .n_kv_block = B * n_block_seq,
                          .max_seqs = B,
                          .max_batched_tokens = B * L,
                          .tp_size = tp,
+                         .max_rows = B * (verify_k + 1),
                          .kv_dtype = strcmp(kv_name, "fp8") ? TM_KV_DTYPE_AUTO : TM_KV_DTYPE_FP8};
     const double kv_elem_bytes = eo.kv_dtype == TM_KV_DTYPE_FP8 ? 1.0 : 2.0;
     if (kv_pool && tp == 1) { // the pool that the same memory gives, then the measured runs
@@ -817,7 +859,7 @@ int main(int argc, char **argv) {
     float *logits = use_logits || sample_all ? malloc((size_t)B * c->n_vocab * sizeof(float))
                                              : NULL;
     for (uint32_t i = 0; i < B; i++) {
-        tok[i] = calloc(L + N + 1, sizeof(uint32_t));
+        tok[i] = calloc(L + N + verify_k + 2, sizeof(uint32_t));
         bt[i] = calloc(n_block_seq, sizeof(uint32_t));
         for (uint32_t k = 0; k < n_block_seq; k++)
             bt[i][k] = i * n_block_seq + k;
@@ -857,6 +899,11 @@ int main(int argc, char **argv) {
         }
         res_ttft[bi] = median(ttft, reps);
         res_dec[bi] = median(dec, reps);
+    }
+    double v_plain = 0, v_spec = 0;
+    if (verify_k) { // after the runs: the KV of positions [0, L + N) is written
+        v_plain = verify_ms(eng, batches[0], L + N - 1, 1, n_block_seq, tok, bt);
+        v_spec = verify_ms(eng, batches[0], L + N - 1, verify_k + 1, n_block_seq, tok, bt);
     }
     tm_engine_destroy(eng); // with tp: tells the other ranks to stop
     tm_rdzv_close(rdzv);
@@ -950,8 +997,20 @@ int main(int argc, char **argv) {
                step_ms, floor_ms, per_seq, per_seq * b, bw, rbw, ceil_seq * b,
                ceil_seq > 0 ? 100.0 * per_seq / ceil_seq : 0.0);
     }
+    if (verify_k && v_plain > 0 && v_spec > 0) {
+        printf("verify: B %u at position %u: plain decode step %.3f ms, verification of %u drafts "
+               "(%u tokens, %u rows) %.3f ms = %.3fx\n",
+               batches[0], L + N - 1, v_plain, verify_k, batches[0] * (verify_k + 1),
+               batches[0] * (verify_k + 1), v_spec, v_spec / v_plain);
+        printf("speed-up at mean acceptance length a (tokens per verification):");
+        for (uint32_t a = 1; a <= verify_k + 1; a++)
+            printf(" a=%u: %.2fx", a, a * v_plain / v_spec);
+        printf("\n{\"verify_k\":%u,\"B\":%u,\"plain_ms\":%.4f,\"verify_ms\":%.4f,"
+               "\"ratio\":%.4f}\n",
+               verify_k, batches[0], v_plain, v_spec, v_spec / v_plain);
+    }
     for (uint32_t i = 0; i < B; i++)
         free(tok[i]), free(bt[i]);
     free(tok), free(bt), free(logits), free(ttft), free(dec);
-    return 0;
+    return (verify_k && !(v_plain > 0 && v_spec > 0)) ? 1 : 0;
 }

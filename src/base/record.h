@@ -195,6 +195,10 @@ typedef struct tm_completion {
     tm_score *scores; /* owned; [n_scores] a scoring record's answer, one per continuation,
                        * in input order; or NULL */
     uint32_t n_scores;
+    int spec;                  /* 1: the job drafts speculatively: usage gets the counts below */
+    uint32_t n_spec_drafts;    /* verifications of >= 1 draft (all samples of the record) */
+    uint32_t n_spec_draft_tok; /* draft tokens verified */
+    uint32_t n_spec_accepted;  /* draft tokens accepted */
 } tm_completion;
 
 /* Free everything a record owns, and the record itself. NULL is a no-op. */

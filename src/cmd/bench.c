@@ -203,7 +203,7 @@ static tm_rc run_workload(bench *b, const workload *w, tm_metrics *metrics, tm_e
     tm_queue_destroy(in);
     tm_queue_destroy(out);
     if (!rc && metrics)
-        tm_run_metrics_add_engine(metrics, &stats);
+        tm_run_metrics_add_engine(metrics, &stats, 0);
     return rc;
 }
 

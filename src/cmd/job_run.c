@@ -640,6 +640,8 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         .max_batched_tokens = spec->engine.max_batched_tokens,
         .tp_size = spec->engine.tp,
         .kv_dtype = spec->engine.kv_cache_fp8 ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO,
+        // speculative verification: a row for the decode token and each draft
+        .max_rows = spec->engine.spec_k ? spec->engine.max_seqs * (spec->engine.spec_k + 1) : 0,
     };
     tm_rc rc;
     if (spec->engine.quantization == TM_JOB_QUANT_FP8) {
@@ -821,6 +823,9 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .live_tok_gen = &j->live_tok_gen,
         .live_tok_prompt = &j->live_tok_prompt,
         .stop_on_signal = spec->kafka_in == NULL,
+        .spec_k = spec->engine.spec_k,
+        .spec_lookup_min = spec->engine.spec_lookup_min,
+        .spec_lookup_max = spec->engine.spec_lookup_max,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)
@@ -884,7 +889,7 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                             .cut_bytes = rs->cut_bytes,
                         });
     if (j->metrics && j->p.spec && j->sink_started) {
-        tm_run_metrics_add_engine(j->metrics, &j->stats);
+        tm_run_metrics_add_engine(j->metrics, &j->stats, j->p.spec->engine.spec_k);
         tm_metrics_end(j->metrics);
         char mpath[4096];
         snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);

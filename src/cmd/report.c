@@ -873,7 +873,34 @@ static void put_card(report *rp, int i) {
     put_num(rp, i, "engine.preemptions", K_INT);
     put(rp, " preemptions, mean fill ");
     put_num(rp, i, "engine.mean_step_fill", K_PCT);
-    put(rp, "%%</dd><dt>wall time</dt><dd>");
+    put(rp, "%%</dd>");
+    if (json_is_object(at(r->j, "speculative"))) { // engine.speculative: vLLM's counters
+        put(rp, "<dt>speculative</dt><dd>");
+        put_esc(rp, str_at(r, "speculative.method") ? str_at(r, "speculative.method") : "?");
+        put(rp, ", k ");
+        put_num(rp, i, "speculative.num_speculative_tokens", K_INT);
+        put(rp, ": ");
+        put_num(rp, i, "speculative.num_drafts", K_INT);
+        put(rp, " drafts, ");
+        put_num(rp, i, "speculative.num_accepted_tokens", K_INT);
+        put(rp, " of ");
+        put_num(rp, i, "speculative.num_draft_tokens", K_INT);
+        put(rp, " draft tokens accepted (");
+        put_num(rp, i, "speculative.acceptance_rate", K_PCT);
+        put(rp, "%%), mean acceptance length ");
+        put_num(rp, i, "speculative.mean_acceptance_length", K_FIX2);
+        put(rp, "; by position");
+        json_t *pos = at(r->j, "speculative.acceptance_rate_per_pos");
+        for (size_t d = 0; d < json_array_size(pos); d++) {
+            char p[64];
+            snprintf(p, sizeof(p), "speculative.acceptance_rate_per_pos.%zu", d);
+            put(rp, d ? ", " : " ");
+            put_num(rp, i, p, K_PCT);
+            put(rp, "%%");
+        }
+        put(rp, "</dd>");
+    }
+    put(rp, "<dt>wall time</dt><dd>");
     put_num(rp, i, "time.wall_s", K_FIX2);
     put(rp, " s</dd>");
     if (json_is_object(at(r->j, "host.gpus"))) {

@@ -300,7 +300,10 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
                          .max_batched_tokens = w.max_batched_tokens,
                          .tp_rank = rank,
                          .tp_size = w.tp_size,
-                         .gpu_mem_util = w.gpu_mem_util};
+                         .gpu_mem_util = w.gpu_mem_util,
+                         // as rank 0's (job_run.c): rows for speculative verification
+                         .max_rows = spec->engine.spec_k ? w.max_seqs * (spec->engine.spec_k + 1)
+                                                         : 0};
     tm_engine_cuda_tp tcfg = {
         .device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id, .timeout_ms = w.timeout_ms};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);

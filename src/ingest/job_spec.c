@@ -46,7 +46,9 @@ static const char *const engine_keys[] = {
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
-    "kv_cache_dtype", /* end */ NULL};
+    "kv_cache_dtype", "speculative",  /* end */ NULL};
+static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
+                                        "prompt_lookup_max", NULL};
 static const char *const limits_keys[] = {
     "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
     "fail_on_error_records", NULL};
@@ -529,6 +531,59 @@ static tm_rc load_input(loader *ld, const json_t *input) {
     return TM_OK;
 }
 
+// engine.speculative (vLLM's speculative_config names): n-gram drafts; "mtp" is refused until the
+// DeepSeek-V4 MTP layer runs. Written to the canonical spec only when present, so the identity of
+// jobs without it stays what it was.
+static tm_rc load_speculative(loader *ld, const json_t *eng, json_t *c) {
+    tm_job_engine *e = &ld->spec->engine;
+    const json_t *sp = eng ? json_object_get(eng, "speculative") : NULL;
+    if (!sp)
+        return TM_OK;
+    if (!json_is_object(sp))
+        return fail_value(ld, "engine.speculative", "an object", sp);
+    tm_rc rc = check_keys(ld, sp, "engine.speculative", spec_keys);
+    if (rc)
+        return rc;
+    const json_t *v = json_object_get(sp, "method");
+    const char *m = json_is_string(v) ? json_string_value(v) : "";
+    if (!v)
+        return fail(ld, TM_E_INVAL, "engine.speculative.method", "required key is missing");
+    if (strcmp(m, "mtp") == 0)
+        return fail(ld, TM_E_INVAL, "engine.speculative.method",
+                    "unsupported: \"mtp\" (the DeepSeek-V4 MTP layer does not run yet); "
+                    "use \"ngram\"");
+    if (strcmp(m, "ngram") != 0)
+        return fail_value(ld, "engine.speculative.method", "one of \"ngram\", \"mtp\"", v);
+    json_t *cs = json_object();
+    canon_set(ld, c, "speculative", cs);
+    if (!cs)
+        return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
+    canon_set(ld, cs, "method", json_string("ngram"));
+    if (!json_object_get(sp, "num_speculative_tokens"))
+        return fail(ld, TM_E_INVAL, "engine.speculative.num_speculative_tokens",
+                    "required key is missing");
+    rc = get_u32(ld, sp, "engine.speculative", "num_speculative_tokens", 1, TM_JOB_MAX_SPEC_TOKENS,
+                 0, &e->spec_k, cs);
+    // vLLM: both unset 5 and 5; one unset takes the other's value.
+    const int has_min = json_object_get(sp, "prompt_lookup_min") != NULL;
+    const int has_max = json_object_get(sp, "prompt_lookup_max") != NULL;
+    if (!rc)
+        rc = get_u32(ld, sp, "engine.speculative", "prompt_lookup_max", 1, 1024,
+                     TM_JOB_DEFAULT_PROMPT_LOOKUP, &e->spec_lookup_max, cs);
+    if (!rc)
+        rc = get_u32(ld, sp, "engine.speculative", "prompt_lookup_min", 1, 1024,
+                     has_max ? e->spec_lookup_max : TM_JOB_DEFAULT_PROMPT_LOOKUP,
+                     &e->spec_lookup_min, cs);
+    if (!rc && has_min && !has_max) {
+        e->spec_lookup_max = e->spec_lookup_min;
+        canon_set(ld, cs, "prompt_lookup_max", json_integer(e->spec_lookup_max));
+    }
+    if (!rc && e->spec_lookup_min > e->spec_lookup_max)
+        rc = fail(ld, TM_E_INVAL, "engine.speculative.prompt_lookup_min",
+                  "%u is more than prompt_lookup_max %u", e->spec_lookup_min, e->spec_lookup_max);
+    return rc;
+}
+
 static tm_rc load_engine(loader *ld, const json_t *eng) {
     tm_job_engine *e = &ld->spec->engine;
     json_t *c = json_object();
@@ -641,7 +696,7 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
     }
     if (e->kv_cache_fp8)
         canon_set(ld, c, "kv_cache_dtype", json_string("fp8"));
-    return TM_OK;
+    return load_speculative(ld, eng, c);
 }
 
 static tm_rc load_defaults(loader *ld, const json_t *dflt) {

@@ -21,6 +21,11 @@
 #define TM_JOB_DEFAULT_MAX_BATCHED_TOKENS 16384
 #define TM_JOB_DEFAULT_BLOCK_SIZE 128
 #define TM_JOB_DEFAULT_MAX_TOKENS 256
+/* engine.speculative: num_speculative_tokens at most this many (runner/sched/spec.h's
+ * TM_SPEC_MAX_K); prompt_lookup_min/max default to 5 (vLLM's). */
+#define TM_JOB_MAX_SPEC_TOKENS 16
+#define TM_JOB_DEFAULT_PROMPT_LOOKUP 5
+
 /* engine.threads: at most this many, and at most 4 x the online CPU cores (job_spec.c). */
 #define TM_JOB_MAX_THREADS 1024
 #define TM_JOB_DEFAULT_LOOKAHEAD 1024
@@ -65,6 +70,9 @@ typedef struct tm_job_engine {
     tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
     bool kv_cache_fp8;             /* engine.kv_cache_dtype "fp8" (e4m3, scale 1.0); false:
                                     * "auto", the model's dtype */
+    uint32_t spec_k;               /* engine.speculative.num_speculative_tokens (method "ngram");
+                                    * 0: no speculative decoding */
+    uint32_t spec_lookup_min, spec_lookup_max; /* its prompt_lookup_min / max */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */

@@ -68,7 +68,10 @@ typedef struct seq {
     double score_sum;  /* continuation: sum of its token logprobs */
     uint32_t n_scored; /* continuation tokens scored */
     int not_greedy;    /* continuation: some token was not the argmax of its row */
-    tm_guided_seq gd;  /* structured output (issue 26): the automaton and its mask, or zeroed */
+    /* Speculative decoding (runner/sched/spec.h): drafting state and the record's counts. */
+    tm_spec_state spec;
+    uint32_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
+    tm_guided_seq gd; /* structured output (issue 26): the automaton and its mask, or zeroed */
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -118,11 +121,14 @@ typedef struct runner {
     tm_sched_seq **slots;        /* [max_seqs] &seqs[i].q */
     tm_sched_plan plan;          /* the current step's plan */
     tm_batch_seq *bseqs;         /* [max_seqs] the current step's batch, one per plan entry */
-    float *logits;               /* [max_seqs][n_vocab] */
-    uint32_t *ids;               /* [max_seqs] forward_greedy's ids of a greedy step */
-    tm_engine_sample_row *srows; /* [max_seqs] forward_sample's rows of a sampled step */
-    tm_engine_sample_out *souts; /* [max_seqs] and its results */
+    uint32_t max_rows;           /* logits rows per step: max_seqs, more with speculation */
+    float *logits;               /* [max_rows][n_vocab] */
+    uint32_t *ids;               /* [max_rows] forward_greedy's ids of a greedy step */
+    tm_engine_sample_row *srows; /* [max_rows] forward_sample's rows of a sampled step */
+    tm_engine_sample_out *souts; /* [max_rows] and its results */
     tm_sample_scratch scratch;
+    double spec_t_spec, spec_t_plain; /* speculative step gate: decode-only step seconds with and
+                                       * without drafts (moving averages; 0 = none yet) */
     tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
 } runner;
 
@@ -688,6 +694,10 @@ static tm_rc sub_finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     }
     if (s->plp)
         c->prompt_logprobs = s->plp, s->plp = NULL;
+    c->spec = r->cfg->spec_k > 0;
+    c->n_spec_drafts += s->n_spec_drafts;
+    c->n_spec_draft_tok += s->n_spec_draft_tok;
+    c->n_spec_accepted += s->n_spec_accepted;
     c->n_tok_cached = TM_MAX(c->n_tok_cached, TM_MIN(s->q.n_cached, g->n_prompt));
     r->stats->n_tok_cached += s->q.n_cached;
     if (s->t_first_ms > 0 && (g->t_first_ms == 0 || s->t_first_ms < g->t_first_ms))
@@ -774,6 +784,10 @@ static tm_rc finish(runner *r, seq *s, tm_finish why, tm_err *err) {
     c->n_itl = s->n_itl;
     c->logprobs = s->lp, s->lp = NULL;
     c->prompt_logprobs = s->plp, s->plp = NULL;
+    c->spec = r->cfg->spec_k > 0;
+    c->n_spec_drafts = s->n_spec_drafts;
+    c->n_spec_draft_tok = s->n_spec_draft_tok;
+    c->n_spec_accepted = s->n_spec_accepted;
     tm_job_destroy(job);
     s->job = NULL;
     seq_reset(r, s);
@@ -950,6 +964,8 @@ static tm_rc greedy_token(runner *r, uint32_t got, uint32_t *id, tm_err *err) {
 
 // ---- a step: the plan (runner/sched/sched.h), then the engine, the stats and the rows ----
 
+static tm_sample_params spec_row_params(const seq *s, uint32_t k);
+
 // Carry out the plan's copies, then one forward of its entries. A greedy step (the engine has
 // forward_greedy and every wanted row only needs its argmax: *greedy 1) leaves one id per wanted
 // row in r->ids; a sampled step (the engine has forward_sample and every wanted row is a
@@ -979,12 +995,15 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
             .block_table = s->q.blocks,
             .n_block = e->n_block,
             .want_logits = e->want_logits,
+            .n_logits = e->n_draft ? e->n_tok : 0,
         };
         g = g && (!e->want_logits || row_is_greedy(r, s));
-        if (e->want_logits && smp && row_is_sampled(s))
-            r->srows[n_want++] = (tm_engine_sample_row){
-                .p = row_params(s), .step = s->n_gen, .want_lp = s->lp != NULL, .n_top = s->n_top};
-        else if (e->want_logits)
+        for (uint32_t k = 0; e->want_logits && smp && row_is_sampled(s) && k <= e->n_draft; k++)
+            r->srows[n_want++] = (tm_engine_sample_row){.p = spec_row_params(s, k),
+                                                        .step = s->n_gen + k,
+                                                        .want_lp = s->lp != NULL,
+                                                        .n_top = s->n_top};
+        if (e->want_logits && !row_is_sampled(s))
             smp = 0;
     }
     tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
@@ -1021,6 +1040,35 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
         atomic_fetch_add_explicit(r->cfg->live_tok_prompt, n_pre, memory_order_relaxed);
 }
 
+// The token of s's generated-token row w (its id in a greedy step, its pick in a sampled one, else
+// its logits row sampled here), its logprobs appended when the record wants them.
+static tm_rc sample_row(runner *r, seq *s, uint32_t w, int greedy, uint32_t *id, tm_err *err) {
+    const float *lg = r->logits + (size_t)w * r->n_vocab;
+    tm_rc rc;
+    if (greedy == 1)
+        rc = greedy_token(r, r->ids[w], id, err);
+    else if (greedy == 2)
+        rc = sampled_token(r, r->souts[w].id, id, err);
+    else {
+        const tm_sample_params p = row_params(s);
+        rc = record_fault(tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, id, err),
+                          err);
+    }
+    if (rc == TM_OK && s->gd.ent && !tm_guided_allows(&s->gd, *id))
+        rc = TM_ERR(err, TM_E_RECORD,
+                    "structured output: engine %s picked token %u, which the mask forbids",
+                    r->eng->ops->name, *id);
+    if (rc == TM_OK && s->lp && greedy == 2) {
+        const tm_engine_sample_out *o = &r->souts[w];
+        rc = lp_push(s->lp, &s->lp_cap, *id, o->lp, o->top_ids, o->top_lp, err);
+    } else if (rc == TM_OK && s->lp) {
+        uint32_t am;
+        float v;
+        rc = lp_push_row(r, s->lp, &s->lp_cap, lg, *id, &am, &v, err);
+    }
+    return rc;
+}
+
 // Entry e's sequence s computed its chunk; w is its logits row (or id, in a greedy step) when it
 // wants one: score the row, or sample the next token and check the stop conditions. A record
 // whose row cannot be used (non-finite logits) fails on its own; other errors are fatal.
@@ -1041,27 +1089,7 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
         if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
             rc = finish(r, s, TM_FINISH_LENGTH, err);
     } else {
-        if (greedy == 1)
-            rc = greedy_token(r, r->ids[w], &id, err);
-        else if (greedy == 2)
-            rc = sampled_token(r, r->souts[w].id, &id, err);
-        else {
-            const tm_sample_params p = row_params(s);
-            rc = record_fault(
-                tm_sample_token(lg, r->n_vocab_tok, &p, s->n_gen, &r->scratch, &id, err), err);
-        }
-        if (rc == TM_OK && s->gd.ent && !tm_guided_allows(&s->gd, id))
-            rc = TM_ERR(err, TM_E_RECORD,
-                        "structured output: engine %s picked token %u, which the mask forbids",
-                        r->eng->ops->name, id);
-        if (rc == TM_OK && s->lp && greedy == 2) {
-            const tm_engine_sample_out *o = &r->souts[w];
-            rc = lp_push(s->lp, &s->lp_cap, id, o->lp, o->top_ids, o->top_lp, err);
-        } else if (rc == TM_OK && s->lp) {
-            uint32_t am;
-            float v;
-            rc = lp_push_row(r, s->lp, &s->lp_cap, lg, id, &am, &v, err);
-        }
+        rc = sample_row(r, s, w, greedy, &id, err);
         if (rc == TM_OK)
             rc = on_token(r, s, id, err);
     }
@@ -1074,6 +1102,108 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
     return rc;
 }
 
+// ---- speculative decoding (runner/sched/spec.h) ----
+
+// Before planning: n-gram drafts for each running record about to decode (its last generated
+// token not yet computed; not the last prompt token of a chunked prefill; not structured output,
+// whose mask follows the accepted tokens), written after its ids
+// (q.n_draft of them), at most spec_k, none past its max_tokens (the step's last row gives one more
+// token) or its context. The adaptive rule may pause it.
+static tm_rc spec_draft(runner *r, tm_err *err) {
+    const tm_runner_cfg *cfg = r->cfg;
+    double gain = 0;
+    for (uint32_t i = 0; cfg->spec_k && i < cfg->max_seqs; i++) {
+        seq *s = &r->seqs[i];
+        tm_sched_seq *q = &s->q;
+        if (!s->job || !q->gen || q->score_next < q->score_end || q->ids.len != q->n_done + 1 ||
+            q->n_done < q->n_prompt || s->gd.ent || !tm_spec_may_draft(&s->spec))
+            continue;
+        int64_t k = TM_MIN((int64_t)cfg->spec_k, (int64_t)s->max_tokens - s->n_gen - 1);
+        k = TM_MIN(k, (int64_t)s->max_len - (int64_t)q->ids.len);
+        if (k <= 0)
+            continue;
+        if (q->ids.cap < q->ids.len + (size_t)k + 1) { // grows like ids, not per step
+            size_t cap = TM_MAX(2 * q->ids.cap, q->ids.len + TM_SPEC_MAX_K + 1);
+            uint32_t *v = tm_realloc(q->ids.ids, cap * sizeof(*v));
+            if (!v)
+                return TM_ERR(err, TM_E_NOMEM, "token id array of %zu", cap);
+            q->ids.ids = v;
+            q->ids.cap = cap;
+        }
+        q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
+                                           cfg->spec_lookup_max, (uint32_t)k,
+                                           q->ids.ids + q->ids.len);
+        gain += q->n_draft ? tm_spec_gain(&s->spec) : 0.0;
+    }
+    // The step gate (runner/sched/spec.h): drop this step's drafts when they would not pay.
+    if (gain > 0 && !cfg->spec_no_gate &&
+        !tm_spec_gate_open(gain, r->n_running, r->spec_t_spec, r->spec_t_plain))
+        for (uint32_t i = 0; i < cfg->max_seqs; i++)
+            if (r->seqs[i].q.n_draft) {
+                r->seqs[i].q.n_draft = 0;
+                tm_spec_gated(&r->seqs[i].spec);
+                r->stats->n_spec_gated++;
+            }
+    return TM_OK;
+}
+
+// The sampling parameters of row k of a speculative entry: its history is ids and the first k
+// drafts (the row is used only when they were all accepted), its step n_gen + k.
+static tm_sample_params spec_row_params(const seq *s, uint32_t k) {
+    tm_sample_params p = row_params(s);
+    p.n_hist += k;
+    p.n_mask = s->n_gen + k < s->min_tokens ? s->n_mask : 0;
+    return p;
+}
+
+// Entry e of s verified its e->n_draft drafts; rows w.. are its positions' rows. Row j picks the
+// target's own token as take_row would at that point (greedy argmax, or tm_sample_token's draw
+// keyed by (seed, step): with a point-mass draft, accepting it iff the draw equals it is the
+// rejection sampling that keeps the target distribution, docs/sampling.md); the draft is accepted
+// when they agree, and the first disagreement (or the row after the last draft) gives the one
+// more token. Tokens go through on_token one by one, so stops apply exactly as without drafts.
+// Then the KV of the rejected positions is rolled back (tm_sched_computed_keep).
+static tm_rc take_spec(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int greedy,
+                       tm_err *err) {
+    const uint32_t d = e->n_draft;
+    uint32_t draft[TM_SPEC_MAX_K];
+    memcpy(draft, s->q.ids.ids + s->q.ids.len, d * sizeof(*draft));
+    tm_runner_stats *st = r->stats;
+    st->n_spec_drafts++;
+    st->n_spec_draft_tok += d;
+    s->n_spec_drafts++;
+    s->n_spec_draft_tok += d;
+    uint32_t n_acc = 0;
+    tm_rc rc = TM_OK;
+    for (uint32_t j = 0; j <= d && rc == TM_OK && s->job; j++) {
+        uint32_t id;
+        rc = sample_row(r, s, w + j, greedy, &id, err);
+        if (rc)
+            break;
+        const int ok = j < d && id == draft[j];
+        if (ok) {
+            n_acc++;
+            st->n_spec_accepted++;
+            st->spec_accepted_pos[j]++;
+            s->n_spec_accepted++;
+        }
+        rc = on_token(r, s, id, err);
+        if (!ok)
+            break;
+    }
+    st->n_tok_decode -= d - n_acc; // rejected positions were not decoded
+    if (rc == TM_E_RECORD) {
+        char msg[sizeof(err->msg)];
+        memcpy(msg, err->msg, sizeof(msg));
+        return fail_seq(r, s, msg, err);
+    }
+    if (rc || !s->job)
+        return rc; // fatal, or the record finished
+    tm_spec_verified(&s->spec, d, n_acc);
+    tm_sched_computed_keep(&r->sched, &s->q, 1 + n_acc);
+    return TM_OK;
+}
+
 // Apply a plan: run the engine on it, book the step, then take each entry's row in plan order.
 static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
     r->stats->n_preempt += plan->n_preempt;
@@ -1083,15 +1213,22 @@ static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
     if (rc)
         return rc;
     book_step(r, plan, greedy, dt_s);
+    if (r->cfg->spec_k && plan->n_tok_prefill == 0) { // the step gate's times: decode-only steps
+        int drafts = 0;
+        for (uint32_t i = 0; i < plan->n_run; i++)
+            drafts |= plan->run[i].n_draft > 0;
+        double *t = drafts ? &r->spec_t_spec : &r->spec_t_plain;
+        *t = *t > 0 ? 0.9 * *t + 0.1 * dt_s : dt_s;
+    }
     uint32_t row = 0;
     for (uint32_t i = 0; i < plan->n_run; i++) {
         const tm_sched_run *e = &plan->run[i];
         seq *s = &r->seqs[e->slot];
         const uint32_t w = row; // this sequence's row (when it wants one)
-        row += e->want_logits != 0;
+        row += e->want_logits ? 1 + e->n_draft : 0;
         if (!s->job)
             continue; // its record failed earlier in this loop (a sibling's error)
-        rc = take_row(r, s, e, w, greedy, err);
+        rc = e->n_draft ? take_spec(r, s, e, w, greedy, err) : take_row(r, s, e, w, greedy, err);
         if (rc)
             return rc;
     }
@@ -1099,8 +1236,14 @@ static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
 }
 
 static tm_rc step(runner *r, tm_err *err) {
+    tm_rc rc = spec_draft(r, err);
+    if (rc)
+        return rc;
     tm_sched_plan_step(&r->sched, &r->plan);
-    return apply(r, &r->plan, err);
+    rc = apply(r, &r->plan, err);
+    for (uint32_t i = 0; r->cfg->spec_k && i < r->cfg->max_seqs; i++)
+        r->seqs[i].q.n_draft = 0; // drafts live for one step (unscheduled ones are dropped)
+    return rc;
 }
 
 static void runner_fini(runner *r) {
@@ -1192,10 +1335,28 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     r.seqs = tm_calloc(cfg->max_seqs, sizeof(*r.seqs));
     r.bseqs = tm_calloc(cfg->max_seqs, sizeof(*r.bseqs));
     r.slots = tm_calloc(cfg->max_seqs, sizeof(*r.slots));
-    r.logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
-    r.ids = tm_calloc(cfg->max_seqs, sizeof(uint32_t));
-    r.srows = tm_calloc(cfg->max_seqs, sizeof(*r.srows));
-    r.souts = tm_calloc(cfg->max_seqs, sizeof(*r.souts));
+    r.max_rows = cfg->max_seqs;
+    if (cfg->spec_k) { // each decode's drafts want rows too, within the step's tokens
+        r.max_rows = (uint32_t)TM_MIN((uint64_t)cfg->max_seqs * (cfg->spec_k + 1),
+                                      (uint64_t)TM_MAX(cfg->max_batched_tokens, cfg->max_seqs));
+        if (cfg->spec_k > TM_SPEC_MAX_K || cfg->spec_lookup_min < 1 ||
+            cfg->spec_lookup_min > cfg->spec_lookup_max) {
+            rc = TM_ERR(err, TM_E_INVAL, "runner: speculative k %u (<= %u), lookup %u..%u",
+                        cfg->spec_k, TM_SPEC_MAX_K, cfg->spec_lookup_min, cfg->spec_lookup_max);
+            goto done;
+        }
+        if (tm_engine_max_rows(&eng->opts) < r.max_rows) {
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "runner: speculative decoding needs %u logits rows per step; the engine "
+                        "holds %u (tm_engine_opts.max_rows)",
+                        r.max_rows, tm_engine_max_rows(&eng->opts));
+            goto done;
+        }
+    }
+    r.logits = tm_calloc((size_t)r.max_rows * r.n_vocab, sizeof(float));
+    r.ids = tm_calloc(r.max_rows, sizeof(uint32_t));
+    r.srows = tm_calloc(r.max_rows, sizeof(*r.srows));
+    r.souts = tm_calloc(r.max_rows, sizeof(*r.souts));
     if (!r.win || !r.seqs || !r.bseqs || !r.slots || !r.logits || !r.ids || !r.srows || !r.souts) {
         rc = TM_ERR(err, TM_E_NOMEM, "runner state for %u sequences", cfg->max_seqs);
         goto done;

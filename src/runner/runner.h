@@ -27,6 +27,7 @@
 #include "base/queue.h"
 #include "base/record.h"
 #include "runner/engine/engine.h"
+#include "runner/sched/spec.h"
 #include "runner/guided/cache.h"
 #include "runner/text/tokenizer.h"
 
@@ -51,6 +52,11 @@ typedef struct tm_runner_cfg {
     _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
     bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
                           * in flight (a file job: the next run answers them) */
+    /* Speculative decoding, n-gram drafts (runner/sched/spec.h): spec_k drafts at most per
+     * record and step (0: off, <= TM_SPEC_MAX_K), from n-grams of spec_lookup_min..max tokens.
+     * The engine must hold max_seqs * (spec_k + 1) logits rows (tm_engine_opts.max_rows). */
+    uint32_t spec_k, spec_lookup_min, spec_lookup_max;
+    bool spec_no_gate; /* tests: draft whenever a record may (no step gate, spec.h) */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -68,6 +74,12 @@ typedef struct tm_runner_stats {
     uint64_t n_tok_prompt; /* prompt tokens of admitted records */
     double sum_step_fill;  /* sum over steps of tokens / max_batched_tokens */
     double sum_running;    /* sum over steps of sequences in the step */
+    /* Speculative decoding (vLLM's counters): verifications of >= 1 draft, their draft tokens,
+     * the drafts accepted, and how many verifications accepted the draft at position i. Rejected
+     * drafts are not counted in n_tok_decode. */
+    uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
+    uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
+    uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
     tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;
 

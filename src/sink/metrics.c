@@ -60,7 +60,8 @@ struct tm_metrics {
     hist itl;                /* ms */
     uint64_t n_steps, n_tok_prefill, n_tok_decode, n_preempt;
     double prefill_s, decode_s, sum_step_fill, sum_running;
-    uint64_t n_spec_proposed, n_spec_accepted;
+    tm_metrics_spec spec; /* totals; accepted_pos points to spec_pos */
+    uint64_t spec_pos[TM_METRICS_SPEC_MAX_K];
     bool spec_used;
     tm_metrics_guided guided; /* structured output; valid when guided_used */
     bool guided_used;
@@ -333,10 +334,16 @@ void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e) {
     m->sum_running += e->sum_running;
 }
 
-void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted) {
+void tm_metrics_add_spec(tm_metrics *m, const tm_metrics_spec *s) {
+    TM_ASSERT(s->k <= TM_METRICS_SPEC_MAX_K);
     m->spec_used = true;
-    m->n_spec_proposed += n_proposed;
-    m->n_spec_accepted += n_accepted;
+    m->spec.method = s->method;
+    m->spec.k = s->k;
+    m->spec.n_drafts += s->n_drafts;
+    m->spec.n_draft_tok += s->n_draft_tok;
+    m->spec.n_accepted += s->n_accepted;
+    for (uint32_t i = 0; i < s->k && s->accepted_pos; i++)
+        m->spec_pos[i] += s->accepted_pos[i];
 }
 
 void tm_metrics_add_guided(tm_metrics *m, const tm_metrics_guided *g) {
@@ -399,6 +406,34 @@ double tm_metrics_percentile(const double *sorted, size_t n, double p) {
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 static json_t *str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
 static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
+
+// metrics.json's speculative block (vLLM's names): totals, acceptance rate, mean acceptance
+// length 1 + accepted / drafts (tokens per verification step), and per draft position the
+// accepted count and its rate over the drafts. NULL on allocation failure.
+static json_t *spec_json(const tm_metrics *m) {
+    const tm_metrics_spec *s = &m->spec;
+    json_t *pos = json_array(), *rate = json_array();
+    for (uint32_t i = 0; pos && rate && i < s->k; i++)
+        if (json_array_append_new(pos, json_integer((json_int_t)m->spec_pos[i])) ||
+            json_array_append_new(
+                rate, num_or_null(ratio((double)m->spec_pos[i], (double)s->n_drafts)))) {
+            json_decref(pos);
+            pos = NULL;
+        }
+    if (!pos || !rate) {
+        json_decref(pos);
+        json_decref(rate);
+        return NULL;
+    }
+    return json_pack(
+        "{s:s, s:i, s:I, s:I, s:I, s:o, s:o, s:o, s:o}", "method", s->method ? s->method : "ngram",
+        "num_speculative_tokens", (int)s->k, "num_drafts", (json_int_t)s->n_drafts,
+        "num_draft_tokens", (json_int_t)s->n_draft_tok, "num_accepted_tokens",
+        (json_int_t)s->n_accepted, "acceptance_rate",
+        num_or_null(ratio((double)s->n_accepted, (double)s->n_draft_tok)), "mean_acceptance_length",
+        s->n_drafts ? json_real(1.0 + (double)s->n_accepted / (double)s->n_drafts) : json_null(),
+        "num_accepted_tokens_per_pos", pos, "acceptance_rate_per_pos", rate);
+}
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -477,12 +512,7 @@ static json_t *build_json(const tm_metrics *m) {
             json_decref(by_code);
             by_code = NULL;
         }
-    json_t *spec = json_null();
-    if (m->spec_used)
-        spec =
-            json_pack("{s:I, s:I, s:o}", "proposed", (json_int_t)m->n_spec_proposed, "accepted",
-                      (json_int_t)m->n_spec_accepted, "acceptance_rate",
-                      num_or_null(ratio((double)m->n_spec_accepted, (double)m->n_spec_proposed)));
+    json_t *spec = m->spec_used ? spec_json(m) : json_null();
     json_t *settings = json_null();
     if (m->have_settings)
         settings =

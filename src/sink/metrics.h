@@ -89,8 +89,21 @@ typedef struct tm_metrics_engine {
 
 /* Add engine totals (may be called once per step or once per job with sums). */
 void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e);
-/* Speculative decoding: draft tokens proposed and accepted (omit the call when not used). */
-void tm_metrics_add_spec(tm_metrics *m, uint64_t n_proposed, uint64_t n_accepted);
+#define TM_METRICS_SPEC_MAX_K 16 /* num_speculative_tokens at most */
+
+/* Speculative decoding totals, vLLM's counters (omit the call when not used). */
+typedef struct tm_metrics_spec {
+    const char *method;           /* "ngram"; a static string (not copied) */
+    uint32_t k;                   /* num_speculative_tokens, 1..TM_METRICS_SPEC_MAX_K */
+    uint64_t n_drafts;            /* verifications of >= 1 draft token */
+    uint64_t n_draft_tok;         /* draft tokens verified */
+    uint64_t n_accepted;          /* draft tokens accepted */
+    const uint64_t *accepted_pos; /* [k] verifications that accepted the draft at position i;
+                                   * borrowed for the call */
+} tm_metrics_spec;
+
+/* Add speculative totals (the method and k of the last call stand). */
+void tm_metrics_add_spec(tm_metrics *m, const tm_metrics_spec *s);
 /* Structured output (issue 26): the runner's counters (omit the call when no record was
  * constrained; metrics.json then has no "guided" key). Adds to earlier calls. */
 typedef struct tm_metrics_guided {

@@ -27,6 +27,8 @@ struct tm_progress {
     FILE *out;                 /* borrowed */
     _Atomic uint64_t total_p1; /* total records + 1; 0 = not known yet */
     uint64_t n_done, n_failed, n_tok_prompt, n_tok_gen;
+    int spec; /* a record drafted speculatively: the counters below are written */
+    uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted; /* of the records done */
     double start_ms, start_unix_s;
     double last_draw_ms, last_line_ms, last_textfile_ms;
     int drawn;                                      /* BAR: something is on the line */
@@ -94,6 +96,10 @@ void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
     }
     p->n_tok_prompt += c->n_tok_prompt;
     p->n_tok_gen += c->n_tok_gen;
+    p->spec |= c->spec;
+    p->n_spec_drafts += c->n_spec_drafts;
+    p->n_spec_draft_tok += c->n_spec_draft_tok;
+    p->n_spec_accepted += c->n_spec_accepted;
 }
 
 // "812", "4.9k", "1.25M"
@@ -292,6 +298,17 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
         rc = metric(&b, p, "tokenmill_eta_seconds",
                     "Estimated seconds left: tokens still to come over the token rate so far.",
                     s.eta_s, err);
+    if (!rc && p->spec) // speculative decoding (engine.speculative), vLLM's counters
+        rc = metric(&b, p, "tokenmill_spec_decode_num_drafts",
+                    "Speculative verifications (sequence-steps with drafts) of the records done.",
+                    (double)p->n_spec_drafts, err);
+    if (!rc && p->spec)
+        rc = metric(&b, p, "tokenmill_spec_decode_num_draft_tokens",
+                    "Draft tokens verified for the records done.", (double)p->n_spec_draft_tok,
+                    err);
+    if (!rc && p->spec)
+        rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens",
+                    "Draft tokens accepted for the records done.", (double)p->n_spec_accepted, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_job_start_time_seconds",
                     "When the job started, seconds since the Unix epoch.", p->start_unix_s, err);

@@ -432,11 +432,17 @@ tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc)
         rc = append_lp_field(b, "prompt_logprobs", c->prompt_logprobs, err);
     if (!rc)
-        rc =
-            tm_buf_printf(b, err,
-                          ",\"usage\":{\"prompt_tokens\":%u,"
-                          "\"completion_tokens\":%u,\"cached_tokens\":%u},\"timing\":{\"ttft_ms\":",
-                          c->n_tok_prompt, c->n_tok_gen, c->n_tok_cached);
+        rc = tm_buf_printf(b, err,
+                           ",\"usage\":{\"prompt_tokens\":%u,"
+                           "\"completion_tokens\":%u,\"cached_tokens\":%u",
+                           c->n_tok_prompt, c->n_tok_gen, c->n_tok_cached);
+    if (!rc && c->spec)
+        rc = tm_buf_printf(b, err,
+                           ",\"speculative\":{\"num_drafts\":%u,\"num_draft_tokens\":%u,"
+                           "\"num_accepted_tokens\":%u}",
+                           c->n_spec_drafts, c->n_spec_draft_tok, c->n_spec_accepted);
+    if (!rc)
+        rc = tm_buf_append_str(b, "},\"timing\":{\"ttft_ms\":", err);
     if (!rc)
         rc = append_ms(b, c->ttft_ms, err);
     if (!rc)

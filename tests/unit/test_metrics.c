@@ -276,7 +276,7 @@ static void test_empty(void) {
     TM_CHECK_OK(tm_metrics_create(&m, &err), &err);
     if (!m)
         return;
-    tm_metrics_add_spec(m, 0, 0);
+    tm_metrics_add_spec(m, &(tm_metrics_spec){.method = "ngram", .k = 2});
     char path[512];
     snprintf(path, sizeof(path), "%s/empty.json", g_tmp);
     TM_CHECK_OK(tm_metrics_write_json(m, path, &err), &err);
@@ -292,6 +292,8 @@ static void test_empty(void) {
     TM_CHECK(json_is_null(get(j, "job", NULL)));
     TM_CHECK(json_is_null(get(j, "settings", NULL)));
     TM_CHECK(json_is_null(get(j, "speculative", "acceptance_rate")));
+    TM_CHECK(json_is_null(get(j, "speculative", "mean_acceptance_length")));
+    TM_CHECK(json_array_size(get(j, "speculative", "acceptance_rate_per_pos")) == 2);
     json_decref(j);
     // An unwritable path is an I/O error.
     TM_CHECK(tm_metrics_write_json(m, "/nonexistent-dir/metrics.json", &err) == TM_E_IO);
@@ -340,7 +342,13 @@ static void write_sample(void) {
     if (!m)
         return;
     fill(m);
-    tm_metrics_add_spec(m, 100, 70);
+    const uint64_t pos[3] = {30, 25, 15}; // 40 verifications of 100 drafts, 70 accepted
+    tm_metrics_add_spec(m, &(tm_metrics_spec){.method = "ngram",
+                                              .k = 3,
+                                              .n_drafts = 40,
+                                              .n_draft_tok = 100,
+                                              .n_accepted = 70,
+                                              .accepted_pos = pos});
     TM_CHECK_OK(tm_metrics_set_bench(m,
                                      &(tm_metrics_bench){.workload = "P",
                                                          .scale = "small",

@@ -7,7 +7,7 @@ tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_po
     if (b->n_seq > o->max_seqs)
         return TM_ERR(err, TM_E_INVAL, "%s: %u sequences > max_seqs %u", who, b->n_seq,
                       o->max_seqs);
-    uint64_t T = 0, bt = 0;
+    uint64_t T = 0, bt = 0, rows = 0;
     for (uint32_t i = 0; i < b->n_seq; i++) {
         const tm_batch_seq *s = &b->seqs[i];
         if (s->n_tok == 0 || !s->tokens)
@@ -28,9 +28,16 @@ tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_po
             if (s->tokens[k] >= n_vocab)
                 return TM_ERR(err, TM_E_INVAL, "%s: sequence %u token %u id %u >= %u", who, i, k,
                               s->tokens[k], n_vocab);
+        if (s->want_logits && s->n_logits > s->n_tok)
+            return TM_ERR(err, TM_E_INVAL, "%s: sequence %u wants %u logits rows of %u tokens", who,
+                          i, s->n_logits, s->n_tok);
         T += s->n_tok;
         bt += n_used;
+        rows += tm_batch_seq_rows(s);
     }
+    if (rows > tm_engine_max_rows(o))
+        return TM_ERR(err, TM_E_INVAL, "%s: %llu logits rows > %u", who, (unsigned long long)rows,
+                      tm_engine_max_rows(o));
     if (T > o->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL, "%s: %llu tokens > max_batched_tokens %u", who,
                       (unsigned long long)T, o->max_batched_tokens);

@@ -44,6 +44,7 @@ typedef struct tm_engine_opts {
     float gpu_mem_util;          /* with n_kv_block 0: the fraction of the GPU's memory that
                                   * device use may reach, KV pool included, in (0, 1]; 0 = 0.90 */
     tm_kv_dtype kv_dtype;        /* KV cache entries; AUTO (0) by default */
+    uint32_t max_rows;           /* logits rows per step (n_logits of tm_batch_seq); 0 = max_seqs */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
 } tm_engine_opts;
@@ -55,7 +56,9 @@ typedef struct tm_batch_seq {
     uint32_t pos;                /* position of tokens[0] = tokens of this sequence already in KV */
     const uint32_t *block_table; /* block ids covering positions [0, pos + n_tok) */
     uint32_t n_block;
-    int want_logits; /* 1: produce logits for the last token of this chunk */
+    int want_logits;   /* 1: produce logits for the last token of this chunk */
+    uint32_t n_logits; /* with want_logits: rows for the last n_logits tokens of the chunk, in
+                        * position order (speculative verification); 0 and 1: the last only */
 } tm_batch_seq;
 
 typedef struct tm_batch {
@@ -63,11 +66,22 @@ typedef struct tm_batch {
     uint32_t n_seq;
 } tm_batch;
 
+/* Logits rows of s in a step: 0 without want_logits, else max(n_logits, 1). */
+static inline uint32_t tm_batch_seq_rows(const tm_batch_seq *s) {
+    return !s->want_logits ? 0 : s->n_logits > 1 ? s->n_logits : 1;
+}
+
+/* Logits rows an engine made with o holds per step: max(max_rows, max_seqs). */
+static inline uint32_t tm_engine_max_rows(const tm_engine_opts *o) {
+    return o->max_rows > o->max_seqs ? o->max_rows : o->max_seqs;
+}
+
 /* What every backend checks before a step (runner/engine/engine.c): at most o->max_seqs sequences;
  * each with tokens, ids below n_vocab, positions [pos, pos + n_tok) below max_pos and covered by
- * its block table, whose used entries are below o->n_kv_block; at most o->max_batched_tokens
- * tokens in all. who starts the messages ("cpu forward"). Writes the step's token count and the
- * block-table entries its sequences use. */
+ * its block table, whose used entries are below o->n_kv_block, n_logits <= n_tok; at most
+ * o->max_batched_tokens tokens and tm_engine_max_rows(o) logits rows in all. who starts the
+ * messages ("cpu forward"). Writes the step's token count and the block-table entries its sequences
+ * use. */
 tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_pos, uint32_t n_vocab,
                      const char *who, uint32_t *n_tok, uint64_t *n_bt, tm_err *err);
 
@@ -102,7 +116,8 @@ float tm_kv_fp8_round(float x);
 
 typedef struct tm_engine_ops {
     const char *name;
-    /* logits: [n_want][n_vocab] fp32, one row per sequence with want_logits, in batch order. */
+    /* logits: [n_want][n_vocab] fp32: tm_batch_seq_rows rows per sequence, in batch order (a
+     * sequence's rows in position order). Every "wanted row" below counts these rows. */
     tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
     /* Optional (NULL: not supported). forward, but each wanted row becomes one id instead of a
      * logits row: ids[i] = the argmax of the i-th wanted row over ids [0, n_vocab_limit) (the

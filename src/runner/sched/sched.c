@@ -254,6 +254,9 @@ void tm_sched_plan_step(tm_sched *sc, tm_sched_plan *plan) {
             uint32_t row = next_row(q);
             if (row >= q->n_done && row - q->n_done + 1 < need)
                 need = row - q->n_done + 1;
+            // A decode with drafts computes them too (speculative verification).
+            const uint32_t n_draft = pass == 1 && q->gen && row == q->n_done ? q->n_draft : 0;
+            need += n_draft;
             uint32_t got = reserve(sc, plan, q, TM_MIN(need, budget));
             if (got == 0) {
                 q->chunk = UINT32_MAX;
@@ -267,9 +270,10 @@ void tm_sched_plan_step(tm_sched *sc, tm_sched_plan *plan) {
                 .pos = q->n_done,
                 .n_tok = got,
                 .n_block = q->n_block,
-                .want_logits = q->n_done + got - 1 == row &&
+                .want_logits = (q->n_done + got - 1 == row || n_draft) &&
                                (q->gen || q->score_next < q->score_end),
                 .decode = q->n_done >= q->n_prompt,
+                .n_draft = n_draft ? got - 1 : 0,
             };
             if (e->decode)
                 plan->n_tok_decode += got;
@@ -280,6 +284,15 @@ void tm_sched_plan_step(tm_sched *sc, tm_sched_plan *plan) {
     for (uint32_t i = 0; i < sc->cfg.max_seqs; i++)
         if (sc->slots[i]->chunk == UINT32_MAX)
             sc->slots[i]->chunk = 0;
+}
+
+void tm_sched_computed_keep(tm_sched *sc, tm_sched_seq *q, uint32_t n_keep) {
+    TM_ASSERT(n_keep >= 1 && n_keep <= q->chunk && q->n_done + n_keep <= q->ids.len);
+    q->chunk = n_keep;
+    const uint32_t n_need = TM_CEIL_DIV(q->n_done + n_keep + 1, sc->cfg.block_size);
+    for (; q->n_block > n_need; q->n_block--) // past n_offered: n_offered <= n_done / block_size
+        tm_kv_block_unref(sc->pool, q->blocks[q->n_block - 1]);
+    tm_sched_computed(sc, q);
 }
 
 void tm_sched_computed(tm_sched *sc, tm_sched_seq *q) {

@@ -48,6 +48,9 @@ typedef struct tm_sched_seq {
     uint32_t score_next;  /* rows of positions [score_next, score_end) are wanted (scoring, */
     uint32_t score_end;   /* prompt logprobs); the row of position p scores token p + 1 */
     uint32_t chunk;       /* tokens planned in the current step; 0 = not in the step */
+    uint32_t n_draft;     /* speculative drafts the caller wrote after ids (ids.ids[len, len +
+                           * n_draft), capacity its own; never read here): a decode plans them
+                           * with its last token and wants a row for each position */
 } tm_sched_seq;
 
 typedef struct tm_sched_cfg {
@@ -74,6 +77,8 @@ typedef struct tm_sched_run {
     int want_logits;  /* the row of position pos + n_tok - 1 is wanted */
     int decode;       /* counted as decode (pos >= n_prompt: generated tokens, recomputes
                        * after preemption included), else as prefill */
+    uint32_t n_draft; /* drafts in the chunk (n_tok = 1 + n_draft, fewer than q's n_draft when
+                       * the budget or the pool is short): rows of all n_tok positions wanted */
 } tm_sched_run;
 
 /* Positions [0, n_tok) of block src copied into block dst, for the sequence of slot. */
@@ -108,6 +113,13 @@ void tm_sched_plan_step(tm_sched *sc, tm_sched_plan *plan);
 /* The step ran: q's chunk is computed (n_done += chunk, chunk = 0) and, with a prefix cache, its
  * newly full blocks are offered to it. */
 void tm_sched_computed(tm_sched *sc, tm_sched_seq *q);
+
+/* A speculative step ran for q (an entry with drafts): of its chunk, the first n_keep positions
+ * (the decode token and the accepted drafts, whose tokens the caller has appended to ids) stay
+ * computed; the K/V of the rest is rolled back: n_done += n_keep, chunk = 0, the blocks past
+ * what positions [0, n_done + 1) need are released (they were taken for the drafts and never
+ * offered to the cache), then full blocks are offered as tm_sched_computed does. */
+void tm_sched_computed_keep(tm_sched *sc, tm_sched_seq *q, uint32_t n_keep);
 
 /* Drop q's block references (n_block = 0); the blocks and keys arrays stay. */
 void tm_sched_seq_release(tm_sched *sc, tm_sched_seq *q);

@@ -744,8 +744,11 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
             e->tok_id[T] = sq->tokens[i];
             T++;
         }
-        n_want += sq->want_logits != 0;
+        n_want += tm_batch_seq_rows(sq);
     }
+    if (n_want > tm_engine_max_rows(&eng->opts))
+        return TM_ERR(err, TM_E_INVAL, "dsv4: %u logits rows > %u", n_want,
+                      tm_engine_max_rows(&eng->opts));
     e->b = b;
     const uint32_t D = e->D, N = e->N, half = e->rd / 2;
     // embeddings, copied into every stream
@@ -784,8 +787,8 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
     uint32_t r = 0, t0 = 0;
     for (uint32_t s = 0; s < b->n_seq; s++) {
         t0 += b->seqs[s].n_tok;
-        if (b->seqs[s].want_logits)
-            memcpy(e->last + (size_t)r++ * N * D, e->streams + (size_t)(t0 - 1) * N * D,
+        for (uint32_t k = tm_batch_seq_rows(&b->seqs[s]); k > 0; k--)
+            memcpy(e->last + (size_t)r++ * N * D, e->streams + (size_t)(t0 - k) * N * D,
                    (size_t)N * D * sizeof(float));
     }
     head_logits(e, r, &e->w->hc_head_fn, e->hc_head_base, e->hc_head_scale, e->out_norm, logits,
@@ -943,7 +946,8 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->G = sh.n_group;
     e->Ir = sh.n_ff;
 
-    const size_t T = e->T, S = e->S, D = e->D, ND = (size_t)e->N * D, hd = e->hd;
+    const size_t T = e->T, S = e->S, R = tm_engine_max_rows(opts), D = e->D, ND = (size_t)e->N * D,
+                 hd = e->hd;
     e->NL = m->cfg.n_layer + w->n_mtp;
     const size_t nb = e->n_block, bs = e->bs, L = e->NL;
     int failed = 0;
@@ -1060,10 +1064,10 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->tok_id = tm_calloc(T, sizeof(uint32_t));
     if (!e->pos || !e->tok_seq || !e->tok_id)
         failed = 1;
-    e->last = alloc_f(S * ND, &failed);
-    e->lastn = alloc_f(S * ND, &failed);
-    e->lastx = alloc_f(S * D, &failed);
-    e->lastm = alloc_f(S * e->N, &failed);
+    e->last = alloc_f(R * ND, &failed);
+    e->lastn = alloc_f(R * ND, &failed);
+    e->lastx = alloc_f(R * D, &failed);
+    e->lastm = alloc_f(R * e->N, &failed);
     size_t max_in = TM_MAX(TM_MAX(ND, (size_t)e->qr), TM_MAX(ing, (size_t)e->G * e->olr));
     max_in = TM_MAX(max_in, TM_MAX(I, D));
     e->wbuf_floats = TM_CPU_MM_ROWS * max_in;

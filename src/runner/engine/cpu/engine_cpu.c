@@ -85,7 +85,7 @@ struct cpu_impl {
     uint32_t *pos;         /* [T] position of each stacked token */
     uint32_t *tok_seq;     /* [T] batch index of each stacked token */
     uint32_t *seq_tok0;    /* [max_seqs] first stacked token of each sequence */
-    float *last;           /* [max_seqs][n_embd] final-normed last tokens */
+    float *last;           /* [max rows][n_embd] final-normed rows that want logits */
     attn_item *attn_items; /* [max_seqs + T / ATTN_TOK_PER_ITEM + ...] */
     uint32_t max_attn_items;
     /* per-thread scratch, owned */
@@ -392,15 +392,16 @@ static tm_rc cpu_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             add_reduced(impl, T);
     }
 
-    // Final norm and lm_head for the last token of each sequence that wants logits.
+    // Final norm and lm_head for the last tm_batch_seq_rows tokens of each sequence.
     uint32_t n_want = 0;
     for (uint32_t i = 0; i < b->n_seq; i++) {
         const tm_batch_seq *s = &b->seqs[i];
-        if (!s->want_logits)
-            continue;
-        const float *src = impl->x + (size_t)(impl->seq_tok0[i] + s->n_tok - 1) * d;
-        memcpy(impl->last + (size_t)n_want * d, src, d * sizeof(float));
-        n_want++;
+        const uint32_t n_rows = tm_batch_seq_rows(s);
+        for (uint32_t k = s->n_tok - n_rows; k < s->n_tok; k++) {
+            const float *src = impl->x + (size_t)(impl->seq_tok0[i] + k) * d;
+            memcpy(impl->last + (size_t)n_want * d, src, d * sizeof(float));
+            n_want++;
+        }
     }
     if (n_want == 0)
         return TM_OK;
@@ -536,7 +537,7 @@ tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_eng
     impl->up = alloc_floats(T * c->n_ff, &failed);
     impl->cos = alloc_floats(T * impl->half, &failed);
     impl->sin = alloc_floats(T * impl->half, &failed);
-    impl->last = alloc_floats(S * d, &failed);
+    impl->last = alloc_floats((size_t)tm_engine_max_rows(opts) * d, &failed);
     impl->wbuf = alloc_floats(impl->n_thread * impl->wbuf_floats, &failed);
     impl->scores = alloc_floats((size_t)impl->n_thread * impl->max_pos, &failed);
     impl->pos = tm_malloc(T * sizeof(uint32_t));

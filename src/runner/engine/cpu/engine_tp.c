@@ -120,7 +120,7 @@ static tm_rc tp_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err
     const uint32_t n_vocab = eng->model->cfg.n_vocab;
     uint32_t n_want = 0;
     for (uint32_t i = 0; i < b->n_seq; i++)
-        n_want += b->seqs[i].want_logits != 0;
+        n_want += tm_batch_seq_rows(&b->seqs[i]);
     for (uint32_t w = 0; w < n_want; w++)
         for (uint32_t r = 0; r < tp->n; r++)
             memcpy(logits + (size_t)w * n_vocab + tp->vocab0[r],
@@ -261,8 +261,8 @@ tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_
             goto fail;
         tp->vocab0[r] = sp.vocab0;
         tp->n_vocab[r] = sp.cfg.n_vocab;
-        tp->rank_logits[r] = tm_calloc((size_t)opts->max_seqs * TM_MAX(tp->n_vocab[r], 1u),
-                                       sizeof(float));
+        tp->rank_logits[r] =
+            tm_calloc((size_t)tm_engine_max_rows(opts) * TM_MAX(tp->n_vocab[r], 1u), sizeof(float));
         if (!tp->rank_logits[r]) {
             rc = TM_ERR(err, TM_E_NOMEM, "tp rank %u logits", r);
             goto fail;

@@ -76,12 +76,13 @@ static const tm_cuda_arch *pick_arch(tm_arch arch) {
     return NULL;
 }
 
-/* Offsets (in uint32) of the step metadata arrays for T tokens and S sequences. */
+/* Offsets (in uint32) of the step metadata arrays for T tokens, S sequences and W wanted rows
+ * (W > S only with several rows per sequence: speculative verification). */
 typedef struct meta_off {
     size_t tokens, pos, slot, tok_seq, seq_bt, want_row, bt;
 } meta_off;
 
-static meta_off meta_layout(uint32_t T, uint32_t S) {
+static meta_off meta_layout(uint32_t T, uint32_t S, uint32_t W) {
     meta_off o;
     o.tokens = 0;
     o.pos = T;
@@ -89,7 +90,7 @@ static meta_off meta_layout(uint32_t T, uint32_t S) {
     o.tok_seq = 3 * (size_t)T;
     o.seq_bt = 4 * (size_t)T;
     o.want_row = 4 * (size_t)T + S;
-    o.bt = 4 * (size_t)T + 2 * (size_t)S;
+    o.bt = 4 * (size_t)T + S + TM_MAX(S, W);
     return o;
 }
 
@@ -244,10 +245,10 @@ static void prof_collect(tm_cuda_engine *impl) {
 }
 
 /* The architecture's forward pass for a step whose metadata is already on the device
- * (meta_layout(T, S), the n_tile prefill tiles at tile_off). */
+ * (meta_layout(T, S, n_want), the n_tile prefill tiles at tile_off). */
 static tm_rc run_model(tm_cuda_engine *impl, uint32_t T, uint32_t S, uint32_t n_want,
                        uint32_t n_tile, size_t tile_off, tm_err *err) {
-    const meta_off mo = meta_layout(T, S);
+    const meta_off mo = meta_layout(T, S, n_want);
     const uint32_t *md = impl->meta_d;
     const tm_cuda_step st = {.n_tok = T,
                              .n_seq = S,
@@ -281,7 +282,10 @@ static tm_rc pack_batch(tm_cuda_engine *impl, const tm_batch *b, uint32_t *T_out
                       "blocks of n_ctx)",
                       (unsigned long long)n_bt, impl->bt_cap);
 
-    const meta_off mo = meta_layout(T, b->n_seq);
+    uint32_t n_rows = 0;
+    for (uint32_t i = 0; i < b->n_seq; i++)
+        n_rows += tm_batch_seq_rows(&b->seqs[i]);
+    const meta_off mo = meta_layout(T, b->n_seq, n_rows);
     uint32_t *mh = impl->meta_h;
     const uint32_t bs = o->block_size;
     uint32_t t = 0, n_want = 0, bt = 0;
@@ -299,8 +303,8 @@ static tm_rc pack_batch(tm_cuda_engine *impl, const tm_batch *b, uint32_t *T_out
             mh[mo.slot + t] = s->block_table[p / bs] * bs + p % bs;
             mh[mo.tok_seq + t] = i;
         }
-        if (s->want_logits)
-            mh[mo.want_row + n_want++] = t - 1;
+        for (uint32_t k = tm_batch_seq_rows(s); k > 0; k--)
+            mh[mo.want_row + n_want++] = t - k;
         if (s->n_tok != 1 || !s->want_logits)
             *decode_only = 0;
         impl->chunks_h[i] =
@@ -518,12 +522,13 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     const uint32_t n_limit = TM_MIN(n_vocab_limit, impl->vocab_full);
     const size_t n_allow = TM_CEIL_DIV((size_t)n_limit, 32); // words of an allowed-ids bitmask
     for (uint32_t i = 0; i < b->n_seq; i++)
-        n_want += b->seqs[i].want_logits != 0;
-    for (uint32_t i = 0; i < n_want && n_want <= eng->opts.max_seqs; i++) {
+        n_want += tm_batch_seq_rows(&b->seqs[i]);
+    const uint32_t R = tm_engine_max_rows(&eng->opts);
+    for (uint32_t i = 0; i < n_want && n_want <= R; i++) {
         const tm_sample_params *p = &rows[i].p;
         n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask + (p->allow ? n_allow : 0);
     }
-    if (n_want > eng->opts.max_seqs || n_pk > SAMP_PK_CAP)
+    if (n_want > R || n_pk > SAMP_PK_CAP)
         return TM_ERR(err, TM_E_AGAIN, "cuda forward_sample: %zu packed entries", n_pk);
     size_t o = 0;
     sp->any_lp = 0;
@@ -586,7 +591,7 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
 }
 
 static tm_rc samp_alloc(tm_cuda_engine *impl, tm_err *err) {
-    const size_t S = impl->eng.opts.max_seqs, V = impl->cfg.n_vocab;
+    const size_t S = tm_engine_max_rows(&impl->eng.opts), V = impl->cfg.n_vocab; // rows
     if (!tm_k_sample_f32_supported((uint32_t)V, impl->device))
         return TM_OK; // no device sampler: sampled steps take the logits to the host
     tm_cuda_samp *sp = tm_calloc(1, sizeof(*sp));
@@ -656,8 +661,8 @@ static tm_cuda_plan *rank_plan_buf(void *ctx, size_t *cap) {
 static int rank_plan_fits(const void *ctx, const tm_cuda_plan *h, size_t len) {
     const tm_cuda_engine *impl = ctx;
     const tm_engine_opts *o = &impl->eng.opts;
-    return !(h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs || h->n_want > h->S ||
-             h->n_meta > impl->meta_cap ||
+    return !(h->T == 0 || h->T > o->max_batched_tokens || h->S > o->max_seqs || h->n_want > h->T ||
+             h->n_want > tm_engine_max_rows(o) || h->n_meta > impl->meta_cap ||
              (h->greedy && (h->vocab_limit == 0 || h->vocab_limit > impl->vocab_full)) ||
              len != sizeof(*h) + (size_t)h->n_meta * sizeof(uint32_t) ||
              (h->graph && (h->T != h->S || h->T != h->n_want)) ||
@@ -704,7 +709,7 @@ void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
 /* The runtime's activations, after the architecture's (meta_d last, as before the split into
  * arch and runtime, so the arena's size is the same). */
 static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
-    const size_t S = impl->eng.opts.max_seqs, f4 = sizeof(float);
+    const size_t S = tm_engine_max_rows(&impl->eng.opts), f4 = sizeof(float); // logits rows
     impl->arch->carve_acts(impl, cv);
     impl->logits = tm_cuda_carve(cv, S * impl->v_stride * f4);
     if (impl->tp_size > 1) {
@@ -889,7 +894,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     const uint32_t max_tiles = tm_k_attn_prefill_max_tiles(T, S);
     impl->use_fa = arch->prefill_tiles(c) && max_tiles <= 65535 &&
                    !(fa_env && strcmp(fa_env, "0") == 0);
-    impl->meta_cap = 4 * (size_t)T + 2 * (size_t)S + impl->bt_cap +
+    impl->meta_cap = 4 * (size_t)T + S + (size_t)tm_engine_max_rows(opts) + impl->bt_cap +
                      (impl->use_fa ? 4 * (size_t)max_tiles : 0);
 
     rc = arch->init(impl, err);
@@ -953,7 +958,8 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     arch->carve_weights(impl, &cw);
     tm_cuda_carver ca = {0};
     carve_acts(impl, &ca);
-    const size_t logits_h_n = (size_t)tp_size * S * impl->v_stride;
+    const size_t R = tm_engine_max_rows(opts); // logits rows per step
+    const size_t logits_h_n = (size_t)tp_size * R * impl->v_stride;
     rc = TM_CUDA_CHECK(cudaMalloc(&impl->w_arena, cw.off), err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaMalloc(&impl->a_arena, ca.off), err);
@@ -964,7 +970,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->logits_h, logits_h_n * sizeof(float)),
                            err);
     if (!rc)
-        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->ids_h, (size_t)S * 4), err);
+        rc = TM_CUDA_CHECK(cudaMallocHost((void **)&impl->ids_h, R * 4), err);
     if (rc) {
         tm_err_wrap(err, "cuda engine: weights %.2f GB, activations %.2f GB: ", cw.off / 1e9,
                     ca.off / 1e9);

@@ -108,7 +108,7 @@ typedef struct llama {
     uint16_t *q;      /* [T][q_dim] rotated */
     uint16_t *att;    /* [T][q_dim] */
     uint16_t *ffa;    /* [T][n_ff] */
-    uint16_t *last;   /* [S][n_embd] final-normed wanted rows */
+    uint16_t *last;   /* [max rows][n_embd] final-normed wanted rows */
     uint16_t *wdq;    /* [wdq_elems] bf16: an FP8 weight dequantized (prefill steps) */
     size_t wdq_elems; /* 0: no FP8 linear */
     /* W8A8 prefill through cuBLASLt (lt_fp8.h): the handle (NULL: off, TM_CUDA_FP8_PREFILL=
@@ -454,7 +454,7 @@ static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
 static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     llama *lm = impl->arch_state;
     const tm_model_cfg *c = &impl->cfg;
-    const size_t T = impl->eng.opts.max_batched_tokens, S = impl->eng.opts.max_seqs;
+    const size_t T = impl->eng.opts.max_batched_tokens;
     const size_t d = c->n_embd, ff = c->n_ff, bf = sizeof(uint16_t), f4 = sizeof(float);
     // the fp32 projection outputs: rows up to the W8A8 GEMM's padded token count (lt_fp8.h)
     const size_t T4 = TM_LT_FP8_TOK(T);
@@ -466,7 +466,7 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     lm->q = tm_cuda_carve(cv, T * lm->q_dim * bf);
     lm->att = tm_cuda_carve(cv, T * lm->q_dim * bf);
     lm->ffa = tm_cuda_carve(cv, T * ff * bf);
-    lm->last = tm_cuda_carve(cv, S * d * bf);
+    lm->last = tm_cuda_carve(cv, tm_engine_max_rows(&impl->eng.opts) * d * bf);
     lm->wdq = lm->wdq_elems ? tm_cuda_carve(cv, lm->wdq_elems * bf) : NULL;
     lm->max_in = TM_MAX(TM_MAX((uint32_t)d, lm->q_dim), (uint32_t)ff);
     const int lt = lm->wdq_elems && T > impl->sk_max_tok;
