@@ -23,7 +23,7 @@ t0=$(date +%s)
 [ -f "$W/model/config.json" ] ||
   "$B/mkmodel" --out "$W/model" --arch deepseek_v4 --seed 3 --layers "$NL" --hidden 4096 \
     --heads 64 --head-dim 512 --ff 2048 --ctx 65536 --q-lora 1024 --o-groups 8 --o-lora 1024 \
-    --experts 256 --experts-used 6 --window 128 --index-heads 64 --index-dim 128 \
+    --vocab 129280 --experts 256 --experts-used 6 --window 128 --index-heads 64 --index-dim 128 \
     --index-topk 512 --hc 4 --rope-dim 64 --hca-ratio 128 --dsv4-layers "$LT" --dsv4-mlp "$MT" \
     --uniform 1 --quant fp8-block --expert-dtype fp4 --tokenizer "$TOK" \
     > "$OUT/mkmodel.log" 2>&1 ||
