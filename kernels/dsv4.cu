@@ -245,13 +245,22 @@ static __global__ void norm_rope_kernel(tm_k_dsv4_norm_rope_args a) {
         if (e < dim) {
             v0[j] = x[e];
             v1[j] = x[e + 1];
-            for (uint32_t q = 1; q < np; q++) { // split-K partials, in order
-                v0[j] += x[q * a.x_stride + e];
-                v1[j] += x[q * a.x_stride + e + 1];
-            }
-            ss += v0[j] * v0[j] + v1[j] * v1[j];
         }
     }
+    for (uint32_t q = 1; q < np; q++) { // split-K partials, in order (a partial's loads together)
+        const float *xq = x + q * a.x_stride;
+#pragma unroll
+        for (int j = 0; j < NR_MAX_J; j++) {
+            const uint32_t e = 2 * lane + 64 * j;
+            if (e < dim) {
+                v0[j] += xq[e];
+                v1[j] += xq[e + 1];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NR_MAX_J; j++)
+        ss += v0[j] * v0[j] + v1[j] * v1[j];
     float sc = 1.0f;
     if (a.norm)
         sc = 1.0f / sqrtf(tm_warp_sum(ss) / (float)dim + a.eps);
