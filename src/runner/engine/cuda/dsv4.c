@@ -1129,14 +1129,13 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                .scale = g->d.routed_scale};
     if (!rc)
         rc = OP("route", tm_k_dsv4_route(&ra, s, err));
-    // MXFP4 experts of small steps: split-K (partials summed by the SwiGLU and the combine) where
-    // the (slot, tile) warps alone would leave the SMs short of loads in flight
+    // MXFP4 experts of small steps: split-K (partials summed by the SwiGLU and the combine) with
+    // TM_DSV4_MOE_SPLIT > 1; unsplit by default (on an H200 at Flash widths, batch 1, 8 layers:
+    // 2.304 ms/step unsplit, 2.347 with 2 splits, 2.375 with 4; bench/RESULTS.md)
     uint32_t ms = 1, kgu = TM_CEIL_DIV(D, 128u) * 128, kdn = TM_CEIL_DIV(I, 128u) * 128;
     const size_t p_max = (size_t)impl->eng.opts.max_batched_tokens * K;
-    if (g->mxfp4 && T <= TM_QUANT_MAX_TOK && P <= TM_MOE_MAX_PAIRS) {
-        const uint64_t w = (uint64_t)TM_CEIL_DIV(TM_MAX(2 * I, D), 16u) * TM_MIN(P, E);
-        ms = g->moe_split ? g->moe_split : (uint32_t)TM_MAX((24ull * impl->n_sm + w / 2) / w, 1ull);
-        ms = (uint32_t)TM_MIN((size_t)TM_MIN(ms, 4u), p_max / P);
+    if (g->mxfp4 && g->moe_split > 1 && T <= TM_QUANT_MAX_TOK && P <= TM_MOE_MAX_PAIRS) {
+        ms = (uint32_t)TM_MIN((size_t)TM_MIN(g->moe_split, 4u), p_max / P);
         ms = TM_MAX(ms, 1u);
         kgu = TM_CEIL_DIV(TM_CEIL_DIV(D, ms), 128u) * 128;
         kdn = TM_CEIL_DIV(TM_CEIL_DIV(I, ms), 128u) * 128;
