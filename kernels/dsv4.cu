@@ -8,7 +8,7 @@
 #include "kernels/common.cuh"
 #include "kernels/dsv4.h"
 
-#define ATT_WARPS 8  /* warps per (token, head) attention block, splitting the keys */
+#define ATT_WARPS 16 /* warps per (token, head) attention block, splitting the keys */
 #define ATT_MAX_J 16 /* elements per lane: head_dim <= 512 */
 #define NR_MAX_J 16  /* pairs per lane in norm_rope: dim <= 1024 */
 #define IDX_WARPS 8
@@ -43,62 +43,85 @@ extern "C" tm_rc tm_k_dsv4_embed(const tm_k_dsv4_embed_args *a, cudaStream_t s, 
 
 /* ---- hyper-connections ---- */
 
-/* pre/post/comb of one token from its mixes m (thread 0 only; N <= 8). */
+/* pre/post/comb of one token from its mixes m (smem), cb the comb (smem, N * N), by the block's
+ * first N * N threads (one per element; N <= 8): every sum runs over its row or column in index
+ * order, as a serial loop would. Every thread of the block must call it. */
 static __device__ void hc_mix(const float *m, const float *base, const float *scale, uint32_t N,
-                              uint32_t iters, float hc_eps, float *pre, float *po, float *cb) {
-    for (uint32_t i = 0; i < N; i++) {
-        pre[i] = sigmoidf_(m[i] * scale[0] + base[i]) + hc_eps;
-        po[i] = 2.0f * sigmoidf_(m[N + i] * scale[1] + base[N + i]);
+                              uint32_t iters, float hc_eps, float *pre, float *po, float *cb,
+                              float *tmp) {
+    const uint32_t tid = threadIdx.x, j = tid / N, k = tid % N;
+    const bool on = tid < N * N;
+    if (tid < N) {
+        pre[tid] = sigmoidf_(m[tid] * scale[0] + base[tid]) + hc_eps;
+        po[tid] = 2.0f * sigmoidf_(m[N + tid] * scale[1] + base[N + tid]);
     }
-    for (uint32_t j = 0; j < N; j++) {
-        float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = m[2 * N + j * N + k] * scale[2] + base[2 * N + j * N + k];
-            mx = fmaxf(mx, row[k]);
-        }
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = expf(row[k] - mx);
-            sum += row[k];
-        }
-        for (uint32_t k = 0; k < N; k++)
-            row[k] = row[k] / sum + hc_eps;
+    if (on)
+        cb[tid] = m[2 * N + tid] * scale[2] + base[2 * N + tid];
+    __syncthreads();
+    if (on) { // row softmax
+        float mx = -INFINITY;
+        for (uint32_t q = 0; q < N; q++)
+            mx = fmaxf(mx, cb[j * N + q]);
+        tmp[tid] = expf(cb[tid] - mx);
     }
+    __syncthreads();
+    if (on) {
+        float sum = 0.0f;
+        for (uint32_t q = 0; q < N; q++)
+            sum += tmp[j * N + q];
+        cb[tid] = tmp[tid] / sum + hc_eps;
+    }
+    __syncthreads();
     for (uint32_t it = 0; it < iters; it++) {
         if (it > 0) {
-            for (uint32_t j = 0; j < N; j++) {
-                float sum = 0.0f;
-                for (uint32_t k = 0; k < N; k++)
-                    sum += cb[j * N + k];
-                for (uint32_t k = 0; k < N; k++)
-                    cb[j * N + k] /= sum + hc_eps;
-            }
-        }
-        for (uint32_t k = 0; k < N; k++) {
             float sum = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                sum += cb[j * N + k];
-            for (uint32_t j = 0; j < N; j++)
-                cb[j * N + k] /= sum + hc_eps;
+            if (on)
+                for (uint32_t q = 0; q < N; q++)
+                    sum += cb[j * N + q];
+            __syncthreads();
+            if (on)
+                cb[tid] /= sum + hc_eps;
+            __syncthreads();
         }
+        float sum = 0.0f;
+        if (on)
+            for (uint32_t q = 0; q < N; q++)
+                sum += cb[q * N + k];
+        __syncthreads();
+        if (on)
+            cb[tid] /= sum + hc_eps;
+        __syncthreads();
     }
 }
 
 /* mixes[r][k] = rs * fn[k] . st, rs = 1 / rms(st over ND), st = streams row rows[r] (or r):
- * block (r, k). */
+ * block (r, k). With n_split > 1, block (r, k, s) writes the partial dot of its ND / n_split slice
+ * to part[(r * n_mix + k) * n_split + s] and (k == 0) the partial sum of squares to
+ * ss[r * n_split + s]; hc_pre_kernel finishes them. */
 static __global__ void hc_dot_kernel(const float *streams, const uint32_t *rows, const float *fn,
-                                     uint32_t n_mix, uint32_t ND, float eps, float *mixes) {
-    const uint32_t r = blockIdx.x, k = blockIdx.y;
+                                     uint32_t n_mix, uint32_t ND, float eps, float *mixes,
+                                     uint32_t n_split, float *part, float *ssp) {
+    const uint32_t r = blockIdx.x, k = blockIdx.y, sp = blockIdx.z;
     const float *st = streams + (size_t)(rows ? rows[r] : r) * ND, *f = fn + (size_t)k * ND;
+    const uint32_t i0 = (uint32_t)((uint64_t)sp * ND / n_split);
+    const uint32_t i1 = (uint32_t)((uint64_t)(sp + 1) * ND / n_split);
     float ss = 0.0f, acc = 0.0f;
-    for (uint32_t i = threadIdx.x; i < ND; i += 256) {
+    for (uint32_t i = i0 + threadIdx.x; i < i1; i += 256) {
         const float v = st[i];
         ss += v * v;
         acc += f[i] * v;
     }
     ss = tm_block_sum<256>(ss);
     acc = tm_block_sum<256>(acc);
-    if (threadIdx.x == 0)
+    if (threadIdx.x)
+        return;
+    if (n_split == 1) {
         mixes[(size_t)r * n_mix + k] = acc * (1.0f / sqrtf(ss / (float)ND + eps));
+        return;
+    }
+    part[((size_t)r * n_mix + k) * n_split + sp] = acc;
+    if (k == 0)
+        ssp[(size_t)r * n_split + sp] = ss;
 }
 
 /* x (smem, D floats) -> out = bf16(w * rms(x)). */
@@ -116,16 +139,38 @@ static __device__ void norm_out(const float *x, uint32_t D, const float *w, floa
 static __global__ void hc_pre_kernel(tm_k_dsv4_hc_pre_args a) {
     extern __shared__ float xs[]; // [D]
     __shared__ float m[(2 + TM_DSV4_K_MAX_HC) * TM_DSV4_K_MAX_HC];
-    __shared__ float pre[TM_DSV4_K_MAX_HC];
-    const uint32_t t = blockIdx.x, N = a.N, D = a.D, ND = N * D;
+    __shared__ float pre[TM_DSV4_K_MAX_HC], po[TM_DSV4_K_MAX_HC];
+    __shared__ float cb[TM_DSV4_K_MAX_HC * TM_DSV4_K_MAX_HC],
+        tmp[TM_DSV4_K_MAX_HC * TM_DSV4_K_MAX_HC];
+    __shared__ float s_rs;
+    const uint32_t t = blockIdx.x, N = a.N, D = a.D, ND = N * D, n_mix = (2 + N) * N;
+    const uint32_t S = a.n_split;
     const float *st = a.streams + (size_t)t * ND;
-    for (uint32_t k = threadIdx.x; k < (2 + N) * N; k += 256)
-        m[k] = a.mixes[(size_t)t * (2 + N) * N + k];
+    if (S > 1) { // finish hc_dot's partials (in split order)
+        if (threadIdx.x == 0) {
+            float ss = 0.0f;
+            for (uint32_t q = 0; q < S; q++)
+                ss += a.ss_part[(size_t)t * S + q];
+            s_rs = 1.0f / sqrtf(ss / (float)ND + a.eps);
+        }
+        __syncthreads();
+        for (uint32_t k = threadIdx.x; k < n_mix; k += 256) {
+            const float *pp = a.dot_part + ((size_t)t * n_mix + k) * S;
+            float acc = 0.0f;
+            for (uint32_t q = 0; q < S; q++)
+                acc += pp[q];
+            m[k] = acc * s_rs;
+        }
+    } else {
+        for (uint32_t k = threadIdx.x; k < n_mix; k += 256)
+            m[k] = a.mixes[(size_t)t * n_mix + k];
+    }
     __syncthreads();
-    if (threadIdx.x == 0)
-        hc_mix(m, a.base, a.scale, N, a.iters, a.hc_eps, pre, a.post + (size_t)t * N,
-               a.comb + (size_t)t * N * N);
-    __syncthreads();
+    hc_mix(m, a.base, a.scale, N, a.iters, a.hc_eps, pre, po, cb, tmp);
+    if (threadIdx.x < N)
+        a.post[(size_t)t * N + threadIdx.x] = po[threadIdx.x];
+    if (threadIdx.x < N * N)
+        a.comb[(size_t)t * N * N + threadIdx.x] = cb[threadIdx.x];
     for (uint32_t d = threadIdx.x; d < D; d += 256) {
         float acc = 0.0f;
         for (uint32_t i = 0; i < N; i++)
@@ -140,10 +185,15 @@ extern "C" tm_rc tm_k_dsv4_hc_pre(const tm_k_dsv4_hc_pre_args *a, cudaStream_t s
     if (!a->n_tok)
         return TM_OK;
     TM_ASSERT(a->N >= 1 && a->N <= TM_DSV4_K_MAX_HC && a->D * sizeof(float) <= 48 * 1024);
-    const uint32_t n_mix = (2 + a->N) * a->N;
-    hc_dot_kernel<<<dim3(a->n_tok, n_mix), 256, 0, s>>>(a->streams, NULL, a->fn, n_mix, a->N * a->D,
-                                                        a->eps, a->mixes);
-    hc_pre_kernel<<<a->n_tok, 256, a->D * sizeof(float), s>>>(*a);
+    const uint32_t n_mix = (2 + a->N) * a->N, ND = a->N * a->D;
+    tm_k_dsv4_hc_pre_args b = *a;
+    // decode-sized steps: the dots split over TM_DSV4_K_HC_SPLIT slices of the streams (a few
+    // blocks per (token, mix) would leave the GPU idle)
+    b.n_split = a->n_tok <= TM_DSV4_K_HC_SPLIT_TOK && a->dot_part && a->ss_part ? TM_DSV4_K_HC_SPLIT
+                                                                                : 1;
+    hc_dot_kernel<<<dim3(a->n_tok, n_mix, b.n_split), 256, 0, s>>>(
+        a->streams, NULL, a->fn, n_mix, ND, a->eps, a->mixes, b.n_split, b.dot_part, b.ss_part);
+    hc_pre_kernel<<<a->n_tok, 256, a->D * sizeof(float), s>>>(b);
     return tm_cuda_launched(err, s, "dsv4_hc_pre");
 }
 
@@ -186,6 +236,7 @@ static __global__ void norm_rope_kernel(tm_k_dsv4_norm_rope_args a) {
         return;
     const uint32_t t = gw / a.n_head, h = gw % a.n_head, dim = a.dim;
     const float *x = a.x + (size_t)t * a.ld_x + (size_t)h * dim;
+    const uint32_t np = a.n_part ? a.n_part : 1;
     float v0[NR_MAX_J], v1[NR_MAX_J], ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < NR_MAX_J; j++) {
@@ -194,9 +245,22 @@ static __global__ void norm_rope_kernel(tm_k_dsv4_norm_rope_args a) {
         if (e < dim) {
             v0[j] = x[e];
             v1[j] = x[e + 1];
-            ss += v0[j] * v0[j] + v1[j] * v1[j];
         }
     }
+    for (uint32_t q = 1; q < np; q++) { // split-K partials, in order (a partial's loads together)
+        const float *xq = x + q * a.x_stride;
+#pragma unroll
+        for (int j = 0; j < NR_MAX_J; j++) {
+            const uint32_t e = 2 * lane + 64 * j;
+            if (e < dim) {
+                v0[j] += xq[e];
+                v1[j] += xq[e + 1];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NR_MAX_J; j++)
+        ss += v0[j] * v0[j] + v1[j] * v1[j];
     float sc = 1.0f;
     if (a.norm)
         sc = 1.0f / sqrtf(tm_warp_sum(ss) / (float)dim + a.eps);
@@ -247,14 +311,16 @@ static __global__ void store_kernel(tm_k_dsv4_store_args a) {
     if (i >= (size_t)a.n_tok * a.n)
         return;
     const size_t t = i / a.n, c = i % a.n;
-    a.dst[(size_t)a.slot[t] * a.ld + c] = a.src[t * a.ld_src + a.c0 + c];
+    float *dst = blockIdx.y ? a.dst2 : a.dst;
+    const uint32_t c0 = blockIdx.y ? a.c0_2 : a.c0;
+    dst[(size_t)a.slot[t] * a.ld + c] = a.src[t * a.ld_src + c0 + c];
 }
 
 extern "C" tm_rc tm_k_dsv4_store(const tm_k_dsv4_store_args *a, cudaStream_t s, tm_err *err) {
     if (!a->n_tok || !a->n)
         return TM_OK;
     const size_t n = (size_t)a->n_tok * a->n;
-    store_kernel<<<(unsigned)TM_CEIL_DIV(n, 256), 256, 0, s>>>(*a);
+    store_kernel<<<dim3((unsigned)TM_CEIL_DIV(n, 256), a->dst2 ? 2 : 1), 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_store");
 }
 
@@ -474,7 +540,7 @@ extern "C" tm_rc tm_k_dsv4_index(const tm_k_dsv4_index_args *a, cudaStream_t s, 
 
 /* Block per (token, head); its ATT_WARPS warps take every ATT_WARPS-th key of the list (window
  * rows, then compressed rows) with their own online softmax, merged at the end with the sink. */
-static __global__ void attn_kernel(tm_k_dsv4_attn_args a) {
+static __global__ void __launch_bounds__(32 * ATT_WARPS) attn_kernel(tm_k_dsv4_attn_args a) {
     __shared__ float wacc[ATT_WARPS][512];
     __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
     const uint32_t t = blockIdx.x, h = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -736,13 +802,16 @@ static __global__ void combine_kernel(tm_k_dsv4_combine_args a) {
             v += a.dn[pp * a.dn_stride + pi * D + d];
         acc += v * a.pair_w[pi];
     }
-    a.y[i] = acc + a.sh[i];
+    float sh = a.sh[i];
+    for (uint32_t pp = 1; pp < a.sh_part; pp++)
+        sh += a.sh[pp * a.sh_stride + i];
+    a.y[i] = acc + sh;
 }
 
 extern "C" tm_rc tm_k_dsv4_combine(const tm_k_dsv4_combine_args *a, cudaStream_t s, tm_err *err) {
     if (!a->n_tok)
         return TM_OK;
-    TM_ASSERT(a->k >= 1 && a->k <= TM_DSV4_K_MAX_TOPK && a->dn_part >= 1);
+    TM_ASSERT(a->k >= 1 && a->k <= TM_DSV4_K_MAX_TOPK && a->dn_part >= 1 && a->sh_part >= 1);
     const size_t n = (size_t)a->n_tok * a->D;
     combine_kernel<<<(unsigned)TM_CEIL_DIV(n, 256), 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_combine");
@@ -775,8 +844,8 @@ extern "C" tm_rc tm_k_dsv4_head(const tm_k_dsv4_head_args *a, cudaStream_t s, tm
     if (!a->n_row)
         return TM_OK;
     TM_ASSERT(a->N >= 1 && a->N <= TM_DSV4_K_MAX_HC && a->D * sizeof(float) <= 48 * 1024);
-    hc_dot_kernel<<<dim3(a->n_row, a->N), 256, 0, s>>>(a->streams, a->rows, a->fn, a->N,
-                                                       a->N * a->D, a->eps, a->mixes);
+    hc_dot_kernel<<<dim3(a->n_row, a->N), 256, 0, s>>>(
+        a->streams, a->rows, a->fn, a->N, a->N * a->D, a->eps, a->mixes, 1, NULL, NULL);
     head_kernel<<<a->n_row, 256, a->D * sizeof(float), s>>>(*a);
     return tm_cuda_launched(err, s, "dsv4_head");
 }

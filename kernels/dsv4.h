@@ -37,7 +37,9 @@ extern "C" {
 
 #define TM_DSV4_K_MAX_DIM 1024 /* head_dim, index_head_dim, compressed row width */
 #define TM_DSV4_K_MAX_HC 8
-#define TM_DSV4_K_MAX_TOPK 64 /* experts per token */
+#define TM_DSV4_K_HC_SPLIT 8      /* hc pre-mix dots: slices of the streams for small steps */
+#define TM_DSV4_K_HC_SPLIT_TOK 16 /* ... in steps of at most this many tokens */
+#define TM_DSV4_K_MAX_TOPK 64     /* experts per token */
 
 /* The step's sequence addressing (device arrays of tm_cuda_step). */
 typedef struct tm_k_dsv4_seqs {
@@ -66,7 +68,11 @@ typedef struct tm_k_dsv4_hc_pre_args {
     const float *scale;   /* [3] */
     const float *norm_w;  /* [D] */
     float *mixes;         /* [T][(2+N)N] scratch */
+    /* NULL, or scratch for steps of at most TM_DSV4_K_HC_SPLIT_TOK tokens: [T][(2+N)N][split]
+     * and [T][split] floats (split = TM_DSV4_K_HC_SPLIT) */
+    float *dot_part, *ss_part;
     uint32_t n_tok, N, D, iters;
+    uint32_t n_split; /* set by the launcher */
     float eps, hc_eps;
 } tm_k_dsv4_hc_pre_args;
 tm_rc tm_k_dsv4_hc_pre(const tm_k_dsv4_hc_pre_args *a, cudaStream_t s, tm_err *err);
@@ -95,6 +101,8 @@ typedef struct tm_k_dsv4_norm_rope_args {
     const uint32_t *slot;
     const float *x;
     uint32_t ld_x;
+    uint32_t n_part; /* 0 or 1: x; more: x summed over n_part partials x_stride apart */
+    size_t x_stride;
     const float *w; /* norm 2 */
     const uint32_t *pos;
     const float *inv_freq; /* [rd / 2] */
@@ -104,13 +112,16 @@ typedef struct tm_k_dsv4_norm_rope_args {
 } tm_k_dsv4_norm_rope_args;
 tm_rc tm_k_dsv4_norm_rope(const tm_k_dsv4_norm_rope_args *a, cudaStream_t s, tm_err *err);
 
-/* dst row of slot[t] (stride ld) [0, n) = src[t * ld_src + c0 ..]. */
+/* dst row of slot[t] (stride ld) [0, n) = src[t * ld_src + c0 ..]; with dst2, also dst2's row
+ * [0, n) = src[t * ld_src + c0_2 ..] (one launch). */
 typedef struct tm_k_dsv4_store_args {
     float *dst;
     uint32_t ld;
     const uint32_t *slot;
     const float *src;
     uint32_t ld_src, c0, n, n_tok;
+    float *dst2; /* or NULL */
+    uint32_t c0_2;
 } tm_k_dsv4_store_args;
 tm_rc tm_k_dsv4_store(const tm_k_dsv4_store_args *a, cudaStream_t s, tm_err *err);
 
@@ -216,7 +227,9 @@ typedef struct tm_k_dsv4_combine_args {
     const float *dn;
     size_t dn_stride;
     uint32_t dn_part;
-    const float *sh;
+    const float *sh; /* sh_part partials sh_stride apart */
+    size_t sh_stride;
+    uint32_t sh_part;
     const int32_t *pair_e;
     const float *pair_w;
     uint32_t n_tok, k, D;

@@ -31,6 +31,8 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -803,6 +805,24 @@ static tm_rc fill_tensor(const mk_opts *o, mk_tensor *t, tm_err *err) {
     return TM_OK;
 }
 
+/* fill_tensor over a list, shared by threads (next: the next tensor to take). */
+typedef struct fill_job {
+    const mk_opts *o;
+    mk_tensor *t;
+    size_t n;
+    tm_rc *rc; /* [n] */
+    atomic_size_t next;
+} fill_job;
+
+static void *fill_worker(void *arg) {
+    fill_job *j = arg;
+    for (size_t i; (i = atomic_fetch_add(&j->next, 1)) < j->n;) {
+        tm_err e = {0};
+        j->rc[i] = fill_tensor(j->o, &j->t[i], &e);
+    }
+    return NULL;
+}
+
 /* ---- quantization (docs/quantization.md) ---------------------------------------------------- */
 
 static int ends_with(const char *s, const char *suf) {
@@ -842,6 +862,87 @@ static tm_quant quant_scheme(const mk_opts *o, const char *name) {
     return TM_QUANT_NONE;
 }
 
+/* Threads for the independent parts of writing a model (one per online CPU, at most 16). */
+static unsigned mk_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1u : n > 16 ? 16u : (unsigned)n;
+}
+
+typedef struct run_arg {
+    void *(*fn)(void *);
+    void *job;
+} run_arg;
+
+/* fn(job) on n threads (n == 1 or thread creation failing: on this one). */
+static void run_threads(unsigned n, void *(*fn)(void *), void *job) {
+    pthread_t th[16];
+    unsigned k = 0;
+    for (; n > 1 && k < n - 1 && k < 16; k++)
+        if (pthread_create(&th[k], NULL, fn, job))
+            break;
+    fn(job);
+    for (unsigned i = 0; i < k; i++)
+        pthread_join(th[i], NULL);
+}
+
+/* quantize_tensor's per-matrix work, shared by its threads (next: the next matrix to take). */
+typedef struct quant_job {
+    const void *src;
+    tm_dtype dtype;
+    float *v, *sc;
+    uint8_t *q, *sc8;
+    uint64_t R, C, B, bo, bi, nbo, nbi;
+    float qmax;
+    int mx, e8;
+    atomic_ullong next;
+} quant_job;
+
+static void *quant_worker(void *arg) {
+    quant_job *j = arg;
+    const uint64_t R = j->R, C = j->C, bo = j->bo, bi = j->bi, nbo = j->nbo, nbi = j->nbi;
+    float *v = j->v, *sc = j->sc;
+    for (uint64_t b; (b = atomic_fetch_add(&j->next, 1)) < j->B;) {
+        tm_dtype_to_f32(j->src, j->dtype, (size_t)(b * R * C), (size_t)(R * C), v + b * R * C);
+        for (uint64_t i = b * nbo * nbi; i < (b + 1) * nbo * nbi; i++)
+            sc[i] = 0.0f;
+        // Element i = (b * R + r) * C + c; nested loops keep 64-bit divisions out of the inner
+        // one (an 8B-shape checkpoint quantizes ~7e9 elements).
+        for (uint64_t r = 0, i = b * R * C; r < R; r++) { // block absmax
+            float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                float a = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++)
+                    a = fmaxf(a, fabsf(v[i]));
+                row[c0 / bi] = a;
+            }
+        }
+        for (uint64_t i = b * nbo * nbi; i < (b + 1) * nbo * nbi; i++) {
+            if (j->e8) {
+                j->sc8[i] = tm_e8m0_ceil_scale(sc[i], j->qmax);
+                sc[i] = tm_e8m0_to_f32(j->sc8[i]);
+            } else {
+                sc[i] = sc[i] > 0.0f ? sc[i] / j->qmax : 1.0f;
+            }
+        }
+        for (uint64_t r = 0, i = b * R * C; r < R; r++) {
+            const float *row = &sc[(b * nbo + r / bo) * nbi];
+            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
+                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
+                const float s = row[c0 / bi];
+                for (uint64_t c = c0; c < c1; c++, i++) {
+                    const float x = v[i] / s;
+                    if (j->mx)
+                        j->q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
+                    else
+                        j->q[i] = tm_f32_to_e4m3(x);
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
 /* Quantize t (filled with --dtype values) in place under `scheme`: its data become F8_E4M3
  * codes, or packed e2m1 stored as I8 [.., C/2]; the scale tensor is appended as list[*n].
  * Rules: a scale per block from the block's absmax: fp32 amax / 448, or (ue8m0, MXFP4) the
@@ -876,48 +977,27 @@ static tm_rc quantize_tensor(const mk_opts *o, mk_tensor *list, size_t *n, size_
         return TM_ERR(err, TM_E_NOMEM, "%s: quantizing %llu elements", t->name,
                       (unsigned long long)n_el);
     }
-    tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)n_el, v);
-    for (uint64_t i = 0; i < n_sc; i++)
-        sc[i] = 0.0f;
-    // Element i = (b * R + r) * C + c; nested loops keep 64-bit divisions out of the inner one
-    // (an 8B-shape checkpoint quantizes ~7e9 elements).
-    for (uint64_t b = 0, i = 0; b < B; b++) // block absmax
-        for (uint64_t r = 0; r < R; r++) {
-            float *row = &sc[(b * nbo + r / bo) * nbi];
-            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
-                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
-                float a = row[c0 / bi];
-                for (uint64_t c = c0; c < c1; c++, i++)
-                    a = fmaxf(a, fabsf(v[i]));
-                row[c0 / bi] = a;
-            }
-        }
     const float qmax = mx ? 6.0f : 448.0f;
-    for (uint64_t i = 0; i < n_sc; i++) {
-        if (e8) {
-            sc8[i] = tm_e8m0_ceil_scale(sc[i], qmax);
-            sc[i] = tm_e8m0_to_f32(sc8[i]);
-        } else {
-            sc[i] = sc[i] > 0.0f ? sc[i] / qmax : 1.0f;
-        }
-    }
     if (mx)
         memset(q, 0, (size_t)(n_el / 2));
-    for (uint64_t b = 0, i = 0; b < B; b++)
-        for (uint64_t r = 0; r < R; r++) {
-            const float *row = &sc[(b * nbo + r / bo) * nbi];
-            for (uint64_t c0 = 0; c0 < C; c0 += bi) {
-                const uint64_t c1 = c0 + bi < C ? c0 + bi : C;
-                const float s = row[c0 / bi];
-                for (uint64_t c = c0; c < c1; c++, i++) {
-                    const float x = v[i] / s;
-                    if (mx)
-                        q[i / 2] |= (uint8_t)(tm_f32_to_e2m1(x) << (4 * (i % 2)));
-                    else
-                        q[i] = tm_f32_to_e4m3(x);
-                }
-            }
-        }
+    // The B matrices (experts) are independent: threads take runs of them (same bytes).
+    quant_job job = {.src = t->data,
+                     .dtype = t->dtype,
+                     .v = v,
+                     .sc = sc,
+                     .q = q,
+                     .sc8 = sc8,
+                     .R = R,
+                     .C = C,
+                     .B = B,
+                     .bo = bo,
+                     .bi = bi,
+                     .nbo = nbo,
+                     .nbi = nbi,
+                     .qmax = qmax,
+                     .mx = mx,
+                     .e8 = e8};
+    run_threads(B > 1 ? mk_threads() : 1, quant_worker, &job);
     tm_free(v);
     tm_free(t->data);
     t->data = q;
@@ -1365,8 +1445,17 @@ int main(int argc, char **argv) {
         rc = TM_ERR(&err, TM_E_INVAL, "--shards %ld exceeds the %zu tensors", o.shards, n);
         goto out;
     }
+    fill_job fj = {.o = &o, .t = t, .n = n, .rc = tm_calloc(n, sizeof(tm_rc))};
+    if (!fj.rc) {
+        rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
+        goto out;
+    }
+    run_threads(mk_threads(), fill_worker, &fj); // each tensor draws from its own generator
     for (size_t i = 0; i < n && rc == TM_OK; i++)
-        rc = fill_tensor(&o, &t[i], &err);
+        if (fj.rc[i] != TM_OK)
+            rc = TM_ERR(&err, TM_E_NOMEM, "%s: %llu elements", t[i].name,
+                        (unsigned long long)mk_n_elem(&t[i]));
+    tm_free(fj.rc);
     const size_t n_weight = n;
     for (size_t i = 0; i < n_weight && rc == TM_OK; i++) {
         tm_quant qs = quant_scheme(&o, t[i].name);

@@ -101,6 +101,8 @@ typedef struct dsv4 {
     float *pair_w, *gu, *dn, *sh_gu_o, *sh_dn;
     float *q8_part; /* split-K partials of the FP8 decode GEMMs */
     size_t q8_part_floats;
+    float *hc_part;     /* hyper-connection dot partials of small steps (kernels/dsv4.h) */
+    uint32_t moe_split; /* TM_DSV4_MOE_SPLIT: 0 = planned per step */
     uint16_t *h, *qres_bf, *att, *oa, *act, *sh_act, *last;
     uint32_t *sel, *n_sel, *pair_row, *iota;
     int32_t *pair_e;
@@ -242,6 +244,8 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             if ((w->layers[l].gate_up.quant == TM_QUANT_MXFP4) != g->mxfp4)
                 return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: mixed expert formats");
     }
+    const char *ms = getenv("TM_DSV4_MOE_SPLIT"); // routed-expert split-K (benchmarks)
+    g->moe_split = ms ? (uint32_t)TM_MIN(TM_MAX(atoi(ms), 0), 8) : 0;
     // FP8 dense decode GEMMs (TM_CUDA_DSV4_FP8=0: the bf16 copies for every step)
     const char *f8 = getenv("TM_CUDA_DSV4_FP8");
     const int f8_ok = !(f8 && !strcmp(f8, "0"));
@@ -408,6 +412,8 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
         }
     g->q8_part_floats = most;
     g->q8_part = most ? tm_cuda_carve(cv, most * f4) : NULL;
+    g->hc_part =
+        tm_cuda_carve(cv, (size_t)TM_DSV4_K_HC_SPLIT_TOK * (g->mix + 1) * TM_DSV4_K_HC_SPLIT * f4);
 }
 
 /* ---- weights ---- */
@@ -796,11 +802,16 @@ static tm_rc gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, con
 }
 
 /* y[T][n_out] fp32 (row stride n_out) = x (row stride n_in) @ linear i of layer L: the FP8 decode
- * GEMM for steps of at most TM_QUANT_MAX_TOK tokens when the linear has an FP8 form (split-K
- * partials summed into y), else cuBLAS on the bf16 copy bf. */
-static tm_rc lin(tm_cuda_engine *impl, dsv4 *g, const dlayer *L, int i, const char *what,
-                 const uint16_t *bf, const uint16_t *x, float *y, uint32_t T, tm_err *err) {
+ * GEMM for steps of at most TM_QUANT_MAX_TOK tokens when the linear has an FP8 form, else cuBLAS
+ * on the bf16 copy bf. With part (the consumer sums split-K partials itself): *part gets y or
+ * g->q8_part (valid until the next linear), *n_part their count, *stride their distance; without
+ * it the partials are summed into y. */
+static tm_rc lin_part(tm_cuda_engine *impl, dsv4 *g, const dlayer *L, int i, const char *what,
+                      const uint16_t *bf, const uint16_t *x, float *y, uint32_t T,
+                      const float **part_out, uint32_t *n_part, size_t *stride, tm_err *err) {
     const dq8 *q = &L->q8[i];
+    if (part_out)
+        *part_out = y, *n_part = 1, *stride = 0;
     if (!q->on || T > TM_QUANT_MAX_TOK)
         return gemm(impl, what, bf, x, q->n_in, y, 0, q->n_out, T, q->n_in, q->n_out, err);
     uint32_t kps = 0;
@@ -818,6 +829,10 @@ static tm_rc lin(tm_cuda_engine *impl, dsv4 *g, const dlayer *L, int i, const ch
                              .k_per_split = kps,
                              .scale_kind = (tm_k_fp8_scale)q->sk};
     tm_rc rc = TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, NULL, tm_k_gemm_fp8(&ga, impl->stream, err));
+    if (part_out) {
+        *part_out = part, *n_part = ns, *stride = (size_t)T * q->n_out;
+        return tm_cuda_op_end(impl, what, rc);
+    }
     tm_k_dsv4_sum_args sa = {.y = y,
                              .part = part,
                              .stride = (size_t)T * q->n_out,
@@ -861,6 +876,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                 .scale = L->attn_scale,
                                 .norm_w = L->attn_norm,
                                 .mixes = g->mixes,
+                                .dot_part = g->hc_part,
+                                .ss_part = g->hc_part + (size_t)TM_DSV4_K_HC_SPLIT_TOK * g->mix *
+                                                            TM_DSV4_K_HC_SPLIT,
                                 .n_tok = T,
                                 .N = g->N,
                                 .D = D,
@@ -868,18 +886,32 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                 .eps = eps,
                                 .hc_eps = g->d.hc_eps};
     tm_rc rc = OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, s, err));
+    const float *xp = NULL;
+    uint32_t np = 1;
+    size_t xs = 0;
     if (!rc)
-        rc = lin(impl, g, L, Q8_QA, "q/kv proj", L->q_a, g->h, g->qres, T, err);
-    tm_k_rmsnorm_bf16_args na = {
-        .out = g->qres_bf, .x = g->qres, .w = L->q_a_norm, .n_row = T, .n_col = g->qr, .eps = eps};
+        rc = lin_part(impl, g, L, Q8_QA, "q/kv proj", L->q_a, g->h, g->qres, T, &xp, &np, &xs, err);
+    // q_a's split-K partials summed by the norm (into partial 0, which nothing reads after)
+    tm_k_rmsnorm_bf16_args na = {.out = g->qres_bf,
+                                 .x = (float *)xp,
+                                 .w = L->q_a_norm,
+                                 .n_row = T,
+                                 .n_col = g->qr,
+                                 .eps = eps,
+                                 .add = np > 1 ? xp + xs : NULL,
+                                 .add_stride = xs,
+                                 .n_add = np - 1};
     if (!rc)
         rc = OP("norm+rope", tm_k_rmsnorm_bf16(&na, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_QB, "q/kv proj", L->q_b, g->qres_bf, g->q, T, err);
+        rc = lin_part(impl, g, L, Q8_QB, "q/kv proj", L->q_b, g->qres_bf, g->q, T, &xp, &np, &xs,
+                      err);
     tm_k_dsv4_norm_rope_args qa = {.out = g->q,
                                    .ld_out = H * hd,
-                                   .x = g->q,
+                                   .x = xp,
                                    .ld_x = H * hd,
+                                   .n_part = np,
+                                   .x_stride = xs,
                                    .pos = st->pos,
                                    .inv_freq = inv,
                                    .attn_factor = af,
@@ -892,12 +924,14 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
     if (!rc)
         rc = OP("norm+rope", tm_k_dsv4_norm_rope(&qa, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_KV, "q/kv proj", L->kv, g->h, g->kvr, T, err);
+        rc = lin_part(impl, g, L, Q8_KV, "q/kv proj", L->kv, g->h, g->kvr, T, &xp, &np, &xs, err);
     tm_k_dsv4_norm_rope_args ka = {.state = fieldp(impl, g, l, L->f_kv),
                                    .ld_state = ld,
                                    .slot = st->slot,
-                                   .x = g->kvr,
+                                   .x = xp,
                                    .ld_x = hd,
+                                   .n_part = np,
+                                   .x_stride = xs,
                                    .w = L->kv_norm,
                                    .pos = st->pos,
                                    .inv_freq = inv,
@@ -921,10 +955,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                    .ld_src = 2 * cw,
                                    .c0 = 0,
                                    .n = cw,
-                                   .n_tok = T};
-        if (!rc)
-            rc = OP("store", tm_k_dsv4_store(&sa, s, err));
-        sa.dst = fieldp(impl, g, l, L->f_cg), sa.c0 = cw;
+                                   .n_tok = T,
+                                   .dst2 = fieldp(impl, g, l, L->f_cg),
+                                   .c0_2 = cw};
         if (!rc)
             rc = OP("store", tm_k_dsv4_store(&sa, s, err));
     }
@@ -938,10 +971,9 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                    .ld_src = 4 * di,
                                    .c0 = 0,
                                    .n = 2 * di,
-                                   .n_tok = T};
-        if (!rc)
-            rc = OP("store", tm_k_dsv4_store(&sa, s, err));
-        sa.dst = fieldp(impl, g, l, L->f_ig), sa.c0 = 2 * di;
+                                   .n_tok = T,
+                                   .dst2 = fieldp(impl, g, l, L->f_ig),
+                                   .c0_2 = 2 * di};
         if (!rc)
             rc = OP("store", tm_k_dsv4_store(&sa, s, err));
         if (!rc)
@@ -1042,10 +1074,11 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
         (int)g->G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     rc = tm_cuda_op_end(impl, "o proj", blas_rc(bs, "o_a", err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T, err);
+        rc = lin_part(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T, &xp, &np, &xs, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
-                                 .y = g->out,
-                                 .n_part = 1,
+                                 .y = xp,
+                                 .y_stride = xs,
+                                 .n_part = np,
                                  .post = g->post,
                                  .comb = g->comb,
                                  .n_tok = T,
@@ -1070,6 +1103,9 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                 .scale = L->ffn_scale,
                                 .norm_w = L->ffn_norm,
                                 .mixes = g->mixes,
+                                .dot_part = g->hc_part,
+                                .ss_part = g->hc_part + (size_t)TM_DSV4_K_HC_SPLIT_TOK * g->mix *
+                                                            TM_DSV4_K_HC_SPLIT,
                                 .n_tok = T,
                                 .N = g->N,
                                 .D = D,
@@ -1093,6 +1129,18 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                .scale = g->d.routed_scale};
     if (!rc)
         rc = OP("route", tm_k_dsv4_route(&ra, s, err));
+    // MXFP4 experts of small steps: split-K (partials summed by the SwiGLU and the combine) with
+    // TM_DSV4_MOE_SPLIT > 1; unsplit by default (on an H200 at Flash widths, batch 1, 8 layers:
+    // 2.304 ms/step unsplit, 2.347 with 2 splits, 2.375 with 4; bench/RESULTS.md)
+    uint32_t ms = 1, kgu = TM_CEIL_DIV(D, 128u) * 128, kdn = TM_CEIL_DIV(I, 128u) * 128;
+    const size_t p_max = (size_t)impl->eng.opts.max_batched_tokens * K;
+    if (g->mxfp4 && g->moe_split > 1 && T <= TM_QUANT_MAX_TOK && P <= TM_MOE_MAX_PAIRS) {
+        ms = (uint32_t)TM_MIN((size_t)TM_MIN(g->moe_split, 4u), p_max / P);
+        ms = TM_MAX(ms, 1u);
+        kgu = TM_CEIL_DIV(TM_CEIL_DIV(D, ms), 128u) * 128;
+        kdn = TM_CEIL_DIV(TM_CEIL_DIV(I, ms), 128u) * 128;
+    }
+    const uint32_t ns_gu = TM_CEIL_DIV(D, kgu), ns_dn = TM_CEIL_DIV(I, kdn);
     if (!rc && g->mxfp4) {
         for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
             const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
@@ -1107,8 +1155,8 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .max_pair_per_expert = TM_MIN(T, n),
                                       .n_in = D,
                                       .n_out = 2 * I,
-                                      .n_split = 1,
-                                      .k_per_split = TM_CEIL_DIV(D, 128u) * 128};
+                                      .n_split = ns_gu,
+                                      .k_per_split = kgu};
             rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
         }
     } else if (!rc) {
@@ -1122,8 +1170,13 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .n_in = D};
         rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
     }
-    tm_k_dsv4_swiglu_args sw = {
-        .act = g->act, .gu = g->gu, .n_part = 1, .n_row = P, .n = I, .limit = g->d.swiglu_limit};
+    tm_k_dsv4_swiglu_args sw = {.act = g->act,
+                                .gu = g->gu,
+                                .stride = (size_t)P * 2 * I,
+                                .n_part = g->mxfp4 ? ns_gu : 1,
+                                .n_row = P,
+                                .n = I,
+                                .limit = g->d.swiglu_limit};
     if (!rc)
         rc = OP("swiglu", tm_k_dsv4_swiglu(&sw, s, err));
     if (!rc && g->mxfp4) {
@@ -1140,8 +1193,8 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                       .max_pair_per_expert = TM_MIN(T, n),
                                       .n_in = I,
                                       .n_out = D,
-                                      .n_split = 1,
-                                      .k_per_split = TM_CEIL_DIV(I, 128u) * 128};
+                                      .n_split = ns_dn,
+                                      .k_per_split = kdn};
             rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
         }
     } else if (!rc) {
@@ -1156,23 +1209,32 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
         rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
     }
     // shared expert
+    const float *xp = NULL;
+    uint32_t np = 1;
+    size_t xs = 0;
     if (!rc)
-        rc = lin(impl, g, L, Q8_SHGU, "shared expert", L->sh_gu, g->h, g->sh_gu_o, T, err);
+        rc = lin_part(impl, g, L, Q8_SHGU, "shared expert", L->sh_gu, g->h, g->sh_gu_o, T, &xp, &np,
+                      &xs, err);
     // the fused weight puts gate rows then up rows: row t of the output is [gate | up]
     tm_k_dsv4_swiglu_args ss = {.act = g->sh_act,
-                                .gu = g->sh_gu_o,
-                                .n_part = 1,
+                                .gu = xp,
+                                .stride = xs,
+                                .n_part = np,
                                 .n_row = T,
                                 .n = I,
                                 .limit = g->d.swiglu_limit};
     if (!rc)
         rc = OP("swiglu", tm_k_dsv4_swiglu(&ss, s, err));
     if (!rc)
-        rc = lin(impl, g, L, Q8_SHDN, "shared expert", L->sh_down, g->sh_act, g->sh_dn, T, err);
+        rc = lin_part(impl, g, L, Q8_SHDN, "shared expert", L->sh_down, g->sh_act, g->sh_dn, T, &xp,
+                      &np, &xs, err);
     tm_k_dsv4_combine_args ca = {.y = g->out,
                                  .dn = g->dn,
-                                 .dn_part = 1,
-                                 .sh = g->sh_dn,
+                                 .dn_stride = (size_t)P * D,
+                                 .dn_part = g->mxfp4 ? ns_dn : 1,
+                                 .sh = xp,
+                                 .sh_stride = xs,
+                                 .sh_part = np,
                                  .pair_e = g->pair_e,
                                  .pair_w = g->pair_w,
                                  .n_tok = T,
