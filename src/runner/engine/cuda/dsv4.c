@@ -852,6 +852,31 @@ static float *fieldp(const tm_cuda_engine *impl, const dsv4 *g, uint32_t l, dfie
 
 #define OP(what, launch) TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, what, (launch))
 
+/* The hyper-connection pre-mix of a block (attention or MoE: its fn / base / scale / norm
+ * weights) over the step's T tokens: g->h, g->post, g->comb from g->streams. */
+static tm_rc hc_pre(tm_cuda_engine *impl, dsv4 *g, uint32_t T, const float *fn, const float *base,
+                    const float *scale, const float *norm_w, tm_err *err) {
+    tm_k_dsv4_hc_pre_args hp = {.h = g->h,
+                                .post = g->post,
+                                .comb = g->comb,
+                                .streams = g->streams,
+                                .fn = fn,
+                                .base = base,
+                                .scale = scale,
+                                .norm_w = norm_w,
+                                .mixes = g->mixes,
+                                .dot_part = g->hc_part,
+                                .ss_part = g->hc_part + (size_t)TM_DSV4_K_HC_SPLIT_TOK * g->mix *
+                                                            TM_DSV4_K_HC_SPLIT,
+                                .n_tok = T,
+                                .N = g->N,
+                                .D = g->D,
+                                .iters = g->d.hc_iters,
+                                .eps = impl->cfg.rms_eps,
+                                .hc_eps = g->d.hc_eps};
+    return OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, impl->stream, err));
+}
+
 static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_step *st,
                         tm_err *err) {
     const dlayer *L = &g->L[l];
@@ -867,25 +892,7 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
                                .seq_bt = st->seq_bt,
                                .block_tables = st->block_tables,
                                .block_size = impl->eng.opts.block_size};
-    tm_k_dsv4_hc_pre_args hp = {.h = g->h,
-                                .post = g->post,
-                                .comb = g->comb,
-                                .streams = g->streams,
-                                .fn = L->attn_fn,
-                                .base = L->attn_base,
-                                .scale = L->attn_scale,
-                                .norm_w = L->attn_norm,
-                                .mixes = g->mixes,
-                                .dot_part = g->hc_part,
-                                .ss_part = g->hc_part + (size_t)TM_DSV4_K_HC_SPLIT_TOK * g->mix *
-                                                            TM_DSV4_K_HC_SPLIT,
-                                .n_tok = T,
-                                .N = g->N,
-                                .D = D,
-                                .iters = g->d.hc_iters,
-                                .eps = eps,
-                                .hc_eps = g->d.hc_eps};
-    tm_rc rc = OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, s, err));
+    tm_rc rc = hc_pre(impl, g, T, L->attn_fn, L->attn_base, L->attn_scale, L->attn_norm, err);
     const float *xp = NULL;
     uint32_t np = 1;
     size_t xs = 0;
@@ -1094,25 +1101,7 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
     const dlayer *L = &g->L[l];
     const uint32_t T = st->n_tok, D = g->D, I = g->I, E = g->E, K = g->K, P = T * K;
     cudaStream_t s = impl->stream;
-    tm_k_dsv4_hc_pre_args hp = {.h = g->h,
-                                .post = g->post,
-                                .comb = g->comb,
-                                .streams = g->streams,
-                                .fn = L->ffn_fn,
-                                .base = L->ffn_base,
-                                .scale = L->ffn_scale,
-                                .norm_w = L->ffn_norm,
-                                .mixes = g->mixes,
-                                .dot_part = g->hc_part,
-                                .ss_part = g->hc_part + (size_t)TM_DSV4_K_HC_SPLIT_TOK * g->mix *
-                                                            TM_DSV4_K_HC_SPLIT,
-                                .n_tok = T,
-                                .N = g->N,
-                                .D = D,
-                                .iters = g->d.hc_iters,
-                                .eps = impl->cfg.rms_eps,
-                                .hc_eps = g->d.hc_eps};
-    tm_rc rc = OP("hc pre-mix", tm_k_dsv4_hc_pre(&hp, s, err));
+    tm_rc rc = hc_pre(impl, g, T, L->ffn_fn, L->ffn_base, L->ffn_scale, L->ffn_norm, err);
     if (!rc)
         rc = gemm(impl, "router", L->router, g->h, D, g->rl, 0, E, T, D, E, err);
     tm_k_dsv4_route_args ra = {.pair_e = g->pair_e,
