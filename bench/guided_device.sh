@@ -8,8 +8,10 @@
 #   regex   guided_regex "[a-z ,.]+" (one looping DFA state: the cached-mask case)
 #   schema  guided_json: an object with a required array of strings (a few looping states)
 # and prints each job's decode tok/s and its guided metrics (masks, cold masks, mask time).
-# Env: B (folder with tokenmill, mkmodel), TOK (tokenizer folder), OUT (logs), W (work folder),
-# SHAPE_ARGS (mkmodel width options; default the 1B shape).
+# Env: B (folder with tokenmill, mkmodel), TOK (tokenizer folder), OUT (logs), W (work folder;
+# /dev/shm/... writes the checkpoint to RAM: 8B in 14 s), SHAPE_ARGS (mkmodel width options;
+# default the 1B shape; the 8B: "--layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ff 14336
+# --tied 0").
 set -u
 B=$(cd "${B:?binaries folder}" && pwd); TOK=$(cd "${TOK:?tokenizer folder}" && pwd)
 OUT=${OUT:-out-device}; W=${W:-/tmp/gdev}
