@@ -831,9 +831,10 @@ static tm_rc run_records(job_run *j, tm_err *err) {
     if (j->eng->ops->forward_greedy)
         TM_LOG_INFO("job",
                     "%s: %llu of %llu steps were greedy on the engine (only token ids "
-                    "came back)",
+                    "came back), %llu sampled on the engine",
                     j->path, (unsigned long long)j->stats.n_step_greedy,
-                    (unsigned long long)j->stats.n_step);
+                    (unsigned long long)j->stats.n_step,
+                    (unsigned long long)j->stats.n_step_sampled);
     return rc;
 }
 

@@ -1030,6 +1030,7 @@ static void book_step(runner *r, const tm_sched_plan *plan, int greedy, double d
     tm_runner_stats *st = r->stats;
     st->n_step++;
     st->n_step_greedy += greedy == 1;
+    st->n_step_sampled += greedy == 2;
     st->n_tok_prefill += n_pre;
     st->n_tok_decode += n_dec;
     st->prefill_s += dt_s * n_pre / (n_pre + n_dec);

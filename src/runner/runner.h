@@ -62,12 +62,13 @@ typedef struct tm_runner_cfg {
 /* Counters for metrics, filled by tm_runner_run. */
 typedef struct tm_runner_stats {
     uint64_t n_step;
-    uint64_t n_step_greedy; /* steps run with the engine's forward_greedy (only ids came back) */
-    uint64_t n_tok_prefill; /* prompt tokens computed (recomputes after preemption included) */
-    uint64_t n_tok_decode;  /* tokens computed in decode position */
-    double prefill_s;       /* step time attributed to prefill tokens (pro rata per step) */
-    double decode_s;        /* step time attributed to decode tokens */
-    double tokenize_s;      /* time spent tokenizing prompts */
+    uint64_t n_step_greedy;  /* steps run with the engine's forward_greedy (only ids came back) */
+    uint64_t n_step_sampled; /* steps run with the engine's forward_sample (ids, logprobs) */
+    uint64_t n_tok_prefill;  /* prompt tokens computed (recomputes after preemption included) */
+    uint64_t n_tok_decode;   /* tokens computed in decode position */
+    double prefill_s;        /* step time attributed to prefill tokens (pro rata per step) */
+    double decode_s;         /* step time attributed to decode tokens */
+    double tokenize_s;       /* time spent tokenizing prompts */
     uint64_t n_preempt;
     uint64_t n_tok_cached; /* prompt tokens served from the prefix cache or copied */
     uint64_t n_tok_copied; /* tokens whose K/V were copied from a partly filled shared block */
