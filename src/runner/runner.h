@@ -57,6 +57,8 @@ typedef struct tm_runner_cfg {
      * The engine must hold max_seqs * (spec_k + 1) logits rows (tm_engine_opts.max_rows). */
     uint32_t spec_k, spec_lookup_min, spec_lookup_max;
     bool spec_no_gate; /* tests: draft whenever a record may (no step gate, spec.h) */
+    bool spec_mtp;     /* drafts from the DeepSeek-V4 MTP layer (CPU engine; docs/speculative.md
+                        * "MTP") instead of n-grams; spec_lookup_* unused then */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
