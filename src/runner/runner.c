@@ -1466,6 +1466,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             goto done;
         }
         r.mtp_nd = cfg->spec_mtp ? tm_dsv4_mtp_width(eng) : 0;
+        if (stats)
+            stats->spec_mtp = cfg->spec_mtp;
         if (cfg->spec_mtp && r.mtp_nd == 0) {
             rc = TM_ERR(err, TM_E_INVAL,
                         "engine.speculative.method: \"mtp\" needs a DeepSeek-V4 model with an MTP "

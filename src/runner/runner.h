@@ -81,6 +81,7 @@ typedef struct tm_runner_stats {
      * drafts are not counted in n_tok_decode. */
     uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
     uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
+    bool spec_mtp;         /* the drafts were the MTP layer's (cfg spec_mtp), else n-grams */
     uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
     tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;
