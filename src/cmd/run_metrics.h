@@ -11,13 +11,13 @@
 _Static_assert(TM_SPEC_MAX_K == TM_METRICS_SPEC_MAX_K, "per-position speculative counters");
 
 /* Add the engine totals of one tm_runner_run to m (tm_metrics_add_engine), and with spec_k > 0
- * (n-gram speculative decoding with that many drafts) its speculative counters
+ * (speculative decoding with that many drafts) its speculative counters
  * (tm_metrics_add_spec). Borrows both. */
 static inline void tm_run_metrics_add_engine(tm_metrics *m, const tm_runner_stats *stats,
                                              uint32_t spec_k) {
     if (spec_k)
         tm_metrics_add_spec(m, &(tm_metrics_spec){
-                                   .method = "ngram",
+                                   .method = stats->spec_mtp ? "mtp" : "ngram",
                                    .k = spec_k,
                                    .n_drafts = stats->n_spec_drafts,
                                    .n_draft_tok = stats->n_spec_draft_tok,

@@ -531,9 +531,9 @@ static tm_rc load_input(loader *ld, const json_t *input) {
     return TM_OK;
 }
 
-// engine.speculative (vLLM's speculative_config names): n-gram drafts; "mtp" is refused until the
-// DeepSeek-V4 MTP layer runs. Written to the canonical spec only when present, so the identity of
-// jobs without it stays what it was.
+// engine.speculative (vLLM's speculative_config names): n-gram drafts, or "mtp" (the DeepSeek-V4
+// MTP layer; the runner refuses it for a model without one or another engine). Written to the
+// canonical spec only when present, so the identity of jobs without it stays what it was.
 static tm_rc load_speculative(loader *ld, const json_t *eng, json_t *c) {
     tm_job_engine *e = &ld->spec->engine;
     const json_t *sp = eng ? json_object_get(eng, "speculative") : NULL;
@@ -548,17 +548,14 @@ static tm_rc load_speculative(loader *ld, const json_t *eng, json_t *c) {
     const char *m = json_is_string(v) ? json_string_value(v) : "";
     if (!v)
         return fail(ld, TM_E_INVAL, "engine.speculative.method", "required key is missing");
-    if (strcmp(m, "mtp") == 0)
-        return fail(ld, TM_E_INVAL, "engine.speculative.method",
-                    "unsupported: \"mtp\" (the DeepSeek-V4 MTP layer does not run yet); "
-                    "use \"ngram\"");
-    if (strcmp(m, "ngram") != 0)
+    e->spec_mtp = strcmp(m, "mtp") == 0;
+    if (!e->spec_mtp && strcmp(m, "ngram") != 0)
         return fail_value(ld, "engine.speculative.method", "one of \"ngram\", \"mtp\"", v);
     json_t *cs = json_object();
     canon_set(ld, c, "speculative", cs);
     if (!cs)
         return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
-    canon_set(ld, cs, "method", json_string("ngram"));
+    canon_set(ld, cs, "method", json_string(e->spec_mtp ? "mtp" : "ngram"));
     if (!json_object_get(sp, "num_speculative_tokens"))
         return fail(ld, TM_E_INVAL, "engine.speculative.num_speculative_tokens",
                     "required key is missing");

@@ -73,6 +73,7 @@ typedef struct tm_job_engine {
     uint32_t spec_k;               /* engine.speculative.num_speculative_tokens (method "ngram");
                                     * 0: no speculative decoding */
     uint32_t spec_lookup_min, spec_lookup_max; /* its prompt_lookup_min / max */
+    bool spec_mtp; /* engine.speculative.method "mtp" (DeepSeek-V4's MTP layer; else "ngram") */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */

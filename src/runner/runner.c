@@ -20,6 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/stop.h"
+#include "runner/engine/cpu/dsv4.h"
 #include "runner/guided/cache.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
@@ -71,7 +72,10 @@ typedef struct seq {
     /* Speculative decoding (runner/sched/spec.h): drafting state and the record's counts. */
     tm_spec_state spec;
     uint32_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
-    tm_guided_seq gd; /* structured output (issue 26): the automaton and its mask, or zeroed */
+    int mtp_ok;         /* MTP drafts: mtp_draft (and its streams) are for the decode at mtp_at */
+    uint32_t mtp_draft; /* the MTP layer's pick for the token after the decode token */
+    uint32_t mtp_at;    /* q.n_done when mtp_draft was made */
+    tm_guided_seq gd;   /* structured output (issue 26): the automaton and its mask, or zeroed */
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -130,6 +134,14 @@ typedef struct runner {
     double spec_t_spec, spec_t_plain; /* speculative step gate: decode-only step seconds with and
                                        * without drafts (moving averages; 0 = none yet) */
     tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
+    /* MTP drafts (cfg->spec_mtp; docs/speculative.md "MTP"): a stream row is mtp_nd floats */
+    uint32_t mtp_nd;
+    tm_dsv4_mtp_seq *mseqs; /* [max_seqs] an MTP step's sequences */
+    uint32_t *mslot;        /* [max_seqs] their slots */
+    uint32_t **mdst;        /* [max_seqs] where their drafts go */
+    float *mtp_logits;      /* [max_seqs][n_vocab] */
+    float *mtp_out;         /* [max_batched_tokens][mtp_nd] an MTP step's output streams */
+    float *mtp_st;          /* [max_seqs][mtp_nd] each slot's last MTP output stream */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -1131,9 +1143,14 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
             q->ids.ids = v;
             q->ids.cap = cap;
         }
-        q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
-                                           cfg->spec_lookup_max, (uint32_t)k,
-                                           q->ids.ids + q->ids.len);
+        if (cfg->spec_mtp) { // k placeholders; mtp_chain fills drafts 2.. once planned
+            q->n_draft = s->mtp_ok && s->mtp_at == q->n_done ? (uint32_t)k : 0;
+            for (uint32_t j = 0; j < q->n_draft; j++)
+                q->ids.ids[q->ids.len + j] = s->mtp_draft;
+        } else
+            q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
+                                               cfg->spec_lookup_max, (uint32_t)k,
+                                               q->ids.ids + q->ids.len);
         gain += q->n_draft ? tm_spec_gain(&s->spec) : 0.0;
     }
     // The step gate (runner/sched/spec.h): drop this step's drafts when they would not pay.
@@ -1205,6 +1222,101 @@ static tm_rc take_spec(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int
     return TM_OK;
 }
 
+// ---- MTP drafts (docs/speculative.md "MTP") ----
+
+static uint32_t argmax_row(const float *row, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        best = row[i] > row[best] ? i : best;
+    return best;
+}
+
+// Run the MTP layer on the r->mseqs[0, n) (slots r->mslot); each one wants logits: its greedy
+// draft goes to *dst[m] and its last output stream to its slot's r->mtp_st.
+static tm_rc mtp_run(runner *r, uint32_t n, tm_err *err) {
+    uint32_t **dst = r->mdst;
+    tm_rc rc = tm_dsv4_mtp_forward(r->eng, r->mseqs, n, r->mtp_logits, r->mtp_out, err);
+    if (rc)
+        return rc;
+    const size_t nd = r->mtp_nd;
+    for (uint32_t m = 0, row = 0, w = 0; m < n; m++) {
+        row += r->mseqs[m].n_tok;
+        if (!r->mseqs[m].want_logits)
+            continue;
+        *dst[m] = argmax_row(r->mtp_logits + (size_t)w++ * r->n_vocab, r->n_vocab_tok);
+        memcpy(r->mtp_st + r->mslot[m] * nd, r->mtp_out + (row - 1) * nd, nd * sizeof(float));
+    }
+    return TM_OK;
+}
+
+// After a step's tokens: the MTP layer's rows for every position the step kept of a generating
+// sequence (hidden: the main model's final streams there; next: the token after it), which keeps
+// its KV state in step with the main layers' (rejected positions are overwritten when they are
+// computed again, as theirs). A sequence now about to decode gets its first draft from its last
+// row (s->mtp_draft for the decode at mtp_at = n_done).
+static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
+    uint32_t n_h = 0, t0 = 0, n = 0, **dst = r->mdst;
+    const float *h = tm_dsv4_hidden(r->eng, &n_h);
+    for (uint32_t i = 0; i < plan->n_run; t0 += plan->run[i++].n_tok) {
+        const tm_sched_run *e = &plan->run[i];
+        seq *s = &r->seqs[e->slot];
+        tm_sched_seq *q = &s->q;
+        s->mtp_ok = 0;
+        uint32_t end = TM_MIN(e->pos + e->n_tok, q->n_done);
+        if (!s->job || !q->gen || !h || t0 + e->n_tok > n_h || q->ids.len < 1)
+            continue;
+        end = (uint32_t)TM_MIN((size_t)end, q->ids.len - 1); // each row needs its next token
+        if (end <= e->pos)
+            continue;
+        const int want = q->n_done >= q->n_prompt && q->ids.len == q->n_done + 1 &&
+                         end == q->n_done;
+        r->mseqs[n] = (tm_dsv4_mtp_seq){.hidden = h + (size_t)t0 * r->mtp_nd,
+                                        .next = q->ids.ids + e->pos + 1,
+                                        .n_tok = end - e->pos,
+                                        .pos = e->pos,
+                                        .block_table = q->blocks,
+                                        .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
+                                        .want_logits = want};
+        r->mslot[n] = e->slot;
+        dst[n++] = &s->mtp_draft;
+        s->mtp_ok = want, s->mtp_at = q->n_done;
+    }
+    return n ? mtp_run(r, n, err) : TM_OK;
+}
+
+// After planning: drafts 2.. of each planned decode with drafts, by chaining the MTP layer on its
+// own output streams (draft j + 1 from the row at the position of draft j, whose next token is
+// draft j), one MTP step per draft position for the whole batch. Those rows lie within the
+// positions the plan gave the sequence blocks for; they are recomputed in the next catch-up.
+static tm_rc mtp_chain(runner *r, const tm_sched_plan *plan, tm_err *err) {
+    uint32_t **dst = r->mdst;
+    for (uint32_t j = 1; j < TM_SPEC_MAX_K; j++) {
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < plan->n_run; i++) {
+            const tm_sched_run *e = &plan->run[i];
+            seq *s = &r->seqs[e->slot];
+            if (e->n_draft <= j || !s->mtp_ok)
+                continue;
+            uint32_t *d = s->q.ids.ids + s->q.ids.len; // the drafts
+            r->mseqs[n] = (tm_dsv4_mtp_seq){.hidden = r->mtp_st + e->slot * (size_t)r->mtp_nd,
+                                            .next = d + j - 1,
+                                            .n_tok = 1,
+                                            .pos = e->pos + j - 1,
+                                            .block_table = s->q.blocks,
+                                            .n_block = e->n_block,
+                                            .want_logits = 1};
+            r->mslot[n] = e->slot;
+            dst[n++] = d + j;
+        }
+        if (n == 0)
+            return TM_OK;
+        tm_rc rc = mtp_run(r, n, err);
+        if (rc)
+            return rc;
+    }
+    return TM_OK;
+}
+
 // Apply a plan: run the engine on it, book the step, then take each entry's row in plan order.
 static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
     r->stats->n_preempt += plan->n_preempt;
@@ -1233,7 +1345,7 @@ static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
         if (rc)
             return rc;
     }
-    return TM_OK;
+    return r->cfg->spec_mtp ? mtp_catch_up(r, plan, err) : TM_OK;
 }
 
 static tm_rc step(runner *r, tm_err *err) {
@@ -1241,7 +1353,9 @@ static tm_rc step(runner *r, tm_err *err) {
     if (rc)
         return rc;
     tm_sched_plan_step(&r->sched, &r->plan);
-    rc = apply(r, &r->plan, err);
+    rc = r->cfg->spec_mtp ? mtp_chain(r, &r->plan, err) : TM_OK;
+    if (rc == TM_OK)
+        rc = apply(r, &r->plan, err);
     for (uint32_t i = 0; r->cfg->spec_k && i < r->cfg->max_seqs; i++)
         r->seqs[i].q.n_draft = 0; // drafts live for one step (unscheduled ones are dropped)
     return rc;
@@ -1276,6 +1390,12 @@ static void runner_fini(runner *r) {
     tm_free(r->ids);
     tm_free(r->srows);
     tm_free(r->souts);
+    tm_free(r->mseqs);
+    tm_free(r->mslot);
+    tm_free(r->mdst);
+    tm_free(r->mtp_logits);
+    tm_free(r->mtp_out);
+    tm_free(r->mtp_st);
     tm_sample_scratch_fini(&r->scratch);
     if (r->gcache && r->stats)
         r->stats->guided = *tm_guide_cache_stats(r->gcache);
@@ -1345,6 +1465,28 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             rc = TM_ERR(err, TM_E_INVAL, "runner: speculative k %u (<= %u), lookup %u..%u",
                         cfg->spec_k, TM_SPEC_MAX_K, cfg->spec_lookup_min, cfg->spec_lookup_max);
             goto done;
+        }
+        r.mtp_nd = cfg->spec_mtp ? tm_dsv4_mtp_width(eng) : 0;
+        if (stats)
+            stats->spec_mtp = cfg->spec_mtp;
+        if (cfg->spec_mtp && r.mtp_nd == 0) {
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "engine.speculative.method: \"mtp\" needs a DeepSeek-V4 model with an MTP "
+                        "layer on the cpu engine (engine %s, model %s one); use \"ngram\"",
+                        eng->ops->name, tm_dsv4_has_mtp(eng->model) ? "has" : "has no");
+            goto done;
+        }
+        if (r.mtp_nd) {
+            r.mseqs = tm_calloc(cfg->max_seqs, sizeof(*r.mseqs));
+            r.mslot = tm_calloc(cfg->max_seqs, sizeof(*r.mslot));
+            r.mdst = tm_calloc(cfg->max_seqs, sizeof(*r.mdst));
+            r.mtp_logits = tm_calloc((size_t)cfg->max_seqs * r.n_vocab, sizeof(float));
+            r.mtp_out = tm_calloc((size_t)cfg->max_batched_tokens * r.mtp_nd, sizeof(float));
+            r.mtp_st = tm_calloc((size_t)cfg->max_seqs * r.mtp_nd, sizeof(float));
+            if (!r.mseqs || !r.mslot || !r.mdst || !r.mtp_logits || !r.mtp_out || !r.mtp_st) {
+                rc = TM_ERR(err, TM_E_NOMEM, "runner: MTP draft buffers");
+                goto done;
+            }
         }
         if (tm_engine_max_rows(&eng->opts) < r.max_rows) {
             rc = TM_ERR(err, TM_E_INVAL,

@@ -57,6 +57,8 @@ typedef struct tm_runner_cfg {
      * The engine must hold max_seqs * (spec_k + 1) logits rows (tm_engine_opts.max_rows). */
     uint32_t spec_k, spec_lookup_min, spec_lookup_max;
     bool spec_no_gate; /* tests: draft whenever a record may (no step gate, spec.h) */
+    bool spec_mtp;     /* drafts from the DeepSeek-V4 MTP layer (CPU engine; docs/speculative.md
+                        * "MTP") instead of n-grams; spec_lookup_* unused then */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -80,6 +82,7 @@ typedef struct tm_runner_stats {
      * drafts are not counted in n_tok_decode. */
     uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
     uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
+    bool spec_mtp;         /* the drafts were the MTP layer's (cfg spec_mtp), else n-grams */
     uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
     tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;

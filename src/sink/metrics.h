@@ -93,7 +93,7 @@ void tm_metrics_add_engine(tm_metrics *m, const tm_metrics_engine *e);
 
 /* Speculative decoding totals, vLLM's counters (omit the call when not used). */
 typedef struct tm_metrics_spec {
-    const char *method;           /* "ngram"; a static string (not copied) */
+    const char *method;           /* "ngram" or "mtp"; a static string (not copied) */
     uint32_t k;                   /* num_speculative_tokens, 1..TM_METRICS_SPEC_MAX_K */
     uint64_t n_drafts;            /* verifications of >= 1 draft token */
     uint64_t n_draft_tok;         /* draft tokens verified */

@@ -4,8 +4,9 @@
 # jobs/demo.json (sampled, stop strings) give the same records with engine.speculative on and off
 # (timing and usage.speculative aside); the copy-heavy job accepts most drafts in fewer steps;
 # metrics.json, the completions and the job files validate against the schemas (ajv), the
-# Prometheus textfile and the HTML report carry the counters; "mtp" and bad values are refused,
-# naming the field.
+# Prometheus textfile and the HTML report carry the counters; "mtp" drafts (a small mkmodel
+# DeepSeek-V4 checkpoint with an MTP layer) give the same records on and off, with method "mtp" in
+# metrics.json; "mtp" on a model without an MTP layer and bad values are refused, naming the field.
 set -euo pipefail
 build=${1:?build dir}
 src=${2:?source dir}
@@ -94,12 +95,49 @@ lz4 -dc "$tmp/out_demo_spec_off/completions.jsonl.lz4" | grep -q '"speculative"'
 "$tm" report -o "$tmp/r.html" "$tmp/out_demo_spec_on/metrics.json" >/dev/null 2>&1 || bad "report"
 grep -q '<dt>speculative</dt>' "$tmp/r.html" || bad "report lacks the speculative line"
 
-# Refused: mtp (unsupported), num_speculative_tokens out of range, min > max, unknown key
+# MTP drafts: a small random DeepSeek-V4 checkpoint with an MTP layer (the demo tokenizer), the
+# copy-heavy job's records with greedy and with sampled defaults, on and off.
+"$build/mkmodel" --out "$tmp/dsv4" --arch deepseek_v4 --tokenizer "$src/models/demo-pystdlib" \
+    --hidden 32 --heads 4 --head-dim 16 --o-groups 2 --o-lora 8 --q-lora 16 --ff 16 --ctx 1024 \
+    --window 8 --index-heads 4 --index-dim 8 --index-topk 3 --rope-dim 4 --experts 4 \
+    --experts-used 2 --hca-ratio 16 --hc 2 --dtype f32 --seed 5 --layers 2 --dsv4-layers sc \
+    --dsv4-mlp hm --dsv4-mtp cm --dsv4-mtp-copy 1 >/dev/null || bad "mkmodel dsv4"
+for t in 0 0.8; do
+    for s in off on; do
+        python3 - "$tmp/demo_spec_$s.json" "$tmp/dsv4" "$tmp/out_mtp_${t}_$s" "$t" >"$tmp/mtp_${t}_$s.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["model"], j["output"]["dir"] = sys.argv[2], sys.argv[3]
+j["defaults"] = {"max_tokens": 24, "temperature": float(sys.argv[4]), "seed": 3}
+j["engine"]["max_seqs"] = 4
+if "speculative" in j["engine"]:
+    j["engine"]["speculative"] = {"method": "mtp", "num_speculative_tokens": 3}
+print(json.dumps(j))
+PY
+        "$tm" run "$tmp/mtp_${t}_$s.json" >"$tmp/mtp_${t}_$s.log" 2>&1 || { cat "$tmp/mtp_${t}_$s.log"; bad "mtp $t $s run"; }
+    done
+    if cmp -s <(canon "$tmp/out_mtp_${t}_off") <(canon "$tmp/out_mtp_${t}_on"); then
+        say "mtp, temperature $t: records identical with speculation on and off"
+    else
+        bad "mtp, temperature $t: records differ with speculation on and off"
+    fi
+    python3 - "$tmp/out_mtp_${t}_on/metrics.json" <<'PY' || bad "mtp $t: metrics.json speculative"
+import json, sys
+s = json.load(open(sys.argv[1]))["speculative"]
+print("e2e_spec: mtp: %d drafts, %d/%d accepted" % (s["num_drafts"], s["num_accepted_tokens"],
+      s["num_draft_tokens"]))
+sys.exit(0 if s["method"] == "mtp" and s["num_speculative_tokens"] == 3 and s["num_drafts"] > 0
+         and sum(s["num_accepted_tokens_per_pos"]) == s["num_accepted_tokens"] else 1)
+PY
+done
+
+# Refused: mtp on a model without an MTP layer, num_speculative_tokens out of range, min > max, unknown key
 refuse() { # SPEC_JSON EXPECTED_TEXT
-    python3 - "$tmp/demo_spec_on.json" "$1" >"$tmp/refuse.json" <<'PY'
+    python3 - "$tmp/demo_spec_on.json" "$1" "$tmp/out_refused_$n_ref" >"$tmp/refuse.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 j["engine"]["speculative"] = json.loads(sys.argv[2])
+j["output"]["dir"] = sys.argv[3]
 print(json.dumps(j))
 PY
     if "$tm" run "$tmp/refuse.json" >"$tmp/refuse.log" 2>&1; then
@@ -111,7 +149,7 @@ PY
     cp "$tmp/refuse.json" "$tmp/refused_$((++n_ref)).json"
 }
 n_ref=0
-refuse '{"method": "mtp", "num_speculative_tokens": 1}' 'engine.speculative.method: unsupported'
+refuse '{"method": "mtp", "num_speculative_tokens": 1}' 'engine.speculative.method: "mtp" needs a DeepSeek-V4 model'
 refuse '{"method": "ngram", "num_speculative_tokens": 17}' 'engine.speculative.num_speculative_tokens'
 refuse '{"method": "ngram"}' 'engine.speculative.num_speculative_tokens: required'
 refuse '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 3}' 'prompt_lookup_min'
@@ -121,12 +159,13 @@ refuse '{"method": "ngram", "num_speculative_tokens": 2, "lookup": 3}' 'engine.s
 v="$src/tests/oracles/validate_schema.cjs"
 if command -v node >/dev/null 2>&1 && [ -d "$src/third_party/npm/node_modules/ajv" ]; then
     node "$v" "$src/schemas/metrics.schema.json" "$tmp/out_demo_spec_on/metrics.json" \
-        "$tmp/out_demo_spec_off/metrics.json" "$tmp/out_demo_on/metrics.json" || bad "metrics schema"
+        "$tmp/out_demo_spec_off/metrics.json" "$tmp/out_demo_on/metrics.json" \
+        "$tmp/out_mtp_0_on/metrics.json" || bad "metrics schema"
     lz4 -dc "$tmp/out_demo_spec_on/completions.jsonl.lz4" >"$tmp/c.jsonl"
     node "$v" --jsonl "$src/schemas/output.schema.json" "$tmp/c.jsonl" || bad "output schema"
     node "$v" "$src/schemas/job.schema.json" "$tmp/demo_spec_on.json" "$src/jobs/demo_spec.json" || bad "job schema"
-    # the refused specs are invalid by the schema too, but for mtp (in the enum: the loader
-    # refuses it until it runs) and min > max (which a schema cannot compare)
+    # the refused specs are invalid by the schema too, but for mtp (valid: refused for the model)
+    # and min > max (which a schema cannot compare)
     node "$v" --invalid "$src/schemas/job.schema.json" "$tmp"/refused_{2,3,5}.json || bad "schema accepts a refused spec"
 else
     say "schema checks skipped: node or ajv missing"

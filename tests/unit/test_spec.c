@@ -189,8 +189,7 @@ static void test_job_spec(void) {
                 &err);
     TM_CHECK(k == 16 && lo == 1 && hi == 7);
     static const char *const bad[][2] = {
-        {"{\"method\": \"mtp\", \"num_speculative_tokens\": 1}",
-         "engine.speculative.method: unsupported"},
+        {"{\"method\": \"MTP\", \"num_speculative_tokens\": 1}", "engine.speculative.method"},
         {"{\"method\": \"eagle\", \"num_speculative_tokens\": 1}", "engine.speculative.method"},
         {"{\"num_speculative_tokens\": 1}", "engine.speculative.method: required"},
         {"{\"method\": \"ngram\"}", "engine.speculative.num_speculative_tokens: required"},

@@ -1189,6 +1189,16 @@ const float *tm_dsv4_hidden(const tm_engine *eng, uint32_t *n_tok) {
     return e->last_T ? e->streams : NULL;
 }
 
+uint32_t tm_dsv4_mtp_width(const tm_engine *eng) {
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0);
+    if (r0)
+        eng = r0;
+    if (!eng || eng->ops != &dsv4_ops)
+        return 0;
+    const dsv4_eng *e = eng->impl;
+    return e->w->n_mtp ? e->N * e->D : 0;
+}
+
 /* The MTP forward of one engine (a rank at tp > 1): logits rows of ld floats, this rank's
  * vocabulary slice at their start. */
 static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_seq, float *logits,

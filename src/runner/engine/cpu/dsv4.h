@@ -54,6 +54,10 @@ typedef struct tm_dsv4_mtp_seq {
 /* 1 when m is a DeepSeek-V4 model with an MTP layer, else 0. */
 int tm_dsv4_has_mtp(const tm_model *m);
 
+/* hc_mult * n_embd (a row of tm_dsv4_hidden and of streams_out) when eng is a DeepSeek-V4 CPU
+ * engine (tm_engine_cpu_tp_create's included) whose model has an MTP layer; else 0. */
+uint32_t tm_dsv4_mtp_width(const tm_engine *eng);
+
 /* The final hyper-connection streams (before the head) of every token of the
  * last tm_engine_forward on eng, [*n_tok][hc_mult * n_embd], the tokens of the
  * step's sequences stacked in batch order; what tm_dsv4_mtp_seq.hidden takes.
