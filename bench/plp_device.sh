@@ -9,7 +9,8 @@
 # Prints each job's wall time, engine steps and step time, and compares the two paths' output
 # lines: max |device - host| over every logprob, and the count of differing non-float fields.
 # Env: B (folder with tokenmill, mkmodel), TOK (tokenizer folder), OUT (logs), W (work folder),
-# SHAPE_ARGS (mkmodel width options; default the 1B shape).
+# SHAPE_ARGS (mkmodel width options; default the 1B shape), BACKEND (default cuda; cpu checks the
+# script itself).
 set -u
 B=$(cd "${B:?binaries folder}" && pwd); TOK=$(cd "${TOK:?tokenizer folder}" && pwd)
 OUT=${OUT:-out-device}; W=${W:-/tmp/plpdev}
@@ -22,7 +23,7 @@ t0=$(date +%s)
     --dtype bf16 --rope-theta 500000 --tokenizer "$TOK" > "$OUT/mkmodel.log" 2>&1 ||
   { echo "mkmodel failed"; tail "$OUT/mkmodel.log"; exit 1; }
 echo "checkpoint ready in $(( $(date +%s) - t0 )) s ($(du -sh "$W/model" | cut -f1))"
-python3 - "$W" <<'PY'
+python3 - "$W" "${BACKEND:-cuda}" <<'PY'
 import json, random, sys
 w = sys.argv[1]
 words = "time data model river stone light paper music green table window garden".split()
@@ -40,7 +41,7 @@ for kind in ("plp", "score"):
     with open(f"{w}/{kind}.json", "w") as f:
         json.dump({"model": "model", "input": {"files": [f"{kind}.jsonl"]},
                    "output": {"dir": f"out-{kind}"},
-                   "engine": {"backend": "cuda", "max_seqs": 8, "max_batched_tokens": 8192,
+                   "engine": {"backend": sys.argv[2], "max_seqs": 8, "max_batched_tokens": 8192,
                               "block_size": 16, "kv_blocks": 0, "prefix_cache": False},
                    "defaults": {"temperature": 0}}, f)
 PY
@@ -54,7 +55,8 @@ for kind in plp score; do
     fi
     echo "$kind $path: tokenmill run rc=$?"
     cp "$W/out-$kind/metrics.json" "$OUT/metrics_${kind}_$path.json" 2>/dev/null
-    cat "$W"/out-$kind/*.jsonl > "$W/res_${kind}_$path.jsonl" 2>/dev/null
+    lz4 -dc "$W/out-$kind/completions.jsonl.lz4" > "$W/res_${kind}_$path.jsonl" 2>/dev/null ||
+      cat "$W"/out-$kind/completions.jsonl > "$W/res_${kind}_$path.jsonl" 2>/dev/null
     python3 - "$W/out-$kind/metrics.json" "$kind $path" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
