@@ -474,7 +474,7 @@ static __device__ void sample_row(samp_ctx &c, const tm_k_sample_f32_args &a) {
         if (out0) {
             a.ids[r] = bi;
             if (p.want_lp)
-                a.lp[r] = (float)((double)x[bi] - lse);
+                a.lp[r] = (float)((double)x[p.has_lp_id ? p.lp_id : bi] - lse);
         }
         return;
     }

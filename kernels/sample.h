@@ -47,8 +47,11 @@ typedef struct tm_k_sample_row {
     uint32_t allow0;        /* with has_allow: id i may be picked only when bit (i & 31) of
                              * pk[allow0 + (i >> 5)] is set (ceil(n_limit / 32) words) */
     uint32_t has_allow;
-    uint32_t n_top;   /* logprobs alternatives, <= TM_K_SAMPLE_MAX_TOP */
-    uint32_t want_lp; /* 1: lp and the alternatives */
+    uint32_t n_top;     /* logprobs alternatives, <= TM_K_SAMPLE_MAX_TOP */
+    uint32_t want_lp;   /* 1: lp and the alternatives */
+    uint32_t has_lp_id; /* 1 (a scoring row, with want_lp, greedy and no processing): lp is the
+                         * logprob of lp_id, not of the pick (which is then the raw argmax) */
+    uint32_t lp_id;     /* with has_lp_id: < n_limit */
 } tm_k_sample_row;
 
 typedef struct tm_k_sample_f32_args {

@@ -897,18 +897,33 @@ static tm_rc lp_push_row(runner *r, tm_logprobs *l, uint32_t *cap, const float *
 
 // The row of position score_next of s: the logprob of token score_next + 1 (a prompt token, or
 // a continuation token that also counts towards the score).
-static tm_rc score_row(runner *r, seq *s, const float *row, tm_err *err) {
+// With o (a sampled step: forward_sample scored the row, tm_engine_sample_row.score), its
+// argmax, logprob and alternatives instead of the row's.
+static tm_rc score_row(runner *r, seq *s, const float *row, const tm_engine_sample_out *o,
+                       tm_err *err) {
     uint32_t pos = s->q.score_next++, id = s->q.ids.ids[pos + 1], am;
     float v;
     tm_rc rc;
     if (s->t_first_ms == 0)
         s->t_first_ms = tm_now_ms();
+    if (pos + 1 < s->n_prompt_only && !s->plp)
+        return TM_OK;
+    if (o) {
+        if (o->id == TM_ENGINE_ID_NONFINITE)
+            return TM_ERR(err, TM_E_RECORD, "logprobs: a logit is not finite");
+        if (o->id >= r->n_vocab_tok)
+            return TM_ERR(err, TM_E_INTERNAL, "engine %s: argmax %u beyond the %u sampled ids",
+                          r->eng->ops->name, o->id, r->n_vocab_tok);
+        am = o->id, v = o->lp;
+    }
     if (pos + 1 < s->n_prompt_only) {
-        if (!s->plp)
-            return TM_OK;
+        if (o)
+            return lp_push(s->plp, &s->plp_cap, id, v, o->top_ids, o->top_lp, err);
         return lp_push_row(r, s->plp, &s->plp_cap, row, id, &am, &v, err);
     }
-    if (s->lp) {
+    if (o) {
+        rc = s->lp ? lp_push(s->lp, &s->lp_cap, id, v, o->top_ids, o->top_lp, err) : TM_OK;
+    } else if (s->lp) {
         rc = lp_push_row(r, s->lp, &s->lp_cap, row, id, &am, &v, err);
     } else {
         rc = tm_sample_logprobs(row, r->n_vocab_tok, id, 0, &v, NULL, NULL, &am, err);
@@ -947,6 +962,17 @@ static int row_is_greedy(const runner *r, const seq *s) {
 // 1 when s's wanted row this step is a generated token (not a scoring row): forward_sample may
 // sample it on the engine, its logprobs included.
 static int row_is_sampled(const seq *s) { return s->q.score_next >= s->q.score_end; }
+
+// 1 when s's wanted row this step is a scoring row whose token the engine can score
+// (tm_engine_sample_row.score); *row gets it. Else the row goes to the host.
+static int row_scored(const runner *r, const seq *s, tm_engine_sample_row *row) {
+    const uint32_t pos = s->q.score_next, id = s->q.ids.ids[pos + 1];
+    if (s->q.score_next >= s->q.score_end || id >= r->n_vocab_tok)
+        return 0;
+    const tm_logprobs *l = pos + 1 < s->n_prompt_only ? s->plp : s->lp;
+    *row = (tm_engine_sample_row){.score = 1, .score_id = id, .n_top = l ? l->n_top : 0};
+    return 1;
+}
 
 // The token of a sampled row as forward_sample gave it; rows tm_sample_token would refuse fail
 // their record the same way (TM_E_RECORD).
@@ -1015,7 +1041,7 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
                                                         .step = s->n_gen + k,
                                                         .want_lp = s->lp != NULL,
                                                         .n_top = s->n_top};
-        if (e->want_logits && !row_is_sampled(s))
+        if (e->want_logits && smp && !row_is_sampled(s) && !row_scored(r, s, &r->srows[n_want++]))
             smp = 0;
     }
     tm_batch b = {.seqs = r->bseqs, .n_seq = plan->n_run};
@@ -1098,7 +1124,7 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
     }
     uint32_t id;
     if (s->q.score_next < s->q.score_end) {
-        rc = score_row(r, s, lg, err);
+        rc = score_row(r, s, lg, greedy == 2 ? &r->souts[w] : NULL, err);
         if (rc == TM_OK && s->q.score_next == s->q.score_end && !s->q.gen)
             rc = finish(r, s, TM_FINISH_LENGTH, err);
     } else {

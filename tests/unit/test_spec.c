@@ -331,6 +331,12 @@ static tm_rc w_sample(tm_engine *eng, const tm_batch *b, uint32_t lim,
     for (uint32_t r = 0; !rc && r < n_rows(b); r++) {
         const float *row = w->logits + (size_t)r * V;
         tm_err e = {0};
+        if (rows[r].score) { // a scoring row (tm_engine_sample_row.score)
+            if (tm_sample_logprobs(row, TM_MIN(lim, V), rows[r].score_id, rows[r].n_top, &out[r].lp,
+                                   out[r].top_ids, out[r].top_lp, &out[r].id, &e))
+                out[r].id = TM_ENGINE_ID_NONFINITE;
+            continue;
+        }
         if (tm_sample_token(row, TM_MIN(lim, V), &rows[r].p, rows[r].step, &w->scr, &out[r].id, &e))
             out[r].id = TM_ENGINE_ID_NONFINITE;
         if (rows[r].want_lp && out[r].id < V)

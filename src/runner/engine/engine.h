@@ -95,11 +95,17 @@ typedef struct tm_engine_sample_row {
     uint64_t step;      /* tm_sample_token's step */
     uint32_t want_lp;   /* 1: the raw row's logprob of the pick and n_top alternatives */
     uint32_t n_top;     /* <= TM_ENGINE_MAX_TOP */
+    uint32_t score;     /* 1: a scoring row (prompt logprobs, continuations): not sampled, p and
+                         * step ignored, want_lp implied; out.id gets the raw row's argmax (or
+                         * TM_ENGINE_ID_NONFINITE), out.lp the logprob of score_id, and the top
+                         * n_top: tm_sample_logprobs(row, n_vocab_limit, score_id, n_top) */
+    uint32_t score_id;  /* with score: the scored token, < n_vocab_limit */
 } tm_engine_sample_row;
 
 typedef struct tm_engine_sample_out {
-    uint32_t id; /* tm_sample_token's pick, TM_ENGINE_ID_NONFINITE or TM_ENGINE_ID_MASKED */
-    float lp;    /* with want_lp: tm_sample_logprobs' lp_id of id */
+    uint32_t id; /* tm_sample_token's pick, TM_ENGINE_ID_NONFINITE or TM_ENGINE_ID_MASKED (with
+                  * score: the raw argmax) */
+    float lp;    /* with want_lp: tm_sample_logprobs' lp_id of id (with score: of score_id) */
     uint32_t top_ids[TM_ENGINE_MAX_TOP]; /* with want_lp: its top_ids/top_lp, n_top of them */
     float top_lp[TM_ENGINE_MAX_TOP];
 } tm_engine_sample_out;

@@ -526,6 +526,11 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     const uint32_t R = tm_engine_max_rows(&eng->opts);
     for (uint32_t i = 0; i < n_want && n_want <= R; i++) {
         const tm_sample_params *p = &rows[i].p;
+        if (rows[i].score && rows[i].score_id >= n_limit)
+            return TM_ERR(err, TM_E_INVAL, "cuda forward_sample: scored id %u beyond %u",
+                          rows[i].score_id, n_limit);
+        if (rows[i].score)
+            continue; // not sampled: a greedy row without processing, nothing packed
         n_pk += (size_t)p->n_hist + 2 * (size_t)p->n_bias + p->n_mask + (p->allow ? n_allow : 0);
     }
     if (n_want > R || n_pk > SAMP_PK_CAP)
@@ -535,7 +540,20 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     for (uint32_t i = 0; i < n_want; i++) {
         const tm_sample_params *p = &rows[i].p;
         tm_k_sample_row *kr = &sp->rows_h[i];
-        sp->any_lp |= rows[i].want_lp != 0;
+        sp->any_lp |= rows[i].want_lp != 0 || rows[i].score;
+        if (rows[i].score) { // the raw row's argmax, the logprob of score_id and the top n_top
+            *kr = (tm_k_sample_row){
+                .n_top = TM_MIN(rows[i].n_top, (uint32_t)TM_K_SAMPLE_MAX_TOP),
+                .want_lp = 1,
+                .has_lp_id = 1,
+                .lp_id = rows[i].score_id,
+                .hist0 = (uint32_t)o,
+                .bias0 = (uint32_t)o,
+                .mask0 = (uint32_t)o,
+                .allow0 = (uint32_t)o,
+            };
+            continue;
+        }
         *kr = (tm_k_sample_row){
             .u = tm_sample_uniform(p->seed, rows[i].step),
             .inv_t = p->temperature > 0.0f ? 1.0f / p->temperature : 0.0f,
@@ -581,7 +599,7 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
     const float *top_lp = (const float *)(sp->out_h + 2 * S + T20 * S);
     for (uint32_t i = 0; i < n_want; i++) {
         out[i].id = sp->out_h[i]; // the TM_K_SAMPLE_ codes are the TM_ENGINE_ID_ ones
-        if (!rows[i].want_lp)
+        if (!rows[i].want_lp && !rows[i].score)
             continue;
         out[i].lp = lp[i];
         memcpy(out[i].top_ids, sp->out_h + 2 * S + T20 * i, T20 * sizeof(uint32_t));
