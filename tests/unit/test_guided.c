@@ -68,6 +68,15 @@ static void test_regex(void) {
                 (const char *[]){"\xc3\xa9"
                                  "A",
                                  NULL});
+    // nested repetitions fold: X+++... (each '++' a possessive '+') and (((a?)*)+) stay linear
+    // (they doubled the NFA per level: the fuzzer's timeout of 2026-12-01)
+    check_table(TM_GUIDE_KIND_REGEX,
+                "]\\+++++++++++++++++++++++++++++++++++++++++++++++++++++++++d",
+                (const char *[]){"]+d", "]+++d", NULL}, (const char *[]){"]d", "+d", NULL});
+    check_table(
+        TM_GUIDE_KIND_REGEX, "(((a?)*)+)b|(c+)?d|(e*){2}f|(g+){3,}h|(i{0,2})+j",
+        (const char *[]){"b", "aab", "d", "cccd", "f", "eeef", "gggh", "ggggh", "j", "iiij", NULL},
+        (const char *[]){"ab b", "cc", "ggh", "i", NULL});
     check_table(TM_GUIDE_KIND_CHOICE, "[\"red\", \"green\", \"gr\\\"ey\"]",
                 (const char *[]){"red", "green", "gr\"ey", NULL},
                 (const char *[]){"re", "redd", "blue", NULL});
@@ -99,6 +108,10 @@ static void test_errors(void) {
     // the state cap: (a|b)* followed by 15 fixed positions needs 2^15 states
     expect_fail(TM_GUIDE_KIND_REGEX, "[ab]*a[ab]{15}", TM_GUIDE_WHY_UNSUPPORTED,
                 "more than 20000 automaton states");
+    // the work bound: nested finite repetitions give subsets of ~10^5 NFA states per DFA state;
+    // compilation stops after RX_MAX_WORK steps (about 0.25 s) instead of running for minutes
+    expect_fail(TM_GUIDE_KIND_REGEX, "(a{0,300}){0,300}b", TM_GUIDE_WHY_UNSUPPORTED,
+                "too complex to compile");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"string\", \"format\": \"date\"}",
                 TM_GUIDE_WHY_UNSUPPORTED, "keyword 'format'");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"integer\", \"minimum\": 3}",
@@ -123,6 +136,13 @@ static void test_errors(void) {
 }
 
 static void test_schema(void) {
+    // a long string: each of its 500 positions spans U+0000-U+10FFFF (a position once walked
+    // that range code point by code point: seconds for this schema)
+    check_table(TM_GUIDE_KIND_JSON_SCHEMA,
+                "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 500}, "
+                "\"maxItems\": 1}",
+                (const char *[]){"[\"abc\"]", "[\"\xf0\x9f\x98\x80\\u0041\"]", "[]", NULL},
+                (const char *[]){"[abc]", "[\"a\",\"b\"]", NULL});
     const char *person =
         "{\"type\": \"object\", \"additionalProperties\": false,"
         " \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 5},"

@@ -14,9 +14,10 @@
 #include "runner/guided/guided.h"
 
 #define RX_MAX_CP 0x10FFFFu
-#define RX_MAX_REPEAT 1000u   /* largest {m,n} bound and maxLength / maxItems */
-#define RX_MAX_NFA 4000000u   /* NFA states of one constraint */
-#define RX_MAX_NODES 1000000u /* tree nodes of one constraint */
+#define RX_MAX_WORK (1ull << 26) /* NFA steps (visits, sort work) of one DFA build: ~0.25 s */
+#define RX_MAX_REPEAT 1000u      /* largest {m,n} bound and maxLength / maxItems */
+#define RX_MAX_NFA 4000000u      /* NFA states of one constraint */
+#define RX_MAX_NODES 1000000u    /* tree nodes of one constraint */
 
 typedef enum rx_kind {
     RX_SET,   /* one code point of rng (UTF-8; JSON-escaped when json) */

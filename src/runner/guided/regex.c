@@ -127,6 +127,15 @@ rx_node *rx_cat2(rx_ctx *c, rx_node *a, rx_node *b) {
 rx_node *rx_rep(rx_ctx *c, rx_node *kid, uint32_t min, uint32_t max) {
     if (!kid)
         return NULL;
+    // A repetition of an unbounded one that may take a single copy, (X{a,b}){c,inf} or
+    // (X{a,inf}){c,d} with a <= 1, is X{a*c,inf}; (X{a,inf}){0,d} with a <= 1 is X*. Folding
+    // them keeps X+++... (possessive pairs) or (((X*)*)*) from doubling the NFA per level.
+    if (kid->kind == RX_REP && kid->min <= 1 && kid->max >= 1 && max >= 1 &&
+        (kid->max == RX_INF || max == RX_INF)) {
+        uint32_t m = kid->min * min;
+        if (m <= RX_MAX_REPEAT)
+            return rx_rep(c, kid->kid[0], m, RX_INF);
+    }
     rx_node *x = list(c, RX_REP, &kid, 1);
     if (x)
         x->min = min, x->max = max;
@@ -857,9 +866,11 @@ static uint32_t set_to(nfa *a, const rx_node *x, uint32_t target) {
                     cur++;
                 if (cur > hi)
                     break;
-                uint32_t end = cur;
-                while (end < hi && !(end + 1 < 0x5D && is_json_special(end + 1)))
+                uint32_t end = cur; // the specials all lie below 0x5D: no walk past it
+                while (end < hi && end + 1 < 0x5D && !is_json_special(end + 1))
                     end++;
+                if (end + 1 >= 0x5D)
+                    end = hi;
                 if (utf8_range(a, &al, cur, end, target))
                     return NONE_ST;
                 cur = end + 1;
@@ -978,6 +989,7 @@ typedef struct builder {
     uint32_t *next; /* [cap_dfa][256] */
     uint8_t *accept;
     uint32_t match; /* the NFA's accept state */
+    uint64_t work;  /* NFA states visited so far (bounded by RX_MAX_WORK) */
 } builder;
 
 static int cmp_u32(const void *x, const void *y) {
@@ -994,6 +1006,7 @@ static uint32_t closure(builder *b, const uint32_t *seeds, uint32_t n) {
         if (seeds[i] != NONE_ST && b->mark[seeds[i]] != b->gen)
             b->mark[seeds[i]] = b->gen, b->stack[sp++] = seeds[i];
     while (sp) {
+        b->work++;
         uint32_t s = b->stack[--sp];
         if (st[s].type != NFA_EPS) {
             b->tmp[k++] = s;
@@ -1005,6 +1018,8 @@ static uint32_t closure(builder *b, const uint32_t *seeds, uint32_t n) {
                 b->mark[o[j]] = b->gen, b->stack[sp++] = o[j];
     }
     qsort(b->tmp, k, sizeof(uint32_t), cmp_u32);
+    for (uint32_t m = k; m > 1; m >>= 1) // the sort's share: k log2 k
+        b->work += k;
     return k;
 }
 
@@ -1203,10 +1218,9 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
     b.stack = tm_malloc((size_t)a.n * sizeof(uint32_t));
     b.tmp = tm_malloc((size_t)a.n * sizeof(uint32_t));
     uint32_t *seeds = tm_malloc((size_t)a.n * sizeof(uint32_t));
-    uint32_t *cuts = tm_malloc(((size_t)2 * a.n + 2) * sizeof(uint32_t));
-    if (!b.mark || !b.stack || !b.tmp || !seeds || !cuts) {
+    uint32_t cuts[257];
+    if (!b.mark || !b.stack || !b.tmp || !seeds) {
         tm_free(seeds);
-        tm_free(cuts);
         rx_fail(c, TM_GUIDE_WHY_NONE, "guided: out of memory (NFA of %u states)", a.n);
         goto fail;
     }
@@ -1233,18 +1247,19 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
     }
     // hot loop of compilation: every DFA state, every distinct byte interval of its ranges
     for (uint32_t q = 1; !bad && q < b.n_dfa; q++) {
-        uint32_t nc = 0;
-        cuts[nc++] = 0, cuts[nc++] = 256;
+        uint8_t cut[257] = {0};
+        cut[0] = cut[256] = 1;
         for (uint32_t i = 0; i < b.sets[q].n; i++) {
             const nstate *s = &a.st[b.sets[q].set[i]];
             if (s->type == NFA_BYTE)
-                cuts[nc++] = s->lo, cuts[nc++] = (uint32_t)s->hi + 1;
+                cut[s->lo] = cut[(uint32_t)s->hi + 1] = 1;
         }
-        qsort(cuts, nc, sizeof(uint32_t), cmp_u32);
+        uint32_t nc = 0;
+        for (uint32_t y = 0; y <= 256; y++)
+            if (cut[y])
+                cuts[nc++] = y;
         for (uint32_t j = 0; j + 1 < nc && !bad; j++) {
             uint32_t lo = cuts[j], hi = cuts[j + 1];
-            if (lo == hi)
-                continue;
             uint32_t ns = 0;
             for (uint32_t i = 0; i < b.sets[q].n; i++) {
                 const nstate *s = &a.st[b.sets[q].set[i]];
@@ -1254,6 +1269,15 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
             if (!ns)
                 continue;
             uint32_t k = closure(&b, seeds, ns);
+            b.work += b.sets[q].n;
+            if (b.work > RX_MAX_WORK) {
+                rx_fail(c, TM_GUIDE_WHY_UNSUPPORTED,
+                        "guided: the constraint is too complex to compile (over %llu automaton "
+                        "steps after %u states; simplify nested repetitions or alternatives)",
+                        (unsigned long long)RX_MAX_WORK, b.n_dfa);
+                bad = 1;
+                break;
+            }
             uint32_t t = intern(&b, k, max_states);
             if (t == NONE_ST) {
                 bad = 1;
@@ -1264,7 +1288,6 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
         }
     }
     tm_free(seeds);
-    tm_free(cuts);
     if (bad)
         goto fail;
     tm_rc rc = finish_dfa(&b, out);
