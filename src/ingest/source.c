@@ -179,23 +179,31 @@ static tm_rc read_raw(tm_source *src, void *buf, size_t cap, size_t *n, tm_err *
     return TM_OK;
 }
 
+// Read the next raw bytes of a compressed file into zin once the last ones are used. *n is 0 only
+// at the end of the file, which is an error naming the cut unit (cut) while one is open.
+static tm_rc zin_refill(tm_source *src, bool in_unit, const char *cut, size_t *n, tm_err *err) {
+    *n = 1;
+    if (src->zin_pos < src->zin_len)
+        return TM_OK;
+    tm_rc rc = read_raw(src, src->zin, CHUNK_BYTES, n, err);
+    if (rc)
+        return rc;
+    if (*n == 0)
+        return in_unit ? TM_ERR(err, TM_E_PARSE, "%s: %s", src->spec->inputs[src->i_file], cut)
+                       : TM_OK;
+    src->zin_pos = 0;
+    src->zin_len = *n;
+    return TM_OK;
+}
+
 static tm_rc refill_lz4(tm_source *src, tm_err *err) {
     const char *path = src->spec->inputs[src->i_file];
     for (;;) {
-        if (src->zin_pos == src->zin_len) {
-            size_t n = 0;
-            tm_rc rc = read_raw(src, src->zin, CHUNK_BYTES, &n, err);
-            if (rc)
-                return rc;
-            if (n == 0) {
-                if (src->lz4_in_frame)
-                    return TM_ERR(err, TM_E_PARSE,
-                                  "%s: truncated LZ4 stream (last frame has no end)", path);
-                return TM_OK; // chunk_len == 0: end of file
-            }
-            src->zin_pos = 0;
-            src->zin_len = n;
-        }
+        size_t n;
+        tm_rc rc = zin_refill(src, src->lz4_in_frame,
+                              "truncated LZ4 stream (last frame has no end)", &n, err);
+        if (rc || n == 0)
+            return rc; // chunk_len == 0: end of file
         size_t dst_n = CHUNK_BYTES, src_n = src->zin_len - src->zin_pos;
         size_t r = LZ4F_decompress(src->dctx, src->chunk, &dst_n, src->zin + src->zin_pos, &src_n,
                                    NULL);
@@ -216,26 +224,17 @@ static tm_rc refill_lz4(tm_source *src, tm_err *err) {
 static tm_rc refill_gz(tm_source *src, tm_err *err) {
     const char *path = src->spec->inputs[src->i_file];
     for (;;) {
-        if (src->zin_pos == src->zin_len) {
-            size_t n = 0;
-            tm_rc rc = read_raw(src, src->zin, CHUNK_BYTES, &n, err);
-            if (rc)
-                return rc;
-            if (n == 0) {
-                if (src->gz_in_member)
-                    return TM_ERR(err, TM_E_PARSE,
-                                  "%s: gzip: truncated stream (the last member has no end)", path);
-                return TM_OK; // chunk_len == 0: end of file (an empty file holds no records)
-            }
-            if (!src->gz_started && (n < 2 || src->zin[0] != 0x1f || src->zin[1] != 0x8b))
-                return TM_ERR(err, TM_E_PARSE,
-                              "%s: not a gzip file (it does not start with the gzip magic bytes "
-                              "1f 8b); a plain JSONL file must not be named .gz",
-                              path);
-            src->gz_started = true;
-            src->zin_pos = 0;
-            src->zin_len = n;
-        }
+        size_t n;
+        tm_rc rc = zin_refill(src, src->gz_in_member,
+                              "gzip: truncated stream (the last member has no end)", &n, err);
+        if (rc || n == 0)
+            return rc; // chunk_len == 0: end of file (an empty file holds no records)
+        if (!src->gz_started && (src->zin_len < 2 || src->zin[0] != 0x1f || src->zin[1] != 0x8b))
+            return TM_ERR(err, TM_E_PARSE,
+                          "%s: not a gzip file (it does not start with the gzip magic bytes "
+                          "1f 8b); a plain JSONL file must not be named .gz",
+                          path);
+        src->gz_started = true;
         src->zs.next_in = src->zin + src->zin_pos;
         src->zs.avail_in = (uInt)(src->zin_len - src->zin_pos);
         src->zs.next_out = (Bytef *)src->chunk;
