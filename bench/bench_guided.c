@@ -119,7 +119,7 @@ int main(int argc, char **argv) {
             double s0 = tm_now_ms();
             for (uint32_t b = 0; b < batch; b++) {
                 int cold = 0;
-                masks[b] = tm_guide_mask(g, state[b], &cold, &err);
+                masks[b] = tm_guide_mask(g, state[b], NULL, &cold, &err);
                 n_cold += cold;
             }
             dt[st] = tm_now_ms() - s0;

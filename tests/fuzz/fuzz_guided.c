@@ -36,13 +36,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check(rc == TM_OK || (why != TM_GUIDE_WHY_NONE && err.msg[0]), "error without reason", &err);
     if (rc)
         return 0;
-    const uint32_t ns = tm_dfa_n_states(d), *t = tm_dfa_table(d);
+    const uint32_t ns = tm_dfa_n_states(d);
+    const tm_dfa_table_view t = tm_dfa_table(d);
     check(ns >= 2 && ns <= TM_GUIDE_MAX_STATES && tm_dfa_start(d) == 1, "states", &err);
+    // byte classes: numbered in byte order from 0, every class used
+    check(t.n_class >= 1 && t.n_class <= 256 && t.cls[0] == 0 && t.cls[255] == t.n_class - 1,
+          "classes", &err);
+    for (int b = 1; b < 256; b++)
+        check(t.cls[b] == t.cls[b - 1] || t.cls[b] == t.cls[b - 1] + 1, "class order", &err);
     for (uint32_t q = 0; q < ns; q++) {
         int any = 0;
-        for (int b = 0; b < 256; b++) {
-            check(tm_dfa_next(t, q, (uint8_t)b) < ns, "transition out of range", &err);
-            any |= tm_dfa_next(t, q, (uint8_t)b) != 0;
+        for (uint32_t k = 0; k < t.n_class; k++) {
+            check(t.next[(size_t)q * t.n_class + k] < ns, "transition out of range", &err);
+            any |= t.next[(size_t)q * t.n_class + k] != 0;
         }
         check(q != 0 || !any, "the dead state leads somewhere", &err);
         check(tm_dfa_is_final(d, q) == (tm_dfa_accepts(d, q) && !any), "final", &err);

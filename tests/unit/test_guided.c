@@ -105,9 +105,9 @@ static void test_errors(void) {
     expect_fail(TM_GUIDE_KIND_REGEX, "(?=a)a", TM_GUIDE_WHY_UNSUPPORTED, "lookaround");
     expect_fail(TM_GUIDE_KIND_REGEX, "a^b", TM_GUIDE_WHY_UNSUPPORTED, "anchors");
     expect_fail(TM_GUIDE_KIND_REGEX, "a{2000}", TM_GUIDE_WHY_UNSUPPORTED, "over 1000");
-    // the state cap: (a|b)* followed by 15 fixed positions needs 2^15 states
-    expect_fail(TM_GUIDE_KIND_REGEX, "[ab]*a[ab]{15}", TM_GUIDE_WHY_UNSUPPORTED,
-                "more than 20000 automaton states");
+    // the state cap: (a|b)* followed by 18 fixed positions needs 2^18 states
+    expect_fail(TM_GUIDE_KIND_REGEX, "[ab]*a[ab]{18}", TM_GUIDE_WHY_UNSUPPORTED,
+                "more than 250000 automaton states");
     // the work bound: nested finite repetitions give subsets of ~10^5 NFA states per DFA state;
     // compilation stops after RX_MAX_WORK steps (about 0.25 s) instead of running for minutes
     expect_fail(TM_GUIDE_KIND_REGEX, "(a{0,300}){0,300}b", TM_GUIDE_WHY_UNSUPPORTED,
@@ -208,24 +208,41 @@ static void test_mask(void) {
     TM_CHECK_OK(tm_guide_create(d, v, &g, &err), &err);
     for (uint32_t q = 1; q < tm_dfa_n_states(d); q++) {
         int cold = 0;
-        const uint32_t *m = tm_guide_mask(g, q, &cold, &err);
+        const uint32_t *m = tm_guide_mask(g, q, NULL, &cold, &err);
         TM_CHECK(m != NULL && cold == 1);
         for (uint32_t i = 0; i < n; i++) {
             int want = i == eos ? tm_dfa_accepts(d, q)
                                 : len[i] > 0 && tm_dfa_walk(d, q, pieces[i], len[i]) != 0;
             TM_CHECK(((m[i >> 5] >> (i & 31)) & 1) == (uint32_t)want);
         }
-        TM_CHECK(tm_guide_mask(g, q, &cold, &err) == m && cold == 0);
+        TM_CHECK(tm_guide_mask(g, q, NULL, &cold, &err) == m && cold == 0);
     }
     TM_CHECK(tm_guide_n_cached(g) == tm_dfa_n_states(d) - 1);
     // the start state allows "{" and "{\"" only
-    const uint32_t *m0 = tm_guide_mask(g, tm_dfa_start(d), NULL, &err);
+    const uint32_t *m0 = tm_guide_mask(g, tm_dfa_start(d), NULL, NULL, &err);
     TM_CHECK(m0 && m0[0] == ((1u << 0) | (1u << 9)));
     // after the whole document, only EOS
     uint32_t q = tm_dfa_walk(d, tm_dfa_start(d), "{\"ab\":\"\xc3\xa9\"}", 11);
     TM_CHECK(tm_dfa_is_final(d, q));
-    const uint32_t *mf = tm_guide_mask(g, q, NULL, &err);
+    const uint32_t *mf = tm_guide_mask(g, q, NULL, NULL, &err);
     TM_CHECK(mf && mf[0] == (1u << eos));
+    tm_guide_destroy(g);
+    // a full cache: states past its limit are computed into the caller's spare, the same masks
+    d = compile(TM_GUIDE_KIND_JSON_SCHEMA,
+                "{\"type\": \"object\", \"properties\": {\"ab\": {\"type\": \"string\", "
+                "\"maxLength\": 2}}, \"required\": [\"ab\"]}");
+    TM_CHECK_OK(tm_guide_create(d, v, &g, &err), &err);
+    tm_guide_set_cache_cap(g, 2);
+    uint32_t spare[1];
+    for (uint32_t s = 1; s < tm_dfa_n_states(d); s++) {
+        int cold = 0;
+        const uint32_t *m = tm_guide_mask(g, s, spare, &cold, &err);
+        TM_CHECK(cold == 1 && (s <= 2 ? m != spare : m == spare));
+        uint32_t want[1];
+        tm_guide_vocab_mask(v, d, s, want);
+        TM_CHECK(m && m[0] == want[0]);
+    }
+    TM_CHECK(tm_guide_n_cached(g) == 2 && tm_guide_cache_full(g));
     tm_guide_destroy(g);
     tm_guide_vocab_destroy(v);
 }

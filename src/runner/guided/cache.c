@@ -206,7 +206,13 @@ static tm_rc make_vocab(tm_guide_cache *c, tm_err *err) {
 static tm_rc lookup(tm_guide_cache *c, tm_guided_seq *s, tm_err *err) {
     double t0 = tm_now_ms();
     int cold = 0;
-    s->allow = tm_guide_mask(s->ent->g, s->state, &cold, err);
+    tm_guide *g = s->ent->g;
+    if (tm_guide_cache_full(g) && !s->own) { // a state past the cache goes to the sequence's own
+        s->own = tm_malloc((size_t)tm_guide_vocab_n_words(c->v) * sizeof(uint32_t));
+        if (!s->own)
+            return TM_ERR(err, TM_E_NOMEM, "guided: token mask");
+    }
+    s->allow = tm_guide_mask(g, s->state, s->own, &cold, err);
     c->st.n_mask++;
     c->st.n_mask_cold += cold;
     c->st.mask_s += (tm_now_ms() - t0) / 1e3;
@@ -257,5 +263,6 @@ void tm_guided_end(tm_guide_cache *c, tm_guided_seq *s, int unfinished) {
     if (unfinished && !tm_guided_accepts(s))
         c->st.n_unfinished++;
     tm_guide_cache_unref(c, s->ent);
+    tm_free(s->own);
     *s = (tm_guided_seq){0};
 }

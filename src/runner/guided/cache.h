@@ -26,6 +26,7 @@ typedef struct tm_guided_seq {
     tm_guide_ent *ent;     /* a reference, or NULL */
     uint32_t state;        /* DFA state after the tokens accepted so far */
     const uint32_t *allow; /* the mask of state (valid while ent is held) */
+    uint32_t *own;         /* owned: the mask when the guide's cache is full (else NULL) */
 } tm_guided_seq;
 
 /* Counters (metrics.json "guided"). */

@@ -29,8 +29,8 @@ struct tm_guide_vocab {
 struct tm_guide {
     tm_dfa *dfa;
     const tm_guide_vocab *v;
-    uint32_t **mask; /* [n_states] NULL until computed */
-    uint32_t n_cached;
+    uint32_t **mask;        /* [n_states] NULL until computed */
+    uint32_t n_cached, cap; /* cap: masks cached at most (TM_GUIDE_MASK_CACHE_BYTES) */
 };
 
 // Order of token ids by their pieces (bytes, then length, then id: a total order).
@@ -180,13 +180,13 @@ void tm_guide_vocab_mask(const tm_guide_vocab *v, const tm_dfa *d, uint32_t q, u
     memset(mask, 0, (size_t)v->n_words * sizeof(uint32_t));
     if (q == 0)
         return;
-    const uint32_t *next = tm_dfa_table(d);
+    const tm_dfa_table_view next = tm_dfa_table(d);
     uint32_t st[MAX_TOKEN_BYTES + 1];
     st[0] = q;
     const uint32_t n = v->n_node;
     // hot loop: the trie in preorder, dead subtrees skipped
     for (uint32_t i = 1; i < n;) {
-        uint32_t t = tm_dfa_next(next, st[v->depth[i] - 1], v->byte[i]);
+        uint32_t t = tm_dfa_next(&next, st[v->depth[i] - 1], v->byte[i]);
         if (!t) {
             i = v->skip[i];
             continue;
@@ -212,6 +212,7 @@ tm_rc tm_guide_create(tm_dfa *dfa, const tm_guide_vocab *v, tm_guide **out, tm_e
         return TM_ERR(err, TM_E_NOMEM, "guided: mask cache");
     }
     g->dfa = dfa, g->v = v;
+    g->cap = (uint32_t)(TM_GUIDE_MASK_CACHE_BYTES / ((size_t)(v->n_words ? v->n_words : 1) * 4));
     *out = g;
     return TM_OK;
 }
@@ -229,12 +230,21 @@ void tm_guide_destroy(tm_guide *g) {
 const tm_dfa *tm_guide_dfa(const tm_guide *g) { return g->dfa; }
 uint32_t tm_guide_n_cached(const tm_guide *g) { return g->n_cached; }
 
-const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, int *cold, tm_err *err) {
+int tm_guide_cache_full(const tm_guide *g) { return g->n_cached >= g->cap; }
+void tm_guide_set_cache_cap(tm_guide *g, uint32_t n_masks) { g->cap = n_masks; }
+
+const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, uint32_t *spare, int *cold, tm_err *err) {
     TM_ASSERT(q > 0 && q < tm_dfa_n_states(g->dfa));
     if (cold)
         *cold = 0;
     if (g->mask[q])
         return g->mask[q];
+    if (spare && tm_guide_cache_full(g)) {
+        tm_guide_vocab_mask(g->v, g->dfa, q, spare);
+        if (cold)
+            *cold = 1;
+        return spare;
+    }
     uint32_t *m = tm_malloc((size_t)(g->v->n_words ? g->v->n_words : 1) * sizeof(uint32_t));
     if (!m) {
         TM_ERR(err, TM_E_NOMEM, "guided: token mask");

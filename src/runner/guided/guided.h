@@ -14,10 +14,11 @@
 
 #include "base/err.h"
 
-#define TM_GUIDE_MAX_STATES 20000u /* DFA states of one constraint (1 KiB of table each) */
-#define TM_GUIDE_JSON_DEPTH 4      /* json_object: objects/arrays nested at most this deep */
-#define TM_GUIDE_REF_DEPTH 3       /* a recursive $ref is expanded at most this many times */
-#define TM_GUIDE_MAX_DIGITS 16     /* integer and fraction digits of a generated JSON number */
+#define TM_GUIDE_MAX_STATES 250000u /* DFA states of one constraint (4 bytes per byte class) */
+#define TM_GUIDE_MASK_CACHE_BYTES (256u << 20) /* cached token masks of one guide */
+#define TM_GUIDE_JSON_DEPTH 4  /* json_object: objects/arrays nested at most this deep */
+#define TM_GUIDE_REF_DEPTH 3   /* a recursive $ref is expanded at most this many times */
+#define TM_GUIDE_MAX_DIGITS 16 /* integer and fraction digits of a generated JSON number */
 
 /* What a constraint is (the same values as base/record.h's TM_GUIDED_*). */
 typedef enum tm_guide_kind {
@@ -44,10 +45,17 @@ typedef struct tm_guide_vocab tm_guide_vocab;
 void tm_dfa_destroy(tm_dfa *d); /* NULL is a no-op */
 uint32_t tm_dfa_start(const tm_dfa *d);
 uint32_t tm_dfa_n_states(const tm_dfa *d);
-static inline uint32_t tm_dfa_next(const uint32_t *table, uint32_t q, uint8_t b) {
-    return table[(size_t)q * 256 + b];
+/* The transition table over byte classes: the bytes no range of the constraint tells apart share
+ * a class (a JSON Schema has some 20-40), so a state's row is n_class entries, not 256. */
+typedef struct tm_dfa_table_view {
+    const uint32_t *next; /* [n_states][n_class] */
+    const uint8_t *cls;   /* [256] byte -> class */
+    uint32_t n_class;
+} tm_dfa_table_view;
+static inline uint32_t tm_dfa_next(const tm_dfa_table_view *t, uint32_t q, uint8_t b) {
+    return t->next[(size_t)q * t->n_class + t->cls[b]];
 }
-const uint32_t *tm_dfa_table(const tm_dfa *d); /* [n_states][256]; valid until destroy */
+tm_dfa_table_view tm_dfa_table(const tm_dfa *d); /* valid until destroy */
 int tm_dfa_accepts(const tm_dfa *d, uint32_t q);
 /* 1 when q accepts and no byte leads on: only the end of the output may follow. */
 int tm_dfa_is_final(const tm_dfa *d, uint32_t q);
@@ -84,9 +92,16 @@ tm_rc tm_guide_create(tm_dfa *dfa, const tm_guide_vocab *v, tm_guide **out, tm_e
 void tm_guide_destroy(tm_guide *g); /* NULL is a no-op */
 const tm_dfa *tm_guide_dfa(const tm_guide *g);
 /* The mask of state q (q != 0): ceil(n_vocab / 32) words, bit (i & 31) of word i >> 5 set iff id
- * i is allowed. Computed on the first call for q, then cached; valid until g is destroyed.
- * *cold (may be NULL) is set to 1 when it was computed now. NULL on TM_E_NOMEM (err filled). */
-const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, int *cold, tm_err *err);
+ * i is allowed. Computed on the first call for q, then cached (valid until g is destroyed) while
+ * the guide's cached masks take less than TM_GUIDE_MASK_CACHE_BYTES; past that, a state not in
+ * the cache is computed into spare (n_words words, the caller's; the result is spare) when spare
+ * is given, and cached beyond the limit when not. *cold (may be NULL) is set to 1 when it was
+ * computed now. NULL on TM_E_NOMEM (err filled). */
+const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, uint32_t *spare, int *cold, tm_err *err);
+/* 1 when a state not yet cached would go to spare (the cache is full). */
+int tm_guide_cache_full(const tm_guide *g);
+/* The limit in masks (tests): default TM_GUIDE_MASK_CACHE_BYTES / the mask size. */
+void tm_guide_set_cache_cap(tm_guide *g, uint32_t n_masks);
 /* Masks computed so far (cache entries), for tests and metrics. */
 uint32_t tm_guide_n_cached(const tm_guide *g);
 

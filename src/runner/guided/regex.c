@@ -941,7 +941,9 @@ static uint32_t to_nfa(nfa *a, const rx_node *x, uint32_t target, uint32_t depth
 
 struct tm_dfa {
     uint32_t n_state; /* 0 dead, 1 start */
-    uint32_t *next;   /* [n_state][256] */
+    uint32_t n_class; /* byte classes */
+    uint8_t cls[256]; /* byte -> class */
+    uint32_t *next;   /* [n_state][n_class] */
     uint8_t *accept;  /* [n_state] */
     uint8_t *final;   /* [n_state] accepting with no way on */
 };
@@ -957,14 +959,16 @@ void tm_dfa_destroy(tm_dfa *d) {
 
 uint32_t tm_dfa_start(const tm_dfa *d) { return d->n_state > 1 ? 1 : 0; }
 uint32_t tm_dfa_n_states(const tm_dfa *d) { return d->n_state; }
-const uint32_t *tm_dfa_table(const tm_dfa *d) { return d->next; }
+tm_dfa_table_view tm_dfa_table(const tm_dfa *d) {
+    return (tm_dfa_table_view){.next = d->next, .cls = d->cls, .n_class = d->n_class};
+}
 int tm_dfa_accepts(const tm_dfa *d, uint32_t q) { return q < d->n_state && d->accept[q]; }
 int tm_dfa_is_final(const tm_dfa *d, uint32_t q) { return q < d->n_state && d->final[q]; }
 
 uint32_t tm_dfa_walk(const tm_dfa *d, uint32_t q, const void *p, size_t n) {
     const uint8_t *b = p;
     for (size_t i = 0; i < n && q; i++)
-        q = d->next[(size_t)q * 256 + b[i]];
+        q = d->next[(size_t)q * d->n_class + d->cls[b[i]]];
     return q;
 }
 
@@ -986,7 +990,9 @@ typedef struct builder {
     uint32_t n_dfa, cap_dfa;
     uint32_t *hash; /* open addressing: dfa id + 1, 0 empty */
     uint32_t n_hash;
-    uint32_t *next; /* [cap_dfa][256] */
+    uint32_t *next; /* [cap_dfa][n_class] */
+    uint32_t n_class;
+    uint8_t cls[256]; /* byte -> class: the bytes no NFA range tells apart */
     uint8_t *accept;
     uint32_t match; /* the NFA's accept state */
     uint64_t work;  /* NFA states visited so far (bounded by RX_MAX_WORK) */
@@ -1071,7 +1077,7 @@ static uint32_t intern(builder *b, uint32_t n, uint32_t max_states) {
         subset *ns = tm_realloc(b->sets, (size_t)cap * sizeof(*ns));
         if (ns)
             b->sets = ns;
-        uint32_t *nx = ns ? tm_realloc(b->next, (size_t)cap * 256 * sizeof(*nx)) : NULL;
+        uint32_t *nx = ns ? tm_realloc(b->next, (size_t)cap * b->n_class * sizeof(*nx)) : NULL;
         if (nx)
             b->next = nx;
         uint8_t *na = nx ? tm_realloc(b->accept, cap) : NULL;
@@ -1089,7 +1095,7 @@ static uint32_t intern(builder *b, uint32_t n, uint32_t max_states) {
     b->accept[id] = 0;
     for (uint32_t i = 0; i < n; i++)
         b->accept[id] |= copy[i] == b->match;
-    memset(b->next + (size_t)id * 256, 0, 256 * sizeof(uint32_t));
+    memset(b->next + (size_t)id * b->n_class, 0, b->n_class * sizeof(uint32_t));
     return id;
 nomem:
     rx_fail(b->a->c, TM_GUIDE_WHY_NONE, "guided: out of memory (DFA)");
@@ -1127,10 +1133,11 @@ static tm_rc finish_dfa(builder *b, tm_dfa **out) {
     uint32_t *stack = tm_malloc((size_t)(n ? n : 1) * sizeof(uint32_t));
     uint32_t *src = NULL;
     size_t n_edge = 0;
+    const uint32_t nc = b->n_class;
     for (uint32_t i = 1; cnt && i < n; i++)
-        for (int y = 0; y < 256; y++) {
-            uint32_t t = b->next[(size_t)i * 256 + y];
-            if (t && (y == 0 || t != b->next[(size_t)i * 256 + y - 1]))
+        for (uint32_t y = 0; y < nc; y++) {
+            uint32_t t = b->next[(size_t)i * nc + y];
+            if (t && (y == 0 || t != b->next[(size_t)i * nc + y - 1]))
                 cnt[t + 1]++, n_edge++;
         }
     if (cnt)
@@ -1144,9 +1151,9 @@ static tm_rc finish_dfa(builder *b, tm_dfa **out) {
     for (uint32_t i = 0; i < n; i++)
         cnt[i + 1] += cnt[i];
     for (uint32_t i = 1; i < n; i++)
-        for (int y = 0; y < 256; y++) {
-            uint32_t t = b->next[(size_t)i * 256 + y];
-            if (t && (y == 0 || t != b->next[(size_t)i * 256 + y - 1]))
+        for (uint32_t y = 0; y < nc; y++) {
+            uint32_t t = b->next[(size_t)i * nc + y];
+            if (t && (y == 0 || t != b->next[(size_t)i * nc + y - 1]))
                 src[cnt[t]++] = i; // cnt[t] ends at the start of t + 1's sources
         }
     uint32_t sp = 0;
@@ -1172,7 +1179,9 @@ static tm_rc finish_dfa(builder *b, tm_dfa **out) {
     for (uint32_t i = 1; i < n; i++)
         map[i] = live[i] ? m++ : 0;
     d->n_state = m;
-    d->next = tm_calloc((size_t)m * 256, sizeof(uint32_t));
+    d->n_class = nc;
+    memcpy(d->cls, b->cls, sizeof(d->cls));
+    d->next = tm_calloc((size_t)m * nc, sizeof(uint32_t));
     d->accept = tm_calloc(m, 1);
     d->final = tm_calloc(m, 1);
     if (!d->next || !d->accept || !d->final) {
@@ -1185,9 +1194,9 @@ static tm_rc finish_dfa(builder *b, tm_dfa **out) {
             continue;
         uint32_t q = map[i];
         int any = 0;
-        for (int y = 0; y < 256; y++) {
-            uint32_t t = map[b->next[(size_t)i * 256 + y]];
-            d->next[(size_t)q * 256 + y] = t;
+        for (uint32_t y = 0; y < nc; y++) {
+            uint32_t t = map[b->next[(size_t)i * nc + y]];
+            d->next[(size_t)q * nc + y] = t;
             any |= t != 0;
         }
         d->accept[q] = b->accept[i];
@@ -1224,9 +1233,23 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
         rx_fail(c, TM_GUIDE_WHY_NONE, "guided: out of memory (NFA of %u states)", a.n);
         goto fail;
     }
+    // Byte classes: runs of bytes between the bounds of every byte range of the NFA lead to the
+    // same states from every DFA state, so a row needs one entry per run.
+    {
+        uint8_t cut[257] = {0};
+        for (uint32_t i = 0; i < a.n; i++)
+            if (a.st[i].type == NFA_BYTE)
+                cut[a.st[i].lo] = cut[(uint32_t)a.st[i].hi + 1] = 1;
+        b.n_class = 0;
+        for (uint32_t y = 0; y < 256; y++) {
+            b.n_class += y > 0 && cut[y];
+            b.cls[y] = (uint8_t)b.n_class;
+        }
+        b.n_class++;
+    }
     // id 0: the dead (empty) set, 1: the start
     b.sets = tm_malloc(256 * sizeof(*b.sets));
-    b.next = tm_malloc((size_t)256 * 256 * sizeof(uint32_t));
+    b.next = tm_malloc((size_t)256 * b.n_class * sizeof(uint32_t));
     b.accept = tm_malloc(256);
     int bad = !b.sets || !b.next || !b.accept;
     if (bad) {
@@ -1235,7 +1258,7 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
         b.cap_dfa = 256;
         b.sets[0] = (subset){.set = NULL, .n = 0};
         b.accept[0] = 0;
-        memset(b.next, 0, 256 * sizeof(uint32_t));
+        memset(b.next, 0, b.n_class * sizeof(uint32_t));
         b.n_dfa = 1;
     }
     if (!bad) {
@@ -1247,6 +1270,7 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
     }
     // hot loop of compilation: every DFA state, every distinct byte interval of its ranges
     for (uint32_t q = 1; !bad && q < b.n_dfa; q++) {
+        b.work += 64; // the fixed cost of a state: its cut table, row and hash entry
         uint8_t cut[257] = {0};
         cut[0] = cut[256] = 1;
         for (uint32_t i = 0; i < b.sets[q].n; i++) {
@@ -1283,8 +1307,8 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
                 bad = 1;
                 break;
             }
-            for (uint32_t y = lo; y < hi; y++)
-                b.next[(size_t)q * 256 + y] = t;
+            for (uint32_t y = lo; y < hi; y++) // classes refine every state's cuts
+                b.next[(size_t)q * b.n_class + b.cls[y]] = t;
         }
     }
     tm_free(seeds);
