@@ -14,7 +14,7 @@
 #include "runner/guided/guided.h"
 
 #define RX_MAX_CP 0x10FFFFu
-#define RX_MAX_WORK (1ull << 26) /* NFA steps (visits, sort work) of one DFA build: ~0.25 s */
+#define RX_MAX_WORK (1ull << 26) /* NFA steps of one DFA build (tm_guide_set_max_work) */
 #define RX_MAX_REPEAT 1000u      /* largest {m,n} bound and maxLength / maxItems */
 #define RX_MAX_NFA 4000000u      /* NFA states of one constraint */
 #define RX_MAX_NODES 1000000u    /* tree nodes of one constraint */

@@ -977,7 +977,7 @@ int tm_dfa_match(const tm_dfa *d, const void *p, size_t n) {
 }
 
 typedef struct subset {
-    uint32_t *set; /* sorted NFA byte/match states */
+    uint32_t *set; /* NFA byte/match states (in no particular order) */
     uint32_t n;
 } subset;
 
@@ -998,12 +998,9 @@ typedef struct builder {
     uint64_t work;  /* NFA states visited so far (bounded by RX_MAX_WORK) */
 } builder;
 
-static int cmp_u32(const void *x, const void *y) {
-    uint32_t a = *(const uint32_t *)x, b = *(const uint32_t *)y;
-    return a < b ? -1 : a > b;
-}
-
-// Epsilon closure of seeds[0, n) into b->tmp (sorted byte/match states); returns its size.
+// Epsilon closure of seeds[0, n) into b->tmp (its byte/match states, in visit order); returns its
+// size. b->mark[s] == b->gen afterwards exactly for the states visited, which is how intern
+// compares a stored set with this one without sorting either.
 static uint32_t closure(builder *b, const uint32_t *seeds, uint32_t n) {
     nstate *st = b->a->st;
     b->gen++;
@@ -1023,17 +1020,29 @@ static uint32_t closure(builder *b, const uint32_t *seeds, uint32_t n) {
             if (o[j] != NONE_ST && b->mark[o[j]] != b->gen)
                 b->mark[o[j]] = b->gen, b->stack[sp++] = o[j];
     }
-    qsort(b->tmp, k, sizeof(uint32_t), cmp_u32);
-    for (uint32_t m = k; m > 1; m >>= 1) // the sort's share: k log2 k
-        b->work += k;
     return k;
 }
 
+// A hash of the set that does not depend on the order of its elements (a sum of mixed ids).
 static uint64_t set_hash(const uint32_t *s, uint32_t n) {
-    uint64_t h = 1469598103934665603ull ^ n;
+    uint64_t h = 0x9e3779b97f4a7c15ull * (n + 1);
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t z = (s[i] + 1) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+        h += z ^ (z >> 29);
+    }
+    return h ^ (h >> 32);
+}
+
+// 1 when the stored set s equals the closure just computed (b->tmp, n states): same size and
+// every element visited by it (marked with the current generation).
+static int same_as_closure(const builder *b, const subset *s, uint32_t n) {
+    if (s->n != n)
+        return 0;
     for (uint32_t i = 0; i < n; i++)
-        h = (h ^ s[i]) * 1099511628211ull;
-    return h ^ (h >> 29);
+        if (b->mark[s->set[i]] != b->gen)
+            return 0;
+    return 1;
 }
 
 static int grow_hash(builder *b) {
@@ -1061,7 +1070,7 @@ static uint32_t intern(builder *b, uint32_t n, uint32_t max_states) {
     uint64_t k = set_hash(b->tmp, n) & (b->n_hash - 1);
     while (b->hash[k]) {
         const subset *s = &b->sets[b->hash[k] - 1];
-        if (s->n == n && memcmp(s->set, b->tmp, n * sizeof(uint32_t)) == 0)
+        if (same_as_closure(b, s, n))
             return b->hash[k] - 1;
         k = (k + 1) & (b->n_hash - 1);
     }
@@ -1210,6 +1219,10 @@ out:
     return rc;
 }
 
+static uint64_t g_max_work = RX_MAX_WORK;
+
+void tm_guide_set_max_work(uint64_t steps) { g_max_work = steps ? steps : RX_MAX_WORK; }
+
 tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **out) {
     *out = NULL;
     if (c->err->rc)
@@ -1294,11 +1307,11 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
                 continue;
             uint32_t k = closure(&b, seeds, ns);
             b.work += b.sets[q].n;
-            if (b.work > RX_MAX_WORK) {
+            if (b.work > g_max_work) {
                 rx_fail(c, TM_GUIDE_WHY_UNSUPPORTED,
                         "guided: the constraint is too complex to compile (over %llu automaton "
                         "steps after %u states; simplify nested repetitions or alternatives)",
-                        (unsigned long long)RX_MAX_WORK, b.n_dfa);
+                        (unsigned long long)g_max_work, b.n_dfa);
                 bad = 1;
                 break;
             }
