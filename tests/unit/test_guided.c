@@ -112,10 +112,8 @@ static void test_errors(void) {
     // compilation stops after RX_MAX_WORK steps (about 0.25 s) instead of running for minutes
     expect_fail(TM_GUIDE_KIND_REGEX, "(a{0,300}){0,300}b", TM_GUIDE_WHY_UNSUPPORTED,
                 "too complex to compile");
-    expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"string\", \"format\": \"date\"}",
-                TM_GUIDE_WHY_UNSUPPORTED, "keyword 'format'");
-    expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"integer\", \"minimum\": 3}",
-                TM_GUIDE_WHY_UNSUPPORTED, "keyword 'minimum'");
+    expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"number\", \"multipleOf\": 3}",
+                TM_GUIDE_WHY_UNSUPPORTED, "keyword 'multipleOf'");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"oneOf\": [{\"type\": \"null\"}]}",
                 TM_GUIDE_WHY_UNSUPPORTED, "keyword 'oneOf'");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"$ref\": \"http://x/y\"}", TM_GUIDE_WHY_UNSUPPORTED,
@@ -324,7 +322,7 @@ static void test_cache(void) {
     tm_guide_cache *c = NULL;
     const int32_t eos = 0;
     TM_CHECK_OK(tm_guide_cache_create(NULL, 10, &eos, 1, &c, &err), &err);
-    const char *bad = "{\"type\": \"string\", \"format\": \"email\"}";
+    const char *bad = "{\"type\": \"string\", \"format\": \"uri\"}";
     for (int k = 0; k < 3; k++) {
         tm_guide_ent *e = NULL;
         tm_errcode code = TM_ERRCODE_NONE;
@@ -345,6 +343,92 @@ static void test_cache(void) {
     tm_guide_cache_destroy(c);
 }
 
+#define YES(...) ((const char *[]){__VA_ARGS__, NULL})
+#define NO(...) ((const char *[]){__VA_ARGS__, NULL})
+
+// minimum / maximum / exclusive bounds: exact decimals, both signs, integers and numbers
+static void test_numbers(void) {
+    const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
+    check_table(S, "{\"type\": \"integer\", \"minimum\": 3, \"maximum\": 17}",
+                YES("3", "9", "10", "17"), NO("2", "18", "-1", "03", "017", "3.0", "1e1"));
+    check_table(S, "{\"type\": \"integer\", \"exclusiveMinimum\": -5, \"maximum\": 5}",
+                YES("-4", "-1", "0", "5"), NO("-5", "-0", "6", "-10", "-05"));
+    check_table(S, "{\"type\": \"number\", \"minimum\": 0, \"maximum\": 1}",
+                YES("0", "1", "0.5", "0.999", "1.0", "1.000", "0.0", "0.0001"),
+                NO("1.01", "-0.1", "2", "1e0", ".5", "00.5", "-0", "1.0000000000000001"));
+    check_table(S, "{\"type\": \"number\", \"exclusiveMinimum\": 0.1, \"exclusiveMaximum\": 0.25}",
+                YES("0.11", "0.2", "0.24999", "0.1000001"),
+                NO("0.1", "0.10", "0.25", "0.250", "0.3", "0.05", "0"));
+    check_table(S, "{\"type\": \"number\", \"minimum\": -2.5, \"maximum\": -0.5}",
+                YES("-2.5", "-1", "-0.5", "-2.49", "-0.50", "-2.5000"),
+                NO("-2.51", "-0.49", "0", "-3", "2"));
+    check_table(S, "{\"type\": \"number\", \"minimum\": 100}",
+                YES("100", "100.5", "12345", "99999999", "1000000000000000"),
+                NO("99.9", "-100", "99", "0"));
+    check_table(S, "{\"type\": \"integer\", \"maximum\": -3}", YES("-3", "-100", "-9999"),
+                NO("-2", "0", "3", "-0"));
+    check_table(S, "{\"type\": \"number\", \"minimum\": 1e-3, \"maximum\": 0.002}",
+                YES("0.001", "0.0015", "0.002", "0.00200"), NO("0.0009", "0.0021", "0.01"));
+    // a double bound is its shortest decimal: 0.1 is 0.1, not 0.1000000000000000055...
+    check_table(S, "{\"type\": \"number\", \"maximum\": 0.1, \"minimum\": 0}",
+                YES("0.1", "0.0999", "0.10"), NO("0.1000000001", "0.11"));
+    check_table(S, "{\"type\": \"integer\", \"minimum\": 0.5, \"maximum\": 3.5}", YES("1", "3"),
+                NO("0", "4", "1.5"));
+    // the tighter of minimum and exclusiveMinimum at the same value is the exclusive one
+    check_table(S, "{\"type\": \"integer\", \"minimum\": 1, \"exclusiveMinimum\": 1}", YES("2"),
+                NO("1", "0"));
+    check_table(S, "{\"type\": \"number\", \"maximum\": 1e20}", YES("123456", "-7.5"), NO("1e3"));
+    check_table(S, "{\"type\": [\"number\", \"null\"], \"minimum\": 2}", YES("2", "null", "3.5"),
+                NO("1.9"));
+    expect_fail(S, "{\"type\": \"integer\", \"minimum\": 5, \"maximum\": 4}", TM_GUIDE_WHY_INVALID,
+                "no output satisfies");
+    expect_fail(S, "{\"type\": \"integer\", \"minimum\": 1e20}", TM_GUIDE_WHY_INVALID,
+                "no output satisfies");
+    expect_fail(S, "{\"type\": \"number\", \"exclusiveMinimum\": true, \"minimum\": 1}",
+                TM_GUIDE_WHY_UNSUPPORTED, "draft 4");
+    expect_fail(S, "{\"minimum\": 1}", TM_GUIDE_WHY_UNSUPPORTED, "without 'type'");
+    expect_fail(S, "{\"type\": \"number\", \"maximum\": \"1\"}", TM_GUIDE_WHY_INVALID,
+                "must be a number");
+    expect_fail(S, "{\"type\": \"number\", \"maximum\": 1.5e-17}",
+                TM_GUIDE_WHY_UNSUPPORTED, "fraction digits");
+}
+
+static void test_formats(void) {
+    const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
+    check_table(S, "{\"type\": \"string\", \"format\": \"date\"}",
+                YES("\"2024-02-29\"", "\"2023-12-31\"", "\"2000-02-29\"", "\"1999-04-30\""),
+                NO("\"2023-02-29\"", "\"1900-02-29\"", "\"2023-04-31\"", "\"2023-13-01\"",
+                   "\"2023-1-01\"", "2023-01-01"));
+    check_table(
+        S, "{\"type\": \"string\", \"format\": \"date-time\"}",
+        YES("\"2024-05-06T07:08:09Z\"", "\"2024-05-06T23:59:59.123+05:30\""),
+        NO("\"2024-05-06 07:08:09Z\"", "\"2024-05-06T24:00:00Z\"", "\"2024-05-06T07:08:09\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"time\"}", YES("\"07:08:09-01:00\""),
+                NO("\"7:08:09Z\"", "\"07:60:00Z\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"duration\"}",
+                YES("\"P1Y2M3DT4H5M6S\"", "\"PT5M\"", "\"P3W\"", "\"P2D\""),
+                NO("\"P\"", "\"PT\"", "\"P1WT1H\"", "\"P1H\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"email\"}",
+                YES("\"a.b@c.io\"", "\"x_y+z@mail.example.org\""),
+                NO("\"a..b@c.io\"", "\"@c.io\"", "\"a@b\"", "\"a@-b.io\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"hostname\"}",
+                YES("\"localhost\"", "\"a-b.example.com\""), NO("\"-a.com\"", "\"a..b\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"ipv4\"}",
+                YES("\"255.255.255.255\"", "\"10.0.0.1\""),
+                NO("\"256.1.1.1\"", "\"01.2.3.4\"", "\"1.2.3\""));
+    check_table(S, "{\"type\": \"string\", \"format\": \"ipv6\"}", YES("\"2001:db8:0:0:0:0:2:1\""),
+                NO("\"2001:db8::1\"", "\"1:2:3:4:5:6:7\""));
+    check_table(
+        S, "{\"type\": \"string\", \"format\": \"uuid\"}",
+        YES("\"123e4567-e89b-12d3-a456-426614174000\""),
+        NO("\"123e4567e89b12d3a456426614174000\"", "\"123E4567-E89B-12D3-A456-426614174000\""));
+    expect_fail(S, "{\"type\": \"string\", \"format\": \"uri\"}", TM_GUIDE_WHY_UNSUPPORTED,
+                "'uri'");
+    expect_fail(S, "{\"type\": \"string\", \"format\": \"date\", \"maxLength\": 4}",
+                TM_GUIDE_WHY_UNSUPPORTED, "'format' together with");
+    expect_fail(S, "{\"format\": \"date\"}", TM_GUIDE_WHY_UNSUPPORTED, "without 'type'");
+}
+
 int main(void) {
     long live = tm_alloc_live();
     TM_RUN(test_regex);
@@ -354,6 +438,8 @@ int main(void) {
     TM_RUN(test_alloc_faults);
     TM_RUN(test_sample_allow);
     TM_RUN(test_cache);
+    TM_RUN(test_numbers);
+    TM_RUN(test_formats);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();
 }

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "base/err.h"
 #include "runner/guided/guided.h"
 
@@ -80,5 +82,15 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
 rx_node *rx_schema(rx_ctx *c, const char *json, size_t n);
 rx_node *rx_choice(rx_ctx *c, const char *json, size_t n);
 rx_node *rx_json_object(rx_ctx *c);
+
+/* numbers.c: integers (integer != 0) or numbers within the schema's minimum / maximum /
+ * exclusiveMinimum / exclusiveMaximum, as plain decimals; rx_has_number_bounds says whether the
+ * schema has any of them. */
+int rx_has_number_bounds(const json_t *schema);
+rx_node *rx_number_range(rx_ctx *c, const json_t *schema, int integer);
+
+/* formats.c: the regular expression (over a string's characters) of a string format, NULL for
+ * a format outside the supported ones. */
+const char *rx_format_regex(const char *name);
 
 #endif /* TM_RUNNER_GUIDED_GUIDED_INT_H */

@@ -95,10 +95,26 @@ static int is_annotation(const char *k) {
 }
 
 static int is_supported(const char *k) {
-    static const char *const kw[] = {"type",      "properties", "required", "additionalProperties",
-                                     "items",     "minItems",   "maxItems", "enum",
-                                     "const",     "anyOf",      "$ref",     "minLength",
-                                     "maxLength", "pattern",    NULL};
+    static const char *const kw[] = {"type",
+                                     "properties",
+                                     "required",
+                                     "additionalProperties",
+                                     "items",
+                                     "minItems",
+                                     "maxItems",
+                                     "enum",
+                                     "const",
+                                     "anyOf",
+                                     "$ref",
+                                     "minLength",
+                                     "maxLength",
+                                     "pattern",
+                                     "format",
+                                     "minimum",
+                                     "maximum",
+                                     "exclusiveMinimum",
+                                     "exclusiveMaximum",
+                                     NULL};
     for (int i = 0; kw[i]; i++)
         if (strcmp(k, kw[i]) == 0)
             return 1;
@@ -129,6 +145,25 @@ static rx_node *string_schema(sc *s, const json_t *schema) {
         return NULL;
     if (max != RX_INF && max < min)
         return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: maxLength is below minLength");
+    const json_t *fmt = json_object_get(schema, "format");
+    if (fmt) {
+        if (!json_is_string(fmt))
+            return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'format' must be a string");
+        const char *re = rx_format_regex(json_string_value(fmt));
+        if (!re)
+            return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                           "schema: keyword 'format' with value '%.40s' is not supported "
+                           "(date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid "
+                           "are)",
+                           json_string_value(fmt));
+        if (json_object_get(schema, "pattern") || json_object_get(schema, "minLength") ||
+            json_object_get(schema, "maxLength"))
+            return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                           "schema: 'format' together with 'pattern', 'minLength' or "
+                           "'maxLength' is not supported");
+        rx_node *k[] = {lit(s, "\""), rx_parse(s->c, re, strlen(re), 1), lit(s, "\"")};
+        return rx_cat(s->c, k, 3);
+    }
     const json_t *pat = json_object_get(schema, "pattern");
     if (pat) {
         if (!json_is_string(pat))
@@ -260,9 +295,9 @@ static rx_node *type_schema(sc *s, const json_t *schema, const char *t) {
     if (strcmp(t, "string") == 0)
         return string_schema(s, schema);
     if (strcmp(t, "integer") == 0)
-        return rx_int(s->c);
+        return rx_has_number_bounds(schema) ? rx_number_range(s->c, schema, 1) : rx_int(s->c);
     if (strcmp(t, "number") == 0)
-        return json_number(s->c);
+        return rx_has_number_bounds(schema) ? rx_number_range(s->c, schema, 0) : json_number(s->c);
     if (strcmp(t, "boolean") == 0) {
         rx_node *k[] = {lit(s, "true"), lit(s, "false")};
         return rx_alt(s->c, k, 2);
@@ -456,6 +491,12 @@ static rx_node *value(sc *s, const json_t *schema) {
     } else if (json_object_get(schema, "minLength") || json_object_get(schema, "maxLength") ||
                json_object_get(schema, "pattern")) {
         x = string_schema(s, schema);
+    } else if (rx_has_number_bounds(schema) || json_object_get(schema, "format")) {
+        // they constrain one type and leave the others free: give the type
+        x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                    "schema: '%s' without 'type' is not supported (give \"type\": \"%s\")",
+                    json_object_get(schema, "format") ? "format" : "minimum/maximum",
+                    json_object_get(schema, "format") ? "string" : "number");
     } else {
         x = generic(s->c, s->ws, 2);
     }
