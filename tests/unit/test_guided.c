@@ -389,8 +389,8 @@ static void test_numbers(void) {
     expect_fail(S, "{\"minimum\": 1}", TM_GUIDE_WHY_UNSUPPORTED, "without 'type'");
     expect_fail(S, "{\"type\": \"number\", \"maximum\": \"1\"}", TM_GUIDE_WHY_INVALID,
                 "must be a number");
-    expect_fail(S, "{\"type\": \"number\", \"maximum\": 1.5e-17}",
-                TM_GUIDE_WHY_UNSUPPORTED, "fraction digits");
+    expect_fail(S, "{\"type\": \"number\", \"maximum\": 1.5e-17}", TM_GUIDE_WHY_UNSUPPORTED,
+                "fraction digits");
 }
 
 static void test_formats(void) {
