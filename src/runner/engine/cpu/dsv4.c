@@ -96,8 +96,9 @@ typedef struct dsv4_eng {
      * start; I is the full expert width (weight row offsets) */
     uint32_t tp, Ir;
     tm_shard_dsv4 sh;
-    int kv8;     /* opts->kv_dtype is fp8: rows rounded when written (fp8_kv_row, fp8_index_row) */
-    uint32_t NL; /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
+    int kv8; /* opts->kv_dtype is fp8: rows rounded when written (tm_dsv4_fp8_kv_row and _index_row)
+              */
+    uint32_t NL;   /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
     dl_cols *cols; /* [NL], NULL at tp 1 */
     dl_small *sm;  /* [NL] */
     dl_state *st;  /* [NL] */
@@ -231,10 +232,7 @@ static void fp8_tile(float *x, uint32_t n) {
         x[i] = ldexpf(tm_kv_fp8_round(ldexpf(x[i], -k)), k);
 }
 
-/* A KV or compressed row of hd values as the fp8 cache stores it: the leading hd - rd (non-rope)
- * values in e4m3 tiles of FP8_KV_TILE (the last one shorter when hd - rd is not a multiple), the
- * trailing rd (the rope slice) in bf16. */
-static void fp8_kv_row(float *row, uint32_t hd, uint32_t rd) {
+void tm_dsv4_fp8_kv_row(float *row, uint32_t hd, uint32_t rd) {
     const uint32_t nope = hd - rd;
     for (uint32_t t = 0; t < nope; t += FP8_KV_TILE)
         fp8_tile(row + t, TM_MIN(FP8_KV_TILE, nope - t));
@@ -242,8 +240,7 @@ static void fp8_kv_row(float *row, uint32_t hd, uint32_t rd) {
         row[i] = tm_bf16_to_f32(tm_f32_to_bf16(row[i]));
 }
 
-/* An indexer compressed row of di values: all of it in e4m3 tiles of FP8_INDEX_TILE. */
-static void fp8_index_row(float *row, uint32_t di) {
+void tm_dsv4_fp8_index_row(float *row, uint32_t di) {
     for (uint32_t t = 0; t < di; t += FP8_INDEX_TILE)
         fp8_tile(row + t, TM_MIN(FP8_INDEX_TILE, di - t));
 }
@@ -573,7 +570,7 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
         rms_weighted(kv, sm->kv_norm, hd, eps);
         rope_head(kv, hd, rd, cs + (size_t)t * (rd / 2), sn + (size_t)t * (rd / 2), 1.0f);
         if (e->kv8)
-            fp8_kv_row(kv, hd, rd);
+            tm_dsv4_fp8_kv_row(kv, hd, rd);
         const uint32_t *table = e->b->seqs[e->tok_seq[t]].block_table;
         memcpy(ls->kv + tok_slot(e, table, e->pos[t]) * hd, kv, hd * sizeof(float));
     }
@@ -617,13 +614,13 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
             compress_entry(e, ls->cin, ls->cw, table, w, r, hd, kind == TM_DSV4_ATTN_CSA,
                            sm->c_bias, sm->c_norm, crow, e->scr);
             if (e->kv8)
-                fp8_kv_row(crow, hd, rd);
+                tm_dsv4_fp8_kv_row(crow, hd, rd);
             if (kind == TM_DSV4_ATTN_CSA) {
                 float *irow = ls->icomp + comp_slot(e, table, w, r) * e->di;
                 compress_entry(e, ls->iin, 2 * e->di, table, w, r, e->di, 1, sm->i_bias, sm->i_norm,
                                irow, e->scr);
                 if (e->kv8)
-                    fp8_index_row(irow, e->di);
+                    tm_dsv4_fp8_index_row(irow, e->di);
             }
         }
     }

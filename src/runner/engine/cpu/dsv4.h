@@ -28,6 +28,21 @@
 tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err);
 
+/* ---- fp8 KV (docs/deepseek_v4.md "fp8 KV cache") ---- */
+
+/* The rule of the fp8 cache, in place, as the engine applies it when it writes a row with
+ * kv_dtype fp8 (the host reference a device writer must match). A tile of values is stored as
+ * e4m3 codes and one power-of-two scale 2^k: each value rounded to bf16, k the least integer with
+ * max(amax, 1e-4) <= 448 * 2^k (amax over the tile's bf16 values; DeepSeek's ue8m0 act_quant),
+ * each value / 2^k rounded to nearest-even e4m3 (tm_kv_fp8_round); the row gets the products back
+ * (exact). A tile holding an infinity uses k = 0 (saturating to +-448); NaN stays NaN.
+ * tm_dsv4_fp8_kv_row: a rotated KV or compressed row of hd values, its leading hd - rd (non-rope)
+ * values in tiles of 64 (the last one shorter when hd - rd is not a multiple of 64), its trailing
+ * rd (the rope slice) rounded to bf16. tm_dsv4_fp8_index_row: an indexer compressed row of di
+ * values, all in tiles of 128. */
+void tm_dsv4_fp8_kv_row(float *row, uint32_t hd, uint32_t rd);
+void tm_dsv4_fp8_index_row(float *row, uint32_t di);
+
 /* ---- the paged state, read back (tests; docs/deepseek_v4.md "fp8 KV cache") ---- */
 
 /* The parts of a layer's per-block state (dl_state in dsv4.c). */
