@@ -96,8 +96,7 @@ typedef struct dsv4_eng {
      * start; I is the full expert width (weight row offsets) */
     uint32_t tp, Ir;
     tm_shard_dsv4 sh;
-    int kv8; /* opts->kv_dtype is fp8: rows rounded when written (tm_dsv4_fp8_kv_row and _index_row)
-              */
+    int kv8;       /* kv_dtype fp8: rows rounded when written (tm_dsv4_fp8_kv_row, _index_row) */
     uint32_t NL;   /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
     dl_cols *cols; /* [NL], NULL at tp 1 */
     dl_small *sm;  /* [NL] */
