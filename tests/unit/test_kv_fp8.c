@@ -272,7 +272,7 @@ static void test_quality(void) {
     }
 }
 
-// The CPU engine refuses an unknown KV dtype, and fp8 KV for DeepSeek-V4.
+// The CPU engine refuses an unknown KV dtype, and for DeepSeek-V4 any but auto and fp8.
 static void test_refusals(void) {
     tm_model m = {.cfg = {.n_layer = 1,
                           .n_embd = 8,
@@ -291,9 +291,9 @@ static void test_refusals(void) {
     tm_err err = {0};
     TM_CHECK(tm_engine_cpu_create(&m, &eo, &e, &err) == TM_E_INVAL && !e);
     m.cfg.arch = TM_ARCH_DEEPSEEK_V4;
-    eo.kv_dtype = TM_KV_DTYPE_FP8;
+    eo.kv_dtype = TM_KV_DTYPE_FP8_HEAD;
     TM_CHECK(tm_engine_cpu_create(&m, &eo, &e, &err) == TM_E_INVAL && !e);
-    TM_CHECK_MSG(strstr(err.msg, "kv_cache_dtype fp8") != NULL, "%s", err.msg);
+    TM_CHECK_MSG(strstr(err.msg, "kv_cache_dtype fp8-head") != NULL, "%s", err.msg);
 }
 
 int main(void) {

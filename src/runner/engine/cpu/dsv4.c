@@ -17,6 +17,13 @@
  * Numerics: fp32; matmuls through tm_cpu_matmul_rows (fixed reduction order),
  * so results do not depend on batch composition, chunking or thread count.
  *
+ * fp8 KV (opts->kv_dtype TM_KV_DTYPE_FP8, docs/deepseek_v4.md "fp8 KV cache"):
+ * the rows the attention and the indexer read (rotated KV rows, compressed rows,
+ * indexer compressed rows) are rounded when written to what DeepSeek's fp8 cache
+ * holds (e4m3 tiles with power-of-two scales, the rope slice in bf16) and kept
+ * in fp32; the compressor inputs stay fp32, as a GPU keeps them. The rounding
+ * is per row, so values stay a function of the token prefix only.
+ *
  * Tensor parallel (tp_size > 1, docs/deepseek_v4.md "Tensor parallel"): this
  * engine is one rank; it reads its rows of the full model's tensors in place
  * (query heads, output groups, expert width, vocabulary) and keeps owned f32
@@ -89,6 +96,7 @@ typedef struct dsv4_eng {
      * start; I is the full expert width (weight row offsets) */
     uint32_t tp, Ir;
     tm_shard_dsv4 sh;
+    int kv8;       /* kv_dtype fp8: rows rounded when written (tm_dsv4_fp8_kv_row, _index_row) */
     uint32_t NL;   /* layers with weights and state: n_layer, + 1 with the MTP layer (last) */
     dl_cols *cols; /* [NL], NULL at tp 1 */
     dl_small *sm;  /* [NL] */
@@ -195,6 +203,45 @@ static void rope_table(const tm_dsv4_rope *rp, uint32_t rd, uint32_t pos, float 
         cs[i] = cosf(ang) * rp->attn_factor;
         sn[i] = sinf(ang) * rp->attn_factor;
     }
+}
+
+/* ---- fp8 KV (docs/deepseek_v4.md "fp8 KV cache") ---- */
+
+#define FP8_KV_TILE 64     /* values per scale in a KV / compressed row's non-rope slice */
+#define FP8_INDEX_TILE 128 /* values per scale in an indexer compressed row */
+
+/* x[0..n) as an fp8 cache tile stores it, widened back to fp32: each value rounded to bf16, then
+ * x / 2^k rounded to nearest-even e4m3 (tm_kv_fp8_round) and multiplied back, k the least integer
+ * with max(amax, 1e-4) <= 448 * 2^k (amax over the bf16 values): DeepSeek's ue8m0 act_quant rule.
+ * The scale is a power of two, so both products are exact. A tile holding an infinity is rounded
+ * with k = 0 (saturating); NaN stays NaN. */
+static void fp8_tile(float *x, uint32_t n) {
+    float amax = 1e-4f;
+    for (uint32_t i = 0; i < n; i++) {
+        x[i] = tm_bf16_to_f32(tm_f32_to_bf16(x[i]));
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    int k = 0;
+    if (amax < INFINITY) {
+        int ex;
+        const float mant = frexpf(amax, &ex); // amax = mant * 2^ex, mant in [0.5, 1)
+        k = mant <= 0.875f ? ex - 9 : ex - 8; // 448 = 0.875 * 2^9
+    }
+    for (uint32_t i = 0; i < n; i++)
+        x[i] = ldexpf(tm_kv_fp8_round(ldexpf(x[i], -k)), k);
+}
+
+void tm_dsv4_fp8_kv_row(float *row, uint32_t hd, uint32_t rd) {
+    const uint32_t nope = hd - rd;
+    for (uint32_t t = 0; t < nope; t += FP8_KV_TILE)
+        fp8_tile(row + t, TM_MIN(FP8_KV_TILE, nope - t));
+    for (uint32_t i = nope; i < hd; i++)
+        row[i] = tm_bf16_to_f32(tm_f32_to_bf16(row[i]));
+}
+
+void tm_dsv4_fp8_index_row(float *row, uint32_t di) {
+    for (uint32_t t = 0; t < di; t += FP8_INDEX_TILE)
+        fp8_tile(row + t, TM_MIN(FP8_INDEX_TILE, di - t));
 }
 
 /* ---- matmul over the pool ---- */
@@ -521,6 +568,8 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
         float *kv = e->kvr + (size_t)t * hd;
         rms_weighted(kv, sm->kv_norm, hd, eps);
         rope_head(kv, hd, rd, cs + (size_t)t * (rd / 2), sn + (size_t)t * (rd / 2), 1.0f);
+        if (e->kv8)
+            tm_dsv4_fp8_kv_row(kv, hd, rd);
         const uint32_t *table = e->b->seqs[e->tok_seq[t]].block_table;
         memcpy(ls->kv + tok_slot(e, table, e->pos[t]) * hd, kv, hd * sizeof(float));
     }
@@ -560,12 +609,18 @@ static void layer_attn(dsv4_eng *e, uint32_t il, uint32_t T) {
                 continue;
             const uint32_t *table = e->b->seqs[e->tok_seq[t]].block_table;
             const uint32_t w = (p + 1) / r - 1;
+            float *crow = ls->comp + comp_slot(e, table, w, r) * hd;
             compress_entry(e, ls->cin, ls->cw, table, w, r, hd, kind == TM_DSV4_ATTN_CSA,
-                           sm->c_bias, sm->c_norm, ls->comp + comp_slot(e, table, w, r) * hd,
-                           e->scr);
-            if (kind == TM_DSV4_ATTN_CSA)
+                           sm->c_bias, sm->c_norm, crow, e->scr);
+            if (e->kv8)
+                tm_dsv4_fp8_kv_row(crow, hd, rd);
+            if (kind == TM_DSV4_ATTN_CSA) {
+                float *irow = ls->icomp + comp_slot(e, table, w, r) * e->di;
                 compress_entry(e, ls->iin, 2 * e->di, table, w, r, e->di, 1, sm->i_bias, sm->i_norm,
-                               ls->icomp + comp_slot(e, table, w, r) * e->di, e->scr);
+                               irow, e->scr);
+                if (e->kv8)
+                    tm_dsv4_fp8_index_row(irow, e->di);
+            }
         }
     }
     e->layer = il;
@@ -883,6 +938,9 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
         return TM_ERR(err, TM_E_INVAL,
                       "dsv4 engine: block_size, n_kv_block, max_seqs and "
                       "max_batched_tokens must be > 0");
+    if (opts->kv_dtype != TM_KV_DTYPE_AUTO && opts->kv_dtype != TM_KV_DTYPE_FP8)
+        return TM_ERR(err, TM_E_INVAL, "dsv4 engine: kv_cache_dtype %s not supported (auto or fp8)",
+                      tm_kv_dtype_name(opts->kv_dtype));
     const tm_dsv4_cfg *d = &w->cfg;
     const uint32_t tp = TM_MAX(opts->tp_size, 1u);
     if (tp > 1 && !opts->allreduce)
@@ -942,6 +1000,7 @@ tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_en
     e->ing = e->H * e->hd / e->G;
     e->tp = tp;
     e->sh = sh;
+    e->kv8 = opts->kv_dtype == TM_KV_DTYPE_FP8;
     e->H = sh.n_head; // from here on this rank's part
     e->G = sh.n_group;
     e->Ir = sh.n_ff;
@@ -1168,6 +1227,46 @@ static void dsv4_destroy(tm_engine *eng) {
     for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
         tm_free(p[i]);
     tm_free(e);
+}
+
+/* ---- the paged state, read back ---- */
+
+const float *tm_dsv4_state(const tm_engine *eng, uint32_t il, tm_dsv4_part part, uint32_t block,
+                           uint32_t *n_row, uint32_t *width) {
+    *n_row = *width = 0;
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0); // every rank holds it
+    if (r0)
+        eng = r0;
+    if (!eng || eng->ops != &dsv4_ops)
+        return NULL;
+    const dsv4_eng *e = eng->impl;
+    if (il >= e->NL || block >= e->n_block)
+        return NULL;
+    const dl_state *ls = &e->st[il];
+    const float *base = NULL;
+    uint32_t rows = e->bs, w = 0;
+    switch (part) {
+    case TM_DSV4_PART_KV:
+        base = ls->kv, w = e->hd;
+        break;
+    case TM_DSV4_PART_CIN:
+        base = ls->cin, w = 2 * ls->cw;
+        break;
+    case TM_DSV4_PART_COMP:
+        base = ls->comp, w = e->hd, rows = ls->ratio ? e->bs / ls->ratio : 0;
+        break;
+    case TM_DSV4_PART_IIN:
+        base = ls->iin, w = 4 * e->di;
+        break;
+    case TM_DSV4_PART_ICOMP:
+        base = ls->icomp, w = e->di, rows = ls->ratio ? e->bs / ls->ratio : 0;
+        break;
+    }
+    if (!base)
+        return NULL;
+    *n_row = rows;
+    *width = w;
+    return base + (size_t)block * rows * w;
 }
 
 /* ---- MTP ---- */

@@ -18,15 +18,49 @@
  * model has one) and KV block, the raw KV rows, the compressor (and indexer)
  * inputs of every token and the compressed rows. opts->block_size must be a
  * multiple of every compression ratio the model uses (4 and 128 for the released
- * configs). With opts->tp_size > 1 the engine is rank opts->tp_rank's shard
- * (runner/tp/shard.h tm_shard_dsv4_split; opts->allreduce sums the partial
- * results) and its logits rows hold its vocabulary slice only, as the Llama
- * family's (tm_engine_cpu_tp_create runs the ranks). Errors: TM_E_INVAL (bad
- * options, a shape that does not split tp_size ways, block size not a multiple
- * of a ratio), TM_E_NOMEM, TM_E_IO (thread pool). On success *out owns the
- * engine. */
+ * configs). opts->kv_dtype: auto (fp32 state) or fp8 (the attention's rows rounded as DeepSeek's
+ * fp8 cache stores them; docs/deepseek_v4.md "fp8 KV cache"). With opts->tp_size > 1 the engine is
+ * rank opts->tp_rank's shard (runner/tp/shard.h tm_shard_dsv4_split; opts->allreduce sums the
+ * partial results) and its logits rows hold its vocabulary slice only, as the Llama family's
+ * (tm_engine_cpu_tp_create runs the ranks). Errors: TM_E_INVAL (bad options, another kv_dtype, a
+ * shape that does not split tp_size ways, block size not a multiple of a ratio), TM_E_NOMEM,
+ * TM_E_IO (thread pool). On success *out owns the engine. */
 tm_rc tm_dsv4_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                             tm_err *err);
+
+/* ---- fp8 KV (docs/deepseek_v4.md "fp8 KV cache") ---- */
+
+/* The rule of the fp8 cache, in place, as the engine applies it when it writes a row with
+ * kv_dtype fp8 (the host reference a device writer must match). A tile of values is stored as
+ * e4m3 codes and one power-of-two scale 2^k: each value rounded to bf16, k the least integer with
+ * max(amax, 1e-4) <= 448 * 2^k (amax over the tile's bf16 values; DeepSeek's ue8m0 act_quant),
+ * each value / 2^k rounded to nearest-even e4m3 (tm_kv_fp8_round); the row gets the products back
+ * (exact). A tile holding an infinity uses k = 0 (saturating to +-448); NaN stays NaN.
+ * tm_dsv4_fp8_kv_row: a rotated KV or compressed row of hd values, its leading hd - rd (non-rope)
+ * values in tiles of 64 (the last one shorter when hd - rd is not a multiple of 64), its trailing
+ * rd (the rope slice) rounded to bf16. tm_dsv4_fp8_index_row: an indexer compressed row of di
+ * values, all in tiles of 128. */
+void tm_dsv4_fp8_kv_row(float *row, uint32_t hd, uint32_t rd);
+void tm_dsv4_fp8_index_row(float *row, uint32_t di);
+
+/* ---- the paged state, read back (tests; docs/deepseek_v4.md "fp8 KV cache") ---- */
+
+/* The parts of a layer's per-block state (dl_state in dsv4.c). */
+typedef enum tm_dsv4_part {
+    TM_DSV4_PART_KV,    /* rotated KV rows: block_size rows of head_dim */
+    TM_DSV4_PART_CIN,   /* compressor inputs (CSA, HCA): block_size rows of 2 * cw (kv | gate) */
+    TM_DSV4_PART_COMP,  /* compressed rows (CSA, HCA): block_size / ratio rows of head_dim */
+    TM_DSV4_PART_IIN,   /* indexer inputs (CSA): block_size rows of 4 * di (index_head_dim) */
+    TM_DSV4_PART_ICOMP, /* indexer compressed rows (CSA): block_size / ratio rows of di */
+} tm_dsv4_part;
+
+/* Block `block`'s rows of part `part` of layer il (il == n_layer: the MTP layer) as the engine
+ * stores them (fp32; with kv_dtype fp8 the rounded values): *n_row rows of *width floats,
+ * borrowed from eng until its next forward, kv_copy or destroy. NULL (and 0, 0) when eng is not a
+ * DeepSeek-V4 CPU engine, il or block is out of range, or the layer has no such part. eng may be
+ * a tm_engine_cpu_tp_create engine (rank 0's state; every rank holds the same). */
+const float *tm_dsv4_state(const tm_engine *eng, uint32_t il, tm_dsv4_part part, uint32_t block,
+                           uint32_t *n_row, uint32_t *width);
 
 /* ---- MTP (multi-token prediction; docs/deepseek_v4.md "MTP") ---- */
 

@@ -451,7 +451,8 @@ static void *alloc_floats(size_t n, int *failed) {
 tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                            tm_err *err) {
     if ((unsigned)opts->kv_dtype > TM_KV_DTYPE_FP8_HEAD ||
-        (m->cfg.arch == TM_ARCH_DEEPSEEK_V4 && opts->kv_dtype != TM_KV_DTYPE_AUTO))
+        (m->cfg.arch == TM_ARCH_DEEPSEEK_V4 && opts->kv_dtype != TM_KV_DTYPE_AUTO &&
+         opts->kv_dtype != TM_KV_DTYPE_FP8)) // dsv4: auto or fp8 (its own tile-scaled rule)
         return TM_ERR(err, TM_E_INVAL, "cpu engine: kv_cache_dtype %s not supported for %s",
                       tm_kv_dtype_name(opts->kv_dtype), tm_model_arch_name(m));
     if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
