@@ -23,9 +23,11 @@ typedef void (*tm_allreduce_fn)(void *ctx, float *buf, size_t n);
 /* What the KV cache stores (engine.kv_cache_dtype). */
 typedef enum tm_kv_dtype {
     TM_KV_DTYPE_AUTO = 0, /* the engine's own: fp32 (CPU), bf16 (CUDA) */
-    TM_KV_DTYPE_FP8,      /* e4m3fn with scale 1.0 (vLLM's default for uncalibrated fp8 KV): each
-                           * K/V element is rounded to nearest even from fp32 and saturated to
-                           * +-448 when written (tm_kv_fp8_round), read back exactly */
+    TM_KV_DTYPE_FP8,      /* e4m3fn. Llama family: scale 1.0 (vLLM's default for uncalibrated
+                           * fp8 KV), each K/V element rounded to nearest even from fp32 and
+                           * saturated to +-448 when written (tm_kv_fp8_round), read back exactly.
+                           * DeepSeek-V4 (CPU engine): tiles with power-of-two scales, the rope
+                           * slice in bf16 (tm_dsv4_fp8_kv_row, docs/deepseek_v4.md) */
     TM_KV_DTYPE_BF16,     /* CPU engine only: round to bf16 when written, as the CUDA engine's
                            * auto (for comparisons) */
     TM_KV_DTYPE_FP8_HEAD, /* CPU engine only, for the scale study (bench/kv_fp8_quality.c): e4m3
