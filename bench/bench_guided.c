@@ -5,7 +5,7 @@
  * seed) and advances; a finished sequence restarts. Pass 1 starts from an empty mask cache
  * (cold), pass 2 replays the same picks on the filled cache. Prints one line per pass: the time of
  * a step's mask lookups for the whole batch (mean, p50, p99, max), the masks computed, plus the
- * trie build and compile times.
+ * trie build, compile and mask-class (tm_guide_create) times.
  *
  *   bench_guided TOKENIZER_DIR KIND SPEC [batch=8] [steps=256]
  *     KIND: json_schema | json_object | regex | choice; SPEC: its text ("" for json_object) */
@@ -101,10 +101,12 @@ int main(int argc, char **argv) {
     double t_compile = tm_now_ms() - t0;
     uint32_t n_states = tm_dfa_n_states(d);
     tm_guide *g = NULL;
+    t0 = tm_now_ms();
     if (tm_guide_create(d, v, &g, &err)) {
         fprintf(stderr, "bench_guided: %s\n", err.msg);
         return 1;
     }
+    double t_guide = tm_now_ms() - t0;
     const tm_dfa *dd = tm_guide_dfa(g);
     if (batch > 256)
         batch = 256;
@@ -141,12 +143,12 @@ int main(int argc, char **argv) {
         double sum = 0;
         for (uint32_t i = 0; i < steps; i++)
             sum += dt[i];
-        printf("%s: batch %u, %u steps, %u DFA states, %u masks computed, %u outputs finished; "
-               "per-step mask time (ms): mean %.4f p50 %.4f p99 %.4f max %.4f; compile %.1f ms, "
-               "trie %.1f ms (%u ids)\n",
-               pass == 0 ? "cold" : "cached", batch, steps, n_states, n_cold, n_done, sum / steps,
-               dt[steps / 2], dt[(size_t)(steps * 0.99)], dt[steps - 1], t_compile, t_trie,
-               n_vocab);
+        printf("%s: batch %u, %u steps, %u DFA states (%u mask classes), %u masks computed, %u "
+               "outputs finished; per-step mask time (ms): mean %.4f p50 %.4f p99 %.4f max %.4f; "
+               "compile %.1f ms, mask classes %.1f ms, trie %.1f ms (%u ids)\n",
+               pass == 0 ? "cold" : "cached", batch, steps, n_states, tm_guide_n_classes(g), n_cold,
+               n_done, sum / steps, dt[steps / 2], dt[(size_t)(steps * 0.99)], dt[steps - 1],
+               t_compile, t_guide, t_trie, n_vocab);
     }
     tm_guide_destroy(g);
     tm_free(picks);

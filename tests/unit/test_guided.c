@@ -204,10 +204,14 @@ static void test_mask(void) {
                         "\"maxLength\": 2}}, \"required\": [\"ab\"]}");
     tm_guide *g = NULL;
     TM_CHECK_OK(tm_guide_create(d, v, &g, &err), &err);
+    uint8_t seen[4096] = {0}; // mask classes met so far: the first state of each is cold
+    TM_CHECK(tm_guide_n_classes(g) <= tm_dfa_n_states(d) && tm_guide_n_classes(g) < 4096);
     for (uint32_t q = 1; q < tm_dfa_n_states(d); q++) {
         int cold = 0;
         const uint32_t *m = tm_guide_mask(g, q, NULL, &cold, &err);
-        TM_CHECK(m != NULL && cold == 1);
+        const uint32_t k = tm_guide_state_class(g, q);
+        TM_CHECK(m != NULL && k > 0 && k < 4096 && cold == !seen[k]);
+        seen[k] = 1;
         for (uint32_t i = 0; i < n; i++) {
             int want = i == eos ? tm_dfa_accepts(d, q)
                                 : len[i] > 0 && tm_dfa_walk(d, q, pieces[i], len[i]) != 0;
@@ -215,7 +219,7 @@ static void test_mask(void) {
         }
         TM_CHECK(tm_guide_mask(g, q, NULL, &cold, &err) == m && cold == 0);
     }
-    TM_CHECK(tm_guide_n_cached(g) == tm_dfa_n_states(d) - 1);
+    TM_CHECK(tm_guide_n_cached(g) == tm_guide_n_classes(g) - 1); // every class but the dead one
     // the start state allows "{" and "{\"" only
     const uint32_t *m0 = tm_guide_mask(g, tm_dfa_start(d), NULL, NULL, &err);
     TM_CHECK(m0 && m0[0] == ((1u << 0) | (1u << 9)));
@@ -231,16 +235,38 @@ static void test_mask(void) {
                 "\"maxLength\": 2}}, \"required\": [\"ab\"]}");
     TM_CHECK_OK(tm_guide_create(d, v, &g, &err), &err);
     tm_guide_set_cache_cap(g, 2);
-    uint32_t spare[1];
+    uint32_t spare[1], cached[2] = {0, 0}, n_in = 0;
     for (uint32_t s = 1; s < tm_dfa_n_states(d); s++) {
         int cold = 0;
         const uint32_t *m = tm_guide_mask(g, s, spare, &cold, &err);
-        TM_CHECK(cold == 1 && (s <= 2 ? m != spare : m == spare));
+        const uint32_t k = tm_guide_state_class(g, s);
+        const int hit = (n_in > 0 && cached[0] == k) || (n_in > 1 && cached[1] == k);
+        if (hit) {
+            TM_CHECK(cold == 0 && m != spare); // its class is in the cache
+        } else if (n_in < 2) {
+            TM_CHECK(cold == 1 && m != spare); // cached now
+            cached[n_in++] = k;
+        } else {
+            TM_CHECK(cold == 1 && m == spare); // the cache is full
+        }
         uint32_t want[1];
         tm_guide_vocab_mask(v, d, s, want);
         TM_CHECK(m && m[0] == want[0]);
     }
     TM_CHECK(tm_guide_n_cached(g) == 2 && tm_guide_cache_full(g));
+    tm_guide_destroy(g);
+    // a long free string: hundreds of states, a handful of mask classes (positions more than the
+    // longest token from the end look alike to every token), each state's mask still exact
+    d = compile(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"string\", \"maxLength\": 60}");
+    TM_CHECK_OK(tm_guide_create(d, v, &g, &err), &err);
+    TM_CHECK_MSG(tm_guide_n_classes(g) * 4 < tm_dfa_n_states(d), "%u classes of %u states",
+                 tm_guide_n_classes(g), tm_dfa_n_states(d));
+    for (uint32_t s = 1; s < tm_dfa_n_states(d); s++) {
+        const uint32_t *m = tm_guide_mask(g, s, NULL, NULL, &err);
+        uint32_t want[1];
+        tm_guide_vocab_mask(v, d, s, want);
+        TM_CHECK(m && m[0] == want[0]);
+    }
     tm_guide_destroy(g);
     tm_guide_vocab_destroy(v);
 }

@@ -4,7 +4,16 @@
  * after its subtree, and the token ids whose bytes end there. A mask is one linear pass over the
  * nodes keeping the DFA state of each depth on a stack: a node whose byte leads to the dead state
  * is skipped with its whole subtree. The cost is the number of trie nodes visited, at most the
- * trie's size (~ the vocabulary's total bytes). Masks are cached per DFA state. */
+ * trie's size (~ the vocabulary's total bytes).
+ *
+ * Masks are cached per class of states that no token can tell apart: a mask depends only on
+ * which byte strings of at most max_depth bytes (the longest token) keep the DFA alive from the
+ * state, and on whether it accepts (EOS). tm_guide_create refines the partition {dead} /
+ * {live, accepting} / {live, not accepting} max_depth times by the classes of each state's
+ * successors (Moore's algorithm, stopped at that depth or when stable): states in one class then
+ * have equal masks. A free string of maxLength N is ~31 N states but only ~31 max_depth classes
+ * (positions more than a token from the end look alike), so its masks are computed once per class,
+ * not once per position. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,9 +38,108 @@ struct tm_guide_vocab {
 struct tm_guide {
     tm_dfa *dfa;
     const tm_guide_vocab *v;
-    uint32_t **mask;        /* [n_states] NULL until computed */
+    uint32_t *cls;          /* [n_states] the state's mask class (0: the dead state) */
+    uint32_t n_cls;         /* classes */
+    uint32_t **mask;        /* [n_cls] NULL until computed */
     uint32_t n_cached, cap; /* cap: masks cached at most (TM_GUIDE_MASK_CACHE_BYTES) */
 };
+
+// Work bound of the refinement (transition runs x rounds); past it each state is its own class.
+#define REFINE_MAX_WORK (1ull << 30)
+
+// The run-length form of a DFA's rows: state q's row is runs [off[q], off[q + 1]) of (first byte
+// class, target), adjacent classes with one target merged (a row has a handful, not n_class).
+typedef struct rows_rl {
+    uint32_t *off, *lo, *tgt;
+} rows_rl;
+
+// q's row with every target replaced by its class, adjacent equal runs merged, into out (pairs
+// lo, class); returns the pairs written.
+static uint32_t merged_row(const rows_rl *r, const uint32_t *cls, uint32_t q, uint32_t *out) {
+    uint32_t n = 0;
+    for (uint32_t k = r->off[q]; k < r->off[q + 1]; k++) {
+        const uint32_t c = cls[r->tgt[k]];
+        if (n && out[2 * n - 1] == c)
+            continue;
+        out[2 * n] = r->lo[k], out[2 * n + 1] = c, n++;
+    }
+    return n;
+}
+
+// Mask classes of d's states into cls (see the top): returns their count, 0 on allocation failure.
+static uint32_t mask_classes(const tm_dfa *d, uint32_t depth, uint32_t *cls) {
+    const uint32_t n = tm_dfa_n_states(d);
+    const tm_dfa_table_view t = tm_dfa_table(d);
+    rows_rl r = {.off = tm_malloc(((size_t)n + 1) * sizeof(uint32_t))};
+    size_t n_run = 0;
+    for (uint32_t q = 0; r.off && q < n; q++) // count the runs
+        for (uint32_t c = 0; c < t.n_class; c++)
+            n_run += c == 0 ||
+                     t.next[(size_t)q * t.n_class + c] != t.next[(size_t)q * t.n_class + c - 1];
+    uint32_t nh = 16;
+    while (nh < 2 * n)
+        nh *= 2;
+    r.lo = tm_malloc((n_run ? n_run : 1) * sizeof(uint32_t));
+    r.tgt = tm_malloc((n_run ? n_run : 1) * sizeof(uint32_t));
+    uint32_t *nc = tm_malloc((size_t)n * sizeof(*nc));
+    uint32_t *rep = tm_malloc((size_t)n * sizeof(*rep)); // a state of each new class
+    uint32_t *hash = tm_malloc((size_t)nh * sizeof(*hash));
+    uint32_t *bq = tm_malloc((size_t)4 * t.n_class * sizeof(uint32_t)), *br = bq + 2 * t.n_class;
+    uint32_t n_cls = 0;
+    if (!r.off || !r.lo || !r.tgt || !nc || !rep || !hash || !bq)
+        goto out;
+    n_run = 0;
+    for (uint32_t q = 0; q < n; q++) {
+        r.off[q] = (uint32_t)n_run;
+        for (uint32_t c = 0; c < t.n_class; c++) {
+            const uint32_t x = t.next[(size_t)q * t.n_class + c];
+            if (c == 0 || x != t.next[(size_t)q * t.n_class + c - 1])
+                r.lo[n_run] = c, r.tgt[n_run++] = x;
+        }
+    }
+    r.off[n] = (uint32_t)n_run;
+    for (uint32_t q = 0; q < n; q++)
+        cls[q] = q == 0 ? 0 : 1 + (uint32_t)tm_dfa_accepts(d, q);
+    n_cls = 3;
+    if ((uint64_t)n_run * depth > REFINE_MAX_WORK)
+        depth = 0; // too large to refine: classes by acceptance only would be wrong, see below
+    for (uint32_t round = 0; round < depth; round++) {
+        memset(hash, 0xff, (size_t)nh * sizeof(*hash));
+        uint32_t m = 0;
+        for (uint32_t q = 0; q < n; q++) {
+            const uint32_t nq = merged_row(&r, cls, q, bq);
+            uint64_t h = (cls[q] + 1) * 0x9e3779b97f4a7c15ull;
+            for (uint32_t k = 0; k < 2 * nq; k++)
+                h = (h ^ bq[k]) * 0x100000001b3ull;
+            for (uint32_t k = (uint32_t)(h ^ (h >> 32)) & (nh - 1);; k = (k + 1) & (nh - 1)) {
+                if (hash[k] == UINT32_MAX) { // a new class, q its representative
+                    hash[k] = m, rep[m] = q, nc[q] = m++;
+                    break;
+                }
+                const uint32_t p = rep[hash[k]];
+                if (cls[p] == cls[q] && merged_row(&r, cls, p, br) == nq &&
+                    memcmp(bq, br, (size_t)2 * nq * sizeof(uint32_t)) == 0) {
+                    nc[q] = hash[k]; // same class, same successors' classes on the same bytes
+                    break;
+                }
+            }
+        }
+        memcpy(cls, nc, (size_t)n * sizeof(*cls));
+        const int stable = m == n_cls;
+        n_cls = m;
+        if (stable)
+            break;
+    }
+    if (depth == 0 && n > 3) { // not refined: one class per state (always exact)
+        for (uint32_t q = 0; q < n; q++)
+            cls[q] = q;
+        n_cls = n;
+    }
+out:
+    tm_free(r.off), tm_free(r.lo), tm_free(r.tgt);
+    tm_free(nc), tm_free(rep), tm_free(hash), tm_free(bq);
+    return n_cls;
+}
 
 // Order of token ids by their pieces (bytes, then length, then id: a total order).
 static int piece_before(const char *const *piece, const size_t *len, uint32_t x, uint32_t y) {
@@ -205,8 +313,14 @@ tm_rc tm_guide_create(tm_dfa *dfa, const tm_guide_vocab *v, tm_guide **out, tm_e
     *out = NULL;
     tm_guide *g = tm_calloc(1, sizeof(*g));
     if (g)
-        g->mask = tm_calloc(tm_dfa_n_states(dfa), sizeof(*g->mask));
+        g->cls = tm_malloc((size_t)tm_dfa_n_states(dfa) * sizeof(*g->cls));
+    if (g && g->cls)
+        g->n_cls = mask_classes(dfa, v->max_depth, g->cls);
+    if (g && g->n_cls)
+        g->mask = tm_calloc(g->n_cls, sizeof(*g->mask));
     if (!g || !g->mask) {
+        if (g)
+            tm_free(g->cls);
         tm_free(g);
         tm_dfa_destroy(dfa);
         return TM_ERR(err, TM_E_NOMEM, "guided: mask cache");
@@ -220,15 +334,18 @@ tm_rc tm_guide_create(tm_dfa *dfa, const tm_guide_vocab *v, tm_guide **out, tm_e
 void tm_guide_destroy(tm_guide *g) {
     if (!g)
         return;
-    for (uint32_t i = 0; i < tm_dfa_n_states(g->dfa); i++)
+    for (uint32_t i = 0; i < g->n_cls; i++)
         tm_free(g->mask[i]);
     tm_free(g->mask);
+    tm_free(g->cls);
     tm_dfa_destroy(g->dfa);
     tm_free(g);
 }
 
 const tm_dfa *tm_guide_dfa(const tm_guide *g) { return g->dfa; }
 uint32_t tm_guide_n_cached(const tm_guide *g) { return g->n_cached; }
+uint32_t tm_guide_n_classes(const tm_guide *g) { return g->n_cls; }
+uint32_t tm_guide_state_class(const tm_guide *g, uint32_t q) { return g->cls[q]; }
 
 int tm_guide_cache_full(const tm_guide *g) { return g->n_cached >= g->cap; }
 void tm_guide_set_cache_cap(tm_guide *g, uint32_t n_masks) { g->cap = n_masks; }
@@ -237,8 +354,9 @@ const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, uint32_t *spare, int *col
     TM_ASSERT(q > 0 && q < tm_dfa_n_states(g->dfa));
     if (cold)
         *cold = 0;
-    if (g->mask[q])
-        return g->mask[q];
+    const uint32_t k = g->cls[q];
+    if (g->mask[k])
+        return g->mask[k];
     if (spare && tm_guide_cache_full(g)) {
         tm_guide_vocab_mask(g->v, g->dfa, q, spare);
         if (cold)
@@ -251,7 +369,7 @@ const uint32_t *tm_guide_mask(tm_guide *g, uint32_t q, uint32_t *spare, int *col
         return NULL;
     }
     tm_guide_vocab_mask(g->v, g->dfa, q, m);
-    g->mask[q] = m;
+    g->mask[k] = m;
     g->n_cached++;
     if (cold)
         *cold = 1;

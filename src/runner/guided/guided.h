@@ -109,6 +109,10 @@ int tm_guide_cache_full(const tm_guide *g);
 void tm_guide_set_cache_cap(tm_guide *g, uint32_t n_masks);
 /* Masks computed so far (cache entries), for tests and metrics. */
 uint32_t tm_guide_n_cached(const tm_guide *g);
+/* The classes of states that share a mask (guide.c: no token of the vocabulary tells their states
+ * apart), and the class of state q; for tests and benches. */
+uint32_t tm_guide_n_classes(const tm_guide *g);
+uint32_t tm_guide_state_class(const tm_guide *g, uint32_t q);
 
 /* Compute the mask of DFA state q into mask (n_words words) without caching: the trie walk. */
 void tm_guide_vocab_mask(const tm_guide_vocab *v, const tm_dfa *d, uint32_t q, uint32_t *mask);
