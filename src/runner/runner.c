@@ -76,6 +76,8 @@ typedef struct seq {
     uint32_t mtp_draft; /* the MTP layer's pick for the token after the decode token */
     uint32_t mtp_at;    /* q.n_done when mtp_draft was made */
     tm_guided_seq gd;   /* structured output (issue 26): the automaton and its mask, or zeroed */
+    /* the masks of a constrained record's verification rows: after 0..q.n_draft drafts */
+    const uint32_t *spec_allow[TM_SPEC_MAX_K + 1];
 } seq;
 
 /* A record that runs as several sequences: n > 1 samples, or one sequence per continuation of a
@@ -1144,10 +1146,11 @@ static tm_rc take_row(runner *r, seq *s, const tm_sched_run *e, uint32_t w, int 
 // ---- speculative decoding (runner/sched/spec.h) ----
 
 // Before planning: n-gram drafts for each running record about to decode (its last generated
-// token not yet computed; not the last prompt token of a chunked prefill; not structured output,
-// whose mask follows the accepted tokens), written after its ids
+// token not yet computed; not the last prompt token of a chunked prefill), written after its ids
 // (q.n_draft of them), at most spec_k, none past its max_tokens (the step's last row gives one more
-// token) or its context. The adaptive rule may pause it.
+// token) or its context. The adaptive rule may pause it. A constrained record (structured output)
+// keeps the prefix of its drafts that its automaton allows (tm_guided_draft), each verification
+// row with the mask of its position; MTP drafts are not made for it (they are chosen later).
 static tm_rc spec_draft(runner *r, tm_err *err) {
     const tm_runner_cfg *cfg = r->cfg;
     double gain = 0;
@@ -1155,7 +1158,7 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
         seq *s = &r->seqs[i];
         tm_sched_seq *q = &s->q;
         if (!s->job || !q->gen || q->score_next < q->score_end || q->ids.len != q->n_done + 1 ||
-            q->n_done < q->n_prompt || s->gd.ent || !tm_spec_may_draft(&s->spec))
+            q->n_done < q->n_prompt || (s->gd.ent && cfg->spec_mtp) || !tm_spec_may_draft(&s->spec))
             continue;
         int64_t k = TM_MIN((int64_t)cfg->spec_k, (int64_t)s->max_tokens - s->n_gen - 1);
         k = TM_MIN(k, (int64_t)s->max_len - (int64_t)q->ids.len);
@@ -1177,6 +1180,14 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
             q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
                                                cfg->spec_lookup_max, (uint32_t)k,
                                                q->ids.ids + q->ids.len);
+        if (s->gd.ent && q->n_draft) {
+            uint32_t n_ok = 0;
+            tm_rc rc = tm_guided_draft(r->gcache, &s->gd, q->ids.ids + q->ids.len, q->n_draft,
+                                       s->spec_allow, &n_ok, err);
+            if (rc)
+                return rc;
+            q->n_draft = n_ok;
+        }
         gain += q->n_draft ? tm_spec_gain(&s->spec) : 0.0;
     }
     // The step gate (runner/sched/spec.h): drop this step's drafts when they would not pay.
@@ -1197,6 +1208,8 @@ static tm_sample_params spec_row_params(const seq *s, uint32_t k) {
     tm_sample_params p = row_params(s);
     p.n_hist += k;
     p.n_mask = s->n_gen + k < s->min_tokens ? s->n_mask : 0;
+    if (s->gd.ent && k) // structured output: the mask of the state after k drafts
+        p.allow = s->spec_allow[k];
     return p;
 }
 

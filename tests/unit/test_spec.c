@@ -4,6 +4,7 @@
  *    [min, max], most recent occurrence, k and the end of the string), and the adaptive rule;
  *  - the engine's n_logits rows are bit-identical to the rows of one-token steps;
  *  - lossless: every record (greedy, sampled, penalties, stop strings, short max_tokens, logprobs,
+ *    structured output (a regex whose mask cuts drafts),
  *    n > 1) is byte-identical with speculation on and off, at max_seqs 1..8, with chunked prefill,
  *    the prefix cache on and off, a KV pool so small that sequences are preempted under
  *    speculation, and through engines whose forward_greedy / forward_sample pick on the "device"
@@ -430,7 +431,8 @@ typedef struct result {
 typedef struct variant {
     uint32_t max_seqs, max_batched_tokens, n_kv_block;
     int prefix_cache, engine_kind;
-    int mode; /* 0 greedy, 1 sampled t0.8 p0.95, 2 penalties + logprobs, 3 stop strings, 4 n = 2 */
+    int mode; /* 0 greedy, 1 sampled t0.8 p0.95, 2 penalties + logprobs, 3 stop strings, 4 n = 2,
+               * 5 greedy and 6 sampled under a regex constraint (structured output) */
 } variant;
 
 static tm_job *new_job(int i, int mode) {
@@ -460,6 +462,10 @@ static tm_job *new_job(int i, int mode) {
     }
     if (mode == 4)
         job->n = 2;
+    if (mode >= 5) { // no parentheses: drafts copied from the code are cut where one would come
+        job->guided_kind = TM_GUIDED_REGEX;
+        job->guided = tm_strdup("[^()]{1,300}");
+    }
     return job;
 }
 
@@ -491,8 +497,8 @@ static void run(const variant *v, uint32_t spec_k, result *res) {
                          .spec_lookup_max = 4,
                          .spec_no_gate = true}; // every draft a record may make (timing aside)
     cfg.defaults.max_tokens = 16;
-    cfg.defaults.temperature = v->mode == 0 || v->mode == 3 ? 0.0f : 0.8f;
-    cfg.defaults.top_p = v->mode == 0 ? 1.0f : 0.95f;
+    cfg.defaults.temperature = v->mode == 0 || v->mode == 3 || v->mode == 5 ? 0.0f : 0.8f;
+    cfg.defaults.top_p = v->mode == 0 || v->mode == 5 ? 1.0f : 0.95f;
     cfg.defaults.top_k = -1;
     memset(res, 0, sizeof(*res));
     TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &res->stats, &err), &err);
@@ -511,6 +517,7 @@ static void run(const variant *v, uint32_t spec_k, result *res) {
         } else {
             res->text[i] = c->text, c->text = NULL;
         }
+        TM_CHECK(v->mode < 5 || strpbrk(res->text[i], "()") == NULL); // the constraint held
         res->n_gen[i] = c->n_tok_gen;
         res->finish[i] = c->finish;
         for (uint32_t t = 0; c->logprobs && t < c->logprobs->n_tok; t++)
@@ -589,8 +596,8 @@ static void test_lossless_batches(void) {
 static void test_lossless_modes(void) {
     // each mode through the paths that its rows take: logits on the host (kind 0), forward_greedy
     // (kind 1: greedy rows), forward_sample (kind 2: sampled rows, logprobs included)
-    static const int kinds[5][2] = {{0, 1}, {0, 2}, {0, 2}, {1, 1}, {2, 2}};
-    for (int mode = 0; mode <= 4; mode++)
+    static const int kinds[7][2] = {{0, 1}, {0, 2}, {0, 2}, {1, 1}, {2, 2}, {0, 1}, {0, 2}};
+    for (int mode = 0; mode <= 6; mode++)
         for (int j = 0; j < 2 && (j == 0 || kinds[mode][1] != kinds[mode][0]); j++)
             check_variant(&(variant){.max_seqs = 3 + (uint32_t)mode % 3,
                                      .max_batched_tokens = 512,

@@ -253,6 +253,34 @@ tm_rc tm_guided_advance(tm_guide_cache *c, tm_guided_seq *s, uint32_t id, int *f
     return lookup(c, s, err);
 }
 
+tm_rc tm_guided_draft(tm_guide_cache *c, const tm_guided_seq *s, const uint32_t *draft, uint32_t n,
+                      const uint32_t **allow, uint32_t *n_ok, tm_err *err) {
+    tm_guide *g = s->ent->g;
+    const tm_dfa *d = tm_guide_dfa(g);
+    uint32_t q = s->state;
+    allow[0] = s->allow;
+    *n_ok = 0;
+    for (uint32_t k = 0; k < n && allow[k]; k++) {
+        const uint32_t id = draft[k];
+        if (id >= c->n_vocab || !((allow[k][id >> 5] >> (id & 31)) & 1u))
+            return TM_OK; // not allowed here (end-of-sequence ids included: they have no piece)
+        size_t len = 0;
+        const char *p = tm_tok_piece(c->tok, id, &len);
+        const uint32_t t = p ? tm_dfa_walk(d, q, p, len) : 0;
+        if (t == 0 || tm_dfa_is_final(d, t) || tm_guide_cache_full(g))
+            return TM_OK; // complete after it (nothing may follow), or no room for its mask
+        int cold = 0;
+        allow[k + 1] = tm_guide_mask(g, t, NULL, &cold, err);
+        c->st.n_mask++;
+        c->st.n_mask_cold += cold;
+        if (!allow[k + 1])
+            return err->rc;
+        q = t;
+        *n_ok = k + 1;
+    }
+    return TM_OK;
+}
+
 int tm_guided_accepts(const tm_guided_seq *s) {
     return s->ent && s->ent->g && tm_dfa_accepts(tm_guide_dfa(s->ent->g), s->state);
 }

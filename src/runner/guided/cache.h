@@ -63,6 +63,13 @@ int tm_guided_allows(const tm_guided_seq *s, uint32_t id);
 /* Advance s by token id's bytes (id must be allowed and not an end-of-sequence id) and look up
  * the next mask. *final: the output is complete and nothing may follow. TM_E_NOMEM. */
 tm_rc tm_guided_advance(tm_guide_cache *c, tm_guided_seq *s, uint32_t id, int *final, tm_err *err);
+/* Speculative drafts of a constrained sequence (docs/speculative.md): how many of draft[0, n)
+ * may be verified from s's state (a prefix: each token allowed where it stands, none leading to a
+ * state where the output is complete, none needing a mask past a full cache), with allow[k] the
+ * mask after the first k of them (allow[0] = s->allow) for the rows of the verification. The
+ * masks are the cache's (valid while s holds its constraint). TM_E_NOMEM. */
+tm_rc tm_guided_draft(tm_guide_cache *c, const tm_guided_seq *s, const uint32_t *draft, uint32_t n,
+                      const uint32_t **allow, uint32_t *n_ok, tm_err *err);
 /* 1 when the tokens so far form a whole accepted output. */
 int tm_guided_accepts(const tm_guided_seq *s);
 /* Drop s's reference (s zeroed). A sequence that ends unaccepted counts as unfinished when
