@@ -462,6 +462,9 @@ static void test_schema_shapes(void) {
                 YES("\"ab\"", "null", "\"\""), NO("1", "\"abcd\"", "nul"));
     check_table(S, "{\"oneOf\": [{\"enum\": [\"a\", \"b\", 2]}, {\"enum\": [\"c\", 1, null]}]}",
                 YES("\"a\"", "\"c\"", "1", "2", "null"), NO("\"d\"", "3", "\"1\""));
+    // literals compared deeply (arrays, objects; numbers as doubles)
+    check_table(S, "{\"oneOf\": [{\"const\": [1, 2]}, {\"enum\": [[1], {\"a\": [1, 2]}]}]}",
+                YES("[1,2]", "[1]", "{\"a\":[1,2]}"), NO("[2]", "[1, 2]"));
     // different types (a list, const's type); a property one branch requires and the other
     // forbids (additionalProperties false)
     check_table(
@@ -532,6 +535,10 @@ static void test_schema_shapes(void) {
         "{\"oneOf\": [{\"properties\": {\"k\": {\"const\": \"a\"}}, \"required\": [\"k\"]}, "
         "{\"properties\": {\"k\": {\"const\": \"b\"}}, \"required\": [\"k\"]}]}",
         TM_GUIDE_WHY_UNSUPPORTED, "may both match");
+    expect_fail(S,
+                "{\"oneOf\": [{\"const\": [1, {\"a\": 2}]}, {\"enum\": [\"x\", [1, {\"a\": "
+                "2.0}]]}]}",
+                TM_GUIDE_WHY_UNSUPPORTED, "may both match");
     expect_fail(S, "{\"oneOf\": [{}, {\"type\": \"null\"}]}", TM_GUIDE_WHY_UNSUPPORTED,
                 "may both match");
     expect_fail(S, "{\"oneOf\": [{\"type\": \"null\"}], \"type\": \"null\"}",
