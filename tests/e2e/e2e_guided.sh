@@ -2,7 +2,9 @@
 # tests/e2e/e2e_guided.sh BUILD SRC - structured output (issue 26) through the CLI on a random
 # 129,280-token model with the DeepSeek-V3 tokenizer (random weights: random text, but
 # constrained): native records with guided_json (nested objects, arrays, enums, const, anyOf,
-# $defs/$ref, recursion, string lengths and patterns, string formats, numeric bounds), guided_regex, guided_choice and
+# $defs/$ref, recursion, string lengths and patterns, string formats, numeric bounds, pydantic's
+# discriminated unions (oneOf), tuples (prefixItems, draft 7 items lists), allOf around a $ref),
+# guided_regex, guided_choice and
 # response_format json_object, greedy and sampled, plus OpenAI Batch lines with response_format
 # json_schema / json_object. Every answer must end with finish_reason "stop" and satisfy its
 # constraint as judged by tests/oracles/guided_check.cjs (ajv, node's RegExp); records whose
@@ -75,12 +77,42 @@ const event = {
   },
   required: ["when", "day", "at", "took", "id", "mail", "host", "ip", "ip6", "score", "n", "temp", "big"],
 };
+// what pydantic 2 emits (model_json_schema): a discriminated union of two models ($defs, oneOf,
+// discriminator), a Tuple[int, str] (prefixItems), a $ref with annotations beside it, plus an
+// allOf-wrapped $ref (pydantic 1), a nullable oneOf and oneOf of disjoint enums; judged by ajv's
+// draft 2020-12 (prefixItems)
+const owner = {
+  $defs: {
+    Cat: { additionalProperties: false, properties: { pet_type: { const: "cat", title: "Pet Type", type: "string" }, meows: { title: "Meows", type: "integer", minimum: 0, maximum: 99 } }, required: ["pet_type", "meows"], title: "Cat", type: "object" },
+    Dog: { properties: { pet_type: { enum: ["dog", "puppy"], title: "Pet Type", type: "string" }, name: { type: "string", maxLength: 6 } }, required: ["pet_type", "name"], title: "Dog", type: "object" },
+    Inner: { properties: { x: { title: "X", type: "integer", minimum: -9, maximum: 9 } }, required: ["x"], title: "Inner", type: "object" },
+  },
+  properties: {
+    pet: { discriminator: { mapping: { cat: "#/$defs/Cat", dog: "#/$defs/Dog", puppy: "#/$defs/Dog" }, propertyName: "pet_type" }, oneOf: [{ $ref: "#/$defs/Cat" }, { $ref: "#/$defs/Dog" }], title: "Pet" },
+    pt: { maxItems: 2, minItems: 2, prefixItems: [{ type: "integer", minimum: 0, maximum: 999 }, { type: "string", maxLength: 5 }], title: "Pt", type: "array" },
+    inner: { $ref: "#/$defs/Inner", default: { x: 2 }, description: "d2", title: "T" },
+    old: { allOf: [{ $ref: "#/$defs/Inner" }], description: "pydantic 1", default: { x: 1 } },
+    nick: { oneOf: [{ type: "string", maxLength: 4 }, { type: "null" }], default: null },
+    mood: { oneOf: [{ enum: ["happy", "sad"] }, { enum: ["angry", 3, null] }] },
+    more: { type: "array", prefixItems: [{ type: "boolean" }], items: { enum: [1, 2] }, minItems: 1, maxItems: 3 },
+    pets: { type: "array", items: { discriminator: { propertyName: "pet_type" }, oneOf: [{ $ref: "#/$defs/Cat" }, { $ref: "#/$defs/Dog" }] }, minItems: 3, maxItems: 3 },
+  },
+  required: ["pet", "pt", "inner", "old", "nick", "mood", "more", "pets"],
+  title: "Owner", type: "object",
+};
+// draft 7 tuples (zod-to-json-schema's form): items as a list, additionalItems (judged by ajv's
+// draft 7)
+const tup7 = {
+  $schema: "http://json-schema.org/draft-07/schema#", type: "array",
+  items: [{ type: "boolean" }, { enum: ["a", "b"] }, { type: ["integer", "null"], minimum: 0, maximum: 9 }],
+  additionalItems: { type: "string", maxLength: 3 }, minItems: 2, maxItems: 5,
+};
 const regexes = ["[A-Z][a-z]{2,6} [0-9]{1,3}", "(yes|no|maybe)", "\\d{3}-\\d{4}", "[^\\n\"]{1,12}\\.", "(0x[0-9a-f]{2}, ){0,3}0x[0-9a-f]{2}", "\\w{1,8}@\\w{1,8}\\.(?:com|net)", "é+ß?[αβγ]{2}"];
 const choices = [["Paris", "London", "New York"], ["positive", "negative", "neutral"]];
 const good = [], bad = [];
 let i = 0;
 const sp = (k) => (k % 2 ? { temperature: 0 } : { temperature: 1.0, seed: k });
-for (const [name, sc] of Object.entries({ person, shapes, tree, strs, event }))
+for (const [name, sc] of Object.entries({ person, shapes, tree, strs, event, owner, tup7 }))
   for (let k = 0; k < 4; k++)
     good.push({ id: `${name}-${k}`, prompt: `Give me ${name} ${k} as JSON:`, guided_json: k === 3 ? JSON.stringify(sc) : sc, max_tokens: 400, ...sp(k) });
 regexes.forEach((re, k) => good.push({ id: `re-${k}`, prompt: `Answer ${k}:`, guided_regex: re, max_tokens: 200, ...sp(k) }));
@@ -108,13 +140,16 @@ bad.push({ id: "e-grammar", prompt: "x", guided_grammar: "root ::= \"a\"" });
 bad.push({ id: "e-choice", prompt: "x", guided_choice: [] });
 bad.push(oa("e-oa-type", { type: "xml" }));
 bad.push(oa("e-oa-ref", { type: "json_schema", json_schema: { name: "r", schema: { $ref: "https://example.com/s.json" } } }));
+// oneOf branches that may both match (1 is an integer and a number); an intersection
+bad.push({ id: "e-oneof", prompt: "x", guided_json: { oneOf: [{ type: "integer" }, { type: "number" }] } });
+bad.push({ id: "e-allof", prompt: "x", guided_json: { allOf: [{ type: "object" }, { required: ["a"], properties: { a: {} } }] } });
 // cannot finish within max_tokens: finish_reason length, counted as unfinished
 const cut = { id: "cut", prompt: "Spell:", guided_regex: "[a-z]{60}", max_tokens: 3 };
 const lines = [...good, cut, ...bad].map((r) => JSON.stringify(r));
 fs.writeFileSync(`${dir}/batch.jsonl`, lines.join("\n") + "\n");
 fs.writeFileSync(`${dir}/good.jsonl`, good.map((r) => JSON.stringify(r)).join("\n") + "\n");
 const n0 = good.length + 1;
-const codes = ["unsupported", "unsupported", "invalid_value", "unsupported", "invalid_value", "unsupported", "invalid_value", "invalid_value", "unsupported"];
+const codes = ["unsupported", "unsupported", "invalid_value", "unsupported", "invalid_value", "unsupported", "invalid_value", "invalid_value", "unsupported", "unsupported", "unsupported"];
 fs.writeFileSync(`${dir}/expect.tsv`, codes.map((c, k) => `batch.jsonl:${n0 + k + 1}\t${c}\n`).join(""));
 NODE
 cat >"$work/job.json" <<JOB

@@ -114,8 +114,8 @@ static void test_errors(void) {
                 "too complex to compile");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"type\": \"number\", \"multipleOf\": 3}",
                 TM_GUIDE_WHY_UNSUPPORTED, "keyword 'multipleOf'");
-    expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"oneOf\": [{\"type\": \"null\"}]}",
-                TM_GUIDE_WHY_UNSUPPORTED, "keyword 'oneOf'");
+    expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"not\": {\"type\": \"null\"}}",
+                TM_GUIDE_WHY_UNSUPPORTED, "keyword 'not'");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"$ref\": \"http://x/y\"}", TM_GUIDE_WHY_UNSUPPORTED,
                 "'$ref'");
     expect_fail(TM_GUIDE_KIND_JSON_SCHEMA, "{\"$ref\": \"#/$defs/nope\"}", TM_GUIDE_WHY_INVALID,
@@ -455,6 +455,139 @@ static void test_formats(void) {
     expect_fail(S, "{\"format\": \"date\"}", TM_GUIDE_WHY_UNSUPPORTED, "without 'type'");
 }
 
+// The shapes pydantic (model_json_schema), zod-to-json-schema and the OpenAI helpers emit:
+// oneOf with provably disjoint branches (a discriminated union, nullable, disjoint enums),
+// allOf around one schema, tuples (prefixItems; draft 7's items list), $ref with annotations.
+static void test_schema_shapes(void) {
+    const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
+    // pydantic 2.13: Union[Cat, Dog] = Field(discriminator="pet_type"), Dog's tag an enum
+    const char *pets =
+        "{\"$defs\": {\"Cat\": {\"additionalProperties\": false, \"properties\": {\"pet_type\": "
+        "{\"const\": \"cat\", \"title\": \"Pet Type\", \"type\": \"string\"}, \"meows\": "
+        "{\"title\": \"Meows\", \"type\": \"integer\"}}, \"required\": [\"pet_type\", \"meows\"], "
+        "\"title\": \"Cat\", \"type\": \"object\"}, \"Dog\": {\"properties\": {\"pet_type\": "
+        "{\"enum\": [\"dog\", \"puppy\"], \"title\": \"Pet Type\", \"type\": \"string\"}, "
+        "\"barks\": {\"title\": \"Barks\", \"type\": \"number\"}}, \"required\": [\"pet_type\", "
+        "\"barks\"], \"title\": \"Dog\", \"type\": \"object\"}}, \"properties\": {\"pet\": "
+        "{\"discriminator\": {\"mapping\": {\"cat\": \"#/$defs/Cat\", \"dog\": \"#/$defs/Dog\", "
+        "\"puppy\": \"#/$defs/Dog\"}, \"propertyName\": \"pet_type\"}, \"oneOf\": [{\"$ref\": "
+        "\"#/$defs/Cat\"}, {\"$ref\": \"#/$defs/Dog\"}], \"title\": \"Pet\"}, \"opt\": "
+        "{\"anyOf\": [{\"discriminator\": {\"propertyName\": \"pet_type\"}, \"oneOf\": "
+        "[{\"$ref\": \"#/$defs/Cat\"}, {\"$ref\": \"#/$defs/Dog\"}]}, {\"type\": \"null\"}], "
+        "\"default\": null}}, \"required\": [\"pet\"], \"title\": \"Owner\", \"type\": "
+        "\"object\"}";
+    check_table(S, pets,
+                YES("{\"pet\":{\"pet_type\":\"cat\",\"meows\":3}}",
+                    "{\"pet\": {\"pet_type\": \"puppy\", \"barks\": 1.5}, \"opt\": null}",
+                    "{\"pet\":{\"pet_type\":\"dog\",\"barks\":0},\"opt\":{\"pet_type\":\"cat\","
+                    "\"meows\":1}}"),
+                NO("{\"pet\":{\"pet_type\":\"cat\",\"barks\":1.5}}",
+                   "{\"pet\":{\"pet_type\":\"bird\",\"meows\":1}}", "{\"pet\":null}",
+                   "{\"pet\":{\"meows\":1}}"));
+    check_table(S, "{\"oneOf\": [{\"type\": \"string\", \"maxLength\": 3}, {\"type\": \"null\"}]}",
+                YES("\"ab\"", "null", "\"\""), NO("1", "\"abcd\"", "nul"));
+    check_table(S, "{\"oneOf\": [{\"enum\": [\"a\", \"b\", 2]}, {\"enum\": [\"c\", 1, null]}]}",
+                YES("\"a\"", "\"c\"", "1", "2", "null"), NO("\"d\"", "3", "\"1\""));
+    // literals compared deeply (arrays, objects; numbers as doubles)
+    check_table(S, "{\"oneOf\": [{\"const\": [1, 2]}, {\"enum\": [[1], {\"a\": [1, 2]}]}]}",
+                YES("[1,2]", "[1]", "{\"a\":[1,2]}"), NO("[2]", "[1, 2]"));
+    // different types (a list, const's type); a property one branch requires and the other
+    // forbids (additionalProperties false)
+    check_table(
+        S,
+        "{\"oneOf\": [{\"type\": [\"string\", \"null\"], \"maxLength\": 1}, {\"const\": 4}, "
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}, "
+        "\"required\": [\"a\"], \"additionalProperties\": false}, {\"type\": \"object\", "
+        "\"properties\": {\"b\": {\"type\": \"boolean\"}}, \"required\": [\"b\"]}]}",
+        YES("\"x\"", "null", "4", "{\"a\":1}", "{\"b\":true}"), NO("5", "{}", "{\"a\":true}"));
+    // allOf around one $ref (pydantic v1, some generators), annotations beside it and among its
+    // schemas; pydantic v2's $ref with default / description / title
+    const char *wrapped =
+        "{\"$defs\": {\"I\": {\"type\": \"object\", \"properties\": {\"x\": {\"type\": "
+        "\"integer\"}}, \"required\": [\"x\"]}}, \"type\": \"object\", \"properties\": {\"i\": "
+        "{\"allOf\": [{\"$ref\": \"#/$defs/I\"}], \"description\": \"d\", \"default\": {\"x\": "
+        "1}}, \"j\": {\"allOf\": [{\"description\": \"n\"}, {\"$ref\": \"#/$defs/I\"}, true]}, "
+        "\"k\": {\"$ref\": \"#/$defs/I\", \"default\": {\"x\": 2}, \"description\": \"d2\", "
+        "\"title\": \"T\", \"examples\": [{\"x\": 3}], \"deprecated\": true}, \"any\": {\"allOf\": "
+        "[{\"title\": \"t\"}]}}, \"required\": [\"i\", \"j\", \"k\"]}";
+    check_table(S, wrapped,
+                YES("{\"i\":{\"x\":1},\"j\":{\"x\":2},\"k\":{\"x\":-3}}",
+                    "{\"i\":{\"x\":1},\"j\":{\"x\":2},\"k\":{\"x\":3},\"any\":[1,\"a\"]}"),
+                NO("{\"i\":{\"x\":1},\"j\":{},\"k\":{\"x\":3}}", "{\"i\":{\"x\":1}}"));
+    // tuples: pydantic's Tuple[int, str]; items false; items a schema within min/max; no items
+    // but minItems past the positions; items false alone
+    check_table(S,
+                "{\"maxItems\": 2, \"minItems\": 2, \"prefixItems\": [{\"type\": \"integer\"}, "
+                "{\"type\": \"string\", \"maxLength\": 2}], \"type\": \"array\"}",
+                YES("[1,\"ab\"]", "[-4, \"\"]"), NO("[1]", "[1,\"ab\",2]", "[\"a\",1]", "[]"));
+    check_table(S,
+                "{\"type\": \"array\", \"prefixItems\": [{\"type\": \"integer\"}, {\"enum\": "
+                "[\"a\"]}], \"items\": false}",
+                YES("[]", "[1]", "[1,\"a\"]", "[1, \"a\"]"), NO("[1,\"a\",2]", "[\"a\"]", "[1,]"));
+    check_table(S,
+                "{\"type\": \"array\", \"prefixItems\": [{\"type\": \"boolean\"}], \"items\": "
+                "{\"type\": \"null\"}, \"minItems\": 2, \"maxItems\": 3}",
+                YES("[true,null]", "[false, null, null]"),
+                NO("[true]", "[true,null,null,null]", "[null,null]", "[true,true]"));
+    check_table(S, "{\"prefixItems\": [{\"const\": 1}], \"minItems\": 3}",
+                YES("[1,\"x\",{}]", "[1,[2],null]"), NO("[1]", "[1,2]", "[1,2,3,4]", "[2,2,2]"));
+    check_table(S, "{\"type\": \"array\", \"items\": false}", YES("[]"), NO("[1]", "[null]"));
+    // draft 7: items as a list, additionalItems
+    check_table(S,
+                "{\"$schema\": \"http://json-schema.org/draft-07/schema#\", \"type\": \"array\", "
+                "\"items\": [{\"type\": \"integer\"}, {\"type\": \"null\"}], \"additionalItems\": "
+                "{\"type\": \"boolean\"}, \"maxItems\": 3}",
+                YES("[]", "[1]", "[1,null]", "[1,null,true]"),
+                NO("[1,null,true,false]", "[null]", "[1,2]"));
+    check_table(S, "{\"type\": \"array\", \"items\": [{\"type\": \"null\"}], \"minItems\": 1}",
+                YES("[null]"), NO("[]", "[1]", "[null,null]"));
+    // refused: branches that may both match (the same type; integer and number: 1 is both; 1
+    // and 1.0 are equal; a tag neither requires; an unconstrained branch), intersections,
+    // discriminator alone, $ref with a sibling that constrains, tuples nothing satisfies
+    expect_fail(
+        S, "{\"oneOf\": [{\"type\": \"string\"}, {\"type\": \"string\", \"maxLength\": 3}]}",
+        TM_GUIDE_WHY_UNSUPPORTED, "'oneOf' branches 1 and 2 (counting from 1) may both match");
+    expect_fail(
+        S, "{\"oneOf\": [{\"type\": \"null\"}, {\"type\": \"integer\"}, {\"type\": \"number\"}]}",
+        TM_GUIDE_WHY_UNSUPPORTED, "branches 2 and 3");
+    expect_fail(S, "{\"oneOf\": [{\"enum\": [\"x\", 1]}, {\"const\": 1.0}]}",
+                TM_GUIDE_WHY_UNSUPPORTED, "may both match");
+    expect_fail(S,
+                "{\"oneOf\": [{\"type\": \"object\", \"properties\": {\"k\": {\"const\": \"a\"}}}, "
+                "{\"type\": \"object\", \"properties\": {\"k\": {\"const\": \"b\"}}}]}",
+                TM_GUIDE_WHY_UNSUPPORTED, "may both match");
+    expect_fail(
+        S,
+        "{\"oneOf\": [{\"properties\": {\"k\": {\"const\": \"a\"}}, \"required\": [\"k\"]}, "
+        "{\"properties\": {\"k\": {\"const\": \"b\"}}, \"required\": [\"k\"]}]}",
+        TM_GUIDE_WHY_UNSUPPORTED, "may both match");
+    expect_fail(S,
+                "{\"oneOf\": [{\"const\": [1, {\"a\": 2}]}, {\"enum\": [\"x\", [1, {\"a\": "
+                "2.0}]]}]}",
+                TM_GUIDE_WHY_UNSUPPORTED, "may both match");
+    expect_fail(S, "{\"oneOf\": [{}, {\"type\": \"null\"}]}", TM_GUIDE_WHY_UNSUPPORTED,
+                "may both match");
+    expect_fail(S, "{\"oneOf\": [{\"type\": \"null\"}], \"type\": \"null\"}",
+                TM_GUIDE_WHY_UNSUPPORTED, "'oneOf' with the sibling keyword 'type'");
+    expect_fail(S, "{\"allOf\": [{\"type\": \"object\"}, {\"required\": [\"a\"]}]}",
+                TM_GUIDE_WHY_UNSUPPORTED, "'allOf' of 2 schemas that constrain");
+    expect_fail(S, "{\"allOf\": []}", TM_GUIDE_WHY_INVALID, "non-empty array");
+    expect_fail(S, "{\"type\": \"object\", \"discriminator\": {\"propertyName\": \"k\"}}",
+                TM_GUIDE_WHY_UNSUPPORTED, "only supported next to 'oneOf' or 'anyOf'");
+    expect_fail(S,
+                "{\"$defs\": {\"a\": {\"type\": \"string\"}}, \"$ref\": \"#/$defs/a\", "
+                "\"maxLength\": 3}",
+                TM_GUIDE_WHY_UNSUPPORTED, "sibling keyword 'maxLength'");
+    expect_fail(S, "{\"type\": \"array\", \"items\": {}, \"additionalItems\": false}",
+                TM_GUIDE_WHY_UNSUPPORTED, "'additionalItems' is only supported after 'items'");
+    expect_fail(S, "{\"prefixItems\": [{}], \"items\": [{}]}", TM_GUIDE_WHY_INVALID,
+                "next to 'prefixItems'");
+    expect_fail(S,
+                "{\"type\": \"array\", \"prefixItems\": [{\"type\": \"null\"}], \"items\": false, "
+                "\"minItems\": 2}",
+                TM_GUIDE_WHY_INVALID, "no output satisfies");
+}
+
 int main(void) {
     long live = tm_alloc_live();
     TM_RUN(test_regex);
@@ -466,6 +599,7 @@ int main(void) {
     TM_RUN(test_cache);
     TM_RUN(test_numbers);
     TM_RUN(test_formats);
+    TM_RUN(test_schema_shapes);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();
 }

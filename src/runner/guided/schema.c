@@ -14,13 +14,17 @@
 
 #define MAX_SCHEMA_DEPTH 64 /* schema objects nested (through refs too) */
 
+#define DJ_DEPTH 32          /* schemas nested in one oneOf disjointness check */
+#define DJ_BUDGET (1u << 18) /* steps of all oneOf disjointness checks of one schema */
+
 typedef struct sc {
     rx_ctx *c;
     const json_t *root;
     const char *ref_name[MAX_SCHEMA_DEPTH]; /* the $refs being expanded (a stack) */
     uint32_t n_ref;
     uint32_t depth;
-    rx_node *ws; /* after ':' and ',': "" or " " */
+    rx_node *ws;      /* after ':' and ',': "" or " " */
+    uint32_t dj_left; /* steps left to the oneOf disjointness checks */
 } sc;
 
 static rx_node *value(sc *s, const json_t *schema);
@@ -94,6 +98,19 @@ static int is_annotation(const char *k) {
     return 0;
 }
 
+// true, or an object of annotations only (it constrains nothing: an allOf member to skip)
+static int annotation_only(const json_t *m) {
+    const char *k;
+    const json_t *v;
+    if (!json_is_object(m))
+        return json_is_true(m);
+    json_object_foreach((json_t *)m, k, v) {
+        if (!is_annotation(k))
+            return 0;
+    }
+    return 1;
+}
+
 static int is_supported(const char *k) {
     static const char *const kw[] = {"type",
                                      "properties",
@@ -114,6 +131,10 @@ static int is_supported(const char *k) {
                                      "maximum",
                                      "exclusiveMinimum",
                                      "exclusiveMaximum",
+                                     "oneOf",
+                                     "allOf",
+                                     "prefixItems",
+                                     "additionalItems",
                                      NULL};
     for (int i = 0; kw[i]; i++)
         if (strcmp(k, kw[i]) == 0)
@@ -179,6 +200,8 @@ static rx_node *string_schema(sc *s, const json_t *schema) {
     return str_schema(s, min, max);
 }
 
+static rx_node *tuple_schema(sc *s, const json_t *schema, uint32_t lo, uint32_t hi);
+
 static rx_node *array_schema(sc *s, const json_t *schema) {
     uint32_t min = 0, max = RX_INF;
     if (count_kw(s, schema, "minItems", &min) || count_kw(s, schema, "maxItems", &max))
@@ -186,9 +209,16 @@ static rx_node *array_schema(sc *s, const json_t *schema) {
     if (max != RX_INF && max < min)
         return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: maxItems is below minItems");
     const json_t *items = json_object_get(schema, "items");
+    if (json_object_get(schema, "prefixItems") || json_is_array(items) || json_is_false(items))
+        return tuple_schema(s, schema, min, max);
+    if (json_object_get(schema, "additionalItems"))
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                       "schema: 'additionalItems' is only supported after 'items' as a list "
+                       "(draft 7 tuples; in draft 2020-12 write 'prefixItems' and 'items')");
     if (items && !json_is_object(items) && !json_is_true(items))
         return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
-                       "schema: 'items' must be a schema object (tuple forms are not supported)");
+                       "schema: 'items' must be a schema object, a list of them (a tuple) or "
+                       "false");
     rx_node *item = items && json_is_object(items) ? value(s, items) : value(s, NULL);
     if (!item)
         return NULL;
@@ -311,22 +341,30 @@ static rx_node *type_schema(sc *s, const json_t *schema, const char *t) {
     return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: unknown type '%.40s'", t);
 }
 
-// "#/$defs/name", "#/definitions/name" or "#": the schema it names.
-static const json_t *resolve(sc *s, const char *ref) {
+// "#/$defs/name", "#/definitions/name" or "#": the schema it names; NULL for another form or a
+// name with no schema (*known: the form is one of these).
+static const json_t *lookup(const sc *s, const char *ref, int *known) {
+    *known = 1;
     if (strcmp(ref, "#") == 0)
         return s->root;
     static const char *const pre[] = {"#/$defs/", "#/definitions/"};
     for (int i = 0; i < 2; i++) {
         size_t n = strlen(pre[i]);
-        if (strncmp(ref, pre[i], n) == 0) {
-            const json_t *defs = json_object_get(s->root, i ? "definitions" : "$defs");
-            const json_t *d = json_object_get(defs, ref + n);
-            if (!d)
-                return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '$ref' %.80s names no schema",
-                               ref);
-            return d;
-        }
+        if (strncmp(ref, pre[i], n) == 0)
+            return json_object_get(json_object_get(s->root, i ? "definitions" : "$defs"), ref + n);
     }
+    *known = 0;
+    return NULL;
+}
+
+// lookup, with an error for a $ref it cannot follow.
+static const json_t *resolve(sc *s, const char *ref) {
+    int known;
+    const json_t *d = lookup(s, ref, &known);
+    if (d)
+        return d;
+    if (known)
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '$ref' %.80s names no schema", ref);
     return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
                    "schema: '$ref' %.80s is not supported (only #, #/$defs/... and "
                    "#/definitions/...)",
@@ -350,6 +388,268 @@ static rx_node *ref_schema(sc *s, const json_t *ref) {
     s->ref_name[s->n_ref++] = name;
     rx_node *x = value(s, d);
     s->n_ref--;
+    return x;
+}
+
+// oneOf: its branches must exclude each other, so that an answer generated from one of them
+// (as anyOf) matches no other (oneOf fails on two matches). disjoint() proves it conservatively
+// from the schema objects: 1 only when no JSON value can satisfy both schemas, 0 when unsure.
+// The JSON types a schema's type / const / enum allow, as bits (integer and number are one bit:
+// 1.0 is an integer to a validator).
+enum { TY_NULL = 1, TY_BOOL = 2, TY_OBJ = 4, TY_ARR = 8, TY_STR = 16, TY_NUM = 32, TY_ALL = 63 };
+
+static unsigned value_type(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_NULL:
+        return TY_NULL;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return TY_BOOL;
+    case JSON_OBJECT:
+        return TY_OBJ;
+    case JSON_ARRAY:
+        return TY_ARR;
+    case JSON_STRING:
+        return TY_STR;
+    default:
+        return TY_NUM;
+    }
+}
+
+static unsigned type_bits(const json_t *t) {
+    static const char *const name[] = {"null",   "boolean", "object", "array",
+                                       "string", "integer", "number"};
+    static const unsigned bit[] = {TY_NULL, TY_BOOL, TY_OBJ, TY_ARR, TY_STR, TY_NUM, TY_NUM};
+    if (json_is_array(t)) {
+        unsigned u = 0;
+        for (size_t i = 0; i < json_array_size(t); i++)
+            u |= type_bits(json_array_get(t, i));
+        return u;
+    }
+    for (int i = 0; json_is_string(t) && i < 7; i++)
+        if (strcmp(json_string_value(t), name[i]) == 0)
+            return bit[i];
+    return TY_ALL; // not a type name: no claim
+}
+
+// The literal values a schema allows (const, else enum): *n of them, lit_at(s, i) the i-th; 0
+// when it does not list them.
+static int lits(const json_t *s, size_t *n) {
+    const json_t *e = json_object_get(s, "enum");
+    *n = json_object_get(s, "const") ? 1 : json_array_size(e);
+    return json_object_get(s, "const") || json_is_array(e);
+}
+
+static const json_t *lit_at(const json_t *s, size_t i) {
+    const json_t *c = json_object_get(s, "const");
+    return c ? c : json_array_get(json_object_get(s, "enum"), i);
+}
+
+static unsigned local_types(const json_t *s) {
+    unsigned t = TY_ALL;
+    if (json_object_get(s, "type"))
+        t &= type_bits(json_object_get(s, "type"));
+    size_t n;
+    if (lits(s, &n)) {
+        unsigned u = 0;
+        for (size_t i = 0; i < n; i++)
+            u |= value_type(lit_at(s, i));
+        t &= u;
+    }
+    return t;
+}
+
+// Whether two JSON values may be equal to a validator (deep equality, numbers compared as the
+// doubles JSON.parse makes of them, so 1 and 1.0 are equal).
+static int may_equal(const json_t *a, const json_t *b) {
+    if (json_is_number(a) && json_is_number(b))
+        return json_number_value(a) == json_number_value(b);
+    if (json_typeof(a) != json_typeof(b))
+        return 0;
+    if (json_is_string(a))
+        return json_string_length(a) == json_string_length(b) &&
+               memcmp(json_string_value(a), json_string_value(b), json_string_length(a)) == 0;
+    if (json_is_array(a)) {
+        if (json_array_size(a) != json_array_size(b))
+            return 0;
+        for (size_t i = 0; i < json_array_size(a); i++)
+            if (!may_equal(json_array_get(a, i), json_array_get(b, i)))
+                return 0;
+        return 1;
+    }
+    if (json_is_object(a)) {
+        const char *k;
+        const json_t *v;
+        if (json_object_size(a) != json_object_size(b))
+            return 0;
+        json_object_foreach((json_t *)a, k, v) {
+            const json_t *w = json_object_get(b, k);
+            if (!w || !may_equal(v, w))
+                return 0;
+        }
+    }
+    return 1; // null, true, false, or equal objects
+}
+
+// a lists its literals and none of them satisfies b's type / const / enum.
+static int lits_excluded(sc *s, const json_t *a, const json_t *b) {
+    size_t na, nb;
+    if (!lits(a, &na))
+        return 0;
+    int lb = lits(b, &nb);
+    unsigned tb = local_types(b);
+    for (size_t i = 0; i < na; i++) {
+        const json_t *x = lit_at(a, i);
+        if (!(value_type(x) & tb))
+            continue;
+        if (!lb)
+            return 0;
+        for (size_t j = 0; j < nb; j++) {
+            if (s->dj_left == 0)
+                return 0;
+            s->dj_left--;
+            if (may_equal(x, lit_at(b, j)))
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static int disjoint(sc *s, const json_t *a, const json_t *b, uint32_t depth);
+
+// Objects only, on both sides: a property that b requires (so a common value has it) and whose
+// schemas in a and b are disjoint (the discriminated union), or that a forbids
+// (additionalProperties false).
+static int objects_disjoint(sc *s, const json_t *a, const json_t *b, uint32_t depth) {
+    const json_t *rb = json_object_get(b, "required");
+    const json_t *pa = json_object_get(a, "properties"), *pb = json_object_get(b, "properties");
+    for (size_t j = 0; json_is_array(rb) && j < json_array_size(rb); j++) {
+        const char *k = json_string_value(json_array_get(rb, j));
+        if (!k)
+            continue;
+        if (json_is_false(json_object_get(a, "additionalProperties")) &&
+            !json_object_get(a, "patternProperties") && !json_object_get(pa, k))
+            return 1;
+        const json_t *xa = json_object_get(pa, k), *xb = json_object_get(pb, k);
+        if (json_is_object(pa) && json_is_object(pb) && xa && xb && disjoint(s, xa, xb, depth + 1))
+            return 1;
+    }
+    return 0;
+}
+
+static int disjoint(sc *s, const json_t *a, const json_t *b, uint32_t depth) {
+    if (s->dj_left == 0 || depth > DJ_DEPTH)
+        return 0;
+    s->dj_left--;
+    if (json_is_false(a) || json_is_false(b))
+        return 1;
+    if (!json_is_object(a) || !json_is_object(b))
+        return 0;
+    for (int side = 0; side < 2; side++) {
+        const json_t *x = side ? b : a, *y = side ? a : b;
+        // x accepts only what its $ref and each allOf schema accept, and only what one of its
+        // anyOf / oneOf branches accepts
+        const json_t *ref = json_object_get(x, "$ref");
+        int known;
+        const json_t *d = json_is_string(ref) ? lookup(s, json_string_value(ref), &known) : NULL;
+        if (d && disjoint(s, d, y, depth + 1))
+            return 1;
+        const json_t *all = json_object_get(x, "allOf");
+        for (size_t i = 0; json_is_array(all) && i < json_array_size(all); i++)
+            if (disjoint(s, json_array_get(all, i), y, depth + 1))
+                return 1;
+        static const char *const alts[] = {"anyOf", "oneOf"};
+        for (int k = 0; k < 2; k++) {
+            const json_t *alt = json_object_get(x, alts[k]);
+            size_t i = 0, n = json_is_array(alt) ? json_array_size(alt) : 0;
+            while (i < n && disjoint(s, json_array_get(alt, i), y, depth + 1))
+                i++;
+            if (n && i == n)
+                return 1;
+        }
+    }
+    // the keywords beside a $ref: not relied on (draft 7 ignores them; schemas with ones that
+    // constrain are refused anyway)
+    if (json_object_get(a, "$ref") || json_object_get(b, "$ref"))
+        return 0;
+    unsigned t = local_types(a) & local_types(b);
+    if (!t || lits_excluded(s, a, b) || lits_excluded(s, b, a))
+        return 1;
+    return t == TY_OBJ && (objects_disjoint(s, a, b, depth) || objects_disjoint(s, b, a, depth));
+}
+
+// Tuples: prefixItems (draft 2020-12) with items (more items of it, or false: no more), or
+// items as a list (drafts 4-7) with additionalItems; within minItems..maxItems. Absent or true
+// for the rest: only the listed positions, plus any JSON values where minItems asks for more
+// (as additionalProperties true generates only the declared properties).
+static rx_node *tuple_schema(sc *s, const json_t *schema, uint32_t lo, uint32_t hi) {
+    const json_t *pre = json_object_get(schema, "prefixItems");
+    const json_t *items = json_object_get(schema, "items");
+    const json_t *list = pre, *rest = items;
+    const char *rest_kw = "items";
+    if (pre && (!json_is_array(pre) || json_array_size(pre) == 0))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID,
+                       "schema: 'prefixItems' must be a non-empty list of schemas");
+    if (pre && json_is_array(items))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID,
+                       "schema: 'items' next to 'prefixItems' must be a schema or false (the "
+                       "list form of 'items' is draft 7's tuple: use one form)");
+    if (pre && json_object_get(schema, "additionalItems"))
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                       "schema: 'additionalItems' next to 'prefixItems' is not supported (draft "
+                       "2020-12 has none: give the schema of further items as 'items')");
+    if (!pre && json_is_array(items)) {
+        list = items;
+        rest = json_object_get(schema, "additionalItems");
+        rest_kw = "additionalItems";
+    } else if (!pre) {
+        list = NULL; // items false: the empty array
+    }
+    size_t n = list ? json_array_size(list) : 0;
+    if (n > RX_MAX_REPEAT)
+        return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                       "schema: a tuple of more than %u positions is not supported", RX_MAX_REPEAT);
+    if (rest && !json_is_boolean(rest) && !json_is_object(rest))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '%s' must be a schema", rest_kw);
+    if (json_is_false(rest) && hi > n)
+        hi = (uint32_t)n;
+    else if (!json_is_object(rest) && hi > (lo > n ? lo : n))
+        hi = lo > n ? lo : (uint32_t)n;
+    if (hi < lo) // e.g. minItems past a closed tuple: nothing (this branch, if one of several)
+        return rx_none(s->c);
+    rx_node *extra = json_is_object(rest) ? value(s, rest)
+                     : hi > n             ? value(s, NULL)
+                                          : rx_empty(s->c); // never used
+    rx_node **pos = tm_calloc(n + 1, sizeof(*pos));
+    if (!pos)
+        return rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+    int ok = extra != NULL;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = (pos[i] = value(s, json_array_get(list, i))) != NULL;
+    pos[n] = extra;
+    rx_node *x = NULL;
+    if (ok) {
+        // tail: the items after the first k (each with its comma); positions k.. are extras
+        uint32_t k = n ? (uint32_t)n : 1;
+        if (hi < k)
+            k = hi;
+        rx_node *sep_extra = rx_cat2(s->c, rx_cat2(s->c, lit(s, ","), s->ws), extra);
+        rx_node *tail = hi != RX_INF && hi <= k ? rx_empty(s->c)
+                                                : rx_rep(s->c, sep_extra, lo > k ? lo - k : 0,
+                                                         hi == RX_INF ? RX_INF : hi - k);
+        for (uint32_t i = k; i-- > 1;) {
+            rx_node *one[] = {lit(s, ","), s->ws, pos[i < n ? i : n], tail};
+            tail = rx_cat(s->c, one, 4);
+            if (i >= lo)
+                tail = rx_rep(s->c, tail, 0, 1);
+        }
+        rx_node *body = hi == 0 ? rx_empty(s->c) : rx_cat2(s->c, pos[0], tail);
+        if (lo == 0 && hi > 0)
+            body = rx_rep(s->c, body, 0, 1);
+        rx_node *kk[] = {lit(s, "["), body, lit(s, "]")};
+        x = rx_cat(s->c, kk, 3);
+    }
+    tm_free(pos);
     return x;
 }
 
@@ -411,11 +711,19 @@ static rx_node *value(sc *s, const json_t *schema) {
     const char *key;
     const json_t *v;
     int n_constraint = 0; // keywords besides annotations
+    const json_t *any = json_object_get(schema, "anyOf");
+    const json_t *one = json_object_get(schema, "oneOf");
+    const json_t *all = json_object_get(schema, "allOf");
     json_object_foreach((json_t *)schema, key, v) {
+        if (strcmp(key, "discriminator") == 0 && (any || one))
+            continue; // OpenAPI's annotation of a union (pydantic's discriminated unions)
         if (!is_supported(key)) {
             x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
-                        "schema: keyword '%.60s' is not supported (docs/structured_output.md "
-                        "lists the subset)",
+                        strcmp(key, "discriminator") == 0
+                            ? "schema: keyword '%.60s' is only supported next to 'oneOf' or "
+                              "'anyOf' (as an annotation)"
+                            : "schema: keyword '%.60s' is not supported "
+                              "(docs/structured_output.md lists the subset)",
                         key);
             goto out;
         }
@@ -424,14 +732,22 @@ static rx_node *value(sc *s, const json_t *schema) {
     const json_t *ref = json_object_get(schema, "$ref");
     const json_t *cst = json_object_get(schema, "const");
     const json_t *en = json_object_get(schema, "enum");
-    const json_t *any = json_object_get(schema, "anyOf");
     const json_t *type = json_object_get(schema, "type");
-    const char *alone = ref ? "$ref" : any ? "anyOf" : NULL;
+    const char *alone = ref ? "$ref" : any ? "anyOf" : one ? "oneOf" : all ? "allOf" : NULL;
     if (alone && n_constraint > 1) {
+        const char *sib = NULL; // the first keyword beside it that constrains
+        json_object_foreach((json_t *)schema, key, v) {
+            if (!sib && strcmp(key, alone) != 0 && !is_annotation(key) &&
+                strcmp(key, "discriminator") != 0)
+                sib = key;
+        }
         x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
-                    "schema: '%s' with sibling keywords (other than annotations) is not "
-                    "supported",
-                    alone);
+                    "schema: '%s' with the sibling keyword '%.60s' is not supported: only "
+                    "annotations (title, description, default, ...) may stand beside it (%s)",
+                    alone, sib ? sib : "?",
+                    ref   ? "move it into the referenced schema"
+                    : all ? "move it into the one allOf schema that constrains"
+                          : "move it into each branch");
         goto out;
     }
     if (ref) {
@@ -453,21 +769,52 @@ static rx_node *value(sc *s, const json_t *schema) {
             k[i] = json_lit(s, json_array_get(en, i));
         x = rx_alt(s->c, k, (uint32_t)n);
         tm_free(k);
-    } else if (any) {
-        if (!json_is_array(any) || json_array_size(any) == 0) {
-            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'anyOf' must be a non-empty array");
+    } else if (any || one) {
+        const json_t *alt = any ? any : one; // oneOf: generated as anyOf once proven disjoint
+        if (!json_is_array(alt) || json_array_size(alt) == 0) {
+            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '%s' must be a non-empty array",
+                        any ? "anyOf" : "oneOf");
             goto out;
         }
-        size_t n = json_array_size(any);
+        size_t n = json_array_size(alt);
         rx_node **k = tm_calloc(n, sizeof(*k));
         if (!k) {
             x = rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
             goto out;
         }
         for (size_t i = 0; i < n; i++)
-            k[i] = value(s, json_array_get(any, i));
+            k[i] = value(s, json_array_get(alt, i));
         x = rx_alt(s->c, k, (uint32_t)n);
         tm_free(k);
+        for (size_t i = 0; x && !any && i < n; i++)
+            for (size_t j = i + 1; x && j < n; j++)
+                if (!disjoint(s, json_array_get(alt, i), json_array_get(alt, j), 0))
+                    x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                                s->dj_left
+                                    ? "schema: 'oneOf' branches %zu and %zu (counting from 1) "
+                                      "may both match, and oneOf fails on two matches (give "
+                                      "them different types, or a property required in both "
+                                      "with different const/enum values; or use anyOf)"
+                                    : "schema: 'oneOf' is too large to check that branches "
+                                      "%zu and %zu exclude each other (use anyOf)",
+                                i + 1, j + 1);
+    } else if (all) {
+        // one schema that constrains, the others annotations only: that one
+        size_t n = json_is_array(all) ? json_array_size(all) : 0, n_c = 0;
+        const json_t *only = NULL;
+        for (size_t i = 0; i < n; i++)
+            if (!annotation_only(json_array_get(all, i)) && n_c++ == 0)
+                only = json_array_get(all, i);
+        if (n == 0)
+            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'allOf' must be a non-empty array");
+        else if (n_c > 1)
+            x = rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                        "schema: 'allOf' of %zu schemas that constrain is not supported (an "
+                        "intersection: merge them into one schema, or keep one and leave the "
+                        "others annotations only)",
+                        n_c);
+        else
+            x = value(s, only); // NULL when all are annotations: any value
     } else if (json_is_string(type)) {
         x = type_schema(s, schema, json_string_value(type));
     } else if (json_is_array(type) && json_array_size(type) > 0 && json_array_size(type) <= 7) {
@@ -486,7 +833,7 @@ static rx_node *value(sc *s, const json_t *schema) {
     } else if (json_object_get(schema, "properties") || json_object_get(schema, "required")) {
         x = object_schema(s, schema);
     } else if (json_object_get(schema, "items") || json_object_get(schema, "minItems") ||
-               json_object_get(schema, "maxItems")) {
+               json_object_get(schema, "maxItems") || json_object_get(schema, "prefixItems")) {
         x = array_schema(s, schema);
     } else if (json_object_get(schema, "minLength") || json_object_get(schema, "maxLength") ||
                json_object_get(schema, "pattern")) {
@@ -514,7 +861,7 @@ rx_node *rx_schema(rx_ctx *c, const char *text, size_t n) {
     if (!json_is_object(root) && !json_is_boolean(root)) {
         x = rx_fail(c, TM_GUIDE_WHY_INVALID, "schema: must be a JSON object");
     } else {
-        sc s = {.c = c, .root = root};
+        sc s = {.c = c, .root = root, .dj_left = DJ_BUDGET};
         s.ws = rx_rep(c, rx_str(c, " "), 0, 1);
         x = value(&s, root);
     }
