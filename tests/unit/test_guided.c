@@ -419,6 +419,24 @@ static void test_numbers(void) {
                 "fraction digits");
 }
 
+// const / enum: the values the sibling type allows; other constraining siblings refused
+static void test_literals(void) {
+    const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
+    check_table(S, "{\"type\": \"string\", \"enum\": [\"a\", 1, null]}", YES("\"a\""),
+                NO("1", "null"));
+    check_table(S, "{\"type\": [\"integer\", \"null\"], \"enum\": [1, 2.0, 2.5, null, \"x\"]}",
+                YES("1", "2.0", "null"), NO("2.5", "\"x\""));
+    check_table(S, "{\"const\": \"a\", \"enum\": [\"a\", \"b\"]}", YES("\"a\""), NO("\"b\""));
+    check_table(S, "{\"const\": \"cat\", \"title\": \"Kind\", \"type\": \"string\"}",
+                YES("\"cat\""), NO("\"dog\""));
+    expect_fail(S, "{\"type\": \"string\", \"const\": 1}", TM_GUIDE_WHY_INVALID,
+                "no output satisfies");
+    expect_fail(S, "{\"const\": \"c\", \"enum\": [\"a\", \"b\"]}", TM_GUIDE_WHY_INVALID,
+                "no output satisfies");
+    expect_fail(S, "{\"enum\": [\"abcdef\"], \"maxLength\": 3}", TM_GUIDE_WHY_UNSUPPORTED,
+                "together with 'maxLength'");
+}
+
 static void test_formats(void) {
     const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
     check_table(S, "{\"type\": \"string\", \"format\": \"date\"}",
@@ -599,6 +617,7 @@ int main(void) {
     TM_RUN(test_cache);
     TM_RUN(test_numbers);
     TM_RUN(test_formats);
+    TM_RUN(test_literals);
     TM_RUN(test_schema_shapes);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();

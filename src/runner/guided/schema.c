@@ -5,6 +5,7 @@
  * with the shortest escapes, integers without fraction or exponent. Keywords outside the subset
  * are refused by name rather than ignored, so an answer never fails its schema silently. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -697,6 +698,68 @@ rx_node *rx_json_object(rx_ctx *c) {
 }
 
 // The tree of a schema (NULL, true or {}: any JSON value, nested at most 2 deep).
+// 1 when the literal v is of a type that `type` (absent, a name or a list of names) allows
+// (an integer also being a number; a real with no fraction an integer, as validators count).
+static int literal_fits(const json_t *v, const json_t *type) {
+    if (!type)
+        return 1;
+    const size_t n = json_is_array(type) ? json_array_size(type) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *t = json_is_array(type) ? json_array_get(type, i) : type;
+        const char *name = json_is_string(t) ? json_string_value(t) : "";
+        const double d = json_is_number(v) ? json_number_value(v) : 0.0;
+        if ((strcmp(name, "string") == 0 && json_is_string(v)) ||
+            (strcmp(name, "number") == 0 && json_is_number(v)) ||
+            (strcmp(name, "integer") == 0 &&
+             (json_is_integer(v) || (json_is_real(v) && isfinite(d) && d == floor(d)))) ||
+            (strcmp(name, "boolean") == 0 && json_is_boolean(v)) ||
+            (strcmp(name, "null") == 0 && json_is_null(v)) ||
+            (strcmp(name, "object") == 0 && json_is_object(v)) ||
+            (strcmp(name, "array") == 0 && json_is_array(v)))
+            return 1;
+    }
+    return 0;
+}
+
+// const / enum: the listed values that the sibling `type` (and `enum`, beside a const) allows;
+// any other constraining sibling is refused, since the values are written as they are.
+static rx_node *literals(sc *s, const json_t *schema, const json_t *cst, const json_t *en) {
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)schema, key, v) {
+        if (!is_annotation(key) && strcmp(key, "const") != 0 && strcmp(key, "enum") != 0 &&
+            strcmp(key, "type") != 0)
+            return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
+                           "schema: '%s' together with '%.60s' is not supported (the listed "
+                           "values are written as they are: drop the keyword or the values it "
+                           "excludes)",
+                           cst ? "const" : "enum", key);
+    }
+    if (en && (!json_is_array(en) || json_array_size(en) == 0))
+        return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'enum' must be a non-empty array");
+    const json_t *type = json_object_get(schema, "type");
+    const size_t n = cst ? 1 : json_array_size(en);
+    rx_node **k = tm_calloc(n, sizeof(*k));
+    if (!k)
+        return rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *lit = cst ? cst : json_array_get(en, i);
+        int in_enum = !cst || !en;
+        for (size_t j = 0; !in_enum && json_is_array(en) && j < json_array_size(en); j++)
+            in_enum = json_equal((json_t *)lit, json_array_get(en, j));
+        if (in_enum && literal_fits(lit, type))
+            k[m++] = json_lit(s, lit);
+    }
+    rx_node *x = m ? rx_alt(s->c, k, m)
+                   : rx_fail(s->c, TM_GUIDE_WHY_INVALID,
+                             "schema: no output satisfies the constraint (no '%s' value is of "
+                             "the schema's type%s)",
+                             cst ? "const" : "enum", cst && en ? " and in its 'enum'" : "");
+    tm_free(k);
+    return x;
+}
+
 static rx_node *value(sc *s, const json_t *schema) {
     if (!schema || json_is_true(schema) || (json_is_object(schema) && !json_object_size(schema)))
         return generic(s->c, s->ws, 2);
@@ -752,23 +815,8 @@ static rx_node *value(sc *s, const json_t *schema) {
     }
     if (ref) {
         x = ref_schema(s, ref);
-    } else if (cst) {
-        x = json_lit(s, cst);
-    } else if (en) {
-        if (!json_is_array(en) || json_array_size(en) == 0) {
-            x = rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: 'enum' must be a non-empty array");
-            goto out;
-        }
-        size_t n = json_array_size(en);
-        rx_node **k = tm_calloc(n, sizeof(*k));
-        if (!k) {
-            x = rx_fail(s->c, TM_GUIDE_WHY_NONE, "guided: out of memory");
-            goto out;
-        }
-        for (size_t i = 0; i < n; i++)
-            k[i] = json_lit(s, json_array_get(en, i));
-        x = rx_alt(s->c, k, (uint32_t)n);
-        tm_free(k);
+    } else if (cst || en) {
+        x = literals(s, schema, cst, en);
     } else if (any || one) {
         const json_t *alt = any ? any : one; // oneOf: generated as anyOf once proven disjoint
         if (!json_is_array(alt) || json_array_size(alt) == 0) {
