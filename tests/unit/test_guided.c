@@ -437,6 +437,25 @@ static void test_literals(void) {
                 "together with 'maxLength'");
 }
 
+// $ref as any local JSON pointer (zod's "#/properties/...", escapes, array indexes)
+static void test_refs(void) {
+    const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
+    check_table(S,
+                "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}, \"b\": "
+                "{\"$ref\": \"#/properties/a\"}}, \"required\": [\"a\", \"b\"]}",
+                YES("{\"a\":1,\"b\":2}"), NO("{\"a\":1,\"b\":\"x\"}"));
+    check_table(
+        S,
+        "{\"$defs\": {\"a/b\": {\"const\": 1}, \"t~x\": {\"const\": 2}, \"sp ace\": {\"const\": 3}, "
+        "\"l\": [{\"const\": 4}, {\"const\": 5}]}, \"anyOf\": [{\"$ref\": \"#/$defs/a~1b\"}, "
+        "{\"$ref\": \"#/$defs/t~0x\"}, {\"$ref\": \"#/$defs/sp%20ace\"}, {\"$ref\": "
+        "\"#/$defs/l/1\"}]}",
+        YES("1", "2", "3", "5"), NO("4"));
+    expect_fail(S, "{\"$ref\": \"#/$defs/l/01\", \"$defs\": {\"l\": [1, 2]}}", TM_GUIDE_WHY_INVALID,
+                "names no schema");
+    expect_fail(S, "{\"$ref\": \"other.json#/a\"}", TM_GUIDE_WHY_UNSUPPORTED, "only local");
+}
+
 static void test_formats(void) {
     const tm_guide_kind S = TM_GUIDE_KIND_JSON_SCHEMA;
     check_table(S, "{\"type\": \"string\", \"format\": \"date\"}",
@@ -618,6 +637,7 @@ int main(void) {
     TM_RUN(test_numbers);
     TM_RUN(test_formats);
     TM_RUN(test_literals);
+    TM_RUN(test_refs);
     TM_RUN(test_schema_shapes);
     TM_CHECK(tm_alloc_live() == live);
     return tm_test_report();

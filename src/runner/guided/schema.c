@@ -4,6 +4,7 @@
  * compact JSON but for at most one space after ':' and ',' (docs/structured_output.md), strings
  * with the shortest escapes, integers without fraction or exponent. Keywords outside the subset
  * are refused by name rather than ignored, so an answer never fails its schema silently. */
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -342,20 +343,40 @@ static rx_node *type_schema(sc *s, const json_t *schema, const char *t) {
     return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: unknown type '%.40s'", t);
 }
 
-// "#/$defs/name", "#/definitions/name" or "#": the schema it names; NULL for another form or a
-// name with no schema (*known: the form is one of these).
+// A local $ref: "#" or a JSON pointer "#/a/b/0" (RFC 6901: "~1" is '/', "~0" is '~'; the URI
+// fragment's %XX escapes decoded), e.g. "#/$defs/name" or zod's "#/properties/x": the schema it
+// names, NULL when it names none (*known 1) or is not local (*known 0).
 static const json_t *lookup(const sc *s, const char *ref, int *known) {
-    *known = 1;
-    if (strcmp(ref, "#") == 0)
-        return s->root;
-    static const char *const pre[] = {"#/$defs/", "#/definitions/"};
-    for (int i = 0; i < 2; i++) {
-        size_t n = strlen(pre[i]);
-        if (strncmp(ref, pre[i], n) == 0)
-            return json_object_get(json_object_get(s->root, i ? "definitions" : "$defs"), ref + n);
+    *known = ref[0] == '#' && (ref[1] == '\0' || ref[1] == '/');
+    if (!*known)
+        return NULL;
+    const json_t *at = s->root;
+    for (const char *p = ref + 1; at && *p == '/';) {
+        char tok[256];
+        size_t n = 0;
+        for (p++; *p && *p != '/'; p++) {
+            int c = (unsigned char)*p;
+            if (c == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2])) {
+                char hex[3] = {p[1], p[2], 0};
+                c = (int)strtol(hex, NULL, 16), p += 2;
+            } else if (c == '~' && (p[1] == '0' || p[1] == '1')) {
+                c = p[1] == '0' ? '~' : '/', p++;
+            }
+            if (n + 1 >= sizeof(tok))
+                return NULL; // a name this long names nothing we keep
+            tok[n++] = (char)c;
+        }
+        tok[n] = '\0';
+        if (json_is_object(at)) {
+            at = json_object_get(at, tok);
+        } else if (json_is_array(at) && n > 0 && n < 10 && strspn(tok, "0123456789") == n &&
+                   (tok[0] != '0' || n == 1)) {
+            at = json_array_get(at, (size_t)strtoul(tok, NULL, 10));
+        } else {
+            at = NULL;
+        }
     }
-    *known = 0;
-    return NULL;
+    return at;
 }
 
 // lookup, with an error for a $ref it cannot follow.
@@ -367,8 +388,8 @@ static const json_t *resolve(sc *s, const char *ref) {
     if (known)
         return rx_fail(s->c, TM_GUIDE_WHY_INVALID, "schema: '$ref' %.80s names no schema", ref);
     return rx_fail(s->c, TM_GUIDE_WHY_UNSUPPORTED,
-                   "schema: '$ref' %.80s is not supported (only #, #/$defs/... and "
-                   "#/definitions/...)",
+                   "schema: '$ref' %.80s is not supported (only local ones: # and JSON pointers "
+                   "such as #/$defs/name)",
                    ref);
 }
 
