@@ -6,9 +6,11 @@
 # the ctest fuzz_<name> line in CMakeLists.txt), then one third with -timeout=3 on the grown corpus
 # to catch inputs that would time out on a slower or loaded CI machine. Each target starts from its
 # committed corpus tests/fuzz/corpus_<name> (read only) into a scratch dir; a run that stops on a
-# finding is restarted for the time left (at most 3 times a phase). -report_slow_units=1 saves
-# every new slowest input over 1 s. Findings (crash-*, leak-*, timeout-*, oom-*, slow-unit-*) are
-# kept in OUT (default: a new mktemp -d, printed) with each grown corpus OUT/corpus_<name>; a summary line per target goes to OUT/summary.tsv:
+# finding is restarted for the time left (at most 3 times a phase; not when the finding was not
+# new). -report_slow_units=1 saves every new slowest input over 1 s (wall time: on a loaded
+# machine check them with /usr/bin/time, CPU time). Findings (crash-*, leak-*, timeout-*, oom-*,
+# slow-unit-*) are kept in OUT (default: a new mktemp -d, printed) with each grown corpus
+# OUT/corpus_<name>; a summary line per target goes to OUT/summary.tsv:
 #   target seconds executions exec/s corpus findings slowest_s
 # Exit status 1 when anything but a slow unit was found.
 set -uo pipefail
@@ -39,6 +41,7 @@ for t in "${targets[@]}"; do
         for try in 1 2 3 4; do
             [ "$left" -gt 0 ] || break
             log="$out/$t.t$phase.$try.log"
+            before=$(ls "$out/artifacts")
             t0=$(date +%s)
             "$bin" "$work" "$src/tests/fuzz/corpus_$t" -max_total_time="$left" -rss_limit_mb=2048 \
                 -timeout="$phase" -max_len="${maxlen[$t]}" "${dict[@]}" -report_slow_units=1 \
@@ -53,6 +56,8 @@ for t in "${targets[@]}"; do
             [ "${sl:-0}" -gt "$slowest" ] && slowest=$sl
             echo "fuzz_sweep: $t timeout=$phase try $try: rc $rc, ${el} s, ${ex:-?} execs"
             [ "$rc" = 0 ] && break
+            # the same finding again (e.g. a corpus input over the timeout): restarting won't help
+            [ "$(ls "$out/artifacts")" = "$before" ] && break
             [ "$left" -gt 5 ] || break
         done
     done
