@@ -11,7 +11,7 @@
 # machine check them with /usr/bin/time, CPU time). Findings (crash-*, leak-*, timeout-*, oom-*,
 # slow-unit-*) are kept in OUT (default: a new mktemp -d, printed) with each grown corpus
 # OUT/corpus_<name>; a summary line per target goes to OUT/summary.tsv:
-#   target seconds executions exec/s corpus findings slowest_s
+#   target seconds executions exec/s corpus(units) findings slowest_s(wall)
 # Exit status 1 when anything but a slow unit was found.
 set -uo pipefail
 build=$(cd "$1" && pwd)
@@ -61,7 +61,8 @@ for t in "${targets[@]}"; do
             [ "$left" -gt 5 ] || break
         done
     done
-    corpus=$(find "$work" -type f | wc -l)
+    # units in the fuzzer's corpus at its last DONE line (the work dir also keeps reduced ones)
+    corpus=$(grep -ah 'DONE ' "$out/$t".t*.log | tail -1 | sed -n 's/.* corp: \([0-9]*\).*/\1/p')
     found=$(cd "$out/artifacts" && ls | grep "^$t-" | grep -v "^$t-slow-unit-" | tr '\n' ' ')
     slow=$(cd "$out/artifacts" && ls | grep -c "^$t-slow-unit-")
     [ -n "$found" ] && bad=1
