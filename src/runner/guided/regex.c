@@ -136,6 +136,12 @@ rx_node *rx_rep(rx_ctx *c, rx_node *kid, uint32_t min, uint32_t max) {
         if (m <= RX_MAX_REPEAT)
             return rx_rep(c, kid->kid[0], m, RX_INF);
     }
+    // Both finite, (X{a,b}){c,d} with a <= 1 is X{a*c,b*d} (every count in between is a sum of
+    // c..d counts in a..b). Unfolded, (a{0,300}){0,300} made every DFA state a set of ~10^5 NFA
+    // states (seconds to reach the work bound); folded, its states are small sets.
+    if (kid->kind == RX_REP && kid->min <= 1 && kid->max != RX_INF && max != RX_INF &&
+        (uint64_t)kid->max * max <= RX_MAX_NFA)
+        return rx_rep(c, kid->kid[0], kid->min * min, kid->max * max);
     rx_node *x = list(c, RX_REP, &kid, 1);
     if (x)
         x->min = min, x->max = max;
