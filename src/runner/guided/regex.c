@@ -635,62 +635,63 @@ static rx_node *p_repeat(parser *p) {
     return x;
 }
 
-static rx_node *p_cat(parser *p) {
-    rx_node *kids[64], **all = kids;
-    uint32_t n = 0, cap = 64;
-    rx_node *x = NULL;
-    while (!at_end(p) && peek(p) != '|' && peek(p) != ')') {
-        rx_node *k = p_repeat(p);
-        if (!k)
-            goto out;
-        if (n == cap) {
-            rx_node **q = tm_malloc(2 * cap * sizeof(*q));
-            if (!q) {
-                rx_fail(p->c, TM_GUIDE_WHY_NONE, "regex: out of memory");
-                goto out;
-            }
-            memcpy(q, all, n * sizeof(*q));
-            if (all != kids)
-                tm_free(all);
-            all = q, cap *= 2;
+// The subtrees of a concatenation or an alternation being parsed: 64 inline, then the heap.
+typedef struct kids {
+    rx_node *inl[64], **all;
+    uint32_t n, cap;
+} kids;
+
+static void kids_init(kids *k) { k->all = k->inl, k->n = 0, k->cap = 64; }
+static void kids_fini(kids *k) {
+    if (k->all != k->inl)
+        tm_free(k->all);
+}
+
+// Append x (NULL: a failure already reported); 0 on success.
+static int kids_push(parser *p, kids *k, rx_node *x) {
+    if (!x)
+        return -1;
+    if (k->n == k->cap) {
+        rx_node **q = tm_malloc(2 * k->cap * sizeof(*q));
+        if (!q) {
+            rx_fail(p->c, TM_GUIDE_WHY_NONE, "regex: out of memory");
+            return -1;
         }
-        all[n++] = k;
+        memcpy(q, k->all, k->n * sizeof(*q));
+        kids_fini(k);
+        k->all = q, k->cap *= 2;
     }
-    x = n == 1 ? all[0] : n == 0 ? rx_empty(p->c) : rx_cat(p->c, all, n);
+    k->all[k->n++] = x;
+    return 0;
+}
+
+static rx_node *p_cat(parser *p) {
+    kids k;
+    kids_init(&k);
+    rx_node *x = NULL;
+    while (!at_end(p) && peek(p) != '|' && peek(p) != ')')
+        if (kids_push(p, &k, p_repeat(p)))
+            goto out;
+    x = k.n == 1 ? k.all[0] : k.n == 0 ? rx_empty(p->c) : rx_cat(p->c, k.all, k.n);
 out:
-    if (all != kids)
-        tm_free(all);
+    kids_fini(&k);
     return x;
 }
 
 static rx_node *p_alt(parser *p) {
-    rx_node *kids[64], **all = kids;
-    uint32_t n = 0, cap = 64;
+    kids k;
+    kids_init(&k);
     rx_node *x = NULL;
     for (;;) {
-        rx_node *k = p_cat(p);
-        if (!k)
+        if (kids_push(p, &k, p_cat(p)))
             goto out;
-        if (n == cap) {
-            rx_node **q = tm_malloc(2 * cap * sizeof(*q));
-            if (!q) {
-                rx_fail(p->c, TM_GUIDE_WHY_NONE, "regex: out of memory");
-                goto out;
-            }
-            memcpy(q, all, n * sizeof(*q));
-            if (all != kids)
-                tm_free(all);
-            all = q, cap *= 2;
-        }
-        all[n++] = k;
         if (peek(p) != '|')
             break;
         p->i++;
     }
-    x = n == 1 ? all[0] : rx_alt(p->c, all, n);
+    x = k.n == 1 ? k.all[0] : rx_alt(p->c, k.all, k.n);
 out:
-    if (all != kids)
-        tm_free(all);
+    kids_fini(&k);
     return x;
 }
 
