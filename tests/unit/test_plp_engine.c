@@ -233,17 +233,8 @@ static void test_identical(void) {
 
 int main(void) {
     char dir[] = "/tmp/tm_plp_engine_XXXXXX";
-    char tokdir[1024];
-    if (!tm_unit_tokdir(tokdir, sizeof(tokdir)))
-        tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
-    TM_ASSERT(mkdtemp(dir));
-    TM_ASSERT(tm_unit_mkmodel_llama(dir, 7) == 0);
-    tm_err err = {0};
-    TM_ASSERT(tm_model_load(dir, &g_model, &err) == TM_OK);
-    TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
+    tm_unit_llama_open(dir, 7, &g_model, &g_tok);
     TM_RUN(test_identical);
-    tm_tok_destroy(g_tok);
-    tm_model_destroy(g_model);
-    tm_unit_rmdir(dir);
+    tm_unit_llama_close(dir, g_model, g_tok);
     return tm_test_report();
 }

@@ -719,10 +719,6 @@ static void test_greedy_rule(void) {
 
 int main(void) {
     char dir[] = "/tmp/tm_runner_XXXXXX";
-    char tokdir[1024];
-    if (!tm_unit_tokdir(tokdir, sizeof(tokdir)))
-        tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
-    TM_ASSERT(mkdtemp(dir));
     const char *small = getenv("TM_TEST_SMALL");
     if (small && *small && strcmp(small, "0") != 0) {
         g_n_rec = N_SYS * N_Q_SMALL;
@@ -730,10 +726,7 @@ int main(void) {
         fprintf(stderr, "TM_TEST_SMALL: %d and %d records (full: %d and %d)\n", g_n_rec, g_n_g,
                 N_REC, N_G);
     }
-    TM_ASSERT(tm_unit_mkmodel_llama(dir, 3) == 0);
-    tm_err err = {0};
-    TM_ASSERT(tm_model_load(dir, &g_model, &err) == TM_OK);
-    TM_ASSERT(tm_tok_load(dir, &g_tok, &err) == TM_OK);
+    tm_unit_llama_open(dir, 3, &g_model, &g_tok);
     TM_RUN(test_cache_on_off_identical);
     TM_RUN(test_preemption_keeps_outputs);
     TM_RUN(test_cache_salt);
@@ -741,8 +734,6 @@ int main(void) {
     TM_RUN(test_greedy_rule);
     TM_RUN(test_greedy_op_pure);
     TM_RUN(test_greedy_op_mixed);
-    tm_tok_destroy(g_tok);
-    tm_model_destroy(g_model);
-    tm_unit_rmdir(dir);
+    tm_unit_llama_close(dir, g_model, g_tok);
     return tm_test_report();
 }

@@ -16,6 +16,7 @@
 #include "runner/engine/engine.h"
 #include "runner/model/model.h"
 #include "runner/runner.h"
+#include "runner/text/tokenizer.h"
 #include "tm_test.h"
 
 /* The DeepSeek-V3 tokenizer test data's folder into dir; 0 when its tokenizer.json is missing. */
@@ -62,6 +63,26 @@ static inline void tm_unit_rmdir(const char *dir) {
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* The test main()'s model: mkdtemp(dir) (a "/tmp/..._XXXXXX" template), the small Llama model of
+ * seed there, loaded with its tokenizer; skips the test without the tokenizer test data.
+ * tm_unit_llama_close destroys both and removes dir. */
+static inline void tm_unit_llama_open(char *dir, int seed, tm_model **m, tm_tokenizer **tok) {
+    char tokdir[1024];
+    if (!tm_unit_tokdir(tokdir, sizeof(tokdir)))
+        tm_test_skip("no DeepSeek tokenizer test data (run tools/setup)");
+    TM_ASSERT(mkdtemp(dir));
+    TM_ASSERT(tm_unit_mkmodel_llama(dir, seed) == 0);
+    tm_err err = {0};
+    TM_ASSERT(tm_model_load(dir, m, &err) == TM_OK);
+    TM_ASSERT(tm_tok_load(dir, tok, &err) == TM_OK);
+}
+
+static inline void tm_unit_llama_close(const char *dir, tm_model *m, tm_tokenizer *tok) {
+    tm_tok_destroy(tok);
+    tm_model_destroy(m);
+    tm_unit_rmdir(dir);
 }
 
 /* Pop every completion of q (closed) into by_id[atoi(id)] for ids in [0, n); duplicates and ids
