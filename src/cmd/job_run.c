@@ -87,7 +87,7 @@ typedef struct sink_ctx {
 // new owner answers it and it is not pushed (the caller still owns it then).
 static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
     *dropped = false;
-    if (!tm_source_is_kafka(c->src))
+    if (!tm_source_is_live(c->src))
         return tm_queue_push(c->q, job);
     for (;;) {
         tm_rc rc = tm_queue_try_push(c->q, job);
@@ -107,7 +107,7 @@ static void *source_main(void *arg) {
     source_ctx *c = arg;
     for (uint64_t n_read = 0;; n_read++) {
         // A file job stops reading at a stop signal (a Kafka source sees it itself and ends).
-        if (!tm_source_is_kafka(c->src) && tm_stop_requested()) {
+        if (!tm_source_is_live(c->src) && tm_stop_requested()) {
             c->stopped = true;
             break;
         }
@@ -188,9 +188,9 @@ static tm_rc kafka_positions(sink_ctx *c, tm_err *err) {
     c->n_offs = 0;
     tm_rc rc = tm_source_mark_written(c->src, c->pending, c->n_pending, err);
     if (!rc)
-        rc = tm_source_kafka_positions(c->src, add_position, c, err);
+        rc = tm_source_positions(c->src, add_position, c, err);
     if (!rc && c->txn_offsets)
-        rc = tm_source_kafka_group_md(c->src, &c->group_md, err);
+        rc = tm_source_group_md(c->src, &c->group_md, err);
     return rc;
 }
 
@@ -741,17 +741,17 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     }
     for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
         const tm_manifest_kpart *k = &j->rs.man.kparts[i];
-        rc = tm_source_kafka_resume(j->src,
-                                    &(tm_source_kpos){.topic = k->topic,
-                                                      .partition = k->partition,
-                                                      .next = (int64_t)k->next,
-                                                      .ranges = k->ranges,
-                                                      .n_ranges = k->n_ranges},
-                                    err);
+        rc = tm_source_resume_positions(j->src,
+                                        &(tm_source_kpos){.topic = k->topic,
+                                                          .partition = k->partition,
+                                                          .next = (int64_t)k->next,
+                                                          .ranges = k->ranges,
+                                                          .n_ranges = k->n_ranges},
+                                        err);
     }
     if (rc)
         return rc;
-    tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
+    tm_source_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
     rc = tm_sink_open(spec->output_dir,
                       &(tm_sink_opts){.append = j->rs.resumed,
                                       .plain = spec->compression == TM_JOB_COMPRESSION_NONE},

@@ -70,7 +70,7 @@ tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t 
 
 /* Like tm_kafka_out_commit, with the consumer's own group metadata (generation and member id, so
  * the group coordinator fences a consumer that lost its partitions) serialized by the Kafka source
- * (tm_source_kafka_group_md) as group_md[0..n_md) instead of a bare group id. */
+ * (tm_source_group_md) as group_md[0..n_md) instead of a bare group id. */
 tm_rc tm_kafka_out_commit_md(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
                              const void *group_md, size_t n_md, tm_err *err);
 
