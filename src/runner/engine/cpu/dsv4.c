@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "runner/engine/cpu/arch.h"
 #include "runner/engine/cpu/ops.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/model_dsv4.h"
@@ -1430,3 +1431,10 @@ tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t 
     dsv4_eng *e = eng->impl;
     return mtp_forward(e, seqs, n_seq, logits, e->sh.n_vocab, streams_out, err);
 }
+
+const tm_cpu_arch tm_cpu_arch_dsv4 = {
+    .name = "deepseek_v4",
+    // auto, or fp8 by its own tile-scaled rule (tm_dsv4_fp8_kv_row)
+    .kv_dtypes = TM_CPU_KV(TM_KV_DTYPE_AUTO) | TM_CPU_KV(TM_KV_DTYPE_FP8),
+    .create = tm_dsv4_engine_create,
+};
