@@ -44,6 +44,9 @@ typedef struct tm_arch_ops {
     tm_rc (*bind)(tm_model *m, const struct tm_st_set *st, tm_err *err);
     /* 1 if any weight of m is quantized. */
     int (*is_quantized)(const tm_model *m);
+    /* Optional (NULL: never). 1 if m's checkpoint has a drafter for speculative decoding (an MTP
+     * layer). */
+    int (*has_drafter)(const tm_model *m);
     void (*destroy)(void *arch_w); /* frees what config_parse made; NULL is a no-op */
 } tm_arch_ops;
 

@@ -258,6 +258,11 @@ tm_rc tm_model_check_weights_quant(const tm_model *m, const char *who, tm_err *e
     return check_weights(m, who, 1, err);
 }
 
+int tm_model_has_drafter(const tm_model *m) {
+    const tm_arch_ops *ops = tm_arch_ops_get(m->cfg.arch);
+    return ops && ops->has_drafter ? ops->has_drafter(m) : 0;
+}
+
 int tm_model_is_quantized(const tm_model *m) {
     const tm_arch_ops *ops = tm_arch_ops_get(m->cfg.arch);
     return ops ? ops->is_quantized(m) : 0;

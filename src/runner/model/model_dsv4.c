@@ -641,6 +641,11 @@ static int arch_is_quantized(const tm_model *m) {
     return 0;
 }
 
+static int arch_has_drafter(const tm_model *m) {
+    const tm_dsv4 *d = tm_model_dsv4(m);
+    return d && d->n_mtp;
+}
+
 static void arch_destroy(void *arch_w) { tm_dsv4_destroy(arch_w); }
 
 const tm_arch_ops tm_arch_dsv4 = {
@@ -654,5 +659,6 @@ const tm_arch_ops tm_arch_dsv4 = {
     .config_parse = arch_parse,
     .bind = tm_dsv4_bind,
     .is_quantized = arch_is_quantized,
+    .has_drafter = arch_has_drafter,
     .destroy = arch_destroy,
 };

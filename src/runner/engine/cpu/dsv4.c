@@ -158,10 +158,15 @@ static void dsv4_destroy(tm_engine *eng);
 static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
 static tm_rc dsv4_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
+static void dsv4_draft_info(const tm_engine *eng, tm_engine_draft_info *info);
+
 static const tm_engine_ops dsv4_ops = {
     .name = "cpu",
     .forward = dsv4_forward,
     .kv_copy = dsv4_kv_copy,
+    .draft_info = dsv4_draft_info,
+    .hidden = tm_dsv4_hidden,
+    .draft = tm_dsv4_mtp_forward,
     .destroy = dsv4_destroy,
 };
 
@@ -1402,6 +1407,15 @@ static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_se
     if (r)
         head_logits(e, r, &x->hc_head_fn, e->mtp_hc_base, e->mtp_hc_scale, e->mtp_norm, logits, ld);
     return TM_OK;
+}
+
+// The MTP layer as the engine's drafter (engine.h): one token per row, on the final streams.
+static void dsv4_draft_info(const tm_engine *eng, tm_engine_draft_info *info) {
+    const uint32_t width = tm_dsv4_mtp_width(eng);
+    *info = (tm_engine_draft_info){.kind = width ? TM_DRAFT_MTP : TM_DRAFT_NONE,
+                                   .width = width,
+                                   .n_src_layer = width ? 1 : 0,
+                                   .n_out = width ? 1 : 0};
 }
 
 typedef struct mtp_job {
