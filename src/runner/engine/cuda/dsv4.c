@@ -738,18 +738,16 @@ static tm_rc blas_rc(cublasStatus_t st, const char *what, tm_err *err) {
                                                 cublasGetStatusString(st));
 }
 
-/* y[T][n_out] (row stride ldy, fp32 or bf16) = x[T][n_in] (row stride ldx) @ w[n_out][n_in]^T. */
+/* y[T][n_out] (row stride ldy, fp32 or bf16) = x[T][n_in] (row stride ldx) @ w[n_out][n_in]^T:
+ * the runtime's cuBLAS GEMM (engine_cuda_int.h), marked as op what. */
 static tm_rc gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
                   uint32_t ldx, void *y, int y_bf16, uint32_t ldy, uint32_t T, uint32_t n_in,
                   uint32_t n_out, tm_err *err) {
     if (!T)
-        return TM_OK;
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T,
-                                     (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x, CUDA_R_16BF,
-                                     (int)ldx, &beta, y, y_bf16 ? CUDA_R_16BF : CUDA_R_32F,
-                                     (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return tm_cuda_op_end(impl, what, blas_rc(st, what, err));
+        return TM_OK; // nothing launched, nothing marked
+    return tm_cuda_op_end(
+        impl, what,
+        tm_cuda_gemm(impl, what, w, x, ldx, y, !y_bf16, ldy, T, n_in, n_out, 0.0f, err));
 }
 
 /* y[T][n_out] fp32 (row stride n_out) = x (row stride n_in) @ linear i of layer L: the FP8 decode
