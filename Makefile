@@ -7,7 +7,8 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 FUZZ_BUILD ?= build-fuzz-ci
-FUZZ_SECONDS ?= 20
+FUZZ_SEED ?= 1
+FUZZ_RUNS_X ?= 1
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 DEMO_MODEL := models/demo-pystdlib
@@ -20,7 +21,7 @@ CLANG_FORMAT ?= clang-format
 # Debug keeps assert() and every ASan/UBSan check; -O0 (ASAN_CFLAGS="-g -O0") for a debugger.
 ASAN_CFLAGS ?= -g -O1
 
-.PHONY: all setup build build-asan fuzz-ci format format-check demo demo-random-model test clean
+.PHONY: all setup build build-asan fuzz-ci fuzz-merge format format-check demo demo-random-model test clean
 
 all: build
 
@@ -66,13 +67,38 @@ demo: setup
 	@$(DEMO_BUILD)/tokenmill run jobs/demo.json
 	@tools/demo_summary out/demo $(DEMO_MODEL) jobs/data/demo.jsonl
 
-# Every parser fuzz target (tests/fuzz/) for FUZZ_SECONDS each, libFuzzer + ASan/UBSan (clang).
+# Every parser fuzz target (tests/fuzz/), libFuzzer + ASan/UBSan (clang), deterministic: its corpus
+# tests/fuzz/corpus_<name> (seeds and past findings) replayed, then a fixed number of runs from
+# -seed=FUZZ_SEED (CMakeLists.txt, tm_fuzz_target's RUNS, times FUZZ_RUNS_X; 0 replays only), so
+# two runs of one commit execute the same inputs; one line per target names the seed, the runs and
+# a digest of the inputs kept. Random, time-bound exploration is bench/fuzz_sweep.sh (nightly).
 fuzz-ci: setup
 	@$(call fresh_cache,$(FUZZ_BUILD))
 	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DTM_FUZZ=ON -DTM_CUDA=OFF \
-	    -DTM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	    -DTM_FUZZ_SEED=$(FUZZ_SEED) -DTM_FUZZ_RUNS_X=$(FUZZ_RUNS_X) >/dev/null
 	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_bins -- --no-print-directory
-	@cd $(FUZZ_BUILD) && ctest -L fuzz -j $(JOBS) --output-on-failure
+	@cd $(FUZZ_BUILD) && rc=0; ctest -L fuzz -j $(JOBS) --output-on-failure || rc=1; \
+	    grep -ah '^fuzz_ci: ' Testing/Temporary/LastTest.log | sort; exit $$rc
+
+# Fold a fuzz sweep's results into the corpora: make fuzz-merge SWEEP=<bench/fuzz_sweep.sh's OUT>.
+# Per target, libFuzzer -merge=1 adds the inputs of SWEEP/corpus_<name> that reach new coverage
+# to tests/fuzz/corpus_<name>, and every finding SWEEP/artifacts/<name>-{crash,leak,timeout,oom,
+# slow-unit}-* is copied there under its own name: a regression input that the gate replays from
+# then on (a crash still there fails `make test` until fixed). Review and commit the new files.
+fuzz-merge: setup
+	@[ -n "$(SWEEP)" ] && [ -d "$(SWEEP)" ] || { echo "usage: make fuzz-merge SWEEP=DIR" \
+	    "(bench/fuzz_sweep.sh's output folder)" >&2; exit 2; }
+	@$(call fresh_cache,$(FUZZ_BUILD))
+	@cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DTM_FUZZ=ON -DTM_CUDA=OFF >/dev/null
+	@cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_bins -- --no-print-directory
+	@for c in tests/fuzz/corpus_*; do t=$${c#tests/fuzz/corpus_}; n0=$$(ls $$c | wc -l); \
+	    if [ -d "$(SWEEP)/corpus_$$t" ]; then \
+	        $(FUZZ_BUILD)/fuzz_$$t -merge=1 -rss_limit_mb=2048 -timeout=10 $$c \
+	            "$(SWEEP)/corpus_$$t" >$(FUZZ_BUILD)/fuzz_$$t.merge.log 2>&1 || { \
+	            tail -20 $(FUZZ_BUILD)/fuzz_$$t.merge.log; exit 1; }; fi; \
+	    nf=0; for f in "$(SWEEP)"/artifacts/$$t-*; do [ -f "$$f" ] || continue; \
+	        cp "$$f" $$c/; nf=$$((nf + 1)); done; \
+	    echo "fuzz-merge: $$t: $$(( $$(ls $$c | wc -l) - n0 )) new inputs ($$nf findings)"; done
 
 # .clang-format over the files of tools/format_files (tracked C/CUDA sources, less generated ones).
 # format rewrites them in place; format-check changes nothing, names each file that differs and
