@@ -5,9 +5,11 @@
 # emptied first (the committed CORPUS is only read), then libFuzzer replays every CORPUS input
 # (its seeds and past findings) and runs RUNS inputs in all from -seed=SEED, no time limit
 # (-runs, not -max_total_time; the corpus is replayed whatever RUNS is: RUNS 0 is the replay
-# alone). A fixed seed alone is not enough: the compares libFuzzer records for its mutations hold
-# pointer values, so the run goes without address randomisation (setarch -R), and with -reload=0
-# (no timed re-reading of WORK). Last line, for the log:
+# alone). A fixed seed alone is not enough: the compares libFuzzer traces for its mutations
+# (-use_cmp) hold pointer values and the harnesses' temporary names (mkdtemp), which change from
+# run to run, so the gate runs with -use_cmp=0 (the dictionaries stay; the sweep keeps -use_cmp),
+# without address randomisation (setarch -R) and with -reload=0 (no timed re-reading of WORK).
+# Last line, for the log:
 #   fuzz_ci: <name> seed S runs R: corpus N inputs replayed, E executed, K kept, digest D
 # where D is a hash of the names of the inputs libFuzzer kept (each the SHA-1 of its content):
 # equal digests, the same exploration. Exploring with random seeds for hours is
@@ -25,7 +27,7 @@ norand=(setarch "$(uname -m)" -R)
     echo "fuzz_ci: setarch -R refused here: addresses are random, the inputs may vary" >&2
     norand=()
 }
-"${norand[@]}" "$bin" "$work" "$corpus" -seed="$seed" -runs="$runs" -reload=0 \
+"${norand[@]}" "$bin" "$work" "$corpus" -seed="$seed" -runs="$runs" -reload=0 -use_cmp=0 \
     -print_final_stats=1 "$@" >"$log" 2>&1
 rc=$?
 if [ "$rc" != 0 ]; then
