@@ -324,6 +324,16 @@ static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, t
     rc = tm_model_load(p->spec->model, &p->model, err);
     if (rc)
         return rc;
+    // engine.max_model_len caps the context (prompt + completion) below the model's, as vLLM's
+    // --max-model-len; above it is an error, as there.
+    uint32_t cap = p->spec->engine.max_model_len;
+    if (cap && cap > p->model->cfg.n_ctx)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: engine.max_model_len %u is over the model's context length %u "
+                      "(config.json)",
+                      path, cap, p->model->cfg.n_ctx);
+    if (cap)
+        p->model->cfg.n_ctx = cap;
     if (p->spec->engine.quantization == TM_JOB_QUANT_FP8) { // done in engine_setup
         rc = tm_model_quantize_fp8_check(p->model, err);
         if (rc)
@@ -376,6 +386,26 @@ static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
     return -1;
 }
 
+// "PATH: " before an error message that does not begin with it already (the job loader's
+// messages name the job themselves); static storage, for one log line at a time.
+static const char *named(const char *path, const char *msg) {
+    static __thread char pre[1100];
+    size_t n = strlen(path);
+    if (!strncmp(msg, path, n) && msg[n] == ':')
+        return "";
+    snprintf(pre, sizeof(pre), "%s: ", path);
+    return pre;
+}
+
+// The command that runs this job again from the start: the one-command line as given plus
+// --restart (o->restart_cmd), else `tokenmill run --restart JOB.json`; in buf (n bytes).
+static const char *restart_cmd(const tm_job_run_opts *o, const char *path, char *buf, size_t n) {
+    if (o->restart_cmd)
+        return o->restart_cmd;
+    snprintf(buf, n, "tokenmill run --restart %s", path);
+    return buf;
+}
+
 // Lock the output folder, read its manifest and decide: fresh start, resume (data files cut to
 // their committed lengths), nothing to do (finished), or refuse (another job; --restart wipes).
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
@@ -414,26 +444,25 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
         return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
-    char why[512];
+    char why[512], cmd[4096];
     const tm_manifest_file *grown = grown_input(&old, &rs->man);
     if (grown) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "input %s grew from %lld to %lld bytes since the job in %s started: tokenmill "
                     "reads each input up to the size it had when the job started, so the new "
                     "lines were not read and this output folder cannot take them. Put them in a "
-                    "new file for a new job (or output.dir), or run `tokenmill run --restart %s` "
-                    "to run the whole input again",
+                    "new file for a new job (or output.dir), or run `%s` to run the whole input "
+                    "again",
                     grown->name, (long long)grown->size, (long long)grown_size(&rs->man, grown),
-                    dir, path);
+                    dir, restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return rc;
     }
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "output folder %s holds another job's outputs: %s. Run "
-                    "`tokenmill run --restart %s` to discard them and start over, or choose "
-                    "another output.dir",
-                    dir, why, path);
+                    "`%s` to discard them and start over, or choose another output folder",
+                    dir, why, restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return rc;
     }
@@ -443,9 +472,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->finished_before = true;
         rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
-               "nothing to do (tokenmill run --restart runs it again)\n",
+               "nothing to do (`%s` runs it again)\n",
                path, dir, (unsigned long long)(old.counts.n_ok + old.counts.n_failed),
-               (unsigned long long)old.counts.n_ok, (unsigned long long)old.counts.n_failed);
+               (unsigned long long)old.counts.n_ok, (unsigned long long)old.counts.n_failed,
+               restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return TM_OK;
     }
@@ -974,7 +1004,7 @@ tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
     tm_rc rc = run_job(path, opts, &err);
     if (rc)
-        TM_LOG_ERROR("job", "%s: %s", path, err.msg);
+        TM_LOG_ERROR("job", "%s%s", named(path, err.msg), err.msg);
     return rc;
 }
 
@@ -1064,6 +1094,6 @@ tm_rc tm_job_validate_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
     tm_rc rc = validate_job(path, opts, &err);
     if (rc)
-        TM_LOG_ERROR("validate", "%s: %s", path, err.msg);
+        TM_LOG_ERROR("validate", "%s%s", named(path, err.msg), err.msg);
     return rc;
 }

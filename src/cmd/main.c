@@ -18,6 +18,7 @@
 #include "cmd/report.h"
 #include "cmd/tp_run.h"
 #include "ingest/job_spec.h"
+#include "ingest/rec_parser_int.h" /* tm_rec_parser_nearest: did you mean */
 #include "runner/text/tokenizer.h"
 
 static const char usage[] =
@@ -238,6 +239,7 @@ typedef enum opt_kind {
     OPT_VALUE, /* the argument as a JSON value when it parses as one, else as a string */
     OPT_STRING,
     OPT_TRUE,  /* no argument: the field is true */
+    OPT_FALSE, /* no argument: the field is false */
     OPT_STOP,  /* appended to defaults.stop */
     OPT_INPUT, /* appended to input.files */
 } opt_kind;
@@ -270,8 +272,39 @@ static const struct {
     {"--prometheus-textfile", NULL, "output", "prometheus_textfile", OPT_STRING},
     {"--strict-fields", NULL, "limits", "strict_fields", OPT_TRUE},
     {"--fail-on-error", NULL, "limits", "fail_on_error_records", OPT_TRUE},
+    {"--kv-cache-dtype", NULL, "engine", "kv_cache_dtype", OPT_STRING},
+    {"--tp", NULL, "engine", "tp", OPT_VALUE},
+    {"--max-model-len", NULL, "engine", "max_model_len", OPT_VALUE},
+    // vLLM's names for the same fields (`vllm serve` / `run-batch`), so its command lines carry
+    {"--input-file", NULL, "input", "files", OPT_INPUT},
+    {"--tensor-parallel-size", "-tp", "engine", "tp", OPT_VALUE},
+    {"--max-num-seqs", NULL, "engine", "max_seqs", OPT_VALUE},
+    {"--max-num-batched-tokens", NULL, "engine", "max_batched_tokens", OPT_VALUE},
+    {"--enable-prefix-caching", NULL, "engine", "prefix_cache", OPT_TRUE},
+    {"--no-enable-prefix-caching", NULL, "engine", "prefix_cache", OPT_FALSE},
 };
 enum { N_JOB_OPTS = sizeof(job_opts) / sizeof(job_opts[0]) };
+
+// The known flag nearest to an unknown one (edit distance under 3, or the known flag that begins
+// with it, or that it begins with: --max-token, --temperatures), for "did you mean"; NULL if none.
+static const char *nearest_flag(const char *a) {
+    static const char *extra[] = {"--output", "--output-file", "--set", "--print-job", "--restart"};
+    enum { N_EXTRA = sizeof(extra) / sizeof(extra[0]) };
+    const char *known[N_JOB_OPTS + N_EXTRA + 1];
+    for (int k = 0; k < N_JOB_OPTS; k++)
+        known[k] = job_opts[k].flag;
+    for (int k = 0; k < N_EXTRA; k++)
+        known[N_JOB_OPTS + k] = extra[k];
+    known[N_JOB_OPTS + N_EXTRA] = NULL;
+    const char *eq = strchr(a, '='); // --max-tokens=32 style: the name before '='
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+    const char *near = tm_rec_parser_nearest(name, known);
+    for (int k = 0; !near && strlen(name) > 4 && known[k]; k++)
+        if (!strncmp(known[k], name, strlen(name)) || !strncmp(name, known[k], strlen(known[k])))
+            near = known[k];
+    return near;
+}
 
 // A flag's text as a JSON value: a number, true/false/null, an array or object when it parses as
 // one; anything else is a string (so `--temperature hot` reaches the loader, which names it).
@@ -334,7 +367,7 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
             c->restart = 1;
             continue;
         }
-        if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) {
+        if ((!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--output-file")) && v) {
             set_output(c->doc, v);
             have_out = 1;
             i++;
@@ -353,13 +386,17 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
         while (k < N_JOB_OPTS && strcmp(a, job_opts[k].flag) != 0 &&
                !(job_opts[k].alias && !strcmp(a, job_opts[k].alias)))
             k++;
-        if (k == N_JOB_OPTS || (job_opts[k].kind != OPT_TRUE && !v)) {
-            fprintf(stderr, "tokenmill %s: %s %s%s\n\n%s", cmd,
+        if (k == N_JOB_OPTS ||
+            (job_opts[k].kind != OPT_TRUE && job_opts[k].kind != OPT_FALSE && !v)) {
+            const char *near = k == N_JOB_OPTS && a[0] == '-' ? nearest_flag(a) : NULL;
+            fprintf(stderr,
+                    "tokenmill %s: %s %s%s%s%s%s\n(tokenmill %s --help lists the options)\n", cmd,
                     k == N_JOB_OPTS ? "unknown option" : "missing value after", a,
+                    near ? " (did you mean " : "", near ? near : "", near ? "?)" : "",
                     k == N_JOB_OPTS && !strcmp(cmd, "run") && a[0] != '-'
                         ? " (a job file and --model options do not go together)"
                         : "",
-                    run_usage);
+                    cmd);
             return 2;
         }
         json_t *s = section_of(c->doc, job_opts[k].section);
@@ -372,7 +409,8 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
             json_object_set_new(s, key, json_string(v));
             break;
         case OPT_TRUE:
-            json_object_set_new(s, key, json_true());
+        case OPT_FALSE:
+            json_object_set_new(s, key, json_boolean(job_opts[k].kind == OPT_TRUE));
             i--;
             break;
         case OPT_STOP:
@@ -434,6 +472,46 @@ static int exit_status(tm_rc rc, int sig, const tm_job_run_result *r, int fail_o
     return 0;
 }
 
+// The program as invoked (argv[0]), for the commands that messages print.
+static const char *prog = "tokenmill";
+
+// s quoted for a POSIX shell when it needs to be ('...', a ' as '\''), appended to b.
+static void shell_word(tm_buf *b, const char *s, tm_err *err) {
+    size_t n = strlen(s),
+           plain = n > 0 && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstu"
+                                      "vwxyz0123456789_-./=:,+@%") == n;
+    if (plain) {
+        tm_buf_append(b, s, n, err);
+        return;
+    }
+    tm_buf_append(b, "'", 1, err);
+    for (const char *p = s; *p; p++)
+        tm_buf_append(b, *p == '\'' ? "'\\''" : p, *p == '\'' ? 4 : 1, err);
+    tm_buf_append(b, "'", 1, err);
+}
+
+// The one-command line that starts this job over: the program, the command, its options as given
+// (quoted for the shell) and --restart; malloc'd, NULL when out of memory.
+static char *restart_line(const char *cmd, int argc, char **argv) {
+    tm_buf b = {0};
+    tm_err err = {0};
+    shell_word(&b, prog, &err);
+    tm_buf_append(&b, " run", 4, &err);
+    (void)cmd;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--restart") || !strcmp(argv[i], "--print-job"))
+            continue;
+        tm_buf_append(&b, " ", 1, &err);
+        shell_word(&b, argv[i], &err);
+    }
+    tm_buf_append(&b, " --restart", 10, &err);
+    if (err.rc || !b.data) {
+        tm_buf_fini(&b);
+        return NULL;
+    }
+    return b.data; // tm_buf's bytes: malloc'd, NUL-terminated
+}
+
 // `run --model ...` / `validate --model ...`: build the job, print it or hand it on.
 static int cmd_one_command(const char *cmd, int argc, char **argv) {
     cli_job c = {0};
@@ -455,11 +533,16 @@ static int cmd_one_command(const char *cmd, int argc, char **argv) {
     }
     tm_job_run_result res = {0};
     int sig = 0;
-    tm_job_run_opts o = {
-        .restart = c.restart, .spec_json = text, .result = &res, .stop_signal = &sig};
+    char *again = restart_line(cmd, argc, argv);
+    tm_job_run_opts o = {.restart = c.restart,
+                         .spec_json = text,
+                         .restart_cmd = again,
+                         .result = &res,
+                         .stop_signal = &sig};
     tm_rc rc = !strcmp(cmd, "run") ? tm_job_run_with(TM_JOB_CLI_NAME, &o)
                                    : tm_job_validate_with(TM_JOB_CLI_NAME, &o);
     free(text);
+    free(again);
     return exit_status(rc, sig, &res, 0);
 }
 
@@ -528,6 +611,7 @@ int main(int argc, char **argv) {
     // Global options anywhere (before or after the command); they are taken out of argv. The
     // value of an option that takes one is never a global option here: none of them is "-q"/"-v".
     int n = 1;
+    prog = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-q") || !strcmp(a, "--quiet"))

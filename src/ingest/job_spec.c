@@ -46,7 +46,8 @@ static const char *const engine_keys[] = {
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
-    "kv_cache_dtype", "speculative",  /* end */ NULL};
+    "kv_cache_dtype", "speculative",  "max_model_len",
+    /* end */ NULL};
 static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
                                         "prompt_lookup_max", NULL};
 static const char *const limits_keys[] = {
@@ -664,6 +665,12 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                  &e->lookahead, c);
     if (rc)
         return rc;
+    // 0 (absent): the model's context length. Part of the identity only when set.
+    if (eng && json_object_get(eng, "max_model_len")) {
+        rc = get_u32(ld, eng, "engine", "max_model_len", 1, INT32_MAX, 0, &e->max_model_len, c);
+        if (rc)
+            return rc;
+    }
     // Part of the job's identity (it changes the results), but written only when not "none", so
     // the canonical spec (and so the resume identity) of jobs without it stays what it was.
     v = eng ? json_object_get(eng, "quantization") : NULL;

@@ -67,6 +67,8 @@ typedef struct tm_job_engine {
                                     * use may reach, KV pool included, in (0, 1] */
     bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
+    uint32_t max_model_len;        /* engine.max_model_len: caps the context length (prompt +
+                                    * completion) below the model's; 0: the model's */
     tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
     bool kv_cache_fp8;             /* engine.kv_cache_dtype "fp8" (e4m3, scale 1.0); false:
                                     * "auto", the model's dtype */
