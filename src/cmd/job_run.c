@@ -222,13 +222,18 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
     return (uint32_t)TM_MIN(want, cap);
 }
 
-// engine.backend "cuda" where no GPU answers: say what to do instead, after the cause.
+// engine.backend "cuda" where no GPU answers: plainly that, the cause, then what to do instead.
+// The cause: a CUDA build's error (no device, no driver), or that this build has no CUDA engine.
 static const char *cuda_hint(const char *cause) {
     static _Thread_local char msg[sizeof(((tm_err *)0)->msg)];
     snprintf(msg, sizeof(msg),
-             "engine.backend \"cuda\": no usable GPU here (%.*s); use \"cpu\", or \"auto\" (the "
-             "CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
-             (int)(sizeof(msg) / 2), cause);
+             "--backend cuda (engine.backend \"cuda\") needs a GPU: %.*s; use \"cpu\", or \"auto\" "
+             "(the CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
+             (int)(sizeof(msg) / 2),
+             tm_engine_cuda_built() ? "no GPU found"
+                                    : "this build has no CUDA engine (cmake "
+                                      "-DTM_CUDA=ON)");
+    (void)cause;
     return msg;
 }
 
@@ -255,7 +260,13 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
         rc = tm_engine_cuda_create(m, &go, out, err);
         if (rc == TM_OK || be == TM_BACKEND_CUDA)
             goto done;
-        TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
+        if (tm_engine_cuda_built() && tm_engine_cuda_n_devices() == 0)
+            TM_LOG_INFO("job", "no GPU found: using the cpu engine");
+        else if (tm_engine_cuda_built())
+            TM_LOG_INFO("job", "the GPU did not start the cuda engine (%s): using the cpu engine",
+                        err->msg);
+        else
+            TM_LOG_DEBUG("job", "built without CUDA: using the cpu engine");
     }
     eo->n_kv_block = cpu_kv_blocks(spec, &m->cfg);
     eo->gpu_mem_util = 0; // no GPU
@@ -1018,8 +1029,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
     uint64_t n_ok = 0, n_bad = 0;
     tm_rc rc = parts_load(path, opts->spec_json, &p, err);
     if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
-        rc = TM_ERR(err, TM_E_INVAL, "%s",
-                    cuda_hint("no CUDA device answers, or this build has no CUDA engine"));
+        rc = TM_ERR(err, TM_E_INVAL, "%s", cuda_hint(NULL));
     if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
         printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
                "validate does not read\n",

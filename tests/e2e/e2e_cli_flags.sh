@@ -66,4 +66,15 @@ cmd=$(sed -n 's/.*Run `\([^`]*\)`.*/\1/p' e)
 eval "$cmd" >/dev/null 2>&1 || fail "the printed command failed: $cmd"
 [ "$(lz4 -dc 'my out/completions.jsonl.lz4' | grep -c '"completion_tokens":5')" = 1 ] ||
     fail "rerun with --restart"
+# help texts print what they mean (no printf escapes such as a literal %%)
+for c in run validate tokenize bench report; do
+    "$tm" $c --help >h 2>&1 || fail "$c --help"
+    grep -q '%%' h && fail "$c --help prints %%: $(grep '%%' h)"
+done
+# --backend cuda without a GPU (or without CUDA in the build): said plainly, with what to do
+if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 0 ]; then
+    rc=0; "$tm" run "${m[@]}" -i in.jsonl -o cu --backend cuda 2>e || rc=$?
+    [ $rc = 1 ] && grep -q -- '--backend cuda (engine.backend "cuda") needs a GPU: ' e ||
+        fail "--backend cuda: $rc $(cat e)"
+fi
 echo "e2e_cli_flags: ok"
