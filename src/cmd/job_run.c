@@ -363,6 +363,7 @@ static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, t
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
     tm_manifest_lk lk;
+    const char *dir; /* the output folder (the spec's); NULL before resume_prepare */
     tm_manifest man; /* this run's manifest: identity now, progress carried over */
     tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
@@ -422,6 +423,7 @@ static const char *restart_cmd(const tm_job_run_opts *o, const char *path, char 
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
+    rs->dir = dir;
     tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
     if (!rc) // links, FIFOs and such under tokenmill's names: refused before anything opens them
         rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
@@ -531,7 +533,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
-    tm_manifest_unlock(&rs->lk);
+    if (rs->dir)
+        tm_manifest_unlock_tidy(rs->dir, &rs->lk);
+    else
+        tm_manifest_unlock(&rs->lk);
 }
 
 // Everything one run of a job holds, from loading to the summary; run_job's helpers share it.

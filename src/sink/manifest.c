@@ -768,6 +768,18 @@ void tm_manifest_unlock(tm_manifest_lk *lk) {
     lk->file_fd = lk->dir_fd = -1;
 }
 
+void tm_manifest_unlock_tidy(const char *dir, tm_manifest_lk *lk) {
+    if (lk->file_fd >= 0 && lk->dir_fd >= 0) {
+        struct stat st;
+        if (fstatat(lk->dir_fd, TM_MANIFEST_FILE, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && unlinkat(lk->dir_fd, TM_MANIFEST_LOCK_FILE, 0) != 0 &&
+            errno != ENOENT)
+            TM_LOG_WARN("manifest", "removing %s/%s: %s", dir, TM_MANIFEST_LOCK_FILE,
+                        strerror(errno));
+    }
+    tm_manifest_unlock(lk);
+}
+
 tm_rc tm_manifest_check_folder(const char *dir, const tm_manifest_lk *lk, bool fresh, tm_err *err) {
     static const char *const names[] = {
         TM_MANIFEST_FILE,    TM_SINK_COMPLETIONS_FILE, TM_SINK_COMPLETIONS_PLAIN_FILE,

@@ -153,6 +153,11 @@ typedef struct tm_manifest_lk {
  * file, named). */
 tm_rc tm_manifest_lock(const char *dir, tm_manifest_lk *lk, tm_err *err);
 void tm_manifest_unlock(tm_manifest_lk *lk); /* releases what lk holds; then lk holds nothing */
+/* tm_manifest_unlock at a clean exit: first, while both locks are still held, removes
+ * dir/tokenmill.lock when dir/manifest.json is there (which marks the folder as tokenmill's from
+ * then on, as the lock file did before the first commit) and the folder itself was locked (on a
+ * file system without folder locks the file stays: it is the only lock there). */
+void tm_manifest_unlock_tidy(const char *dir, tm_manifest_lk *lk);
 
 /* Check the names tokenmill writes in dir (manifest.json, completions.jsonl[.lz4], errors.jsonl,
  * metrics.json and their temporary files): each one that exists must be a regular file, not a

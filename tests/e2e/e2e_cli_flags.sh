@@ -66,6 +66,10 @@ cmd=$(sed -n 's/.*Run `\([^`]*\)`.*/\1/p' e)
 eval "$cmd" >/dev/null 2>&1 || fail "the printed command failed: $cmd"
 [ "$(lz4 -dc 'my out/completions.jsonl.lz4' | grep -c '"completion_tokens":5')" = 1 ] ||
     fail "rerun with --restart"
+# the lock file is gone after a clean exit (the manifest marks the folder as tokenmill's)
+[ ! -e 'my out/tokenmill.lock' ] || fail "tokenmill.lock left after a clean exit"
+"$tm" -q run "${m[@]}" -i in.jsonl -o 'my out' --max-tokens 5 >/dev/null || fail "rerun of a finished job"
+
 # help texts print what they mean (no printf escapes such as a literal %%)
 for c in run validate tokenize bench report; do
     "$tm" $c --help >h 2>&1 || fail "$c --help"

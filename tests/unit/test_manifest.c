@@ -4,6 +4,7 @@
  * file shorter than committed is refused; the output-folder lock refuses a second holder. */
 #include <fcntl.h>
 #include <lz4frame.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +265,20 @@ static void test_lock(void) {
     tm_manifest_unlock(&lk2);
     TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
     TM_CHECK(!lk2.created); // the file was there: the folder is tokenmill's
+    // A clean exit without a manifest keeps the lock file (it alone marks the folder as
+    // tokenmill's); with one, the lock file goes.
+    tm_manifest_unlock_tidy(dir, &lk2);
+    TM_CHECK(access(lock, F_OK) == 0 && lk2.file_fd < 0 && lk2.dir_fd < 0);
+    char man[700];
+    snprintf(man, sizeof(man), "%s/" TM_MANIFEST_FILE, dir);
+    FILE *f = fopen(man, "w");
+    TM_ASSERT(f);
+    fclose(f);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
+    tm_manifest_unlock_tidy(dir, &lk2);
+    TM_CHECK(access(lock, F_OK) != 0 && errno == ENOENT);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err); // and the folder opens again
+    TM_CHECK(tm_manifest_lock(dir, &lk1, &err) == TM_E_AGAIN);
     tm_manifest_unlock(&lk2);
 }
 
