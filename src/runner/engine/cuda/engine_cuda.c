@@ -63,17 +63,18 @@ typedef struct tm_cuda_samp {
 #define KV_HEADROOM_BYTES ((size_t)1 << 30)
 #define GPU_MEM_UTIL_DEFAULT 0.90f
 
+/* The CUDA engine's table of architectures (arch.h), indexed by tm_arch: one line per
+ * architecture. */
+static const tm_cuda_arch *const cuda_archs[TM_ARCH_COUNT] = {
+    [TM_ARCH_LLAMA] = &tm_cuda_arch_llama,
+    [TM_ARCH_QWEN2] = &tm_cuda_arch_llama,
+    [TM_ARCH_MISTRAL] = &tm_cuda_arch_llama,
+    [TM_ARCH_DEEPSEEK_V4] = &tm_cuda_arch_dsv4,
+};
+
 /* The architecture table of a model, or NULL when the CUDA engine has none for it. */
 static const tm_cuda_arch *pick_arch(tm_arch arch) {
-    switch (arch) {
-    case TM_ARCH_LLAMA:
-    case TM_ARCH_QWEN2:
-    case TM_ARCH_MISTRAL:
-        return &tm_cuda_arch_llama;
-    case TM_ARCH_DEEPSEEK_V4:
-        return &tm_cuda_arch_dsv4;
-    }
-    return NULL;
+    return (unsigned)arch < TM_ARCH_COUNT ? cuda_archs[arch] : NULL;
 }
 
 /* Offsets (in uint32) of the step metadata arrays for T tokens, S sequences and W wanted rows
