@@ -49,6 +49,11 @@ typedef struct tm_engine_opts {
     uint32_t max_rows;           /* logits rows per step (n_logits of tm_batch_seq); 0 = max_seqs */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
+    const int32_t *token_map;    /* DeepSeek-V4.1 Engram: [n_token_map] the compressed id of every
+                                  * token id (runner/model/engram_hash.h tm_engram_token_map_build
+                                  * over the model's tokenizer); borrowed, must outlive the engine;
+                                  * NULL for other models */
+    uint32_t n_token_map;
 } tm_engine_opts;
 
 /* One sequence's part of a step. */
