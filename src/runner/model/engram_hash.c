@@ -466,6 +466,33 @@ done:
     return rc;
 }
 
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes
+ * for U+0100.. in byte order. */
+static int32_t byte_level_char(uint8_t b) {
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE)
+        return b;
+    int32_t n = 0;
+    for (int x = 0; x < b; x++)
+        if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || x >= 0xAE))
+            n++;
+    return 256 + n;
+}
+
+tm_rc tm_engram_byte_level_piece(const char *b, size_t n, char **out, size_t *out_len,
+                                 tm_err *err) {
+    char *s = tm_malloc(n * 2 + 1);
+    if (!s)
+        return TM_ERR(err, TM_E_NOMEM, "engram: byte-level piece");
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        o += (size_t)utf8proc_encode_char(byte_level_char((uint8_t)b[i]),
+                                          (utf8proc_uint8_t *)s + o);
+    s[o] = 0;
+    *out = s;
+    *out_len = o;
+    return TM_OK;
+}
+
 tm_rc tm_engram_token_key(const tm_engram_tok *tok, char **key, size_t *key_len, int *by_piece,
                           tm_err *err) {
     *key = NULL;
@@ -474,7 +501,9 @@ tm_rc tm_engram_token_key(const tm_engram_tok *tok, char **key, size_t *key_len,
     if (!utf8_clean(tok->text, tok->text_len)) {
         // a partial UTF-8 byte token: keyed by its raw vocabulary string
         *by_piece = 1;
-        *key = tm_strndup(tok->piece ? tok->piece : "", tok->piece_len);
+        if (!tok->piece)
+            return tm_engram_byte_level_piece(tok->text, tok->text_len, key, key_len, err);
+        *key = tm_strndup(tok->piece, tok->piece_len);
         if (!*key)
             return TM_ERR(err, TM_E_NOMEM, "engram: token key");
         *key_len = tok->piece_len;

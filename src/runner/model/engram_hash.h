@@ -91,9 +91,15 @@ typedef struct tm_engram_tok {
     const char *text; /* the token decoded alone (byte-level bytes, special tokens as their
                        * content), not necessarily valid UTF-8; borrowed */
     size_t text_len;
-    const char *piece; /* the raw vocabulary string (id_to_token); borrowed */
+    const char *piece; /* the raw vocabulary string (id_to_token); borrowed. NULL: the token is a
+                        * byte-level BPE one, whose piece is tm_engram_byte_level_piece(text) */
     size_t piece_len;
 } tm_engram_tok;
+
+/* The byte-level BPE vocabulary string of the bytes b[0..n) (GPT-2's bytes_to_unicode table, one
+ * char per byte): what id_to_token gives for a vocabulary token that decodes to these bytes. *out
+ * is tm_alloc'd and NUL-terminated (*out_len bytes); the caller frees it with tm_free. */
+tm_rc tm_engram_byte_level_piece(const char *b, size_t n, char **out, size_t *out_len, tm_err *err);
 
 /* Build the compressed map of n_tok tokens: map[i] = compressed id of token i (ids handed out
  * in token order from 0), *n_compressed = number of distinct keys. Errors: TM_E_INVAL when a
