@@ -21,20 +21,20 @@
 /* Every key config.json may hold: ModelArgs' fields, plus what Hugging Face tooling adds. */
 static const char *const known_keys[] = {
     "max_batch_size", "max_seq_len", "temperature", "dtype", "expert_dtype", "vocab_size", "dim",
-    "moe_inter_dim", "n_layers", "n_mtp_layers", "n_heads", "n_routed_experts",
-    "n_shared_experts", "n_activated_experts", "score_func", "gate_temp", "norm_topk_prob",
-    "route_scale", "swiglu_limit", "q_lora_rank", "head_dim", "rope_head_dim", "norm_eps",
-    "o_groups", "o_lora_rank", "window_size", "compress_ratios", "kv_source_layers",
-    "index_source_layers", "compress_rope_theta", "original_seq_len", "rope_theta",
-    "rope_factor", "beta_fast", "beta_slow", "index_n_heads", "index_head_dim", "index_topk",
-    "candidate_source_layer", "candidate_topk_blocks", "candidate_block_size", "hc_mult",
-    "hc_sinkhorn_iters", "hc_eps", "engram_layer_ids", "engram_num_embeddings",
-    "engram_max_ngram_size", "engram_vocab_size", "engram_n_heads", "engram_head_dim",
-    "engram_pad_id", "engram_compressed_vocab_size", "vision_n_layers", "vision_dim",
-    "vision_n_heads", "vision_inter_dim", "vision_patch_size", "vision_rope_theta",
-    "vision_downsample_ratio", "vision_max_n_token", "vision_min_pixels", "vision_max_wh_ratio",
-    "image_token_id", "dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids",
-    "dspark_markov_rank", "dspark_n_routed_experts", "dspark_n_activated_experts",
+    "moe_inter_dim", "n_layers", "n_mtp_layers", "n_heads", "n_routed_experts", "n_shared_experts",
+    "n_activated_experts", "score_func", "gate_temp", "norm_topk_prob", "route_scale",
+    "swiglu_limit", "q_lora_rank", "head_dim", "rope_head_dim", "norm_eps", "o_groups",
+    "o_lora_rank", "window_size", "compress_ratios", "kv_source_layers", "index_source_layers",
+    "compress_rope_theta", "original_seq_len", "rope_theta", "rope_factor", "beta_fast",
+    "beta_slow", "index_n_heads", "index_head_dim", "index_topk", "candidate_source_layer",
+    "candidate_topk_blocks", "candidate_block_size", "hc_mult", "hc_sinkhorn_iters", "hc_eps",
+    "engram_layer_ids", "engram_num_embeddings", "engram_max_ngram_size", "engram_vocab_size",
+    "engram_n_heads", "engram_head_dim", "engram_pad_id", "engram_compressed_vocab_size",
+    "vision_n_layers", "vision_dim", "vision_n_heads", "vision_inter_dim", "vision_patch_size",
+    "vision_rope_theta", "vision_downsample_ratio", "vision_max_n_token", "vision_min_pixels",
+    "vision_max_wh_ratio", "image_token_id", "dspark_block_size", "dspark_noise_token_id",
+    "dspark_target_layer_ids", "dspark_markov_rank", "dspark_n_routed_experts",
+    "dspark_n_activated_experts",
     /* tooling */
     "architectures", "model_type", "torch_dtype", "transformers_version", "bos_token_id",
     "eos_token_id", "pad_token_id"};
@@ -79,9 +79,8 @@ static tm_rc get_num(json_t *obj, const char *key, double def, double *out, tm_e
 }
 
 /* An integer list (absent: the n_def defaults). */
-static tm_rc get_list(json_t *obj, const char *key, const int64_t *def, uint32_t n_def,
-                      int64_t lo, int64_t hi, uint32_t cap, int64_t *out, uint32_t *n,
-                      tm_err *err) {
+static tm_rc get_list(json_t *obj, const char *key, const int64_t *def, uint32_t n_def, int64_t lo,
+                      int64_t hi, uint32_t cap, int64_t *out, uint32_t *n, tm_err *err) {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         memcpy(out, def, n_def * sizeof(int64_t));
@@ -97,8 +96,8 @@ static tm_rc get_list(json_t *obj, const char *key, const int64_t *def, uint32_t
     for (uint32_t i = 0; i < *n; i++) {
         json_t *e = json_array_get(v, i);
         if (!json_is_integer(e) || json_integer_value(e) < lo || json_integer_value(e) > hi)
-            return TM_ERR(err, TM_E_PARSE, CFG ": %s[%u] is not an integer in [%lld, %lld]", key,
-                          i, (long long)lo, (long long)hi);
+            return TM_ERR(err, TM_E_PARSE, CFG ": %s[%u] is not an integer in [%lld, %lld]", key, i,
+                          (long long)lo, (long long)hi);
         out[i] = json_integer_value(e);
     }
     return TM_OK;
@@ -133,7 +132,8 @@ static tm_rc get_id(json_t *obj, const char *file, const char *key, uint32_t n_v
     return TM_OK;
 }
 
-/* ---- RoPE: the reference's precompute_freqs_cis frequencies, in fp32 as torch computes them ---- */
+/* ---- RoPE: the reference's precompute_freqs_cis frequencies, in fp32 as torch computes them ----
+ */
 
 static void rope_freqs(float *out, uint32_t dim, double base, uint32_t orig, double factor,
                        double beta_fast, double beta_slow) {
@@ -255,12 +255,19 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
         goto fail;
     // Fields read and range-checked, not used by the text forward: runtime limits, vision, DSpark.
     {
-        static const char *const ints[] = {"max_batch_size", "vision_dim", "vision_n_heads",
-                                           "vision_inter_dim", "vision_patch_size",
-                                           "vision_downsample_ratio", "vision_max_n_token",
-                                           "vision_min_pixels", "image_token_id",
-                                           "dspark_noise_token_id", "dspark_markov_rank",
-                                           "dspark_n_routed_experts", "dspark_n_activated_experts"};
+        static const char *const ints[] = {"max_batch_size",
+                                           "vision_dim",
+                                           "vision_n_heads",
+                                           "vision_inter_dim",
+                                           "vision_patch_size",
+                                           "vision_downsample_ratio",
+                                           "vision_max_n_token",
+                                           "vision_min_pixels",
+                                           "image_token_id",
+                                           "dspark_noise_token_id",
+                                           "dspark_markov_rank",
+                                           "dspark_n_routed_experts",
+                                           "dspark_n_activated_experts"};
         for (size_t i = 0; rc == TM_OK && i < sizeof(ints) / sizeof(ints[0]); i++)
             rc = get_u32(root, ints[i], 0, 0, BIG, &u, err);
         if (rc == TM_OK)
@@ -337,8 +344,8 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
             rc = get_list(root, "kv_source_layers", def_src, 2, 0, 100000, TM_DSV41_MAX_LAYER, kv,
                           &n_kv, err);
         if (rc == TM_OK)
-            rc = get_list(root, "index_source_layers", def_src, 2, 0, 100000,
-                          TM_DSV41_MAX_LAYER, ix, &n_ix, err);
+            rc = get_list(root, "index_source_layers", def_src, 2, 0, 100000, TM_DSV41_MAX_LAYER,
+                          ix, &n_ix, err);
         if (rc)
             goto fail;
         if (n_r < L) {
@@ -717,8 +724,8 @@ tm_rc tm_dsv41_config_parse(void *root_v, void *gen_v, tm_model_cfg *c, tm_dsv41
 /* ---- weights ---- */
 
 /* A float tensor (any float dtype) of exactly the shape. */
-static tm_rc bind_f(const tm_st_set *st, const char *name, uint32_t n_dim, uint64_t d0,
-                    uint64_t d1, tm_tensor *t, tm_err *err) {
+static tm_rc bind_f(const tm_st_set *st, const char *name, uint32_t n_dim, uint64_t d0, uint64_t d1,
+                    tm_tensor *t, tm_err *err) {
     const uint64_t want[2] = {d0, d1};
     const tm_quant_cfg none = {0};
     return tm_quant_bind(st, &none, name, TM_QROLE_DENSE, n_dim, want, t, err);
@@ -748,11 +755,11 @@ static tm_rc bind_lin(const tm_st_set *st, const tm_dsv41_cfg *d, const char *na
     return TM_OK;
 }
 
-static tm_rc bind_layer(const tm_st_set *st, const tm_dsv41_cfg *d, uint32_t il,
-                        tm_dsv41_layer *Lw, tm_err *err) {
-    const uint64_t D = d->dim, N = d->hc_mult, hd = d->head_dim, H = d->n_heads,
-                   mix = (2 + N) * N, E = d->n_routed_experts, I = d->moe_inter_dim,
-                   di = d->index_head_dim, Hi = d->index_n_heads, G = d->o_groups;
+static tm_rc bind_layer(const tm_st_set *st, const tm_dsv41_cfg *d, uint32_t il, tm_dsv41_layer *Lw,
+                        tm_err *err) {
+    const uint64_t D = d->dim, N = d->hc_mult, hd = d->head_dim, H = d->n_heads, mix = (2 + N) * N,
+                   E = d->n_routed_experts, I = d->moe_inter_dim, di = d->index_head_dim,
+                   Hi = d->index_n_heads, G = d->o_groups;
     char name[192];
     tm_rc rc = TM_OK;
 #define NAME(...) snprintf(name, sizeof(name), __VA_ARGS__)

@@ -67,11 +67,13 @@ typedef struct tm_dsv41_cfg {
                                              (the last at or before it), else -1 */
     int16_t idx_from[TM_DSV41_MAX_LAYER]; /* compressed layers: the index source whose picks it
                                              takes (the last at or before it), else -1 */
-    int16_t key_from[TM_DSV41_MAX_LAYER]; /* index sources: the layer owning the index keys they
-                                             read (the last kv+index source at or before), else -1 */
+    int16_t
+        key_from[TM_DSV41_MAX_LAYER];        /* index sources: the layer owning the index keys they
+                                                read (the last kv+index source at or before), else -1 */
     int16_t engram_slot[TM_DSV41_MAX_LAYER]; /* index into engram_layer_ids, or -1 */
     float inv_freq_main[TM_DSV41_MAX_ROPE / 2]; /* rope_theta, no YaRN (ratio-0 layers) */
-    float inv_freq_comp[TM_DSV41_MAX_ROPE / 2]; /* compress_rope_theta, YaRN when original_seq_len */
+    float
+        inv_freq_comp[TM_DSV41_MAX_ROPE / 2]; /* compress_rope_theta, YaRN when original_seq_len */
 } tm_dsv41_cfg;
 
 typedef struct tm_dsv41_layer {
@@ -90,13 +92,13 @@ typedef struct tm_dsv41_layer {
     tm_tensor i_wq_b, i_wproj; /* index sources: [Hi*di][q_lora], [Hi][D] */
     tm_tensor i_wk, i_k_norm;  /* kv + index sources: [di][hd], [di] */
     /* MoE */
-    tm_tensor gate_w, gate_bias;       /* [E][D], [E] */
-    tm_tensor *experts;                /* owned: [E][3] w1 [I][D], w3 [I][D], w2 [D][I] */
-    tm_tensor sh_w1, sh_w3, sh_w2;     /* shared expert */
+    tm_tensor gate_w, gate_bias;   /* [E][D], [E] */
+    tm_tensor *experts;            /* owned: [E][3] w1 [I][D], w3 [I][D], w2 [D][I] */
+    tm_tensor sh_w1, sh_w3, sh_w2; /* shared expert */
     /* Engram (engram layers) */
-    tm_tensor e_table;        /* [rows][engram_head_dim] FP8 with [rows][hd/32] scales */
-    tm_tensor e_wkv;          /* [(N+1)*D][n_cols*engram_head_dim] */
-    tm_tensor e_q, e_k;       /* [N][D] */
+    tm_tensor e_table;  /* [rows][engram_head_dim] FP8 with [rows][hd/32] scales */
+    tm_tensor e_wkv;    /* [(N+1)*D][n_cols*engram_head_dim] */
+    tm_tensor e_q, e_k; /* [N][D] */
 } tm_dsv41_layer;
 
 typedef struct tm_dsv41 {

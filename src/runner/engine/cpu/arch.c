@@ -6,10 +6,8 @@
 #include "runner/model/model.h"
 
 static const tm_cpu_arch *const cpu_archs[TM_ARCH_COUNT] = {
-    [TM_ARCH_LLAMA] = &tm_cpu_arch_llama,
-    [TM_ARCH_QWEN2] = &tm_cpu_arch_llama,
-    [TM_ARCH_MISTRAL] = &tm_cpu_arch_llama,
-    [TM_ARCH_DEEPSEEK_V4] = &tm_cpu_arch_dsv4,
+    [TM_ARCH_LLAMA] = &tm_cpu_arch_llama,        [TM_ARCH_QWEN2] = &tm_cpu_arch_llama,
+    [TM_ARCH_MISTRAL] = &tm_cpu_arch_llama,      [TM_ARCH_DEEPSEEK_V4] = &tm_cpu_arch_dsv4,
     [TM_ARCH_DEEPSEEK_V41] = &tm_cpu_arch_dsv41,
 };
 

@@ -118,7 +118,9 @@ static float round_scale(float amax, float max_inv) {
 static float clampf_(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* e4m3fn round-to-nearest-even after clamping to +-448 (the kernels' satfinite cast). */
-static float e4m3_sat(float v) { return tm_e4m3_to_f32(tm_f32_to_e4m3(clampf_(v, -448.0f, 448.0f))); }
+static float e4m3_sat(float v) {
+    return tm_e4m3_to_f32(tm_f32_to_e4m3(clampf_(v, -448.0f, 448.0f)));
+}
 
 /* e2m1 round-to-nearest-even of v in [-6, 6] (ties to the even code), sign kept. */
 static float e2m1_round(float v) {
@@ -250,8 +252,8 @@ static size_t comp_slot(const v41_eng *e, uint32_t t, uint32_t w, uint32_t r) {
 
 /* pre/post/comb of every token from the streams (Block.hc_mixes: one rms of the flattened streams
  * per token, norm_eps, applied after the projection). */
-static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale,
-                     const tm_tensor *base, uint32_t T, float *pre, float *post, float *comb) {
+static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale, const tm_tensor *base,
+                     uint32_t T, float *pre, float *post, float *comb) {
     const uint32_t ND = e->N * e->D;
     lin(e, fn, 0, e->s, ND, T, ND, e->mixes, e->mix, e->mix);
     float sc[3], bs[(2 + TM_DSV41_MAX_HC) * TM_DSV41_MAX_HC];
@@ -507,8 +509,8 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
         for (uint32_t k = 0; k < hd; k++)
             o[k] = (float)(acc[k] / den);
         const float *csn = r ? e->cs_c : e->cs_m, *snn = r ? e->sn_c : e->sn_m;
-        tm_dsv_rope_head(o, hd, e->rd, csn + (size_t)t * (e->rd / 2),
-                         snn + (size_t)t * (e->rd / 2), -1.0f);
+        tm_dsv_rope_head(o, hd, e->rd, csn + (size_t)t * (e->rd / 2), snn + (size_t)t * (e->rd / 2),
+                         -1.0f);
     }
 }
 
@@ -571,13 +573,14 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
                     continue;
                 const uint32_t w = (p + 1) / r - 1;
                 float *lat = e->lat + (size_t)n_lat * hd;
-                for (uint32_t k = 0; k < hd; k++) { // per-channel softmax of the gate over the group
+                for (uint32_t k = 0; k < hd;
+                     k++) { // per-channel softmax of the gate over the group
                     double mx = -INFINITY, den = 0.0, acc = 0.0;
                     for (uint32_t i = 0; i < r; i++)
                         mx = fmax(mx, ls->tail[tok_slot(e, t, w * r + i) * 2 * hd + hd + k]);
                     for (uint32_t i = 0; i < r; i++)
-                        den += exp((double)ls->tail[tok_slot(e, t, w * r + i) * 2 * hd + hd + k] -
-                                   mx);
+                        den +=
+                            exp((double)ls->tail[tok_slot(e, t, w * r + i) * 2 * hd + hd + k] - mx);
                     for (uint32_t i = 0; i < r; i++) {
                         const float *tl = ls->tail + tok_slot(e, t, w * r + i) * 2 * hd;
                         acc += (double)tl[k] * (exp((double)tl[hd + k] - mx) / den);
@@ -620,8 +623,7 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t h = 0; h < e->Hi; h++) {
                 float *q = e->iq + ((size_t)t * e->Hi + h) * e->di;
-                tm_dsv_rope_head(q, e->di, rd, cs + (size_t)t * half, sn + (size_t)t * half,
-                                 1.0f);
+                tm_dsv_rope_head(q, e->di, rd, cs + (size_t)t * half, sn + (size_t)t * half, 1.0f);
                 fp4_act_quant(q, e->di, 32, 0);
             }
         tm_cpu_pool_run(e->pool, index_item, &j, T);
@@ -720,8 +722,7 @@ static void layer_moe(v41_eng *e, uint32_t il, uint32_t T) {
                 }
         if (!n)
             continue;
-        expert(e, &L->experts[ex * 3], &L->experts[ex * 3 + 1], &L->experts[ex * 3 + 2], n,
-               e->lat);
+        expert(e, &L->experts[ex * 3], &L->experts[ex * 3 + 1], &L->experts[ex * 3 + 2], n, e->lat);
         for (uint32_t i = 0; i < n; i++)
             for (uint32_t d = 0; d < D; d++)
                 e->yacc[(size_t)e->etok[i] * D + d] += e->eo[(size_t)i * D + d];
@@ -739,8 +740,8 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
     const tm_dsv41_cfg *c = e->c;
     uint32_t T = 0;
     uint64_t n_bt = 0;
-    tm_rc rc = tm_batch_check(b, &eng->opts, e->max_pos, c->vocab_size, "dsv41 forward", &T,
-                              &n_bt, err);
+    tm_rc rc = tm_batch_check(b, &eng->opts, e->max_pos, c->vocab_size, "dsv41 forward", &T, &n_bt,
+                              err);
     if (rc)
         return rc;
     (void)n_bt;
@@ -805,8 +806,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
         layer_attn(e, il, T);
         hc_expand(e, T, e->y, e->post, e->comb);
-        hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post,
-                 e->comb);
+        hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post, e->comb);
         hc_collapse(e, T, e->apre, e->x);
         vec_f32(&L->ffn_norm, nw);
         for (uint32_t t = 0; t < T; t++)
@@ -835,12 +835,11 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
     return TM_OK;
 }
 
-static tm_rc v41_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok,
-                         tm_err *err) {
+static tm_rc v41_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err) {
     v41_eng *e = eng->impl;
     if (src >= e->n_block || dst >= e->n_block || n_tok > e->bs)
-        return TM_ERR(err, TM_E_INVAL, "dsv41 kv_copy: bad blocks %u -> %u or %u tokens", src,
-                      dst, n_tok);
+        return TM_ERR(err, TM_E_INVAL, "dsv41 kv_copy: bad blocks %u -> %u or %u tokens", src, dst,
+                      n_tok);
     if (src == dst)
         return TM_OK;
     const size_t bs = e->bs;
@@ -905,8 +904,7 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
             return TM_ERR(err, TM_E_INVAL,
                           "dsv41 engine: config.json engram_compressed_vocab_size is %llu but the "
                           "tokenizer's compressed vocabulary has %lld entries",
-                          (unsigned long long)c->engram_compressed_vocab_size,
-                          (long long)mx + 1);
+                          (unsigned long long)c->engram_compressed_vocab_size, (long long)mx + 1);
         if (c->engram_pad_id >= opts->n_token_map)
             return TM_ERR(err, TM_E_INVAL,
                           "dsv41 engine: engram_pad_id %u is outside the token map (%u)",
@@ -977,7 +975,7 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
     int failed = 0;
 #define AL(p, n)                                                                                   \
     do {                                                                                           \
-        (p) = tm_calloc(TM_MAX((size_t)(n), (size_t)1), sizeof(*(p)));                                            \
+        (p) = tm_calloc(TM_MAX((size_t)(n), (size_t)1), sizeof(*(p)));                             \
         failed |= !(p);                                                                            \
     } while (0)
     AL(e->st, c->n_layers);
@@ -1091,14 +1089,14 @@ static void v41_destroy(tm_engine *eng) {
             tm_free(e->st[il].comp);
             tm_free(e->st[il].ikey);
         }
-    void *bufs[] = {e->st,   e->tok_seq, e->tok_pos, e->tok_id, e->cs_m,  e->sn_m,  e->cs_c,
-                    e->sn_c, e->s,       e->x,       e->y,      e->xin,   e->pre,   e->apre,
-                    e->post, e->comb,    e->mixes,   e->qr,     e->q,     e->kv,    e->o,
-                    e->oa,   e->ckv,     e->cgate,   e->lat,    e->lk,    e->lat_w, e->lat_t,
+    void *bufs[] = {e->st,   e->tok_seq, e->tok_pos, e->tok_id, e->cs_m,  e->sn_m,   e->cs_c,
+                    e->sn_c, e->s,       e->x,       e->y,      e->xin,   e->pre,    e->apre,
+                    e->post, e->comb,    e->mixes,   e->qr,     e->q,     e->kv,     e->o,
+                    e->oa,   e->ckv,     e->cgate,   e->lat,    e->lk,    e->lat_w,  e->lat_t,
                     e->iq,   e->iw,      e->pick,    e->n_pick, e->cand,  e->n_cand, e->rl,
-                    e->sel,  e->selw,    e->etok,    e->xg,     e->g,     e->u,     e->eo,
+                    e->sel,  e->selw,    e->etok,    e->xg,     e->g,     e->u,      e->eo,
                     e->yacc, e->wrow,    e->score,   e->ord,    e->cmask, e->ascore, e->cid,
-                    e->hid,  e->erow,    e->ekv,    e->vec};
+                    e->hid,  e->erow,    e->ekv,     e->vec};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         tm_free(bufs[i]);
     tm_free(e);
