@@ -77,8 +77,10 @@ static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block
 static int run_seq(tm_engine *eng, const uint32_t *tokens, uint32_t n, const uint32_t *chunks,
                    uint32_t n_chunks, const uint32_t *table, uint32_t n_block, float *out,
                    uint32_t V) {
-    uint32_t pos = 0, ci = 0;
-    float *buf = malloc((size_t)64 * V * sizeof(float));
+    uint32_t pos = 0, ci = 0, mx = 1;
+    for (uint32_t i = 0; i < n_chunks; i++)
+        mx = chunks[i] > mx ? chunks[i] : mx;
+    float *buf = malloc((size_t)(mx < n ? mx : n) * V * sizeof(float));
     while (pos < n) {
         uint32_t c = chunks[ci++ % n_chunks];
         if (c > n - pos)
@@ -107,51 +109,191 @@ static int run_seq(tm_engine *eng, const uint32_t *tokens, uint32_t n, const uin
     return 0;
 }
 
-static const char *g_build;
+/* run_seq for tokens[pos..pos + n) of a sequence already holding pos tokens. */
+static int run_seq_at(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint32_t n,
+                      const uint32_t *chunks, const uint32_t *table, uint32_t n_block, float *out,
+                      uint32_t V) {
+    float *buf = malloc((size_t)chunks[0] * V * sizeof(float));
+    uint32_t ci = 0, end = pos + n;
+    int bad = 0;
+    while (pos < end && !bad) {
+        uint32_t c = chunks[ci++ % 1];
+        if (c > end - pos)
+            c = end - pos;
+        tm_batch_seq s = {0};
+        s.tokens = tokens + pos;
+        s.n_tok = c;
+        s.pos = pos;
+        s.block_table = table;
+        s.n_block = n_block;
+        s.want_logits = 1;
+        s.n_logits = c;
+        tm_batch b = {&s, 1};
+        tm_err err = {0};
+        tm_rc rc = tm_engine_forward(eng, &b, buf, &err);
+        TM_CHECK_OK(rc, &err);
+        bad = rc != TM_OK;
+        if (!bad && out)
+            memcpy(out, buf, (size_t)c * V * sizeof(float));
+        out += (size_t)c * V;
+        pos += c;
+    }
+    free(buf);
+    return bad;
+}
 
-static void dev_run(void) {
-    const char *dir = getenv("V41_DIR");
-    if (!dir)
+static const char *g_build;
+static double g_worst_lp = 0.0; /* max |d logprob| over every compared row */
+static uint32_t g_rows = 0, g_greedy = 0, g_greedy_eq = 0;
+
+/* max |logsoftmax(ours) - logsoftmax(ref)| over the vocabulary. */
+static double lp_diff(const float *ours, json_t *ref, uint32_t V) {
+    double mo = -INFINITY, mr = -INFINITY, so = 0.0, sr = 0.0;
+    for (uint32_t i = 0; i < V; i++) {
+        mo = fmax(mo, ours[i]);
+        mr = fmax(mr, json_number_value(json_array_get(ref, i)));
+    }
+    for (uint32_t i = 0; i < V; i++) {
+        so += exp(ours[i] - mo);
+        sr += exp(json_number_value(json_array_get(ref, i)) - mr);
+    }
+    const double lo = mo + log(so), lr = mr + log(sr);
+    double d = 0.0;
+    for (uint32_t i = 0; i < V; i++)
+        d = fmax(d, fabs((ours[i] - lo) - (json_number_value(json_array_get(ref, i)) - lr)));
+    return d;
+}
+
+static uint32_t argmax_f(const float *r, uint32_t V) {
+    uint32_t am = 0;
+    for (uint32_t i = 1; i < V; i++)
+        if (r[i] > r[am])
+            am = i;
+    return am;
+}
+
+/* Build the fixture's model with mkmodel into dir. */
+static int build_model(json_t *fx, const char *dir) {
+    char cmd[4096];
+    int n = snprintf(cmd, sizeof(cmd), "rm -rf '%s' && '%s/mkmodel' --out '%s'", dir, g_build, dir);
+    json_t *args = json_object_get(fx, "mkmodel_args");
+    for (size_t i = 0; i < json_array_size(args); i++)
+        n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " '%s'",
+                      json_string_value(json_array_get(args, i)));
+    n += snprintf(cmd + n, sizeof(cmd) - (size_t)n, " >/dev/null");
+    return system(cmd);
+}
+
+/* One fixture: the prompt in one chunk (rows at row_pos), then greedy decode (steps), on one
+ * engine; and the prompt again as a second sequence in chunks of 1..13 tokens on scattered
+ * blocks, whose logits must be the same bits as the first sequence's. */
+static void check_fixture(const char *path) {
+    json_error_t je;
+    json_t *fx = json_load_file(path, 0, &je);
+    TM_CHECK_MSG(fx != NULL, "%s: %s", path, je.text);
+    if (!fx)
         return;
+    char dir[512];
+    snprintf(dir, sizeof(dir), "/tmp/tm_test_dsv41_%d", (int)getpid());
+    TM_CHECK_MSG(build_model(fx, dir) == 0, "%s: mkmodel failed", path);
     v41 v;
-    if (open_v41(dir, &v))
+    if (open_v41(dir, &v)) {
+        json_decref(fx);
         return;
+    }
     const uint32_t V = v.m->cfg.n_vocab;
-    uint32_t toks[64] = {5, 17, 200, 33, 9, 9, 41, 77, 300, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-    uint32_t n = 20;
-    tm_engine *eng = make_engine(&v, 2, 16, 64);
-    uint32_t table[16];
-    for (uint32_t i = 0; i < 16; i++)
-        table[i] = i;
-    float *lg = malloc((size_t)64 * V * sizeof(float));
-    uint32_t ch[1] = {64};
-    for (int step = 0; step < 5; step++) {
-        run_seq(eng, toks + (step ? n - 1 : 0), step ? 1 : n, ch, 1, table, 16, NULL, V);
-        // last logits: rerun is not needed, take from a fresh forward of 0 tokens? Use full run.
-        (void)step;
-        break;
+    json_t *prompt = json_object_get(fx, "prompt_ids"), *rows = json_object_get(fx, "rows");
+    json_t *row_pos = json_object_get(fx, "row_pos"), *steps = json_object_get(fx, "steps");
+    json_t *greedy = json_object_get(fx, "greedy_ids");
+    const uint32_t n = (uint32_t)json_array_size(prompt), ns = (uint32_t)json_array_size(steps);
+    uint32_t *tok = calloc(n + ns + 1, sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        tok[i] = (uint32_t)json_integer_value(json_array_get(prompt, i));
+    const uint32_t nb = (n + ns) / BS + 2, n_block = 2 * nb;
+    uint32_t *ta = calloc(nb, sizeof(uint32_t)), *tb = calloc(nb, sizeof(uint32_t));
+    for (uint32_t i = 0; i < nb; i++) { // interleaved and reversed: scattered over the pool
+        ta[i] = 2 * i;
+        tb[i] = n_block - 1 - 2 * i;
     }
-    tm_engine_destroy(eng);
-    eng = make_engine(&v, 2, 16, 64);
-    for (uint32_t d = 0; d < 4; d++) {
-        run_seq(eng, toks, n, ch, 1, table, 16, lg, V);
-        tm_engine_destroy(eng);
-        eng = make_engine(&v, 2, 16, 64);
-        const float *r = lg + (size_t)(n - 1) * V;
-        uint32_t am = 0;
-        for (uint32_t i = 1; i < V; i++)
-            if (r[i] > r[am])
-                am = i;
-        printf("step %u argmax %u logit %.6f\n", d, am, r[am]);
-        toks[n++] = am;
+    tm_engine *eng = make_engine(&v, 2, n_block, n + 8);
+    float *la = malloc((size_t)(n + ns) * V * sizeof(float));
+    float *lb = malloc((size_t)(n + ns) * V * sizeof(float));
+    const uint32_t one[1] = {n}, var[5] = {1, 13, 4, 7, 2};
+    double worst = 0.0;
+    if (eng && !run_seq(eng, tok, n, one, 1, ta, nb, la, V)) {
+        for (size_t i = 0; i < json_array_size(row_pos); i++) {
+            const uint32_t p = (uint32_t)json_integer_value(json_array_get(row_pos, i));
+            worst = fmax(worst, lp_diff(la + (size_t)p * V, json_array_get(rows, i), V));
+            g_rows++;
+        }
+        // greedy decode, one token per forward; the fixture's ids are fed so both follow the
+        // same path
+        for (uint32_t st = 0; st < ns; st++) {
+            const float *r = st == 0 ? la + (size_t)(n - 1) * V : la + (size_t)(n + st - 1) * V;
+            worst = fmax(worst, lp_diff(r, json_array_get(steps, st), V));
+            g_rows++;
+            g_greedy++;
+            const uint32_t want = (uint32_t)json_integer_value(json_array_get(greedy, st));
+            g_greedy_eq += argmax_f(r, V) == want;
+            TM_CHECK_MSG(argmax_f(r, V) == want, "%s: step %u greedy %u, oracle %u", path, st,
+                         argmax_f(r, V), want);
+            if (st + 1 < ns) {
+                tok[n + st] = want;
+                const uint32_t c1[1] = {1};
+                run_seq_at(eng, tok, n + st, 1, c1, ta, nb, la + (size_t)(n + st) * V, V);
+            }
+        }
+        // the same prompt chunked, on other blocks: the same bits
+        run_seq(eng, tok, n, var, 5, tb, nb, lb, V);
+        TM_CHECK_MSG(!memcmp(la, lb, (size_t)n * V * sizeof(float)),
+                     "%s: chunked prefill differs from the one-chunk prefill", path);
     }
+    printf("  %s: %u prompt tokens, %u steps: max |d logprob| %.3g\n", path, n, ns, worst);
+    TM_CHECK_MSG(worst < 1e-3, "%s: max |d logprob| %.3g >= 1e-3", path, worst);
+    g_worst_lp = fmax(g_worst_lp, worst);
+    free(la);
+    free(lb);
+    free(ta);
+    free(tb);
+    free(tok);
     tm_engine_destroy(eng);
-    free(lg);
     close_v41(&v);
+    json_decref(fx);
+    char cmd[600];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    TM_CHECK(system(cmd) == 0);
+}
+
+static void test_fixtures(void) {
+    const char *src = getenv("TM_SRC");
+    char dir[1024];
+    const char *env = getenv("V41_FIXTURES");
+    snprintf(dir, sizeof(dir), "%s", env ? env : "");
+    if (!env)
+        snprintf(dir, sizeof(dir), "%s/tests/fixtures/v41", src ? src : ".");
+    char cmd[1200];
+    snprintf(cmd, sizeof(cmd), "ls '%s'/*.json 2>/dev/null", dir);
+    FILE *ls = popen(cmd, "r");
+    char line[1200];
+    int n = 0;
+    while (ls && fgets(line, sizeof(line), ls)) {
+        line[strcspn(line, "\n")] = 0;
+        check_fixture(line);
+        n++;
+    }
+    if (ls)
+        pclose(ls);
+    printf("  %d fixtures, %u rows: max |d logprob| %.3g; greedy equal %u of %u\n", n, g_rows,
+           g_worst_lp, g_greedy_eq, g_greedy);
+    TM_CHECK_MSG(n > 0, "no fixtures in %s", dir);
 }
 
 int main(void) {
     g_build = getenv("TM_BUILD");
-    TM_RUN(dev_run);
+    if (!g_build) {
+        tm_test_skip("no mkmodel (TM_BUILD)");
+        return tm_test_report();
+    }
+    TM_RUN(test_fixtures);
     return tm_test_report();
 }
