@@ -288,6 +288,266 @@ static void test_fixtures(void) {
     TM_CHECK_MSG(n > 0, "no fixtures in %s", dir);
 }
 
+/* ---- our own model: bit-identity, prefix sharing, refusals, allocation failures ---- */
+
+#define OWN_ARGS                                                                                   \
+    "--arch deepseek_v41 --seed 5 --layers 6 --compress-ratios 0,2,2,1,1,1 --kv-sources 1,3 "      \
+    "--index-sources 1,3,5 --candidate-source 3 --candidate-topk-blocks 2 "                        \
+    "--candidate-block-size 2 --engram-layers 0,2"
+
+static char g_own[256];
+
+static int own_model(void) {
+    if (g_own[0])
+        return 0;
+    snprintf(g_own, sizeof(g_own), "/tmp/tm_test_dsv41_own_%d", (int)getpid());
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && '%s/mkmodel' --out '%s' " OWN_ARGS " >/dev/null",
+             g_own, g_build, g_own);
+    int st = system(cmd);
+    TM_CHECK_MSG(st == 0, "mkmodel failed: %s", cmd);
+    return st != 0;
+}
+
+/* Logits of every position of the prompt tok[0..n) run as the given step plans; the reference
+ * run is one chunk, 1 thread. Threads, chunk sizes, a second sequence sharing the steps and a
+ * prefix-shared block must not change a bit. */
+static void test_bit_identity(void) {
+    if (own_model())
+        return;
+    v41 v;
+    if (open_v41(g_own, &v))
+        return;
+    const uint32_t V = v.m->cfg.n_vocab, n = 70;
+    uint32_t tok[80];
+    for (uint32_t i = 0; i < n; i++)
+        tok[i] = (i * 37 + 11) % V;
+    const uint32_t nb = n / BS + 1;
+    uint32_t ta[8], tb[8], tc[8];
+    for (uint32_t i = 0; i < nb; i++) {
+        ta[i] = i;
+        tb[i] = 20 + 2 * i;
+        tc[i] = 40 + i;
+    }
+    float *ref = malloc((size_t)n * V * sizeof(float)),
+          *got = malloc((size_t)n * V * sizeof(float));
+    tm_engine *e1 = make_engine(&v, 1, 64, 128);
+    const uint32_t one[1] = {n}, ones[1] = {1}, var[4] = {3, 17, 1, 6};
+    TM_CHECK(!run_seq(e1, tok, n, one, 1, ta, nb, ref, V));
+    // 3 threads, token by token
+    tm_engine *e3 = make_engine(&v, 3, 64, 128);
+    TM_CHECK(!run_seq(e3, tok, n, ones, 1, tb, nb, got, V));
+    TM_CHECK_MSG(!memcmp(ref, got, (size_t)n * V * sizeof(float)), "threads/chunking changed bits");
+    // two sequences in the same steps: B in chunks of var, C decoding token by token behind it
+    {
+        tm_engine *e = make_engine(&v, 2, 64, 128);
+        float *lb = calloc((size_t)n * V, sizeof(float)),
+              *lc = calloc((size_t)n * V, sizeof(float));
+        float *buf = malloc((size_t)64 * V * sizeof(float));
+        uint32_t pb = 0, pc = 0, ci = 0;
+        while (pb < n || pc < n) {
+            tm_batch_seq s[2];
+            uint32_t k = 0;
+            memset(s, 0, sizeof(s));
+            if (pc < n) {
+                s[k] = (tm_batch_seq){tok + pc, 1, pc, tc, nb, 1, 1};
+                k++;
+            }
+            uint32_t c = 0;
+            if (pb < n) {
+                c = var[ci++ % 4];
+                c = c > n - pb ? n - pb : c;
+                s[k] = (tm_batch_seq){tok + pb, c, pb, tb, nb, 1, c};
+                k++;
+            }
+            tm_batch b = {s, k};
+            tm_err err = {0};
+            tm_rc rc = tm_engine_forward(e, &b, buf, &err);
+            TM_CHECK_OK(rc, &err);
+            if (rc)
+                break;
+            uint32_t r = 0;
+            if (pc < n) {
+                memcpy(lc + (size_t)pc * V, buf, V * sizeof(float));
+                r = 1;
+                pc++;
+            }
+            if (c) {
+                memcpy(lb + (size_t)pb * V, buf + (size_t)r * V, (size_t)c * V * sizeof(float));
+                pb += c;
+            }
+        }
+        TM_CHECK_MSG(!memcmp(ref, lb, (size_t)n * V * sizeof(float)),
+                     "batched chunks changed bits");
+        TM_CHECK_MSG(!memcmp(ref, lc, (size_t)n * V * sizeof(float)),
+                     "batched decode changed bits");
+        // prefix sharing: D reuses B's first block (tb[0]), gets B's second block's first 5
+        // tokens by kv_copy, then runs the rest
+        uint32_t td[8];
+        memcpy(td, tb, sizeof(td));
+        td[1] = 60;
+        tm_err err = {0};
+        tm_rc rc = e->ops->kv_copy(e, tb[1], td[1], 5, &err);
+        TM_CHECK_OK(rc, &err);
+        float *ld = malloc((size_t)n * V * sizeof(float));
+        TM_CHECK(!run_seq_at(e, tok, BS + 5, n - BS - 5, one, td, nb, ld, V));
+        TM_CHECK_MSG(
+            !memcmp(ref + (size_t)(BS + 5) * V, ld, (size_t)(n - BS - 5) * V * sizeof(float)),
+            "prefix-shared block + kv_copy changed bits");
+        free(ld);
+        free(buf);
+        free(lb);
+        free(lc);
+        tm_engine_destroy(e);
+    }
+    free(ref);
+    free(got);
+    tm_engine_destroy(e1);
+    tm_engine_destroy(e3);
+    close_v41(&v);
+}
+
+/* Rewrite config.json's text_config field key to val (JSON text; NULL removes it), load, expect
+ * failure whose message contains want. */
+static void refuse(const char *key, const char *val, const char *want, int top) {
+    char path[512], cmd[2048];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s_c' && cp -r '%s' '%s_c'", g_own, g_own, g_own);
+    TM_CHECK(system(cmd) == 0);
+    snprintf(path, sizeof(path), "%s_c/config.json", g_own);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    TM_CHECK(root != NULL);
+    if (!root)
+        return;
+    json_t *obj = top ? root : json_object_get(root, "text_config");
+    if (val)
+        json_object_set_new(obj, key, json_loads(val, JSON_DECODE_ANY, &je));
+    else
+        json_object_del(obj, key);
+    TM_CHECK(json_dump_file(root, path, 0) == 0);
+    json_decref(root);
+    snprintf(path, sizeof(path), "%s_c", g_own);
+    tm_model *m = NULL;
+    tm_err err = {0};
+    tm_rc rc = tm_model_load(path, &m, &err);
+    TM_CHECK_MSG(rc != TM_OK, "%s = %s: loaded", key, val ? val : "(removed)");
+    TM_CHECK_MSG(rc == TM_OK || strstr(err.msg, want), "%s: message '%s' lacks '%s'", key, err.msg,
+                 want);
+    tm_model_destroy(m);
+}
+
+static void test_refusals(void) {
+    if (own_model())
+        return;
+    refuse("bogus_field", "1", "bogus_field", 0);
+    refuse("bogus_top", "1", "bogus_top", 1);
+    refuse("scoring_func", "\"relu\"", "score_func", 0);
+    refuse("hidden_act", "\"gelu\"", "hidden_act", 0);
+    refuse("num_key_value_heads", "2", "num_key_value_heads", 0);
+    refuse("n_shared_experts", "2", "n_shared_experts", 0);
+    refuse("kv_source_layer_ids", "[2]", "kv source", 0);
+    refuse("candidate_source_layer_id", "2", "candidate_source_layer", 0);
+    refuse("compress_ratios", "[0,2]", "compress_ratios", 0);
+    refuse("hidden_size", "48", "multiple of 32", 0);
+    refuse("engram_layer_ids", "[0,9]", "engram_layer_ids", 0);
+    refuse("rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 2}", "rope_scaling", 0);
+    refuse("quantization_config", "{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}",
+           "weight_block_size", 1);
+    refuse("model_type", "\"deepseek_v4\"", "deepseek_v", 1);
+    // vision fields are accepted (the tower is not read)
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s_c'", g_own);
+    TM_CHECK(system(cmd) == 0);
+}
+
+/* The compressed vocabulary the tokenizer gives must be the config's: both numbers named. */
+static void test_vocab_mismatch(void) {
+    if (own_model())
+        return;
+    v41 v;
+    if (open_v41(g_own, &v))
+        return;
+    int32_t *bad = malloc(v.n_map * sizeof(int32_t));
+    memcpy(bad, v.map, v.n_map * sizeof(int32_t));
+    bad[v.n_map - 1] = (int32_t)v.n_comp; // one more distinct key than the config says
+    tm_engine_opts o = {0};
+    o.n_threads = 1;
+    o.block_size = BS;
+    o.n_kv_block = 8;
+    o.max_seqs = 1;
+    o.max_batched_tokens = 8;
+    o.token_map = bad;
+    o.n_token_map = v.n_map;
+    tm_engine *eng = NULL;
+    tm_err err = {0};
+    TM_CHECK(tm_engine_cpu_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    char a[64], b[64];
+    snprintf(a, sizeof(a), "%u", v.n_comp);
+    snprintf(b, sizeof(b), "%u", v.n_comp + 1);
+    TM_CHECK_MSG(strstr(err.msg, a) && strstr(err.msg, b), "message '%s' lacks %s and %s", err.msg,
+                 a, b);
+    o.token_map = NULL; // an Engram model without a map
+    TM_CHECK(tm_engine_cpu_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    o.token_map = v.map;
+    o.block_size = 5; // not a multiple of ratio 2
+    TM_CHECK(tm_engine_cpu_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    o.block_size = BS;
+    o.kv_dtype = TM_KV_DTYPE_FP8;
+    TM_CHECK(tm_engine_cpu_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    free(bad);
+    close_v41(&v);
+}
+
+static void test_alloc_faults(void) {
+    if (own_model())
+        return;
+    v41 v;
+    if (open_v41(g_own, &v))
+        return;
+    tm_engine_opts o = {0};
+    o.n_threads = 2;
+    o.block_size = BS;
+    o.n_kv_block = 8;
+    o.max_seqs = 2;
+    o.max_batched_tokens = 16;
+    o.token_map = v.map;
+    o.n_token_map = v.n_map;
+    tm_err err = {0};
+    long live0 = tm_alloc_live();
+    int n_fail = 0;
+    for (long k = 1; k < 400; k++) {
+        tm_engine *e = NULL;
+        tm_fault_set(TM_FAULT_ALLOC, k);
+        tm_rc rc = tm_engine_cpu_create(v.m, &o, &e, &err);
+        tm_fault_set(TM_FAULT_ALLOC, 0);
+        if (rc == TM_OK) {
+            tm_engine_destroy(e);
+            break;
+        }
+        TM_CHECK(rc == TM_E_NOMEM || rc == TM_E_IO);
+        TM_CHECK(tm_alloc_live() == live0);
+        n_fail++;
+    }
+    TM_CHECK(n_fail > 20);
+    close_v41(&v);
+    live0 = tm_alloc_live();
+    n_fail = 0;
+    for (long k = 1; k < 400; k++) {
+        tm_model *m2 = NULL;
+        tm_fault_set(TM_FAULT_ALLOC, k);
+        tm_rc rc = tm_model_load(g_own, &m2, &err);
+        tm_fault_set(TM_FAULT_ALLOC, 0);
+        if (rc == TM_OK) {
+            tm_model_destroy(m2);
+            break;
+        }
+        TM_CHECK(rc == TM_E_NOMEM);
+        TM_CHECK(tm_alloc_live() == live0);
+        n_fail++;
+    }
+    TM_CHECK(n_fail > 3);
+}
+
 int main(void) {
     g_build = getenv("TM_BUILD");
     if (!g_build) {
@@ -295,5 +555,14 @@ int main(void) {
         return tm_test_report();
     }
     TM_RUN(test_fixtures);
+    TM_RUN(test_bit_identity);
+    TM_RUN(test_refusals);
+    TM_RUN(test_vocab_mismatch);
+    TM_RUN(test_alloc_faults);
+    if (g_own[0]) {
+        char cmd[600];
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_own);
+        TM_CHECK(system(cmd) == 0);
+    }
     return tm_test_report();
 }
