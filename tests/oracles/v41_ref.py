@@ -762,7 +762,7 @@ class Model:
                 last_kv = i
             if i in a.index_source_layers:
                 last_ix = i
-                if i not in a.kv_source_layers and r > 1:
+                if LITERAL_INDEX_K and i not in a.kv_source_layers and r > 1:
                     # the reference's shared index_k is republished only by a kv source that wrote
                     # keys in this forward, so such an indexer would read another layer's keys
                     raise ValueError(f"index source {i} (ratio {r} > 1) is not a kv source")
