@@ -86,6 +86,57 @@ CONFIG_IGNORED = {"model_type", "architectures", "torch_dtype", "transformers_ve
                   "quantization_config", "auto_map", "tokenizer_class"}
 
 
+# released config.json text_config key -> ModelArgs key (the rest keep their names)
+TEXT_CONFIG_KEYS = {
+    "hidden_size": "dim", "moe_intermediate_size": "moe_inter_dim", "num_hidden_layers": "n_layers",
+    "num_attention_heads": "n_heads", "qk_rope_head_dim": "rope_head_dim", "rms_norm_eps": "norm_eps",
+    "num_experts_per_tok": "n_activated_experts", "scoring_func": "score_func",
+    "routed_scaling_factor": "route_scale", "sliding_window": "window_size",
+    "kv_source_layer_ids": "kv_source_layers", "index_source_layer_ids": "index_source_layers",
+    "candidate_source_layer_id": "candidate_source_layer", "engram_pad_token_id": "engram_pad_id",
+    "num_nextn_predict_layers": "n_mtp_layers", "dspark_num_experts_per_tok": "dspark_n_activated_experts",
+    "max_position_embeddings": "max_seq_len",
+}
+
+
+def model_args_from_config(cfg):
+    """The ModelArgs dict of a released config.json (top level + text_config, HF key names), as the
+    release's inference/config.json spells it."""
+    tc = cfg.get("text_config", cfg)
+    out = {}
+    for k, v in tc.items():
+        if k == "rope_scaling":
+            out.update(rope_factor=v["factor"], beta_fast=v["beta_fast"], beta_slow=v["beta_slow"],
+                       original_seq_len=v.get("original_max_position_embeddings", 0))
+        elif k in TEXT_CONFIG_KEYS:
+            out[TEXT_CONFIG_KEYS[k]] = v
+        elif k in MODEL_ARGS_DEFAULTS:
+            out[k] = v
+    q = cfg.get("quantization_config")
+    out["dtype"] = "fp8" if q and q.get("quant_method") == "fp8" else "bf16"
+    out["expert_dtype"] = q.get("expert_dtype") if q else None
+    return out
+
+
+def load_model_args(folder):
+    """mirrors: generate.py reading inference/config.json into ModelArgs; without that file the
+    released config.json (text_config) is mapped to the same keys. With both, every ModelArgs key
+    the released config.json states must agree."""
+    inf = os.path.join(folder, "inference", "config.json")
+    with open(os.path.join(folder, "config.json")) as f:
+        top = json.load(f)
+    if not os.path.exists(inf):
+        return top if "text_config" not in top else model_args_from_config(top)
+    with open(inf) as f:
+        cfg = json.load(f)
+    if "text_config" in top:
+        for k, v in model_args_from_config(top).items():
+            if k in cfg and k != "max_seq_len" and cfg[k] != v and not (
+                    isinstance(v, (int, float)) and isinstance(cfg[k], (int, float)) and float(v) == float(cfg[k])):
+                raise ValueError(f"{folder}: config.json gives {k} = {v!r}, inference/config.json {cfg[k]!r}")
+    return cfg
+
+
 class Args:
     """mirrors: model.py ModelArgs (read from config.json; unknown keys are reported)."""
 
@@ -590,6 +641,17 @@ class Weights:
         self.used.add(name)
         return a
 
+    def dequantized(self, prefix, shape):
+        """A weight the reference holds in bf16 that the release stores as FP8 (attn.wo_a): as the
+        release's convert.py, e4m3 x ue8m0 block scale in fp32, rounded to bf16 (ties to even)."""
+        lin = self.linear(prefix, shape[0], shape[1])
+        w = np.ascontiguousarray(lin.wt.T).astype(F32)
+        if lin.quantized:
+            u = w.view(np.uint32)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            w = u.astype(np.uint32).view(F32)
+        return w
+
     def linear(self, prefix, out_f, in_f, expect_dense=False):
         """prefix.weight (+ prefix.scale): mirrors the Linear dtypes of model.py - FP8 e4m3
         [out, in] with ue8m0 scales [ceil(out/32), ceil(in/32)]; FP4 e2m1 packed two per byte
@@ -654,8 +716,7 @@ class Model:
     Transformer.forward(input_ids, start_pos)."""
 
     def __init__(self, folder):
-        with open(os.path.join(folder, "config.json")) as f:
-            self.args = a = Args(json.load(f))
+        self.args = a = Args(load_model_args(folder))
         if a.vision_n_layers:
             pass  # vision tensors are not read: text only
         self.check_schedule()
@@ -691,7 +752,7 @@ class Model:
             L.wq_b = W.linear(q + "wq_b", H * HD, a.q_lora_rank)
             L.wkv = W.linear(q + "wkv", HD, D)
             L.kv_norm = W.dense(q + "kv_norm.weight", (HD,))
-            L.wo_a = W.dense(q + "wo_a.weight", (a.o_groups * a.o_lora_rank, H * HD // a.o_groups))
+            L.wo_a = W.dequantized(q + "wo_a", (a.o_groups * a.o_lora_rank, H * HD // a.o_groups))
             L.wo_b = W.linear(q + "wo_b", D, a.o_groups * a.o_lora_rank)
             L.ratio = a.compress_ratios[i]
             L.is_kv_source = i in a.kv_source_layers
