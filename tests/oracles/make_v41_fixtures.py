@@ -41,7 +41,46 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import v41_ref  # noqa: E402
 
 # (name, prompt length, decode steps, extra prefill chunk sizes for the self-check, mkmodel args)
-SHAPES = []  # filled in below once mkmodel --arch deepseek_v41's options are known
+A = ["--arch", "deepseek_v41"]
+SHAPES = [
+    # The CI shape (tests/e2e/e2e_v41_oracle.sh): SWA + ratio 2 + ratio 1 sources, one Engram layer,
+    # window 8 < prompt 40.
+    ("v41_tiny", 40, 6, [1, 7],
+     A + ["--seed", "41", "--layers", "3", "--compress-ratios", "0,2,1", "--kv-sources", "1,2",
+          "--index-sources", "1,2", "--engram-layers", "0", "--index-heads", "16",
+          "--index-topk", "4", "--window", "8"]),
+    # Ratios 0/2/1 with consumers (layers 2 and 4 read the sources 1 and 3), Engram on 0 and 2
+    # (3-grams, 2 heads), window 16 < prompt 300, top-8 of up to 150 ratio-2 entries, no candidates.
+    ("v41_engram_r012", 300, 12, [1, 37],
+     A + ["--seed", "42", "--layers", "5", "--compress-ratios", "0,2,2,1,1", "--kv-sources", "1,3",
+          "--index-sources", "1,3", "--engram-layers", "0,2", "--index-heads", "16",
+          "--index-topk", "8", "--window", "16"]),
+    # Candidate selection on ratio 1: source layer 2 keeps 4 blocks of 8 (the newest, partial one
+    # pinned), index source 4 (not a kv source) picks its top 16 inside them, layer 3 reuses layer
+    # 2's picks; ratio 2 source at 1; 4-gram Engram with 3 heads on layer 3; 3 HC streams,
+    # window 32 < prompt 260.
+    ("v41_cand_r1", 260, 12, [1, 29],
+     A + ["--seed", "43", "--layers", "6", "--compress-ratios", "0,2,1,1,1,0", "--kv-sources", "1,2",
+          "--index-sources", "1,2,4", "--candidate-source", "2", "--candidate-topk-blocks", "4",
+          "--candidate-block-size", "8", "--index-heads", "16", "--index-topk", "16",
+          "--engram-layers", "3", "--engram-ngram", "4", "--engram-heads", "3", "--hc", "3",
+          "--window", "32"]),
+    # Candidate selection on ratio 2: kv sources 0 (ratio 1) and 1 (ratio 2, candidate source: 3
+    # blocks of 4), layer 2 reuses its picks, index-only source 3 selects inside the candidates;
+    # Engram on 1 and 3; 2 HC streams; no SwiGLU clamp; window 16 < prompt 200.
+    ("v41_cand_r2", 200, 12, [1, 23],
+     A + ["--seed", "46", "--layers", "4", "--compress-ratios", "1,2,2,2", "--kv-sources", "0,1",
+          "--index-sources", "0,1,3", "--candidate-source", "1", "--candidate-topk-blocks", "3",
+          "--candidate-block-size", "4", "--index-heads", "16", "--index-topk", "8",
+          "--engram-layers", "1,3", "--hc", "2", "--swiglu-limit", "0", "--window", "16"]),
+    # Ratio 4 source with a consumer between SWA layers, plain (non-YaRN) compressed rope,
+    # 6 experts top-3, no Engram, window 8 < prompt 150.
+    ("v41_r4_swa", 150, 12, [1, 13],
+     A + ["--seed", "48", "--layers", "4", "--compress-ratios", "0,4,4,0", "--kv-sources", "1",
+          "--index-sources", "1", "--engram-layers", "none", "--index-heads", "16",
+          "--index-topk", "6", "--original-seq-len", "0", "--experts", "6", "--topk", "3",
+          "--window", "8"]),
+]
 
 ROW_POS = [0, 1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 150, 199, 200,
            255, 256, 270, 299]
