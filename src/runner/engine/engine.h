@@ -122,6 +122,10 @@ typedef struct tm_engine tm_engine;
 /* "auto", "fp8", "bf16", "fp8-head" ("?" outside the enum). */
 const char *tm_kv_dtype_name(tm_kv_dtype d);
 
+/* What eng's KV cache stores, as metrics.json names it: tm_kv_dtype_name of its kv_dtype, or for
+ * AUTO its own (ops->kv_auto: "f32" on the CPU engine, "bf16" on the CUDA engine). */
+const char *tm_engine_kv_dtype_name(const tm_engine *eng);
+
 /* x rounded to e4m3fn and back, as an fp8 KV cache stores it: NaN stays NaN, |x| >= 448 (inf
  * included) saturates to +-448, everything else rounds to nearest even (subnormals m * 2^-9).
  * The CUDA engine's KV write (kernels/rope.cu, __NV_SATFINITE) gives the same bytes. */
@@ -170,6 +174,7 @@ typedef struct tm_engine_draft_seq {
 
 typedef struct tm_engine_ops {
     const char *name;
+    const char *kv_auto; /* what its KV cache stores with kv_dtype AUTO: "f32", "bf16" */
     /* logits: [n_want][n_vocab] fp32: tm_batch_seq_rows rows per sequence, in batch order (a
      * sequence's rows in position order). Every "wanted row" below counts these rows. */
     tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);

@@ -163,6 +163,7 @@ static void dsv4_draft_info(const tm_engine *eng, tm_engine_draft_info *info);
 
 static const tm_engine_ops dsv4_ops = {
     .name = "cpu",
+    .kv_auto = "f32",
     .forward = dsv4_forward,
     .kv_copy = dsv4_kv_copy,
     .draft_info = dsv4_draft_info,

@@ -104,6 +104,7 @@ static tm_rc cpu_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_
 
 static const tm_engine_ops cpu_ops = {
     .name = "cpu",
+    .kv_auto = "f32",
     .forward = cpu_forward,
     .kv_copy = cpu_kv_copy,
     .destroy = cpu_destroy,

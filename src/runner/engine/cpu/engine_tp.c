@@ -199,6 +199,7 @@ static tm_rc tp_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t 
 
 static const tm_engine_ops tp_ops = {
     .name = "cpu-tp",
+    .kv_auto = "f32",
     .forward = tp_forward,
     .kv_copy = tp_kv_copy,
     .draft_info = tp_draft_info,

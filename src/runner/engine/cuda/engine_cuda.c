@@ -106,6 +106,7 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
+    .kv_auto = "bf16",
     .forward = cuda_forward,
     .forward_greedy = cuda_forward_greedy,
     .forward_sample = cuda_forward_sample,
