@@ -84,15 +84,24 @@ void tm_engram_row_dequant(const uint8_t *vals, const uint8_t *scales, uint32_t 
     }
 }
 
-// The same with the table's lookup table for the e4m3 bytes (identical values).
+// The same with the table's lookup table for the e4m3 bytes (identical values). An e4m3 value has
+// at most 4 significant bits, so with a scale of 2^-117 or more (byte >= 10) every product is an
+// fp32 normal (or zero, inf, NaN) with at most 4 significant bits: exactly a bf16 value, and the
+// rounding is the identity. Smaller scales (products that may be fp32 subnormals) and the NaN
+// scale take the rounding path.
 static void dequant_row(const tm_engram_table *t, const uint8_t *row, float *out) {
     const uint8_t *vals = row, *scales = row + t->info.dim;
     for (uint32_t b = 0; b < t->n_scale; b++) { // hot loop: one row of a get
         float sc = tm_e8m0_to_f32(scales[b]);
         const uint8_t *v = vals + (size_t)b * TM_ENGRAM_BLOCK;
         float *o = out + (size_t)b * TM_ENGRAM_BLOCK;
-        for (uint32_t j = 0; j < TM_ENGRAM_BLOCK; j++)
-            o[j] = tm_bf16_to_f32(tm_f32_to_bf16(t->lut[v[j]] * sc));
+        if (scales[b] >= 10 && scales[b] != 0xff) {
+            for (uint32_t j = 0; j < TM_ENGRAM_BLOCK; j++)
+                o[j] = t->lut[v[j]] * sc;
+        } else {
+            for (uint32_t j = 0; j < TM_ENGRAM_BLOCK; j++)
+                o[j] = tm_bf16_to_f32(tm_f32_to_bf16(t->lut[v[j]] * sc));
+        }
     }
 }
 
