@@ -11,8 +11,9 @@
  * fixed pseudo-random positions. Each phase runs `tokens` tokens (default 2000) two ways: "get"
  * (the token's rows are asked for when the layer needs them; misses are read in parallel by the
  * reader threads and the caller) and "prefetch+get" (the next token's rows are prefetched before
- * the current token's get, as the engine issues reads ahead of the layers). Prints one line per
- * phase and way. */
+ * the current token's get, as the engine issues reads ahead of the layers); the last two phases
+ * take 16 tokens per step (a decode step of 16 sequences: 768 rows per prefetch and get). Prints
+ * one line per phase and way. */
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -88,7 +89,8 @@ static uint64_t *make_rows(uint64_t rows, uint32_t tokens, uint64_t seed, uint64
 
 /* Run the tokens on a freshly opened table; print rows/s and us/token. */
 static int run(const char *phase, const char *path, const uint64_t *rows, uint32_t tokens,
-               uint64_t cache_mb, uint32_t io_threads, int prefetch, int warm_first) {
+               uint64_t cache_mb, uint32_t io_threads, int prefetch, int warm_first,
+               uint32_t step_tok) {
     tm_err err = {0};
     tm_engram_table *t = NULL;
     tm_engram_table_cfg cfg = {path, W, S, 0, 1, cache_mb << 20, io_threads};
@@ -96,18 +98,18 @@ static int run(const char *phase, const char *path, const uint64_t *rows, uint32
         fprintf(stderr, "bench_engram: %s\n", err.msg);
         return 1;
     }
-    float *out = malloc(ROWS_PER_TOKEN * DIM * sizeof(float));
+    float *out = malloc((size_t)step_tok * ROWS_PER_TOKEN * DIM * sizeof(float));
     if (warm_first) // fill the row cache with these rows first (row-cache-hit phase)
         for (uint32_t k = 0; k < tokens; k++)
             tm_engram_table_get(t, rows + (size_t)k * ROWS_PER_TOKEN, ROWS_PER_TOKEN, out, &err);
     tm_engram_table_stats s0, s1;
     tm_engram_table_stats_get(t, &s0);
     uint64_t t0 = tm_now_ns();
-    for (uint32_t k = 0; k < tokens; k++) {
-        if (prefetch && k + 1 < tokens)
-            tm_engram_table_prefetch(t, rows + (size_t)(k + 1) * ROWS_PER_TOKEN, ROWS_PER_TOKEN);
-        if (tm_engram_table_get(t, rows + (size_t)k * ROWS_PER_TOKEN, ROWS_PER_TOKEN, out,
-                                &err)) {
+    size_t step_rows = (size_t)step_tok * ROWS_PER_TOKEN;
+    for (uint32_t k = 0; k + step_tok <= tokens; k += step_tok) {
+        if (prefetch && k + 2 * step_tok <= tokens)
+            tm_engram_table_prefetch(t, rows + (size_t)(k + step_tok) * ROWS_PER_TOKEN, step_rows);
+        if (tm_engram_table_get(t, rows + (size_t)k * ROWS_PER_TOKEN, step_rows, out, &err)) {
             fprintf(stderr, "bench_engram: %s\n", err.msg);
             return 1;
         }
@@ -115,10 +117,10 @@ static int run(const char *phase, const char *path, const uint64_t *rows, uint32
     double s = (double)(tm_now_ns() - t0) * 1e-9;
     tm_engram_table_stats_get(t, &s1);
     uint64_t n = (uint64_t)tokens * ROWS_PER_TOKEN;
-    printf("%-24s %-13s threads %u cache %4llu MB: %8.0f rows/s  %8.1f us/token  (%llu rows, "
-           "%llu reads, %llu hits, %llu waits, %llu misses)\n",
-           phase, prefetch ? "prefetch+get" : "get", io_threads, (unsigned long long)cache_mb,
-           (double)n / s, s * 1e6 / tokens, (unsigned long long)n,
+    printf("%-24s %-13s %2u tok/step threads %u cache %4llu MB: %8.0f rows/s  %8.1f us/token  "
+           "(%llu rows, %llu reads, %llu hits, %llu waits, %llu misses)\n",
+           phase, prefetch ? "prefetch+get" : "get", step_tok, io_threads,
+           (unsigned long long)cache_mb, (double)n / s, s * 1e6 / tokens, (unsigned long long)n,
            (unsigned long long)(s1.reads - s0.reads), (unsigned long long)(s1.hits - s0.hits),
            (unsigned long long)(s1.waits - s0.waits), (unsigned long long)(s1.misses - s0.misses));
     fflush(stdout);
@@ -151,19 +153,25 @@ int main(int argc, char **argv) {
     for (int pf = 0; pf < 2 && !rc; pf++) {
         uint64_t *r = make_rows(rows, tokens, 0x1234567ull + (uint64_t)pf * 7919, rows);
         drop_pages(path);
-        rc |= run("disk (pages dropped)", path, r, tokens, cache_mb, io_threads, pf, 0);
-        rc |= run("page cache, rows cold", path, r, tokens, cache_mb, io_threads, pf, 0);
+        rc |= run("disk (pages dropped)", path, r, tokens, cache_mb, io_threads, pf, 0, 1);
+        rc |= run("page cache, rows cold", path, r, tokens, cache_mb, io_threads, pf, 0, 1);
         free(r);
     }
     // Row-cache hits: a working set that fits the cache (rows drawn from the first 100k).
     uint64_t *hot = make_rows(rows, tokens, 0x777ull, 100000);
-    rc |= run("row cache, all hits", path, hot, tokens, cache_mb, io_threads, 0, 1);
+    rc |= run("row cache, all hits", path, hot, tokens, cache_mb, io_threads, 0, 1, 1);
     free(hot);
     if (io_threads != 1) {
         uint64_t *r = make_rows(rows, tokens, 0x4242ull, rows);
         drop_pages(path);
-        rc |= run("disk (pages dropped)", path, r, tokens, cache_mb, 1, 1, 0);
+        rc |= run("disk (pages dropped)", path, r, tokens, cache_mb, 1, 1, 0, 1);
         free(r);
     }
+    // A decode step of 16 sequences: their 768 rows prefetched together (queue depth), 4 threads.
+    uint64_t *r16 = make_rows(rows, tokens, 0x5151ull, rows);
+    drop_pages(path);
+    rc |= run("disk (pages dropped)", path, r16, tokens, cache_mb, io_threads, 1, 0, 16);
+    rc |= run("page cache, rows cold", path, r16, tokens, cache_mb, io_threads, 1, 0, 16);
+    free(r16);
     return rc;
 }
