@@ -12,7 +12,8 @@
  * Everything is allocated at open: get and prefetch allocate nothing. A get takes rows in chunks
  * of GET_CHUNK (a fixed array on the stack): it queues the chunk's misses at once, helps the
  * reader threads drain the queue, then waits for the rest and dequantizes. A row that finds no
- * evictable slot (every slot pinned or loading) is read by the get itself into a stack buffer. */
+ * evictable slot (every slot pinned or loading) is read by the get itself into a stack buffer.
+ * A get's misses enter the queue at its front, ahead of the prefetches queued before. */
 #include "runner/model/engram_table.h"
 
 #include <errno.h>
@@ -450,6 +451,14 @@ static void queue_push(tm_engram_table *t, uint32_t s) {
     t->q_n++;
 }
 
+// A get's own misses go first: a get waits for them, a prefetch is only ahead of time.
+static void queue_push_front(tm_engram_table *t, uint32_t s) {
+    TM_ASSERT(t->q_n < t->info.n_slots);
+    t->q_head = t->q_head == 0 ? t->info.n_slots - 1 : t->q_head - 1;
+    t->queue[t->q_head] = s;
+    t->q_n++;
+}
+
 static uint32_t queue_pop(tm_engram_table *t) {
     uint32_t s = t->queue[t->q_head];
     t->q_head = t->q_head + 1 == t->info.n_slots ? 0 : t->q_head + 1;
@@ -724,7 +733,7 @@ tm_rc tm_engram_table_get(tm_engram_table *t, const uint64_t *rows, size_t n, fl
                 t->st.misses++;
                 s = slot_take(t, row);
                 if (s != NO_SLOT) {
-                    queue_push(t, s);
+                    queue_push_front(t, s);
                     queued++;
                 }
             }
