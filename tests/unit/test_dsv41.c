@@ -65,6 +65,7 @@ static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block
     o.max_rows = T;
     o.token_map = v->map;
     o.n_token_map = v->n_map;
+    o.engram_cache_mb = 1; // the tables are read through the row cache (engram_table.h)
     tm_engine *eng = NULL;
     tm_err err = {0};
     tm_rc rc = tm_engine_cpu_create(v->m, &o, &eng, &err);

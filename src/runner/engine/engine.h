@@ -54,6 +54,9 @@ typedef struct tm_engine_opts {
                                   * over the model's tokenizer); borrowed, must outlive the engine;
                                   * NULL for other models */
     uint32_t n_token_map;
+    uint32_t engram_cache_mb; /* DeepSeek-V4.1: the row cache of each Engram table, MiB (the
+                               * tables are read by rows from disk, runner/model/engram_table.h);
+                               * 0 = TM_ENGRAM_DEFAULT_CACHE_MB */
 } tm_engine_opts;
 
 /* One sequence's part of a step. */

@@ -838,19 +838,36 @@ static tm_rc bind_layer(const tm_st_set *st, const tm_dsv41_cfg *d, uint32_t il,
     if (slot >= 0 && rc == TM_OK) {
         const uint64_t ehd = d->engram_head_dim,
                        n_cols = (uint64_t)(d->engram_max_ngram_size - 1) * d->engram_n_heads;
-        // the table: FP8 rows with one ue8m0 scale per 32 values (a 1 x 32 block grid)
-        tm_quant_cfg q = {0};
-        q.method = TM_QMETHOD_DSREF;
-        q.weight = TM_QUANT_FP8_BLOCK;
-        q.scale_dtype = TM_DTYPE_F8_E8M0;
-        q.block[0] = 1;
-        q.block[1] = 32;
-        const uint64_t want[2] = {d->engram_num_embeddings[slot], ehd};
+        // the table: FP8 rows with one ue8m0 scale per 32 values. Only its header is checked
+        // here: the engine reads rows from the file on demand (runner/model/engram_table.h),
+        // so nothing of it (scales included) is read at load.
+        const uint64_t rows = d->engram_num_embeddings[slot];
         NAME("layers.%u.engram.embed.weight", il);
-        rc = tm_quant_bind(st, &q, name, TM_QROLE_DENSE, 2, want, &Lw->e_table, err);
-        if (rc == TM_OK && Lw->e_table.quant != TM_QUANT_FP8_BLOCK)
-            rc = TM_ERR(err, TM_E_PARSE, "tensor '%s' is not F8_E4M3 (the Engram table is fp8)",
-                        name);
+        const tm_st_tensor *tw = tm_st_set_find(st, name);
+        NAME("layers.%u.engram.embed.scale", il);
+        const tm_st_tensor *ts = tm_st_set_find(st, name);
+        NAME("layers.%u.engram.embed.weight", il);
+        if (!tw || !ts)
+            rc = TM_ERR(err, TM_E_PARSE, "tensor '%s' or its .scale is missing", name);
+        else if (tw->dtype != TM_DTYPE_F8_E4M3 || tw->n_dim != 2 || tw->shape[0] != rows ||
+                 tw->shape[1] != ehd ||
+                 (ts->dtype != TM_DTYPE_F8_E8M0 && ts->dtype != TM_DTYPE_U8) || ts->n_dim != 2 ||
+                 ts->shape[0] != rows || ts->shape[1] != ehd / 32)
+            rc = TM_ERR(err, TM_E_PARSE,
+                        "%s: tensor '%s' must be F8_E4M3 [%llu, %llu] with an F8_E8M0 scale "
+                        "[%llu, %llu] (engram_num_embeddings, engram_head_dim)",
+                        tw->file, name, (unsigned long long)rows, (unsigned long long)ehd,
+                        (unsigned long long)rows, (unsigned long long)ehd / 32);
+        if (rc == TM_OK) {
+            Lw->e_table = (tm_tensor){.data = tw->data,
+                                      .dtype = TM_DTYPE_F8_E4M3,
+                                      .n_dim = 2,
+                                      .shape = {rows, ehd},
+                                      .scale = ts->data,
+                                      .quant = TM_QUANT_FP8_BLOCK,
+                                      .scale_dtype = TM_DTYPE_F8_E8M0,
+                                      .qblock = {1, 32}};
+        }
         LIN(&Lw->e_wkv, (N + 1) * D, n_cols * ehd, 0, "layers.%u.engram.wkv.weight", il);
         F(&Lw->e_q, 2, N, D, "layers.%u.engram.q_weight", il);
         F(&Lw->e_k, 2, N, D, "layers.%u.engram.k_weight", il);

@@ -22,6 +22,7 @@
 #include "runner/engine/cpu/dsv41.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,7 @@
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/engram_hash.h"
+#include "runner/model/engram_table.h"
 #include "runner/model/model_dsv41.h"
 
 typedef struct v41_state {
@@ -56,6 +58,8 @@ typedef struct v41_eng {
     const int32_t *tmap;
     uint32_t n_tmap;
     tm_engram_layout *lay;
+    tm_engram_table **etab; /* [n_engram] the tables, read by rows from the model's files */
+    uint64_t *hrows;        /* [n_engram][T * n_cols] the step's row ids per table */
     /* per step */
     const tm_batch *b;
     uint32_t *tok_seq, *tok_pos, *tok_id; /* [T] */
@@ -311,26 +315,16 @@ static void hc_expand(v41_eng *e, uint32_t T, const float *y, const float *post,
 
 /* ---- Engram ---- */
 
-/* Row `row` of engram layer il's table, dequantized (e4m3 x ue8m0 per 32); zero past the table.
- * The one place rows are read: swapped for the on-disk row cache (engram_table.h) later. */
-static void engram_row(const v41_eng *e, uint32_t il, int64_t row, float *out) {
-    const tm_tensor *t = &e->w->layers[il].e_table;
-    if (row < 0 || (uint64_t)row >= t->shape[0]) {
-        memset(out, 0, e->ehd * sizeof(float));
-        return;
-    }
-    tm_tensor_row_f32(t, (size_t)row, out);
-}
-
-static void engram(v41_eng *e, uint32_t il, uint32_t T) {
+/* Engram layer il: the step's rows of its table (requested ahead by forward's prefetch; e4m3 x
+ * ue8m0 per 32, zero past the table), wkv into one key per stream and a value, the gated add. */
+static tm_rc engram(v41_eng *e, uint32_t il, uint32_t T, tm_err *err) {
     const tm_dsv41_layer *L = &e->w->layers[il];
     const uint32_t slot = (uint32_t)e->c->engram_slot[il], N = e->N, D = e->D;
     const uint32_t nc = e->n_cols, ehd = e->ehd, w_kv = (N + 1) * D;
-    for (uint32_t t = 0; t < T; t++) {
-        const int64_t *ids = e->hid + ((size_t)t * e->c->n_engram + slot) * nc;
-        for (uint32_t k = 0; k < nc; k++)
-            engram_row(e, il, ids[k], e->erow + ((size_t)t * nc + k) * ehd);
-    }
+    tm_rc rc = tm_engram_table_get(e->etab[slot], e->hrows + (size_t)slot * e->T * nc,
+                                   (size_t)T * nc, e->erow, err);
+    if (rc)
+        return rc;
     lin(e, &L->e_wkv, 0, e->erow, nc * ehd, T, nc * ehd, e->ekv, w_kv, w_kv);
     const double inv_sqrt_d = pow((double)D, -0.5);
     for (uint32_t t = 0; t < T; t++) {
@@ -357,6 +351,7 @@ static void engram(v41_eng *e, uint32_t il, uint32_t T) {
                 h[d] = (float)((double)h[d] + gate * value[d]);
         }
     }
+    return TM_OK;
 }
 
 /* ---- attention ---- */
@@ -778,6 +773,16 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
                 ctx[k] = k <= p ? (int64_t)e->cid[tok_slot(e, t, p - k)] : TM_ENGRAM_NONE;
             tm_engram_hash_ids(e->lay, ctx, e->hid + (size_t)t * c->n_engram * e->n_cols);
         }
+        // every table's rows requested now, read while the layers before it run
+        const uint32_t nc = e->n_cols;
+        for (uint32_t k = 0; k < c->n_engram; k++) {
+            uint64_t *rows = e->hrows + (size_t)k * e->T * nc;
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t j = 0; j < nc; j++)
+                    rows[(size_t)t * nc + j] =
+                        (uint64_t)e->hid[((size_t)t * c->n_engram + k) * nc + j];
+            tm_engram_table_prefetch(e->etab[k], rows, (size_t)T * nc);
+        }
     }
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->s + (size_t)t * N * D;
@@ -794,8 +799,11 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
     float *nw = e->vec;
     for (uint32_t il = 0; il < c->n_layers; il++) {
         const tm_dsv41_layer *L = &e->w->layers[il];
-        if (c->engram_slot[il] >= 0)
-            engram(e, il, T);
+        if (c->engram_slot[il] >= 0) {
+            rc = engram(e, il, T, err);
+            if (rc)
+                return rc;
+        }
         // attention takes the previous sublayer's pre mix; its own mixes give its post / comb
         // and the MoE's pre mix
         hc_mixes(e, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, e->apre, e->post,
@@ -1043,6 +1051,8 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
         AL(e->hid, T * c->n_engram * e->n_cols);
         AL(e->erow, T * e->n_cols * e->ehd);
         AL(e->ekv, T * (e->N + 1) * e->D);
+        AL(e->hrows, T * c->n_engram * e->n_cols);
+        AL(e->etab, c->n_engram);
     }
 #undef AL
     if (failed) {
@@ -1065,6 +1075,23 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
         rc = tm_engram_layout_create(&ep, &e->lay, err);
         if (rc)
             goto fail;
+        const uint64_t mb = opts->engram_cache_mb ? opts->engram_cache_mb
+                                                  : TM_ENGRAM_DEFAULT_CACHE_MB;
+        for (uint32_t k = 0; k < c->n_engram; k++) {
+            char wn[96], sn[96];
+            snprintf(wn, sizeof(wn), "layers.%u.engram.embed.weight", c->engram_layer_ids[k]);
+            snprintf(sn, sizeof(sn), "layers.%u.engram.embed.scale", c->engram_layer_ids[k]);
+            const tm_engram_table_cfg tc = {.path = m->dir,
+                                            .weight_name = wn,
+                                            .scale_name = sn,
+                                            .rank = 0,
+                                            .world = 1,
+                                            .cache_bytes = mb << 20,
+                                            .n_io_threads = 0};
+            rc = tm_engram_table_open(&tc, &e->etab[k], err);
+            if (rc)
+                goto fail;
+        }
     }
     rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
     if (rc)
@@ -1082,6 +1109,8 @@ static void v41_destroy(tm_engine *eng) {
     v41_eng *e = eng->impl;
     tm_cpu_pool_destroy(e->pool);
     tm_engram_layout_destroy(e->lay);
+    for (uint32_t k = 0; e->etab && k < e->c->n_engram; k++)
+        tm_engram_table_close(e->etab[k]);
     if (e->st)
         for (uint32_t il = 0; il < e->c->n_layers; il++) {
             tm_free(e->st[il].win);
@@ -1096,7 +1125,7 @@ static void v41_destroy(tm_engine *eng) {
                     e->iq,   e->iw,      e->pick,    e->n_pick, e->cand,  e->n_cand, e->rl,
                     e->sel,  e->selw,    e->etok,    e->xg,     e->g,     e->u,      e->eo,
                     e->yacc, e->wrow,    e->score,   e->ord,    e->cmask, e->ascore, e->cid,
-                    e->hid,  e->erow,    e->ekv,     e->vec};
+                    e->hid,  e->erow,    e->ekv,     e->vec,    e->hrows, e->etab};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         tm_free(bufs[i]);
     tm_free(e);
