@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/dsv41_cpu.sh [BUILD] - the DeepSeek-V4.1 CPU engine through `tokenmill run` on a random
 # mkmodel checkpoint (Engram on 2 layers, compress ratios 0/2/2/1/1/1 with candidate selection,
-# dim 256, 8 heads x 64, 8 experts top-2, its built-in tokenizer): 16 prompts of about 200 tokens,
+# dim 256, 8 heads x 64, 8 experts top-2, its built-in tokenizer): 16 prompts of about 330 tokens,
 # 16 greedy tokens each, 2 threads; TP 1 and the in-process TP 2 (tensor parallel tests the split,
 # it is not a CPU speed-up). Prints the job's prefill / decode tok/s and wall time per setting.
 # What to compare with: nothing yet (the first V4.1 figures); the figures are for the record.
