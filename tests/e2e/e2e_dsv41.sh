@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # tests/e2e/e2e_dsv41.sh BUILD SRC - `tokenmill run` on a random DeepSeek-V4.1 checkpoint (mkmodel
 # --arch deepseek_v41: Engram layers, compress ratios 0/2/1 with candidate selection, its built-in
-# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block; an
-# OpenAI batch line with an image part is answered unsupported (no vision tower); the same at
-# engine.tp 2 (the CPU engine's in-process split); the
-# records are the same with the prefix cache on and off (and the cache is hit); then a longer
-# input is SIGKILLed a few times mid-run and resumed, and the exactly-once oracle
-# (tests/oracles/verify_outputs.cjs) checks every record came out once.
+# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block give the
+# same records with the prefix cache on and off (and the cache is hit), also at engine.tp 2 (the
+# CPU engine's in-process split); an OpenAI batch line with an image part is answered unsupported
+# (no vision tower); then a longer input is SIGKILLed a few times mid-run and resumed, and the
+# exactly-once oracle (tests/oracles/verify_outputs.cjs) checks every record came out once.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
