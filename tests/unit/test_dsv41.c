@@ -530,6 +530,10 @@ static void test_vocab_mismatch(void) {
     o.block_size = BS;
     o.kv_dtype = TM_KV_DTYPE_FP8;
     TM_CHECK(tm_engine_cpu_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    o.kv_dtype = TM_KV_DTYPE_AUTO;
+    o.tp_size = 3; // 4 heads do not split 3 ways: refused naming the counts
+    TM_CHECK(tm_engine_cpu_tp_create(v.m, &o, &eng, &err) == TM_E_INVAL);
+    TM_CHECK_MSG(strstr(err.msg, "divide by tp 3"), "message '%s'", err.msg);
     free(bad);
     close_v41(&v);
 }
