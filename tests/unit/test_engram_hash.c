@@ -237,6 +237,10 @@ static void test_token_map(void) {
         {"\xc3\x9f", NULL, 17},     // sharp s stays (no full case folding)
         {"SS", NULL, 18},
         {"\xcf\x83", NULL, 14},
+        {"\xe0\xa4\x95\xe0\xa4\x83", NULL, 19}, // KA + visarga (Mc): the mark goes too
+        {"\xe0\xa4\x95", NULL, 19},
+        {"a\xe2\x83\x9d", NULL, 13}, // a + enclosing circle (Me) -> "a"
+        {"\xe0\xa4\x83", NULL, 20},  // a lone Mc mark: "" -> keeps itself
     };
     const uint32_t n = sizeof(v) / sizeof(v[0]);
     tm_engram_tok toks[64];
@@ -249,7 +253,7 @@ static void test_token_map(void) {
     uint32_t n_c = 0;
     tm_err err = {0};
     TM_CHECK_OK(tm_engram_token_map_build(toks, n, map, &n_c, &err), &err);
-    TM_CHECK_MSG(n_c == 19, "%u", n_c);
+    TM_CHECK_MSG(n_c == 21, "%u", n_c);
     for (uint32_t i = 0; i < n; i++)
         TM_CHECK_MSG(map[i] == v[i].want, "token %u: got %d want %d", i, map[i], v[i].want);
     // The key of a byte-level token is reported as keyed by its piece.

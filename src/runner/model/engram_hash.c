@@ -418,14 +418,18 @@ static tm_rc normalize(const char *text, size_t len, char **out, size_t *out_len
         rc = TM_ERR(err, TM_E_NOMEM, "engram: normalize");
         goto done;
     }
-    // StripAccents (drop Mn), Lowercase (per char), [ \t\r\n]+ -> " ".
+    // StripAccents (drop every combining mark: General_Category Mark = Mn, Mc, Me, as the
+    // unicode-normalization crate's is_combining_mark that tokenizers calls), Lowercase (per
+    // char), [ \t\r\n]+ -> " ".
     size_t n = 0;
     for (utf8proc_ssize_t i = 0; i < n2;) {
         utf8proc_int32_t c;
         utf8proc_ssize_t k = utf8proc_iterate(nfd + i, n2 - i, &c);
         TM_ASSERT(k > 0);
         i += k;
-        if (utf8proc_category(c) == UTF8PROC_CATEGORY_MN)
+        utf8proc_category_t cat = utf8proc_category(c);
+        if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC ||
+            cat == UTF8PROC_CATEGORY_ME)
             continue;
         c = utf8proc_tolower(c);
         if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
