@@ -1,7 +1,8 @@
 /* tests/unit/test_chat_dsv41.c - DeepSeek-V4.1's chat encoding (runner/text/chat_dsv41.c): the
  * prompts of the release's encode_messages in chat mode for system / user / assistant / tool
- * conversations (worked out from its rules: BOS, <｜System｜>, <｜User｜>, tool results merged into
- * user turns, <｜Assistant｜></think> headers, EOS after assistant turns), the image-placeholder
+ * conversations (BOS, <｜System｜>, <｜User｜>, tool results merged into user turns,
+ * <｜Assistant｜></think> headers, EOS after assistant turns; every add_generation_prompt=1 case
+ * is what SGLang's encoding_dsv41.py returns for it, run outside the tree), the image-placeholder
  * refusal, and the selection: a tokenizer without a chat template that has V4.1's protocol
  * tokens (mkmodel --arch deepseek_v41's built-in one) renders this way through tm_chat_render. */
 #include <stdio.h>
@@ -26,7 +27,7 @@
     "Assistant\xef\xbd\x9c></think>"
 
 typedef struct conv {
-    const char *roles[6], *contents[6];
+    const char *roles[8], *contents[8];
     int agp;
     const char *want;
 } conv;
@@ -55,12 +56,20 @@ static const conv cases[] = {
      B S "s"
          "a" E},
     {{"user"}, {""}, 1, B U A},
+    {{"system", "system", "user", "assistant", "tool", "system", "assistant"},
+     {"s1", "s2", "u", "a", "t", "s3", "b"},
+     1,
+     B S "s1" S "s2" U "u" A "a" E U "<tool_result>t</tool_result>" S "s3" A "b" E},
+    {{"tool", "assistant", "user", "tool", "user"},
+     {"t0", "a", "u", "t1", "u2"},
+     1,
+     B U "<tool_result>t0</tool_result>" A "a" E U "u\n\n<tool_result>t1</tool_result>\n\nu2" A},
 };
 
 static int render(const conv *c, tm_buf *out, tm_err *err) {
-    tm_message m[6];
+    tm_message m[8];
     uint32_t n = 0;
-    while (n < 6 && c->roles[n]) {
+    while (n < 8 && c->roles[n]) {
         m[n].role = (char *)c->roles[n];
         m[n].content = (char *)c->contents[n];
         n++;
