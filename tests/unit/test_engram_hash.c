@@ -84,6 +84,16 @@ static void test_layout_small(void) {
     tm_engram_params bad = {.n_layer = 1, .max_ngram = 1};
     TM_CHECK(tm_engram_layout_create(&bad, &L, &err) == TM_E_INVAL);
     TM_CHECK(strstr(err.msg, "engram_max_ngram_size") != NULL);
+    uint32_t ids[256] = {0};
+    uint64_t ne[256] = {0};
+    tm_engram_params big = {.n_layer = 256,
+                            .layer_ids = ids,
+                            .num_embeddings = ne,
+                            .max_ngram = 16,
+                            .n_heads = 18,
+                            .compressed_vocab = 7};
+    TM_CHECK(tm_engram_layout_create(&big, &L, &err) == TM_E_INVAL);
+    TM_CHECK(strstr(err.msg, "engram_n_heads 18") != NULL);
 }
 
 /* The released config: layers 1 and 14, 4-grams, 8 heads, engram_vocab_size 16,000,000; the

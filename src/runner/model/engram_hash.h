@@ -36,6 +36,7 @@
 
 #define TM_ENGRAM_MAX_NGRAM 16 /* limit on engram_max_ngram_size accepted here */
 #define TM_ENGRAM_MAX_LAYERS 256
+#define TM_ENGRAM_MAX_COLUMNS 65536 /* layers x (max_ngram - 1) x heads: the primes of a layout */
 
 /* The config fields the layout is built from (ModelArgs names in the comments). */
 typedef struct tm_engram_params {
