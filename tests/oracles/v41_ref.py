@@ -26,7 +26,9 @@ Numerics:
 
 Usage:
   python3 tests/oracles/v41_ref.py MODEL_DIR --prompt 1,2,3 [--decode N] [--chunk C]
-prints the greedy continuation and the last logits' top entries. Library use: see
+prints the greedy continuation and the last logits' top entries;
+  python3 tests/oracles/v41_ref.py --token-map TOKENIZER_JSON [-v]
+prints the compressed vocab size (and with -v the map, one id per line). Library use: see
 tests/oracles/make_v41_fixtures.py. Needs NumPy only (Debian python3-numpy).
 """
 import json
@@ -461,7 +463,9 @@ _WHITE_SPACE = set(map(chr, list(range(0x09, 0x0E)) + [0x20, 0x85, 0xA0, 0x1680]
 
 def normalize_token_text(text):
     """mirrors: the normalizer sequence of engram.py build_compressed_token_map: NFKC, NFD, strip
-    accents (drop General_Category M*), lowercase (per char, no final-sigma context, as the Rust
+    accents (tokenizers' StripAccents drops is_combining_mark chars, General_Category Mark: Mn, Mc
+    and Me; V3's tokenizer then has 98627 keys, and V3's 128815 ids + V4.1's 465 more give the
+    released 99092), lowercase (per char, no final-sigma context, as the Rust
     normalizer), runs of [ \\t\\r\\n] -> one space, a lone " " kept (via the sentinel), strip Unicode
     White_Space at both ends."""
     s = unicodedata.normalize("NFKC", text)
@@ -1190,14 +1194,25 @@ def run(model, prompt, n_decode, chunk=0):
 def main():
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("--prompt", required=True, help="comma-separated token ids")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--prompt", help="comma-separated token ids")
+    ap.add_argument("--token-map", metavar="TOKENIZER_JSON",
+                    help="print the compressed vocab size of a tokenizer.json (and the map with -v)")
+    ap.add_argument("-v", action="store_true")
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--literal-index-k", action="store_true")
     o = ap.parse_args()
     global LITERAL_INDEX_K
     LITERAL_INDEX_K = o.literal_index_k
+    if o.token_map:
+        tmap, n = build_compressed_token_map(Tokenizer(o.token_map))
+        print(f"n_tok {len(tmap)} compressed {n} unicode {unicodedata.unidata_version}")
+        if o.v:
+            print("\n".join(map(str, tmap.tolist())))
+        return
+    if not o.model or not o.prompt:
+        ap.error("MODEL and --prompt are needed")
     m = Model(o.model)
     if m.args.unknown:
         print(f"config keys not read by the reference: {m.args.unknown}", file=sys.stderr)
