@@ -1304,6 +1304,52 @@ def run(model, prompt, n_decode, chunk=0):
     return full, steps, greedy, seq.stats
 
 
+def selftest():
+    """Hand-checked cases of the number formats and kernels (run by tests/e2e/e2e_v41_oracle.sh)."""
+    eq = np.testing.assert_array_equal
+    # e4m3fn: ties to even in normals and subnormals, saturation at 448, the 2^-9 quantum below 2^-6
+    eq(round_e4m3(np.array([17, 19, 464, -1000, 2.5 * 2 ** -9, 1.5 * 2 ** -9, 0.0137, 0.3 * 256])),
+       np.array([16, 20, 448, -448, 2 ** -8, 2 ** -8, 7 * 2 ** -9, 80], dtype=F32))
+    # e2m1: ties to the even code, 6 the largest
+    eq(round_e2m1(np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 5.1, -0.3])),
+       np.array([0, 1, 1, 2, 2, 4, 4, 6, -0.5], dtype=F32))
+    eq(pow2_ceil(np.array([1.0, 1.5, 0.75, 2.0 ** -130], dtype=F32)),
+       np.array([1, 2, 1, 2.0 ** -126], dtype=F32))
+    # the byte tables: 0x7e = 448, 0x01 = 2^-9, 0x7f NaN; e8m0 127 = 1
+    assert E4M3[0x7E] == 448 and E4M3[0x01] == 2.0 ** -9 and np.isnan(E4M3[0x7F]) and E8M0[127] == 1
+    # act_quant of a block whose amax is 1: scale 2^ceil(log2(1/448)) = 2^-8, 0.3 -> 80/256
+    x = np.zeros(32, dtype=F32)
+    x[:3] = [1.0, 0.3, -0.001]
+    eq(act_quant(x)[:3], np.array([1.0, 0.3125, -0.0009765625], dtype=F32))
+    # fp4 with an e4m3 scale: amax 1 -> s = e4m3(1/6) = 0.171875, -1 saturates to -6 s
+    y = np.linspace(-1, 1, 16).astype(F32)
+    assert fp4_act_quant(y, 16, e4m3_scale=True)[0] == F32(-6 * 0.171875)
+    # Sinkhorn: comb close to doubly stochastic, pre in (eps, 1 + eps), post in (0, 2)
+    rng = np.random.default_rng(0)
+    pre, post, comb = hc_split_sinkhorn(rng.standard_normal((3, 24)), np.ones(3), np.zeros(24), 4, 20, 1e-6)
+    assert np.abs(comb.sum(-1) - 1).max() < 1e-3 and np.abs(comb.sum(-2) - 1).max() < 1e-3
+    assert (pre > 0).all() and (pre < 1.001).all() and (post > 0).all() and (post < 2).all()
+    # sparse_attn: one key, sink -inf -> the value itself; sink equal to the score halves it
+    kv = np.array([[1.0, 2.0]], dtype=F32)
+    q = np.array([[0.0, 0.0]], dtype=F32)
+    eq(sparse_attn(q, kv, np.array([-np.inf], dtype=F32), 1.0), kv)
+    eq(sparse_attn(q, kv, np.array([0.0], dtype=F32), 1.0), kv / 2)
+    # primes as find_next_prime: per (layer, n-gram) restarting above vocab - 1, never reused
+    class A:
+        engram_layer_ids, engram_max_ngram_size, engram_n_heads, engram_vocab_size = (0, 1), 3, 2, 100
+    assert engram_primes(A) == [[[101, 103], [107, 109]], [[113, 127], [131, 137]]]
+    # multipliers: odd, below the bound, and NumPy's own stream
+    mult = compute_hash_multipliers((0, 5), 3, 1000)
+    assert (mult % 2 == 1).all() and (mult < np.iinfo(np.int64).max // 1000).all()
+    eq(mult[1], np.random.default_rng(50035).integers(0, (np.iinfo(np.int64).max // 1000) // 2, 3,
+                                                       dtype=np.int64) * 2 + 1)
+    # the normaliser: case, accents (Mn and Mc), whitespace runs, a lone space kept
+    assert normalize_token_text(" Caf\u00e9\t\n") == "cafe"
+    assert normalize_token_text("\u0915\u093e") == "\u0915"  # KA + AA sign (Mc) -> KA
+    assert normalize_token_text("  ") == " " and normalize_token_text("\u03a3") == "\u03c3"
+    print("v41_ref selftest: ok")
+
+
 def run_spec(model, prompt, n_decode):
     """The reference's own DSpark driving (model.py __main__, greedy): prefill, seed the stages with
     forward_spec at 0, then per decode step the main forward of one token followed by forward_spec
@@ -1331,6 +1377,7 @@ def main():
     ap.add_argument("--token-map", metavar="TOKENIZER_JSON",
                     help="print the compressed vocab size of a tokenizer.json (and the map with -v)")
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("--selftest", action="store_true", help="check the kernels on hand-made cases")
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--literal-index-k", action="store_true")
@@ -1338,6 +1385,9 @@ def main():
     o = ap.parse_args()
     global LITERAL_INDEX_K
     LITERAL_INDEX_K = o.literal_index_k
+    if o.selftest:
+        selftest()
+        return
     if o.token_map:
         tmap, n = build_compressed_token_map(Tokenizer(o.token_map))
         print(f"n_tok {len(tmap)} compressed {n} unicode {unicodedata.unidata_version}")
