@@ -1094,6 +1094,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
     job_parts p = {0};
     tm_source *src = NULL;
     tm_buf line = {0};
+    tm_chat_tpl *chat = NULL;
     uint64_t n_ok = 0, n_bad = 0;
     tm_rc rc = parts_load(path, opts->spec_json, &p, err);
     if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
@@ -1118,7 +1119,10 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
                                .block_size = p.spec->engine.block_size,
                                .defaults = p.spec->defaults,
                                .chat_template = p.spec->chat_template};
-        rc = tm_source_open(p.spec, &src, err);
+        rc = tm_chat_tpl_create(p.tok, p.spec->chat_template, &chat, err); // once, not per record
+        rcfg.chat_tpl = chat;
+        if (rc == TM_OK)
+            rc = tm_source_open(p.spec, &src, err);
     }
     while (rc == TM_OK) {
         tm_job *job = NULL;
@@ -1161,6 +1165,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
                                             .fail_on_error = p.spec &&
                                                              p.spec->fail_on_error_records};
     tm_buf_fini(&line);
+    tm_chat_tpl_destroy(chat);
     parts_fini(&p);
     return rc;
 }
