@@ -1064,6 +1064,8 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
         rc = tm_engine_forward(r->eng, &b, r->logits, err);
         *greedy = 0;
     }
+    if (rc == TM_OK) // rows computed from weights the file no longer has are not emitted
+        rc = tm_model_check_files(r->eng->model, err);
     if (rc)
         return rc;
     *dt_s = (tm_now_ms() - t0) / 1e3;

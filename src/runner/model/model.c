@@ -540,6 +540,8 @@ tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
         rc = tm_dsv4_bind(m, st, err);
     else
         rc = bind_all(m, st, err);
+    if (rc == TM_OK) // binding read the weights (quantizing, converting): from the file as loaded?
+        rc = tm_st_set_check(st, err);
     if (rc)
         goto fail;
     *out = m;
@@ -549,6 +551,10 @@ fail:
     json_decref(gen);
     tm_model_destroy(m);
     return tm_err_wrap(err, "loading model %s", dir);
+}
+
+tm_rc tm_model_check_files(const tm_model *m, tm_err *err) {
+    return m->impl ? tm_st_set_check(m->impl, err) : TM_OK;
 }
 
 void tm_model_destroy(tm_model *m) {
