@@ -149,8 +149,12 @@ const char *tm_fs_kind(unsigned mode) {
 tm_rc tm_fs_open_in(const char *path, const char *what, int *fd, struct stat *st_out, tm_err *err) {
     *fd = -1;
     int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (f < 0)
-        return TM_ERR(err, TM_E_IO, "%s: open: %s (%s)", path, strerror(errno), what);
+    if (f < 0) {
+        int e = errno;
+        TM_ERR(err, TM_E_IO, "%s: open: %s (%s)", path, strerror(e), what);
+        errno = e; // callers tell a missing optional file by ENOENT
+        return TM_E_IO;
+    }
     struct stat st;
     if (fstat(f, &st) != 0) {
         int e = errno;
@@ -173,6 +177,21 @@ tm_rc tm_fs_open_in(const char *path, const char *what, int *fd, struct stat *st
     if (st_out)
         *st_out = st;
     *fd = f;
+    return TM_OK;
+}
+
+tm_rc tm_fs_fopen_in(const char *path, const char *what, FILE **out, tm_err *err) {
+    *out = NULL;
+    int fd = -1;
+    tm_rc rc = tm_fs_open_in(path, what, &fd, NULL, err);
+    if (rc)
+        return rc;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        return TM_ERR(err, TM_E_NOMEM, "%s: fdopen", path);
+    }
+    *out = fp;
     return TM_OK;
 }
 

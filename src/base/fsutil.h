@@ -20,6 +20,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/err.h"
 
@@ -77,8 +78,11 @@ tm_rc tm_fs_open_out(const char *path, int flags, unsigned mode, bool *created, 
  * but a regular file is TM_E_IO "<path> is a FIFO, not a regular file (<what>: ...)" (what names
  * the role, e.g. "model config"; symbolic links are followed, as the user named the path). On
  * success *fd is a blocking, close-on-exec descriptor the caller closes, and *st (may be NULL)
- * the file's fstat. TM_E_IO. */
+ * the file's fstat. On an open failure errno is the open's. TM_E_IO. */
 tm_rc tm_fs_open_in(const char *path, const char *what, int *fd, struct stat *st, tm_err *err);
+/* tm_fs_open_in as a stdio stream ("rb") the caller fcloses. On an open failure errno is the
+ * open's (ENOENT for a missing file). TM_E_IO, TM_E_NOMEM. */
+tm_rc tm_fs_fopen_in(const char *path, const char *what, FILE **out, tm_err *err);
 /* "a FIFO", "a folder", "a socket", "a device or other special file" or "a regular file", for a
  * stat st_mode. */
 const char *tm_fs_kind(unsigned mode);

@@ -74,8 +74,7 @@ tm_rc tm_mapguard_add(const void *addr, size_t len, int *slot, tm_err *err) {
     }
     pthread_mutex_unlock(&g_mu);
     if (*slot < 0)
-        return TM_ERR(err, TM_E_INTERNAL, "mapguard: more than %d mapped files",
-                      TM_MAPGUARD_MAX);
+        return TM_ERR(err, TM_E_INTERNAL, "mapguard: more than %d mapped files", TM_MAPGUARD_MAX);
     return TM_OK;
 }
 

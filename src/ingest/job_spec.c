@@ -1192,8 +1192,13 @@ static tm_rc spec_load(const char *path, const char *base_dir, const char *text,
         goto fail;
     }
     json_error_t jerr;
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    if (!text && tm_fs_open_in(path, "job file", &fd, NULL, err))
+        goto fail;
     root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
-                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+                : json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    if (fd >= 0)
+        close(fd);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);

@@ -5,6 +5,10 @@
 #             is truncated, rewritten in place with zeros of the same size, or replaced by rename:
 #             the job stops with exit 1 and an error naming model.safetensors (never SIGBUS, exit
 #             135; never goes on with other weights).
+#   FIFOs     a FIFO with no writer as config.json, tokenizer.json, tokenizer_config.json,
+#             model.safetensors, the job file or an input file, and a device as an input, are
+#             refused at once by name (exit 1 within the timeout; before, open() blocked forever
+#             and the first SIGTERM was ignored).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -64,3 +68,32 @@ for how in truncate zeros rename; do
         "$work/run.log" || fail "$how: no error naming the weights file"
 done
 echo "e2e_hostile_model: changed ok (truncated, zeroed in place, replaced: exit 1 naming the file)"
+
+# ---- FIFOs and devices in place of the files a job reads ----
+rm -rf "$out" "$work/model"
+cp -a "$work/model.orig" "$work/model"
+expect_refused() { # WHAT PATH_IN_MESSAGE ARGS...: exit 1 at once, naming the path
+    local what=$1 p=$2 rc=0
+    shift 2
+    timeout 30 "$build/tokenmill" -q run "$@" >"$work/run.log" 2>&1 || rc=$?
+    [ "$rc" = 1 ] || fail "$what: exit $rc (want 1; 124 is a hang)"
+    grep -Fq "$p is a" "$work/run.log" || fail "$what: no message naming $p"
+    grep -Eq "is (a FIFO|a device or other special file), not a regular file" "$work/run.log" ||
+        fail "$what: no message saying what it is"
+}
+for name in config.json tokenizer.json tokenizer_config.json model.safetensors; do
+    [ -e "$work/model/$name" ] || continue
+    mv "$work/model/$name" "$work/saved"
+    mkfifo "$work/model/$name"
+    expect_refused "$name as a FIFO" "model/$name" --restart "$work/job.json"
+    rm "$work/model/$name"
+    mv "$work/saved" "$work/model/$name"
+done
+mkfifo "$work/job_fifo.json"
+expect_refused "job file as a FIFO" "job_fifo.json" "$work/job_fifo.json"
+rm "$work/job_fifo.json"
+mkfifo "$work/data/fifo.jsonl"
+sed 's#"files": \["data/in.jsonl"\]#"files": ["data/fifo.jsonl"]#' "$work/job.json" >"$work/job_fifo_in.json"
+expect_refused "input as a FIFO" "data/fifo.jsonl" --restart "$work/job_fifo_in.json"
+expect_refused "input as a device" "/dev/zero" --restart --model "$work/model" -i /dev/zero -o "$work/out_dev"
+echo "e2e_hostile_model: FIFOs ok (model files, job file, input refused at once by name)"

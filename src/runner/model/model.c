@@ -19,8 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
 #include "runner/model/model_dsv4.h"
 #include "runner/model/safetensors.h"
 
@@ -41,8 +43,13 @@ static tm_rc load_json(const char *dir, const char *name, int optional, json_t *
             return TM_OK;
         return TM_ERR(err, TM_E_IO, "%s: %s", name, strerror(errno));
     }
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    tm_rc rc = tm_fs_open_in(path, "model folder", &fd, NULL, err);
+    if (rc)
+        return rc;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root) {
         if (json_error_code(&je) == json_error_out_of_memory)
             return TM_ERR(err, TM_E_NOMEM, "%s: out of memory", name);

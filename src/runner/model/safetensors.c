@@ -570,8 +570,13 @@ static tm_rc set_index_tensors(tm_st_set *s, tm_err *err) {
 
 static tm_rc set_open_index(tm_st_set *s, const char *dir, const char *index_path, tm_err *err) {
     const char *label = base_name(index_path);
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    tm_rc orc = tm_fs_open_in(index_path, "model weights index", &fd, NULL, err);
+    if (orc)
+        return orc;
     json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root) {
         if (json_error_code(&je) == json_error_cannot_open_file)
             return TM_ERR(err, TM_E_IO, "%s: %s", index_path, je.text);
