@@ -89,6 +89,61 @@ tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err) {
 
 // ---- fingerprints ----
 
+// f->sample of the input at path (see tm_manifest_file): at most 8 MiB read, whatever its size.
+static tm_rc sample_input(const char *path, tm_manifest_file *f, tm_err *err) {
+    int fd = -1;
+    struct stat st;
+    tm_rc rc = tm_fs_open_in(path, "input", &fd, &st, err);
+    if (rc)
+        return rc;
+    char *buf = tm_malloc(HASH_CHUNK);
+    if (!buf) {
+        close(fd);
+        return TM_ERR(err, TM_E_NOMEM, "sampling %s", path);
+    }
+    tm_hash_stream xs;
+    tm_hash_stream_init(&xs);
+    uint64_t size = (uint64_t)st.st_size;
+    tm_hash_stream_update(&xs, &size, sizeof(size));
+    // the (offset, length) pieces to read, in order
+    enum { BLK = 64u << 10 };
+    uint64_t n_piece = size <= TM_MANIFEST_SAMPLE_WHOLE ? 1 : 2 + TM_MANIFEST_SAMPLE_N;
+    for (uint64_t k = 0; k < n_piece && !rc; k++) {
+        uint64_t off, len;
+        if (n_piece == 1)
+            off = 0, len = size;
+        else if (k == 0)
+            off = 0, len = HASH_CHUNK;
+        else if (k == n_piece - 1)
+            off = size - HASH_CHUNK, len = HASH_CHUNK;
+        else { // block k of TM_MANIFEST_SAMPLE_N between the first and last MiB
+            uint64_t span = size - 2 * (uint64_t)HASH_CHUNK - BLK;
+            off = HASH_CHUNK + span / (TM_MANIFEST_SAMPLE_N - 1) * (k - 1);
+            len = BLK;
+        }
+        while (len > 0 && !rc) {
+            size_t want = len < HASH_CHUNK ? (size_t)len : HASH_CHUNK;
+            ssize_t got = pread(fd, buf, want, (off_t)off);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path,
+                            got < 0 ? strerror(errno) : "it shrank while it was read");
+                break;
+            }
+            tm_hash_stream_update(&xs, buf, (size_t)got);
+            off += (uint64_t)got, len -= (uint64_t)got;
+        }
+    }
+    snprintf(f->sample, sizeof(f->sample), "%016llx",
+             (unsigned long long)tm_hash_stream_digest64(&xs));
+    tm_free(buf);
+    close(fd);
+    f->inode = (uint64_t)st.st_ino;
+    f->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+    return rc;
+}
+
 static tm_rc stat_file(const char *path, const char *name, bool hash, tm_manifest_file *f,
                        tm_err *err) {
     struct stat st;
@@ -200,6 +255,8 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
                 return TM_ERR(err, TM_E_NOMEM, "manifest inputs");
         } else {
             rc = stat_file(inputs[i], inputs[i], false, f, err);
+            if (rc == TM_OK)
+                rc = sample_input(inputs[i], f, err);
             if (rc)
                 return rc;
         }
@@ -250,6 +307,25 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
                      (long long)a->size, (long long)b->size);
             return false;
         }
+        // Same size and mtime (cp -p, touch -r, mv of a prepared file keep them): issue 35.
+        if (a->inode && b->inode && a->inode != b->inode) {
+            snprintf(why, n,
+                     "input %s was replaced by another file of the same size and mtime (inode "
+                     "%llu -> %llu)",
+                     a->name, (unsigned long long)a->inode, (unsigned long long)b->inode);
+            return false;
+        }
+        if (a->sample[0] && b->sample[0] && strcmp(a->sample, b->sample) != 0) {
+            snprintf(why, n, "input %s changed: same size and mtime, other content", a->name);
+            return false;
+        }
+        if (a->ctime_ns && b->ctime_ns && a->ctime_ns != b->ctime_ns) {
+            snprintf(why, n,
+                     "input %s changed: same size and mtime, but it was written, touched, "
+                     "renamed or had its permissions changed since the last run (ctime)",
+                     a->name);
+            return false;
+        }
     }
     return true;
 }
@@ -259,6 +335,13 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
 static json_t *file_json(const tm_manifest_file *f, bool with_hash) {
     json_t *o = json_pack("{s:s, s:I, s:I}", "path", f->name, "size", (json_int_t)f->size,
                           "mtime_ns", (json_int_t)f->mtime_ns);
+    if (o && f->sample[0] &&
+        (json_object_set_new(o, "inode", json_integer((json_int_t)f->inode)) != 0 ||
+         json_object_set_new(o, "ctime_ns", json_integer((json_int_t)f->ctime_ns)) != 0 ||
+         json_object_set_new(o, "sample_xxh3", json_string(f->sample)) != 0)) {
+        json_decref(o);
+        return NULL;
+    }
     if (o && with_hash &&
         json_object_set_new(o, "xxh3", f->xxh3[0] ? json_string(f->xxh3) : json_null()) != 0) {
         json_decref(o);
@@ -420,6 +503,14 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
         const char *h = with_hash ? json_string_value(json_object_get(o, "xxh3")) : NULL;
         if (h)
             snprintf(fs[i].xxh3, sizeof(fs[i].xxh3), "%s", h);
+        // the replacement check's fields (issue 35); absent in older manifests: not compared
+        const char *smp = json_string_value(json_object_get(o, "sample_xxh3"));
+        const json_t *ino = json_object_get(o, "inode"), *ct = json_object_get(o, "ctime_ns");
+        if (smp && json_is_integer(ino) && json_is_integer(ct)) {
+            snprintf(fs[i].sample, sizeof(fs[i].sample), "%s", smp);
+            fs[i].inode = (uint64_t)json_integer_value(ino);
+            fs[i].ctime_ns = json_integer_value(ct);
+        }
     }
     return r->rc;
 }
