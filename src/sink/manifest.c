@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <lz4frame.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -781,6 +782,96 @@ static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t 
             close(fd);
     }
     tm_free(path);
+    return rc;
+}
+
+// Check one data file of a finished job against its committed length len: the file holds exactly
+// len bytes; an LZ4 file decodes to its end with every frame whole and its content checksum
+// right; a plain JSONL file ends with a newline.
+static tm_rc verify_file(const char *dir, const char *name, uint64_t len, bool lz4, tm_err *err) {
+    char *path = tm_fs_path_join(dir, name);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "output path");
+    int64_t size;
+    tm_rc rc = tm_fs_check_out(path, &size, err); // a link or FIFO is refused, never read
+    if (!rc && size < 0 && len > 0)
+        rc = TM_ERR(err, TM_E_IO, "%s is missing, but the manifest commits %llu bytes of it", path,
+                    (unsigned long long)len);
+    else if (!rc && size >= 0 && (uint64_t)size < len)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s has %lld bytes, but the manifest commits %llu: it was truncated or "
+                    "emptied after the job wrote it",
+                    path, (long long)size, (unsigned long long)len);
+    else if (!rc && size >= 0 && (uint64_t)size > len)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s has %lld bytes, but the manifest commits %llu: something wrote to it "
+                    "after the job finished",
+                    path, (long long)size, (unsigned long long)len);
+    if (rc || len == 0) {
+        tm_free(path);
+        return rc;
+    }
+    FILE *fp = NULL;
+    rc = tm_fs_fopen_in(path, "output", &fp, err);
+    LZ4F_dctx *dctx = NULL;
+    char *src = NULL, *dst = NULL;
+    enum { CH = 1 << 16 };
+    if (!rc && lz4 && LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION)))
+        rc = TM_ERR(err, TM_E_NOMEM, "LZ4 decompression context");
+    if (!rc && (!(src = tm_malloc(CH)) || !(dst = tm_malloc(CH))))
+        rc = TM_ERR(err, TM_E_NOMEM, "verifying %s", path);
+    uint64_t at = 0;  // bytes of the file read
+    size_t hint = 1;  // LZ4F's: 0 when the last frame ended
+    char last = '\n'; // a plain file's last byte
+    while (!rc && at < len) {
+        size_t n = fread(src, 1, (size_t)TM_MIN((uint64_t)CH, len - at), fp);
+        if (n == 0) {
+            rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path,
+                        ferror(fp) ? strerror(errno) : "it shrank while it was read");
+            break;
+        }
+        if (!lz4)
+            last = src[n - 1];
+        for (size_t off = 0; lz4 && off < n;) {
+            size_t in = n - off, out = CH;
+            hint = LZ4F_decompress(dctx, dst, &out, src + off, &in, NULL);
+            if (LZ4F_isError(hint)) {
+                rc = TM_ERR(err, TM_E_IO,
+                            "%s: the LZ4 data is damaged near byte %llu (%s): it changed after "
+                            "the job wrote it",
+                            path, (unsigned long long)(at + off), LZ4F_getErrorName(hint));
+                break;
+            }
+            off += in;
+        }
+        at += n;
+    }
+    if (!rc && lz4 && hint != 0)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s: the committed %llu bytes end inside an LZ4 frame: it was cut or changed "
+                    "after the job wrote it",
+                    path, (unsigned long long)len);
+    if (!rc && !lz4 && last != '\n')
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s: its last line has no newline: it changed after the job "
+                    "wrote it",
+                    path);
+    if (dctx)
+        LZ4F_freeDecompressionContext(dctx);
+    tm_free(src);
+    tm_free(dst);
+    if (fp)
+        fclose(fp);
+    tm_free(path);
+    return rc;
+}
+
+tm_rc tm_manifest_verify(const char *dir, const tm_manifest *m, tm_err *err) {
+    tm_rc rc = verify_file(
+        dir, m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE,
+        m->bytes_completions, !m->completions_plain, err);
+    if (!rc)
+        rc = verify_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, false, err);
     return rc;
 }
 

@@ -148,6 +148,12 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
  * TM_E_IO naming the file. *cut_bytes gets the bytes cut off (torn tails). */
 tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err);
 
+/* Check a finished job's data files against m before anything is derived from them (issue 35):
+ * each holds exactly its committed length; completions.jsonl.lz4 decodes to its end, every frame
+ * whole and its content checksum right; a plain JSONL file ends with a newline. Reads the files
+ * whole (at LZ4's decoding speed). TM_E_IO naming the file and what is wrong; TM_E_NOMEM. */
+tm_rc tm_manifest_verify(const char *dir, const tm_manifest *m, tm_err *err);
+
 /* The output folder's locks (tm_manifest_lock). */
 typedef struct tm_manifest_lk {
     int dir_fd;   /* the output folder, flock'ed; -1 when not held */
