@@ -857,6 +857,7 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .live_tok_gen = &j->live_tok_gen,
         .live_tok_prompt = &j->live_tok_prompt,
         .stop_on_signal = spec->kafka_in == NULL,
+        .admit_early = spec->kafka_in != NULL || j->rs.man.in_stdin.set,
         .spec_k = spec->engine.spec_k,
         .spec_lookup_min = spec->engine.spec_lookup_min,
         .spec_lookup_max = spec->engine.spec_lookup_max,

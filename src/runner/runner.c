@@ -1591,13 +1591,16 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     for (;;) {
         if (cfg->stop_on_signal && tm_stop_requested())
             break; // graceful stop: what was emitted gets committed, the rest runs next time
-        // Refill the window once it is empty; block on the queue only when nothing runs.
+        // Refill the window once it is empty. The schedule is a function of the input and the job
+        // (issue 35): the window is filled to lookahead records, or to the input's end, before
+        // any of it is admitted, however fast ingest is. With admit_early (a stream: stdin,
+        // Kafka) it takes what has arrived and blocks only when nothing runs.
         if (r.win_head == r.win_len && input_open) {
             r.win_head = r.win_len = 0;
             while (input_open && r.win_len < r.win_cap) {
                 void *item = NULL;
-                int idle = r.n_running == 0 && r.win_len == 0;
-                tm_rc qrc = idle ? tm_queue_pop(in, &item) : tm_queue_try_pop(in, &item);
+                int wait = !cfg->admit_early || (r.n_running == 0 && r.win_len == 0);
+                tm_rc qrc = wait ? tm_queue_pop(in, &item) : tm_queue_try_pop(in, &item);
                 if (qrc == TM_E_EOF) {
                     input_open = 0;
                     break;
