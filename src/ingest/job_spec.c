@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "ingest/fields_int.h"
@@ -515,7 +516,11 @@ static tm_rc load_input(loader *ld, const json_t *input) {
             return fail_value(ld, p, "a non-empty string (file, folder or glob pattern)", v);
         if (cfiles && json_array_append_new(cfiles, json_string(json_string_value(v))) != 0)
             ld->canon_nomem = 1;
-        tm_rc rc = expand_entry(ld, p, json_string_value(v));
+        char *given = tm_path_unescape(json_string_value(v)); // \xHH: any byte (base/utf8.h)
+        if (!given)
+            return TM_ERR(ld->err, TM_E_NOMEM, "input path");
+        tm_rc rc = expand_entry(ld, p, given);
+        tm_free(given);
         if (rc)
             return rc;
     }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/clock.h"
 #include "base/fault_io.h"
 #include "base/fsutil.h"
@@ -334,8 +335,11 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
 // ---- JSON ----
 
 static json_t *file_json(const tm_manifest_file *f, bool with_hash) {
-    json_t *o = json_pack("{s:s, s:I, s:I}", "path", f->name, "size", (json_int_t)f->size,
-                          "mtime_ns", (json_int_t)f->mtime_ns);
+    char *name = tm_path_escape(f->name); // any bytes, losslessly (base/utf8.h)
+    json_t *o = name ? json_pack("{s:s, s:I, s:I}", "path", name, "size", (json_int_t)f->size,
+                                 "mtime_ns", (json_int_t)f->mtime_ns)
+                     : NULL;
+    tm_free(name);
     if (o && f->sample[0] &&
         (json_object_set_new(o, "inode", json_integer((json_int_t)f->inode)) != 0 ||
          json_object_set_new(o, "ctime_ns", json_integer((json_int_t)f->ctime_ns)) != 0 ||
@@ -420,11 +424,12 @@ static json_t *to_json(const tm_manifest *m) {
     char now[32];
     tm_utc_now_str(now, sizeof(now));
     json_t *kafka = m->kafka_topic ? json_pack("{s:s}", "topic", m->kafka_topic) : json_null();
+    char *job_path = tm_path_escape(m->job_path ? m->job_path : "");
     root = json_pack("{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
                      " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:I}}",
                      "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
-                     "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
-                     "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
+                     "job", "spec_hash", m->spec_hash, "path", job_path ? job_path : "", "model",
+                     "files", files_json(m->model_files, m->n_model_files, true), "inputs",
                      files_json(m->inputs, m->n_inputs, false), "outputs",
                      m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
                                           : TM_SINK_COMPLETIONS_FILE,
@@ -434,6 +439,7 @@ static json_t *to_json(const tm_manifest *m) {
                      m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
                      "finished", (int)m->finished, "counts", counts_json(&m->counts), "commits",
                      "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
+    tm_free(job_path);
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
@@ -495,7 +501,7 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
             bad(r, field);
             break;
         }
-        fs[i].name = tm_strdup(name);
+        fs[i].name = tm_path_unescape(name); // written by tm_path_escape
         if (!fs[i].name)
             return TM_ERR(r->err, TM_E_NOMEM, "manifest files");
         *n_out = i + 1;
@@ -581,7 +587,7 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
         return r->rc;
     }
     memcpy(m->spec_hash, hash, 33);
-    m->job_path = tm_strdup(jp);
+    m->job_path = tm_path_unescape(jp);
     if (!m->job_path)
         return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     if (files_from_json(r, json_object_get(json_object_get(root, "model"), "files"), true,
