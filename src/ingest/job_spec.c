@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "ingest/fields_int.h"
@@ -516,7 +517,11 @@ static tm_rc load_input(loader *ld, const json_t *input) {
             return fail_value(ld, p, "a non-empty string (file, folder or glob pattern)", v);
         if (cfiles && json_array_append_new(cfiles, json_string(json_string_value(v))) != 0)
             ld->canon_nomem = 1;
-        tm_rc rc = expand_entry(ld, p, json_string_value(v));
+        char *given = tm_path_unescape(json_string_value(v)); // \xHH: any byte (base/utf8.h)
+        if (!given)
+            return TM_ERR(ld->err, TM_E_NOMEM, "input path");
+        tm_rc rc = expand_entry(ld, p, given);
+        tm_free(given);
         if (rc)
             return rc;
     }
@@ -1203,8 +1208,13 @@ static tm_rc spec_load(const char *path, const char *base_dir, const char *text,
         goto fail;
     }
     json_error_t jerr;
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    if (!text && tm_fs_open_in(path, "job file", &fd, NULL, err))
+        goto fail;
     root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
-                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+                : json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    if (fd >= 0)
+        close(fd);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);

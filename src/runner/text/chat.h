@@ -50,4 +50,19 @@ tm_rc tm_chat_render_with(const tm_tokenizer *tok, const char *chat_template,
                           const tm_message *msgs, uint32_t n, int add_generation_prompt,
                           tm_buf *out, tm_err *err);
 
+/* A chat template compiled once for a job (issue 35: parsing it again for every record cost a
+ * hostile template's parse per record). tm_chat_tpl_create takes tok's template, or chat_template
+ * when not NULL, and parses it; a template that does not parse is not an error here: it is kept,
+ * and every tm_chat_tpl_render returns its parse error (TM_E_INVAL, the record's template_error),
+ * as tm_chat_render_with does. On success *out owns the compiled template; tok and chat_template
+ * are borrowed and must outlive it. TM_E_NOMEM. */
+typedef struct tm_chat_tpl tm_chat_tpl;
+tm_rc tm_chat_tpl_create(const tm_tokenizer *tok, const char *chat_template, tm_chat_tpl **out,
+                         tm_err *err);
+void tm_chat_tpl_destroy(tm_chat_tpl *c); /* NULL is a no-op */
+
+/* tm_chat_render_with with the compiled template: the same output and errors. Thread-safe. */
+tm_rc tm_chat_tpl_render(const tm_chat_tpl *c, const tm_message *msgs, uint32_t n,
+                         int add_generation_prompt, tm_buf *out, tm_err *err);
+
 #endif /* TM_RUNNER_TEXT_CHAT_H */
