@@ -696,6 +696,7 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     if (rc)
         return rc;
     tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
+    tm_progress_set_max_tokens(j->progress, (uint32_t)spec->defaults.max_tokens);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;

@@ -34,6 +34,7 @@ struct tm_progress {
     int drawn;                                      /* BAR: something is on the line */
     int width;                                      /* cfg.width */
     const _Atomic uint64_t *live_gen, *live_prompt; /* tm_progress_set_live, or NULL */
+    uint32_t max_tokens;                            /* tm_progress_set_max_tokens; 0 = not known */
 };
 
 static double unix_now_s(void) {
@@ -87,6 +88,8 @@ void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
     p->live_gen = n_tok_gen;
     p->live_prompt = n_tok_prompt;
 }
+
+void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens) { p->max_tokens = max_tokens; }
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
     p->n_done++;
@@ -152,16 +155,22 @@ static snapshot take(const tm_progress *p, double now_ms) {
         s.out_tok_s = gen / s.elapsed_s;
         s.all_tok_s = done_tok / s.elapsed_s;
     }
-    // ETA in tokens: the job's tokens at the mean size of the records done, less the tokens
-    // computed so far (unfinished records' included), over the token rate so far.
-    if (s.total_known && p->n_done > 0 && s.all_tok_s > 0 && s.total >= p->n_done) {
+    // ETA in tokens: the tokens still to come over the token rate so far. Each record not done
+    // (in flight, or not yet admitted) is expected to take the mean prompt + completion tokens of
+    // the records that succeeded, its completion bounded by max_tokens; before any succeeded
+    // (failed records have no tokens to learn from), max_tokens. The tokens the records in flight
+    // have computed already are taken off, and each record left counts at least one token, so the
+    // ETA is never 0 while work remains.
+    uint64_t n_ok = p->n_done - p->n_failed;
+    if (s.total_known && s.all_tok_s > 0 && s.total >= p->n_done && (n_ok > 0 || p->max_tokens)) {
+        double left = (double)(s.total - p->n_done);
+        double gen_each = n_ok ? (double)p->n_tok_gen / (double)n_ok : (double)p->max_tokens;
+        if (p->max_tokens)
+            gen_each = TM_MIN(gen_each, (double)p->max_tokens);
+        double prompt_each = n_ok ? (double)p->n_tok_prompt / (double)n_ok : 0.0;
+        double in_flight = TM_MAX(done_tok - (double)n_tok, 0.0); // 0 without live counters
         s.eta_known = 1;
-        double expect = (double)s.total * (double)n_tok / (double)p->n_done;
-        if (!p->live_gen)
-            expect = (double)(s.total - p->n_done) * (double)n_tok / (double)p->n_done;
-        else
-            expect = TM_MAX(expect - done_tok, 0.0);
-        s.eta_tok = expect;
+        s.eta_tok = TM_MAX(left * (gen_each + prompt_each) - in_flight, left);
         s.eta_s = s.eta_tok / s.all_tok_s;
     }
     return s;

@@ -2,8 +2,10 @@
  * it is a terminal, one log line every interval_s seconds otherwise, and optionally a Prometheus
  * textfile (node_exporter's textfile-collector format) rewritten atomically about once a second.
  * It shows records done / total (the total is known once the source has read its last record),
- * output tokens/s, and an ETA measured in tokens: the tokens still to come (records left times the
- * mean prompt + completion tokens of the records done) over the token rate so far.
+ * output tokens/s, and an ETA measured in tokens: the tokens still to come (records not done, in
+ * flight or not yet admitted, times the mean prompt + completion tokens of the records that
+ * succeeded, the completion bounded by max_tokens, less what the records in flight computed
+ * already) over the token rate so far; never 0 while records remain.
  *
  * Records are counted as they finish; tokens, with tm_progress_set_live, as the runner computes
  * them (unfinished records included), so a job of a few long records shows its token rate from
@@ -53,6 +55,9 @@ void tm_progress_set_total(tm_progress *p, uint64_t n_records);
  * finished records' tokens. */
 void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
                           const _Atomic uint64_t *n_tok_prompt);
+/* The job's max_tokens (defaults.max_tokens): the ETA's bound on a record's completion, and its
+ * estimate before any record has succeeded. 0: not known (no ETA until a record succeeds). */
+void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens);
 /* Count one finished record (ok or error). Borrows c. */
 void tm_progress_add_record(tm_progress *p, const tm_completion *c);
 /* Redraw / log / write the textfile if their time has come (BAR at most 5 times a second, LINES
