@@ -903,7 +903,7 @@ static tm_rc write_metrics(merge *m, const shard_st *ref, tm_err *err) {
     tm_free(ttft);
     tm_free(e2e);
     tm_free(tpot);
-    char *text = json_dumps(out, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    char *text = json_dumps(out, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(out);
     char *path = tm_fs_path_join(m->out_dir, "metrics.json");
     tm_rc rc = TM_OK;
