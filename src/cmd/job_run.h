@@ -33,8 +33,8 @@ typedef struct tm_job_run_opts {
     const char *spec_json;         /* the job as JSON text (one-command mode; relative paths against
                                     * the current folder) instead of the file at path; borrowed */
     tm_job_run_result *result;     /* filled when not NULL (also on failure: what is known) */
-    int *stop_signal; /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
-                       * gracefully (base/stop.h), 0 if none; main exits 128 + it */
+    int *stop_signal;  /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
+                        * gracefully (base/stop.h), 0 if none; main exits 128 + it */
     const char *shard; /* --shard K/N, auto/N or auto (ingest/shard.h), or NULL; borrowed */
 } tm_job_run_opts;
 /* tm_job_run with options. Over an output folder whose manifest names the same job it resumes

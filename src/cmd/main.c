@@ -1,9 +1,9 @@
 /* cmd/main.c - the tokenmill command line: run (a job file, or one command that builds the job in
- * memory), validate, tokenize, bench, report, merge, --help, --version. Parses arguments and hands off to
- * cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run the
- * job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may stand
- * before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or command
- * failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
+ * memory), validate, tokenize, bench, report, merge, --help, --version. Parses arguments and hands
+ * off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run
+ * the job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may
+ * stand before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or
+ * command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
  * limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped gracefully by
  * SIGINT / SIGTERM. */
 #include <jansson.h>
@@ -509,13 +509,11 @@ static int cmd_run(int argc, char **argv) {
         return tm_tp_serve_cmd(a.path, &a.launch);
     tm_job_run_result res = {0};
     int sig = 0;
-    tm_rc rc = tm_job_run_with(
-        a.path, &(tm_job_run_opts){
-                    .restart = a.restart,
-                    .tp = &a.launch,
-                    .result = &res,
-                    .stop_signal = &sig,
-                    .shard = shard});
+    tm_rc rc = tm_job_run_with(a.path, &(tm_job_run_opts){.restart = a.restart,
+                                                          .tp = &a.launch,
+                                                          .result = &res,
+                                                          .stop_signal = &sig,
+                                                          .shard = shard});
     return exit_status(rc, sig, &res, fail_on_error);
 }
 

@@ -47,30 +47,30 @@ enum { MAX_REPORTED = 10 };
 
 // One input line of the job, in input order.
 typedef struct mline {
-    uint32_t shard;      /* the shard the partition gives it */
-    uint32_t file_ix;    /* index into the canonical input paths */
-    uint64_t line;       /* 1-based line in its file */
-    char *id_json;       /* owned; NULL when unreadable */
+    uint32_t shard;   /* the shard the partition gives it */
+    uint32_t file_ix; /* index into the canonical input paths */
+    uint64_t line;    /* 1-based line in its file */
+    char *id_json;    /* owned; NULL when unreadable */
     tm_rec_format format;
-    bool parse_err;      /* ingest made it an error record */
-    int64_t next_same;   /* the next line with the same id, or -1 */
-    char *answer;        /* owned answer line ("...\n"), or NULL */
-    int32_t ans_shard;   /* the shard whose answer is kept, or -1 */
-    uint32_t n_answers;  /* answers seen */
-    bool ok;             /* the kept answer is a completion */
+    bool parse_err;           /* ingest made it an error record */
+    int64_t next_same;        /* the next line with the same id, or -1 */
+    char *answer;             /* owned answer line ("...\n"), or NULL */
+    int32_t ans_shard;        /* the shard whose answer is kept, or -1 */
+    uint32_t n_answers;       /* answers seen */
+    bool ok;                  /* the kept answer is a completion */
     double ttft_ms, total_ms; /* its timing; NAN when the line carries none */
     uint64_t n_tok_gen;
 } mline;
 
 typedef struct shard_st {
     int64_t k;
-    char *dir;        /* owned: OUT/shard-K-of-N */
-    bool present;     /* the folder exists */
-    json_t *info;     /* shard.json, or NULL */
-    json_t *metrics;  /* metrics.json, or NULL */
-    tm_manifest man;  /* valid when have_man */
+    char *dir;       /* owned: OUT/shard-K-of-N */
+    bool present;    /* the folder exists */
+    json_t *info;    /* shard.json, or NULL */
+    json_t *metrics; /* metrics.json, or NULL */
+    tm_manifest man; /* valid when have_man */
     bool have_man;
-    char *cwd;        /* the folder its run resolved relative file names against (owned) */
+    char *cwd; /* the folder its run resolved relative file names against (owned) */
 } shard_st;
 
 typedef struct merge {
@@ -202,8 +202,8 @@ static tm_rc check_same_job(merge *m, const shard_st *ref, tm_err *err) {
         json_int_t cnt = json_integer_value(json_object_get(s->info, "count"));
         if (idx != k || cnt != m->n)
             rc = TM_ERR(err, TM_E_INVAL,
-                        "%s belongs to another job: its shard.json says shard %lld of %lld",
-                        s->dir, (long long)idx, (long long)cnt);
+                        "%s belongs to another job: its shard.json says shard %lld of %lld", s->dir,
+                        (long long)idx, (long long)cnt);
         else if (!group || strcmp(group, ref_group) != 0)
             rc = TM_ERR(err, TM_E_INVAL,
                         "%s belongs to another job: its job spec differs from %s's (apart from "
@@ -217,8 +217,8 @@ static tm_rc check_same_job(merge *m, const shard_st *ref, tm_err *err) {
         memcpy(cur.spec_hash, ref->man.spec_hash, sizeof(cur.spec_hash));
         char why[512];
         if (!tm_manifest_same_job(&ref->man, &cur, why, sizeof(why)))
-            rc = TM_ERR(err, TM_E_INVAL, "%s belongs to another job: %s (compared with %s)",
-                        s->dir, why, ref->dir);
+            rc = TM_ERR(err, TM_E_INVAL, "%s belongs to another job: %s (compared with %s)", s->dir,
+                        why, ref->dir);
     }
     free(ref_group);
     return rc;
@@ -249,8 +249,8 @@ static tm_rc id_index_build(merge *m, tm_err *err) {
             continue;
         uint64_t h = id_hash(l->id_json);
         size_t i = h & (cap - 1);
-        while (m->id_hash[i] && !(m->id_hash[i] == h &&
-                                  strcmp(m->lines[m->id_head[i]].id_json, l->id_json) == 0))
+        while (m->id_hash[i] &&
+               !(m->id_hash[i] == h && strcmp(m->lines[m->id_head[i]].id_json, l->id_json) == 0))
             i = (i + 1) & (cap - 1);
         if (!m->id_hash[i]) {
             m->id_hash[i] = h;
@@ -301,13 +301,14 @@ static tm_rc read_inputs(merge *m, const shard_st *ref, tm_err *err) {
     const char *canon = json_string_value(json_object_get(ref->info, "canonical"));
     const char *job_path = json_string_value(json_object_get(ref->info, "job"));
     const char *base = json_string_value(json_object_get(ref->info, "base_dir"));
-    tm_rc rc = tm_job_spec_load_text(job_path ? job_path : "(job)", base ? base : ".", canon, &m->spec, err);
+    tm_rc rc = tm_job_spec_load_text(job_path ? job_path : "(job)", base ? base : ".", canon,
+                                     &m->spec, err);
     if (rc)
         return tm_err_wrap(err, "%s/%s", ref->dir, TM_SHARD_FILE);
     tm_job_spec *spec = m->spec;
     if (spec->shard.count != m->n)
-        return TM_ERR(err, TM_E_INVAL, "%s: the spec says %lld shards, the folders %lld",
-                      ref->dir, (long long)spec->shard.count, (long long)m->n);
+        return TM_ERR(err, TM_E_INVAL, "%s: the spec says %lld shards, the folders %lld", ref->dir,
+                      (long long)spec->shard.count, (long long)m->n);
     if (spec->n_inputs != ref->man.n_inputs)
         return TM_ERR(err, TM_E_INVAL,
                       "the job's inputs now expand to %zu files; the shards read %zu (%s)",
@@ -475,9 +476,10 @@ static void take_answer(merge *m, mline *l, const shard_st *s, const char *text,
     if ((uint32_t)s->k != l->shard) {
         m->n_wrong_shard++;
         if (m->n_wrong_shard <= MAX_REPORTED)
-            report_line("%s line %llu is answered by shard %lld; the partition gives it to shard %u",
-                        m->spec->inputs[l->file_ix], (unsigned long long)l->line, (long long)s->k,
-                        l->shard);
+            report_line(
+                "%s line %llu is answered by shard %lld; the partition gives it to shard %u",
+                m->spec->inputs[l->file_ix], (unsigned long long)l->line, (long long)s->k,
+                l->shard);
     }
     (void)g;
     tm_free(l->answer);
@@ -617,8 +619,7 @@ static tm_rc resolve_dup_ids(merge *m, tm_err *err) {
 // ---- outputs ----
 
 static tm_rc write_parts(const char *path, const char *const *parts, size_t n, tm_err *err) {
-    return tm_fs_replace(path, parts, n, &(tm_fs_replace_opts){.mode = 0666, .durable = true},
-                         err);
+    return tm_fs_replace(path, parts, n, &(tm_fs_replace_opts){.mode = 0666, .durable = true}, err);
 }
 
 static tm_rc write_results(merge *m, const char *path, tm_err *err) {
@@ -669,12 +670,11 @@ static json_t *summary(double *v, size_t n) {
     double sum = 0;
     for (size_t i = 0; i < n; i++)
         sum += v[i];
-    return json_pack("{s:I, s:o, s:o, s:o, s:o, s:o}", "n", (json_int_t)n, "mean",
-                     num_or_null(n ? sum / (double)n : NAN), "p50",
-                     num_or_null(tm_metrics_percentile(v, n, 50)), "p90",
-                     num_or_null(tm_metrics_percentile(v, n, 90)), "p99",
-                     num_or_null(tm_metrics_percentile(v, n, 99)), "max",
-                     num_or_null(n ? v[n - 1] : NAN));
+    return json_pack(
+        "{s:I, s:o, s:o, s:o, s:o, s:o}", "n", (json_int_t)n, "mean",
+        num_or_null(n ? sum / (double)n : NAN), "p50", num_or_null(tm_metrics_percentile(v, n, 50)),
+        "p90", num_or_null(tm_metrics_percentile(v, n, 90)), "p99",
+        num_or_null(tm_metrics_percentile(v, n, 99)), "max", num_or_null(n ? v[n - 1] : NAN));
 }
 
 // dst.key += src.key for every number (arrays element-wise, objects recursively); keys only in
@@ -815,10 +815,10 @@ static tm_rc write_metrics(merge *m, const shard_st *ref, tm_err *err) {
     json_object_set_new(engine, "mean_running_seqs", num_or_null(ratio(run_w, steps)));
     json_object_set(out, "tokens", tokens);
     json_object_set(out, "engine", engine);
-    json_object_set_new(
-        out, "records",
-        json_pack("{s:I, s:I, s:I, s:o}", "in", (json_int_t)(n_ok + n_failed), "ok",
-                  (json_int_t)n_ok, "failed", (json_int_t)n_failed, "errors_by_code", codes));
+    json_object_set_new(out, "records",
+                        json_pack("{s:I, s:I, s:I, s:o}", "in", (json_int_t)(n_ok + n_failed), "ok",
+                                  (json_int_t)n_ok, "failed", (json_int_t)n_failed,
+                                  "errors_by_code", codes));
     json_t *time_o = json_object_get(out, "time");
     if (json_is_object(time_o) && isfinite(wall_s)) {
         json_object_set_new(time_o, "start_unix_s", json_real(start));
@@ -833,22 +833,21 @@ static tm_rc write_metrics(merge *m, const shard_st *ref, tm_err *err) {
     }
     json_object_set_new(
         out, "throughput",
-        json_pack("{s:o, s:o, s:o, s:o}", "prefill_tok_s",
-                  num_or_null(ratio(num(engine, "prefill_tokens", NULL),
-                                    num(engine, "prefill_s", NULL))),
-                  "decode_tok_s",
-                  num_or_null(
-                      ratio(num(engine, "decode_tokens", NULL), num(engine, "decode_s", NULL))),
-                  "output_tok_s", num_or_null(ratio(gen, wall_s)), "records_per_s",
-                  num_or_null(ratio((double)(n_ok + n_failed), wall_s))));
+        json_pack(
+            "{s:o, s:o, s:o, s:o}", "prefill_tok_s",
+            num_or_null(ratio(num(engine, "prefill_tokens", NULL), num(engine, "prefill_s", NULL))),
+            "decode_tok_s",
+            num_or_null(ratio(num(engine, "decode_tokens", NULL), num(engine, "decode_s", NULL))),
+            "output_tok_s", num_or_null(ratio(gen, wall_s)), "records_per_s",
+            num_or_null(ratio((double)(n_ok + n_failed), wall_s))));
     if (ttft && e2e && tpot)
-        json_object_set_new(
-            out, "latency_ms",
-            json_pack("{s:o, s:o, s:o, s:{s:I, s:o, s:o, s:o, s:o, s:o}}", "ttft",
-                      summary(ttft, n_ttft), "e2e", summary(e2e, n_ttft), "tpot",
-                      summary(tpot, n_tpot), "itl", "n", (json_int_t)itl_n, "mean",
-                      num_or_null(ratio(itl_sum, itl_n)), "p50", json_null(), "p90", json_null(),
-                      "p99", json_null(), "max", num_or_null(itl_max)));
+        json_object_set_new(out, "latency_ms",
+                            json_pack("{s:o, s:o, s:o, s:{s:I, s:o, s:o, s:o, s:o, s:o}}", "ttft",
+                                      summary(ttft, n_ttft), "e2e", summary(e2e, n_ttft), "tpot",
+                                      summary(tpot, n_tpot), "itl", "n", (json_int_t)itl_n, "mean",
+                                      num_or_null(ratio(itl_sum, itl_n)), "p50", json_null(), "p90",
+                                      json_null(), "p99", json_null(), "max",
+                                      num_or_null(itl_max)));
     if (json_is_object(json_object_get(out, "durability"))) {
         json_object_set_new(dur, "commit_ms_max", json_real(commit_max));
         json_object_set(out, "durability", dur);
@@ -955,7 +954,7 @@ static tm_rc run_merge(merge *m, const char *results, bool partial, tm_err *err)
     size_t n_miss = 0;
     for (int64_t k = 0; k < m->n && !rc; k++) {
         const shard_st *s = &m->sh[k];
-        const char *why = !s->present              ? "no such folder"
+        const char *why = !s->present                ? "no such folder"
                           : !s->have_man || !s->info ? "no committed run"
                           : !s->man.finished         ? "not finished"
                                                      : NULL;

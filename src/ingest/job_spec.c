@@ -532,8 +532,8 @@ static tm_rc load_shard(loader *ld, const json_t *input) {
         return fail_value(ld, "input.shard.by", "one of \"prefix\", \"id\"", by);
     sh->by = by && strcmp(json_string_value(by), "id") == 0 ? TM_SHARD_BY_ID : TM_SHARD_BY_PREFIX;
     const json_t *pb = json_object_get(v, "prefix_bytes");
-    if (pb && (!json_is_integer(pb) || json_integer_value(pb) < 1 ||
-               json_integer_value(pb) > (1 << 20)))
+    if (pb &&
+        (!json_is_integer(pb) || json_integer_value(pb) < 1 || json_integer_value(pb) > (1 << 20)))
         return fail_value(ld, "input.shard.prefix_bytes", "an integer from 1 to 1048576", pb);
     if (pb)
         sh->prefix_bytes = (uint32_t)json_integer_value(pb);
@@ -1293,9 +1293,8 @@ tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *
     return spec_load(name, base_dir, json_text, out, err);
 }
 
-tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index,
-                            int64_t cli_count, const char *(*getenv_fn)(const char *name),
-                            tm_err *err) {
+tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index, int64_t cli_count,
+                            const char *(*getenv_fn)(const char *name), tm_err *err) {
     tm_job_shard *sh = &spec->shard;
     if (!sh->on && !cli_given)
         return TM_OK;

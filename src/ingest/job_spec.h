@@ -158,9 +158,8 @@ void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
  * output.dir/shard-K-of-N. Nothing for an unsharded job. TM_E_INVAL: a job that cannot be sharded
  * (Kafka input, standard input, output.results_file, output.kafka) or what tm_shard_resolve
  * refuses; TM_E_NOMEM. */
-tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index,
-                            int64_t cli_count, const char *(*getenv_fn)(const char *name),
-                            tm_err *err);
+tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index, int64_t cli_count,
+                            const char *(*getenv_fn)(const char *name), tm_err *err);
 
 /* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */
 const char *tm_backend_name(tm_backend b);

@@ -95,8 +95,8 @@ tm_rc tm_shard_parse_arg(const char *arg, int64_t *index, int64_t *count, tm_err
     if (strcmp(head, "auto") == 0)
         return TM_OK;
     if (!parse_int(head, 0, *count - 1, index))
-        return TM_ERR(err, TM_E_INVAL, "--shard %s: the index must be a number from 0 to %lld",
-                      arg, (long long)(*count - 1));
+        return TM_ERR(err, TM_E_INVAL, "--shard %s: the index must be a number from 0 to %lld", arg,
+                      (long long)(*count - 1));
     return TM_OK;
 }
 
