@@ -68,12 +68,12 @@ read -r w_rec w_prefill w_prompt < <(m "$work/out-whole/metrics.json")
 echo "input: $(wc -l <"$work/data.jsonl") records ($n_sys system prompts x $n_q questions, shuffled), $bytes bytes"
 echo "unique prompt tokens (trie): $uniq; unsharded job: prefill $w_prefill of $w_prompt prompt tokens"
 echo
-echo "partition | shards | bytes read per shard | records per shard | prefill per shard | prefill summed | summed / unique"
+echo "partition | shards | bytes read per shard | records per shard | prefill per shard | prefill summed | summed / unique | summed / unsharded prefill"
 
 report() { # name bytes-list records-list prefill-list
     local sum=0 p
     for p in $4; do sum=$((sum + p)); done
-    echo "$1 | $n | $2 | $3 | $4 | $sum | $(node -e "console.log((100 * $sum / $uniq).toFixed(1) + '%')")"
+    echo "$1 | $n | $2 | $3 | $4 | $sum | $(node -e "console.log((100 * $sum / $uniq).toFixed(1) + '%')") | $(node -e "console.log((100 * $sum / $w_prefill).toFixed(1) + '%')")"
 }
 for by in prefix id; do
     job "$work/$by.json" "$work/data.jsonl" "$work/out-$by" ", \"shard\": {\"count\": $n, \"by\": \"$by\"}"
