@@ -168,6 +168,57 @@ rm -rf out/shard-1-of-3 && mv shard1.saved out/shard-1-of-3
 "$tm" merge out -o merged2.jsonl >/dev/null 2>&1 && cmp -s merged.jsonl merged2.jsonl || fail "merge again"
 echo "another job's shard refused by name"
 
+# Answers the partition did not make (a shard folder from another tokenmill, or edited by hand),
+# forged in a copy: a completion of one shard copied into another (the line is answered twice: the
+# owner's answer is kept), and a duplicate_id error replaced by an ok completion of that id (the id
+# is answered ok on two lines: the later one becomes a duplicate_id error, as one job resolves it).
+cp -r out forged
+node -e '
+const fs = require("fs"), { execFileSync } = require("child_process");
+const dir = (k) => `forged/shard-${k}-of-3`;
+const comp = (k) => execFileSync("lz4", ["-dc", dir(k) + "/completions.jsonl.lz4"]).toString().split("\n").filter(Boolean);
+const errs = (k) => fs.readFileSync(dir(k) + "/errors.jsonl", "utf8").split("\n").filter(Boolean);
+const save = (k, c, e) => {
+  const z = execFileSync("lz4", ["-q", "-z", "-c"], { input: c.join("\n") + "\n" });
+  fs.writeFileSync(dir(k) + "/completions.jsonl.lz4", z);
+  fs.writeFileSync(dir(k) + "/errors.jsonl", e.length ? e.join("\n") + "\n" : "");
+  // edit the text: JSON.parse would round the 64-bit mtimes
+  const m = fs.readFileSync(dir(k) + "/manifest.json", "utf8")
+    .replace(/("completions\.jsonl\.lz4":\s*\{\s*"bytes":\s*)\d+/, "$1" + z.length)
+    .replace(/("errors\.jsonl":\s*\{\s*"bytes":\s*)\d+/,
+             "$1" + Buffer.byteLength(e.length ? e.join("\n") + "\n" : ""));
+  fs.writeFileSync(dir(k) + "/manifest.json", m);
+};
+let k = [0, 1, 2].find((k) => errs(k).some((l) => JSON.parse(l).error.code === "duplicate_id"));
+const e = errs(k), c = comp(k);
+const i = e.findIndex((l) => JSON.parse(l).error.code === "duplicate_id");
+const dup = JSON.parse(e[i]);
+const ok = JSON.parse(c.find((l) => JSON.parse(l).custom_id === undefined));
+ok.id = dup.id;
+e.splice(i, 1);
+c.push(JSON.stringify(ok));
+const other = (k + 1) % 3, oc = comp(other);
+const stolen = c[0];
+oc.push(stolen);
+save(k, c, e);
+save(other, oc, errs(other));
+fs.writeFileSync("forged.txt", dup.line + "\n");'
+"$tm" merge forged -o forged.jsonl >forged.log 2>&1 || { cat forged.log; fail "merge of the forged folders"; }
+grep -q "1 answered twice" forged.log && grep -q "1 duplicate ids resolved" forged.log &&
+    grep -q "is answered by shard" forged.log && grep -q "becomes a duplicate_id error" forged.log ||
+    { cat forged.log; fail "the forged answers were not reported"; }
+node -e '
+const fs = require("fs"), L = +fs.readFileSync("forged.txt", "utf8");
+const a = fs.readFileSync("forged.jsonl", "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l));
+const b = fs.readFileSync("merged.jsonl", "utf8").split("\n").filter(Boolean);
+if (a.length !== b.length) { console.error("lines " + a.length + " vs " + b.length); process.exit(1); }
+const d = a.filter((x) => x.line === L);
+if (d.length !== 1 || d[0].error.code !== "duplicate_id") { console.error("line " + L + ": " + JSON.stringify(d)); process.exit(1); }
+const m = JSON.parse(fs.readFileSync("forged/metrics.json", "utf8"));
+if (m.records.errors_by_code.duplicate_id !== 2) { console.error("metrics " + JSON.stringify(m.records)); process.exit(1); }' ||
+    fail "forged: the merge did not resolve as one job"
+echo "forged answers: the twice-answered line and the id answered on two lines resolved as one job"
+
 # The environment (docs/sharding.md's table), on a small input.
 head -12 data/in.jsonl >data/small.jsonl
 sed 's#data/in.jsonl#data/small.jsonl#; s#"ref"#"env"#' ref.json >env.json
