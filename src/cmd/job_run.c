@@ -29,7 +29,10 @@
 #include "ingest/source.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
+#include "runner/engram_map.h"
+#include "runner/model/engram_hash.h"
 #include "runner/model/model.h"
+#include "runner/model/model_dsv41.h"
 #include "runner/runner.h"
 #include "runner/text/tokenizer.h"
 #include "cmd/engine_opts.h"
@@ -274,9 +277,12 @@ typedef struct job_parts {
     tm_job_spec *spec;
     tm_model *model;
     tm_tokenizer *tok;
+    int32_t *token_map; /* DeepSeek-V4.1 with Engram: the tokenizer's compressed map, else NULL */
+    uint32_t n_token_map;
 } job_parts;
 
 static void parts_fini(job_parts *p) {
+    tm_free(p->token_map);
     tm_tok_destroy(p->tok);
     tm_model_destroy(p->model);
     tm_job_spec_destroy(p->spec);
@@ -343,6 +349,21 @@ static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p
         return TM_ERR(err, TM_E_INVAL,
                       "%s: the tokenizer has %u ids but the model's vocab_size is %u",
                       p->spec->model, tm_tok_n_vocab(p->tok), p->model->cfg.n_vocab);
+    // DeepSeek-V4.1's Engram hashes n-grams of compressed token ids: the map is built here, where
+    // the tokenizer and the model meet, and handed to the engine (tm_engine_opts.token_map)
+    const tm_dsv41 *d41 = tm_model_dsv41(p->model);
+    if (d41 && d41->cfg.n_engram) {
+        uint32_t n_comp = 0;
+        rc = tm_engram_map_from_tok(p->tok, &p->token_map, &p->n_token_map, &n_comp, err);
+        if (rc)
+            return tm_err_wrap(err, "%s: Engram compressed token map", p->spec->model);
+        char where[4200];
+        snprintf(where, sizeof(where), "%s/config.json", p->spec->model);
+        rc = tm_engram_check_compressed_vocab(n_comp, d41->cfg.engram_compressed_vocab_size, where,
+                                              err);
+        if (rc)
+            return rc;
+    }
     return TM_OK;
 }
 
@@ -571,6 +592,8 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         TM_LOG_INFO("job", "%s: linears quantized to fp8 e4m3 per channel in %.2f s (%u threads)",
                     j->path, (tm_now_ms() - t0) / 1000.0, j->eo.n_threads);
     }
+    j->eo.token_map = j->p.token_map;
+    j->eo.n_token_map = j->p.n_token_map;
     rc = create_engine(spec, j->p.model, &j->eo, j->path, j->opts->tp, &j->eng, err);
     if (rc)
         return rc;

@@ -47,7 +47,8 @@ static const char *const engine_keys[] = {
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
-    "kv_cache_dtype", "speculative",  /* end */ NULL};
+    "kv_cache_dtype", "speculative",  "engram_cache_mb",
+    /* end */ NULL};
 static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
                                         "prompt_lookup_max", NULL};
 static const char *const limits_keys[] = {
@@ -734,6 +735,16 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                         "weights across ranks yet)",
                         tm_job_quant_name(e->quantization), e->tp);
         canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
+    }
+    // Not part of the job's identity (as gpu_memory_utilization): it sizes a cache, the rows
+    // read are the same whatever it holds.
+    v = eng ? json_object_get(eng, "engram_cache_mb") : NULL;
+    e->engram_cache_mb = TM_JOB_DEFAULT_ENGRAM_CACHE_MB;
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > TM_JOB_MAX_ENGRAM_CACHE_MB)
+            return fail_value(ld, "engine.engram_cache_mb", "an integer >= 1 and <= 1048576", v);
+        e->engram_cache_mb = (uint32_t)json_integer_value(v);
     }
     // Also part of the identity, written only when not "auto" (as quantization).
     v = eng ? json_object_get(eng, "kv_cache_dtype") : NULL;

@@ -81,6 +81,7 @@ static void test_defaults(void) {
     TM_CHECK(spec->engine.threads == 0);
     TM_CHECK(spec->engine.kv_blocks == 0);
     TM_CHECK(spec->engine.gpu_memory_utilization == 0.90);
+    TM_CHECK(spec->engine.engram_cache_mb == 1024);
     TM_CHECK(spec->engine.quantization == TM_JOB_QUANT_NONE);
     TM_CHECK(spec->defaults.set == 0);
     TM_CHECK(spec->defaults.max_tokens == 256);
@@ -126,6 +127,11 @@ static void test_defaults(void) {
                 TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
                 continue;
             }
+            if (!strcmp(sect, "engine") && !strcmp(key, "engram_cache_mb")) {
+                // memory sizing: not part of the job's identity
+                TM_CHECK(!got && json_integer_value(d) == spec->engine.engram_cache_mb);
+                continue;
+            }
             if (!strcmp(sect, "engine") && !strcmp(key, "kv_cache_dtype")) {
                 // written to the canonical spec only when not "auto" (identity kept)
                 TM_CHECK(!got && !strcmp(json_string_value(d), "auto") &&
@@ -162,7 +168,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 29); // engine 13, defaults 7, limits 6, output 3
+    TM_CHECK(n_defaults == 30); // engine 14, defaults 7, limits 6, output 3
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -178,7 +184,7 @@ static void test_values_and_relative_paths(void) {
                " \"output\": {\"dir\": \"/tmp/abs-out\"},"
                " \"engine\": {\"backend\": \"cpu\", \"max_seqs\": 4, \"max_batched_tokens\": 512,"
                " \"block_size\": 16, \"prefix_cache\": false, \"tp\": 2, \"threads\": 3,"
-               " \"kv_blocks\": 100, \"gpu_memory_utilization\": 0.5},"
+               " \"kv_blocks\": 100, \"gpu_memory_utilization\": 0.5, \"engram_cache_mb\": 64},"
                " \"defaults\": {\"max_tokens\": 7, \"temperature\": 0, \"top_p\": 0.9,"
                " \"top_k\": 50, \"min_p\": 0.05, \"seed\": 42, \"stop\": \"\\n\"},"
                " \"limits\": {\"max_line_bytes\": 1000, \"max_depth\": 5, \"max_field_bytes\": 99,"
@@ -201,6 +207,8 @@ static void test_values_and_relative_paths(void) {
     TM_CHECK(spec->engine.block_size == 16 && !spec->engine.prefix_cache);
     TM_CHECK(spec->engine.tp == 2 && spec->engine.threads == 3 && spec->engine.kv_blocks == 100);
     TM_CHECK(spec->engine.gpu_memory_utilization == 0.5);
+    TM_CHECK(spec->engine.engram_cache_mb == 64);
+    TM_CHECK(strstr(spec->canonical_json, "engram") == NULL); // not part of the identity
     TM_CHECK(spec->defaults.max_tokens == 7 && spec->defaults.temperature == 0.0f);
     TM_CHECK_NEAR(spec->defaults.top_p, 0.9, 1e-6);
     TM_CHECK(spec->defaults.top_k == 50 && spec->defaults.seed == 42);
@@ -267,6 +275,14 @@ static void test_errors(void) {
         "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
         " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 1.2}}",
         TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"engram_cache_mb\": 0}}",
+        TM_E_INVAL, "engine.engram_cache_mb: expected an integer >= 1 and <= 1048576, got 0");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"engram_cache_mb\": \"1G\"}}",
+        TM_E_INVAL, "engine.engram_cache_mb: expected an integer >= 1 and <= 1048576");
     expect_error(
         "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
         " \"o\"}, \"engine\": {\"prefix_cache\": 1}}",

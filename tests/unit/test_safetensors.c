@@ -112,6 +112,34 @@ static void test_round_trip(void) {
     TM_CHECK_OK(tm_st_file_open_mem(img, n, "mem", &f, &err), &err);
     if (f) {
         TM_CHECK(tm_st_file_n_tensor(f) == 5);
+        // The header alone (tm_st_header_parse) gives the same entries, offsets and section,
+        // without data pointers.
+        uint64_t n_hdr = 0;
+        for (int i = 7; i >= 0; i--)
+            n_hdr = n_hdr << 8 | img[i];
+        tm_st_file *h = NULL;
+        TM_CHECK_OK(tm_st_header_parse(img, (size_t)(8 + n_hdr), "hdr", &h, &err), &err);
+        if (h) {
+            TM_CHECK(tm_st_file_n_tensor(h) == 5);
+            TM_CHECK(tm_st_file_data_start(h) == 8 + n_hdr &&
+                     tm_st_file_data_start(f) == 8 + n_hdr);
+            TM_CHECK(tm_st_file_data_bytes(h) == n - 8 - n_hdr &&
+                     tm_st_file_data_bytes(f) == n - 8 - n_hdr);
+            for (size_t i = 0; i < 5; i++) {
+                const tm_st_tensor *x = tm_st_file_tensor(f, i), *y = tm_st_file_tensor(h, i);
+                TM_CHECK(!strcmp(x->name, y->name) && x->offset == y->offset &&
+                         x->n_bytes == y->n_bytes && x->dtype == y->dtype && y->data == NULL &&
+                         !strcmp(y->file, "hdr"));
+            }
+            tm_st_file_close(h);
+        }
+        // The data bytes may follow or not; a header cut short is refused.
+        TM_CHECK_OK(tm_st_header_parse(img, n, "hdr", &h, &err), &err);
+        tm_st_file_close(h);
+        h = NULL;
+        TM_CHECK(tm_st_header_parse(img, (size_t)(8 + n_hdr - 1), "hdr", &h, &err) == TM_E_PARSE &&
+                 h == NULL && strstr(err.msg, "runs past"));
+        TM_CHECK(tm_st_header_parse(img, 7, "hdr", &h, &err) == TM_E_PARSE && h == NULL);
         tm_st_file_close(f);
     }
     free(img);

@@ -24,7 +24,9 @@ struct tm_st_file {
     const unsigned char *map; /* the whole file; owned (munmap) iff mapped */
     size_t map_bytes;
     int mapped;
-    tm_st_tensor *t; /* owned; n_tensor entries sorted by name */
+    uint64_t data_start; /* file offset of the data section: 8 + header length */
+    uint64_t data_bytes; /* length of the data section */
+    tm_st_tensor *t;     /* owned; n_tensor entries sorted by name */
     size_t n_tensor;
     char *names; /* owned arena holding every t[i].name */
 };
@@ -263,23 +265,12 @@ static tm_rc check_metadata(const char *label, json_t *meta, tm_err *err) {
     return TM_OK;
 }
 
-/* Validate f->map[0..map_bytes) and fill f->t. */
-static tm_rc parse_image(tm_st_file *f, tm_err *err) {
+/* Validate the header hdr[0..n_hdr) and fill f->t. data points at the data section (NULL: the
+ * tensors' data stay NULL); data_bytes is its length, or UINT64_MAX when it is not known (a header
+ * read on its own): then the section is taken to end where the last tensor ends. */
+static tm_rc parse_header(tm_st_file *f, const char *hdr, uint64_t n_hdr, uint64_t data_bytes,
+                          const unsigned char *data, tm_err *err) {
     const char *label = f->label;
-    size_t size = f->map_bytes;
-    if (size < 8)
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: file is %zu bytes, too short for the 8-byte header length", label, size);
-    uint64_t n_hdr = load_le64(f->map);
-    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
-        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
-                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
-    if (n_hdr > size - 8)
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: header length %llu runs past the end of the file (%zu bytes follow "
-                      "the length)",
-                      label, (unsigned long long)n_hdr, size - 8);
-    const char *hdr = (const char *)f->map + 8;
     if (n_hdr == 0 || hdr[0] != '{')
         return TM_ERR(err, TM_E_PARSE, "%s: header does not start with '{'", label);
     size_t n_valid = tm_utf8_valid_prefix(hdr, (size_t)n_hdr);
@@ -293,8 +284,6 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
     if (!root)
         return json_fail(err, label, "header", &je);
     tm_rc rc = TM_OK;
-    uint64_t data_bytes = (uint64_t)(size - 8 - n_hdr);
-    const unsigned char *data = f->map + 8 + n_hdr;
     if (!json_is_object(root)) {
         rc = TM_ERR(err, TM_E_PARSE, "%s: header is not a JSON object", label);
         goto out;
@@ -331,16 +320,44 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
         memcpy(f->names + at, key, len + 1);
         t->name = f->names + at;
         t->file = f->label;
-        t->data = data + t->offset;
+        t->data = data ? data + t->offset : NULL;
         at += len + 1;
         i++;
     }
     f->n_tensor = n;
     qsort(f->t, n, sizeof(*f->t), cmp_tensor_name);
+    if (data_bytes == UINT64_MAX) { // header alone: the section ends with the last tensor
+        data_bytes = 0;
+        for (size_t k = 0; k < n; k++)
+            if (f->t[k].offset + f->t[k].n_bytes > data_bytes)
+                data_bytes = f->t[k].offset + f->t[k].n_bytes;
+    }
+    f->data_start = 8 + n_hdr;
+    f->data_bytes = data_bytes;
     rc = check_tiling(f, data_bytes, err);
 out:
     json_decref(root);
     return rc;
+}
+
+/* Validate f->map[0..map_bytes) and fill f->t. */
+static tm_rc parse_image(tm_st_file *f, tm_err *err) {
+    const char *label = f->label;
+    size_t size = f->map_bytes;
+    if (size < 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: file is %zu bytes, too short for the 8-byte header length", label, size);
+    uint64_t n_hdr = load_le64(f->map);
+    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
+        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
+                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
+    if (n_hdr > size - 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: header length %llu runs past the end of the file (%zu bytes follow "
+                      "the length)",
+                      label, (unsigned long long)n_hdr, size - 8);
+    return parse_header(f, (const char *)f->map + 8, n_hdr, (uint64_t)(size - 8 - n_hdr),
+                        f->map + 8 + n_hdr, err);
 }
 
 /* ---- files ---------------------------------------------------------------------------------- */
@@ -419,6 +436,37 @@ fail:
     tm_st_file_close(f);
     return rc;
 }
+
+tm_rc tm_st_header_parse(const void *head, size_t n_head, const char *label, tm_st_file **out,
+                         tm_err *err) {
+    if (n_head < 8)
+        return TM_ERR(err, TM_E_PARSE, "%s: %zu bytes, too short for the 8-byte header length",
+                      label, n_head);
+    uint64_t n_hdr = load_le64(head);
+    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
+        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
+                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
+    if (n_hdr > n_head - 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: header length %llu runs past the %zu bytes given after the length",
+                      label, (unsigned long long)n_hdr, n_head - 8);
+    tm_st_file *f = NULL;
+    tm_rc rc = file_new(label, &f, err);
+    if (rc)
+        return rc;
+    rc = parse_header(f, (const char *)head + 8, n_hdr, UINT64_MAX, NULL, err);
+    if (rc)
+        goto fail;
+    *out = f;
+    return TM_OK;
+fail:
+    tm_st_file_close(f);
+    return rc;
+}
+
+uint64_t tm_st_file_data_start(const tm_st_file *f) { return f->data_start; }
+
+uint64_t tm_st_file_data_bytes(const tm_st_file *f) { return f->data_bytes; }
 
 void tm_st_file_close(tm_st_file *f) {
     if (!f)

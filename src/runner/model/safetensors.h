@@ -52,7 +52,18 @@ tm_rc tm_st_file_open(const char *path, tm_st_file **out, tm_err *err);
  * the returned file; label names it in messages. For fuzzing and tests. Same errors as open. */
 tm_rc tm_st_file_open_mem(const void *bytes, size_t n_bytes, const char *label, tm_st_file **out,
                           tm_err *err);
+/* Validate a header read on its own (without the data section: the caller reads rows with pread,
+ * runner/model/engram_table.c): head[0..n_head) holds the 8-byte length and at least the whole
+ * header (bytes after it are ignored). Every rule above applies except the file size: the data
+ * section is taken to end where the last tensor ends (tm_st_file_data_bytes), which the caller
+ * compares with the real file. Tensors' data pointers are NULL. label (copied) names it in
+ * messages. Same errors as open, less TM_E_IO. */
+tm_rc tm_st_header_parse(const void *head, size_t n_head, const char *label, tm_st_file **out,
+                         tm_err *err);
 void tm_st_file_close(tm_st_file *f); /* NULL is a no-op */
+/* File offset of the data section (8 + the header length), and its length in bytes. */
+uint64_t tm_st_file_data_start(const tm_st_file *f);
+uint64_t tm_st_file_data_bytes(const tm_st_file *f);
 /* Tensors are kept sorted by name; i < tm_st_file_n_tensor(f). Pointers valid until close. */
 size_t tm_st_file_n_tensor(const tm_st_file *f);
 const tm_st_tensor *tm_st_file_tensor(const tm_st_file *f, size_t i);

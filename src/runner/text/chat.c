@@ -5,9 +5,10 @@
 
 #include <string.h>
 
+#include "runner/text/chat_int.h"
 #include "runner/text/jinja.h"
 
-static tm_rc check_messages(const tm_message *msgs, uint32_t n, tm_err *err) {
+tm_rc tm_chat_check_messages(const tm_message *msgs, uint32_t n, tm_err *err) {
     for (uint32_t i = 0; i < n; i++) {
         const char *r = msgs[i].role ? msgs[i].role : "(null)";
         if (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0 &&
@@ -22,10 +23,16 @@ static tm_rc check_messages(const tm_message *msgs, uint32_t n, tm_err *err) {
     return TM_OK;
 }
 
+/* DeepSeek-V4.1's tokenizer (no chat template) carries these three protocol tokens. */
+static int has_dsv41_tokens(const tm_tokenizer *tok) {
+    return tok && tm_tok_find(tok, "<｜System｜>") >= 0 && tm_tok_find(tok, "<｜User｜>") >= 0 &&
+           tm_tok_find(tok, "<｜Assistant｜>") >= 0;
+}
+
 tm_chat_format tm_chat_format_of(const tm_tokenizer *tok) {
     const char *t = tm_tok_chat_template(tok);
     if (!t || !*t)
-        return TM_CHAT_FORMAT_PLAIN;
+        return has_dsv41_tokens(tok) ? TM_CHAT_FORMAT_DSV41 : TM_CHAT_FORMAT_PLAIN;
     if (strstr(t, "<｜User｜>") && strstr(t, "<｜Assistant｜>"))
         return TM_CHAT_FORMAT_DEEPSEEK;
     return TM_CHAT_FORMAT_JINJA;
@@ -46,10 +53,12 @@ static tm_rc render_plain(const tm_message *msgs, uint32_t n, int add_generation
 tm_rc tm_chat_render_with(const tm_tokenizer *tok, const char *chat_template,
                           const tm_message *msgs, uint32_t n, int add_generation_prompt,
                           tm_buf *out, tm_err *err) {
-    tm_rc rc = check_messages(msgs, n, err);
+    tm_rc rc = tm_chat_check_messages(msgs, n, err);
     if (rc)
         return rc;
     const char *t = chat_template ? chat_template : tm_tok_chat_template(tok);
+    if ((!t || !*t) && has_dsv41_tokens(tok))
+        return tm_chat_render_dsv41(msgs, n, add_generation_prompt, out, err);
     if (!t || !*t)
         return render_plain(msgs, n, add_generation_prompt, out, err);
     tm_jinja *tpl = NULL;

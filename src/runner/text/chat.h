@@ -26,6 +26,8 @@ typedef enum tm_chat_format {
     TM_CHAT_FORMAT_PLAIN = 0, /* "<role>: <content>\n" lines, then "assistant: " */
     TM_CHAT_FORMAT_DEEPSEEK,  /* a DeepSeek V3/V4 chat template (rendered by the Jinja subset) */
     TM_CHAT_FORMAT_JINJA,     /* any other chat template (rendered by the Jinja subset) */
+    TM_CHAT_FORMAT_DSV41,     /* no template, and the tokenizer has DeepSeek-V4.1's <｜System｜>,
+                               * <｜User｜> and <｜Assistant｜>: V4.1's encoding (chat_dsv41.c) */
 } tm_chat_format;
 
 /* Which kind of template tm_chat_render uses for tok (from its chat_template). */
@@ -36,6 +38,12 @@ tm_chat_format tm_chat_format_of(const tm_tokenizer *tok);
  * TM_E_INVAL: an unknown role, NULL content, or a template error; TM_E_NOMEM. */
 tm_rc tm_chat_render(const tm_tokenizer *tok, const tm_message *msgs, uint32_t n,
                      int add_generation_prompt, tm_buf *out, tm_err *err);
+
+/* DeepSeek-V4.1's chat encoding (the release ships no chat template; see chat_dsv41.c): what
+ * tm_chat_render uses for TM_CHAT_FORMAT_DSV41. Same roles and errors as tm_chat_render, and
+ * TM_E_INVAL for content holding the image placeholder <｜deepseek_image｜>. */
+tm_rc tm_chat_render_dsv41(const tm_message *msgs, uint32_t n, int add_generation_prompt,
+                           tm_buf *out, tm_err *err);
 
 /* The same with an explicit template (a job's chat_template override; NULL = the tokenizer's). */
 tm_rc tm_chat_render_with(const tm_tokenizer *tok, const char *chat_template,
