@@ -81,19 +81,29 @@ static void test_parse_arg(void) {
 }
 
 static void test_env_slurm(void) {
-    const char *arr[] = {"SLURM_ARRAY_TASK_ID",    "7", "SLURM_ARRAY_TASK_MIN", "5",
-                         "SLURM_ARRAY_TASK_COUNT", "4", NULL};
-    expect_ok(-1, 0, -1, 0, arr, 2, 4);                      // --shard auto: both from Slurm
-    expect_ok(-1, 0, 2, 4, arr, 2, 4);                       // given and agreeing
-    expect_ok(-1, 4, -1, 0, arr, 2, 4);                      // count in the job file
-    expect_fail(-1, 0, 1, 4, arr, "SLURM_ARRAY_TASK_MIN");   // --shard 1/4 in task 2
+    const char *arr[] = {"SLURM_ARRAY_TASK_ID",
+                         "7",
+                         "SLURM_ARRAY_TASK_MIN",
+                         "5",
+                         "SLURM_ARRAY_TASK_COUNT",
+                         "4",
+                         NULL};
+    expect_ok(-1, 0, -1, 0, arr, 2, 4);                    // --shard auto: both from Slurm
+    expect_ok(-1, 0, 2, 4, arr, 2, 4);                     // given and agreeing
+    expect_ok(-1, 4, -1, 0, arr, 2, 4);                    // count in the job file
+    expect_fail(-1, 0, 1, 4, arr, "SLURM_ARRAY_TASK_MIN"); // --shard 1/4 in task 2
     expect_fail(1, 4, -1, 0, arr, "input.shard.index gives index 1");
     expect_fail(-1, 0, -1, 3, arr, "SLURM_ARRAY_TASK_COUNT=4"); // auto/3 in an array of 4
     expect_fail(-1, 5, -1, 0, arr, "input.shard.count gives count 5");
     const char *nomin[] = {"SLURM_ARRAY_TASK_ID", "1", "SLURM_ARRAY_TASK_COUNT", "2", NULL};
     expect_ok(-1, 0, -1, 0, nomin, 1, 2); // SLURM_ARRAY_TASK_MIN unset: 0
-    const char *step[] = {"SLURM_ARRAY_TASK_ID",    "2", "SLURM_ARRAY_TASK_STEP", "2",
-                          "SLURM_ARRAY_TASK_COUNT", "3", NULL};
+    const char *step[] = {"SLURM_ARRAY_TASK_ID",
+                          "2",
+                          "SLURM_ARRAY_TASK_STEP",
+                          "2",
+                          "SLURM_ARRAY_TASK_COUNT",
+                          "3",
+                          NULL};
     expect_fail(-1, 0, -1, 0, step, "SLURM_ARRAY_TASK_STEP=2");
     const char *holes[] = {"SLURM_ARRAY_TASK_ID", "5", "SLURM_ARRAY_TASK_COUNT", "3", NULL};
     expect_fail(-1, 0, -1, 0, holes, "holes");
@@ -105,18 +115,28 @@ static void test_env_slurm(void) {
 
 static void test_env_k8s(void) {
     const char *k8s[] = {"JOB_COMPLETION_INDEX", "3", NULL};
-    expect_ok(-1, 0, -1, 5, k8s, 3, 5);  // --shard auto/5
-    expect_ok(-1, 5, -1, 0, k8s, 3, 5);  // input.shard.count 5
-    expect_ok(-1, 5, -1, 8, k8s, 3, 8);  // --shard wins over the job file
-    expect_ok(1, 5, 3, 5, k8s, 3, 5);    // ... the index too, and the environment agrees
+    expect_ok(-1, 0, -1, 5, k8s, 3, 5); // --shard auto/5
+    expect_ok(-1, 5, -1, 0, k8s, 3, 5); // input.shard.count 5
+    expect_ok(-1, 5, -1, 8, k8s, 3, 8); // --shard wins over the job file
+    expect_ok(1, 5, 3, 5, k8s, 3, 5);   // ... the index too, and the environment agrees
     expect_fail(-1, 0, -1, 0, k8s, "give the count with --shard auto/N");
     expect_fail(-1, 0, 2, 5, k8s, "JOB_COMPLETION_INDEX");
     expect_fail(-1, 3, -1, 0, k8s, "not below the count 3");
-    const char *both[] = {"JOB_COMPLETION_INDEX", "1", "SLURM_ARRAY_TASK_ID", "2",
-                          "SLURM_ARRAY_TASK_COUNT", "4", NULL};
+    const char *both[] = {"JOB_COMPLETION_INDEX",
+                          "1",
+                          "SLURM_ARRAY_TASK_ID",
+                          "2",
+                          "SLURM_ARRAY_TASK_COUNT",
+                          "4",
+                          NULL};
     expect_fail(-1, 0, -1, 0, both, "JOB_COMPLETION_INDEX says 1");
-    const char *agree[] = {"JOB_COMPLETION_INDEX", "2", "SLURM_ARRAY_TASK_ID", "2",
-                           "SLURM_ARRAY_TASK_COUNT", "4", NULL};
+    const char *agree[] = {"JOB_COMPLETION_INDEX",
+                           "2",
+                           "SLURM_ARRAY_TASK_ID",
+                           "2",
+                           "SLURM_ARRAY_TASK_COUNT",
+                           "4",
+                           NULL};
     expect_ok(-1, 0, -1, 0, agree, 2, 4);
     expect_ok(-1, 0, 1, 2, NULL, 1, 2); // no environment at all
     expect_fail(-1, 0, -1, 2, NULL, "no shard index");
@@ -189,10 +209,11 @@ static void test_source_exactly_once(void) {
         else if (i % 31 == 0)
             fprintf(f, "{\"id\": \"r%d\", \"prompt\": \"a duplicate\"}\n", i - 1);
         else if (i % 5 == 0)
-            fprintf(f,
-                    "{\"id\": \"r%d\", \"messages\": [{\"role\": \"system\", \"content\": \"S%d\"}, "
-                    "{\"role\": \"user\", \"content\": \"q%d\"}]}\n",
-                    i, i % 3, i);
+            fprintf(
+                f,
+                "{\"id\": \"r%d\", \"messages\": [{\"role\": \"system\", \"content\": \"S%d\"}, "
+                "{\"role\": \"user\", \"content\": \"q%d\"}]}\n",
+                i, i % 3, i);
         else
             fprintf(f, "{\"id\": \"r%d\", \"prompt\": \"System %d. Question %d\"}\n", i, i % 4, i);
         if (i % 50 == 0)
@@ -219,8 +240,7 @@ static void test_source_exactly_once(void) {
         char want_dir[600];
         snprintf(want_dir, sizeof(want_dir), "%s/out/shard-%d-of-%d", g_tmp, k, N);
         TM_CHECK_MSG(strcmp(spec->output_dir, want_dir) == 0, "%s", spec->output_dir);
-        TM_CHECK(strstr(spec->canonical_json, "\"shard\":{\"by\":\"prefix\",\"count\":3,") !=
-                 NULL);
+        TM_CHECK(strstr(spec->canonical_json, "\"shard\":{\"by\":\"prefix\",\"count\":3,") != NULL);
         tm_source *src = NULL;
         TM_CHECK_OK(tm_source_open(spec, &src, &err), &err);
         uint64_t want_seq = 0;
