@@ -110,7 +110,9 @@ static void *source_main(void *arg) {
         }
         if (rc == TM_E_EOF) {
             c->eof = true;
-            tm_progress_set_total(c->progress, n_read); // now the progress line has a total
+            // now the progress line has a total: the whole job's, records earlier runs
+            // committed included (it counts them as done: tm_progress_set_earlier)
+            tm_progress_set_total(c->progress, n_read + c->n_skipped);
             break;
         }
         if (rc) {
@@ -739,6 +741,7 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         return rc;
     tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
     tm_progress_set_max_tokens(j->progress, (uint32_t)spec->defaults.max_tokens);
+    tm_progress_set_earlier(j->progress, j->rs.earlier.n_ok, j->rs.earlier.n_failed);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
@@ -971,17 +974,32 @@ static void print_summary(const job_run *j) {
                j->path, tm_stop_signal(), wall_s);
     else
         printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
-    printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
+    // One accounting with the progress line and metrics.json: records and tokens of the whole job
+    // (a resumed job: earlier runs included), this run's beside them; speeds are this run's work
+    // over this run's wall time.
+    const tm_manifest_counts *e = &j->rs.earlier, *all = &j->rs.man.counts;
+    bool resumed = j->rs.resumed && e->n_ok + e->n_failed > 0;
+    printf("  records   %llu in, %llu ok, %llu failed", (unsigned long long)(n_ok + n_err),
            (unsigned long long)n_ok, (unsigned long long)n_err);
-    if (j->rs.resumed)
-        printf("  resumed   %llu records committed by earlier runs were skipped\n",
-               (unsigned long long)j->sc.n_skipped);
-    printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
-           (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
-           (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
-    printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
+    if (resumed)
+        printf(" (all runs; this run %llu in, %llu ok, %llu failed)",
+               (unsigned long long)(n_ok + n_err - e->n_ok - e->n_failed),
+               (unsigned long long)(n_ok - e->n_ok), (unsigned long long)(n_err - e->n_failed));
+    printf("\n");
+    if (resumed)
+        printf("  tokens    %llu prompt, %llu completion (all runs; this run %llu prompt, %llu "
+               "completion); %llu steps, %llu preemptions this run\n",
+               (unsigned long long)all->n_tok_prompt, (unsigned long long)all->n_tok_gen,
+               (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
+               (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
+    else
+        printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
+               (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
+               (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
+    printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall%s\n",
            st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
-           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, ks.n_tok_gen / wall_s);
+           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, ks.n_tok_gen / wall_s,
+           resumed ? " (this run's tokens / this run's wall time)" : "");
     printf("  outputs   %s/{%s,errors.jsonl,metrics.json}\n", j->p.spec->output_dir,
            j->rs.man.completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
     if (j->p.spec->results_file && j->rs.man.finished)

@@ -56,8 +56,9 @@ struct tm_metrics {
     uint64_t n_ok, n_failed;
     uint64_t n_err_by_code[N_ERRCODES];
     uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
-    samples ttft, e2e, tpot; /* ms */
-    hist itl;                /* ms */
+    tm_metrics_earlier earlier; /* what earlier runs of a resumed job counted (in the totals) */
+    samples ttft, e2e, tpot;    /* ms */
+    hist itl;                   /* ms */
     uint64_t n_steps, n_tok_prefill, n_tok_decode, n_preempt;
     double prefill_s, decode_s, sum_step_fill, sum_running;
     tm_metrics_spec spec; /* totals; accepted_pos points to spec_pos */
@@ -288,6 +289,11 @@ static tm_rc push(samples *s, double v, tm_err *err) {
 }
 
 void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e) {
+    m->earlier.n_ok += e->n_ok;
+    m->earlier.n_failed += e->n_failed;
+    m->earlier.n_tok_prompt += e->n_tok_prompt;
+    m->earlier.n_tok_cached += e->n_tok_cached;
+    m->earlier.n_tok_gen += e->n_tok_gen;
     m->n_ok += e->n_ok;
     m->n_failed += e->n_failed;
     for (int i = 0; e->n_err_by_code && i < N_ERRCODES; i++)
@@ -503,6 +509,10 @@ static json_t *build_json(const tm_metrics *m) {
         tm_utc_now_str(now_utc, sizeof(now_utc));
     double wall_s = (end_ms - m->start_ms) / 1000.0;
     uint64_t n_in = m->n_ok + m->n_failed;
+    // This run's share: the totals (records, tokens) are the whole job's, earlier runs of a
+    // resumed job included; the rates over this run's wall time count this run's work only.
+    const tm_metrics_earlier *e = &m->earlier;
+    uint64_t run_in = n_in - (e->n_ok + e->n_failed), run_gen = m->n_tok_gen - e->n_tok_gen;
 
     json_t *by_code = json_object();
     for (int i = 1; by_code && i < N_ERRCODES; i++)
@@ -552,8 +562,8 @@ static json_t *build_json(const tm_metrics *m) {
         num_or_null(ratio((double)m->n_tok_cached, (double)m->n_tok_prompt)), "throughput",
         "prefill_tok_s", num_or_null(ratio((double)m->n_tok_prefill, m->prefill_s)), "decode_tok_s",
         num_or_null(ratio((double)m->n_tok_decode, m->decode_s)), "output_tok_s",
-        num_or_null(ratio((double)m->n_tok_gen, wall_s)), "records_per_s",
-        num_or_null(ratio((double)n_in, wall_s)), "engine", "steps", (json_int_t)m->n_steps,
+        num_or_null(ratio((double)run_gen, wall_s)), "records_per_s",
+        num_or_null(ratio((double)run_in, wall_s)), "engine", "steps", (json_int_t)m->n_steps,
         "prefill_tokens", (json_int_t)m->n_tok_prefill, "prefill_s", m->prefill_s, "decode_tokens",
         (json_int_t)m->n_tok_decode, "decode_s", m->decode_s, "preemptions",
         (json_int_t)m->n_preempt, "mean_step_fill",
@@ -565,8 +575,24 @@ static json_t *build_json(const tm_metrics *m) {
         "device", str_or_null(m->device), "gpus", gpus_json(m, wall_s));
 }
 
+// metrics.json's "this_run": this run's records and tokens (the top-level ones are the job's).
+static json_t *this_run_json(const tm_metrics *m) {
+    const tm_metrics_earlier *e = &m->earlier;
+    uint64_t ok = m->n_ok - e->n_ok, failed = m->n_failed - e->n_failed;
+    return json_pack("{s:{s:I, s:I, s:I}, s:{s:I, s:I, s:I}, s:b}", "records", "in",
+                     (json_int_t)(ok + failed), "ok", (json_int_t)ok, "failed", (json_int_t)failed,
+                     "tokens", "prompt", (json_int_t)(m->n_tok_prompt - e->n_tok_prompt), "cached",
+                     (json_int_t)(m->n_tok_cached - e->n_tok_cached), "completion",
+                     (json_int_t)(m->n_tok_gen - e->n_tok_gen), "resumed",
+                     e->n_ok + e->n_failed > 0);
+}
+
 tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) {
     json_t *root = build_json(m);
+    if (root && json_object_set_new(root, "this_run", this_run_json(m)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
     if (root && m->have_dur &&
         json_object_set_new(
             root, "durability",

@@ -35,6 +35,7 @@ struct tm_progress {
     int width;                                      /* cfg.width */
     const _Atomic uint64_t *live_gen, *live_prompt; /* tm_progress_set_live, or NULL */
     uint32_t max_tokens;                            /* tm_progress_set_max_tokens; 0 = not known */
+    uint64_t n_earlier, n_earlier_failed;           /* tm_progress_set_earlier */
 };
 
 static double unix_now_s(void) {
@@ -90,6 +91,11 @@ void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
 }
 
 void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens) { p->max_tokens = max_tokens; }
+
+void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed) {
+    p->n_earlier = n_ok + n_failed;
+    p->n_earlier_failed = n_failed;
+}
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
     p->n_done++;
@@ -162,8 +168,9 @@ static snapshot take(const tm_progress *p, double now_ms) {
     // have computed already are taken off, and each record left counts at least one token, so the
     // ETA is never 0 while work remains.
     uint64_t n_ok = p->n_done - p->n_failed;
-    if (s.total_known && s.all_tok_s > 0 && s.total >= p->n_done && (n_ok > 0 || p->max_tokens)) {
-        double left = (double)(s.total - p->n_done);
+    uint64_t done_all = p->n_done + p->n_earlier;
+    if (s.total_known && s.all_tok_s > 0 && s.total >= done_all && (n_ok > 0 || p->max_tokens)) {
+        double left = (double)(s.total - done_all);
         double gen_each = n_ok ? (double)p->n_tok_gen / (double)n_ok : (double)p->max_tokens;
         if (p->max_tokens)
             gen_each = TM_MIN(gen_each, (double)p->max_tokens);
@@ -180,15 +187,20 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
     snapshot s = take(p, now_ms);
     char a[32], b[32], c[32], d[32], e[32];
     int len;
+    // Records: the whole job's (a resumed job's earlier runs included, and said so); rates and
+    // tokens: this run's.
+    uint64_t done = p->n_done + p->n_earlier, failed = p->n_failed + p->n_earlier_failed;
     if (s.total_known)
-        len = snprintf(buf, n, "%llu/%llu records (%.1f%%)", (unsigned long long)p->n_done,
+        len = snprintf(buf, n, "%llu/%llu records (%.1f%%)", (unsigned long long)done,
                        (unsigned long long)s.total,
-                       s.total ? 100.0 * (double)p->n_done / (double)s.total : 100.0);
+                       s.total ? 100.0 * (double)done / (double)s.total : 100.0);
     else
-        len = snprintf(buf, n, "%llu records", (unsigned long long)p->n_done);
-    if (p->n_failed && len >= 0 && (size_t)len < n)
-        len += snprintf(buf + len, n - (size_t)len, ", %llu failed",
-                        (unsigned long long)p->n_failed);
+        len = snprintf(buf, n, "%llu records", (unsigned long long)done);
+    if (failed && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, ", %llu failed", (unsigned long long)failed);
+    if (p->n_earlier && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " (%llu by earlier runs)",
+                        (unsigned long long)p->n_earlier);
     fmt_count(s.out_tok_s, a, sizeof(a));
     fmt_count(s.all_tok_s, b, sizeof(b));
     fmt_duration(s.elapsed_s, e, sizeof(e));
@@ -228,7 +240,8 @@ const char *tm_progress_bar_line(const tm_progress *p, double now_ms, int width,
     bar[0] = '\0';
     if (t > 1) {
         uint64_t total = t - 1;
-        int fill = (int)((double)BAR_WIDTH * (double)TM_MIN(p->n_done, total) / (double)total);
+        int fill = (int)((double)BAR_WIDTH * (double)TM_MIN(p->n_done + p->n_earlier, total) /
+                         (double)total);
         bar[0] = '[';
         for (int i = 0; i < BAR_WIDTH; i++)
             bar[1 + i] = i < fill ? '#' : '.';
@@ -286,10 +299,10 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
     snapshot s = take(p, now_ms);
     tm_buf b = {0};
     tm_rc rc = metric(&b, p, "tokenmill_records_done", "Records finished so far (ok or failed).",
-                      (double)p->n_done, err);
+                      (double)(p->n_done + p->n_earlier), err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_records_failed", "Records that ended in an error record.",
-                    (double)p->n_failed, err);
+                    (double)(p->n_failed + p->n_earlier_failed), err);
     if (!rc && s.total_known)
         rc = metric(&b, p, "tokenmill_records_total",
                     "Records in the job (known once the input has been read to its end).",

@@ -55,6 +55,10 @@ void tm_progress_set_total(tm_progress *p, uint64_t n_records);
  * finished records' tokens. */
 void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
                           const _Atomic uint64_t *n_tok_prompt);
+/* A resumed job: records earlier runs committed (n_ok ok, n_failed failed). The record counts
+ * shown (and the total, which the caller gives for the whole job) include them, labelled "(N by
+ * earlier runs)"; rates, tokens and the ETA's per-record estimate stay this run's. */
+void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed);
 /* The job's max_tokens (defaults.max_tokens): the ETA's bound on a record's completion, and its
  * estimate before any record has succeeded. 0: not known (no ETA until a record succeeds). */
 void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens);
