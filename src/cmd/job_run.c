@@ -1232,9 +1232,14 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
             n_ok++;
         } else if (crc == TM_E_RECORD) {
             n_bad++;
-            tm_completion c = {.file = job->file,
+            // The line run would write to errors.jsonl: the record's own format (an OpenAI
+            // line's error in the Batch API's shape, with run's id), its source metadata.
+            tm_completion c = {.seq_no = job->seq_no,
+                               .format = job->format,
+                               .file = job->file,
                                .line = job->line,
                                .id_json = job->id_json,
+                               .src_meta_json = job->src_meta_json,
                                .err_code = code,
                                .err_msg = rec_err.msg};
             tm_buf_clear(&line);
