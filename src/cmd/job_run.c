@@ -360,6 +360,16 @@ static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p
                       path, cap, p->model->cfg.n_ctx);
     if (cap)
         p->model->cfg.n_ctx = cap;
+    // A record's own max_tokens that cannot fit is an error (context_length_exceeded); the job's
+    // default is a bound, clipped at the context's end: said once per job.
+    if ((p->spec->defaults.set & TM_SP_MAX_TOKENS) &&
+        (uint64_t)p->spec->defaults.max_tokens >= p->model->cfg.n_ctx)
+        TM_LOG_WARN("job",
+                    "%s: defaults.max_tokens %d is not below the context length %u: a completion "
+                    "ends where prompt + completion fill the context (finish_reason \"length\"); "
+                    "a record's own max_tokens that cannot fit fails with "
+                    "context_length_exceeded",
+                    path, (int)p->spec->defaults.max_tokens, p->model->cfg.n_ctx);
     if (p->spec->engine.quantization == TM_JOB_QUANT_FP8) { // done in engine_setup
         rc = tm_model_quantize_fp8_check(p->model, err);
         if (rc)
