@@ -1087,6 +1087,147 @@ static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err)
 // rename, so the file is whole or absent. Completions sent to Kafka are not in it.
 static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err);
 
+// ---- output.order "input": the results file in input order ----
+
+// The key an answer line is found by: "id:" + its id's compact JSON (custom_id for OpenAI lines),
+// or "at:" + file + ":" + line (error lines carry them; an id may repeat: duplicate_id).
+static char *order_key_id(const json_t *id) {
+    char *t = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (!t)
+        return NULL;
+    size_t n = strlen(t) + 4;
+    char *k = malloc(n);
+    if (k)
+        snprintf(k, n, "id:%s", t);
+    free(t);
+    return k;
+}
+
+static void order_key_at(char *buf, size_t n, const char *file, uint64_t line) {
+    snprintf(buf, n, "at:%s:%llu", file ? file : "", (unsigned long long)line);
+}
+
+typedef struct ordered_line {
+    uint64_t pos; /* the record's position in the input; UINT64_MAX: not found (kept at the end) */
+    size_t at;    /* position in the file as written (the tie-break: a stable order) */
+    char *text;   /* the line with its "\n"; owned */
+} ordered_line;
+
+static int cmp_ordered(const void *a, const void *b) {
+    const ordered_line *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+// Rewrite the results file at tmp with its lines in input order: the inputs are read again by
+// the job's own source (every format it reads), each record's position noted under its id and
+// its file:line; each answer line takes the position of its file:line (error lines) or id.
+// Lines found by neither stay at the end as they were. Holds the results in memory.
+static tm_rc sort_results(const tm_job_spec *spec, const char *tmp, tm_err *err) {
+    bool stream = spec->kafka_in != NULL;
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        stream |= strcmp(spec->inputs[i], TM_JOB_STDIN) == 0;
+    if (stream) // what was read cannot be read again
+        return TM_ERR(err, TM_E_INVAL,
+                      "output.order \"input\" needs file inputs (standard input and Kafka are read "
+                      "once); use \"completion\"");
+    json_t *pos = json_object(); // key -> position
+    tm_source *src = NULL;
+    tm_rc rc = pos ? tm_source_open(spec, &src, err) : TM_ERR(err, TM_E_NOMEM, "output.order");
+    char at[4200];
+    for (uint64_t n = 0; !rc; n++) {
+        tm_job *job = NULL;
+        rc = tm_source_next(src, &job, err);
+        if (rc)
+            break;
+        order_key_at(at, sizeof(at), job->file, job->line);
+        json_object_set_new(pos, at, json_integer((json_int_t)n));
+        json_t *id = job->id_json ? json_loads(job->id_json, JSON_DECODE_ANY, NULL) : NULL;
+        char *k = order_key_id(id);
+        if (k && !json_object_get(pos, k)) // the first record of an id; repeats are errors
+            json_object_set_new(pos, k, json_integer((json_int_t)n));
+        free(k);
+        json_decref(id);
+        tm_job_destroy(job);
+    }
+    tm_source_destroy(src);
+    if (rc == TM_E_EOF)
+        rc = TM_OK;
+    ordered_line *v = NULL;
+    size_t nv = 0, cap = 0;
+    FILE *in = rc ? NULL : fopen(tmp, "rb");
+    if (!rc && !in)
+        rc = TM_ERR(err, TM_E_IO, "output.order: reading %s: %s", tmp, strerror(errno));
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    while (!rc && (len = getline(&line, &lcap, in)) > 0) {
+        if (nv == cap) {
+            cap = cap ? 2 * cap : 1024;
+            ordered_line *nl = realloc(v, cap * sizeof(*v));
+            if (!nl) {
+                rc = TM_ERR(err, TM_E_NOMEM, "output.order");
+                break;
+            }
+            v = nl;
+        }
+        ordered_line *o = &v[nv];
+        o->at = nv;
+        o->pos = UINT64_MAX;
+        if (!(o->text = strdup(line))) {
+            rc = TM_ERR(err, TM_E_NOMEM, "output.order");
+            break;
+        }
+        nv++;
+        json_t *j = json_loads(line, 0, NULL);
+        const json_t *p = NULL;
+        const char *file = json_string_value(json_object_get(j, "file"));
+        json_t *ln = json_object_get(j, "line");
+        if (file && json_is_integer(ln)) {
+            order_key_at(at, sizeof(at), file, (uint64_t)json_integer_value(ln));
+            p = json_object_get(pos, at);
+        }
+        if (!p) {
+            json_t *id = json_object_get(j, "custom_id");
+            char *k = order_key_id(id ? id : json_object_get(j, "id"));
+            p = k ? json_object_get(pos, k) : NULL;
+            free(k);
+        }
+        if (p)
+            o->pos = (uint64_t)json_integer_value(p);
+        json_decref(j);
+    }
+    free(line);
+    if (in)
+        fclose(in);
+    json_decref(pos);
+    if (!rc) {
+        qsort(v, nv, sizeof(*v), cmp_ordered);
+        int fd = -1;
+        if (tm_fs_open_out(tmp, O_WRONLY | O_TRUNC, 0666, NULL, &fd, err))
+            rc = tm_err_wrap(err, "output.results_file");
+        FILE *out = rc ? NULL : fdopen(fd, "wb");
+        if (!rc && !out) {
+            close(fd);
+            rc = TM_ERR(err, TM_E_IO, "output.order: opening %s: %s", tmp, strerror(errno));
+        }
+        for (size_t i = 0; !rc && i < nv; i++)
+            if (fputs(v[i].text, out) == EOF)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+        if (out && fflush(out) != 0 && !rc)
+            rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+        if (out && !rc && fsync(fileno(out)) != 0)
+            rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
+        if (out)
+            fclose(out);
+    }
+    for (size_t i = 0; i < nv; i++)
+        free(v[i].text);
+    free(v);
+    return rc;
+}
+
 static tm_rc write_results_file(const tm_job_spec *spec, bool plain, bool compare, tm_err *err) {
     char tmp[4096], comp[4096], errs[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", spec->results_file);
@@ -1109,6 +1250,8 @@ static tm_rc write_results_file(const tm_job_spec *spec, bool plain, bool compar
     if (!rc && fsync(fileno(out)) != 0)
         rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
     fclose(out);
+    if (!rc && spec->results_input_order)
+        rc = sort_results(spec, tmp, err);
     bool same = true;
     if (!rc && compare)
         rc = same_content(tmp, spec->results_file, &same, err);

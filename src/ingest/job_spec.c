@@ -40,7 +40,8 @@ static const char *const kafka_in_keys[] = {
     "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
 static const char *const output_keys[] = {
     "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
-    "kafka", "compression",         "results_file",   NULL};
+    "kafka", "compression",         "results_file",   "order",
+    NULL};
 static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
                                          "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
@@ -929,6 +930,14 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
         rc = get_path_str(ld, output, "results_file", "output.results_file", &s);
         if (!rc && !(spec->results_file = resolve(ld, s)))
             rc = TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    }
+    // order: how the results file's lines are ordered; not part of the identity (a copy's order).
+    v = json_object_get(output, "order");
+    if (!rc && v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "completion") != 0 && strcmp(s, "input") != 0)
+            return fail_value(ld, "output.order", "one of \"completion\", \"input\"", v);
+        spec->results_input_order = strcmp(s, "input") == 0;
     }
     if (!rc && json_object_get(output, "kafka"))
         rc = load_kafka_out(ld, json_object_get(output, "kafka"), cout);

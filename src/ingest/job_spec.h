@@ -130,6 +130,8 @@ typedef struct tm_job_spec {
     tm_job_compression compression; /* output.compression */
     char *results_file; /* output.results_file, resolved: every answer line (ok and error) in one
                          * plain JSONL file once the job finishes (vLLM run-batch's -o); or NULL */
+    bool results_input_order; /* output.order "input": results_file's lines in input order (as
+                               * run-batch writes them); false ("completion"): as they finished */
     tm_job_engine engine;
     tm_sampling defaults;       /* every field filled; .set has the bits the file gave explicitly */
     uint64_t max_line_bytes;    /* limits.max_line_bytes: longest accepted input line, >= 1 */
