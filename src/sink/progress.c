@@ -282,10 +282,14 @@ static tm_rc append_label(tm_buf *b, const char *v, tm_err *err) {
     return rc;
 }
 
+// One metric: a counter (a count that only grows while the job runs; its name ends in _total, as
+// Prometheus' naming rules and promtool check metrics require) or a gauge (anything else).
 static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const char *help, double v,
                     tm_err *err) {
-    tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n%s{job=\"", name, help, name,
-                             name);
+    size_t n = strlen(name);
+    bool counter = n > 6 && strcmp(name + n - 6, "_total") == 0;
+    tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s %s\n%s{job=\"", name, help, name,
+                             counter ? "counter" : "gauge", name);
     if (!rc)
         rc = append_label(b, p->job_name, err);
     if (!rc)
@@ -298,21 +302,23 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
         return TM_OK;
     snapshot s = take(p, now_ms);
     tm_buf b = {0};
-    tm_rc rc = metric(&b, p, "tokenmill_records_done", "Records finished so far (ok or failed).",
-                      (double)(p->n_done + p->n_earlier), err);
+    tm_rc rc = metric(&b, p, "tokenmill_records_done_total",
+                      "Records finished so far (ok or failed).", (double)(p->n_done + p->n_earlier),
+                      err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_records_failed", "Records that ended in an error record.",
+        rc = metric(&b, p, "tokenmill_records_failed_total",
+                    "Records that ended in an error record.",
                     (double)(p->n_failed + p->n_earlier_failed), err);
     if (!rc && s.total_known)
-        rc = metric(&b, p, "tokenmill_records_total",
+        rc = metric(&b, p, "tokenmill_records_in_job",
                     "Records in the job (known once the input has been read to its end).",
                     (double)s.total, err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_prompt_tokens", "Prompt tokens of the records done.",
+        rc = metric(&b, p, "tokenmill_prompt_tokens_total", "Prompt tokens of the records done.",
                     (double)p->n_tok_prompt, err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_completion_tokens", "Tokens generated for the records done.",
-                    (double)p->n_tok_gen, err);
+        rc = metric(&b, p, "tokenmill_completion_tokens_total",
+                    "Tokens generated for the records done.", (double)p->n_tok_gen, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_output_tokens_per_second",
                     "Generated tokens per second since the job started.", s.out_tok_s, err);
@@ -321,15 +327,15 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
                     "Estimated seconds left: tokens still to come over the token rate so far.",
                     s.eta_s, err);
     if (!rc && p->spec) // speculative decoding (engine.speculative), vLLM's counters
-        rc = metric(&b, p, "tokenmill_spec_decode_num_drafts",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_drafts_total",
                     "Speculative verifications (sequence-steps with drafts) of the records done.",
                     (double)p->n_spec_drafts, err);
     if (!rc && p->spec)
-        rc = metric(&b, p, "tokenmill_spec_decode_num_draft_tokens",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_draft_tokens_total",
                     "Draft tokens verified for the records done.", (double)p->n_spec_draft_tok,
                     err);
     if (!rc && p->spec)
-        rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens_total",
                     "Draft tokens accepted for the records done.", (double)p->n_spec_accepted, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_job_start_time_seconds",

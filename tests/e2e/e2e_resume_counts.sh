@@ -60,6 +60,6 @@ assert abs(m["throughput"]["output_tok_s"] - want) <= 1e-6 * max(1, want), (m["t
 assert run["tokens"]["completion"] < tok["completion"], m
 # the textfile: the whole job's records
 prom = open("prom.txt").read()
-assert re.search(r'^tokenmill_records_done\{[^}]*\} 8$', prom, re.M), prom
+assert re.search(r'^tokenmill_records_done_total\{[^}]*\} 8$', prom, re.M), prom
 print(f"e2e_resume_counts: ok ({earlier} records by the first run; last redraw {last!r})")
 PY

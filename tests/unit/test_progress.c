@@ -218,17 +218,18 @@ static void test_textfile(void) {
     if (s) {
         const char *label = "{job=\"a \\\"b\\\"\\\\c\\nd\"}";
         char want[256];
-        snprintf(want, sizeof(want), "tokenmill_records_done%s 2\n", label);
+        snprintf(want, sizeof(want), "tokenmill_records_done_total%s 2\n", label);
         TM_CHECK_MSG(strstr(s, want) != NULL, "%s", s);
-        snprintf(want, sizeof(want), "tokenmill_records_failed%s 1\n", label);
+        snprintf(want, sizeof(want), "tokenmill_records_failed_total%s 1\n", label);
         TM_CHECK(strstr(s, want) != NULL);
-        snprintf(want, sizeof(want), "tokenmill_completion_tokens%s 50\n", label);
+        snprintf(want, sizeof(want), "tokenmill_completion_tokens_total%s 50\n", label);
         TM_CHECK(strstr(s, want) != NULL);
         snprintf(want, sizeof(want), "tokenmill_job_finished%s 0\n", label);
         TM_CHECK(strstr(s, want) != NULL);
-        TM_CHECK(strstr(s, "# TYPE tokenmill_records_done gauge\n") != NULL);
+        TM_CHECK(strstr(s, "# TYPE tokenmill_records_done_total counter\n") != NULL);
         TM_CHECK(strstr(s, "# HELP tokenmill_output_tokens_per_second ") != NULL);
-        TM_CHECK(strstr(s, "tokenmill_records_total") == NULL); // not known yet
+        TM_CHECK(strstr(s, "# TYPE tokenmill_output_tokens_per_second gauge\n") != NULL);
+        TM_CHECK(strstr(s, "tokenmill_records_in_job") == NULL); // not known yet
         TM_CHECK(strstr(s, "tokenmill_eta_seconds") == NULL);
         // every sample line: name{job="..."} value
         int n_samples = 0;
@@ -245,7 +246,7 @@ static void test_textfile(void) {
     tm_progress_set_total(p, 4);
     tm_progress_finish(p);
     s = slurp(path);
-    TM_CHECK(s && strstr(s, "tokenmill_records_total{") && strstr(s, "tokenmill_eta_seconds{"));
+    TM_CHECK(s && strstr(s, "tokenmill_records_in_job{") && strstr(s, "tokenmill_eta_seconds{"));
     TM_CHECK(s && strstr(s, "tokenmill_job_finished{job=\"a \\\"b\\\"\\\\c\\nd\"} 1\n"));
     tm_progress_destroy(p);
 
