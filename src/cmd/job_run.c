@@ -700,6 +700,15 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
     return TM_OK;
 }
 
+// What metrics.json, the report's series and the textfile call the job: output.job_name, else
+// the job file's path, else (a one-command job) its output folder, which tells such jobs apart.
+static const char *job_name(const job_run *j) {
+    const tm_job_spec *spec = j->p.spec;
+    if (spec->job_name)
+        return spec->job_name;
+    return j->opts->spec_json ? spec->output_dir : j->path;
+}
+
 // metrics.json's settings, job and earlier-runs sections.
 static tm_rc metrics_setup(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
@@ -725,7 +734,7 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
     rc = tm_metrics_set_settings(j->metrics, &ms, err);
     if (rc)
         return rc;
-    rc = tm_metrics_set_job(j->metrics, j->path, err);
+    rc = tm_metrics_set_job(j->metrics, job_name(j), err);
     if (rc)
         return rc;
     const tm_manifest_counts *e = &j->rs.earlier;
@@ -745,7 +754,7 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
 static tm_rc io_open(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
     tm_rc rc = tm_progress_create(
-        &(tm_progress_cfg){.job_name = j->path, .textfile = spec->prometheus_textfile},
+        &(tm_progress_cfg){.job_name = job_name(j), .textfile = spec->prometheus_textfile},
         &j->progress, err);
     if (rc)
         return rc;

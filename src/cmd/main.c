@@ -93,6 +93,8 @@ static const char run_usage[] =
     "  --stop TEXT (repeatable)     defaults.* (a record's own fields win)\n"
     "  --compression lz4|none       output.compression (none: plain completions.jsonl)\n"
     "  --prometheus-textfile PATH   output.prometheus_textfile\n"
+    "  --name NAME         output.job_name: the job's name in metrics.json, the report and the\n"
+    "                      textfile (default: the output folder)\n"
     "  --strict-fields     limits.strict_fields: unknown record / body keys are errors\n"
     "  --fail-on-error     limits.fail_on_error_records: exit 3 if any record failed\n"
     "  --set SECTION.KEY=VALUE      any other job field (e.g. --set limits.max_depth=32)\n"
@@ -284,6 +286,7 @@ static const struct {
     {"--stop", NULL, "defaults", "stop", OPT_STOP},
     {"--compression", NULL, "output", "compression", OPT_STRING},
     {"--prometheus-textfile", NULL, "output", "prometheus_textfile", OPT_STRING},
+    {"--name", NULL, "output", "job_name", OPT_STRING},
     {"--strict-fields", NULL, "limits", "strict_fields", OPT_TRUE},
     {"--fail-on-error", NULL, "limits", "fail_on_error_records", OPT_TRUE},
     {"--kv-cache-dtype", NULL, "engine", "kv_cache_dtype", OPT_STRING},

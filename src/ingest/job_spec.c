@@ -38,10 +38,16 @@ static const char *const input_keys[] = {"files", "kafka", "shard", NULL};
 static const char *const shard_keys[] = {"index", "count", "by", "prefix_bytes", NULL};
 static const char *const kafka_in_keys[] = {
     "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
-static const char *const output_keys[] = {
-    "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
-    "kafka", "compression",         "results_file",   "order",
-    NULL};
+static const char *const output_keys[] = {"dir",
+                                          "prometheus_textfile",
+                                          "commit_every_s",
+                                          "commit_every_records",
+                                          "kafka",
+                                          "compression",
+                                          "results_file",
+                                          "order",
+                                          "job_name",
+                                          NULL};
 static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
                                          "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
@@ -931,6 +937,15 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
         if (!rc && !(spec->results_file = resolve(ld, s)))
             rc = TM_ERR(ld->err, TM_E_NOMEM, "output path");
     }
+    // job_name: what metrics.json, the report and the textfile call the job; not part of the
+    // identity (a label).
+    v = json_object_get(output, "job_name");
+    if (!rc && v) {
+        if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > 200)
+            return fail_value(ld, "output.job_name", "a string of 1 to 200 bytes", v);
+        if (!(spec->job_name = tm_strdup(json_string_value(v))))
+            return TM_ERR(ld->err, TM_E_NOMEM, "output.job_name");
+    }
     // order: how the results file's lines are ordered; not part of the identity (a copy's order).
     v = json_object_get(output, "order");
     if (!rc && v) {
@@ -1397,6 +1412,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
     if (!spec)
         return;
     tm_free(spec->results_file);
+    tm_free(spec->job_name);
     tm_free(spec->path);
     tm_free(spec->model);
     for (size_t i = 0; i < spec->n_inputs; i++)

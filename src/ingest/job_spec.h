@@ -130,6 +130,9 @@ typedef struct tm_job_spec {
     tm_job_compression compression; /* output.compression */
     char *results_file; /* output.results_file, resolved: every answer line (ok and error) in one
                          * plain JSONL file once the job finishes (vLLM run-batch's -o); or NULL */
+    char *job_name; /* output.job_name, owned, or NULL: the job's name in metrics.json, the report
+                     * (its series) and the textfile; NULL: the job file's path, or a one-command
+                     * job's output folder */
     bool results_input_order; /* output.order "input": results_file's lines in input order (as
                                * run-batch writes them); false ("completion"): as they finished */
     tm_job_engine engine;
