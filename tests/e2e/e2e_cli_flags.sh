@@ -39,8 +39,8 @@ grep -q '"max_model_len": 512' own.json || fail "--max-model-len: $(cat own.json
     grep -q '"prefix_cache": false' || fail "--no-enable-prefix-caching"
 
 # --max-model-len caps the context: prompt + completion tokens end at it; over the model's fails
-printf '{"id": "b", "prompt": "def f(x):\\n", "max_tokens": 100}\n' >long.jsonl
-"$tm" -q run "${m[@]}" -i long.jsonl -o ml --max-model-len 20 >/dev/null
+printf '{"id": "b", "prompt": "def f(x):\\n"}\n' >long.jsonl
+"$tm" -q run "${m[@]}" -i long.jsonl -o ml --max-model-len 20 --max-tokens 100 >/dev/null 2>&1
 lz4 -dc ml/completions.jsonl.lz4 | python3 -c '
 import json, sys
 u = json.loads(sys.stdin.read())["usage"]
