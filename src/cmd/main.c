@@ -2,10 +2,10 @@
  * memory), validate, tokenize, bench, report, merge, --help, --version. Parses arguments and hands
  * off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run
  * the job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may
- * stand before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or
- * command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
- * limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped gracefully by
- * SIGINT / SIGTERM. */
+ * stand before or after the command. Exit codes (docs/reference.md, "Exit codes"): 0 success, 1 the
+ * job or command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with
+ * --fail-on-error / limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped
+ * gracefully by SIGINT / SIGTERM. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -484,8 +484,8 @@ static int is_one_command(int argc, char **argv) {
 }
 
 // The exit status of a run or validate: 1 failed; 128 + the signal for a file job that a stop
-// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM); 3 records failed as README's
-// "Exit codes" say.
+// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM); 3 records failed as
+// docs/reference.md's "Exit codes" say.
 static int exit_status(tm_rc rc, int sig, const tm_job_run_result *r, int fail_on_error) {
     if (rc != TM_OK)
         return 1;
