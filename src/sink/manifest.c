@@ -32,6 +32,7 @@ static void file_fini(tm_manifest_file *f) { tm_free(f->name); }
 
 void tm_manifest_fini(tm_manifest *m) {
     tm_free(m->job_path);
+    free(m->spec_json); // json_dumps' or strdup's
     for (size_t i = 0; i < m->n_model_files; i++)
         file_fini(&m->model_files[i]);
     tm_free(m->model_files);
@@ -222,7 +223,8 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
     snprintf(m->spec_hash, sizeof(m->spec_hash), "%016llx%016llx", (unsigned long long)h.hi,
              (unsigned long long)h.lo);
     m->job_path = tm_strdup(job_path);
-    if (!m->job_path)
+    m->spec_json = strdup(canonical_json);
+    if (!m->job_path || !m->spec_json)
         return TM_ERR(err, TM_E_NOMEM, "manifest");
     // Model: the small JSON files by content; weights by name, size and mtime (hashing hundreds
     // of GB at every start is not affordable).
@@ -267,10 +269,58 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
     return TM_OK;
 }
 
+// The fields of two job specs that differ, as "defaults.max_tokens 8 -> 9" (at most 3, then
+// "..."), appended to buf at *len (n bytes).
+static void spec_diff(const json_t *a, const json_t *b, const char *path, char *buf, size_t n,
+                      size_t *len, int *count) {
+    if (json_is_object(a) && json_is_object(b)) {
+        const char *k;
+        json_t *v;
+        char sub[160];
+        json_object_foreach((json_t *)a, k, v) {
+            snprintf(sub, sizeof(sub), "%s%s%s", path, *path ? "." : "", k);
+            spec_diff(v, json_object_get(b, k), sub, buf, n, len, count);
+        }
+        json_object_foreach((json_t *)b, k, v) {
+            if (json_object_get(a, k))
+                continue;
+            snprintf(sub, sizeof(sub), "%s%s%s", path, *path ? "." : "", k);
+            spec_diff(NULL, v, sub, buf, n, len, count);
+        }
+        return;
+    }
+    if (a && b && json_equal((json_t *)a, (json_t *)b))
+        return;
+    if (++*count > 3) {
+        if (*count == 4 && *len < n)
+            *len += (size_t)snprintf(buf + *len, n - *len, ", ...");
+        return;
+    }
+    char *x = a ? json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    char *y = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (*len < n)
+        *len += (size_t)snprintf(buf + *len, n - *len, "%s%s %.40s -> %.40s",
+                                 *count > 1 ? ", " : "", path, x ? x : "(unset)",
+                                 y ? y : "(unset)");
+    free(x);
+    free(y);
+}
+
 bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *why, size_t n) {
     if (strcmp(old->spec_hash, cur->spec_hash) != 0) {
-        snprintf(why, n, "the job spec changed (spec hash %.12s -> %.12s)", old->spec_hash,
-                 cur->spec_hash);
+        json_t *a = old->spec_json ? json_loads(old->spec_json, 0, NULL) : NULL;
+        json_t *b = cur->spec_json ? json_loads(cur->spec_json, 0, NULL) : NULL;
+        size_t len = 0;
+        int count = 0;
+        if (a && b) {
+            len = (size_t)snprintf(why, n, "the job changed: ");
+            spec_diff(a, b, "", why, n, &len, &count);
+        }
+        if (!count)
+            snprintf(why, n, "the job spec changed (spec hash %.12s -> %.12s)", old->spec_hash,
+                     cur->spec_hash);
+        json_decref(a);
+        json_decref(b);
         return false;
     }
     // Model: every hashed file by content, weights by name and size (a copied model keeps them).
@@ -440,6 +490,13 @@ static json_t *to_json(const tm_manifest *m) {
                      "finished", (int)m->finished, "counts", counts_json(&m->counts), "commits",
                      "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
     tm_free(job_path);
+    json_t *spec = m->spec_json ? json_loads(m->spec_json, 0, NULL) : NULL;
+    if (root && spec && json_object_set_new(json_object_get(root, "job"), "spec", spec) != 0) {
+        json_decref(root);
+        return NULL;
+    }
+    if (!root)
+        json_decref(spec);
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
@@ -589,6 +646,10 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     memcpy(m->spec_hash, hash, 33);
     m->job_path = tm_path_unescape(jp);
     if (!m->job_path)
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
+    const json_t *spec = json_object_get(job, "spec"); // optional: older manifests lack it
+    if (json_is_object(spec) &&
+        !(m->spec_json = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17))))
         return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     if (files_from_json(r, json_object_get(json_object_get(root, "model"), "files"), true,
                         "model.files", &m->model_files, &m->n_model_files))

@@ -86,8 +86,10 @@ typedef struct tm_manifest_stdin {
 } tm_manifest_stdin;
 
 typedef struct tm_manifest {
-    char spec_hash[33];            /* xxh3-128 hex of the canonical job spec */
-    char *job_path;                /* owned; informational (the job may move) */
+    char spec_hash[33]; /* xxh3-128 hex of the canonical job spec */
+    char *job_path;     /* owned; informational (the job may move) */
+    char *spec_json;    /* owned canonical job spec (what spec_hash hashes), or NULL (a manifest
+                         * written before it was kept): messages say which fields changed */
     tm_manifest_file *model_files; /* [n_model_files] owned; sorted by name */
     size_t n_model_files;
     tm_manifest_file *inputs; /* [n_inputs] owned; in read order */

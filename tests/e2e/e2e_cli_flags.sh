@@ -59,7 +59,7 @@ grep -q '(command-line job): (command-line job)' e && fail "doubled prefix: $(ca
 "$tm" -q run "${m[@]}" -i in.jsonl -o 'my out' --max-tokens 4 >/dev/null
 rc=0; "$tm" run "${m[@]}" -i in.jsonl -o 'my out' --max-tokens 5 2>e || rc=$?
 [ $rc = 1 ] || fail "changed rerun: exit $rc"
-grep -q 'the job spec changed' e || fail "what changed: $(cat e)"
+grep -q 'the job changed: defaults.max_tokens 4 -> 5' e || fail "what changed: $(cat e)"
 cmd=$(sed -n 's/.*Run `\([^`]*\)`.*/\1/p' e)
 [ "$cmd" = "$tm run --model models/demo-pystdlib -i in.jsonl -o 'my out' --max-tokens 5 --restart" ] ||
     fail "restart command: $cmd"

@@ -116,7 +116,12 @@ static void test_round_trip_and_same_job(void) {
     tm_manifest other = {0};
     make_identity(&other, "{\"a\":2}");
     TM_CHECK(!tm_manifest_same_job(&back, &other, why, sizeof(why)));
-    TM_CHECK(strstr(why, "job spec changed") != NULL);
+    TM_CHECK_MSG(strstr(why, "the job changed: a 1 -> 2") != NULL, "%s", why); // names the field
+    // a manifest without the spec (written before it was kept): the hashes
+    free(back.spec_json);
+    back.spec_json = NULL;
+    TM_CHECK(!tm_manifest_same_job(&back, &other, why, sizeof(why)));
+    TM_CHECK(strstr(why, "job spec changed (spec hash") != NULL);
     tm_manifest_fini(&other);
     snprintf(p, sizeof(p), "%s/in.jsonl", g_dir);
     write_text(p, "{\"id\":1,\"prompt\":\"ab\"}\n"); // the input grew by a byte
