@@ -249,8 +249,11 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
         goto fail;
     tm_engine_opts ro = *eo;
     ro.tp_rank = 0;
-    tm_engine_cuda_tp tcfg = {
-        .device = 0, .rdzv = t->rdzv, .nccl_id = w.nccl_id, .timeout_ms = l->timeout_s * 1000};
+    tm_engine_cuda_tp tcfg = {.device = 0,
+                              .rdzv = t->rdzv,
+                              .nccl_id = w.nccl_id,
+                              .timeout_ms = l->timeout_s * 1000,
+                              .host_comm = host_comm_env()};
     rc = tm_engine_cuda_tp_create(m, &ro, &tcfg, &t->inner, err);
     if (rc)
         goto fail;
@@ -262,6 +265,13 @@ fail:
     t->rdzv = NULL;
     tp_destroy(&t->eng);
     return rc;
+}
+
+/* TM_TP_COMM=host: every local rank on device 0, all-reduces over host shared memory (a check of
+ * the sharding on one GPU, not fast; runner/tp/tp_host.h). The spawned ranks inherit it. */
+static int host_comm_env(void) {
+    const char *e = getenv("TM_TP_COMM");
+    return e && strcmp(e, "host") == 0;
 }
 
 /* A rank other than 0: load the job's model, join, serve plans until rank 0 says stop. */
@@ -303,8 +313,11 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
     }
     tm_engine_opts eo = w.eo; // rank 0's, resolved once from the job (cmd/engine_opts.h)
     eo.tp_rank = rank;
-    tm_engine_cuda_tp tcfg = {
-        .device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id, .timeout_ms = w.timeout_ms};
+    tm_engine_cuda_tp tcfg = {.device = host_comm_env() ? 0 : (int)local_rank,
+                              .rdzv = rdzv,
+                              .nccl_id = w.nccl_id,
+                              .timeout_ms = w.timeout_ms,
+                              .host_comm = host_comm_env()};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);
     if (rc) {
         tm_rdzv_report(rdzv, err->msg);
