@@ -79,7 +79,8 @@ static int rank_run(const uint8_t *id, uint32_t rank, uint32_t world) {
             }
             for (uint32_t r = 0; r < world; r++)
                 wu += (uint32_t)(i * 7 + r * 1000003u);
-            if (memcmp(&b[i], &want, 4) || u[i] != wu || fabsf(from_bf16(h[i]) - wh) > fabsf(wh) / 128) {
+            if (memcmp(&b[i], &want, 4) || u[i] != wu ||
+                fabsf(from_bf16(h[i]) - wh) > fabsf(wh) / 128) {
                 fprintf(stderr, "rank %u n %zu i %zu: %g vs %g, %u vs %u, %g vs %g\n", rank, n, i,
                         b[i], want, u[i], wu, from_bf16(h[i]), wh);
                 bad++;
