@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/buf.h"
+#include "base/utf8.h"
 #include "base/log.h"
 #include "cmd/bench.h"
 #include "cmd/job_run.h"
@@ -382,7 +384,15 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
                 arr = json_array();
                 json_object_set_new(s, key, arr);
             }
-            json_array_append_new(arr, json_string(v));
+            // an input path is bytes: escaped so that JSON carries any name (base/utf8.h); a
+            // stop string is text, and one that is not UTF-8 is refused below
+            char *ev = job_opts[k].kind == OPT_INPUT ? tm_path_escape(v) : NULL;
+            json_t *sv = json_string(ev ? ev : v);
+            tm_free(ev);
+            if (!sv || json_array_append_new(arr, sv) != 0) {
+                fprintf(stderr, "tokenmill %s: %s %s: not valid UTF-8 text\n", cmd, a, v);
+                return 2;
+            }
             break;
         }
         }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "ingest/fields_int.h"
@@ -46,7 +47,8 @@ static const char *const engine_keys[] = {
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
-    "kv_cache_dtype", "speculative",  /* end */ NULL};
+    "kv_cache_dtype", "speculative",  "engram_cache_mb",
+    /* end */ NULL};
 static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
                                         "prompt_lookup_max", NULL};
 static const char *const limits_keys[] = {
@@ -515,7 +517,11 @@ static tm_rc load_input(loader *ld, const json_t *input) {
             return fail_value(ld, p, "a non-empty string (file, folder or glob pattern)", v);
         if (cfiles && json_array_append_new(cfiles, json_string(json_string_value(v))) != 0)
             ld->canon_nomem = 1;
-        tm_rc rc = expand_entry(ld, p, json_string_value(v));
+        char *given = tm_path_unescape(json_string_value(v)); // \xHH: any byte (base/utf8.h)
+        if (!given)
+            return TM_ERR(ld->err, TM_E_NOMEM, "input path");
+        tm_rc rc = expand_entry(ld, p, given);
+        tm_free(given);
         if (rc)
             return rc;
     }
@@ -681,6 +687,16 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                         "weights across ranks yet)",
                         tm_job_quant_name(e->quantization), e->tp);
         canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
+    }
+    // Not part of the job's identity (as gpu_memory_utilization): it sizes a cache, the rows
+    // read are the same whatever it holds.
+    v = eng ? json_object_get(eng, "engram_cache_mb") : NULL;
+    e->engram_cache_mb = TM_JOB_DEFAULT_ENGRAM_CACHE_MB;
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > TM_JOB_MAX_ENGRAM_CACHE_MB)
+            return fail_value(ld, "engine.engram_cache_mb", "an integer >= 1 and <= 1048576", v);
+        e->engram_cache_mb = (uint32_t)json_integer_value(v);
     }
     // Also part of the identity, written only when not "auto" (as quantization).
     v = eng ? json_object_get(eng, "kv_cache_dtype") : NULL;
@@ -1192,8 +1208,13 @@ static tm_rc spec_load(const char *path, const char *base_dir, const char *text,
         goto fail;
     }
     json_error_t jerr;
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    if (!text && tm_fs_open_in(path, "job file", &fd, NULL, err))
+        goto fail;
     root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
-                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+                : json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    if (fd >= 0)
+        close(fd);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);

@@ -29,6 +29,10 @@
 /* engine.threads: at most this many, and at most 4 x the online CPU cores (job_spec.c). */
 #define TM_JOB_MAX_THREADS 1024
 #define TM_JOB_DEFAULT_LOOKAHEAD 1024
+/* engine.engram_cache_mb: 1 GiB of rows (about 4 M rows of 264 bytes) per Engram table; the tables
+ * themselves are ~90 GiB each and are read from disk (runner/model/engram_table.h). */
+#define TM_JOB_DEFAULT_ENGRAM_CACHE_MB 1024
+#define TM_JOB_MAX_ENGRAM_CACHE_MB (1u << 20)
 #define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
 #define TM_JOB_DEFAULT_MAX_DEPTH 64
 #define TM_JOB_DEFAULT_MAX_FIELD_BYTES (8u << 20)
@@ -74,6 +78,9 @@ typedef struct tm_job_engine {
                                     * 0: no speculative decoding */
     uint32_t spec_lookup_min, spec_lookup_max; /* its prompt_lookup_min / max */
     bool spec_mtp; /* engine.speculative.method "mtp" (DeepSeek-V4's MTP layer; else "ngram") */
+    uint32_t engram_cache_mb; /* engine.engram_cache_mb: row cache of each Engram table of a
+                               * DeepSeek-V4.1 model, MiB per table and rank (engram_table.h's
+                               * cache_bytes = this << 20); memory sizing, not identity */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */

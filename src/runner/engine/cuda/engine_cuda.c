@@ -850,6 +850,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                       "cuda engine: kv_cache_dtype fp8 with tp_size %u is not supported yet",
                       tp_size);
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
+    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V41) // docs/deepseek_v41.md
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: deepseek_v41 runs on the cpu backend for now (engine.backend "
+                      "\"cpu\")");
     if (!arch)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: architecture %s not supported (the Llama family: llama, "
