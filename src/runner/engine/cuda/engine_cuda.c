@@ -722,8 +722,9 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
 }
 
 void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
-    if (eng && eng->ops == &cuda_ops)
-        tm_cuda_engine *impl = eng->impl;
+    if (!eng || eng->ops != &cuda_ops)
+        return;
+    tm_cuda_engine *impl = eng->impl;
     // the host all-reduce transport synchronizes inside its collectives: never captured
     impl->use_graphs = on && (!impl->comm || tm_cuda_comm_graphable(impl->comm));
 }
