@@ -22,6 +22,13 @@
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
+/* TM_TP_COMM=host: every local rank on device 0, all-reduces over host shared memory (a check of
+ * the sharding on one GPU, not fast; runner/tp/tp_host.h). The spawned ranks inherit it. */
+static int host_comm_env(void) {
+    const char *e = getenv("TM_TP_COMM");
+    return e && strcmp(e, "host") == 0;
+}
+
 #define WELCOME_MAGIC 0x544d5450u /* "TMTP" */
 #define WELCOME_VERSION 3
 #define REAP_WAIT_MS 20000 /* how long rank 0 waits for its local ranks to exit */
@@ -203,7 +210,7 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
     if (rc)
         return rc;
     const int n_dev = tm_engine_cuda_n_devices();
-    if (n_dev < (int)nproc)
+    if (n_dev < (host_comm_env() ? 1 : (int)nproc)) // TM_TP_COMM=host: all on device 0
         return TM_ERR(err, TM_E_INVAL,
                       "tp: engine.tp %u on %u node(s) needs %u GPUs on this node, %d visible",
                       eo->tp_size, TM_MAX(l->nnodes, 1u), nproc, n_dev);
@@ -265,13 +272,6 @@ fail:
     t->rdzv = NULL;
     tp_destroy(&t->eng);
     return rc;
-}
-
-/* TM_TP_COMM=host: every local rank on device 0, all-reduces over host shared memory (a check of
- * the sharding on one GPU, not fast; runner/tp/tp_host.h). The spawned ranks inherit it. */
-static int host_comm_env(void) {
-    const char *e = getenv("TM_TP_COMM");
-    return e && strcmp(e, "host") == 0;
 }
 
 /* A rank other than 0: load the job's model, join, serve plans until rank 0 says stop. */

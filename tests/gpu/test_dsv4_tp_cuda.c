@@ -314,8 +314,8 @@ static void test_mix_topk(void) {
 
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--rank"))
-        return rank_main((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]),
-                         (uint16_t)atoi(argv[4]), argv[5]);
+        return rank_main((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), (uint16_t)atoi(argv[4]),
+                         argv[5]);
     signal(SIGPIPE, SIG_IGN);
     g_rng = 91;
     const int n_dev = tm_engine_cuda_n_devices();

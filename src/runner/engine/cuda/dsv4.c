@@ -312,6 +312,10 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             q->on = f8_ok && impl->tp_size < 2 && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
         }
     }
+    if (impl->tp_size > 1 && g->I % 8)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: dsv4: expert width %u per rank (tp %u) is not a multiple of 8",
+                      g->I, impl->tp_size);
     if (impl->tp_size > 1 && g->mxfp4)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv4: tensor parallel of MXFP4 experts not supported yet");
