@@ -24,9 +24,13 @@ Numerics:
   boundary and picks of masked (-inf) entries that the reference would still attend; fixture makers
   choose seeds where both counts are 0.
 
+DSpark: Model.forward_spec (the mtp.* draft stages, greedy) and run_spec (issue #37; no fixture yet).
+
 Usage:
   python3 tests/oracles/v41_ref.py MODEL_DIR --prompt 1,2,3 [--decode N] [--chunk C]
-prints the greedy continuation and the last logits' top entries. Library use: see
+prints the greedy continuation and the last logits' top entries;
+  python3 tests/oracles/v41_ref.py --token-map TOKENIZER_JSON [-v]
+prints the compressed vocab size (and with -v the map, one id per line). Library use: see
 tests/oracles/make_v41_fixtures.py. Needs NumPy only (Debian python3-numpy).
 """
 import json
@@ -461,7 +465,9 @@ _WHITE_SPACE = set(map(chr, list(range(0x09, 0x0E)) + [0x20, 0x85, 0xA0, 0x1680]
 
 def normalize_token_text(text):
     """mirrors: the normalizer sequence of engram.py build_compressed_token_map: NFKC, NFD, strip
-    accents (drop General_Category M*), lowercase (per char, no final-sigma context, as the Rust
+    accents (tokenizers' StripAccents drops is_combining_mark chars, General_Category Mark: Mn, Mc
+    and Me; V3's tokenizer then has 98627 keys, and V3's 128815 ids + V4.1's 465 more give the
+    released 99092), lowercase (per char, no final-sigma context, as the Rust
     normalizer), runs of [ \\t\\r\\n] -> one space, a lone " " kept (via the sentinel), strip Unicode
     White_Space at both ends."""
     s = unicodedata.normalize("NFKC", text)
@@ -735,75 +741,116 @@ class Model:
                                  f"engram_compressed_vocab_size {a.engram_compressed_vocab_size}")
             self.token_map, self.cvocab = tmap, cvocab
             self.engram_hash = NgramHash(a, tmap, cvocab)
-        self.layers = []
-        for i in range(a.n_layers):
-            L = Layer()
-            L.id, p = i, f"layers.{i}."
-            L.attn_norm = W.dense(p + "attn_norm.weight", (D,))
-            L.ffn_norm = W.dense(p + "ffn_norm.weight", (D,))
-            for k in ("attn", "ffn"):
-                setattr(L, f"hc_{k}_fn", W.dense(p + f"hc_{k}_fn", (mix, a.hc_mult * D)))
-                setattr(L, f"hc_{k}_base", W.dense(p + f"hc_{k}_base", (mix,)))
-                setattr(L, f"hc_{k}_scale", W.dense(p + f"hc_{k}_scale", (3,)))
-            q = p + "attn."
-            L.attn_sink = W.dense(q + "attn_sink", (H,))
-            L.wq_a = W.linear(q + "wq_a", a.q_lora_rank, D)
-            L.q_norm = W.dense(q + "q_norm.weight", (a.q_lora_rank,))
-            L.wq_b = W.linear(q + "wq_b", H * HD, a.q_lora_rank)
-            L.wkv = W.linear(q + "wkv", HD, D)
-            L.kv_norm = W.dense(q + "kv_norm.weight", (HD,))
-            L.wo_a = W.dequantized(q + "wo_a", (a.o_groups * a.o_lora_rank, H * HD // a.o_groups))
-            L.wo_b = W.linear(q + "wo_b", D, a.o_groups * a.o_lora_rank)
-            L.ratio = a.compress_ratios[i]
-            L.is_kv_source = i in a.kv_source_layers
-            L.is_index_source = i in a.index_source_layers
-            if L.ratio:
-                L.rope = Rope(precompute_freqs(R, a.original_seq_len, a.compress_rope_theta,
-                                               a.rope_factor, a.beta_fast, a.beta_slow))
-            else:
-                L.rope = Rope(precompute_freqs(R, 0, a.rope_theta, a.rope_factor, a.beta_fast,
-                                               a.beta_slow))
+        self.layers = [self.load_block(W, f"layers.{i}.", i) for i in range(a.n_layers)]
+        # DSpark stages (mtp.*): only when the config enables them, as Transformer.__init__ does
+        self.mtp = []
+        if a.dspark_block_size:
+            for k in range(a.n_mtp_layers):
+                self.mtp.append(self.load_block(W, f"mtp.{k}.", a.n_layers + k))
+            self.load_dspark_heads(W)
+        self.unused = sorted(n for n in W.st.names() if n not in W.used)
+
+    def load_block(self, W, p, i):
+        """mirrors: model.py Block.__init__ (and DSparkBlock's, for i >= n_layers): the tensors of
+        one block under prefix p."""
+        a = self.args
+        D, H, HD, R = a.dim, a.n_heads, a.head_dim, a.rope_head_dim
+        mix = (2 + a.hc_mult) * a.hc_mult
+        backbone = i < a.n_layers
+        n_exp, _ = self.moe_config(i)
+        L = Layer()
+        L.id = i
+        L.n_act = self.moe_config(i)[1]
+        L.attn_norm = W.dense(p + "attn_norm.weight", (D,))
+        L.ffn_norm = W.dense(p + "ffn_norm.weight", (D,))
+        for k in ("attn", "ffn"):
+            setattr(L, f"hc_{k}_fn", W.dense(p + f"hc_{k}_fn", (mix, a.hc_mult * D)))
+            setattr(L, f"hc_{k}_base", W.dense(p + f"hc_{k}_base", (mix,)))
+            setattr(L, f"hc_{k}_scale", W.dense(p + f"hc_{k}_scale", (3,)))
+        q = p + "attn."
+        L.attn_sink = W.dense(q + "attn_sink", (H,))
+        L.wq_a = W.linear(q + "wq_a", a.q_lora_rank, D)
+        L.q_norm = W.dense(q + "q_norm.weight", (a.q_lora_rank,))
+        L.wq_b = W.linear(q + "wq_b", H * HD, a.q_lora_rank)
+        L.wkv = W.linear(q + "wkv", HD, D)
+        L.kv_norm = W.dense(q + "kv_norm.weight", (HD,))
+        L.wo_a = W.dequantized(q + "wo_a", (a.o_groups * a.o_lora_rank, H * HD // a.o_groups))
+        L.wo_b = W.linear(q + "wo_b", D, a.o_groups * a.o_lora_rank)
+        L.ratio = a.compress_ratios[i]
+        L.is_kv_source = backbone and i in a.kv_source_layers
+        L.is_index_source = backbone and i in a.index_source_layers
+        if L.ratio:
+            L.rope = Rope(precompute_freqs(R, a.original_seq_len, a.compress_rope_theta,
+                                           a.rope_factor, a.beta_fast, a.beta_slow))
+        else:
+            L.rope = Rope(precompute_freqs(R, 0, a.rope_theta, a.rope_factor, a.beta_fast,
+                                           a.beta_slow))
+        if L.is_kv_source:
+            c = q + "compressor."
+            L.c_wkv = W.linear(c + "wkv", HD, D, expect_dense=True)
+            L.c_wgate = W.linear(c + "wgate", HD, D, expect_dense=True) if L.ratio > 1 else None
+            L.c_norm = W.dense(c + "norm.weight", (HD,))
+        if L.is_index_source:
+            x = q + "indexer."
+            L.i_wq_b = W.linear(x + "wq_b", a.index_n_heads * a.index_head_dim, a.q_lora_rank)
+            L.i_weights_proj = W.linear(x + "weights_proj", a.index_n_heads, D, expect_dense=True)
             if L.is_kv_source:
-                c = q + "compressor."
-                L.c_wkv = W.linear(c + "wkv", HD, D, expect_dense=True)
-                L.c_wgate = W.linear(c + "wgate", HD, D, expect_dense=True) if L.ratio > 1 else None
-                L.c_norm = W.dense(c + "norm.weight", (HD,))
-            if L.is_index_source:
-                x = q + "indexer."
-                L.i_wq_b = W.linear(x + "wq_b", a.index_n_heads * a.index_head_dim, a.q_lora_rank)
-                L.i_weights_proj = W.linear(x + "weights_proj", a.index_n_heads, D, expect_dense=True)
-                if L.is_kv_source:
-                    L.i_wk = W.linear(x + "wk", a.index_head_dim, HD, expect_dense=True)
-                    L.i_k_norm = W.dense(x + "k_norm.weight", (a.index_head_dim,))
-            f = p + "ffn."
-            L.gate_w = Linear(W.dense(f + "gate.weight", (a.n_routed_experts, D)), False)
-            L.gate_bias = W.dense(f + "gate.bias", (a.n_routed_experts,))
-            L.experts = []
-            for e in range(a.n_routed_experts):
-                L.experts.append(tuple(W.linear(f + f"experts.{e}.{n}", o, k) for n, o, k in (
-                    ("w1", a.moe_inter_dim, D), ("w2", D, a.moe_inter_dim), ("w3", a.moe_inter_dim, D))))
-            L.shared = tuple(W.linear(f + f"shared_experts.{n}", o, k) for n, o, k in (
-                ("w1", a.moe_inter_dim, D), ("w2", D, a.moe_inter_dim), ("w3", a.moe_inter_dim, D)))
-            L.engram = None
-            if i in a.engram_layer_ids:
-                g = p + "engram."
-                j = a.engram_layer_ids.index(i)
-                rows = a.engram_num_embeddings[j]
-                ehd = a.engram_head_dim
-                tw = W.st.raw(g + "embed.weight")
-                ts = W.st.raw(g + "embed.scale")
-                if tw[0] != "F8_E4M3" or tuple(tw[1]) != (rows, ehd) or tuple(ts[1]) != (rows, ehd // 32):
-                    raise ValueError(f"{tw[3]}: {g}embed: {tw[0]} {tw[1]} / {ts[1]}, expected "
-                                     f"F8_E4M3 [{rows}, {ehd}] + F8_E8M0 [{rows}, {ehd // 32}]")
-                W.used.update([g + "embed.weight", g + "embed.scale"])
-                ncols = (a.engram_max_ngram_size - 1) * a.engram_n_heads
-                L.engram = dict(
-                    index=j, rows=rows, table=tw[2], scale=ts[2], head_dim=ehd,
-                    wkv=W.linear(g + "wkv", D * (a.hc_mult + 1), ncols * ehd),
-                    weight=(W.dense(g + "q_weight", (a.hc_mult, D)).astype(F64) *
-                            W.dense(g + "k_weight", (a.hc_mult, D)).astype(F64)).astype(F32))
-            self.layers.append(L)
-        self.unused = sorted(n for n in W.st.names() if n not in W.used and not n.startswith("mtp."))
+                L.i_wk = W.linear(x + "wk", a.index_head_dim, HD, expect_dense=True)
+                L.i_k_norm = W.dense(x + "k_norm.weight", (a.index_head_dim,))
+        f = p + "ffn."
+        L.gate_w = Linear(W.dense(f + "gate.weight", (n_exp, D)), False)
+        L.gate_bias = W.dense(f + "gate.bias", (n_exp,))
+        L.experts = []
+        for e in range(n_exp):
+            L.experts.append(tuple(W.linear(f + f"experts.{e}.{n}", o, k) for n, o, k in (
+                ("w1", a.moe_inter_dim, D), ("w2", D, a.moe_inter_dim), ("w3", a.moe_inter_dim, D))))
+        L.shared = tuple(W.linear(f + f"shared_experts.{n}", o, k) for n, o, k in (
+            ("w1", a.moe_inter_dim, D), ("w2", D, a.moe_inter_dim), ("w3", a.moe_inter_dim, D)))
+        L.engram = None
+        if backbone and i in a.engram_layer_ids:
+            g = p + "engram."
+            j = a.engram_layer_ids.index(i)
+            rows = a.engram_num_embeddings[j]
+            ehd = a.engram_head_dim
+            tw = W.st.raw(g + "embed.weight")
+            ts = W.st.raw(g + "embed.scale")
+            if tw[0] != "F8_E4M3" or tuple(tw[1]) != (rows, ehd) or tuple(ts[1]) != (rows, ehd // 32):
+                raise ValueError(f"{tw[3]}: {g}embed: {tw[0]} {tw[1]} / {ts[1]}, expected "
+                                 f"F8_E4M3 [{rows}, {ehd}] + F8_E8M0 [{rows}, {ehd // 32}]")
+            W.used.update([g + "embed.weight", g + "embed.scale"])
+            ncols = (a.engram_max_ngram_size - 1) * a.engram_n_heads
+            L.engram = dict(
+                index=j, rows=rows, table=tw[2], scale=ts[2], head_dim=ehd,
+                wkv=W.linear(g + "wkv", D * (a.hc_mult + 1), ncols * ehd),
+                weight=(W.dense(g + "q_weight", (a.hc_mult, D)).astype(F64) *
+                        W.dense(g + "k_weight", (a.hc_mult, D)).astype(F64)).astype(F32))
+        return L
+
+    def moe_config(self, i):
+        """mirrors: model.py ModelArgs.get_moe_config - DSpark stages may have their own counts."""
+        a = self.args
+        if i < a.n_layers:
+            return a.n_routed_experts, a.n_activated_experts
+        return (a.dspark_n_routed_experts or a.n_routed_experts,
+                a.dspark_n_activated_experts or a.n_activated_experts)
+
+    def load_dspark_heads(self, W):
+        """mirrors: model.py DSparkBlock.__init__ - stage 0's main_proj/main_norm, the last stage's
+        norm, markov head (its own embedding and head over dspark_markov_rank) and confidence head
+        (kept fp32, from bf16); the token embedding and head are the backbone's."""
+        a = self.args
+        D, T, Rk = a.dim, len(a.dspark_target_layer_ids), a.dspark_markov_rank
+        if any(a.compress_ratios[a.n_layers + k] for k in range(a.n_mtp_layers)):
+            raise ValueError("a DSpark stage has compress ratio > 0 (the reference asserts 0)")
+        if not T:
+            raise ValueError("DSpark needs dspark_target_layer_ids")
+        last = f"mtp.{a.n_mtp_layers - 1}."
+        self.ds_main_proj = W.linear("mtp.0.main_proj", D, D * T)
+        self.ds_main_norm = W.dense("mtp.0.main_norm.weight", (D,))
+        self.ds_norm = W.dense(last + "norm.weight", (D,))
+        self.ds_markov_embed = W.dense(last + "markov_head.embed.weight", (a.vocab_size, Rk))
+        self.ds_markov_head = Linear(W.dense(last + "markov_head.head.weight", (a.vocab_size, Rk)), False)
+        self.ds_confidence = Linear(W.dense(last + "confidence_head.proj.weight", (1, D + Rk)), False)
 
     def check_schedule(self):
         """The sharing schedule the reference's one-slot SharedAttentionRuntime relies on: each
@@ -859,10 +906,14 @@ class Model:
         h = np.repeat(h[:, None, :], a.hc_mult, axis=1).astype(F32)  # [S, hc, D]
         pre_mix = np.zeros((n, a.hc_mult), dtype=F32)
         pre_mix[:, 0] = 1.0  # mirrors: model.py make_identity_pre_mix
+        hidden = []
         for L in self.layers:
             if L.engram is not None:
                 h = self.engram(L, h, hashes[:, L.engram["index"], :])
+            if L.id in a.dspark_target_layer_ids:  # the attention input of a target layer
+                hidden.append(h.astype(F64).mean(axis=1).astype(F32))
             h, pre_mix = self.block(L, seq, h, pos, pre_mix)
+        seq.main_hidden = np.concatenate(hidden, axis=-1) if hidden else None
         x = hc_pre(h, pre_mix)
         x = rms_norm(x, self.norm, a.norm_eps)
         seq.pos += n
@@ -899,16 +950,16 @@ class Model:
         gate = 1.0 / (1.0 + np.exp(-np.copysign(np.sqrt(np.maximum(np.abs(dot), 1e-6)), dot)))
         return (x + gate[..., None] * value[:, None, :]).astype(F32)
 
-    def block(self, L, seq, x, pos, pre_mix):
+    def block(self, L, seq, x, pos, pre_mix, attention=None):
         """mirrors: model.py Block.forward - attention takes the stream collapsed by the previous
         sublayer's pre mix; each sublayer's hc_mixes provide post/comb for itself and the pre mix
-        of the next sublayer."""
+        of the next sublayer. `attention` replaces Attention.forward (DSparkAttention)."""
         a = self.args
         residual = x
         attn_pre, attn_post, attn_comb = hc_mixes(x, L.hc_attn_fn, L.hc_attn_scale, L.hc_attn_base, a)
         y = hc_pre(x, pre_mix)
         y = rms_norm(y, L.attn_norm, a.norm_eps)
-        y = self.attention(L, seq, y, pos)
+        y = attention(y) if attention is not None else self.attention(L, seq, y, pos)
         x = hc_post(y, residual, attn_post, attn_comb)
         residual = x
         ffn_pre, ffn_post, ffn_comb = hc_mixes(x, L.hc_ffn_fn, L.hc_ffn_scale, L.hc_ffn_base, a)
@@ -1047,6 +1098,76 @@ class Model:
         return out
 
     # ---------------------------------------------------------------------------------------
+    def dspark_seed(self, seq, main_x, start_pos):
+        """mirrors: model.py DSparkAttention.forward's main-KV part - each stage's window KV of the
+        main model's positions: act_quant(rope(kv_norm(wkv main_x))) (prefill seeds, a decode step
+        adds its position)."""
+        pos = np.arange(start_pos, start_pos + main_x.shape[0])
+        for L in self.mtp:
+            kv = rms_norm(L.wkv(main_x), L.kv_norm, self.args.norm_eps)
+            kv = act_quant(L.rope.apply(kv, pos, self.args.rope_head_dim), 32)
+            win = seq.mtp[L.id - self.args.n_layers]["win"]
+            for j, p in enumerate(pos):
+                win[int(p)] = kv[j]
+
+    def dspark_attention(self, L, seq, x, start_pos):
+        """mirrors: model.py DSparkAttention.forward (decode) + get_dspark_topk_idxs - the draft block
+        (positions start_pos+1..start_pos+block) attends to the stage's window of main KV (positions
+        up to start_pos) and to every position of the block itself (no causal mask), with sinks."""
+        a = self.args
+        B, H, HD, R = x.shape[0], a.n_heads, a.head_dim, a.rope_head_dim
+        bpos = np.arange(start_pos + 1, start_pos + 1 + B)
+        qr = rms_norm(L.wq_a(x), L.q_norm, a.norm_eps)
+        q = L.rope.apply(L.wq_b(qr).reshape(B, H, HD), bpos, R)
+        kv = rms_norm(L.wkv(x), L.kv_norm, a.norm_eps)
+        kv = act_quant(L.rope.apply(kv, bpos, R), 32)
+        win = seq.mtp[L.id - a.n_layers]["win"]
+        rows = [win[p] for p in range(max(0, start_pos - a.window_size + 1), start_pos + 1)]
+        rows = np.array(rows + list(kv), dtype=F32)
+        o = np.stack([sparse_attn(q[b], rows, L.attn_sink, HD ** -0.5) for b in range(B)])
+        o = L.rope.apply(o, bpos, R, inverse=True)
+        G = a.o_groups
+        y = np.einsum("sgd,grd->sgr", o.reshape(B, G, -1).astype(F64),
+                      L.wo_a.reshape(G, a.o_lora_rank, -1).astype(F64)).astype(F32)
+        return L.wo_b(y.reshape(B, G * a.o_lora_rank))
+
+    def forward_spec(self, seq, token, main_hidden, start_pos):
+        """mirrors: model.py Transformer.forward_spec + DSparkBlock.forward_embed / forward /
+        forward_head + DSparkMarkovHead + DSparkConfidenceHead, temperature 0 (greedy).
+        main_hidden: seq.main_hidden of the main forward at start_pos.. (all prompt rows at
+        start_pos 0, one row in a decode step); token: the main model's next token. At start_pos 0
+        only the stages' window KV is seeded (returns None); else returns (draft ids
+        [block + 1] starting with token, logits [block, vocab] with the markov bias added,
+        confidence [block])."""
+        a = self.args
+        assert self.mtp, "the checkpoint has no DSpark stages (dspark_block_size 0)"
+        main_x = rms_norm(self.ds_main_proj(main_hidden), self.ds_main_norm, a.norm_eps)
+        if start_pos == 0:
+            self.dspark_seed(seq, main_x, 0)
+            return None
+        assert main_x.shape[0] == 1, "a DSpark decode step takes one main position"
+        self.dspark_seed(seq, main_x, start_pos)
+        B = a.dspark_block_size
+        ids = [int(token)] + [a.dspark_noise_token_id] * (B - 1)
+        h = np.repeat(self.embed[np.asarray(ids)][:, None, :], a.hc_mult, axis=1).astype(F32)
+        pre_mix = np.zeros((B, a.hc_mult), dtype=F32)
+        pre_mix[:, 0] = 1.0
+        bpos = np.arange(start_pos + 1, start_pos + 1 + B)
+        for L in self.mtp:
+            h, pre_mix = self.block(L, seq, h, bpos, pre_mix,
+                                    attention=lambda y, L=L: self.dspark_attention(L, seq, y, start_pos))
+        x = hc_pre(h, pre_mix)
+        logits = self.head(rms_norm(x, self.ds_norm, a.norm_eps))
+        out, markov = [int(token)], []
+        for i in range(B):
+            e = self.ds_markov_embed[out[i]]
+            logits[i] = (logits[i].astype(F64) + self.ds_markov_head(e[None, :])[0].astype(F64)).astype(F32)
+            markov.append(e)
+            out.append(int(np.argmax(logits[i])))
+        conf = self.ds_confidence(np.concatenate([x, np.array(markov, dtype=F32)], axis=-1))[:, 0]
+        return out, logits, conf
+
+    # ---------------------------------------------------------------------------------------
     def moe(self, L, x, seq):
         """mirrors: model.py MoE.forward + Gate.forward + Expert.forward: scores = x W^T / gate_temp
         through the score function; the bias picks the experts, the raw scores weight them
@@ -1066,7 +1187,7 @@ class Model:
         sc = sc.astype(F32)
         biased = (sc + L.gate_bias).astype(F32)
         y = np.zeros((S, a.dim), dtype=F64)
-        k = a.n_activated_experts
+        k = L.n_act
         for s in range(S):
             idx = topk_lowest_index_ties(biased[s], k)
             srt = np.sort(biased[s].astype(F64))[::-1]
@@ -1150,15 +1271,11 @@ class Sequence:
         self.pos = 0
         self.engram_cache = []
         self.layers = [dict(win=[], tail_kv=[], tail_sc=[], comp=[], index_k=[]) for _ in model.layers]
+        self.mtp = [dict(win={}) for _ in model.mtp]  # DSpark stages: main KV by position
+        self.main_hidden = None
         self.shared = Shared()
         self.stats = {"index_topk_boundary_ties": 0, "masked_picks_attended": 0,
                       "candidate_boundary_ties": 0, "moe_boundary_ties": 0}
-
-
-def forward_spec(*_args, **_kwargs):
-    """mirrors (to come, issue #37): model.py Transformer.forward_spec - the DSpark draft pass over
-    the mtp.* stages (DSparkBlock / DSparkAttention / markov and confidence heads)."""
-    raise NotImplementedError("forward_spec (DSpark, issue #37) is not written yet")
 
 
 # --------------------------------------------------------------------------------------------
@@ -1187,23 +1304,108 @@ def run(model, prompt, n_decode, chunk=0):
     return full, steps, greedy, seq.stats
 
 
+def selftest():
+    """Hand-checked cases of the number formats and kernels (run by tests/e2e/e2e_v41_oracle.sh)."""
+    eq = np.testing.assert_array_equal
+    # e4m3fn: ties to even in normals and subnormals, saturation at 448, the 2^-9 quantum below 2^-6
+    eq(round_e4m3(np.array([17, 19, 464, -1000, 2.5 * 2 ** -9, 1.5 * 2 ** -9, 0.0137, 0.3 * 256])),
+       np.array([16, 20, 448, -448, 2 ** -8, 2 ** -8, 7 * 2 ** -9, 80], dtype=F32))
+    # e2m1: ties to the even code, 6 the largest
+    eq(round_e2m1(np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5, 5.1, -0.3])),
+       np.array([0, 1, 1, 2, 2, 4, 4, 6, -0.5], dtype=F32))
+    eq(pow2_ceil(np.array([1.0, 1.5, 0.75, 2.0 ** -130], dtype=F32)),
+       np.array([1, 2, 1, 2.0 ** -126], dtype=F32))
+    # the byte tables: 0x7e = 448, 0x01 = 2^-9, 0x7f NaN; e8m0 127 = 1
+    assert E4M3[0x7E] == 448 and E4M3[0x01] == 2.0 ** -9 and np.isnan(E4M3[0x7F]) and E8M0[127] == 1
+    # act_quant of a block whose amax is 1: scale 2^ceil(log2(1/448)) = 2^-8, 0.3 -> 80/256
+    x = np.zeros(32, dtype=F32)
+    x[:3] = [1.0, 0.3, -0.001]
+    eq(act_quant(x)[:3], np.array([1.0, 0.3125, -0.0009765625], dtype=F32))
+    # fp4 with an e4m3 scale: amax 1 -> s = e4m3(1/6) = 0.171875, -1 saturates to -6 s
+    y = np.linspace(-1, 1, 16).astype(F32)
+    assert fp4_act_quant(y, 16, e4m3_scale=True)[0] == F32(-6 * 0.171875)
+    # Sinkhorn: comb close to doubly stochastic, pre in (eps, 1 + eps), post in (0, 2)
+    rng = np.random.default_rng(0)
+    pre, post, comb = hc_split_sinkhorn(rng.standard_normal((3, 24)), np.ones(3), np.zeros(24), 4, 20, 1e-6)
+    assert np.abs(comb.sum(-1) - 1).max() < 1e-3 and np.abs(comb.sum(-2) - 1).max() < 1e-3
+    assert (pre > 0).all() and (pre < 1.001).all() and (post > 0).all() and (post < 2).all()
+    # sparse_attn: one key, sink -inf -> the value itself; sink equal to the score halves it
+    kv = np.array([[1.0, 2.0]], dtype=F32)
+    q = np.array([[0.0, 0.0]], dtype=F32)
+    eq(sparse_attn(q, kv, np.array([-np.inf], dtype=F32), 1.0), kv)
+    eq(sparse_attn(q, kv, np.array([0.0], dtype=F32), 1.0), kv / 2)
+    # primes as find_next_prime: per (layer, n-gram) restarting above vocab - 1, never reused
+    class A:
+        engram_layer_ids, engram_max_ngram_size, engram_n_heads, engram_vocab_size = (0, 1), 3, 2, 100
+    assert engram_primes(A) == [[[101, 103], [107, 109]], [[113, 127], [131, 137]]]
+    # multipliers: odd, below the bound, and NumPy's own stream
+    mult = compute_hash_multipliers((0, 5), 3, 1000)
+    assert (mult % 2 == 1).all() and (mult < np.iinfo(np.int64).max // 1000).all()
+    eq(mult[1], np.random.default_rng(50035).integers(0, (np.iinfo(np.int64).max // 1000) // 2, 3,
+                                                       dtype=np.int64) * 2 + 1)
+    # the normaliser: case, accents (Mn and Mc), whitespace runs, a lone space kept
+    assert normalize_token_text(" Caf\u00e9\t\n") == "cafe"
+    assert normalize_token_text("\u0915\u093e") == "\u0915"  # KA + AA sign (Mc) -> KA
+    assert normalize_token_text("  ") == " " and normalize_token_text("\u03a3") == "\u03c3"
+    print("v41_ref selftest: ok")
+
+
+def run_spec(model, prompt, n_decode):
+    """The reference's own DSpark driving (model.py __main__, greedy): prefill, seed the stages with
+    forward_spec at 0, then per decode step the main forward of one token followed by forward_spec
+    at its position. Returns per step (main token, draft ids, draft logits, confidence)."""
+    seq = model.new_sequence()
+    row = model.forward(seq, prompt, 0)
+    tok = int(np.argmax(row))
+    model.forward_spec(seq, tok, seq.main_hidden, 0)
+    out = []
+    for _ in range(n_decode):
+        p = seq.pos
+        row = model.forward(seq, [tok], p)
+        nxt = int(np.argmax(row))
+        ids, logits, conf = model.forward_spec(seq, nxt, seq.main_hidden, p)
+        out.append((nxt, ids, logits, conf))
+        tok = nxt
+    return out
+
+
 def main():
     import argparse
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model")
-    ap.add_argument("--prompt", required=True, help="comma-separated token ids")
+    ap.add_argument("model", nargs="?")
+    ap.add_argument("--prompt", help="comma-separated token ids")
+    ap.add_argument("--token-map", metavar="TOKENIZER_JSON",
+                    help="print the compressed vocab size of a tokenizer.json (and the map with -v)")
+    ap.add_argument("-v", action="store_true")
+    ap.add_argument("--selftest", action="store_true", help="check the kernels on hand-made cases")
     ap.add_argument("--decode", type=int, default=8)
     ap.add_argument("--chunk", type=int, default=0)
     ap.add_argument("--literal-index-k", action="store_true")
+    ap.add_argument("--spec", action="store_true", help="also run the DSpark drafts (forward_spec)")
     o = ap.parse_args()
     global LITERAL_INDEX_K
     LITERAL_INDEX_K = o.literal_index_k
+    if o.selftest:
+        selftest()
+        return
+    if o.token_map:
+        tmap, n = build_compressed_token_map(Tokenizer(o.token_map))
+        print(f"n_tok {len(tmap)} compressed {n} unicode {unicodedata.unidata_version}")
+        if o.v:
+            print("\n".join(map(str, tmap.tolist())))
+        return
+    if not o.model or not o.prompt:
+        ap.error("MODEL and --prompt are needed")
     m = Model(o.model)
     if m.args.unknown:
         print(f"config keys not read by the reference: {m.args.unknown}", file=sys.stderr)
     if m.unused:
         print(f"tensors not read: {m.unused[:10]}{'...' if len(m.unused) > 10 else ''}", file=sys.stderr)
     prompt = [int(t) for t in o.prompt.split(",")]
+    if o.spec:
+        for nxt, ids, logits, conf in run_spec(m, prompt, o.decode):
+            print(json.dumps({"main": nxt, "draft": ids, "confidence": [float(c) for c in conf]}))
+        return
     full, steps, greedy, stats = run(m, prompt, o.decode, o.chunk)
     print(json.dumps({"greedy_ids": greedy, "stats": stats,
                       "last_top5": [[int(i), float(full[-1][i])] for i in np.argsort(-full[-1])[:5]]}))
