@@ -95,8 +95,8 @@ static tm_rc bind_lin(const tm_st_set *st, const tm_dsv41_cfg *d, const char *na
     q.block[0] = q.block[1] = 32;
     q.expert = kind == 1 && d->expert_fp4 ? TM_QUANT_MXFP4 : q.weight;
     const uint64_t want[2] = {out, in};
-    tm_rc rc = tm_quant_bind(st, &q, name, kind == 1 ? TM_QROLE_EXPERT : TM_QROLE_DENSE, 2, want,
-                             t, err);
+    tm_rc rc = tm_quant_bind(st, &q, name, kind == 1 ? TM_QROLE_EXPERT : TM_QROLE_DENSE, 2, want, t,
+                             err);
     if (rc || kind == 2)
         return rc;
     const tm_quant need = kind == 1 ? (tm_quant)q.expert : (tm_quant)q.weight;

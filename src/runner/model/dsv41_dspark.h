@@ -16,8 +16,8 @@
 typedef struct tm_dsv41_dspark {
     uint32_t n_stage, block_size, n_target, rank, n_experts, n_active, noise_id;
     tm_dsv41_layer *stages; /* owned, [n_stage]: only the fields a ratio-0, non-Engram layer has */
-    tm_tensor main_proj, main_norm; /* [dim][dim * n_target] (FP8 when dtype fp8), [dim] */
-    tm_tensor norm;                 /* [dim] */
+    tm_tensor main_proj, main_norm;      /* [dim][dim * n_target] (FP8 when dtype fp8), [dim] */
+    tm_tensor norm;                      /* [dim] */
     tm_tensor markov_embed, markov_head; /* [vocab][rank] each */
     tm_tensor conf_proj;                 /* [1][dim + rank] */
 } tm_dsv41_dspark;
@@ -30,8 +30,8 @@ tm_rc tm_dsv41_dspark_cfg(void *root, tm_dsv41_cfg *d, tm_err *err);
 /* Bind the stages mtp.0 .. mtp.<n_mtp_layers - 1> from st (d->dspark_block_size > 0); *out owned
  * by the caller (tm_dsv41_dspark_destroy). TM_E_PARSE names a missing or misshaped tensor. */
 struct tm_st_set;
-tm_rc tm_dsv41_dspark_bind(const struct tm_st_set *st, const tm_dsv41_cfg *d,
-                           tm_dsv41_dspark **out, tm_err *err);
+tm_rc tm_dsv41_dspark_bind(const struct tm_st_set *st, const tm_dsv41_cfg *d, tm_dsv41_dspark **out,
+                           tm_err *err);
 void tm_dsv41_dspark_destroy(tm_dsv41_dspark *p); /* NULL is a no-op */
 
 #endif /* TM_RUNNER_MODEL_DSV41_DSPARK_H */

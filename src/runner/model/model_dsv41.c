@@ -260,15 +260,10 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
         goto fail;
     // Fields read and range-checked, not used by the text forward: runtime limits, vision, DSpark.
     {
-        static const char *const ints[] = {"max_batch_size",
-                                           "vision_dim",
-                                           "vision_n_heads",
-                                           "vision_inter_dim",
-                                           "vision_patch_size",
-                                           "vision_downsample_ratio",
-                                           "vision_max_n_token",
-                                           "vision_min_pixels",
-                                           "image_token_id"};
+        static const char *const ints[] = {
+            "max_batch_size",     "vision_dim",        "vision_n_heads",
+            "vision_inter_dim",   "vision_patch_size", "vision_downsample_ratio",
+            "vision_max_n_token", "vision_min_pixels", "image_token_id"};
         for (size_t i = 0; rc == TM_OK && i < sizeof(ints) / sizeof(ints[0]); i++)
             rc = get_u32(root, ints[i], 0, 0, BIG, &u, err);
         if (rc == TM_OK)

@@ -14,7 +14,8 @@
  * nothing is copied; the struct is immutable after load, so any number of threads may read it.
  *
  * The DSpark draft stages (mtp.*) are bound by runner/model/dsv41_dspark.h when
- * dspark_block_size > 0. Not bound: the vision tower and its aligner, image delimiters and the routers' bias_vl (read never). */
+ * dspark_block_size > 0. Not bound: the vision tower and its aligner, image delimiters and the
+ * routers' bias_vl (read never). */
 #ifndef TM_RUNNER_MODEL_MODEL_DSV41_H
 #define TM_RUNNER_MODEL_MODEL_DSV41_H
 
@@ -111,7 +112,7 @@ struct tm_dsv41_dspark;
 
 typedef struct tm_dsv41 {
     tm_dsv41_cfg cfg;
-    tm_dsv41_layer *layers;        /* owned, n_layers */
+    tm_dsv41_layer *layers;         /* owned, n_layers */
     struct tm_dsv41_dspark *dspark; /* owned: the DSpark stages (dsv41_dspark.h), or NULL */
 } tm_dsv41;
 

@@ -86,13 +86,13 @@ typedef struct v41_eng {
     int64_t *hid;                         /* [T][n_engram][n_cols] */
     float *erow, *ekv;                    /* [T][n_cols*ehd], [T][(N+1)*D] */
     /* per thread */
-    float *wrow;    /* [n_thread][max_in] */
-    float *score;   /* [n_thread][max_ent] */
-    uint32_t *ord;  /* [n_thread][max_ent] */
-    uint8_t *cmask; /* [n_thread][max_ent] */
-    double *ascore; /* [n_thread][window + topk] */
-    float *vec;     /* [max(D, q_lora, hd, di, E)] norm weights / biases of the op at hand */
-    double iscale;  /* index_head_dim^-0.5 * index_n_heads^-0.5 */
+    float *wrow;           /* [n_thread][max_in] */
+    float *score;          /* [n_thread][max_ent] */
+    uint32_t *ord;         /* [n_thread][max_ent] */
+    uint8_t *cmask;        /* [n_thread][max_ent] */
+    double *ascore;        /* [n_thread][window + topk] */
+    float *vec;            /* [max(D, q_lora, hd, di, E)] norm weights / biases of the op at hand */
+    double iscale;         /* index_head_dim^-0.5 * index_n_heads^-0.5 */
     tm_dsv41_drafter *dsp; /* the DSpark drafter (dsv41_dspark.h), or NULL */
 } v41_eng;
 
@@ -120,6 +120,13 @@ static tm_rc v41_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t
     if (!e->dsp)
         return TM_ERR(err, TM_E_INVAL, "dsv41 draft: the model has no DSpark stages");
     return tm_dsv41_drafter_draft(e->dsp, &eng->opts, e->max_pos, seqs, n_seq, logits, err);
+}
+
+static const tm_engine_ops v41_ops;
+
+const float *tm_dsv41_engine_confidence(const tm_engine *eng) {
+    const v41_eng *e = eng && eng->ops == &v41_ops ? eng->impl : NULL;
+    return e && e->dsp ? tm_dsv41_drafter_confidence(e->dsp) : NULL;
 }
 
 static const tm_engine_ops v41_ops = {

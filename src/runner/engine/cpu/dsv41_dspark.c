@@ -433,8 +433,8 @@ const float *tm_dsv41_drafter_hidden(const tm_dsv41_drafter *d, uint32_t *n_tok)
 const float *tm_dsv41_drafter_confidence(const tm_dsv41_drafter *d) { return d->conf; }
 
 tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint32_t max_pos,
-                            const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
-                            tm_err *err) {
+                             const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
+                             tm_err *err) {
     if (n_seq > d->S)
         return TM_ERR(err, TM_E_INVAL, "dsv41 dspark draft: %u sequences, max_seqs %u", n_seq,
                       d->S);
@@ -464,8 +464,8 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
         n_want += q->want_logits != 0;
     }
     if (n_rows > d->T)
-        return TM_ERR(err, TM_E_INVAL, "dsv41 dspark draft: %u rows, max_batched_tokens %u",
-                      n_rows, d->T);
+        return TM_ERR(err, TM_E_INVAL, "dsv41 dspark draft: %u rows, max_batched_tokens %u", n_rows,
+                      d->T);
     d->seqs = seqs;
     const tm_dsv41_dspark *p = d->p;
     const tm_dsv41_cfg *c = d->c;
@@ -588,7 +588,7 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
 /* ---- create / destroy ---- */
 
 tm_rc tm_dsv41_drafter_create(const tm_model *m, const tm_engine_opts *opts, uint32_t n_thread,
-                             tm_dsv41_drafter **out, tm_err *err) {
+                              tm_dsv41_drafter **out, tm_err *err) {
     *out = NULL;
     const tm_dsv41 *w = tm_model_dsv41(m);
     if (!w || !w->dspark)
@@ -634,8 +634,8 @@ tm_rc tm_dsv41_drafter_create(const tm_model *m, const tm_engine_opts *opts, uin
     mi = TM_MAX(mi, d->I);
     mi = TM_MAX(mi, d->D + d->R);
     d->max_in = mi;
-    const size_t slots = (size_t)d->n_block * d->bs, T = d->T, TB = d->TB,
-                 TM = TM_MAX(T, TB), nt = d->n_thread;
+    const size_t slots = (size_t)d->n_block * d->bs, T = d->T, TB = d->TB, TM = TM_MAX(T, TB),
+                 nt = d->n_thread;
     int failed = 0;
 #define AL(ptr, n)                                                                                 \
     do {                                                                                           \

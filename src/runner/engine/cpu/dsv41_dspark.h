@@ -23,7 +23,7 @@ typedef struct tm_dsv41_drafter tm_dsv41_drafter;
 /* A drafter for m (which has DSpark stages) with the engine's opts (block_size, n_kv_block,
  * max_seqs, max_batched_tokens) and n_thread workers. *out owned by the caller. */
 tm_rc tm_dsv41_drafter_create(const tm_model *m, const tm_engine_opts *opts, uint32_t n_thread,
-                             tm_dsv41_drafter **out, tm_err *err);
+                              tm_dsv41_drafter **out, tm_err *err);
 void tm_dsv41_drafter_destroy(tm_dsv41_drafter *d); /* NULL is a no-op */
 
 /* Hooks for the V4.1 forward: begin(T) before the layers of a T-token step; capture(il, T, s)
@@ -42,8 +42,8 @@ const float *tm_dsv41_drafter_hidden(const tm_dsv41_drafter *d, uint32_t *n_tok)
  * (the anchor for row 0) added, the picks greedy (argmax, lowest id on ties, over the whole
  * vocabulary) as the reference's forward_head at temperature 0. max_pos: the engine's. */
 tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint32_t max_pos,
-                            const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
-                            tm_err *err);
+                             const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
+                             tm_err *err);
 /* The confidence head's scores of the last draft call's blocks, [n_want][block_size] (the
  * reference computes them and uses them for nothing; neither does tokenmill). */
 const float *tm_dsv41_drafter_confidence(const tm_dsv41_drafter *d);
