@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/e2e/e2e_dsv41.sh BUILD SRC - `tokenmill run` on a random DeepSeek-V4.1 checkpoint (mkmodel
 # --arch deepseek_v41: Engram layers, compress ratios 0/2/1 with candidate selection, its built-in
-# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block; the
+# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block; an
+# OpenAI batch line with an image part is answered unsupported (no vision tower); the
 # records are the same with the prefix cache on and off (and the cache is hit); then a longer
 # input is SIGKILLed a few times mid-run and resumed, and the exactly-once oracle
 # (tests/oracles/verify_outputs.cjs) checks every record came out once.
@@ -69,6 +70,17 @@ JOB
 done
 n_ok=$(canon "$work/out_true" | wc -l)
 [ "$n_ok" = 12 ] || bad "expected 12 records, got $n_ok"
+# an OpenAI batch line with an image part: answered unsupported (no vision tower), the text one runs
+cat >"$work/data/img.jsonl" <<'IMG'
+{"custom_id": "img", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}}
+{"custom_id": "txt", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": [{"type": "text", "text": "hello cafe"}]}]}}
+IMG
+sed "s#$work/data/small.jsonl#$work/data/img.jsonl#; s#$work/out_true#$work/out_img#" \
+    "$work/job_true.json" >"$work/job_img.json"
+"$build/tokenmill" run "$work/job_img.json" >"$work/run_img.log" 2>&1 || { cat "$work/run_img.log"; bad "image run"; }
+grep '"img"' "$work/out_img/errors.jsonl" | grep -q '"unsupported"' ||
+    bad "the image record is not answered unsupported"
+[ "$(lz4 -dc "$work/out_img/completions.jsonl.lz4" | grep -c '"txt"')" = 1 ] || bad "the text line did not run"
 if cmp -s <(canon "$work/out_true") <(canon "$work/out_false"); then
     say "12 records (plain, chat, n=3 with logprobs) identical with the prefix cache on and off"
 else

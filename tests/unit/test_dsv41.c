@@ -55,8 +55,10 @@ static void close_v41(v41 *v) {
     tm_model_destroy(v->m);
 }
 
-static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block, uint32_t T) {
+static tm_engine *make_engine_tp(const v41 *v, uint32_t n_threads, uint32_t n_block, uint32_t T,
+                                 uint32_t tp) {
     tm_engine_opts o = {0};
+    o.tp_size = tp;
     o.n_threads = n_threads;
     o.block_size = BS;
     o.n_kv_block = n_block;
@@ -68,9 +70,14 @@ static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block
     o.engram_cache_mb = 1; // the tables are read through the row cache (engram_table.h)
     tm_engine *eng = NULL;
     tm_err err = {0};
-    tm_rc rc = tm_engine_cpu_create(v->m, &o, &eng, &err);
+    tm_rc rc = tp > 1 ? tm_engine_cpu_tp_create(v->m, &o, &eng, &err)
+                      : tm_engine_cpu_create(v->m, &o, &eng, &err);
     TM_CHECK_OK(rc, &err);
     return eng;
+}
+
+static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block, uint32_t T) {
+    return make_engine_tp(v, n_threads, n_block, T, 1);
 }
 
 /* Run tokens[0..n) of one sequence through eng in chunks of the given sizes (cycled), block
@@ -188,7 +195,16 @@ static int build_model(json_t *fx, const char *dir) {
 /* One fixture: the prompt in one chunk (rows at row_pos), then greedy decode (steps), on one
  * engine; and the prompt again as a second sequence in chunks of 1..13 tokens on scattered
  * blocks, whose logits must be the same bits as the first sequence's. */
+static void check_fixture_tp(const char *path, uint32_t tp);
+
 static void check_fixture(const char *path) {
+    for (uint32_t tp = 1; tp <= 4; tp *= 2)
+        check_fixture_tp(path, tp);
+}
+
+/* TP > 1: the reference's split (tm_shard_dsv41_split) on the in-process TP engine; the same
+ * tolerance and greedy equality against the oracle. */
+static void check_fixture_tp(const char *path, uint32_t tp) {
     json_error_t je;
     json_t *fx = json_load_file(path, 0, &je);
     TM_CHECK_MSG(fx != NULL, "%s: %s", path, je.text);
@@ -216,7 +232,18 @@ static void check_fixture(const char *path) {
         ta[i] = 2 * i;
         tb[i] = n_block - 1 - 2 * i;
     }
-    tm_engine *eng = make_engine(&v, 2, n_block, n + 8);
+    const tm_dsv41_cfg *dc = &tm_model_dsv41(v.m)->cfg;
+    if (tp > 1 && (dc->n_heads % tp || dc->o_groups % tp || dc->index_n_heads % tp ||
+                   dc->n_routed_experts % tp || dc->vocab_size % tp || dc->moe_inter_dim % tp)) {
+        printf("  %s: tp %u: shape does not split, skipped\n", path, tp);
+        close_v41(&v);
+        json_decref(fx);
+        free(ta);
+        free(tb);
+        free(tok);
+        return;
+    }
+    tm_engine *eng = make_engine_tp(&v, 2, n_block, n + 8, tp);
     float *la = malloc((size_t)(n + ns) * V * sizeof(float));
     float *lb = malloc((size_t)(n + ns) * V * sizeof(float));
     const uint32_t one[1] = {n}, var[5] = {1, 13, 4, 7, 2};
@@ -249,7 +276,8 @@ static void check_fixture(const char *path) {
         TM_CHECK_MSG(!memcmp(la, lb, (size_t)n * V * sizeof(float)),
                      "%s: chunked prefill differs from the one-chunk prefill", path);
     }
-    printf("  %s: %u prompt tokens, %u steps: max |d logprob| %.3g\n", path, n, ns, worst);
+    printf("  %s: tp %u: %u prompt tokens, %u steps: max |d logprob| %.3g\n", path, tp, n, ns,
+           worst);
     TM_CHECK_MSG(worst < 1e-3, "%s: max |d logprob| %.3g >= 1e-3", path, worst);
     g_worst_lp = fmax(g_worst_lp, worst);
     free(la);

@@ -860,30 +860,8 @@ static float *small_f32(const tm_tensor *t, int *failed) {
     return p;
 }
 
-/* Columns [c0, c0 + n) of every row of t (2-D, or 3-D: the rows of all its matrices) into *out,
- * an owned f32 tensor of the same shape with n columns, dequantized where t is quantized. Returns
- * 1 on allocation failure (out->data NULL). */
 static int col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out) {
-    const uint64_t C = t->shape[t->n_dim - 1], rows = tm_tensor_n_elem(t) / C;
-    memset(out, 0, sizeof(*out));
-    float *buf = tm_malloc((size_t)(rows * n) * sizeof(float));
-    float *row = tm_malloc((size_t)C * sizeof(float));
-    if (!buf || !row) {
-        tm_free(buf);
-        tm_free(row);
-        return 1;
-    }
-    for (uint64_t r = 0; r < rows; r++) {
-        tm_tensor_row_f32(t, (size_t)r, row);
-        memcpy(buf + r * n, row + c0, (size_t)n * sizeof(float));
-    }
-    tm_free(row);
-    out->data = buf;
-    out->dtype = TM_DTYPE_F32;
-    out->n_dim = t->n_dim;
-    memcpy(out->shape, t->shape, sizeof(out->shape));
-    out->shape[t->n_dim - 1] = n;
-    return 0;
+    return tm_dsv_col_slice(t, c0, n, out); // runner/engine/cpu/dsv_common.c
 }
 
 static float *alloc_f(size_t n, int *failed) {

@@ -36,6 +36,7 @@
 #include "runner/model/engram_hash.h"
 #include "runner/model/engram_table.h"
 #include "runner/model/model_dsv41.h"
+#include "runner/tp/shard.h"
 
 typedef struct v41_state {
     float *win;  /* [n_block*bs][hd]: rotated, act_quant'ed KV of every token */
@@ -54,6 +55,11 @@ typedef struct v41_eng {
     uint32_t bs, n_block, max_pos, T, S;
     uint32_t D, N, H, hd, rd, qlr, G, olr, ing, E, K, I, Hi, di, mix, topk, cb, ctop;
     uint32_t n_cols, ehd, max_in, max_ent;
+    uint32_t tp, rank;  /* tensor parallel: this engine is rank of tp (1: the whole model) */
+    tm_shard_dsv41 sh;  /* this rank's heads, groups, indexer heads, experts, vocabulary rows */
+    tm_tensor *wo_b_sl; /* tp > 1: [n_layers] owned f32 column slices of wo_b (its groups) */
+    float *isc;         /* tp > 1: [T][max_ent / 2] indexer scores, all-reduced over ranks */
+    uint32_t isc_ld;
     v41_state *st; /* [n_layers] */
     int32_t *cid;  /* Engram: [n_block*bs] compressed id of every token, or NULL */
     const int32_t *tmap;
@@ -267,6 +273,16 @@ static void lin(v41_eng *e, const tm_tensor *w, uint64_t row0, const float *x, u
     lin_aq(e, w->quant != TM_QUANT_NONE, w, row0, x, ldx, n_tok, n_in, out, ldo, n_out);
 }
 
+/* Tensor parallel: sum buf[0..n) over the ranks, in pieces the in-process all-reduce takes (a
+ * no-op at tp 1). Every rank calls it with the same n. */
+static void allreduce(v41_eng *e, float *buf, size_t n) {
+    if (e->tp <= 1)
+        return;
+    const size_t piece = (size_t)e->T * e->D;
+    for (size_t i = 0; i < n; i += piece)
+        e->eng.opts.allreduce(e->eng.opts.allreduce_ctx, buf + i, TM_MIN(piece, n - i));
+}
+
 /* Row i of a 1-D float tensor (norm weights, biases): the caller passes the tensor; small, so
  * read through tm_tensor_get_f32 into a scratch row. */
 static void vec_f32(const tm_tensor *t, float *out) {
@@ -359,6 +375,7 @@ static tm_rc engram(v41_eng *e, uint32_t il, uint32_t T, tm_err *err) {
                                    (size_t)T * nc, e->erow, err);
     if (rc)
         return rc;
+    allreduce(e, e->erow, (size_t)T * nc * ehd); // each row comes from the rank holding it
     lin(e, &L->e_wkv, 0, e->erow, nc * ehd, T, nc * ehd, e->ekv, w_kv, w_kv);
     const double inv_sqrt_d = pow((double)D, -0.5);
     for (uint32_t t = 0; t < T; t++) {
@@ -421,19 +438,11 @@ static void sort_desc(uint32_t *idx, uint32_t *tmp, uint32_t n, const float *s) 
 /* The indexer of index source il for token t: scores over the reachable compressed positions,
  * candidate blocks (published by the candidate source, applied by the later index sources), the
  * top index_topk kept in position order. */
-static void index_item(void *ctx, uint32_t t, uint32_t tid) {
-    const tok_job *j = ctx;
-    v41_eng *e = j->e;
-    const uint32_t il = j->il, r = e->c->ratio[il], p = e->tok_pos[t];
-    const uint32_t lens = (p + 1) / r, Hi = e->Hi, di = e->di;
+/* Token t's indexer scores over its lens reachable positions into sc (this rank's heads). */
+static void index_scores(v41_eng *e, uint32_t il, uint32_t t, uint32_t lens, float *sc) {
+    const uint32_t r = e->c->ratio[il], Hi = e->Hi, di = e->di;
     const v41_state *ks = &e->st[e->c->key_from[il]];
-    float *sc = e->score + (size_t)tid * e->max_ent;
-    uint32_t *ord = e->ord + (size_t)tid * e->max_ent;
-    uint32_t *tmp = ord + e->max_ent / 2;
     const float *q = e->iq + (size_t)t * Hi * di, *w = e->iw + (size_t)t * Hi;
-    e->n_pick[t] = 0;
-    if (!lens)
-        return;
     for (uint32_t k = 0; k < lens; k++) {
         const float *key = ks->ikey + comp_slot(e, t, k, r) * di;
         double acc = 0.0;
@@ -445,6 +454,13 @@ static void index_item(void *ctx, uint32_t t, uint32_t tid) {
         }
         sc[k] = (float)acc;
     }
+}
+
+/* Token t's candidate blocks and top-k from its scores sc[0..lens) (sc is scratch of max_ent). */
+static void index_select(v41_eng *e, uint32_t il, uint32_t t, uint32_t lens, float *sc,
+                         uint32_t tid) {
+    uint32_t *ord = e->ord + (size_t)tid * e->max_ent;
+    uint32_t *tmp = ord + e->max_ent / 2;
     const int32_t cs = e->c->candidate_source_layer;
     const uint32_t cb = e->cb;
     if (cs >= 0 && (uint32_t)cs == il) {
@@ -494,6 +510,32 @@ static void index_item(void *ctx, uint32_t t, uint32_t tid) {
     e->n_pick[t] = n;
 }
 
+static void index_item(void *ctx, uint32_t t, uint32_t tid) {
+    const tok_job *j = ctx;
+    v41_eng *e = j->e;
+    const uint32_t lens = (e->tok_pos[t] + 1) / e->c->ratio[j->il];
+    float *sc = e->score + (size_t)tid * e->max_ent;
+    e->n_pick[t] = 0;
+    if (!lens)
+        return;
+    if (e->tp > 1) // the scores all-reduced over the ranks' heads (forward's second pass)
+        memcpy(sc, e->isc + (size_t)t * e->isc_ld, lens * sizeof(float));
+    else
+        index_scores(e, j->il, t, lens, sc);
+    index_select(e, j->il, t, lens, sc, tid);
+}
+
+/* tp > 1, first pass: this rank's partial scores of every token into isc. */
+static void index_score_item(void *ctx, uint32_t t, uint32_t tid) {
+    (void)tid;
+    const tok_job *j = ctx;
+    v41_eng *e = j->e;
+    const uint32_t lens = (e->tok_pos[t] + 1) / e->c->ratio[j->il];
+    float *row = e->isc + (size_t)t * e->isc_ld;
+    memset(row, 0, e->isc_ld * sizeof(float));
+    index_scores(e, j->il, t, lens, row);
+}
+
 /* sparse_attn of token t over its window rows and its picked compressed rows, with the sink;
  * then the output's rope slice rotated back. */
 static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
@@ -511,7 +553,7 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
     for (uint32_t h = 0; h < e->H; h++) {
         const float *q = e->q + ((size_t)t * e->H + h) * hd;
         float *o = e->o + ((size_t)t * e->H + h) * hd;
-        const double sk = tm_tensor_get_f32(sink, h);
+        const double sk = tm_tensor_get_f32(sink, e->sh.h0 + h);
         double mx = sk;
         for (uint32_t i = 0; i < n_w + n_c; i++) {
             const float *row = i < n_w ? ls->win + tok_slot(e, t, p0 + i) * hd
@@ -562,7 +604,7 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
     vec_f32(&L->q_norm, nw);
     for (uint32_t t = 0; t < T; t++)
         rmsnorm(e->qr + (size_t)t * e->qlr, nw, e->qlr, c->norm_eps);
-    lin(e, &L->wq_b, 0, e->qr, e->qlr, T, e->qlr, e->q, e->H * hd, e->H * hd);
+    lin(e, &L->wq_b, (uint64_t)e->sh.h0 * hd, e->qr, e->qlr, T, e->qlr, e->q, e->H * hd, e->H * hd);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < e->H; h++)
             tm_dsv_rope_head(e->q + ((size_t)t * e->H + h) * hd, hd, rd, cs + (size_t)t * half,
@@ -647,22 +689,32 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
     }
     tok_job j = {e, il};
     if (r && c->index_source[il]) {
-        lin(e, &L->i_wq_b, 0, e->qr, e->qlr, T, e->qlr, e->iq, e->Hi * e->di, e->Hi * e->di);
-        lin(e, &L->i_wproj, 0, e->x, e->D, T, e->D, e->iw, e->Hi, e->Hi);
+        lin(e, &L->i_wq_b, (uint64_t)e->sh.ih0 * e->di, e->qr, e->qlr, T, e->qlr, e->iq,
+            e->Hi * e->di, e->Hi * e->di);
+        lin(e, &L->i_wproj, e->sh.ih0, e->x, e->D, T, e->D, e->iw, e->Hi, e->Hi);
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t h = 0; h < e->Hi; h++) {
                 float *q = e->iq + ((size_t)t * e->Hi + h) * e->di;
                 tm_dsv_rope_head(q, e->di, rd, cs + (size_t)t * half, sn + (size_t)t * half, 1.0f);
                 fp4_act_quant(q, e->di, 32, 0);
             }
+        if (e->tp > 1) {
+            tm_cpu_pool_run(e->pool, index_score_item, &j, T);
+            allreduce(e, e->isc, (size_t)T * e->isc_ld);
+        }
         tm_cpu_pool_run(e->pool, index_item, &j, T);
     }
     tm_cpu_pool_run(e->pool, attn_item, &j, T);
     // grouped wo_a (block-diagonal), then wo_b
     for (uint32_t g = 0; g < e->G; g++)
-        lin_aq(e, 0, &L->wo_a, (uint64_t)g * e->olr, e->o + (size_t)g * e->ing, e->H * hd, T,
-               e->ing, e->oa + (size_t)g * e->olr, e->G * e->olr, e->olr); // bf16 einsum: no aq
-    lin(e, &L->wo_b, 0, e->oa, e->G * e->olr, T, e->G * e->olr, e->y, e->D, e->D);
+        lin_aq(e, 0, &L->wo_a, (uint64_t)(e->sh.g0 + g) * e->olr, e->o + (size_t)g * e->ing,
+               e->H * hd, T, e->ing, e->oa + (size_t)g * e->olr, e->G * e->olr,
+               e->olr); // bf16 einsum: no aq
+    // wo_b: row-parallel over the groups (its input act_quant'ed per rank, as RowParallelLinear)
+    const tm_tensor *wob = e->tp > 1 ? &e->wo_b_sl[il] : &L->wo_b;
+    lin_aq(e, L->wo_b.quant != TM_QUANT_NONE, wob, 0, e->oa, e->G * e->olr, T, e->G * e->olr, e->y,
+           e->D, e->D);
+    allreduce(e, e->y, (size_t)T * e->D);
 }
 
 /* ---- MoE ---- */
@@ -739,7 +791,7 @@ static void layer_moe(v41_eng *e, uint32_t il, uint32_t T) {
     }
     for (size_t i = 0; i < (size_t)T * D; i++)
         e->yacc[i] = 0.0;
-    for (uint32_t ex = 0; ex < E; ex++) { // experts in id order: each token's sum is in that order
+    for (uint32_t ex = e->sh.e0; ex < e->sh.e0 + e->sh.n_expert; ex++) { // in id order
         uint32_t n = 0;
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t k = 0; k < K; k++)
@@ -758,8 +810,16 @@ static void layer_moe(v41_eng *e, uint32_t il, uint32_t T) {
     }
     memcpy(e->xg, e->x, (size_t)T * D * sizeof(float));
     expert(e, &L->sh_w1, &L->sh_w3, &L->sh_w2, T, NULL);
-    for (size_t i = 0; i < (size_t)T * D; i++)
-        e->y[i] = (float)(e->yacc[i] + e->eo[i]);
+    if (e->tp <= 1) {
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            e->y[i] = (float)(e->yacc[i] + e->eo[i]);
+    } else { // the routed experts all-reduced over the ranks, then the shared one (replicated)
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            e->y[i] = (float)e->yacc[i];
+        allreduce(e, e->y, (size_t)T * D);
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            e->y[i] = (float)((double)e->y[i] + e->eo[i]);
+    }
 }
 
 /* ---- forward ---- */
@@ -818,9 +878,18 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             tm_engram_table_prefetch(e->etab[k], rows, (size_t)T * nc);
         }
     }
+    for (uint32_t t = 0; t < T; t++) { // vocab-parallel: the rank holding a row gives it
+        const uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps below the slice
+        if (row < e->sh.n_vocab)
+            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
+                            e->x + (size_t)t * D);
+        else
+            memset(e->x + (size_t)t * D, 0, D * sizeof(float));
+    }
+    allreduce(e, e->x, (size_t)T * D);
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->s + (size_t)t * N * D;
-        tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D, st);
+        memcpy(st, e->x + (size_t)t * D, D * sizeof(float));
         for (uint32_t i = 1; i < N; i++)
             memcpy(st + (size_t)i * D, st, D * sizeof(float));
         for (uint32_t i = 0; i < N; i++)
@@ -875,7 +944,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
     vec_f32(&e->m->out_norm, nw);
     for (uint32_t t = 0; t < r; t++)
         rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
-    lin(e, &e->m->lm_head, 0, e->x, D, r, D, logits, c->vocab_size, c->vocab_size);
+    lin(e, &e->m->lm_head, e->sh.vocab0, e->x, D, r, D, logits, e->sh.n_vocab, e->sh.n_vocab);
     return TM_OK;
 }
 
@@ -928,9 +997,14 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
                       "dsv41 engine: kv_cache_dtype %s not supported (auto: the reference's own "
                       "fp8/fp4 rounding of the cache is always applied)",
                       tm_kv_dtype_name(opts->kv_dtype));
-    if (opts->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "dsv41 engine: tensor parallel (tp %u) is not done yet",
-                      opts->tp_size);
+    const uint32_t tp = TM_MAX(opts->tp_size, 1u), rank = tp > 1 ? opts->tp_rank : 0;
+    if (tp > 1 && !opts->allreduce)
+        return TM_ERR(err, TM_E_INVAL, "dsv41 engine: tp_size %u without an all-reduce", tp);
+    tm_shard_dsv41 sh;
+    tm_rc src = tm_shard_dsv41_split(&sh, c->n_heads, c->o_groups, c->index_n_heads,
+                                     c->n_routed_experts, c->vocab_size, rank, tp, err);
+    if (src)
+        return src;
     for (uint32_t il = 0; il < c->n_layers; il++)
         if (c->ratio[il] && opts->block_size % c->ratio[il])
             return TM_ERR(err, TM_E_INVAL,
@@ -969,6 +1043,9 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
     e->m = m;
     e->w = w;
     e->c = c;
+    e->tp = tp;
+    e->rank = rank;
+    e->sh = sh;
     e->n_thread = opts->n_threads;
     if (!e->n_thread) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -982,20 +1059,20 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
     e->S = opts->max_seqs;
     e->D = c->dim;
     e->N = c->hc_mult;
-    e->H = c->n_heads;
+    e->H = sh.n_head; // this rank's heads (all at tp 1)
     e->hd = c->head_dim;
     e->rd = c->rope_head_dim;
     e->qlr = c->q_lora_rank;
-    e->G = c->o_groups;
+    e->G = sh.n_group;
     e->olr = c->o_lora_rank;
-    e->ing = e->H * e->hd / e->G;
+    e->ing = c->n_heads * e->hd / c->o_groups;
     e->E = c->n_routed_experts;
     e->K = c->n_activated_experts;
     e->I = c->moe_inter_dim;
-    e->Hi = c->index_n_heads;
+    e->Hi = sh.n_ihead;
     e->di = c->index_head_dim;
     e->mix = (2 + e->N) * e->N;
-    e->iscale = pow((double)e->di, -0.5) * pow((double)e->Hi, -0.5);
+    e->iscale = pow((double)e->di, -0.5) * pow((double)c->index_n_heads, -0.5);
     e->topk = c->index_topk;
     e->cb = c->candidate_block_size ? c->candidate_block_size : 1;
     e->ctop = c->candidate_topk_blocks ? c->candidate_topk_blocks : 1;
@@ -1083,6 +1160,11 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
     AL(e->cmask, nt * e->max_ent);
     AL(e->ascore, nt * (c->window_size + e->topk));
     AL(e->vec, TM_MAX(TM_MAX(e->D, e->qlr), TM_MAX(TM_MAX(e->hd, e->di), e->E)));
+    if (tp > 1) {
+        e->isc_ld = e->max_ent / 2;
+        AL(e->isc, T * e->isc_ld);
+        AL(e->wo_b_sl, c->n_layers);
+    }
     if (c->n_engram) {
         AL(e->cid, slots);
         AL(e->hid, T * c->n_engram * e->n_cols);
@@ -1092,6 +1174,9 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
         AL(e->etab, c->n_engram);
     }
 #undef AL
+    for (uint32_t il = 0; !failed && tp > 1 && il < c->n_layers; il++)
+        failed |= tm_dsv_col_slice(&w->layers[il].wo_b, (uint64_t)sh.g0 * e->olr,
+                                   (uint64_t)sh.n_group * e->olr, &e->wo_b_sl[il]);
     if (failed) {
         rc = TM_ERR(err, TM_E_NOMEM, "dsv41 engine buffers");
         goto fail;
@@ -1121,8 +1206,8 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
             const tm_engram_table_cfg tc = {.path = m->dir,
                                             .weight_name = wn,
                                             .scale_name = sn,
-                                            .rank = 0,
-                                            .world = 1,
+                                            .rank = rank,
+                                            .world = tp,
                                             .cache_bytes = mb << 20,
                                             .n_io_threads = 0};
             rc = tm_engram_table_open(&tc, &e->etab[k], err);
@@ -1151,6 +1236,8 @@ static void v41_destroy(tm_engine *eng) {
     tm_engram_layout_destroy(e->lay);
     for (uint32_t k = 0; e->etab && k < e->c->n_engram; k++)
         tm_engram_table_close(e->etab[k]);
+    for (uint32_t il = 0; e->wo_b_sl && il < e->c->n_layers; il++)
+        tm_free((void *)e->wo_b_sl[il].data);
     if (e->st)
         for (uint32_t il = 0; il < e->c->n_layers; il++) {
             tm_free(e->st[il].win);
@@ -1158,14 +1245,15 @@ static void v41_destroy(tm_engine *eng) {
             tm_free(e->st[il].comp);
             tm_free(e->st[il].ikey);
         }
-    void *bufs[] = {e->st,   e->tok_seq, e->tok_pos, e->tok_id, e->cs_m,  e->sn_m,   e->cs_c,
-                    e->sn_c, e->s,       e->x,       e->y,      e->xin,   e->pre,    e->apre,
-                    e->post, e->comb,    e->mixes,   e->qr,     e->q,     e->kv,     e->o,
-                    e->oa,   e->ckv,     e->cgate,   e->lat,    e->lk,    e->lat_w,  e->lat_t,
-                    e->iq,   e->iw,      e->pick,    e->n_pick, e->cand,  e->n_cand, e->rl,
-                    e->sel,  e->selw,    e->etok,    e->xg,     e->g,     e->u,      e->eo,
-                    e->yacc, e->wrow,    e->score,   e->ord,    e->cmask, e->ascore, e->cid,
-                    e->hid,  e->erow,    e->ekv,     e->vec,    e->hrows, e->etab};
+    void *bufs[] = {e->st,     e->tok_seq, e->tok_pos, e->tok_id, e->cs_m,  e->sn_m,   e->cs_c,
+                    e->sn_c,   e->s,       e->x,       e->y,      e->xin,   e->pre,    e->apre,
+                    e->post,   e->comb,    e->mixes,   e->qr,     e->q,     e->kv,     e->o,
+                    e->oa,     e->ckv,     e->cgate,   e->lat,    e->lk,    e->lat_w,  e->lat_t,
+                    e->iq,     e->iw,      e->pick,    e->n_pick, e->cand,  e->n_cand, e->rl,
+                    e->sel,    e->selw,    e->etok,    e->xg,     e->g,     e->u,      e->eo,
+                    e->yacc,   e->wrow,    e->score,   e->ord,    e->cmask, e->ascore, e->cid,
+                    e->hid,    e->erow,    e->ekv,     e->vec,    e->hrows, e->etab,   e->isc,
+                    e->wo_b_sl};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         tm_free(bufs[i]);
     tm_free(e);

@@ -2,6 +2,10 @@
 #include "runner/engine/cpu/dsv_common.h"
 
 #include <math.h>
+#include <string.h>
+
+#include "base/alloc.h"
+#include "runner/model/tensor.h"
 
 static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -54,4 +58,27 @@ void tm_dsv_rope_head(float *x, uint32_t hd, uint32_t rd, const float *cs, const
         r[2 * i] = a * c - b * s;
         r[2 * i + 1] = b * c + a * s;
     }
+}
+
+int tm_dsv_col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out) {
+    const uint64_t C = t->shape[t->n_dim - 1], rows = tm_tensor_n_elem(t) / C;
+    memset(out, 0, sizeof(*out));
+    float *buf = tm_malloc((size_t)(rows * n) * sizeof(float));
+    float *row = tm_malloc((size_t)C * sizeof(float));
+    if (!buf || !row) {
+        tm_free(buf);
+        tm_free(row);
+        return 1;
+    }
+    for (uint64_t r = 0; r < rows; r++) {
+        tm_tensor_row_f32(t, (size_t)r, row);
+        memcpy(buf + r * n, row + c0, (size_t)n * sizeof(float));
+    }
+    tm_free(row);
+    out->data = buf;
+    out->dtype = TM_DTYPE_F32;
+    out->n_dim = t->n_dim;
+    memcpy(out->shape, t->shape, sizeof(out->shape));
+    out->shape[t->n_dim - 1] = n;
+    return 0;
 }

@@ -22,4 +22,11 @@ void tm_dsv_hc_split(const float *m, const float *scale, const float *base, uint
 void tm_dsv_rope_head(float *x, uint32_t hd, uint32_t rd, const float *cs, const float *sn,
                       float sign);
 
+/* Columns [c0, c0 + n) of every row of t (2-D, or 3-D: the rows of all its matrices) into *out,
+ * an owned f32 tensor (tm_malloc'd data, the caller frees out->data with tm_free) of the same
+ * shape with n columns, dequantized where t is quantized: a tensor-parallel rank's slice of a
+ * row-parallel weight. Returns 1 on allocation failure (out->data NULL). */
+struct tm_tensor;
+int tm_dsv_col_slice(const struct tm_tensor *t, uint64_t c0, uint64_t n, struct tm_tensor *out);
+
 #endif /* TM_RUNNER_ENGINE_CPU_DSV_COMMON_H */
