@@ -79,8 +79,12 @@ static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block
 /* One forward of tokens[0..n) at pos; the last row's logits into out (when out). */
 static int fwd(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint32_t n,
                const uint32_t *table, uint32_t n_block, float *out) {
-    tm_batch_seq s = {.tokens = tokens, .n_tok = n, .pos = pos, .block_table = table,
-                      .n_block = n_block, .want_logits = out != NULL};
+    tm_batch_seq s = {.tokens = tokens,
+                      .n_tok = n,
+                      .pos = pos,
+                      .block_table = table,
+                      .n_block = n_block,
+                      .want_logits = out != NULL};
     tm_batch b = {&s, 1};
     tm_err err = {0};
     tm_rc rc = tm_engine_forward(eng, &b, out, &err);
@@ -91,8 +95,13 @@ static int fwd(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint32_t n,
 /* The draft op over the last forward's n rows (positions pos..) with next tokens next[0..n). */
 static int draft(tm_engine *eng, const float *hidden, const uint32_t *next, uint32_t pos,
                  uint32_t n, const uint32_t *table, uint32_t n_block, int want, float *out) {
-    tm_engine_draft_seq q = {.hidden = hidden, .next = next, .n_tok = n, .pos = pos,
-                             .block_table = table, .n_block = n_block, .want_logits = want};
+    tm_engine_draft_seq q = {.hidden = hidden,
+                             .next = next,
+                             .n_tok = n,
+                             .pos = pos,
+                             .block_table = table,
+                             .n_block = n_block,
+                             .want_logits = want};
     tm_err err = {0};
     tm_rc rc = eng->ops->draft(eng, &q, 1, out, NULL, &err);
     TM_CHECK_OK(rc, &err);
@@ -202,14 +211,14 @@ static void check_fixture(const char *path) {
                 g_ids_eq += id == want;
                 TM_CHECK_MSG(id == want, "%s: step %u draft %u: %u, oracle %u", path, st, j, id,
                              want);
-                g_worst_conf =
-                    fmax(g_worst_conf, fabs(cf[j] - json_number_value(json_array_get(conf, j))));
+                g_worst_conf = fmax(g_worst_conf,
+                                    fabs(cf[j] - json_number_value(json_array_get(conf, j))));
             }
             g_steps++;
         }
     }
-    printf("  %s: %u prompt tokens, %u draft blocks of %u: max |d logprob| %.3g\n", path, n, ns,
-           B, worst);
+    printf("  %s: %u prompt tokens, %u draft blocks of %u: max |d logprob| %.3g\n", path, n, ns, B,
+           worst);
     TM_CHECK_MSG(worst < 1e-3, "%s: draft logits max |d logprob| %.3g >= 1e-3", path, worst);
     g_worst = fmax(g_worst, worst);
     free(row);
@@ -249,8 +258,8 @@ static void test_oracle(void) {
 /* ---- bit identity on our own model ---- */
 
 #define OWN_ARGS                                                                                   \
-    "--arch deepseek_v41 --seed 9 --layers 3 --compress-ratios 0,2,1,0,0 --kv-sources 1,2 "      \
-    "--index-sources 1,2 --engram-layers 0 --window 8 --dspark 2 --dspark-block 5 "               \
+    "--arch deepseek_v41 --seed 9 --layers 3 --compress-ratios 0,2,1,0,0 --kv-sources 1,2 "        \
+    "--index-sources 1,2 --engram-layers 0 --window 8 --dspark 2 --dspark-block 5 "                \
     "--dspark-targets 0,1,2 --markov-rank 32"
 
 /* Prompt n tokens on table t, its rows drafted in pieces of `piece` rows (0: one call), then the
@@ -315,8 +324,13 @@ static void test_bit_identity(void) {
         for (uint32_t j = 0; j < B; j++)
             TM_CHECK(argmax_f(a + (size_t)j * V, V) < V);
         // bad rows refused, nothing run
-        tm_engine_draft_seq q = {.hidden = h, .next = tok, .n_tok = 1, .pos = 100,
-                                 .block_table = tc, .n_block = 4, .want_logits = 1};
+        tm_engine_draft_seq q = {.hidden = h,
+                                 .next = tok,
+                                 .n_tok = 1,
+                                 .pos = 100,
+                                 .block_table = tc,
+                                 .n_block = 4,
+                                 .want_logits = 1};
         rc = e2->ops->draft(e2, &q, 1, b, NULL, &err);
         TM_CHECK(rc == TM_E_INVAL);
         TM_CHECK(strstr(err.msg, "dspark draft") != NULL);
@@ -349,11 +363,12 @@ static void test_no_drafter(void) {
         close_v41(&v);
     }
     // a DSpark model whose stage has a compress ratio: refused naming compress_ratios
-    snprintf(cmd, sizeof(cmd),
-             "rm -rf '%s' && '%s/mkmodel' --out '%s' " OWN_ARGS " >/dev/null && "
-             "python3 -c \"import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); "
-             "t=c.get('text_config', c); t['compress_ratios'][-1]=1; json.dump(c, open(p,'w'))\" '%s'",
-             dir, g_build, dir, dir);
+    snprintf(
+        cmd, sizeof(cmd),
+        "rm -rf '%s' && '%s/mkmodel' --out '%s' " OWN_ARGS " >/dev/null && "
+        "python3 -c \"import json,sys; p=sys.argv[1]+'/config.json'; c=json.load(open(p)); "
+        "t=c.get('text_config', c); t['compress_ratios'][-1]=1; json.dump(c, open(p,'w'))\" '%s'",
+        dir, g_build, dir, dir);
     TM_CHECK(system(cmd) == 0);
     tm_model *m = NULL;
     tm_err err = {0};

@@ -1216,7 +1216,7 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
         }
     }
     rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
-    if (rc == TM_OK && w->dspark)
+    if (rc == TM_OK && w->dspark && tp == 1) // DSpark: tp 1 only (docs/speculative.md)
         rc = tm_dsv41_drafter_create(m, &e->eng.opts, e->n_thread, &e->dsp, err);
     if (rc)
         goto fail;
