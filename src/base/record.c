@@ -53,6 +53,31 @@ void tm_sampling_fini(tm_sampling *sp) {
     sp->n_bias = sp->n_stop_ids = 0;
 }
 
+void tm_sampling_resolve(const tm_sampling *defaults, const tm_sampling *rec, tm_sampling *out) {
+    const uint32_t set = rec->set;
+#define PICK(bit) ((set & (bit)) ? rec : defaults)
+    *out = (tm_sampling){.set = set};
+    out->max_tokens = PICK(TM_SP_MAX_TOKENS)->max_tokens;
+    out->temperature = PICK(TM_SP_TEMPERATURE)->temperature;
+    out->top_p = PICK(TM_SP_TOP_P)->top_p;
+    out->top_k = PICK(TM_SP_TOP_K)->top_k;
+    out->min_p = PICK(TM_SP_MIN_P)->min_p;
+    out->seed = PICK(TM_SP_SEED)->seed;
+    out->stop = PICK(TM_SP_STOP)->stop;
+    out->n_stop = PICK(TM_SP_STOP)->n_stop;
+    out->presence_penalty = PICK(TM_SP_PRESENCE_PENALTY)->presence_penalty;
+    out->frequency_penalty = PICK(TM_SP_FREQUENCY_PENALTY)->frequency_penalty;
+    out->repetition_penalty = PICK(TM_SP_REPETITION_PENALTY)->repetition_penalty;
+    out->bias_ids = PICK(TM_SP_LOGIT_BIAS)->bias_ids;
+    out->bias = PICK(TM_SP_LOGIT_BIAS)->bias;
+    out->n_bias = PICK(TM_SP_LOGIT_BIAS)->n_bias;
+    out->min_tokens = PICK(TM_SP_MIN_TOKENS)->min_tokens;
+    out->stop_ids = PICK(TM_SP_STOP_TOKEN_IDS)->stop_ids;
+    out->n_stop_ids = PICK(TM_SP_STOP_TOKEN_IDS)->n_stop_ids;
+    out->ignore_eos = PICK(TM_SP_IGNORE_EOS)->ignore_eos;
+#undef PICK
+}
+
 void tm_logprobs_destroy(tm_logprobs *lp) {
     if (!lp)
         return;

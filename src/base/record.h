@@ -211,5 +211,11 @@ void tm_completion_take_job_info(tm_completion *c, tm_job *job);
 void tm_logprobs_destroy(tm_logprobs *lp);
 /* Free the strings of a tm_sampling (not the struct). */
 void tm_sampling_fini(tm_sampling *sp);
+/* The settings a record runs with, the one place a record's sampling fields meet the job's
+ * defaults: each field from rec where rec set it (its TM_SP_* bit in rec->set), else from
+ * defaults; out->set is rec->set. out borrows the lists (stop, bias, stop_ids) of rec or
+ * defaults: valid while both are; never tm_sampling_fini it. A new sampling field adds its line
+ * here (and its TM_SP_* bit above, its key in ingest/fields_int.h). */
+void tm_sampling_resolve(const tm_sampling *defaults, const tm_sampling *rec, tm_sampling *out);
 
 #endif /* TM_BASE_RECORD_H */

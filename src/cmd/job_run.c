@@ -40,6 +40,7 @@
 #include "sink/metrics.h"
 #include "sink/progress.h"
 #include "sink/sink.h"
+#include "sink/writer.h"
 #include "cmd/tp_run.h"
 
 #define QUEUE_CAP 256
@@ -58,32 +59,16 @@ typedef struct source_ctx {
     tm_err err;
 } source_ctx;
 
-typedef struct sink_ctx {
-    tm_sink *sink;
-    tm_kafka_out *kafka; /* output.kafka: ok records go here instead of the LZ4 file; or NULL */
-    tm_source *src;      /* acks go to it (tm_source_ack) after each commit */
-    tm_manifest *man;    /* the job's manifest: owned by the job thread, lent to this thread */
-    const char *dir;     /* output folder */
-    double commit_every_ms;
-    uint64_t commit_every_records;
-    uint64_t *pending; /* [n_pending] seq_nos written since the last commit (to ack) */
-    size_t n_pending, cap_pending;
-    double last_commit_ms;
-    uint64_t n_commits; /* this run */
-    double commit_ms_total, commit_ms_max;
-    tm_buf line;           /* Kafka message being built */
-    bool kafka_in;         /* input.kafka: the manifest keeps partition offsets */
-    bool txn_offsets;      /* ... and they go into the Kafka sink's transactions */
+// The input side of the sink thread's commits (sink/writer.h): the source behind the writer's
+// hooks, and what a commit's Kafka transaction carries of the input.
+typedef struct sink_input {
+    tm_source *src;        /* acks go to it (tm_source_ack) after each commit */
+    tm_manifest *man;      /* the manifest of the commit being made (prepare's) */
+    bool txn_offsets;      /* input offsets go into the Kafka sink's transactions */
     tm_kafka_offset *offs; /* [n_offs] input positions of the commit being made (txn_offsets) */
     size_t n_offs, cap_offs;
     tm_buf group_md; /* the consumer's group metadata, serialized (txn_offsets) */
-    tm_metrics *metrics;
-    tm_progress *progress;
-    tm_queue *q;
-    uint64_t n_ok, n_err, n_tok_prompt, n_tok_gen;
-    tm_rc rc;
-    tm_err err;
-} sink_ctx;
+} sink_input;
 
 // A Kafka source must keep serving its consumer while the runner is full (heartbeats and
 // rebalances happen in its poll): it pauses its partitions and polls instead of blocking. TM_OK:
@@ -91,7 +76,7 @@ typedef struct sink_ctx {
 // new owner answers it and it is not pushed (the caller still owns it then).
 static tm_rc push_job(source_ctx *c, tm_job *job, bool *dropped) {
     *dropped = false;
-    if (!tm_source_is_kafka(c->src))
+    if (!tm_source_is_live(c->src))
         return tm_queue_push(c->q, job);
     for (;;) {
         tm_rc rc = tm_queue_try_push(c->q, job);
@@ -111,7 +96,7 @@ static void *source_main(void *arg) {
     source_ctx *c = arg;
     for (uint64_t n_read = 0;; n_read++) {
         // A file job stops reading at a stop signal (a Kafka source sees it itself and ends).
-        if (!tm_source_is_kafka(c->src) && tm_stop_requested()) {
+        if (!tm_source_is_live(c->src) && tm_stop_requested()) {
             c->stopped = true;
             break;
         }
@@ -163,7 +148,7 @@ static void *source_main(void *arg) {
 // One partition's done offsets into the manifest and, when it is ours now and the offsets travel
 // in the transaction, into the commit's offset list.
 static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
-    sink_ctx *c = ctx;
+    sink_input *c = ctx;
     tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
                                      pos->ranges, pos->n_ranges, err);
     if (rc || !c->txn_offsets || !pos->owned)
@@ -186,141 +171,44 @@ static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
     return TM_OK;
 }
 
-// Kafka input: the records of this commit are written; the manifest gets every partition's done
-// offsets (and a transaction the owned partitions' next offsets with the group metadata).
-static tm_rc kafka_positions(sink_ctx *c, tm_err *err) {
+// Before a commit's outputs commit (the writer's prepare): the records of this commit are
+// written; the manifest gets every partition's done offsets (and a transaction the owned
+// partitions' next offsets with the group metadata). A source without offsets does nothing here.
+static tm_rc input_prepare(void *ctx, const uint64_t *seq_nos, size_t n, tm_manifest *man,
+                           tm_sink_commit *ci, tm_err *err) {
+    sink_input *c = ctx;
+    c->man = man;
     c->n_offs = 0;
-    tm_rc rc = tm_source_mark_written(c->src, c->pending, c->n_pending, err);
+    tm_rc rc = tm_source_mark_written(c->src, seq_nos, n, err);
     if (!rc)
-        rc = tm_source_kafka_positions(c->src, add_position, c, err);
+        rc = tm_source_positions(c->src, add_position, c, err);
     if (!rc && c->txn_offsets)
-        rc = tm_source_kafka_group_md(c->src, &c->group_md, err);
+        rc = tm_source_group_md(c->src, &c->group_md, err);
+    if (!rc && c->txn_offsets)
+        *ci = (tm_sink_commit){.txn_offsets = true,
+                               .offs = c->offs,
+                               .n_offs = c->n_offs,
+                               .group_md = c->group_md.data,
+                               .n_md = c->group_md.len};
     return rc;
 }
 
-// One commit (sink/manifest.h): Kafka acks (and transaction), frame close + fsync of the data
-// files, manifest publish; then the source hears which records became durable.
-static tm_rc commit(sink_ctx *c, tm_err *err) {
-    double t0 = tm_now_ms();
-    tm_rc rc = TM_OK;
-    if (c->kafka_in)
-        rc = kafka_positions(c, err);
-    if (!rc && c->kafka && c->txn_offsets)
-        rc = tm_kafka_out_commit_md(c->kafka, c->offs, c->n_offs, c->group_md.data, c->group_md.len,
-                                    err);
-    else if (!rc && c->kafka)
-        rc = tm_kafka_out_commit(c->kafka, NULL, 0, NULL, err);
-    if (!rc)
-        rc = tm_sink_flush(c->sink, err);
-    if (rc)
-        return rc;
-    if (c->man->in_stdin.set) { // what of standard input this commit covers (source.h)
-        tm_source_stdin_fp fp;
-        tm_source_stdin_fingerprint(c->src, &fp);
-        c->man->in_stdin.n_bytes = fp.n_bytes;
-        c->man->in_stdin.n_records = fp.n_records;
-        c->man->in_stdin.xxh3 = fp.xxh3;
-    }
-    tm_sink_stats st;
-    tm_sink_get_stats(c->sink, &st);
-    c->man->bytes_completions = st.size_lz4;
-    c->man->bytes_errors = st.size_err;
-    c->man->n_commits++;
-    if (c->n_commits == 0)
-        c->man->n_runs++;
-    rc = tm_manifest_save(c->dir, c->man, err);
-    if (rc)
-        return rc;
-    rc = tm_source_ack(c->src, c->pending, c->n_pending, err);
-    c->n_pending = 0;
-    double t1 = tm_now_ms();
-    c->n_commits++;
-    c->commit_ms_total += t1 - t0;
-    c->commit_ms_max = TM_MAX(c->commit_ms_max, t1 - t0);
-    c->last_commit_ms = t1;
-    return rc;
+// After the outputs are durable: what of standard input the manifest covers (source.h).
+static void input_seal(void *ctx, tm_manifest *man) {
+    sink_input *c = ctx;
+    if (!man->in_stdin.set)
+        return;
+    tm_source_stdin_fp fp;
+    tm_source_stdin_fingerprint(c->src, &fp);
+    man->in_stdin.n_bytes = fp.n_bytes;
+    man->in_stdin.n_records = fp.n_records;
+    man->in_stdin.xxh3 = fp.xxh3;
 }
 
-// Write one finished record: ok records to Kafka or the LZ4 file, errors to errors.jsonl; then
-// it is part of the next commit (done set, counts, acks).
-static tm_rc write_record(sink_ctx *c, const tm_completion *comp, tm_err *err) {
-    tm_rc rc;
-    if (c->kafka && comp->err_code == TM_ERRCODE_NONE) {
-        tm_buf_clear(&c->line);
-        rc = tm_sink_format_ok(&c->line, comp, err);
-        if (!rc)
-            rc = tm_kafka_out_send(c->kafka, comp->id_json, strlen(comp->id_json), c->line.data,
-                                   c->line.len - 1, err);
-    } else {
-        rc = tm_sink_write(c->sink, comp, err);
-    }
-    if (rc)
-        return rc;
-    tm_manifest *m = c->man;
-    rc = tm_seqset_add(&m->done, comp->seq_no, err);
-    if (rc)
-        return rc;
-    if (comp->err_code == TM_ERRCODE_NONE) {
-        m->counts.n_ok++;
-        m->counts.n_tok_prompt += comp->n_tok_prompt;
-        m->counts.n_tok_cached += comp->n_tok_cached;
-        m->counts.n_tok_gen += comp->n_tok_gen;
-    } else {
-        m->counts.n_failed++;
-        if ((unsigned)comp->err_code < TM_ERRCODE_COUNT)
-            m->counts.n_err_by_code[comp->err_code]++;
-    }
-    if (c->n_pending == c->cap_pending) {
-        size_t cap = c->cap_pending ? c->cap_pending * 2 : 1024;
-        uint64_t *p = tm_realloc(c->pending, cap * sizeof(*p));
-        if (!p)
-            return TM_ERR(err, TM_E_NOMEM, "pending acks");
-        c->pending = p;
-        c->cap_pending = cap;
-    }
-    c->pending[c->n_pending++] = comp->seq_no;
-    return TM_OK;
-}
-
-static bool commit_due(const sink_ctx *c) {
-    return c->n_pending > 0 && (c->n_pending >= c->commit_every_records ||
-                                tm_now_ms() - c->last_commit_ms >= c->commit_every_ms);
-}
-
-static void *sink_main(void *arg) {
-    sink_ctx *c = arg;
-    void *item;
-    c->last_commit_ms = tm_now_ms();
-    for (;;) {
-        // Wake up now and then with no record, so progress and GPU power keep being sampled.
-        tm_rc qrc = tm_queue_pop_timed(c->q, &item, 200);
-        tm_metrics_poll_gpus(c->metrics);
-        tm_progress_tick(c->progress);
-        if (c->rc == TM_OK && c->kafka)
-            c->rc = tm_kafka_out_poll(c->kafka, &c->err);
-        if (qrc == TM_E_AGAIN) {
-            if (c->rc == TM_OK && commit_due(c))
-                c->rc = commit(c, &c->err);
-            continue;
-        }
-        if (qrc != TM_OK)
-            break;
-        tm_completion *comp = item;
-        tm_progress_add_record(c->progress, comp);
-        if (c->rc == TM_OK) {
-            c->rc = write_record(c, comp, &c->err);
-            if (c->rc == TM_OK)
-                c->rc = tm_metrics_add_record(c->metrics, comp, &c->err);
-            if (c->rc == TM_OK && commit_due(c))
-                c->rc = commit(c, &c->err);
-            c->n_ok += comp->err_code == TM_ERRCODE_NONE;
-            c->n_err += comp->err_code != TM_ERRCODE_NONE;
-            c->n_tok_prompt += comp->n_tok_prompt;
-            c->n_tok_gen += comp->n_tok_gen;
-        }
-        tm_completion_destroy(comp);
-    }
-    return NULL;
+// The manifest is published: the records are durable.
+static tm_rc input_ack(void *ctx, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    sink_input *c = ctx;
+    return tm_source_ack(c->src, seq_nos, n, err);
 }
 
 // Blocks for the CPU engine's KV pool: kv_blocks when the job sets it, else enough for max_seqs
@@ -638,13 +526,12 @@ typedef struct job_run {
     tm_metrics *metrics;
     tm_progress *progress;
     tm_source *src;
-    tm_sink *sink;
-    tm_kafka_out *kafka;    /* output.kafka, or NULL */
+    tm_sink_writer *writer; /* the sink thread: the outputs (files, output.kafka) and commits */
     tm_queue *q_in, *q_out; /* source -> runner -> sink */
     bool src_started, sink_started;
-    pthread_t src_thread, sink_thread;
+    pthread_t src_thread;
     source_ctx sc; /* the source thread's; read after it is joined */
-    sink_ctx kc;   /* the sink thread's; read after it is joined */
+    sink_input si; /* the writer's input side (the source) */
     tm_runner_stats stats;
     _Atomic uint64_t live_tok_gen, live_tok_prompt; /* runner -> progress line, as computed */
 } job_run;
@@ -752,23 +639,44 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     }
     for (size_t i = 0; i < j->rs.man.n_kparts && !rc; i++) {
         const tm_manifest_kpart *k = &j->rs.man.kparts[i];
-        rc = tm_source_kafka_resume(j->src,
-                                    &(tm_source_kpos){.topic = k->topic,
-                                                      .partition = k->partition,
-                                                      .next = (int64_t)k->next,
-                                                      .ranges = k->ranges,
-                                                      .n_ranges = k->n_ranges},
-                                    err);
+        rc = tm_source_resume_positions(j->src,
+                                        &(tm_source_kpos){.topic = k->topic,
+                                                          .partition = k->partition,
+                                                          .next = (int64_t)k->next,
+                                                          .ranges = k->ranges,
+                                                          .n_ranges = k->n_ranges},
+                                        err);
     }
     if (rc)
         return rc;
-    tm_source_kafka_set_txn(j->src, spec->kafka_in && spec->kafka && spec->kafka->transactional_id);
+    const bool txn_offsets = spec->kafka_in && spec->kafka && spec->kafka->transactional_id;
+    tm_source_set_txn(j->src, txn_offsets);
+    // The sink thread's writer; each output it gets as soon as it is open (it closes them).
+    j->si = (sink_input){.src = j->src, .txn_offsets = txn_offsets};
+    rc = tm_sink_writer_create(
+        &(tm_sink_writer_cfg){.man = &j->rs.man,
+                              .dir = spec->output_dir,
+                              .commit_every_ms = spec->commit_every_s * 1e3,
+                              .commit_every_records = spec->commit_every_records,
+                              .metrics = j->metrics,
+                              .progress = j->progress,
+                              .input = {.ctx = &j->si,
+                                        .prepare = input_prepare,
+                                        .seal = input_seal,
+                                        .ack = input_ack}},
+        &j->writer, err);
+    if (rc)
+        return rc;
+    tm_sink *files = NULL;
     rc = tm_sink_open(spec->output_dir,
                       &(tm_sink_opts){.append = j->rs.resumed,
                                       .plain = spec->compression == TM_JOB_COMPRESSION_NONE},
-                      &j->sink, err);
+                      &files, err);
     if (rc)
         return rc;
+    // errors.jsonl always; the completions unless output.kafka takes them
+    tm_sink_writer_add(j->writer, tm_sink_as_out(files),
+                       TM_SINK_ROUTE_ERR | (spec->kafka ? 0 : TM_SINK_ROUTE_OK));
     if (spec->kafka) {
         tm_kafka_out_cfg kcfg = {
             .brokers = spec->kafka->brokers,
@@ -778,9 +686,11 @@ static tm_rc io_open(job_run *j, tm_err *err) {
             .transactional_id = spec->kafka->transactional_id,
             .startup_timeout_s = spec->kafka->startup_timeout_s,
         };
-        rc = tm_kafka_out_open(&kcfg, &j->kafka, err);
+        tm_kafka_out *kafka = NULL;
+        rc = tm_kafka_out_open(&kcfg, &kafka, err);
         if (rc)
             return rc;
+        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka), TM_SINK_ROUTE_OK);
     }
     rc = tm_queue_create(QUEUE_CAP, &j->q_in, err);
     if (rc)
@@ -790,29 +700,16 @@ static tm_rc io_open(job_run *j, tm_err *err) {
 
 // Start the source and sink threads around the queues.
 static tm_rc threads_start(job_run *j, tm_err *err) {
-    const tm_job_spec *spec = j->p.spec;
     j->sc = (source_ctx){.src = j->src,
                          .q = j->q_in,
                          .progress = j->progress,
                          .skip = j->rs.resumed ? &j->rs.skip : NULL};
-    j->kc = (sink_ctx){.sink = j->sink,
-                       .kafka = j->kafka,
-                       .src = j->src,
-                       .man = &j->rs.man,
-                       .dir = spec->output_dir,
-                       .commit_every_ms = spec->commit_every_s * 1e3,
-                       .commit_every_records = spec->commit_every_records,
-                       .metrics = j->metrics,
-                       .progress = j->progress,
-                       .q = j->q_out,
-                       .kafka_in = spec->kafka_in != NULL,
-                       .txn_offsets = spec->kafka_in && spec->kafka &&
-                                      spec->kafka->transactional_id};
     if (pthread_create(&j->src_thread, NULL, source_main, &j->sc) != 0)
         return TM_ERR(err, TM_E_INTERNAL, "cannot start the source thread");
     j->src_started = true;
-    if (pthread_create(&j->sink_thread, NULL, sink_main, &j->kc) != 0)
-        return TM_ERR(err, TM_E_INTERNAL, "cannot start the sink thread");
+    tm_rc rc = tm_sink_writer_start(j->writer, j->q_out, err);
+    if (rc)
+        return rc;
     j->sink_started = true;
     return TM_OK;
 }
@@ -865,16 +762,18 @@ static void drain(job_run *j, tm_rc *rc, tm_err *err) {
     if (j->q_out)
         tm_queue_close(j->q_out);
     if (j->sink_started) {
-        pthread_join(j->sink_thread, NULL);
+        tm_sink_writer_join(j->writer);
         tm_progress_finish(j->progress);
     }
     if (*rc == TM_OK && j->sc.rc) {
         *err = j->sc.err;
         *rc = j->sc.rc;
     }
-    if (*rc == TM_OK && j->kc.rc) {
-        *err = j->kc.err;
-        *rc = j->kc.rc;
+    tm_err kerr = {0};
+    tm_rc krc = j->sink_started ? tm_sink_writer_status(j->writer, &kerr) : TM_OK;
+    if (*rc == TM_OK && krc) {
+        *err = kerr;
+        *rc = krc;
     }
 }
 
@@ -884,7 +783,11 @@ static void drain(job_run *j, tm_rc *rc, tm_err *err) {
 // metrics. Then the sinks close. The first error lands in *rc / *err unless there is one already.
 static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
     resume_state *rs = &j->rs;
-    bool final_commit = j->sink_started && j->kc.rc == TM_OK;
+    tm_err kerr = {0};
+    bool final_commit = j->sink_started && tm_sink_writer_status(j->writer, &kerr) == TM_OK;
+    tm_sink_writer_stats ks = {0};
+    if (j->writer)
+        tm_sink_writer_get_stats(j->writer, &ks);
     if (final_commit) {
         rs->man.n_records = tm_source_n_records(j->src);
         rs->man.total_known = j->sc.eof;
@@ -892,16 +795,16 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                            tm_seqset_count(&rs->man.done) == rs->man.n_records;
     }
     if (j->metrics && j->p.spec && j->sink_started)
-        tm_metrics_set_durability(
-            j->metrics, &(tm_metrics_durability){
-                            .commits = j->kc.n_commits + final_commit,
-                            .commits_total = rs->man.n_commits + final_commit,
-                            .commit_ms_total = j->kc.commit_ms_total,
-                            .commit_ms_max = j->kc.commit_ms_max,
-                            .runs = rs->man.n_runs + (final_commit && j->kc.n_commits == 0),
-                            .resumed_records = j->sc.n_skipped,
-                            .cut_bytes = rs->cut_bytes,
-                        });
+        tm_metrics_set_durability(j->metrics,
+                                  &(tm_metrics_durability){
+                                      .commits = ks.n_commits + final_commit,
+                                      .commits_total = rs->man.n_commits + final_commit,
+                                      .commit_ms_total = ks.commit_ms_total,
+                                      .commit_ms_max = ks.commit_ms_max,
+                                      .runs = rs->man.n_runs + (final_commit && ks.n_commits == 0),
+                                      .resumed_records = j->sc.n_skipped,
+                                      .cut_bytes = rs->cut_bytes,
+                                  });
     if (j->metrics && j->p.spec && j->sink_started) {
         tm_run_metrics_add_engine(j->metrics, &j->stats, j->p.spec->engine.spec_k);
         tm_metrics_end(j->metrics);
@@ -917,15 +820,14 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
     }
     if (final_commit) {
         tm_err cerr = {0};
-        tm_rc crc = commit(&j->kc, &cerr);
+        tm_rc crc = tm_sink_writer_commit(j->writer, &cerr);
         if (*rc == TM_OK && crc) {
             *err = cerr;
             *rc = crc;
         }
     }
     tm_err close_err = {0};
-    tm_kafka_out_close(j->kafka);
-    tm_rc close_rc = tm_sink_close(j->sink, &close_err);
+    tm_rc close_rc = tm_sink_writer_close(j->writer, &close_err); // output.kafka, then the files
     if (*rc == TM_OK && close_rc) {
         *err = close_err;
         *rc = close_rc;
@@ -935,6 +837,8 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
 // The summary a successful run prints on stdout.
 static void print_summary(const job_run *j) {
     const tm_runner_stats *st = &j->stats;
+    tm_sink_writer_stats ks;
+    tm_sink_writer_get_stats(j->writer, &ks);
     double wall_s = (tm_now_ms() - j->t0_ms) / 1e3;
     uint64_t n_ok = j->rs.man.counts.n_ok, n_err = j->rs.man.counts.n_failed;
     if (tm_stop_requested() && !j->rs.man.finished)
@@ -949,11 +853,11 @@ static void print_summary(const job_run *j) {
         printf("  resumed   %llu records committed by earlier runs were skipped\n",
                (unsigned long long)j->sc.n_skipped);
     printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
-           (unsigned long long)j->kc.n_tok_prompt, (unsigned long long)j->kc.n_tok_gen,
+           (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
            (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
     printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
            st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
-           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, j->kc.n_tok_gen / wall_s);
+           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, ks.n_tok_gen / wall_s);
     printf("  outputs   %s/{%s,errors.jsonl,metrics.json}\n", j->p.spec->output_dir,
            j->rs.man.completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
     if (j->p.spec->results_file && j->rs.man.finished)
@@ -1040,10 +944,9 @@ static void job_run_fini(job_run *j) {
     tm_metrics_destroy(j->metrics);
     tm_progress_destroy(j->progress);
     tm_engine_destroy(j->eng);
-    tm_free(j->kc.pending);
-    tm_free(j->kc.offs);
-    tm_buf_fini(&j->kc.group_md);
-    tm_buf_fini(&j->kc.line);
+    tm_sink_writer_destroy(j->writer);
+    tm_free(j->si.offs);
+    tm_buf_fini(&j->si.group_md);
     resume_fini(&j->rs);
     parts_fini(&j->p);
 }

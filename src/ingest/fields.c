@@ -1,5 +1,5 @@
 /* ingest/fields.c - sampling-field validation and value rendering shared by job_spec.c and
- * source.c. */
+ * rec_parser.c. */
 #include "ingest/fields_int.h"
 
 #include <limits.h>
@@ -11,40 +11,11 @@
 #include "base/alloc.h"
 #include "base/utf8.h"
 
-const char *const tm_ingest_sp_keys[] = {
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "min_tokens",
-    "stop_token_ids",
-    "ignore_eos",
-    NULL,
-};
+const char *const tm_ingest_sp_keys[] = {TM_INGEST_SP_FIELDS(TM_INGEST_SP_KEY) NULL};
 
-static const uint32_t sp_bits[] = {
-    TM_SP_MAX_TOKENS,
-    TM_SP_TEMPERATURE,
-    TM_SP_TOP_P,
-    TM_SP_TOP_K,
-    TM_SP_MIN_P,
-    TM_SP_SEED,
-    TM_SP_STOP,
-    TM_SP_PRESENCE_PENALTY,
-    TM_SP_FREQUENCY_PENALTY,
-    TM_SP_REPETITION_PENALTY,
-    TM_SP_LOGIT_BIAS,
-    TM_SP_MIN_TOKENS,
-    TM_SP_STOP_TOKEN_IDS,
-    TM_SP_IGNORE_EOS,
-};
+#define SP_BIT(key, bit) bit,
+static const uint32_t sp_bits[] = {TM_INGEST_SP_FIELDS(SP_BIT)};
+#undef SP_BIT
 
 uint32_t tm_ingest_sp_bit(const char *key) {
     for (size_t i = 0; tm_ingest_sp_keys[i]; i++)

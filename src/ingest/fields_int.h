@@ -22,7 +22,29 @@ typedef struct tm_field_fail {
     char msg[224];   /* "expected a number >= 0, got \"hot\"" (no field name) */
 } tm_field_fail;
 
-/* Names of the sampling fields, in schema order, NULL-terminated. */
+/* The sampling fields' key table, the one list of their names: X(key, TM_SP_* bit) per field, in
+ * schema order. A record's fields, an OpenAI body's, the job's "defaults" and the known-key lists
+ * of the unknown-key check (rec_parser.c) all come from it; tm_ingest_sp_field validates each
+ * (base/record.h's tm_sampling_resolve merges them over the defaults). */
+#define TM_INGEST_SP_FIELDS(X)                                                                     \
+    X("max_tokens", TM_SP_MAX_TOKENS)                                                              \
+    X("temperature", TM_SP_TEMPERATURE)                                                            \
+    X("top_p", TM_SP_TOP_P)                                                                        \
+    X("top_k", TM_SP_TOP_K)                                                                        \
+    X("min_p", TM_SP_MIN_P)                                                                        \
+    X("seed", TM_SP_SEED)                                                                          \
+    X("stop", TM_SP_STOP)                                                                          \
+    X("presence_penalty", TM_SP_PRESENCE_PENALTY)                                                  \
+    X("frequency_penalty", TM_SP_FREQUENCY_PENALTY)                                                \
+    X("repetition_penalty", TM_SP_REPETITION_PENALTY)                                              \
+    X("logit_bias", TM_SP_LOGIT_BIAS)                                                              \
+    X("min_tokens", TM_SP_MIN_TOKENS)                                                              \
+    X("stop_token_ids", TM_SP_STOP_TOKEN_IDS)                                                      \
+    X("ignore_eos", TM_SP_IGNORE_EOS)
+/* The key of a TM_INGEST_SP_FIELDS entry, with its comma (for string lists). */
+#define TM_INGEST_SP_KEY(key, bit) key,
+
+/* Names of the sampling fields (TM_INGEST_SP_FIELDS), in schema order, NULL-terminated. */
 extern const char *const tm_ingest_sp_keys[];
 
 /* TM_SP_* bit of a sampling field name, or 0 if key is not one. */

@@ -20,6 +20,7 @@
 #include "base/stop.h"
 #include "base/utf8.h"
 #include "ingest/rec_parser_int.h"
+#include "ingest/source_int.h"
 
 #define POLL_MS 100
 #define COMMIT_EVERY_MS 200.0
@@ -1251,3 +1252,65 @@ tm_rc tm_kafka_in_group_md(tm_kafka_in *ki, tm_buf *out, tm_err *err) {
     rd_kafka_mem_free(ki->rk, buf);
     return rc;
 }
+
+// ---- the source table (source_int.h) ----
+
+static bool kafka_claims(const tm_job_spec *spec) { return spec->kafka_in != NULL; }
+
+static tm_rc kafka_open(const tm_job_spec *spec, const tm_source_env *env, void **self,
+                        tm_err *err) {
+    tm_kafka_in *ki = NULL;
+    tm_rec_parser_set_check_ids(env->parser, false); // redelivery is normal in Kafka
+    tm_rc rc = tm_kafka_in_open(spec->kafka_in, env->parser, &ki, err);
+    *self = ki;
+    return rc;
+}
+
+static void kafka_close(void *self) { tm_kafka_in_close(self); }
+
+static tm_rc kafka_next(void *self, tm_job **out, tm_err *err) {
+    return tm_kafka_in_next(self, out, err);
+}
+
+static tm_rc kafka_ack(void *self, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    return tm_kafka_in_ack(self, seq_nos, n, err);
+}
+
+static tm_rc kafka_wait(void *self, uint64_t held_seq, int ms, bool *drop, tm_err *err) {
+    return tm_kafka_in_wait(self, held_seq, ms, drop, err);
+}
+
+static tm_rc kafka_mark_written(void *self, const uint64_t *seq_nos, size_t n, tm_err *err) {
+    return tm_kafka_in_mark_written(self, seq_nos, n, err);
+}
+
+static tm_rc kafka_positions(void *self, tm_source_kpos_fn fn, void *ctx, tm_err *err) {
+    return tm_kafka_in_positions(self, fn, ctx, err);
+}
+
+static tm_rc kafka_resume_positions(void *self, const tm_source_kpos *pos, tm_err *err) {
+    return tm_kafka_in_resume_add(self, pos->topic, pos->partition, pos->next, pos->ranges,
+                                  pos->n_ranges, err);
+}
+
+static void kafka_set_txn(void *self, bool on) { tm_kafka_in_set_txn(self, on); }
+
+static tm_rc kafka_group_md(void *self, tm_buf *out, tm_err *err) {
+    return tm_kafka_in_group_md(self, out, err);
+}
+
+const tm_source_ops tm_kafka_in_ops = {
+    .name = "kafka",
+    .claims = kafka_claims,
+    .open = kafka_open,
+    .close = kafka_close,
+    .next = kafka_next,
+    .ack = kafka_ack,
+    .live = true,
+    .wait = kafka_wait,
+    .mark_written = kafka_mark_written,
+    .positions = kafka_positions,
+    .resume_positions = kafka_resume_positions,
+    .set_txn = kafka_set_txn,
+    .group_md = kafka_group_md,
+};

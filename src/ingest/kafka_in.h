@@ -1,7 +1,8 @@
 /* ingest/kafka_in.h - the Kafka source (input.kafka): a consumer-group member whose messages are
- * record lines. source.c owns one when the job's input is Kafka and forwards the tm_source calls
- * (source.h) to it; nothing else calls these, and kafka_in.c calls nothing of source.c (it
- * borrows the source's record parser, rec_parser_int.h). The only ingest file that includes
+ * record lines. kafka_in.c implements the source table over these calls (tm_kafka_in_ops,
+ * source_int.h: the tm_source calls of source.h reach them through it); nothing else calls them,
+ * and kafka_in.c calls nothing of source.c (it borrows the source's record parser,
+ * rec_parser_int.h). The only ingest file that includes
  * librdkafka.
  *
  * Records: one message value = one line (tm_rec_parser_line; blank values give no record, a

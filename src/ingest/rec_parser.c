@@ -736,74 +736,66 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
 
 // ---- unknown keys ----
 
-static const char *const native_keys[] = {"id",
-                                          "prompt",
-                                          "messages",
-                                          "max_tokens",
-                                          "temperature",
-                                          "top_p",
-                                          "top_k",
-                                          "min_p",
-                                          "seed",
-                                          "stop",
-                                          "n",
-                                          "logprobs",
-                                          "top_logprobs",
-                                          "prompt_logprobs",
-                                          "continuations",
-                                          "continuation",
-                                          "cache_salt",
-                                          "response_format",
-                                          "guided_json",
-                                          "guided_regex",
-                                          "guided_choice",
-                                          "guided_grammar",
-                                          NULL};
+// Record keys tokenmill reads (the sampling fields from their table, fields_int.h).
+// clang-format off
+static const char *const native_keys[] = {
+    "id",
+    "prompt",
+    "messages",
+    TM_INGEST_SP_FIELDS(TM_INGEST_SP_KEY) // every sampling field
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "continuations",
+    "continuation",
+    "cache_salt",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    NULL,
+};
 static const char *const openai_keys[] = {"custom_id", "method", "url", "body", NULL};
 // Body keys tokenmill reads, refuses (unsupported_body, stream, guided_grammar), or accepts as
 // OpenAI parameters that do not change a batch answer here.
-static const char *const body_keys[] = {"model",
-                                        "messages",
-                                        "prompt",
-                                        "max_tokens",
-                                        "max_completion_tokens",
-                                        "temperature",
-                                        "top_p",
-                                        "top_k",
-                                        "min_p",
-                                        "seed",
-                                        "stop",
-                                        "n",
-                                        "stream",
-                                        "logprobs",
-                                        "top_logprobs",
-                                        "tools",
-                                        "functions",
-                                        "best_of",
-                                        "echo",
-                                        "suffix",
-                                        "logit_bias",
-                                        "frequency_penalty",
-                                        "presence_penalty",
-                                        "audio",
-                                        "prediction",
-                                        "response_format",
-                                        "guided_json",
-                                        "guided_regex",
-                                        "guided_choice",
-                                        "guided_grammar",
-                                        "user",
-                                        "metadata",
-                                        "store",
-                                        "stream_options",
-                                        "service_tier",
-                                        "tool_choice",
-                                        "parallel_tool_calls",
-                                        "function_call",
-                                        "modalities",
-                                        "reasoning_effort",
-                                        "web_search_options",
-                                        NULL};
+static const char *const body_keys[] = {
+    "model",
+    "messages",
+    "prompt",
+    TM_INGEST_SP_FIELDS(TM_INGEST_SP_KEY) // every sampling field
+    "max_completion_tokens",
+    "n",
+    "stream",
+    "logprobs",
+    "top_logprobs",
+    "tools",
+    "functions",
+    "best_of",
+    "echo",
+    "suffix",
+    "audio",
+    "prediction",
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "user",
+    "metadata",
+    "store",
+    "stream_options",
+    "service_tier",
+    "tool_choice",
+    "parallel_tool_calls",
+    "function_call",
+    "modalities",
+    "reasoning_effort",
+    "web_search_options",
+    NULL,
+};
+// clang-format on
 
 // Levenshtein distance of a and b, at most 31 bytes each (longer: 99).
 static size_t edit_distance(const char *a, const char *b) {
@@ -888,7 +880,7 @@ static tm_rc check_keys(tm_rec_parser *ps, const json_t *root, bool oai, tm_job 
     tm_rc rc = TM_OK;
     const char *const *known = oai ? openai_keys : native_keys;
     json_object_foreach((json_t *)root, key, v) {
-        if (!rc && !is_known(key, known) && (oai || !tm_ingest_sp_bit(key))) // (issue 22's keys)
+        if (!rc && !is_known(key, known))
             rc = unknown_key(ps, job, "", key, known, err);
     }
     const json_t *body = oai ? json_object_get(root, "body") : NULL;

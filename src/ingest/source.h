@@ -6,6 +6,8 @@
  * error), anything else is plain text. A compressed file is checked by its bytes, not trusted by
  * its name: a "*.gz" that does not start with the gzip magic (1f 8b) or a "*.lz4" that is not an
  * LZ4 frame is an error naming the file, never read as text. Standard input ("-") is plain text.
+ * The kind of source is picked by the job's input: files and standard input (file_in.c) or a
+ * Kafka topic (kafka_in.c); source_int.h is the table a kind implements.
  *
  * Inputs that change while the job runs: after tm_source_set_input_sizes, a regular file is read
  * up to the size it had when the job started (the size the manifest records); bytes appended
@@ -109,10 +111,14 @@ tm_rc tm_source_ack(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *e
 /* Every seq_no below the returned value has been acked. Thread-safe. */
 uint64_t tm_source_durable_watermark(tm_source *src);
 
-/* Kafka input (the rest of this block does nothing for files): records are numbered in
- * consumption order, so a resume skips by partition offsets, not by seq_no, and the input has no
- * end known in advance. */
-bool tm_source_is_kafka(const tm_source *src);
+/* Partition offsets (a Kafka input; source_int.h's offsets capability): the rest of this block
+ * does nothing for a source without them (files, standard input). Such a source numbers its
+ * records in consumption order, so a resume skips by partition offsets, not by seq_no, and the
+ * input has no end known in advance. */
+/* A live source (a consumer, which must keep being served: Kafka) waits with tm_source_wait while
+ * the next stage is full and ends by itself at a stop signal (base/stop.h); a finite one (files,
+ * standard input) does neither: the caller blocks on the full stage and stops reading itself. */
+bool tm_source_is_live(const tm_source *src);
 /* Backpressure while the next stage is full: the caller holds held (borrowed), the last record
  * tm_source_next returned, and waits to push it. Kafka: pause the partitions and keep the
  * consumer alive (heartbeats, rebalances) for up to ms; files: return at once. *drop is set when
@@ -126,18 +132,18 @@ tm_rc tm_source_wait(tm_source *src, const tm_job *held, int ms, bool *drop, tm_
  * tm_kafka_in_mark_written. Thread-safe. TM_E_NOMEM. */
 tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, tm_err *err);
 /* Per-partition done offsets, for the manifest and for a transaction's offsets. Thread-safe. */
-tm_rc tm_source_kafka_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err);
+tm_rc tm_source_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err);
 /* Done offsets of an earlier run (from the manifest), before the first tm_source_next. */
-tm_rc tm_source_kafka_resume(tm_source *src, const tm_source_kpos *pos, tm_err *err);
+tm_rc tm_source_resume_positions(tm_source *src, const tm_source_kpos *pos, tm_err *err);
 /* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */
-void tm_source_kafka_set_txn(tm_source *src, bool on);
+void tm_source_set_txn(tm_source *src, bool on);
 /* The consumer group's metadata, serialized, for send_offsets_to_transaction. Thread-safe.
- * TM_E_KAFKA, TM_E_NOMEM. */
-tm_rc tm_source_kafka_group_md(tm_source *src, tm_buf *out, tm_err *err);
+ * TM_E_INVAL for a source without a consumer group, TM_E_KAFKA, TM_E_NOMEM. */
+tm_rc tm_source_group_md(tm_source *src, tm_buf *out, tm_err *err);
 
 /* Records returned so far, less those taken back by tm_source_wait (= the next seq_no). */
 uint64_t tm_source_n_records(const tm_source *src);
-/* Capacity in bytes of the line buffer (tests check the memory bound). */
+/* Capacity in bytes of the line buffer (tests check the memory bound); 0 without files. */
 size_t tm_source_line_cap(const tm_source *src);
 
 #endif /* TM_INGEST_SOURCE_H */

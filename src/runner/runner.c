@@ -101,7 +101,9 @@ typedef struct pending {
     tm_job *job;        /* owned (borrowed from grp when grp is set) */
     tm_ids ids;         /* owned prompt tokens */
     group *grp;         /* a reference to the record's group, or NULL */
-    int32_t max_tokens; /* merged with the defaults, for ordering */
+    tm_sampling sp;     /* the record's settings over the job defaults (tm_sampling_resolve, in
+                         * prepare; borrows from job and defaults) */
+    int32_t max_tokens; /* sp's, 0 for a scoring record: for ordering */
     tm_guide_ent *gent; /* a reference to the record's compiled constraint, or NULL */
 } pending;
 
@@ -379,30 +381,23 @@ fail:
     return rc;
 }
 
-// Merge a record's sampling fields over the job defaults.
-static void merge_sampling(const tm_sampling *d, const tm_sampling *rec, seq *s) {
-    const tm_sampling *t = (rec->set & TM_SP_TEMPERATURE) ? rec : d;
-    s->sp.temperature = t->temperature;
-    s->sp.top_k = ((rec->set & TM_SP_TOP_K) ? rec : d)->top_k;
-    s->sp.top_p = ((rec->set & TM_SP_TOP_P) ? rec : d)->top_p;
-    s->sp.min_p = ((rec->set & TM_SP_MIN_P) ? rec : d)->min_p;
-    s->sp.seed = ((rec->set & TM_SP_SEED) ? rec : d)->seed;
-    s->max_tokens = ((rec->set & TM_SP_MAX_TOKENS) ? rec : d)->max_tokens;
-    const tm_sampling *pp = (rec->set & TM_SP_PRESENCE_PENALTY) ? rec : d;
-    const tm_sampling *fp = (rec->set & TM_SP_FREQUENCY_PENALTY) ? rec : d;
-    const tm_sampling *rp = (rec->set & TM_SP_REPETITION_PENALTY) ? rec : d;
-    const tm_sampling *lb = (rec->set & TM_SP_LOGIT_BIAS) ? rec : d;
-    const tm_sampling *si = (rec->set & TM_SP_STOP_TOKEN_IDS) ? rec : d;
-    s->sp.presence_penalty = pp->presence_penalty;
-    s->sp.frequency_penalty = fp->frequency_penalty;
-    s->sp.repetition_penalty = rp->repetition_penalty;
-    s->sp.bias_ids = lb->bias_ids, s->sp.bias = lb->bias, s->sp.n_bias = lb->n_bias;
-    s->min_tokens = (uint32_t)TM_MAX(((rec->set & TM_SP_MIN_TOKENS) ? rec : d)->min_tokens, 0);
-    s->ignore_eos = ((rec->set & TM_SP_IGNORE_EOS) ? rec : d)->ignore_eos;
-    s->stop_ids = si->stop_ids, s->n_stop_ids = si->n_stop_ids;
-    const tm_sampling *st = (rec->set & TM_SP_STOP) ? rec : d;
-    s->stop = st->stop;
-    s->n_stop = st->n_stop;
+// A sequence's sampling state from its record's resolved settings (pending.sp).
+static void set_sampling(const tm_sampling *sp, seq *s) {
+    s->sp.temperature = sp->temperature;
+    s->sp.top_k = sp->top_k;
+    s->sp.top_p = sp->top_p;
+    s->sp.min_p = sp->min_p;
+    s->sp.seed = sp->seed;
+    s->max_tokens = sp->max_tokens;
+    s->sp.presence_penalty = sp->presence_penalty;
+    s->sp.frequency_penalty = sp->frequency_penalty;
+    s->sp.repetition_penalty = sp->repetition_penalty;
+    s->sp.bias_ids = sp->bias_ids, s->sp.bias = sp->bias, s->sp.n_bias = sp->n_bias;
+    s->min_tokens = (uint32_t)TM_MAX(sp->min_tokens, 0);
+    s->ignore_eos = sp->ignore_eos;
+    s->stop_ids = sp->stop_ids, s->n_stop_ids = sp->n_stop_ids;
+    s->stop = sp->stop;
+    s->n_stop = sp->n_stop;
     s->max_stop_len = 0;
     for (uint32_t i = 0; i < s->n_stop; i++)
         s->max_stop_len = TM_MAX(s->max_stop_len, strlen(s->stop[i]));
@@ -479,7 +474,8 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
             TM_ERR(rec_err, TM_E_RECORD, "prompt is empty");
         rc = TM_E_RECORD;
     }
-    const tm_sampling *lb = (job->sp.set & TM_SP_LOGIT_BIAS) ? &job->sp : &r->cfg->defaults;
+    tm_sampling_resolve(&r->cfg->defaults, &job->sp, &p->sp);
+    const tm_sampling *lb = &p->sp;
     if (rc == TM_OK && lb->n_bias && lb->bias_ids[lb->n_bias - 1] >= r->n_vocab_tok) {
         code = TM_ERRCODE_INVALID_VALUE; // ids are sorted: the last is the largest
         TM_ERR(rec_err, TM_E_RECORD, "field 'logit_bias': token id %u is beyond the model's %u ids",
@@ -523,7 +519,7 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
         *err = rec_err;
         return rc;
     }
-    p->max_tokens = ((job->sp.set & TM_SP_MAX_TOKENS) ? &job->sp : &r->cfg->defaults)->max_tokens;
+    p->max_tokens = p->sp.max_tokens;
     if (job->continuations)
         p->max_tokens = 0;
     if (p->grp)
@@ -598,6 +594,7 @@ static tm_rc admit(runner *r, tm_err *err) {
     TM_ASSERT(s);
     s->job = p->job;
     s->q.active = 1;
+    set_sampling(&p->sp, s); // before the pending entry goes (its last sequence admitted)
     if (p->gent) { // the automaton's start state and its mask (the sequence's own reference)
         tm_rc grc = tm_guided_start(r->gcache, p->gent, &s->gd, err);
         if (grc)
@@ -627,7 +624,6 @@ static tm_rc admit(runner *r, tm_err *err) {
     s->q.n_prompt = (uint32_t)s->q.ids.len;
     s->n_prompt_only = g ? g->n_prompt : s->q.n_prompt;
     s->q.salt = job->cache_salt;
-    merge_sampling(&r->cfg->defaults, &s->job->sp, s);
     s->ignore_eos |= job->ignore_eos;
     if (s->min_tokens) {
         s->mask = tm_malloc((r->n_eos + s->n_stop_ids + 1) * sizeof(uint32_t));

@@ -10,6 +10,7 @@
 #include "base/alloc.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "sink/sink.h"
 
 struct tm_kafka_out {
     rd_kafka_t *rk;
@@ -22,6 +23,7 @@ struct tm_kafka_out {
     uint64_t n_sent, n_acked; /* messages produced / acknowledged */
     uint64_t n_failed;        /* failed delivery reports */
     char first_error[256];    /* the first failed delivery report */
+    tm_buf line;              /* the output line being sent (tm_kafka_out_as_out) */
 };
 
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
@@ -290,5 +292,42 @@ void tm_kafka_out_close(tm_kafka_out *ko) {
         rd_kafka_topic_destroy(ko->rkt);
     rd_kafka_flush(ko->rk, 2000);
     rd_kafka_destroy(ko->rk);
+    tm_buf_fini(&ko->line);
     tm_free(ko);
+}
+
+// ---- the producer as an output (sink/out.h) ----
+
+static tm_rc out_write(void *self, const tm_completion *c, tm_err *err) {
+    tm_kafka_out *ko = self;
+    tm_buf_clear(&ko->line);
+    tm_rc rc = tm_sink_format_ok(&ko->line, c, err);
+    if (!rc)
+        rc = tm_kafka_out_send(ko, c->id_json, strlen(c->id_json), ko->line.data, ko->line.len - 1,
+                               err);
+    return rc;
+}
+
+static tm_rc out_commit(void *self, tm_sink_commit *ci, tm_err *err) {
+    if (ci->txn_offsets)
+        return tm_kafka_out_commit_md(self, ci->offs, ci->n_offs, ci->group_md, ci->n_md, err);
+    return tm_kafka_out_commit(self, NULL, 0, NULL, err);
+}
+
+static tm_rc out_poll(void *self, tm_err *err) { return tm_kafka_out_poll(self, err); }
+
+static tm_rc out_close(void *self, tm_err *err) {
+    (void)err;
+    tm_kafka_out_close(self);
+    return TM_OK;
+}
+
+static const tm_sink_out_ops out_ops = {.name = "kafka",
+                                        .write = out_write,
+                                        .commit = out_commit,
+                                        .poll = out_poll,
+                                        .close = out_close};
+
+tm_sink_out tm_kafka_out_as_out(tm_kafka_out *ko) {
+    return (tm_sink_out){.ops = &out_ops, .self = ko};
 }

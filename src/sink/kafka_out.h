@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "base/err.h"
+#include "sink/out.h"
 
 typedef struct tm_kafka_out tm_kafka_out;
 
@@ -70,9 +71,16 @@ tm_rc tm_kafka_out_commit(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t 
 
 /* Like tm_kafka_out_commit, with the consumer's own group metadata (generation and member id, so
  * the group coordinator fences a consumer that lost its partitions) serialized by the Kafka source
- * (tm_source_kafka_group_md) as group_md[0..n_md) instead of a bare group id. */
+ * (tm_source_group_md) as group_md[0..n_md) instead of a bare group id. */
 tm_rc tm_kafka_out_commit_md(tm_kafka_out *ko, const tm_kafka_offset *offs, size_t n_offs,
                              const void *group_md, size_t n_md, tm_err *err);
+
+/* The producer as an output of the writer (sink/out.h): write sends an ok record (key: its id's
+ * JSON text, value: its output line, tm_sink_format_ok), commit is tm_kafka_out_commit_md with
+ * the input's offsets when they travel in the transaction (tm_sink_commit.txn_offsets), else
+ * tm_kafka_out_commit without offsets; poll is tm_kafka_out_poll, close tm_kafka_out_close. The
+ * output holds ko; its close frees it. */
+tm_sink_out tm_kafka_out_as_out(tm_kafka_out *ko);
 
 /* Messages acknowledged by the broker so far. */
 uint64_t tm_kafka_out_n_acked(const tm_kafka_out *ko);

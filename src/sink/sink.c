@@ -718,3 +718,28 @@ tm_rc tm_sink_close(tm_sink *sink, tm_err *err) {
 }
 
 void tm_sink_get_stats(const tm_sink *sink, tm_sink_stats *out) { *out = sink->stats; }
+
+// ---- the file sink as an output (sink/out.h) ----
+
+static tm_rc files_write(void *self, const tm_completion *c, tm_err *err) {
+    return tm_sink_write(self, c, err);
+}
+
+static tm_rc files_commit(void *self, tm_sink_commit *ci, tm_err *err) {
+    tm_rc rc = tm_sink_flush(self, err);
+    if (rc)
+        return rc;
+    tm_sink_stats st;
+    tm_sink_get_stats(self, &st);
+    ci->files_set = true;
+    ci->bytes_completions = st.size_lz4;
+    ci->bytes_errors = st.size_err;
+    return TM_OK;
+}
+
+static tm_rc files_close(void *self, tm_err *err) { return tm_sink_close(self, err); }
+
+static const tm_sink_out_ops files_ops = {
+    .name = "files", .write = files_write, .commit = files_commit, .close = files_close};
+
+tm_sink_out tm_sink_as_out(tm_sink *sink) { return (tm_sink_out){.ops = &files_ops, .self = sink}; }

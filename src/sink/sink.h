@@ -18,6 +18,7 @@
 #include "base/buf.h"
 #include "base/err.h"
 #include "base/record.h"
+#include "sink/out.h"
 
 #define TM_SINK_COMPLETIONS_FILE "completions.jsonl.lz4"
 #define TM_SINK_COMPLETIONS_PLAIN_FILE "completions.jsonl" /* opts.plain */
@@ -72,6 +73,11 @@ void tm_sink_get_stats(const tm_sink *sink, tm_sink_stats *out);
 
 /* Append the JSON line (with "\n") of an ok / error record to b. Exposed for tests and for other
  * sinks (Kafka) that send the same lines. TM_E_NOMEM; TM_E_INVAL for an ok record without id. */
+/* The file sink as an output of the writer (sink/out.h): write is tm_sink_write, commit is
+ * tm_sink_flush and gives back the files' durable lengths (the manifest's bytes_completions and
+ * bytes_errors), close is tm_sink_close. The output holds sink; its close frees it. */
+tm_sink_out tm_sink_as_out(tm_sink *sink);
+
 tm_rc tm_sink_format_ok(tm_buf *b, const tm_completion *c, tm_err *err);
 tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err);
 

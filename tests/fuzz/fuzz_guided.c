@@ -32,8 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tm_guide_why why = TM_GUIDE_WHY_NONE;
     // 1/16 of the release bound: sanitizers and coverage make a step up to 30x slower (0.3 us), and
     // libFuzzer stops at 10 s (CI runs it beside the ASan tests on 2 cores)
-    tm_guide_set_max_work(1ull << 22);
-    tm_rc rc = tm_dfa_compile(kind, spec, n, &d, &why, &err);
+    const tm_dfa_opts opts = {.max_work = 1ull << 22};
+    tm_rc rc = tm_dfa_compile_with(kind, spec, n, &opts, &d, &why, &err);
     check(rc == TM_OK || rc == TM_E_INVAL, "unexpected return code", &err);
     check((rc == TM_OK) == (d != NULL), "a DFA iff TM_OK", &err);
     check(rc == TM_OK || (why != TM_GUIDE_WHY_NONE && err.msg[0]), "error without reason", &err);

@@ -198,7 +198,7 @@ static void test_held_record_dropped(void) {
     if (drop) {
         TM_CHECK(tm_source_n_records(a) == 0); // its seq_no is taken back
         pos_check pc = {.part = held_part, .off = held_off};
-        TM_CHECK_OK(tm_source_kafka_positions(a, check_pos, &pc, &err), &err);
+        TM_CHECK_OK(tm_source_positions(a, check_pos, &pc, &err), &err);
         TM_CHECK_MSG(!pc.done, "the dropped offset %d/%d is in A's done set", held_part, held_off);
     }
 
@@ -314,7 +314,7 @@ static void test_close_bounded(void) {
     TM_CHECK(n_a == N_CLOSE);
     // What the manifest would keep: A's done offsets, read before the close.
     saved_pos saved = {.n = 0};
-    TM_CHECK_OK(tm_source_kafka_positions(a, save_pos, &saved, &err), &err);
+    TM_CHECK_OK(tm_source_positions(a, save_pos, &saved, &err), &err);
     TM_CHECK(saved.n == 1);
     // The broker stops answering: every request waits 10 minutes for its response.
     TM_CHECK(rd_kafka_mock_broker_set_rtt(mc, -1, 600000) == RD_KAFKA_RESP_ERR_NO_ERROR);
@@ -330,7 +330,7 @@ static void test_close_bounded(void) {
     TM_CHECK_OK(tm_source_open(spec, &c, &err), &err);
     if (!c || saved.n != 1)
         goto done;
-    TM_CHECK_OK(tm_source_kafka_resume(c, &saved.pos, &err), &err);
+    TM_CHECK_OK(tm_source_resume_positions(c, &saved.pos, &err), &err);
     // C hands out the records that were not durable, each once, and none of the durable ones,
     // whether A's last commit reached the broker or not.
     int seen_c[N_CLOSE] = {0};

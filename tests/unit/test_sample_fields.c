@@ -133,6 +133,79 @@ static void test_parse(void) {
     tm_job_spec_destroy(spec);
 }
 
+// Every sampling field is a known body key (one key table, ingest/fields_int.h): with
+// limits.strict_fields an OpenAI body that sets the issue-22 fields is a valid record (before the
+// table, body.repetition_penalty, min_tokens, stop_token_ids and ignore_eos were read and also
+// refused as unknown keys).
+static void test_body_keys_strict(void) {
+    char path[512], job[1024], jpath[512];
+    snprintf(path, sizeof(path), "%s/strict.jsonl", g_tmp);
+    FILE *f = fopen(path, "wb");
+    TM_CHECK(f != NULL);
+    if (!f)
+        return;
+    fprintf(f, cases[1].line, "s1");
+    fputc('\n', f);
+    fclose(f);
+    snprintf(job, sizeof(job),
+             "{\"model\": \"m\", \"output\": {\"dir\": \"o\"}, \"limits\": {\"strict_fields\": "
+             "true}, \"input\": {\"files\": [\"%s\"]}}",
+             path);
+    snprintf(jpath, sizeof(jpath), "%s/strict.json", g_tmp);
+    f = fopen(jpath, "wb");
+    fputs(job, f);
+    fclose(f);
+    tm_job_spec *spec = NULL;
+    tm_source *src = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_job_spec_load(jpath, &spec, &err), &err);
+    if (!spec)
+        return;
+    TM_CHECK(spec->strict_fields);
+    TM_CHECK_OK(tm_source_open(spec, &src, &err), &err);
+    tm_job *j = NULL;
+    if (src)
+        TM_CHECK_OK(tm_source_next(src, &j, &err), &err);
+    TM_CHECK(j != NULL);
+    if (j)
+        TM_CHECK_MSG(j->err_code == TM_ERRCODE_NONE, "%s (%s)", tm_errcode_name(j->err_code),
+                     j->err_msg ? j->err_msg : "");
+    tm_job_destroy(j);
+    tm_source_destroy(src);
+    tm_job_spec_destroy(spec);
+}
+
+// tm_sampling_resolve: each field from the record where its bit is set, else the default.
+static void test_resolve(void) {
+    uint32_t d_ids[1] = {5}, r_ids[2] = {7, 8};
+    float d_bias[1] = {1.0f};
+    tm_sampling d = {.max_tokens = 16,
+                     .temperature = 1.0f,
+                     .top_p = 0.9f,
+                     .top_k = -1,
+                     .seed = 3,
+                     .repetition_penalty = 1.1f,
+                     .bias_ids = d_ids,
+                     .bias = d_bias,
+                     .n_bias = 1,
+                     .min_tokens = 2};
+    tm_sampling r = {.set = TM_SP_TEMPERATURE | TM_SP_STOP_TOKEN_IDS | TM_SP_MIN_TOKENS,
+                     .max_tokens = 99,
+                     .temperature = 0.0f,
+                     .top_p = 0.5f,
+                     .min_tokens = 0,
+                     .stop_ids = r_ids,
+                     .n_stop_ids = 2,
+                     .repetition_penalty = 2.0f};
+    tm_sampling out;
+    tm_sampling_resolve(&d, &r, &out);
+    TM_CHECK(out.set == r.set);
+    TM_CHECK(out.max_tokens == 16 && out.temperature == 0.0f && out.top_p == 0.9f);
+    TM_CHECK(out.top_k == -1 && out.seed == 3 && out.repetition_penalty == 1.1f);
+    TM_CHECK(out.bias_ids == d_ids && out.bias == d_bias && out.n_bias == 1);
+    TM_CHECK(out.stop_ids == r_ids && out.n_stop_ids == 2 && out.min_tokens == 0);
+}
+
 /* ---- the runner ---- */
 
 static tm_job *new_job(int id, const char *prompt, int32_t max_tokens, float temp) {
@@ -295,6 +368,8 @@ int main(void) {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_sample_fields_XXXXXX");
     TM_ASSERT(mkdtemp(g_tmp));
     TM_RUN(test_parse);
+    TM_RUN(test_body_keys_strict);
+    TM_RUN(test_resolve);
     char tokdir[1024];
     if (tm_unit_tokdir(tokdir, sizeof(tokdir))) {
         char dir[600];

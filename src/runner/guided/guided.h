@@ -69,16 +69,23 @@ int tm_dfa_match(const tm_dfa *d, const void *p, size_t n);
  * TM_E_INVAL with *why UNSUPPORTED (err names the construct); TM_E_NOMEM. */
 tm_rc tm_dfa_regex(const char *re, size_t n, tm_dfa **out, tm_guide_why *why, tm_err *err);
 
-/* The subset construction's work bound (NFA steps; 0: the default, 2^26, about 0.3-1 s on one
- * core). Process-wide, not thread-safe: for the fuzzer, whose instrumentation makes each step
- * about 10x slower than a release build. */
-void tm_guide_set_max_work(uint64_t steps);
+/* Settings of one compilation (tm_dfa_compile_with). */
+typedef struct tm_dfa_opts {
+    /* The subset construction's work bound (NFA steps; 0: the default, 2^26, about 0.3-1 s on
+     * one core). The fuzzer lowers it: its instrumentation makes each step about 10x slower than
+     * a release build. */
+    uint64_t max_work;
+} tm_dfa_opts;
 
 /* Compile a constraint of any kind (spec[0, n) as tm_guide_kind says) into a DFA; errors as
  * tm_dfa_regex, and a constraint that no output satisfies (an empty language: a recursive $ref
  * with no way out within TM_GUIDE_REF_DEPTH) is INVALID. */
 tm_rc tm_dfa_compile(tm_guide_kind kind, const char *spec, size_t n, tm_dfa **out,
                      tm_guide_why *why, tm_err *err);
+/* tm_dfa_compile with settings (opts borrowed for the call; NULL: the defaults). Thread-safe as
+ * tm_dfa_compile: the settings are the compilation's own, not process-wide. */
+tm_rc tm_dfa_compile_with(tm_guide_kind kind, const char *spec, size_t n, const tm_dfa_opts *opts,
+                          tm_dfa **out, tm_guide_why *why, tm_err *err);
 
 /* ---- the vocabulary: a byte trie of the tokens' decoded bytes ---- */
 

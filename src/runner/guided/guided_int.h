@@ -16,7 +16,7 @@
 #include "runner/guided/guided.h"
 
 #define RX_MAX_CP 0x10FFFFu
-#define RX_MAX_WORK (1ull << 26) /* NFA steps of one DFA build (tm_guide_set_max_work) */
+#define RX_MAX_WORK (1ull << 26) /* NFA steps of one DFA build (tm_dfa_opts.max_work) */
 #define RX_MAX_REPEAT 1000u      /* largest {m,n} bound and maxLength / maxItems */
 #define RX_MAX_NFA 4000000u      /* NFA states of one constraint */
 #define RX_MAX_NODES 1000000u    /* tree nodes of one constraint */
@@ -52,6 +52,7 @@ typedef struct rx_ctx {
     uint32_t n_nodes;
     tm_guide_why why; /* set with err on the first failure */
     tm_err *err;
+    uint64_t max_work; /* NFA steps one DFA build may take (tm_dfa_opts; 0: RX_MAX_WORK) */
 } rx_ctx;
 
 void rx_ctx_fini(rx_ctx *c);

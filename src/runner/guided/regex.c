@@ -1226,16 +1226,13 @@ out:
     return rc;
 }
 
-static uint64_t g_max_work = RX_MAX_WORK;
-
-void tm_guide_set_max_work(uint64_t steps) { g_max_work = steps ? steps : RX_MAX_WORK; }
-
 tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **out) {
     *out = NULL;
     if (c->err->rc)
         return c->err->rc;
     if (!max_states)
         max_states = TM_GUIDE_MAX_STATES;
+    const uint64_t max_work = c->max_work ? c->max_work : RX_MAX_WORK;
     nfa a = {.c = c};
     builder b = {.a = &a};
     uint32_t match = nfa_add(&a, NFA_MATCH, 0, 0, NONE_ST, NONE_ST);
@@ -1314,11 +1311,11 @@ tm_rc rx_compile(rx_ctx *c, const rx_node *root, uint32_t max_states, tm_dfa **o
                 continue;
             uint32_t k = closure(&b, seeds, ns);
             b.work += b.sets[q].n;
-            if (b.work > g_max_work) {
+            if (b.work > max_work) {
                 rx_fail(c, TM_GUIDE_WHY_UNSUPPORTED,
                         "guided: the constraint is too complex to compile (over %llu automaton "
                         "steps after %u states; simplify nested repetitions or alternatives)",
-                        (unsigned long long)g_max_work, b.n_dfa);
+                        (unsigned long long)max_work, b.n_dfa);
                 bad = 1;
                 break;
             }

@@ -967,7 +967,12 @@ rx_node *rx_choice(rx_ctx *c, const char *text, size_t n) {
 
 tm_rc tm_dfa_compile(tm_guide_kind kind, const char *spec, size_t n, tm_dfa **out,
                      tm_guide_why *why, tm_err *err) {
-    rx_ctx c = {.err = err};
+    return tm_dfa_compile_with(kind, spec, n, NULL, out, why, err);
+}
+
+tm_rc tm_dfa_compile_with(tm_guide_kind kind, const char *spec, size_t n, const tm_dfa_opts *opts,
+                          tm_dfa **out, tm_guide_why *why, tm_err *err) {
+    rx_ctx c = {.err = err, .max_work = opts ? opts->max_work : 0};
     rx_node *root = NULL;
     *out = NULL;
     switch (kind) {

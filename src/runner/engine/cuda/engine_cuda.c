@@ -157,18 +157,18 @@ static tm_rc blas_check(cublasStatus_t st, const char *what, tm_err *err) {
     return TM_ERR(err, TM_E_CUDA, "cuda engine: %s: %s", what, cublasGetStatusString(st));
 }
 
-/* y[n_tok][n_out] (fp32 or bf16, row stride n_out) = x[n_tok][n_in] @ w[n_out][n_in]^T
- * + beta * y. Row-major y^T = w x^T in cuBLAS's column-major terms. */
-static tm_rc gemm(tm_cuda_engine *impl, const uint16_t *w, const uint16_t *x, void *y, int y_f32,
-                  uint32_t n_tok, uint32_t n_in, uint32_t n_out, float beta, tm_err *err) {
+tm_rc tm_cuda_gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
+                   uint32_t ldx, void *y, int y_f32, uint32_t ldy, uint32_t n_tok, uint32_t n_in,
+                   uint32_t n_out, float beta, tm_err *err) {
     if (n_tok == 0)
         return TM_OK;
     const float alpha = 1.0f;
+    // Row-major y^T = w x^T in cuBLAS's column-major terms.
     cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok,
                                      (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x, CUDA_R_16BF,
-                                     (int)n_in, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                                     (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return blas_check(st, "cublasGemmEx", err);
+                                     (int)ldx, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)ldy,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return blas_check(st, what, err);
 }
 
 /* The TM_CUDA_ABLATE names of the TM_CUDA_ABL_* kinds (engine_cuda_int.h). */
@@ -208,7 +208,9 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
         return TM_CUDA_OP(impl, abl, what, tm_k_gemm_skinny(&ga, impl->stream, err));
     }
     *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
-    return TM_CUDA_OP(impl, abl, what, gemm(impl, w, x, dst, 1, T, n_in, n_out, beta, err));
+    return TM_CUDA_OP(
+        impl, abl, what,
+        tm_cuda_gemm(impl, "cublasGemmEx", w, x, n_in, dst, 1, n_out, T, n_in, n_out, beta, err));
 }
 
 void tm_cuda_prof_mark(tm_cuda_engine *impl, const char *what) {
