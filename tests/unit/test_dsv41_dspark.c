@@ -8,7 +8,9 @@
  * Markov chain) and the block's logits rows (max |d logprob| < 1e-3 stated) and confidence scores
  * must match. Then on the same model: draft logits bit-identical whether the rows come in one call
  * or one by one, across thread counts and after kv_copy of a partly filled block (the prefix
- * cache); a model without DSpark stages reports no drafter. Without mkmodel: skipped (77). */
+ * cache); a model without DSpark stages reports no drafter; the job spec takes "dspark" and
+ * vLLM's draft_sample_method spellings. Cost printed (bench/spec_dspark_cpu.sh). Without mkmodel:
+ * skipped (77). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,6 +19,8 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
+#include "ingest/job_spec.h"
 #include "runner/engine/cpu/dsv41.h"
 #include "runner/engine/engine.h"
 #include "runner/engram_map.h"
@@ -380,14 +384,172 @@ static void test_no_drafter(void) {
     TM_CHECK(system(cmd) == 0);
 }
 
+/* engine.speculative: "dspark" and vLLM's draft_sample_method spellings taken (and in the
+ * canonical spec), anything else refused naming the field. */
+static void test_job_spec(void) {
+    static const char *const fmt =
+        "{\"model\": \"m\", \"input\": {\"files\": [\"tests/fixtures/spec/copy.jsonl\"]}, "
+        "\"output\": {\"dir\": \"o\"}, \"engine\": {\"speculative\": {\"method\": \"%s\", "
+        "\"num_speculative_tokens\": 5%s}}}";
+    static const struct {
+        const char *method, *extra, *field; /* field: NULL = accepted */
+    } cases[] = {
+        {"dspark", "", NULL},
+        {"dspark", ", \"draft_sample_method\": \"greedy\"", NULL},
+        {"dspark", ", \"draft_sample_method\": \"probabilistic\"", NULL},
+        {"dspark", ", \"draft_sample_method\": \"beam\"", "engine.speculative.draft_sample_method"},
+        {"dspark", ", \"draft_sample_method\": 3", "engine.speculative.draft_sample_method"},
+        {"dsparkle", "", "engine.speculative.method"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[1024];
+        snprintf(text, sizeof(text), fmt, cases[i].method, cases[i].extra);
+        tm_job_spec *spec = NULL;
+        tm_err err = {0};
+        tm_rc rc = tm_job_spec_load_text("(t)", NULL, text, &spec, &err);
+        if (!cases[i].field) {
+            TM_CHECK_OK(rc, &err);
+            TM_CHECK(spec && spec->engine.spec_dspark && !spec->engine.spec_mtp &&
+                     spec->engine.spec_k == 5 &&
+                     strstr(spec->canonical_json, "\"method\":\"dspark\"") != NULL);
+        } else {
+            TM_CHECK(rc != TM_OK);
+            TM_CHECK_MSG(strstr(err.msg, cases[i].field) != NULL, "case %zu: %s", i, err.msg);
+        }
+        tm_job_spec_destroy(spec);
+    }
+}
+
+/* ---- cost (bench/spec_dspark_cpu.sh): printed, never asserted ---- */
+
+/* Milliseconds per call, batch B with P-token prompts: a plain decode step (one token each), a
+ * DSpark draft pass (one new row each + its block), a verification step of K = 5 drafts (6
+ * tokens, 6 rows each). */
+static void cost(const v41 *v, uint32_t B, uint32_t reps) {
+    enum { P = 64, K = 5 };
+    const uint32_t V = v->m->cfg.n_vocab, nbs = (P + 16) / BS + 1;
+    tm_engine_opts o = {.n_threads = 2,
+                        .block_size = BS,
+                        .n_kv_block = B * nbs,
+                        .max_seqs = B,
+                        .max_batched_tokens = B * P,
+                        .max_rows = B * (K + 1),
+                        .token_map = v->map,
+                        .n_token_map = v->n_map,
+                        .engram_cache_mb = 64};
+    tm_engine *eng = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_engine_cpu_create(v->m, &o, &eng, &err), &err);
+    if (!eng)
+        return;
+    const tm_engine_draft_info info = tm_engine_drafter(eng);
+    uint32_t *toks = calloc((size_t)B * P, sizeof(uint32_t)), *bt = calloc((size_t)B * nbs, 4);
+    tm_batch_seq *bs = calloc(B, sizeof(*bs));
+    tm_engine_draft_seq *ds = calloc(B, sizeof(*ds));
+    float *lg = calloc((size_t)B * TM_MAX(K + 1, info.n_out) * V, sizeof(float));
+    float *hb = calloc((size_t)B * P * info.width, sizeof(float));
+    for (uint32_t i = 0; i < B * P; i++)
+        toks[i] = 3 + (i * 7919u) % (V - 8);
+    for (uint32_t i = 0; i < B * nbs; i++)
+        bt[i] = i;
+    for (uint32_t b = 0; b < B; b++)
+        bs[b] = (tm_batch_seq){.tokens = toks + b * P,
+                               .n_tok = P - K - 1,
+                               .pos = 0,
+                               .block_table = bt + b * nbs,
+                               .n_block = nbs,
+                               .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(eng, &(tm_batch){bs, B}, lg, &err), &err);
+    uint32_t nh = 0;
+    const float *h = eng->ops->hidden(eng, &nh);
+    memcpy(hb, h, (size_t)nh * info.width * sizeof(float));
+    for (uint32_t b = 0; b < B; b++)
+        ds[b] = (tm_engine_draft_seq){.hidden = hb + (size_t)b * (P - K - 1) * info.width,
+                                      .next = toks + b * P + 1,
+                                      .n_tok = P - K - 1,
+                                      .pos = 0,
+                                      .block_table = bt + b * nbs,
+                                      .n_block = nbs};
+    TM_CHECK_OK(eng->ops->draft(eng, ds, B, lg, NULL, &err), &err);
+    double t_dec = 0, t_dr = 0, t_ver = 0;
+    const uint32_t p = P - K - 1;
+    for (uint32_t r = 0; r < reps; r++) {
+        for (uint32_t b = 0; b < B; b++)
+            bs[b] = (tm_batch_seq){.tokens = toks + b * P + p,
+                                   .n_tok = 1,
+                                   .pos = p,
+                                   .block_table = bt + b * nbs,
+                                   .n_block = nbs,
+                                   .want_logits = 1};
+        double t0 = tm_now_ms();
+        TM_CHECK_OK(tm_engine_forward(eng, &(tm_batch){bs, B}, lg, &err), &err);
+        t_dec += tm_now_ms() - t0;
+        h = eng->ops->hidden(eng, &nh);
+        memcpy(hb, h, (size_t)nh * info.width * sizeof(float));
+        for (uint32_t b = 0; b < B; b++)
+            ds[b] = (tm_engine_draft_seq){.hidden = hb + (size_t)b * info.width,
+                                          .next = toks + b * P + p + 1,
+                                          .n_tok = 1,
+                                          .pos = p,
+                                          .block_table = bt + b * nbs,
+                                          .n_block = nbs,
+                                          .want_logits = 1};
+        t0 = tm_now_ms();
+        TM_CHECK_OK(eng->ops->draft(eng, ds, B, lg, NULL, &err), &err);
+        t_dr += tm_now_ms() - t0;
+        for (uint32_t b = 0; b < B; b++)
+            bs[b] = (tm_batch_seq){.tokens = toks + b * P + p,
+                                   .n_tok = K + 1,
+                                   .pos = p,
+                                   .block_table = bt + b * nbs,
+                                   .n_block = nbs,
+                                   .want_logits = 1,
+                                   .n_logits = K + 1};
+        t0 = tm_now_ms();
+        TM_CHECK_OK(tm_engine_forward(eng, &(tm_batch){bs, B}, lg, &err), &err);
+        t_ver += tm_now_ms() - t0;
+    }
+    printf("  cost batch %u (%u reps, 2 threads, block %u): decode step %.3f ms, DSpark draft pass "
+           "%.3f ms (%.2fx), verification of %d drafts %.3f ms (%.2fx)\n",
+           B, reps, info.n_out, t_dec / reps, t_dr / reps, t_dr / t_dec, K, t_ver / reps,
+           t_ver / t_dec);
+    free(toks), free(bt), free(bs), free(ds), free(lg), free(hb);
+    tm_engine_destroy(eng);
+}
+
+static void test_cost(void) {
+    const char *env = getenv("TM_DSPARK_BENCH"); // a model folder: the bench's figures
+    char dir[256], cmd[1024];
+    snprintf(dir, sizeof(dir), "/tmp/tm_test_dspark_cost_%d", (int)getpid());
+    if (!env) {
+        snprintf(cmd, sizeof(cmd),
+                 "rm -rf '%s' && '%s/mkmodel' --out '%s' " OWN_ARGS " --dspark-block 6 >/dev/null",
+                 dir, g_build, dir);
+        TM_CHECK(system(cmd) == 0);
+    }
+    v41 v;
+    if (!open_v41(env ? env : dir, &v)) {
+        const uint32_t reps = env ? 20 : 2;
+        cost(&v, 1, reps);
+        cost(&v, 8, reps);
+    }
+    close_v41(&v);
+    if (!env) {
+        snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+        TM_CHECK(system(cmd) == 0);
+    }
+}
+
 int main(void) {
     g_build = getenv("TM_BUILD");
     if (!g_build) {
         tm_test_skip("no mkmodel (TM_BUILD)");
         return tm_test_report();
     }
+    TM_RUN(test_job_spec);
     TM_RUN(test_oracle);
     TM_RUN(test_bit_identity);
     TM_RUN(test_no_drafter);
+    TM_RUN(test_cost);
     return tm_test_report();
 }
