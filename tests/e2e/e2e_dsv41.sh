@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # tests/e2e/e2e_dsv41.sh BUILD SRC - `tokenmill run` on a random DeepSeek-V4.1 checkpoint (mkmodel
 # --arch deepseek_v41: Engram layers, compress ratios 0/2/1 with candidate selection, its built-in
-# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block; an
-# OpenAI batch line with an image part is answered unsupported (no vision tower); the
-# records are the same with the prefix cache on and off (and the cache is hit); then a longer
-# input is SIGKILLed a few times mid-run and resumed, and the exactly-once oracle
-# (tests/oracles/verify_outputs.cjs) checks every record came out once.
+# tokenizer): plain and chat records, n > 1, logprobs, shared prefixes longer than a block give the
+# same records with the prefix cache on and off (and the cache is hit), also at engine.tp 2 (the
+# CPU engine's in-process split); an OpenAI batch line with an image part is answered unsupported
+# (no vision tower); then a longer input is SIGKILLed a few times mid-run and resumed, and the
+# exactly-once oracle (tests/oracles/verify_outputs.cjs) checks every record came out once.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -54,20 +54,27 @@ for i in range(12):
                      "n": 3, "temperature": 0.9, "seed": i, "logprobs": True, "top_logprobs": 3})
 open(sys.argv[1], "w").write("\n".join(json.dumps(r) for r in rows) + "\n")
 PY
-for pc in true false; do
+for pc in true false tp2_true tp2_false; do
+    tp=1
+    case $pc in tp2_*) tp=2 ;; esac
     cat >"$work/job_$pc.json" <<JOB
 {
   "model": "$work/model",
   "input": { "files": ["$work/data/small.jsonl"] },
   "output": { "dir": "$work/out_$pc" },
   "engine": { "backend": "cpu", "max_seqs": 4, "max_batched_tokens": 64, "block_size": 16,
-              "threads": 2, "prefix_cache": $pc },
+              "threads": 2, "prefix_cache": ${pc#tp2_}, "tp": $tp },
   "defaults": { "max_tokens": 4, "temperature": 0 }
 }
 JOB
     "$build/tokenmill" run "$work/job_$pc.json" >"$work/run_$pc.log" 2>&1 ||
-        { cat "$work/run_$pc.log"; bad "run prefix_cache $pc"; }
+        { cat "$work/run_$pc.log"; bad "run $pc"; }
 done
+if cmp -s <(canon "$work/out_tp2_true") <(canon "$work/out_tp2_false"); then
+    say "tensor parallel 2 (in-process): records identical with the prefix cache on and off"
+else
+    bad "tp 2: records differ with the prefix cache on and off"
+fi
 n_ok=$(canon "$work/out_true" | wc -l)
 [ "$n_ok" = 12 ] || bad "expected 12 records, got $n_ok"
 # an OpenAI batch line with an image part: answered unsupported (no vision tower), the text one runs

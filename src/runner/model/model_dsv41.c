@@ -84,7 +84,8 @@ static tm_rc get_list(json_t *obj, const char *key, const int64_t *def, uint32_t
                       int64_t hi, uint32_t cap, int64_t *out, uint32_t *n, tm_err *err) {
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
-        memcpy(out, def, n_def * sizeof(int64_t));
+        if (n_def) // def may be NULL when there is no default entry
+            memcpy(out, def, n_def * sizeof(int64_t));
         *n = n_def;
         return TM_OK;
     }

@@ -206,11 +206,20 @@ static void fp4_act_quant(float *x, uint32_t n, uint32_t block, int e4m3_scale) 
     }
 }
 
+/* a . b accumulated in double (the oracle's float64 accumulation; each fp32 product is exact in
+ * double) in a fixed order: four interleaved partial sums, then (s0 + s1) + (s2 + s3). */
 static float dotd(const float *a, const float *b, uint32_t n) {
-    double acc = 0.0;
-    for (uint32_t i = 0; i < n; i++) // the oracle's float64 accumulation, in a fixed order
-        acc += (double)a[i] * (double)b[i];
-    return (float)acc;
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    uint32_t i = 0;
+    for (; i + 4 <= n; i += 4) { // hot loop of every linear
+        s0 += (double)a[i] * (double)b[i];
+        s1 += (double)a[i + 1] * (double)b[i + 1];
+        s2 += (double)a[i + 2] * (double)b[i + 2];
+        s3 += (double)a[i + 3] * (double)b[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += (double)a[i] * (double)b[i];
+    return (float)((s0 + s1) + (s2 + s3));
 }
 
 /* RMSNorm: out = x * 1/sqrt(mean(x^2) + eps) * w (w NULL: unweighted), in double. */
