@@ -6,7 +6,8 @@
 # hidden channel, so drafts are accepted about half the time and rejected the rest):
 #  - lossless: greedy, sampled (n = 2) and structured-output records (guided_regex, drafts cut
 #    where the automaton forbids) byte-identical with DSpark (k = 5) on and off, with the prefix
-#    cache on and off; accepted drafts > 0 and rejected drafts > 0 in the same run;
+#    cache on and off, and with a 9-block KV pool (preemptions under DSpark); accepted drafts > 0
+#    and rejected drafts > 0 in the same run;
 #  - metrics.json speculative (method dspark, vLLM's counters consistent), usage.speculative
 #    summing to the job's counters;
 #  - refusals naming the field: "dspark" on a model without DSpark stages, k above the block;
@@ -77,7 +78,9 @@ SPEC=', "speculative": {"method": "dspark", "num_speculative_tokens": 5, "draft_
 job off "$work/model" "" true "$work/data/small.jsonl"
 job on "$work/model" "$SPEC" true "$work/data/small.jsonl"
 job on_nopc "$work/model" "$SPEC" false "$work/data/small.jsonl"
-for n in off on on_nopc; do
+# a 9-block pool (16 tokens a block) for 4 sequences of up to ~60 tokens: preemptions
+job on_tiny "$work/model" "$SPEC, \"kv_blocks\": 9" true "$work/data/small.jsonl"
+for n in off on on_nopc on_tiny; do
     "$build/tokenmill" run "$work/job_$n.json" >"$work/run_$n.log" 2>&1 ||
         { cat "$work/run_$n.log"; bad "run $n"; }
 done
@@ -86,6 +89,12 @@ cmp -s <(canon "$work/out_off") <(canon "$work/out_on") && say "16 records (gree
     bad "records differ with DSpark on and off"
 cmp -s <(canon "$work/out_on") <(canon "$work/out_on_nopc") && say "identical with the prefix cache on and off" ||
     bad "records differ with the prefix cache on and off (DSpark on)"
+cmp -s <(canon "$work/out_off") <(canon "$work/out_on_tiny") ||
+    bad "records differ with DSpark on under preemption (9-block pool)"
+python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); p = m["engine"]["preemptions"]
+assert p > 0 and m["speculative"]["num_accepted_tokens"] > 0, m["engine"]
+print("e2e_dspark: 9-block pool: %d preemptions with DSpark on, records identical" % p)' \
+    "$work/out_on_tiny/metrics.json" || bad "no preemption / no accepted draft in the 9-block run"
 python3 - "$work/out_on" "$work/out_off" <<'PY' || bad "metrics / usage"
 import json, re, subprocess, sys
 m = json.load(open(sys.argv[1] + "/metrics.json"))
