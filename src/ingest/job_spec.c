@@ -53,6 +53,7 @@ static const char *const spec_keys[] = {"method",
                                         "prompt_lookup_min",
                                         "prompt_lookup_max",
                                         "draft_sample_method",
+                                        "confidence_threshold",
                                         NULL};
 static const char *const limits_keys[] = {
     "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
@@ -574,6 +575,19 @@ static tm_rc load_speculative(loader *ld, const json_t *eng, json_t *c) {
             return fail_value(ld, "engine.speculative.draft_sample_method",
                               "one of \"greedy\", \"probabilistic\"", dsm);
         canon_set(ld, cs, "draft_sample_method", json_string(ds));
+    }
+    // DeepSpec's confidence_threshold (dspark only): a block's drafts end before the first whose
+    // confidence-head probability is below it; 0 (the reference inference's behaviour): none cut
+    const json_t *ct = json_object_get(sp, "confidence_threshold");
+    if (ct) {
+        if (!json_is_number(ct) || json_number_value(ct) < 0.0 || json_number_value(ct) > 1.0)
+            return fail_value(ld, "engine.speculative.confidence_threshold", "a number in [0, 1]",
+                              ct);
+        if (!e->spec_dspark)
+            return fail(ld, TM_E_INVAL, "engine.speculative.confidence_threshold",
+                        "only applies to method \"dspark\"");
+        e->spec_conf_threshold = json_number_value(ct);
+        canon_set(ld, cs, "confidence_threshold", json_real(e->spec_conf_threshold));
     }
     if (!json_object_get(sp, "num_speculative_tokens"))
         return fail(ld, TM_E_INVAL, "engine.speculative.num_speculative_tokens",

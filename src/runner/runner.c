@@ -152,6 +152,7 @@ typedef struct runner {
      * floats, blocks of dsp_out rows; mseqs / mslot above are shared */
     uint32_t dsp_w, dsp_out;
     float *dsp_logits; /* [max_seqs * dsp_out][n_vocab] */
+    float *dsp_conf;   /* [max_seqs * dsp_out] the blocks' confidence logits */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -1397,7 +1398,7 @@ static tm_rc dsp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
     }
     if (!n)
         return TM_OK;
-    tm_rc rc = r->eng->ops->draft(r->eng, r->mseqs, n, r->dsp_logits, NULL, err);
+    tm_rc rc = r->eng->ops->draft(r->eng, r->mseqs, n, r->dsp_logits, r->dsp_conf, err);
     if (rc)
         return rc;
     for (uint32_t m = 0, w = 0; m < n; m++) {
@@ -1406,9 +1407,13 @@ static tm_rc dsp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
         seq *s = &r->seqs[r->mslot[m]];
         const uint32_t nd = TM_MIN(r->dsp_out, (uint32_t)TM_SPEC_MAX_K);
         s->n_dsp = 0;
+        const float t = r->cfg->spec_conf_threshold;
         for (uint32_t j = 0; j < r->dsp_out; j++, w++) {
             const uint32_t id = argmax_row(r->dsp_logits + (size_t)w * r->n_vocab, r->n_vocab);
-            if (j < nd && s->n_dsp == j && id < r->n_vocab_tok)
+            // DeepSpec's confidence_threshold: the drafts end before the first row whose
+            // confidence probability sigmoid(logit) is below t (t 0: never)
+            const int unsure = t > 0.0f && 1.0 / (1.0 + exp(-(double)r->dsp_conf[w])) < t;
+            if (j < nd && s->n_dsp == j && id < r->n_vocab_tok && !unsure)
                 s->dsp_draft[s->n_dsp++] = id;
         }
     }
@@ -1497,6 +1502,7 @@ static void runner_fini(runner *r) {
     tm_free(r->mtp_out);
     tm_free(r->mtp_st);
     tm_free(r->dsp_logits);
+    tm_free(r->dsp_conf);
     tm_sample_scratch_fini(&r->scratch);
     if (r->gcache && r->stats)
         r->stats->guided = *tm_guide_cache_stats(r->gcache);
@@ -1603,7 +1609,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
             r.mslot = tm_calloc(cfg->max_seqs, sizeof(*r.mslot));
             r.dsp_logits = tm_calloc((size_t)cfg->max_seqs * drafter.n_out * r.n_vocab,
                                      sizeof(float));
-            if (!r.mseqs || !r.mslot || !r.dsp_logits) {
+            r.dsp_conf = tm_calloc((size_t)cfg->max_seqs * drafter.n_out, sizeof(float));
+            if (!r.mseqs || !r.mslot || !r.dsp_logits || !r.dsp_conf) {
                 rc = TM_ERR(err, TM_E_NOMEM, "runner: DSpark draft buffers");
                 goto done;
             }

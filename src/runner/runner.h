@@ -61,6 +61,8 @@ typedef struct tm_runner_cfg {
                         * "MTP") instead of n-grams; spec_lookup_* unused then */
     bool spec_dspark;  /* drafts from the DeepSeek-V4.1 DSpark stages (CPU engine, tp 1;
                         * docs/speculative.md "DSpark"); spec_k <= dspark_block_size */
+    float spec_conf_threshold; /* DSpark: cut a block's drafts before the first whose confidence
+                                * (sigmoid of the confidence head) is below this; 0: none */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */

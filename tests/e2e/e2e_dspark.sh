@@ -7,7 +7,8 @@
 #  - lossless: greedy, sampled (n = 2) and structured-output records (guided_regex, drafts cut
 #    where the automaton forbids) byte-identical with DSpark (k = 5) on and off, with the prefix
 #    cache on and off, and with a 9-block KV pool (preemptions under DSpark); accepted drafts > 0
-#    and rejected drafts > 0 in the same run;
+#    and rejected drafts > 0 in the same run; DeepSpec's confidence_threshold (0.5: identical;
+#    1.0: every draft cut);
 #  - metrics.json speculative (method dspark, vLLM's counters consistent), usage.speculative
 #    summing to the job's counters;
 #  - refusals naming the field: "dspark" on a model without DSpark stages, k above the block;
@@ -80,7 +81,11 @@ job on "$work/model" "$SPEC" true "$work/data/small.jsonl"
 job on_nopc "$work/model" "$SPEC" false "$work/data/small.jsonl"
 # a 9-block pool (16 tokens a block) for 4 sequences of up to ~60 tokens: preemptions
 job on_tiny "$work/model" "$SPEC, \"kv_blocks\": 9" true "$work/data/small.jsonl"
-for n in off on on_nopc on_tiny; do
+# DeepSpec's confidence_threshold: 0.5 cuts some blocks, 1.0 every draft (sigmoid < 1)
+CONF='"speculative": {"method": "dspark", "num_speculative_tokens": 5, "confidence_threshold"'
+job on_conf "$work/model" ", $CONF: 0.5}" true "$work/data/small.jsonl"
+job on_conf1 "$work/model" ", $CONF: 1.0}" true "$work/data/small.jsonl"
+for n in off on on_nopc on_tiny on_conf on_conf1; do
     "$build/tokenmill" run "$work/job_$n.json" >"$work/run_$n.log" 2>&1 ||
         { cat "$work/run_$n.log"; bad "run $n"; }
 done
@@ -95,6 +100,17 @@ python3 -c 'import json, sys; m = json.load(open(sys.argv[1])); p = m["engine"][
 assert p > 0 and m["speculative"]["num_accepted_tokens"] > 0, m["engine"]
 print("e2e_dspark: 9-block pool: %d preemptions with DSpark on, records identical" % p)' \
     "$work/out_on_tiny/metrics.json" || bad "no preemption / no accepted draft in the 9-block run"
+for n in on_conf on_conf1; do
+    cmp -s <(canon "$work/out_off") <(canon "$work/out_$n") || bad "records differ with DSpark $n"
+done
+python3 -c 'import json, sys
+a, b, c = (json.load(open(f))["speculative"] for f in sys.argv[1:])
+assert c["num_drafts"] == 0, c  # threshold 1: every draft cut
+r = lambda s: s["num_draft_tokens"] / max(s["num_drafts"], 1)
+print("e2e_dspark: confidence_threshold: drafts per verification %.2f (none), %.2f (0.5), "
+      "%d drafts (1.0); acceptance %.2f (none), %.2f (0.5)" % (r(a), r(b), c["num_drafts"],
+      a["acceptance_rate"], b["acceptance_rate"]))' "$work/out_on/metrics.json" \
+    "$work/out_on_conf/metrics.json" "$work/out_on_conf1/metrics.json" || bad "confidence_threshold"
 python3 - "$work/out_on" "$work/out_off" <<'PY' || bad "metrics / usage"
 import json, re, subprocess, sys
 m = json.load(open(sys.argv[1] + "/metrics.json"))

@@ -400,6 +400,9 @@ static void test_job_spec(void) {
         {"dspark", ", \"draft_sample_method\": \"beam\"", "engine.speculative.draft_sample_method"},
         {"dspark", ", \"draft_sample_method\": 3", "engine.speculative.draft_sample_method"},
         {"dsparkle", "", "engine.speculative.method"},
+        {"dspark", ", \"confidence_threshold\": 0.5", NULL},
+        {"dspark", ", \"confidence_threshold\": 1.5", "engine.speculative.confidence_threshold"},
+        {"ngram", ", \"confidence_threshold\": 0.5", "engine.speculative.confidence_threshold"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char text[1024];

@@ -122,10 +122,19 @@ static const float *v41_hidden(const tm_engine *eng, uint32_t *n_tok) {
 static tm_rc v41_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq,
                        float *logits, float *hidden_out, tm_err *err) {
     v41_eng *e = eng->impl;
-    (void)hidden_out;
     if (!e->dsp)
         return TM_ERR(err, TM_E_INVAL, "dsv41 draft: the model has no DSpark stages");
-    return tm_dsv41_drafter_draft(e->dsp, &eng->opts, e->max_pos, seqs, n_seq, logits, err);
+    tm_rc rc = tm_dsv41_drafter_draft(e->dsp, &eng->opts, e->max_pos, seqs, n_seq, logits, err);
+    if (rc == TM_OK && hidden_out) { // a block drafter's hidden_out: the confidence logits
+        tm_engine_draft_info info;
+        tm_dsv41_drafter_info(e->dsp, &info);
+        uint32_t n_want = 0;
+        for (uint32_t i = 0; i < n_seq; i++)
+            n_want += seqs[i].want_logits != 0;
+        memcpy(hidden_out, tm_dsv41_drafter_confidence(e->dsp),
+               (size_t)n_want * info.n_out * sizeof(float));
+    }
+    return rc;
 }
 
 static const tm_engine_ops v41_ops;
