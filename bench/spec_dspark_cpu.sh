@@ -8,7 +8,8 @@
 #     repetitions; 58-token context): test_dsv41_dspark's "cost" lines;
 #  2. `tokenmill run` wall time with DSpark (k = 5) on and off on the two-token-by-construction
 #     checkpoint of e2e_dspark (tests/oracles/v41_binary_head.py: drafts accepted about half the
-#     time), 16 greedy records of 64 tokens, max_seqs 1 and 4.
+#     time), 16 greedy records of 64 tokens, max_seqs 1 and 4; DSpark also with DeepSpec's
+#     confidence_threshold 0.5 ("conf": drafts cut at the first unsure row).
 # Usage: bench/spec_dspark_cpu.sh [BUILD_DIR]   (run from the repository root)
 set -euo pipefail
 build=${1:-build}
@@ -31,9 +32,10 @@ for i in range(16):
     print(json.dumps({"id": "g%d" % i, "prompt": "hello world cafe %d " % i * 3, "max_tokens": 64}))
 ' >"$dir/in.jsonl"
 for ms in 1 4; do
-    for on in off on; do
+    for on in off on conf; do
         sp=""
         [ "$on" = on ] && sp=', "speculative": {"method": "dspark", "num_speculative_tokens": 5}'
+        [ "$on" = conf ] && sp=', "speculative": {"method": "dspark", "num_speculative_tokens": 5, "confidence_threshold": 0.5}'
         cat >"$dir/job.json" <<JOB
 { "model": "$dir/b", "input": { "files": ["$dir/in.jsonl"] }, "output": { "dir": "$dir/out_$ms$on" },
   "engine": { "backend": "cpu", "max_seqs": $ms, "max_batched_tokens": 128, "block_size": 16,
@@ -47,7 +49,7 @@ JOB
 import json, sys
 m = json.load(open(sys.argv[1]))
 sp = m.get("speculative") or {}
-print("  run max_seqs %s dspark %-3s: %.2f s wall, %s steps%s" % (sys.argv[2], sys.argv[3],
+print("  run max_seqs %s dspark %-4s: %.2f s wall, %s steps%s" % (sys.argv[2], sys.argv[3],
       float(sys.argv[5]) - float(sys.argv[4]), m["engine"].get("steps"),
       ", acceptance %.2f, mean acceptance length %.2f" % (sp["acceptance_rate"],
       sp["mean_acceptance_length"]) if sp else ""))
