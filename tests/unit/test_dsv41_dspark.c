@@ -8,9 +8,9 @@
  * Markov chain) and the block's logits rows (max |d logprob| < 1e-3 stated) and confidence scores
  * must match. Then on the same model: draft logits bit-identical whether the rows come in one call
  * or one by one, across thread counts and after kv_copy of a partly filled block (the prefix
- * cache); a model without DSpark stages reports no drafter; the job spec takes "dspark" and
- * vLLM's draft_sample_method spellings. Cost printed (bench/spec_dspark_cpu.sh). Without mkmodel:
- * skipped (77). */
+ * cache); a model without DSpark stages, or on the tp engine, reports no drafter; the job spec
+ * takes "dspark" and vLLM's draft_sample_method spellings. Cost printed (bench/spec_dspark_cpu.sh).
+ * Without mkmodel: skipped (77). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -363,6 +363,34 @@ static void test_no_drafter(void) {
         tm_engine *e = make_engine(&v, 1, 4, 16);
         if (e)
             TM_CHECK(tm_engine_drafter(e).kind == TM_DRAFT_NONE);
+        tm_engine_destroy(e);
+        close_v41(&v);
+    }
+    // a DSpark model on the CPU tensor-parallel engine (tp 2): no drafter (DSpark runs at tp 1)
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && '%s/mkmodel' --out '%s' " OWN_ARGS " >/dev/null",
+             dir, g_build, dir);
+    TM_CHECK(system(cmd) == 0);
+    if (!open_v41(dir, &v)) {
+        TM_CHECK(tm_model_has_drafter(v.m));
+        tm_engine_opts o = {.n_threads = 1,
+                            .block_size = BS,
+                            .n_kv_block = 8,
+                            .max_seqs = 2,
+                            .max_batched_tokens = 32,
+                            .max_rows = 32,
+                            .tp_size = 2,
+                            .token_map = v.map,
+                            .n_token_map = v.n_map,
+                            .engram_cache_mb = 1};
+        tm_engine *e = NULL;
+        tm_err terr = {0};
+        TM_CHECK_OK(tm_engine_cpu_tp_create(v.m, &o, &e, &terr), &terr);
+        if (e) {
+            TM_CHECK(tm_engine_drafter(e).kind == TM_DRAFT_NONE);
+            uint32_t nh = 1;
+            TM_CHECK(e->ops->hidden(e, &nh) == NULL && nh == 0);
+            TM_CHECK(e->ops->draft(e, NULL, 0, NULL, NULL, &terr) == TM_E_INVAL);
+        }
         tm_engine_destroy(e);
         close_v41(&v);
     }

@@ -30,6 +30,7 @@
 
 #include "base/alloc.h"
 #include "runner/engine/cpu/arch.h"
+#include "runner/engine/cpu/dsv4.h"
 #include "runner/engine/cpu/dsv41_dspark.h"
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/thread_pool.h"
@@ -106,24 +107,35 @@ static void v41_destroy(tm_engine *eng);
 static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
 static tm_rc v41_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
-/* The drafter ops, served by the DSpark drafter (dsv41_dspark.h) when the model has one. */
+static const tm_engine_ops v41_ops;
+
+/* The drafter ops, served by the DSpark drafter (dsv41_dspark.h) when the model has one. The CPU
+ * tensor-parallel engine hands itself to its rank 0's ops (engine_tp.c): its rank 0 is a V4.1
+ * engine made with tp_size > 1, which has no drafter (DSpark runs at tp 1 only). */
+static const v41_eng *v41_of(const tm_engine *eng) {
+    if (eng->ops == &v41_ops)
+        return eng->impl;
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0);
+    return r0 && r0->ops == &v41_ops ? r0->impl : NULL;
+}
 static void v41_draft_info(const tm_engine *eng, tm_engine_draft_info *info) {
-    const v41_eng *e = eng->impl;
-    if (e->dsp)
+    const v41_eng *e = v41_of(eng);
+    if (e && e->dsp)
         tm_dsv41_drafter_info(e->dsp, info);
     else
         *info = (tm_engine_draft_info){TM_DRAFT_NONE, 0, 0, 0};
 }
 static const float *v41_hidden(const tm_engine *eng, uint32_t *n_tok) {
-    const v41_eng *e = eng->impl;
+    const v41_eng *e = v41_of(eng);
     *n_tok = 0;
-    return e->dsp ? tm_dsv41_drafter_hidden(e->dsp, n_tok) : NULL;
+    return e && e->dsp ? tm_dsv41_drafter_hidden(e->dsp, n_tok) : NULL;
 }
 static tm_rc v41_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq,
                        float *logits, float *hidden_out, tm_err *err) {
-    v41_eng *e = eng->impl;
-    if (!e->dsp)
-        return TM_ERR(err, TM_E_INVAL, "dsv41 draft: the model has no DSpark stages");
+    const v41_eng *e = v41_of(eng);
+    if (!e || !e->dsp)
+        return TM_ERR(err, TM_E_INVAL,
+                      "dsv41 draft: no DSpark drafter (the model has no DSpark stages, or tp > 1)");
     tm_rc rc = tm_dsv41_drafter_draft(e->dsp, &eng->opts, e->max_pos, seqs, n_seq, logits, err);
     if (rc == TM_OK && hidden_out) { // a block drafter's hidden_out: the confidence logits
         tm_engine_draft_info info;
@@ -137,10 +149,8 @@ static tm_rc v41_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t
     return rc;
 }
 
-static const tm_engine_ops v41_ops;
-
 const float *tm_dsv41_engine_confidence(const tm_engine *eng) {
-    const v41_eng *e = eng && eng->ops == &v41_ops ? eng->impl : NULL;
+    const v41_eng *e = eng ? v41_of(eng) : NULL;
     return e && e->dsp ? tm_dsv41_drafter_confidence(e->dsp) : NULL;
 }
 
