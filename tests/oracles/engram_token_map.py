@@ -9,7 +9,8 @@ prints: line 1 "n_tok <n> compressed <m> unicode <unidata_version>", then one co
 token id, one per line.
 
 The normaliser sequence, as the Rust `tokenizers` crate applies it:
-  NFKC, NFD, StripAccents (drop general category Mn), Lowercase (char by char: Rust's
+  NFKC, NFD, StripAccents (drop general category M: Mn, Mc, Me, the unicode-normalization crate's
+  is_combining_mark), Lowercase (char by char: Rust's
   char::to_lowercase, so no final-sigma rule, unlike str.lower), [ \\t\\r\\n]+ -> " ",
   "^ $" -> U+E000, Strip (Rust's char::is_whitespace = the White_Space property, which is not
   Python's str.isspace: no U+001C..U+001F), U+E000 -> " ".
@@ -63,7 +64,7 @@ def rust_lower(s):
 def normalize(text):
     s = unicodedata.normalize("NFKC", text)
     s = unicodedata.normalize("NFD", s)
-    s = "".join(c for c in s if unicodedata.category(c) != "Mn")
+    s = "".join(c for c in s if not unicodedata.category(c).startswith("M"))
     s = rust_lower(s)
     s = re.sub(r"[ \t\r\n]+", " ", s)
     if s == " ":

@@ -84,6 +84,16 @@ static void test_layout_small(void) {
     tm_engram_params bad = {.n_layer = 1, .max_ngram = 1};
     TM_CHECK(tm_engram_layout_create(&bad, &L, &err) == TM_E_INVAL);
     TM_CHECK(strstr(err.msg, "engram_max_ngram_size") != NULL);
+    uint32_t ids[256] = {0};
+    uint64_t ne[256] = {0};
+    tm_engram_params big = {.n_layer = 256,
+                            .layer_ids = ids,
+                            .num_embeddings = ne,
+                            .max_ngram = 16,
+                            .n_heads = 18,
+                            .compressed_vocab = 7};
+    TM_CHECK(tm_engram_layout_create(&big, &L, &err) == TM_E_INVAL);
+    TM_CHECK(strstr(err.msg, "engram_n_heads 18") != NULL);
 }
 
 /* The released config: layers 1 and 14, 4-grams, 8 heads, engram_vocab_size 16,000,000; the
@@ -237,6 +247,10 @@ static void test_token_map(void) {
         {"\xc3\x9f", NULL, 17},     // sharp s stays (no full case folding)
         {"SS", NULL, 18},
         {"\xcf\x83", NULL, 14},
+        {"\xe0\xa4\x95\xe0\xa4\x83", NULL, 19}, // KA + visarga (Mc): the mark goes too
+        {"\xe0\xa4\x95", NULL, 19},
+        {"a\xe2\x83\x9d", NULL, 13}, // a + enclosing circle (Me) -> "a"
+        {"\xe0\xa4\x83", NULL, 20},  // a lone Mc mark: "" -> keeps itself
     };
     const uint32_t n = sizeof(v) / sizeof(v[0]);
     tm_engram_tok toks[64];
@@ -249,7 +263,7 @@ static void test_token_map(void) {
     uint32_t n_c = 0;
     tm_err err = {0};
     TM_CHECK_OK(tm_engram_token_map_build(toks, n, map, &n_c, &err), &err);
-    TM_CHECK_MSG(n_c == 19, "%u", n_c);
+    TM_CHECK_MSG(n_c == 21, "%u", n_c);
     for (uint32_t i = 0; i < n; i++)
         TM_CHECK_MSG(map[i] == v[i].want, "token %u: got %d want %d", i, map[i], v[i].want);
     // The key of a byte-level token is reported as keyed by its piece.

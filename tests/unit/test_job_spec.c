@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "ingest/job_spec.h"
 #include "tm_test.h"
 
@@ -617,11 +618,48 @@ static void test_alloc_faults(void) {
     TM_CHECK(n_fail > 10);
 }
 
+// Issue 35: input paths in JSON (base/utf8.h). Every byte pair survives escape + unescape; the
+// escaped form is valid UTF-8 (json_string takes it); UTF-8 names without a backslash are left as
+// they are; a backslash becomes \x5c; a lone backslash in a job file stays.
+static void test_path_escape(void) {
+    char p[3] = {0};
+    for (int a = 1; a < 256; a++)
+        for (int b = 1; b < 256; b++) {
+            p[0] = (char)a, p[1] = (char)b;
+            char *e = tm_path_escape(p);
+            TM_ASSERT(e);
+            json_t *j = json_string(e);
+            TM_CHECK_MSG(j != NULL, "escaped %02x %02x is not UTF-8", a, b);
+            json_decref(j);
+            char *u = tm_path_unescape(e);
+            TM_ASSERT(u);
+            TM_CHECK_MSG(strcmp(u, p) == 0, "%02x %02x -> %s", a, b, e);
+            tm_free(u);
+            tm_free(e);
+        }
+    static const struct {
+        const char *raw, *esc;
+    } cases[] = {{"data/in.jsonl", "data/in.jsonl"},
+                 {"caf\xc3\xa9.jsonl", "caf\xc3\xa9.jsonl"}, // UTF-8 \u00e9: as it is
+                 {"caf\xe9.jsonl", "caf\\xe9.jsonl"},        // Latin-1: escaped
+                 {"a\\b", "a\\x5cb"},
+                 {"\xed\xa0\x80", "\\xed\\xa0\\x80"}}; // a UTF-8 surrogate is not UTF-8
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *e = tm_path_escape(cases[i].raw);
+        TM_CHECK_MSG(e && strcmp(e, cases[i].esc) == 0, "%s -> %s", cases[i].esc, e ? e : "");
+        tm_free(e);
+    }
+    char *u = tm_path_unescape("a\\b\\x0\\x00\\xZZ\\x41");
+    TM_CHECK_MSG(u && strcmp(u, "a\\b\\x0\\x00\\xZZA") == 0, "%s", u ? u : "");
+    tm_free(u);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_job_spec_XXXXXX");
     if (!mkdtemp(g_tmp))
         return 1;
     TM_RUN(test_defaults);
+    TM_RUN(test_path_escape);
     TM_RUN(test_values_and_relative_paths);
     TM_RUN(test_errors);
     TM_RUN(test_output_durability);

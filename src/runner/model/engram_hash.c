@@ -238,14 +238,6 @@ void tm_engram_layout_destroy(tm_engram_layout *L) {
     tm_free(L);
 }
 
-static int seen_has(const uint64_t *seen, size_t n, uint64_t v) {
-    for (size_t i = 0; i < n; i++) {
-        if (seen[i] == v)
-            return 1;
-    }
-    return 0;
-}
-
 tm_rc tm_engram_layout_create(const tm_engram_params *p, tm_engram_layout **out, tm_err *err) {
     *out = NULL;
     if (p->n_layer < 1 || p->n_layer > TM_ENGRAM_MAX_LAYERS)
@@ -256,6 +248,11 @@ tm_rc tm_engram_layout_create(const tm_engram_params *p, tm_engram_layout **out,
                       p->max_ngram, TM_ENGRAM_MAX_NGRAM);
     if (p->n_heads < 1 || p->n_heads > 4096)
         return TM_ERR(err, TM_E_INVAL, "engram: engram_n_heads %u is not in 1..4096", p->n_heads);
+    if ((uint64_t)p->n_layer * (p->max_ngram - 1) * p->n_heads > TM_ENGRAM_MAX_COLUMNS)
+        return TM_ERR(err, TM_E_INVAL,
+                      "engram: %u layers x (engram_max_ngram_size %u - 1) x engram_n_heads %u "
+                      "bucket ranges exceed %d",
+                      p->n_layer, p->max_ngram, p->n_heads, TM_ENGRAM_MAX_COLUMNS);
     if (p->compressed_vocab < 1 || p->compressed_vocab > (uint64_t)INT32_MAX)
         return TM_ERR(err, TM_E_INVAL,
                       "engram: engram_compressed_vocab_size %llu is not in 1..2147483647",
@@ -290,18 +287,24 @@ tm_rc tm_engram_layout_create(const tm_engram_params *p, tm_engram_layout **out,
         goto fail;
     }
     // EngramLayout.from_args: per layer, per n-gram size, per head, the next unused prime above
-    // the previous head's (the first head's search starts above engram_vocab_size - 1).
+    // the previous head's (the first head's search starts above engram_vocab_size - 1). Every
+    // search starts at engram_vocab_size and the primes handed out so far are exactly the
+    // primes in [engram_vocab_size, last], so "not yet handed out" is "above last": the same
+    // sequence as the reference's seen-set, in time linear in the number of primes.
     size_t n_seen = 0;
+    uint64_t last = 0;
     for (uint32_t l = 0; l < L->n_layer; l++) {
         L->layer_ids[l] = p->layer_ids[l];
         L->num_embeddings[l] = p->num_embeddings[l];
         for (uint32_t g = 0; g + 1 < L->max_ngram; g++) {
             uint64_t cand = p->vocab_size; // find_next_prime(vocab_size - 1, seen) starts here
             for (uint32_t h = 0; h < L->n_heads; h++) {
-                while (!tm_engram_is_prime(cand) || seen_has(L->primes, n_seen, cand))
+                if (n_seen && cand <= last)
+                    cand = last + 1;
+                while (!tm_engram_is_prime(cand))
                     cand++;
                 L->primes[n_seen++] = cand;
-                cand++;
+                last = cand++;
             }
         }
         uint64_t *pr = L->primes + (size_t)l * L->n_cols;
@@ -418,14 +421,18 @@ static tm_rc normalize(const char *text, size_t len, char **out, size_t *out_len
         rc = TM_ERR(err, TM_E_NOMEM, "engram: normalize");
         goto done;
     }
-    // StripAccents (drop Mn), Lowercase (per char), [ \t\r\n]+ -> " ".
+    // StripAccents (drop every combining mark: General_Category Mark = Mn, Mc, Me, as the
+    // unicode-normalization crate's is_combining_mark that tokenizers calls), Lowercase (per
+    // char), [ \t\r\n]+ -> " ".
     size_t n = 0;
     for (utf8proc_ssize_t i = 0; i < n2;) {
         utf8proc_int32_t c;
         utf8proc_ssize_t k = utf8proc_iterate(nfd + i, n2 - i, &c);
         TM_ASSERT(k > 0);
         i += k;
-        if (utf8proc_category(c) == UTF8PROC_CATEGORY_MN)
+        utf8proc_category_t cat = utf8proc_category(c);
+        if (cat == UTF8PROC_CATEGORY_MN || cat == UTF8PROC_CATEGORY_MC ||
+            cat == UTF8PROC_CATEGORY_ME)
             continue;
         c = utf8proc_tolower(c);
         if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {

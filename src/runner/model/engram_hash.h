@@ -9,10 +9,11 @@
  *    default_rng(10007 * layer_id).integers(0, bound, dtype=int64) * 2 + 1, bound =
  *    max(1, (INT64_MAX / compressed_vocab) / 2) (SeedSequence, PCG64 and the Lemire bounded draw
  *    reproduced bit for bit);
- *  - the compressed token map: every token id's decoded text normalised (NFKC, NFD, strip marks,
- *    lowercase, whitespace runs to one space, strip; a text that is one space stays one space)
- *    and equal keys collapsed to one id, in token id order; a text that is not valid UTF-8 or
- *    contains U+FFFD is keyed by the token's raw piece instead (utf8proc does the Unicode);
+ *  - the compressed token map: every token id's decoded text normalised (NFKC, NFD, strip every
+ *    combining mark (Mn, Mc, Me), lowercase, whitespace runs to one space, strip; a text that is
+ *    one space stays one space) and equal keys collapsed to one id, in token id order; a text
+ *    that is not valid UTF-8 or contains U+FFFD is keyed by the token's raw piece instead
+ *    (utf8proc does the Unicode);
  *  - the hash ids of one position from the compressed ids of the position and the max_ngram - 1
  *    before it.
  *
@@ -35,6 +36,7 @@
 
 #define TM_ENGRAM_MAX_NGRAM 16 /* limit on engram_max_ngram_size accepted here */
 #define TM_ENGRAM_MAX_LAYERS 256
+#define TM_ENGRAM_MAX_COLUMNS 65536 /* layers x (max_ngram - 1) x heads: the primes of a layout */
 
 /* The config fields the layout is built from (ModelArgs names in the comments). */
 typedef struct tm_engram_params {

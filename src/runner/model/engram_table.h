@@ -81,7 +81,8 @@ typedef struct tm_engram_table_stats {
     uint64_t evictions;      /* cached rows overwritten by another row */
     uint64_t reads;          /* rows read from the file (2 preads each: values and scales) */
     uint64_t bytes_read;     /* bytes those preads returned */
-    uint64_t get_ns;         /* wall time spent inside get, summed over calls */
+    uint64_t get_ns;         /* wall time spent inside get, summed over calls: rows/s of the
+                              * gets = rows_get / (get_ns * 1e-9) */
 } tm_engram_table_stats;
 
 /* Open the table (cfg above), validate it (file comment), allocate the cache and start the reader

@@ -61,22 +61,11 @@ static tm_rc get_u64(json_t *obj, const char *key, uint64_t def, uint64_t lo, ui
 
 static tm_rc get_u32(json_t *obj, const char *key, uint32_t def, uint32_t lo, uint32_t hi,
                      uint32_t *out, tm_err *err) {
-    uint64_t v = 0;
-    tm_rc rc = get_u64(obj, key, def, lo, hi, &v, err);
-    *out = (uint32_t)v;
-    return rc;
+    return tm_arch_cfg_u32(obj, CFG, key, 0, def, lo, hi, out, err); // runner/model/arch.h
 }
 
 static tm_rc get_num(json_t *obj, const char *key, double def, double *out, tm_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        *out = def;
-        return TM_OK;
-    }
-    if (!json_is_number(v) || !isfinite(json_number_value(v)))
-        return TM_ERR(err, TM_E_PARSE, CFG ": %s is not a finite number", key);
-    *out = json_number_value(v);
-    return TM_OK;
+    return tm_arch_cfg_num(obj, CFG, key, 0, def, out, err);
 }
 
 /* An integer list (absent: the n_def defaults). */
