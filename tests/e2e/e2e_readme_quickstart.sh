@@ -10,7 +10,8 @@
 # (setup and cmake lines left out: the build given to the test is used, through links in the
 # folder `make demo` builds, so the README must call the binary `make demo` builds), and
 # `huggingface-cli download ID --local-dir DIR` makes a small random Qwen2-architecture folder
-# with BUILD/mkmodel (CI has no network). About 5-11 s on the 2-core dev box (no compile; bench/RESULTS.md).
+# with BUILD/mkmodel (CI has no network). About 5-11 s on the 2-core dev box (no compile;
+# bench/RESULTS.md).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
