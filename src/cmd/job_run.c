@@ -8,10 +8,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <lz4frame.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -319,9 +321,14 @@ tm_rc tm_job_check_model_dir(const char *dir, tm_err *err) {
     return TM_OK;
 }
 
-static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, tm_err *err) {
-    tm_rc rc = spec_json ? tm_job_spec_load_text(path, NULL, spec_json, &p->spec, err)
-                         : tm_job_spec_load(path, &p->spec, err);
+static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p, tm_err *err) {
+    tm_rc rc = o->spec_json ? tm_job_spec_load_text(path, NULL, o->spec_json, &p->spec, err)
+                            : tm_job_spec_load(path, &p->spec, err);
+    int64_t k = -1, n = 0;
+    if (!rc && o->shard)
+        rc = tm_shard_parse_arg(o->shard, &k, &n, err);
+    if (!rc) // a sharded job becomes its shard here: identity and output folder (job_spec.h)
+        rc = tm_job_spec_set_shard(p->spec, o->shard != NULL, k, n, NULL, err);
     if (rc)
         return rc;
     rc = tm_job_check_model_dir(p->spec->model, err);
@@ -539,6 +546,41 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
                     (unsigned long long)rs->cut_bytes);
     }
     tm_manifest_fini(&old);
+    return rc;
+}
+
+// A shard's shard.json (TM_SHARD_FILE): what `tokenmill merge` needs to find the job again
+// without the job file: the canonical spec (the shard's identity) and the folder its relative
+// paths resolve against. Written at each run's start, replaced whole.
+static tm_rc write_shard_file(const tm_job_spec *spec, const char *path, bool from_text,
+                              tm_err *err) {
+    char base[4096];
+    const char *slash = strrchr(path, '/');
+    if (from_text || !slash)
+        snprintf(base, sizeof(base), ".");
+    else
+        snprintf(base, sizeof(base), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    char *abs = tm_fs_canon(base), *cwd = tm_fs_canon(".");
+    json_t *doc = json_pack("{s:i, s:I, s:I, s:s, s:s, s:s, s:s, s:s}", "version", 1, "index",
+                            (json_int_t)spec->shard.index, "count", (json_int_t)spec->shard.count,
+                            "by", tm_shard_by_name(spec->shard.by), "job", path, "base_dir",
+                            abs ? abs : ".", "cwd", cwd ? cwd : ".", "canonical",
+                            spec->canonical_json);
+    tm_free(cwd);
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(doc);
+    tm_free(abs);
+    char *file = tm_fs_path_join(spec->output_dir, TM_SHARD_FILE);
+    tm_rc rc = TM_OK;
+    if (!text || !file) {
+        rc = TM_ERR(err, TM_E_NOMEM, "shard.json");
+    } else {
+        const char *parts[] = {text, "\n"};
+        rc = tm_fs_replace(file, parts, 2, &(tm_fs_replace_opts){.mode = 0666, .durable = true},
+                           err);
+    }
+    free(text); // jansson's allocation
+    tm_free(file);
     return rc;
 }
 
@@ -1029,9 +1071,11 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     job_run j = {
         .path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lk = TM_MANIFEST_LK_INIT}};
     tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
-    tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
+    tm_rc rc = parts_load(path, opts, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
+    if (rc == TM_OK && j.p.spec->shard.active)
+        rc = write_shard_file(j.p.spec, path, opts->spec_json != NULL, err);
     if (rc == TM_OK && !j.rs.finished_before) {
         rc = engine_setup(&j, err);
         if (rc == TM_OK)
@@ -1083,7 +1127,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
     tm_buf line = {0};
     tm_chat_tpl *chat = NULL;
     uint64_t n_ok = 0, n_bad = 0;
-    tm_rc rc = parts_load(path, opts->spec_json, &p, err);
+    tm_rc rc = parts_load(path, opts, &p, err);
     if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
         rc = TM_ERR(err, TM_E_INVAL, "%s",
                     cuda_hint("no CUDA device answers, or this build has no CUDA engine"));

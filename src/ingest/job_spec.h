@@ -15,6 +15,7 @@
 
 #include "base/err.h"
 #include "base/record.h"
+#include "ingest/shard.h"
 
 /* Defaults (also written in schemas/job.schema.json; test_job_spec checks they agree). */
 #define TM_JOB_DEFAULT_MAX_SEQS 8
@@ -135,6 +136,7 @@ typedef struct tm_job_spec {
     uint32_t max_messages;      /* limits.max_messages: most chat messages (and stop strings) */
     bool strict_fields;         /* limits.strict_fields: an unknown record / body key is an error */
     bool fail_on_error_records; /* limits.fail_on_error_records: exit 1 if any record failed */
+    tm_job_shard shard; /* input.shard (ingest/shard.h); .active once tm_job_spec_set_shard ran */
     /* The spec as compact JSON with sorted keys and every default filled in; paths as written in
      * the file (not resolved, so moving the job folder keeps it). Equal specs give equal text:
      * hash it to recognise the same job (resume). */
@@ -152,6 +154,19 @@ tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err);
 tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
                             tm_job_spec **out, tm_err *err);
 void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
+
+/* A shard's folder inside output.dir: printf format of index and count (long long). */
+#define TM_SHARD_DIR_FMT "shard-%lld-of-%lld"
+/* Make spec one shard of its job (tokenmill run, before anything reads spec): for a job with
+ * input.shard or cli_given (--shard; cli_index / cli_count as tm_shard_parse_arg gives them),
+ * resolve the index and count (tm_shard_resolve: the command line, then the job file, then the
+ * scheduler's environment through getenv_fn, NULL for getenv(3)), put input.shard (by, count,
+ * index, prefix_bytes) into canonical_json (the shard's identity) and make output_dir
+ * output.dir/shard-K-of-N. Nothing for an unsharded job. TM_E_INVAL: a job that cannot be sharded
+ * (Kafka input, standard input, output.results_file, output.kafka) or what tm_shard_resolve
+ * refuses; TM_E_NOMEM. */
+tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index, int64_t cli_count,
+                            const char *(*getenv_fn)(const char *name), tm_err *err);
 
 /* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */
 const char *tm_backend_name(tm_backend b);

@@ -30,8 +30,8 @@ struct tm_st_file {
     uint64_t data_bytes; /* length of the data section */
     int guard;           /* base/mapguard.h slot of the mapping; -1: none */
     char *path;          /* owned; the path it was opened by (NULL: in memory) */
-    struct stat id;      /* the file at open: dev, ino, size, mtime and ctime are compared by check */
-    tm_st_tensor *t;     /* owned; n_tensor entries sorted by name */
+    struct stat id;  /* the file at open: dev, ino, size, mtime and ctime are compared by check */
+    tm_st_tensor *t; /* owned; n_tensor entries sorted by name */
     size_t n_tensor;
     char *names; /* owned arena holding every t[i].name */
 };
