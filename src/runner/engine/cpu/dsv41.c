@@ -853,14 +853,8 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             tm_engram_table_prefetch(e->etab[k], rows, (size_t)T * nc);
         }
     }
-    for (uint32_t t = 0; t < T; t++) { // vocab-parallel: the rank holding a row gives it
-        const uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps below the slice
-        if (row < e->sh.n_vocab)
-            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
-                            e->x + (size_t)t * D);
-        else
-            memset(e->x + (size_t)t * D, 0, D * sizeof(float));
-    }
+    // vocab-parallel: the rank holding a row gives it
+    tm_dsv_embed_slice(&e->m->embd, e->tok_id, T, e->sh.vocab0, e->sh.n_vocab, D, e->x);
     allreduce(e, e->x, (size_t)T * D);
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->s + (size_t)t * N * D;

@@ -82,3 +82,14 @@ int tm_dsv_col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out
     out->shape[t->n_dim - 1] = n;
     return 0;
 }
+
+void tm_dsv_embed_slice(const tm_tensor *embd, const uint32_t *tok, uint32_t T, uint32_t vocab0,
+                        uint32_t n_vocab, uint32_t D, float *x) {
+    for (uint32_t t = 0; t < T; t++) {
+        const uint32_t row = tok[t] - vocab0; // wraps when below the slice
+        if (row < n_vocab)
+            tm_dtype_to_f32(embd->data, embd->dtype, (size_t)tok[t] * D, D, x + (size_t)t * D);
+        else
+            memset(x + (size_t)t * D, 0, D * sizeof(float));
+    }
+}

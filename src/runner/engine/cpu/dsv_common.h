@@ -1,9 +1,10 @@
 /* runner/engine/cpu/dsv_common.h - math the DeepSeek-V4 (dsv4.c) and DeepSeek-V4.1 (dsv41.c)
  * CPU forwards share, written once: the hyper-connection split (pre / post / Sinkhorn-normalised
- * comb from one row of mixes, DeepSeek's hc_split_sinkhorn) and the interleaved RoPE rotation of a
- * head's trailing rope slice. Pure functions on caller memory; any thread. The order of every
- * float operation is part of the contract (both engines are compared bit for bit across
- * chunkings and thread counts). */
+ * comb from one row of mixes, DeepSeek's hc_split_sinkhorn), the interleaved RoPE rotation of a
+ * head's trailing rope slice, a row-parallel weight's column slice and the vocabulary-parallel
+ * embedding. Pure functions on caller memory; any thread. The order of every float operation is
+ * part of the contract (both engines are compared bit for bit across chunkings and thread
+ * counts). */
 #ifndef TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 #define TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 
@@ -28,5 +29,11 @@ void tm_dsv_rope_head(float *x, uint32_t hd, uint32_t rd, const float *cs, const
  * row-parallel weight. Returns 1 on allocation failure (out->data NULL). */
 struct tm_tensor;
 int tm_dsv_col_slice(const struct tm_tensor *t, uint64_t c0, uint64_t n, struct tm_tensor *out);
+
+/* The vocabulary-parallel embedding: for t < T, x[t] (D floats) = row tok[t] of embd ([vocab][D],
+ * any float dtype) when it lies in this rank's slice [vocab0, vocab0 + n_vocab), else zeros (the
+ * rank holding it gives it in the caller's all-reduce; at tp 1 the slice is the vocabulary). */
+void tm_dsv_embed_slice(const struct tm_tensor *embd, const uint32_t *tok, uint32_t T,
+                        uint32_t vocab0, uint32_t n_vocab, uint32_t D, float *x);
 
 #endif /* TM_RUNNER_ENGINE_CPU_DSV_COMMON_H */
