@@ -317,6 +317,16 @@ static void hc_collapse(v41_eng *e, uint32_t T, const float *pre, float *x) {
     }
 }
 
+/* x[t] = RMSNorm(sum_i pre[t][i] streams[t][i]) with the weights of norm (read into nw), t < T: a
+ * sublayer's (or the head's) input. */
+static void collapse_norm(v41_eng *e, uint32_t T, const float *pre, const tm_tensor *norm,
+                          float *nw) {
+    hc_collapse(e, T, pre, e->x);
+    vec_f32(norm, nw);
+    for (uint32_t t = 0; t < T; t++)
+        rmsnorm(e->x + (size_t)t * e->D, nw, e->D, e->c->norm_eps);
+}
+
 /* streams[t][k] = post[k] y[t] + sum_j comb[j][k] streams[t][j]. */
 static void hc_expand(v41_eng *e, uint32_t T, const float *y, const float *post,
                       const float *comb) {
@@ -880,17 +890,11 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         // and the MoE's pre mix
         hc_mixes(e, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, e->apre, e->post,
                  e->comb);
-        hc_collapse(e, T, e->pre, e->x);
-        vec_f32(&L->attn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+        collapse_norm(e, T, e->pre, &L->attn_norm, nw);
         layer_attn(e, il, T);
         hc_expand(e, T, e->y, e->post, e->comb);
         hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post, e->comb);
-        hc_collapse(e, T, e->apre, e->x);
-        vec_f32(&L->ffn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+        collapse_norm(e, T, e->apre, &L->ffn_norm, nw);
         layer_moe(e, il, T);
         hc_expand(e, T, e->y, e->post, e->comb);
     }
@@ -907,10 +911,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             memmove(e->pre + (size_t)r * N, e->pre + (size_t)t * N, N * sizeof(float));
         }
     }
-    hc_collapse(e, r, e->pre, e->x);
-    vec_f32(&e->m->out_norm, nw);
-    for (uint32_t t = 0; t < r; t++)
-        rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+    collapse_norm(e, r, e->pre, &e->m->out_norm, nw);
     lin(e, &e->m->lm_head, e->sh.vocab0, e->x, D, r, D, logits, e->sh.n_vocab, e->sh.n_vocab);
     return TM_OK;
 }
