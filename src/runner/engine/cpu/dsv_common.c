@@ -93,3 +93,80 @@ void tm_dsv_embed_slice(const tm_tensor *embd, const uint32_t *tok, uint32_t T, 
             memset(x + (size_t)t * D, 0, D * sizeof(float));
     }
 }
+
+/* ---- the reference's kernels (quantize-then-dequantize; dsv41.c and dsv41_dspark.c) ---- */
+
+/* 2^ceil(log2(amax * max_inv)) from the fp32 product's bits, as the kernels' fast_round_scale. */
+static float round_scale(float amax, float max_inv) {
+    const float x = amax * max_inv;
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof(bits));
+    const int32_t ex = (int32_t)((bits >> 23) & 0xffu), lg = ex - 127 + ((bits & 0x7fffffu) != 0);
+    const uint32_t out = (uint32_t)(lg + 127) << 23;
+    float f;
+    memcpy(&f, &out, sizeof(f));
+    return f;
+}
+
+/* e4m3fn round-to-nearest-even after clamping to +-448 (the kernels' satfinite cast). */
+static float e4m3_sat(float v) {
+    return tm_e4m3_to_f32(tm_f32_to_e4m3(tm_dsv_clampf(v, -448.0f, 448.0f)));
+}
+
+/* e2m1 round-to-nearest-even of v in [-6, 6] (ties to the even code), sign kept. */
+static float e2m1_round(float v) {
+    static const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    static const int tie_up[7] = {0, 1, 0, 1, 0, 1, 0};
+    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float a = fabsf(v);
+    int code = 0;
+    for (int i = 0; i < 7; i++)
+        code += (a > mids[i]) || (a == mids[i] && tie_up[i]);
+    return signbit(v) ? -mag[code] : mag[code];
+}
+
+void tm_dsv_act_quant(float *x, uint32_t n) {
+    for (uint32_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (uint32_t i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[b + i]));
+        const float s = round_scale(fmaxf(amax, 1e-4f), (float)(1.0 / 448.0));
+        for (uint32_t i = 0; i < 32; i++)
+            x[b + i] = e4m3_sat(x[b + i] / s) * s;
+    }
+}
+
+void tm_dsv_fp4_act_quant(float *x, uint32_t n, uint32_t block, int e4m3_scale) {
+    for (uint32_t b = 0; b < n; b += block) {
+        float amax = 0.0f, s;
+        for (uint32_t i = 0; i < block; i++)
+            amax = fmaxf(amax, fabsf(x[b + i]));
+        if (e4m3_scale)
+            s = e4m3_sat(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
+        else
+            s = round_scale(fmaxf(amax, 6.0f * 0x1p-126f), (float)(1.0 / 6.0));
+        for (uint32_t i = 0; i < block; i++)
+            x[b + i] = e2m1_round(tm_dsv_clampf(x[b + i] / s, -6.0f, 6.0f)) * s;
+    }
+}
+
+void tm_dsv_rmsnorm(float *x, const float *w, uint32_t n, float eps) {
+    double ss = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / n + (double)eps);
+    for (uint32_t i = 0; i < n; i++)
+        x[i] = (float)((double)x[i] * r * (w ? (double)w[i] : 1.0));
+}
+
+void tm_dsv_vec_f32(const tm_tensor *t, float *out) {
+    tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)tm_tensor_n_elem(t), out);
+}
+
+void tm_dsv_cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn) {
+    for (uint32_t i = 0; i < rd / 2; i++) {
+        const float ang = (float)pos * inv_freq[i];
+        cs[i] = (float)cos((double)ang);
+        sn[i] = (float)sin((double)ang);
+    }
+}

@@ -4,7 +4,9 @@
  * head's trailing rope slice, a row-parallel weight's column slice and the vocabulary-parallel
  * embedding. Pure functions on caller memory; any thread. The order of every float operation is
  * part of the contract (both engines are compared bit for bit across chunkings and thread
- * counts). */
+ * counts). Below those, the V4.1 reference's small kernels (act_quant, fp4_act_quant, RMSNorm in
+ * double, the rope angles) that the V4.1 forward (dsv41.c) and its DSpark drafter
+ * (dsv41_dspark.c) both run. */
 #ifndef TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 #define TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 
@@ -35,5 +37,27 @@ int tm_dsv_col_slice(const struct tm_tensor *t, uint64_t c0, uint64_t n, struct 
  * rank holding it gives it in the caller's all-reduce; at tp 1 the slice is the vocabulary). */
 void tm_dsv_embed_slice(const struct tm_tensor *embd, const uint32_t *tok, uint32_t T,
                         uint32_t vocab0, uint32_t n_vocab, uint32_t D, float *x);
+
+/* ---- the V4.1 reference's kernels (dsv41.c, dsv41_dspark.c): quantize-then-dequantize ---- */
+
+static inline float tm_dsv_clampf(float v, float lo, float hi) {
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* act_quant(x, 32, "ue8m0", inplace=True) on n values (n % 32 == 0): each block of 32 divided by
+ * its power-of-two scale 2^ceil(log2(max(amax, 1e-4) / 448)), rounded to e4m3 (saturating at
+ * 448, nearest-even) and multiplied back. */
+void tm_dsv_act_quant(float *x, uint32_t n);
+/* fp4_act_quant(x, block, inplace=True): block 32 with ue8m0 scales (the indexer) or block 16
+ * with e4m3 scales amax / 6 (the compressed KV); values rounded to e2m1 (nearest-even) and
+ * multiplied back. n % block == 0. */
+void tm_dsv_fp4_act_quant(float *x, uint32_t n, uint32_t block, int e4m3_scale);
+/* RMSNorm in place: x = x * 1/sqrt(mean(x^2) + eps) * w (w NULL: unweighted), in double. */
+void tm_dsv_rmsnorm(float *x, const float *w, uint32_t n, float eps);
+/* All of the 1-D tensor t (norm weights, biases; any float dtype) as floats into out. */
+void tm_dsv_vec_f32(const struct tm_tensor *t, float *out);
+/* cs[i], sn[i] = cos, sin of the fp32 angle pos * inv_freq[i] (computed in double, rounded to
+ * fp32), i < rd / 2. */
+void tm_dsv_cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn);
 
 #endif /* TM_RUNNER_ENGINE_CPU_DSV_COMMON_H */
