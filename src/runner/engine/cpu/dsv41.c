@@ -281,49 +281,14 @@ static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale, co
     }
 }
 
-/* x[t] = sum_i pre[t][i] streams[t][i]. */
-static void hc_collapse(v41_eng *e, uint32_t T, const float *pre, float *x) {
-    const uint32_t N = e->N, D = e->D;
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = e->s + (size_t)t * N * D, *p = pre + (size_t)t * N;
-        for (uint32_t d = 0; d < D; d++) {
-            double acc = 0.0;
-            for (uint32_t i = 0; i < N; i++)
-                acc += (double)p[i] * st[i * D + d];
-            x[(size_t)t * D + d] = (float)acc;
-        }
-    }
-}
-
 /* x[t] = RMSNorm(sum_i pre[t][i] streams[t][i]) with the weights of norm (read into nw), t < T: a
  * sublayer's (or the head's) input. */
 static void collapse_norm(v41_eng *e, uint32_t T, const float *pre, const tm_tensor *norm,
                           float *nw) {
-    hc_collapse(e, T, pre, e->x);
+    tm_dsv_hc_collapse(e->s, e->N, e->D, T, pre, e->x);
     tm_dsv_vec_f32(norm, nw);
     for (uint32_t t = 0; t < T; t++)
         tm_dsv_rmsnorm(e->x + (size_t)t * e->D, nw, e->D, e->c->norm_eps);
-}
-
-/* streams[t][k] = post[k] y[t] + sum_j comb[j][k] streams[t][j]. */
-static void hc_expand(v41_eng *e, uint32_t T, const float *y, const float *post,
-                      const float *comb) {
-    const uint32_t N = e->N, D = e->D;
-    for (uint32_t t = 0; t < T; t++) {
-        float *st = e->s + (size_t)t * N * D;
-        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
-        for (uint32_t d = 0; d < D; d++) {
-            double out[TM_DSV41_MAX_HC];
-            for (uint32_t k = 0; k < N; k++) {
-                double acc = 0.0;
-                for (uint32_t j = 0; j < N; j++)
-                    acc += (double)cb[j * N + k] * st[j * D + d];
-                out[k] = (double)po[k] * y[(size_t)t * D + d] + acc;
-            }
-            for (uint32_t k = 0; k < N; k++)
-                st[k * D + d] = (float)out[k];
-        }
-    }
 }
 
 /* ---- Engram ---- */
@@ -682,18 +647,7 @@ static void expert(v41_eng *e, const tm_tensor *w1, const tm_tensor *w3, const t
     const float lim = e->c->swiglu_limit;
     lin(e, w1, 0, e->xg, D, n, D, e->g, I, I);
     lin(e, w3, 0, e->xg, D, n, D, e->u, I, I);
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < I; i++) {
-            float g = e->g[(size_t)t * I + i], u = e->u[(size_t)t * I + i];
-            if (lim > 0.0f) {
-                u = tm_dsv_clampf(u, -lim, lim);
-                g = fminf(g, lim);
-            }
-            double h = (double)g / (1.0 + exp(-(double)g)) * u;
-            if (wt)
-                h *= (double)wt[t];
-            e->g[(size_t)t * I + i] = (float)h;
-        }
+    tm_dsv_swiglu(e->g, e->u, n, I, lim, wt);
     lin(e, w2, 0, e->g, I, n, I, e->eo, D, D);
 }
 
@@ -864,11 +818,11 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
                  e->comb);
         collapse_norm(e, T, e->pre, &L->attn_norm, nw);
         layer_attn(e, il, T);
-        hc_expand(e, T, e->y, e->post, e->comb);
+        tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
         hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post, e->comb);
         collapse_norm(e, T, e->apre, &L->ffn_norm, nw);
         layer_moe(e, il, T);
-        hc_expand(e, T, e->y, e->post, e->comb);
+        tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
     }
     if (!n_want)
         return TM_OK;

@@ -8,8 +8,9 @@
  *   max(0, P-win+1) .. P and to every block position (no causal mask); MoE with the stages'
  *   expert counts. Head: hc_pre with the last pre mix, the last stage's norm, the backbone head;
  *   row i += markov_head(markov_embed[pick i-1]), pick i = argmax. Confidence: proj(x_i | embed).
- * The small kernels (act_quant, rmsnorm, the rope angles) are dsv41.c's, from dsv_common.h; the
- * double-accumulated linear is its own (one accumulator, where dsv41.c's sums four). */
+ * The small kernels (act_quant, rmsnorm, the rope angles, hyper-connection collapse / expand, the
+ * SwiGLU) are dsv41.c's, from dsv_common.h; the double-accumulated linear is its own (one
+ * accumulator, where dsv41.c's sums four). */
 #include "runner/engine/cpu/dsv41_dspark.h"
 
 #include <math.h>
@@ -132,39 +133,6 @@ static void hc_mixes(tm_dsv41_drafter *d, const tm_tensor *fn, const tm_tensor *
     }
 }
 
-static void hc_collapse(tm_dsv41_drafter *d, uint32_t T, const float *pre, float *x) {
-    const uint32_t N = d->N, D = d->D;
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = d->s + (size_t)t * N * D, *p = pre + (size_t)t * N;
-        for (uint32_t k = 0; k < D; k++) {
-            double acc = 0.0;
-            for (uint32_t i = 0; i < N; i++)
-                acc += (double)p[i] * st[i * D + k];
-            x[(size_t)t * D + k] = (float)acc;
-        }
-    }
-}
-
-static void hc_expand(tm_dsv41_drafter *d, uint32_t T, const float *y, const float *post,
-                      const float *comb) {
-    const uint32_t N = d->N, D = d->D;
-    for (uint32_t t = 0; t < T; t++) {
-        float *st = d->s + (size_t)t * N * D;
-        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
-        for (uint32_t k = 0; k < D; k++) {
-            double out[TM_DSV41_MAX_HC];
-            for (uint32_t j = 0; j < N; j++) {
-                double acc = 0.0;
-                for (uint32_t i = 0; i < N; i++)
-                    acc += (double)cb[i * N + j] * st[i * D + k];
-                out[j] = (double)po[j] * y[(size_t)t * D + k] + acc;
-            }
-            for (uint32_t j = 0; j < N; j++)
-                st[j * D + k] = (float)out[j];
-        }
-    }
-}
-
 /* ---- the stage's attention (DSparkAttention.forward, decode) ---- */
 
 typedef struct attn_job {
@@ -253,18 +221,7 @@ static void expert(tm_dsv41_drafter *d, const tm_tensor *w1, const tm_tensor *w3
     const float lim = d->c->swiglu_limit;
     lin(d, w1, d->xg, D, n, D, d->g, I, I);
     lin(d, w3, d->xg, D, n, D, d->u, I, I);
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < I; i++) {
-            float g = d->g[(size_t)t * I + i], u = d->u[(size_t)t * I + i];
-            if (lim > 0.0f) {
-                u = tm_dsv_clampf(u, -lim, lim);
-                g = fminf(g, lim);
-            }
-            double h = (double)g / (1.0 + exp(-(double)g)) * u;
-            if (wt)
-                h *= (double)wt[t];
-            d->g[(size_t)t * I + i] = (float)h;
-        }
+    tm_dsv_swiglu(d->g, d->u, n, I, lim, wt);
     lin(d, w2, d->g, I, n, I, d->eo, D, D);
 }
 
@@ -486,22 +443,22 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
         const tm_dsv41_layer *L = &p->stages[k];
         hc_mixes(d, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, d->apre, d->post,
                  d->comb);
-        hc_collapse(d, T, d->pre, d->x);
+        tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->pre, d->x);
         tm_dsv_vec_f32(&L->attn_norm, nw);
         for (uint32_t t = 0; t < T; t++)
             tm_dsv_rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
         stage_attn(d, k, T);
-        hc_expand(d, T, d->y, d->post, d->comb);
+        tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
         hc_mixes(d, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, d->pre, d->post, d->comb);
-        hc_collapse(d, T, d->apre, d->x);
+        tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->apre, d->x);
         tm_dsv_vec_f32(&L->ffn_norm, nw);
         for (uint32_t t = 0; t < T; t++)
             tm_dsv_rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
         stage_moe(d, k, T);
-        hc_expand(d, T, d->y, d->post, d->comb);
+        tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
     }
     // forward_head: hc_pre, the last stage's norm, the shared head; x kept for the confidence
-    hc_collapse(d, T, d->pre, d->x);
+    tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->pre, d->x);
     memcpy(d->y, d->x, (size_t)T * D * sizeof(float));
     tm_dsv_vec_f32(&p->norm, nw);
     for (uint32_t t = 0; t < T; t++)

@@ -170,3 +170,54 @@ void tm_dsv_cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs,
         sn[i] = (float)sin((double)ang);
     }
 }
+
+/* ---- hyper-connection collapse / expand, the clamped SwiGLU ---- */
+
+#define HC_MAX 8 /* streams: tm_dsv_hc_split's bound (TM_DSV41_MAX_HC) */
+
+void tm_dsv_hc_collapse(const float *s, uint32_t N, uint32_t D, uint32_t T, const float *pre,
+                        float *x) {
+    for (uint32_t t = 0; t < T; t++) {
+        const float *st = s + (size_t)t * N * D, *p = pre + (size_t)t * N;
+        for (uint32_t d = 0; d < D; d++) {
+            double acc = 0.0;
+            for (uint32_t i = 0; i < N; i++)
+                acc += (double)p[i] * st[i * D + d];
+            x[(size_t)t * D + d] = (float)acc;
+        }
+    }
+}
+
+void tm_dsv_hc_expand(float *s, uint32_t N, uint32_t D, uint32_t T, const float *y,
+                      const float *post, const float *comb) {
+    for (uint32_t t = 0; t < T; t++) {
+        float *st = s + (size_t)t * N * D;
+        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
+        for (uint32_t d = 0; d < D; d++) {
+            double out[HC_MAX];
+            for (uint32_t k = 0; k < N; k++) {
+                double acc = 0.0;
+                for (uint32_t j = 0; j < N; j++)
+                    acc += (double)cb[j * N + k] * st[j * D + d];
+                out[k] = (double)po[k] * y[(size_t)t * D + d] + acc;
+            }
+            for (uint32_t k = 0; k < N; k++)
+                st[k * D + d] = (float)out[k];
+        }
+    }
+}
+
+void tm_dsv_swiglu(float *g, const float *u, uint32_t n, uint32_t I, float lim, const float *wt) {
+    for (uint32_t t = 0; t < n; t++)
+        for (uint32_t i = 0; i < I; i++) {
+            float gv = g[(size_t)t * I + i], uv = u[(size_t)t * I + i];
+            if (lim > 0.0f) {
+                uv = tm_dsv_clampf(uv, -lim, lim);
+                gv = fminf(gv, lim);
+            }
+            double h = (double)gv / (1.0 + exp(-(double)gv)) * uv;
+            if (wt)
+                h *= (double)wt[t];
+            g[(size_t)t * I + i] = (float)h;
+        }
+}

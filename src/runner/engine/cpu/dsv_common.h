@@ -5,8 +5,8 @@
  * embedding. Pure functions on caller memory; any thread. The order of every float operation is
  * part of the contract (both engines are compared bit for bit across chunkings and thread
  * counts). Below those, the V4.1 reference's small kernels (act_quant, fp4_act_quant, RMSNorm in
- * double, the rope angles) that the V4.1 forward (dsv41.c) and its DSpark drafter
- * (dsv41_dspark.c) both run. */
+ * double, the rope angles, hyper-connection collapse / expand, the clamped SwiGLU) that the V4.1
+ * forward (dsv41.c) and its DSpark drafter (dsv41_dspark.c) both run. */
 #ifndef TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 #define TM_RUNNER_ENGINE_CPU_DSV_COMMON_H
 
@@ -59,5 +59,18 @@ void tm_dsv_vec_f32(const struct tm_tensor *t, float *out);
 /* cs[i], sn[i] = cos, sin of the fp32 angle pos * inv_freq[i] (computed in double, rounded to
  * fp32), i < rd / 2. */
 void tm_dsv_cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn);
+
+/* x[t] = sum_i pre[t][i] s[t][i] for t < T: the N streams s ([T][N][D]) collapsed with the pre
+ * mixes pre ([T][N]) into x ([T][D]), accumulated in double. N <= 8. */
+void tm_dsv_hc_collapse(const float *s, uint32_t N, uint32_t D, uint32_t T, const float *pre,
+                        float *x);
+/* s[t][k] = post[t][k] y[t] + sum_j comb[t][j][k] s[t][j] for t < T, in place, accumulated in
+ * double: a sublayer's output y ([T][D]) expanded back into the streams. N <= 8. */
+void tm_dsv_hc_expand(float *s, uint32_t N, uint32_t D, uint32_t T, const float *y,
+                      const float *post, const float *comb);
+/* The experts' activation in place over g ([n][I]): g = silu(g) * u, with g capped at lim and u
+ * clamped to [-lim, lim] when lim > 0, times wt[t] when wt is given (the routing weight), in
+ * double. */
+void tm_dsv_swiglu(float *g, const float *u, uint32_t n, uint32_t I, float lim, const float *wt);
 
 #endif /* TM_RUNNER_ENGINE_CPU_DSV_COMMON_H */
