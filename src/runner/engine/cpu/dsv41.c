@@ -281,16 +281,6 @@ static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale, co
     }
 }
 
-/* x[t] = RMSNorm(sum_i pre[t][i] streams[t][i]) with the weights of norm (read into nw), t < T: a
- * sublayer's (or the head's) input. */
-static void collapse_norm(v41_eng *e, uint32_t T, const float *pre, const tm_tensor *norm,
-                          float *nw) {
-    tm_dsv_hc_collapse(e->s, e->N, e->D, T, pre, e->x);
-    tm_dsv_vec_f32(norm, nw);
-    for (uint32_t t = 0; t < T; t++)
-        tm_dsv_rmsnorm(e->x + (size_t)t * e->D, nw, e->D, e->c->norm_eps);
-}
-
 /* ---- Engram ---- */
 
 /* Engram layer il: the step's rows of its table (requested ahead by forward's prefetch; e4m3 x
@@ -816,11 +806,11 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         // and the MoE's pre mix
         hc_mixes(e, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, e->apre, e->post,
                  e->comb);
-        collapse_norm(e, T, e->pre, &L->attn_norm, nw);
+        tm_dsv_collapse_norm(e->s, N, D, T, e->pre, &L->attn_norm, c->norm_eps, nw, e->x);
         layer_attn(e, il, T);
         tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
         hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post, e->comb);
-        collapse_norm(e, T, e->apre, &L->ffn_norm, nw);
+        tm_dsv_collapse_norm(e->s, N, D, T, e->apre, &L->ffn_norm, c->norm_eps, nw, e->x);
         layer_moe(e, il, T);
         tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
     }
@@ -837,7 +827,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             memmove(e->pre + (size_t)r * N, e->pre + (size_t)t * N, N * sizeof(float));
         }
     }
-    collapse_norm(e, r, e->pre, &e->m->out_norm, nw);
+    tm_dsv_collapse_norm(e->s, N, D, r, e->pre, &e->m->out_norm, c->norm_eps, nw, e->x);
     lin(e, &e->m->lm_head, e->sh.vocab0, e->x, D, r, D, logits, e->sh.n_vocab, e->sh.n_vocab);
     return TM_OK;
 }

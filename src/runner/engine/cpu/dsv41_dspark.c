@@ -443,17 +443,11 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
         const tm_dsv41_layer *L = &p->stages[k];
         hc_mixes(d, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, d->apre, d->post,
                  d->comb);
-        tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->pre, d->x);
-        tm_dsv_vec_f32(&L->attn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            tm_dsv_rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(d->s, d->N, D, T, d->pre, &L->attn_norm, c->norm_eps, nw, d->x);
         stage_attn(d, k, T);
         tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
         hc_mixes(d, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, d->pre, d->post, d->comb);
-        tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->apre, d->x);
-        tm_dsv_vec_f32(&L->ffn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            tm_dsv_rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(d->s, d->N, D, T, d->apre, &L->ffn_norm, c->norm_eps, nw, d->x);
         stage_moe(d, k, T);
         tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
     }

@@ -221,3 +221,11 @@ void tm_dsv_swiglu(float *g, const float *u, uint32_t n, uint32_t I, float lim, 
             g[(size_t)t * I + i] = (float)h;
         }
 }
+
+void tm_dsv_collapse_norm(const float *s, uint32_t N, uint32_t D, uint32_t T, const float *pre,
+                          const tm_tensor *norm, float eps, float *nw, float *x) {
+    tm_dsv_hc_collapse(s, N, D, T, pre, x);
+    tm_dsv_vec_f32(norm, nw);
+    for (uint32_t t = 0; t < T; t++)
+        tm_dsv_rmsnorm(x + (size_t)t * D, nw, D, eps);
+}

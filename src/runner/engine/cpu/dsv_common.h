@@ -68,6 +68,10 @@ void tm_dsv_hc_collapse(const float *s, uint32_t N, uint32_t D, uint32_t T, cons
  * double: a sublayer's output y ([T][D]) expanded back into the streams. N <= 8. */
 void tm_dsv_hc_expand(float *s, uint32_t N, uint32_t D, uint32_t T, const float *y,
                       const float *post, const float *comb);
+/* A sublayer's (or the head's) input: x = tm_dsv_hc_collapse of the streams, then each row
+ * tm_dsv_rmsnorm'ed with the weights of the 1-D tensor norm (read into nw, D floats) and eps. */
+void tm_dsv_collapse_norm(const float *s, uint32_t N, uint32_t D, uint32_t T, const float *pre,
+                          const struct tm_tensor *norm, float eps, float *nw, float *x);
 /* The experts' activation in place over g ([n][I]): g = silu(g) * u, with g capped at lim and u
  * clamped to [-lim, lim] when lim > 0, times wt[t] when wt is given (the routing weight), in
  * double. */
