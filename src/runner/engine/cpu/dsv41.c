@@ -263,22 +263,8 @@ static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale, co
                      uint32_t T, float *pre, float *post, float *comb) {
     const uint32_t ND = e->N * e->D;
     lin(e, fn, 0, e->s, ND, T, ND, e->mixes, e->mix, e->mix);
-    float sc[3], bs[(2 + TM_DSV41_MAX_HC) * TM_DSV41_MAX_HC];
-    tm_dsv_vec_f32(scale, sc);
-    tm_dsv_vec_f32(base, bs);
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = e->s + (size_t)t * ND;
-        double ss = 0.0;
-        for (uint32_t i = 0; i < ND; i++)
-            ss += (double)st[i] * st[i];
-        const double r = 1.0 / sqrt(ss / ND + (double)e->c->norm_eps);
-        float *m = e->mixes + (size_t)t * e->mix;
-        for (uint32_t i = 0; i < e->mix; i++)
-            m[i] = (float)((double)m[i] * r);
-        tm_dsv_hc_split(m, sc, bs, e->N, e->c->hc_sinkhorn_iters, e->c->hc_eps,
-                        pre + (size_t)t * e->N, post + (size_t)t * e->N,
-                        comb + (size_t)t * e->N * e->N);
-    }
+    tm_dsv_hc_mix_split(e->s, e->N, e->D, T, e->mixes, scale, base, e->c->norm_eps,
+                        e->c->hc_sinkhorn_iters, e->c->hc_eps, pre, post, comb);
 }
 
 /* ---- Engram ---- */

@@ -115,22 +115,8 @@ static void hc_mixes(tm_dsv41_drafter *d, const tm_tensor *fn, const tm_tensor *
                      const tm_tensor *base, uint32_t T, float *pre, float *post, float *comb) {
     const uint32_t ND = d->N * d->D;
     lin(d, fn, d->s, ND, T, ND, d->mixes, d->mix, d->mix);
-    float sc[3], bs[(2 + TM_DSV41_MAX_HC) * TM_DSV41_MAX_HC];
-    tm_dsv_vec_f32(scale, sc);
-    tm_dsv_vec_f32(base, bs);
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = d->s + (size_t)t * ND;
-        double ss = 0.0;
-        for (uint32_t i = 0; i < ND; i++)
-            ss += (double)st[i] * st[i];
-        const double r = 1.0 / sqrt(ss / ND + (double)d->c->norm_eps);
-        float *m = d->mixes + (size_t)t * d->mix;
-        for (uint32_t i = 0; i < d->mix; i++)
-            m[i] = (float)((double)m[i] * r);
-        tm_dsv_hc_split(m, sc, bs, d->N, d->c->hc_sinkhorn_iters, d->c->hc_eps,
-                        pre + (size_t)t * d->N, post + (size_t)t * d->N,
-                        comb + (size_t)t * d->N * d->N);
-    }
+    tm_dsv_hc_mix_split(d->s, d->N, d->D, T, d->mixes, scale, base, d->c->norm_eps,
+                        d->c->hc_sinkhorn_iters, d->c->hc_eps, pre, post, comb);
 }
 
 /* ---- the stage's attention (DSparkAttention.forward, decode) ---- */

@@ -229,3 +229,24 @@ void tm_dsv_collapse_norm(const float *s, uint32_t N, uint32_t D, uint32_t T, co
     for (uint32_t t = 0; t < T; t++)
         tm_dsv_rmsnorm(x + (size_t)t * D, nw, D, eps);
 }
+
+void tm_dsv_hc_mix_split(const float *s, uint32_t N, uint32_t D, uint32_t T, float *mixes,
+                         const tm_tensor *scale, const tm_tensor *base, float norm_eps,
+                         uint32_t iters, float hc_eps, float *pre, float *post, float *comb) {
+    const uint32_t ND = N * D, mix = (2 + N) * N;
+    float sc[3], bs[(2 + HC_MAX) * HC_MAX];
+    tm_dsv_vec_f32(scale, sc);
+    tm_dsv_vec_f32(base, bs);
+    for (uint32_t t = 0; t < T; t++) {
+        const float *st = s + (size_t)t * ND;
+        double ss = 0.0;
+        for (uint32_t i = 0; i < ND; i++)
+            ss += (double)st[i] * st[i];
+        const double r = 1.0 / sqrt(ss / ND + (double)norm_eps);
+        float *m = mixes + (size_t)t * mix;
+        for (uint32_t i = 0; i < mix; i++)
+            m[i] = (float)((double)m[i] * r);
+        tm_dsv_hc_split(m, sc, bs, N, iters, hc_eps, pre + (size_t)t * N, post + (size_t)t * N,
+                        comb + (size_t)t * N * N);
+    }
+}

@@ -60,6 +60,14 @@ void tm_dsv_vec_f32(const struct tm_tensor *t, float *out);
  * fp32), i < rd / 2. */
 void tm_dsv_cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn);
 
+/* Block.hc_mixes after its projection: each token's row of mixes ([T][(2+N)N], the streams s
+ * ([T][N][D]) through hc_fn) scaled by 1/rms of its streams (norm_eps, in double), then
+ * tm_dsv_hc_split with the scale (3) and base ((2+N)N) tensors, iters and hc_eps into pre / post
+ * ([T][N]) and comb ([T][N][N]). N <= 8. */
+void tm_dsv_hc_mix_split(const float *s, uint32_t N, uint32_t D, uint32_t T, float *mixes,
+                         const struct tm_tensor *scale, const struct tm_tensor *base,
+                         float norm_eps, uint32_t iters, float hc_eps, float *pre, float *post,
+                         float *comb);
 /* x[t] = sum_i pre[t][i] s[t][i] for t < T: the N streams s ([T][N][D]) collapsed with the pre
  * mixes pre ([T][N]) into x ([T][D]), accumulated in double. N <= 8. */
 void tm_dsv_hc_collapse(const float *s, uint32_t N, uint32_t D, uint32_t T, const float *pre,
