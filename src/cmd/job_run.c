@@ -147,6 +147,8 @@ static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
     sink_input *c = ctx;
     tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
                                      pos->ranges, pos->n_ranges, err);
+    if (!rc && pos->fp_offset >= 0)
+        tm_manifest_kpart_set_fp(c->man, pos->topic, pos->partition, pos->fp_offset, pos->fp_ts);
     if (rc || !c->txn_offsets || !pos->owned)
         return rc;
     if (c->n_offs == c->cap_offs) {
@@ -456,10 +458,17 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_seqset_copy(&rs->skip, &old.done, err);
     if (!rc && !spec->kafka_in)
         rc = tm_seqset_copy(&rs->man.done, &old.done, err);
-    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
-        rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
-                                   old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
-                                   err);
+    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++) {
+        const tm_manifest_kpart *k = &old.kparts[i];
+        rc = tm_manifest_kpart_set(&rs->man, k->topic, k->partition, k->next, k->ranges,
+                                   k->n_ranges, err);
+        if (!rc)
+            tm_manifest_kpart_set_fp(&rs->man, k->topic, k->partition, k->fp_offset, k->fp_ts);
+    }
+    // The cluster the done offsets belong to (io_open checks it against the brokers').
+    if (!rc && spec->kafka_in && old.kafka_in_cluster &&
+        !(rs->man.kafka_in_cluster = tm_strdup(old.kafka_in_cluster)))
+        rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (!rc && rs->man.in_stdin.set) {
         rs->man.in_stdin = old.in_stdin;
         rs->man.in_stdin.set = true;
@@ -633,8 +642,23 @@ static tm_rc io_open(job_run *j, tm_err *err) {
                                                           .partition = k->partition,
                                                           .next = (int64_t)k->next,
                                                           .ranges = k->ranges,
-                                                          .n_ranges = k->n_ranges},
+                                                          .n_ranges = k->n_ranges,
+                                                          .fp_offset = k->fp_offset,
+                                                          .fp_ts = k->fp_ts},
                                         err);
+    }
+    // A resumed Kafka job: its done offsets must still name the records they named (never skip
+    // a recreated topic's records); then the manifest keeps the cluster they belong to.
+    if (!rc && spec->kafka_in && j->rs.man.n_kparts > 0) {
+        rc = tm_source_check_resume(j->src, j->rs.man.kafka_in_cluster, err);
+        if (rc)
+            return tm_err_wrap(err, "output folder %s", spec->output_dir);
+    }
+    const char *cluster = spec->kafka_in ? tm_source_cluster_id(j->src) : NULL;
+    if (!rc && cluster) {
+        tm_free(j->rs.man.kafka_in_cluster);
+        if (!(j->rs.man.kafka_in_cluster = tm_strdup(cluster)))
+            rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     }
     if (rc)
         return rc;

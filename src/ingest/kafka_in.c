@@ -40,6 +40,9 @@ typedef struct kpart {
                         * or before this consumer's start); -1 none */
     int64_t committed; /* offset this consumer last committed; -1 none */
     int64_t scan_min;  /* scratch: lowest offset not yet acked (commit_offsets) */
+    int64_t fp_off;    /* the highest done offset that held a message (-1 none) ... */
+    int64_t fp_ts;     /* ... and its Kafka timestamp: the manifest's fingerprint */
+    bool resumed;      /* done offsets came from the manifest (tm_kafka_in_resume_add) */
     uint64_t next;     /* done set: every offset below is done */
     uint64_t *rng;     /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
     size_t n_rng, cap_rng;
@@ -47,6 +50,7 @@ typedef struct kpart {
 
 typedef struct ring_ent {
     int64_t offset;
+    int64_t ts;    /* the message's Kafka timestamp (-1 none) */
     uint32_t part; /* index into parts */
     uint8_t state; /* ST_* */
 } ring_ent;
@@ -89,6 +93,7 @@ struct tm_kafka_in {
     int close_wait_ms;        /* TM_KAFKA_IN_CLOSE_WAIT_MS, at most half of it */
     double close_deadline_ms; /* tm_kafka_in_close: when it stops waiting for the broker */
     char file[320];           /* "kafka:TOPIC/PARTITION" of the current record */
+    char *cluster_id;         /* owned; from the metadata at open, or NULL */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -124,6 +129,7 @@ static kpart *part_get(tm_kafka_in *ki, const char *topic, int32_t partition, tm
     p->partition = partition;
     p->hi = -1;
     p->committed = -1;
+    p->fp_off = -1;
     ki->n_parts++;
     return p;
 }
@@ -198,7 +204,14 @@ static ring_ent *ring_at(tm_kafka_in *ki, uint64_t seq_no) {
     return &ki->ring[(ki->ring_head + (size_t)(seq_no - ki->ring_base)) % ki->ring_cap];
 }
 
-static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t offset,
+static void fp_note(kpart *p, int64_t offset, int64_t ts) {
+    if (offset > p->fp_off && ts >= 0) {
+        p->fp_off = offset;
+        p->fp_ts = ts;
+    }
+}
+
+static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t offset, int64_t ts,
                        tm_err *err) {
     if (ki->ring_n == 0)
         ki->ring_base = seq_no;
@@ -217,6 +230,7 @@ static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t 
     }
     ring_ent *e = &ki->ring[(ki->ring_head + ki->ring_n) % ki->ring_cap];
     e->offset = offset;
+    e->ts = ts;
     e->part = part;
     e->state = ST_IN_FLIGHT;
     ki->ring_n++;
@@ -715,7 +729,10 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     }
     rd_kafka_poll_set_consumer(ki->rk);
     rd_kafka_set_log_queue(ki->rk, NULL); // the main queue, which now feeds the consumer's
-    rc = read_watermarks(ki, tm_now_ms() + startup_s(ki) * 1000.0, err);
+    double start_deadline = tm_now_ms() + startup_s(ki) * 1000.0;
+    rc = read_watermarks(ki, start_deadline, err);
+    if (!rc) // the brokers answered: the id comes with the metadata (NULL from a cluster without)
+        ki->cluster_id = rd_kafka_clusterid(ki->rk, left_ms(start_deadline, 5000));
     serve_startup(ki); // the lines of the wait, quietly
     ki->started = true;
     if (ki->n_quiet > 1)
@@ -877,6 +894,8 @@ void tm_kafka_in_close(tm_kafka_in *ki) {
     }
     tm_free(ki->parts);
     tm_free(ki->ring);
+    if (ki->cluster_id)
+        rd_kafka_mem_free(NULL, ki->cluster_id);
     pthread_cond_destroy(&ki->cv);
     pthread_mutex_destroy(&ki->mu);
     tm_free(ki);
@@ -889,6 +908,8 @@ tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partiti
     kpart *p = part_get(ki, topic, partition, err);
     if (!p)
         rc = err->rc;
+    if (p)
+        p->resumed = true;
     if (!rc && next > 0)
         rc = done_add(p, 0, (uint64_t)next - 1, err);
     for (size_t i = 0; i < n_ranges && !rc; i++)
@@ -898,6 +919,191 @@ tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partiti
 }
 
 void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on) { ki->txn = on; }
+
+// ---- the identity of a resumed job ----
+
+#define RESTART_HINT                                                                               \
+    "resuming would skip records never answered: use a new output.dir or `tokenmill run --restart`"
+
+tm_rc tm_kafka_in_resume_fp(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t offset,
+                            int64_t ts, tm_err *err) {
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_get(ki, topic, partition, err);
+    if (p) {
+        p->fp_off = offset;
+        p->fp_ts = ts;
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return p ? TM_OK : err->rc;
+}
+
+const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki) { return ki->cluster_id; }
+
+// One past the highest offset p's done set holds (what the manifest says was read).
+static int64_t done_end(const kpart *p) {
+    return p->n_rng ? (int64_t)p->rng[2 * p->n_rng - 1] + 1 : (int64_t)p->next;
+}
+
+typedef struct fp_read {
+    kpart *p;
+    bool got;
+    int64_t at, ts; /* the first message at or after fp_off (at -1: none, the partition's end) */
+} fp_read;
+
+/* Read the fingerprinted record of each of want[0..n) again with a consumer of our own that
+ * joins no group (assign only, nothing committed), until deadline_ms. */
+static tm_rc read_fingerprints(tm_kafka_in *ki, fp_read *want, size_t n, double deadline_ms,
+                               tm_err *err) {
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; i < ki->cfg->n_config && !rc; i++)
+        rc = set(conf, ki->cfg->config[2 * i], ki->cfg->config[2 * i + 1], err);
+    if (!rc)
+        rc = set(conf, "bootstrap.servers", ki->cfg->brokers, err);
+    if (!rc) // assign() wants a group id; nothing joins or commits
+        rc = set(conf, "group.id", ki->cfg->group, err);
+    if (!rc)
+        rc = set(conf, "enable.auto.commit", "false", err);
+    if (!rc)
+        rc = set(conf, "enable.partition.eof", "true", err);
+    if (rc) {
+        rd_kafka_conf_destroy(conf);
+        return rc;
+    }
+    char es[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, es, sizeof(es));
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: creating the check consumer: %s", es);
+    }
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)n);
+    for (size_t i = 0; i < n; i++)
+        rd_kafka_topic_partition_list_add(l, want[i].p->topic, want[i].p->partition)->offset =
+            want[i].p->fp_off;
+    rd_kafka_resp_err_t e = rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    size_t left = n;
+    while (!e && left > 0 && tm_now_ms() < deadline_ms) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        for (size_t i = 0; m->rkt && i < n; i++) {
+            if (want[i].got || want[i].p->partition != m->partition ||
+                strcmp(want[i].p->topic, rd_kafka_topic_name(m->rkt)) != 0)
+                continue;
+            if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                want[i].at = -1;
+            } else if (!m->err) {
+                want[i].at = m->offset;
+                want[i].ts = rd_kafka_message_timestamp(m, NULL);
+            } else {
+                break; // a transient error: fetching goes on
+            }
+            want[i].got = true;
+            left--;
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_assign(rk, NULL);
+    rd_kafka_destroy(rk);
+    if (e)
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: check consumer: %s", rd_kafka_err2str(e));
+    for (size_t i = 0; i < n; i++)
+        if (!want[i].got)
+            return TM_ERR(err, TM_E_KAFKA,
+                          "input.kafka: offset %lld of %s/%d (this output folder's check of the "
+                          "topic's identity) not read from brokers %s within %g s "
+                          "(input.kafka.startup_timeout_s)",
+                          (long long)want[i].p->fp_off, want[i].p->topic, (int)want[i].p->partition,
+                          ki->cfg->brokers, startup_s(ki));
+    return TM_OK;
+}
+
+// Every resumed partition of topic exists and its high watermark is not below its done offsets.
+static tm_rc check_topic(tm_kafka_in *ki, const char *topic, double deadline_ms, tm_err *err) {
+    const rd_kafka_metadata_t *md = NULL;
+    tm_rc rc = topic_metadata(ki, topic, deadline_ms, false, &md, err);
+    if (rc)
+        return rc;
+    int n_part = md->topic_cnt == 1 && !md->topics[0].err ? md->topics[0].partition_cnt : 0;
+    rd_kafka_metadata_destroy(md);
+    for (size_t i = 0; i < ki->n_parts && !rc; i++) {
+        const kpart *p = &ki->parts[i];
+        if (!p->resumed || strcmp(p->topic, topic) != 0 || done_end(p) == 0)
+            continue;
+        if (p->partition >= n_part) {
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s has %d partition(s) now, but this folder has done "
+                        "offsets of its partition %d: the topic was recreated; %s",
+                        topic, n_part, (int)p->partition, RESTART_HINT);
+            break;
+        }
+        int64_t lo = 0, hi = 0;
+        rd_kafka_resp_err_t e;
+        do
+            e = rd_kafka_query_watermark_offsets(ki->rk, topic, p->partition, &lo, &hi,
+                                                 left_ms(deadline_ms, WATERMARK_TIMEOUT_MS));
+        while (e && tm_now_ms() < deadline_ms);
+        if (e)
+            rc = startup_fail(ki, "high watermark", topic, p->partition, e, err);
+        else if (hi < done_end(p))
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s partition %d ends at offset %lld now, but this "
+                        "folder has offsets up to %lld done: the topic was recreated; %s",
+                        topic, (int)p->partition, (long long)hi, (long long)done_end(p) - 1,
+                        RESTART_HINT);
+    }
+    return rc;
+}
+
+tm_rc tm_kafka_in_check_resume(tm_kafka_in *ki, const char *cluster_before, tm_err *err) {
+    if (cluster_before && ki->cluster_id && strcmp(cluster_before, ki->cluster_id) != 0)
+        return TM_ERR(err, TM_E_INVAL,
+                      "input.kafka: the brokers are Kafka cluster %s, but this folder's offsets "
+                      "were recorded on cluster %s; %s",
+                      ki->cluster_id, cluster_before, RESTART_HINT);
+    double deadline_ms = tm_now_ms() + startup_s(ki) * 1000.0;
+    tm_rc rc = TM_OK;
+    for (size_t t = 0; t < ki->cfg->n_topics && !rc; t++)
+        rc = check_topic(ki, ki->cfg->topics[t], deadline_ms, err);
+    if (rc)
+        return rc;
+    // The parts table is only grown by the source thread, which is this one: no lock needed to
+    // keep the pointers below valid until the first tm_kafka_in_next.
+    fp_read *want = tm_calloc(ki->n_parts ? ki->n_parts : 1, sizeof(*want));
+    if (!want)
+        return TM_ERR(err, TM_E_NOMEM, "kafka checks");
+    size_t n = 0;
+    for (size_t i = 0; i < ki->n_parts; i++)
+        if (ki->parts[i].resumed && ki->parts[i].fp_off >= 0)
+            want[n++] = (fp_read){.p = &ki->parts[i]};
+    if (n > 0)
+        rc = read_fingerprints(ki, want, n, deadline_ms, err);
+    size_t n_gone = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const kpart *p = want[i].p;
+        if (want[i].at != p->fp_off) { // removed by retention or compaction: nothing to compare
+            n_gone++;
+            continue;
+        }
+        if (want[i].ts != p->fp_ts)
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s partition %d: the message at offset %lld has "
+                        "timestamp %lld now, %lld when this folder answered it: the topic was "
+                        "recreated; %s",
+                        p->topic, (int)p->partition, (long long)p->fp_off, (long long)want[i].ts,
+                        (long long)p->fp_ts, RESTART_HINT);
+    }
+    tm_free(want);
+    if (!rc && n > 0)
+        TM_LOG_INFO("kafka_in",
+                    "resume: cluster %s, %zu partition(s) checked against this folder's offsets "
+                    "(high watermarks, one message each%s)",
+                    ki->cluster_id ? ki->cluster_id : "(no id)", n,
+                    n_gone ? "; some checked messages are gone (retention), not compared" : "");
+    return rc;
+}
 
 // ---- records ----
 
@@ -1009,8 +1215,11 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
     }
     bool done = done_has(p, (uint64_t)o); // an earlier run wrote it (manifest)
     bool blank = !rc && !done && is_blank(s, n);
-    if (blank)
+    int64_t ts = rd_kafka_message_timestamp(m, NULL);
+    if (blank) {
         rc = done_add(p, (uint64_t)o, (uint64_t)o, err);
+        fp_note(p, o, ts);
+    }
     uint32_t part = (uint32_t)(p - ki->parts);
     pthread_mutex_unlock(&ki->mu);
     if (rc || done || blank)
@@ -1030,7 +1239,7 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
         return TM_ERR(err, TM_E_NOMEM, "kafka record source");
     }
     pthread_mutex_lock(&ki->mu);
-    rc = ring_push(ki, job->seq_no, part, o, err);
+    rc = ring_push(ki, job->seq_no, part, o, ts, err);
     ki->last_seq = job->seq_no;
     pthread_mutex_unlock(&ki->mu);
     if (rc) {
@@ -1197,6 +1406,7 @@ static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8
             continue;
         e->state = state;
         rc = done_add(&ki->parts[e->part], (uint64_t)e->offset, (uint64_t)e->offset, err);
+        fp_note(&ki->parts[e->part], e->offset, e->ts);
     }
     if (state == ST_ACKED) {
         ring_trim(ki);
@@ -1226,7 +1436,9 @@ tm_rc tm_kafka_in_positions(tm_kafka_in *ki, tm_source_kpos_fn fn, void *ctx, tm
                               .next = (int64_t)p->next,
                               .ranges = p->rng,
                               .n_ranges = p->n_rng,
-                              .owned = p->owned};
+                              .owned = p->owned,
+                              .fp_offset = p->fp_off,
+                              .fp_ts = p->fp_ts};
         rc = fn(ctx, &pos, err);
     }
     pthread_mutex_unlock(&ki->mu);
@@ -1289,11 +1501,21 @@ static tm_rc kafka_positions(void *self, tm_source_kpos_fn fn, void *ctx, tm_err
 }
 
 static tm_rc kafka_resume_positions(void *self, const tm_source_kpos *pos, tm_err *err) {
-    return tm_kafka_in_resume_add(self, pos->topic, pos->partition, pos->next, pos->ranges,
-                                  pos->n_ranges, err);
+    tm_rc rc = tm_kafka_in_resume_add(self, pos->topic, pos->partition, pos->next, pos->ranges,
+                                      pos->n_ranges, err);
+    if (!rc && pos->fp_offset >= 0)
+        rc = tm_kafka_in_resume_fp(self, pos->topic, pos->partition, pos->fp_offset, pos->fp_ts,
+                                   err);
+    return rc;
 }
 
 static void kafka_set_txn(void *self, bool on) { tm_kafka_in_set_txn(self, on); }
+
+static tm_rc kafka_check_resume(void *self, const char *cluster_before, tm_err *err) {
+    return tm_kafka_in_check_resume(self, cluster_before, err);
+}
+
+static const char *kafka_cluster_id(const void *self) { return tm_kafka_in_cluster_id(self); }
 
 static tm_rc kafka_group_md(void *self, tm_buf *out, tm_err *err) {
     return tm_kafka_in_group_md(self, out, err);
@@ -1313,4 +1535,6 @@ const tm_source_ops tm_kafka_in_ops = {
     .resume_positions = kafka_resume_positions,
     .set_txn = kafka_set_txn,
     .group_md = kafka_group_md,
+    .check_resume = kafka_check_resume,
+    .cluster_id = kafka_cluster_id,
 };

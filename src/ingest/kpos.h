@@ -20,6 +20,9 @@ typedef struct tm_source_kpos {
                              * pairs, ascending, not touching next; borrowed for the callback */
     size_t n_ranges;
     bool owned; /* assigned to this consumer now: its offset may be committed */
+    /* One done record that held a message: its offset (-1: none) and Kafka timestamp; a later
+     * run reads it again to tell a recreated topic (tm_source_check_resume). */
+    int64_t fp_offset, fp_ts;
 } tm_source_kpos;
 typedef tm_rc (*tm_source_kpos_fn)(void *ctx, const tm_source_kpos *pos, tm_err *err);
 

@@ -135,6 +135,15 @@ tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, 
 tm_rc tm_source_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err);
 /* Done offsets of an earlier run (from the manifest), before the first tm_source_next. */
 tm_rc tm_source_resume_positions(tm_source *src, const tm_source_kpos *pos, tm_err *err);
+/* After the resume positions: refuse offsets that no longer mean the records they meant when
+ * they were recorded (the identity check of a resumed Kafka job): cluster_before (the manifest's
+ * cluster id, or NULL) differs from the brokers' cluster id; a partition with done offsets is gone
+ * (the partition count shrank) or its high watermark is below them; or the record a partition's
+ * fingerprint names has another timestamp now (the topic was deleted and recreated). TM_E_INVAL
+ * naming the topic and what changed; TM_E_KAFKA. A no-op for other sources. */
+tm_rc tm_source_check_resume(tm_source *src, const char *cluster_before, tm_err *err);
+/* The Kafka cluster's id as the brokers gave it at open, or NULL (unknown, another source). */
+const char *tm_source_cluster_id(const tm_source *src);
 /* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */
 void tm_source_set_txn(tm_source *src, bool on);
 /* The consumer group's metadata, serialized, for send_offsets_to_transaction. Thread-safe.

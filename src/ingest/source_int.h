@@ -65,6 +65,8 @@ typedef struct tm_source_ops {
     tm_rc (*resume_positions)(void *self, const tm_source_kpos *pos, tm_err *err);
     void (*set_txn)(void *self, bool on);
     tm_rc (*group_md)(void *self, tm_buf *out, tm_err *err);
+    tm_rc (*check_resume)(void *self, const char *cluster_before, tm_err *err);
+    const char *(*cluster_id)(const void *self);
 } tm_source_ops;
 
 /* The kinds: files and standard input, a Kafka topic. */
