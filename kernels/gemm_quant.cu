@@ -56,6 +56,58 @@ static __device__ __forceinline__ void cp16_ca(void *smem, const void *gmem, uin
                  : "memory");
 }
 
+/* ---- the weight stream (the pipeline all three kernels share) ----
+ * A warp streams its chunks through a ring of D shared-memory slots filled by cp.async, one
+ * commit group per chunk (an empty one past the end, so the count holds): the prologue issues
+ * chunks 0 .. D-1; then chunk i, in slot i % D, is consumed once at most D - 1 groups are pending
+ * (it has landed), and its slot is refilled with chunk i + D as soon as its values are in
+ * registers. The slot loop is unrolled with the slot as a compile-time constant, so that per-slot
+ * registers (the scales loaded with a chunk) stay registers. */
+
+template <int P> struct ring_slot { static constexpr int p = P; };
+
+/* f(ring_slot<P>{}), f(ring_slot<P + 1>{}), ... up to N - 1, while f returns true. */
+template <int P, int N, class F> static __device__ __forceinline__ void each_slot(F &f) {
+    if constexpr (P < N) {
+        if (f(ring_slot<P>{}))
+            each_slot<P + 1, N>(f);
+    }
+}
+
+/* The stream of n_chunk chunks. issue(i, slot) starts chunk i's copies into slot (a ring_slot;
+ * its p is the slot index) and loads its per-slot registers. body(i, slot, landed, refill)
+ * consumes chunk i: landed() before it reads the slot, refill() once the slot's values are in
+ * registers (it issues chunk i + D there and commits); it returns nothing. Ends with no copy
+ * pending. */
+template <int D, class Issue, class Body>
+static __device__ __forceinline__ void ring_stream(uint32_t n_chunk, Issue &issue, Body &body) {
+    auto prologue = [&](auto slot) {
+        constexpr int p = decltype(slot)::p;
+        if ((uint32_t)p < n_chunk)
+            issue((uint32_t)p, slot);
+        tm_cp_async_commit();
+        return true;
+    };
+    each_slot<0, D>(prologue);
+    for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+        auto step = [&](auto slot) {
+            const uint32_t i = base + decltype(slot)::p;
+            if (i >= n_chunk)
+                return false;
+            auto landed = [] { tm_cp_async_wait<D - 1>(); };
+            auto refill = [&] {
+                if (i + D < n_chunk)
+                    issue(i + D, slot);
+                tm_cp_async_commit();
+            };
+            body(i, slot, landed, refill);
+            return true;
+        };
+        each_slot<0, D>(step);
+    }
+    tm_cp_async_wait<0>();
+}
+
 /* Warps per block of the FP8 MMA kernel: 4, or fewer where the per-warp ring (D slots of the
  * chunk's weights and x, (2 + 2 NT) x 512 bytes) would pass 48 KB of static shared memory. */
 template <int NT, int D> struct fp8_cfg {
@@ -183,98 +235,82 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
     // Chunk i into slot p: the weights, the lane's 16 inputs of x for each token tile (through
     // the L1: x is read by every warp of the split), and the chunk's scale into sreg[p]; lanes
     // past k1 copy zeros.
-#define FP8_ISSUE(i, p)                                                                            \
-    do {                                                                                           \
-        const uint32_t kq = k0 + 64 * (i) + 16 * c;                                                \
-        const bool v = kq < k1;                                                                    \
-        const uint32_t ko = v ? kq : 0;                                                            \
-        cp16_l2pf(&my[p][0][lane], wl + ko, v ? 16 : 0);                                           \
-        cp16_l2pf(&my[p][1][lane], wh + ko, v ? 16 : 0);                                           \
-        _Pragma("unroll") for (int j = 0; j < NT; j++) {                                           \
-            cp16_ca(&my[p][2 + 2 * j][lane], xp[j] + ko, v ? xn[j] : 0);                           \
-            cp16_ca(&my[p][3 + 2 * j][lane], xp[j] + ko + 8, v ? xn[j] : 0);                       \
-        }                                                                                          \
-        if (BLOCK) {                                                                               \
-            const size_t si = sb + ((k0 + 64 * (i)) >> 7);                                         \
-            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))                        \
-                           : ld_f32((const float *)a.scale + si);                                  \
-        }                                                                                          \
-    } while (0)
-
-    // One commit group per chunk (empty past the end): after the prologue's D groups and i more,
-    // waiting until at most D - 1 are pending means chunk i has landed.
+    auto issue = [&](uint32_t i, auto slot) {
+        constexpr int p = decltype(slot)::p;
+        const uint32_t kq = k0 + 64 * i + 16 * c;
+        const bool v = kq < k1;
+        const uint32_t ko = v ? kq : 0;
+        cp16_l2pf(&my[p][0][lane], wl + ko, v ? 16 : 0);
+        cp16_l2pf(&my[p][1][lane], wh + ko, v ? 16 : 0);
 #pragma unroll
-    for (int p = 0; p < D; p++) {
-        if ((uint32_t)p < n_chunk)
-            FP8_ISSUE((uint32_t)p, p);
-        tm_cp_async_commit();
-    }
+        for (int j = 0; j < NT; j++) {
+            cp16_ca(&my[p][2 + 2 * j][lane], xp[j] + ko, v ? xn[j] : 0);
+            cp16_ca(&my[p][3 + 2 * j][lane], xp[j] + ko + 8, v ? xn[j] : 0);
+        }
+        if (BLOCK) {
+            const size_t si = sb + ((k0 + 64 * i) >> 7);
+            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))
+                           : ld_f32((const float *)a.scale + si);
+        }
+    };
     float acc[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-    for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+    auto body = [&](uint32_t i, auto slot, auto &landed, auto &refill) {
+        constexpr int p = decltype(slot)::p;
+        (void)i;
+        landed();
+        const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+        uint32_t xw[NT][8];
 #pragma unroll
-        for (int p = 0; p < D; p++) {
-            const uint32_t i = base + p;
-            if (i >= n_chunk)
-                break;
-            tm_cp_async_wait<D - 1>();
-            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
-            uint32_t xw[NT][8];
+        for (int j = 0; j < NT; j++) {
+            const uint4 u0 = my[p][2 + 2 * j][lane], u1 = my[p][3 + 2 * j][lane];
+            xw[j][0] = u0.x, xw[j][1] = u0.y, xw[j][2] = u0.z, xw[j][3] = u0.w;
+            xw[j][4] = u1.x, xw[j][5] = u1.y, xw[j][6] = u1.z, xw[j][7] = u1.w;
+        }
+        const float s = BLOCK ? sreg[p] : 1.0f;
+        refill(); // the slot's values are in registers
+        const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
+        float part[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
+#pragma unroll
+        for (int m = 0; m < 4; m++) { // mma m: the lane's inputs 4m .. 4m + 3
+            uint32_t af[4];
+            if (CVT) {
+                af[0] = e4m3x2_cvt_bf16x2(wlo[m] & 0xffffu);
+                af[1] = e4m3x2_cvt_bf16x2(whi[m] & 0xffffu);
+                af[2] = e4m3x2_cvt_bf16x2(wlo[m] >> 16);
+                af[3] = e4m3x2_cvt_bf16x2(whi[m] >> 16);
+            } else {
+                af[0] = e4m3_b13_bf16x2(wlo[m] << 8); // (v4m, v4m+2)
+                af[1] = e4m3_b13_bf16x2(whi[m] << 8);
+                af[2] = e4m3_b13_bf16x2(wlo[m]); // (v4m+1, v4m+3)
+                af[3] = e4m3_b13_bf16x2(whi[m]);
+            }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
-                const uint4 u0 = my[p][2 + 2 * j][lane], u1 = my[p][3 + 2 * j][lane];
-                xw[j][0] = u0.x, xw[j][1] = u0.y, xw[j][2] = u0.z, xw[j][3] = u0.w;
-                xw[j][4] = u1.x, xw[j][5] = u1.y, xw[j][6] = u1.z, xw[j][7] = u1.w;
-            }
-            const float s = BLOCK ? sreg[p] : 1.0f;
-            // The slot's values are in registers, so it can be refilled.
-            if (i + D < n_chunk)
-                FP8_ISSUE(i + D, p);
-            tm_cp_async_commit();
-            const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
-            float part[NT][4];
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                part[j][0] = part[j][1] = part[j][2] = part[j][3] = 0.0f;
-#pragma unroll
-            for (int m = 0; m < 4; m++) { // mma m: the lane's inputs 4m .. 4m + 3
-                uint32_t af[4];
-                if (CVT) {
-                    af[0] = e4m3x2_cvt_bf16x2(wlo[m] & 0xffffu);
-                    af[1] = e4m3x2_cvt_bf16x2(whi[m] & 0xffffu);
-                    af[2] = e4m3x2_cvt_bf16x2(wlo[m] >> 16);
-                    af[3] = e4m3x2_cvt_bf16x2(whi[m] >> 16);
-                } else {
-                    af[0] = e4m3_b13_bf16x2(wlo[m] << 8); // (v4m, v4m+2)
-                    af[1] = e4m3_b13_bf16x2(whi[m] << 8);
-                    af[2] = e4m3_b13_bf16x2(wlo[m]); // (v4m+1, v4m+3)
-                    af[3] = e4m3_b13_bf16x2(whi[m]);
-                }
-#pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const uint32_t x0 = xw[j][2 * m], x1 = xw[j][2 * m + 1];
-                    // CVT: natural pairs; else (x4m, x4m+2) and (x4m+1, x4m+3)
-                    const uint32_t b0 = CVT ? x0 : __byte_perm(x0, x1, 0x5410);
-                    const uint32_t b1 = CVT ? x1 : __byte_perm(x0, x1, 0x7632);
-                    if constexpr (BLOCK)
-                        tm_mma_bf16(part[j], af, b0, b1);
-                    else
-                        tm_mma_bf16(acc[j], af, b0, b1);
-                }
-            }
-            if (BLOCK) {
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        acc[j][e] = fmaf(s, part[j][e], acc[j][e]);
+                const uint32_t x0 = xw[j][2 * m], x1 = xw[j][2 * m + 1];
+                // CVT: natural pairs; else (x4m, x4m+2) and (x4m+1, x4m+3)
+                const uint32_t b0 = CVT ? x0 : __byte_perm(x0, x1, 0x5410);
+                const uint32_t b1 = CVT ? x1 : __byte_perm(x0, x1, 0x7632);
+                if constexpr (BLOCK)
+                    tm_mma_bf16(part[j], af, b0, b1);
+                else
+                    tm_mma_bf16(acc[j], af, b0, b1);
             }
         }
-    }
-#undef FP8_ISSUE
-    tm_cp_async_wait<0>();
+        if (BLOCK) {
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    acc[j][e] = fmaf(s, part[j][e], acc[j][e]);
+        }
+    };
+    ring_stream<D>(n_chunk, issue, body);
 
     // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
     float s_lo = 1.0f, s_hi = 1.0f;
@@ -321,78 +357,64 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_fma_kernel(tm_k_ge
     const uint32_t n_chunk = (k1 - k0 + 63) / 64;
     uint4(*my)[2][32] = ring[wib];
     float sreg[D];
-#define FP8_ISSUE(i, p)                                                                            \
-    do {                                                                                           \
-        const uint32_t kq = k0 + 64 * (i) + 16 * c;                                                \
-        const bool v = kq < k1;                                                                    \
-        cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);                                 \
-        cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);                                 \
-        if (BLOCK) {                                                                               \
-            const size_t si = sb + ((k0 + 64 * (i)) >> 7);                                         \
-            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))                        \
-                           : ld_f32((const float *)a.scale + si);                                  \
-        }                                                                                          \
-    } while (0)
-#pragma unroll
-    for (int p = 0; p < D; p++) {
-        if ((uint32_t)p < n_chunk)
-            FP8_ISSUE((uint32_t)p, p);
-        tm_cp_async_commit();
-    }
+    auto issue = [&](uint32_t i, auto slot) {
+        constexpr int p = decltype(slot)::p;
+        const uint32_t kq = k0 + 64 * i + 16 * c;
+        const bool v = kq < k1;
+        cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);
+        cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);
+        if (BLOCK) {
+            const size_t si = sb + ((k0 + 64 * i) >> 7);
+            sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))
+                           : ld_f32((const float *)a.scale + si);
+        }
+    };
     float acc_lo[TM_QUANT_MAX_TOK], acc_hi[TM_QUANT_MAX_TOK];
 #pragma unroll
     for (int t = 0; t < TM_QUANT_MAX_TOK; t++)
         acc_lo[t] = acc_hi[t] = 0.0f;
-    for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+    auto body = [&](uint32_t i, auto slot, auto &landed, auto &refill) {
+        constexpr int p = decltype(slot)::p;
+        const uint32_t kq = k0 + 64 * i + 16 * c;
+        const bool lv = kq < k1;
+        landed();
+        const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+        const float s = BLOCK ? sreg[p] : 1.0f;
+        refill();
+        if (!lv)
+            return; // zeros
+        const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
+        float fl[16], fh[16];
 #pragma unroll
-        for (int p = 0; p < D; p++) {
-            const uint32_t i = base + p;
-            if (i >= n_chunk)
-                break;
-            const uint32_t kq = k0 + 64 * i + 16 * c;
-            const bool lv = kq < k1;
-            tm_cp_async_wait<D - 1>();
-            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
-            const float s = BLOCK ? sreg[p] : 1.0f;
-            if (i + D < n_chunk)
-                FP8_ISSUE(i + D, p);
-            tm_cp_async_commit();
-            if (!lv)
-                continue; // zeros
-            const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
-            float fl[16], fh[16];
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const uint32_t l02 = e4m3_b13_bf16x2(wlo[m] << 8), l13 = e4m3_b13_bf16x2(wlo[m]);
-                const uint32_t h02 = e4m3_b13_bf16x2(whi[m] << 8), h13 = e4m3_b13_bf16x2(whi[m]);
-                fl[4 * m] = bf_lo(l02), fl[4 * m + 2] = bf_hi(l02);
-                fl[4 * m + 1] = bf_lo(l13), fl[4 * m + 3] = bf_hi(l13);
-                fh[4 * m] = bf_lo(h02), fh[4 * m + 2] = bf_hi(h02);
-                fh[4 * m + 1] = bf_lo(h13), fh[4 * m + 3] = bf_hi(h13);
-            }
-#pragma unroll
-            for (int t = 0; t < TM_QUANT_MAX_TOK; t++) {
-                if ((uint32_t)t >= a.n_tok)
-                    break;
-                const uint4 *xq = reinterpret_cast<const uint4 *>(a.x + (size_t)t * a.n_in + kq);
-                const uint4 u0 = __ldg(xq), u1 = __ldg(xq + 1);
-                const uint32_t xw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-                float dl = 0.0f, dh = 0.0f;
-#pragma unroll
-                for (int q = 0; q < 8; q++) {
-                    const float xa = bf_lo(xw[q]), xb = bf_hi(xw[q]);
-                    dl = fmaf(fl[2 * q], xa, dl);
-                    dl = fmaf(fl[2 * q + 1], xb, dl);
-                    dh = fmaf(fh[2 * q], xa, dh);
-                    dh = fmaf(fh[2 * q + 1], xb, dh);
-                }
-                acc_lo[t] = fmaf(s, dl, acc_lo[t]);
-                acc_hi[t] = fmaf(s, dh, acc_hi[t]);
-            }
+        for (int m = 0; m < 4; m++) {
+            const uint32_t l02 = e4m3_b13_bf16x2(wlo[m] << 8), l13 = e4m3_b13_bf16x2(wlo[m]);
+            const uint32_t h02 = e4m3_b13_bf16x2(whi[m] << 8), h13 = e4m3_b13_bf16x2(whi[m]);
+            fl[4 * m] = bf_lo(l02), fl[4 * m + 2] = bf_hi(l02);
+            fl[4 * m + 1] = bf_lo(l13), fl[4 * m + 3] = bf_hi(l13);
+            fh[4 * m] = bf_lo(h02), fh[4 * m + 2] = bf_hi(h02);
+            fh[4 * m + 1] = bf_lo(h13), fh[4 * m + 3] = bf_hi(h13);
         }
-    }
-#undef FP8_ISSUE
-    tm_cp_async_wait<0>();
+#pragma unroll
+        for (int t = 0; t < TM_QUANT_MAX_TOK; t++) {
+            if ((uint32_t)t >= a.n_tok)
+                break;
+            const uint4 *xq = reinterpret_cast<const uint4 *>(a.x + (size_t)t * a.n_in + kq);
+            const uint4 u0 = __ldg(xq), u1 = __ldg(xq + 1);
+            const uint32_t xw[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+            float dl = 0.0f, dh = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 8; q++) {
+                const float xa = bf_lo(xw[q]), xb = bf_hi(xw[q]);
+                dl = fmaf(fl[2 * q], xa, dl);
+                dl = fmaf(fl[2 * q + 1], xb, dl);
+                dh = fmaf(fh[2 * q], xa, dh);
+                dh = fmaf(fh[2 * q + 1], xb, dh);
+            }
+            acc_lo[t] = fmaf(s, dl, acc_lo[t]);
+            acc_hi[t] = fmaf(s, dh, acc_hi[t]);
+        }
+    };
+    ring_stream<D>(n_chunk, issue, body);
     float s_lo = 1.0f, s_hi = 1.0f;
     if (!BLOCK) {
         s_lo = __ldg((const float *)a.scale + min(row_lo, a.n_out - 1));
@@ -530,94 +552,79 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_mxfp4_kernel(tm_k_moe_
         }
         uint32_t slo[D], shi[D]; // the e8m0 bytes of the chunk in each slot, rows lo and hi
         // Chunk i into slot p; lanes past k1 copy zeros (and get scale 0 at use).
-#define FP4_ISSUE(i, p)                                                                            \
-    do {                                                                                           \
-        const uint32_t kq = k0 + 128 * (i) + 32 * c;                                               \
-        const bool v = kq < k1;                                                                    \
-        cp16_l2pf(&my[p][0][lane], wl + (v ? kq / 2 : 0), v ? 16 : 0);                             \
-        cp16_l2pf(&my[p][1][lane], wh + (v ? kq / 2 : 0), v ? 16 : 0);                             \
-        slo[p] = v ? ld_u8(sl + kq / 32) : 0;                                                      \
-        shi[p] = v ? ld_u8(sh + kq / 32) : 0;                                                      \
-    } while (0)
-#pragma unroll
-        for (int p = 0; p < D; p++) {
-            if ((uint32_t)p < n_chunk)
-                FP4_ISSUE((uint32_t)p, p);
-            tm_cp_async_commit();
-        }
+        auto issue = [&](uint32_t i, auto slot) {
+            constexpr int p = decltype(slot)::p;
+            const uint32_t kq = k0 + 128 * i + 32 * c;
+            const bool v = kq < k1;
+            cp16_l2pf(&my[p][0][lane], wl + (v ? kq / 2 : 0), v ? 16 : 0);
+            cp16_l2pf(&my[p][1][lane], wh + (v ? kq / 2 : 0), v ? 16 : 0);
+            slo[p] = v ? ld_u8(sl + kq / 32) : 0;
+            shi[p] = v ? ld_u8(sh + kq / 32) : 0;
+        };
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-        for (uint32_t base = 0; base < n_chunk; base += D) { // hot loop: the weight stream
+        auto body = [&](uint32_t i, auto slot, auto &landed, auto &refill) {
+            constexpr int p = decltype(slot)::p;
+            const uint32_t kq = k0 + 128 * i + 32 * c;
+            const bool lv = kq < k1;
+            uint4 xv[NT][4]; // the lane's 32 inputs of each token tile
 #pragma unroll
-            for (int p = 0; p < D; p++) {
-                const uint32_t i = base + p;
-                if (i >= n_chunk)
-                    break;
-                const uint32_t kq = k0 + 128 * i + 32 * c;
-                const bool lv = kq < k1;
-                uint4 xv[NT][4]; // the lane's 32 inputs of each token tile
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int j = 0; j < NT; j++)
+                for (int q = 0; q < 4; q++)
+                    xv[j][q] = xok[j] && lv ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq) + q)
+                                            : zero;
+            landed();
+            const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
+            // One multiply per pair: the raw pair (value * 2^-126) times 2^126 * scale =
+            // 2^(e-1), a bf16 for e <= 128 (and NaN for e = 255); where some lane of the warp
+            // has a larger scale (e in 129..254), the two multiplies of the definition.
+            const uint32_t elo = slo[p], ehi = shi[p];
+            const bool big = (elo > 128 && elo < 255) || (ehi > 128 && ehi < 255);
+            const bool two = __any_sync(0xffffffffu, big);
+            const uint32_t flo = !lv ? 0u : two ? e8m0_bf16x2(elo) : e8m0_fold_bf16x2(elo);
+            const uint32_t fhi = !lv ? 0u : two ? e8m0_bf16x2(ehi) : e8m0_fold_bf16x2(ehi);
+            refill();
+            const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w};
+            const uint32_t whi[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        xv[j][q] = xok[j] && lv
-                                       ? __ldg(reinterpret_cast<const uint4 *>(xp[j] + kq) + q)
-                                       : zero;
-                tm_cp_async_wait<D - 1>();
-                const uint4 lo = my[p][0][lane], hi = my[p][1][lane];
-                // One multiply per pair: the raw pair (value * 2^-126) times 2^126 * scale =
-                // 2^(e-1), a bf16 for e <= 128 (and NaN for e = 255); where some lane of the warp
-                // has a larger scale (e in 129..254), the two multiplies of the definition.
-                const uint32_t elo = slo[p], ehi = shi[p];
-                const bool big = (elo > 128 && elo < 255) || (ehi > 128 && ehi < 255);
-                const bool two = __any_sync(0xffffffffu, big);
-                const uint32_t flo = !lv ? 0u : two ? e8m0_bf16x2(elo) : e8m0_fold_bf16x2(elo);
-                const uint32_t fhi = !lv ? 0u : two ? e8m0_bf16x2(ehi) : e8m0_fold_bf16x2(ehi);
-                if (i + D < n_chunk)
-                    FP4_ISSUE(i + D, p);
-                tm_cp_async_commit();
-                const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w};
-                const uint32_t whi[4] = {hi.x, hi.y, hi.z, hi.w};
+            for (int q = 0; q < 4; q++) { // the lane's inputs 8q .. 8q + 7
+                uint32_t pl[4], ph[4];
+                e2m1_pairs_raw(wlo[q], pl);
+                e2m1_pairs_raw(whi[q], ph);
+                if (two) {
+                    const uint32_t bias = 0x7e807e80u; // 2^126
 #pragma unroll
-                for (int q = 0; q < 4; q++) { // the lane's inputs 8q .. 8q + 7
-                    uint32_t pl[4], ph[4];
-                    e2m1_pairs_raw(wlo[q], pl);
-                    e2m1_pairs_raw(whi[q], ph);
-                    if (two) {
-                        const uint32_t bias = 0x7e807e80u; // 2^126
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            pl[k] = bf16x2_mul(bf16x2_mul(pl[k], bias), flo);
-                            ph[k] = bf16x2_mul(bf16x2_mul(ph[k], bias), fhi);
-                        }
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            pl[k] = bf16x2_mul(pl[k], flo);
-                            ph[k] = bf16x2_mul(ph[k], fhi);
-                        }
+                    for (int k = 0; k < 4; k++) {
+                        pl[k] = bf16x2_mul(bf16x2_mul(pl[k], bias), flo);
+                        ph[k] = bf16x2_mul(bf16x2_mul(ph[k], bias), fhi);
                     }
+                } else {
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        // mma (q, h): inputs (2h, 2h+4) in k slots 2c, 2c+1 and (2h+1, 2h+5) in
-                        // 2c+8, 2c+9
-                        const uint32_t af[4] = {pl[(2 * h) ^ F], ph[(2 * h) ^ F],
-                                                pl[(2 * h + 1) ^ F], ph[(2 * h + 1) ^ F]};
+                    for (int k = 0; k < 4; k++) {
+                        pl[k] = bf16x2_mul(pl[k], flo);
+                        ph[k] = bf16x2_mul(ph[k], fhi);
+                    }
+                }
 #pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            const uint32_t xa = h ? xv[j][q].y : xv[j][q].x; // (x2h, x2h+1)
-                            const uint32_t xb = h ? xv[j][q].w : xv[j][q].z; // (x2h+4, x2h+5)
-                            tm_mma_bf16(acc[j], af, __byte_perm(xa, xb, 0x5410),
-                                        __byte_perm(xa, xb, 0x7632));
-                        }
+                for (int h = 0; h < 2; h++) {
+                    // mma (q, h): inputs (2h, 2h+4) in k slots 2c, 2c+1 and (2h+1, 2h+5) in
+                    // 2c+8, 2c+9
+                    const uint32_t af[4] = {pl[(2 * h) ^ F], ph[(2 * h) ^ F], pl[(2 * h + 1) ^ F],
+                                            ph[(2 * h + 1) ^ F]};
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const uint32_t xa = h ? xv[j][q].y : xv[j][q].x; // (x2h, x2h+1)
+                        const uint32_t xb = h ? xv[j][q].w : xv[j][q].z; // (x2h+4, x2h+5)
+                        tm_mma_bf16(acc[j], af, __byte_perm(xa, xb, 0x5410),
+                                    __byte_perm(xa, xb, 0x7632));
                     }
                 }
             }
-        }
-#undef FP4_ISSUE
-        tm_cp_async_wait<0>();
+        };
+        ring_stream<D>(n_chunk, issue, body);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
 #pragma unroll

@@ -42,12 +42,14 @@
 
 #include "base/alloc.h"
 #include "base/err.h"
+#include "runner/model/arch.h"
 #include "runner/model/model.h"
 #include "runner/model/safetensors.h"
 
 typedef struct mk_opts {
     const char *out;
-    const char *arch; /* llama | qwen2 | mistral */
+    const char *arch;        /* llama | qwen2 | mistral | deepseek_v4 */
+    const struct mk_arch *a; /* arch's entry of mk_archs */
     uint64_t seed;
     long layers, hidden, heads, kv_heads, head_dim, ff, vocab, ctx, tied, shards, bos, eos;
     long uniform; /* 1: uniform values of the same std (fast; benchmark checkpoints) */
@@ -340,16 +342,9 @@ static tm_rc read_tokenizer(const char *dir, long *n_vocab, long *bos, long *eos
 
 /* ---- config files ---------------------------------------------------------------------------- */
 
-static int is_dsv4(const mk_opts *o) { return !strcmp(o->arch, "deepseek_v4"); }
-
 static const char *hf_class(const char *arch) {
-    if (!strcmp(arch, "deepseek_v4"))
-        return "DeepseekV4ForCausalLM";
-    if (!strcmp(arch, "qwen2"))
-        return "Qwen2ForCausalLM";
-    if (!strcmp(arch, "mistral"))
-        return "MistralForCausalLM";
-    return "LlamaForCausalLM";
+    const tm_arch_ops *ops = tm_arch_ops_get((tm_arch)tm_arch_find(arch, 0));
+    return ops ? ops->hf_class : "?";
 }
 
 static const char *torch_dtype(tm_dtype dt) {
@@ -502,9 +497,7 @@ static json_t *make_dsv4_config(const mk_opts *o) {
     return c;
 }
 
-static json_t *make_config(const mk_opts *o) {
-    if (is_dsv4(o))
-        return make_dsv4_config(o);
+static json_t *make_llama_config(const mk_opts *o) {
     int qwen2 = !strcmp(o->arch, "qwen2"), llama = !strcmp(o->arch, "llama");
     json_t *c = json_object();
     json_t *archs = json_array();
@@ -728,9 +721,7 @@ static size_t list_dsv4_tensors(const mk_opts *o, mk_tensor *t) {
     return n;
 }
 
-static size_t list_tensors(const mk_opts *o, mk_tensor *t) {
-    if (is_dsv4(o))
-        return list_dsv4_tensors(o, t);
+static size_t list_llama_tensors(const mk_opts *o, mk_tensor *t) {
     size_t n = 0;
     const uint64_t e = (uint64_t)o->hidden, q = (uint64_t)o->heads * (uint64_t)o->head_dim,
                    kv = (uint64_t)o->kv_heads * (uint64_t)o->head_dim, ff = (uint64_t)o->ff,
@@ -832,27 +823,9 @@ static int ends_with(const char *s, const char *suf) {
 
 /* The scheme tensor `name` gets under o's options: NONE for norms, embeddings, lm_head, routers,
  * hyper-connections, and (deepseek_v4) the compressor and indexer. */
-static tm_quant quant_scheme(const mk_opts *o, const char *name) {
+static tm_quant llama_quant_scheme(const mk_opts *o, const char *name) {
     if (o->quant == TM_QUANT_NONE || strncmp(name, "model.layers.", 13))
         return TM_QUANT_NONE;
-    if (is_dsv4(o)) {
-        if (ends_with(name, "mlp.experts.gate_up_proj") || ends_with(name, "mlp.experts.down_proj"))
-            return o->expert;
-        static const char *const dense[] = {"self_attn.q_a_proj.weight",
-                                            "self_attn.q_b_proj.weight",
-                                            "self_attn.kv_proj.weight",
-                                            "self_attn.o_a_proj.weight",
-                                            "self_attn.o_b_proj.weight",
-                                            "mlp.shared_experts.gate_proj.weight",
-                                            "mlp.shared_experts.up_proj.weight",
-                                            "mlp.shared_experts.down_proj.weight",
-                                            ".e_proj.weight",
-                                            ".h_proj.weight"};
-        for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
-            if (ends_with(name, dense[i]) && !strstr(name, "compressor"))
-                return o->quant;
-        return TM_QUANT_NONE;
-    }
     static const char *const lin[] = {"q_proj.weight",   "k_proj.weight",    "v_proj.weight",
                                       "o_proj.weight",   "gate_proj.weight", "up_proj.weight",
                                       "down_proj.weight"};
@@ -860,6 +833,55 @@ static tm_quant quant_scheme(const mk_opts *o, const char *name) {
         if (ends_with(name, lin[i]))
             return o->quant;
     return TM_QUANT_NONE;
+}
+
+static tm_quant dsv4_quant_scheme(const mk_opts *o, const char *name) {
+    if (o->quant == TM_QUANT_NONE || strncmp(name, "model.layers.", 13))
+        return TM_QUANT_NONE;
+    if (ends_with(name, "mlp.experts.gate_up_proj") || ends_with(name, "mlp.experts.down_proj"))
+        return o->expert;
+    static const char *const dense[] = {"self_attn.q_a_proj.weight",
+                                        "self_attn.q_b_proj.weight",
+                                        "self_attn.kv_proj.weight",
+                                        "self_attn.o_a_proj.weight",
+                                        "self_attn.o_b_proj.weight",
+                                        "mlp.shared_experts.gate_proj.weight",
+                                        "mlp.shared_experts.up_proj.weight",
+                                        "mlp.shared_experts.down_proj.weight",
+                                        ".e_proj.weight",
+                                        ".h_proj.weight"};
+    for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
+        if (ends_with(name, dense[i]) && !strstr(name, "compressor"))
+            return o->quant;
+    return TM_QUANT_NONE;
+}
+
+/* One architecture mkmodel writes (mk_archs, at the end of the architectures' functions): its
+ * config.json, its tensors, which of them --quant quantizes. A new architecture is those three
+ * functions and one line in mk_archs; its architectures[0] comes from the loader's table
+ * (runner/model/arch.h). */
+typedef struct mk_arch {
+    const char *name; /* --arch, model_type */
+    int dsv4_opts;    /* 1: takes the DeepSeek-V4 options (--dsv4-*, --q-lora, experts, ...) */
+    json_t *(*config)(const mk_opts *o);
+    size_t (*tensors)(const mk_opts *o, mk_tensor *t);
+    tm_quant (*quant_scheme)(const mk_opts *o, const char *name);
+} mk_arch;
+
+static const mk_arch mk_archs[] = {
+    {"llama", 0, make_llama_config, list_llama_tensors, llama_quant_scheme},
+    {"qwen2", 0, make_llama_config, list_llama_tensors, llama_quant_scheme},
+    {"mistral", 0, make_llama_config, list_llama_tensors, llama_quant_scheme},
+    {"deepseek_v4", 1, make_dsv4_config, list_dsv4_tensors, dsv4_quant_scheme},
+};
+
+static int is_dsv4(const mk_opts *o) { return o->a->dsv4_opts; }
+
+static const mk_arch *find_arch(const char *name) {
+    for (size_t i = 0; i < sizeof(mk_archs) / sizeof(mk_archs[0]); i++)
+        if (!strcmp(name, mk_archs[i].name))
+            return &mk_archs[i];
+    return NULL;
 }
 
 /* Threads for the independent parts of writing a model (one per online CPU, at most 16). */
@@ -1168,6 +1190,7 @@ static int parse_long(const char *s, long lo, long hi, long *out) {
 
 static int parse_args(int argc, char **argv, mk_opts *o) {
     *o = (mk_opts){.arch = "llama",
+                   .a = &mk_archs[0],
                    .seed = 1,
                    .layers = 2,
                    .hidden = 64,
@@ -1214,8 +1237,8 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->out = v;
         else if (!strcmp(a, "--arch")) {
             o->arch = v;
-            ok = !strcmp(v, "llama") || !strcmp(v, "qwen2") || !strcmp(v, "mistral") ||
-                 !strcmp(v, "deepseek_v4");
+            o->a = find_arch(v);
+            ok = o->a != NULL;
         } else if (!strcmp(a, "--seed")) {
             char *end = NULL;
             errno = 0;
@@ -1440,7 +1463,7 @@ int main(int argc, char **argv) {
         rc = TM_ERR(&err, TM_E_NOMEM, "tensor list");
         goto out;
     }
-    n = list_tensors(&o, t);
+    n = o.a->tensors(&o, t);
     if ((long)n < o.shards) {
         rc = TM_ERR(&err, TM_E_INVAL, "--shards %ld exceeds the %zu tensors", o.shards, n);
         goto out;
@@ -1458,7 +1481,7 @@ int main(int argc, char **argv) {
     tm_free(fj.rc);
     const size_t n_weight = n;
     for (size_t i = 0; i < n_weight && rc == TM_OK; i++) {
-        tm_quant qs = quant_scheme(&o, t[i].name);
+        tm_quant qs = o.a->quant_scheme(&o, t[i].name);
         if (qs != TM_QUANT_NONE)
             rc = quantize_tensor(&o, t, &n, i, qs, &err);
     }
@@ -1482,7 +1505,7 @@ int main(int argc, char **argv) {
         }
         json_decref(cfg);
         json_decref(gen);
-        cfg = make_config(&oc);
+        cfg = oc.a->config(&oc);
         gen = make_gen_config(&oc);
         int digits = 10; // deepseek_v4's partial_rotary_factor may need more to be exact
         if (is_dsv4(&oc))

@@ -16,6 +16,7 @@
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "base/queue.h"
+#include "cmd/engine_opts.h"
 #include "cmd/job_run.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
@@ -278,7 +279,7 @@ static tm_rc measure(bench *b, const workload *w, const char *out_dir, bench_row
         .max_batched_tokens = b->eo.max_batched_tokens,
         .block_size = b->eo.block_size,
         .kv_blocks = b->eo.n_kv_block,
-        .kv_dtype = strcmp(b->backend, "cuda") ? "f32" : "bf16",
+        .kv_dtype = tm_engine_kv_dtype_name(b->eng),
         .prefix_cache = true,
         .threads = b->eo.n_threads,
         .model_path = b->model_path,
@@ -417,7 +418,6 @@ int tm_bench_cmd(int argc, char **argv) {
         need_blocks = TM_MAX(need_blocks, wl[i].n_seqs * TM_CEIL_DIV(len, BENCH_BLOCK_SIZE));
     }
     if (!rc) {
-        long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
         b.n_vocab = TM_MIN(b.model->cfg.n_vocab, tm_tok_n_vocab(b.tok));
         if (tm_tok_bos_id(b.tok) >= 0)
             b.special[b.n_special++] = tm_tok_bos_id(b.tok);
@@ -425,16 +425,17 @@ int tm_bench_cmd(int argc, char **argv) {
             b.special[b.n_special++] = tm_tok_eos_id(b.tok);
         for (uint32_t i = 0; i < b.model->cfg.n_eos && b.n_special < TM_MODEL_MAX_EOS + 2; i++)
             b.special[b.n_special++] = b.model->cfg.eos_ids[i];
-        b.eo = (tm_engine_opts){
-            .n_threads = threads ? (uint32_t)threads : (uint32_t)TM_MAX(n_cpu, 1),
+        const tm_job_engine je = {
+            .threads = (uint32_t)threads,
             .block_size = BENCH_BLOCK_SIZE,
             // every sequence of the largest workload fits, plus the warm-up's slack
-            .n_kv_block = need_blocks + BENCH_MAX_SEQS,
+            .kv_blocks = need_blocks + BENCH_MAX_SEQS,
             .max_seqs = BENCH_MAX_SEQS,
             .max_batched_tokens = BENCH_MAX_BATCHED_TOKENS,
-            .tp_size = 1,
+            .tp = 1,
         };
-        if (!strcmp(backend, "cuda")) // fails cleanly in a build without CUDA
+        b.eo = tm_job_engine_opts(&je); // as a job's engine section resolves
+        if (!strcmp(backend, "cuda"))   // fails cleanly in a build without CUDA
             rc = tm_engine_cuda_create(b.model, &b.eo, &b.eng, &err);
         else
             rc = tm_engine_cpu_create(b.model, &b.eo, &b.eng, &err);

@@ -30,6 +30,7 @@
 #include "runner/model/model.h"
 #include "runner/runner.h"
 #include "runner/text/tokenizer.h"
+#include "cmd/engine_opts.h"
 #include "cmd/run_metrics.h"
 #include "sink/kafka_out.h"
 #include "sink/manifest.h"
@@ -233,19 +234,17 @@ static const char *cuda_hint(const char *cause) {
     return msg;
 }
 
-// The engine the spec asks for. auto: the CUDA engine when this build has it and a GPU answers,
-// else the CPU engine. cpu with tp > 1: shards in one process (tests the sharding math). cuda
-// (or auto with a GPU) with tp > 1: one process per GPU over NCCL (cmd/tp_run.h). The KV pool: the
-// CUDA engine gets kv_blocks as given (0: it sizes the pool from free memory within
-// gpu_memory_utilization), the CPU engine cpu_kv_blocks. eo->n_kv_block is the engine's count
-// on success.
+// The engine the spec asks for, with eo (tm_job_engine_opts of the spec). auto: the CUDA engine
+// when this build has it and a GPU answers, else the CPU engine. cpu with tp > 1: shards in one
+// process (tests the sharding math). cuda (or auto with a GPU) with tp > 1: one process per GPU
+// over NCCL (cmd/tp_run.h), which get eo from rank 0. The KV pool: the CUDA engine gets kv_blocks
+// as given (0: it sizes the pool from free memory within gpu_memory_utilization), the CPU engine
+// cpu_kv_blocks. eo->n_kv_block is the engine's count on success.
 static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine_opts *eo,
                            const char *path, const tm_tp_launch *launch, tm_engine **out,
                            tm_err *err) {
     tm_backend be = spec->engine.backend;
-    tm_engine_opts go = *eo;
-    go.n_kv_block = spec->engine.kv_blocks;
-    go.gpu_mem_util = (float)spec->engine.gpu_memory_utilization;
+    const tm_engine_opts go = *eo; // the GPU engines' (kv_blocks as given)
     tm_rc rc;
     if (spec->engine.tp > 1 &&
         (be == TM_BACKEND_CUDA || (be == TM_BACKEND_AUTO && tm_engine_cuda_n_devices() > 0))) {
@@ -261,6 +260,7 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
         TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
     }
     eo->n_kv_block = cpu_kv_blocks(spec, &m->cfg);
+    eo->gpu_mem_util = 0; // no GPU
     rc = tm_engine_cpu_tp_create(m, eo, out, err);
 done:
     if (rc == TM_OK)
@@ -528,17 +528,7 @@ typedef struct job_run {
 static tm_rc engine_setup(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
     const tm_model_cfg *mc = &j->p.model->cfg;
-    long n_cpu = sysconf(_SC_NPROCESSORS_ONLN);
-    j->eo = (tm_engine_opts){
-        .n_threads = spec->engine.threads ? spec->engine.threads : (uint32_t)TM_MAX(n_cpu, 1),
-        .block_size = spec->engine.block_size,
-        .max_seqs = spec->engine.max_seqs,
-        .max_batched_tokens = spec->engine.max_batched_tokens,
-        .tp_size = spec->engine.tp,
-        .kv_dtype = spec->engine.kv_cache_fp8 ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO,
-        // speculative verification: a row for the decode token and each draft
-        .max_rows = spec->engine.spec_k ? spec->engine.max_seqs * (spec->engine.spec_k + 1) : 0,
-    };
+    j->eo = tm_job_engine_opts(&spec->engine);
     tm_rc rc;
     if (spec->engine.quantization == TM_JOB_QUANT_FP8) {
         const double t0 = tm_now_ms();
@@ -576,9 +566,7 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
         .max_batched_tokens = eo->max_batched_tokens,
         .block_size = eo->block_size,
         .kv_blocks = eo->n_kv_block,
-        .kv_dtype = eo->kv_dtype == TM_KV_DTYPE_FP8 ? "fp8"
-                    : strcmp(backend, "cuda") == 0  ? "bf16"
-                                                    : "f32",
+        .kv_dtype = tm_engine_kv_dtype_name(j->eng),
         .quantization = tm_job_quant_name(spec->engine.quantization),
         .prefix_cache = spec->engine.prefix_cache,
         .threads = eo->n_threads,

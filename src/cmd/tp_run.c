@@ -23,16 +23,19 @@
 #include "runner/tp/tp_nccl.h"
 
 #define WELCOME_MAGIC 0x544d5450u /* "TMTP" */
-#define WELCOME_VERSION 2
+#define WELCOME_VERSION 3
 #define REAP_WAIT_MS 20000 /* how long rank 0 waits for its local ranks to exit */
 
-/* What rank 0 hands every other rank at the rendezvous. Fixed-width fields only. */
+/* What rank 0 hands every other rank at the rendezvous: its engine options whole (resolved once
+ * from the job, cmd/engine_opts.h; the same build on every rank, which magic, version and
+ * opts_bytes check, so the struct's layout is shared; its pointers are sent NULL), the NCCL id and
+ * a model fingerprint. With n_kv_block 0 every rank sizes its pool, then all take the min. */
 typedef struct tp_welcome {
     uint32_t magic, version;
+    uint32_t opts_bytes; /* sizeof(tm_engine_opts) */
     uint8_t nccl_id[TM_NCCL_ID_BYTES];
-    uint32_t block_size, n_kv_block, max_seqs, max_batched_tokens, tp_size;
+    tm_engine_opts eo; /* rank 0's, tp_rank 0, allreduce and allreduce_ctx NULL */
     uint32_t timeout_ms;
-    float gpu_mem_util; /* with n_kv_block 0 every rank sizes its pool, then all take the min */
     uint32_t n_layer, n_embd, n_head, n_kv_head, n_ff, n_vocab, head_dim; /* model fingerprint */
 } tp_welcome;
 
@@ -164,6 +167,7 @@ static void tp_destroy(tm_engine *eng) {
 
 static const tm_engine_ops tp_ops = {
     .name = "cuda", // rank 0's engine is the CUDA engine; "tp" shows in the metrics settings
+    .kv_auto = "bf16",
     .forward = tp_forward,
     .forward_greedy = tp_forward_greedy,
     .kv_copy = tp_kv_copy,
@@ -212,15 +216,16 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
         rc = TM_ERR(err, TM_E_NOMEM, "tp engine");
         goto fail;
     }
-    tp_welcome w = {.magic = WELCOME_MAGIC,
-                    .version = WELCOME_VERSION,
-                    .block_size = eo->block_size,
-                    .n_kv_block = eo->n_kv_block,
-                    .max_seqs = eo->max_seqs,
-                    .max_batched_tokens = eo->max_batched_tokens,
-                    .tp_size = eo->tp_size,
-                    .timeout_ms = l->timeout_s * 1000,
-                    .gpu_mem_util = eo->gpu_mem_util};
+    tp_welcome w;
+    memset(&w, 0, sizeof(w)); // padding included: the bytes go on the wire
+    w.magic = WELCOME_MAGIC;
+    w.version = WELCOME_VERSION;
+    w.opts_bytes = sizeof(tm_engine_opts);
+    w.eo = *eo;
+    w.eo.tp_rank = 0;
+    w.eo.allreduce = NULL;
+    w.eo.allreduce_ctx = NULL;
+    w.timeout_ms = l->timeout_s * 1000;
     fingerprint(&m->cfg, &w);
     rc = tm_nccl_get_id(w.nccl_id, err);
     if (rc)
@@ -282,28 +287,22 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
     if (rc)
         goto done;
     fingerprint(&m->cfg, &mine);
-    if (len != sizeof(w) || w.magic != WELCOME_MAGIC || w.version != WELCOME_VERSION) {
+    if (len != sizeof(w) || w.magic != WELCOME_MAGIC || w.version != WELCOME_VERSION ||
+        w.opts_bytes != sizeof(tm_engine_opts)) {
         rc = TM_ERR(err, TM_E_PARSE, "tp rank %u: rank 0 runs a different tokenmill build", rank);
         goto done;
     }
-    if (memcmp(&w.n_layer, &mine.n_layer, 7 * sizeof(uint32_t)) != 0 || w.tp_size != rcfg.world) {
+    if (memcmp(&w.n_layer, &mine.n_layer, 7 * sizeof(uint32_t)) != 0 ||
+        w.eo.tp_size != rcfg.world) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "tp rank %u: model %s (%u layers, hidden %u, vocab %u) or engine.tp %u differ "
                     "from rank 0's (%u layers, hidden %u, vocab %u, tp %u)",
                     rank, spec->model, mine.n_layer, mine.n_embd, mine.n_vocab, rcfg.world,
-                    w.n_layer, w.n_embd, w.n_vocab, w.tp_size);
+                    w.n_layer, w.n_embd, w.n_vocab, w.eo.tp_size);
         goto done;
     }
-    tm_engine_opts eo = {.block_size = w.block_size,
-                         .n_kv_block = w.n_kv_block,
-                         .max_seqs = w.max_seqs,
-                         .max_batched_tokens = w.max_batched_tokens,
-                         .tp_rank = rank,
-                         .tp_size = w.tp_size,
-                         .gpu_mem_util = w.gpu_mem_util,
-                         // as rank 0's (job_run.c): rows for speculative verification
-                         .max_rows = spec->engine.spec_k ? w.max_seqs * (spec->engine.spec_k + 1)
-                                                         : 0};
+    tm_engine_opts eo = w.eo; // rank 0's, resolved once from the job (cmd/engine_opts.h)
+    eo.tp_rank = rank;
     tm_engine_cuda_tp tcfg = {
         .device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id, .timeout_ms = w.timeout_ms};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);

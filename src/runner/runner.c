@@ -20,7 +20,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "base/stop.h"
-#include "runner/engine/cpu/dsv4.h"
+#include "runner/engine/engine.h"
 #include "runner/guided/cache.h"
 #include "runner/text/chat.h"
 #include "runner/sched/kv_block.h"
@@ -140,12 +140,12 @@ typedef struct runner {
     tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
     /* MTP drafts (cfg->spec_mtp; docs/speculative.md "MTP"): a stream row is mtp_nd floats */
     uint32_t mtp_nd;
-    tm_dsv4_mtp_seq *mseqs; /* [max_seqs] an MTP step's sequences */
-    uint32_t *mslot;        /* [max_seqs] their slots */
-    uint32_t **mdst;        /* [max_seqs] where their drafts go */
-    float *mtp_logits;      /* [max_seqs][n_vocab] */
-    float *mtp_out;         /* [max_batched_tokens][mtp_nd] an MTP step's output streams */
-    float *mtp_st;          /* [max_seqs][mtp_nd] each slot's last MTP output stream */
+    tm_engine_draft_seq *mseqs; /* [max_seqs] an MTP step's sequences */
+    uint32_t *mslot;            /* [max_seqs] their slots */
+    uint32_t **mdst;            /* [max_seqs] where their drafts go */
+    float *mtp_logits;          /* [max_seqs][n_vocab] */
+    float *mtp_out;             /* [max_batched_tokens][mtp_nd] an MTP step's output streams */
+    float *mtp_st;              /* [max_seqs][mtp_nd] each slot's last MTP output stream */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -1270,7 +1270,7 @@ static uint32_t argmax_row(const float *row, uint32_t n) {
 // draft goes to *dst[m] and its last output stream to its slot's r->mtp_st.
 static tm_rc mtp_run(runner *r, uint32_t n, tm_err *err) {
     uint32_t **dst = r->mdst;
-    tm_rc rc = tm_dsv4_mtp_forward(r->eng, r->mseqs, n, r->mtp_logits, r->mtp_out, err);
+    tm_rc rc = r->eng->ops->draft(r->eng, r->mseqs, n, r->mtp_logits, r->mtp_out, err);
     if (rc)
         return rc;
     const size_t nd = r->mtp_nd;
@@ -1291,7 +1291,7 @@ static tm_rc mtp_run(runner *r, uint32_t n, tm_err *err) {
 // row (s->mtp_draft for the decode at mtp_at = n_done).
 static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
     uint32_t n_h = 0, t0 = 0, n = 0, **dst = r->mdst;
-    const float *h = tm_dsv4_hidden(r->eng, &n_h);
+    const float *h = r->eng->ops->hidden(r->eng, &n_h);
     for (uint32_t i = 0; i < plan->n_run; t0 += plan->run[i++].n_tok) {
         const tm_sched_run *e = &plan->run[i];
         seq *s = &r->seqs[e->slot];
@@ -1305,13 +1305,13 @@ static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
             continue;
         const int want = q->n_done >= q->n_prompt && q->ids.len == q->n_done + 1 &&
                          end == q->n_done;
-        r->mseqs[n] = (tm_dsv4_mtp_seq){.hidden = h + (size_t)t0 * r->mtp_nd,
-                                        .next = q->ids.ids + e->pos + 1,
-                                        .n_tok = end - e->pos,
-                                        .pos = e->pos,
-                                        .block_table = q->blocks,
-                                        .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
-                                        .want_logits = want};
+        r->mseqs[n] = (tm_engine_draft_seq){.hidden = h + (size_t)t0 * r->mtp_nd,
+                                            .next = q->ids.ids + e->pos + 1,
+                                            .n_tok = end - e->pos,
+                                            .pos = e->pos,
+                                            .block_table = q->blocks,
+                                            .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
+                                            .want_logits = want};
         r->mslot[n] = e->slot;
         dst[n++] = &s->mtp_draft;
         s->mtp_ok = want, s->mtp_at = q->n_done;
@@ -1333,13 +1333,13 @@ static tm_rc mtp_chain(runner *r, const tm_sched_plan *plan, tm_err *err) {
             if (e->n_draft <= j || !s->mtp_ok)
                 continue;
             uint32_t *d = s->q.ids.ids + s->q.ids.len; // the drafts
-            r->mseqs[n] = (tm_dsv4_mtp_seq){.hidden = r->mtp_st + e->slot * (size_t)r->mtp_nd,
-                                            .next = d + j - 1,
-                                            .n_tok = 1,
-                                            .pos = e->pos + j - 1,
-                                            .block_table = s->q.blocks,
-                                            .n_block = e->n_block,
-                                            .want_logits = 1};
+            r->mseqs[n] = (tm_engine_draft_seq){.hidden = r->mtp_st + e->slot * (size_t)r->mtp_nd,
+                                                .next = d + j - 1,
+                                                .n_tok = 1,
+                                                .pos = e->pos + j - 1,
+                                                .block_table = s->q.blocks,
+                                                .n_block = e->n_block,
+                                                .want_logits = 1};
             r->mslot[n] = e->slot;
             dst[n++] = d + j;
         }
@@ -1501,14 +1501,15 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
                         cfg->spec_k, TM_SPEC_MAX_K, cfg->spec_lookup_min, cfg->spec_lookup_max);
             goto done;
         }
-        r.mtp_nd = cfg->spec_mtp ? tm_dsv4_mtp_width(eng) : 0;
+        const tm_engine_draft_info drafter = tm_engine_drafter(eng);
+        r.mtp_nd = cfg->spec_mtp && drafter.kind == TM_DRAFT_MTP ? drafter.width : 0;
         if (stats)
             stats->spec_mtp = cfg->spec_mtp;
         if (cfg->spec_mtp && r.mtp_nd == 0) {
             rc = TM_ERR(err, TM_E_INVAL,
                         "engine.speculative.method: \"mtp\" needs a DeepSeek-V4 model with an MTP "
                         "layer on the cpu engine (engine %s, model %s one); use \"ngram\"",
-                        eng->ops->name, tm_dsv4_has_mtp(eng->model) ? "has" : "has no");
+                        eng->ops->name, tm_model_has_drafter(eng->model) ? "has" : "has no");
             goto done;
         }
         if (r.mtp_nd) {

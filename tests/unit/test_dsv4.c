@@ -497,7 +497,7 @@ static void check_mtp(const char *name, const char *args, int copy) {
                         .max_seqs = N_S,
                         .max_batched_tokens = 64};
     if (m) {
-        TM_CHECK(tm_dsv4_has_mtp(m));
+        TM_CHECK(tm_dsv4_has_mtp(m) && tm_model_has_drafter(m));
         TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e1, &err), &err);
         TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e2, &err), &err);
         TM_CHECK_OK(tm_engine_cpu_create(m, &o, &e3, &err), &err);

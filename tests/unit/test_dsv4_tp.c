@@ -76,7 +76,12 @@ static int run_mtp(tm_engine *eng, size_t width, const tm_batch_seq *bs,
         t0 += bs[s].n_tok;
     }
     TM_CHECK(t0 == n_tok);
-    tm_rc rc = tm_dsv4_mtp_forward(eng, ms, N_SEQ, out, NULL, err);
+    // Through the engine's drafter ops (engine.h), as the runner calls them, TP or not.
+    const tm_engine_draft_info di = tm_engine_drafter(eng);
+    TM_CHECK(di.kind == TM_DRAFT_MTP && di.width == width && di.n_src_layer == 1 && di.n_out == 1);
+    uint32_t n_tok2 = 0;
+    TM_CHECK(eng->ops->hidden(eng, &n_tok2) == hid && n_tok2 == n_tok);
+    tm_rc rc = eng->ops->draft(eng, ms, N_SEQ, out, NULL, err);
     TM_CHECK_OK(rc, err);
     return rc == TM_OK;
 }

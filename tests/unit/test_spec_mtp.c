@@ -232,7 +232,7 @@ static void test_refused(void) {
     for (int i = 0; i < 2; i++) {
         if (!ms[i])
             continue;
-        TM_CHECK(!tm_dsv4_has_mtp(ms[i]));
+        TM_CHECK(!tm_dsv4_has_mtp(ms[i]) && !tm_model_has_drafter(ms[i]));
         result r;
         variant v = {.max_seqs = 2, .max_batched_tokens = 64, .n_kv_block = 64};
         TM_CHECK(run(ms[i], &v, 2, 1, &r, &err) == TM_E_INVAL);

@@ -46,6 +46,12 @@ tm_rc tm_batch_check(const tm_batch *b, const tm_engine_opts *o, uint64_t max_po
     return TM_OK;
 }
 
+const char *tm_engine_kv_dtype_name(const tm_engine *eng) {
+    if (eng->opts.kv_dtype == TM_KV_DTYPE_AUTO && eng->ops->kv_auto)
+        return eng->ops->kv_auto;
+    return tm_kv_dtype_name(eng->opts.kv_dtype);
+}
+
 const char *tm_kv_dtype_name(tm_kv_dtype d) {
     switch (d) {
     case TM_KV_DTYPE_AUTO:

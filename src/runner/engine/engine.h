@@ -117,13 +117,59 @@ typedef struct tm_engine tm_engine;
 /* "auto", "fp8", "bf16", "fp8-head" ("?" outside the enum). */
 const char *tm_kv_dtype_name(tm_kv_dtype d);
 
+/* What eng's KV cache stores, as metrics.json names it: tm_kv_dtype_name of its kv_dtype, or for
+ * AUTO its own (ops->kv_auto: "f32" on the CPU engine, "bf16" on the CUDA engine). */
+const char *tm_engine_kv_dtype_name(const tm_engine *eng);
+
 /* x rounded to e4m3fn and back, as an fp8 KV cache stores it: NaN stays NaN, |x| >= 448 (inf
  * included) saturates to +-448, everything else rounds to nearest even (subnormals m * 2^-9).
  * The CUDA engine's KV write (kernels/rope.cu, __NV_SATFINITE) gives the same bytes. */
 float tm_kv_fp8_round(float x);
 
+/* ---- drafting for speculative decoding (optional ops; docs/speculative.md) ----
+ * A drafter is a small network of the model that guesses the tokens after a position from the
+ * target model's hidden states there: DeepSeek-V4's MTP layer (one token per call, chained on its
+ * own output rows for more) or a block drafter such as DSpark (several tokens per call, reading
+ * the hidden states of several target layers). The runner reads the target's hidden rows after a
+ * forward (hidden), and runs the drafter over rows of sequences (draft), whose KV state lives in
+ * the same blocks as the target's. */
+
+typedef enum tm_draft_kind {
+    TM_DRAFT_NONE = 0, /* the engine (or its model) has no drafter */
+    TM_DRAFT_MTP,      /* one token per row, chained on its own output rows (DeepSeek-V4 MTP) */
+    TM_DRAFT_BLOCK,    /* n_out tokens per wanted sequence from one call (DSpark-like) */
+} tm_draft_kind;
+
+typedef struct tm_engine_draft_info {
+    tm_draft_kind kind;
+    uint32_t width;       /* floats of one hidden row: a row of hidden(), of tm_engine_draft_seq
+                           * .hidden and of draft's hidden_out */
+    uint32_t n_src_layer; /* target layers whose states make up a hidden row, concatenated in
+                           * layer order (MTP: 1, the final hyper-connection streams) */
+    uint32_t n_out;       /* logits rows draft writes per sequence with want_logits (MTP: 1) */
+} tm_engine_draft_info;
+
+/* One sequence's rows of a draft call. Row i is position pos + i: the target's hidden row there
+ * (what produced the target's logits of that position) and next[i], the token at position
+ * pos + i + 1 (the target's pick there, or the prompt's next token). For MTP the row's logits guess
+ * the token at pos + i + 2. A drafter with KV state keeps it in the same blocks, so a sequence's
+ * rows come in position order from 0 without gaps (prefill rows included) and may be chunked. */
+typedef struct tm_engine_draft_seq {
+    const float *hidden;         /* [n_tok][width] hidden rows, borrowed for the call */
+    const float *block_in;       /* NULL; or (tests) [n_tok][width] the drafter block's input rows
+                                  * themselves, skipping its input projections (hidden and next
+                                  * then only feed hash routing: next must still be valid) */
+    const uint32_t *next;        /* [n_tok] token ids, borrowed for the call */
+    uint32_t n_tok;              /* >= 1 */
+    uint32_t pos;                /* position of row 0 */
+    const uint32_t *block_table; /* block ids covering positions [0, pos + n_tok) */
+    uint32_t n_block;
+    int want_logits; /* 1: draft logits (n_out rows) for the last row */
+} tm_engine_draft_seq;
+
 typedef struct tm_engine_ops {
     const char *name;
+    const char *kv_auto; /* what its KV cache stores with kv_dtype AUTO: "f32", "bf16" */
     /* logits: [n_want][n_vocab] fp32: tm_batch_seq_rows rows per sequence, in batch order (a
      * sequence's rows in position order). Every "wanted row" below counts these rows. */
     tm_rc (*forward)(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
@@ -146,6 +192,22 @@ typedef struct tm_engine_ops {
      * block dst, in every layer; the runner uses it to share the computed part of a partly
      * filled block between sequences with a common prefix. Ordered with forward calls. */
     tm_rc (*kv_copy)(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
+    /* Optional, the three together (NULL: no drafter). What the engine's drafter is: kind
+     * TM_DRAFT_NONE (and zeros) when its model has none. An engine that runs other engines (the
+     * CPU tensor-parallel one) hands itself to its rank 0's ops, which accept it. */
+    void (*draft_info)(const tm_engine *eng, tm_engine_draft_info *info);
+    /* The target's hidden rows of every token of the last forward, [*n_tok][width], the tokens
+     * of the step's sequences stacked in batch order: what tm_engine_draft_seq.hidden takes.
+     * Valid until the next forward (draft calls leave it). NULL (and *n_tok 0) before the first
+     * step or without a drafter. */
+    const float *(*hidden)(const tm_engine *eng, uint32_t *n_tok);
+    /* Run the drafter over the rows of n_seq sequences (at most max_seqs, at most
+     * max_batched_tokens rows in all). logits: [n_want * n_out][n_vocab], n_out rows per sequence
+     * with want_logits, in order. hidden_out: NULL, or [rows][width] the drafter's output row of
+     * every row (what a chained MTP step takes as hidden). TM_E_INVAL (no drafter, bad rows as a
+     * forward's checks), nothing run then. */
+    tm_rc (*draft)(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
+                   float *hidden_out, tm_err *err);
     void (*destroy)(tm_engine *eng);
 } tm_engine_ops;
 
@@ -170,6 +232,13 @@ tm_rc tm_engine_cpu_tp_create(const tm_model *m, const tm_engine_opts *opts, tm_
 static inline tm_rc tm_engine_forward(tm_engine *eng, const tm_batch *b, float *logits,
                                       tm_err *err) {
     return eng->ops->forward(eng, b, logits, err);
+}
+/* eng's drafter (tm_engine_ops.draft_info), all zero when it has none. */
+static inline tm_engine_draft_info tm_engine_drafter(const tm_engine *eng) {
+    tm_engine_draft_info info = {TM_DRAFT_NONE, 0, 0, 0};
+    if (eng->ops->draft_info && eng->ops->hidden && eng->ops->draft)
+        eng->ops->draft_info(eng, &info);
+    return info;
 }
 static inline void tm_engine_destroy(tm_engine *eng) {
     if (eng)

@@ -32,8 +32,10 @@ void tm_model_destroy(tm_model *m); /* NULL is a no-op */
  * shape needs. Llama family only (TM_E_INVAL for DeepSeek-V4). */
 tm_rc tm_model_cfg_load(const char *dir, tm_model_cfg *cfg, tm_err *err);
 
-/* "llama", "qwen2", "mistral" or "deepseek_v4". */
+/* "llama", "qwen2", "mistral" or "deepseek_v4": its architecture's name (runner/model/arch.h). */
 const char *tm_model_arch_name(const tm_model *m);
+/* 1 if m's checkpoint has a drafter for speculative decoding (DeepSeek-V4's MTP layer), else 0. */
+int tm_model_has_drafter(const tm_model *m);
 
 /* Check that every Llama-family weight of m is present, of a float dtype (f32, f16, bf16) and of
  * the shape its cfg implies (for models built in memory too, which skip tm_model_load's checks).

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "runner/model/arch.h"
 #include "runner/model/safetensors.h"
 
 #define CFG "config.json"
@@ -615,3 +616,49 @@ void tm_dsv4_destroy(tm_dsv4 *d) {
     tm_free(d->layers);
     tm_free(d);
 }
+
+/* ---- the architecture (runner/model/arch.h) ---- */
+
+static tm_rc arch_parse(void *root, void *gen, tm_model_cfg *c, void **arch_w, tm_err *err) {
+    tm_dsv4 *d = NULL;
+    tm_rc rc = tm_dsv4_config_parse(root, gen, c, &d, err);
+    *arch_w = d;
+    return rc;
+}
+
+static int arch_is_quantized(const tm_model *m) {
+    const tm_dsv4 *d = tm_model_dsv4(m);
+    if (!d)
+        return 0;
+    // tm_dsv4_layer is made of tm_tensor fields only
+    const size_t n_t = sizeof(tm_dsv4_layer) / sizeof(tm_tensor);
+    for (uint32_t l = 0; l < m->cfg.n_layer && d->layers; l++) {
+        const tm_tensor *t = (const tm_tensor *)&d->layers[l];
+        for (size_t i = 0; i < n_t; i++)
+            if (t[i].quant != TM_QUANT_NONE)
+                return 1;
+    }
+    return 0;
+}
+
+static int arch_has_drafter(const tm_model *m) {
+    const tm_dsv4 *d = tm_model_dsv4(m);
+    return d && d->n_mtp;
+}
+
+static void arch_destroy(void *arch_w) { tm_dsv4_destroy(arch_w); }
+
+const tm_arch_ops tm_arch_dsv4 = {
+    .name = "deepseek_v4",
+    .hf_class = "DeepseekV4ForCausalLM",
+    .title = "DeepSeek-V4",
+    .llama_shape = 0,
+    .no_fp8_at_load = "its FP8 format is 128x128 block-scaled with ue8m0 scales, not per channel; "
+                      "use its FP8 checkpoint",
+    .quant_experts = 1,
+    .config_parse = arch_parse,
+    .bind = tm_dsv4_bind,
+    .is_quantized = arch_is_quantized,
+    .has_drafter = arch_has_drafter,
+    .destroy = arch_destroy,
+};

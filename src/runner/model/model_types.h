@@ -11,12 +11,20 @@
 #include "runner/model/quant.h"
 #include "runner/model/tensor.h"
 
+/* Every architecture, in enum order: X(enum suffix, model_type, its tm_arch_ops in
+ * runner/model/arch.h). Adding one is a line here and its hooks (docs/ARCHITECTURE.md section 6);
+ * the registry (runner/model/arch.c) and the enum below follow from this list. */
+#define TM_ARCH_LIST(X)                                                                            \
+    X(LLAMA, "llama", tm_arch_llama)                                                               \
+    X(QWEN2, "qwen2", tm_arch_qwen2)                                                               \
+    X(MISTRAL, "mistral", tm_arch_mistral)                                                         \
+    X(DEEPSEEK_V4, "deepseek_v4", tm_arch_dsv4)
+
 typedef enum tm_arch {
-    TM_ARCH_LLAMA = 0,
-    TM_ARCH_QWEN2,
-    TM_ARCH_MISTRAL,
-    TM_ARCH_DEEPSEEK_V4, /* DeepseekV4ForCausalLM: config and weights in runner/model/model_dsv4.h
-                          */
+#define TM_ARCH_ENUM(e, name, ops) TM_ARCH_##e,
+    TM_ARCH_LIST(TM_ARCH_ENUM)
+#undef TM_ARCH_ENUM
+        TM_ARCH_COUNT /* not an architecture: the number of them */
 } tm_arch;
 
 typedef enum tm_rope_type {
@@ -77,8 +85,10 @@ typedef struct tm_model {
     tm_tensor lm_head;  /* [n_vocab][n_embd]; equals embd when tied */
     tm_layer_w *layers; /* owned array of n_layer (unused for DeepSeek-V4) */
     void *impl;         /* owned mappings */
-    void *arch_w;       /* owned arch-specific config + weights: tm_dsv4 (runner/model/model_dsv4.h)
-                         * for TM_ARCH_DEEPSEEK_V4, NULL otherwise */
+    void *arch_w;       /* owned arch-specific config + weights, made by its tm_arch_ops
+                         * (runner/model/arch.h) config_parse and freed by its destroy: tm_dsv4
+                         * (runner/model/model_dsv4.h) for TM_ARCH_DEEPSEEK_V4, NULL for the
+                         * Llama family */
     void *qbuf;         /* owned: the codes and scales of weights quantized at load
                          * (tm_model_quantize_fp8), which the linears' views point into; else NULL */
 } tm_model;

@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "runner/engine/cpu/arch.h"
 #include "runner/engine/cpu/ops.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/model_dsv4.h"
@@ -157,10 +158,16 @@ static void dsv4_destroy(tm_engine *eng);
 static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
 static tm_rc dsv4_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
+static void dsv4_draft_info(const tm_engine *eng, tm_engine_draft_info *info);
+
 static const tm_engine_ops dsv4_ops = {
     .name = "cpu",
+    .kv_auto = "f32",
     .forward = dsv4_forward,
     .kv_copy = dsv4_kv_copy,
+    .draft_info = dsv4_draft_info,
+    .hidden = tm_dsv4_hidden,
+    .draft = tm_dsv4_mtp_forward,
     .destroy = dsv4_destroy,
 };
 
@@ -1403,6 +1410,15 @@ static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_se
     return TM_OK;
 }
 
+// The MTP layer as the engine's drafter (engine.h): one token per row, on the final streams.
+static void dsv4_draft_info(const tm_engine *eng, tm_engine_draft_info *info) {
+    const uint32_t width = tm_dsv4_mtp_width(eng);
+    *info = (tm_engine_draft_info){.kind = width ? TM_DRAFT_MTP : TM_DRAFT_NONE,
+                                   .width = width,
+                                   .n_src_layer = width ? 1 : 0,
+                                   .n_out = width ? 1 : 0};
+}
+
 typedef struct mtp_job {
     const tm_dsv4_mtp_seq *seqs;
     uint32_t n_seq;
@@ -1430,3 +1446,10 @@ tm_rc tm_dsv4_mtp_forward(tm_engine *eng, const tm_dsv4_mtp_seq *seqs, uint32_t 
     dsv4_eng *e = eng->impl;
     return mtp_forward(e, seqs, n_seq, logits, e->sh.n_vocab, streams_out, err);
 }
+
+const tm_cpu_arch tm_cpu_arch_dsv4 = {
+    .name = "deepseek_v4",
+    // auto, or fp8 by its own tile-scaled rule (tm_dsv4_fp8_kv_row)
+    .kv_dtypes = TM_CPU_KV(TM_KV_DTYPE_AUTO) | TM_CPU_KV(TM_KV_DTYPE_FP8),
+    .create = tm_dsv4_engine_create,
+};

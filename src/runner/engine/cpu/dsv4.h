@@ -64,26 +64,10 @@ const float *tm_dsv4_state(const tm_engine *eng, uint32_t il, tm_dsv4_part part,
 
 /* ---- MTP (multi-token prediction; docs/deepseek_v4.md "MTP") ---- */
 
-/* One sequence's rows of an MTP step. Row i is position pos + i: the main
- * model's final hyper-connection streams there (hidden: what produced the
- * main logits of that position) and next[i], the token at position pos + i + 1
- * (the main model's pick there, or the prompt's next token); the row's draft
- * logits guess the token at pos + i + 2. The MTP layer keeps its own sliding-
- * window (and, for a compressed MTP layer, compressor) state in the same KV
- * blocks, so like a main forward the rows of a sequence must come in position
- * order from 0 without gaps (prefill rows included) and may be chunked. */
-typedef struct tm_dsv4_mtp_seq {
-    const float *hidden;         /* [n_tok][hc_mult * n_embd] streams, borrowed for the call */
-    const float *block_in;       /* NULL; or (tests) [n_tok][hc_mult * n_embd] the MTP block's input
-                                    streams themselves, skipping enorm/hnorm/e_proj/h_proj (hidden and
-                                    next then only feed hash routing: next must still be valid) */
-    const uint32_t *next;        /* [n_tok] token ids, borrowed for the call */
-    uint32_t n_tok;              /* >= 1 */
-    uint32_t pos;                /* position of row 0 */
-    const uint32_t *block_table; /* block ids covering positions [0, pos + n_tok) */
-    uint32_t n_block;
-    int want_logits; /* 1: draft logits for the last row */
-} tm_dsv4_mtp_seq;
+/* One sequence's rows of an MTP step: tm_engine_draft_seq (runner/engine/engine.h), hidden
+ * being the main model's final hyper-connection streams ([n_tok][hc_mult * n_embd]). The engine's
+ * draft ops (draft_info, hidden, draft) are these functions. */
+typedef tm_engine_draft_seq tm_dsv4_mtp_seq;
 
 /* 1 when m is a DeepSeek-V4 model with an MTP layer, else 0. */
 int tm_dsv4_has_mtp(const tm_model *m);

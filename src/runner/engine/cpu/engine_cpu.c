@@ -20,7 +20,7 @@
 
 #include "base/alloc.h"
 #include "runner/engine/engine.h"
-#include "runner/engine/cpu/dsv4.h"
+#include "runner/engine/cpu/arch.h"
 #include "runner/engine/cpu/ops.h"
 #include "runner/tp/shard.h"
 #include "runner/engine/cpu/thread_pool.h"
@@ -104,6 +104,7 @@ static tm_rc cpu_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_
 
 static const tm_engine_ops cpu_ops = {
     .name = "cpu",
+    .kv_auto = "f32",
     .forward = cpu_forward,
     .kv_copy = cpu_kv_copy,
     .destroy = cpu_destroy,
@@ -448,15 +449,8 @@ static void *alloc_floats(size_t n, int *failed) {
     return p;
 }
 
-tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
-                           tm_err *err) {
-    if ((unsigned)opts->kv_dtype > TM_KV_DTYPE_FP8_HEAD ||
-        (m->cfg.arch == TM_ARCH_DEEPSEEK_V4 && opts->kv_dtype != TM_KV_DTYPE_AUTO &&
-         opts->kv_dtype != TM_KV_DTYPE_FP8)) // dsv4: auto or fp8 (its own tile-scaled rule)
-        return TM_ERR(err, TM_E_INVAL, "cpu engine: kv_cache_dtype %s not supported for %s",
-                      tm_kv_dtype_name(opts->kv_dtype), tm_model_arch_name(m));
-    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V4)
-        return tm_dsv4_engine_create(m, opts, out, err); // runner/engine/cpu/dsv4.c
+static tm_rc llama_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
+                          tm_err *err) {
     if (!opts->block_size || !opts->n_kv_block || !opts->max_seqs || !opts->max_batched_tokens)
         return TM_ERR(err, TM_E_INVAL,
                       "cpu engine: block_size, n_kv_block, max_seqs and max_batched_tokens must "
@@ -618,3 +612,10 @@ static void cpu_destroy(tm_engine *eng) {
     tm_shard_destroy(impl->shard);
     tm_free(impl);
 }
+
+const tm_cpu_arch tm_cpu_arch_llama = {
+    .name = "llama",
+    .kv_dtypes = TM_CPU_KV(TM_KV_DTYPE_AUTO) | TM_CPU_KV(TM_KV_DTYPE_FP8) |
+                 TM_CPU_KV(TM_KV_DTYPE_BF16) | TM_CPU_KV(TM_KV_DTYPE_FP8_HEAD),
+    .create = llama_create,
+};

@@ -173,10 +173,38 @@ static void tp_destroy(tm_engine *eng) {
     tm_free(tp);
 }
 
+// The drafter ops go to rank 0's engine, handed this engine (engine.h: its ops accept it and
+// run every rank through tm_engine_cpu_tp_run where the drafter is split).
+static void tp_draft_info(const tm_engine *eng, tm_engine_draft_info *info) {
+    const tp_impl *tp = eng->impl;
+    const tm_engine_ops *r0 = tp->ranks[0]->ops;
+    *info = (tm_engine_draft_info){TM_DRAFT_NONE, 0, 0, 0};
+    if (r0->draft_info && r0->hidden && r0->draft)
+        r0->draft_info(eng, info);
+}
+
+static const float *tp_hidden(const tm_engine *eng, uint32_t *n_tok) {
+    const tp_impl *tp = eng->impl;
+    *n_tok = 0;
+    return tp->ranks[0]->ops->hidden ? tp->ranks[0]->ops->hidden(eng, n_tok) : NULL;
+}
+
+static tm_rc tp_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq,
+                      float *logits, float *hidden_out, tm_err *err) {
+    const tp_impl *tp = eng->impl;
+    if (!tp->ranks[0]->ops->draft)
+        return TM_ERR(err, TM_E_INVAL, "tp engine: the model has no drafter");
+    return tp->ranks[0]->ops->draft(eng, seqs, n_seq, logits, hidden_out, err);
+}
+
 static const tm_engine_ops tp_ops = {
     .name = "cpu-tp",
+    .kv_auto = "f32",
     .forward = tp_forward,
     .kv_copy = tp_kv_copy,
+    .draft_info = tp_draft_info,
+    .hidden = tp_hidden,
+    .draft = tp_draft,
     .destroy = tp_destroy,
 };
 

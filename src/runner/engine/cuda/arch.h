@@ -3,7 +3,8 @@
  * pool, the logits head, tensor parallel through tp_driver.c) knows nothing of a model's layers;
  * everything that does is one tm_cuda_arch table and the file behind it. The runtime picks the
  * table by tm_model_cfg.arch (Llama, Qwen2, Mistral: tm_cuda_arch_llama, llama.c); a new
- * architecture is one new file with its table, its kernels, and one line in the runtime's pick.
+ * architecture is one new file with its table, its kernels, and one line in the runtime's
+ * cuda_archs.
  *
  * Contract with the runtime (in call order during create):
  *   check_cfg, check_weights (single GPU, from a checkpoint only), shard_cfg (tp > 1),

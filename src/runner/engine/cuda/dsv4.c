@@ -42,9 +42,10 @@
 #include "kernels/rmsnorm.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
+#include "runner/engine/cuda/weights.h"
 #include "runner/model/model_dsv4.h"
 
-#define UPLOAD_CHUNK ((size_t)1 << 22)
+#define UPLOAD_CHUNK TM_CUDA_UPLOAD_CHUNK
 
 /* State field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
 typedef struct dfield {
@@ -418,38 +419,12 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
 
 /* ---- weights ---- */
 
-static tm_rc h2d(void *dst, const void *src, size_t n, tm_err *err) {
-    return TM_CUDA_CHECK(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice), err);
-}
-
-/* t (any dtype; quantized: dequantized row by row) as bf16 rows at dst. */
-static tm_rc up_bf16(uint16_t *dst, const tm_tensor *t, uint16_t *stage, float *fb, tm_err *err) {
-    const size_t n = (size_t)tm_tensor_n_elem(t), C = t->shape[t->n_dim - 1];
-    if (!t->quant && t->dtype == TM_DTYPE_BF16)
-        return h2d(dst, t->data, n * 2, err);
-    const size_t rows_per = TM_MAX((size_t)1, UPLOAD_CHUNK / C);
-    for (size_t r0 = 0; r0 < n / C; r0 += rows_per) {
-        const size_t nr = TM_MIN(rows_per, n / C - r0);
-        if (t->quant)
-            for (size_t r = 0; r < nr; r++)
-                tm_tensor_row_f32(t, r0 + r, fb + r * C);
-        else
-            tm_dtype_to_f32(t->data, t->dtype, r0 * C, nr * C, fb);
-        for (size_t i = 0; i < nr * C; i++)
-            stage[i] = tm_f32_to_bf16(fb[i]);
-        tm_rc rc = h2d(dst + r0 * C, stage, nr * C * 2, err);
-        if (rc)
-            return rc;
-    }
-    return TM_OK;
-}
-
 static tm_rc up_f32(float *dst, const tm_tensor *t, float *fb, tm_err *err) {
     const size_t n = (size_t)tm_tensor_n_elem(t);
     TM_ASSERT(n <= UPLOAD_CHUNK);
     for (size_t i = 0; i < n; i++)
         fb[i] = tm_tensor_get_f32(t, i);
-    return h2d(dst, fb, n * 4, err);
+    return tm_cuda_h2d(dst, fb, n * 4, err);
 }
 
 /* A large fp32 matrix (hyper-connection fn) in chunks. */
@@ -458,7 +433,7 @@ static tm_rc up_f32_big(float *dst, const tm_tensor *t, float *fb, tm_err *err) 
     for (size_t i = 0; i < n; i += UPLOAD_CHUNK) {
         const size_t k = TM_MIN(UPLOAD_CHUNK, n - i);
         tm_dtype_to_f32(t->data, t->dtype, i, k, fb);
-        tm_rc rc = h2d(dst + i, fb, k * 4, err);
+        tm_rc rc = tm_cuda_h2d(dst + i, fb, k * 4, err);
         if (rc)
             return rc;
     }
@@ -474,13 +449,13 @@ static tm_rc up_q8(const dq8 *q, const tm_tensor *t, const tm_tensor *t2, float 
         const tm_tensor *x = parts[k];
         const size_t R = x->shape[0], C = x->shape[1];
         const size_t gr = TM_CEIL_DIV(R, (size_t)128), gc = TM_CEIL_DIV(C, (size_t)128);
-        rc = h2d(q->w + row * C, x->data, R * C, err);
+        rc = tm_cuda_h2d(q->w + row * C, x->data, R * C, err);
         if (!rc && q->sk == TM_K_FP8_BLOCK_E8M0) {
-            rc = h2d((uint8_t *)q->scale + srow * gc, x->scale, gr * gc, err);
+            rc = tm_cuda_h2d((uint8_t *)q->scale + srow * gc, x->scale, gr * gc, err);
         } else if (!rc) {
             TM_ASSERT(gr * gc <= UPLOAD_CHUNK);
             tm_dtype_to_f32(x->scale, (tm_dtype)x->scale_dtype, 0, gr * gc, fb);
-            rc = h2d((float *)q->scale + srow * gc, fb, gr * gc * 4, err);
+            rc = tm_cuda_h2d((float *)q->scale + srow * gc, fb, gr * gc * 4, err);
         }
         row += R, srow += gr;
     }
@@ -488,8 +463,8 @@ static tm_rc up_q8(const dq8 *q, const tm_tensor *t, const tm_tensor *t2, float 
 }
 
 static tm_rc upload_inv_freq(dsv4 *g, tm_err *err) {
-    tm_rc rc = h2d(g->inv_main, g->d.rope_main.inv_freq, 512 * 4, err);
-    return rc ? rc : h2d(g->inv_comp, g->d.rope_compress.inv_freq, 512 * 4, err);
+    tm_rc rc = tm_cuda_h2d(g->inv_main, g->d.rope_main.inv_freq, 512 * 4, err);
+    return rc ? rc : tm_cuda_h2d(g->inv_comp, g->d.rope_compress.inv_freq, 512 * 4, err);
 }
 
 static tm_rc upload_iota(tm_cuda_engine *impl, dsv4 *g, float *fb, tm_err *err) {
@@ -500,7 +475,7 @@ static tm_rc upload_iota(tm_cuda_engine *impl, dsv4 *g, float *fb, tm_err *err) 
         const size_t k = TM_MIN(UPLOAD_CHUNK, P - i);
         for (size_t j = 0; j < k; j++)
             u[j] = (uint32_t)(i + j);
-        rc = h2d(g->iota + i, u, k * 4, err);
+        rc = tm_cuda_h2d(g->iota + i, u, k * 4, err);
     }
     return rc;
 }
@@ -518,9 +493,10 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     if (!rc)
         rc = upload_iota(impl, g, fb, err);
     if (!rc)
-        rc = up_bf16(g->embd, &m->embd, stage, fb, err);
+        rc = tm_cuda_upload_bf16(g->embd, &m->embd, stage, fb, err);
     if (!rc && !c->tie_embd)
-        rc = up_bf16(g->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, stage, fb, err);
+        rc = tm_cuda_upload_bf16(g->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, stage, fb,
+                                 err);
     if (!rc)
         rc = up_f32(g->out_norm, &m->out_norm, fb, err);
     if (!rc)
@@ -575,7 +551,7 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
                    {L->sh_down, &W->sh_down}};
         for (size_t i = 0; !rc && i < sizeof(lin) / sizeof(lin[0]); i++)
             if (lin[i].dst)
-                rc = up_bf16(lin[i].dst, lin[i].t, stage, fb, err);
+                rc = tm_cuda_upload_bf16(lin[i].dst, lin[i].t, stage, fb, err);
         const tm_tensor *q8t[Q8_N][2] = {{&W->q_a, NULL},          {&W->q_b, NULL},
                                          {&W->kv, NULL},           {&W->o_b, NULL},
                                          {&W->sh_gate, &W->sh_up}, {&W->sh_down, NULL}};
@@ -592,7 +568,7 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
                 u[i] = v >= 0.0f && v < (float)g->E ? (int32_t)v : 0;
             }
             if (!rc)
-                rc = h2d(L->tid2eid, u, n * 4, err);
+                rc = tm_cuda_h2d(L->tid2eid, u, n * 4, err);
             tm_free(u);
         }
         if (!rc && g->mxfp4) {
@@ -601,14 +577,14 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             uint8_t *ds[2] = {L->gu_s, L->dn_s};
             for (int i = 0; !rc && i < 2; i++) {
                 const size_t n = (size_t)tm_tensor_n_elem(t2[i]);
-                rc = h2d(dw[i], t2[i]->data, n / 2, err);
+                rc = tm_cuda_h2d(dw[i], t2[i]->data, n / 2, err);
                 if (!rc)
-                    rc = h2d(ds[i], t2[i]->scale, n / 32, err);
+                    rc = tm_cuda_h2d(ds[i], t2[i]->scale, n / 32, err);
             }
         } else if (!rc) {
-            rc = up_bf16(L->gu_w, &W->gate_up, stage, fb, err);
+            rc = tm_cuda_upload_bf16(L->gu_w, &W->gate_up, stage, fb, err);
             if (!rc)
-                rc = up_bf16(L->dn_w, &W->down, stage, fb, err);
+                rc = tm_cuda_upload_bf16(L->dn_w, &W->down, stage, fb, err);
         }
     }
     tm_free(stage);
@@ -617,31 +593,6 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
 }
 
 /* ---- random weights (benchmarks) ---- */
-
-static tm_rc fill_mat(tm_cuda_engine *impl, uint16_t *p, size_t n_out, size_t n_in, uint64_t seed,
-                      tm_err *err) {
-    tm_k_fill_bf16_args fa = {.p = p,
-                              .n = n_out * n_in,
-                              .seed = seed,
-                              .scale = sqrtf(3.0f / (float)n_in),
-                              .offset = 0.0f};
-    return tm_k_fill_bf16(&fa, impl->stream, err);
-}
-
-static tm_rc fill_vec(float *dst, size_t n, uint64_t seed, float scale, float offset, float *fb,
-                      tm_err *err) {
-    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-    tm_rc rc = TM_OK;
-    for (size_t i0 = 0; !rc && i0 < n; i0 += UPLOAD_CHUNK) {
-        const size_t k = TM_MIN(UPLOAD_CHUNK, n - i0);
-        for (size_t i = 0; i < k; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            fb[i] = offset + scale * (float)((double)(s >> 11) * 0x1p-52 - 1.0);
-        }
-        rc = h2d(dst + i0, fb, k * 4, err);
-    }
-    return rc;
-}
 
 /* Random MXFP4 experts: bytes from the e4m3 fill (every nibble is a valid e2m1 code), scales a
  * power of two near 1 / (3 sqrt(n_in)) (e2m1 codes have an rms of about 3). */
@@ -669,7 +620,7 @@ static tm_rc fill_q8(tm_cuda_engine *impl, const dq8 *q, uint16_t *bf, uint64_t 
         rc = TM_CUDA_CHECK(cudaMemsetAsync(q->scale, 127 + (int)ceilf(log2f(s0)), sb, impl->stream),
                            err);
     else if (!rc)
-        rc = fill_vec(q->scale, sb / 4, seed, 0.1f * s0, s0, fb, err);
+        rc = tm_cuda_fill_f32(q->scale, sb / 4, seed, 0.1f * s0, s0, fb, err);
     tm_k_dequant_fp8_args da = {.out = bf,
                                 .w = q->w,
                                 .scale = q->scale,
@@ -693,17 +644,17 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
     if (!rc)
         rc = upload_iota(impl, g, fb, err);
     if (!rc)
-        rc = fill_mat(impl, g->embd, c->n_vocab, D, k++, err);
+        rc = tm_cuda_fill_bf16(impl, g->embd, c->n_vocab, D, k++, err);
     if (!rc && !c->tie_embd)
-        rc = fill_mat(impl, g->lm_head, c->n_vocab, D, k++, err);
+        rc = tm_cuda_fill_bf16(impl, g->lm_head, c->n_vocab, D, k++, err);
     if (!rc)
-        rc = fill_vec(g->out_norm, D, k++, 0.1f, 1.0f, fb, err);
+        rc = tm_cuda_fill_f32(g->out_norm, D, k++, 0.1f, 1.0f, fb, err);
     if (!rc)
-        rc = fill_vec(g->hc_fn, g->N * ND, k++, 1.0f / sqrtf((float)ND), 0.0f, fb, err);
+        rc = tm_cuda_fill_f32(g->hc_fn, g->N * ND, k++, 1.0f / sqrtf((float)ND), 0.0f, fb, err);
     if (!rc)
-        rc = fill_vec(g->hc_base, g->N, k++, 0.5f, 0.0f, fb, err);
+        rc = tm_cuda_fill_f32(g->hc_base, g->N, k++, 0.5f, 0.0f, fb, err);
     if (!rc)
-        rc = fill_vec(g->hc_scale, 1, k++, 0.1f, 1.0f, fb, err);
+        rc = tm_cuda_fill_f32(g->hc_scale, 1, k++, 0.1f, 1.0f, fb, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         dlayer *L = &g->L[l];
         const struct {
@@ -728,7 +679,7 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
                  {L->router_bias, E, 0.1f, 0.0f}};
         for (size_t i = 0; !rc && i < sizeof(v) / sizeof(v[0]); i++)
             if (v[i].p)
-                rc = fill_vec(v[i].p, v[i].n, k++, v[i].sc, v[i].off, fb, err);
+                rc = tm_cuda_fill_f32(v[i].p, v[i].n, k++, v[i].sc, v[i].off, fb, err);
         const struct {
             uint16_t *p;
             size_t n_out, n_in;
@@ -746,7 +697,7 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
                  {L->sh_down, D, I}};
         for (size_t i = 0; !rc && i < sizeof(m) / sizeof(m[0]); i++)
             if (m[i].p)
-                rc = fill_mat(impl, m[i].p, m[i].n_out, m[i].n_in, k++, err);
+                rc = tm_cuda_fill_bf16(impl, m[i].p, m[i].n_out, m[i].n_in, k++, err);
         uint16_t *q8bf[Q8_N] = {L->q_a, L->q_b, L->kv, L->o_b, L->sh_gu, L->sh_down};
         for (int i = 0; !rc && i < Q8_N; i++)
             if (L->q8[i].on)
@@ -756,9 +707,9 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
             if (!rc)
                 rc = fill_mxfp4(impl, L->dn_w, L->dn_s, E * D * I, I, k++, err);
         } else if (!rc) {
-            rc = fill_mat(impl, L->gu_w, E * 2 * I, D, k++, err);
+            rc = tm_cuda_fill_bf16(impl, L->gu_w, E * 2 * I, D, k++, err);
             if (!rc)
-                rc = fill_mat(impl, L->dn_w, E * D, I, k++, err);
+                rc = tm_cuda_fill_bf16(impl, L->dn_w, E * D, I, k++, err);
         }
         if (!rc && L->tid2eid) {
             const size_t n = (size_t)c->n_vocab * g->K;
@@ -769,7 +720,7 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
                     const size_t t = (i0 + i) / g->K, j = (i0 + i) % g->K;
                     u[i] = (int32_t)((t * 2654435761u + j) % E); // distinct within a token
                 }
-                rc = h2d(L->tid2eid + i0, u, kk * 4, err);
+                rc = tm_cuda_h2d(L->tid2eid + i0, u, kk * 4, err);
             }
         }
     }
@@ -787,18 +738,16 @@ static tm_rc blas_rc(cublasStatus_t st, const char *what, tm_err *err) {
                                                 cublasGetStatusString(st));
 }
 
-/* y[T][n_out] (row stride ldy, fp32 or bf16) = x[T][n_in] (row stride ldx) @ w[n_out][n_in]^T. */
+/* y[T][n_out] (row stride ldy, fp32 or bf16) = x[T][n_in] (row stride ldx) @ w[n_out][n_in]^T:
+ * the runtime's cuBLAS GEMM (engine_cuda_int.h), marked as op what. */
 static tm_rc gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
                   uint32_t ldx, void *y, int y_bf16, uint32_t ldy, uint32_t T, uint32_t n_in,
                   uint32_t n_out, tm_err *err) {
     if (!T)
-        return TM_OK;
-    const float alpha = 1.0f, beta = 0.0f;
-    cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)T,
-                                     (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x, CUDA_R_16BF,
-                                     (int)ldx, &beta, y, y_bf16 ? CUDA_R_16BF : CUDA_R_32F,
-                                     (int)ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return tm_cuda_op_end(impl, what, blas_rc(st, what, err));
+        return TM_OK; // nothing launched, nothing marked
+    return tm_cuda_op_end(
+        impl, what,
+        tm_cuda_gemm(impl, what, w, x, ldx, y, !y_bf16, ldy, T, n_in, n_out, 0.0f, err));
 }
 
 /* y[T][n_out] fp32 (row stride n_out) = x (row stride n_in) @ linear i of layer L: the FP8 decode
@@ -1096,6 +1045,46 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
     return rc;
 }
 
+/* One projection of the routed experts over the step's P = T * K (token, expert) pairs: out
+ * [P][n_out] (MXFP4: n_split split-K partials of k_per_split inputs, in TM_MOE_MAX_PAIRS chunks of
+ * pairs; bf16: one pass) = x rows pair_row[p] @ expert pair_e[p]'s w (and scale, MXFP4). */
+static tm_rc experts(tm_cuda_engine *impl, dsv4 *g, float *out, const void *w, const uint8_t *scale,
+                     const uint16_t *x, const uint32_t *pair_row, uint32_t n_in, uint32_t n_out,
+                     uint32_t n_split, uint32_t k_per_split, uint32_t T, tm_err *err) {
+    cudaStream_t s = impl->stream;
+    const uint32_t P = T * g->K;
+    tm_rc rc = TM_OK;
+    if (g->mxfp4) {
+        for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
+            const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
+            tm_k_moe_mxfp4_args ma = {.part = out + (size_t)c0 * n_out,
+                                      .w = w,
+                                      .scale = scale,
+                                      .x = x,
+                                      .pair_expert = g->pair_e + c0,
+                                      .pair_row = pair_row + c0,
+                                      .n_pair = n,
+                                      .n_expert = g->E,
+                                      .max_pair_per_expert = TM_MIN(T, n),
+                                      .n_in = n_in,
+                                      .n_out = n_out,
+                                      .n_split = n_split,
+                                      .k_per_split = k_per_split};
+            rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
+        }
+        return rc;
+    }
+    tm_k_dsv4_moe_bf16_args ma = {.out = out,
+                                  .w = w,
+                                  .x = x,
+                                  .pair_e = g->pair_e,
+                                  .pair_row = pair_row,
+                                  .n_pair = P,
+                                  .n_out = n_out,
+                                  .n_in = n_in};
+    return OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
+}
+
 static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_step *st,
                        tm_err *err) {
     const dlayer *L = &g->L[l];
@@ -1130,35 +1119,9 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
         kdn = TM_CEIL_DIV(TM_CEIL_DIV(I, ms), 128u) * 128;
     }
     const uint32_t ns_gu = TM_CEIL_DIV(D, kgu), ns_dn = TM_CEIL_DIV(I, kdn);
-    if (!rc && g->mxfp4) {
-        for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
-            const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
-            tm_k_moe_mxfp4_args ma = {.part = g->gu + (size_t)c0 * 2 * I,
-                                      .w = L->gu_w,
-                                      .scale = L->gu_s,
-                                      .x = g->h,
-                                      .pair_expert = g->pair_e + c0,
-                                      .pair_row = g->pair_row + c0,
-                                      .n_pair = n,
-                                      .n_expert = E,
-                                      .max_pair_per_expert = TM_MIN(T, n),
-                                      .n_in = D,
-                                      .n_out = 2 * I,
-                                      .n_split = ns_gu,
-                                      .k_per_split = kgu};
-            rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
-        }
-    } else if (!rc) {
-        tm_k_dsv4_moe_bf16_args ma = {.out = g->gu,
-                                      .w = L->gu_w,
-                                      .x = g->h,
-                                      .pair_e = g->pair_e,
-                                      .pair_row = g->pair_row,
-                                      .n_pair = P,
-                                      .n_out = 2 * I,
-                                      .n_in = D};
-        rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
-    }
+    if (!rc)
+        rc = experts(impl, g, g->gu, L->gu_w, L->gu_s, g->h, g->pair_row, D, 2 * I, ns_gu, kgu, T,
+                     err);
     tm_k_dsv4_swiglu_args sw = {.act = g->act,
                                 .gu = g->gu,
                                 .stride = (size_t)P * 2 * I,
@@ -1168,35 +1131,8 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                 .limit = g->d.swiglu_limit};
     if (!rc)
         rc = OP("swiglu", tm_k_dsv4_swiglu(&sw, s, err));
-    if (!rc && g->mxfp4) {
-        for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
-            const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
-            tm_k_moe_mxfp4_args ma = {.part = g->dn + (size_t)c0 * D,
-                                      .w = L->dn_w,
-                                      .scale = L->dn_s,
-                                      .x = g->act,
-                                      .pair_expert = g->pair_e + c0,
-                                      .pair_row = g->iota + c0,
-                                      .n_pair = n,
-                                      .n_expert = E,
-                                      .max_pair_per_expert = TM_MIN(T, n),
-                                      .n_in = I,
-                                      .n_out = D,
-                                      .n_split = ns_dn,
-                                      .k_per_split = kdn};
-            rc = OP("experts", tm_k_moe_mxfp4(&ma, s, err));
-        }
-    } else if (!rc) {
-        tm_k_dsv4_moe_bf16_args ma = {.out = g->dn,
-                                      .w = L->dn_w,
-                                      .x = g->act,
-                                      .pair_e = g->pair_e,
-                                      .pair_row = g->iota,
-                                      .n_pair = P,
-                                      .n_out = D,
-                                      .n_in = I};
-        rc = OP("experts", tm_k_dsv4_moe_bf16(&ma, s, err));
-    }
+    if (!rc)
+        rc = experts(impl, g, g->dn, L->dn_w, L->dn_s, g->act, g->iota, I, D, ns_dn, kdn, T, err);
     // shared expert
     const float *xp = NULL;
     uint32_t np = 1;

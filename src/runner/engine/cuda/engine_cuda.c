@@ -63,17 +63,18 @@ typedef struct tm_cuda_samp {
 #define KV_HEADROOM_BYTES ((size_t)1 << 30)
 #define GPU_MEM_UTIL_DEFAULT 0.90f
 
+/* The CUDA engine's table of architectures (arch.h), indexed by tm_arch: one line per
+ * architecture. */
+static const tm_cuda_arch *const cuda_archs[TM_ARCH_COUNT] = {
+    [TM_ARCH_LLAMA] = &tm_cuda_arch_llama,
+    [TM_ARCH_QWEN2] = &tm_cuda_arch_llama,
+    [TM_ARCH_MISTRAL] = &tm_cuda_arch_llama,
+    [TM_ARCH_DEEPSEEK_V4] = &tm_cuda_arch_dsv4,
+};
+
 /* The architecture table of a model, or NULL when the CUDA engine has none for it. */
 static const tm_cuda_arch *pick_arch(tm_arch arch) {
-    switch (arch) {
-    case TM_ARCH_LLAMA:
-    case TM_ARCH_QWEN2:
-    case TM_ARCH_MISTRAL:
-        return &tm_cuda_arch_llama;
-    case TM_ARCH_DEEPSEEK_V4:
-        return &tm_cuda_arch_dsv4;
-    }
-    return NULL;
+    return (unsigned)arch < TM_ARCH_COUNT ? cuda_archs[arch] : NULL;
 }
 
 /* Offsets (in uint32) of the step metadata arrays for T tokens, S sequences and W wanted rows
@@ -105,6 +106,7 @@ static tm_rc cuda_forward_sample(tm_engine *eng, const tm_batch *b, uint32_t n_v
 
 static const tm_engine_ops cuda_ops = {
     .name = "cuda",
+    .kv_auto = "bf16",
     .forward = cuda_forward,
     .forward_greedy = cuda_forward_greedy,
     .forward_sample = cuda_forward_sample,
@@ -155,18 +157,18 @@ static tm_rc blas_check(cublasStatus_t st, const char *what, tm_err *err) {
     return TM_ERR(err, TM_E_CUDA, "cuda engine: %s: %s", what, cublasGetStatusString(st));
 }
 
-/* y[n_tok][n_out] (fp32 or bf16, row stride n_out) = x[n_tok][n_in] @ w[n_out][n_in]^T
- * + beta * y. Row-major y^T = w x^T in cuBLAS's column-major terms. */
-static tm_rc gemm(tm_cuda_engine *impl, const uint16_t *w, const uint16_t *x, void *y, int y_f32,
-                  uint32_t n_tok, uint32_t n_in, uint32_t n_out, float beta, tm_err *err) {
+tm_rc tm_cuda_gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
+                   uint32_t ldx, void *y, int y_f32, uint32_t ldy, uint32_t n_tok, uint32_t n_in,
+                   uint32_t n_out, float beta, tm_err *err) {
     if (n_tok == 0)
         return TM_OK;
     const float alpha = 1.0f;
+    // Row-major y^T = w x^T in cuBLAS's column-major terms.
     cublasStatus_t st = cublasGemmEx(impl->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)n_out, (int)n_tok,
                                      (int)n_in, &alpha, w, CUDA_R_16BF, (int)n_in, x, CUDA_R_16BF,
-                                     (int)n_in, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF,
-                                     (int)n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    return blas_check(st, "cublasGemmEx", err);
+                                     (int)ldx, &beta, y, y_f32 ? CUDA_R_32F : CUDA_R_16BF, (int)ldy,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return blas_check(st, what, err);
 }
 
 /* The TM_CUDA_ABLATE names of the TM_CUDA_ABL_* kinds (engine_cuda_int.h). */
@@ -206,7 +208,9 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
         return TM_CUDA_OP(impl, abl, what, tm_k_gemm_skinny(&ga, impl->stream, err));
     }
     *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
-    return TM_CUDA_OP(impl, abl, what, gemm(impl, w, x, dst, 1, T, n_in, n_out, beta, err));
+    return TM_CUDA_OP(
+        impl, abl, what,
+        tm_cuda_gemm(impl, "cublasGemmEx", w, x, n_in, dst, 1, n_out, T, n_in, n_out, beta, err));
 }
 
 void tm_cuda_prof_mark(tm_cuda_engine *impl, const char *what) {

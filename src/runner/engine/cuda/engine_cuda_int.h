@@ -150,6 +150,13 @@ struct tm_cuda_engine {
     struct tm_cuda_samp *samp; /* owned device sampler state (engine_cuda.c); NULL with TP */
 };
 
+/* y[n_tok][n_out] (fp32 with y_f32, else bf16; row stride ldy) = x[n_tok][n_in] (bf16, row stride
+ * ldx) @ w[n_out][n_in]^T (bf16) + beta * y, by cuBLAS on impl's stream (fp32 accumulation).
+ * TM_E_CUDA "cuda engine: <what>: <cuBLAS status>". n_tok 0 launches nothing. */
+tm_rc tm_cuda_gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
+                   uint32_t ldx, void *y, int y_f32, uint32_t ldy, uint32_t n_tok, uint32_t n_in,
+                   uint32_t n_out, float beta, tm_err *err);
+
 /* y = x[T][n_in] @ w[n_out][n_in]^T (bf16 in, fp32 out). Steps of at most sk_max_tok tokens
  * (decode) use the tensor-core skinny kernel: split-K partials in sk_part (or straight into dst
  * when the plan has one split and beta is 0), which the consumer sums; beta is then NOT applied

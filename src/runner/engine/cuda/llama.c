@@ -55,12 +55,13 @@
 #include "runner/engine/cuda/lt_fp8.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
+#include "runner/engine/cuda/weights.h"
 #include "runner/tp/shard.h"
 
-#define ATTN_PART_HEADS 4096           /* (token, head, split) partials the attention may use */
-#define UPLOAD_CHUNK ((size_t)1 << 22) /* elements converted per host staging pass */
-#define LT_WS_BYTES ((size_t)32 << 20) /* cuBLASLt workspace */
-#define FP8_BLOCK 128                  /* the block side of kernels/gemm_quant.h */
+#define ATTN_PART_HEADS 4096              /* (token, head, split) partials the attention may use */
+#define UPLOAD_CHUNK TM_CUDA_UPLOAD_CHUNK /* elements converted per host staging pass */
+#define LT_WS_BYTES ((size_t)32 << 20)    /* cuBLASLt workspace */
+#define FP8_BLOCK 128                     /* the block side of kernels/gemm_quant.h */
 
 /* A linear (or a fused group of them) on the device: bf16 rows, or e4m3 rows with scales in the
  * layouts of kernels/gemm_quant.h. fp8 and sk are set at init, the rest at carve. */
@@ -506,24 +507,6 @@ static void lt_setup(tm_cuda_engine *impl, llama *lm) {
 
 /* ---- weights ---- */
 
-/* Copy rows [0, n_row) of t (any dtype) to dst as bf16, converting on the host in chunks. */
-static tm_rc upload_bf16(uint16_t *dst, const tm_tensor *t, uint16_t *stage, tm_err *err) {
-    const size_t n = (size_t)tm_tensor_n_elem(t);
-    if (t->dtype == TM_DTYPE_BF16)
-        return TM_CUDA_CHECK(cudaMemcpy(dst, t->data, n * 2, cudaMemcpyHostToDevice), err);
-    float *f = (float *)(stage + UPLOAD_CHUNK); // stage holds UPLOAD_CHUNK bf16 + floats
-    for (size_t i = 0; i < n; i += UPLOAD_CHUNK) {
-        const size_t k = TM_MIN((size_t)UPLOAD_CHUNK, n - i);
-        tm_dtype_to_f32(t->data, t->dtype, i, k, f);
-        for (size_t j = 0; j < k; j++)
-            stage[j] = tm_f32_to_bf16(f[j]);
-        tm_rc rc = TM_CUDA_CHECK(cudaMemcpy(dst + i, stage, k * 2, cudaMemcpyHostToDevice), err);
-        if (rc)
-            return rc;
-    }
-    return TM_OK;
-}
-
 /* Copy t (a small vector, any dtype) to dst as fp32. */
 static tm_rc upload_f32(float *dst, const tm_tensor *t, uint16_t *stage, tm_err *err) {
     const size_t n = (size_t)tm_tensor_n_elem(t);
@@ -533,11 +516,12 @@ static tm_rc upload_f32(float *dst, const tm_tensor *t, uint16_t *stage, tm_err 
     return TM_CUDA_CHECK(cudaMemcpy(dst, f, n * sizeof(float), cudaMemcpyHostToDevice), err);
 }
 
-/* A checkpoint linear t into dst (t's format: lin_fmt): bf16 as upload_bf16; FP8 as its bytes,
- * its scales as fp32 (a per-tensor scale repeated per row) or, e8m0 block scales, as bytes. */
+/* A checkpoint linear t into dst (t's format: lin_fmt): bf16 as tm_cuda_upload_bf16; FP8 as its
+ * bytes, its scales as fp32 (a per-tensor scale repeated per row) or, e8m0 block scales, as bytes.
+ */
 static tm_rc upload_lin(const cuda_lin *dst, const tm_tensor *t, uint16_t *stage, tm_err *err) {
     if (!dst->fp8)
-        return upload_bf16(dst->w, t, stage, err);
+        return tm_cuda_upload_bf16(dst->w, t, stage, (float *)(stage + UPLOAD_CHUNK), err);
     TM_ASSERT(t->dtype == TM_DTYPE_F8_E4M3 && t->shape[0] == dst->n_out &&
               t->shape[1] == dst->n_in);
     tm_rc rc = TM_CUDA_CHECK(
@@ -581,9 +565,11 @@ static tm_rc upload_weights(tm_cuda_engine *impl, llama *lm, const tm_model *m, 
     uint16_t *stage = tm_malloc(UPLOAD_CHUNK * (sizeof(uint16_t) + sizeof(float)));
     if (!stage)
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: upload staging buffer");
-    tm_rc rc = upload_bf16(lm->embd, &m->embd, stage, err);
+    float *fb = (float *)(stage + UPLOAD_CHUNK);
+    tm_rc rc = tm_cuda_upload_bf16(lm->embd, &m->embd, stage, fb, err);
     if (!rc && !c->tie_embd)
-        rc = upload_bf16(lm->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, stage, err);
+        rc = tm_cuda_upload_bf16(lm->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, stage, fb,
+                                 err);
     if (!rc)
         rc = upload_f32(lm->out_norm, &m->out_norm, stage, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
@@ -647,32 +633,6 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     return rc;
 }
 
-static tm_rc fill_mat(tm_cuda_engine *impl, uint16_t *p, size_t n_out, size_t n_in, uint64_t seed,
-                      tm_err *err) {
-    // uniform [-a, a) has std a/sqrt(3); aim for std 1/sqrt(n_in)
-    tm_k_fill_bf16_args fa = {.p = p,
-                              .n = n_out * n_in,
-                              .seed = seed,
-                              .scale = sqrtf(3.0f / (float)n_in),
-                              .offset = 0.0f};
-    return tm_k_fill_bf16(&fa, impl->stream, err);
-}
-
-static tm_rc fill_vec_f32(float *dst, size_t n, uint64_t seed, float scale, float offset,
-                          tm_err *err) {
-    float *h = tm_malloc(n * sizeof(float));
-    if (!h)
-        return TM_ERR(err, TM_E_NOMEM, "cuda engine: %zu floats", n);
-    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-    for (size_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        h[i] = offset + scale * (float)((double)(s >> 11) * 0x1p-52 - 1.0);
-    }
-    tm_rc rc = TM_CUDA_CHECK(cudaMemcpy(dst, h, n * sizeof(float), cudaMemcpyHostToDevice), err);
-    tm_free(h);
-    return rc;
-}
-
 /* Random FP8 linear p (engine_cuda.h, tm_engine_cuda_create_random_fmt): e4m3 over the whole
  * range, scales s0 = sqrt(3 / n_in) / 448 with a +-10% spread (e8m0: the power of two at or
  * above s0). */
@@ -685,7 +645,7 @@ static tm_rc fill_lin_fp8(tm_cuda_engine *impl, const cuda_lin *p, uint64_t seed
     if (rc)
         return rc;
     if (p->sk != TM_K_FP8_BLOCK_E8M0)
-        return fill_vec_f32(p->scale, sb / sizeof(float), seed, 0.1f * s0, s0, err);
+        return tm_cuda_fill_f32(p->scale, sb / sizeof(float), seed, 0.1f * s0, s0, NULL, err);
     uint8_t *h = tm_malloc(sb);
     if (!h)
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: %zu scale bytes", sb);
@@ -707,7 +667,7 @@ static tm_rc fill_lin(tm_cuda_engine *impl, const cuda_lin *g, uint32_t n, uint6
     tm_rc rc = TM_OK;
     for (uint32_t i = 0; !rc && i < n; i++)
         rc = g[i].fp8 ? fill_lin_fp8(impl, &g[i], seed * 4 + i, err)
-                      : fill_mat(impl, g[i].w, g[i].n_out, g[i].n_in, seed, err);
+                      : tm_cuda_fill_bf16(impl, g[i].w, g[i].n_out, g[i].n_in, seed, err);
     return rc;
 }
 
@@ -719,11 +679,11 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
     if (rc)
         return rc;
     uint64_t k = seed * 1000003ull;
-    rc = fill_mat(impl, lm->embd, c->n_vocab, d, k++, err);
+    rc = tm_cuda_fill_bf16(impl, lm->embd, c->n_vocab, d, k++, err);
     if (!rc && !c->tie_embd)
-        rc = fill_mat(impl, lm->lm_head, c->n_vocab, d, k++, err);
+        rc = tm_cuda_fill_bf16(impl, lm->lm_head, c->n_vocab, d, k++, err);
     if (!rc)
-        rc = fill_vec_f32(lm->out_norm, d, k++, 0.1f, 1.0f, err);
+        rc = tm_cuda_fill_f32(lm->out_norm, d, k++, 0.1f, 1.0f, NULL, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         cuda_layer *L = &lm->layers[l];
         rc = fill_lin(impl, L->qkv, L->n_qkv, k++, err);
@@ -734,11 +694,11 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
         if (!rc)
             rc = fill_lin(impl, &L->down, 1, k++, err);
         if (!rc && L->b_qkv)
-            rc = fill_vec_f32(L->b_qkv, lm->qkv_dim, k++, 0.1f, 0.0f, err);
+            rc = tm_cuda_fill_f32(L->b_qkv, lm->qkv_dim, k++, 0.1f, 0.0f, NULL, err);
         if (!rc)
-            rc = fill_vec_f32(L->attn_norm, d, k++, 0.1f, 1.0f, err);
+            rc = tm_cuda_fill_f32(L->attn_norm, d, k++, 0.1f, 1.0f, NULL, err);
         if (!rc)
-            rc = fill_vec_f32(L->ffn_norm, d, k++, 0.1f, 1.0f, err);
+            rc = tm_cuda_fill_f32(L->ffn_norm, d, k++, 0.1f, 1.0f, NULL, err);
     }
     if (!rc)
         lt_setup(impl, lm);
