@@ -50,8 +50,9 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof;     /* the whole input was read */
-    bool stopped; /* a file job's source stopped at a stop signal (base/stop.h) */
+    bool eof;                   /* the whole input was read */
+    bool stopped;               /* a file job's source stopped at a stop signal (base/stop.h) */
+    _Atomic bool outputs_final; /* drain: the sink is joined; a lingering source may end */
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -106,6 +107,18 @@ static void *source_main(void *arg) {
         if (rc == TM_E_EOF) {
             c->eof = true;
             tm_progress_set_total(c->progress, n_read); // now the progress line has a total
+            // The runner gets the end of the input now; a Kafka consumer stays in its group
+            // (commits, rebalances) until the outputs are final (drain below).
+            tm_queue_close(c->q);
+            while (!atomic_load(&c->outputs_final)) {
+                rc = tm_source_linger(c->src, 100, &c->err);
+                if (rc == TM_E_EOF)
+                    break;
+                if (rc) {
+                    c->rc = rc;
+                    break;
+                }
+            }
             break;
         }
         if (rc) {
@@ -753,17 +766,21 @@ static tm_rc run_records(job_run *j, tm_err *err) {
 static void drain(job_run *j, tm_rc *rc, tm_err *err) {
     if (j->q_in)
         tm_queue_close(j->q_in);
-    if (j->src_started) {
-        pthread_join(j->src_thread, NULL);
-        void *item;
-        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
-            tm_job_destroy(item);
-    }
+    // The sink first: a source that read to the end lingers (its consumer commits the offsets
+    // of the records the sink makes durable) until the outputs are final. A source still
+    // reading ends by itself: its queue is closed.
     if (j->q_out)
         tm_queue_close(j->q_out);
     if (j->sink_started) {
         tm_sink_writer_join(j->writer);
         tm_progress_finish(j->progress);
+    }
+    atomic_store(&j->sc.outputs_final, true);
+    if (j->src_started) {
+        pthread_join(j->src_thread, NULL);
+        void *item;
+        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
+            tm_job_destroy(item);
     }
     if (*rc == TM_OK && j->sc.rc) {
         *err = j->sc.err;

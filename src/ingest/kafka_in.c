@@ -43,6 +43,7 @@ typedef struct kpart {
     int64_t fp_off;    /* the highest done offset that held a message (-1 none) ... */
     int64_t fp_ts;     /* ... and its Kafka timestamp: the manifest's fingerprint */
     bool resumed;      /* done offsets came from the manifest (tm_kafka_in_resume_add) */
+    bool idle;         /* assigned while lingering: never read here, so never committed here */
     uint64_t next;     /* done set: every offset below is done */
     uint64_t *rng;     /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
     size_t n_rng, cap_rng;
@@ -67,6 +68,7 @@ struct tm_kafka_in {
     bool coop; /* the group's rebalance protocol is COOPERATIVE (read on the first
                 * assignment: asking librdkafka during close can block, librdkafka#4041) */
     bool stop_logged;
+    bool lingering;    /* tm_kafka_in_linger: reads no more, stays in the group */
     bool started;      /* the brokers answered at start-up: librdkafka's log lines are shown */
     uint64_t n_quiet;  /* librdkafka log lines not shown while waiting for the brokers */
     bool holding;      /* in tm_kafka_in_wait: the source thread holds the last record
@@ -325,7 +327,7 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
     for (size_t i = 0; i < ki->n_parts; i++) {
         kpart *p = &ki->parts[i];
-        if (!p->owned || p->hi < 0 || (only_revoking && !p->revoking))
+        if (!p->owned || p->idle || p->hi < 0 || (only_revoking && !p->revoking))
             continue;
         int64_t c = p->scan_min != INT64_MAX ? p->scan_min : p->hi + 1;
         if (c <= p->committed)
@@ -477,6 +479,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
             p->owned = true;
             p->revoking = false;
             p->committed = -1;
+            p->idle = ki->lingering;
         }
         pthread_mutex_unlock(&ki->mu);
         if (coop)
@@ -490,7 +493,8 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
         else if (parts->cnt > 0)
             rd_kafka_resume_partitions(rk, parts);
         ki->assigned = true;
-        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned", parts->cnt);
+        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned%s", parts->cnt,
+                    ki->lingering ? " (not read: this consumer has read to the end)" : "");
     } else {
         bool lost = rd_kafka_assignment_lost(rk);
         set_revoking(ki, parts, true, false);
@@ -1394,6 +1398,37 @@ tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, t
     return TM_OK;
 }
 
+tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err) {
+    if (!ki->lingering) {
+        ki->lingering = true;
+        ki->paused = false; // pause whatever is assigned now, whatever the flag said
+        rd_kafka_topic_partition_list_t *a = NULL;
+        if (rd_kafka_assignment(ki->rk, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+            if (a->cnt > 0)
+                rd_kafka_pause_partitions(ki->rk, a);
+            rd_kafka_topic_partition_list_destroy(a);
+        }
+        ki->paused = true;                       // on_rebalance pauses what is assigned from now on
+        for (size_t i = 0; i < ki->n_stash; i++) // fetched, never handled: the next reader's
+            rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
+        ki->n_stash = 0;
+        TM_LOG_INFO("kafka_in",
+                    "read to the end: staying in group %s (offsets committed as records become "
+                    "durable, rebalances served) until the records in flight are done",
+                    ki->cfg->group);
+    }
+    if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
+        commit_offsets(ki, false, false);
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms); // may run on_rebalance
+    if (m)
+        rd_kafka_message_destroy(m); // fetched before the pause: left to the next reader
+    if (ki->fatal_rc) {
+        *err = ki->fatal_err;
+        return ki->fatal_rc;
+    }
+    return TM_OK;
+}
+
 // ---- acks and positions (any thread) ----
 
 static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8_t state,
@@ -1517,6 +1552,10 @@ static tm_rc kafka_check_resume(void *self, const char *cluster_before, tm_err *
 
 static const char *kafka_cluster_id(const void *self) { return tm_kafka_in_cluster_id(self); }
 
+static tm_rc kafka_linger(void *self, int ms, tm_err *err) {
+    return tm_kafka_in_linger(self, ms, err);
+}
+
 static tm_rc kafka_group_md(void *self, tm_buf *out, tm_err *err) {
     return tm_kafka_in_group_md(self, out, err);
 }
@@ -1537,4 +1576,5 @@ const tm_source_ops tm_kafka_in_ops = {
     .group_md = kafka_group_md,
     .check_resume = kafka_check_resume,
     .cluster_id = kafka_cluster_id,
+    .linger = kafka_linger,
 };

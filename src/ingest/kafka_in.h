@@ -101,6 +101,14 @@ tm_rc tm_kafka_in_resume_fp(tm_kafka_in *ki, const char *topic, int32_t partitio
  * group. TM_E_INVAL naming the topic and what changed; TM_E_KAFKA (brokers not answering within
  * input.kafka.startup_timeout_s). */
 tm_rc tm_kafka_in_check_resume(tm_kafka_in *ki, const char *cluster_before, tm_err *err);
+/* After TM_E_EOF (drain mode at the high watermarks, or a stop signal), until the job's outputs
+ * are final: pause every assigned partition (and any assigned later: this consumer reads no
+ * more), poll for about ms (heartbeats, rebalances: a revoke waits for the revoked partitions'
+ * records in flight as ever, then commits and hands them over) and commit the durable offsets
+ * every 200 ms. A message fetched before the pause is dropped, not read (the partition's next
+ * reader gets it). A partition assigned while lingering is never committed by this consumer.
+ * TM_E_KAFKA on a fatal consumer error. */
+tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err);
 /* The cluster id from the brokers' metadata at open; NULL when they gave none. */
 const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki);
 /* Offsets travel in the Kafka sink's transactions: the consumer commits nothing itself. */

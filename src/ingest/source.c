@@ -130,6 +130,10 @@ tm_rc tm_source_check_resume(tm_source *src, const char *cluster_before, tm_err 
     return src->ops->check_resume ? src->ops->check_resume(src->self, cluster_before, err) : TM_OK;
 }
 
+tm_rc tm_source_linger(tm_source *src, int ms, tm_err *err) {
+    return src->ops->linger ? src->ops->linger(src->self, ms, err) : TM_E_EOF;
+}
+
 const char *tm_source_cluster_id(const tm_source *src) {
     return src->ops->cluster_id ? src->ops->cluster_id(src->self) : NULL;
 }

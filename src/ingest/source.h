@@ -142,6 +142,12 @@ tm_rc tm_source_resume_positions(tm_source *src, const tm_source_kpos *pos, tm_e
  * fingerprint names has another timestamp now (the topic was deleted and recreated). TM_E_INVAL
  * naming the topic and what changed; TM_E_KAFKA. A no-op for other sources. */
 tm_rc tm_source_check_resume(tm_source *src, const char *cluster_before, tm_err *err);
+/* After tm_source_next said TM_E_EOF, while the records in flight are finished: keep the
+ * source's side of the input alive for about ms (Kafka: the consumer stays in its group, paused:
+ * it polls, commits offsets as records become durable and takes part in rebalances). Called on
+ * the source thread until the job's outputs are final. TM_E_EOF: nothing to keep alive (files);
+ * TM_E_KAFKA on a fatal consumer error. */
+tm_rc tm_source_linger(tm_source *src, int ms, tm_err *err);
 /* The Kafka cluster's id as the brokers gave it at open, or NULL (unknown, another source). */
 const char *tm_source_cluster_id(const tm_source *src);
 /* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */

@@ -66,6 +66,7 @@ typedef struct tm_source_ops {
     void (*set_txn)(void *self, bool on);
     tm_rc (*group_md)(void *self, tm_buf *out, tm_err *err);
     tm_rc (*check_resume)(void *self, const char *cluster_before, tm_err *err);
+    tm_rc (*linger)(void *self, int ms, tm_err *err);
     const char *(*cluster_id)(const void *self);
 } tm_source_ops;
 
