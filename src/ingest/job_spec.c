@@ -35,7 +35,7 @@ static const char *const root_keys[] = {"$schema",  "model",  "input",         "
                                         "defaults", "limits", "chat_template", NULL};
 static const char *const input_keys[] = {"files", "kafka", NULL};
 static const char *const kafka_in_keys[] = {
-    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
+    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", "max_read_ahead", NULL};
 static const char *const output_keys[] = {
     "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
     "kafka", "compression",         "results_file",   NULL};
@@ -478,6 +478,11 @@ static tm_rc load_kafka_in(loader *ld, const json_t *k) {
                              &ki->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "input.kafka.startup_timeout_s", &ki->startup_timeout_s);
+    json_t *scratch = json_object(); // not canonical: how far ahead a run reads changes no result
+    if (!rc)
+        rc = get_u32(ld, k, "input.kafka", "max_read_ahead", 1, 1048576,
+                     TM_JOB_DEFAULT_KAFKA_MAX_READ_AHEAD, &ki->max_read_ahead, scratch);
+    json_decref(scratch);
     if (rc) {
         json_decref(ctopics);
         return rc;

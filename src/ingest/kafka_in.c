@@ -44,8 +44,14 @@ typedef struct kpart {
     int64_t fp_ts;     /* ... and its Kafka timestamp: the manifest's fingerprint */
     bool resumed;      /* done offsets came from the manifest (tm_kafka_in_resume_add) */
     bool idle;         /* assigned while lingering: never read here, so never committed here */
-    uint64_t next;     /* done set: every offset below is done */
-    uint64_t *rng;     /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
+    uint32_t n_flight; /* records handed out and not yet durable (acked) */
+    bool capped;       /* paused by input.kafka.max_read_ahead (source thread) */
+    /* Messages polled while the partition was at max_read_ahead, in offset order, handled first
+     * once it is below (source thread only): [dq_head, dq_n) of dq. */
+    rd_kafka_message_t **dq;
+    size_t dq_head, dq_n, dq_cap;
+    uint64_t next; /* done set: every offset below is done */
+    uint64_t *rng; /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
     size_t n_rng, cap_rng;
 } kpart;
 
@@ -235,6 +241,7 @@ static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t 
     e->ts = ts;
     e->part = part;
     e->state = ST_IN_FLIGHT;
+    ki->parts[part].n_flight++;
     ki->ring_n++;
     return TM_OK;
 }
@@ -382,6 +389,31 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e, rd_kafka_topic_part
 
 // ---- rebalance ----
 
+static void pause_one(tm_kafka_in *ki, const kpart *p, bool pause) {
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, p->topic, p->partition);
+    if (pause)
+        rd_kafka_pause_partitions(ki->rk, l);
+    else
+        rd_kafka_resume_partitions(ki->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void dq_clear(kpart *p) {
+    for (size_t i = p->dq_head; i < p->dq_n; i++)
+        rd_kafka_message_destroy(p->dq[i]);
+    p->dq_head = p->dq_n = 0;
+    p->capped = false;
+}
+
+static void dq_purge(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *parts) {
+    for (int i = 0; i < parts->cnt; i++) {
+        kpart *p = part_find(ki, parts->elems[i].topic, parts->elems[i].partition);
+        if (p)
+            dq_clear(p);
+    }
+}
+
 static bool revoked_in_flight(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->ring_n; i++) {
         const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
@@ -504,6 +536,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
             commit_offsets(ki, true, true); // still the owner until unassigned
         set_revoking(ki, parts, false, true);
         stash_purge(ki, parts);
+        dq_purge(ki, parts);
         if (coop) {
             aerr = rd_kafka_incremental_unassign(rk, parts);
         } else {
@@ -893,6 +926,8 @@ void tm_kafka_in_close(tm_kafka_in *ki) {
     else if (ki->rk)
         destroy_bounded(ki->rk);
     for (size_t i = 0; i < ki->n_parts; i++) {
+        dq_clear(&ki->parts[i]);
+        tm_free(ki->parts[i].dq);
         tm_free(ki->parts[i].topic);
         tm_free(ki->parts[i].rng);
     }
@@ -1262,7 +1297,7 @@ static bool caught_up(tm_kafka_in *ki) {
     pthread_mutex_lock(&ki->mu);
     for (size_t i = 0; i < ki->n_parts && all; i++) {
         const kpart *p = &ki->parts[i];
-        if (p->owned && p->hi + 1 < p->hwm) // hwm 0 (empty, or unknown at start): no wait
+        if (p->owned && (p->hi + 1 < p->hwm || p->dq_n > p->dq_head)) // hwm 0: no wait
             all = false;
     }
     pthread_mutex_unlock(&ki->mu);
@@ -1279,6 +1314,9 @@ static void resume_flow(tm_kafka_in *ki) {
         rd_kafka_topic_partition_list_destroy(a);
     }
     ki->paused = false;
+    for (size_t i = 0; i < ki->n_parts; i++) // still at max_read_ahead: stay paused
+        if (ki->parts[i].capped && ki->parts[i].owned)
+            pause_one(ki, &ki->parts[i], true);
 }
 
 static tm_rc stash_push(tm_kafka_in *ki, rd_kafka_message_t *m, tm_err *err) {
@@ -1297,6 +1335,64 @@ static tm_rc stash_push(tm_kafka_in *ki, rd_kafka_message_t *m, tm_err *err) {
     ki->stash[(ki->stash_head + ki->n_stash) % ki->cap_stash] = m;
     ki->n_stash++;
     return TM_OK;
+}
+
+// ---- input.kafka.max_read_ahead (source thread) ----
+
+/* m belongs to a partition at max_read_ahead, or behind messages deferred so (offset order):
+ * keep it for later (true; the partition is paused) or false: handle it now. */
+static bool defer_message(tm_kafka_in *ki, rd_kafka_message_t *m) {
+    if (!m->rkt)
+        return false;
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_find(ki, rd_kafka_topic_name(m->rkt), m->partition);
+    bool defer = p && p->owned && (p->dq_n > p->dq_head || p->n_flight >= ki->cfg->max_read_ahead);
+    pthread_mutex_unlock(&ki->mu);
+    if (!defer)
+        return false;
+    if (p->dq_n == p->dq_cap) {
+        if (p->dq_head > 0) { // compact first
+            memmove(p->dq, p->dq + p->dq_head, (p->dq_n - p->dq_head) * sizeof(*p->dq));
+            p->dq_n -= p->dq_head;
+            p->dq_head = 0;
+        }
+        if (p->dq_n == p->dq_cap) {
+            size_t cap = p->dq_cap ? p->dq_cap * 2 : 16;
+            rd_kafka_message_t **q = tm_realloc(p->dq, cap * sizeof(*q));
+            if (!q)
+                return false; // handled now instead: past the bound, never lost
+            p->dq = q;
+            p->dq_cap = cap;
+        }
+    }
+    p->dq[p->dq_n++] = m;
+    if (!p->capped) {
+        p->capped = true;
+        pause_one(ki, p, true);
+    }
+    return true;
+}
+
+/* A deferred message of a partition now below max_read_ahead (its partition is resumed once its
+ * queue is empty), or NULL. */
+static rd_kafka_message_t *undefer(tm_kafka_in *ki) {
+    rd_kafka_message_t *m = NULL;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts && !m; i++) {
+        kpart *p = &ki->parts[i];
+        if (!p->capped || p->n_flight >= ki->cfg->max_read_ahead)
+            continue;
+        if (p->dq_n > p->dq_head) {
+            m = p->dq[p->dq_head++];
+            continue;
+        }
+        p->dq_head = p->dq_n = 0;
+        p->capped = false;
+        if (!ki->paused && p->owned)
+            pause_one(ki, p, false);
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return m;
 }
 
 tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
@@ -1319,13 +1415,18 @@ tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
         }
         if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
             commit_offsets(ki, false, false);
-        rd_kafka_message_t *m;
-        if (ki->n_stash > 0) {
+        rd_kafka_message_t *m = undefer(ki);
+        if (m) {
+        } else if (ki->n_stash > 0) {
             m = ki->stash[ki->stash_head];
             ki->stash_head = (ki->stash_head + 1) % ki->cap_stash;
             ki->n_stash--;
+            if (defer_message(ki, m))
+                continue;
         } else {
             m = rd_kafka_consumer_poll(ki->rk, POLL_MS);
+            if (m && defer_message(ki, m))
+                continue;
         }
         if (!m)
             continue;
@@ -1355,6 +1456,8 @@ static void drop_held(tm_kafka_in *ki, uint64_t held_seq) {
     kpart *p = &ki->parts[e->part];
     TM_ASSERT(p->hi == e->offset); // no message of p was handled since it was handed out
     p->hi = e->offset - 1;
+    if (p->n_flight > 0)
+        p->n_flight--;
     const char *topic = p->topic; // owned by the partition table, which is never shrunk
     int partition = (int)p->partition;
     long long offset = (long long)e->offset;
@@ -1412,6 +1515,8 @@ tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err) {
         for (size_t i = 0; i < ki->n_stash; i++) // fetched, never handled: the next reader's
             rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
         ki->n_stash = 0;
+        for (size_t i = 0; i < ki->n_parts; i++)
+            dq_clear(&ki->parts[i]);
         TM_LOG_INFO("kafka_in",
                     "read to the end: staying in group %s (offsets committed as records become "
                     "durable, rebalances served) until the records in flight are done",
@@ -1439,6 +1544,8 @@ static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8
         ring_ent *e = ring_at(ki, seq_nos[i]);
         if (!e || e->state >= state)
             continue;
+        if (state == ST_ACKED && ki->parts[e->part].n_flight > 0)
+            ki->parts[e->part].n_flight--;
         e->state = state;
         rc = done_add(&ki->parts[e->part], (uint64_t)e->offset, (uint64_t)e->offset, err);
         fp_note(&ki->parts[e->part], e->offset, e->ts);
