@@ -102,6 +102,7 @@ struct tm_kafka_in {
     double close_deadline_ms; /* tm_kafka_in_close: when it stops waiting for the broker */
     char file[320];           /* "kafka:TOPIC/PARTITION" of the current record */
     char *cluster_id;         /* owned; from the metadata at open, or NULL */
+    uint32_t max_ahead;       /* input.kafka.max_read_ahead (0 in cfg: no bound) */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -719,6 +720,7 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     pthread_cond_init(&ki->cv, NULL);
     ki->cfg = cfg;
     ki->parser = parser;
+    ki->max_ahead = cfg->max_read_ahead ? cfg->max_read_ahead : UINT32_MAX;
     ki->last_warn_ms = -1e9;
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     // Defaults a batch job wants, before the user's settings (which may change them)...
@@ -1346,7 +1348,7 @@ static bool defer_message(tm_kafka_in *ki, rd_kafka_message_t *m) {
         return false;
     pthread_mutex_lock(&ki->mu);
     kpart *p = part_find(ki, rd_kafka_topic_name(m->rkt), m->partition);
-    bool defer = p && p->owned && (p->dq_n > p->dq_head || p->n_flight >= ki->cfg->max_read_ahead);
+    bool defer = p && p->owned && (p->dq_n > p->dq_head || p->n_flight >= ki->max_ahead);
     pthread_mutex_unlock(&ki->mu);
     if (!defer)
         return false;
@@ -1380,7 +1382,7 @@ static rd_kafka_message_t *undefer(tm_kafka_in *ki) {
     pthread_mutex_lock(&ki->mu);
     for (size_t i = 0; i < ki->n_parts && !m; i++) {
         kpart *p = &ki->parts[i];
-        if (!p->capped || p->n_flight >= ki->cfg->max_read_ahead)
+        if (!p->capped || p->n_flight >= ki->max_ahead)
             continue;
         if (p->dq_n > p->dq_head) {
             m = p->dq[p->dq_head++];
