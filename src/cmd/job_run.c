@@ -699,12 +699,15 @@ static tm_rc io_open(job_run *j, tm_err *err) {
             .n_config = spec->kafka->n_config,
             .transactional_id = spec->kafka->transactional_id,
             .startup_timeout_s = spec->kafka->startup_timeout_s,
+            .by_input_partition = spec->kafka->by_input_partition,
+            .error_topic = spec->kafka->error_topic,
         };
         tm_kafka_out *kafka = NULL;
         rc = tm_kafka_out_open(&kcfg, &kafka, err);
         if (rc)
             return rc;
-        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka), TM_SINK_ROUTE_OK);
+        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka),
+                           TM_SINK_ROUTE_OK | (spec->kafka->error_topic ? TM_SINK_ROUTE_ERR : 0));
     }
     rc = tm_queue_create(QUEUE_CAP, &j->q_in, err);
     if (rc)

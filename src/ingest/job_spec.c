@@ -39,8 +39,9 @@ static const char *const kafka_in_keys[] = {
 static const char *const output_keys[] = {
     "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
     "kafka", "compression",         "results_file",   NULL};
-static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
-                                         "startup_timeout_s", NULL};
+static const char *const kafka_keys[] = {
+    "brokers",           "topic", "config", "transactional_id", "partitioning", "error_topic",
+    "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
     "backend",        "max_seqs",     "max_batched_tokens",
     "block_size",     "prefix_cache", "tp",
@@ -817,6 +818,15 @@ static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
                                  &ko->config, &ko->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "output.kafka.startup_timeout_s", &ko->startup_timeout_s);
+    if (!rc && json_object_get(k, "error_topic"))
+        rc = dup_str(ld, k, "error_topic", "output.kafka.error_topic", &ko->error_topic);
+    const json_t *part = json_object_get(k, "partitioning");
+    if (!rc && part) {
+        const char *s = json_is_string(part) ? json_string_value(part) : "";
+        if (strcmp(s, "key") != 0 && strcmp(s, "input") != 0)
+            return fail_value(ld, "output.kafka.partitioning", "one of \"key\", \"input\"", part);
+        ko->by_input_partition = strcmp(s, "input") == 0;
+    }
     if (!rc && cout) {
         json_t *ck = json_deep_copy(k);
         if (ck)
@@ -1272,6 +1282,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
         tm_free(spec->kafka->brokers);
         tm_free(spec->kafka->topic);
         tm_free(spec->kafka->transactional_id);
+        tm_free(spec->kafka->error_topic);
         for (size_t i = 0; i < 2 * spec->kafka->n_config; i++)
             tm_free(spec->kafka->config[i]);
         tm_free(spec->kafka->config);

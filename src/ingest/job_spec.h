@@ -85,6 +85,8 @@ typedef struct tm_job_kafka_out {
     size_t n_config;
     char *transactional_id;   /* owned; NULL: idempotent producer without transactions */
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
+    bool by_input_partition;  /* partitioning "input" (else "key") */
+    char *error_topic;        /* owned; error records go there (not errors.jsonl); NULL */
 } tm_job_kafka_out;
 
 /* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
