@@ -499,11 +499,15 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->man.bytes_errors = old.bytes_errors;
         rs->man.n_commits = old.n_commits;
         rs->man.n_runs = old.n_runs;
+        // A Kafka job's done set covers its last run only (records are numbered in consumption
+        // order): its counts carry the whole job.
         TM_LOG_INFO("job",
                     "%s: resuming in %s: %llu records committed by %u earlier run(s); "
                     "%llu torn bytes cut off",
-                    path, dir, (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
-                    (unsigned long long)rs->cut_bytes);
+                    path, dir,
+                    (unsigned long long)(spec->kafka_in ? old.counts.n_ok + old.counts.n_failed
+                                                        : tm_seqset_count(&old.done)),
+                    old.n_runs, (unsigned long long)rs->cut_bytes);
     }
     tm_manifest_fini(&old);
     return rc;
@@ -604,6 +608,50 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
     return TM_OK;
 }
 
+#define KLAG_MAX 256 /* partitions in the figures */
+
+// Kafka figures for the progress line and textfile (tm_progress_kafka_fn over the source).
+static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap) {
+    tm_source_klag k[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(ctx, k, KLAG_MAX);
+    for (size_t i = 0; i < n && i < cap && i < KLAG_MAX; i++)
+        out[i] = (tm_progress_kpart){.topic = k[i].topic,
+                                     .partition = k[i].partition,
+                                     .committed = k[i].committed,
+                                     .lag = k[i].lag};
+    return n < KLAG_MAX ? n : KLAG_MAX;
+}
+
+// metrics.json's "kafka" section: the partitions' figures and the messages without a record.
+static tm_rc metrics_kafka(job_run *j, bool log_skips, tm_err *err) {
+    tm_source_klag k[KLAG_MAX];
+    tm_metrics_kpart mk[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(j->src, k, KLAG_MAX);
+    if (n > KLAG_MAX)
+        n = KLAG_MAX;
+    for (size_t i = 0; i < n; i++)
+        mk[i] = (tm_metrics_kpart){.topic = k[i].topic,
+                                   .partition = k[i].partition,
+                                   .committed = k[i].committed,
+                                   .position = k[i].position,
+                                   .high = k[i].high,
+                                   .lag = k[i].lag};
+    tm_source_kskips sk;
+    tm_source_kafka_skips(j->src, &sk);
+    if (log_skips && (sk.tombstones || sk.empty))
+        TM_LOG_INFO("job",
+                    "%s: %llu tombstone(s) (null values) and %llu empty value(s) made no record "
+                    "(metrics.json kafka.tombstones, kafka.empty_values)",
+                    j->path, (unsigned long long)sk.tombstones, (unsigned long long)sk.empty);
+    return tm_metrics_set_kafka(j->metrics,
+                                &(tm_metrics_kafka){.parts = mk,
+                                                    .n_parts = n,
+                                                    .tombstones = sk.tombstones,
+                                                    .empty = sk.empty,
+                                                    .done_before = sk.done},
+                                err);
+}
+
 // The progress line, the source (resumed at the manifest's Kafka positions), the sink (appending
 // when resumed), the Kafka producer and the two queues.
 static tm_rc io_open(job_run *j, tm_err *err) {
@@ -617,6 +665,8 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
+    if (spec->kafka_in)
+        tm_progress_set_kafka(j->progress, progress_kafka, j->src);
     // Each file is read up to the size the manifest recorded at start; a resumed stdin stream
     // must start with the committed prefix, checked here (before anything is written) when stdin
     // is the first input.
@@ -825,6 +875,14 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                                       .resumed_records = j->sc.n_skipped,
                                       .cut_bytes = rs->cut_bytes,
                                   });
+    if (j->metrics && j->p.spec && j->sink_started && j->p.spec->kafka_in && j->src) {
+        tm_err merr = {0};
+        tm_rc mrc = metrics_kafka(j, true, &merr);
+        if (*rc == TM_OK && mrc) {
+            *err = merr;
+            *rc = mrc;
+        }
+    }
     if (j->metrics && j->p.spec && j->sink_started) {
         tm_run_metrics_add_engine(j->metrics, &j->stats, j->p.spec->engine.spec_k);
         tm_metrics_end(j->metrics);
@@ -852,6 +910,24 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
         *err = close_err;
         *rc = close_rc;
     }
+}
+
+// A Kafka input after the last commit: the consumer commits the offsets that commit made durable
+// (synchronously, bounded) and metrics.json is written again with the figures that follow, so
+// its committed offsets and lags are the run's last. A failure here is logged, not the job's.
+static void kafka_final_figures(job_run *j) {
+    if (!j->p.spec || !j->p.spec->kafka_in || !j->src || !j->metrics || !j->sink_started)
+        return;
+    tm_err e = {0};
+    tm_rc rc = tm_source_linger(j->src, 0, &e);
+    if (!rc)
+        rc = metrics_kafka(j, false, &e);
+    char mpath[4096];
+    snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);
+    if (!rc)
+        rc = tm_metrics_write_json(j->metrics, mpath, &e);
+    if (rc)
+        TM_LOG_WARN("job", "%s: the Kafka figures after the last commit: %s", j->path, e.msg);
 }
 
 // The summary a successful run prints on stdout.
@@ -993,6 +1069,8 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     }
     drain(&j, &rc, err);
     finish_outputs(&j, &rc, err);
+    if (rc == TM_OK)
+        kafka_final_figures(&j);
     bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
     if (rc == TM_OK && finished && j.p.spec->results_file)
         rc = write_results_file(j.p.spec, j.rs.man.completions_plain, err);

@@ -33,16 +33,18 @@ enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
 typedef struct kpart {
     char *topic; /* owned */
     int32_t partition;
-    bool owned;        /* in the current assignment */
-    bool revoking;     /* being revoked: the rebalance callback waits for its records */
-    int64_t hwm;       /* high watermark when the run started (drain target); 0 unknown */
-    int64_t hi;        /* highest offset handled in this run (handed out, skipped, no record,
-                        * or before this consumer's start); -1 none */
-    int64_t committed; /* offset this consumer last committed; -1 none */
-    int64_t scan_min;  /* scratch: lowest offset not yet acked (commit_offsets) */
-    int64_t fp_off;    /* the highest done offset that held a message (-1 none) ... */
-    int64_t fp_ts;     /* ... and its Kafka timestamp: the manifest's fingerprint */
-    bool resumed;      /* done offsets came from the manifest (tm_kafka_in_resume_add) */
+    bool owned;              /* in the current assignment */
+    bool revoking;           /* being revoked: the rebalance callback waits for its records */
+    int64_t hwm;             /* high watermark when the run started (drain target); 0 unknown */
+    int64_t hi;              /* highest offset handled in this run (handed out, skipped, no record,
+                              * or before this consumer's start); -1 none */
+    int64_t committed;       /* offset this consumer last committed; -1 none */
+    int64_t shown_committed; /* the last commit that succeeded (figures); -1 none */
+    int64_t high_now;        /* high watermark as last fetched (figures); -1 unknown */
+    int64_t scan_min;        /* scratch: lowest offset not yet acked (commit_offsets) */
+    int64_t fp_off;          /* the highest done offset that held a message (-1 none) ... */
+    int64_t fp_ts;           /* ... and its Kafka timestamp: the manifest's fingerprint */
+    bool resumed;            /* done offsets came from the manifest (tm_kafka_in_resume_add) */
     bool idle;         /* assigned while lingering: never read here, so never committed here */
     uint32_t n_flight; /* records handed out and not yet durable (acked) */
     bool capped;       /* paused by input.kafka.max_read_ahead (source thread) */
@@ -103,6 +105,7 @@ struct tm_kafka_in {
     char file[320];           /* "kafka:TOPIC/PARTITION" of the current record */
     char *cluster_id;         /* owned; from the metadata at open, or NULL */
     uint32_t max_ahead;       /* input.kafka.max_read_ahead (0 in cfg: no bound) */
+    tm_source_kskips skips;   /* under mu */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -138,6 +141,8 @@ static kpart *part_get(tm_kafka_in *ki, const char *topic, int32_t partition, tm
     p->partition = partition;
     p->hi = -1;
     p->committed = -1;
+    p->shown_committed = -1;
+    p->high_now = -1;
     p->fp_off = -1;
     ki->n_parts++;
     return p;
@@ -269,6 +274,21 @@ static void scan_unacked(tm_kafka_in *ki) {
 
 // ---- commits through the consumer (no transactions) ----
 
+// The figures' high watermarks, from what librdkafka last fetched (no round trip). Source thread.
+static void refresh_high(tm_kafka_in *ki) {
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        kpart *p = &ki->parts[i];
+        int64_t lo = -1, hi = -1;
+        if (p->owned &&
+            rd_kafka_get_watermark_offsets(ki->rk, p->topic, p->partition, &lo, &hi) == 0 &&
+            hi >= 0) {
+            pthread_mutex_lock(&ki->mu);
+            p->high_now = hi;
+            pthread_mutex_unlock(&ki->mu);
+        }
+    }
+}
+
 static void warn_limited(tm_kafka_in *ki, const char *fmt, const char *a, const char *b) {
     double now = tm_now_ms();
     if (now - ki->last_warn_ms < 1000.0)
@@ -328,8 +348,11 @@ static rd_kafka_resp_err_t commit_bounded(tm_kafka_in *ki, const rd_kafka_topic_
  * commit_wait_ms (and never past close_deadline_ms while closing); a commit that failed or was
  * not answered in time is retried by the next one (committed reset). Source thread only. */
 static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
-    if (ki->txn)
+    refresh_high(ki);
+    if (ki->txn) {
+        ki->last_commit_ms = tm_now_ms(); // the figures' pace
         return;
+    }
     pthread_mutex_lock(&ki->mu);
     scan_unacked(ki);
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
@@ -358,15 +381,15 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
         else if (e) {
             warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
         }
-        if (e) {
-            pthread_mutex_lock(&ki->mu);
-            for (int i = 0; i < l->cnt; i++) {
-                kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
-                if (p)
-                    p->committed = -1;
-            }
-            pthread_mutex_unlock(&ki->mu);
+        pthread_mutex_lock(&ki->mu);
+        for (int i = 0; i < l->cnt; i++) {
+            kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
+            if (p && e)
+                p->committed = -1;
+            else if (p && (sync || l->elems[i].offset > p->shown_committed))
+                p->shown_committed = l->elems[i].offset; // async: on_commit resets on failure
         }
+        pthread_mutex_unlock(&ki->mu);
     }
     rd_kafka_topic_partition_list_destroy(l);
     ki->last_commit_ms = tm_now_ms();
@@ -727,7 +750,19 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     tm_rc rc = set(conf, "auto.offset.reset", "earliest", err);
     for (size_t i = 0; i < cfg->n_config && !rc; i++)
         rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
-    // ... and the settings the commit rule relies on, after them (ours win).
+    // ... and the settings the commit rule relies on, after them (ours win, with a warning).
+    const char *const ours[][2] = {
+        {"bootstrap.servers", cfg->brokers}, {"group.id", cfg->group},
+        {"enable.auto.commit", "false"},     {"enable.auto.offset.store", "false"},
+        {"enable.partition.eof", "true"},    {"log.queue", "true"}};
+    for (size_t i = 0; i < cfg->n_config; i++)
+        for (size_t k = 0; k < sizeof(ours) / sizeof(ours[0]); k++)
+            if (strcmp(cfg->config[2 * i], ours[k][0]) == 0 &&
+                strcmp(cfg->config[2 * i + 1], ours[k][1]) != 0)
+                TM_LOG_WARN("kafka_in",
+                            "input.kafka.config: %s=%s is overridden: tokenmill sets %s=%s "
+                            "(offsets are committed only once records are durable)",
+                            ours[k][0], cfg->config[2 * i + 1], ours[k][0], ours[k][1]);
     if (!rc)
         rc = set(conf, "bootstrap.servers", cfg->brokers, err);
     if (!rc)
@@ -1256,6 +1291,12 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
     }
     bool done = done_has(p, (uint64_t)o); // an earlier run wrote it (manifest)
     bool blank = !rc && !done && is_blank(s, n);
+    if (done)
+        ki->skips.done++;
+    else if (blank && !m->payload)
+        ki->skips.tombstones++;
+    else if (blank)
+        ki->skips.empty++;
     int64_t ts = rd_kafka_message_timestamp(m, NULL);
     if (blank) {
         rc = done_add(p, (uint64_t)o, (uint64_t)o, err);
@@ -1524,8 +1565,14 @@ tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err) {
                     "durable, rebalances served) until the records in flight are done",
                     ki->cfg->group);
     }
+    if (ms == 0) { // the job's last commit is made: commit what it made durable, and wait
+        commit_offsets(ki, true, false);
+        return ki->fatal_rc ? (*err = ki->fatal_err, ki->fatal_rc) : TM_OK;
+    }
     if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
         commit_offsets(ki, false, false);
+    else
+        refresh_high(ki);
     rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms); // may run on_rebalance
     if (m)
         rd_kafka_message_destroy(m); // fetched before the pause: left to the next reader
@@ -1534,6 +1581,37 @@ tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err) {
         return ki->fatal_rc;
     }
     return TM_OK;
+}
+
+size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap) {
+    size_t n = 0;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        const kpart *p = &ki->parts[i];
+        if (!p->owned)
+            continue;
+        if (n < cap) {
+            int64_t base = p->shown_committed >= 0 ? p->shown_committed
+                           : p->hi >= 0            ? p->hi + 1
+                                                   : 0;
+            int64_t lag = p->high_now >= 0 ? p->high_now - base : -1;
+            out[n] = (tm_source_klag){.topic = p->topic,
+                                      .partition = p->partition,
+                                      .committed = p->shown_committed,
+                                      .position = p->hi >= 0 ? p->hi + 1 : -1,
+                                      .high = p->high_now,
+                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag};
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return n;
+}
+
+void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out) {
+    pthread_mutex_lock(&ki->mu);
+    *out = ki->skips;
+    pthread_mutex_unlock(&ki->mu);
 }
 
 // ---- acks and positions (any thread) ----
@@ -1665,6 +1743,18 @@ static tm_rc kafka_linger(void *self, int ms, tm_err *err) {
     return tm_kafka_in_linger(self, ms, err);
 }
 
+static size_t kafka_lag(void *self, tm_source_klag *out, size_t cap) {
+    return tm_kafka_in_lag(self, out, cap);
+}
+
+static void kafka_skips(void *self, tm_source_kskips *out) { tm_kafka_in_skips(self, out); }
+
+static uint64_t kafka_n_skipped(const void *self) {
+    tm_source_kskips k;
+    tm_kafka_in_skips((tm_kafka_in *)self, &k);
+    return k.done;
+}
+
 static tm_rc kafka_group_md(void *self, tm_buf *out, tm_err *err) {
     return tm_kafka_in_group_md(self, out, err);
 }
@@ -1686,4 +1776,7 @@ const tm_source_ops tm_kafka_in_ops = {
     .check_resume = kafka_check_resume,
     .cluster_id = kafka_cluster_id,
     .linger = kafka_linger,
+    .kafka_lag = kafka_lag,
+    .kafka_skips = kafka_skips,
+    .n_skipped = kafka_n_skipped,
 };

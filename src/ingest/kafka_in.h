@@ -107,8 +107,15 @@ tm_rc tm_kafka_in_check_resume(tm_kafka_in *ki, const char *cluster_before, tm_e
  * records in flight as ever, then commits and hands them over) and commit the durable offsets
  * every 200 ms. A message fetched before the pause is dropped, not read (the partition's next
  * reader gets it). A partition assigned while lingering is never committed by this consumer.
- * TM_E_KAFKA on a fatal consumer error. */
+ * ms 0 (once the job's last commit is made, on the job's thread after the source thread ended):
+ * commit the durable offsets now and wait for the answer (bounded as on revoke). TM_E_KAFKA on a
+ * fatal consumer error. */
 tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err);
+/* Figures of the assigned partitions (tm_source_kafka_lag; high watermarks as librdkafka last
+ * fetched them, no broker round trip). Thread-safe. */
+size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap);
+/* Messages that made no record (tm_source_kafka_skips). Thread-safe. */
+void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out);
 /* The cluster id from the brokers' metadata at open; NULL when they gave none. */
 const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki);
 /* Offsets travel in the Kafka sink's transactions: the consumer commits nothing itself. */

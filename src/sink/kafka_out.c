@@ -137,7 +137,20 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
     tm_rc rc = TM_OK;
     for (size_t i = 0; i < cfg->n_config && !rc; i++)
         rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
-    // ours win over config: they are what the commit rule relies on
+    // ours win over config (with a warning): they are what the commit rule relies on
+    const char *const ours[][2] = {{"bootstrap.servers", cfg->brokers},
+                                   {"enable.idempotence", "true"},
+                                   {"acks", "all"},
+                                   {"log.queue", "true"}};
+    for (size_t i = 0; i < cfg->n_config; i++)
+        for (size_t k = 0; k < sizeof(ours) / sizeof(ours[0]); k++)
+            if (strcmp(cfg->config[2 * i], ours[k][0]) == 0 &&
+                strcmp(cfg->config[2 * i + 1], ours[k][1]) != 0 &&
+                !(k == 2 && strcmp(cfg->config[2 * i + 1], "-1") == 0)) // acks=-1 is all
+                TM_LOG_WARN("kafka_out",
+                            "output.kafka.config: %s=%s is overridden: tokenmill sets %s=%s "
+                            "(a commit waits for every record's acknowledgement)",
+                            ours[k][0], cfg->config[2 * i + 1], ours[k][0], ours[k][1]);
     if (!rc)
         rc = set(conf, "bootstrap.servers", cfg->brokers, err);
     if (!rc)
