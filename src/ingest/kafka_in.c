@@ -27,6 +27,7 @@
 #define WATERMARK_TIMEOUT_MS 10000
 #define WATERMARK_TRIES 6
 #define DESTROY_WAIT_MS 1000 /* destroy_bounded */
+#define EXIT_WAIT_MS 10000   /* wait_abandoned_at_exit */
 
 enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
 
@@ -878,6 +879,30 @@ typedef struct destroyer {
     bool done, abandoned; /* abandoned: the thread frees this */
 } destroyer;
 
+/* Destroys given up on by destroy_bounded and still running, process-wide. exit() must not run
+ * beside them: it tears down what librdkafka's threads use (atexit handlers, library destructors,
+ * the mock cluster of a test), so wait_abandoned_at_exit, an atexit handler registered with the
+ * first one, waits for them (at most EXIT_WAIT_MS). */
+static pthread_mutex_t g_abandoned_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_abandoned_cv = PTHREAD_COND_INITIALIZER;
+static int g_abandoned;
+static bool g_exit_hook;
+
+static void wait_abandoned_at_exit(void) {
+    struct timespec dl;
+    tm_deadline_in_ms(&dl, EXIT_WAIT_MS);
+    pthread_mutex_lock(&g_abandoned_mu);
+    while (g_abandoned > 0 &&
+           pthread_cond_timedwait(&g_abandoned_cv, &g_abandoned_mu, &dl) != ETIMEDOUT) {
+    }
+    int left = g_abandoned;
+    pthread_mutex_unlock(&g_abandoned_mu);
+    if (left > 0)
+        TM_LOG_WARN("kafka_in",
+                    "exiting while librdkafka still shuts %d consumer(s) down (waited %d ms)", left,
+                    EXIT_WAIT_MS);
+}
+
 static void *destroyer_main(void *arg) {
     destroyer *d = arg;
     rd_kafka_destroy_flags(d->rk, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
@@ -890,6 +915,10 @@ static void *destroyer_main(void *arg) {
         pthread_cond_destroy(&d->cv);
         pthread_mutex_destroy(&d->mu);
         tm_free(d);
+        pthread_mutex_lock(&g_abandoned_mu);
+        g_abandoned--;
+        pthread_cond_broadcast(&g_abandoned_cv);
+        pthread_mutex_unlock(&g_abandoned_mu);
     }
     return NULL;
 }
@@ -898,7 +927,9 @@ static void *destroyer_main(void *arg) {
  * for the requests in flight to time out (about session.timeout.ms more when the broker does not
  * answer). Destroy it on a detached thread and wait for that at most DESTROY_WAIT_MS; past it the
  * thread finishes by itself (no callback of ours runs there: librdkafka serves them only in our
- * polls, and NO_CONSUMER_CLOSE disables the rest). */
+ * polls, and NO_CONSUMER_CLOSE disables the rest), and the process's exit waits for it
+ * (wait_abandoned_at_exit). Once abandoned, d belongs to the thread: nothing here reads it after
+ * the unlock (it did: d->done read after the unlock raced the thread's free). */
 static void destroy_bounded(rd_kafka_t *rk) {
     destroyer *d = tm_calloc(1, sizeof(*d));
     pthread_t t;
@@ -918,13 +949,20 @@ static void destroy_bounded(rd_kafka_t *rk) {
         pthread_mutex_lock(&d->mu);
         while (!d->done && pthread_cond_timedwait(&d->cv, &d->mu, &dl) != ETIMEDOUT) {
         }
-        d->abandoned = !d->done;
+        bool abandoned = d->abandoned = !d->done;
+        if (abandoned) { // counted before destroyer_main can see the flag
+            pthread_mutex_lock(&g_abandoned_mu);
+            g_abandoned++;
+            if (!g_exit_hook && atexit(wait_abandoned_at_exit) == 0)
+                g_exit_hook = true;
+            pthread_mutex_unlock(&g_abandoned_mu);
+        }
         pthread_mutex_unlock(&d->mu);
-        if (!d->done) {
+        if (abandoned) {
             TM_LOG_WARN("kafka_in",
                         "librdkafka is still shutting the consumer down after %d ms; "
-                        "not waiting for it",
-                        DESTROY_WAIT_MS);
+                        "not waiting for it (the process's exit will, at most %d ms)",
+                        DESTROY_WAIT_MS, EXIT_WAIT_MS);
             return; // destroyer_main frees d
         }
     }

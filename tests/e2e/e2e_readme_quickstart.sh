@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/e2e/e2e_readme_quickstart.sh BUILD SRC - README.md's quickstart, followed literally: the
 # fenced blocks whose info string is "sh quickstart" are extracted in order and run as one bash
-# script (set -euo pipefail) in a fresh copy of the source tree, so README and test cannot drift.
+# script (set -euo pipefail) in a fresh copy of the source tree (its tracked files only, as a
+# clone has them: outputs of a quickstart pasted in the checkout stay out), so README and test
+# cannot drift. When it fails: the failing block, its failing command and that block's stderr.
 # Two commands are stood in for, as the README says: `make demo` runs what `make -n demo` prints
 # (setup and cmake lines left out: the build given to the test is used, through build/ holding
 # links to its binaries), and `huggingface-cli download ID --local-dir DIR` makes a small random
@@ -17,20 +19,33 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "e2e_readme_quickstart: $*" >&2; exit 1; }
 
-# A fresh tree: the sources without build folders, outputs or .git; third_party linked.
-tar -C "$src" --exclude=./.git --exclude='./build*' --exclude=./out --exclude=./third_party \
-    -cf - . | tar -C "$work" -xf -
+# A fresh tree: the tracked files (git ls-files: no build folders, outputs, untracked files or
+# .git), or without git (a source tarball) everything but build folders, out/ and .git;
+# third_party linked.
+if git -C "$src" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    (cd "$src" && git ls-files -z --cached -- . ':!:third_party' |
+        xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' _ |
+        tar --null -T - -cf -) | tar -C "$work" -xf -
+else
+    tar -C "$src" --exclude=./.git --exclude='./build*' --exclude=./out --exclude=./third_party \
+        -cf - . | tar -C "$work" -xf -
+fi
 ln -s "$src/third_party" "$work/third_party"
 mkdir "$work/build"
 for b in tokenmill mkmodel; do ln -s "$build/$b" "$work/build/$b"; done
 
 # The quickstart blocks, in order.
-python3 - "$src/README.md" >"$work/quickstart.sh" <<'PY'
+# Each block is also kept as quickstart.block<N>.sh, and marks its start on stdout and stderr
+# ("@@block N"), so that a failure can be shown with its block.
+python3 - "$src/README.md" "$work" >"$work/quickstart.sh" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 blocks = re.findall(r"^```sh quickstart\n(.*?)^```$", text, re.S | re.M)
 assert len(blocks) >= 4, f"README.md has {len(blocks)} 'sh quickstart' blocks"
-print("\n".join(blocks))
+for i, b in enumerate(blocks, 1):
+    open(f"{sys.argv[2]}/quickstart.block{i}.sh", "w").write(b)
+    print(f"echo '@@block {i}'; echo '@@block {i}' >&2")
+    print(b)
 PY
 grep -q "make demo" "$work/quickstart.sh" || fail "no make demo step"
 grep -q "huggingface-cli download" "$work/quickstart.sh" || fail "no Hugging Face step"
@@ -51,10 +66,18 @@ huggingface-cli() {
 }
 SH
 cd "$work"
-TOKDIR="$tokdir" bash -c 'set -euo pipefail; source stand_ins.sh; source quickstart.sh' \
-    >quickstart.out 2>quickstart.err || {
-    tail -40 quickstart.out quickstart.err
-    fail "the quickstart failed"
+TOKDIR="$tokdir" bash -c 'set -Eeuo pipefail
+    trap '"'"'echo "@@failed (exit $?): $BASH_COMMAND" >&2'"'"' ERR
+    source stand_ins.sh; source quickstart.sh' >quickstart.out 2>quickstart.err || {
+    n=$(grep -a '^@@block ' quickstart.err | tail -1 | cut -d' ' -f2)
+    echo "--- quickstart block ${n:-?} (README.md), the one that failed:"
+    cat "quickstart.block${n:-0}.sh" 2>/dev/null
+    echo "--- its failing command: $(grep -a '^@@failed' quickstart.err | head -1 | cut -c3- || true)"
+    echo "--- its stderr (last 40 lines):"
+    sed -n "/^@@block ${n:-0}\$/,\$p" quickstart.err | grep -av '^@@' | tail -n 40 || true
+    echo "--- its stdout (last 20 lines):"
+    sed -n "/^@@block ${n:-0}\$/,\$p" quickstart.out | grep -av '^@@' | tail -n 20 || true
+    fail "the quickstart failed in block ${n:-?}"
 }
 
 # 1. the demo: what the model is, 10 completions and no error records

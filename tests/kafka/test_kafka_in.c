@@ -10,13 +10,16 @@
  * answering (mock round-trip time of 10 minutes) returns within its bounded wait (issue 24: the
  * synchronous commit on close used to wait without limit), and a consumer that resumes from the
  * first one's done offsets, as the next run does from the manifest, hands out exactly the records
- * that were not durable, whatever became of the unanswered commit. Skips (77) in a build without
- * librdkafka. */
+ * that were not durable, whatever became of the unanswered commit. Third, a process that gave up
+ * on such a close does not exit while librdkafka is still shutting that consumer down (exit()
+ * beside librdkafka's threads is undefined; issue 32, the teardown crash this test once had).
+ * Skips (77) in a build without librdkafka. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "base/clock.h"
@@ -68,14 +71,15 @@ static void note(seen *s, const tm_job *job) {
     pthread_mutex_unlock(&s->mu);
 }
 
-static tm_job_spec *load_spec_on(const char *bs, const char *topic, const char *group,
-                                 const char *name) {
+// conf: the "key": "value" pairs of input.kafka.config besides heartbeat.interval.ms.
+static tm_job_spec *load_spec_conf(const char *bs, const char *topic, const char *group,
+                                   const char *name, const char *conf) {
     char job[2048], path[512];
     snprintf(job, sizeof(job),
              "{\"model\": \"m\", \"output\": {\"dir\": \"o\"}, \"input\": {\"kafka\": "
              "{\"brokers\": \"%s\", \"topics\": [\"%s\"], \"group\": \"%s\", \"config\": "
-             "{\"session.timeout.ms\": \"6000\", \"heartbeat.interval.ms\": \"300\"}}}}",
-             bs, topic, group);
+             "{\"heartbeat.interval.ms\": \"300\", %s}}}}",
+             bs, topic, group, conf);
     snprintf(path, sizeof(path), "%s/%s.json", g_tmp, name);
     FILE *f = fopen(path, "w");
     TM_CHECK(f != NULL);
@@ -87,6 +91,11 @@ static tm_job_spec *load_spec_on(const char *bs, const char *topic, const char *
     tm_err err = {0};
     TM_CHECK_OK(tm_job_spec_load(path, &spec, &err), &err);
     return spec;
+}
+
+static tm_job_spec *load_spec_on(const char *bs, const char *topic, const char *group,
+                                 const char *name) {
+    return load_spec_conf(bs, topic, group, name, "\"session.timeout.ms\": \"6000\"");
 }
 
 static tm_job_spec *load_spec(const char *bs, const char *name) {
@@ -360,10 +369,86 @@ done:
     rd_kafka_destroy(prod);
 }
 
+// ---- exit after a close that was given up on ----
+
+static rd_kafka_t *g_exit_prod; /* the child's mock cluster */
+static int g_exit_base;         /* librdkafka threads before the consumer (the mock's) */
+
+// The child's first atexit handler, so the last to run: by now every consumer destroy that
+// tm_kafka_in_close gave up on must be over (kafka_in's own exit handler waits for them); a
+// librdkafka thread still running here would run beside exit()'s teardown.
+static void exit_check(void) {
+    int n = rd_kafka_thread_cnt();
+    rd_kafka_destroy(g_exit_prod);
+    if (n != g_exit_base) {
+        fprintf(stderr, "exit with %d librdkafka threads running, %d before the consumer\n", n,
+                g_exit_base);
+        _exit(3);
+    }
+    _exit(0);
+}
+
+static int exit_child(void) {
+    char es[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    if (rd_kafka_conf_set(conf, "test.mock.num.brokers", "1", es, sizeof(es)) != RD_KAFKA_CONF_OK)
+        return 2;
+    g_exit_prod = rd_kafka_new(RD_KAFKA_PRODUCER, conf, es, sizeof(es));
+    if (!g_exit_prod)
+        return 2;
+    rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(g_exit_prod);
+    if (rd_kafka_mock_topic_create(mc, "exiting", 1, 1) != RD_KAFKA_RESP_ERR_NO_ERROR)
+        return 2;
+    const char v[] = "{\"id\": \"e0\", \"prompt\": \"x\"}";
+    if (rd_kafka_producev(g_exit_prod, RD_KAFKA_V_TOPIC("exiting"), RD_KAFKA_V_PARTITION(0),
+                          RD_KAFKA_V_VALUE((void *)v, sizeof(v) - 1),
+                          RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_END) ||
+        rd_kafka_flush(g_exit_prod, 10000))
+        return 2;
+    tm_job_spec *spec = load_spec_conf(rd_kafka_mock_cluster_bootstraps(mc), "exiting", "ge", "e",
+                                       "\"session.timeout.ms\": \"6000\"");
+    tm_source *a = NULL;
+    tm_err err = {0};
+    g_exit_base = rd_kafka_thread_cnt();
+    atexit(exit_check);
+    if (!spec || tm_source_open(spec, &a, &err) != TM_OK) {
+        fprintf(stderr, "exit child: %s\n", err.msg);
+        return 2;
+    }
+    // In the group (its one record read), so closing means leaving it.
+    tm_job *job = NULL;
+    if (tm_source_next(a, &job, &err) != TM_OK) {
+        fprintf(stderr, "exit child: no record: %s\n", err.msg);
+        return 2;
+    }
+    tm_job_destroy(job);
+    (void)rd_kafka_mock_broker_set_rtt(mc, -1, 600000);
+    tm_source_destroy(a); // given up on: the broker does not answer the leave
+    tm_job_spec_destroy(spec);
+    // The broker answers again: librdkafka ends the consumer within milliseconds, while exit()
+    // starts at once.
+    (void)rd_kafka_mock_broker_set_rtt(mc, -1, 0);
+    return 0;
+}
+
+static void test_exit_waits_for_abandoned_destroy(void) {
+    fflush(NULL);
+    pid_t pid = fork();
+    TM_CHECK(pid >= 0);
+    if (pid == 0)
+        exit(exit_child());
+    int st = 0;
+    TM_CHECK(waitpid(pid, &st, 0) == pid);
+    TM_CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %s %d",
+                 WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_test_kafka_in_XXXXXX");
     if (!mkdtemp(g_tmp))
         tm_test_skip("mkdtemp failed");
+    // First: its child must not inherit the exit handler of an earlier test's given-up close.
+    TM_RUN(test_exit_waits_for_abandoned_destroy);
     TM_RUN(test_held_record_dropped);
     TM_RUN(test_close_bounded);
     char cmd[320];
