@@ -107,6 +107,8 @@ struct tm_kafka_in {
     char *cluster_id;         /* owned; from the metadata at open, or NULL */
     uint32_t max_ahead;       /* input.kafka.max_read_ahead (0 in cfg: no bound) */
     tm_source_kskips skips;   /* under mu */
+    char *brokers_down;       /* owned; on_stats: the brokers not up at the last report, or NULL */
+    uint64_t n_detail;        /* librdkafka lines and broker errors shown only at -v */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -582,12 +584,55 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
 static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
-    (void)e;
     if (!ki->started) { // the start-up wait: on_log has shown the first such line
         ki->n_quiet++;
         return;
     }
+    if (e == RD_KAFKA_RESP_ERR__TRANSPORT || e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
+        e == RD_KAFKA_RESP_ERR__RESOLVE) { // on_stats sums these up, one line per change
+        ki->n_detail++;
+        TM_LOG_DEBUG("kafka_in", "consumer: %s", reason);
+        return;
+    }
     warn_limited(ki, "consumer: %s%s", reason, "");
+}
+
+/* librdkafka's statistics (statistics.interval.ms, served in our polls): one line each time the
+ * set of brokers that are not up changes, naming them; librdkafka's own lines about it are shown
+ * at -v only. A broker counts as down in state DOWN, TRY_CONNECT or CONNECT (the bootstrap
+ * entries and brokers never needed, state INIT, are left out). */
+static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
+    (void)rk;
+    tm_kafka_in *ki = opaque;
+    json_t *root = json_loadb(text, n, 0, NULL);
+    json_t *brokers = json_object_get(root, "brokers");
+    tm_buf down = {0};
+    tm_err err = {0};
+    const char *name;
+    json_t *b;
+    json_object_foreach(brokers, name, b) {
+        const char *st = json_string_value(json_object_get(b, "state"));
+        if (json_integer_value(json_object_get(b, "nodeid")) < 0 || !st)
+            continue;
+        if (strcmp(st, "DOWN") != 0 && strcmp(st, "TRY_CONNECT") != 0 && strcmp(st, "CONNECT") != 0)
+            continue;
+        if (tm_buf_printf(&down, &err, "%s%s", down.len ? ", " : "", name) != TM_OK)
+            break;
+    }
+    json_decref(root);
+    const char *now = down.len ? down.data : NULL;
+    const char *before = ki->brokers_down;
+    if ((now == NULL) != (before == NULL) || (now && strcmp(now, before) != 0)) {
+        if (now)
+            TM_LOG_WARN("kafka_in",
+                        "brokers not answering: %s (reconnecting; librdkafka's detail at -v)", now);
+        else
+            TM_LOG_INFO("kafka_in", "brokers: every broker in use is up again (were: %s)", before);
+        tm_free(ki->brokers_down);
+        ki->brokers_down = now ? tm_strdup(now) : NULL;
+    }
+    tm_buf_fini(&down);
+    return 0; // the text is librdkafka's to free
 }
 
 // ---- set-up ----
@@ -604,8 +649,11 @@ static tm_rc set(rd_kafka_conf_t *conf, const char *k, const char *v, tm_err *er
  * print a retry line every second or so until the start-up timeout. */
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
     tm_kafka_in *ki = rd_kafka_opaque(rk);
-    if (ki->started) {
-        rd_kafka_log_print(rk, level, fac, buf);
+    if (ki->started) { // the broker state lines come from on_stats; the detail at -v
+        if (tm_log_get_level() >= TM_LOG_LEVEL_DEBUG)
+            rd_kafka_log_print(rk, level, fac, buf);
+        else
+            ki->n_detail++;
         return;
     }
     if (ki->n_quiet++ == 0)
@@ -790,6 +838,11 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     ki->revoke_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_REVOKE_WAIT_MS, TM_MAX(sess_ms / 2, 100L));
     ki->commit_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_COMMIT_WAIT_MS, TM_MAX(sess_ms / 4, 100L));
     ki->close_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_CLOSE_WAIT_MS, TM_MAX(sess_ms / 2, 200L));
+    bool own_stats = true; // the broker state summary, unless the user asked for statistics
+    for (size_t i = 0; i < cfg->n_config; i++)
+        own_stats = own_stats && strcmp(cfg->config[2 * i], "statistics.interval.ms") != 0;
+    if (own_stats && set(conf, "statistics.interval.ms", "1000", err) == TM_OK)
+        rd_kafka_conf_set_stats_cb(conf, on_stats);
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
     rd_kafka_conf_set_error_cb(conf, on_error);
@@ -996,6 +1049,9 @@ void tm_kafka_in_close(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->n_stash; i++)
         rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
     tm_free(ki->stash);
+    if (ki->n_detail)
+        TM_LOG_INFO("kafka_in", "%llu librdkafka lines and broker errors were shown only at -v",
+                    (unsigned long long)ki->n_detail);
     if (ki->rk && closed)
         rd_kafka_destroy(ki->rk);
     else if (ki->rk)
@@ -1010,6 +1066,7 @@ void tm_kafka_in_close(tm_kafka_in *ki) {
     tm_free(ki->ring);
     if (ki->cluster_id)
         rd_kafka_mem_free(NULL, ki->cluster_id);
+    tm_free(ki->brokers_down);
     pthread_cond_destroy(&ki->cv);
     pthread_mutex_destroy(&ki->mu);
     tm_free(ki);
