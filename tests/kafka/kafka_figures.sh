@@ -44,6 +44,10 @@ node -e '
   if (high !== 43) fail("high watermarks sum " + high + " (want 43 messages)");
   if (m.records.ok + m.records.failed !== 40) fail("records " + JSON.stringify(m.records));' "$work/a/metrics.json" ||
     { grep kafka_in "$work/a1.log" | tail; exit 1; }
+if [ -d "$src/third_party/npm/node_modules/ajv" ]; then # the new fields follow the schemas
+    node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/metrics.schema.json" "$work/a/metrics.json"
+    node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/manifest.schema.json" "$work/a/manifest.json"
+fi
 for metric in tokenmill_kafka_lag tokenmill_kafka_committed_offset; do
     for p in 0 1; do
         grep -q "^$metric{job=\".*\",topic=\"jobs\",partition=\"$p\"} [0-9]" "$work/tm.prom" ||

@@ -23,6 +23,10 @@ head -60 "$work/data/in.jsonl" | awk '{ match($0, /"r[0-9]+"/); print "k" substr
 tail -40 "$work/data/in.jsonl" | kcat -P -b "$bs" -t jobs
 kcat -C -b "$bs" -t jobs -e -q -J >"$work/in.json"
 kin_job "$work/a.json" "$work/a" g1 '{ "brokers": "'"$bs"'", "topic": "answers", "partitioning": "input", "error_topic": "dead" }'
+sed -i 's/"group": "g1",/"group": "g1", "max_read_ahead": 64,/' "$work/a.json"
+if [ -d "$src/third_party/npm/node_modules/ajv" ]; then
+    node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/job.schema.json" "$work/a.json"
+fi
 "$build/tokenmill" run "$work/a.json" >"$work/a.log" 2>&1 || { echo "FAIL: run"; tail "$work/a.log"; exit 1; }
 kcat -C -b "$bs" -t answers -e -q -J >"$work/answers.json"
 kcat -C -b "$bs" -t dead -e -q -J >"$work/dead.json"
