@@ -913,8 +913,8 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
 }
 
 // A Kafka input after the last commit: the consumer commits the offsets that commit made durable
-// (synchronously, bounded) and metrics.json is written again with the figures that follow, so
-// its committed offsets and lags are the run's last. A failure here is logged, not the job's.
+// (synchronously, bounded) and metrics.json and the Prometheus textfile are written again with the
+// figures that follow, so their committed offsets and lags are the run's last. A failure here is logged, not the job's.
 static void kafka_final_figures(job_run *j) {
     if (!j->p.spec || !j->p.spec->kafka_in || !j->src || !j->metrics || !j->sink_started)
         return;
@@ -926,6 +926,8 @@ static void kafka_final_figures(job_run *j) {
     snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);
     if (!rc)
         rc = tm_metrics_write_json(j->metrics, mpath, &e);
+    if (!rc && j->progress) // the textfile's last word too (a no-op without one)
+        rc = tm_progress_write_textfile(j->progress, tm_now_ms(), 1, &e);
     if (rc)
         TM_LOG_WARN("job", "%s: the Kafka figures after the last commit: %s", j->path, e.msg);
 }
