@@ -25,10 +25,12 @@ static __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f
 
 static __global__ void embed_kernel(tm_k_dsv4_embed_args a) {
     const uint32_t t = blockIdx.x, D = a.D;
-    const uint16_t *e = a.embd + (size_t)a.tokens[t] * D;
+    const uint32_t row = a.sliced ? a.tokens[t] - a.vocab0 : a.tokens[t]; // wraps below the slice
+    const int have = !a.sliced || row < a.n_vocab;
+    const uint16_t *e = a.embd + (size_t)(have ? row : 0) * D;
     float *st = a.streams + (size_t)t * a.n_hc * D;
     for (uint32_t i = threadIdx.x; i < D; i += blockDim.x) {
-        const float v = tm_bf2f(e[i]);
+        const float v = have ? tm_bf2f(e[i]) : 0.0f;
         for (uint32_t n = 0; n < a.n_hc; n++)
             st[(size_t)n * D + i] = v;
     }

@@ -47,12 +47,16 @@ typedef struct tm_k_dsv4_seqs {
     uint32_t block_size;
 } tm_k_dsv4_seqs;
 
-/* streams[t][i][:] = embd[tokens[t]] for i < n_hc (fp32 from bf16). */
+/* streams[t][i][:] = embd[tokens[t]] for i < n_hc (fp32 from bf16). Vocabulary-parallel
+ * (n_vocab > 0): embd holds rows [vocab0, vocab0 + n_vocab) only; a token outside them gives
+ * zeros (another rank holds its row; the ranks' streams are then summed). */
 typedef struct tm_k_dsv4_embed_args {
     float *streams;         /* [T][n_hc * D] */
-    const uint16_t *embd;   /* [V][D] bf16 */
+    const uint16_t *embd;   /* [V][D] bf16, or [n_vocab][D] */
     const uint32_t *tokens; /* [T] */
     uint32_t n_tok, n_hc, D;
+    uint32_t vocab0, n_vocab; /* the slice; n_vocab 0: the whole table (single GPU) */
+    uint32_t sliced;          /* 1: vocab0 / n_vocab apply (n_vocab may then be 0: no rows) */
 } tm_k_dsv4_embed_args;
 tm_rc tm_k_dsv4_embed(const tm_k_dsv4_embed_args *a, cudaStream_t s, tm_err *err);
 

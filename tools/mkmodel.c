@@ -1416,7 +1416,12 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     return 1;
 }
 
+int mkmodel_dsv41_main(int argc, char **argv); /* tools/mkmodel_dsv41.c */
+
 int main(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++) // DeepSeek-V4.1 has its own writer
+        if (!strcmp(argv[i], "--arch") && !strcmp(argv[i + 1], "deepseek_v41"))
+            return mkmodel_dsv41_main(argc, argv);
     mk_opts o;
     if (!parse_args(argc, argv, &o)) {
         usage();

@@ -137,6 +137,64 @@ done:
 
 // ---- output files and canonical paths ----
 
+const char *tm_fs_kind(unsigned mode) {
+    return S_ISREG(mode)    ? "a regular file"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISDIR(mode)  ? "a folder"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISLNK(mode)  ? "a symbolic link"
+                            : "a device or other special file";
+}
+
+tm_rc tm_fs_open_in(const char *path, const char *what, int *fd, struct stat *st_out, tm_err *err) {
+    *fd = -1;
+    int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) {
+        int e = errno;
+        TM_ERR(err, TM_E_IO, "%s: open: %s (%s)", path, strerror(e), what);
+        errno = e; // callers tell a missing optional file by ENOENT
+        return TM_E_IO;
+    }
+    struct stat st;
+    if (fstat(f, &st) != 0) {
+        int e = errno;
+        close(f);
+        return TM_ERR(err, TM_E_IO, "%s: stat: %s (%s)", path, strerror(e), what);
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(f);
+        return TM_ERR(err, TM_E_IO,
+                      "%s is %s, not a regular file (%s: tokenmill reads only regular files "
+                      "there; a FIFO or device could block it or change under it)",
+                      path, tm_fs_kind(st.st_mode), what);
+    }
+    int fl = fcntl(f, F_GETFL);
+    if (fl < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(f);
+        return TM_ERR(err, TM_E_IO, "%s: fcntl: %s (%s)", path, strerror(e), what);
+    }
+    if (st_out)
+        *st_out = st;
+    *fd = f;
+    return TM_OK;
+}
+
+tm_rc tm_fs_fopen_in(const char *path, const char *what, FILE **out, tm_err *err) {
+    *out = NULL;
+    int fd = -1;
+    tm_rc rc = tm_fs_open_in(path, what, &fd, NULL, err);
+    if (rc)
+        return rc;
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        close(fd);
+        return TM_ERR(err, TM_E_NOMEM, "%s: fdopen", path);
+    }
+    *out = fp;
+    return TM_OK;
+}
+
 // The error for a path that is not a plain file of tokenmill's (st from lstat).
 static tm_rc not_ours(const char *path, const struct stat *st, tm_err *err) {
     if (S_ISLNK(st->st_mode))
@@ -144,10 +202,7 @@ static tm_rc not_ours(const char *path, const struct stat *st, tm_err *err) {
                       "%s is a symbolic link: tokenmill never writes through links in its "
                       "outputs (remove it, or choose another output path)",
                       path);
-    const char *kind = S_ISFIFO(st->st_mode)   ? "a FIFO"
-                       : S_ISDIR(st->st_mode)  ? "a folder"
-                       : S_ISSOCK(st->st_mode) ? "a socket"
-                                               : "a device or other special file";
+    const char *kind = tm_fs_kind(st->st_mode);
     return TM_ERR(err, TM_E_IO,
                   "%s is %s, not a regular file: tokenmill writes only regular files there "
                   "(remove it, or choose another output path)",

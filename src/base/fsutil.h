@@ -20,8 +20,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "base/err.h"
+
+struct stat;
 
 /* Whether a step goes through the tm_fault_io() hooks (see the top of this file). */
 typedef enum tm_fs_hooks {
@@ -70,6 +73,20 @@ tm_rc tm_fs_replace(const char *path, const char *const *parts, size_t n_parts,
  * file. On success *fd is the blocking, close-on-exec descriptor the caller closes. TM_E_IO. */
 tm_rc tm_fs_open_out(const char *path, int flags, unsigned mode, bool *created, int *fd,
                      tm_err *err);
+/* Open path for tokenmill to read (a model file, a job file, an input): O_RDONLY with O_NONBLOCK
+ * so that a FIFO or device under the name never blocks the open (issue 35), then fstat: anything
+ * but a regular file is TM_E_IO "<path> is a FIFO, not a regular file (<what>: ...)" (what names
+ * the role, e.g. "model config"; symbolic links are followed, as the user named the path). On
+ * success *fd is a blocking, close-on-exec descriptor the caller closes, and *st (may be NULL)
+ * the file's fstat. On an open failure errno is the open's. TM_E_IO. */
+tm_rc tm_fs_open_in(const char *path, const char *what, int *fd, struct stat *st, tm_err *err);
+/* tm_fs_open_in as a stdio stream ("rb") the caller fcloses. On an open failure errno is the
+ * open's (ENOENT for a missing file). TM_E_IO, TM_E_NOMEM. */
+tm_rc tm_fs_fopen_in(const char *path, const char *what, FILE **out, tm_err *err);
+/* "a FIFO", "a folder", "a socket", "a device or other special file" or "a regular file", for a
+ * stat st_mode. */
+const char *tm_fs_kind(unsigned mode);
+
 /* lstat path, which tokenmill writes: *size is its length, or -1 when there is no such file. A
  * symbolic link or anything but a regular file there is TM_E_IO naming it; TM_E_IO for other
  * lstat errors. Opens nothing, so it cannot block. */

@@ -16,4 +16,14 @@ size_t tm_utf8_decode(const char *s, size_t n, uint32_t *cp);
 /* Encode cp (<= 0x10FFFF, not a surrogate) into out[4]; returns the byte length. */
 size_t tm_utf8_encode(uint32_t cp, char *out);
 
+/* File paths in JSON (issue 35). A path is a byte string (any bytes but NUL); JSON strings are
+ * UTF-8. tm_path_escape writes p so that JSON can carry it losslessly: the valid UTF-8 in it as
+ * it is, each byte that is not part of valid UTF-8 as the four characters \xHH (two lowercase hex
+ * digits), and each backslash as \x5c, so a name that is valid UTF-8 and has no backslash is
+ * unchanged. tm_path_unescape undoes it: \xHH (any two hex digits, HH != 00) becomes that byte;
+ * every other character, a lone backslash included, stays. Both return a new NUL-terminated
+ * string the caller frees with tm_free(), or NULL when out of memory. */
+char *tm_path_escape(const char *p);
+char *tm_path_unescape(const char *s);
+
 #endif /* TM_BASE_UTF8_H */

@@ -20,7 +20,9 @@
 #include "cmd/job_run.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
+#include "runner/engram_map.h"
 #include "runner/model/model.h"
+#include "runner/model/model_dsv41.h"
 #include "runner/runner.h"
 #include "runner/text/tokenizer.h"
 #include "cmd/run_metrics.h"
@@ -397,6 +399,7 @@ int tm_bench_cmd(int argc, char **argv) {
     const workload *wl = strcmp(scale, "small") ? full_wl : small_wl;
 
     bench b = {.backend = backend, .scale = scale, .seed = seed};
+    int32_t *token_map = NULL; /* DeepSeek-V4.1 with Engram: the tokenizer's compressed map */
     tm_err err = {0};
     tm_rc rc = TM_OK;
     rc = tm_job_check_model_dir(model_dir, &err); // the same hints as run's
@@ -435,9 +438,14 @@ int tm_bench_cmd(int argc, char **argv) {
             .tp = 1,
         };
         b.eo = tm_job_engine_opts(&je); // as a job's engine section resolves
-        if (!strcmp(backend, "cuda"))   // fails cleanly in a build without CUDA
+        const tm_dsv41 *d41 = tm_model_dsv41(b.model);
+        uint32_t n_comp = 0;
+        if (d41 && d41->cfg.n_engram) // the Engram compressed token map, as job_run builds it
+            rc = tm_engram_map_from_tok(b.tok, &token_map, &b.eo.n_token_map, &n_comp, &err);
+        b.eo.token_map = token_map;
+        if (!rc && !strcmp(backend, "cuda")) // fails cleanly in a build without CUDA
             rc = tm_engine_cuda_create(b.model, &b.eo, &b.eng, &err);
-        else
+        else if (!rc)
             rc = tm_engine_cpu_create(b.model, &b.eo, &b.eng, &err);
     }
     if (!rc) {
@@ -455,6 +463,7 @@ int tm_bench_cmd(int argc, char **argv) {
     if (!rc)
         print_table(&b, rows, n_rows, bandwidth);
     tm_engine_destroy(b.eng);
+    tm_free(token_map);
     tm_tok_destroy(b.tok);
     tm_model_destroy(b.model);
     if (rc) {

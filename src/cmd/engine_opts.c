@@ -16,5 +16,6 @@ tm_engine_opts tm_job_engine_opts(const tm_job_engine *e) {
         .kv_dtype = e->kv_cache_fp8 ? TM_KV_DTYPE_FP8 : TM_KV_DTYPE_AUTO,
         // speculative verification: a row for the decode token and each draft
         .max_rows = e->spec_k ? e->max_seqs * (e->spec_k + 1) : 0,
+        .engram_cache_mb = e->engram_cache_mb,
     };
 }

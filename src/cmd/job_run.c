@@ -8,10 +8,12 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <lz4frame.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -27,7 +29,10 @@
 #include "ingest/source.h"
 #include "runner/engine/engine.h"
 #include "runner/engine/cuda/engine_cuda.h"
+#include "runner/engram_map.h"
+#include "runner/model/engram_hash.h"
 #include "runner/model/model.h"
+#include "runner/model/model_dsv41.h"
 #include "runner/runner.h"
 #include "runner/text/tokenizer.h"
 #include "cmd/engine_opts.h"
@@ -287,9 +292,12 @@ typedef struct job_parts {
     tm_job_spec *spec;
     tm_model *model;
     tm_tokenizer *tok;
+    int32_t *token_map; /* DeepSeek-V4.1 with Engram: the tokenizer's compressed map, else NULL */
+    uint32_t n_token_map;
 } job_parts;
 
 static void parts_fini(job_parts *p) {
+    tm_free(p->token_map);
     tm_tok_destroy(p->tok);
     tm_model_destroy(p->model);
     tm_job_spec_destroy(p->spec);
@@ -328,9 +336,14 @@ tm_rc tm_job_check_model_dir(const char *dir, tm_err *err) {
     return TM_OK;
 }
 
-static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, tm_err *err) {
-    tm_rc rc = spec_json ? tm_job_spec_load_text(path, NULL, spec_json, &p->spec, err)
-                         : tm_job_spec_load(path, &p->spec, err);
+static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p, tm_err *err) {
+    tm_rc rc = o->spec_json ? tm_job_spec_load_text(path, NULL, o->spec_json, &p->spec, err)
+                            : tm_job_spec_load(path, &p->spec, err);
+    int64_t k = -1, n = 0;
+    if (!rc && o->shard)
+        rc = tm_shard_parse_arg(o->shard, &k, &n, err);
+    if (!rc) // a sharded job becomes its shard here: identity and output folder (job_spec.h)
+        rc = tm_job_spec_set_shard(p->spec, o->shard != NULL, k, n, NULL, err);
     if (rc)
         return rc;
     rc = tm_job_check_model_dir(p->spec->model, err);
@@ -351,6 +364,21 @@ static tm_rc parts_load(const char *path, const char *spec_json, job_parts *p, t
         return TM_ERR(err, TM_E_INVAL,
                       "%s: the tokenizer has %u ids but the model's vocab_size is %u",
                       p->spec->model, tm_tok_n_vocab(p->tok), p->model->cfg.n_vocab);
+    // DeepSeek-V4.1's Engram hashes n-grams of compressed token ids: the map is built here, where
+    // the tokenizer and the model meet, and handed to the engine (tm_engine_opts.token_map)
+    const tm_dsv41 *d41 = tm_model_dsv41(p->model);
+    if (d41 && d41->cfg.n_engram) {
+        uint32_t n_comp = 0;
+        rc = tm_engram_map_from_tok(p->tok, &p->token_map, &p->n_token_map, &n_comp, err);
+        if (rc)
+            return tm_err_wrap(err, "%s: Engram compressed token map", p->spec->model);
+        char where[4200];
+        snprintf(where, sizeof(where), "%s/config.json", p->spec->model);
+        rc = tm_engram_check_compressed_vocab(n_comp, d41->cfg.engram_compressed_vocab_size, where,
+                                              err);
+        if (rc)
+            return rc;
+    }
     return TM_OK;
 }
 
@@ -362,7 +390,19 @@ typedef struct resume_state {
     tm_manifest_counts earlier;
     uint64_t cut_bytes;
     bool resumed, finished_before;
+    bool results_compare; /* output.results_file exists (finished job, no --restart): rewrite it
+                           * only when it holds what the verified outputs give */
 } resume_state;
+
+// output.results_file exists when the job has not finished (or has no outputs yet): tokenmill
+// writes it only when a job finishes, so it is someone else's file (issue 35).
+static tm_rc results_not_ours(const tm_job_spec *spec, const char *path, tm_err *err) {
+    return TM_ERR(err, TM_E_INVAL,
+                  "output.results_file %s already exists, and it is not tokenmill's result for "
+                  "this job (the job in %s has not finished): remove it or choose another "
+                  "results path, or run `tokenmill run --restart %s` to overwrite it",
+                  spec->results_file, spec->output_dir, path);
+}
 
 static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
     char p[4096];
@@ -396,6 +436,10 @@ static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
+    int64_t results_size = -1; // a link or FIFO there is refused when it is written
+    if (spec->results_file && !o->restart &&
+        tm_fs_check_out(spec->results_file, &results_size, err) != TM_OK)
+        results_size = 0;
     tm_rc rc = tm_manifest_lock(dir, &rs->lk, err);
     if (!rc) // links, FIFOs and such under tokenmill's names: refused before anything opens them
         rc = tm_manifest_check_folder(dir, &rs->lk, false, err);
@@ -427,6 +471,8 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     }
     if (!found && !o->restart) // a fresh start must not overwrite files tokenmill did not write
         rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
+    if (!rc && !found && results_size >= 0)
+        rc = results_not_ours(spec, path, err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
         return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
@@ -454,7 +500,23 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     }
     // A Kafka or stdin job is never done: a rerun reads what is new (a stdin stream must start
     // with the bytes already answered, which the source checks).
+    if (results_size >= 0 && !(old.finished && !spec->kafka_in && !rs->man.in_stdin.set)) {
+        rc = results_not_ours(spec, path, err);
+        tm_manifest_fini(&old);
+        return rc;
+    }
     if (old.finished && !spec->kafka_in && !rs->man.in_stdin.set) {
+        // Nothing is derived from outputs that changed since (the results file): issue 35.
+        rc = tm_manifest_verify(dir, &old, err);
+        if (rc) {
+            tm_err_wrap(err,
+                        "the finished job in %s has damaged outputs (nothing was written; "
+                        "`tokenmill run --restart %s` runs the job again)",
+                        dir, path);
+            tm_manifest_fini(&old);
+            return rc;
+        }
+        rs->results_compare = results_size >= 0;
         rs->finished_before = true;
         rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
@@ -513,6 +575,41 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     return rc;
 }
 
+// A shard's shard.json (TM_SHARD_FILE): what `tokenmill merge` needs to find the job again
+// without the job file: the canonical spec (the shard's identity) and the folder its relative
+// paths resolve against. Written at each run's start, replaced whole.
+static tm_rc write_shard_file(const tm_job_spec *spec, const char *path, bool from_text,
+                              tm_err *err) {
+    char base[4096];
+    const char *slash = strrchr(path, '/');
+    if (from_text || !slash)
+        snprintf(base, sizeof(base), ".");
+    else
+        snprintf(base, sizeof(base), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    char *abs = tm_fs_canon(base), *cwd = tm_fs_canon(".");
+    json_t *doc = json_pack("{s:i, s:I, s:I, s:s, s:s, s:s, s:s, s:s}", "version", 1, "index",
+                            (json_int_t)spec->shard.index, "count", (json_int_t)spec->shard.count,
+                            "by", tm_shard_by_name(spec->shard.by), "job", path, "base_dir",
+                            abs ? abs : ".", "cwd", cwd ? cwd : ".", "canonical",
+                            spec->canonical_json);
+    tm_free(cwd);
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+    json_decref(doc);
+    tm_free(abs);
+    char *file = tm_fs_path_join(spec->output_dir, TM_SHARD_FILE);
+    tm_rc rc = TM_OK;
+    if (!text || !file) {
+        rc = TM_ERR(err, TM_E_NOMEM, "shard.json");
+    } else {
+        const char *parts[] = {text, "\n"};
+        rc = tm_fs_replace(file, parts, 2, &(tm_fs_replace_opts){.mode = 0666, .durable = true},
+                           err);
+    }
+    free(text); // jansson's allocation
+    tm_free(file);
+    return rc;
+}
+
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
@@ -555,6 +652,8 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
         TM_LOG_INFO("job", "%s: linears quantized to fp8 e4m3 per channel in %.2f s (%u threads)",
                     j->path, (tm_now_ms() - t0) / 1000.0, j->eo.n_threads);
     }
+    j->eo.token_map = j->p.token_map;
+    j->eo.n_token_map = j->p.n_token_map;
     rc = create_engine(spec, j->p.model, &j->eo, j->path, j->opts->tp, &j->eng, err);
     if (rc)
         return rc;
@@ -798,6 +897,7 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .live_tok_gen = &j->live_tok_gen,
         .live_tok_prompt = &j->live_tok_prompt,
         .stop_on_signal = spec->kafka_in == NULL,
+        .admit_early = spec->kafka_in != NULL || j->rs.man.in_stdin.set,
         .spec_k = spec->engine.spec_k,
         .spec_lookup_min = spec->engine.spec_lookup_min,
         .spec_lookup_max = spec->engine.spec_lookup_max,
@@ -1002,10 +1102,38 @@ static tm_rc copy_into(FILE *out, const char *out_path, const char *path, bool l
     return rc;
 }
 
+// Whether the files a and b hold the same bytes (b may be missing: false).
+static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err) {
+    *same = false;
+    FILE *fa = NULL, *fb = NULL;
+    tm_rc rc = tm_fs_fopen_in(a, "results", &fa, err);
+    if (!rc && tm_fs_fopen_in(b, "output.results_file", &fb, err) != TM_OK) {
+        fclose(fa);
+        return errno == ENOENT ? TM_OK : err->rc;
+    }
+    if (rc)
+        return rc;
+    static _Thread_local char ba[1 << 16], bb[1 << 16];
+    for (;;) {
+        size_t na = fread(ba, 1, sizeof(ba), fa), nb = fread(bb, 1, sizeof(bb), fb);
+        if (na != nb || memcmp(ba, bb, na) != 0)
+            break;
+        if (na == 0) {
+            *same = !ferror(fa) && !ferror(fb);
+            break;
+        }
+    }
+    fclose(fa);
+    fclose(fb);
+    return TM_OK;
+}
+
 // output.results_file of a finished job: every answer line in one plain JSONL file (the
 // completions, then the error lines), as vLLM's run-batch writes its -o file; PATH.tmp, then a
 // rename, so the file is whole or absent. Completions sent to Kafka are not in it.
-static tm_rc write_results_file(const tm_job_spec *spec, bool plain, tm_err *err) {
+static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err);
+
+static tm_rc write_results_file(const tm_job_spec *spec, bool plain, bool compare, tm_err *err) {
     char tmp[4096], comp[4096], errs[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", spec->results_file);
     snprintf(comp, sizeof(comp), "%s/%s", spec->output_dir,
@@ -1027,6 +1155,16 @@ static tm_rc write_results_file(const tm_job_spec *spec, bool plain, tm_err *err
     if (!rc && fsync(fileno(out)) != 0)
         rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
     fclose(out);
+    bool same = true;
+    if (!rc && compare)
+        rc = same_content(tmp, spec->results_file, &same, err);
+    if (!rc && !same)
+        rc = TM_ERR(err, TM_E_INVAL,
+                    "output.results_file %s differs from the finished job's outputs in %s: it is "
+                    "not tokenmill's result for this job (edited or replaced since); it was left "
+                    "as it is. Remove it or choose another results path, or run with --restart "
+                    "to run the job again and overwrite it",
+                    spec->results_file, spec->output_dir);
     if (!rc && rename(tmp, spec->results_file) != 0)
         rc = TM_ERR(err, TM_E_IO, "renaming %s to %s: %s", tmp, spec->results_file,
                     strerror(errno));
@@ -1055,9 +1193,11 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     job_run j = {
         .path = path, .opts = opts, .t0_ms = tm_now_ms(), .rs = {.lk = TM_MANIFEST_LK_INIT}};
     tm_stop_install(); // SIGINT/SIGTERM: stop gracefully (base/stop.h); a second one kills
-    tm_rc rc = parts_load(path, opts->spec_json, &j.p, err);
+    tm_rc rc = parts_load(path, opts, &j.p, err);
     if (rc == TM_OK)
         rc = resume_prepare(j.p.spec, path, opts, &j.rs, err);
+    if (rc == TM_OK && j.p.spec->shard.active)
+        rc = write_shard_file(j.p.spec, path, opts->spec_json != NULL, err);
     if (rc == TM_OK && !j.rs.finished_before) {
         rc = engine_setup(&j, err);
         if (rc == TM_OK)
@@ -1075,7 +1215,7 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
         kafka_final_figures(&j);
     bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
     if (rc == TM_OK && finished && j.p.spec->results_file)
-        rc = write_results_file(j.p.spec, j.rs.man.completions_plain, err);
+        rc = write_results_file(j.p.spec, j.rs.man.completions_plain, j.rs.results_compare, err);
     if (rc == TM_OK && j.sink_started)
         print_summary(&j);
     if (opts->result) {
@@ -1109,8 +1249,9 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
     job_parts p = {0};
     tm_source *src = NULL;
     tm_buf line = {0};
+    tm_chat_tpl *chat = NULL;
     uint64_t n_ok = 0, n_bad = 0;
-    tm_rc rc = parts_load(path, opts->spec_json, &p, err);
+    tm_rc rc = parts_load(path, opts, &p, err);
     if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
         rc = TM_ERR(err, TM_E_INVAL, "%s",
                     cuda_hint("no CUDA device answers, or this build has no CUDA engine"));
@@ -1133,7 +1274,10 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
                                .block_size = p.spec->engine.block_size,
                                .defaults = p.spec->defaults,
                                .chat_template = p.spec->chat_template};
-        rc = tm_source_open(p.spec, &src, err);
+        rc = tm_chat_tpl_create(p.tok, p.spec->chat_template, &chat, err); // once, not per record
+        rcfg.chat_tpl = chat;
+        if (rc == TM_OK)
+            rc = tm_source_open(p.spec, &src, err);
     }
     while (rc == TM_OK) {
         tm_job *job = NULL;
@@ -1176,6 +1320,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
                                             .fail_on_error = p.spec &&
                                                              p.spec->fail_on_error_records};
     tm_buf_fini(&line);
+    tm_chat_tpl_destroy(chat);
     parts_fini(&p);
     return rc;
 }

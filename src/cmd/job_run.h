@@ -21,6 +21,10 @@ typedef struct tm_job_run_result {
 /* The name a job built in memory (tm_job_run_opts.spec_json) goes by in messages and metrics. */
 #define TM_JOB_CLI_NAME "(command-line job)"
 
+/* A sharded job's shard folder holds this file: its index and count, the canonical spec and the
+ * folder its relative paths resolve against (read by `tokenmill merge`, cmd/merge.h). */
+#define TM_SHARD_FILE "shard.json"
+
 /* Options of tm_job_run_with; all-zero is tm_job_run's behaviour. */
 typedef struct tm_job_run_opts {
     int restart; /* discard the output folder's manifest and outputs, even of another job */
@@ -29,8 +33,9 @@ typedef struct tm_job_run_opts {
     const char *spec_json;         /* the job as JSON text (one-command mode; relative paths against
                                     * the current folder) instead of the file at path; borrowed */
     tm_job_run_result *result;     /* filled when not NULL (also on failure: what is known) */
-    int *stop_signal; /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
-                       * gracefully (base/stop.h), 0 if none; main exits 128 + it */
+    int *stop_signal;  /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
+                        * gracefully (base/stop.h), 0 if none; main exits 128 + it */
+    const char *shard; /* --shard K/N, auto/N or auto (ingest/shard.h), or NULL; borrowed */
 } tm_job_run_opts;
 /* tm_job_run with options. Over an output folder whose manifest names the same job it resumes
  * (or, when that job finished, prints so and returns TM_OK without running; a job reading

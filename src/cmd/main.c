@@ -1,9 +1,9 @@
 /* cmd/main.c - the tokenmill command line: run (a job file, or one command that builds the job in
- * memory), validate, tokenize, bench, report, --help, --version. Parses arguments and hands off to
- * cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run the
- * job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may stand
- * before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or command
- * failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
+ * memory), validate, tokenize, bench, report, merge, --help, --version. Parses arguments and hands
+ * off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run
+ * the job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may
+ * stand before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or
+ * command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
  * limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped gracefully by
  * SIGINT / SIGTERM. */
 #include <jansson.h>
@@ -11,10 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/alloc.h"
 #include "base/buf.h"
+#include "base/utf8.h"
 #include "base/log.h"
 #include "cmd/bench.h"
 #include "cmd/job_run.h"
+#include "cmd/merge.h"
 #include "cmd/report.h"
 #include "cmd/tp_run.h"
 #include "ingest/job_spec.h"
@@ -37,6 +40,9 @@ static const char usage[] =
     "                      and write a metrics.json for each\n"
     "  report METRICS... [-o report.html]  one self-contained HTML report of metrics files or\n"
     "                      folders of them\n"
+    "  merge OUT [-o FILE.jsonl] [--partial]  join the shards of a sharded job (run --shard\n"
+    "                      K/N) into one results file and metrics.json, proving that every\n"
+    "                      input line was answered exactly once (docs/sharding.md)\n"
     "  --help              this text\n"
     "  --version           version and git commit\n"
     "\n"
@@ -48,7 +54,8 @@ static const char usage[] =
     "with --fail-on-error, some record failed), 130 / 143 a file job stopped by SIGINT / SIGTERM\n";
 
 static const char run_usage[] =
-    "usage: tokenmill run JOB.json [--restart] [--fail-on-error] [tensor-parallel options]\n"
+    "usage: tokenmill run JOB.json [--restart] [--fail-on-error] [--shard K/N] [tensor-parallel "
+    "options]\n"
     "       tokenmill run --model DIR -i IN.jsonl [-i ...] -o OUT [options]\n"
     "\n"
     "Runs a job to completion. Over an output folder holding an unfinished run of the same job it\n"
@@ -57,6 +64,10 @@ static const char run_usage[] =
     "\n"
     "job file:\n"
     "  --restart           discard what the output folder holds and run the job anew\n"
+    "  --shard K/N         run shard K (0-based) of N into output.dir/shard-K-of-N; auto/N\n"
+    "                      takes K from JOB_COMPLETION_INDEX or SLURM_ARRAY_TASK_ID, auto takes\n"
+    "                      K and N from the Slurm array; tokenmill merge joins the shards\n"
+    "                      (docs/sharding.md; also with the one-command options)\n"
     "  --fail-on-error     exit 3 if any record ended in an error record\n"
     "  --nnodes N --node-rank K --master-addr HOST --master-port PORT --tp-timeout S\n"
     "                      engine.tp > 1 on GPUs: one process per GPU; on one node run starts\n"
@@ -314,6 +325,7 @@ static void set_output(json_t *doc, const char *out) {
 typedef struct cli_job {
     json_t *doc; /* the job document, keys in the order of the schema's sections */
     int print_job, restart;
+    const char *shard; /* --shard's argument, or NULL */
 } cli_job;
 
 // Parse the one-command options into c->doc. Returns 0, or 2 (bad usage; printed).
@@ -332,6 +344,11 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
         }
         if (!strcmp(a, "--restart")) {
             c->restart = 1;
+            continue;
+        }
+        if (!strcmp(a, "--shard") && v) {
+            c->shard = v;
+            i++;
             continue;
         }
         if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) {
@@ -382,7 +399,15 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
                 arr = json_array();
                 json_object_set_new(s, key, arr);
             }
-            json_array_append_new(arr, json_string(v));
+            // an input path is bytes: escaped so that JSON carries any name (base/utf8.h); a
+            // stop string is text, and one that is not UTF-8 is refused below
+            char *ev = job_opts[k].kind == OPT_INPUT ? tm_path_escape(v) : NULL;
+            json_t *sv = json_string(ev ? ev : v);
+            tm_free(ev);
+            if (!sv || json_array_append_new(arr, sv) != 0) {
+                fprintf(stderr, "tokenmill %s: %s %s: not valid UTF-8 text\n", cmd, a, v);
+                return 2;
+            }
             break;
         }
         }
@@ -455,8 +480,11 @@ static int cmd_one_command(const char *cmd, int argc, char **argv) {
     }
     tm_job_run_result res = {0};
     int sig = 0;
-    tm_job_run_opts o = {
-        .restart = c.restart, .spec_json = text, .result = &res, .stop_signal = &sig};
+    tm_job_run_opts o = {.restart = c.restart,
+                         .spec_json = text,
+                         .result = &res,
+                         .stop_signal = &sig,
+                         .shard = c.shard};
     tm_rc rc = !strcmp(cmd, "run") ? tm_job_run_with(TM_JOB_CLI_NAME, &o)
                                    : tm_job_validate_with(TM_JOB_CLI_NAME, &o);
     free(text);
@@ -467,9 +495,12 @@ static int cmd_one_command(const char *cmd, int argc, char **argv) {
 // job, every other rank of a tensor-parallel launch serves rank 0's steps (cmd/tp_run.h).
 static int cmd_run(int argc, char **argv) {
     int fail_on_error = 0, n = 0;
-    for (int i = 0; i < argc; i++) { // --fail-on-error is ours; the rest goes to tm_tp_run_parse
+    const char *shard = NULL;
+    for (int i = 0; i < argc; i++) { // --fail-on-error, --shard: ours; the rest: tm_tp_run_parse
         if (!strcmp(argv[i], "--fail-on-error"))
             fail_on_error = 1;
+        else if (!strcmp(argv[i], "--shard") && i + 1 < argc)
+            shard = argv[++i];
         else
             argv[n++] = argv[i];
     }
@@ -488,9 +519,11 @@ static int cmd_run(int argc, char **argv) {
         return tm_tp_serve_cmd(a.path, &a.launch);
     tm_job_run_result res = {0};
     int sig = 0;
-    tm_rc rc = tm_job_run_with(
-        a.path, &(tm_job_run_opts){
-                    .restart = a.restart, .tp = &a.launch, .result = &res, .stop_signal = &sig});
+    tm_rc rc = tm_job_run_with(a.path, &(tm_job_run_opts){.restart = a.restart,
+                                                          .tp = &a.launch,
+                                                          .result = &res,
+                                                          .stop_signal = &sig,
+                                                          .shard = shard});
     return exit_status(rc, sig, &res, fail_on_error);
 }
 
@@ -562,6 +595,8 @@ int main(int argc, char **argv) {
         return tm_bench_cmd(sub_argc, sub);
     if (!strcmp(cmd, "report"))
         return tm_report_cmd(sub_argc, sub);
+    if (!strcmp(cmd, "merge"))
+        return tm_merge_cmd(sub_argc, sub);
     const char *help = !strcmp(cmd, "run")        ? run_usage
                        : !strcmp(cmd, "validate") ? validate_usage
                        : !strcmp(cmd, "tokenize") ? tokenize_usage
@@ -569,7 +604,7 @@ int main(int argc, char **argv) {
     if (!help) {
         fprintf(stderr,
                 "tokenmill: unknown command '%s' (commands: run, validate, tokenize, "
-                "bench, report; tokenmill --help)\n",
+                "bench, report, merge; tokenmill --help)\n",
                 cmd);
         return 2;
     }

@@ -22,6 +22,13 @@
 #include "runner/tp/rendezvous.h"
 #include "runner/tp/tp_nccl.h"
 
+/* TM_TP_COMM=host: every local rank on device 0, all-reduces over host shared memory (a check of
+ * the sharding on one GPU, not fast; runner/tp/tp_host.h). The spawned ranks inherit it. */
+static int host_comm_env(void) {
+    const char *e = getenv("TM_TP_COMM");
+    return e && strcmp(e, "host") == 0;
+}
+
 #define WELCOME_MAGIC 0x544d5450u /* "TMTP" */
 #define WELCOME_VERSION 3
 #define REAP_WAIT_MS 20000 /* how long rank 0 waits for its local ranks to exit */
@@ -203,7 +210,7 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
     if (rc)
         return rc;
     const int n_dev = tm_engine_cuda_n_devices();
-    if (n_dev < (int)nproc)
+    if (n_dev < (host_comm_env() ? 1 : (int)nproc)) // TM_TP_COMM=host: all on device 0
         return TM_ERR(err, TM_E_INVAL,
                       "tp: engine.tp %u on %u node(s) needs %u GPUs on this node, %d visible",
                       eo->tp_size, TM_MAX(l->nnodes, 1u), nproc, n_dev);
@@ -249,8 +256,11 @@ tm_rc tm_tp_engine_create(const tm_tp_launch *l, const char *job_path, const tm_
         goto fail;
     tm_engine_opts ro = *eo;
     ro.tp_rank = 0;
-    tm_engine_cuda_tp tcfg = {
-        .device = 0, .rdzv = t->rdzv, .nccl_id = w.nccl_id, .timeout_ms = l->timeout_s * 1000};
+    tm_engine_cuda_tp tcfg = {.device = 0,
+                              .rdzv = t->rdzv,
+                              .nccl_id = w.nccl_id,
+                              .timeout_ms = l->timeout_s * 1000,
+                              .host_comm = host_comm_env()};
     rc = tm_engine_cuda_tp_create(m, &ro, &tcfg, &t->inner, err);
     if (rc)
         goto fail;
@@ -303,8 +313,11 @@ static tm_rc serve_rank(const tm_tp_launch *l, const char *job_path, uint32_t ra
     }
     tm_engine_opts eo = w.eo; // rank 0's, resolved once from the job (cmd/engine_opts.h)
     eo.tp_rank = rank;
-    tm_engine_cuda_tp tcfg = {
-        .device = (int)local_rank, .rdzv = rdzv, .nccl_id = w.nccl_id, .timeout_ms = w.timeout_ms};
+    tm_engine_cuda_tp tcfg = {.device = host_comm_env() ? 0 : (int)local_rank,
+                              .rdzv = rdzv,
+                              .nccl_id = w.nccl_id,
+                              .timeout_ms = w.timeout_ms,
+                              .host_comm = host_comm_env()};
     rc = tm_engine_cuda_tp_create(m, &eo, &tcfg, &eng, err);
     if (rc) {
         tm_rdzv_report(rdzv, err->msg);

@@ -237,7 +237,7 @@ static tm_rc proc_field(uint32_t bit, const json_t *v, tm_sampling *sp, tm_field
     case TM_SP_LOGIT_BIAS:
         return get_logit_bias(v, sp, fail, err);
     case TM_SP_MIN_TOKENS:
-        if (get_int(v, 0, INT32_MAX, "an integer >= 0", &i, fail))
+        if (get_int(v, 0, INT32_MAX, "an integer from 0 to 2147483647", &i, fail))
             return TM_OK;
         sp->min_tokens = (int32_t)i;
         break;
@@ -266,7 +266,7 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
     double d = 0;
     switch (bit) {
     case TM_SP_MAX_TOKENS:
-        if (get_int(v, 1, INT32_MAX, "an integer >= 1", &i, fail))
+        if (get_int(v, 1, INT32_MAX, "an integer from 1 to 2147483647", &i, fail))
             return TM_OK;
         sp->max_tokens = (int32_t)i;
         break;
@@ -291,7 +291,7 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
         sp->top_p = (float)d;
         break;
     case TM_SP_TOP_K:
-        if (get_int(v, -1, INT32_MAX, "an integer >= -1 (-1 or 0 = off)", &i, fail))
+        if (get_int(v, -1, INT32_MAX, "an integer from -1 to 2147483647 (-1 or 0 = off)", &i, fail))
             return TM_OK;
         sp->top_k = (int32_t)i;
         break;
@@ -305,7 +305,7 @@ tm_rc tm_ingest_sp_field(const char *key, const json_t *v, tm_sampling *sp, tm_f
         sp->min_p = (float)d;
         break;
     case TM_SP_SEED:
-        if (get_int(v, 0, LLONG_MAX, "an integer >= 0", &i, fail))
+        if (get_int(v, 0, LLONG_MAX, "an integer from 0 to 9223372036854775807", &i, fail))
             return TM_OK;
         sp->seed = (uint64_t)i;
         break;

@@ -17,6 +17,7 @@
 
 #include "base/alloc.h"
 #include "base/buf.h"
+#include "base/fsutil.h"
 #include "base/hash.h"
 #include "base/seqset.h"
 #include "base/stop.h"
@@ -97,9 +98,9 @@ static tm_rc open_file(file_in *src, tm_err *err) {
         src->checking = src->want_pending;
         src->want_pending = false;
     } else {
-        src->fp = fopen(path, "rb");
-        if (!src->fp)
-            return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+        tm_rc orc = tm_fs_fopen_in(path, "input", &src->fp, err); // FIFOs refused (issue 35)
+        if (orc)
+            return orc;
         struct stat st;
         if (src->sizes && src->sizes[src->i_file] >= 0 && fstat(fileno(src->fp), &st) == 0 &&
             S_ISREG(st.st_mode))

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/fsutil.h"
 #include "base/log.h"
 #include "ingest/fields_int.h"
@@ -33,7 +34,8 @@ typedef struct loader {
 
 static const char *const root_keys[] = {"$schema",  "model",  "input",         "output", "engine",
                                         "defaults", "limits", "chat_template", NULL};
-static const char *const input_keys[] = {"files", "kafka", NULL};
+static const char *const input_keys[] = {"files", "kafka", "shard", NULL};
+static const char *const shard_keys[] = {"index", "count", "by", "prefix_bytes", NULL};
 static const char *const kafka_in_keys[] = {
     "brokers", "topics", "group", "mode", "config", "startup_timeout_s", "max_read_ahead", NULL};
 static const char *const output_keys[] = {
@@ -47,7 +49,8 @@ static const char *const engine_keys[] = {
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
-    "kv_cache_dtype", "speculative",  /* end */ NULL};
+    "kv_cache_dtype", "speculative",  "engram_cache_mb",
+    /* end */ NULL};
 static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
                                         "prompt_lookup_max", NULL};
 static const char *const limits_keys[] = {
@@ -496,11 +499,63 @@ static tm_rc load_kafka_in(loader *ld, const json_t *k) {
     return TM_OK;
 }
 
+// input.shard: the partition's settings as given; the index and count may come later (the
+// command line, the scheduler's environment: tm_job_spec_set_shard), which also puts them into
+// the canonical spec. A job without input.shard keeps the identity it had.
+static tm_rc load_shard(loader *ld, const json_t *input) {
+    tm_job_shard *sh = &ld->spec->shard;
+    sh->index = -1;
+    sh->count = 0;
+    sh->by = TM_SHARD_BY_PREFIX;
+    sh->prefix_bytes = TM_SHARD_DEFAULT_PREFIX_BYTES;
+    const json_t *v = json_object_get(input, "shard");
+    if (!v)
+        return TM_OK;
+    if (!json_is_object(v))
+        return fail_value(ld, "input.shard", "an object", v);
+    tm_rc rc = check_keys(ld, v, "input.shard", shard_keys);
+    if (rc)
+        return rc;
+    if (json_object_get(input, "kafka"))
+        return fail(ld, TM_E_INVAL, "input.shard",
+                    "a Kafka input is not sharded: the consumer group spreads its partitions "
+                    "over the replicas (docs/sharding.md)");
+    sh->on = true;
+    const json_t *c = json_object_get(v, "count");
+    if (c && (!json_is_integer(c) || json_integer_value(c) < 1 ||
+              json_integer_value(c) > TM_SHARD_MAX_COUNT))
+        return fail_value(ld, "input.shard.count", "an integer from 1 to 100000", c);
+    sh->count = c ? json_integer_value(c) : 0;
+    const json_t *i = json_object_get(v, "index");
+    if (i && (!json_is_integer(i) || json_integer_value(i) < 0 ||
+              json_integer_value(i) > TM_SHARD_MAX_COUNT))
+        return fail_value(ld, "input.shard.index", "an integer >= 0", i);
+    sh->index = i ? json_integer_value(i) : -1;
+    if (sh->index >= 0 && sh->count > 0 && sh->index >= sh->count)
+        return fail(ld, TM_E_INVAL, "input.shard.index", "%lld is not below input.shard.count %lld",
+                    (long long)sh->index, (long long)sh->count);
+    const json_t *by = json_object_get(v, "by");
+    if (by && (!json_is_string(by) || (strcmp(json_string_value(by), "prefix") != 0 &&
+                                       strcmp(json_string_value(by), "id") != 0)))
+        return fail_value(ld, "input.shard.by", "one of \"prefix\", \"id\"", by);
+    sh->by = by && strcmp(json_string_value(by), "id") == 0 ? TM_SHARD_BY_ID : TM_SHARD_BY_PREFIX;
+    const json_t *pb = json_object_get(v, "prefix_bytes");
+    if (pb &&
+        (!json_is_integer(pb) || json_integer_value(pb) < 1 || json_integer_value(pb) > (1 << 20)))
+        return fail_value(ld, "input.shard.prefix_bytes", "an integer from 1 to 1048576", pb);
+    if (pb)
+        sh->prefix_bytes = (uint32_t)json_integer_value(pb);
+    return TM_OK;
+}
+
 static tm_rc load_input(loader *ld, const json_t *input) {
     const json_t *files = json_object_get(input, "files");
     const json_t *kafka = json_object_get(input, "kafka");
     if (files && kafka)
         return fail(ld, TM_E_INVAL, "input", "give either files or kafka, not both");
+    tm_rc src = load_shard(ld, input);
+    if (src)
+        return src;
     if (kafka)
         return load_kafka_in(ld, kafka);
     if (!files)
@@ -521,7 +576,11 @@ static tm_rc load_input(loader *ld, const json_t *input) {
             return fail_value(ld, p, "a non-empty string (file, folder or glob pattern)", v);
         if (cfiles && json_array_append_new(cfiles, json_string(json_string_value(v))) != 0)
             ld->canon_nomem = 1;
-        tm_rc rc = expand_entry(ld, p, json_string_value(v));
+        char *given = tm_path_unescape(json_string_value(v)); // \xHH: any byte (base/utf8.h)
+        if (!given)
+            return TM_ERR(ld->err, TM_E_NOMEM, "input path");
+        tm_rc rc = expand_entry(ld, p, given);
+        tm_free(given);
         if (rc)
             return rc;
     }
@@ -687,6 +746,16 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                         "weights across ranks yet)",
                         tm_job_quant_name(e->quantization), e->tp);
         canon_set(ld, c, "quantization", json_string(tm_job_quant_name(e->quantization)));
+    }
+    // Not part of the job's identity (as gpu_memory_utilization): it sizes a cache, the rows
+    // read are the same whatever it holds.
+    v = eng ? json_object_get(eng, "engram_cache_mb") : NULL;
+    e->engram_cache_mb = TM_JOB_DEFAULT_ENGRAM_CACHE_MB;
+    if (v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > TM_JOB_MAX_ENGRAM_CACHE_MB)
+            return fail_value(ld, "engine.engram_cache_mb", "an integer >= 1 and <= 1048576", v);
+        e->engram_cache_mb = (uint32_t)json_integer_value(v);
     }
     // Also part of the identity, written only when not "auto" (as quantization).
     v = eng ? json_object_get(eng, "kv_cache_dtype") : NULL;
@@ -1207,8 +1276,13 @@ static tm_rc spec_load(const char *path, const char *base_dir, const char *text,
         goto fail;
     }
     json_error_t jerr;
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    if (!text && tm_fs_open_in(path, "job file", &fd, NULL, err))
+        goto fail;
     root = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr)
-                : json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+                : json_loadfd(fd, JSON_REJECT_DUPLICATES, &jerr);
+    if (fd >= 0)
+        close(fd);
     if (!root) {
         if (json_error_code(&jerr) == json_error_cannot_open_file)
             TM_ERR(err, TM_E_IO, "%s: %s", path, jerr.text);
@@ -1253,6 +1327,69 @@ tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err) {
 tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
                             tm_job_spec **out, tm_err *err) {
     return spec_load(name, base_dir, json_text, out, err);
+}
+
+tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index, int64_t cli_count,
+                            const char *(*getenv_fn)(const char *name), tm_err *err) {
+    tm_job_shard *sh = &spec->shard;
+    if (!sh->on && !cli_given)
+        return TM_OK;
+    const char *what = cli_given ? "--shard" : "input.shard";
+    if (spec->kafka_in)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: %s: a Kafka input is not sharded: the consumer group spreads its "
+                      "partitions over the replicas (docs/sharding.md)",
+                      spec->path, what);
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        if (strcmp(spec->inputs[i], TM_JOB_STDIN) == 0)
+            return TM_ERR(err, TM_E_INVAL,
+                          "%s: %s: standard input cannot be shared by shards (each shard reads "
+                          "every input line); give input files on a shared file system",
+                          spec->path, what);
+    if (spec->results_file)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: %s: output.results_file is written by `tokenmill merge OUT -o FILE` "
+                      "for a sharded job, not by each shard",
+                      spec->path, what);
+    if (spec->kafka)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: %s: output.kafka: a sharded job writes files that `tokenmill merge` "
+                      "joins",
+                      spec->path, what);
+    tm_rc rc = tm_shard_resolve(sh, cli_index, cli_count, getenv_fn, err);
+    if (rc)
+        return tm_err_wrap(err, "%s", spec->path);
+    // The shard's identity: the canonical spec with input.shard (index included), and its own
+    // output folder.
+    json_error_t jerr;
+    json_t *canon = json_loads(spec->canonical_json, 0, &jerr);
+    json_t *input = canon ? json_object_get(canon, "input") : NULL;
+    json_t *cs = json_pack("{s:s, s:I, s:I, s:i}", "by", tm_shard_by_name(sh->by), "count",
+                           (json_int_t)sh->count, "index", (json_int_t)sh->index, "prefix_bytes",
+                           (int)sh->prefix_bytes);
+    char *text = NULL;
+    if (input && cs && json_object_set_new(input, "shard", cs) == 0) {
+        cs = NULL;
+        text = json_dumps(canon, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+    }
+    json_decref(cs);
+    json_decref(canon);
+    char *canon_text = text ? tm_strdup(text) : NULL;
+    free(text); // jansson's allocation
+    size_t n_dir = strlen(spec->output_dir) + 64;
+    char *dir = tm_malloc(n_dir);
+    if (!canon_text || !dir) {
+        tm_free(canon_text);
+        tm_free(dir);
+        return TM_ERR(err, TM_E_NOMEM, "shard spec");
+    }
+    snprintf(dir, n_dir, "%s/" TM_SHARD_DIR_FMT, spec->output_dir, (long long)sh->index,
+             (long long)sh->count);
+    tm_free(spec->canonical_json);
+    spec->canonical_json = canon_text;
+    tm_free(spec->output_dir);
+    spec->output_dir = dir;
+    return TM_OK;
 }
 
 void tm_job_spec_destroy(tm_job_spec *spec) {

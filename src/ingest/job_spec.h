@@ -15,6 +15,7 @@
 
 #include "base/err.h"
 #include "base/record.h"
+#include "ingest/shard.h"
 
 /* Defaults (also written in schemas/job.schema.json; test_job_spec checks they agree). */
 #define TM_JOB_DEFAULT_MAX_SEQS 8
@@ -29,6 +30,10 @@
 /* engine.threads: at most this many, and at most 4 x the online CPU cores (job_spec.c). */
 #define TM_JOB_MAX_THREADS 1024
 #define TM_JOB_DEFAULT_LOOKAHEAD 1024
+/* engine.engram_cache_mb: 1 GiB of rows (about 4 M rows of 264 bytes) per Engram table; the tables
+ * themselves are ~90 GiB each and are read from disk (runner/model/engram_table.h). */
+#define TM_JOB_DEFAULT_ENGRAM_CACHE_MB 1024
+#define TM_JOB_MAX_ENGRAM_CACHE_MB (1u << 20)
 #define TM_JOB_DEFAULT_MAX_LINE_BYTES (16u << 20)
 #define TM_JOB_DEFAULT_MAX_DEPTH 64
 #define TM_JOB_DEFAULT_MAX_FIELD_BYTES (8u << 20)
@@ -75,6 +80,9 @@ typedef struct tm_job_engine {
                                     * 0: no speculative decoding */
     uint32_t spec_lookup_min, spec_lookup_max; /* its prompt_lookup_min / max */
     bool spec_mtp; /* engine.speculative.method "mtp" (DeepSeek-V4's MTP layer; else "ngram") */
+    uint32_t engram_cache_mb; /* engine.engram_cache_mb: row cache of each Engram table of a
+                               * DeepSeek-V4.1 model, MiB per table and rank (engram_table.h's
+                               * cache_bytes = this << 20); memory sizing, not identity */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */
@@ -132,6 +140,7 @@ typedef struct tm_job_spec {
     uint32_t max_messages;      /* limits.max_messages: most chat messages (and stop strings) */
     bool strict_fields;         /* limits.strict_fields: an unknown record / body key is an error */
     bool fail_on_error_records; /* limits.fail_on_error_records: exit 1 if any record failed */
+    tm_job_shard shard; /* input.shard (ingest/shard.h); .active once tm_job_spec_set_shard ran */
     /* The spec as compact JSON with sorted keys and every default filled in; paths as written in
      * the file (not resolved, so moving the job folder keeps it). Equal specs give equal text:
      * hash it to recognise the same job (resume). */
@@ -149,6 +158,19 @@ tm_rc tm_job_spec_load(const char *path, tm_job_spec **out, tm_err *err);
 tm_rc tm_job_spec_load_text(const char *name, const char *base_dir, const char *json_text,
                             tm_job_spec **out, tm_err *err);
 void tm_job_spec_destroy(tm_job_spec *spec); /* NULL is a no-op */
+
+/* A shard's folder inside output.dir: printf format of index and count (long long). */
+#define TM_SHARD_DIR_FMT "shard-%lld-of-%lld"
+/* Make spec one shard of its job (tokenmill run, before anything reads spec): for a job with
+ * input.shard or cli_given (--shard; cli_index / cli_count as tm_shard_parse_arg gives them),
+ * resolve the index and count (tm_shard_resolve: the command line, then the job file, then the
+ * scheduler's environment through getenv_fn, NULL for getenv(3)), put input.shard (by, count,
+ * index, prefix_bytes) into canonical_json (the shard's identity) and make output_dir
+ * output.dir/shard-K-of-N. Nothing for an unsharded job. TM_E_INVAL: a job that cannot be sharded
+ * (Kafka input, standard input, output.results_file, output.kafka) or what tm_shard_resolve
+ * refuses; TM_E_NOMEM. */
+tm_rc tm_job_spec_set_shard(tm_job_spec *spec, bool cli_given, int64_t cli_index, int64_t cli_count,
+                            const char *(*getenv_fn)(const char *name), tm_err *err);
 
 /* Stable lowercase name of a backend ("auto", "cpu", "cuda"). */
 const char *tm_backend_name(tm_backend b);

@@ -82,8 +82,8 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
 /* Commit the durable offsets (without transactions), leave the group and free. NULL: no-op.
  * Bounded: the commit and the leave together wait at most TM_KAFKA_IN_CLOSE_WAIT_MS (half of
  * session.timeout.ms when that is less); past it the consumer is given up without leaving the
- * group (logged; librdkafka's threads end by themselves), and the group drops the member when its
- * session times out. */
+ * group (logged; librdkafka's threads end by themselves, and the process's exit waits for them,
+ * at most 10 s), and the group drops the member when its session times out. */
 void tm_kafka_in_close(tm_kafka_in *ki);
 
 /* Positions of an earlier run (the manifest): offsets < next and those in the inclusive

@@ -4,6 +4,8 @@
 #include "ingest/rec_parser_int.h"
 
 #include <jansson.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -515,6 +517,12 @@ static tm_rc parse_native(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
             job->sp.set |= TM_SP_MAX_TOKENS;
             continue;
         }
+        if (strcmp(tm_ingest_sp_keys[i], "max_tokens") == 0 && json_is_integer(v) &&
+            (json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)) { // its true range
+            tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE,
+                               "an integer from 0 to 2147483647 (0: nothing generated)", v);
+            return field_fail(job, "max_tokens", &ff, err);
+        }
         rc = sp_field(ps, job, tm_ingest_sp_keys[i], tm_ingest_sp_keys[i], v, err);
         if (rc || job->err_code)
             return rc;
@@ -626,7 +634,7 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
         if (!json_is_integer(v) || json_integer_value(v) < 1) {
             tm_ingest_fail_set(
                 &ff, json_is_integer(v) ? TM_ERRCODE_INVALID_VALUE : TM_ERRCODE_WRONG_TYPE,
-                "an integer >= 1", v);
+                "an integer from 1 to 128", v);
             return field_fail(job, "body.n", &ff, err);
         }
         if (json_integer_value(v) > TM_MAX_N)
@@ -900,6 +908,10 @@ static bool is_openai_line(const json_t *root) {
 // Fill job from one line. Only allocation failures are returned; everything else is recorded in
 // job->err_code. Lines that are not JSON objects take the format of the file's first object
 // line (so an OpenAI file gets OpenAI-shaped error lines).
+// Defined below: a line with an integer beyond 64 bits.
+static tm_rc huge_integer(tm_rec_parser *ps, tm_job *job, const char *line, size_t len,
+                          const json_error_t *jerr, tm_err *err);
+
 static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_job *job,
                           tm_err *err) {
     tm_field_fail ff;
@@ -923,6 +935,8 @@ static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_jo
             return job_fail(job, TM_ERRCODE_INVALID_JSON, err,
                             "invalid JSON at column %d: \\u0000 (NUL) is not allowed in strings",
                             jerr.column);
+        if (json_error_code(&jerr) == json_error_numeric_overflow)
+            return huge_integer(ps, job, line, len, &jerr, err);
         return job_fail(job, TM_ERRCODE_INVALID_JSON, err, "invalid JSON at column %d: %s",
                         jerr.column, jerr.text);
     }
@@ -943,6 +957,87 @@ static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_jo
     }
     json_decref(root);
     return rc;
+}
+
+// The path ("body.max_tokens", "messages[2].x") of the first number in v of magnitude >= 2^63
+// into path; 1 when found. v was parsed with JSON_DECODE_INT_AS_REAL, so such a number is an
+// integer literal jansson could not hold (or a real that large: named the same way).
+static int find_huge(const json_t *v, char *path, size_t cap, size_t at, int depth) {
+    if (json_is_real(v))
+        return fabs(json_real_value(v)) >= 9223372036854775808.0;
+    if (depth > 64)
+        return 0;
+    if (json_is_object(v)) {
+        const char *k;
+        const json_t *x;
+        json_object_foreach((json_t *)v, k, x) {
+            int n = snprintf(path + at, cap - at, "%s%s", at ? "." : "", k);
+            if (n < 0 || (size_t)n >= cap - at)
+                n = 0;
+            if (find_huge(x, path, cap, at + (size_t)n, depth + 1))
+                return 1;
+            path[at] = '\0';
+        }
+    } else if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            int n = snprintf(path + at, cap - at, "[%zu]", i);
+            if (n < 0 || (size_t)n >= cap - at)
+                n = 0;
+            if (find_huge(json_array_get(v, i), path, cap, at + (size_t)n, depth + 1))
+                return 1;
+            path[at] = '\0';
+        }
+    }
+    return 0;
+}
+
+// A line with an integer literal beyond jansson's 64-bit range (issue 35: seed 2^64-1, max_tokens
+// 2^63 were invalid_json without a field): invalid_value naming the field and, for a sampling
+// field, its range. The line is valid JSON otherwise (parsed again with integers as reals); when
+// it is not, or no field is found, the JSON error as before.
+static tm_rc huge_integer(tm_rec_parser *ps, tm_job *job, const char *line, size_t len,
+                          const json_error_t *jerr, tm_err *err) {
+    (void)ps;
+    json_error_t je2;
+    json_t *root = json_loadb(line, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &je2);
+    char path[256] = "";
+    int found = root && find_huge(root, path, sizeof(path), 0, 0);
+    json_decref(root);
+    if (!found)
+        return job_fail(job, TM_ERRCODE_INVALID_JSON, err, "invalid JSON at column %d: %s",
+                        jerr->column, jerr->text);
+    // the literal as written: the digits before the error's position
+    size_t end = jerr->position <= (int)len ? (size_t)jerr->position : len, b = end;
+    while (b > 0 && ((line[b - 1] >= '0' && line[b - 1] <= '9') || line[b - 1] == '-'))
+        b--;
+    int n_lit = (int)TM_MIN(end - b, (size_t)40);
+    const char *key = strrchr(path, '.');
+    key = key ? key + 1 : path;
+    if (strcmp(path, "max_tokens") == 0) // a native record's: 0 is allowed there
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                        "field 'max_tokens': expected an integer from 0 to 2147483647 (0: nothing "
+                        "generated), got %.*s",
+                        (int)TM_MIN(end - b, (size_t)40), line + b);
+    tm_field_fail ff = {0};
+    json_t *probe = json_integer(LLONG_MAX); // the field's own range message, if it has one
+    tm_sampling sp = {0};
+    if (tm_ingest_sp_bit(key) && probe && tm_ingest_sp_field(key, probe, &sp, &ff, err) == TM_OK &&
+        ff.code == TM_ERRCODE_INVALID_VALUE) {
+        char *got = strstr(ff.msg, ", got ");
+        if (got)
+            *got = '\0';
+        tm_sampling_fini(&sp);
+        json_decref(probe);
+        return job_fail(job, TM_ERRCODE_INVALID_VALUE, err, "field '%s': %s, got %.*s", path,
+                        ff.msg, n_lit, line + b);
+    }
+    tm_sampling_fini(&sp);
+    json_decref(probe);
+    return job_fail(job, TM_ERRCODE_INVALID_VALUE, err,
+                    "field '%s': the integer %.*s is out of range (integers must be from "
+                    "-9223372036854775808 to 9223372036854775807%s)",
+                    path, n_lit, line + b,
+                    strcmp(key, "seed") == 0 ? "; seed: from 0 to 9223372036854775807" : "");
 }
 
 // A new record with its position filled in.

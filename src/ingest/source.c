@@ -2,7 +2,8 @@
  * (tm_source_kinds: files and standard input, Kafka; source_int.h is the table a kind implements),
  * owns the record parser the kind numbers its records with and the set of acknowledged seq_nos,
  * and forwards each tm_source call to the kind's operation, or answers for a kind without that
- * capability. It knows no kind: a new one is a file implementing tm_source_ops and a line in
+ * capability; for a sharded job (ingest/shard.h) it passes on only the shard's own records. It
+ * knows no kind: a new one is a file implementing tm_source_ops and a line in
  * source_kinds.c. */
 #include "ingest/source.h"
 
@@ -13,6 +14,7 @@
 #include "base/alloc.h"
 #include "base/seqset.h"
 #include "ingest/rec_parser_int.h"
+#include "ingest/shard.h"
 #include "ingest/source_int.h"
 
 struct tm_source {
@@ -61,7 +63,17 @@ void tm_source_destroy(tm_source *src) {
 }
 
 tm_rc tm_source_next(tm_source *src, tm_job **out, tm_err *err) {
-    return src->ops->next(src->self, out, err);
+    const tm_job_shard *sh = &src->spec->shard;
+    for (;;) {
+        tm_rc rc = src->ops->next(src->self, out, err);
+        if (rc || !sh->active || tm_shard_of(*out, sh) == (uint32_t)sh->index)
+            return rc;
+        // Another shard's record: it was parsed (its id counts for duplicates, as in the whole
+        // job) but is not numbered here, so this shard's seq_nos stay dense (resume, acks).
+        tm_rec_parser_take_back(&src->parser, (*out)->seq_no);
+        tm_job_destroy(*out);
+        *out = NULL;
+    }
 }
 
 tm_rc tm_source_set_input_sizes(tm_source *src, const int64_t *sizes, size_t n, tm_err *err) {

@@ -137,7 +137,10 @@ typedef struct runner {
     tm_sample_scratch scratch;
     double spec_t_spec, spec_t_plain; /* speculative step gate: decode-only step seconds with and
                                        * without drafts (moving averages; 0 = none yet) */
-    tm_guide_cache *gcache; /* structured output's compiled constraints (NULL: check only) */
+    tm_guide_cache *gcache;  /* structured output's compiled constraints (NULL: check only) */
+    const tm_chat_tpl *chat; /* the job's chat template, parsed once: cfg->chat_tpl or own_chat;
+                              * NULL (check_record without one): parsed per record */
+    tm_chat_tpl *own_chat;   /* compiled by tm_runner_run when cfg->chat_tpl is NULL */
     /* MTP drafts (cfg->spec_mtp; docs/speculative.md "MTP"): a stream row is mtp_nd floats */
     uint32_t mtp_nd;
     tm_engine_draft_seq *mseqs; /* [max_seqs] an MTP step's sequences */
@@ -426,8 +429,11 @@ static tm_rc tokenize_job(runner *r, const tm_job *job, tm_ids *ids, tm_errcode 
     if (job->messages) {
         tm_buf prompt = {0};
         int over = 0;
-        rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages, 1,
-                                 &prompt, err);
+        if (r->chat)
+            rc = tm_chat_tpl_render(r->chat, job->messages, job->n_messages, 1, &prompt, err);
+        else
+            rc = tm_chat_render_with(r->tok, r->cfg->chat_template, job->messages, job->n_messages,
+                                     1, &prompt, err);
         if (rc == TM_OK)
             rc = tm_tok_encode_max(r->tok, prompt.data ? prompt.data : "", prompt.len, max_prompt,
                                    ids, &over, err);
@@ -1054,6 +1060,8 @@ static tm_rc run_engine(runner *r, const tm_sched_plan *plan, int *greedy, doubl
         rc = tm_engine_forward(r->eng, &b, r->logits, err);
         *greedy = 0;
     }
+    if (rc == TM_OK) // rows computed from weights the file no longer has are not emitted
+        rc = tm_model_check_files(r->eng->model, err);
     if (rc)
         return rc;
     *dt_s = (tm_now_ms() - t0) / 1e3;
@@ -1435,6 +1443,7 @@ static void runner_fini(runner *r) {
     if (r->gcache && r->stats)
         r->stats->guided = *tm_guide_cache_stats(r->gcache);
     tm_guide_cache_destroy(r->gcache);
+    tm_chat_tpl_destroy(r->own_chat);
     tm_pcache_destroy(r->pcache); // before the pool: it drops its references there
     tm_kv_pool_destroy(r->pool);
 }
@@ -1444,7 +1453,7 @@ tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, 
     *code = job->err_code;
     if (job->err_code != TM_ERRCODE_NONE)
         return TM_ERR(err, TM_E_RECORD, "%s", job->err_msg ? job->err_msg : "");
-    runner r = {.cfg = cfg, .tok = tok, .bos_id = tm_tok_bos_id(tok)};
+    runner r = {.cfg = cfg, .tok = tok, .bos_id = tm_tok_bos_id(tok), .chat = cfg->chat_tpl};
     uint64_t pool_tok = (uint64_t)cfg->n_kv_block * cfg->block_size;
     r.max_len = cfg->n_kv_block ? (uint32_t)TM_MIN((uint64_t)cfg->n_ctx, pool_tok) : cfg->n_ctx;
     pending p = {.job = job};
@@ -1567,18 +1576,28 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
     rc = tm_guide_cache_create(tok, r.n_vocab_tok, r.eos_ids, r.n_eos, &r.gcache, err);
     if (rc)
         goto done;
+    r.chat = cfg->chat_tpl;
+    if (!r.chat) {
+        rc = tm_chat_tpl_create(tok, cfg->chat_template, &r.own_chat, err);
+        if (rc)
+            goto done;
+        r.chat = r.own_chat;
+    }
 
     int input_open = 1;
     for (;;) {
         if (cfg->stop_on_signal && tm_stop_requested())
             break; // graceful stop: what was emitted gets committed, the rest runs next time
-        // Refill the window once it is empty; block on the queue only when nothing runs.
+        // Refill the window once it is empty. The schedule is a function of the input and the job
+        // (issue 35): the window is filled to lookahead records, or to the input's end, before
+        // any of it is admitted, however fast ingest is. With admit_early (a stream: stdin,
+        // Kafka) it takes what has arrived and blocks only when nothing runs.
         if (r.win_head == r.win_len && input_open) {
             r.win_head = r.win_len = 0;
             while (input_open && r.win_len < r.win_cap) {
                 void *item = NULL;
-                int idle = r.n_running == 0 && r.win_len == 0;
-                tm_rc qrc = idle ? tm_queue_pop(in, &item) : tm_queue_try_pop(in, &item);
+                int wait = !cfg->admit_early || (r.n_running == 0 && r.win_len == 0);
+                tm_rc qrc = wait ? tm_queue_pop(in, &item) : tm_queue_try_pop(in, &item);
                 if (qrc == TM_E_EOF) {
                     input_open = 0;
                     break;

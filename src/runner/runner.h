@@ -29,6 +29,7 @@
 #include "runner/engine/engine.h"
 #include "runner/sched/spec.h"
 #include "runner/guided/cache.h"
+#include "runner/text/chat.h"
 #include "runner/text/tokenizer.h"
 
 typedef enum tm_sched_policy {
@@ -48,8 +49,16 @@ typedef struct tm_runner_cfg {
     uint32_t lookahead;             /* records tokenized and ordered ahead of admission (PREFIX) */
     const char *chat_template;      /* Jinja chat template overriding the tokenizer's, or NULL;
                                      * borrowed (must outlive the run) */
+    const tm_chat_tpl *chat_tpl;    /* that template compiled (runner/text/chat.h), or NULL:
+                                     * tm_runner_run compiles it once, check_record per record;
+                                     * borrowed */
     _Atomic uint64_t *live_tok_gen; /* when not NULL: += every token generated, as it is */
     _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
+    bool admit_early;    /* a stream (stdin, Kafka): admit the records that have arrived instead of
+                          * waiting for a full look-ahead window (the schedule then depends on
+                          * when records arrive). false: the window is filled to lookahead
+                          * records or the input's end before its records are admitted, so the
+                          * schedule is a function of the input and the job alone */
     bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
                           * in flight (a file job: the next run answers them) */
     /* Speculative decoding, n-gram drafts (runner/sched/spec.h): spec_k drafts at most per
@@ -98,8 +107,8 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
 /* The checks the runner makes of a record before admitting it, without an engine (validate):
  * tokenizing (chat records through the chat template), the prompt's length against n_ctx and the
  * KV pool (n_kv_block * block_size; n_kv_block 0: n_ctx alone), scoring continuations, n > 1
- * groups. Reads cfg->n_ctx, n_kv_block, block_size and chat_template. Borrows job. TM_OK: run
- * would admit it; TM_E_RECORD: run would answer it with an error record, *code and err->msg say
+ * groups. Reads cfg->n_ctx, n_kv_block, block_size, chat_template and chat_tpl. Borrows job. TM_OK:
+ * run would admit it; TM_E_RECORD: run would answer it with an error record, *code and err->msg say
  * which (also for a record ingest rejected); anything else is fatal. */
 tm_rc tm_runner_check_record(const tm_runner_cfg *cfg, const tm_tokenizer *tok, tm_job *job,
                              tm_errcode *code, tm_err *err);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <lz4frame.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/clock.h"
 #include "base/fault_io.h"
 #include "base/fsutil.h"
@@ -90,6 +92,61 @@ tm_rc tm_manifest_sync_dir(const char *dir, tm_err *err) {
 }
 
 // ---- fingerprints ----
+
+// f->sample of the input at path (see tm_manifest_file): at most 8 MiB read, whatever its size.
+static tm_rc sample_input(const char *path, tm_manifest_file *f, tm_err *err) {
+    int fd = -1;
+    struct stat st;
+    tm_rc rc = tm_fs_open_in(path, "input", &fd, &st, err);
+    if (rc)
+        return rc;
+    char *buf = tm_malloc(HASH_CHUNK);
+    if (!buf) {
+        close(fd);
+        return TM_ERR(err, TM_E_NOMEM, "sampling %s", path);
+    }
+    tm_hash_stream xs;
+    tm_hash_stream_init(&xs);
+    uint64_t size = (uint64_t)st.st_size;
+    tm_hash_stream_update(&xs, &size, sizeof(size));
+    // the (offset, length) pieces to read, in order
+    enum { BLK = 64u << 10 };
+    uint64_t n_piece = size <= TM_MANIFEST_SAMPLE_WHOLE ? 1 : 2 + TM_MANIFEST_SAMPLE_N;
+    for (uint64_t k = 0; k < n_piece && !rc; k++) {
+        uint64_t off, len;
+        if (n_piece == 1)
+            off = 0, len = size;
+        else if (k == 0)
+            off = 0, len = HASH_CHUNK;
+        else if (k == n_piece - 1)
+            off = size - HASH_CHUNK, len = HASH_CHUNK;
+        else { // block k of TM_MANIFEST_SAMPLE_N between the first and last MiB
+            uint64_t span = size - 2 * (uint64_t)HASH_CHUNK - BLK;
+            off = HASH_CHUNK + span / (TM_MANIFEST_SAMPLE_N - 1) * (k - 1);
+            len = BLK;
+        }
+        while (len > 0 && !rc) {
+            size_t want = len < HASH_CHUNK ? (size_t)len : HASH_CHUNK;
+            ssize_t got = pread(fd, buf, want, (off_t)off);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got <= 0) {
+                rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path,
+                            got < 0 ? strerror(errno) : "it shrank while it was read");
+                break;
+            }
+            tm_hash_stream_update(&xs, buf, (size_t)got);
+            off += (uint64_t)got, len -= (uint64_t)got;
+        }
+    }
+    snprintf(f->sample, sizeof(f->sample), "%016llx",
+             (unsigned long long)tm_hash_stream_digest64(&xs));
+    tm_free(buf);
+    close(fd);
+    f->inode = (uint64_t)st.st_ino;
+    f->ctime_ns = (int64_t)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec;
+    return rc;
+}
 
 static tm_rc stat_file(const char *path, const char *name, bool hash, tm_manifest_file *f,
                        tm_err *err) {
@@ -202,6 +259,8 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
                 return TM_ERR(err, TM_E_NOMEM, "manifest inputs");
         } else {
             rc = stat_file(inputs[i], inputs[i], false, f, err);
+            if (rc == TM_OK)
+                rc = sample_input(inputs[i], f, err);
             if (rc)
                 return rc;
         }
@@ -252,6 +311,25 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
                      (long long)a->size, (long long)b->size);
             return false;
         }
+        // Same size and mtime (cp -p, touch -r, mv of a prepared file keep them): issue 35.
+        if (a->inode && b->inode && a->inode != b->inode) {
+            snprintf(why, n,
+                     "input %s was replaced by another file of the same size and mtime (inode "
+                     "%llu -> %llu)",
+                     a->name, (unsigned long long)a->inode, (unsigned long long)b->inode);
+            return false;
+        }
+        if (a->sample[0] && b->sample[0] && strcmp(a->sample, b->sample) != 0) {
+            snprintf(why, n, "input %s changed: same size and mtime, other content", a->name);
+            return false;
+        }
+        if (a->ctime_ns && b->ctime_ns && a->ctime_ns != b->ctime_ns) {
+            snprintf(why, n,
+                     "input %s changed: same size and mtime, but it was written, touched, "
+                     "renamed or had its permissions changed since the last run (ctime)",
+                     a->name);
+            return false;
+        }
     }
     return true;
 }
@@ -259,8 +337,18 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
 // ---- JSON ----
 
 static json_t *file_json(const tm_manifest_file *f, bool with_hash) {
-    json_t *o = json_pack("{s:s, s:I, s:I}", "path", f->name, "size", (json_int_t)f->size,
-                          "mtime_ns", (json_int_t)f->mtime_ns);
+    char *name = tm_path_escape(f->name); // any bytes, losslessly (base/utf8.h)
+    json_t *o = name ? json_pack("{s:s, s:I, s:I}", "path", name, "size", (json_int_t)f->size,
+                                 "mtime_ns", (json_int_t)f->mtime_ns)
+                     : NULL;
+    tm_free(name);
+    if (o && f->sample[0] &&
+        (json_object_set_new(o, "inode", json_integer((json_int_t)f->inode)) != 0 ||
+         json_object_set_new(o, "ctime_ns", json_integer((json_int_t)f->ctime_ns)) != 0 ||
+         json_object_set_new(o, "sample_xxh3", json_string(f->sample)) != 0)) {
+        json_decref(o);
+        return NULL;
+    }
     if (o && with_hash &&
         json_object_set_new(o, "xxh3", f->xxh3[0] ? json_string(f->xxh3) : json_null()) != 0) {
         json_decref(o);
@@ -351,11 +439,12 @@ static json_t *to_json(const tm_manifest *m) {
     char now[32];
     tm_utc_now_str(now, sizeof(now));
     json_t *kafka = m->kafka_topic ? json_pack("{s:s}", "topic", m->kafka_topic) : json_null();
+    char *job_path = tm_path_escape(m->job_path ? m->job_path : "");
     root = json_pack("{s:s, s:i, s:s, s:{s:s, s:s}, s:{s:o}, s:o, s:{s:{s:I}, s:{s:I}}, s:o,"
                      " s:{s:I, s:o, s:o, s:b}, s:o, s:{s:I, s:I}}",
                      "format", FORMAT_NAME, "version", TM_MANIFEST_VERSION, "updated_utc", now,
-                     "job", "spec_hash", m->spec_hash, "path", m->job_path ? m->job_path : "",
-                     "model", "files", files_json(m->model_files, m->n_model_files, true), "inputs",
+                     "job", "spec_hash", m->spec_hash, "path", job_path ? job_path : "", "model",
+                     "files", files_json(m->model_files, m->n_model_files, true), "inputs",
                      files_json(m->inputs, m->n_inputs, false), "outputs",
                      m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE
                                           : TM_SINK_COMPLETIONS_FILE,
@@ -365,6 +454,7 @@ static json_t *to_json(const tm_manifest *m) {
                      m->total_known ? json_integer((json_int_t)m->n_records) : json_null(),
                      "finished", (int)m->finished, "counts", counts_json(&m->counts), "commits",
                      "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
+    tm_free(job_path);
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
@@ -426,7 +516,7 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
             bad(r, field);
             break;
         }
-        fs[i].name = tm_strdup(name);
+        fs[i].name = tm_path_unescape(name); // written by tm_path_escape
         if (!fs[i].name)
             return TM_ERR(r->err, TM_E_NOMEM, "manifest files");
         *n_out = i + 1;
@@ -435,6 +525,14 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
         const char *h = with_hash ? json_string_value(json_object_get(o, "xxh3")) : NULL;
         if (h)
             snprintf(fs[i].xxh3, sizeof(fs[i].xxh3), "%s", h);
+        // the replacement check's fields (issue 35); absent in older manifests: not compared
+        const char *smp = json_string_value(json_object_get(o, "sample_xxh3"));
+        const json_t *ino = json_object_get(o, "inode"), *ct = json_object_get(o, "ctime_ns");
+        if (smp && json_is_integer(ino) && json_is_integer(ct)) {
+            snprintf(fs[i].sample, sizeof(fs[i].sample), "%s", smp);
+            fs[i].inode = (uint64_t)json_integer_value(ino);
+            fs[i].ctime_ns = json_integer_value(ct);
+        }
     }
     return r->rc;
 }
@@ -528,7 +626,7 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
         return r->rc;
     }
     memcpy(m->spec_hash, hash, 33);
-    m->job_path = tm_strdup(jp);
+    m->job_path = tm_path_unescape(jp);
     if (!m->job_path)
         return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     if (files_from_json(r, json_object_get(json_object_get(root, "model"), "files"), true,
@@ -729,6 +827,96 @@ static tm_rc cut_file(const char *dir, const char *name, uint64_t len, uint64_t 
             close(fd);
     }
     tm_free(path);
+    return rc;
+}
+
+// Check one data file of a finished job against its committed length len: the file holds exactly
+// len bytes; an LZ4 file decodes to its end with every frame whole and its content checksum
+// right; a plain JSONL file ends with a newline.
+static tm_rc verify_file(const char *dir, const char *name, uint64_t len, bool lz4, tm_err *err) {
+    char *path = tm_fs_path_join(dir, name);
+    if (!path)
+        return TM_ERR(err, TM_E_NOMEM, "output path");
+    int64_t size;
+    tm_rc rc = tm_fs_check_out(path, &size, err); // a link or FIFO is refused, never read
+    if (!rc && size < 0 && len > 0)
+        rc = TM_ERR(err, TM_E_IO, "%s is missing, but the manifest commits %llu bytes of it", path,
+                    (unsigned long long)len);
+    else if (!rc && size >= 0 && (uint64_t)size < len)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s has %lld bytes, but the manifest commits %llu: it was truncated or "
+                    "emptied after the job wrote it",
+                    path, (long long)size, (unsigned long long)len);
+    else if (!rc && size >= 0 && (uint64_t)size > len)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s has %lld bytes, but the manifest commits %llu: something wrote to it "
+                    "after the job finished",
+                    path, (long long)size, (unsigned long long)len);
+    if (rc || len == 0) {
+        tm_free(path);
+        return rc;
+    }
+    FILE *fp = NULL;
+    rc = tm_fs_fopen_in(path, "output", &fp, err);
+    LZ4F_dctx *dctx = NULL;
+    char *src = NULL, *dst = NULL;
+    enum { CH = 1 << 16 };
+    if (!rc && lz4 && LZ4F_isError(LZ4F_createDecompressionContext(&dctx, LZ4F_VERSION)))
+        rc = TM_ERR(err, TM_E_NOMEM, "LZ4 decompression context");
+    if (!rc && (!(src = tm_malloc(CH)) || !(dst = tm_malloc(CH))))
+        rc = TM_ERR(err, TM_E_NOMEM, "verifying %s", path);
+    uint64_t at = 0;  // bytes of the file read
+    size_t hint = 1;  // LZ4F's: 0 when the last frame ended
+    char last = '\n'; // a plain file's last byte
+    while (!rc && at < len) {
+        size_t n = fread(src, 1, (size_t)TM_MIN((uint64_t)CH, len - at), fp);
+        if (n == 0) {
+            rc = TM_ERR(err, TM_E_IO, "reading %s: %s", path,
+                        ferror(fp) ? strerror(errno) : "it shrank while it was read");
+            break;
+        }
+        if (!lz4)
+            last = src[n - 1];
+        for (size_t off = 0; lz4 && off < n;) {
+            size_t in = n - off, out = CH;
+            hint = LZ4F_decompress(dctx, dst, &out, src + off, &in, NULL);
+            if (LZ4F_isError(hint)) {
+                rc = TM_ERR(err, TM_E_IO,
+                            "%s: the LZ4 data is damaged near byte %llu (%s): it changed after "
+                            "the job wrote it",
+                            path, (unsigned long long)(at + off), LZ4F_getErrorName(hint));
+                break;
+            }
+            off += in;
+        }
+        at += n;
+    }
+    if (!rc && lz4 && hint != 0)
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s: the committed %llu bytes end inside an LZ4 frame: it was cut or changed "
+                    "after the job wrote it",
+                    path, (unsigned long long)len);
+    if (!rc && !lz4 && last != '\n')
+        rc = TM_ERR(err, TM_E_IO,
+                    "%s: its last line has no newline: it changed after the job "
+                    "wrote it",
+                    path);
+    if (dctx)
+        LZ4F_freeDecompressionContext(dctx);
+    tm_free(src);
+    tm_free(dst);
+    if (fp)
+        fclose(fp);
+    tm_free(path);
+    return rc;
+}
+
+tm_rc tm_manifest_verify(const char *dir, const tm_manifest *m, tm_err *err) {
+    tm_rc rc = verify_file(
+        dir, m->completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE,
+        m->bytes_completions, !m->completions_plain, err);
+    if (!rc)
+        rc = verify_file(dir, TM_SINK_ERRORS_FILE, m->bytes_errors, false, err);
     return rc;
 }
 

@@ -44,7 +44,18 @@ typedef struct tm_manifest_file {
     int64_t size;     /* bytes; -1 when unknown (standard input) */
     int64_t mtime_ns; /* modification time, ns since the epoch; 0 when unknown */
     char xxh3[17];    /* xxh3-64 of the content in hex (config and tokenizer files); "" otherwise */
+    /* Inputs (issue 35): what tells a replacement that kept size and mtime. 0 / "" when unknown
+     * (standard input, or a manifest written before these fields) and then not compared. */
+    uint64_t inode;   /* st_ino */
+    int64_t ctime_ns; /* status change time, ns since the epoch: set by every write, rename,
+                       * utime (touch -r, cp -p) or chmod, and by no user-settable call */
+    char sample[17];  /* xxh3-64 in hex of the size and a sample of the content: the whole file
+                       * up to TM_MANIFEST_SAMPLE_WHOLE bytes; else its first and last MiB and
+                       * TM_MANIFEST_SAMPLE_N blocks of 64 KiB evenly spaced in between */
 } tm_manifest_file;
+
+#define TM_MANIFEST_SAMPLE_WHOLE (8u << 20)
+#define TM_MANIFEST_SAMPLE_N 96
 
 /* Totals over every run of the job, so metrics.json after a resume covers the whole job. */
 typedef struct tm_manifest_counts {
@@ -146,6 +157,12 @@ bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *
  * committed length (or missing while its length is > 0) is damage tokenmill cannot repair:
  * TM_E_IO naming the file. *cut_bytes gets the bytes cut off (torn tails). */
 tm_rc tm_manifest_recover(const char *dir, const tm_manifest *m, uint64_t *cut_bytes, tm_err *err);
+
+/* Check a finished job's data files against m before anything is derived from them (issue 35):
+ * each holds exactly its committed length; completions.jsonl.lz4 decodes to its end, every frame
+ * whole and its content checksum right; a plain JSONL file ends with a newline. Reads the files
+ * whole (at LZ4's decoding speed). TM_E_IO naming the file and what is wrong; TM_E_NOMEM. */
+tm_rc tm_manifest_verify(const char *dir, const tm_manifest *m, tm_err *err);
 
 /* The output folder's locks (tm_manifest_lock). */
 typedef struct tm_manifest_lk {

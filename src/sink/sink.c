@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "base/fault_io.h"
 #include "base/fsutil.h"
 #include "base/hash.h"
@@ -319,13 +320,23 @@ static tm_rc format_ok_openai(tm_buf *b, const tm_completion *c, tm_err *err) {
     return rc;
 }
 
+// A file path as a JSON string, losslessly (base/utf8.h: bytes outside UTF-8 as \xHH).
+static tm_rc append_path(tm_buf *b, const char *path, tm_err *err) {
+    char *e = tm_path_escape(path);
+    if (!e)
+        return TM_ERR(err, TM_E_NOMEM, "file name");
+    tm_rc rc = tm_buf_append_json_str(b, e, strlen(e), err);
+    tm_free(e);
+    return rc;
+}
+
 // ,"file":..,"line":.. when known (tokenmill's addition to the OpenAI error line).
 static tm_rc append_file_line(tm_buf *b, const tm_completion *c, tm_err *err) {
     tm_rc rc = TM_OK;
     if (c->file) {
         rc = tm_buf_append_str(b, ",\"file\":", err);
         if (!rc)
-            rc = tm_buf_append_json_str(b, c->file, strlen(c->file), err);
+            rc = append_path(b, c->file, err);
     }
     if (!rc && c->file && c->line)
         rc = tm_buf_printf(b, err, ",\"line\":%llu", (unsigned long long)c->line);
@@ -468,7 +479,7 @@ tm_rc tm_sink_format_error(tm_buf *b, const tm_completion *c, tm_err *err) {
     if (!rc && c->file) {
         rc = tm_buf_printf(b, err, "%s\"file\":", sep);
         if (!rc)
-            rc = tm_buf_append_json_str(b, c->file, strlen(c->file), err);
+            rc = append_path(b, c->file, err);
         sep = ",";
     }
     if (!rc && c->line) {

@@ -17,7 +17,11 @@
  * below twice the row's logit error; the count of those is printed), device greedy = argmax of the
  * gathered logits, kv_copy on TP2 = on TP1. Then a graph-less TP2 engine, and the failure path:
  * rank 1 is killed mid-run and rank 0's next step must fail within seconds with a message naming
- * rank 1, without hanging. Skipped (77) without CUDA, without two GPUs, or without mkmodel. */
+ * rank 1, without hanging. Skipped (77) without CUDA, without a GPU, or without mkmodel.
+ *
+ * With TM_TP_COMM=host, or when only one GPU is visible, both ranks share device 0 and all-reduce
+ * over host shared memory (runner/tp/tp_host.h): the same checks of the sharding (no CUDA
+ * graphs in that mode; the NCCL init timeout is not run). */
 #include <math.h>
 #include <signal.h>
 #include <stdint.h>
@@ -45,6 +49,12 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #define SPARE_BLOCK SEQ_BLOCKS /* one block beyond the sequences' */
 
+/* 1: ranks share device 0 and all-reduce over host memory (TM_TP_COMM=host, inherited by rank 1) */
+static int host_mode(void) {
+    const char *e = getenv("TM_TP_COMM");
+    return e && strcmp(e, "host") == 0;
+}
+
 static tm_engine_opts engine_opts(uint32_t tp) {
     return (tm_engine_opts){.block_size = BLOCK,
                             .n_kv_block = SPARE_BLOCK + 2,
@@ -68,7 +78,11 @@ static int rank_main(uint32_t rank, uint16_t port, const char *dir) {
         rc = tm_rdzv_join(&rc_cfg, &rdzv, id, sizeof(id), &len, &err);
     tm_engine_opts eo = engine_opts(2);
     eo.tp_rank = rank;
-    tm_engine_cuda_tp tp = {.device = (int)rank, .rdzv = rdzv, .nccl_id = id, .timeout_ms = 60000};
+    tm_engine_cuda_tp tp = {.device = host_mode() ? 0 : (int)rank,
+                            .rdzv = rdzv,
+                            .nccl_id = id,
+                            .timeout_ms = 60000,
+                            .host_comm = host_mode()};
     if (!rc)
         rc = tm_engine_cuda_tp_create(m, &eo, &tp, &eng, &err);
     if (!rc)
@@ -117,7 +131,8 @@ static int tp2_open(const char *dir, const tm_model *m, tp2 *t) {
     }
     TM_CHECK_OK(tm_rdzv_accept(t->rdzv, id, sizeof(id), &err), &err);
     tm_engine_opts eo = engine_opts(2);
-    tm_engine_cuda_tp tp = {.device = 0, .rdzv = t->rdzv, .nccl_id = id, .timeout_ms = 60000};
+    tm_engine_cuda_tp tp = {
+        .device = 0, .rdzv = t->rdzv, .nccl_id = id, .timeout_ms = 60000, .host_comm = host_mode()};
     if (err.rc == TM_OK)
         TM_CHECK_OK(tm_engine_cuda_tp_create(m, &eo, &tp, &t->eng, &err), &err);
     if (!t->eng)
@@ -321,13 +336,18 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     g_rng = 91;
     const int n_dev = tm_engine_cuda_n_devices();
-    if (n_dev < 2) {
-        fprintf(stderr, "test_tp_cuda: %d GPU(s) visible, 2 needed\n", n_dev);
-        tm_test_skip("fewer than 2 GPUs");
+    if (n_dev < 1)
+        tm_test_skip("no GPU");
+    if (n_dev < 2 && !host_mode()) { // one GPU: both ranks on it, host all-reduce
+        fprintf(stderr, "test_tp_cuda: 1 GPU visible: 2 ranks share it (TM_TP_COMM=host)\n");
+        setenv("TM_TP_COMM", "host", 1);
     }
     const int v = tm_nccl_version();
-    fprintf(stderr, "NCCL runtime %d (headers %d), %d GPUs\n", v, tm_nccl_header_version(), n_dev);
-    TM_RUN(test_nccl_init_timeout);
+    fprintf(stderr, "NCCL runtime %d (headers %d), %d GPUs; all-reduce %s\n", v,
+            tm_nccl_header_version(), n_dev,
+            host_mode() ? "over host memory, ranks sharing GPU 0" : "NCCL, one GPU per rank");
+    if (!host_mode())
+        TM_RUN(test_nccl_init_timeout);
     TM_RUN(test_llama_gqa);
     TM_RUN(test_qwen2_tied);
     TM_RUN(test_kv_replicated);

@@ -100,6 +100,37 @@ static void test_errors(void) {
     tm_buf_fini(&out);
 }
 
+// Issue 35: a job compiles its template once (tm_chat_tpl); each render gives what
+// tm_chat_render_with gives, and a template that does not parse gives its parse error each time.
+static void test_compiled(void) {
+    tm_err err = {0};
+    tm_buf a = {0}, b = {0};
+    tm_message m[3] = {{"system", "be brief"}, {"user", "hi"}, {"assistant", "yo"}};
+    tm_chat_tpl *c = NULL;
+    TM_CHECK_OK(tm_chat_tpl_create(g_tok, NULL, &c, &err), &err);
+    for (int i = 0; i < 2; i++) {
+        tm_buf_clear(&a), tm_buf_clear(&b);
+        TM_CHECK_OK(tm_chat_tpl_render(c, m, 3, i, &a, &err), &err);
+        TM_CHECK_OK(tm_chat_render(g_tok, m, 3, i, &b, &err), &err);
+        TM_CHECK(a.len == b.len && a.len > 0 && memcmp(a.data, b.data, a.len) == 0);
+    }
+    tm_message bad_role[1] = {{"narrator", "x"}};
+    TM_CHECK(tm_chat_tpl_render(c, bad_role, 1, 1, &a, &err) == TM_E_INVAL);
+    TM_CHECK(strstr(err.msg, "\"narrator\"") != NULL);
+    tm_chat_tpl_destroy(c);
+    c = NULL;
+    TM_CHECK_OK(tm_chat_tpl_create(g_tok, "{% if x %}never closed", &c, &err), &err);
+    for (int i = 0; i < 2; i++) {
+        memset(&err, 0, sizeof(err));
+        TM_CHECK(tm_chat_tpl_render(c, m, 3, 1, &a, &err) == TM_E_INVAL);
+        TM_CHECK_MSG(strstr(err.msg, "missing {% elif else endif %}") != NULL, "%s", err.msg);
+    }
+    tm_chat_tpl_destroy(c);
+    tm_chat_tpl_destroy(NULL);
+    tm_buf_fini(&a);
+    tm_buf_fini(&b);
+}
+
 /* A minimal byte-level tokenizer.json with the given tokenizer_config.json. */
 static tm_tokenizer *tiny_tokenizer(const char *dir, const char *config) {
     char path[512];
@@ -215,6 +246,7 @@ int main(void) {
         return tm_test_report();
     TM_RUN(test_reference_renderings);
     TM_RUN(test_errors);
+    TM_RUN(test_compiled);
     TM_RUN(test_plain_fallback);
     tm_tok_destroy(g_tok);
     TM_CHECK(tm_alloc_live() == live);

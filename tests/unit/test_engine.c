@@ -611,6 +611,25 @@ static void test_batch_invariance(void) {
 }
 
 /* Bad batches are refused with TM_E_INVAL, and create validates its inputs. */
+// Every architecture has an entry in the CPU engine's table (runner/engine/cpu/arch.c): create
+// gets past the architecture lookup (and fails later on the empty model and options).
+static void test_arch_entries(void) {
+    for (int a = 0; a < TM_ARCH_COUNT; a++) {
+        tm_model m = {.cfg = {.arch = (tm_arch)a}};
+        tm_engine_opts o = {0};
+        tm_engine *e = NULL;
+        tm_err err = {0};
+        TM_CHECK(tm_engine_cpu_create(&m, &o, &e, &err) != TM_OK && !e);
+        TM_CHECK_MSG(!strstr(err.msg, "architecture"), "%s", err.msg);
+    }
+    tm_model m = {.cfg = {.arch = TM_ARCH_COUNT}};
+    tm_engine_opts o = {0};
+    tm_engine *e = NULL;
+    tm_err err = {0};
+    TM_CHECK(tm_engine_cpu_create(&m, &o, &e, &err) == TM_E_INVAL && !e);
+    TM_CHECK_MSG(strstr(err.msg, "architecture ? is not supported"), "%s", err.msg);
+}
+
 static void test_errors(void) {
     tmodel *tm = build_model(&SPECS[0]);
     tm_engine *eng = make_engine(&tm->m, 2, 4, 4);
@@ -922,6 +941,7 @@ static void test_hf_fixtures(void) {
 int main(void) {
     TM_RUN(test_variants);
     TM_RUN(test_batch_invariance);
+    TM_RUN(test_arch_entries);
     TM_RUN(test_errors);
     TM_RUN(test_hf_fixtures);
     TM_RUN(bench);

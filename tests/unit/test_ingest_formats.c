@@ -82,7 +82,24 @@ static const expect cases[] = {
     {"{\"custom_id\":\"mc\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
      "\"m\"," MSGS ",\"max_completion_tokens\":0}}",
      TM_ERRCODE_INVALID_VALUE, TM_REC_FORMAT_OPENAI_CHAT, "\"mc\"",
-     "field 'body.max_completion_tokens': expected an integer >= 1, got 0"},
+     "field 'body.max_completion_tokens': expected an integer from 1 to 2147483647, got 0"},
+    // Integers: the true range, and numbers beyond 64 bits named by field (issue 35)
+    {"{\"id\":\"m31\",\"prompt\":\"x\",\"max_tokens\":2147483648}", TM_ERRCODE_INVALID_VALUE,
+     TM_REC_FORMAT_NATIVE, "\"m31\"",
+     "field 'max_tokens': expected an integer from 0 to 2147483647 (0: nothing generated), got "
+     "2147483648"},
+    {"{\"id\":\"m63\",\"prompt\":\"x\",\"max_tokens\":9223372036854775808}",
+     TM_ERRCODE_INVALID_VALUE, TM_REC_FORMAT_OPENAI, NULL,
+     "field 'max_tokens': expected an integer from 0 to 2147483647 (0: nothing generated), got "
+     "9223372036854775808"},
+    {"{\"id\":\"s64\",\"prompt\":\"x\",\"seed\":18446744073709551615}", TM_ERRCODE_INVALID_VALUE,
+     TM_REC_FORMAT_OPENAI, NULL,
+     "field 'seed': the integer 18446744073709551615 is out of range (integers must be from "
+     "-9223372036854775808 to 9223372036854775807; seed: from 0 to 9223372036854775807)"},
+    {"{\"custom_id\":\"b63\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
+     "\"m\"," MSGS ",\"max_tokens\":-9223372036854775809}}",
+     TM_ERRCODE_INVALID_VALUE, TM_REC_FORMAT_OPENAI, NULL,
+     "field 'body.max_tokens': expected an integer from 1 to 2147483647, got -9223372036854775809"},
     {"{\"custom_id\":\"im\",\"method\":\"POST\",\"url\":\"/v1/chat/completions\",\"body\":{\"model\":"
      "\"m\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}}",
      TM_ERRCODE_UNSUPPORTED, TM_REC_FORMAT_OPENAI_CHAT, "\"im\"",

@@ -256,6 +256,50 @@ static void test_hostile(void) {
                  ru.ru_maxrss);
 }
 
+// Issue 35: parsing is linear in the template's size. A flat template of 1 MiB of blocks, and
+// 100,000 nested blocks (refused at the nesting limit), cost the parser a small multiple of their
+// bytes in steps (tm_jinja_parse_steps); before, the tag scanner counted lines from the start for
+// every tag: about 40 GB of scanning for the first, 240 GB for the second.
+static void test_linear_parse(void) {
+    static const char blk[] = "{% if messages %}{{ messages[0].content }}{% endif %}\n";
+    size_t n_blk = (1u << 20) / (sizeof(blk) - 1) + 1, n = n_blk * (sizeof(blk) - 1);
+    char *src = tm_malloc(n + 1);
+    TM_CHECK(src != NULL);
+    for (size_t i = 0; i < n_blk; i++)
+        memcpy(src + i * (sizeof(blk) - 1), blk, sizeof(blk) - 1);
+    src[n] = '\0';
+    tm_jinja *t = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_jinja_parse(src, n, &t, &err), &err);
+    uint64_t steps = tm_jinja_parse_steps(t);
+    TM_CHECK_MSG(steps >= n && steps <= 4 * (uint64_t)n, "%llu parse steps for %zu bytes",
+                 (unsigned long long)steps, n);
+    tm_message m[1] = {{"user", "hi"}};
+    tm_jinja_vars v = {.msgs = m, .n_msgs = 1, .bos_token = "", .eos_token = ""};
+    tm_buf out = {0};
+    TM_CHECK_OK(tm_jinja_render(t, &v, &out, &err), &err);
+    TM_CHECK_MSG(out.len == 2 * n_blk, "rendered %zu bytes, want %zu", out.len, 2 * n_blk);
+    tm_buf_fini(&out);
+    tm_jinja_destroy(t);
+    tm_free(src);
+
+    // 100,000 nested blocks: refused by the nesting limit, naming it and the line
+    static const char open_[] = "{% if true %}\n", close_[] = "{% endif %}\n";
+    size_t depth = 100000, no = sizeof(open_) - 1, nc = sizeof(close_) - 1;
+    n = depth * (no + nc);
+    src = tm_malloc(n + 1);
+    TM_CHECK(src != NULL);
+    for (size_t i = 0; i < depth; i++) {
+        memcpy(src + i * no, open_, no);
+        memcpy(src + depth * no + i * nc, close_, nc);
+    }
+    src[n] = '\0';
+    tm_rc rc = tm_jinja_parse(src, n, &t, &err);
+    TM_CHECK_MSG(rc == TM_E_INVAL && strstr(err.msg, "blocks nested deeper than 64 at line 65"),
+                 "rc %d: %s", rc, err.msg);
+    tm_free(src);
+}
+
 int main(void) {
     const char *src = getenv("TM_SRC");
     snprintf(g_dir, sizeof(g_dir), "%s/tests/fixtures/chat_templates", src ? src : ".");
@@ -263,5 +307,6 @@ int main(void) {
     TM_RUN(test_expressions);
     TM_RUN(test_errors);
     TM_RUN(test_hostile);
+    TM_RUN(test_linear_parse);
     return tm_test_report();
 }

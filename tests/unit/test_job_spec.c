@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/utf8.h"
 #include "ingest/job_spec.h"
 #include "tm_test.h"
 
@@ -81,6 +82,7 @@ static void test_defaults(void) {
     TM_CHECK(spec->engine.threads == 0);
     TM_CHECK(spec->engine.kv_blocks == 0);
     TM_CHECK(spec->engine.gpu_memory_utilization == 0.90);
+    TM_CHECK(spec->engine.engram_cache_mb == 1024);
     TM_CHECK(spec->engine.quantization == TM_JOB_QUANT_NONE);
     TM_CHECK(spec->defaults.set == 0);
     TM_CHECK(spec->defaults.max_tokens == 256);
@@ -126,6 +128,11 @@ static void test_defaults(void) {
                 TM_CHECK(!got && json_number_value(d) == spec->engine.gpu_memory_utilization);
                 continue;
             }
+            if (!strcmp(sect, "engine") && !strcmp(key, "engram_cache_mb")) {
+                // memory sizing: not part of the job's identity
+                TM_CHECK(!got && json_integer_value(d) == spec->engine.engram_cache_mb);
+                continue;
+            }
             if (!strcmp(sect, "engine") && !strcmp(key, "kv_cache_dtype")) {
                 // written to the canonical spec only when not "auto" (identity kept)
                 TM_CHECK(!got && !strcmp(json_string_value(d), "auto") &&
@@ -162,7 +169,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 29); // engine 13, defaults 7, limits 6, output 3
+    TM_CHECK(n_defaults == 30); // engine 14, defaults 7, limits 6, output 3
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);
@@ -178,7 +185,7 @@ static void test_values_and_relative_paths(void) {
                " \"output\": {\"dir\": \"/tmp/abs-out\"},"
                " \"engine\": {\"backend\": \"cpu\", \"max_seqs\": 4, \"max_batched_tokens\": 512,"
                " \"block_size\": 16, \"prefix_cache\": false, \"tp\": 2, \"threads\": 3,"
-               " \"kv_blocks\": 100, \"gpu_memory_utilization\": 0.5},"
+               " \"kv_blocks\": 100, \"gpu_memory_utilization\": 0.5, \"engram_cache_mb\": 64},"
                " \"defaults\": {\"max_tokens\": 7, \"temperature\": 0, \"top_p\": 0.9,"
                " \"top_k\": 50, \"min_p\": 0.05, \"seed\": 42, \"stop\": \"\\n\"},"
                " \"limits\": {\"max_line_bytes\": 1000, \"max_depth\": 5, \"max_field_bytes\": 99,"
@@ -201,6 +208,8 @@ static void test_values_and_relative_paths(void) {
     TM_CHECK(spec->engine.block_size == 16 && !spec->engine.prefix_cache);
     TM_CHECK(spec->engine.tp == 2 && spec->engine.threads == 3 && spec->engine.kv_blocks == 100);
     TM_CHECK(spec->engine.gpu_memory_utilization == 0.5);
+    TM_CHECK(spec->engine.engram_cache_mb == 64);
+    TM_CHECK(strstr(spec->canonical_json, "engram") == NULL); // not part of the identity
     TM_CHECK(spec->defaults.max_tokens == 7 && spec->defaults.temperature == 0.0f);
     TM_CHECK_NEAR(spec->defaults.top_p, 0.9, 1e-6);
     TM_CHECK(spec->defaults.top_k == 50 && spec->defaults.seed == 42);
@@ -267,6 +276,14 @@ static void test_errors(void) {
         "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
         " \"o\"}, \"engine\": {\"gpu_memory_utilization\": 1.2}}",
         TM_E_INVAL, "engine.gpu_memory_utilization: expected a number > 0 and <= 1");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"engram_cache_mb\": 0}}",
+        TM_E_INVAL, "engine.engram_cache_mb: expected an integer >= 1 and <= 1048576, got 0");
+    expect_error(
+        "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
+        " \"o\"}, \"engine\": {\"engram_cache_mb\": \"1G\"}}",
+        TM_E_INVAL, "engine.engram_cache_mb: expected an integer >= 1 and <= 1048576");
     expect_error(
         "{\"model\": \"m\", \"input\": {\"files\": [\"in/a.jsonl\"]}, \"output\": {\"dir\":"
         " \"o\"}, \"engine\": {\"prefix_cache\": 1}}",
@@ -601,11 +618,48 @@ static void test_alloc_faults(void) {
     TM_CHECK(n_fail > 10);
 }
 
+// Issue 35: input paths in JSON (base/utf8.h). Every byte pair survives escape + unescape; the
+// escaped form is valid UTF-8 (json_string takes it); UTF-8 names without a backslash are left as
+// they are; a backslash becomes \x5c; a lone backslash in a job file stays.
+static void test_path_escape(void) {
+    char p[3] = {0};
+    for (int a = 1; a < 256; a++)
+        for (int b = 1; b < 256; b++) {
+            p[0] = (char)a, p[1] = (char)b;
+            char *e = tm_path_escape(p);
+            TM_ASSERT(e);
+            json_t *j = json_string(e);
+            TM_CHECK_MSG(j != NULL, "escaped %02x %02x is not UTF-8", a, b);
+            json_decref(j);
+            char *u = tm_path_unescape(e);
+            TM_ASSERT(u);
+            TM_CHECK_MSG(strcmp(u, p) == 0, "%02x %02x -> %s", a, b, e);
+            tm_free(u);
+            tm_free(e);
+        }
+    static const struct {
+        const char *raw, *esc;
+    } cases[] = {{"data/in.jsonl", "data/in.jsonl"},
+                 {"caf\xc3\xa9.jsonl", "caf\xc3\xa9.jsonl"}, // UTF-8 \u00e9: as it is
+                 {"caf\xe9.jsonl", "caf\\xe9.jsonl"},        // Latin-1: escaped
+                 {"a\\b", "a\\x5cb"},
+                 {"\xed\xa0\x80", "\\xed\\xa0\\x80"}}; // a UTF-8 surrogate is not UTF-8
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *e = tm_path_escape(cases[i].raw);
+        TM_CHECK_MSG(e && strcmp(e, cases[i].esc) == 0, "%s -> %s", cases[i].esc, e ? e : "");
+        tm_free(e);
+    }
+    char *u = tm_path_unescape("a\\b\\x0\\x00\\xZZ\\x41");
+    TM_CHECK_MSG(u && strcmp(u, "a\\b\\x0\\x00\\xZZA") == 0, "%s", u ? u : "");
+    tm_free(u);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof(g_tmp), "/tmp/tm_job_spec_XXXXXX");
     if (!mkdtemp(g_tmp))
         return 1;
     TM_RUN(test_defaults);
+    TM_RUN(test_path_escape);
     TM_RUN(test_values_and_relative_paths);
     TM_RUN(test_errors);
     TM_RUN(test_output_durability);

@@ -185,6 +185,80 @@ static void copy_file(const char *from, const char *to) {
 
 // Commit two frames, write a third without committing it, then cut the file at every byte of
 // that third frame (and with garbage after it): recovery always gives back the committed prefix.
+// Issue 35: an input replaced between runs by a file of the same size whose mtime was kept is not
+// the same job: mv of a prepared file (another inode), cp -p / touch -r over it (ctime, and the
+// content sample), and a rewrite of one byte in the middle of a big file (ctime). A manifest
+// without the new fields (an older tokenmill's) is still resumed.
+static void set_mtime_of(const char *path, const char *from) {
+    struct stat st;
+    TM_ASSERT(stat(from, &st) == 0);
+    struct timespec ts[2] = {st.st_atim, st.st_mtim};
+    TM_ASSERT(utimensat(AT_FDCWD, path, ts, 0) == 0);
+}
+
+static void test_input_replaced(void) {
+    char in[512], prep[512], ref[512], why[256];
+    snprintf(in, sizeof(in), "%s/in.jsonl", g_dir);
+    snprintf(prep, sizeof(prep), "%s/prepared.jsonl", g_dir);
+    snprintf(ref, sizeof(ref), "%s/ref", g_dir);
+    write_text(in, "{\"id\":1,\"prompt\":\"a\"}\n");
+    write_text(ref, "x");
+    set_mtime_of(in, ref);
+    tm_manifest first = {0}, again = {0};
+    make_identity(&first, "{\"a\":1}");
+    TM_CHECK(first.inputs[0].inode != 0 && first.inputs[0].sample[0]);
+    make_identity(&again, "{\"a\":1}");
+    TM_CHECK(tm_manifest_same_job(&first, &again, why, sizeof(why)));
+    tm_manifest_fini(&again);
+
+    // mv of a prepared file: same size, same mtime, another inode
+    write_text(prep, "{\"id\":2,\"prompt\":\"b\"}\n");
+    set_mtime_of(prep, ref);
+    TM_ASSERT(rename(prep, in) == 0);
+    make_identity(&again, "{\"a\":1}");
+    TM_CHECK(again.inputs[0].size == first.inputs[0].size &&
+             again.inputs[0].mtime_ns == first.inputs[0].mtime_ns);
+    TM_CHECK(!tm_manifest_same_job(&first, &again, why, sizeof(why)));
+    TM_CHECK_MSG(strstr(why, "in.jsonl was replaced") != NULL, "%s", why);
+    tm_manifest_fini(&again);
+    tm_manifest_fini(&first);
+
+    // cp -p over it (the same inode, written then its mtime set back)
+    make_identity(&first, "{\"a\":1}");
+    write_text(in, "{\"id\":3,\"prompt\":\"c\"}\n");
+    set_mtime_of(in, ref);
+    make_identity(&again, "{\"a\":1}");
+    TM_CHECK(again.inputs[0].inode == first.inputs[0].inode);
+    TM_CHECK(!tm_manifest_same_job(&first, &again, why, sizeof(why)));
+    TM_CHECK_MSG(strstr(why, "in.jsonl changed: same size and mtime, other content") != NULL, "%s",
+                 why);
+    tm_manifest_fini(&again);
+
+    // one byte changed where the sample does not look (a 20 MiB file), mtime kept: ctime tells
+    tm_manifest_fini(&first);
+    FILE *f = fopen(in, "w");
+    TM_ASSERT(f);
+    for (int i = 0; i < 20 * 1024; i++)
+        fprintf(f, "{\"id\":%07d,\"prompt\":\"%0990d\"}\n", i, 0);
+    fclose(f);
+    set_mtime_of(in, ref);
+    make_identity(&first, "{\"a\":1}");
+    f = fopen(in, "r+");
+    TM_ASSERT(f && fseek(f, 1024 * 1024 + 65536 + 1000, SEEK_SET) == 0 && fputc('7', f) != EOF);
+    fclose(f);
+    set_mtime_of(in, ref);
+    make_identity(&again, "{\"a\":1}");
+    TM_CHECK(strcmp(again.inputs[0].sample, first.inputs[0].sample) == 0); // not sampled there
+    TM_CHECK(!tm_manifest_same_job(&first, &again, why, sizeof(why)));
+    TM_CHECK_MSG(strstr(why, "(ctime)") != NULL, "%s", why);
+    // an older manifest (no inode, ctime or sample): compared by size and mtime as before
+    first.inputs[0].inode = 0, first.inputs[0].ctime_ns = 0, first.inputs[0].sample[0] = '\0';
+    TM_CHECK(tm_manifest_same_job(&first, &again, why, sizeof(why)));
+    tm_manifest_fini(&again);
+    tm_manifest_fini(&first);
+    write_text(in, "{\"id\":1,\"prompt\":\"a\"}\n");
+}
+
 static void test_recover_every_byte(void) {
     char dir[600], lz4[700], errs[700], keep[700];
     snprintf(dir, sizeof(dir), "%s/torn", g_dir);
@@ -271,6 +345,7 @@ int main(void) {
     TM_ASSERT(mkdtemp(g_dir));
     TM_RUN(test_seqset_random);
     TM_RUN(test_round_trip_and_same_job);
+    TM_RUN(test_input_replaced);
     TM_RUN(test_recover_every_byte);
     TM_RUN(test_lock);
     char cmd[600];

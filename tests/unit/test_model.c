@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/alloc.h"
+#include "runner/model/arch.h"
 #include "runner/model/model.h"
 #include "runner/model/safetensors.h"
 #include "tm_test.h"
@@ -246,6 +247,28 @@ static void expect_cfg(const char *key, const char *value, tm_rc want, const cha
                      "%s=%s: want '%s' in: %s", key, value ? value : "", phrase, err.msg);
     }
     tm_model_destroy(m);
+}
+
+// The architecture registry (runner/model/arch.h): every tm_arch has its ops, names are unique and
+// found again, and a config naming an unknown class lists every known one.
+static void test_arch_table(void) {
+    char classes[512];
+    tm_arch_list_names(classes, sizeof(classes), 1);
+    for (int a = 0; a < TM_ARCH_COUNT; a++) {
+        const tm_arch_ops *ops = tm_arch_ops_get((tm_arch)a);
+        TM_CHECK(ops && ops->name && ops->hf_class && ops->title && ops->config_parse &&
+                 ops->bind && ops->is_quantized && ops->destroy);
+        if (!ops)
+            continue;
+        TM_CHECK(ops->llama_shape || ops->no_fp8_at_load);
+        TM_CHECK(tm_arch_find(ops->name, 0) == a && tm_arch_find(ops->hf_class, 1) == a);
+        TM_CHECK_MSG(strstr(classes, ops->hf_class) != NULL, "%s", classes);
+        tm_model m = {.cfg = {.arch = (tm_arch)a}};
+        TM_CHECK(!strcmp(tm_model_arch_name(&m), ops->name));
+    }
+    TM_CHECK(tm_arch_ops_get(TM_ARCH_COUNT) == NULL && tm_arch_find("gpt2", 0) < 0);
+    tm_model m = {.cfg = {.arch = TM_ARCH_COUNT}};
+    TM_CHECK(!strcmp(tm_model_arch_name(&m), "?"));
 }
 
 static void test_config_errors(void) {
@@ -485,6 +508,7 @@ int main(void) {
         return 1;
     }
     TM_CHECK(mkmodel("base", "--seed 3", g_base, sizeof(g_base)) == 0);
+    TM_RUN(test_arch_table);
     TM_RUN(test_archs);
     TM_RUN(test_determinism_and_shards);
     TM_RUN(test_rope_and_tokenizer);

@@ -14,9 +14,11 @@
  * normal build. */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
 #include "base/queue.h"
@@ -73,6 +75,29 @@ static tm_job *new_job(int i, uint32_t max_tokens) {
     return job;
 }
 
+// A slowed source (issue 35): feed's thread pushes the records one at a time, each only once the
+// runner has taken the one before and 2 ms more have passed, as a source on a machine busy with
+// other work (CPU hogs, a build) would; g_slow_feed selects it in run().
+static int g_slow_feed;
+
+typedef struct feed {
+    tm_queue *in;
+    tm_job *jobs[N_REC];
+    int n;
+} feed;
+
+static void *feed_main(void *arg) {
+    feed *f = arg;
+    for (int k = 0; k < f->n; k++) {
+        while (tm_queue_len(f->in) > 0)
+            usleep(200);
+        usleep(2000);
+        TM_ASSERT(tm_queue_push(f->in, f->jobs[k]) == TM_OK);
+    }
+    tm_queue_close(f->in);
+    return NULL;
+}
+
 // Run every record through the runner with the given switches; records are pushed in a
 // shuffled order so the PREFIX schedule has something to reorder.
 static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, float temp,
@@ -89,13 +114,20 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
     tm_queue *in = NULL, *out = NULL;
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &in, &err), &err);
     TM_CHECK_OK(tm_queue_create(N_REC + 1, &out, &err), &err);
+    feed fd = {.in = in, .n = g_n_rec};
     for (int k = 0; k < g_n_rec; k++) {
         int i = (k * 17) % g_n_rec; // a fixed shuffle (17 is coprime with 48 and 20)
         tm_job *job = new_job(i, 6 + i % 5);
         job->seq_no = (uint64_t)k;
-        TM_CHECK(tm_queue_push(in, job) == TM_OK);
+        fd.jobs[k] = job;
+        if (!g_slow_feed)
+            TM_CHECK(tm_queue_push(in, job) == TM_OK);
     }
-    tm_queue_close(in);
+    pthread_t feeder;
+    if (g_slow_feed)
+        TM_ASSERT(pthread_create(&feeder, NULL, feed_main, &fd) == 0);
+    else
+        tm_queue_close(in);
     tm_runner_cfg cfg = {.max_seqs = 4,
                          .max_batched_tokens = 96,
                          .block_size = 16,
@@ -110,6 +142,8 @@ static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, f
     cfg.defaults.top_k = -1;
     memset(res, 0, sizeof(*res));
     TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &res->stats, &err), &err);
+    if (g_slow_feed)
+        pthread_join(feeder, NULL);
     tm_queue_close(out);
     void *item;
     int n = 0;
@@ -698,6 +732,28 @@ static void test_greedy_op_mixed(void) {
     }
 }
 
+// Issue 35: the schedule is a function of the input and the job, not of when records arrive. The
+// same job with every record queued at once and with a slowed source (one record at a time, each
+// after the runner took the one before) makes the same steps, computes the same prompt tokens and
+// gives the same outputs. Before, the runner admitted whatever had arrived: one record per window
+// with the slowed source, so the prefix ordering and the prefix cache saw nothing to share.
+static void test_schedule_timing_free(void) {
+    result fast, slow;
+    run(1, TM_SCHED_PREFIX, 4096, 0.0f, &fast);
+    g_slow_feed = 1;
+    run(1, TM_SCHED_PREFIX, 4096, 0.0f, &slow);
+    g_slow_feed = 0;
+    TM_CHECK_MSG(fast.stats.n_step == slow.stats.n_step &&
+                     fast.stats.n_tok_prefill == slow.stats.n_tok_prefill,
+                 "steps %llu vs %llu, prefill tokens %llu vs %llu (all queued vs slowed source)",
+                 (unsigned long long)fast.stats.n_step, (unsigned long long)slow.stats.n_step,
+                 (unsigned long long)fast.stats.n_tok_prefill,
+                 (unsigned long long)slow.stats.n_tok_prefill);
+    TM_CHECK(same_outputs(&fast, &slow));
+    result_fini(&fast);
+    result_fini(&slow);
+}
+
 // The greedy rule the runner relies on is tm_sample_token's.
 static void test_greedy_rule(void) {
     tm_err err = {0};
@@ -728,6 +784,7 @@ int main(void) {
     }
     tm_unit_llama_open(dir, 3, &g_model, &g_tok);
     TM_RUN(test_cache_on_off_identical);
+    TM_RUN(test_schedule_timing_free);
     TM_RUN(test_preemption_keeps_outputs);
     TM_RUN(test_cache_salt);
     TM_RUN(test_record_failures);

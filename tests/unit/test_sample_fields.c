@@ -55,7 +55,7 @@ static const struct {
     {"{\"id\":\"e7\",\"prompt\":\"x\",\"logit_bias\":{\"1\":1,\"01\":2}}", TM_ERRCODE_INVALID_VALUE,
      "field 'logit_bias': expected distinct token ids"},
     {"{\"id\":\"e8\",\"prompt\":\"x\",\"min_tokens\":-1}", TM_ERRCODE_INVALID_VALUE,
-     "field 'min_tokens': expected an integer >= 0"},
+     "field 'min_tokens': expected an integer from 0 to 2147483647"},
     {OAI "\"stop_token_ids\":[1,-2]}}", TM_ERRCODE_INVALID_VALUE, "field 'body.stop_token_ids'"},
     {OAI "\"stop_token_ids\":[1,2,3,4,5,6,7,8,9]}}", TM_ERRCODE_FIELD_TOO_LARGE,
      "field 'body.stop_token_ids' has 9 entries"},

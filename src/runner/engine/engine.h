@@ -49,6 +49,14 @@ typedef struct tm_engine_opts {
     uint32_t max_rows;           /* logits rows per step (n_logits of tm_batch_seq); 0 = max_seqs */
     tm_allreduce_fn allreduce;   /* required when tp_size > 1 */
     void *allreduce_ctx;         /* borrowed; passed to allreduce */
+    const int32_t *token_map;    /* DeepSeek-V4.1 Engram: [n_token_map] the compressed id of every
+                                  * token id (runner/model/engram_hash.h tm_engram_token_map_build
+                                  * over the model's tokenizer); borrowed, must outlive the engine;
+                                  * NULL for other models */
+    uint32_t n_token_map;
+    uint32_t engram_cache_mb; /* DeepSeek-V4.1: the row cache of each Engram table, MiB (the
+                               * tables are read by rows from disk, runner/model/engram_table.h);
+                               * 0 = TM_ENGRAM_DEFAULT_CACHE_MB */
 } tm_engine_opts;
 
 /* One sequence's part of a step. */

@@ -1,8 +1,11 @@
 /* runner/model/arch.c - the registry of model architectures: TM_ARCH_LIST
- * (runner/model/model_types.h) turned into a table of tm_arch_ops indexed by tm_arch. Constant
- * data; any thread. */
+ * (runner/model/model_types.h) turned into a table of tm_arch_ops indexed by tm_arch, and the
+ * config.json field readers the architectures' config_parse hooks share. Constant data and pure
+ * functions; any thread. */
 #include "runner/model/arch.h"
 
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -33,4 +36,56 @@ void tm_arch_list_names(char *buf, size_t cap, int by_class) {
             break;
         at += (size_t)n;
     }
+}
+
+/* ---- config.json fields (the hooks' shared readers) ---- */
+
+tm_rc tm_arch_cfg_u32(const void *obj_v, const char *file, const char *key, int required,
+                      uint32_t def, uint32_t lo, uint32_t hi, uint32_t *out, tm_err *err) {
+    json_t *v = json_object_get(obj_v, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return TM_ERR(err, TM_E_PARSE, "%s: missing %s", file, key);
+        *out = def;
+        return TM_OK;
+    }
+    if (!json_is_integer(v))
+        return TM_ERR(err, TM_E_PARSE, "%s: %s is not an integer", file, key);
+    json_int_t x = json_integer_value(v);
+    if (x < (json_int_t)lo || x > (json_int_t)hi)
+        return TM_ERR(err, TM_E_PARSE, "%s: %s = %lld is out of range [%u, %u]", file, key,
+                      (long long)x, lo, hi);
+    *out = (uint32_t)x;
+    return TM_OK;
+}
+
+tm_rc tm_arch_cfg_num(const void *obj_v, const char *file, const char *key, int required,
+                      double def, double *out, tm_err *err) {
+    json_t *v = json_object_get(obj_v, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return TM_ERR(err, TM_E_PARSE, "%s: missing %s", file, key);
+        *out = def;
+        return TM_OK;
+    }
+    if (!json_is_number(v))
+        return TM_ERR(err, TM_E_PARSE, "%s: %s is not a number", file, key);
+    double x = json_number_value(v);
+    if (!isfinite(x))
+        return TM_ERR(err, TM_E_PARSE, "%s: %s is not finite", file, key);
+    *out = x;
+    return TM_OK;
+}
+
+tm_rc tm_arch_cfg_bool(const void *obj_v, const char *file, const char *key, int def, int *out,
+                       tm_err *err) {
+    json_t *v = json_object_get(obj_v, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return TM_OK;
+    }
+    if (!json_is_boolean(v))
+        return TM_ERR(err, TM_E_PARSE, "%s: %s is not a boolean", file, key);
+    *out = json_is_true(v);
+    return TM_OK;
 }

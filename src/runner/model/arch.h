@@ -62,4 +62,18 @@ int tm_arch_find(const char *s, int by_class);
 /* "LlamaForCausalLM, Qwen2ForCausalLM, ..." (by_class 1) or "llama, qwen2, ..." into buf. */
 void tm_arch_list_names(char *buf, size_t cap, int by_class);
 
+/* ---- pieces the hooks share: config.json fields ----
+ * obj is a json_t object (NULL reads as empty); file and key name the field in messages
+ * ("<file>: missing <key>", "<file>: <key> is not an integer", ...), all TM_E_PARSE. */
+
+/* Integer in [lo, hi]. Missing or null: *out = def, or an error if required. */
+tm_rc tm_arch_cfg_u32(const void *obj, const char *file, const char *key, int required,
+                      uint32_t def, uint32_t lo, uint32_t hi, uint32_t *out, tm_err *err);
+/* Finite number (integer or real). Missing or null: *out = def, or an error if required. */
+tm_rc tm_arch_cfg_num(const void *obj, const char *file, const char *key, int required, double def,
+                      double *out, tm_err *err);
+/* Boolean. Missing or null: *out = def. */
+tm_rc tm_arch_cfg_bool(const void *obj, const char *file, const char *key, int def, int *out,
+                       tm_err *err);
+
 #endif /* TM_RUNNER_MODEL_ARCH_H */

@@ -22,8 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
 #include "runner/model/arch.h"
 #include "runner/model/safetensors.h"
 
@@ -44,8 +46,13 @@ static tm_rc load_json(const char *dir, const char *name, int optional, json_t *
             return TM_OK;
         return TM_ERR(err, TM_E_IO, "%s: %s", name, strerror(errno));
     }
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    tm_rc rc = tm_fs_open_in(path, "model folder", &fd, NULL, err);
+    if (rc)
+        return rc;
     json_error_t je;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root) {
         if (json_error_code(&je) == json_error_out_of_memory)
             return TM_ERR(err, TM_E_NOMEM, "%s: out of memory", name);
@@ -153,6 +160,8 @@ tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err) {
         goto fail;
     m->impl = st;
     rc = ops->bind(m, st, err);
+    if (rc == TM_OK) // binding read the weights (quantizing, converting): from the file as loaded?
+        rc = tm_st_set_check(st, err);
     if (rc)
         goto fail;
     *out = m;
@@ -162,6 +171,10 @@ fail:
     json_decref(gen);
     tm_model_destroy(m);
     return tm_err_wrap(err, "loading model %s", dir);
+}
+
+tm_rc tm_model_check_files(const tm_model *m, tm_err *err) {
+    return m->impl ? tm_st_set_check(m->impl, err) : TM_OK;
 }
 
 void tm_model_destroy(tm_model *m) {

@@ -27,6 +27,11 @@
  */
 tm_rc tm_model_load(const char *dir, tm_model **out, tm_err *err);
 void tm_model_destroy(tm_model *m); /* NULL is a no-op */
+/* Whether the weights files are still the ones loaded (issue 35; tm_st_set_check): TM_E_IO
+ * naming the file that lost bytes under its mapping (the weights read from it since are zeros,
+ * not the model's), or that was replaced, removed or changed since load. TM_OK for a model built
+ * in memory. One stat per shard; thread-safe. */
+tm_rc tm_model_check_files(const tm_model *m, tm_err *err);
 /* The configuration alone (config.json + generation_config.json, parsed and checked as
  * tm_model_load does; no weights opened): what a benchmark of random weights of a real model's
  * shape needs. Llama family only (TM_E_INVAL for DeepSeek-V4). */

@@ -24,25 +24,6 @@
 
 /* ---- small JSON readers ---- */
 
-static tm_rc get_u32(json_t *obj, const char *key, int required, uint32_t def, uint32_t lo,
-                     uint32_t hi, uint32_t *out, tm_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        if (required)
-            return TM_ERR(err, TM_E_PARSE, CFG ": missing %s", key);
-        *out = def;
-        return TM_OK;
-    }
-    if (!json_is_integer(v))
-        return TM_ERR(err, TM_E_PARSE, CFG ": %s is not an integer", key);
-    json_int_t x = json_integer_value(v);
-    if (x < (json_int_t)lo || x > (json_int_t)hi)
-        return TM_ERR(err, TM_E_PARSE, CFG ": %s = %lld is out of range [%u, %u]", key,
-                      (long long)x, lo, hi);
-    *out = (uint32_t)x;
-    return TM_OK;
-}
-
 static tm_rc get_num(json_t *obj, const char *key, int required, double def, double *out,
                      tm_err *err) {
     json_t *v = json_object_get(obj, key);
@@ -156,7 +137,8 @@ static tm_rc parse_rope_obj(json_t *p, double theta_def, tm_dsv4_rope *r, tm_err
     if (!(v >= 1.0) || v > 1e6)
         return TM_ERR(err, TM_E_PARSE, CFG ": yarn factor %g out of range", v);
     r->factor = (float)v;
-    rc = get_u32(p, "original_max_position_embeddings", 1, 0, 1, 1u << 30, &r->orig_ctx, err);
+    rc = tm_arch_cfg_u32(p, CFG, "original_max_position_embeddings", 1, 0, 1, 1u << 30,
+                         &r->orig_ctx, err);
     if (rc == TM_OK)
         rc = get_num(p, "beta_fast", 0, 32.0, &v, err);
     if (rc)
@@ -232,7 +214,8 @@ static tm_rc parse_layer_types(json_t *root, uint32_t n, tm_dsv4_cfg *d, tm_err 
         }
     } else {
         uint32_t n_hash = 0;
-        tm_rc rc = get_u32(root, "num_hash_layers", 0, 3, 0, TM_DSV4_MAX_LAYER, &n_hash, err);
+        tm_rc rc = tm_arch_cfg_u32(root, CFG, "num_hash_layers", 0, 3, 0, TM_DSV4_MAX_LAYER,
+                                   &n_hash, err);
         if (rc)
             return rc;
         for (uint32_t i = 0; i < n; i++)
@@ -252,7 +235,7 @@ tm_rc tm_dsv4_config_parse(void *root_v, void *gen_v, tm_model_cfg *c, tm_dsv4 *
     double v;
 #define U32(key, req, def, lo, hi, dst)                                                            \
     do {                                                                                           \
-        rc = get_u32(root, key, req, def, lo, hi, dst, err);                                       \
+        rc = tm_arch_cfg_u32(root, CFG, key, req, def, lo, hi, dst, err);                          \
         if (rc)                                                                                    \
             goto fail;                                                                             \
     } while (0)
@@ -305,10 +288,11 @@ tm_rc tm_dsv4_config_parse(void *root_v, void *gen_v, tm_model_cfg *c, tm_dsv4 *
     d->ratio_hca = 128;
     json_t *rates = json_object_get(root, "compress_rates");
     if (rates && json_is_object(rates)) {
-        rc = get_u32(rates, "compressed_sparse_attention", 0, 4, 1, 1u << 16, &d->ratio_csa, err);
+        rc = tm_arch_cfg_u32(rates, CFG, "compressed_sparse_attention", 0, 4, 1, 1u << 16,
+                             &d->ratio_csa, err);
         if (rc == TM_OK)
-            rc = get_u32(rates, "heavily_compressed_attention", 0, 128, 1, 1u << 16, &d->ratio_hca,
-                         err);
+            rc = tm_arch_cfg_u32(rates, CFG, "heavily_compressed_attention", 0, 128, 1, 1u << 16,
+                                 &d->ratio_hca, err);
         if (rc)
             goto fail;
     }

@@ -16,62 +16,10 @@
 /* ---- config.json ------------------------------------------------------------------------------
  */
 
-/* Integer field in [lo, hi]. Missing or null: *out = def if !required. */
-static tm_rc get_u32(json_t *obj, const char *file, const char *key, int required, uint32_t def,
-                     uint32_t lo, uint32_t hi, uint32_t *out, tm_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        if (required)
-            return TM_ERR(err, TM_E_PARSE, "%s: missing %s", file, key);
-        *out = def;
-        return TM_OK;
-    }
-    if (!json_is_integer(v))
-        return TM_ERR(err, TM_E_PARSE, "%s: %s is not an integer", file, key);
-    json_int_t x = json_integer_value(v);
-    if (x < (json_int_t)lo || x > (json_int_t)hi)
-        return TM_ERR(err, TM_E_PARSE, "%s: %s = %lld is out of range [%u, %u]", file, key,
-                      (long long)x, lo, hi);
-    *out = (uint32_t)x;
-    return TM_OK;
-}
-
-/* Number field (integer or real), finite; missing or null: def if !required. */
-static tm_rc get_num(json_t *obj, const char *file, const char *key, int required, double def,
-                     double *out, tm_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        if (required)
-            return TM_ERR(err, TM_E_PARSE, "%s: missing %s", file, key);
-        *out = def;
-        return TM_OK;
-    }
-    if (!json_is_number(v))
-        return TM_ERR(err, TM_E_PARSE, "%s: %s is not a number", file, key);
-    double x = json_number_value(v);
-    if (!isfinite(x))
-        return TM_ERR(err, TM_E_PARSE, "%s: %s is not finite", file, key);
-    *out = x;
-    return TM_OK;
-}
-
-static tm_rc get_bool(json_t *obj, const char *file, const char *key, int def, int *out,
-                      tm_err *err) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
-        *out = def;
-        return TM_OK;
-    }
-    if (!json_is_boolean(v))
-        return TM_ERR(err, TM_E_PARSE, "%s: %s is not a boolean", file, key);
-    *out = json_is_true(v);
-    return TM_OK;
-}
-
 /* rope_scaling (transformers 4.x) or rope_parameters (5.x): default or llama3. */
 static tm_rc parse_rope(json_t *root, tm_model_cfg *c, tm_err *err) {
     double theta = 0;
-    tm_rc rc = get_num(root, CFG, "rope_theta", 0, 10000.0, &theta, err);
+    tm_rc rc = tm_arch_cfg_num(root, CFG, "rope_theta", 0, 10000.0, &theta, err);
     if (rc)
         return rc;
     const char *key = "rope_scaling";
@@ -79,7 +27,7 @@ static tm_rc parse_rope(json_t *root, tm_model_cfg *c, tm_err *err) {
     if (rs && !json_is_null(rs)) {
         key = "rope_parameters";
         if (json_is_object(rs) && json_object_get(rs, "rope_theta")) {
-            rc = get_num(rs, CFG ": rope_parameters", "rope_theta", 1, 0, &theta, err);
+            rc = tm_arch_cfg_num(rs, CFG ": rope_parameters", "rope_theta", 1, 0, &theta, err);
             if (rc)
                 return rc;
         }
@@ -113,13 +61,14 @@ static tm_rc parse_rope(json_t *root, tm_model_cfg *c, tm_err *err) {
     snprintf(where, sizeof(where), CFG ": %s", key);
     double factor, lo, hi;
     uint32_t orig;
-    rc = get_num(rs, where, "factor", 1, 0, &factor, err);
+    rc = tm_arch_cfg_num(rs, where, "factor", 1, 0, &factor, err);
     if (rc == TM_OK)
-        rc = get_num(rs, where, "low_freq_factor", 1, 0, &lo, err);
+        rc = tm_arch_cfg_num(rs, where, "low_freq_factor", 1, 0, &lo, err);
     if (rc == TM_OK)
-        rc = get_num(rs, where, "high_freq_factor", 1, 0, &hi, err);
+        rc = tm_arch_cfg_num(rs, where, "high_freq_factor", 1, 0, &hi, err);
     if (rc == TM_OK)
-        rc = get_u32(rs, where, "original_max_position_embeddings", 1, 0, 1, 1u << 24, &orig, err);
+        rc = tm_arch_cfg_u32(rs, where, "original_max_position_embeddings", 1, 0, 1, 1u << 24,
+                             &orig, err);
     if (rc)
         return rc;
     if (!(factor >= 1.0) || factor > 1e6)
@@ -183,19 +132,21 @@ typedef tm_rc (*window_fn)(json_t *root, tm_model_cfg *c, tm_err *err);
 
 static tm_rc parse_family(json_t *root, json_t *gen, tm_model_cfg *c, int bias, window_fn window,
                           tm_err *err) {
-    tm_rc rc = get_u32(root, CFG, "num_hidden_layers", 1, 0, 1, 4096, &c->n_layer, err);
+    tm_rc rc = tm_arch_cfg_u32(root, CFG, "num_hidden_layers", 1, 0, 1, 4096, &c->n_layer, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "hidden_size", 1, 0, 1, 1u << 16, &c->n_embd, err);
+        rc = tm_arch_cfg_u32(root, CFG, "hidden_size", 1, 0, 1, 1u << 16, &c->n_embd, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "intermediate_size", 1, 0, 1, 1u << 20, &c->n_ff, err);
+        rc = tm_arch_cfg_u32(root, CFG, "intermediate_size", 1, 0, 1, 1u << 20, &c->n_ff, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "num_attention_heads", 1, 0, 1, 1024, &c->n_head, err);
+        rc = tm_arch_cfg_u32(root, CFG, "num_attention_heads", 1, 0, 1, 1024, &c->n_head, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "num_key_value_heads", 0, c->n_head, 1, 1024, &c->n_kv_head, err);
+        rc = tm_arch_cfg_u32(root, CFG, "num_key_value_heads", 0, c->n_head, 1, 1024, &c->n_kv_head,
+                             err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "vocab_size", 1, 0, 1, 1u << 24, &c->n_vocab, err);
+        rc = tm_arch_cfg_u32(root, CFG, "vocab_size", 1, 0, 1, 1u << 24, &c->n_vocab, err);
     if (rc == TM_OK)
-        rc = get_u32(root, CFG, "max_position_embeddings", 1, 0, 1, 1u << 24, &c->n_ctx, err);
+        rc = tm_arch_cfg_u32(root, CFG, "max_position_embeddings", 1, 0, 1, 1u << 24, &c->n_ctx,
+                             err);
     if (rc)
         return rc;
     if (c->n_kv_head > c->n_head || c->n_head % c->n_kv_head != 0)
@@ -211,7 +162,7 @@ static tm_rc parse_family(json_t *root, json_t *gen, tm_model_cfg *c, int bias, 
                           c->n_embd, c->n_head);
         c->head_dim = c->n_embd / c->n_head;
     } else {
-        rc = get_u32(root, CFG, "head_dim", 1, 0, 1, 1024, &c->head_dim, err);
+        rc = tm_arch_cfg_u32(root, CFG, "head_dim", 1, 0, 1, 1024, &c->head_dim, err);
         if (rc)
             return rc;
     }
@@ -219,7 +170,7 @@ static tm_rc parse_family(json_t *root, json_t *gen, tm_model_cfg *c, int bias, 
         return TM_ERR(err, TM_E_PARSE, CFG ": head_dim %u must be even and at most 1024 (RoPE)",
                       c->head_dim);
     double eps = 0;
-    rc = get_num(root, CFG, "rms_norm_eps", 0, 1e-6, &eps, err);
+    rc = tm_arch_cfg_num(root, CFG, "rms_norm_eps", 0, 1e-6, &eps, err);
     if (rc)
         return rc;
     if (!(eps > 0) || eps >= 1)
@@ -234,15 +185,15 @@ static tm_rc parse_family(json_t *root, json_t *gen, tm_model_cfg *c, int bias, 
         (!json_is_string(act) || strcmp(json_string_value(act), "silu")))
         return TM_ERR(err, TM_E_INVAL, CFG ": hidden_act must be \"silu\"");
     int flag = 0;
-    rc = get_bool(root, CFG, "tie_word_embeddings", 0, &c->tie_embd, err);
+    rc = tm_arch_cfg_bool(root, CFG, "tie_word_embeddings", 0, &c->tie_embd, err);
     if (rc == TM_OK)
-        rc = get_bool(root, CFG, "attention_bias", 0, &flag, err);
+        rc = tm_arch_cfg_bool(root, CFG, "attention_bias", 0, &flag, err);
     if (rc)
         return rc;
     if (flag && !bias)
         return TM_ERR(err, TM_E_INVAL, CFG ": attention_bias true is not supported for %s",
                       tm_arch_ops_get(c->arch)->name);
-    rc = get_bool(root, CFG, "mlp_bias", 0, &flag, err);
+    rc = tm_arch_cfg_bool(root, CFG, "mlp_bias", 0, &flag, err);
     if (rc)
         return rc;
     if (flag)
@@ -400,7 +351,7 @@ static tm_rc bind_all(tm_model *m, const tm_st_set *st, tm_err *err) {
 static tm_rc qwen2_window(json_t *root, tm_model_cfg *c, tm_err *err) {
     (void)c;
     int flag = 0;
-    tm_rc rc = get_bool(root, CFG, "use_sliding_window", 0, &flag, err);
+    tm_rc rc = tm_arch_cfg_bool(root, CFG, "use_sliding_window", 0, &flag, err);
     if (rc)
         return rc;
     if (flag)
@@ -409,7 +360,8 @@ static tm_rc qwen2_window(json_t *root, tm_model_cfg *c, tm_err *err) {
 }
 
 static tm_rc mistral_window(json_t *root, tm_model_cfg *c, tm_err *err) {
-    tm_rc rc = get_u32(root, CFG, "sliding_window", 0, 0, 0, UINT32_MAX, &c->sliding_window, err);
+    tm_rc rc = tm_arch_cfg_u32(root, CFG, "sliding_window", 0, 0, 0, UINT32_MAX, &c->sliding_window,
+                               err);
     if (rc)
         return rc;
     if (c->sliding_window >= c->n_ctx)

@@ -18,7 +18,8 @@
     X(LLAMA, "llama", tm_arch_llama)                                                               \
     X(QWEN2, "qwen2", tm_arch_qwen2)                                                               \
     X(MISTRAL, "mistral", tm_arch_mistral)                                                         \
-    X(DEEPSEEK_V4, "deepseek_v4", tm_arch_dsv4)
+    X(DEEPSEEK_V4, "deepseek_v4", tm_arch_dsv4)                                                    \
+    X(DEEPSEEK_V41, "deepseek_v41", tm_arch_dsv41)
 
 typedef enum tm_arch {
 #define TM_ARCH_ENUM(e, name, ops) TM_ARCH_##e,

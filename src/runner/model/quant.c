@@ -278,8 +278,12 @@ static int is_float(tm_dtype dt) {
 static tm_rc bind_scale(const tm_st_set *st, const tm_quant_cfg *q, const char *name,
                         uint32_t n_dim, const uint64_t *want, tm_tensor *t, tm_err *err) {
     char sname[256];
-    const char *suffix = q->method == TM_QMETHOD_CT ? "_scale" : "_scale_inv";
-    snprintf(sname, sizeof(sname), "%s%s", name, suffix);
+    const size_t n_name = strlen(name);
+    if (q->method == TM_QMETHOD_DSREF && n_name > 7 && !strcmp(name + n_name - 7, ".weight"))
+        snprintf(sname, sizeof(sname), "%.*s.scale", (int)(n_name - 7), name);
+    else
+        snprintf(sname, sizeof(sname), "%s%s", name,
+                 q->method == TM_QMETHOD_CT ? "_scale" : "_scale_inv");
     const tm_st_tensor *s = tm_st_set_find(st, sname);
     if (!s)
         return TM_ERR(err, TM_E_PARSE, "tensor '%s' is missing (the %s scale of '%s')", sname,

@@ -14,8 +14,10 @@
 
 typedef enum tm_qmethod {
     TM_QMETHOD_NONE = 0,
-    TM_QMETHOD_FP8, /* transformers / DeepSeek quant_method "fp8": weight_scale_inv */
-    TM_QMETHOD_CT,  /* quant_method "compressed-tensors", float 8-bit weights: weight_scale */
+    TM_QMETHOD_FP8,   /* transformers / DeepSeek quant_method "fp8": weight_scale_inv */
+    TM_QMETHOD_CT,    /* quant_method "compressed-tensors", float 8-bit weights: weight_scale */
+    TM_QMETHOD_DSREF, /* DeepSeek's reference inference names (V4.1): the scale of <m>.weight is
+                       * <m>.scale; set by model_dsv41.c, never parsed from a quantization_config */
 } tm_qmethod;
 
 typedef enum tm_qact {
@@ -53,7 +55,8 @@ typedef enum tm_qrole {
  * a float tensor of exactly that shape with no scale tensor beside it, or a quantized one (an
  * F8_E4M3 tensor of that shape, or for MXFP4 experts an I8/U8 tensor [.., in/2]) with its scale
  * (name + "_scale_inv" for quant_method fp8, name + "_scale" for compressed-tensors) of the
- * dtype and grid shape the scheme fixes. TM_E_PARSE names the tensor and the rule. */
+ * dtype and grid shape the scheme fixes (TM_QMETHOD_DSREF: name's ".weight" replaced by ".scale").
+ * TM_E_PARSE names the tensor and the rule. */
 struct tm_st_set;
 tm_rc tm_quant_bind(const struct tm_st_set *st, const tm_quant_cfg *q, const char *name,
                     tm_qrole role, uint32_t n_dim, const uint64_t *want, tm_tensor *t, tm_err *err);

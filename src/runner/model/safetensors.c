@@ -17,6 +17,8 @@
 
 #include "base/alloc.h"
 #include "base/buf.h"
+#include "base/fsutil.h"
+#include "base/mapguard.h"
 #include "base/utf8.h"
 
 struct tm_st_file {
@@ -24,6 +26,11 @@ struct tm_st_file {
     const unsigned char *map; /* the whole file; owned (munmap) iff mapped */
     size_t map_bytes;
     int mapped;
+    uint64_t data_start; /* file offset of the data section: 8 + header length */
+    uint64_t data_bytes; /* length of the data section */
+    int guard;           /* base/mapguard.h slot of the mapping; -1: none */
+    char *path;          /* owned; the path it was opened by (NULL: in memory) */
+    struct stat id;  /* the file at open: dev, ino, size, mtime and ctime are compared by check */
     tm_st_tensor *t; /* owned; n_tensor entries sorted by name */
     size_t n_tensor;
     char *names; /* owned arena holding every t[i].name */
@@ -263,23 +270,12 @@ static tm_rc check_metadata(const char *label, json_t *meta, tm_err *err) {
     return TM_OK;
 }
 
-/* Validate f->map[0..map_bytes) and fill f->t. */
-static tm_rc parse_image(tm_st_file *f, tm_err *err) {
+/* Validate the header hdr[0..n_hdr) and fill f->t. data points at the data section (NULL: the
+ * tensors' data stay NULL); data_bytes is its length, or UINT64_MAX when it is not known (a header
+ * read on its own): then the section is taken to end where the last tensor ends. */
+static tm_rc parse_header(tm_st_file *f, const char *hdr, uint64_t n_hdr, uint64_t data_bytes,
+                          const unsigned char *data, tm_err *err) {
     const char *label = f->label;
-    size_t size = f->map_bytes;
-    if (size < 8)
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: file is %zu bytes, too short for the 8-byte header length", label, size);
-    uint64_t n_hdr = load_le64(f->map);
-    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
-        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
-                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
-    if (n_hdr > size - 8)
-        return TM_ERR(err, TM_E_PARSE,
-                      "%s: header length %llu runs past the end of the file (%zu bytes follow "
-                      "the length)",
-                      label, (unsigned long long)n_hdr, size - 8);
-    const char *hdr = (const char *)f->map + 8;
     if (n_hdr == 0 || hdr[0] != '{')
         return TM_ERR(err, TM_E_PARSE, "%s: header does not start with '{'", label);
     size_t n_valid = tm_utf8_valid_prefix(hdr, (size_t)n_hdr);
@@ -293,8 +289,6 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
     if (!root)
         return json_fail(err, label, "header", &je);
     tm_rc rc = TM_OK;
-    uint64_t data_bytes = (uint64_t)(size - 8 - n_hdr);
-    const unsigned char *data = f->map + 8 + n_hdr;
     if (!json_is_object(root)) {
         rc = TM_ERR(err, TM_E_PARSE, "%s: header is not a JSON object", label);
         goto out;
@@ -331,16 +325,44 @@ static tm_rc parse_image(tm_st_file *f, tm_err *err) {
         memcpy(f->names + at, key, len + 1);
         t->name = f->names + at;
         t->file = f->label;
-        t->data = data + t->offset;
+        t->data = data ? data + t->offset : NULL;
         at += len + 1;
         i++;
     }
     f->n_tensor = n;
     qsort(f->t, n, sizeof(*f->t), cmp_tensor_name);
+    if (data_bytes == UINT64_MAX) { // header alone: the section ends with the last tensor
+        data_bytes = 0;
+        for (size_t k = 0; k < n; k++)
+            if (f->t[k].offset + f->t[k].n_bytes > data_bytes)
+                data_bytes = f->t[k].offset + f->t[k].n_bytes;
+    }
+    f->data_start = 8 + n_hdr;
+    f->data_bytes = data_bytes;
     rc = check_tiling(f, data_bytes, err);
 out:
     json_decref(root);
     return rc;
+}
+
+/* Validate f->map[0..map_bytes) and fill f->t. */
+static tm_rc parse_image(tm_st_file *f, tm_err *err) {
+    const char *label = f->label;
+    size_t size = f->map_bytes;
+    if (size < 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: file is %zu bytes, too short for the 8-byte header length", label, size);
+    uint64_t n_hdr = load_le64(f->map);
+    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
+        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
+                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
+    if (n_hdr > size - 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: header length %llu runs past the end of the file (%zu bytes follow "
+                      "the length)",
+                      label, (unsigned long long)n_hdr, size - 8);
+    return parse_header(f, (const char *)f->map + 8, n_hdr, (uint64_t)(size - 8 - n_hdr),
+                        f->map + 8 + n_hdr, err);
 }
 
 /* ---- files ---------------------------------------------------------------------------------- */
@@ -349,6 +371,7 @@ static tm_rc file_new(const char *label, tm_st_file **out, tm_err *err) {
     tm_st_file *f = tm_calloc(1, sizeof(*f));
     if (!f)
         return TM_ERR(err, TM_E_NOMEM, "%s: file header", label);
+    f->guard = -1;
     f->label = tm_strdup(label);
     if (!f->label) {
         tm_free(f);
@@ -381,22 +404,18 @@ tm_rc tm_st_file_open(const char *path, tm_st_file **out, tm_err *err) {
     tm_rc rc = file_new(base_name(path), &f, err);
     if (rc)
         return rc;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        rc = TM_ERR(err, TM_E_IO, "%s: open: %s", path, strerror(errno));
+    f->path = tm_strdup(path);
+    if (!f->path) {
+        rc = TM_ERR(err, TM_E_NOMEM, "%s", path);
         goto fail;
     }
+    // never blocks on a FIFO under the name; anything but a regular file is refused (issue 35)
+    int fd = -1;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = TM_ERR(err, TM_E_IO, "%s: stat: %s", path, strerror(errno));
-        close(fd);
+    rc = tm_fs_open_in(path, "model weights", &fd, &st, err);
+    if (rc)
         goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        rc = TM_ERR(err, TM_E_IO, "%s: not a regular file", path);
-        close(fd);
-        goto fail;
-    }
+    f->id = st;
     f->map_bytes = (size_t)st.st_size;
     if (f->map_bytes >= 8) {
         void *p = mmap(NULL, f->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -408,9 +427,16 @@ tm_rc tm_st_file_open(const char *path, tm_st_file **out, tm_err *err) {
         }
         f->map = p;
         f->mapped = 1;
+        rc = tm_mapguard_add(p, f->map_bytes, &f->guard, err);
+        if (rc) {
+            close(fd);
+            goto fail;
+        }
     }
     close(fd); // the mapping keeps the file alive
     rc = parse_image(f, err);
+    if (rc == TM_OK)
+        rc = tm_st_file_check(f, err); // the header was read from the mapping
     if (rc)
         goto fail;
     *out = f;
@@ -420,15 +446,88 @@ fail:
     return rc;
 }
 
+tm_rc tm_st_header_parse(const void *head, size_t n_head, const char *label, tm_st_file **out,
+                         tm_err *err) {
+    if (n_head < 8)
+        return TM_ERR(err, TM_E_PARSE, "%s: %zu bytes, too short for the 8-byte header length",
+                      label, n_head);
+    uint64_t n_hdr = load_le64(head);
+    if (n_hdr > TM_ST_MAX_HEADER_BYTES)
+        return TM_ERR(err, TM_E_PARSE, "%s: header length %llu exceeds the %u-byte limit", label,
+                      (unsigned long long)n_hdr, TM_ST_MAX_HEADER_BYTES);
+    if (n_hdr > n_head - 8)
+        return TM_ERR(err, TM_E_PARSE,
+                      "%s: header length %llu runs past the %zu bytes given after the length",
+                      label, (unsigned long long)n_hdr, n_head - 8);
+    tm_st_file *f = NULL;
+    tm_rc rc = file_new(label, &f, err);
+    if (rc)
+        return rc;
+    rc = parse_header(f, (const char *)head + 8, n_hdr, UINT64_MAX, NULL, err);
+    if (rc)
+        goto fail;
+    *out = f;
+    return TM_OK;
+fail:
+    tm_st_file_close(f);
+    return rc;
+}
+
+uint64_t tm_st_file_data_start(const tm_st_file *f) { return f->data_start; }
+
+uint64_t tm_st_file_data_bytes(const tm_st_file *f) { return f->data_bytes; }
+
 void tm_st_file_close(tm_st_file *f) {
     if (!f)
         return;
+    tm_mapguard_remove(f->guard);
     if (f->mapped)
         munmap((void *)f->map, f->map_bytes);
+    tm_free(f->path);
     tm_free(f->t);
     tm_free(f->names);
     tm_free(f->label);
     tm_free(f);
+}
+
+static long long ns_of(struct timespec t) { return (long long)t.tv_sec * 1000000000LL + t.tv_nsec; }
+
+tm_rc tm_st_file_check(const tm_st_file *f, tm_err *err) {
+    if (!f->path)
+        return TM_OK;
+    size_t off = 0;
+    if (tm_mapguard_fault(f->guard, &off))
+        return TM_ERR(err, TM_E_IO,
+                      "%s: the file lost bytes it had at load (a read at byte %zu of %zu failed: "
+                      "truncated or unreadable while the job ran); the weights read from it are "
+                      "not the model's",
+                      f->path, off, f->map_bytes);
+    struct stat st;
+    if (stat(f->path, &st) != 0)
+        return TM_ERR(err, TM_E_IO, "%s: removed or renamed while the job ran (stat: %s)", f->path,
+                      strerror(errno));
+    if (st.st_dev != f->id.st_dev || st.st_ino != f->id.st_ino)
+        return TM_ERR(err, TM_E_IO,
+                      "%s: replaced by another file while the job ran (inode %llu, now %llu)",
+                      f->path, (unsigned long long)f->id.st_ino, (unsigned long long)st.st_ino);
+    if (st.st_size != f->id.st_size)
+        return TM_ERR(err, TM_E_IO, "%s: changed while the job ran (size %lld, now %lld bytes)",
+                      f->path, (long long)f->id.st_size, (long long)st.st_size);
+    if (ns_of(st.st_mtim) != ns_of(f->id.st_mtim) || ns_of(st.st_ctim) != ns_of(f->id.st_ctim))
+        return TM_ERR(err, TM_E_IO,
+                      "%s: changed while the job ran (modified or its status changed after load: "
+                      "mtime or ctime moved); the weights read from it may not be the model's",
+                      f->path);
+    return TM_OK;
+}
+
+tm_rc tm_st_set_check(const tm_st_set *s, tm_err *err) {
+    for (size_t i = 0; i < s->n_file; i++) {
+        tm_rc rc = tm_st_file_check(s->files[i], err);
+        if (rc)
+            return rc;
+    }
+    return TM_OK;
 }
 
 size_t tm_st_file_n_tensor(const tm_st_file *f) { return f->n_tensor; }
@@ -519,8 +618,13 @@ static tm_rc set_index_tensors(tm_st_set *s, tm_err *err) {
 
 static tm_rc set_open_index(tm_st_set *s, const char *dir, const char *index_path, tm_err *err) {
     const char *label = base_name(index_path);
+    int fd = -1; // never blocks on a FIFO; only a regular file is read (issue 35)
+    tm_rc orc = tm_fs_open_in(index_path, "model weights index", &fd, NULL, err);
+    if (orc)
+        return orc;
     json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadfd(fd, JSON_REJECT_DUPLICATES, &je);
+    close(fd);
     if (!root) {
         if (json_error_code(&je) == json_error_cannot_open_file)
             return TM_ERR(err, TM_E_IO, "%s: %s", index_path, je.text);

@@ -12,8 +12,13 @@
  * with a message "<file>: <rule>", naming the tensor where there is one. File-sized allocations
  * happen only after the length checks (the header is parsed in place from the mapping).
  *
- * Not handled: a file that is truncated by someone else while it is mapped raises SIGBUS on the
- * next access to the lost pages; model files must not be modified while loaded.
+ * Files changed after open (issue 35): each mapping is guarded (base/mapguard.h), so a file
+ * truncated by someone else while it is mapped does not kill the process with SIGBUS: the lost
+ * pages read as zeros and tm_st_file_check / tm_st_set_check report it, naming the file. They
+ * also stat the path and compare it with the file at open (device, inode, size, mtime, ctime):
+ * a file replaced (renamed over, deleted) or written in place since is an error naming it. What
+ * they cannot see: a change that keeps size, mtime and ctime (only root can set ctime back), and
+ * a change to a file on a network file system whose attributes the client has cached.
  *
  * A tm_st_file and a tm_st_set are immutable after open; any number of threads may read them. */
 #ifndef TM_RUNNER_MODEL_SAFETENSORS_H
@@ -52,7 +57,22 @@ tm_rc tm_st_file_open(const char *path, tm_st_file **out, tm_err *err);
  * the returned file; label names it in messages. For fuzzing and tests. Same errors as open. */
 tm_rc tm_st_file_open_mem(const void *bytes, size_t n_bytes, const char *label, tm_st_file **out,
                           tm_err *err);
+/* Validate a header read on its own (without the data section: the caller reads rows with pread,
+ * runner/model/engram_table.c): head[0..n_head) holds the 8-byte length and at least the whole
+ * header (bytes after it are ignored). Every rule above applies except the file size: the data
+ * section is taken to end where the last tensor ends (tm_st_file_data_bytes), which the caller
+ * compares with the real file. Tensors' data pointers are NULL. label (copied) names it in
+ * messages. Same errors as open, less TM_E_IO. */
+tm_rc tm_st_header_parse(const void *head, size_t n_head, const char *label, tm_st_file **out,
+                         tm_err *err);
 void tm_st_file_close(tm_st_file *f); /* NULL is a no-op */
+/* File offset of the data section (8 + the header length), and its length in bytes. */
+uint64_t tm_st_file_data_start(const tm_st_file *f);
+uint64_t tm_st_file_data_bytes(const tm_st_file *f);
+/* TM_E_IO naming the file when a read of its mapping faulted (it lost bytes since open), or when
+ * its path is no longer the file opened (replaced, removed, or size, mtime or ctime changed);
+ * TM_OK otherwise (and always for an in-memory image). One stat per call; thread-safe. */
+tm_rc tm_st_file_check(const tm_st_file *f, tm_err *err);
 /* Tensors are kept sorted by name; i < tm_st_file_n_tensor(f). Pointers valid until close. */
 size_t tm_st_file_n_tensor(const tm_st_file *f);
 const tm_st_tensor *tm_st_file_tensor(const tm_st_file *f, size_t i);
@@ -71,6 +91,8 @@ size_t tm_st_set_n_tensor(const tm_st_set *s);
 const tm_st_tensor *tm_st_set_tensor(const tm_st_set *s, size_t i);
 const tm_st_tensor *tm_st_set_find(const tm_st_set *s, const char *name);
 size_t tm_st_set_n_file(const tm_st_set *s); /* 1 for an unsharded model */
+/* tm_st_file_check of every shard: the first error. */
+tm_rc tm_st_set_check(const tm_st_set *s, tm_err *err);
 
 /* A tensor to write: data (borrowed) holds the product of shape elements of dtype. */
 typedef struct tm_st_wtensor {

@@ -147,6 +147,7 @@ struct node {
 struct tm_jinja {
     arena ar;
     node *root;
+    uint64_t parse_steps; /* bytes the parser visited (split and lex); tm_jinja_parse_steps */
 };
 
 // ---- parser ----
@@ -167,8 +168,12 @@ typedef struct parser {
     token *toks;                   /* the current tag's tokens, TK_END-terminated */
     size_t n_toks, cap_toks, pos;
     tm_err *err;
-    int depth;
+    int depth;       /* expressions being parsed, one inside the other */
+    int block_depth; /* blocks (if, for) open */
     int failed;
+    const char *line_ptr; /* split's line count is of src[0, line_ptr): it only moves forward */
+    uint32_t line_no;     /* 1 + the newlines before line_ptr */
+    uint64_t steps;       /* bytes visited: each byte of src once by split, once by lex */
 } parser;
 
 static tm_rc perr(parser *p, uint32_t line, const char *fmt, ...)
@@ -183,11 +188,17 @@ static tm_rc perr(parser *p, uint32_t line, const char *fmt, ...) {
     return TM_ERR(p->err, TM_E_INVAL, "template: %s at line %u", msg, line);
 }
 
-static uint32_t line_at(const char *src, const char *p) {
-    uint32_t l = 1;
-    for (const char *q = src; q < p; q++)
-        l += *q == '\n';
-    return l;
+// The line of q, counted on from the last call's position: split asks in source order, so the
+// whole source is counted once (issue 35: counting from the start for every tag made a template
+// of n tags cost n times its size).
+static uint32_t line_at(parser *p, const char *q) {
+    if (q < p->line_ptr) { // not in order (never from split): count from the start
+        p->line_ptr = p->src;
+        p->line_no = 1;
+    }
+    for (; p->line_ptr < q; p->line_ptr++, p->steps++)
+        p->line_no += *p->line_ptr == '\n';
+    return p->line_no;
 }
 
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -201,7 +212,7 @@ static tm_rc add_item(parser *p, int kind, const char *s, size_t n) {
         p->items = v;
         p->cap_items = cap;
     }
-    p->items[p->n_items++] = (item){kind, s, n, line_at(p->src, s)};
+    p->items[p->n_items++] = (item){kind, s, n, line_at(p, s)};
     return TM_OK;
 }
 
@@ -215,6 +226,7 @@ static tm_rc split(parser *p) {
             t++;
         if (t + 1 >= end)
             t = end;
+        p->steps += (size_t)(t - text);
         // the text [text, t)
         const char *a = text, *b = t;
         if (strip_next == 1)
@@ -250,8 +262,9 @@ static tm_rc split(parser *p) {
         const char *c = t + 2;
         while (c + 1 < end && !(c[0] == close[0] && c[1] == close[1]))
             c++;
+        p->steps += (size_t)(c - t);
         if (c + 1 >= end)
-            return perr(p, line_at(p->src, t), "unclosed tag");
+            return perr(p, line_at(p, t), "unclosed tag");
         const char *in = t + 2, *in_end = c;
         if (in < in_end && (*in == '-' || *in == '+'))
             in++;
@@ -288,6 +301,7 @@ static tm_rc push_tok(parser *p, token t) {
 static tm_rc lex(parser *p, const item *it) {
     const char *s = it->s, *e = it->s + it->n;
     uint32_t line = it->line;
+    p->steps += it->n;
     p->n_toks = 0;
     p->pos = 0;
     tm_rc rc = TM_OK;
@@ -844,9 +858,8 @@ static node *parse_stmt(parser *p, const token *kw, uint32_t line) {
 
 static node *parse_body(parser *p, const char *stop, char *stop_word, size_t cap) {
     node *head = NULL, **tail = &head;
-    if (++p->depth > MAX_DEPTH) {
-        perr(p, p->at < p->n_items ? p->items[p->at].line : 0, "blocks nested deeper than %d",
-             MAX_DEPTH);
+    if (++p->block_depth > MAX_DEPTH + 1) { // the template itself is not a block
+        perr(p, p->at ? p->items[p->at - 1].line : 1, "blocks nested deeper than %d", MAX_DEPTH);
         return NULL;
     }
     stop_word[0] = '\0';
@@ -877,7 +890,7 @@ static node *parse_body(parser *p, const char *stop, char *stop_word, size_t cap
                         if (kw->n == len && memcmp(kw->s, s, len) == 0 && len < cap) {
                             memcpy(stop_word, s, len);
                             stop_word[len] = '\0';
-                            p->depth--;
+                            p->block_depth--;
                             return head;
                         }
                         s += len + (e != NULL);
@@ -903,7 +916,7 @@ static node *parse_body(parser *p, const char *stop, char *stop_word, size_t cap
         perr(p, p->n_items ? p->items[p->n_items - 1].line : 1, "missing {%% %s %%}", stop);
         return NULL;
     }
-    p->depth--;
+    p->block_depth--;
     return head;
 }
 
@@ -911,7 +924,7 @@ tm_rc tm_jinja_parse(const char *src, size_t n, tm_jinja **out, tm_err *err) {
     tm_jinja *t = tm_calloc(1, sizeof(*t));
     if (!t)
         return TM_ERR(err, TM_E_NOMEM, "template");
-    parser p = {.ar = &t->ar, .src = src, .len = n, .err = err};
+    parser p = {.ar = &t->ar, .src = src, .len = n, .err = err, .line_ptr = src, .line_no = 1};
     tm_rc rc = split(&p);
     if (rc == TM_OK) {
         char w[4];
@@ -921,6 +934,7 @@ tm_rc tm_jinja_parse(const char *src, size_t n, tm_jinja **out, tm_err *err) {
     }
     tm_free(p.items);
     tm_free(p.toks);
+    t->parse_steps = p.steps;
     if (rc) {
         tm_jinja_destroy(t);
         return rc;
@@ -928,6 +942,8 @@ tm_rc tm_jinja_parse(const char *src, size_t n, tm_jinja **out, tm_err *err) {
     *out = t;
     return TM_OK;
 }
+
+uint64_t tm_jinja_parse_steps(const tm_jinja *t) { return t->parse_steps; }
 
 void tm_jinja_destroy(tm_jinja *t) {
     if (!t)

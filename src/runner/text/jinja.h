@@ -19,8 +19,10 @@
  * dict, so also their count), one string built while printing (16 MiB), bytes of string work
  * (compare, search, copy: 1 GiB), nesting of blocks, expressions and values (also a namespace that
  * holds itself), range() size; each is TM_E_INVAL "template: ...", never TM_E_NOMEM, so the runner
- * makes it the record's template_error (jinja.c lists the values). A template is immutable after
- * parse; render is thread-safe. */
+ * makes it the record's template_error (jinja.c lists the values). Parsing is linear in the
+ * template's size, and blocks nest at most 64 deep (deeper is a parse error saying so), so a
+ * template of any size or nesting is parsed or refused in time linear in its bytes. A template is
+ * immutable after parse; render is thread-safe. */
 #ifndef TM_RUNNER_TEXT_JINJA_H
 #define TM_RUNNER_TEXT_JINJA_H
 
@@ -46,6 +48,11 @@ typedef struct tm_jinja_vars {
  * with "template: <what> at line L" for syntax the subset does not have; TM_E_NOMEM. */
 tm_rc tm_jinja_parse(const char *src, size_t n, tm_jinja **out, tm_err *err);
 void tm_jinja_destroy(tm_jinja *t); /* NULL is a no-op */
+
+/* The work tm_jinja_parse did on t: the bytes of source its scanner, line counter and lexer
+ * visited. Parsing is linear in the template's size (issue 35): this stays within a small multiple
+ * of n whatever the template, which tests/unit/test_jinja.c holds it to. */
+uint64_t tm_jinja_parse_steps(const tm_jinja *t);
 
 /* Render t with vars, appending to out (on error out may hold a partial rendering). TM_E_INVAL:
  * raise_exception("msg") ("template raised: msg"), a type error, or a limit hit; TM_E_NOMEM. */

@@ -24,8 +24,10 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/alloc.h"
+#include "base/fsutil.h"
 #include "base/hash.h"
 #include "base/utf8.h"
 #include "runner/text/tokenizer_int.h"
@@ -1034,11 +1036,12 @@ void tm_tok_destroy(tm_tokenizer *tok) {
 static tm_rc read_file(const char *path, int missing_ok, char **out, size_t *len, tm_err *err) {
     *out = NULL;
     *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    FILE *f = NULL; // never blocks on a FIFO; only a regular file is read (issue 35)
+    tm_rc orc = tm_fs_fopen_in(path, "tokenizer", &f, err);
+    if (orc) {
         if (missing_ok && errno == ENOENT)
             return TM_OK;
-        return TM_ERR(err, TM_E_IO, "%s: %s", path, strerror(errno));
+        return orc;
     }
     char *buf = NULL;
     size_t cap = 0, n = 0;

@@ -91,6 +91,29 @@ tm_rc tm_shard_dsv4_split(tm_shard_dsv4 *out, const tm_model_cfg *c, uint32_t o_
     return TM_OK;
 }
 
+tm_rc tm_shard_dsv41_split(tm_shard_dsv41 *out, uint32_t n_head, uint32_t o_groups,
+                           uint32_t index_n_heads, uint32_t n_experts, uint32_t vocab,
+                           uint32_t rank, uint32_t tp, tm_err *err) {
+    if (tp == 0 || rank >= tp)
+        return TM_ERR(err, TM_E_INVAL, "tp shard: deepseek_v41: rank %u of %u", rank, tp);
+    if (n_head % tp || o_groups % tp || index_n_heads % tp || n_experts % tp || vocab % tp)
+        return TM_ERR(err, TM_E_INVAL,
+                      "tp shard: deepseek_v41: %u attention heads, %u output groups, %u indexer "
+                      "heads, %u routed experts and vocabulary %u must all divide by tp %u",
+                      n_head, o_groups, index_n_heads, n_experts, vocab, tp);
+    out->n_head = n_head / tp;
+    out->h0 = rank * out->n_head;
+    out->n_group = o_groups / tp;
+    out->g0 = rank * out->n_group;
+    out->n_ihead = index_n_heads / tp;
+    out->ih0 = rank * out->n_ihead;
+    out->n_expert = n_experts / tp;
+    out->e0 = rank * out->n_expert;
+    out->n_vocab = vocab / tp;
+    out->vocab0 = rank * out->n_vocab;
+    return TM_OK;
+}
+
 tm_rc tm_shard_create(const tm_model *full, uint32_t rank, uint32_t tp, tm_model **out,
                       uint32_t *vocab0, tm_err *err) {
     const tm_model_cfg *c = &full->cfg;

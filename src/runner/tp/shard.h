@@ -52,6 +52,32 @@ typedef struct tm_shard_dsv4 {
 tm_rc tm_shard_dsv4_split(tm_shard_dsv4 *out, const tm_model_cfg *c, uint32_t o_groups,
                           uint32_t rank, uint32_t tp, tm_err *err);
 
+/* One rank's part of the DeepSeek-V4.1 split, as its reference shards it (ColumnParallelLinear /
+ * RowParallelLinear, ParallelEmbedding, ParallelHead, MoE by whole experts): query heads
+ * [h0, h0 + n_head) (wq_b rows, sinks); output groups [g0, g0 + n_group) (wo_a rows, wo_b
+ * columns, all-reduced); the indexer's heads [ih0, ih0 + n_ihead) (its wq_b and weights_proj rows;
+ * the per-position scores all-reduced before the top-k); routed experts [e0, e0 + n_expert) (the
+ * MoE output all-reduced, then the replicated shared expert added); vocabulary rows [vocab0,
+ * vocab0 + n_vocab), n_vocab = vocab / tp (embedding all-reduced, logits gathered). Everything
+ * else (wq_a, wkv, the compressor, wk, the router, the shared expert, norms, hyper-connections,
+ * Engram's wkv) is replicated; the Engram tables are split by rows, ceil(rows / tp) a rank
+ * (runner/model/engram_table.h), the looked-up rows all-reduced. */
+typedef struct tm_shard_dsv41 {
+    uint32_t h0, n_head;
+    uint32_t g0, n_group;
+    uint32_t ih0, n_ihead;
+    uint32_t e0, n_expert;
+    uint32_t vocab0, n_vocab;
+} tm_shard_dsv41;
+
+/* Fill *out with rank's DeepSeek-V4.1 split tp ways of a model with the given counts. TM_E_INVAL
+ * ("tp shard: deepseek_v41: ...", naming every count) when tp is 0, rank >= tp, or n_head,
+ * o_groups, index_n_heads, n_experts or vocab does not divide by tp (the reference asserts each).
+ */
+tm_rc tm_shard_dsv41_split(tm_shard_dsv41 *out, uint32_t n_head, uint32_t o_groups,
+                           uint32_t index_n_heads, uint32_t n_experts, uint32_t vocab,
+                           uint32_t rank, uint32_t tp, tm_err *err);
+
 /* Build rank's shard of full (borrowed; must outlive the shard), split by tm_shard_split_init
  * (messages start with "tp shard"). Its cfg is the split's with tie_embd 0 (the shard always
  * carries its own lm_head view); *vocab0 is its first vocabulary row. TM_E_INVAL as the split,

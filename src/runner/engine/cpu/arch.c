@@ -6,10 +6,9 @@
 #include "runner/model/model.h"
 
 static const tm_cpu_arch *const cpu_archs[TM_ARCH_COUNT] = {
-    [TM_ARCH_LLAMA] = &tm_cpu_arch_llama,
-    [TM_ARCH_QWEN2] = &tm_cpu_arch_llama,
-    [TM_ARCH_MISTRAL] = &tm_cpu_arch_llama,
-    [TM_ARCH_DEEPSEEK_V4] = &tm_cpu_arch_dsv4,
+    [TM_ARCH_LLAMA] = &tm_cpu_arch_llama,        [TM_ARCH_QWEN2] = &tm_cpu_arch_llama,
+    [TM_ARCH_MISTRAL] = &tm_cpu_arch_llama,      [TM_ARCH_DEEPSEEK_V4] = &tm_cpu_arch_dsv4,
+    [TM_ARCH_DEEPSEEK_V41] = &tm_cpu_arch_dsv41,
 };
 
 tm_rc tm_engine_cpu_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,

@@ -27,5 +27,7 @@ typedef struct tm_cpu_arch {
 extern const tm_cpu_arch tm_cpu_arch_llama;
 /* DeepSeek-V4 (MTP and hidden states for speculation); dsv4.c. */
 extern const tm_cpu_arch tm_cpu_arch_dsv4;
+/* DeepSeek-V4.1 (Engram, CSA2, the reference's activation quantization); dsv41.c. */
+extern const tm_cpu_arch tm_cpu_arch_dsv41;
 
 #endif /* TM_RUNNER_ENGINE_CPU_ARCH_H */

@@ -46,6 +46,7 @@
 
 #include "base/alloc.h"
 #include "runner/engine/cpu/arch.h"
+#include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/ops.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/model_dsv4.h"
@@ -191,17 +192,9 @@ static void rms_weighted(float *x, const float *w, uint32_t n, float eps) {
         x[i] = w[i] * (x[i] * s);
 }
 
-/* Interleaved RoPE on the trailing rd channels of a hd-wide head; sign -1
- * undoes it. */
 static void rope_head(float *x, uint32_t hd, uint32_t rd, const float *cs, const float *sn,
                       float sign) {
-    float *r = x + hd - rd;
-    for (uint32_t i = 0; i < rd / 2; i++) {
-        float c = cs[i], s = sign * sn[i];
-        float a = r[2 * i], b = r[2 * i + 1];
-        r[2 * i] = a * c - b * s;
-        r[2 * i + 1] = b * c + a * s;
-    }
+    tm_dsv_rope_head(x, hd, rd, cs, sn, sign); // runner/engine/cpu/dsv_common.c
 }
 
 static void rope_table(const tm_dsv4_rope *rp, uint32_t rd, uint32_t pos, float *cs, float *sn) {
@@ -320,43 +313,7 @@ static void hc_pre(dsv4_eng *e, const float *s, uint32_t n, const tm_tensor *fn,
         const float *m = e->mixes + (size_t)t * mix;
         float pre[TM_DSV4_MAX_HC];
         float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
-        for (uint32_t i = 0; i < N; i++) {
-            pre[i] = sigmoidf_(m[i] * scale[0] + base[i]) + hc_eps;
-            po[i] = 2.0f * sigmoidf_(m[N + i] * scale[1] + base[N + i]);
-        }
-        // comb[j][k]: softmax over k, + eps, then Sinkhorn: column, then (row,
-        // column) x iters-1.
-        for (uint32_t j = 0; j < N; j++) {
-            float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
-            for (uint32_t k = 0; k < N; k++) {
-                row[k] = m[2 * N + j * N + k] * scale[2] + base[2 * N + j * N + k];
-                mx = fmaxf(mx, row[k]);
-            }
-            for (uint32_t k = 0; k < N; k++) {
-                row[k] = expf(row[k] - mx);
-                sum += row[k];
-            }
-            for (uint32_t k = 0; k < N; k++)
-                row[k] = row[k] / sum + hc_eps;
-        }
-        for (uint32_t it = 0; it < e->d.hc_iters; it++) {
-            if (it > 0) {
-                for (uint32_t j = 0; j < N; j++) {
-                    float sum = 0.0f;
-                    for (uint32_t k = 0; k < N; k++)
-                        sum += cb[j * N + k];
-                    for (uint32_t k = 0; k < N; k++)
-                        cb[j * N + k] /= sum + hc_eps;
-                }
-            }
-            for (uint32_t k = 0; k < N; k++) {
-                float sum = 0.0f;
-                for (uint32_t j = 0; j < N; j++)
-                    sum += cb[j * N + k];
-                for (uint32_t j = 0; j < N; j++)
-                    cb[j * N + k] /= sum + hc_eps;
-            }
-        }
+        tm_dsv_hc_split(m, scale, base, N, e->d.hc_iters, hc_eps, pre, po, cb);
         const float *st = s + (size_t)t * ND;
         float *xo = x + (size_t)t * D;
         for (uint32_t dd = 0; dd < D; dd++) {
@@ -903,30 +860,8 @@ static float *small_f32(const tm_tensor *t, int *failed) {
     return p;
 }
 
-/* Columns [c0, c0 + n) of every row of t (2-D, or 3-D: the rows of all its matrices) into *out,
- * an owned f32 tensor of the same shape with n columns, dequantized where t is quantized. Returns
- * 1 on allocation failure (out->data NULL). */
 static int col_slice(const tm_tensor *t, uint64_t c0, uint64_t n, tm_tensor *out) {
-    const uint64_t C = t->shape[t->n_dim - 1], rows = tm_tensor_n_elem(t) / C;
-    memset(out, 0, sizeof(*out));
-    float *buf = tm_malloc((size_t)(rows * n) * sizeof(float));
-    float *row = tm_malloc((size_t)C * sizeof(float));
-    if (!buf || !row) {
-        tm_free(buf);
-        tm_free(row);
-        return 1;
-    }
-    for (uint64_t r = 0; r < rows; r++) {
-        tm_tensor_row_f32(t, (size_t)r, row);
-        memcpy(buf + r * n, row + c0, (size_t)n * sizeof(float));
-    }
-    tm_free(row);
-    out->data = buf;
-    out->dtype = TM_DTYPE_F32;
-    out->n_dim = t->n_dim;
-    memcpy(out->shape, t->shape, sizeof(out->shape));
-    out->shape[t->n_dim - 1] = n;
-    return 0;
+    return tm_dsv_col_slice(t, c0, n, out); // runner/engine/cpu/dsv_common.c
 }
 
 static float *alloc_f(size_t n, int *failed) {

@@ -26,8 +26,19 @@
  * checkpoint are dequantized to bf16 at upload (one rounding; exact for e8m0 scales); MXFP4
  * routed experts stay packed and run through tm_k_moe_mxfp4 (exact dequantization in
  * registers); FP8 experts are dequantized like the dense ones. Small tensors (norms, biases,
- * hyper-connection parameters, sinks) fp32. Not supported yet: tensor parallel, fp8 KV, the MTP
- * layer. Engine thread only; nothing allocates after init. */
+ * hyper-connection parameters, sinks) fp32.
+ *
+ * Tensor parallel (impl->tp_size > 1) splits exactly as the CPU engine (runner/tp/shard.h
+ * tm_shard_dsv4_split, docs/deepseek_v4.md "Tensor parallel"): query heads with their sinks,
+ * output groups (o_a rows, o_b columns), every expert's width (routed and shared gate/up rows,
+ * down columns), vocabulary rows of the embedding (the rank holding a token's row gives it, the
+ * others 0) and of the LM head; the KV head, compressor, indexer, router and hyper-connections
+ * are replicated. g->H, g->G and g->I are then the rank's counts, so the kernels run unchanged on
+ * the slices. Three all-reduces per layer step: the embedding (once), the o_b product and the MoE
+ * output (routed + shared partials) of each layer, over impl->comm. TP takes bf16/f32 checkpoints
+ * (quantized ones: not yet) and runs the FP8 decode GEMMs off.
+ *
+ * Not supported yet: fp8 KV, the MTP layer. Engine thread only; nothing allocates after init. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +55,7 @@
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/engine/cuda/weights.h"
 #include "runner/model/model_dsv4.h"
+#include "runner/tp/shard.h"
 
 #define UPLOAD_CHUNK TM_CUDA_UPLOAD_CHUNK
 
@@ -97,6 +109,8 @@ typedef struct dsv4 {
     float *out_norm, *hc_fn, *hc_base, *hc_scale;
     float *inv_main, *inv_comp; /* [rd/2] */
     dlayer *L;                  /* host [n_layer] */
+    tm_shard_dsv4 sh;           /* this rank's split (the whole model at tp 1) */
+    uint32_t vocab_full;        /* the full vocabulary (hash routing's tid2eid rows) */
     /* activations */
     float *streams, *mixes, *post, *comb, *qres, *q, *kvr, *cbuf, *ibuf, *iq, *iw, *isc, *out, *rl;
     float *pair_w, *gu, *dn, *sh_gu_o, *sh_dn;
@@ -138,10 +152,22 @@ static tm_rc check_weights(const tm_model *m, tm_err *err) {
     return TM_OK;
 }
 
+/* The counts of the split; the output groups (in the DeepSeek config, not here) are checked by
+ * init, with the same message as the CPU engine's. */
 static tm_rc shard_cfg(const tm_model_cfg *c, uint32_t rank, uint32_t tp, tm_model_cfg *s,
                        uint32_t *vocab0, uint32_t *v_per, tm_err *err) {
-    (void)c, (void)rank, (void)s, (void)vocab0, (void)v_per;
-    return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: tensor parallel (tp %u) not supported", tp);
+    tm_shard_dsv4 sh;
+    tm_rc rc = tm_shard_dsv4_split(&sh, c, tp, rank, tp, err);
+    if (rc)
+        return rc;
+    *s = *c;
+    s->n_head = sh.n_head;
+    s->n_ff = sh.n_ff;
+    s->n_vocab = sh.n_vocab;
+    s->tie_embd = 0; // the rank carries its own LM head slice
+    *vocab0 = sh.vocab0;
+    *v_per = TM_CEIL_DIV(c->n_vocab, tp);
+    return TM_OK;
 }
 
 /* Raised by init to the layout's width (see the file comment). */
@@ -173,8 +199,6 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     const tm_dsv4 *w = m->cfg.arch == TM_ARCH_DEEPSEEK_V4 ? (const tm_dsv4 *)m->arch_w : NULL;
     if (!w)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: no DeepSeek-V4 config");
-    if (impl->tp_size > 1)
-        return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: tensor parallel not supported");
     if (impl->kv_fp8)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv4: kv_cache_dtype fp8 not supported");
     dsv4 *g = tm_calloc(1, sizeof(*g));
@@ -185,10 +209,17 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: dsv4 state");
     const tm_dsv4_cfg *d = &w->cfg;
     g->d = *d;
+    g->vocab_full = m->cfg.n_vocab;
+    tm_rc rc = tm_shard_dsv4_split(&g->sh, &m->cfg, d->o_groups, impl->tp_rank,
+                                   TM_MAX(impl->tp_size, 1u), err);
+    if (rc)
+        return rc;
+    if (g->sh.n_head != c->n_head || g->sh.n_ff != c->n_ff)
+        return TM_ERR(err, TM_E_INTERNAL, "cuda engine: dsv4: shard cfg and split disagree");
     g->D = c->n_embd, g->N = d->hc_mult, g->hd = c->head_dim, g->H = c->n_head;
     g->rd = d->rope_dim, g->mix = (2 + g->N) * g->N, g->qr = d->q_lora_rank;
     g->di = d->index_head_dim, g->Hi = d->index_n_heads, g->E = d->n_expert, g->I = c->n_ff;
-    g->G = d->o_groups, g->olr = d->o_lora_rank, g->ing = g->H * g->hd / g->G;
+    g->G = g->sh.n_group, g->olr = d->o_lora_rank, g->ing = g->H * g->hd / g->G;
     g->K = d->n_expert_used;
     const uint32_t bs = impl->eng.opts.block_size;
     if (g->N < 1 || g->N > TM_DSV4_K_MAX_HC || g->K < 1 || g->K > 16 || g->K > g->E ||
@@ -277,9 +308,17 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
                 q->sk = x->scale_dtype == TM_DTYPE_F8_E8M0 ? TM_K_FP8_BLOCK_E8M0
                                                            : TM_K_FP8_BLOCK_F32;
             }
-            q->on = f8_ok && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
+            // TP: the bf16 slices only (the FP8 codes are not sliced)
+            q->on = f8_ok && impl->tp_size < 2 && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
         }
     }
+    if (impl->tp_size > 1 && g->I % 8)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: dsv4: expert width %u per rank (tp %u) is not a multiple of 8",
+                      g->I, impl->tp_size);
+    if (impl->tp_size > 1 && g->mxfp4)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: dsv4: tensor parallel of MXFP4 experts not supported yet");
     if (g->mxfp4 && (g->D % 32 || g->I % 32))
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv4: MXFP4 experts need widths that divide by 32");
@@ -342,7 +381,7 @@ static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
         }
         L->router = tm_cuda_carve(cv, E * D * bf);
         if (L->hash)
-            L->tid2eid = tm_cuda_carve(cv, (size_t)c->n_vocab * g->K * sizeof(int32_t));
+            L->tid2eid = tm_cuda_carve(cv, (size_t)g->vocab_full * g->K * sizeof(int32_t));
         else
             L->router_bias = tm_cuda_carve(cv, E * f4);
         if (g->mxfp4) {
@@ -462,6 +501,90 @@ static tm_rc up_q8(const dq8 *q, const tm_tensor *t, const tm_tensor *t2, float 
     return rc;
 }
 
+/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, a float tensor whose rows (of any
+ * leading shape flattened) have C elements, as bf16 [nr][nc] at dst; through sb
+ * (UPLOAD_CHUNK floats) in batches of rows. TM_E_INVAL for a quantized t. */
+static tm_rc up_sub(uint16_t *dst, const tm_tensor *t, size_t C, size_t r0, size_t nr, size_t c0,
+                    size_t nc, float *sb, uint16_t *stage, float *fb, tm_err *err) {
+    if (t->quant != TM_QUANT_NONE)
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: dsv4: tensor parallel of quantized weights (%s) not supported "
+                      "yet",
+                      tm_quant_name((tm_quant)t->quant));
+    TM_ASSERT(nc > 0 && nc <= UPLOAD_CHUNK && c0 + nc <= C);
+    const size_t per = UPLOAD_CHUNK / nc;
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; !rc && i < nr; i += per) {
+        const size_t k = TM_MIN(per, nr - i);
+        for (size_t j = 0; j < k; j++)
+            tm_dtype_to_f32(t->data, t->dtype, (r0 + i + j) * C + c0, nc, sb + j * nc);
+        const tm_tensor v = {.data = sb, .dtype = TM_DTYPE_F32, .n_dim = 2, .shape = {k, nc}};
+        rc = tm_cuda_upload_bf16(dst + i * nc, &v, stage, fb, err);
+    }
+    return rc;
+}
+
+/* TP: elements [e0, e0 + n) of the 1-D tensor t as a view (its data borrowed). */
+static tm_tensor elems(const tm_tensor *t, size_t e0, size_t n) {
+    tm_tensor v = *t;
+    if (t->data)
+        v.data = (const char *)t->data + e0 * tm_dtype_size(t->dtype);
+    v.shape[0] = n;
+    return v;
+}
+
+/* TP: this rank's slices of the split weights (shard.h): embedding and LM head rows, q_b rows
+ * and sinks of its heads, o_a rows and o_b columns of its groups, its width of every expert. */
+static tm_rc upload_shard(tm_cuda_engine *impl, dsv4 *g, const tm_model *m, uint16_t *stage,
+                          float *fb, tm_err *err) {
+    const tm_dsv4 *w = tm_model_dsv4(m);
+    const tm_shard_dsv4 *sh = &g->sh;
+    const size_t D = g->D, hd = g->hd, olr = g->olr, I = impl->eng.model->cfg.n_ff, Is = g->I;
+    const size_t Gf = g->d.o_groups;
+    float *sb = tm_malloc(UPLOAD_CHUNK * 4);
+    tm_rc rc = sb ? TM_OK : TM_ERR(err, TM_E_NOMEM, "cuda engine: upload staging");
+    if (!rc && sh->n_vocab)
+        rc = up_sub(g->embd, &m->embd, D, sh->vocab0, sh->n_vocab, 0, D, sb, stage, fb, err);
+    if (!rc && sh->n_vocab)
+        rc = up_sub(g->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, D, sh->vocab0,
+                    sh->n_vocab, 0, D, sb, stage, fb, err);
+    for (uint32_t l = 0; !rc && l < impl->cfg.n_layer; l++) {
+        const tm_dsv4_layer *W = &w->layers[l];
+        dlayer *L = &g->L[l];
+        const tm_tensor sk = elems(&W->sinks, sh->h0, sh->n_head);
+        rc = up_f32(L->sinks, &sk, fb, err);
+        if (!rc)
+            rc = up_sub(L->q_b, &W->q_b, g->qr, (size_t)sh->h0 * hd, (size_t)sh->n_head * hd, 0,
+                        g->qr, sb, stage, fb, err);
+        if (!rc)
+            rc = up_sub(L->o_a, &W->o_a, g->ing, (size_t)sh->g0 * olr, (size_t)sh->n_group * olr, 0,
+                        g->ing, sb, stage, fb, err);
+        if (!rc)
+            rc = up_sub(L->o_b, &W->o_b, Gf * olr, 0, D, (size_t)sh->g0 * olr,
+                        (size_t)sh->n_group * olr, sb, stage, fb, err);
+        // shared expert: gate rows, up rows (fused [gate | up]), down columns
+        if (!rc)
+            rc = up_sub(L->sh_gu, &W->sh_gate, D, sh->f0, Is, 0, D, sb, stage, fb, err);
+        if (!rc)
+            rc = up_sub(L->sh_gu + Is * D, &W->sh_up, D, sh->f0, Is, 0, D, sb, stage, fb, err);
+        if (!rc)
+            rc = up_sub(L->sh_down, &W->sh_down, I, 0, D, sh->f0, Is, sb, stage, fb, err);
+        // routed experts: [E][2I][D] gate rows f0.., up rows I + f0..; [E][D][I] columns f0..
+        uint16_t *gu = L->gu_w, *dn = L->dn_w;
+        for (size_t e = 0; !rc && e < g->E; e++) {
+            rc = up_sub(gu + e * 2 * Is * D, &W->gate_up, D, e * 2 * I + sh->f0, Is, 0, D, sb,
+                        stage, fb, err);
+            if (!rc)
+                rc = up_sub(gu + (e * 2 + 1) * Is * D, &W->gate_up, D, e * 2 * I + I + sh->f0, Is,
+                            0, D, sb, stage, fb, err);
+            if (!rc)
+                rc = up_sub(dn + e * D * Is, &W->down, I, e * D, D, sh->f0, Is, sb, stage, fb, err);
+        }
+    }
+    tm_free(sb);
+    return rc;
+}
+
 static tm_rc upload_inv_freq(dsv4 *g, tm_err *err) {
     tm_rc rc = tm_cuda_h2d(g->inv_main, g->d.rope_main.inv_freq, 512 * 4, err);
     return rc ? rc : tm_cuda_h2d(g->inv_comp, g->d.rope_compress.inv_freq, 512 * 4, err);
@@ -488,13 +611,16 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     float *fb = tm_malloc(UPLOAD_CHUNK * 4);
     tm_rc rc = stage && fb ? TM_OK : TM_ERR(err, TM_E_NOMEM, "cuda engine: upload staging");
     const size_t D = g->D, I = g->I;
+    const int tp = impl->tp_size > 1; // the split tensors: upload_shard
     if (!rc)
         rc = upload_inv_freq(g, err);
     if (!rc)
         rc = upload_iota(impl, g, fb, err);
-    if (!rc)
+    if (!rc && tp)
+        rc = upload_shard(impl, g, m, stage, fb, err);
+    if (!rc && !tp)
         rc = tm_cuda_upload_bf16(g->embd, &m->embd, stage, fb, err);
-    if (!rc && !c->tie_embd)
+    if (!rc && !tp && !c->tie_embd)
         rc = tm_cuda_upload_bf16(g->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, stage, fb,
                                  err);
     if (!rc)
@@ -514,20 +640,13 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
         const struct {
             float *dst;
             const tm_tensor *t;
-        } sm[] = {{L->attn_base, &W->attn_hc_base},
-                  {L->attn_scale, &W->attn_hc_scale},
-                  {L->ffn_base, &W->ffn_hc_base},
-                  {L->ffn_scale, &W->ffn_hc_scale},
-                  {L->attn_norm, &W->attn_norm},
-                  {L->ffn_norm, &W->ffn_norm},
-                  {L->q_a_norm, &W->q_a_norm},
-                  {L->kv_norm, &W->kv_norm},
-                  {L->sinks, &W->sinks},
-                  {L->c_bias, &W->c_bias},
-                  {L->c_norm, &W->c_norm},
-                  {L->i_bias, &W->i_bias},
-                  {L->i_norm, &W->i_norm},
-                  {L->router_bias, &W->router_bias}};
+        } sm[] = {{L->attn_base, &W->attn_hc_base},  {L->attn_scale, &W->attn_hc_scale},
+                  {L->ffn_base, &W->ffn_hc_base},    {L->ffn_scale, &W->ffn_hc_scale},
+                  {L->attn_norm, &W->attn_norm},     {L->ffn_norm, &W->ffn_norm},
+                  {L->q_a_norm, &W->q_a_norm},       {L->kv_norm, &W->kv_norm},
+                  {tp ? NULL : L->sinks, &W->sinks}, {L->c_bias, &W->c_bias},
+                  {L->c_norm, &W->c_norm},           {L->i_bias, &W->i_bias},
+                  {L->i_norm, &W->i_norm},           {L->router_bias, &W->router_bias}};
         for (size_t i = 0; !rc && i < sizeof(sm) / sizeof(sm[0]); i++)
             if (sm[i].dst)
                 rc = up_f32(sm[i].dst, sm[i].t, fb, err);
@@ -535,10 +654,10 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             uint16_t *dst;
             const tm_tensor *t;
         } lin[] = {{L->q_a, &W->q_a},
-                   {L->q_b, &W->q_b},
+                   {tp ? NULL : L->q_b, &W->q_b},
                    {L->kv, &W->kv},
-                   {L->o_a, &W->o_a},
-                   {L->o_b, &W->o_b},
+                   {tp ? NULL : L->o_a, &W->o_a},
+                   {tp ? NULL : L->o_b, &W->o_b},
                    {L->c_kvg, &W->c_kv},
                    {L->c_kvg ? L->c_kvg + (size_t)L->cw * D : NULL, &W->c_gate},
                    {L->i_kvg, &W->i_kv},
@@ -546,9 +665,9 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
                    {L->i_qb, &W->i_qb},
                    {L->i_w, &W->i_w},
                    {L->router, &W->router},
-                   {L->sh_gu, &W->sh_gate},
-                   {L->sh_gu + I * D, &W->sh_up},
-                   {L->sh_down, &W->sh_down}};
+                   {tp ? NULL : L->sh_gu, &W->sh_gate},
+                   {tp ? NULL : L->sh_gu + I * D, &W->sh_up},
+                   {tp ? NULL : L->sh_down, &W->sh_down}};
         for (size_t i = 0; !rc && i < sizeof(lin) / sizeof(lin[0]); i++)
             if (lin[i].dst)
                 rc = tm_cuda_upload_bf16(lin[i].dst, lin[i].t, stage, fb, err);
@@ -559,7 +678,7 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             if (L->q8[i].on)
                 rc = up_q8(&L->q8[i], q8t[i][0], q8t[i][1], fb, err);
         if (!rc && L->tid2eid) {
-            const size_t n = (size_t)c->n_vocab * g->K;
+            const size_t n = (size_t)g->vocab_full * g->K;
             int32_t *u = tm_malloc(n * 4);
             if (!u)
                 rc = TM_ERR(err, TM_E_NOMEM, "cuda engine: tid2eid");
@@ -581,7 +700,7 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
                 if (!rc)
                     rc = tm_cuda_h2d(ds[i], t2[i]->scale, n / 32, err);
             }
-        } else if (!rc) {
+        } else if (!rc && !tp) {
             rc = tm_cuda_upload_bf16(L->gu_w, &W->gate_up, stage, fb, err);
             if (!rc)
                 rc = tm_cuda_upload_bf16(L->dn_w, &W->down, stage, fb, err);
@@ -712,7 +831,7 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
                 rc = tm_cuda_fill_bf16(impl, L->dn_w, E * D, I, k++, err);
         }
         if (!rc && L->tid2eid) {
-            const size_t n = (size_t)c->n_vocab * g->K;
+            const size_t n = (size_t)g->vocab_full * g->K;
             int32_t *u = (int32_t *)fb;
             for (size_t i0 = 0; !rc && i0 < n; i0 += UPLOAD_CHUNK) {
                 const size_t kk = TM_MIN(UPLOAD_CHUNK, n - i0);
@@ -800,6 +919,15 @@ static float *fieldp(const tm_cuda_engine *impl, const dsv4 *g, uint32_t l, dfie
 }
 
 #define OP(what, launch) TM_CUDA_OP(impl, TM_CUDA_ABL_NEVER, what, (launch))
+
+/* TP: sum buf[0..n) (fp32, device) over the ranks; nothing at tp 1. Every rank reaches the same
+ * calls in the same order (the step plan is the same). */
+static tm_rc tp_sum(tm_cuda_engine *impl, float *buf, size_t n, tm_err *err) {
+    if (impl->tp_size < 2)
+        return TM_OK;
+    tm_rc rc = tm_cuda_comm_allreduce_sum(impl->comm, buf, n, TM_NCCL_F32, impl->stream, err);
+    return tm_cuda_op_end(impl, "tp all-reduce", rc);
+}
 
 /* The hyper-connection pre-mix of a block (attention or MoE: its fn / base / scale / norm
  * weights) over the step's T tokens: g->h, g->post, g->comb from g->streams. */
@@ -1031,6 +1159,10 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
     rc = tm_cuda_op_end(impl, "o proj", blas_rc(bs, "o_a", err));
     if (!rc)
         rc = lin_part(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T, &xp, &np, &xs, err);
+    // TP: each rank's groups gave a partial o_b product (FP8 split-K is off under TP: xp is out)
+    TM_ASSERT(impl->tp_size < 2 || (xp == g->out && np == 1));
+    if (!rc)
+        rc = tp_sum(impl, g->out, (size_t)T * D, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
                                  .y = xp,
                                  .y_stride = xs,
@@ -1167,6 +1299,8 @@ static tm_rc moe_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda_
                                  .D = D};
     if (!rc)
         rc = OP("combine", tm_k_dsv4_combine(&ca, s, err));
+    if (!rc) // TP: routed + shared partial down products of this rank's expert width
+        rc = tp_sum(impl, g->out, (size_t)T * D, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
                                  .y = g->out,
                                  .n_part = 1,
@@ -1189,8 +1323,13 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                                .tokens = st->tokens,
                                .n_tok = st->n_tok,
                                .n_hc = g->N,
-                               .D = g->D};
+                               .D = g->D,
+                               .vocab0 = g->sh.vocab0,
+                               .n_vocab = g->sh.n_vocab,
+                               .sliced = impl->tp_size > 1};
     tm_rc rc = OP("embed", tm_k_dsv4_embed(&ea, s, err));
+    if (!rc) // TP: vocab-parallel, one rank gave each token's row (exact)
+        rc = tp_sum(impl, g->streams, (size_t)st->n_tok * g->N * g->D, err);
     for (uint32_t l = 0; !rc && l < c->n_layer; l++) {
         rc = attn_block(impl, g, l, st, err);
         if (!rc)

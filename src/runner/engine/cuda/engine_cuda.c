@@ -415,8 +415,8 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
                                             .id_limit = h->vocab_limit};
             rc = tm_k_argmax_part_f32(&pa, s, err);
             if (!rc)
-                rc = tm_nccl_allgather(impl->comm->nccl, impl->cand, impl->cand_all,
-                                       2 * (size_t)n_want, TM_NCCL_U32, s, err);
+                rc = tm_cuda_comm_allgather(impl->comm, impl->cand, impl->cand_all,
+                                            2 * (size_t)n_want, TM_NCCL_U32, s, err);
             tm_k_argmax_merge_args ma = {
                 .ids = impl->ids, .cand = impl->cand_all, .n_row = n_want, .n_rank = impl->tp_size};
             if (!rc && out_host)
@@ -438,8 +438,8 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
         size_t n = (size_t)n_want * nv;
         if (tp) {
             // every rank sends n_want * v_per floats; the last rank's rows are shorter (nv)
-            rc = tm_nccl_allgather(impl->comm->nccl, impl->logits, impl->logits_all,
-                                   (size_t)n_want * impl->v_per, TM_NCCL_F32, s, err);
+            rc = tm_cuda_comm_allgather(impl->comm, impl->logits, impl->logits_all,
+                                        (size_t)n_want * impl->v_per, TM_NCCL_F32, s, err);
             src = impl->logits_all;
             n = (size_t)impl->tp_size * n_want * impl->v_per;
         }
@@ -722,8 +722,11 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
 }
 
 void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
-    if (eng && eng->ops == &cuda_ops)
-        ((tm_cuda_engine *)eng->impl)->use_graphs = on;
+    if (!eng || eng->ops != &cuda_ops)
+        return;
+    tm_cuda_engine *impl = eng->impl;
+    // the host all-reduce transport synchronizes inside its collectives: never captured
+    impl->use_graphs = on && (!impl->comm || tm_cuda_comm_graphable(impl->comm));
 }
 
 /* ---- create / destroy ---- */
@@ -848,6 +851,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                       "cuda engine: kv_cache_dtype fp8 with tp_size %u is not supported yet",
                       tp_size);
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
+    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V41) // docs/deepseek_v41.md
+        return TM_ERR(err, TM_E_INVAL,
+                      "cuda engine: deepseek_v41 runs on the cpu backend for now (engine.backend "
+                      "\"cpu\")");
     if (!arch)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: architecture %s not supported (the Llama family: llama, "
@@ -935,19 +942,25 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
         goto fail;
     if (tp_size > 1) {
         // Every rank blocks here until all have joined the communicator.
-        const tm_cuda_drv_cfg dc = {
-            .rdzv = tp->rdzv, .nccl_id = tp->nccl_id, .timeout_ms = tp->timeout_ms};
+        const tm_cuda_drv_cfg dc = {.rdzv = tp->rdzv,
+                                    .nccl_id = tp->nccl_id,
+                                    .timeout_ms = tp->timeout_ms,
+                                    .transport = tp->host_comm ? TM_CUDA_COMM_HOST
+                                                               : TM_CUDA_COMM_NCCL};
         rc = tm_cuda_drv_create(&dc, impl->tp_rank, tp_size, &impl->drv, err);
         if (rc)
             goto fail;
         impl->comm = tm_cuda_drv_comm(impl->drv);
-        const int v = tm_nccl_version(), hv = tm_nccl_header_version();
+        // the host transport synchronizes inside its collectives: nothing to capture
+        impl->use_graphs = tm_cuda_comm_graphable(impl->comm);
+        const int v = tp->host_comm ? 0 : tm_nccl_version(), hv = tm_nccl_header_version();
         TM_LOG_INFO("cuda",
-                    "tp rank %u of %u on device %d: NCCL %d.%d.%d (built with %d.%d.%d), "
+                    "tp rank %u of %u on device %d: %s %d.%d.%d (built with %d.%d.%d), "
                     "%u heads, %u KV heads, n_ff %u, vocabulary rows [%u, %u)",
-                    impl->tp_rank, tp_size, device, v / 10000, v / 100 % 100, v % 100, hv / 10000,
-                    hv / 100 % 100, hv % 100, c->n_head, c->n_kv_head, c->n_ff, vocab0,
-                    vocab0 + c->n_vocab);
+                    impl->tp_rank, tp_size, device,
+                    tp->host_comm ? "host shared-memory all-reduce, NCCL unused" : "NCCL",
+                    v / 10000, v / 100 % 100, v % 100, hv / 10000, hv / 100 % 100, hv % 100,
+                    c->n_head, c->n_kv_head, c->n_ff, vocab0, vocab0 + c->n_vocab);
     }
 
     int n_sm = 0;

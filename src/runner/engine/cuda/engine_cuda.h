@@ -60,6 +60,10 @@ typedef struct tm_engine_cuda_tp {
     const uint8_t *nccl_id; /* TM_NCCL_ID_BYTES (runner/tp/tp_nccl.h), the same on every rank;
                                read during create only */
     uint32_t timeout_ms;    /* a step running longer fails (a hung rank); 0: 300 s */
+    int host_comm;          /* 1: all-reduce over host shared memory instead of NCCL, so that
+                               several ranks may share one device (a correctness check of the
+                               sharding, not fast: no CUDA graphs, each collective synchronizes;
+                               every rank must say the same); 0: NCCL */
     int random;             /* 1: random weights as tm_engine_cuda_create_random (benchmarks) */
     uint64_t seed;          /* for random */
 } tm_engine_cuda_tp;

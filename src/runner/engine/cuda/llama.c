@@ -757,7 +757,7 @@ static tm_rc tp_reduce_norm(tm_cuda_engine *impl, llama *lm, uint32_t T, tm_cuda
             rc = tm_k_sum_parts(&sp, impl->stream, err);
         }
         if (!rc)
-            rc = tm_nccl_allreduce_sum(cm->nccl, lm->x, n_x, TM_NCCL_F32, impl->stream, err);
+            rc = tm_cuda_comm_allreduce_sum(impl->comm, lm->x, n_x, TM_NCCL_F32, impl->stream, err);
         if (!rc && w) {
             tm_k_rmsnorm_bf16_args na = {
                 .out = lm->h, .x = lm->x, .w = w, .n_row = T, .n_col = d, .eps = impl->cfg.rms_eps};

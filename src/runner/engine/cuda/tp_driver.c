@@ -1,7 +1,9 @@
 /* runner/engine/cuda/tp_driver.c - CUDA tensor parallel as a driver (tp_driver_int.h): the
  * communicator (NCCL and the one-shot peer-memory all-reduce), plan transport from rank 0 to the
  * other ranks, their serve loop, and failure detection (the watchdog thread, the abortable
- * stream wait).
+ * stream wait), and the collectives over either transport: NCCL, or the host shared-memory
+ * all-reduce of runner/tp/tp_host.h through pinned staging (ranks sharing one GPU, to check a
+ * sharding: correct, not fast).
  *
  * The watchdog: every millisecond while a step is in flight, it checks the peers (one that exited
  * or reported a failure), NCCL's asynchronous errors and the step timeout; on a failure it aborts
@@ -54,8 +56,16 @@ static void abort_comm(tm_cuda_drv *drv, const tm_err *why) {
     if (first && why)
         drv->wd_err = *why;
     pthread_mutex_unlock(&drv->wd_mu);
-    if (first)
+    if (first) {
         tm_nccl_abort(drv->comm.nccl);
+        tm_tp_host_abort(drv->comm.host);
+    }
+}
+
+/* The transport's asynchronous errors (NCCL) or a peer's abort (host). */
+static tm_rc comm_check(tm_cuda_drv *drv, tm_err *err) {
+    return drv->comm.kind == TM_CUDA_COMM_HOST ? tm_tp_host_check(drv->comm.host, err)
+                                               : tm_nccl_check(drv->comm.nccl, err);
 }
 
 static int comm_aborted(tm_cuda_drv *drv, tm_err *why) {
@@ -90,7 +100,7 @@ static void *watchdog_main(void *arg) {
         tm_err e = {0};
         tm_rc rc = tm_rdzv_check(drv->rdzv, &e);
         if (!rc)
-            rc = tm_nccl_check(drv->comm.nccl, &e);
+            rc = comm_check(drv, &e);
         if (!rc && tm_now_ms() - t0 > drv->timeout_ms)
             rc = TM_ERR(&e, TM_E_IO,
                         "a step did not finish within %.0f s (a rank hung or the "
@@ -137,7 +147,19 @@ tm_rc tm_cuda_drv_create(const tm_cuda_drv_cfg *cfg, uint32_t rank, uint32_t wor
     drv->rdzv = cfg->rdzv;
     drv->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : TIMEOUT_MS_DEFAULT;
     pthread_mutex_init(&drv->wd_mu, NULL);
-    tm_rc rc = tm_nccl_create(cfg->nccl_id, rank, world, drv->timeout_ms, &drv->comm.nccl, err);
+    drv->comm.kind = cfg->transport;
+    drv->comm.drv = drv;
+    tm_rc rc;
+    if (cfg->transport == TM_CUDA_COMM_HOST) {
+        // the NCCL id's bytes name the shared segment (unique per job, already on every rank)
+        rc = tm_tp_host_create(cfg->nccl_id, rank, world, drv->timeout_ms, &drv->comm.host, err);
+        if (!rc)
+            rc = TM_CUDA_CHECK(
+                cudaMallocHost(&drv->comm.stage, (size_t)(world + 1) * TM_TP_HOST_CHUNK_BYTES),
+                err);
+    } else {
+        rc = tm_nccl_create(cfg->nccl_id, rank, world, drv->timeout_ms, &drv->comm.nccl, err);
+    }
     if (rc) {
         tm_err_wrap(err, "tp rank %u of %u", rank, world);
         goto fail;
@@ -204,6 +226,9 @@ void tm_cuda_drv_destroy(tm_cuda_drv *drv) {
             cudaIpcCloseMemHandle(drv->comm.ar_regions[r]);
     }
     tm_nccl_destroy(drv->comm.nccl);
+    tm_tp_host_destroy(drv->comm.host);
+    if (drv->comm.stage)
+        cudaFreeHost(drv->comm.stage);
     pthread_mutex_destroy(&drv->wd_mu);
     tm_free(drv);
 }
@@ -221,7 +246,7 @@ static tm_rc allgather_host(tm_cuda_drv *drv, const void *mine, size_t bytes, vo
     set_busy(drv, 1);
     tm_rc rc = TM_CUDA_CHECK(cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, s), err);
     if (!rc)
-        rc = tm_nccl_allgather(drv->comm.nccl, d, d + bytes, bytes / 4, TM_NCCL_U32, s, err);
+        rc = tm_cuda_comm_allgather(&drv->comm, d, d + bytes, bytes / 4, TM_NCCL_U32, s, err);
     if (!rc)
         rc = TM_CUDA_CHECK(
             cudaMemcpyAsync(all, d + bytes, bytes * drv->world, cudaMemcpyDeviceToHost, s), err);
@@ -260,6 +285,12 @@ tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch, siz
                            cudaStream_t s, tm_err *err) {
     tm_cuda_comm *cm = &drv->comm;
     const uint32_t tp = drv->world, me = drv->rank;
+    if (cm->kind == TM_CUDA_COMM_HOST) { // ranks may share a device: no peer regions
+        if (me == 0)
+            TM_LOG_INFO("cuda", "tp: all-reduces over host shared memory (ranks sharing a GPU: a "
+                                "correctness mode, not a fast one; no CUDA graphs)");
+        return TM_OK;
+    }
     if (tp > TM_AR_MAX_RANKS || n_embd > TM_AR_MAX_D)
         return TM_OK; // NCCL only (the same on every rank)
     const char *env = getenv("TM_TP_CUSTOM_AR");
@@ -328,6 +359,70 @@ tm_rc tm_cuda_drv_ar_setup(tm_cuda_drv *drv, uint32_t n_embd, void *scratch, siz
                     "(one-shot, fused with the RMSNorm), larger ones on NCCL",
                     TM_AR_MAX_ROWS);
     return TM_OK;
+}
+
+/* ---- collectives ---- */
+
+static tm_tp_host_dtype host_dtype(tm_nccl_dtype dt) {
+    return dt == TM_NCCL_BF16  ? TM_TP_HOST_BF16
+           : dt == TM_NCCL_U32 ? TM_TP_HOST_U32
+                               : TM_TP_HOST_F32;
+}
+
+int tm_cuda_comm_graphable(const tm_cuda_comm *cm) { return cm->kind != TM_CUDA_COMM_HOST; }
+
+tm_rc tm_cuda_comm_allreduce_sum(tm_cuda_comm *cm, void *buf, size_t n, tm_nccl_dtype dt,
+                                 cudaStream_t s, tm_err *err) {
+    if (cm->kind != TM_CUDA_COMM_HOST)
+        return tm_nccl_allreduce_sum(cm->nccl, buf, n, dt, s, err);
+    // one chunk at a time through the staging: device -> host, sum across ranks, host -> device;
+    // the next chunk's copy out is ordered after this one's copy in on the stream
+    const size_t es = dt == TM_NCCL_BF16 ? 2 : 4, per = TM_TP_HOST_CHUNK_BYTES / es;
+    uint8_t *d = buf;
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; !rc && i < n; i += per) {
+        const size_t k = TM_MIN(per, n - i);
+        rc = TM_CUDA_CHECK(
+            cudaMemcpyAsync(cm->stage, d + i * es, k * es, cudaMemcpyDeviceToHost, s), err);
+        if (!rc)
+            rc = tm_cuda_drv_sync(cm->drv, s, err);
+        if (!rc)
+            rc = tm_tp_host_allreduce_sum(cm->host, cm->stage, k, host_dtype(dt), err);
+        if (!rc)
+            rc = TM_CUDA_CHECK(
+                cudaMemcpyAsync(d + i * es, cm->stage, k * es, cudaMemcpyHostToDevice, s), err);
+    }
+    // the staging is rewritten by the next collective only after a sync that follows this copy
+    return rc ? rc : tm_cuda_drv_sync(cm->drv, s, err);
+}
+
+tm_rc tm_cuda_comm_allgather(tm_cuda_comm *cm, const void *send, void *recv, size_t n,
+                             tm_nccl_dtype dt, cudaStream_t s, tm_err *err) {
+    if (cm->kind != TM_CUDA_COMM_HOST)
+        return tm_nccl_allgather(cm->nccl, send, recv, n, dt, s, err);
+    const size_t es = dt == TM_NCCL_BF16 ? 2 : 4, per = TM_TP_HOST_CHUNK_BYTES / es;
+    const uint32_t W = cm->drv->world;
+    const uint8_t *sd = send;
+    uint8_t *rd = recv, *st = cm->stage, *all = st + TM_TP_HOST_CHUNK_BYTES;
+    // staging: [0, chunk) this rank's chunk, then W chunks gathered (W + 1 fit: see create)
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; !rc && i < n; i += per) {
+        const size_t k = TM_MIN(per, n - i);
+        rc = TM_CUDA_CHECK(cudaMemcpyAsync(st, sd + i * es, k * es, cudaMemcpyDeviceToHost, s),
+                           err);
+        if (!rc)
+            rc = tm_cuda_drv_sync(cm->drv, s, err);
+        if (!rc)
+            rc = tm_tp_host_allgather(cm->host, st, all, k, host_dtype(dt), err);
+        for (uint32_t r = 0; !rc && r < W; r++)
+            rc = TM_CUDA_CHECK(cudaMemcpyAsync(rd + ((size_t)r * n + i) * es,
+                                               all + (size_t)r * k * es, k * es,
+                                               cudaMemcpyHostToDevice, s),
+                               err);
+        if (!rc) // the staging is rewritten next
+            rc = tm_cuda_drv_sync(cm->drv, s, err);
+    }
+    return rc;
 }
 
 /* ---- plan transport ---- */

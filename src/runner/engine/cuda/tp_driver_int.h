@@ -27,6 +27,7 @@
 #include "base/err.h"
 #include "kernels/allreduce.h"
 #include "runner/tp/rendezvous.h"
+#include "runner/tp/tp_host.h"
 #include "runner/tp/tp_nccl.h"
 
 /* A step plan: everything a rank needs to run one step (or a KV copy, or to stop) besides the
@@ -47,21 +48,34 @@ typedef struct tm_cuda_plan {
 
 /* The communicator a rank engine is given (owned by the driver, valid until
  * tm_cuda_drv_destroy): what its forward pass and logits head launch collectives on. */
+typedef struct tm_cuda_drv tm_cuda_drv; /* opaque: one rank's driver */
+
+/* The all-reduce transport of a communicator (tm_cuda_drv_cfg.transport). */
+typedef enum tm_cuda_comm_kind {
+    TM_CUDA_COMM_NCCL = 0, /* NCCL (one process per GPU), peer memory for decode-sized steps */
+    TM_CUDA_COMM_HOST,     /* runner/tp/tp_host.h over host shared memory, through pinned
+                              staging: ranks may share one GPU; a correctness mode (each
+                              collective synchronizes the stream, so no CUDA graphs), not fast */
+} tm_cuda_comm_kind;
+
 typedef struct tm_cuda_comm {
-    tm_nccl *nccl;                     /* the NCCL communicator */
+    tm_cuda_comm_kind kind;
+    tm_nccl *nccl;                     /* the NCCL communicator (TM_CUDA_COMM_NCCL) */
+    tm_tp_host *host;                  /* the host communicator (TM_CUDA_COMM_HOST) */
+    void *stage;                       /* host: pinned, (world + 1) * TM_TP_HOST_CHUNK_BYTES */
+    tm_cuda_drv *drv;                  /* the driver that owns this (for its abortable sync) */
     int ar_on;                         /* 1: steps of at most TM_AR_MAX_ROWS tokens all-reduce
                                           over peer memory (kernels/allreduce.h); NCCL otherwise */
     uint32_t ar_d;                     /* row length the regions were sized for */
     void *ar_regions[TM_AR_MAX_RANKS]; /* [rank]: own (cudaMalloc); others: IPC-opened peers' */
 } tm_cuda_comm;
 
-typedef struct tm_cuda_drv tm_cuda_drv; /* opaque: one rank's driver */
-
 /* What the driver needs to join the ranks (the engine copies it from its tm_engine_cuda_tp). */
 typedef struct tm_cuda_drv_cfg {
-    tm_rdzv *rdzv;          /* borrowed, must outlive the driver */
-    const uint8_t *nccl_id; /* TM_NCCL_ID_BYTES, the same on every rank; read during create */
-    uint32_t timeout_ms;    /* a step running longer fails; 0: 300 s */
+    tm_rdzv *rdzv;               /* borrowed, must outlive the driver */
+    const uint8_t *nccl_id;      /* TM_NCCL_ID_BYTES, the same on every rank; read during create */
+    uint32_t timeout_ms;         /* a step running longer fails; 0: 300 s */
+    tm_cuda_comm_kind transport; /* NCCL, or host memory (ranks sharing one GPU) */
 } tm_cuda_drv_cfg;
 
 /* The rank engine as the serve loop drives it: a table the engine (engine_cuda.c) passes to
@@ -81,12 +95,27 @@ typedef struct tm_cuda_rank_ops {
     void (*fail)(void *ctx); /* mark dead, abort the communicator */
 } tm_cuda_rank_ops;
 
+/* ---- collectives on the rank's stream, over the communicator's transport ---- */
+
+/* In-place sum of the device buffer buf[0..n) across all ranks, enqueued on stream (NCCL), or
+ * (host transport) copied through the pinned staging in chunks, the stream synchronized around
+ * each (abortable like tm_cuda_drv_sync), summed in rank order, copied back. Errors: TM_E_NCCL,
+ * TM_E_IO (host: a rank failed or the barrier timed out), TM_E_CUDA. */
+tm_rc tm_cuda_comm_allreduce_sum(tm_cuda_comm *cm, void *buf, size_t n, tm_nccl_dtype dt,
+                                 cudaStream_t s, tm_err *err);
+/* recv[r * n + i] = send_of_rank_r[i] for i < n (device buffers), like the all-reduce. */
+tm_rc tm_cuda_comm_allgather(tm_cuda_comm *cm, const void *send, void *recv, size_t n,
+                             tm_nccl_dtype dt, cudaStream_t s, tm_err *err);
+/* 1 when the transport's collectives may be captured into a CUDA graph (NCCL; not host). */
+int tm_cuda_comm_graphable(const tm_cuda_comm *cm);
+
 /* ---- the driver (tp_driver.c) ---- */
 
 /* Join the communicator of cfg->nccl_id as rank of world on the current CUDA device (blocks until
- * every rank has joined, at most the timeout: cfg->timeout_ms, 0 meaning 300 s) and start the
- * watchdog. cfg->rdzv is borrowed and must outlive the driver. On success *out owns the driver.
- * Errors: TM_E_NCCL ("tp rank R of W: ..."), TM_E_INTERNAL (no watchdog thread), TM_E_NOMEM. */
+ * every rank has joined, at most the timeout: cfg->timeout_ms, 0 meaning 300 s) over
+ * cfg->transport and start the watchdog. cfg->rdzv is borrowed and must outlive the driver. On
+ * success *out owns the driver. Errors: TM_E_NCCL or TM_E_IO (host transport) ("tp rank R of W:
+ * ..."), TM_E_INTERNAL (no watchdog thread), TM_E_NOMEM. */
 tm_rc tm_cuda_drv_create(const tm_cuda_drv_cfg *cfg, uint32_t rank, uint32_t world,
                          tm_cuda_drv **out, tm_err *err);
 /* Stop the watchdog and, unless the step failed (dead 0), tell the other ranks to stop (rank 0).
