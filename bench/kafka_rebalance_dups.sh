@@ -9,7 +9,8 @@ build=$1
 runs=${2:-3}
 src=$(cd "$(dirname "$0")/.." && pwd)
 for ((i = 1; i <= runs; i++)); do
-    out=$(bash "$src/tests/kafka/kafka_drain_group.sh" "$build" "$src" 2>&1) || { echo "$out" | tail; exit 1; }
+    out=$(bash "$src/tests/kafka/kafka_drain_group.sh" "$build" "$src" 2>&1) ||
+        { echo "$out" | grep -E "FAIL" || echo "$out" | tail; exit 1; }
     echo "run $i:"
     echo "$out" | grep -E "^kafka_drain_group: (A committed|max_read_ahead)" | sed 's/; verify.*//'
 done

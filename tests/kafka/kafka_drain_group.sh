@@ -12,7 +12,8 @@
 # oracle. Records of the revoked partitions that A had read but not made durable when its revoke
 # wait ended (half the session timeout) are answered by both: counted and printed (the
 # at-least-once across folders of kafka_source.sh); they are at most A's records in flight.
-# Part 2 bounds them: with input.kafka.max_read_ahead 4 at most 4 per revoked partition.
+# Part 2 bounds them: with input.kafka.max_read_ahead 4, 4 per revoked partition in flight (plus
+# what the mock's refused commits add, see there).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -64,9 +65,10 @@ echo "kafka_drain_group: A committed offsets (sum $c) while finishing its read-a
 
 # 2. input.kafka.max_read_ahead 4 (topic jobs2, 120 records, group g2): A holds at most 4
 # records per partition in flight, so when B joins, the revoked partitions' records are mostly
-# unread: B answers them. Answered by both: at most 4 per revoked partition (2 of 4) plus what A
-# read of them in the heartbeat interval (0.5 s) before it learnt of the rebalance, as the mock
-# refuses the commits of a joining group (kafka_source.sh): bound 16.
+# unread: B answers them. Answered by both: at most 4 per revoked partition (2 of 4) in flight at
+# the revoke, plus what A finished of them between its last accepted commit and the revoke (the
+# mock refuses the commits of a joining group, kafka_source.sh): one commit period (0.2 s) and
+# one heartbeat interval (0.5 s) at under 10 records/s here. Bound 24.
 kin_topic=jobs2
 kin_input 120
 sed -i 's/"max_tokens":[12]}/"max_tokens":20}/' "$work/data/in.jsonl"
@@ -94,7 +96,7 @@ n_b=$(node -e 'const r = require(process.argv[1]).records; console.log(r.ok + r.
 kin_merge --dedupe "$work/a" "$work/b"
 kin_verify "$work/merged"
 [ "$n_b" -gt 0 ] || { echo "FAIL: B answered nothing"; tail "$work/b.log"; exit 1; }
-[ "$kin_dups" -le 16 ] || { echo "FAIL: $kin_dups records in both folders (bound 16)"; exit 1; }
+[ "$kin_dups" -le 24 ] || { echo "FAIL: $kin_dups records in both folders (bound 24)"; exit 1; }
 kin_offsets_ok g2 "$work/a" "$work/b" >/dev/null
-echo "kafka_drain_group: max_read_ahead 4: A answered $n_a, B $n_b, $kin_dups in both folders (bound 16); $(cat "$work/verify.log")"
+echo "kafka_drain_group: max_read_ahead 4: A answered $n_a, B $n_b, $kin_dups in both folders (bound 24); $(cat "$work/verify.log")"
 echo "kafka_drain_group: ok"
