@@ -1014,7 +1014,8 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
 
 // A Kafka input after the last commit: the consumer commits the offsets that commit made durable
 // (synchronously, bounded) and metrics.json and the Prometheus textfile are written again with the
-// figures that follow, so their committed offsets and lags are the run's last. A failure here is logged, not the job's.
+// figures that follow, so their committed offsets and lags are the run's last. A failure here is
+// logged, not the job's.
 static void kafka_final_figures(job_run *j) {
     if (!j->p.spec || !j->p.spec->kafka_in || !j->src || !j->metrics || !j->sink_started)
         return;
