@@ -3,7 +3,8 @@
 # a second drain-mode consumer joins a running one (issue 39 #2), with the default read-ahead
 # (input.kafka.max_read_ahead 1024) and with max_read_ahead 4, on librdkafka's mock cluster:
 # runs tests/kafka/kafka_drain_group.sh RUNS times (default 3) and prints its two figure lines
-# per run. 120 records over 4 partitions, 20 tokens each, one sequence at a time (tiny model).
+# per run. 120 records over 4 partitions, 64 tokens each (part 2: 20), one sequence at a time
+# (tiny model).
 set -euo pipefail
 build=$1
 runs=${2:-3}
