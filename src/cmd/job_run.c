@@ -902,6 +902,8 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .spec_lookup_min = spec->engine.spec_lookup_min,
         .spec_lookup_max = spec->engine.spec_lookup_max,
         .spec_mtp = spec->engine.spec_mtp,
+        .spec_dspark = spec->engine.spec_dspark,
+        .spec_conf_threshold = (float)spec->engine.spec_conf_threshold,
     };
     tm_rc rc = tm_runner_run(&rcfg, j->eng, j->p.tok, j->q_in, j->q_out, &j->stats, err);
     if (j->eng->ops->forward_greedy)

@@ -17,7 +17,9 @@ static inline void tm_run_metrics_add_engine(tm_metrics *m, const tm_runner_stat
                                              uint32_t spec_k) {
     if (spec_k)
         tm_metrics_add_spec(m, &(tm_metrics_spec){
-                                   .method = stats->spec_mtp ? "mtp" : "ngram",
+                                   .method = stats->spec_mtp      ? "mtp"
+                                             : stats->spec_dspark ? "dspark"
+                                                                  : "ngram",
                                    .k = spec_k,
                                    .n_drafts = stats->n_spec_drafts,
                                    .n_draft_tok = stats->n_spec_draft_tok,

@@ -51,8 +51,13 @@ static const char *const engine_keys[] = {
     "schedule",       "lookahead",    "quantization",
     "kv_cache_dtype", "speculative",  "engram_cache_mb",
     /* end */ NULL};
-static const char *const spec_keys[] = {"method", "num_speculative_tokens", "prompt_lookup_min",
-                                        "prompt_lookup_max", NULL};
+static const char *const spec_keys[] = {"method",
+                                        "num_speculative_tokens",
+                                        "prompt_lookup_min",
+                                        "prompt_lookup_max",
+                                        "draft_sample_method",
+                                        "confidence_threshold",
+                                        NULL};
 static const char *const limits_keys[] = {
     "max_line_bytes",        "max_depth", "max_field_bytes", "max_messages", "strict_fields",
     "fail_on_error_records", NULL};
@@ -614,13 +619,40 @@ static tm_rc load_speculative(loader *ld, const json_t *eng, json_t *c) {
     if (!v)
         return fail(ld, TM_E_INVAL, "engine.speculative.method", "required key is missing");
     e->spec_mtp = strcmp(m, "mtp") == 0;
-    if (!e->spec_mtp && strcmp(m, "ngram") != 0)
-        return fail_value(ld, "engine.speculative.method", "one of \"ngram\", \"mtp\"", v);
+    e->spec_dspark = strcmp(m, "dspark") == 0;
+    if (!e->spec_mtp && !e->spec_dspark && strcmp(m, "ngram") != 0)
+        return fail_value(ld, "engine.speculative.method", "one of \"ngram\", \"mtp\", \"dspark\"",
+                          v);
     json_t *cs = json_object();
     canon_set(ld, c, "speculative", cs);
     if (!cs)
         return TM_ERR(ld->err, TM_E_NOMEM, "canonical spec");
-    canon_set(ld, cs, "method", json_string(e->spec_mtp ? "mtp" : "ngram"));
+    canon_set(ld, cs, "method", json_string(m));
+    // vLLM's draft_sample_method: how a drafter picks its drafts. Verification draws the target's
+    // token with the record's own uniform and accepts a draft iff it equals the draw, which keeps
+    // the target distribution for drafts picked either way; the DSpark drafter's picks are its
+    // greedy chain under both spellings (docs/speculative.md "DSpark").
+    const json_t *dsm = json_object_get(sp, "draft_sample_method");
+    if (dsm) {
+        const char *ds = json_is_string(dsm) ? json_string_value(dsm) : "";
+        if (strcmp(ds, "greedy") != 0 && strcmp(ds, "probabilistic") != 0)
+            return fail_value(ld, "engine.speculative.draft_sample_method",
+                              "one of \"greedy\", \"probabilistic\"", dsm);
+        canon_set(ld, cs, "draft_sample_method", json_string(ds));
+    }
+    // DeepSpec's confidence_threshold (dspark only): a block's drafts end before the first whose
+    // confidence-head probability is below it; 0 (the reference inference's behaviour): none cut
+    const json_t *ct = json_object_get(sp, "confidence_threshold");
+    if (ct) {
+        if (!json_is_number(ct) || json_number_value(ct) < 0.0 || json_number_value(ct) > 1.0)
+            return fail_value(ld, "engine.speculative.confidence_threshold", "a number in [0, 1]",
+                              ct);
+        if (!e->spec_dspark)
+            return fail(ld, TM_E_INVAL, "engine.speculative.confidence_threshold",
+                        "only applies to method \"dspark\"");
+        e->spec_conf_threshold = json_number_value(ct);
+        canon_set(ld, cs, "confidence_threshold", json_real(e->spec_conf_threshold));
+    }
     if (!json_object_get(sp, "num_speculative_tokens"))
         return fail(ld, TM_E_INVAL, "engine.speculative.num_speculative_tokens",
                     "required key is missing");

@@ -79,10 +79,12 @@ typedef struct tm_job_engine {
     uint32_t spec_k;               /* engine.speculative.num_speculative_tokens (method "ngram");
                                     * 0: no speculative decoding */
     uint32_t spec_lookup_min, spec_lookup_max; /* its prompt_lookup_min / max */
-    bool spec_mtp; /* engine.speculative.method "mtp" (DeepSeek-V4's MTP layer; else "ngram") */
-    uint32_t engram_cache_mb; /* engine.engram_cache_mb: row cache of each Engram table of a
-                               * DeepSeek-V4.1 model, MiB per table and rank (engram_table.h's
-                               * cache_bytes = this << 20); memory sizing, not identity */
+    bool spec_mtp;    /* engine.speculative.method "mtp" (DeepSeek-V4's MTP layer; else "ngram") */
+    bool spec_dspark; /* engine.speculative.method "dspark" (DeepSeek-V4.1's DSpark stages) */
+    double spec_conf_threshold; /* engine.speculative.confidence_threshold (dspark), [0, 1] */
+    uint32_t engram_cache_mb;   /* engine.engram_cache_mb: row cache of each Engram table of a
+                                 * DeepSeek-V4.1 model, MiB per table and rank (engram_table.h's
+                                 * cache_bytes = this << 20); memory sizing, not identity */
 } tm_job_engine;
 
 /* output.kafka: completions go to a Kafka topic (sink/kafka_out.h) instead of the LZ4 file. */

@@ -75,7 +75,9 @@ typedef struct seq {
     int mtp_ok;         /* MTP drafts: mtp_draft (and its streams) are for the decode at mtp_at */
     uint32_t mtp_draft; /* the MTP layer's pick for the token after the decode token */
     uint32_t mtp_at;    /* q.n_done when mtp_draft was made */
-    tm_guided_seq gd;   /* structured output (issue 26): the automaton and its mask, or zeroed */
+    uint32_t n_dsp;     /* DSpark: usable drafts in dsp_draft (for the decode at mtp_at, mtp_ok) */
+    uint32_t dsp_draft[TM_SPEC_MAX_K]; /* the DSpark block's greedy drafts */
+    tm_guided_seq gd; /* structured output (issue 26): the automaton and its mask, or zeroed */
     /* the masks of a constrained record's verification rows: after 0..q.n_draft drafts */
     const uint32_t *spec_allow[TM_SPEC_MAX_K + 1];
 } seq;
@@ -149,6 +151,11 @@ typedef struct runner {
     float *mtp_logits;          /* [max_seqs][n_vocab] */
     float *mtp_out;             /* [max_batched_tokens][mtp_nd] an MTP step's output streams */
     float *mtp_st;              /* [max_seqs][mtp_nd] each slot's last MTP output stream */
+    /* DSpark drafts (cfg->spec_dspark; docs/speculative.md "DSpark"): hidden rows of dsp_w
+     * floats, blocks of dsp_out rows; mseqs / mslot above are shared */
+    uint32_t dsp_w, dsp_out;
+    float *dsp_logits; /* [max_seqs * dsp_out][n_vocab] */
+    float *dsp_conf;   /* [max_seqs * dsp_out] the blocks' confidence logits */
 } runner;
 
 static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg, tm_err *err) {
@@ -1180,6 +1187,9 @@ static tm_rc spec_draft(runner *r, tm_err *err) {
             q->n_draft = s->mtp_ok && s->mtp_at == q->n_done ? (uint32_t)k : 0;
             for (uint32_t j = 0; j < q->n_draft; j++)
                 q->ids.ids[q->ids.len + j] = s->mtp_draft;
+        } else if (cfg->spec_dspark) { // the block drafted after the last step (dsp_catch_up)
+            q->n_draft = s->mtp_ok && s->mtp_at == q->n_done ? TM_MIN((uint32_t)k, s->n_dsp) : 0;
+            memcpy(q->ids.ids + q->ids.len, s->dsp_draft, q->n_draft * sizeof(uint32_t));
         } else
             q->n_draft = tm_spec_ngram_propose(q->ids.ids, q->ids.len, cfg->spec_lookup_min,
                                                cfg->spec_lookup_max, (uint32_t)k,
@@ -1360,6 +1370,64 @@ static tm_rc mtp_chain(runner *r, const tm_sched_plan *plan, tm_err *err) {
     return TM_OK;
 }
 
+// ---- DSpark drafts (docs/speculative.md "DSpark") ----
+
+// After a step's tokens: the DSpark drafter's rows for every position the step kept of a
+// generating sequence (hidden: the target layers' inputs there, captured by the step's forward;
+// next: the token after it), which writes the stages' window KV in step with the main layers'.
+// A sequence now about to decode also gets the draft block after its last row: its greedy picks
+// (argmax over the model's whole vocabulary, the chain the drafter's Markov head followed) are
+// its drafts for the decode at mtp_at = n_done, cut before the first id past the tokenizer's.
+static tm_rc dsp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
+    uint32_t n_h = 0, t0 = 0, n = 0;
+    const float *h = r->eng->ops->hidden(r->eng, &n_h);
+    for (uint32_t i = 0; i < plan->n_run; t0 += plan->run[i++].n_tok) {
+        const tm_sched_run *e = &plan->run[i];
+        seq *s = &r->seqs[e->slot];
+        tm_sched_seq *q = &s->q;
+        s->mtp_ok = 0;
+        uint32_t end = TM_MIN(e->pos + e->n_tok, q->n_done);
+        if (!s->job || !q->gen || !h || t0 + e->n_tok > n_h || q->ids.len < 1)
+            continue;
+        end = (uint32_t)TM_MIN((size_t)end, q->ids.len - 1); // each row needs its next token
+        if (end <= e->pos)
+            continue;
+        const int want = q->n_done >= q->n_prompt && q->ids.len == q->n_done + 1 &&
+                         end == q->n_done;
+        r->mseqs[n] = (tm_engine_draft_seq){.hidden = h + (size_t)t0 * r->dsp_w,
+                                            .next = q->ids.ids + e->pos + 1,
+                                            .n_tok = end - e->pos,
+                                            .pos = e->pos,
+                                            .block_table = q->blocks,
+                                            .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
+                                            .want_logits = want};
+        r->mslot[n++] = e->slot;
+        s->mtp_ok = want, s->mtp_at = q->n_done;
+    }
+    if (!n)
+        return TM_OK;
+    tm_rc rc = r->eng->ops->draft(r->eng, r->mseqs, n, r->dsp_logits, r->dsp_conf, err);
+    if (rc)
+        return rc;
+    for (uint32_t m = 0, w = 0; m < n; m++) {
+        if (!r->mseqs[m].want_logits)
+            continue;
+        seq *s = &r->seqs[r->mslot[m]];
+        const uint32_t nd = TM_MIN(r->dsp_out, (uint32_t)TM_SPEC_MAX_K);
+        s->n_dsp = 0;
+        const float t = r->cfg->spec_conf_threshold;
+        for (uint32_t j = 0; j < r->dsp_out; j++, w++) {
+            const uint32_t id = argmax_row(r->dsp_logits + (size_t)w * r->n_vocab, r->n_vocab);
+            // DeepSpec's confidence_threshold: the drafts end before the first row whose
+            // confidence probability sigmoid(logit) is below t (t 0: never)
+            const int unsure = t > 0.0f && 1.0 / (1.0 + exp(-(double)r->dsp_conf[w])) < t;
+            if (j < nd && s->n_dsp == j && id < r->n_vocab_tok && !unsure)
+                s->dsp_draft[s->n_dsp++] = id;
+        }
+    }
+    return TM_OK;
+}
+
 // Apply a plan: run the engine on it, book the step, then take each entry's row in plan order.
 static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
     r->stats->n_preempt += plan->n_preempt;
@@ -1388,7 +1456,9 @@ static tm_rc apply(runner *r, const tm_sched_plan *plan, tm_err *err) {
         if (rc)
             return rc;
     }
-    return r->cfg->spec_mtp ? mtp_catch_up(r, plan, err) : TM_OK;
+    return r->cfg->spec_mtp      ? mtp_catch_up(r, plan, err)
+           : r->cfg->spec_dspark ? dsp_catch_up(r, plan, err)
+                                 : TM_OK;
 }
 
 static tm_rc step(runner *r, tm_err *err) {
@@ -1439,6 +1509,8 @@ static void runner_fini(runner *r) {
     tm_free(r->mtp_logits);
     tm_free(r->mtp_out);
     tm_free(r->mtp_st);
+    tm_free(r->dsp_logits);
+    tm_free(r->dsp_conf);
     tm_sample_scratch_fini(&r->scratch);
     if (r->gcache && r->stats)
         r->stats->guided = *tm_guide_cache_stats(r->gcache);
@@ -1520,6 +1592,37 @@ tm_rc tm_runner_run(const tm_runner_cfg *cfg, tm_engine *eng, const tm_tokenizer
                         "layer on the cpu engine (engine %s, model %s one); use \"ngram\"",
                         eng->ops->name, tm_model_has_drafter(eng->model) ? "has" : "has no");
             goto done;
+        }
+        if (cfg->spec_dspark) {
+            if (drafter.kind != TM_DRAFT_BLOCK) {
+                rc = TM_ERR(err, TM_E_INVAL,
+                            "engine.speculative.method: \"dspark\" needs a DeepSeek-V4.1 model "
+                            "with DSpark stages (config dspark_block_size > 0, mtp.* tensors) on "
+                            "the cpu engine with tp 1 (engine %s, model %s a drafter); use "
+                            "\"ngram\"",
+                            eng->ops->name, tm_model_has_drafter(eng->model) ? "has" : "has no");
+                goto done;
+            }
+            if (cfg->spec_k > drafter.n_out) {
+                rc = TM_ERR(err, TM_E_INVAL,
+                            "engine.speculative.num_speculative_tokens: %u exceeds the model's "
+                            "dspark_block_size %u (drafts per DSpark block)",
+                            cfg->spec_k, drafter.n_out);
+                goto done;
+            }
+            r.dsp_w = drafter.width;
+            r.dsp_out = drafter.n_out;
+            if (stats)
+                stats->spec_dspark = true;
+            r.mseqs = tm_calloc(cfg->max_seqs, sizeof(*r.mseqs));
+            r.mslot = tm_calloc(cfg->max_seqs, sizeof(*r.mslot));
+            r.dsp_logits = tm_calloc((size_t)cfg->max_seqs * drafter.n_out * r.n_vocab,
+                                     sizeof(float));
+            r.dsp_conf = tm_calloc((size_t)cfg->max_seqs * drafter.n_out, sizeof(float));
+            if (!r.mseqs || !r.mslot || !r.dsp_logits || !r.dsp_conf) {
+                rc = TM_ERR(err, TM_E_NOMEM, "runner: DSpark draft buffers");
+                goto done;
+            }
         }
         if (r.mtp_nd) {
             r.mseqs = tm_calloc(cfg->max_seqs, sizeof(*r.mseqs));

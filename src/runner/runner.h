@@ -68,6 +68,10 @@ typedef struct tm_runner_cfg {
     bool spec_no_gate; /* tests: draft whenever a record may (no step gate, spec.h) */
     bool spec_mtp;     /* drafts from the DeepSeek-V4 MTP layer (CPU engine; docs/speculative.md
                         * "MTP") instead of n-grams; spec_lookup_* unused then */
+    bool spec_dspark;  /* drafts from the DeepSeek-V4.1 DSpark stages (CPU engine, tp 1;
+                        * docs/speculative.md "DSpark"); spec_k <= dspark_block_size */
+    float spec_conf_threshold; /* DSpark: cut a block's drafts before the first whose confidence
+                                * (sigmoid of the confidence head) is below this; 0: none */
 } tm_runner_cfg;
 
 /* Counters for metrics, filled by tm_runner_run. */
@@ -92,6 +96,7 @@ typedef struct tm_runner_stats {
     uint64_t n_spec_drafts, n_spec_draft_tok, n_spec_accepted;
     uint64_t n_spec_gated; /* record-steps whose drafts the step gate dropped (spec.h) */
     bool spec_mtp;         /* the drafts were the MTP layer's (cfg spec_mtp), else n-grams */
+    bool spec_dspark;      /* the drafts were the DSpark stages' (cfg spec_dspark) */
     uint64_t spec_accepted_pos[TM_SPEC_MAX_K];
     tm_guide_stats guided; /* structured output (issue 26) */
 } tm_runner_stats;

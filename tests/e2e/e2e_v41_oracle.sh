@@ -18,4 +18,7 @@ done
 [ -f "$src/tests/fixtures/v41/$shape.json" ] || { echo "skipped: no tests/fixtures/v41/$shape.json"; exit 77; }
 "$py" "$src/tests/oracles/make_v41_fixtures.py" --mkmodel "$build/mkmodel" \
     --out "$src/tests/fixtures/v41" --only "$shape" --check
+# the DSpark draft fixtures (forward_spec) regenerate byte for byte too
+"$py" "$src/tests/oracles/make_v41_dspark_fixture.py" --mkmodel "$build/mkmodel" \
+    --out "$src/tests/fixtures/v41/dspark" --check
 echo "e2e_v41_oracle: ok"

@@ -212,7 +212,9 @@ typedef struct tm_engine_ops {
     /* Run the drafter over the rows of n_seq sequences (at most max_seqs, at most
      * max_batched_tokens rows in all). logits: [n_want * n_out][n_vocab], n_out rows per sequence
      * with want_logits, in order. hidden_out: NULL, or [rows][width] the drafter's output row of
-     * every row (what a chained MTP step takes as hidden). TM_E_INVAL (no drafter, bad rows as a
+     * every row (what a chained MTP step takes as hidden); for a TM_DRAFT_BLOCK drafter instead
+     * [n_want * n_out] a confidence logit per logits row (DSpark's confidence head; 0 when the
+     * drafter has none). TM_E_INVAL (no drafter, bad rows as a
      * forward's checks), nothing run then. */
     tm_rc (*draft)(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq, float *logits,
                    float *hidden_out, tm_err *err);

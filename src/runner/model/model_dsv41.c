@@ -13,6 +13,7 @@
 
 #include "base/alloc.h"
 #include "runner/model/arch.h"
+#include "runner/model/dsv41_dspark.h"
 #include "runner/model/quant.h"
 #include "runner/model/safetensors.h"
 
@@ -235,6 +236,10 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
     U32("engram_pad_id", 2, 0, BIG, &d->engram_pad_id);
     U32("vision_n_layers", 0, 0, 4096, &d->vision_n_layers);
     U32("dspark_block_size", 0, 0, 4096, &d->dspark_block_size);
+    U32("dspark_noise_token_id", 0, 0, BIG, &d->dspark_noise_token_id);
+    U32("dspark_markov_rank", 0, 0, 1u << 16, &d->dspark_markov_rank);
+    U32("dspark_n_routed_experts", 0, 0, 1u << 16, &d->dspark_n_routed_experts);
+    U32("dspark_n_activated_experts", 0, 0, 1u << 16, &d->dspark_n_activated_experts);
     if (rc == TM_OK)
         rc = get_u64(root, "engram_vocab_size", 0, 0, UINT64_C(1) << 62, &d->engram_vocab_size,
                      err);
@@ -245,19 +250,10 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
         goto fail;
     // Fields read and range-checked, not used by the text forward: runtime limits, vision, DSpark.
     {
-        static const char *const ints[] = {"max_batch_size",
-                                           "vision_dim",
-                                           "vision_n_heads",
-                                           "vision_inter_dim",
-                                           "vision_patch_size",
-                                           "vision_downsample_ratio",
-                                           "vision_max_n_token",
-                                           "vision_min_pixels",
-                                           "image_token_id",
-                                           "dspark_noise_token_id",
-                                           "dspark_markov_rank",
-                                           "dspark_n_routed_experts",
-                                           "dspark_n_activated_experts"};
+        static const char *const ints[] = {
+            "max_batch_size",     "vision_dim",        "vision_n_heads",
+            "vision_inter_dim",   "vision_patch_size", "vision_downsample_ratio",
+            "vision_max_n_token", "vision_min_pixels", "image_token_id"};
         for (size_t i = 0; rc == TM_OK && i < sizeof(ints) / sizeof(ints[0]); i++)
             rc = get_u32(root, ints[i], 0, 0, BIG, &u, err);
         if (rc == TM_OK)
@@ -512,6 +508,8 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
         rc = get_id(ids, CFG, "eos_token_id", c->n_vocab, c, 1, err);
     if (rc == TM_OK)
         rc = get_id(gen, "generation_config.json", "eos_token_id", c->n_vocab, c, 1, err);
+    if (rc == TM_OK)
+        rc = tm_dsv41_dspark_cfg(root, d, err);
     if (rc)
         goto fail;
 #undef U32
@@ -882,6 +880,8 @@ tm_rc tm_dsv41_bind(tm_model *m, const struct tm_st_set *st, tm_err *err) {
         rc = bind_f(st, "head.weight", 2, d->vocab_size, D, &m->lm_head, err);
     for (uint32_t il = 0; rc == TM_OK && il < d->n_layers; il++)
         rc = bind_layer(st, d, il, &w->layers[il], err);
+    if (rc == TM_OK && d->dspark_block_size)
+        rc = tm_dsv41_dspark_bind(st, d, &w->dspark, err);
     return rc;
 }
 
@@ -891,6 +891,7 @@ void tm_dsv41_destroy(tm_dsv41 *d) {
     for (uint32_t il = 0; d->layers && il < d->cfg.n_layers; il++)
         tm_free(d->layers[il].experts);
     tm_free(d->layers);
+    tm_dsv41_dspark_destroy(d->dspark);
     tm_free(d);
 }
 
@@ -908,6 +909,11 @@ static int arch_is_quantized(const tm_model *m) {
     return d && (d->cfg.fp8 || d->cfg.expert_fp4);
 }
 
+static int arch_has_drafter(const tm_model *m) {
+    const tm_dsv41 *d = tm_model_dsv41(m);
+    return d && d->dspark;
+}
+
 static void arch_destroy(void *arch_w) { tm_dsv41_destroy(arch_w); }
 
 const tm_arch_ops tm_arch_dsv41 = {
@@ -920,5 +926,6 @@ const tm_arch_ops tm_arch_dsv41 = {
     .config_parse = arch_parse,
     .bind = tm_dsv41_bind,
     .is_quantized = arch_is_quantized,
+    .has_drafter = arch_has_drafter,
     .destroy = arch_destroy,
 };

@@ -13,8 +13,9 @@
  * F8_E4M3 rows with F8_E8M0 scales per 32 values. Tensors point into the model's mappings,
  * nothing is copied; the struct is immutable after load, so any number of threads may read it.
  *
- * Not bound: the DSpark draft layers (mtp.*; their config fields are read and checked), the
- * vision tower and its aligner, image delimiters and the routers' bias_vl (read never). */
+ * The DSpark draft stages (mtp.*) are bound by runner/model/dsv41_dspark.h when
+ * dspark_block_size > 0. Not bound: the vision tower and its aligner, image delimiters and the
+ * routers' bias_vl (read never). */
 #ifndef TM_RUNNER_MODEL_MODEL_DSV41_H
 #define TM_RUNNER_MODEL_MODEL_DSV41_H
 
@@ -59,6 +60,12 @@ typedef struct tm_dsv41_cfg {
     uint64_t engram_vocab_size, engram_compressed_vocab_size;
     /* accepted, not run */
     uint32_t n_mtp_layers, dspark_block_size, vision_n_layers;
+    /* DSpark drafter (dspark_block_size > 0: n_mtp_layers stages under mtp.*, bound by
+     * runner/model/dsv41_dspark.h and run only by speculative decoding) */
+    uint32_t dspark_noise_token_id, dspark_markov_rank;
+    uint32_t dspark_n_routed_experts, dspark_n_activated_experts; /* 0: the backbone's */
+    uint32_t n_dspark_target;
+    uint32_t dspark_target_layer_ids[TM_DSV41_MAX_LAYER]; /* backbone layers, in order */
     /* per layer (derived) */
     uint8_t ratio[TM_DSV41_MAX_LAYER];        /* compress_ratios[i]: 0 sliding only, r compressed */
     uint8_t kv_source[TM_DSV41_MAX_LAYER];    /* in kv_source_layers: compresses its own KV */
@@ -101,9 +108,12 @@ typedef struct tm_dsv41_layer {
     tm_tensor e_q, e_k; /* [N][D] */
 } tm_dsv41_layer;
 
+struct tm_dsv41_dspark;
+
 typedef struct tm_dsv41 {
     tm_dsv41_cfg cfg;
-    tm_dsv41_layer *layers; /* owned, n_layers */
+    tm_dsv41_layer *layers;         /* owned, n_layers */
+    struct tm_dsv41_dspark *dspark; /* owned: the DSpark stages (dsv41_dspark.h), or NULL */
 } tm_dsv41;
 
 /* Parse config.json (root, a json_t) and generation_config.json (gen, may be NULL) into c (the

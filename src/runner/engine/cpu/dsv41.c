@@ -30,6 +30,8 @@
 
 #include "base/alloc.h"
 #include "runner/engine/cpu/arch.h"
+#include "runner/engine/cpu/dsv4.h"
+#include "runner/engine/cpu/dsv41_dspark.h"
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/engram_hash.h"
@@ -91,23 +93,74 @@ typedef struct v41_eng {
     int64_t *hid;                         /* [T][n_engram][n_cols] */
     float *erow, *ekv;                    /* [T][n_cols*ehd], [T][(N+1)*D] */
     /* per thread */
-    float *wrow;    /* [n_thread][max_in] */
-    float *score;   /* [n_thread][max_ent] */
-    uint32_t *ord;  /* [n_thread][max_ent] */
-    uint8_t *cmask; /* [n_thread][max_ent] */
-    double *ascore; /* [n_thread][window + topk] */
-    float *vec;     /* [max(D, q_lora, hd, di, E)] norm weights / biases of the op at hand */
-    double iscale;  /* index_head_dim^-0.5 * index_n_heads^-0.5 */
+    float *wrow;           /* [n_thread][max_in] */
+    float *score;          /* [n_thread][max_ent] */
+    uint32_t *ord;         /* [n_thread][max_ent] */
+    uint8_t *cmask;        /* [n_thread][max_ent] */
+    double *ascore;        /* [n_thread][window + topk] */
+    float *vec;            /* [max(D, q_lora, hd, di, E)] norm weights / biases of the op at hand */
+    double iscale;         /* index_head_dim^-0.5 * index_n_heads^-0.5 */
+    tm_dsv41_drafter *dsp; /* the DSpark drafter (dsv41_dspark.h), or NULL */
 } v41_eng;
 
 static void v41_destroy(tm_engine *eng);
 static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_err *err);
 static tm_rc v41_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_tok, tm_err *err);
 
+static const tm_engine_ops v41_ops;
+
+/* The drafter ops, served by the DSpark drafter (dsv41_dspark.h) when the model has one. The CPU
+ * tensor-parallel engine hands itself to its rank 0's ops (engine_tp.c): its rank 0 is a V4.1
+ * engine made with tp_size > 1, which has no drafter (DSpark runs at tp 1 only). */
+static const v41_eng *v41_of(const tm_engine *eng) {
+    if (eng->ops == &v41_ops)
+        return eng->impl;
+    const tm_engine *r0 = tm_engine_cpu_tp_rank((tm_engine *)eng, 0);
+    return r0 && r0->ops == &v41_ops ? r0->impl : NULL;
+}
+static void v41_draft_info(const tm_engine *eng, tm_engine_draft_info *info) {
+    const v41_eng *e = v41_of(eng);
+    if (e && e->dsp)
+        tm_dsv41_drafter_info(e->dsp, info);
+    else
+        *info = (tm_engine_draft_info){TM_DRAFT_NONE, 0, 0, 0};
+}
+static const float *v41_hidden(const tm_engine *eng, uint32_t *n_tok) {
+    const v41_eng *e = v41_of(eng);
+    *n_tok = 0;
+    return e && e->dsp ? tm_dsv41_drafter_hidden(e->dsp, n_tok) : NULL;
+}
+static tm_rc v41_draft(tm_engine *eng, const tm_engine_draft_seq *seqs, uint32_t n_seq,
+                       float *logits, float *hidden_out, tm_err *err) {
+    const v41_eng *e = v41_of(eng);
+    if (!e || !e->dsp)
+        return TM_ERR(err, TM_E_INVAL,
+                      "dsv41 draft: no DSpark drafter (the model has no DSpark stages, or tp > 1)");
+    tm_rc rc = tm_dsv41_drafter_draft(e->dsp, &eng->opts, e->max_pos, seqs, n_seq, logits, err);
+    if (rc == TM_OK && hidden_out) { // a block drafter's hidden_out: the confidence logits
+        tm_engine_draft_info info;
+        tm_dsv41_drafter_info(e->dsp, &info);
+        uint32_t n_want = 0;
+        for (uint32_t i = 0; i < n_seq; i++)
+            n_want += seqs[i].want_logits != 0;
+        memcpy(hidden_out, tm_dsv41_drafter_confidence(e->dsp),
+               (size_t)n_want * info.n_out * sizeof(float));
+    }
+    return rc;
+}
+
+const float *tm_dsv41_engine_confidence(const tm_engine *eng) {
+    const v41_eng *e = eng ? v41_of(eng) : NULL;
+    return e && e->dsp ? tm_dsv41_drafter_confidence(e->dsp) : NULL;
+}
+
 static const tm_engine_ops v41_ops = {
     .name = "cpu",
     .forward = v41_forward,
     .kv_copy = v41_kv_copy,
+    .draft_info = v41_draft_info,
+    .hidden = v41_hidden,
+    .draft = v41_draft,
     .destroy = v41_destroy,
 };
 
@@ -875,6 +928,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
                 e->sn_c + (size_t)t * half);
     }
     float *nw = e->vec;
+    tm_dsv41_drafter_begin(e->dsp, T);
     for (uint32_t il = 0; il < c->n_layers; il++) {
         const tm_dsv41_layer *L = &e->w->layers[il];
         if (c->engram_slot[il] >= 0) {
@@ -882,6 +936,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             if (rc)
                 return rc;
         }
+        tm_dsv41_drafter_capture(e->dsp, il, T, e->s); // DSpark: the target layers' inputs
         // attention takes the previous sublayer's pre mix; its own mixes give its post / comb
         // and the MoE's pre mix
         hc_mixes(e, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, e->apre, e->post,
@@ -949,6 +1004,7 @@ static tm_rc v41_kv_copy(tm_engine *eng, uint32_t src, uint32_t dst, uint32_t n_
     }
     if (e->cid)
         memcpy(e->cid + dst * bs, e->cid + src * bs, n_tok * sizeof(int32_t));
+    tm_dsv41_drafter_kv_copy(e->dsp, src, dst, n_tok);
     return TM_OK;
 }
 
@@ -1188,6 +1244,8 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
         }
     }
     rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
+    if (rc == TM_OK && w->dspark && tp == 1) // DSpark: tp 1 only (docs/speculative.md)
+        rc = tm_dsv41_drafter_create(m, &e->eng.opts, e->n_thread, &e->dsp, err);
     if (rc)
         goto fail;
     *out = &e->eng;
@@ -1202,6 +1260,7 @@ static void v41_destroy(tm_engine *eng) {
         return;
     v41_eng *e = eng->impl;
     tm_cpu_pool_destroy(e->pool);
+    tm_dsv41_drafter_destroy(e->dsp);
     tm_engram_layout_destroy(e->lay);
     for (uint32_t k = 0; e->etab && k < e->c->n_engram; k++)
         tm_engram_table_close(e->etab[k]);

@@ -21,4 +21,8 @@
 tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_engine **out,
                              tm_err *err);
 
+/* The DSpark confidence scores of eng's last draft call ([n_want][dspark_block_size], see
+ * dsv41_dspark.h), or NULL when eng is not a V4.1 engine with a DSpark drafter. For tests. */
+const float *tm_dsv41_engine_confidence(const tm_engine *eng);
+
 #endif /* TM_RUNNER_ENGINE_CPU_DSV41_H */
