@@ -55,8 +55,9 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof;     /* the whole input was read */
-    bool stopped; /* a file job's source stopped at a stop signal (base/stop.h) */
+    bool eof;                   /* the whole input was read */
+    bool stopped;               /* a file job's source stopped at a stop signal (base/stop.h) */
+    _Atomic bool outputs_final; /* drain: the sink is joined; a lingering source may end */
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -113,6 +114,18 @@ static void *source_main(void *arg) {
             // now the progress line has a total: the whole job's, records earlier runs
             // committed included (it counts them as done: tm_progress_set_earlier)
             tm_progress_set_total(c->progress, n_read + c->n_skipped);
+            // The runner gets the end of the input now; a Kafka consumer stays in its group
+            // (commits, rebalances) until the outputs are final (drain below).
+            tm_queue_close(c->q);
+            while (!atomic_load(&c->outputs_final)) {
+                rc = tm_source_linger(c->src, 100, &c->err);
+                if (rc == TM_E_EOF)
+                    break;
+                if (rc) {
+                    c->rc = rc;
+                    break;
+                }
+            }
             break;
         }
         if (rc) {
@@ -155,6 +168,8 @@ static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
     sink_input *c = ctx;
     tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
                                      pos->ranges, pos->n_ranges, err);
+    if (!rc && pos->fp_offset >= 0)
+        tm_manifest_kpart_set_fp(c->man, pos->topic, pos->partition, pos->fp_offset, pos->fp_ts);
     if (rc || !c->txn_offsets || !pos->owned)
         return rc;
     if (c->n_offs == c->cap_offs) {
@@ -574,10 +589,17 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_seqset_copy(&rs->skip, &old.done, err);
     if (!rc && !spec->kafka_in)
         rc = tm_seqset_copy(&rs->man.done, &old.done, err);
-    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
-        rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
-                                   old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
-                                   err);
+    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++) {
+        const tm_manifest_kpart *k = &old.kparts[i];
+        rc = tm_manifest_kpart_set(&rs->man, k->topic, k->partition, k->next, k->ranges,
+                                   k->n_ranges, err);
+        if (!rc)
+            tm_manifest_kpart_set_fp(&rs->man, k->topic, k->partition, k->fp_offset, k->fp_ts);
+    }
+    // The cluster the done offsets belong to (io_open checks it against the brokers').
+    if (!rc && spec->kafka_in && old.kafka_in_cluster &&
+        !(rs->man.kafka_in_cluster = tm_strdup(old.kafka_in_cluster)))
+        rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (!rc && rs->man.in_stdin.set) {
         rs->man.in_stdin = old.in_stdin;
         rs->man.in_stdin.set = true;
@@ -595,11 +617,15 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->man.bytes_errors = old.bytes_errors;
         rs->man.n_commits = old.n_commits;
         rs->man.n_runs = old.n_runs;
+        // A Kafka job's done set covers its last run only (records are numbered in consumption
+        // order): its counts carry the whole job.
         TM_LOG_INFO("job",
                     "%s: resuming in %s: %llu records committed by %u earlier run(s); "
                     "%llu torn bytes cut off",
-                    path, dir, (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
-                    (unsigned long long)rs->cut_bytes);
+                    path, dir,
+                    (unsigned long long)(spec->kafka_in ? old.counts.n_ok + old.counts.n_failed
+                                                        : tm_seqset_count(&old.done)),
+                    old.n_runs, (unsigned long long)rs->cut_bytes);
     }
     tm_manifest_fini(&old);
     return rc;
@@ -749,6 +775,50 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
     return TM_OK;
 }
 
+#define KLAG_MAX 256 /* partitions in the figures */
+
+// Kafka figures for the progress line and textfile (tm_progress_kafka_fn over the source).
+static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap) {
+    tm_source_klag k[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(ctx, k, KLAG_MAX);
+    for (size_t i = 0; i < n && i < cap && i < KLAG_MAX; i++)
+        out[i] = (tm_progress_kpart){.topic = k[i].topic,
+                                     .partition = k[i].partition,
+                                     .committed = k[i].committed,
+                                     .lag = k[i].lag};
+    return n < KLAG_MAX ? n : KLAG_MAX;
+}
+
+// metrics.json's "kafka" section: the partitions' figures and the messages without a record.
+static tm_rc metrics_kafka(job_run *j, bool log_skips, tm_err *err) {
+    tm_source_klag k[KLAG_MAX];
+    tm_metrics_kpart mk[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(j->src, k, KLAG_MAX);
+    if (n > KLAG_MAX)
+        n = KLAG_MAX;
+    for (size_t i = 0; i < n; i++)
+        mk[i] = (tm_metrics_kpart){.topic = k[i].topic,
+                                   .partition = k[i].partition,
+                                   .committed = k[i].committed,
+                                   .position = k[i].position,
+                                   .high = k[i].high,
+                                   .lag = k[i].lag};
+    tm_source_kskips sk;
+    tm_source_kafka_skips(j->src, &sk);
+    if (log_skips && (sk.tombstones || sk.empty))
+        TM_LOG_INFO("job",
+                    "%s: %llu tombstone(s) (null values) and %llu empty value(s) made no record "
+                    "(metrics.json kafka.tombstones, kafka.empty_values)",
+                    j->path, (unsigned long long)sk.tombstones, (unsigned long long)sk.empty);
+    return tm_metrics_set_kafka(j->metrics,
+                                &(tm_metrics_kafka){.parts = mk,
+                                                    .n_parts = n,
+                                                    .tombstones = sk.tombstones,
+                                                    .empty = sk.empty,
+                                                    .done_before = sk.done},
+                                err);
+}
+
 // The progress line, the source (resumed at the manifest's Kafka positions), the sink (appending
 // when resumed), the Kafka producer and the two queues.
 static tm_rc io_open(job_run *j, tm_err *err) {
@@ -764,6 +834,8 @@ static tm_rc io_open(job_run *j, tm_err *err) {
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
+    if (spec->kafka_in)
+        tm_progress_set_kafka(j->progress, progress_kafka, j->src);
     // Each file is read up to the size the manifest recorded at start; a resumed stdin stream
     // must start with the committed prefix, checked here (before anything is written) when stdin
     // is the first input.
@@ -790,8 +862,23 @@ static tm_rc io_open(job_run *j, tm_err *err) {
                                                           .partition = k->partition,
                                                           .next = (int64_t)k->next,
                                                           .ranges = k->ranges,
-                                                          .n_ranges = k->n_ranges},
+                                                          .n_ranges = k->n_ranges,
+                                                          .fp_offset = k->fp_offset,
+                                                          .fp_ts = k->fp_ts},
                                         err);
+    }
+    // A resumed Kafka job: its done offsets must still name the records they named (never skip
+    // a recreated topic's records); then the manifest keeps the cluster they belong to.
+    if (!rc && spec->kafka_in && j->rs.man.n_kparts > 0) {
+        rc = tm_source_check_resume(j->src, j->rs.man.kafka_in_cluster, err);
+        if (rc)
+            return tm_err_wrap(err, "output folder %s", spec->output_dir);
+    }
+    const char *cluster = spec->kafka_in ? tm_source_cluster_id(j->src) : NULL;
+    if (!rc && cluster) {
+        tm_free(j->rs.man.kafka_in_cluster);
+        if (!(j->rs.man.kafka_in_cluster = tm_strdup(cluster)))
+            rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     }
     if (rc)
         return rc;
@@ -831,12 +918,15 @@ static tm_rc io_open(job_run *j, tm_err *err) {
             .n_config = spec->kafka->n_config,
             .transactional_id = spec->kafka->transactional_id,
             .startup_timeout_s = spec->kafka->startup_timeout_s,
+            .by_input_partition = spec->kafka->by_input_partition,
+            .error_topic = spec->kafka->error_topic,
         };
         tm_kafka_out *kafka = NULL;
         rc = tm_kafka_out_open(&kcfg, &kafka, err);
         if (rc)
             return rc;
-        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka), TM_SINK_ROUTE_OK);
+        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka),
+                           TM_SINK_ROUTE_OK | (spec->kafka->error_topic ? TM_SINK_ROUTE_ERR : 0));
     }
     rc = tm_queue_create(QUEUE_CAP, &j->q_in, err);
     if (rc)
@@ -901,17 +991,21 @@ static tm_rc run_records(job_run *j, tm_err *err) {
 static void drain(job_run *j, tm_rc *rc, tm_err *err) {
     if (j->q_in)
         tm_queue_close(j->q_in);
-    if (j->src_started) {
-        pthread_join(j->src_thread, NULL);
-        void *item;
-        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
-            tm_job_destroy(item);
-    }
+    // The sink first: a source that read to the end lingers (its consumer commits the offsets
+    // of the records the sink makes durable) until the outputs are final. A source still
+    // reading ends by itself: its queue is closed.
     if (j->q_out)
         tm_queue_close(j->q_out);
     if (j->sink_started) {
         tm_sink_writer_join(j->writer);
         tm_progress_finish(j->progress);
+    }
+    atomic_store(&j->sc.outputs_final, true);
+    if (j->src_started) {
+        pthread_join(j->src_thread, NULL);
+        void *item;
+        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
+            tm_job_destroy(item);
     }
     if (*rc == TM_OK && j->sc.rc) {
         *err = j->sc.err;
@@ -953,6 +1047,14 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                                       .resumed_records = j->sc.n_skipped,
                                       .cut_bytes = rs->cut_bytes,
                                   });
+    if (j->metrics && j->p.spec && j->sink_started && j->p.spec->kafka_in && j->src) {
+        tm_err merr = {0};
+        tm_rc mrc = metrics_kafka(j, true, &merr);
+        if (*rc == TM_OK && mrc) {
+            *err = merr;
+            *rc = mrc;
+        }
+    }
     if (j->metrics && j->p.spec && j->sink_started) {
         tm_run_metrics_add_engine(j->metrics, &j->stats, j->p.spec->engine.spec_k);
         tm_metrics_end(j->metrics);
@@ -980,6 +1082,27 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
         *err = close_err;
         *rc = close_rc;
     }
+}
+
+// A Kafka input after the last commit: the consumer commits the offsets that commit made durable
+// (synchronously, bounded) and metrics.json and the Prometheus textfile are written again with the
+// figures that follow, so their committed offsets and lags are the run's last. A failure here is
+// logged, not the job's.
+static void kafka_final_figures(job_run *j) {
+    if (!j->p.spec || !j->p.spec->kafka_in || !j->src || !j->metrics || !j->sink_started)
+        return;
+    tm_err e = {0};
+    tm_rc rc = tm_source_linger(j->src, 0, &e);
+    if (!rc)
+        rc = metrics_kafka(j, false, &e);
+    char mpath[4096];
+    snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);
+    if (!rc)
+        rc = tm_metrics_write_json(j->metrics, mpath, &e);
+    if (!rc && j->progress) // the textfile's last word too (a no-op without one)
+        rc = tm_progress_write_textfile(j->progress, tm_now_ms(), 1, &e);
+    if (rc)
+        TM_LOG_WARN("job", "%s: the Kafka figures after the last commit: %s", j->path, e.msg);
 }
 
 // The summary a successful run prints on stdout.
@@ -1319,6 +1442,8 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     }
     drain(&j, &rc, err);
     finish_outputs(&j, &rc, err);
+    if (rc == TM_OK)
+        kafka_final_figures(&j);
     bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
     if (rc == TM_OK && finished && j.p.spec->results_file)
         rc = write_results_file(j.p.spec, j.rs.man.completions_plain, j.rs.results_compare, err);

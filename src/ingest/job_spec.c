@@ -37,7 +37,7 @@ static const char *const root_keys[] = {"$schema",  "model",  "input",         "
 static const char *const input_keys[] = {"files", "kafka", "shard", NULL};
 static const char *const shard_keys[] = {"index", "count", "by", "prefix_bytes", NULL};
 static const char *const kafka_in_keys[] = {
-    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
+    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", "max_read_ahead", NULL};
 static const char *const output_keys[] = {"dir",
                                           "prometheus_textfile",
                                           "commit_every_s",
@@ -48,8 +48,9 @@ static const char *const output_keys[] = {"dir",
                                           "order",
                                           "job_name",
                                           NULL};
-static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
-                                         "startup_timeout_s", NULL};
+static const char *const kafka_keys[] = {
+    "brokers",           "topic", "config", "transactional_id", "partitioning", "error_topic",
+    "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
     "backend",        "max_seqs",     "max_batched_tokens",
     "block_size",     "prefix_cache", "tp",
@@ -494,6 +495,11 @@ static tm_rc load_kafka_in(loader *ld, const json_t *k) {
                              &ki->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "input.kafka.startup_timeout_s", &ki->startup_timeout_s);
+    json_t *scratch = json_object(); // not canonical: how far ahead a run reads changes no result
+    if (!rc)
+        rc = get_u32(ld, k, "input.kafka", "max_read_ahead", 1, 1048576,
+                     TM_JOB_DEFAULT_KAFKA_MAX_READ_AHEAD, &ki->max_read_ahead, scratch);
+    json_decref(scratch);
     if (rc) {
         json_decref(ctopics);
         return rc;
@@ -927,6 +933,15 @@ static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
                                  &ko->config, &ko->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "output.kafka.startup_timeout_s", &ko->startup_timeout_s);
+    if (!rc && json_object_get(k, "error_topic"))
+        rc = dup_str(ld, k, "error_topic", "output.kafka.error_topic", &ko->error_topic);
+    const json_t *part = json_object_get(k, "partitioning");
+    if (!rc && part) {
+        const char *s = json_is_string(part) ? json_string_value(part) : "";
+        if (strcmp(s, "key") != 0 && strcmp(s, "input") != 0)
+            return fail_value(ld, "output.kafka.partitioning", "one of \"key\", \"input\"", part);
+        ko->by_input_partition = strcmp(s, "input") == 0;
+    }
     if (!rc && cout) {
         json_t *ck = json_deep_copy(k);
         if (ck)
@@ -1468,6 +1483,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
         tm_free(spec->kafka->brokers);
         tm_free(spec->kafka->topic);
         tm_free(spec->kafka->transactional_id);
+        tm_free(spec->kafka->error_topic);
         for (size_t i = 0; i < 2 * spec->kafka->n_config; i++)
             tm_free(spec->kafka->config[i]);
         tm_free(spec->kafka->config);

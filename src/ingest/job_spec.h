@@ -43,6 +43,7 @@
 #define TM_JOB_DEFAULT_GPU_MEMORY_UTILIZATION 0.90
 #define TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS 1000
 #define TM_JOB_DEFAULT_KAFKA_STARTUP_TIMEOUT_S 30.0 /* input/output.kafka.startup_timeout_s */
+#define TM_JOB_DEFAULT_KAFKA_MAX_READ_AHEAD 1024    /* input.kafka.max_read_ahead */
 /* input.files entry that means standard input (read as plain JSONL, once). */
 #define TM_JOB_STDIN "-"
 
@@ -96,6 +97,8 @@ typedef struct tm_job_kafka_out {
     size_t n_config;
     char *transactional_id;   /* owned; NULL: idempotent producer without transactions */
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
+    bool by_input_partition;  /* partitioning "input" (else "key") */
+    char *error_topic;        /* owned; error records go there (not errors.jsonl); NULL */
 } tm_job_kafka_out;
 
 /* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
@@ -109,6 +112,7 @@ typedef struct tm_job_kafka_in {
     char **config;   /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
+    uint32_t max_read_ahead;  /* records per partition read and not yet durable, at most */
 } tm_job_kafka_in;
 
 /* output.compression: how completions are written. */

@@ -46,6 +46,7 @@ void tm_manifest_fini(tm_manifest *m) {
         tm_free(m->kparts[i].ranges);
     }
     tm_free(m->kparts);
+    tm_free(m->kafka_in_cluster);
     memset(m, 0, sizeof(*m));
 }
 
@@ -70,6 +71,7 @@ tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition
         if (!k->topic)
             return TM_ERR(err, TM_E_NOMEM, "manifest kafka partitions");
         k->partition = partition;
+        k->fp_offset = -1;
         m->n_kparts++;
     }
     uint64_t *r = NULL;
@@ -459,14 +461,27 @@ static json_t *kparts_json(const tm_manifest *m) {
                 json_decref(rs);
                 rs = NULL;
             }
-        if (json_array_append_new(a, json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic,
-                                               "partition", (int)k->partition, "next",
-                                               (json_int_t)k->next, "done_above", rs)) != 0) {
+        json_t *o = json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic, "partition",
+                              (int)k->partition, "next", (json_int_t)k->next, "done_above", rs);
+        if (o && k->fp_offset >= 0 &&
+            json_object_set_new(o, "check",
+                                json_pack("{s:I, s:I}", "offset", (json_int_t)k->fp_offset,
+                                          "timestamp", (json_int_t)k->fp_ts)) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+        if (json_array_append_new(a, o) != 0) {
             json_decref(a);
             return NULL;
         }
     }
-    return a ? json_pack("{s:o}", "partitions", a) : NULL;
+    json_t *ik = a ? json_pack("{s:o}", "partitions", a) : NULL;
+    if (ik && m->kafka_in_cluster &&
+        json_object_set_new(ik, "cluster_id", json_string(m->kafka_in_cluster)) != 0) {
+        json_decref(ik);
+        return NULL;
+    }
+    return ik;
 }
 
 static json_t *to_json(const tm_manifest *m) {
@@ -579,6 +594,15 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
     return r->rc;
 }
 
+void tm_manifest_kpart_set_fp(tm_manifest *m, const char *topic, int32_t partition,
+                              int64_t fp_offset, int64_t fp_ts) {
+    for (size_t i = 0; i < m->n_kparts; i++)
+        if (m->kparts[i].partition == partition && strcmp(m->kparts[i].topic, topic) == 0) {
+            m->kparts[i].fp_offset = fp_offset;
+            m->kparts[i].fp_ts = fp_ts;
+        }
+}
+
 static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
     if (!ik || json_is_null(ik))
         return TM_OK; // a file job, or a manifest of a tokenmill without Kafka input
@@ -622,7 +646,22 @@ static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
             return r->err->rc;
         }
         tm_free(rs);
+        const json_t *ck = json_object_get(o, "check"); // optional: absent before it was kept
+        if (!r->rc && ck) {
+            const json_t *co = json_object_get(ck, "offset"),
+                         *ct = json_object_get(ck, "timestamp");
+            if (!json_is_integer(co) || json_integer_value(co) < 0 || !json_is_integer(ct)) {
+                bad(r, "input_kafka.partitions[].check");
+                break;
+            }
+            tm_manifest_kpart_set_fp(m, topic, (int32_t)json_integer_value(pa),
+                                     (int64_t)json_integer_value(co),
+                                     (int64_t)json_integer_value(ct));
+        }
     }
+    const char *cid = json_string_value(json_object_get(ik, "cluster_id")); // optional
+    if (!r->rc && cid && !(m->kafka_in_cluster = tm_strdup(cid)))
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     return r->rc;
 }
 

@@ -74,6 +74,10 @@ typedef struct tm_manifest_kpart {
     uint64_t *ranges; /* [2 * n_ranges] owned; done offsets above next, inclusive [first, last]
                        * pairs, ascending, apart, not touching next */
     size_t n_ranges;
+    /* One done record's fingerprint (JSON "check"; absent: fp_offset -1): its offset and its
+     * Kafka timestamp. A later run reads that offset again and refuses a topic whose record
+     * there differs (the topic was deleted and recreated under the same name). */
+    int64_t fp_offset, fp_ts;
 } tm_manifest_kpart;
 
 /* Standard input's committed prefix (ingest/source.h's fingerprint) of a job that reads "-": a
@@ -107,6 +111,8 @@ typedef struct tm_manifest {
     uint32_t n_runs;           /* runs that committed at least once (this one included) */
     char *kafka_topic;         /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
     tm_manifest_kpart *kparts; /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
+    char *kafka_in_cluster;    /* owned; input.kafka's cluster id from the brokers' metadata
+                                * (JSON input_kafka.cluster_id), or NULL */
     size_t n_kparts, cap_kparts;
     tm_manifest_stdin in_stdin; /* set for a job reading standard input */
 } tm_manifest;
@@ -117,6 +123,10 @@ void tm_manifest_fini(tm_manifest *m);
 /* Set (add or replace) the done offsets of topic/partition in m; copies everything. TM_E_NOMEM. */
 tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition, uint64_t next,
                             const uint64_t *ranges, size_t n_ranges, tm_err *err);
+/* Set the fingerprint of topic/partition (added by tm_manifest_kpart_set before); no-op when
+ * the partition is not there. */
+void tm_manifest_kpart_set_fp(tm_manifest *m, const char *topic, int32_t partition,
+                              int64_t fp_offset, int64_t fp_ts);
 
 /* Fill the identity of m (spec hash, job path, model fingerprints, input files) from the job:
  * canonical_json (tm_job_spec.canonical_json), the model folder (config.json,

@@ -88,6 +88,7 @@ struct tm_metrics {
     bool ended;
     tm_metrics_durability dur;
     bool have_dur;
+    json_t *kafka; /* tm_metrics_set_kafka's section, or NULL */
 };
 
 static void read_cpu_model(char *out, size_t n) {
@@ -175,6 +176,7 @@ void tm_metrics_destroy(tm_metrics *m) {
     tm_free(m->ttft.v);
     tm_free(m->e2e.v);
     tm_free(m->tpot.v);
+    json_decref(m->kafka);
     tm_free(m);
 }
 
@@ -301,6 +303,36 @@ void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e) {
     m->n_tok_prompt += e->n_tok_prompt;
     m->n_tok_cached += e->n_tok_cached;
     m->n_tok_gen += e->n_tok_gen;
+}
+
+static json_t *int_or_null(int64_t v) { return v >= 0 ? json_integer((json_int_t)v) : json_null(); }
+
+tm_rc tm_metrics_set_kafka(tm_metrics *m, const tm_metrics_kafka *k, tm_err *err) {
+    json_t *parts = json_array();
+    int64_t lag = -1;
+    for (size_t i = 0; parts && i < k->n_parts; i++) {
+        const tm_metrics_kpart *p = &k->parts[i];
+        if (p->lag >= 0)
+            lag = (lag < 0 ? 0 : lag) + p->lag;
+        if (json_array_append_new(
+                parts, json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "topic", p->topic, "partition",
+                                 (int)p->partition, "committed", int_or_null(p->committed),
+                                 "position", int_or_null(p->position), "high_watermark",
+                                 int_or_null(p->high), "lag", int_or_null(p->lag))) != 0) {
+            json_decref(parts);
+            parts = NULL;
+        }
+    }
+    json_t *o = parts ? json_pack("{s:o, s:o, s:I, s:I, s:I}", "partitions", parts, "lag_total",
+                                  int_or_null(lag), "tombstones", (json_int_t)k->tombstones,
+                                  "empty_values", (json_int_t)k->empty, "done_before",
+                                  (json_int_t)k->done_before)
+                      : NULL;
+    if (!o)
+        return TM_ERR(err, TM_E_NOMEM, "metrics kafka");
+    json_decref(m->kafka);
+    m->kafka = o;
+    return TM_OK;
 }
 
 void tm_metrics_set_durability(tm_metrics *m, const tm_metrics_durability *d) {
@@ -590,6 +622,10 @@ static json_t *this_run_json(const tm_metrics *m) {
 tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) {
     json_t *root = build_json(m);
     if (root && json_object_set_new(root, "this_run", this_run_json(m)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
+    if (root && m->kafka && json_object_set(root, "kafka", m->kafka) != 0) {
         json_decref(root);
         root = NULL;
     }

@@ -36,7 +36,29 @@ struct tm_progress {
     const _Atomic uint64_t *live_gen, *live_prompt; /* tm_progress_set_live, or NULL */
     uint32_t max_tokens;                            /* tm_progress_set_max_tokens; 0 = not known */
     uint64_t n_earlier, n_earlier_failed;           /* tm_progress_set_earlier */
+    tm_progress_kafka_fn kafka_fn;                  /* tm_progress_set_kafka, or NULL */
+    void *kafka_ctx;
 };
+
+#define KPARTS_MAX 256 /* partitions shown (the line's sum and the textfile) */
+
+void tm_progress_set_kafka(tm_progress *p, tm_progress_kafka_fn fn, void *ctx) {
+    p->kafka_fn = fn;
+    p->kafka_ctx = ctx;
+}
+
+// Sum of the known lags; -1 when none is known (or no Kafka input).
+static int64_t kafka_lag_sum(const tm_progress *p) {
+    if (!p->kafka_fn)
+        return -1;
+    tm_progress_kpart k[KPARTS_MAX];
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    int64_t sum = -1;
+    for (size_t i = 0; i < n && i < KPARTS_MAX; i++)
+        if (k[i].lag >= 0)
+            sum = (sum < 0 ? 0 : sum) + k[i].lag;
+    return sum;
+}
 
 static double unix_now_s(void) {
     struct timespec ts;
@@ -211,6 +233,9 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
         fmt_count(s.tok_gen, d, sizeof(d));
         len += snprintf(buf + len, n - (size_t)len, " | %s tok out", d);
     }
+    int64_t lag = kafka_lag_sum(p);
+    if (lag >= 0 && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " | lag %lld", (long long)lag);
     if (s.eta_known && len >= 0 && (size_t)len < n) {
         fmt_duration(s.eta_s, c, sizeof(c));
         fmt_count(s.eta_tok, d, sizeof(d));
@@ -297,6 +322,39 @@ static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const cha
     return rc;
 }
 
+// tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition (known ones).
+static tm_rc kafka_metrics(tm_buf *b, const tm_progress *p, tm_err *err) {
+    tm_progress_kpart k[KPARTS_MAX];
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    if (n > KPARTS_MAX)
+        n = KPARTS_MAX;
+    static const char *const names[2] = {"tokenmill_kafka_lag", "tokenmill_kafka_committed_offset"};
+    static const char *const helps[2] = {
+        "Records of an assigned input partition not yet committed by this consumer (high "
+        "watermark - committed offset).",
+        "The offset this consumer last committed for an assigned input partition."};
+    tm_rc rc = TM_OK;
+    for (int m = 0; m < 2 && !rc; m++) {
+        rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n", names[m], helps[m], names[m]);
+        for (size_t i = 0; i < n && !rc; i++) {
+            int64_t v = m == 0 ? k[i].lag : k[i].committed;
+            if (v < 0)
+                continue;
+            rc = tm_buf_printf(b, err, "%s{job=\"", names[m]);
+            if (!rc)
+                rc = append_label(b, p->job_name, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, "\",topic=\"", err);
+            if (!rc)
+                rc = append_label(b, k[i].topic, err);
+            if (!rc)
+                rc = tm_buf_printf(b, err, "\",partition=\"%d\"} %lld\n", (int)k[i].partition,
+                                   (long long)v);
+        }
+    }
+    return rc;
+}
+
 tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finished, tm_err *err) {
     if (!p->textfile)
         return TM_OK;
@@ -337,6 +395,8 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
     if (!rc && p->spec)
         rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens_total",
                     "Draft tokens accepted for the records done.", (double)p->n_spec_accepted, err);
+    if (!rc && p->kafka_fn)
+        rc = kafka_metrics(&b, p, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_job_start_time_seconds",
                     "When the job started, seconds since the Unix epoch.", p->start_unix_s, err);

@@ -62,6 +62,19 @@ void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed);
 /* The job's max_tokens (defaults.max_tokens): the ETA's bound on a record's completion, and its
  * estimate before any record has succeeded. 0: not known (no ETA until a record succeeds). */
 void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens);
+/* Kafka input figures, one per assigned partition (ingest's tm_source_klag as job_run hands
+ * them over): topic borrowed until the job's source closes; -1 = unknown. */
+typedef struct tm_progress_kpart {
+    const char *topic;
+    int32_t partition;
+    int64_t committed, lag;
+} tm_progress_kpart;
+/* Fill up to cap partitions' figures; returns how many there are. Called on the progress's
+ * thread (the sink thread); must be thread-safe. */
+typedef size_t (*tm_progress_kafka_fn)(void *ctx, tm_progress_kpart *out, size_t cap);
+/* With fn, the line shows the consumer lag (the sum over the assigned partitions) and the
+ * textfile tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition. */
+void tm_progress_set_kafka(tm_progress *p, tm_progress_kafka_fn fn, void *ctx);
 /* Count one finished record (ok or error). Borrows c. */
 void tm_progress_add_record(tm_progress *p, const tm_completion *c);
 /* Redraw / log / write the textfile if their time has come (BAR at most 5 times a second, LINES
