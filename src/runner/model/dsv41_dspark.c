@@ -1,6 +1,6 @@
 /* runner/model/dsv41_dspark.c - config and weights of the DeepSeek-V4.1 DSpark stages (mtp.*):
- * the reference's DSparkBlock.__init__ (dsv41_dspark.h). */
-#include "runner/model/dsv41_dspark.h"
+ * the reference's DSparkBlock.__init__ (declared in model_dsv41.h, "DSpark stages"). */
+#include "runner/model/model_dsv41.h"
 
 #include <jansson.h>
 #include <stdio.h>

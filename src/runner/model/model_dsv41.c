@@ -13,7 +13,6 @@
 
 #include "base/alloc.h"
 #include "runner/model/arch.h"
-#include "runner/model/dsv41_dspark.h"
 #include "runner/model/quant.h"
 #include "runner/model/safetensors.h"
 

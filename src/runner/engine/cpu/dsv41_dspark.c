@@ -19,7 +19,7 @@
 #include "base/alloc.h"
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/thread_pool.h"
-#include "runner/model/dsv41_dspark.h"
+#include "runner/model/model_dsv41.h"
 #include "runner/model/model_dsv41.h"
 
 struct tm_dsv41_drafter {
