@@ -25,7 +25,9 @@
 #          V41_FIXTURES=$OUT/v41_torch V41_LP_TOL=$LP_TOL (default 0.05, a first bound: the torch
 #          reference runs bf16 activations, the CPU engine and the NumPy oracle fp32); prints max
 #          |d logprob| per fixture. Then the same binary on the NumPy fixtures (the baseline).
-#   cuda   test_dsv41_cuda (CUDA engine = CPU engine on small random V4.1 configs), if built.
+#   cuda   test_dsv41_kernels (kernels/dsv41.cu: act_quant / fp4_act_quant QDQ bit-exact, the
+#          Engram gate, against host references), then test_dsv41_cuda (CUDA engine = CPU engine
+#          on small random V4.1 configs) once it exists.
 #   bench  bench_engine --shape dsv41-flash, if that shape exists.
 # CI afterwards: copy $OUT/v41_torch/*.json to tests/fixtures/v41_torch/ and write the bound the
 # cpu stage measured (rounded up) into tests/fixtures/v41_torch/LP_TOL; tests/e2e/e2e_v41_torch.sh
@@ -41,7 +43,7 @@ if [ "${1:-}" = "--prep" ]; then
   for f in mkmodel test_dsv41; do
     cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }
   done
-  for f in test_dsv41_cuda bench_engine tokenmill; do
+  for f in test_dsv41_kernels test_dsv41_cuda bench_engine tokenmill; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/"
   done
   strip "$dst"/bin/*
@@ -136,6 +138,13 @@ if has cpu; then
 fi
 
 if has cuda; then
+  if [ ! -x "$B/test_dsv41_kernels" ]; then
+    echo "cuda: no test_dsv41_kernels in $B (prep from a -DTM_CUDA=ON build)"
+  elif [ "$BACKEND" = cuda ]; then
+    step test_dsv41_kernels 300 "$B/test_dsv41_kernels"
+  else
+    dry "$B/test_dsv41_kernels"
+  fi
   if [ ! -x "$B/test_dsv41_cuda" ]; then
     echo "cuda: not run: no test_dsv41_cuda in $B (the CUDA engine for deepseek_v41 is not written yet; the CUDA backend refuses the architecture)"
   elif [ "$BACKEND" = cuda ]; then

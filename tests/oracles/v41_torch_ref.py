@@ -163,9 +163,10 @@ def load_weights(mod, model, folder):
     import torch
 
     ck = {}
-    for f in sorted(os.listdir(folder)):
-        if f.endswith(".safetensors"):
-            ck.update(read_safetensors(os.path.join(folder, f)))
+    with torch.device("cpu"):  # the checkpoint stays on the host; copy_ moves it
+        for f in sorted(os.listdir(folder)):
+            if f.endswith(".safetensors"):
+                ck.update(read_safetensors(os.path.join(folder, f)))
     used = set()
     for name, p in model.named_parameters():
         if name not in ck:
