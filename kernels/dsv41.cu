@@ -144,3 +144,138 @@ extern "C" tm_rc tm_k_dsv41_engram_gate(const tm_k_dsv41_engram_gate_args *a, cu
                                                                    a->dim, a->eps);
     return tm_cuda_launched(err, s, "dsv41_engram_gate");
 }
+
+/* ---- the indexer's selection ---- */
+
+#define SEL_THREADS 256
+
+/* Order-preserving key of (score, position): higher score first, then the lower position. */
+static __device__ uint64_t sel_key(float v, uint32_t k) {
+    const uint32_t u = __float_as_uint(v);
+    const uint32_t o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return ((uint64_t)o << 32) | (uint64_t)(0xffffffffu - k);
+}
+
+/* The n-th largest key (1 <= n <= m) of v[0..m): radix select, 8 bits a pass from the top. */
+static __device__ uint64_t radix_select(const float *v, uint32_t m, uint32_t n) {
+    __shared__ uint32_t hist[256];
+    __shared__ uint64_t sh_prefix;
+    __shared__ uint32_t sh_rem;
+    uint64_t prefix = 0, mask = 0;
+    uint32_t rem = n;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (uint32_t b = threadIdx.x; b < 256; b += blockDim.x)
+            hist[b] = 0;
+        __syncthreads();
+        for (uint32_t k = threadIdx.x; k < m; k += blockDim.x) {
+            const uint64_t key = sel_key(v[k], k);
+            if ((key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & 0xffu], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t cum = 0;
+            int b = 255;
+            for (; b > 0; b--) {
+                if (cum + hist[b] >= rem)
+                    break;
+                cum += hist[b];
+            }
+            sh_rem = rem - cum;
+            sh_prefix = prefix | ((uint64_t)b << shift);
+        }
+        __syncthreads();
+        prefix = sh_prefix;
+        rem = sh_rem;
+        mask |= (uint64_t)0xffu << shift;
+        __syncthreads();
+    }
+    return prefix;
+}
+
+/* Writes, in ascending k, every k < m with sel_key(v[k], k) >= thr to out (as T); returns the
+ * count (the same in every thread). */
+template <typename T>
+static __device__ uint32_t compact_ge(const float *v, uint32_t m, uint64_t thr, T *out) {
+    __shared__ uint32_t warp_n[SEL_THREADS / 32];
+    __shared__ uint32_t base;
+    if (threadIdx.x == 0)
+        base = 0;
+    __syncthreads();
+    const uint32_t lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (uint32_t k0 = 0; k0 < m; k0 += blockDim.x) {
+        const uint32_t k = k0 + threadIdx.x;
+        const int f = k < m && sel_key(v[k], k) >= thr;
+        const uint32_t bal = __ballot_sync(0xffffffffu, f);
+        if (lane == 0)
+            warp_n[wid] = __popc(bal);
+        __syncthreads();
+        uint32_t off = base;
+        for (uint32_t w = 0; w < wid; w++)
+            off += warp_n[w];
+        if (f)
+            out[off + __popc(bal & ((1u << lane) - 1u))] = (T)k;
+        __syncthreads();
+        if (threadIdx.x == 0)
+            for (uint32_t w = 0; w < blockDim.x / 32; w++)
+                base += warp_n[w];
+        __syncthreads();
+    }
+    return base;
+}
+
+static __global__ void select_kernel(tm_k_dsv41_select_args a) {
+    const uint32_t t = blockIdx.x, lens = a.lens[t];
+    float *sc = a.score + (size_t)t * a.ld;
+    if (lens == 0) {
+        if (threadIdx.x == 0) {
+            a.n_pick[t] = 0;
+            if (a.mode == TM_DSV41_SEL_SOURCE)
+                a.n_cand[t] = 0;
+        }
+        return;
+    }
+    if (a.mode == TM_DSV41_SEL_SOURCE) {
+        const uint32_t nb = (lens + a.cb - 1) / a.cb;
+        float *bsc = a.bsc + (size_t)t * a.ld;
+        for (uint32_t bk = threadIdx.x; bk < nb; bk += blockDim.x) {
+            float mx = -INFINITY;
+            for (uint32_t k = bk * a.cb; k < min(lens, (bk + 1) * a.cb); k++)
+                mx = fmaxf(mx, sc[k]);
+            bsc[bk] = bk == nb - 1 ? INFINITY : mx;
+        }
+        __syncthreads();
+        const uint32_t keep = min(nb, a.ctop);
+        const uint64_t thr = radix_select(bsc, nb, keep);
+        const uint32_t got = compact_ge(bsc, nb, thr, a.cand + (size_t)t * a.ctop);
+        if (threadIdx.x == 0)
+            a.n_cand[t] = got;
+    } else if (a.mode == TM_DSV41_SEL_CONSUMER) {
+        const uint32_t *cd = a.cand + (size_t)t * a.ctop, nc = a.n_cand[t];
+        for (uint32_t k = threadIdx.x; k < lens; k += blockDim.x) {
+            const uint32_t bk = k / a.cb;
+            int in = 0;
+            for (uint32_t i = 0; i < nc; i++)
+                in |= cd[i] == bk;
+            if (!in)
+                sc[k] = -INFINITY;
+        }
+    }
+    __syncthreads();
+    const uint32_t n = min(a.topk, lens);
+    const uint64_t thr = radix_select(sc, lens, n);
+    const uint32_t got = compact_ge(sc, lens, thr, a.pick + (size_t)t * a.topk);
+    if (threadIdx.x == 0)
+        a.n_pick[t] = got;
+}
+
+extern "C" tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->score && a->lens && a->pick && a->n_pick && a->topk > 0);
+    TM_ASSERT(a->mode == TM_DSV41_SEL_PLAIN ||
+              (a->cand && a->n_cand && a->cb > 0 && a->ctop > 0 &&
+               (a->mode != TM_DSV41_SEL_SOURCE || a->bsc)));
+    select_kernel<<<a->n_tok, SEL_THREADS, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_select");
+}

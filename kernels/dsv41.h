@@ -49,6 +49,32 @@ typedef struct tm_k_dsv41_engram_gate_args {
 /* One block per (token, stream); dim <= 8192. */
 tm_rc tm_k_dsv41_engram_gate(const tm_k_dsv41_engram_gate_args *a, cudaStream_t s, tm_err *err);
 
+/* The indexer's selection for one index source layer, one block per token, in place on the
+ * token's scores over its lens[t] reachable compressed positions (row t of score, ld floats):
+ * - mode TM_DSV41_SEL_SOURCE (the candidate source): blocks of cb positions scored by their best
+ *   entry, the newest (last, partly filled) block pinned in, the top min(n_blocks, ctop) blocks
+ *   kept: cand[t][0..n_cand[t]) in ascending block order (bsc: [n_tok][ld] scratch);
+ * - mode TM_DSV41_SEL_CONSUMER (an index source after it): positions outside the token's
+ *   candidate blocks set to -inf (their picks stay valid, as the reference's);
+ * - every mode: the top min(topk, lens[t]) positions, higher score first and the lower position
+ *   on ties (the CPU engine's order), written in position order to pick[t][..], n_pick[t].
+ * Selection by an 8-pass radix select over (score, position) keys, O(lens) per token. */
+enum { TM_DSV41_SEL_PLAIN = 0, TM_DSV41_SEL_SOURCE = 1, TM_DSV41_SEL_CONSUMER = 2 };
+
+typedef struct tm_k_dsv41_select_args {
+    float *score;         /* [n_tok][ld] */
+    float *bsc;           /* [n_tok][ld] scratch (mode SOURCE) */
+    const uint32_t *lens; /* [n_tok] reachable positions, <= ld */
+    uint32_t *cand;       /* [n_tok][ctop] */
+    uint32_t *n_cand;     /* [n_tok] */
+    int32_t *pick;        /* [n_tok][topk] */
+    uint32_t *n_pick;     /* [n_tok] */
+    size_t ld;
+    uint32_t n_tok, mode, cb, ctop, topk;
+} tm_k_dsv41_select_args;
+
+tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *err);
+
 #ifdef __cplusplus
 }
 #endif

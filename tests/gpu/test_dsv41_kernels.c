@@ -7,7 +7,9 @@
  * 2^-6 grid (so x / s often lands exactly between two codes: the ties), and huge values (the
  * clamp). Quantizers: bit-identical to the reference (the same fp32 operations). Gate:
  * |gpu - ref| <= 1e-6 * (|h| + |value|) per element (double sums in another order). Also: n 0
- * launches nothing. Skipped (77) without a GPU or in a build without CUDA. Never run yet: no GPU
+ * launches nothing. The indexer's selection (plain top-k, candidate source, consumer) against qsort
+ * with the CPU engine's order (higher score, then the lower position), on scores with many ties
+ * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. Skipped (77) without a GPU or in a build without CUDA. Never run yet: no GPU
  * was lent when it was written (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
 #include <stdint.h>
@@ -218,6 +220,143 @@ static void test_engram_gate(void) {
     TM_CHECK(tm_k_dsv41_engram_gate(&z, g_stream, &err) == TM_OK); /* n 0: nothing launched */
 }
 
+/* ---- the indexer's selection ---- */
+
+static const float *g_cmp_s;
+static int cmp_desc(const void *pa, const void *pb) { /* higher score, then the lower index */
+    const uint32_t i = *(const uint32_t *)pa, j = *(const uint32_t *)pb;
+    const float a = g_cmp_s[i], b = g_cmp_s[j];
+    if (a != b)
+        return a > b ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+static int cmp_u32(const void *pa, const void *pb) {
+    const uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    return a < b ? -1 : a > b;
+}
+/* The top n of s[0..m) by cmp_desc, ascending, into out; returns n. */
+static uint32_t ref_top(const float *s, uint32_t m, uint32_t n, uint32_t *out) {
+    uint32_t *ord = xmalloc((m ? m : 1) * 4);
+    for (uint32_t k = 0; k < m; k++)
+        ord[k] = k;
+    g_cmp_s = s;
+    qsort(ord, m, 4, cmp_desc);
+    n = n < m ? n : m;
+    memcpy(out, ord, n * 4);
+    qsort(out, n, 4, cmp_u32);
+    free(ord);
+    return n;
+}
+
+/* One case: n_tok tokens of random scores (ties: values on a 0.5 grid; -inf entries) over lens
+ * drawn in [0, ld]; mode as kernels/dsv41.h; the consumer's candidates random block subsets. */
+static void sel_case(uint32_t n_tok, uint32_t ld, uint32_t mode, uint32_t cb, uint32_t ctop,
+                     uint32_t topk) {
+    const size_t ns = (size_t)n_tok * ld;
+    float *sc = xmalloc(ns * 4), *ref_sc = xmalloc(ns * 4);
+    uint32_t *lens = xmalloc(n_tok * 4), *cand = xmalloc((size_t)n_tok * ctop * 4);
+    uint32_t *n_cand = xmalloc(n_tok * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        lens[t] = t == 0 ? ld : t == 1 ? 1 : t == 2 ? 0 : urand(ld + 1);
+        for (uint32_t k = 0; k < ld; k++) {
+            const uint32_t u = urand(20);
+            sc[(size_t)t * ld + k] = u == 0 ? -INFINITY : 0.5f * (float)((int)urand(13) - 4);
+        }
+        n_cand[t] = 0;
+        if (mode == TM_DSV41_SEL_CONSUMER && lens[t]) { // ascending random subset of the blocks
+            const uint32_t nb = (lens[t] + cb - 1) / cb;
+            for (uint32_t bk = 0; bk < nb && n_cand[t] < ctop; bk++)
+                if (urand(3) == 0 || bk == nb - 1)
+                    cand[(size_t)t * ctop + n_cand[t]++] = bk;
+        }
+    }
+    memcpy(ref_sc, sc, ns * 4);
+    float *d_sc = dup_to_dev(sc, ns * 4), *d_bsc = dalloc(ns * 4, 0);
+    uint32_t *d_lens = dup_to_dev(lens, n_tok * 4);
+    uint32_t *d_cand = dup_to_dev(cand, (size_t)n_tok * ctop * 4);
+    uint32_t *d_ncand = dup_to_dev(n_cand, n_tok * 4), *d_npick = dalloc(n_tok * 4, 0xff);
+    int32_t *d_pick = dalloc((size_t)n_tok * topk * 4, 0xff);
+    tm_k_dsv41_select_args a = {d_sc, d_bsc, d_lens, d_cand, d_ncand, d_pick, d_npick,
+                                ld,   n_tok, mode,   cb,     ctop,   topk};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_select(&a, g_stream, &err) == TM_OK);
+    int32_t *pick = xmalloc((size_t)n_tok * topk * 4);
+    uint32_t *n_pick = xmalloc(n_tok * 4), *gc = xmalloc((size_t)n_tok * ctop * 4);
+    uint32_t *gnc = xmalloc(n_tok * 4), *want = xmalloc((ld + 1) * 4);
+    to_host(pick, d_pick, (size_t)n_tok * topk * 4);
+    to_host(n_pick, d_npick, n_tok * 4);
+    to_host(gc, d_cand, (size_t)n_tok * ctop * 4);
+    to_host(gnc, d_ncand, n_tok * 4);
+    float *bs = xmalloc((ld + 1) * 4);
+    uint32_t bad = 0;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        float *s = ref_sc + (size_t)t * ld;
+        const uint32_t L = lens[t];
+        if (mode == TM_DSV41_SEL_SOURCE && L) {
+            const uint32_t nb = (L + cb - 1) / cb;
+            for (uint32_t bk = 0; bk < nb; bk++) {
+                float mx = -INFINITY;
+                for (uint32_t k = bk * cb; k < L && k < (bk + 1) * cb; k++)
+                    mx = fmaxf(mx, s[k]);
+                bs[bk] = bk == nb - 1 ? INFINITY : mx;
+            }
+            const uint32_t nc = ref_top(bs, nb, ctop, want);
+            if (gnc[t] != nc || memcmp(gc + (size_t)t * ctop, want, nc * 4) != 0) {
+                if (!bad)
+                    printf("  mode %u token %u: candidate blocks differ (n %u vs %u)\n", mode, t,
+                           gnc[t], nc);
+                bad++;
+            }
+        } else if (mode == TM_DSV41_SEL_CONSUMER) {
+            for (uint32_t k = 0; k < L; k++) {
+                int in = 0;
+                for (uint32_t i = 0; i < n_cand[t]; i++)
+                    in |= cand[(size_t)t * ctop + i] == k / cb;
+                if (!in)
+                    s[k] = -INFINITY;
+            }
+        }
+        const uint32_t n = ref_top(s, L, topk, want);
+        int ok = n_pick[t] == n;
+        for (uint32_t i = 0; ok && i < n; i++)
+            ok = pick[(size_t)t * topk + i] == (int32_t)want[i];
+        if (!ok) {
+            if (!bad)
+                printf("  mode %u token %u lens %u: picks differ (n %u vs %u)\n", mode, t, L,
+                       n_pick[t], n);
+            bad++;
+        }
+    }
+    TM_CHECK_MSG(bad == 0, "select mode %u ld %u cb %u ctop %u topk %u: %u tokens differ", mode, ld,
+                 cb, ctop, topk, bad);
+    cudaFree(d_sc);
+    cudaFree(d_bsc);
+    cudaFree(d_lens);
+    cudaFree(d_cand);
+    cudaFree(d_ncand);
+    cudaFree(d_npick);
+    cudaFree(d_pick);
+    free(sc);
+    free(ref_sc);
+    free(lens);
+    free(cand);
+    free(n_cand);
+    free(pick);
+    free(n_pick);
+    free(gc);
+    free(gnc);
+    free(want);
+    free(bs);
+}
+
+static void test_select(void) {
+    for (uint32_t mode = 0; mode <= 2; mode++) {
+        sel_case(9, 300, mode, 8, 4, 16);
+        sel_case(5, 37, mode, 4, 3, 64); /* topk above every lens */
+        sel_case(3, 70000, mode, 64, 16, 2048);
+    }
+}
+
 int main(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
@@ -228,6 +367,7 @@ int main(void) {
     TM_RUN(test_act_quant);
     TM_RUN(test_fp4_act_quant);
     TM_RUN(test_engram_gate);
+    TM_RUN(test_select);
     cudaStreamDestroy(g_stream);
     return tm_test_report();
 }
