@@ -26,7 +26,9 @@
 #          reference runs bf16 activations, the CPU engine and the NumPy oracle fp32); prints max
 #          |d logprob| per fixture. Then the same binary on the NumPy fixtures (the baseline).
 #   cuda   test_dsv41_kernels (kernels/dsv41.cu: act_quant / fp4_act_quant QDQ bit-exact, the
-#          Engram gate, against host references), then test_dsv41_cuda (CUDA engine = CPU engine
+#          Engram gate, the indexer's selection, against host references), test_dsv41_engram_stage
+#          (Engram rows from the host's tables through pinned memory to the GPU, bit for bit as
+#          engram_table_get), then test_dsv41_cuda (CUDA engine = CPU engine
 #          on small random V4.1 configs) once it exists.
 #   bench  bench_engine --shape dsv41-flash, if that shape exists.
 # CI afterwards: copy $OUT/v41_torch/*.json to tests/fixtures/v41_torch/ and write the bound the
@@ -43,7 +45,7 @@ if [ "${1:-}" = "--prep" ]; then
   for f in mkmodel test_dsv41; do
     cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }
   done
-  for f in test_dsv41_kernels test_dsv41_cuda bench_engine tokenmill; do
+  for f in test_dsv41_kernels test_dsv41_engram_stage test_dsv41_cuda bench_engine tokenmill; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/"
   done
   strip "$dst"/bin/*
@@ -138,13 +140,15 @@ if has cpu; then
 fi
 
 if has cuda; then
-  if [ ! -x "$B/test_dsv41_kernels" ]; then
-    echo "cuda: no test_dsv41_kernels in $B (prep from a -DTM_CUDA=ON build)"
-  elif [ "$BACKEND" = cuda ]; then
-    step test_dsv41_kernels 300 "$B/test_dsv41_kernels"
-  else
-    dry "$B/test_dsv41_kernels"
-  fi
+  for t in test_dsv41_kernels test_dsv41_engram_stage; do
+    if [ ! -x "$B/$t" ]; then
+      echo "cuda: no $t in $B (prep from a -DTM_CUDA=ON build)"
+    elif [ "$BACKEND" = cuda ]; then
+      step "$t" 300 "$B/$t"
+    else
+      dry "$B/$t"
+    fi
+  done
   if [ ! -x "$B/test_dsv41_cuda" ]; then
     echo "cuda: not run: no test_dsv41_cuda in $B (the CUDA engine for deepseek_v41 is not written yet; the CUDA backend refuses the architecture)"
   elif [ "$BACKEND" = cuda ]; then
