@@ -273,9 +273,8 @@ extern "C" tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->score && a->lens && a->pick && a->n_pick && a->topk > 0);
-    TM_ASSERT(a->mode == TM_DSV41_SEL_PLAIN ||
-              (a->cand && a->n_cand && a->cb > 0 && a->ctop > 0 &&
-               (a->mode != TM_DSV41_SEL_SOURCE || a->bsc)));
+    TM_ASSERT(a->mode == TM_DSV41_SEL_PLAIN || (a->cand && a->n_cand && a->cb > 0 && a->ctop > 0 &&
+                                                (a->mode != TM_DSV41_SEL_SOURCE || a->bsc)));
     select_kernel<<<a->n_tok, SEL_THREADS, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_select");
 }

@@ -93,8 +93,9 @@ int main(void) {
     snprintf(cmd, sizeof(cmd), "%s/mkmodel", b ? b : ".");
     if (access(cmd, X_OK) != 0)
         tm_test_skip("no mkmodel (set TM_BUILD)");
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s' && '%s/mkmodel' --arch deepseek_v41 --out '%s' >/dev/null",
-             dir, b ? b : ".", dir);
+    snprintf(cmd, sizeof(cmd),
+             "rm -rf '%s' && '%s/mkmodel' --arch deepseek_v41 --out '%s' >/dev/null", dir,
+             b ? b : ".", dir);
     TM_ASSERT(system(cmd) == 0);
     TM_ASSERT(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) == cudaSuccess);
     test_stage(dir);

@@ -9,8 +9,9 @@
  * |gpu - ref| <= 1e-6 * (|h| + |value|) per element (double sums in another order). Also: n 0
  * launches nothing. The indexer's selection (plain top-k, candidate source, consumer) against qsort
  * with the CPU engine's order (higher score, then the lower position), on scores with many ties
- * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. Skipped (77) without a GPU or in a build without CUDA. Never run yet: no GPU
- * was lent when it was written (docs/deepseek_v41.md "CUDA"). */
+ * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. Skipped (77) without a
+ * GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
+ * (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -148,7 +149,8 @@ static void test_fp4_act_quant(void) {
         tm_err err = {0};
         TM_CHECK(tm_k_dsv41_fp4_act_quant(d, n, block, e4, g_stream, &err) == TM_OK);
         to_host(got, d, n * 4);
-        check_bits(e4 ? "fp4_act_quant block 16 e4m3" : "fp4_act_quant block 32 ue8m0", got, ref, n);
+        check_bits(e4 ? "fp4_act_quant block 16 e4m3" : "fp4_act_quant block 32 ue8m0", got, ref,
+                   n);
         cudaFree(d);
         free(x);
         free(ref);
@@ -185,13 +187,13 @@ static void test_engram_gate(void) {
                     kk += (double)key[d] * key[d];
                     dot += (double)hr[d] * w[(size_t)c * D + d] * key[d];
                 }
-                const double x =
-                    dot / sqrt(hh / D + eps) / sqrt(kk / D + eps) / sqrt((double)D);
+                const double x = dot / sqrt(hh / D + eps) / sqrt(kk / D + eps) / sqrt((double)D);
                 const double g = 1.0 / (1.0 + exp(-copysign(sqrt(fmax(fabs(x), 1e-6)), x)));
                 for (uint32_t d = 0; d < D; d++)
                     hr[d] = (float)(hr[d] + g * val[d]);
             }
-        float *dh = dup_to_dev(h, nh * 4), *dkv = dup_to_dev(kv, nkv * 4), *dw = dup_to_dev(w, nw * 4);
+        float *dh = dup_to_dev(h, nh * 4), *dkv = dup_to_dev(kv, nkv * 4),
+              *dw = dup_to_dev(w, nw * 4);
         tm_k_dsv41_engram_gate_args a = {dh, dkv, dw, T, N, D, eps};
         tm_err err = {0};
         TM_CHECK(tm_k_dsv41_engram_gate(&a, g_stream, &err) == TM_OK);
@@ -277,7 +279,7 @@ static void sel_case(uint32_t n_tok, uint32_t ld, uint32_t mode, uint32_t cb, ui
     uint32_t *d_ncand = dup_to_dev(n_cand, n_tok * 4), *d_npick = dalloc(n_tok * 4, 0xff);
     int32_t *d_pick = dalloc((size_t)n_tok * topk * 4, 0xff);
     tm_k_dsv41_select_args a = {d_sc, d_bsc, d_lens, d_cand, d_ncand, d_pick, d_npick,
-                                ld,   n_tok, mode,   cb,     ctop,   topk};
+                                ld,   n_tok, mode,   cb,     ctop,    topk};
     tm_err err = {0};
     TM_CHECK(tm_k_dsv41_select(&a, g_stream, &err) == TM_OK);
     int32_t *pick = xmalloc((size_t)n_tok * topk * 4);

@@ -157,8 +157,8 @@ static int run_seq_at(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint
 static const char *g_build;
 static double g_worst_lp = 0.0; /* max |d logprob| over every compared row */
 static uint32_t g_rows = 0, g_greedy = 0, g_greedy_eq = 0;
-static double g_lp_tol = 1e-3;      /* V41_LP_TOL */
-static int g_lp_tol_set = 0;        /* greedy equality only above a 2 * tol margin */
+static double g_lp_tol = 1e-3; /* V41_LP_TOL */
+static int g_lp_tol_set = 0;   /* greedy equality only above a 2 * tol margin */
 
 /* max |logsoftmax(ours) - logsoftmax(ref)| over the vocabulary. */
 static double lp_diff(const float *ours, json_t *ref, uint32_t V) {

@@ -78,8 +78,8 @@ tm_rc tm_dsv41_engram_stage_create(tm_engram_table *const *tabs, uint32_t n_tab,
     return TM_OK;
 }
 
-void tm_dsv41_engram_stage_prefetch(tm_dsv41_engram_stage *st, uint32_t slot,
-                                    const uint64_t *rows, size_t n) {
+void tm_dsv41_engram_stage_prefetch(tm_dsv41_engram_stage *st, uint32_t slot, const uint64_t *rows,
+                                    size_t n) {
     if (slot < st->n_slot && n)
         tm_engram_table_prefetch(st->slot[slot].tab, rows, TM_MIN(n, st->max_rows));
 }
@@ -87,8 +87,8 @@ void tm_dsv41_engram_stage_prefetch(tm_dsv41_engram_stage *st, uint32_t slot,
 tm_rc tm_dsv41_engram_stage_upload(tm_dsv41_engram_stage *st, uint32_t slot, const uint64_t *rows,
                                    size_t n, tm_err *err) {
     if (slot >= st->n_slot || n > st->max_rows)
-        return TM_ERR(err, TM_E_INVAL, "engram stage: slot %u of %u, %zu rows of at most %zu",
-                      slot, st->n_slot, n, st->max_rows);
+        return TM_ERR(err, TM_E_INVAL, "engram stage: slot %u of %u, %zu rows of at most %zu", slot,
+                      st->n_slot, n, st->max_rows);
     stage_slot *s = &st->slot[slot];
     if (s->copied) { // the pinned buffer is still the source of the previous copy until it ends
         tm_rc rc = TM_CUDA_CHECK(cudaEventSynchronize(s->done), err);

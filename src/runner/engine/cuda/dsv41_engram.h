@@ -37,8 +37,8 @@ tm_rc tm_dsv41_engram_stage_create(tm_engram_table *const *tabs, uint32_t n_tab,
 void tm_dsv41_engram_stage_destroy(tm_dsv41_engram_stage *st); /* NULL is a no-op; syncs */
 
 /* Issue the reads of slot's rows ahead (engram_table's prefetch: a hint, never waits). */
-void tm_dsv41_engram_stage_prefetch(tm_dsv41_engram_stage *st, uint32_t slot,
-                                    const uint64_t *rows, size_t n);
+void tm_dsv41_engram_stage_prefetch(tm_dsv41_engram_stage *st, uint32_t slot, const uint64_t *rows,
+                                    size_t n);
 
 /* The n <= max_rows rows of slot, dequantized into its pinned buffer, then copied to its device
  * buffer on the copy stream (queued: returns before the copy ends). Errors: TM_E_INVAL (slot or
