@@ -72,4 +72,22 @@ static inline void tm_test_skip(const char *why) {
     exit(77);
 }
 
+/* The first of $TM_PYTHON, /usr/bin/python3, python3 that can import module (a static buffer),
+ * or NULL if none can. */
+static inline const char *tm_test_find_python(const char *module) {
+    static char buf[512];
+    const char *cands[] = {getenv("TM_PYTHON"), "/usr/bin/python3", "python3"};
+    for (size_t i = 0; i < 3; i++) {
+        if (!cands[i] || !*cands[i])
+            continue;
+        char cmd[700];
+        snprintf(cmd, sizeof(cmd), "%s -c 'import %s' >/dev/null 2>&1", cands[i], module);
+        if (system(cmd) == 0) {
+            snprintf(buf, sizeof(buf), "%s", cands[i]);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
 #endif /* TM_TESTS_TM_TEST_H */

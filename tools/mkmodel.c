@@ -27,6 +27,8 @@
  * --dequant-copy DIR also writes the same model with every quantized weight replaced by its
  * dequantized values as f32 (through tm_tensor_row_f32, the CPU engine's row read) and no
  * quantization_config: the CPU engine gives the same bits on both. */
+#include "mkmodel.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -1178,7 +1180,7 @@ static tm_rc write_weights(const mk_opts *o, mk_tensor *t, size_t n, tm_err *err
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
-static int parse_long(const char *s, long lo, long hi, long *out) {
+int mkmodel_parse_long(const char *s, long lo, long hi, long *out) {
     char *end = NULL;
     errno = 0;
     long v = strtol(s, &end, 10);
@@ -1245,31 +1247,31 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->seed = strtoull(v, &end, 10);
             ok = !errno && end && !*end && end != v;
         } else if (!strcmp(a, "--layers"))
-            ok = parse_long(v, 1, 4096, &o->layers);
+            ok = mkmodel_parse_long(v, 1, 4096, &o->layers);
         else if (!strcmp(a, "--hidden"))
-            ok = parse_long(v, 2, 65536, &o->hidden);
+            ok = mkmodel_parse_long(v, 2, 65536, &o->hidden);
         else if (!strcmp(a, "--heads"))
-            ok = parse_long(v, 1, 1024, &o->heads);
+            ok = mkmodel_parse_long(v, 1, 1024, &o->heads);
         else if (!strcmp(a, "--kv-heads"))
-            ok = parse_long(v, 1, 1024, &o->kv_heads);
+            ok = mkmodel_parse_long(v, 1, 1024, &o->kv_heads);
         else if (!strcmp(a, "--head-dim"))
-            ok = parse_long(v, 2, 1024, &o->head_dim);
+            ok = mkmodel_parse_long(v, 2, 1024, &o->head_dim);
         else if (!strcmp(a, "--ff"))
-            ok = parse_long(v, 1, 1 << 20, &o->ff);
+            ok = mkmodel_parse_long(v, 1, 1 << 20, &o->ff);
         else if (!strcmp(a, "--vocab"))
-            ok = parse_long(v, 1, 1 << 24, &o->vocab);
+            ok = mkmodel_parse_long(v, 1, 1 << 24, &o->vocab);
         else if (!strcmp(a, "--ctx"))
-            ok = parse_long(v, 1, 1 << 24, &o->ctx);
+            ok = mkmodel_parse_long(v, 1, 1 << 24, &o->ctx);
         else if (!strcmp(a, "--tied"))
-            ok = parse_long(v, 0, 1, &o->tied);
+            ok = mkmodel_parse_long(v, 0, 1, &o->tied);
         else if (!strcmp(a, "--shards"))
-            ok = parse_long(v, 1, 999, &o->shards);
+            ok = mkmodel_parse_long(v, 1, 999, &o->shards);
         else if (!strcmp(a, "--uniform"))
-            ok = parse_long(v, 0, 1, &o->uniform);
+            ok = mkmodel_parse_long(v, 0, 1, &o->uniform);
         else if (!strcmp(a, "--bos"))
-            ok = parse_long(v, 0, (1 << 24) - 1, &o->bos);
+            ok = mkmodel_parse_long(v, 0, (1 << 24) - 1, &o->bos);
         else if (!strcmp(a, "--eos"))
-            ok = parse_long(v, 0, (1 << 24) - 1, &o->eos);
+            ok = mkmodel_parse_long(v, 0, (1 << 24) - 1, &o->eos);
         else if (!strcmp(a, "--dtype")) {
             if (!strcmp(v, "f32"))
                 o->dtype = TM_DTYPE_F32;
@@ -1293,35 +1295,35 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         else if (!strcmp(a, "--dsv4-mtp"))
             o->dsv4_mtp = v, ok = strlen(v) == 2 && strchr("sch", v[0]) && strchr("hm", v[1]);
         else if (!strcmp(a, "--dsv4-mtp-copy"))
-            ok = parse_long(v, 0, 4095, &o->mtp_copy);
+            ok = mkmodel_parse_long(v, 0, 4095, &o->mtp_copy);
         else if (!strcmp(a, "--dsv4-mlp"))
             o->dsv4_mlp = v, ok = strspn(v, "hm") == strlen(v);
         else if (!strcmp(a, "--q-lora"))
-            ok = parse_long(v, 1, 65536, &o->q_lora);
+            ok = mkmodel_parse_long(v, 1, 65536, &o->q_lora);
         else if (!strcmp(a, "--o-groups"))
-            ok = parse_long(v, 1, 1024, &o->o_groups);
+            ok = mkmodel_parse_long(v, 1, 1024, &o->o_groups);
         else if (!strcmp(a, "--o-lora"))
-            ok = parse_long(v, 1, 65536, &o->o_lora);
+            ok = mkmodel_parse_long(v, 1, 65536, &o->o_lora);
         else if (!strcmp(a, "--experts"))
-            ok = parse_long(v, 1, 4096, &o->experts);
+            ok = mkmodel_parse_long(v, 1, 4096, &o->experts);
         else if (!strcmp(a, "--experts-used"))
-            ok = parse_long(v, 1, 64, &o->experts_used);
+            ok = mkmodel_parse_long(v, 1, 64, &o->experts_used);
         else if (!strcmp(a, "--window"))
-            ok = parse_long(v, 1, 1 << 20, &o->window);
+            ok = mkmodel_parse_long(v, 1, 1 << 20, &o->window);
         else if (!strcmp(a, "--index-heads"))
-            ok = parse_long(v, 1, 1024, &o->index_heads);
+            ok = mkmodel_parse_long(v, 1, 1024, &o->index_heads);
         else if (!strcmp(a, "--index-dim"))
-            ok = parse_long(v, 2, 4096, &o->index_dim);
+            ok = mkmodel_parse_long(v, 2, 4096, &o->index_dim);
         else if (!strcmp(a, "--index-topk"))
-            ok = parse_long(v, 1, 1 << 24, &o->index_topk);
+            ok = mkmodel_parse_long(v, 1, 1 << 24, &o->index_topk);
         else if (!strcmp(a, "--hc"))
-            ok = parse_long(v, 1, 8, &o->hc);
+            ok = mkmodel_parse_long(v, 1, 8, &o->hc);
         else if (!strcmp(a, "--rope-dim"))
-            ok = parse_long(v, 2, 1024, &o->rope_dim);
+            ok = mkmodel_parse_long(v, 2, 1024, &o->rope_dim);
         else if (!strcmp(a, "--hca-ratio"))
-            ok = parse_long(v, 1, 65536, &o->hca_ratio);
+            ok = mkmodel_parse_long(v, 1, 65536, &o->hca_ratio);
         else if (!strcmp(a, "--yarn"))
-            ok = parse_long(v, 0, 1, &o->yarn);
+            ok = mkmodel_parse_long(v, 0, 1, &o->yarn);
         else if (!strcmp(a, "--quant")) {
             o->ue8m0 = !strcmp(v, "fp8-block-ue8m0");
             if (!strcmp(v, "none"))
@@ -1335,7 +1337,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             else
                 ok = 0;
         } else if (!strcmp(a, "--quant-block"))
-            ok = parse_long(v, 1, 65536, &o->qblock);
+            ok = mkmodel_parse_long(v, 1, 65536, &o->qblock);
         else if (!strcmp(a, "--expert-dtype")) {
             o->expert_set = 1;
             if (!strcmp(v, "fp4"))
@@ -1345,7 +1347,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             else
                 ok = 0;
         } else if (!strcmp(a, "--ct-static"))
-            ok = parse_long(v, 0, 1, &o->ct_static);
+            ok = mkmodel_parse_long(v, 0, 1, &o->ct_static);
         else if (!strcmp(a, "--dequant-copy"))
             o->dequant_copy = v;
         else {
@@ -1415,8 +1417,6 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     }
     return 1;
 }
-
-int mkmodel_dsv41_main(int argc, char **argv); /* tools/mkmodel_dsv41.c */
 
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++) // DeepSeek-V4.1 has its own writer

@@ -25,6 +25,8 @@
  *
  * Same arguments and seed give the same bytes (every tensor draws from a generator seeded by the
  * seed and its name; Engram rows from a counter-based hash of seed, layer and row). */
+#include "mkmodel.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -44,8 +46,6 @@
 #include "runner/model/tensor.h"
 #include "runner/text/tokenizer.h"
 #include "runner/text/tokenizer_int.h"
-
-int mkmodel_dsv41_main(int argc, char **argv);
 
 #define MAXL 64 /* layers (backbone + DSpark stages) */
 #define BLK 32  /* FP8 / FP4 / Engram scale block */
@@ -1060,16 +1060,6 @@ static void usage(void) {
         "hc 4 x 20 iterations, Engram on layers 0,2 (3-grams, 2 heads x 32, vocab 101), no DSpark.\n");
 }
 
-static int parse_num(const char *s, long lo, long hi, long *out) {
-    char *end = NULL;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || !end || *end || end == s || v < lo || v > hi)
-        return 0;
-    *out = v;
-    return 1;
-}
-
 static int parse_dbl(const char *s, double *out) {
     char *end = NULL;
     double v = strtod(s, &end);
@@ -1086,7 +1076,7 @@ static int parse_ids(const char *s, long *v, long *n) {
     char buf[1024];
     snprintf(buf, sizeof(buf), "%s", s);
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= MAXL || !parse_num(t, -1, 1L << 20, &v[*n]))
+        if (*n >= MAXL || !mkmodel_parse_long(t, -1, 1L << 20, &v[*n]))
             return 0;
         (*n)++;
     }
@@ -1152,7 +1142,8 @@ static int parse_args(int argc, char **argv, v41_opts *o) {
             return 0;
         i++;
         int ok = 1;
-#define NUM(flag, field, lo, hi) else if (!strcmp(a, flag)) ok = parse_num(v, lo, hi, &o->field)
+#define NUM(flag, field, lo, hi)                                                                   \
+    else if (!strcmp(a, flag)) ok = mkmodel_parse_long(v, lo, hi, &o->field)
 #define DBL(flag, field) else if (!strcmp(a, flag)) ok = parse_dbl(v, &o->field)
 #define IDS(flag, arr, n) else if (!strcmp(a, flag)) ok = parse_ids(v, o->arr, &o->n)
         if (!strcmp(a, "--arch"))
@@ -1165,7 +1156,7 @@ static int parse_args(int argc, char **argv, v41_opts *o) {
             o->score_func = v;
         else if (!strcmp(a, "--seed")) {
             long s;
-            ok = parse_num(v, 0, INT64_MAX / 2, &s);
+            ok = mkmodel_parse_long(v, 0, INT64_MAX / 2, &s);
             o->seed = (uint64_t)s;
         }
         NUM("--vocab", vocab, 8, 1L << 24);

@@ -84,6 +84,25 @@ static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block
     return make_engine_tp(v, n_threads, n_block, T, 1);
 }
 
+/* One forward of tokens[pos..pos + c) of a sequence holding pos tokens before them (blocks
+ * table[0..n_block)), every row's logits into buf: 0, or 1 after a failed check. */
+static int forward_chunk(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint32_t c,
+                         const uint32_t *table, uint32_t n_block, float *buf) {
+    tm_batch_seq s = {0};
+    s.tokens = tokens + pos;
+    s.n_tok = c;
+    s.pos = pos;
+    s.block_table = table;
+    s.n_block = n_block;
+    s.want_logits = 1;
+    s.n_logits = c;
+    tm_batch b = {&s, 1};
+    tm_err err = {0};
+    tm_rc rc = tm_engine_forward(eng, &b, buf, &err);
+    TM_CHECK_OK(rc, &err);
+    return rc != TM_OK;
+}
+
 /* Run tokens[0..n) of one sequence through eng in chunks of the given sizes (cycled), block
  * table table[], logits of every position into out[n][V] (when out). Returns 0 on success. */
 static int run_seq(tm_engine *eng, const uint32_t *tokens, uint32_t n, const uint32_t *chunks,
@@ -97,19 +116,7 @@ static int run_seq(tm_engine *eng, const uint32_t *tokens, uint32_t n, const uin
         uint32_t c = chunks[ci++ % n_chunks];
         if (c > n - pos)
             c = n - pos;
-        tm_batch_seq s = {0};
-        s.tokens = tokens + pos;
-        s.n_tok = c;
-        s.pos = pos;
-        s.block_table = table;
-        s.n_block = n_block;
-        s.want_logits = 1;
-        s.n_logits = c;
-        tm_batch b = {&s, 1};
-        tm_err err = {0};
-        tm_rc rc = tm_engine_forward(eng, &b, buf, &err);
-        TM_CHECK_OK(rc, &err);
-        if (rc) {
+        if (forward_chunk(eng, tokens, pos, c, table, n_block, buf)) {
             free(buf);
             return 1;
         }
@@ -132,19 +139,7 @@ static int run_seq_at(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint
         uint32_t c = chunks[ci++ % 1];
         if (c > end - pos)
             c = end - pos;
-        tm_batch_seq s = {0};
-        s.tokens = tokens + pos;
-        s.n_tok = c;
-        s.pos = pos;
-        s.block_table = table;
-        s.n_block = n_block;
-        s.want_logits = 1;
-        s.n_logits = c;
-        tm_batch b = {&s, 1};
-        tm_err err = {0};
-        tm_rc rc = tm_engine_forward(eng, &b, buf, &err);
-        TM_CHECK_OK(rc, &err);
-        bad = rc != TM_OK;
+        bad = forward_chunk(eng, tokens, pos, c, table, n_block, buf);
         if (!bad && out)
             memcpy(out, buf, (size_t)c * V * sizeof(float));
         out += (size_t)c * V;

@@ -15,22 +15,6 @@
 #include "runner/text/tokenizer.h"
 #include "tm_test.h"
 
-static const char *find_python(void) {
-    static char buf[512];
-    const char *cands[] = {getenv("TM_PYTHON"), "/usr/bin/python3", "python3"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!cands[i] || !*cands[i])
-            continue;
-        char cmd[600];
-        snprintf(cmd, sizeof(cmd), "%s -c 'import unicodedata' >/dev/null 2>&1", cands[i]);
-        if (system(cmd) == 0) {
-            snprintf(buf, sizeof(buf), "%s", cands[i]);
-            return buf;
-        }
-    }
-    return NULL;
-}
-
 /* Compare the maps for the tokenizer in dir; returns the number of differing ids. */
 static long compare(const char *py, const char *src, const char *dir, uint32_t *n_c_out) {
     tm_err err = {0};
@@ -87,7 +71,7 @@ static long compare(const char *py, const char *src, const char *dir, uint32_t *
 }
 
 int main(void) {
-    const char *py = find_python();
+    const char *py = tm_test_find_python("unicodedata");
     if (!py) {
         tm_test_skip("no python3");
         return 77;

@@ -16,24 +16,8 @@
 
 #define MAX_NGRAM 8
 
-static const char *find_python(void) {
-    static char buf[512];
-    const char *cands[] = {getenv("TM_PYTHON"), "/usr/bin/python3", "python3"};
-    for (size_t i = 0; i < 3; i++) {
-        if (!cands[i] || !*cands[i])
-            continue;
-        char cmd[600];
-        snprintf(cmd, sizeof(cmd), "%s -c 'import numpy' >/dev/null 2>&1", cands[i]);
-        if (system(cmd) == 0) {
-            snprintf(buf, sizeof(buf), "%s", cands[i]);
-            return buf;
-        }
-    }
-    return NULL;
-}
-
 int main(void) {
-    const char *py = find_python();
+    const char *py = tm_test_find_python("numpy");
     if (!py) {
         tm_test_skip("no python3 with numpy (tools/setup installs python3-numpy)");
         return 77;

@@ -89,3 +89,47 @@ tm_rc tm_arch_cfg_bool(const void *obj_v, const char *file, const char *key, int
     *out = json_is_true(v);
     return TM_OK;
 }
+
+/* One bos_token_id or eos_token_id field (an integer or a list; absent: nothing) into c. */
+static tm_rc token_id(json_t *obj, const char *file, const char *key, uint32_t n_vocab,
+                      tm_model_cfg *c, int is_eos, tm_err *err) {
+    json_t *v = obj ? json_object_get(obj, key) : NULL;
+    if (!v || json_is_null(v))
+        return TM_OK;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
+            json_integer_value(e) >= (json_int_t)n_vocab)
+            return TM_ERR(err, TM_E_PARSE, "%s: %s is not a token id below %u", file, key, n_vocab);
+        int32_t id = (int32_t)json_integer_value(e);
+        if (!is_eos) {
+            if (c->bos_id < 0)
+                c->bos_id = id;
+            continue;
+        }
+        int seen = 0;
+        for (uint32_t k = 0; k < c->n_eos; k++)
+            seen |= c->eos_ids[k] == id;
+        if (seen)
+            continue;
+        if (c->n_eos == TM_MODEL_MAX_EOS)
+            return TM_ERR(err, TM_E_PARSE, "%s: too many eos ids", file);
+        c->eos_ids[c->n_eos++] = id;
+    }
+    return TM_OK;
+}
+
+tm_rc tm_arch_cfg_token_ids(const void *root_v, const void *gen_v, tm_model_cfg *c, tm_err *err) {
+    json_t *root = (json_t *)root_v, *gen = (json_t *)gen_v;
+    const char *const gen_file = "generation_config.json";
+    c->bos_id = -1;
+    tm_rc rc = token_id(root, "config.json", "bos_token_id", c->n_vocab, c, 0, err);
+    if (rc == TM_OK)
+        rc = token_id(gen, gen_file, "bos_token_id", c->n_vocab, c, 0, err);
+    if (rc == TM_OK)
+        rc = token_id(root, "config.json", "eos_token_id", c->n_vocab, c, 1, err);
+    if (rc == TM_OK)
+        rc = token_id(gen, gen_file, "eos_token_id", c->n_vocab, c, 1, err);
+    return rc;
+}

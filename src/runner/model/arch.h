@@ -75,5 +75,10 @@ tm_rc tm_arch_cfg_num(const void *obj, const char *file, const char *key, int re
 /* Boolean. Missing or null: *out = def. */
 tm_rc tm_arch_cfg_bool(const void *obj, const char *file, const char *key, int def, int *out,
                        tm_err *err);
+/* c->bos_id and c->eos_ids/n_eos (c->n_vocab set, n_eos 0) from bos_token_id and eos_token_id
+ * (each an integer or a list of them below n_vocab) of root ("config.json") and gen
+ * ("generation_config.json", may be NULL): bos_id is -1 unless given, the first one found wins;
+ * the eos ids are the union, first seen first (at most TM_MODEL_MAX_EOS: "too many eos ids"). */
+tm_rc tm_arch_cfg_token_ids(const void *root, const void *gen, tm_model_cfg *c, tm_err *err);
 
 #endif /* TM_RUNNER_MODEL_ARCH_H */

@@ -28,6 +28,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/fsutil.h"
 #include "runner/model/safetensors.h"
 #include "runner/model/tensor.h"
 
@@ -216,15 +217,8 @@ tm_rc tm_engram_file_check(const void *head, size_t n_head, uint64_t file_bytes,
 /* ---- opening the files ---------------------------------------------------------------------- */
 
 static tm_rc path_join(const char *dir, const char *name, char **out, tm_err *err) {
-    size_t nd = strlen(dir), nn = strlen(name);
-    char *p = tm_malloc(nd + 1 + nn + 1);
-    if (!p)
-        return TM_ERR(err, TM_E_NOMEM, "path %s/%s", dir, name);
-    memcpy(p, dir, nd);
-    p[nd] = '/';
-    memcpy(p + nd + 1, name, nn + 1);
-    *out = p;
-    return TM_OK;
+    *out = tm_fs_path_join(dir, name); // base/fsutil.h
+    return *out ? TM_OK : TM_ERR(err, TM_E_NOMEM, "path %s/%s", dir, name);
 }
 
 /* The file holding tensor name: path itself, or inside the folder path (through its index). */

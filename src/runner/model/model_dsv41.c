@@ -94,35 +94,6 @@ static tm_rc get_list(json_t *obj, const char *key, const int64_t *def, uint32_t
     return TM_OK;
 }
 
-static tm_rc get_id(json_t *obj, const char *file, const char *key, uint32_t n_vocab,
-                    tm_model_cfg *c, int is_eos, tm_err *err) {
-    json_t *v = obj ? json_object_get(obj, key) : NULL;
-    if (!v || json_is_null(v))
-        return TM_OK;
-    size_t n = json_is_array(v) ? json_array_size(v) : 1;
-    for (size_t i = 0; i < n; i++) {
-        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_integer(e) || json_integer_value(e) < 0 ||
-            json_integer_value(e) >= (json_int_t)n_vocab)
-            return TM_ERR(err, TM_E_PARSE, "%s: %s is not a token id below %u", file, key, n_vocab);
-        int32_t id = (int32_t)json_integer_value(e);
-        if (!is_eos) {
-            if (c->bos_id < 0)
-                c->bos_id = id;
-            continue;
-        }
-        int seen = 0;
-        for (uint32_t k = 0; k < c->n_eos; k++)
-            seen |= c->eos_ids[k] == id;
-        if (seen)
-            continue;
-        if (c->n_eos == TM_MODEL_MAX_EOS)
-            return TM_ERR(err, TM_E_PARSE, "%s: too many eos ids", file);
-        c->eos_ids[c->n_eos++] = id;
-    }
-    return TM_OK;
-}
-
 /* ---- RoPE: the reference's precompute_freqs_cis frequencies, in fp32 as torch computes them ----
  */
 
@@ -500,14 +471,7 @@ static tm_rc parse_args(json_t *root, json_t *ids, json_t *gen, tm_model_cfg *c,
     c->n_ctx = d->max_seq_len;
     c->rms_eps = d->norm_eps;
     c->rope_theta = d->rope_theta;
-    c->bos_id = -1;
-    rc = get_id(ids, CFG, "bos_token_id", c->n_vocab, c, 0, err);
-    if (rc == TM_OK)
-        rc = get_id(gen, "generation_config.json", "bos_token_id", c->n_vocab, c, 0, err);
-    if (rc == TM_OK)
-        rc = get_id(ids, CFG, "eos_token_id", c->n_vocab, c, 1, err);
-    if (rc == TM_OK)
-        rc = get_id(gen, "generation_config.json", "eos_token_id", c->n_vocab, c, 1, err);
+    rc = tm_arch_cfg_token_ids(ids, gen, c, err);
     if (rc == TM_OK)
         rc = tm_dsv41_dspark_cfg(root, d, err);
     if (rc)

@@ -571,15 +571,8 @@ static int plain_file_name(const char *s) {
 }
 
 static tm_rc join_path(const char *dir, const char *name, char **out, tm_err *err) {
-    size_t nd = strlen(dir), nn = strlen(name);
-    char *p = tm_malloc(nd + 1 + nn + 1);
-    if (!p)
-        return TM_ERR(err, TM_E_NOMEM, "path %s/%s", dir, name);
-    memcpy(p, dir, nd);
-    p[nd] = '/';
-    memcpy(p + nd + 1, name, nn + 1);
-    *out = p;
-    return TM_OK;
+    *out = tm_fs_path_join(dir, name); // base/fsutil.h
+    return *out ? TM_OK : TM_ERR(err, TM_E_NOMEM, "path %s/%s", dir, name);
 }
 
 static tm_rc set_add_file(tm_st_set *s, const char *dir, const char *name, tm_err *err) {

@@ -772,14 +772,7 @@ static tm_rc dsv4_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_e
     const uint32_t D = e->D, N = e->N, half = e->rd / 2;
     // embeddings, copied into every stream
     if (e->tp > 1) { // vocab-parallel: the rank holding a token's row contributes it, others 0
-        for (uint32_t t = 0; t < T; t++) {
-            uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
-            if (row < e->sh.n_vocab)
-                tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
-                                e->x + (size_t)t * D);
-            else
-                memset(e->x + (size_t)t * D, 0, D * sizeof(float));
-        }
+        tm_dsv_embed_slice(&e->m->embd, e->tok_id, T, e->sh.vocab0, e->sh.n_vocab, D, e->x);
         allreduce(e, e->x, (size_t)T * D);
     }
     for (uint32_t t = 0; t < T; t++) {
@@ -1288,14 +1281,7 @@ static tm_rc mtp_forward(dsv4_eng *e, const tm_dsv4_mtp_seq *seqs, uint32_t n_se
     const tm_dsv4_mtp *x = &e->w->mtp;
     float *main_streams = e->streams, *B = e->mstreams;
     // e = e_proj(enorm(embed(next))) [T][D] (vocab-parallel embedding, as the main forward's)
-    for (uint32_t t = 0; t < T; t++) {
-        uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps when below the slice
-        if (row < e->sh.n_vocab)
-            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
-                            e->h + (size_t)t * D);
-        else
-            memset(e->h + (size_t)t * D, 0, D * sizeof(float));
-    }
+    tm_dsv_embed_slice(&e->m->embd, e->tok_id, T, e->sh.vocab0, e->sh.n_vocab, D, e->h);
     allreduce(e, e->h, (size_t)T * D);
     for (uint32_t t = 0; t < T; t++)
         rms_weighted(e->h + (size_t)t * D, e->mtp_enorm, D, e->c.rms_eps);

@@ -164,66 +164,7 @@ static const tm_engine_ops v41_ops = {
     .destroy = v41_destroy,
 };
 
-/* ---- the reference's kernels (quantize-then-dequantize) ---- */
-
-/* 2^ceil(log2(amax * max_inv)) from the fp32 product's bits, as the kernels' fast_round_scale. */
-static float round_scale(float amax, float max_inv) {
-    const float x = amax * max_inv;
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof(bits));
-    const int32_t ex = (int32_t)((bits >> 23) & 0xffu), lg = ex - 127 + ((bits & 0x7fffffu) != 0);
-    const uint32_t out = (uint32_t)(lg + 127) << 23;
-    float f;
-    memcpy(&f, &out, sizeof(f));
-    return f;
-}
-
-static float clampf_(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
-
-/* e4m3fn round-to-nearest-even after clamping to +-448 (the kernels' satfinite cast). */
-static float e4m3_sat(float v) {
-    return tm_e4m3_to_f32(tm_f32_to_e4m3(clampf_(v, -448.0f, 448.0f)));
-}
-
-/* e2m1 round-to-nearest-even of v in [-6, 6] (ties to the even code), sign kept. */
-static float e2m1_round(float v) {
-    static const float mids[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
-    static const int tie_up[7] = {0, 1, 0, 1, 0, 1, 0};
-    static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    const float a = fabsf(v);
-    int code = 0;
-    for (int i = 0; i < 7; i++)
-        code += (a > mids[i]) || (a == mids[i] && tie_up[i]);
-    return signbit(v) ? -mag[code] : mag[code];
-}
-
-/* act_quant(x, 32, "ue8m0", inplace=True) on n values (n % 32 == 0). */
-static void act_quant(float *x, uint32_t n) {
-    for (uint32_t b = 0; b < n; b += 32) {
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(x[b + i]));
-        const float s = round_scale(fmaxf(amax, 1e-4f), (float)(1.0 / 448.0));
-        for (uint32_t i = 0; i < 32; i++)
-            x[b + i] = e4m3_sat(x[b + i] / s) * s;
-    }
-}
-
-/* fp4_act_quant(x, block, inplace=True): block 32 with ue8m0 scales (the indexer) or block 16
- * with e4m3 scales amax / 6 (the compressed KV). */
-static void fp4_act_quant(float *x, uint32_t n, uint32_t block, int e4m3_scale) {
-    for (uint32_t b = 0; b < n; b += block) {
-        float amax = 0.0f, s;
-        for (uint32_t i = 0; i < block; i++)
-            amax = fmaxf(amax, fabsf(x[b + i]));
-        if (e4m3_scale)
-            s = e4m3_sat(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f);
-        else
-            s = round_scale(fmaxf(amax, 6.0f * 0x1p-126f), (float)(1.0 / 6.0));
-        for (uint32_t i = 0; i < block; i++)
-            x[b + i] = e2m1_round(clampf_(x[b + i] / s, -6.0f, 6.0f)) * s;
-    }
-}
+/* ---- the reference's kernels (act_quant, fp4_act_quant, RMSNorm: dsv_common.h) ---- */
 
 /* a . b accumulated in double (the oracle's float64 accumulation; each fp32 product is exact in
  * double) in a fixed order: four interleaved partial sums, then (s0 + s1) + (s2 + s3). */
@@ -239,16 +180,6 @@ static float dotd(const float *a, const float *b, uint32_t n) {
     for (; i < n; i++)
         s0 += (double)a[i] * (double)b[i];
     return (float)((s0 + s1) + (s2 + s3));
-}
-
-/* RMSNorm: out = x * 1/sqrt(mean(x^2) + eps) * w (w NULL: unweighted), in double. */
-static void rmsnorm(float *x, const float *w, uint32_t n, float eps) {
-    double ss = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    const double r = 1.0 / sqrt(ss / n + (double)eps);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] = (float)((double)x[i] * r * (w ? (double)w[i] : 1.0));
 }
 
 /* ---- linears over the pool ---- */
@@ -285,7 +216,7 @@ static void lin_aq(v41_eng *e, int aq, const tm_tensor *w, uint64_t row0, const 
         TM_ASSERT(n_in % 32 == 0);
         for (uint32_t t = 0; t < n_tok; t++) {
             memcpy(e->xin + (size_t)t * e->max_in, x + (size_t)t * ldx, n_in * sizeof(float));
-            act_quant(e->xin + (size_t)t * e->max_in, n_in);
+            tm_dsv_act_quant(e->xin + (size_t)t * e->max_in, n_in);
         }
         x = e->xin;
         ldx = e->max_in;
@@ -311,12 +242,6 @@ static void allreduce(v41_eng *e, float *buf, size_t n) {
         e->eng.opts.allreduce(e->eng.opts.allreduce_ctx, buf + i, TM_MIN(piece, n - i));
 }
 
-/* Row i of a 1-D float tensor (norm weights, biases): the caller passes the tensor; small, so
- * read through tm_tensor_get_f32 into a scratch row. */
-static void vec_f32(const tm_tensor *t, float *out) {
-    tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)tm_tensor_n_elem(t), out);
-}
-
 /* ---- per-token addressing ---- */
 
 static size_t tok_slot(const v41_eng *e, uint32_t t, uint32_t p) {
@@ -338,57 +263,8 @@ static void hc_mixes(v41_eng *e, const tm_tensor *fn, const tm_tensor *scale, co
                      uint32_t T, float *pre, float *post, float *comb) {
     const uint32_t ND = e->N * e->D;
     lin(e, fn, 0, e->s, ND, T, ND, e->mixes, e->mix, e->mix);
-    float sc[3], bs[(2 + TM_DSV41_MAX_HC) * TM_DSV41_MAX_HC];
-    vec_f32(scale, sc);
-    vec_f32(base, bs);
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = e->s + (size_t)t * ND;
-        double ss = 0.0;
-        for (uint32_t i = 0; i < ND; i++)
-            ss += (double)st[i] * st[i];
-        const double r = 1.0 / sqrt(ss / ND + (double)e->c->norm_eps);
-        float *m = e->mixes + (size_t)t * e->mix;
-        for (uint32_t i = 0; i < e->mix; i++)
-            m[i] = (float)((double)m[i] * r);
-        tm_dsv_hc_split(m, sc, bs, e->N, e->c->hc_sinkhorn_iters, e->c->hc_eps,
-                        pre + (size_t)t * e->N, post + (size_t)t * e->N,
-                        comb + (size_t)t * e->N * e->N);
-    }
-}
-
-/* x[t] = sum_i pre[t][i] streams[t][i]. */
-static void hc_collapse(v41_eng *e, uint32_t T, const float *pre, float *x) {
-    const uint32_t N = e->N, D = e->D;
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = e->s + (size_t)t * N * D, *p = pre + (size_t)t * N;
-        for (uint32_t d = 0; d < D; d++) {
-            double acc = 0.0;
-            for (uint32_t i = 0; i < N; i++)
-                acc += (double)p[i] * st[i * D + d];
-            x[(size_t)t * D + d] = (float)acc;
-        }
-    }
-}
-
-/* streams[t][k] = post[k] y[t] + sum_j comb[j][k] streams[t][j]. */
-static void hc_expand(v41_eng *e, uint32_t T, const float *y, const float *post,
-                      const float *comb) {
-    const uint32_t N = e->N, D = e->D;
-    for (uint32_t t = 0; t < T; t++) {
-        float *st = e->s + (size_t)t * N * D;
-        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
-        for (uint32_t d = 0; d < D; d++) {
-            double out[TM_DSV41_MAX_HC];
-            for (uint32_t k = 0; k < N; k++) {
-                double acc = 0.0;
-                for (uint32_t j = 0; j < N; j++)
-                    acc += (double)cb[j * N + k] * st[j * D + d];
-                out[k] = (double)po[k] * y[(size_t)t * D + d] + acc;
-            }
-            for (uint32_t k = 0; k < N; k++)
-                st[k * D + d] = (float)out[k];
-        }
-    }
+    tm_dsv_hc_mix_split(e->s, e->N, e->D, T, e->mixes, scale, base, e->c->norm_eps,
+                        e->c->hc_sinkhorn_iters, e->c->hc_eps, pre, post, comb);
 }
 
 /* ---- Engram ---- */
@@ -613,14 +489,6 @@ static void attn_item(void *ctx, uint32_t t, uint32_t tid) {
     }
 }
 
-static void cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn) {
-    for (uint32_t i = 0; i < rd / 2; i++) {
-        const float ang = (float)pos * inv_freq[i];
-        cs[i] = (float)cos((double)ang);
-        sn[i] = (float)sin((double)ang);
-    }
-}
-
 static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
     const tm_dsv41_layer *L = &e->w->layers[il];
     const tm_dsv41_cfg *c = e->c;
@@ -629,9 +497,9 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
     float *nw = e->vec;
     // q: low rank, RoPE
     lin(e, &L->wq_a, 0, e->x, e->D, T, e->D, e->qr, e->qlr, e->qlr);
-    vec_f32(&L->q_norm, nw);
+    tm_dsv_vec_f32(&L->q_norm, nw);
     for (uint32_t t = 0; t < T; t++)
-        rmsnorm(e->qr + (size_t)t * e->qlr, nw, e->qlr, c->norm_eps);
+        tm_dsv_rmsnorm(e->qr + (size_t)t * e->qlr, nw, e->qlr, c->norm_eps);
     lin(e, &L->wq_b, (uint64_t)e->sh.h0 * hd, e->qr, e->qlr, T, e->qlr, e->q, e->H * hd, e->H * hd);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < e->H; h++)
@@ -639,12 +507,12 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
                              sn + (size_t)t * half, 1.0f);
     // window KV: rotated, act_quant'ed, stored at the token's slot
     lin(e, &L->wkv, 0, e->x, e->D, T, e->D, e->kv, hd, hd);
-    vec_f32(&L->kv_norm, nw);
+    tm_dsv_vec_f32(&L->kv_norm, nw);
     for (uint32_t t = 0; t < T; t++) {
         float *kv = e->kv + (size_t)t * hd;
-        rmsnorm(kv, nw, hd, c->norm_eps);
+        tm_dsv_rmsnorm(kv, nw, hd, c->norm_eps);
         tm_dsv_rope_head(kv, hd, rd, cs + (size_t)t * half, sn + (size_t)t * half, 1.0f);
-        act_quant(kv, hd);
+        tm_dsv_act_quant(kv, hd);
         memcpy(e->st[il].win + tok_slot(e, t, e->tok_pos[t]) * hd, kv, hd * sizeof(float));
     }
     if (r && c->kv_source[il]) {
@@ -652,7 +520,7 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
         v41_state *ls = &e->st[il];
         uint32_t n_lat = 0;
         lin(e, &L->c_wkv, 0, e->x, e->D, T, e->D, e->ckv, hd, hd);
-        vec_f32(&L->c_norm, nw);
+        tm_dsv_vec_f32(&L->c_norm, nw);
         if (r == 1) {
             for (uint32_t t = 0; t < T; t++) {
                 memcpy(e->lat + (size_t)n_lat * hd, e->ckv + (size_t)t * hd, hd * sizeof(float));
@@ -691,26 +559,26 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
             }
         }
         for (uint32_t i = 0; i < n_lat; i++)
-            rmsnorm(e->lat + (size_t)i * hd, nw, hd, c->norm_eps);
+            tm_dsv_rmsnorm(e->lat + (size_t)i * hd, nw, hd, c->norm_eps);
         float csg[TM_DSV41_MAX_ROPE / 2], sng[TM_DSV41_MAX_ROPE / 2];
         if (c->index_source[il] && n_lat) { // this layer owns the index keys
             lin(e, &L->i_wk, 0, e->lat, hd, n_lat, hd, e->lk, e->di, e->di);
-            vec_f32(&L->i_k_norm, nw);
+            tm_dsv_vec_f32(&L->i_k_norm, nw);
             for (uint32_t i = 0; i < n_lat; i++) {
                 float *k = e->lk + (size_t)i * e->di;
-                rmsnorm(k, nw, e->di, c->norm_eps);
-                cos_sin(c->inv_freq_comp, rd, e->lat_w[i] * r, csg, sng);
+                tm_dsv_rmsnorm(k, nw, e->di, c->norm_eps);
+                tm_dsv_cos_sin(c->inv_freq_comp, rd, e->lat_w[i] * r, csg, sng);
                 tm_dsv_rope_head(k, e->di, rd, csg, sng, 1.0f);
-                fp4_act_quant(k, e->di, 32, 0);
+                tm_dsv_fp4_act_quant(k, e->di, 32, 0);
                 memcpy(ls->ikey + comp_slot(e, e->lat_t[i], e->lat_w[i], r) * e->di, k,
                        e->di * sizeof(float));
             }
         }
         for (uint32_t i = 0; i < n_lat; i++) {
             float *lat = e->lat + (size_t)i * hd;
-            cos_sin(c->inv_freq_comp, rd, e->lat_w[i] * r, csg, sng);
+            tm_dsv_cos_sin(c->inv_freq_comp, rd, e->lat_w[i] * r, csg, sng);
             tm_dsv_rope_head(lat, hd, rd, csg, sng, 1.0f);
-            fp4_act_quant(lat, hd, 16, 1);
+            tm_dsv_fp4_act_quant(lat, hd, 16, 1);
             memcpy(ls->comp + comp_slot(e, e->lat_t[i], e->lat_w[i], r) * hd, lat,
                    hd * sizeof(float));
         }
@@ -724,7 +592,7 @@ static void layer_attn(v41_eng *e, uint32_t il, uint32_t T) {
             for (uint32_t h = 0; h < e->Hi; h++) {
                 float *q = e->iq + ((size_t)t * e->Hi + h) * e->di;
                 tm_dsv_rope_head(q, e->di, rd, cs + (size_t)t * half, sn + (size_t)t * half, 1.0f);
-                fp4_act_quant(q, e->di, 32, 0);
+                tm_dsv_fp4_act_quant(q, e->di, 32, 0);
             }
         if (e->tp > 1) {
             tm_cpu_pool_run(e->pool, index_score_item, &j, T);
@@ -755,18 +623,7 @@ static void expert(v41_eng *e, const tm_tensor *w1, const tm_tensor *w3, const t
     const float lim = e->c->swiglu_limit;
     lin(e, w1, 0, e->xg, D, n, D, e->g, I, I);
     lin(e, w3, 0, e->xg, D, n, D, e->u, I, I);
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < I; i++) {
-            float g = e->g[(size_t)t * I + i], u = e->u[(size_t)t * I + i];
-            if (lim > 0.0f) {
-                u = clampf_(u, -lim, lim);
-                g = fminf(g, lim);
-            }
-            double h = (double)g / (1.0 + exp(-(double)g)) * u;
-            if (wt)
-                h *= (double)wt[t];
-            e->g[(size_t)t * I + i] = (float)h;
-        }
+    tm_dsv_swiglu(e->g, e->u, n, I, lim, wt);
     lin(e, w2, 0, e->g, I, n, I, e->eo, D, D);
 }
 
@@ -775,7 +632,7 @@ static void layer_moe(v41_eng *e, uint32_t il, uint32_t T) {
     const tm_dsv41_cfg *c = e->c;
     const uint32_t D = e->D, E = e->E, K = e->K;
     float *bias = e->vec;
-    vec_f32(&L->gate_bias, bias);
+    tm_dsv_vec_f32(&L->gate_bias, bias);
     lin(e, &L->gate_w, 0, e->x, D, T, D, e->rl, E, E);
     for (uint32_t t = 0; t < T; t++) {
         float *sc = e->rl + (size_t)t * E;
@@ -906,14 +763,8 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             tm_engram_table_prefetch(e->etab[k], rows, (size_t)T * nc);
         }
     }
-    for (uint32_t t = 0; t < T; t++) { // vocab-parallel: the rank holding a row gives it
-        const uint32_t row = e->tok_id[t] - e->sh.vocab0; // wraps below the slice
-        if (row < e->sh.n_vocab)
-            tm_dtype_to_f32(e->m->embd.data, e->m->embd.dtype, (size_t)e->tok_id[t] * D, D,
-                            e->x + (size_t)t * D);
-        else
-            memset(e->x + (size_t)t * D, 0, D * sizeof(float));
-    }
+    // vocab-parallel: the rank holding a row gives it
+    tm_dsv_embed_slice(&e->m->embd, e->tok_id, T, e->sh.vocab0, e->sh.n_vocab, D, e->x);
     allreduce(e, e->x, (size_t)T * D);
     for (uint32_t t = 0; t < T; t++) {
         float *st = e->s + (size_t)t * N * D;
@@ -922,10 +773,10 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             memcpy(st + (size_t)i * D, st, D * sizeof(float));
         for (uint32_t i = 0; i < N; i++)
             e->pre[(size_t)t * N + i] = i == 0 ? 1.0f : 0.0f; // make_identity_pre_mix
-        cos_sin(c->inv_freq_main, e->rd, e->tok_pos[t], e->cs_m + (size_t)t * half,
-                e->sn_m + (size_t)t * half);
-        cos_sin(c->inv_freq_comp, e->rd, e->tok_pos[t], e->cs_c + (size_t)t * half,
-                e->sn_c + (size_t)t * half);
+        tm_dsv_cos_sin(c->inv_freq_main, e->rd, e->tok_pos[t], e->cs_m + (size_t)t * half,
+                       e->sn_m + (size_t)t * half);
+        tm_dsv_cos_sin(c->inv_freq_comp, e->rd, e->tok_pos[t], e->cs_c + (size_t)t * half,
+                       e->sn_c + (size_t)t * half);
     }
     float *nw = e->vec;
     tm_dsv41_drafter_begin(e->dsp, T);
@@ -941,19 +792,13 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
         // and the MoE's pre mix
         hc_mixes(e, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, e->apre, e->post,
                  e->comb);
-        hc_collapse(e, T, e->pre, e->x);
-        vec_f32(&L->attn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(e->s, N, D, T, e->pre, &L->attn_norm, c->norm_eps, nw, e->x);
         layer_attn(e, il, T);
-        hc_expand(e, T, e->y, e->post, e->comb);
+        tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
         hc_mixes(e, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, e->pre, e->post, e->comb);
-        hc_collapse(e, T, e->apre, e->x);
-        vec_f32(&L->ffn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(e->s, N, D, T, e->apre, &L->ffn_norm, c->norm_eps, nw, e->x);
         layer_moe(e, il, T);
-        hc_expand(e, T, e->y, e->post, e->comb);
+        tm_dsv_hc_expand(e->s, e->N, e->D, T, e->y, e->post, e->comb);
     }
     if (!n_want)
         return TM_OK;
@@ -968,10 +813,7 @@ static tm_rc v41_forward(tm_engine *eng, const tm_batch *b, float *logits, tm_er
             memmove(e->pre + (size_t)r * N, e->pre + (size_t)t * N, N * sizeof(float));
         }
     }
-    hc_collapse(e, r, e->pre, e->x);
-    vec_f32(&e->m->out_norm, nw);
-    for (uint32_t t = 0; t < r; t++)
-        rmsnorm(e->x + (size_t)t * D, nw, D, c->norm_eps);
+    tm_dsv_collapse_norm(e->s, N, D, r, e->pre, &e->m->out_norm, c->norm_eps, nw, e->x);
     lin(e, &e->m->lm_head, e->sh.vocab0, e->x, D, r, D, logits, e->sh.n_vocab, e->sh.n_vocab);
     return TM_OK;
 }

@@ -8,8 +8,9 @@
  *   max(0, P-win+1) .. P and to every block position (no causal mask); MoE with the stages'
  *   expert counts. Head: hc_pre with the last pre mix, the last stage's norm, the backbone head;
  *   row i += markov_head(markov_embed[pick i-1]), pick i = argmax. Confidence: proj(x_i | embed).
- * The small kernels (act_quant, rmsnorm, the double-accumulated linear) are the same arithmetic
- * as dsv41.c's, written here so the V4.1 forward stays untouched but for its hooks. */
+ * The small kernels (act_quant, rmsnorm, the rope angles, hyper-connection collapse / expand, the
+ * SwiGLU) are dsv41.c's, from dsv_common.h; the double-accumulated linear is its own (one
+ * accumulator, where dsv41.c's sums four). */
 #include "runner/engine/cpu/dsv41_dspark.h"
 
 #include <math.h>
@@ -49,62 +50,13 @@ struct tm_dsv41_drafter {
     uint32_t n_conf;
 };
 
-/* ---- kernels (dsv41.c's arithmetic) ---- */
-
-static float round_scale(float amax, float max_inv) {
-    const float x = amax * max_inv;
-    uint32_t bits;
-    memcpy(&bits, &x, sizeof(bits));
-    const int32_t ex = (int32_t)((bits >> 23) & 0xffu), lg = ex - 127 + ((bits & 0x7fffffu) != 0);
-    const uint32_t out = (uint32_t)(lg + 127) << 23;
-    float f;
-    memcpy(&f, &out, sizeof(f));
-    return f;
-}
-
-static float clampf_(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
-
-static float e4m3_sat(float v) {
-    return tm_e4m3_to_f32(tm_f32_to_e4m3(clampf_(v, -448.0f, 448.0f)));
-}
-
-static void act_quant(float *x, uint32_t n) {
-    for (uint32_t b = 0; b < n; b += 32) {
-        float amax = 0.0f;
-        for (uint32_t i = 0; i < 32; i++)
-            amax = fmaxf(amax, fabsf(x[b + i]));
-        const float s = round_scale(fmaxf(amax, 1e-4f), (float)(1.0 / 448.0));
-        for (uint32_t i = 0; i < 32; i++)
-            x[b + i] = e4m3_sat(x[b + i] / s) * s;
-    }
-}
+/* ---- the linear (act_quant, rmsnorm, rope angles: dsv_common.h) ---- */
 
 static float dotd(const float *a, const float *b, uint32_t n) {
     double acc = 0.0;
     for (uint32_t i = 0; i < n; i++)
         acc += (double)a[i] * (double)b[i];
     return (float)acc;
-}
-
-static void rmsnorm(float *x, const float *w, uint32_t n, float eps) {
-    double ss = 0.0;
-    for (uint32_t i = 0; i < n; i++)
-        ss += (double)x[i] * x[i];
-    const double r = 1.0 / sqrt(ss / n + (double)eps);
-    for (uint32_t i = 0; i < n; i++)
-        x[i] = (float)((double)x[i] * r * (w ? (double)w[i] : 1.0));
-}
-
-static void vec_f32(const tm_tensor *t, float *out) {
-    tm_dtype_to_f32(t->data, t->dtype, 0, (size_t)tm_tensor_n_elem(t), out);
-}
-
-static void cos_sin(const float *inv_freq, uint32_t rd, uint32_t pos, float *cs, float *sn) {
-    for (uint32_t i = 0; i < rd / 2; i++) {
-        const float ang = (float)pos * inv_freq[i];
-        cs[i] = (float)cos((double)ang);
-        sn[i] = (float)sin((double)ang);
-    }
 }
 
 typedef struct lin_job {
@@ -138,7 +90,7 @@ static void lin_aq(tm_dsv41_drafter *d, int aq, const tm_tensor *w, uint64_t row
         TM_ASSERT(n_in % 32 == 0);
         for (uint32_t t = 0; t < n_tok; t++) {
             memcpy(d->xin + (size_t)t * d->max_in, x + (size_t)t * ldx, n_in * sizeof(float));
-            act_quant(d->xin + (size_t)t * d->max_in, n_in);
+            tm_dsv_act_quant(d->xin + (size_t)t * d->max_in, n_in);
         }
         x = d->xin;
         ldx = d->max_in;
@@ -163,55 +115,8 @@ static void hc_mixes(tm_dsv41_drafter *d, const tm_tensor *fn, const tm_tensor *
                      const tm_tensor *base, uint32_t T, float *pre, float *post, float *comb) {
     const uint32_t ND = d->N * d->D;
     lin(d, fn, d->s, ND, T, ND, d->mixes, d->mix, d->mix);
-    float sc[3], bs[(2 + TM_DSV41_MAX_HC) * TM_DSV41_MAX_HC];
-    vec_f32(scale, sc);
-    vec_f32(base, bs);
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = d->s + (size_t)t * ND;
-        double ss = 0.0;
-        for (uint32_t i = 0; i < ND; i++)
-            ss += (double)st[i] * st[i];
-        const double r = 1.0 / sqrt(ss / ND + (double)d->c->norm_eps);
-        float *m = d->mixes + (size_t)t * d->mix;
-        for (uint32_t i = 0; i < d->mix; i++)
-            m[i] = (float)((double)m[i] * r);
-        tm_dsv_hc_split(m, sc, bs, d->N, d->c->hc_sinkhorn_iters, d->c->hc_eps,
-                        pre + (size_t)t * d->N, post + (size_t)t * d->N,
-                        comb + (size_t)t * d->N * d->N);
-    }
-}
-
-static void hc_collapse(tm_dsv41_drafter *d, uint32_t T, const float *pre, float *x) {
-    const uint32_t N = d->N, D = d->D;
-    for (uint32_t t = 0; t < T; t++) {
-        const float *st = d->s + (size_t)t * N * D, *p = pre + (size_t)t * N;
-        for (uint32_t k = 0; k < D; k++) {
-            double acc = 0.0;
-            for (uint32_t i = 0; i < N; i++)
-                acc += (double)p[i] * st[i * D + k];
-            x[(size_t)t * D + k] = (float)acc;
-        }
-    }
-}
-
-static void hc_expand(tm_dsv41_drafter *d, uint32_t T, const float *y, const float *post,
-                      const float *comb) {
-    const uint32_t N = d->N, D = d->D;
-    for (uint32_t t = 0; t < T; t++) {
-        float *st = d->s + (size_t)t * N * D;
-        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
-        for (uint32_t k = 0; k < D; k++) {
-            double out[TM_DSV41_MAX_HC];
-            for (uint32_t j = 0; j < N; j++) {
-                double acc = 0.0;
-                for (uint32_t i = 0; i < N; i++)
-                    acc += (double)cb[i * N + j] * st[i * D + k];
-                out[j] = (double)po[j] * y[(size_t)t * D + k] + acc;
-            }
-            for (uint32_t j = 0; j < N; j++)
-                st[j * D + k] = (float)out[j];
-        }
-    }
+    tm_dsv_hc_mix_split(d->s, d->N, d->D, T, d->mixes, scale, base, d->c->norm_eps,
+                        d->c->hc_sinkhorn_iters, d->c->hc_eps, pre, post, comb);
 }
 
 /* ---- the stage's attention (DSparkAttention.forward, decode) ---- */
@@ -270,21 +175,21 @@ static void stage_attn(tm_dsv41_drafter *d, uint32_t k, uint32_t T) {
     const float eps = d->c->norm_eps;
     float *nw = d->vec;
     lin(d, &L->wq_a, d->x, d->D, T, d->D, d->qr, d->qlr, d->qlr);
-    vec_f32(&L->q_norm, nw);
+    tm_dsv_vec_f32(&L->q_norm, nw);
     for (uint32_t t = 0; t < T; t++)
-        rmsnorm(d->qr + (size_t)t * d->qlr, nw, d->qlr, eps);
+        tm_dsv_rmsnorm(d->qr + (size_t)t * d->qlr, nw, d->qlr, eps);
     lin(d, &L->wq_b, d->qr, d->qlr, T, d->qlr, d->q, d->H * hd, d->H * hd);
     for (uint32_t t = 0; t < T; t++)
         for (uint32_t h = 0; h < d->H; h++)
             tm_dsv_rope_head(d->q + ((size_t)t * d->H + h) * hd, hd, rd, d->cs + (size_t)t * half,
                              d->sn + (size_t)t * half, 1.0f);
     lin(d, &L->wkv, d->x, d->D, T, d->D, d->kv, hd, hd);
-    vec_f32(&L->kv_norm, nw);
+    tm_dsv_vec_f32(&L->kv_norm, nw);
     for (uint32_t t = 0; t < T; t++) {
         float *kv = d->kv + (size_t)t * hd;
-        rmsnorm(kv, nw, hd, eps);
+        tm_dsv_rmsnorm(kv, nw, hd, eps);
         tm_dsv_rope_head(kv, hd, rd, d->cs + (size_t)t * half, d->sn + (size_t)t * half, 1.0f);
-        act_quant(kv, hd);
+        tm_dsv_act_quant(kv, hd);
     }
     attn_job j = {d, k};
     tm_cpu_pool_run(d->pool, attn_item, &j, T);
@@ -302,18 +207,7 @@ static void expert(tm_dsv41_drafter *d, const tm_tensor *w1, const tm_tensor *w3
     const float lim = d->c->swiglu_limit;
     lin(d, w1, d->xg, D, n, D, d->g, I, I);
     lin(d, w3, d->xg, D, n, D, d->u, I, I);
-    for (uint32_t t = 0; t < n; t++)
-        for (uint32_t i = 0; i < I; i++) {
-            float g = d->g[(size_t)t * I + i], u = d->u[(size_t)t * I + i];
-            if (lim > 0.0f) {
-                u = clampf_(u, -lim, lim);
-                g = fminf(g, lim);
-            }
-            double h = (double)g / (1.0 + exp(-(double)g)) * u;
-            if (wt)
-                h *= (double)wt[t];
-            d->g[(size_t)t * I + i] = (float)h;
-        }
+    tm_dsv_swiglu(d->g, d->u, n, I, lim, wt);
     lin(d, w2, d->g, I, n, I, d->eo, D, D);
 }
 
@@ -322,7 +216,7 @@ static void stage_moe(tm_dsv41_drafter *d, uint32_t k, uint32_t T) {
     const tm_dsv41_cfg *c = d->c;
     const uint32_t D = d->D, E = d->E, K = d->K;
     float *bias = d->bias, *biased = d->vec;
-    vec_f32(&L->gate_bias, bias);
+    tm_dsv_vec_f32(&L->gate_bias, bias);
     lin(d, &L->gate_w, d->x, D, T, D, d->rl, E, E);
     for (uint32_t t = 0; t < T; t++) {
         float *sc = d->rl + (size_t)t * E;
@@ -484,22 +378,22 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
                 d->mx + (size_t)r * D, D, D);
             r += seqs[i].n_tok;
         }
-        vec_f32(&p->main_norm, nw);
+        tm_dsv_vec_f32(&p->main_norm, nw);
         for (uint32_t t = 0; t < n_rows; t++) {
-            rmsnorm(d->mx + (size_t)t * D, nw, D, c->norm_eps);
-            cos_sin(c->inv_freq_main, d->rd, d->tok_pos[t], d->cs + (size_t)t * half,
-                    d->sn + (size_t)t * half);
+            tm_dsv_rmsnorm(d->mx + (size_t)t * D, nw, D, c->norm_eps);
+            tm_dsv_cos_sin(c->inv_freq_main, d->rd, d->tok_pos[t], d->cs + (size_t)t * half,
+                           d->sn + (size_t)t * half);
         }
         for (uint32_t k = 0; k < p->n_stage; k++) {
             const tm_dsv41_layer *L = &p->stages[k];
             lin(d, &L->wkv, d->mx, D, n_rows, D, d->kvm, hd, hd);
-            vec_f32(&L->kv_norm, nw);
+            tm_dsv_vec_f32(&L->kv_norm, nw);
             for (uint32_t t = 0; t < n_rows; t++) {
                 float *kv = d->kvm + (size_t)t * hd;
-                rmsnorm(kv, nw, hd, c->norm_eps);
+                tm_dsv_rmsnorm(kv, nw, hd, c->norm_eps);
                 tm_dsv_rope_head(kv, hd, d->rd, d->cs + (size_t)t * half, d->sn + (size_t)t * half,
                                  1.0f);
-                act_quant(kv, hd);
+                tm_dsv_act_quant(kv, hd);
                 memcpy(d->win[k] + slot_of(d, &seqs[d->tok_seq[t]], d->tok_pos[t]) * hd, kv,
                        hd * sizeof(float));
             }
@@ -527,39 +421,33 @@ tm_rc tm_dsv41_drafter_draft(tm_dsv41_drafter *d, const tm_engine_opts *o, uint3
                 memcpy(st + (size_t)k * D, st, D * sizeof(float));
             for (uint32_t k = 0; k < N; k++)
                 d->pre[(size_t)T * N + k] = k == 0 ? 1.0f : 0.0f;
-            cos_sin(c->inv_freq_main, d->rd, d->tok_pos[T], d->cs + (size_t)T * half,
-                    d->sn + (size_t)T * half);
+            tm_dsv_cos_sin(c->inv_freq_main, d->rd, d->tok_pos[T], d->cs + (size_t)T * half,
+                           d->sn + (size_t)T * half);
         }
     }
     for (uint32_t k = 0; k < p->n_stage; k++) { // Block.forward
         const tm_dsv41_layer *L = &p->stages[k];
         hc_mixes(d, &L->hc_attn_fn, &L->hc_attn_scale, &L->hc_attn_base, T, d->apre, d->post,
                  d->comb);
-        hc_collapse(d, T, d->pre, d->x);
-        vec_f32(&L->attn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(d->s, d->N, D, T, d->pre, &L->attn_norm, c->norm_eps, nw, d->x);
         stage_attn(d, k, T);
-        hc_expand(d, T, d->y, d->post, d->comb);
+        tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
         hc_mixes(d, &L->hc_ffn_fn, &L->hc_ffn_scale, &L->hc_ffn_base, T, d->pre, d->post, d->comb);
-        hc_collapse(d, T, d->apre, d->x);
-        vec_f32(&L->ffn_norm, nw);
-        for (uint32_t t = 0; t < T; t++)
-            rmsnorm(d->x + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_collapse_norm(d->s, d->N, D, T, d->apre, &L->ffn_norm, c->norm_eps, nw, d->x);
         stage_moe(d, k, T);
-        hc_expand(d, T, d->y, d->post, d->comb);
+        tm_dsv_hc_expand(d->s, d->N, d->D, T, d->y, d->post, d->comb);
     }
     // forward_head: hc_pre, the last stage's norm, the shared head; x kept for the confidence
-    hc_collapse(d, T, d->pre, d->x);
+    tm_dsv_hc_collapse(d->s, d->N, d->D, T, d->pre, d->x);
     memcpy(d->y, d->x, (size_t)T * D * sizeof(float));
-    vec_f32(&p->norm, nw);
+    tm_dsv_vec_f32(&p->norm, nw);
     for (uint32_t t = 0; t < T; t++)
-        rmsnorm(d->y + (size_t)t * D, nw, D, c->norm_eps);
+        tm_dsv_rmsnorm(d->y + (size_t)t * D, nw, D, c->norm_eps);
     const uint32_t V = d->V, R = d->R;
     lin(d, &d->m->lm_head, d->y, D, T, D, logits, V, V);
     // the Markov head, sequentially: row j += head(embed(pick j-1)), pick j = argmax
     float *cw = d->xin; // [D + R] the confidence proj
-    vec_f32(&p->conf_proj, cw);
+    tm_dsv_vec_f32(&p->conf_proj, cw);
     for (uint32_t b = 0; b < T / B; b++) {
         uint32_t prev = seqs[d->tok_seq[b * B]].next[seqs[d->tok_seq[b * B]].n_tok - 1];
         for (uint32_t j = 0; j < B; j++) {
