@@ -5,7 +5,8 @@
  *
  * Data: groups of uniform values over scales 1e-6 .. 1e3, all-zero groups, groups on a
  * 2^-6 grid (so x / s often lands exactly between two codes: the ties), and huge values (the
- * clamp). Quantizers: bit-identical to the reference (the same fp32 operations). Gate:
+ * clamp). Quantizers: bit-identical to the reference (the same fp32 operations), and the CPU
+ * engine's own (tm_dsv_act_quant / tm_dsv_fp4_act_quant, dsv_common.h) to the same reference. Gate:
  * |gpu - ref| <= 1e-6 * (|h| + |value|) per element (double sums in another order). Also: n 0
  * launches nothing. The indexer's selection (plain top-k, candidate source, consumer) against qsort
  * with the CPU engine's order (higher score, then the lower position), on scores with many ties
@@ -27,6 +28,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include <cuda_runtime_api.h>
 
 #include "kernels/dsv41.h"
+#include "runner/engine/cpu/dsv_common.h"
 #include "tm_gpu_test.h"
 
 /* ---- host references ---- */
@@ -126,6 +128,11 @@ static void test_act_quant(void) {
         float *x = make_data(n, 32), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
         memcpy(ref, x, n * 4);
         ref_act_quant(ref, n);
+        float *cpu = xmalloc(n * 4); /* the CPU engine's own (dsv_common.h) */
+        memcpy(cpu, x, n * 4);
+        tm_dsv_act_quant(cpu, (uint32_t)n);
+        check_bits("act_quant: CPU engine vs reference", cpu, ref, n);
+        free(cpu);
         float *d = dup_to_dev(x, n * 4);
         tm_err err = {0};
         TM_CHECK(tm_k_dsv41_act_quant(d, n, g_stream, &err) == TM_OK);
@@ -145,6 +152,11 @@ static void test_fp4_act_quant(void) {
         float *x = make_data(n, block), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
         memcpy(ref, x, n * 4);
         ref_fp4_act_quant(ref, n, block, e4);
+        float *cpu = xmalloc(n * 4);
+        memcpy(cpu, x, n * 4);
+        tm_dsv_fp4_act_quant(cpu, (uint32_t)n, block, e4);
+        check_bits("fp4_act_quant: CPU engine vs reference", cpu, ref, n);
+        free(cpu);
         float *d = dup_to_dev(x, n * 4);
         tm_err err = {0};
         TM_CHECK(tm_k_dsv41_fp4_act_quant(d, n, block, e4, g_stream, &err) == TM_OK);
