@@ -16,7 +16,8 @@
 #   BACKEND=cpu B=build OUT=/tmp/dsv41dev REF=/work/ref/deepseek_v41 bash bench/dsv41_device.sh
 #
 # Stages (default: ref cpu cuda bench):
-#   ref    DeepSeek's reference (torch, tests/oracles/v41_torch_ref.py) on the mkmodel checkpoints
+#   ref    the reference's quantizers against the NumPy oracle's (--selftest, bit for bit), then
+#          DeepSeek's reference (torch, tests/oracles/v41_torch_ref.py) on the mkmodel checkpoints
 #          of every tests/fixtures/v41/*.json: on the GPU (device cuda) -> $OUT/v41_torch/*.json,
 #          fixtures in the shape of tests/fixtures/v41 (copy them to tests/fixtures/v41_torch/ for
 #          CI, see below); the same on torch's CPU -> $OUT/v41_torch_cpu/; each compared with the
@@ -105,12 +106,18 @@ step() {
   local t0; t0=$(date +%s)
   TM_BUILD=$B TM_SRC=$PWD PYTHONUNBUFFERED=1 timeout -k 5 "$to" "$@" > "$OUT/$name.log" 2>&1
   echo "$name rc=$? in $(( $(date +%s) - t0 )) s"
-  grep -E "max \|d logprob\||greedy|checks|FAIL|Error|error" "$OUT/$name.log" | head -40
+  grep -E "max \|d logprob\||greedy|checks|FAIL|Error|error|selftest" "$OUT/$name.log" | head -40
 }
 dry() { echo "[dry-run, no GPU] would run: $*"; }
 
 if has ref; then
   ref_cmd=("$PY" tests/oracles/v41_torch_ref.py --ref "$REF" --mkmodel "$B/mkmodel")
+  if [ $has_torch = 1 ]; then
+    dev=cpu; [ "$BACKEND" = cuda ] && dev=cuda
+    step ref_selftest 120 "$PY" tests/oracles/v41_torch_ref.py --ref "$REF" --selftest --device $dev
+  else
+    dry "$PY tests/oracles/v41_torch_ref.py --ref $REF --selftest --device cuda"
+  fi
   if [ "$BACKEND" = cuda ] && [ $has_torch = 1 ]; then
     step ref_torch_cuda 420 "${ref_cmd[@]}" $fx_args --out "$OUT/v41_torch" --device cuda
   else

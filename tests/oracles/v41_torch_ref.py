@@ -30,6 +30,8 @@ Usage:
   python3 tests/oracles/v41_torch_ref.py --ref DIR --mkmodel BUILD/mkmodel \
       --fixture tests/fixtures/v41/v41_tiny.json [--fixture ...] --out DIR [--device cuda]
   python3 tests/oracles/v41_torch_ref.py --compare A.json B.json   # two fixtures, no torch needed
+  python3 tests/oracles/v41_torch_ref.py --ref DIR --selftest [--device cuda]   # the quantizers:
+      the reference's act_quant / fp4_act_quant against the NumPy oracle's, bit for bit
 """
 import argparse
 import importlib
@@ -291,6 +293,41 @@ def run_fixture(mod, mkmodel, fx_path, out_dir, device):
     return out
 
 
+def selftest(mod, device):
+    """The reference's act_quant / fp4_act_quant (bf16 in place) against the NumPy oracle's on the
+    same bf16 values: every QDQ result is exact in bf16 (3 or 1 mantissa bits times a power of two or
+    an e4m3 scale), so they must agree bit for bit. Prints one line; returns the count differing."""
+    import numpy as np
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import v41_ref
+
+    kern = importlib.import_module(mod.__name__.rsplit(".", 1)[0] + ".kernel_cpu")
+    with torch.device("cpu"):  # the data on the host, whatever the default device
+        g = torch.Generator(device="cpu").manual_seed(40)
+        x = torch.randn(512, 64, generator=g) * torch.logspace(-6, 3, 512).unsqueeze(1)
+        x[7] = 0.0  # an all-zero row: the amax clamps
+        x[9] = torch.round(x[9] * 64) / 64  # values on a grid: exact ties
+        xb = x.to(torch.bfloat16)
+    xf = xb.float().numpy()
+    bad = 0
+    for name, fn, ref in (
+        ("act_quant", lambda t: kern.act_quant(t, 32, "ue8m0", torch.float8_e8m0fnu, True),
+         lambda a: v41_ref.act_quant(a, 32)),
+        ("fp4_act_quant 32", lambda t: kern.fp4_act_quant(t, 32, True),
+         lambda a: v41_ref.fp4_act_quant(a, 32)),
+        ("fp4_act_quant 16 e4m3", lambda t: kern.fp4_act_quant(t, 16, True, scale_dtype=torch.float8_e4m3fn),
+         lambda a: v41_ref.fp4_act_quant(a, 16, True)),
+    ):
+        got = fn(xb.clone().to(device)).float().cpu().numpy()
+        want = ref(xf).astype(np.float32)
+        n = int(np.sum(got.view(np.uint32) != want.view(np.uint32)))
+        print(f"selftest {name} ({device}): reference kernel vs NumPy oracle: {n} of {got.size} differ")
+        bad += n
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ref", help="folder with model.py, engram.py, kernel_cpu.py")
@@ -299,11 +336,16 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    ap.add_argument("--selftest", action="store_true", help="quantizers: reference vs NumPy oracle")
     a = ap.parse_args()
     if a.compare:
         with open(a.compare[0]) as f1, open(a.compare[1]) as f2:
             print(json.dumps(compare(json.load(f1), json.load(f2))))
         return 0
+    if a.selftest:
+        if not a.ref:
+            ap.error("--selftest needs --ref")
+        return 1 if selftest(load_reference(a.ref, a.device), a.device) else 0
     if not (a.ref and a.mkmodel and a.fixture and a.out):
         ap.error("--ref, --mkmodel, --fixture and --out are needed (or --compare A B)")
     os.makedirs(a.out, exist_ok=True)
