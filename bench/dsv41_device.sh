@@ -15,7 +15,7 @@
 # Dry run here (the torch and CUDA steps print what they would run; the CPU engine steps run):
 #   BACKEND=cpu B=build OUT=/tmp/dsv41dev REF=/work/ref/deepseek_v41 bash bench/dsv41_device.sh
 #
-# Stages (default: ref cpu cuda bench):
+# Stages (default: ref cpu cuda engram bench):
 #   ref    the reference's quantizers against the NumPy oracle's (--selftest, bit for bit), then
 #          DeepSeek's reference (torch, tests/oracles/v41_torch_ref.py) on the mkmodel checkpoints
 #          of every tests/fixtures/v41/*.json: on the GPU (device cuda) -> $OUT/v41_torch/*.json,
@@ -31,6 +31,9 @@
 #          (Engram rows from the host's tables through pinned memory to the GPU, bit for bit as
 #          engram_table_get), then test_dsv41_cuda (CUDA engine = CPU engine
 #          on small random V4.1 configs) once it exists.
+#   engram Engram rows host -> pinned -> GPU (bench_dsv41_engram_stage) from a 1.06 GB table
+#          written by bench_engram (4,000,000 rows of 256), row cache 64 MB (1/16 of the table):
+#          16 tokens x 48 rows a step, cold and warm; bench_engram's disk-only figures alongside.
 #   bench  bench_engine --shape dsv41-flash, if that shape exists.
 # CI afterwards: copy $OUT/v41_torch/*.json to tests/fixtures/v41_torch/ and write the bound the
 # cpu stage measured (rounded up) into tests/fixtures/v41_torch/LP_TOL; tests/e2e/e2e_v41_torch.sh
@@ -46,7 +49,8 @@ if [ "${1:-}" = "--prep" ]; then
   for f in mkmodel test_dsv41; do
     cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }
   done
-  for f in test_dsv41_kernels test_dsv41_engram_stage test_dsv41_cuda bench_engine tokenmill; do
+  for f in test_dsv41_kernels test_dsv41_engram_stage test_dsv41_cuda bench_engine tokenmill \
+    bench_engram bench_dsv41_engram_stage; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/"
   done
   strip "$dst"/bin/*
@@ -82,7 +86,7 @@ B=$(cd "$B" && pwd)
 [ -f "$B/bin.tgz" ] && [ ! -x "$B/mkmodel" ] && tar xzf "$B/bin.tgz" -C "$B" # from --prep
 REF=${REF:-$B/ref}
 PY=${PY:-python3}
-stages=${*:-ref cpu cuda bench}
+stages=${*:-ref cpu cuda engram bench}
 has() { [[ " $stages " == *" $1 "* ]]; }
 FIX=$(ls tests/fixtures/v41/*.json)
 fx_args=""
@@ -162,6 +166,23 @@ if has cuda; then
     step test_dsv41_cuda 500 "$B/test_dsv41_cuda"
   else
     dry "$B/test_dsv41_cuda"
+  fi
+fi
+
+if has engram; then
+  if [ -x "$B/bench_engram" ] && [ -x "$B/bench_dsv41_engram_stage" ]; then
+    if [ "$BACKEND" = cuda ]; then
+      et=$(mktemp -d)/engram.safetensors
+      step bench_engram 300 "$B/bench_engram" "$et" 4000000 2000 64
+      cat "$OUT/bench_engram.log"
+      step bench_dsv41_engram_stage 200 "$B/bench_dsv41_engram_stage" "$et" 16 200 64
+      cat "$OUT/bench_dsv41_engram_stage.log"
+      rm -rf "$(dirname "$et")"
+    else # a 1 GB table write is not for the shared CPU box
+      dry "$B/bench_engram T.safetensors 4000000 2000 64; $B/bench_dsv41_engram_stage T.safetensors 16 200 64"
+    fi
+  else
+    echo "engram: no bench_engram / bench_dsv41_engram_stage in $B (prep from a -DTM_CUDA=ON build)"
   fi
 fi
 
