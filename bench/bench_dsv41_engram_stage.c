@@ -3,7 +3,8 @@
  * x 48 rows (2 Engram layers x (max_ngram 4 - 1) x 8 heads, as bench/bench_engram.c) of 256
  * values, the host time of prefetch + upload (engram_table_get into pinned memory, then the
  * queued copy), the time from the step's start until the rows are on the GPU (CUDA events on a
- * compute stream that waits for the copies), and the rate; warm (rows in the row cache: the same steps twice) and cold (new rows every step).
+ * compute stream that waits for the copies), and the rate; warm (rows in the row cache: the same
+ * steps twice) and cold (new rows every step).
  *
  *   bench_dsv41_engram_stage FILE [tokens] [steps] [cache_mb]
  *
@@ -42,8 +43,13 @@ int main(int argc, char **argv) {
     }
     tm_err err = {0};
     tm_engram_table *tab = NULL;
-    tm_engram_table_cfg cfg = {argv[1], "layers.1.engram.embed.weight",
-                               "layers.1.engram.embed.scale", 0, 1, cache_mb << 20, 0};
+    tm_engram_table_cfg cfg = {argv[1],
+                               "layers.1.engram.embed.weight",
+                               "layers.1.engram.embed.scale",
+                               0,
+                               1,
+                               cache_mb << 20,
+                               0};
     if (tm_engram_table_open(&cfg, &tab, &err)) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;

@@ -1,11 +1,12 @@
-/* tools/kafka_mock.c - a Kafka cluster for tests and demos: librdkafka's in-process mock cluster
- * (a real Kafka protocol server on loopback: librdkafka's mock cluster), with topics
- * created up front. Prints "bootstrap.servers=<list>" on one line of stdout, then serves until
- * SIGINT/SIGTERM (or stdin EOF with --stdin). Optional control commands on stdin, one per line,
- * let a test inject faults: "down <broker>", "up <broker>" (broker id 1..N, -1 = all),
- * "leader <topic> <partition> <broker>".
+/* tools/kafka_mock.c - a Kafka cluster for tests and demos (docs/kafka.md): librdkafka's
+ * in-process mock cluster (a real Kafka protocol server on loopback), with topics created up
+ * front. Prints "bootstrap.servers=<list>" on one line of stdout, then serves until SIGINT/SIGTERM
+ * (or the "exit" command). With --stdin, control commands come on stdin, one per line:
+ * "down <broker>", "up <broker>" (broker id 1..N, -1 = all), "leader <topic> <partition>
+ * <broker>", "create <topic> <partitions>", "exit". When stdin ends the cluster keeps serving
+ * (until a signal), unless --exit-on-eof.
  *
- *   kafka_mock [--brokers N] [--stdin] TOPIC:PARTITIONS...
+ *   kafka_mock [--brokers N] [--stdin [--exit-on-eof]] TOPIC:PARTITIONS...
  *
  * The mock API is experimental in librdkafka 2.0.2; this file is the only user of it. */
 #define _POSIX_C_SOURCE 200809L
@@ -24,19 +25,24 @@ static void on_signal(int sig) {
 }
 
 int main(int argc, char **argv) {
-    int n_brokers = 3, use_stdin = 0, first_topic = argc;
+    int n_brokers = 3, use_stdin = 0, exit_on_eof = 0, first_topic = argc;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--brokers") == 0 && i + 1 < argc) {
             n_brokers = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--stdin") == 0) {
             use_stdin = 1;
+        } else if (strcmp(argv[i], "--exit-on-eof") == 0) {
+            exit_on_eof = 1;
         } else {
             first_topic = i;
             break;
         }
     }
     if (n_brokers < 1 || first_topic >= argc) {
-        fprintf(stderr, "usage: kafka_mock [--brokers N] [--stdin] TOPIC:PARTITIONS...\n");
+        fprintf(stderr, "usage: kafka_mock [--brokers N] [--stdin [--exit-on-eof]] "
+                        "TOPIC:PARTITIONS...\n"
+                        "  commands on stdin (--stdin): down B | up B | leader T P B | "
+                        "create T N | exit\n");
         return 2;
     }
     char errstr[512];
@@ -88,12 +94,22 @@ int main(int argc, char **argv) {
                 pause();
                 continue;
             }
-            if (!fgets(line, sizeof(line), stdin))
-                break;
+            if (!fgets(line, sizeof(line), stdin)) {
+                if (exit_on_eof)
+                    break;
+                use_stdin = 0; // input closed: serve on until a signal
+                fprintf(stderr, "kafka_mock: stdin closed; serving until SIGINT/SIGTERM\n");
+                continue;
+            }
             char topic[256];
             int a = 0, b = 0;
             rd_kafka_resp_err_t e = RD_KAFKA_RESP_ERR_NO_ERROR;
-            if (sscanf(line, "down %d", &a) == 1)
+            if (strncmp(line, "exit", 4) == 0)
+                break;
+            if (sscanf(line, "create %255s %d", topic, &a) == 2)
+                e = a < 1 ? RD_KAFKA_RESP_ERR_INVALID_PARTITIONS
+                          : rd_kafka_mock_topic_create(mc, topic, a, n_brokers < 3 ? n_brokers : 3);
+            else if (sscanf(line, "down %d", &a) == 1)
                 e = rd_kafka_mock_broker_set_down(mc, a);
             else if (sscanf(line, "up %d", &a) == 1)
                 e = rd_kafka_mock_broker_set_up(mc, a);

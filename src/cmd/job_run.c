@@ -55,8 +55,9 @@ typedef struct source_ctx {
     tm_progress *progress;
     const tm_seqset *skip; /* records an earlier run committed (resume); borrowed, read-only */
     uint64_t n_skipped;
-    bool eof;     /* the whole input was read */
-    bool stopped; /* a file job's source stopped at a stop signal (base/stop.h) */
+    bool eof;                   /* the whole input was read */
+    bool stopped;               /* a file job's source stopped at a stop signal (base/stop.h) */
+    _Atomic bool outputs_final; /* drain: the sink is joined; a lingering source may end */
     tm_rc rc;
     tm_err err;
 } source_ctx;
@@ -110,7 +111,21 @@ static void *source_main(void *arg) {
         }
         if (rc == TM_E_EOF) {
             c->eof = true;
-            tm_progress_set_total(c->progress, n_read); // now the progress line has a total
+            // now the progress line has a total: the whole job's, records earlier runs
+            // committed included (it counts them as done: tm_progress_set_earlier)
+            tm_progress_set_total(c->progress, n_read + c->n_skipped);
+            // The runner gets the end of the input now; a Kafka consumer stays in its group
+            // (commits, rebalances) until the outputs are final (drain below).
+            tm_queue_close(c->q);
+            while (!atomic_load(&c->outputs_final)) {
+                rc = tm_source_linger(c->src, 100, &c->err);
+                if (rc == TM_E_EOF)
+                    break;
+                if (rc) {
+                    c->rc = rc;
+                    break;
+                }
+            }
             break;
         }
         if (rc) {
@@ -153,6 +168,8 @@ static tm_rc add_position(void *ctx, const tm_source_kpos *pos, tm_err *err) {
     sink_input *c = ctx;
     tm_rc rc = tm_manifest_kpart_set(c->man, pos->topic, pos->partition, (uint64_t)pos->next,
                                      pos->ranges, pos->n_ranges, err);
+    if (!rc && pos->fp_offset >= 0)
+        tm_manifest_kpart_set_fp(c->man, pos->topic, pos->partition, pos->fp_offset, pos->fp_ts);
     if (rc || !c->txn_offsets || !pos->owned)
         return rc;
     if (c->n_offs == c->cap_offs) {
@@ -227,13 +244,18 @@ static uint32_t cpu_kv_blocks(const tm_job_spec *spec, const tm_model_cfg *mc) {
     return (uint32_t)TM_MIN(want, cap);
 }
 
-// engine.backend "cuda" where no GPU answers: say what to do instead, after the cause.
+// engine.backend "cuda" where no GPU answers: plainly that, the cause, then what to do instead.
+// The cause: a CUDA build's error (no device, no driver), or that this build has no CUDA engine.
 static const char *cuda_hint(const char *cause) {
     static _Thread_local char msg[sizeof(((tm_err *)0)->msg)];
     snprintf(msg, sizeof(msg),
-             "engine.backend \"cuda\": no usable GPU here (%.*s); use \"cpu\", or \"auto\" (the "
-             "CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
-             (int)(sizeof(msg) / 2), cause);
+             "--backend cuda (engine.backend \"cuda\") needs a GPU: %.*s; use \"cpu\", or \"auto\" "
+             "(the CUDA engine when a GPU answers, else the CPU engine): --backend cpu|auto",
+             (int)(sizeof(msg) / 2),
+             tm_engine_cuda_built() ? "no GPU found"
+                                    : "this build has no CUDA engine (cmake "
+                                      "-DTM_CUDA=ON)");
+    (void)cause;
     return msg;
 }
 
@@ -260,7 +282,13 @@ static tm_rc create_engine(const tm_job_spec *spec, const tm_model *m, tm_engine
         rc = tm_engine_cuda_create(m, &go, out, err);
         if (rc == TM_OK || be == TM_BACKEND_CUDA)
             goto done;
-        TM_LOG_INFO("job", "backend auto: no CUDA engine (%s); using the CPU engine", err->msg);
+        if (tm_engine_cuda_built() && tm_engine_cuda_n_devices() == 0)
+            TM_LOG_INFO("job", "no GPU found: using the cpu engine");
+        else if (tm_engine_cuda_built())
+            TM_LOG_INFO("job", "the GPU did not start the cuda engine (%s): using the cpu engine",
+                        err->msg);
+        else
+            TM_LOG_DEBUG("job", "built without CUDA: using the cpu engine");
     }
     eo->n_kv_block = cpu_kv_blocks(spec, &m->cfg);
     eo->gpu_mem_util = 0; // no GPU
@@ -337,6 +365,26 @@ static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p
     rc = tm_model_load(p->spec->model, &p->model, err);
     if (rc)
         return rc;
+    // engine.max_model_len caps the context (prompt + completion) below the model's, as vLLM's
+    // --max-model-len; above it is an error, as there.
+    uint32_t cap = p->spec->engine.max_model_len;
+    if (cap && cap > p->model->cfg.n_ctx)
+        return TM_ERR(err, TM_E_INVAL,
+                      "%s: engine.max_model_len %u is over the model's context length %u "
+                      "(config.json)",
+                      path, cap, p->model->cfg.n_ctx);
+    if (cap)
+        p->model->cfg.n_ctx = cap;
+    // A record's own max_tokens that cannot fit is an error (context_length_exceeded); the job's
+    // default is a bound, clipped at the context's end: said once per job.
+    if ((p->spec->defaults.set & TM_SP_MAX_TOKENS) &&
+        (uint64_t)p->spec->defaults.max_tokens >= p->model->cfg.n_ctx)
+        TM_LOG_WARN("job",
+                    "%s: defaults.max_tokens %d is not below the context length %u: a completion "
+                    "ends where prompt + completion fill the context (finish_reason \"length\"); "
+                    "a record's own max_tokens that cannot fit fails with "
+                    "context_length_exceeded",
+                    path, (int)p->spec->defaults.max_tokens, p->model->cfg.n_ctx);
     if (p->spec->engine.quantization == TM_JOB_QUANT_FP8) { // done in engine_setup
         rc = tm_model_quantize_fp8_check(p->model, err);
         if (rc)
@@ -370,6 +418,7 @@ static tm_rc parts_load(const char *path, const tm_job_run_opts *o, job_parts *p
 // What an earlier run left in the output folder, and what this run starts from.
 typedef struct resume_state {
     tm_manifest_lk lk;
+    const char *dir; /* the output folder (the spec's); NULL before resume_prepare */
     tm_manifest man; /* this run's manifest: identity now, progress carried over */
     tm_seqset skip;  /* records committed before this run */
     tm_manifest_counts earlier;
@@ -381,12 +430,12 @@ typedef struct resume_state {
 
 // output.results_file exists when the job has not finished (or has no outputs yet): tokenmill
 // writes it only when a job finishes, so it is someone else's file (issue 35).
-static tm_rc results_not_ours(const tm_job_spec *spec, const char *path, tm_err *err) {
+static tm_rc results_not_ours(const tm_job_spec *spec, const char *again, tm_err *err) {
     return TM_ERR(err, TM_E_INVAL,
                   "output.results_file %s already exists, and it is not tokenmill's result for "
                   "this job (the job in %s has not finished): remove it or choose another "
-                  "results path, or run `tokenmill run --restart %s` to overwrite it",
-                  spec->results_file, spec->output_dir, path);
+                  "results path, or run `%s` to overwrite it",
+                  spec->results_file, spec->output_dir, again);
 }
 
 static tm_rc remove_file(const char *dir, const char *name, tm_err *err) {
@@ -416,11 +465,33 @@ static int64_t grown_size(const tm_manifest *cur, const tm_manifest_file *f) {
     return -1;
 }
 
+// "PATH: " before an error message that does not begin with it already (the job loader's
+// messages name the job themselves); static storage, for one log line at a time.
+static const char *named(const char *path, const char *msg) {
+    static __thread char pre[1100];
+    size_t n = strlen(path);
+    if (!strncmp(msg, path, n) && msg[n] == ':')
+        return "";
+    snprintf(pre, sizeof(pre), "%s: ", path);
+    return pre;
+}
+
+// The command that runs this job again from the start: the one-command line as given plus
+// --restart (o->restart_cmd), else `tokenmill run --restart JOB.json`; in buf (n bytes).
+static const char *restart_cmd(const tm_job_run_opts *o, const char *path, char *buf, size_t n) {
+    if (o->restart_cmd)
+        return o->restart_cmd;
+    snprintf(buf, n, "tokenmill run --restart %s", path);
+    return buf;
+}
+
 // Lock the output folder, read its manifest and decide: fresh start, resume (data files cut to
 // their committed lengths), nothing to do (finished), or refuse (another job; --restart wipes).
 static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_job_run_opts *o,
                             resume_state *rs, tm_err *err) {
     const char *dir = spec->output_dir;
+    char cmd[4096]; // restart_cmd's
+    rs->dir = dir;
     int64_t results_size = -1; // a link or FIFO there is refused when it is written
     if (spec->results_file && !o->restart &&
         tm_fs_check_out(spec->results_file, &results_size, err) != TM_OK)
@@ -457,7 +528,7 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
     if (!found && !o->restart) // a fresh start must not overwrite files tokenmill did not write
         rc = tm_manifest_check_folder(dir, &rs->lk, true, err);
     if (!rc && !found && results_size >= 0)
-        rc = results_not_ours(spec, path, err);
+        rc = results_not_ours(spec, restart_cmd(o, path, cmd, sizeof(cmd)), err);
     if (!found) // a fresh start; a temporary file of a crash before the first commit goes
         return rc ? rc : remove_file(dir, TM_MANIFEST_FILE ".tmp", err);
     char why[512];
@@ -467,26 +538,25 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
                     "input %s grew from %lld to %lld bytes since the job in %s started: tokenmill "
                     "reads each input up to the size it had when the job started, so the new "
                     "lines were not read and this output folder cannot take them. Put them in a "
-                    "new file for a new job (or output.dir), or run `tokenmill run --restart %s` "
-                    "to run the whole input again",
+                    "new file for a new job (or output.dir), or run `%s` to run the whole input "
+                    "again",
                     grown->name, (long long)grown->size, (long long)grown_size(&rs->man, grown),
-                    dir, path);
+                    dir, restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return rc;
     }
     if (!tm_manifest_same_job(&old, &rs->man, why, sizeof(why))) {
         rc = TM_ERR(err, TM_E_INVAL,
                     "output folder %s holds another job's outputs: %s. Run "
-                    "`tokenmill run --restart %s` to discard them and start over, or choose "
-                    "another output.dir",
-                    dir, why, path);
+                    "`%s` to discard them and start over, or choose another output folder",
+                    dir, why, restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return rc;
     }
     // A Kafka or stdin job is never done: a rerun reads what is new (a stdin stream must start
     // with the bytes already answered, which the source checks).
     if (results_size >= 0 && !(old.finished && !spec->kafka_in && !rs->man.in_stdin.set)) {
-        rc = results_not_ours(spec, path, err);
+        rc = results_not_ours(spec, restart_cmd(o, path, cmd, sizeof(cmd)), err);
         tm_manifest_fini(&old);
         return rc;
     }
@@ -496,8 +566,8 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         if (rc) {
             tm_err_wrap(err,
                         "the finished job in %s has damaged outputs (nothing was written; "
-                        "`tokenmill run --restart %s` runs the job again)",
-                        dir, path);
+                        "`%s` runs the job again)",
+                        dir, restart_cmd(o, path, cmd, sizeof(cmd)));
             tm_manifest_fini(&old);
             return rc;
         }
@@ -505,9 +575,10 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->finished_before = true;
         rs->earlier = old.counts;
         printf("tokenmill: %s already finished in %s (%llu records: %llu ok, %llu failed); "
-               "nothing to do (tokenmill run --restart runs it again)\n",
+               "nothing to do (`%s` runs it again)\n",
                path, dir, (unsigned long long)(old.counts.n_ok + old.counts.n_failed),
-               (unsigned long long)old.counts.n_ok, (unsigned long long)old.counts.n_failed);
+               (unsigned long long)old.counts.n_ok, (unsigned long long)old.counts.n_failed,
+               restart_cmd(o, path, cmd, sizeof(cmd)));
         tm_manifest_fini(&old);
         return TM_OK;
     }
@@ -518,10 +589,17 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rc = tm_seqset_copy(&rs->skip, &old.done, err);
     if (!rc && !spec->kafka_in)
         rc = tm_seqset_copy(&rs->man.done, &old.done, err);
-    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++)
-        rc = tm_manifest_kpart_set(&rs->man, old.kparts[i].topic, old.kparts[i].partition,
-                                   old.kparts[i].next, old.kparts[i].ranges, old.kparts[i].n_ranges,
-                                   err);
+    for (size_t i = 0; !rc && spec->kafka_in && i < old.n_kparts; i++) {
+        const tm_manifest_kpart *k = &old.kparts[i];
+        rc = tm_manifest_kpart_set(&rs->man, k->topic, k->partition, k->next, k->ranges,
+                                   k->n_ranges, err);
+        if (!rc)
+            tm_manifest_kpart_set_fp(&rs->man, k->topic, k->partition, k->fp_offset, k->fp_ts);
+    }
+    // The cluster the done offsets belong to (io_open checks it against the brokers').
+    if (!rc && spec->kafka_in && old.kafka_in_cluster &&
+        !(rs->man.kafka_in_cluster = tm_strdup(old.kafka_in_cluster)))
+        rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     if (!rc && rs->man.in_stdin.set) {
         rs->man.in_stdin = old.in_stdin;
         rs->man.in_stdin.set = true;
@@ -539,11 +617,15 @@ static tm_rc resume_prepare(const tm_job_spec *spec, const char *path, const tm_
         rs->man.bytes_errors = old.bytes_errors;
         rs->man.n_commits = old.n_commits;
         rs->man.n_runs = old.n_runs;
+        // A Kafka job's done set covers its last run only (records are numbered in consumption
+        // order): its counts carry the whole job.
         TM_LOG_INFO("job",
                     "%s: resuming in %s: %llu records committed by %u earlier run(s); "
                     "%llu torn bytes cut off",
-                    path, dir, (unsigned long long)tm_seqset_count(&old.done), old.n_runs,
-                    (unsigned long long)rs->cut_bytes);
+                    path, dir,
+                    (unsigned long long)(spec->kafka_in ? old.counts.n_ok + old.counts.n_failed
+                                                        : tm_seqset_count(&old.done)),
+                    old.n_runs, (unsigned long long)rs->cut_bytes);
     }
     tm_manifest_fini(&old);
     return rc;
@@ -587,7 +669,10 @@ static tm_rc write_shard_file(const tm_job_spec *spec, const char *path, bool fr
 static void resume_fini(resume_state *rs) {
     tm_manifest_fini(&rs->man);
     tm_seqset_fini(&rs->skip);
-    tm_manifest_unlock(&rs->lk);
+    if (rs->dir)
+        tm_manifest_unlock_tidy(rs->dir, &rs->lk);
+    else
+        tm_manifest_unlock(&rs->lk);
 }
 
 // Everything one run of a job holds, from loading to the summary; run_job's helpers share it.
@@ -641,6 +726,15 @@ static tm_rc engine_setup(job_run *j, tm_err *err) {
     return TM_OK;
 }
 
+// What metrics.json, the report's series and the textfile call the job: output.job_name, else
+// the job file's path, else (a one-command job) its output folder, which tells such jobs apart.
+static const char *job_name(const job_run *j) {
+    const tm_job_spec *spec = j->p.spec;
+    if (spec->job_name)
+        return spec->job_name;
+    return j->opts->spec_json ? spec->output_dir : j->path;
+}
+
 // metrics.json's settings, job and earlier-runs sections.
 static tm_rc metrics_setup(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
@@ -666,7 +760,7 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
     rc = tm_metrics_set_settings(j->metrics, &ms, err);
     if (rc)
         return rc;
-    rc = tm_metrics_set_job(j->metrics, j->path, err);
+    rc = tm_metrics_set_job(j->metrics, job_name(j), err);
     if (rc)
         return rc;
     const tm_manifest_counts *e = &j->rs.earlier;
@@ -681,19 +775,67 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
     return TM_OK;
 }
 
+#define KLAG_MAX 256 /* partitions in the figures */
+
+// Kafka figures for the progress line and textfile (tm_progress_kafka_fn over the source).
+static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap) {
+    tm_source_klag k[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(ctx, k, KLAG_MAX);
+    for (size_t i = 0; i < n && i < cap && i < KLAG_MAX; i++)
+        out[i] = (tm_progress_kpart){.topic = k[i].topic,
+                                     .partition = k[i].partition,
+                                     .committed = k[i].committed,
+                                     .lag = k[i].lag};
+    return n < KLAG_MAX ? n : KLAG_MAX;
+}
+
+// metrics.json's "kafka" section: the partitions' figures and the messages without a record.
+static tm_rc metrics_kafka(job_run *j, bool log_skips, tm_err *err) {
+    tm_source_klag k[KLAG_MAX];
+    tm_metrics_kpart mk[KLAG_MAX];
+    size_t n = tm_source_kafka_lag(j->src, k, KLAG_MAX);
+    if (n > KLAG_MAX)
+        n = KLAG_MAX;
+    for (size_t i = 0; i < n; i++)
+        mk[i] = (tm_metrics_kpart){.topic = k[i].topic,
+                                   .partition = k[i].partition,
+                                   .committed = k[i].committed,
+                                   .position = k[i].position,
+                                   .high = k[i].high,
+                                   .lag = k[i].lag};
+    tm_source_kskips sk;
+    tm_source_kafka_skips(j->src, &sk);
+    if (log_skips && (sk.tombstones || sk.empty))
+        TM_LOG_INFO("job",
+                    "%s: %llu tombstone(s) (null values) and %llu empty value(s) made no record "
+                    "(metrics.json kafka.tombstones, kafka.empty_values)",
+                    j->path, (unsigned long long)sk.tombstones, (unsigned long long)sk.empty);
+    return tm_metrics_set_kafka(j->metrics,
+                                &(tm_metrics_kafka){.parts = mk,
+                                                    .n_parts = n,
+                                                    .tombstones = sk.tombstones,
+                                                    .empty = sk.empty,
+                                                    .done_before = sk.done},
+                                err);
+}
+
 // The progress line, the source (resumed at the manifest's Kafka positions), the sink (appending
 // when resumed), the Kafka producer and the two queues.
 static tm_rc io_open(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
     tm_rc rc = tm_progress_create(
-        &(tm_progress_cfg){.job_name = j->path, .textfile = spec->prometheus_textfile},
+        &(tm_progress_cfg){.job_name = job_name(j), .textfile = spec->prometheus_textfile},
         &j->progress, err);
     if (rc)
         return rc;
     tm_progress_set_live(j->progress, &j->live_tok_gen, &j->live_tok_prompt);
+    tm_progress_set_max_tokens(j->progress, (uint32_t)spec->defaults.max_tokens);
+    tm_progress_set_earlier(j->progress, j->rs.earlier.n_ok, j->rs.earlier.n_failed);
     rc = tm_source_open(spec, &j->src, err);
     if (rc)
         return rc;
+    if (spec->kafka_in)
+        tm_progress_set_kafka(j->progress, progress_kafka, j->src);
     // Each file is read up to the size the manifest recorded at start; a resumed stdin stream
     // must start with the committed prefix, checked here (before anything is written) when stdin
     // is the first input.
@@ -720,8 +862,23 @@ static tm_rc io_open(job_run *j, tm_err *err) {
                                                           .partition = k->partition,
                                                           .next = (int64_t)k->next,
                                                           .ranges = k->ranges,
-                                                          .n_ranges = k->n_ranges},
+                                                          .n_ranges = k->n_ranges,
+                                                          .fp_offset = k->fp_offset,
+                                                          .fp_ts = k->fp_ts},
                                         err);
+    }
+    // A resumed Kafka job: its done offsets must still name the records they named (never skip
+    // a recreated topic's records); then the manifest keeps the cluster they belong to.
+    if (!rc && spec->kafka_in && j->rs.man.n_kparts > 0) {
+        rc = tm_source_check_resume(j->src, j->rs.man.kafka_in_cluster, err);
+        if (rc)
+            return tm_err_wrap(err, "output folder %s", spec->output_dir);
+    }
+    const char *cluster = spec->kafka_in ? tm_source_cluster_id(j->src) : NULL;
+    if (!rc && cluster) {
+        tm_free(j->rs.man.kafka_in_cluster);
+        if (!(j->rs.man.kafka_in_cluster = tm_strdup(cluster)))
+            rc = TM_ERR(err, TM_E_NOMEM, "manifest");
     }
     if (rc)
         return rc;
@@ -761,12 +918,15 @@ static tm_rc io_open(job_run *j, tm_err *err) {
             .n_config = spec->kafka->n_config,
             .transactional_id = spec->kafka->transactional_id,
             .startup_timeout_s = spec->kafka->startup_timeout_s,
+            .by_input_partition = spec->kafka->by_input_partition,
+            .error_topic = spec->kafka->error_topic,
         };
         tm_kafka_out *kafka = NULL;
         rc = tm_kafka_out_open(&kcfg, &kafka, err);
         if (rc)
             return rc;
-        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka), TM_SINK_ROUTE_OK);
+        tm_sink_writer_add(j->writer, tm_kafka_out_as_out(kafka),
+                           TM_SINK_ROUTE_OK | (spec->kafka->error_topic ? TM_SINK_ROUTE_ERR : 0));
     }
     rc = tm_queue_create(QUEUE_CAP, &j->q_in, err);
     if (rc)
@@ -831,17 +991,21 @@ static tm_rc run_records(job_run *j, tm_err *err) {
 static void drain(job_run *j, tm_rc *rc, tm_err *err) {
     if (j->q_in)
         tm_queue_close(j->q_in);
-    if (j->src_started) {
-        pthread_join(j->src_thread, NULL);
-        void *item;
-        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
-            tm_job_destroy(item);
-    }
+    // The sink first: a source that read to the end lingers (its consumer commits the offsets
+    // of the records the sink makes durable) until the outputs are final. A source still
+    // reading ends by itself: its queue is closed.
     if (j->q_out)
         tm_queue_close(j->q_out);
     if (j->sink_started) {
         tm_sink_writer_join(j->writer);
         tm_progress_finish(j->progress);
+    }
+    atomic_store(&j->sc.outputs_final, true);
+    if (j->src_started) {
+        pthread_join(j->src_thread, NULL);
+        void *item;
+        while (tm_queue_try_pop(j->q_in, &item) == TM_OK)
+            tm_job_destroy(item);
     }
     if (*rc == TM_OK && j->sc.rc) {
         *err = j->sc.err;
@@ -883,6 +1047,14 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
                                       .resumed_records = j->sc.n_skipped,
                                       .cut_bytes = rs->cut_bytes,
                                   });
+    if (j->metrics && j->p.spec && j->sink_started && j->p.spec->kafka_in && j->src) {
+        tm_err merr = {0};
+        tm_rc mrc = metrics_kafka(j, true, &merr);
+        if (*rc == TM_OK && mrc) {
+            *err = merr;
+            *rc = mrc;
+        }
+    }
     if (j->metrics && j->p.spec && j->sink_started) {
         tm_run_metrics_add_engine(j->metrics, &j->stats, j->p.spec->engine.spec_k);
         tm_metrics_end(j->metrics);
@@ -912,6 +1084,27 @@ static void finish_outputs(job_run *j, tm_rc *rc, tm_err *err) {
     }
 }
 
+// A Kafka input after the last commit: the consumer commits the offsets that commit made durable
+// (synchronously, bounded) and metrics.json and the Prometheus textfile are written again with the
+// figures that follow, so their committed offsets and lags are the run's last. A failure here is
+// logged, not the job's.
+static void kafka_final_figures(job_run *j) {
+    if (!j->p.spec || !j->p.spec->kafka_in || !j->src || !j->metrics || !j->sink_started)
+        return;
+    tm_err e = {0};
+    tm_rc rc = tm_source_linger(j->src, 0, &e);
+    if (!rc)
+        rc = metrics_kafka(j, false, &e);
+    char mpath[4096];
+    snprintf(mpath, sizeof(mpath), "%s/metrics.json", j->p.spec->output_dir);
+    if (!rc)
+        rc = tm_metrics_write_json(j->metrics, mpath, &e);
+    if (!rc && j->progress) // the textfile's last word too (a no-op without one)
+        rc = tm_progress_write_textfile(j->progress, tm_now_ms(), 1, &e);
+    if (rc)
+        TM_LOG_WARN("job", "%s: the Kafka figures after the last commit: %s", j->path, e.msg);
+}
+
 // The summary a successful run prints on stdout.
 static void print_summary(const job_run *j) {
     const tm_runner_stats *st = &j->stats;
@@ -925,17 +1118,32 @@ static void print_summary(const job_run *j) {
                j->path, tm_stop_signal(), wall_s);
     else
         printf("tokenmill: %s done in %.1f s\n", j->path, wall_s);
-    printf("  records   %llu in, %llu ok, %llu failed\n", (unsigned long long)(n_ok + n_err),
+    // One accounting with the progress line and metrics.json: records and tokens of the whole job
+    // (a resumed job: earlier runs included), this run's beside them; speeds are this run's work
+    // over this run's wall time.
+    const tm_manifest_counts *e = &j->rs.earlier, *all = &j->rs.man.counts;
+    bool resumed = j->rs.resumed && e->n_ok + e->n_failed > 0;
+    printf("  records   %llu in, %llu ok, %llu failed", (unsigned long long)(n_ok + n_err),
            (unsigned long long)n_ok, (unsigned long long)n_err);
-    if (j->rs.resumed)
-        printf("  resumed   %llu records committed by earlier runs were skipped\n",
-               (unsigned long long)j->sc.n_skipped);
-    printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
-           (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
-           (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
-    printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall\n",
+    if (resumed)
+        printf(" (all runs; this run %llu in, %llu ok, %llu failed)",
+               (unsigned long long)(n_ok + n_err - e->n_ok - e->n_failed),
+               (unsigned long long)(n_ok - e->n_ok), (unsigned long long)(n_err - e->n_failed));
+    printf("\n");
+    if (resumed)
+        printf("  tokens    %llu prompt, %llu completion (all runs; this run %llu prompt, %llu "
+               "completion); %llu steps, %llu preemptions this run\n",
+               (unsigned long long)all->n_tok_prompt, (unsigned long long)all->n_tok_gen,
+               (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
+               (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
+    else
+        printf("  tokens    %llu prompt, %llu completion; %llu steps, %llu preemptions\n",
+               (unsigned long long)ks.n_tok_prompt, (unsigned long long)ks.n_tok_gen,
+               (unsigned long long)st->n_step, (unsigned long long)st->n_preempt);
+    printf("  speed     prefill %.0f tok/s, decode %.1f tok/s, output %.1f tok/s overall%s\n",
            st->prefill_s > 0 ? st->n_tok_prefill / st->prefill_s : 0.0,
-           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, ks.n_tok_gen / wall_s);
+           st->decode_s > 0 ? st->n_tok_decode / st->decode_s : 0.0, ks.n_tok_gen / wall_s,
+           resumed ? " (this run's tokens / this run's wall time)" : "");
     printf("  outputs   %s/{%s,errors.jsonl,metrics.json}\n", j->p.spec->output_dir,
            j->rs.man.completions_plain ? TM_SINK_COMPLETIONS_PLAIN_FILE : TM_SINK_COMPLETIONS_FILE);
     if (j->p.spec->results_file && j->rs.man.finished)
@@ -1013,6 +1221,147 @@ static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err)
 // rename, so the file is whole or absent. Completions sent to Kafka are not in it.
 static tm_rc same_content(const char *a, const char *b, bool *same, tm_err *err);
 
+// ---- output.order "input": the results file in input order ----
+
+// The key an answer line is found by: "id:" + its id's compact JSON (custom_id for OpenAI lines),
+// or "at:" + file + ":" + line (error lines carry them; an id may repeat: duplicate_id).
+static char *order_key_id(const json_t *id) {
+    char *t = id ? json_dumps(id, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (!t)
+        return NULL;
+    size_t n = strlen(t) + 4;
+    char *k = malloc(n);
+    if (k)
+        snprintf(k, n, "id:%s", t);
+    free(t);
+    return k;
+}
+
+static void order_key_at(char *buf, size_t n, const char *file, uint64_t line) {
+    snprintf(buf, n, "at:%s:%llu", file ? file : "", (unsigned long long)line);
+}
+
+typedef struct ordered_line {
+    uint64_t pos; /* the record's position in the input; UINT64_MAX: not found (kept at the end) */
+    size_t at;    /* position in the file as written (the tie-break: a stable order) */
+    char *text;   /* the line with its "\n"; owned */
+} ordered_line;
+
+static int cmp_ordered(const void *a, const void *b) {
+    const ordered_line *x = a, *y = b;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+// Rewrite the results file at tmp with its lines in input order: the inputs are read again by
+// the job's own source (every format it reads), each record's position noted under its id and
+// its file:line; each answer line takes the position of its file:line (error lines) or id.
+// Lines found by neither stay at the end as they were. Holds the results in memory.
+static tm_rc sort_results(const tm_job_spec *spec, const char *tmp, tm_err *err) {
+    bool stream = spec->kafka_in != NULL;
+    for (size_t i = 0; i < spec->n_inputs; i++)
+        stream |= strcmp(spec->inputs[i], TM_JOB_STDIN) == 0;
+    if (stream) // what was read cannot be read again
+        return TM_ERR(err, TM_E_INVAL,
+                      "output.order \"input\" needs file inputs (standard input and Kafka are read "
+                      "once); use \"completion\"");
+    json_t *pos = json_object(); // key -> position
+    tm_source *src = NULL;
+    tm_rc rc = pos ? tm_source_open(spec, &src, err) : TM_ERR(err, TM_E_NOMEM, "output.order");
+    char at[4200];
+    for (uint64_t n = 0; !rc; n++) {
+        tm_job *job = NULL;
+        rc = tm_source_next(src, &job, err);
+        if (rc)
+            break;
+        order_key_at(at, sizeof(at), job->file, job->line);
+        json_object_set_new(pos, at, json_integer((json_int_t)n));
+        json_t *id = job->id_json ? json_loads(job->id_json, JSON_DECODE_ANY, NULL) : NULL;
+        char *k = order_key_id(id);
+        if (k && !json_object_get(pos, k)) // the first record of an id; repeats are errors
+            json_object_set_new(pos, k, json_integer((json_int_t)n));
+        free(k);
+        json_decref(id);
+        tm_job_destroy(job);
+    }
+    tm_source_destroy(src);
+    if (rc == TM_E_EOF)
+        rc = TM_OK;
+    ordered_line *v = NULL;
+    size_t nv = 0, cap = 0;
+    FILE *in = rc ? NULL : fopen(tmp, "rb");
+    if (!rc && !in)
+        rc = TM_ERR(err, TM_E_IO, "output.order: reading %s: %s", tmp, strerror(errno));
+    char *line = NULL;
+    size_t lcap = 0;
+    ssize_t len;
+    while (!rc && (len = getline(&line, &lcap, in)) > 0) {
+        if (nv == cap) {
+            cap = cap ? 2 * cap : 1024;
+            ordered_line *nl = realloc(v, cap * sizeof(*v));
+            if (!nl) {
+                rc = TM_ERR(err, TM_E_NOMEM, "output.order");
+                break;
+            }
+            v = nl;
+        }
+        ordered_line *o = &v[nv];
+        o->at = nv;
+        o->pos = UINT64_MAX;
+        if (!(o->text = strdup(line))) {
+            rc = TM_ERR(err, TM_E_NOMEM, "output.order");
+            break;
+        }
+        nv++;
+        json_t *j = json_loads(line, 0, NULL);
+        const json_t *p = NULL;
+        const char *file = json_string_value(json_object_get(j, "file"));
+        json_t *ln = json_object_get(j, "line");
+        if (file && json_is_integer(ln)) {
+            order_key_at(at, sizeof(at), file, (uint64_t)json_integer_value(ln));
+            p = json_object_get(pos, at);
+        }
+        if (!p) {
+            json_t *id = json_object_get(j, "custom_id");
+            char *k = order_key_id(id ? id : json_object_get(j, "id"));
+            p = k ? json_object_get(pos, k) : NULL;
+            free(k);
+        }
+        if (p)
+            o->pos = (uint64_t)json_integer_value(p);
+        json_decref(j);
+    }
+    free(line);
+    if (in)
+        fclose(in);
+    json_decref(pos);
+    if (!rc) {
+        qsort(v, nv, sizeof(*v), cmp_ordered);
+        int fd = -1;
+        if (tm_fs_open_out(tmp, O_WRONLY | O_TRUNC, 0666, NULL, &fd, err))
+            rc = tm_err_wrap(err, "output.results_file");
+        FILE *out = rc ? NULL : fdopen(fd, "wb");
+        if (!rc && !out) {
+            close(fd);
+            rc = TM_ERR(err, TM_E_IO, "output.order: opening %s: %s", tmp, strerror(errno));
+        }
+        for (size_t i = 0; !rc && i < nv; i++)
+            if (fputs(v[i].text, out) == EOF)
+                rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+        if (out && fflush(out) != 0 && !rc)
+            rc = TM_ERR(err, TM_E_IO, "writing %s: %s", tmp, strerror(errno));
+        if (out && !rc && fsync(fileno(out)) != 0)
+            rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
+        if (out)
+            fclose(out);
+    }
+    for (size_t i = 0; i < nv; i++)
+        free(v[i].text);
+    free(v);
+    return rc;
+}
+
 static tm_rc write_results_file(const tm_job_spec *spec, bool plain, bool compare, tm_err *err) {
     char tmp[4096], comp[4096], errs[4096];
     snprintf(tmp, sizeof(tmp), "%s.tmp", spec->results_file);
@@ -1035,6 +1384,8 @@ static tm_rc write_results_file(const tm_job_spec *spec, bool plain, bool compar
     if (!rc && fsync(fileno(out)) != 0)
         rc = TM_ERR(err, TM_E_IO, "fsync %s: %s", tmp, strerror(errno));
     fclose(out);
+    if (!rc && spec->results_input_order)
+        rc = sort_results(spec, tmp, err);
     bool same = true;
     if (!rc && compare)
         rc = same_content(tmp, spec->results_file, &same, err);
@@ -1091,6 +1442,8 @@ static tm_rc run_job(const char *path, const tm_job_run_opts *opts, tm_err *err)
     }
     drain(&j, &rc, err);
     finish_outputs(&j, &rc, err);
+    if (rc == TM_OK)
+        kafka_final_figures(&j);
     bool finished = j.rs.finished_before || (j.sink_started && j.rs.man.finished);
     if (rc == TM_OK && finished && j.p.spec->results_file)
         rc = write_results_file(j.p.spec, j.rs.man.completions_plain, j.rs.results_compare, err);
@@ -1116,7 +1469,7 @@ tm_rc tm_job_run_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
     tm_rc rc = run_job(path, opts, &err);
     if (rc)
-        TM_LOG_ERROR("job", "%s: %s", path, err.msg);
+        TM_LOG_ERROR("job", "%s%s", named(path, err.msg), err.msg);
     return rc;
 }
 
@@ -1131,8 +1484,7 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
     uint64_t n_ok = 0, n_bad = 0;
     tm_rc rc = parts_load(path, opts, &p, err);
     if (rc == TM_OK && p.spec->engine.backend == TM_BACKEND_CUDA && tm_engine_cuda_n_devices() == 0)
-        rc = TM_ERR(err, TM_E_INVAL, "%s",
-                    cuda_hint("no CUDA device answers, or this build has no CUDA engine"));
+        rc = TM_ERR(err, TM_E_INVAL, "%s", cuda_hint(NULL));
     if (rc == TM_OK && p.spec->kafka_in) { // reading would join the group and move its offsets
         printf("tokenmill: %s is valid: model %s (%s); input is Kafka (group %s), whose records "
                "validate does not read\n",
@@ -1169,9 +1521,14 @@ static tm_rc validate_job(const char *path, const tm_job_run_opts *opts, tm_err 
             n_ok++;
         } else if (crc == TM_E_RECORD) {
             n_bad++;
-            tm_completion c = {.file = job->file,
+            // The line run would write to errors.jsonl: the record's own format (an OpenAI
+            // line's error in the Batch API's shape, with run's id), its source metadata.
+            tm_completion c = {.seq_no = job->seq_no,
+                               .format = job->format,
+                               .file = job->file,
                                .line = job->line,
                                .id_json = job->id_json,
+                               .src_meta_json = job->src_meta_json,
                                .err_code = code,
                                .err_msg = rec_err.msg};
             tm_buf_clear(&line);
@@ -1211,6 +1568,6 @@ tm_rc tm_job_validate_with(const char *path, const tm_job_run_opts *opts) {
     tm_err err = {0};
     tm_rc rc = validate_job(path, opts, &err);
     if (rc)
-        TM_LOG_ERROR("validate", "%s: %s", path, err.msg);
+        TM_LOG_ERROR("validate", "%s%s", named(path, err.msg), err.msg);
     return rc;
 }

@@ -32,6 +32,9 @@ typedef struct tm_job_run_opts {
                                       the call; NULL: one node, defaults */
     const char *spec_json;         /* the job as JSON text (one-command mode; relative paths against
                                     * the current folder) instead of the file at path; borrowed */
+    const char *restart_cmd;       /* the shell command that starts this job over (a one-command
+                                    * job: its own command line plus --restart), for messages;
+                                    * NULL: `tokenmill run --restart PATH`; borrowed */
     tm_job_run_result *result;     /* filled when not NULL (also on failure: what is known) */
     int *stop_signal;  /* out, or NULL: the signal (SIGINT, SIGTERM) that stopped a file job
                         * gracefully (base/stop.h), 0 if none; main exits 128 + it */

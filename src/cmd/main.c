@@ -2,10 +2,10 @@
  * memory), validate, tokenize, bench, report, merge, --help, --version. Parses arguments and hands
  * off to cmd/job_run.c (jobs), cmd/tp_run.c (the ranks of a tensor-parallel launch that do not run
  * the job) or the tokenizer. Every command answers --help / -h; the global options -q / -v may
- * stand before or after the command. Exit codes (README, "Exit codes"): 0 success, 1 the job or
- * command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with --fail-on-error /
- * limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped gracefully by
- * SIGINT / SIGTERM. */
+ * stand before or after the command. Exit codes (docs/reference.md, "Exit codes"): 0 success, 1 the
+ * job or command failed, 2 bad usage, 3 the job ran but no record succeeded (or, with
+ * --fail-on-error / limits.fail_on_error_records, some record failed), 130 / 143 a file job stopped
+ * gracefully by SIGINT / SIGTERM. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +21,7 @@
 #include "cmd/report.h"
 #include "cmd/tp_run.h"
 #include "ingest/job_spec.h"
+#include "ingest/rec_parser_int.h" /* tm_rec_parser_nearest: did you mean */
 #include "runner/text/tokenizer.h"
 
 static const char usage[] =
@@ -84,11 +85,16 @@ static const char run_usage[] =
     "  --backend cpu|cuda|auto      engine.backend (default auto)\n"
     "  --max-seqs N  --max-batched-tokens N  --threads N  --kv-blocks N  --block-size N\n"
     "  --schedule prefix|fcfs  --lookahead N  --prefix-cache true|false  --quantization none|fp8\n"
-    "  --gpu-memory-utilization X   engine.*\n"
+    "  --gpu-memory-utilization X  --kv-cache-dtype auto|fp8  --tp N\n"
+    "  --max-model-len N   engine.* (max_model_len caps the context below the model's)\n"
+    "  vLLM's names work too: --input-file, --output-file, --max-num-seqs,\n"
+    "  --max-num-batched-tokens, --tensor-parallel-size, --[no-]enable-prefix-caching\n"
     "  --max-tokens N  --temperature X  --top-p X  --top-k N  --min-p X  --seed N\n"
     "  --stop TEXT (repeatable)     defaults.* (a record's own fields win)\n"
     "  --compression lz4|none       output.compression (none: plain completions.jsonl)\n"
     "  --prometheus-textfile PATH   output.prometheus_textfile\n"
+    "  --name NAME         output.job_name: the job's name in metrics.json, the report and the\n"
+    "                      textfile (default: the output folder)\n"
     "  --strict-fields     limits.strict_fields: unknown record / body keys are errors\n"
     "  --fail-on-error     limits.fail_on_error_records: exit 3 if any record failed\n"
     "  --set SECTION.KEY=VALUE      any other job field (e.g. --set limits.max_depth=32)\n"
@@ -249,6 +255,7 @@ typedef enum opt_kind {
     OPT_VALUE, /* the argument as a JSON value when it parses as one, else as a string */
     OPT_STRING,
     OPT_TRUE,  /* no argument: the field is true */
+    OPT_FALSE, /* no argument: the field is false */
     OPT_STOP,  /* appended to defaults.stop */
     OPT_INPUT, /* appended to input.files */
 } opt_kind;
@@ -279,10 +286,43 @@ static const struct {
     {"--stop", NULL, "defaults", "stop", OPT_STOP},
     {"--compression", NULL, "output", "compression", OPT_STRING},
     {"--prometheus-textfile", NULL, "output", "prometheus_textfile", OPT_STRING},
+    {"--name", NULL, "output", "job_name", OPT_STRING},
     {"--strict-fields", NULL, "limits", "strict_fields", OPT_TRUE},
     {"--fail-on-error", NULL, "limits", "fail_on_error_records", OPT_TRUE},
+    {"--kv-cache-dtype", NULL, "engine", "kv_cache_dtype", OPT_STRING},
+    {"--tp", NULL, "engine", "tp", OPT_VALUE},
+    {"--max-model-len", NULL, "engine", "max_model_len", OPT_VALUE},
+    // vLLM's names for the same fields (`vllm serve` / `run-batch`), so its command lines carry
+    {"--input-file", NULL, "input", "files", OPT_INPUT},
+    {"--tensor-parallel-size", "-tp", "engine", "tp", OPT_VALUE},
+    {"--max-num-seqs", NULL, "engine", "max_seqs", OPT_VALUE},
+    {"--max-num-batched-tokens", NULL, "engine", "max_batched_tokens", OPT_VALUE},
+    {"--enable-prefix-caching", NULL, "engine", "prefix_cache", OPT_TRUE},
+    {"--no-enable-prefix-caching", NULL, "engine", "prefix_cache", OPT_FALSE},
 };
 enum { N_JOB_OPTS = sizeof(job_opts) / sizeof(job_opts[0]) };
+
+// The known flag nearest to an unknown one (edit distance under 3, or the known flag that begins
+// with it, or that it begins with: --max-token, --temperatures), for "did you mean"; NULL if none.
+static const char *nearest_flag(const char *a) {
+    static const char *extra[] = {"--output",    "--output-file", "--set",
+                                  "--print-job", "--restart",     "--shard"};
+    enum { N_EXTRA = sizeof(extra) / sizeof(extra[0]) };
+    const char *known[N_JOB_OPTS + N_EXTRA + 1];
+    for (int k = 0; k < N_JOB_OPTS; k++)
+        known[k] = job_opts[k].flag;
+    for (int k = 0; k < N_EXTRA; k++)
+        known[N_JOB_OPTS + k] = extra[k];
+    known[N_JOB_OPTS + N_EXTRA] = NULL;
+    const char *eq = strchr(a, '='); // --max-tokens=32 style: the name before '='
+    char name[64];
+    snprintf(name, sizeof(name), "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+    const char *near = tm_rec_parser_nearest(name, known);
+    for (int k = 0; !near && strlen(name) > 4 && known[k]; k++)
+        if (!strncmp(known[k], name, strlen(name)) || !strncmp(name, known[k], strlen(known[k])))
+            near = known[k];
+    return near;
+}
 
 // A flag's text as a JSON value: a number, true/false/null, an array or object when it parses as
 // one; anything else is a string (so `--temperature hot` reaches the loader, which names it).
@@ -351,7 +391,7 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
             i++;
             continue;
         }
-        if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) {
+        if ((!strcmp(a, "-o") || !strcmp(a, "--output") || !strcmp(a, "--output-file")) && v) {
             set_output(c->doc, v);
             have_out = 1;
             i++;
@@ -370,13 +410,17 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
         while (k < N_JOB_OPTS && strcmp(a, job_opts[k].flag) != 0 &&
                !(job_opts[k].alias && !strcmp(a, job_opts[k].alias)))
             k++;
-        if (k == N_JOB_OPTS || (job_opts[k].kind != OPT_TRUE && !v)) {
-            fprintf(stderr, "tokenmill %s: %s %s%s\n\n%s", cmd,
+        if (k == N_JOB_OPTS ||
+            (job_opts[k].kind != OPT_TRUE && job_opts[k].kind != OPT_FALSE && !v)) {
+            const char *near = k == N_JOB_OPTS && a[0] == '-' ? nearest_flag(a) : NULL;
+            fprintf(stderr,
+                    "tokenmill %s: %s %s%s%s%s%s\n(tokenmill %s --help lists the options)\n", cmd,
                     k == N_JOB_OPTS ? "unknown option" : "missing value after", a,
+                    near ? " (did you mean " : "", near ? near : "", near ? "?)" : "",
                     k == N_JOB_OPTS && !strcmp(cmd, "run") && a[0] != '-'
                         ? " (a job file and --model options do not go together)"
                         : "",
-                    run_usage);
+                    cmd);
             return 2;
         }
         json_t *s = section_of(c->doc, job_opts[k].section);
@@ -389,7 +433,8 @@ static int parse_cli_job(const char *cmd, int argc, char **argv, cli_job *c) {
             json_object_set_new(s, key, json_string(v));
             break;
         case OPT_TRUE:
-            json_object_set_new(s, key, json_true());
+        case OPT_FALSE:
+            json_object_set_new(s, key, json_boolean(job_opts[k].kind == OPT_TRUE));
             i--;
             break;
         case OPT_STOP:
@@ -439,8 +484,8 @@ static int is_one_command(int argc, char **argv) {
 }
 
 // The exit status of a run or validate: 1 failed; 128 + the signal for a file job that a stop
-// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM); 3 records failed as README's
-// "Exit codes" say.
+// signal ended gracefully (base/stop.h: 130 SIGINT, 143 SIGTERM); 3 records failed as
+// docs/reference.md's "Exit codes" say.
 static int exit_status(tm_rc rc, int sig, const tm_job_run_result *r, int fail_on_error) {
     if (rc != TM_OK)
         return 1;
@@ -457,6 +502,46 @@ static int exit_status(tm_rc rc, int sig, const tm_job_run_result *r, int fail_o
         return 3;
     }
     return 0;
+}
+
+// The program as invoked (argv[0]), for the commands that messages print.
+static const char *prog = "tokenmill";
+
+// s quoted for a POSIX shell when it needs to be ('...', a ' as '\''), appended to b.
+static void shell_word(tm_buf *b, const char *s, tm_err *err) {
+    size_t n = strlen(s),
+           plain = n > 0 && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstu"
+                                      "vwxyz0123456789_-./=:,+@%") == n;
+    if (plain) {
+        tm_buf_append(b, s, n, err);
+        return;
+    }
+    tm_buf_append(b, "'", 1, err);
+    for (const char *p = s; *p; p++)
+        tm_buf_append(b, *p == '\'' ? "'\\''" : p, *p == '\'' ? 4 : 1, err);
+    tm_buf_append(b, "'", 1, err);
+}
+
+// The one-command line that starts this job over: the program, the command, its options as given
+// (quoted for the shell) and --restart; malloc'd, NULL when out of memory.
+static char *restart_line(const char *cmd, int argc, char **argv) {
+    tm_buf b = {0};
+    tm_err err = {0};
+    shell_word(&b, prog, &err);
+    tm_buf_append(&b, " run", 4, &err);
+    (void)cmd;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--restart") || !strcmp(argv[i], "--print-job"))
+            continue;
+        tm_buf_append(&b, " ", 1, &err);
+        shell_word(&b, argv[i], &err);
+    }
+    tm_buf_append(&b, " --restart", 10, &err);
+    if (err.rc || !b.data) {
+        tm_buf_fini(&b);
+        return NULL;
+    }
+    return b.data; // tm_buf's bytes: malloc'd, NUL-terminated
 }
 
 // `run --model ...` / `validate --model ...`: build the job, print it or hand it on.
@@ -480,14 +565,17 @@ static int cmd_one_command(const char *cmd, int argc, char **argv) {
     }
     tm_job_run_result res = {0};
     int sig = 0;
+    char *again = restart_line(cmd, argc, argv);
     tm_job_run_opts o = {.restart = c.restart,
                          .spec_json = text,
+                         .restart_cmd = again,
                          .result = &res,
                          .stop_signal = &sig,
                          .shard = c.shard};
     tm_rc rc = !strcmp(cmd, "run") ? tm_job_run_with(TM_JOB_CLI_NAME, &o)
                                    : tm_job_validate_with(TM_JOB_CLI_NAME, &o);
     free(text);
+    free(again);
     return exit_status(rc, sig, &res, 0);
 }
 
@@ -561,6 +649,7 @@ int main(int argc, char **argv) {
     // Global options anywhere (before or after the command); they are taken out of argv. The
     // value of an option that takes one is never a global option here: none of them is "-q"/"-v".
     int n = 1;
+    prog = argv[0];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-q") || !strcmp(a, "--quiet"))

@@ -205,11 +205,14 @@ static void describe(run *r) {
         snprintf(r->workload, sizeof(r->workload), "%s%s%s%s", w ? w : "?",
                  sc && strcmp(sc, "full") ? " (" : "", sc && strcmp(sc, "full") ? sc : "",
                  sc && strcmp(sc, "full") ? ")" : "");
-    } else if (job) {
-        snprintf(r->workload, sizeof(r->workload), "%s", base_name(job));
-        char *dot = strrchr(r->workload, '.');
-        if (dot && !strcmp(dot, ".json"))
-            *dot = '\0';
+    } else if (job) { // a job file's name without .json; any other name (output.job_name, a
+                      // one-command job's output folder) as it is: it tells jobs apart
+        size_t n = strlen(job);
+        if (n > 5 && !strcmp(job + n - 5, ".json"))
+            snprintf(r->workload, sizeof(r->workload), "%.*s", (int)(strlen(base_name(job)) - 5),
+                     base_name(job));
+        else
+            snprintf(r->workload, sizeof(r->workload), "%s", job);
     } else {
         snprintf(r->workload, sizeof(r->workload), "job");
     }
@@ -702,8 +705,8 @@ static const char css[] =
     ".legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:0 0 12px;font-size:13px}"
     "table{border-collapse:collapse;width:100%;background:var(--card);font-size:12px;"
     "border:1px solid var(--line)}"
-    "th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:right;"
-    "white-space:nowrap}"
+    "th,td{padding:5px 6px;border-bottom:1px solid var(--line);text-align:right;"
+    "overflow-wrap:anywhere}"
     "th{background:#f0f2f5;position:sticky;top:0}"
     "td.l,th.l{text-align:left}"
     "tr.regressed td:first-child{box-shadow:inset 3px 0 var(--bad)}"
@@ -1155,8 +1158,8 @@ static void build_page(report *rp) {
         }
     put(rp, "</div>");
     if (!all)
-        put(rp, "<p class=\"note\">%zu older runs are in the table below.</p>",
-            rp->n - (size_t)n_cards);
+        put(rp, "<p class=\"note\">%zu older run%s in the table below.</p>",
+            rp->n - (size_t)n_cards, rp->n - (size_t)n_cards == 1 ? " is" : "s are");
     put(rp, "</section>");
     put_charts(rp);
     put_table(rp);
@@ -1319,9 +1322,10 @@ int tm_report_cmd(int argc, char **argv) {
         if (rp.runs[i].latest)
             n_reg += n_regressions(&rp, (int)i);
     if (!rc)
-        printf("tokenmill report: %s: %zu runs, %zu series, %d regression%s in the latest runs%s\n",
-               out, rp.n, rp.n_series, n_reg, n_reg == 1 ? "" : "s",
-               rp.n_skipped ? " (some files skipped: see the warnings)" : "");
+        printf(
+            "tokenmill report: %s: %zu run%s, %zu series, %d regression%s in the latest runs%s\n",
+            out, rp.n, rp.n == 1 ? "" : "s", rp.n_series, n_reg, n_reg == 1 ? "" : "s",
+            rp.n_skipped ? " (some files skipped: see the warnings)" : "");
     else
         fprintf(stderr, "tokenmill report: %s\n", err.msg);
     free_report(&rp);

@@ -37,18 +37,27 @@ static const char *const root_keys[] = {"$schema",  "model",  "input",         "
 static const char *const input_keys[] = {"files", "kafka", "shard", NULL};
 static const char *const shard_keys[] = {"index", "count", "by", "prefix_bytes", NULL};
 static const char *const kafka_in_keys[] = {
-    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", NULL};
-static const char *const output_keys[] = {
-    "dir",   "prometheus_textfile", "commit_every_s", "commit_every_records",
-    "kafka", "compression",         "results_file",   NULL};
-static const char *const kafka_keys[] = {"brokers",           "topic", "config", "transactional_id",
-                                         "startup_timeout_s", NULL};
+    "brokers", "topics", "group", "mode", "config", "startup_timeout_s", "max_read_ahead", NULL};
+static const char *const output_keys[] = {"dir",
+                                          "prometheus_textfile",
+                                          "commit_every_s",
+                                          "commit_every_records",
+                                          "kafka",
+                                          "compression",
+                                          "results_file",
+                                          "order",
+                                          "job_name",
+                                          NULL};
+static const char *const kafka_keys[] = {
+    "brokers",           "topic", "config", "transactional_id", "partitioning", "error_topic",
+    "startup_timeout_s", NULL};
 static const char *const engine_keys[] = {
     "backend",        "max_seqs",     "max_batched_tokens",
     "block_size",     "prefix_cache", "tp",
     "threads",        "kv_blocks",    "gpu_memory_utilization",
     "schedule",       "lookahead",    "quantization",
     "kv_cache_dtype", "speculative",  "engram_cache_mb",
+    "max_model_len",
     /* end */ NULL};
 static const char *const spec_keys[] = {"method",
                                         "num_speculative_tokens",
@@ -486,6 +495,11 @@ static tm_rc load_kafka_in(loader *ld, const json_t *k) {
                              &ki->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "input.kafka.startup_timeout_s", &ki->startup_timeout_s);
+    json_t *scratch = json_object(); // not canonical: how far ahead a run reads changes no result
+    if (!rc)
+        rc = get_u32(ld, k, "input.kafka", "max_read_ahead", 1, 1048576,
+                     TM_JOB_DEFAULT_KAFKA_MAX_READ_AHEAD, &ki->max_read_ahead, scratch);
+    json_decref(scratch);
     if (rc) {
         json_decref(ctopics);
         return rc;
@@ -755,6 +769,12 @@ static tm_rc load_engine(loader *ld, const json_t *eng) {
                  &e->lookahead, c);
     if (rc)
         return rc;
+    // 0 (absent): the model's context length. Part of the identity only when set.
+    if (eng && json_object_get(eng, "max_model_len")) {
+        rc = get_u32(ld, eng, "engine", "max_model_len", 1, INT32_MAX, 0, &e->max_model_len, c);
+        if (rc)
+            return rc;
+    }
     // Part of the job's identity (it changes the results), but written only when not "none", so
     // the canonical spec (and so the resume identity) of jobs without it stays what it was.
     v = eng ? json_object_get(eng, "quantization") : NULL;
@@ -913,6 +933,15 @@ static tm_rc load_kafka_out(loader *ld, const json_t *k, json_t *cout) {
                                  &ko->config, &ko->n_config);
     if (!rc)
         rc = get_startup_timeout(ld, k, "output.kafka.startup_timeout_s", &ko->startup_timeout_s);
+    if (!rc && json_object_get(k, "error_topic"))
+        rc = dup_str(ld, k, "error_topic", "output.kafka.error_topic", &ko->error_topic);
+    const json_t *part = json_object_get(k, "partitioning");
+    if (!rc && part) {
+        const char *s = json_is_string(part) ? json_string_value(part) : "";
+        if (strcmp(s, "key") != 0 && strcmp(s, "input") != 0)
+            return fail_value(ld, "output.kafka.partitioning", "one of \"key\", \"input\"", part);
+        ko->by_input_partition = strcmp(s, "input") == 0;
+    }
     if (!rc && cout) {
         json_t *ck = json_deep_copy(k);
         if (ck)
@@ -954,6 +983,23 @@ static tm_rc load_output_extra(loader *ld, const json_t *output, json_t *cout) {
         rc = get_path_str(ld, output, "results_file", "output.results_file", &s);
         if (!rc && !(spec->results_file = resolve(ld, s)))
             rc = TM_ERR(ld->err, TM_E_NOMEM, "output path");
+    }
+    // job_name: what metrics.json, the report and the textfile call the job; not part of the
+    // identity (a label).
+    v = json_object_get(output, "job_name");
+    if (!rc && v) {
+        if (!json_is_string(v) || !json_string_length(v) || json_string_length(v) > 200)
+            return fail_value(ld, "output.job_name", "a string of 1 to 200 bytes", v);
+        if (!(spec->job_name = tm_strdup(json_string_value(v))))
+            return TM_ERR(ld->err, TM_E_NOMEM, "output.job_name");
+    }
+    // order: how the results file's lines are ordered; not part of the identity (a copy's order).
+    v = json_object_get(output, "order");
+    if (!rc && v) {
+        const char *s = json_is_string(v) ? json_string_value(v) : "";
+        if (strcmp(s, "completion") != 0 && strcmp(s, "input") != 0)
+            return fail_value(ld, "output.order", "one of \"completion\", \"input\"", v);
+        spec->results_input_order = strcmp(s, "input") == 0;
     }
     if (!rc && json_object_get(output, "kafka"))
         rc = load_kafka_out(ld, json_object_get(output, "kafka"), cout);
@@ -1413,6 +1459,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
     if (!spec)
         return;
     tm_free(spec->results_file);
+    tm_free(spec->job_name);
     tm_free(spec->path);
     tm_free(spec->model);
     for (size_t i = 0; i < spec->n_inputs; i++)
@@ -1436,6 +1483,7 @@ void tm_job_spec_destroy(tm_job_spec *spec) {
         tm_free(spec->kafka->brokers);
         tm_free(spec->kafka->topic);
         tm_free(spec->kafka->transactional_id);
+        tm_free(spec->kafka->error_topic);
         for (size_t i = 0; i < 2 * spec->kafka->n_config; i++)
             tm_free(spec->kafka->config[i]);
         tm_free(spec->kafka->config);

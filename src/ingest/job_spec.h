@@ -43,6 +43,7 @@
 #define TM_JOB_DEFAULT_GPU_MEMORY_UTILIZATION 0.90
 #define TM_JOB_DEFAULT_COMMIT_EVERY_RECORDS 1000
 #define TM_JOB_DEFAULT_KAFKA_STARTUP_TIMEOUT_S 30.0 /* input/output.kafka.startup_timeout_s */
+#define TM_JOB_DEFAULT_KAFKA_MAX_READ_AHEAD 1024    /* input.kafka.max_read_ahead */
 /* input.files entry that means standard input (read as plain JSONL, once). */
 #define TM_JOB_STDIN "-"
 
@@ -72,6 +73,8 @@ typedef struct tm_job_engine {
                                     * use may reach, KV pool included, in (0, 1] */
     bool schedule_fcfs;            /* "fcfs": admit in input order; default "prefix" ordering */
     uint32_t lookahead;            /* records read, tokenized and ordered ahead of admission */
+    uint32_t max_model_len;        /* engine.max_model_len: caps the context length (prompt +
+                                    * completion) below the model's; 0: the model's */
     tm_job_quant quantization;     /* engine.quantization; FP8 needs tp 1 */
     bool kv_cache_fp8;             /* engine.kv_cache_dtype "fp8" (e4m3, scale 1.0); false:
                                     * "auto", the model's dtype */
@@ -94,6 +97,8 @@ typedef struct tm_job_kafka_out {
     size_t n_config;
     char *transactional_id;   /* owned; NULL: idempotent producer without transactions */
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
+    bool by_input_partition;  /* partitioning "input" (else "key") */
+    char *error_topic;        /* owned; error records go there (not errors.jsonl); NULL */
 } tm_job_kafka_out;
 
 /* input.kafka: records come from Kafka topics as a consumer-group member (ingest/kafka_in.h)
@@ -107,6 +112,7 @@ typedef struct tm_job_kafka_in {
     char **config;   /* [2 * n_config] owned key, value pairs of librdkafka settings */
     size_t n_config;
     double startup_timeout_s; /* the most start-up waits for the brokers (topic metadata) */
+    uint32_t max_read_ahead;  /* records per partition read and not yet durable, at most */
 } tm_job_kafka_in;
 
 /* output.compression: how completions are written. */
@@ -130,6 +136,11 @@ typedef struct tm_job_spec {
     tm_job_compression compression; /* output.compression */
     char *results_file; /* output.results_file, resolved: every answer line (ok and error) in one
                          * plain JSONL file once the job finishes (vLLM run-batch's -o); or NULL */
+    char *job_name; /* output.job_name, owned, or NULL: the job's name in metrics.json, the report
+                     * (its series) and the textfile; NULL: the job file's path, or a one-command
+                     * job's output folder */
+    bool results_input_order; /* output.order "input": results_file's lines in input order (as
+                               * run-batch writes them); false ("completion"): as they finished */
     tm_job_engine engine;
     tm_sampling defaults;       /* every field filled; .set has the bits the file gave explicitly */
     uint64_t max_line_bytes;    /* limits.max_line_bytes: longest accepted input line, >= 1 */

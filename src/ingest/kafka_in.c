@@ -34,20 +34,33 @@ enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
 typedef struct kpart {
     char *topic; /* owned */
     int32_t partition;
-    bool owned;        /* in the current assignment */
-    bool revoking;     /* being revoked: the rebalance callback waits for its records */
-    int64_t hwm;       /* high watermark when the run started (drain target); 0 unknown */
-    int64_t hi;        /* highest offset handled in this run (handed out, skipped, no record,
-                        * or before this consumer's start); -1 none */
-    int64_t committed; /* offset this consumer last committed; -1 none */
-    int64_t scan_min;  /* scratch: lowest offset not yet acked (commit_offsets) */
-    uint64_t next;     /* done set: every offset below is done */
-    uint64_t *rng;     /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
+    bool owned;              /* in the current assignment */
+    bool revoking;           /* being revoked: the rebalance callback waits for its records */
+    int64_t hwm;             /* high watermark when the run started (drain target); 0 unknown */
+    int64_t hi;              /* highest offset handled in this run (handed out, skipped, no record,
+                              * or before this consumer's start); -1 none */
+    int64_t committed;       /* offset this consumer last committed; -1 none */
+    int64_t shown_committed; /* the last commit that succeeded (figures); -1 none */
+    int64_t high_now;        /* high watermark as last fetched (figures); -1 unknown */
+    int64_t scan_min;        /* scratch: lowest offset not yet acked (commit_offsets) */
+    int64_t fp_off;          /* the highest done offset that held a message (-1 none) ... */
+    int64_t fp_ts;           /* ... and its Kafka timestamp: the manifest's fingerprint */
+    bool resumed;            /* done offsets came from the manifest (tm_kafka_in_resume_add) */
+    bool idle;         /* assigned while lingering: never read here, so never committed here */
+    uint32_t n_flight; /* records handed out and not yet durable (acked) */
+    bool capped;       /* paused by input.kafka.max_read_ahead (source thread) */
+    /* Messages polled while the partition was at max_read_ahead, in offset order, handled first
+     * once it is below (source thread only): [dq_head, dq_n) of dq. */
+    rd_kafka_message_t **dq;
+    size_t dq_head, dq_n, dq_cap;
+    uint64_t next; /* done set: every offset below is done */
+    uint64_t *rng; /* [2 * n_rng] done ranges above next, inclusive, ascending, apart */
     size_t n_rng, cap_rng;
 } kpart;
 
 typedef struct ring_ent {
     int64_t offset;
+    int64_t ts;    /* the message's Kafka timestamp (-1 none) */
     uint32_t part; /* index into parts */
     uint8_t state; /* ST_* */
 } ring_ent;
@@ -64,6 +77,7 @@ struct tm_kafka_in {
     bool coop; /* the group's rebalance protocol is COOPERATIVE (read on the first
                 * assignment: asking librdkafka during close can block, librdkafka#4041) */
     bool stop_logged;
+    bool lingering;    /* tm_kafka_in_linger: reads no more, stays in the group */
     bool started;      /* the brokers answered at start-up: librdkafka's log lines are shown */
     uint64_t n_quiet;  /* librdkafka log lines not shown while waiting for the brokers */
     bool holding;      /* in tm_kafka_in_wait: the source thread holds the last record
@@ -90,6 +104,11 @@ struct tm_kafka_in {
     int close_wait_ms;        /* TM_KAFKA_IN_CLOSE_WAIT_MS, at most half of it */
     double close_deadline_ms; /* tm_kafka_in_close: when it stops waiting for the broker */
     char file[320];           /* "kafka:TOPIC/PARTITION" of the current record */
+    char *cluster_id;         /* owned; from the metadata at open, or NULL */
+    uint32_t max_ahead;       /* input.kafka.max_read_ahead (0 in cfg: no bound) */
+    tm_source_kskips skips;   /* under mu */
+    char *brokers_down;       /* owned; on_stats: the brokers not up at the last report, or NULL */
+    uint64_t n_detail;        /* librdkafka lines and broker errors shown only at -v */
 };
 
 // ---- partitions and their done sets (mu held) ----
@@ -125,6 +144,9 @@ static kpart *part_get(tm_kafka_in *ki, const char *topic, int32_t partition, tm
     p->partition = partition;
     p->hi = -1;
     p->committed = -1;
+    p->shown_committed = -1;
+    p->high_now = -1;
+    p->fp_off = -1;
     ki->n_parts++;
     return p;
 }
@@ -199,7 +221,14 @@ static ring_ent *ring_at(tm_kafka_in *ki, uint64_t seq_no) {
     return &ki->ring[(ki->ring_head + (size_t)(seq_no - ki->ring_base)) % ki->ring_cap];
 }
 
-static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t offset,
+static void fp_note(kpart *p, int64_t offset, int64_t ts) {
+    if (offset > p->fp_off && ts >= 0) {
+        p->fp_off = offset;
+        p->fp_ts = ts;
+    }
+}
+
+static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t offset, int64_t ts,
                        tm_err *err) {
     if (ki->ring_n == 0)
         ki->ring_base = seq_no;
@@ -218,8 +247,10 @@ static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t 
     }
     ring_ent *e = &ki->ring[(ki->ring_head + ki->ring_n) % ki->ring_cap];
     e->offset = offset;
+    e->ts = ts;
     e->part = part;
     e->state = ST_IN_FLIGHT;
+    ki->parts[part].n_flight++;
     ki->ring_n++;
     return TM_OK;
 }
@@ -245,6 +276,21 @@ static void scan_unacked(tm_kafka_in *ki) {
 }
 
 // ---- commits through the consumer (no transactions) ----
+
+// The figures' high watermarks, from what librdkafka last fetched (no round trip). Source thread.
+static void refresh_high(tm_kafka_in *ki) {
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        kpart *p = &ki->parts[i];
+        int64_t lo = -1, hi = -1;
+        if (p->owned &&
+            rd_kafka_get_watermark_offsets(ki->rk, p->topic, p->partition, &lo, &hi) == 0 &&
+            hi >= 0) {
+            pthread_mutex_lock(&ki->mu);
+            p->high_now = hi;
+            pthread_mutex_unlock(&ki->mu);
+        }
+    }
+}
 
 static void warn_limited(tm_kafka_in *ki, const char *fmt, const char *a, const char *b) {
     double now = tm_now_ms();
@@ -305,14 +351,17 @@ static rd_kafka_resp_err_t commit_bounded(tm_kafka_in *ki, const rd_kafka_topic_
  * commit_wait_ms (and never past close_deadline_ms while closing); a commit that failed or was
  * not answered in time is retried by the next one (committed reset). Source thread only. */
 static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
-    if (ki->txn)
+    refresh_high(ki);
+    if (ki->txn) {
+        ki->last_commit_ms = tm_now_ms(); // the figures' pace
         return;
+    }
     pthread_mutex_lock(&ki->mu);
     scan_unacked(ki);
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
     for (size_t i = 0; i < ki->n_parts; i++) {
         kpart *p = &ki->parts[i];
-        if (!p->owned || p->hi < 0 || (only_revoking && !p->revoking))
+        if (!p->owned || p->idle || p->hi < 0 || (only_revoking && !p->revoking))
             continue;
         int64_t c = p->scan_min != INT64_MAX ? p->scan_min : p->hi + 1;
         if (c <= p->committed)
@@ -335,15 +384,15 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
         else if (e) {
             warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
         }
-        if (e) {
-            pthread_mutex_lock(&ki->mu);
-            for (int i = 0; i < l->cnt; i++) {
-                kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
-                if (p)
-                    p->committed = -1;
-            }
-            pthread_mutex_unlock(&ki->mu);
+        pthread_mutex_lock(&ki->mu);
+        for (int i = 0; i < l->cnt; i++) {
+            kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
+            if (p && e)
+                p->committed = -1;
+            else if (p && (sync || l->elems[i].offset > p->shown_committed))
+                p->shown_committed = l->elems[i].offset; // async: on_commit resets on failure
         }
+        pthread_mutex_unlock(&ki->mu);
     }
     rd_kafka_topic_partition_list_destroy(l);
     ki->last_commit_ms = tm_now_ms();
@@ -366,6 +415,31 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e, rd_kafka_topic_part
 }
 
 // ---- rebalance ----
+
+static void pause_one(tm_kafka_in *ki, const kpart *p, bool pause) {
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(1);
+    rd_kafka_topic_partition_list_add(l, p->topic, p->partition);
+    if (pause)
+        rd_kafka_pause_partitions(ki->rk, l);
+    else
+        rd_kafka_resume_partitions(ki->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+}
+
+static void dq_clear(kpart *p) {
+    for (size_t i = p->dq_head; i < p->dq_n; i++)
+        rd_kafka_message_destroy(p->dq[i]);
+    p->dq_head = p->dq_n = 0;
+    p->capped = false;
+}
+
+static void dq_purge(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t *parts) {
+    for (int i = 0; i < parts->cnt; i++) {
+        kpart *p = part_find(ki, parts->elems[i].topic, parts->elems[i].partition);
+        if (p)
+            dq_clear(p);
+    }
+}
 
 static bool revoked_in_flight(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->ring_n; i++) {
@@ -464,6 +538,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
             p->owned = true;
             p->revoking = false;
             p->committed = -1;
+            p->idle = ki->lingering;
         }
         pthread_mutex_unlock(&ki->mu);
         if (coop)
@@ -477,7 +552,8 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
         else if (parts->cnt > 0)
             rd_kafka_resume_partitions(rk, parts);
         ki->assigned = true;
-        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned", parts->cnt);
+        TM_LOG_INFO("kafka_in", "rebalance: %d partition(s) assigned%s", parts->cnt,
+                    ki->lingering ? " (not read: this consumer has read to the end)" : "");
     } else {
         bool lost = rd_kafka_assignment_lost(rk);
         set_revoking(ki, parts, true, false);
@@ -487,6 +563,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
             commit_offsets(ki, true, true); // still the owner until unassigned
         set_revoking(ki, parts, false, true);
         stash_purge(ki, parts);
+        dq_purge(ki, parts);
         if (coop) {
             aerr = rd_kafka_incremental_unassign(rk, parts);
         } else {
@@ -507,12 +584,55 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
 static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
-    (void)e;
     if (!ki->started) { // the start-up wait: on_log has shown the first such line
         ki->n_quiet++;
         return;
     }
+    if (e == RD_KAFKA_RESP_ERR__TRANSPORT || e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
+        e == RD_KAFKA_RESP_ERR__RESOLVE) { // on_stats sums these up, one line per change
+        ki->n_detail++;
+        TM_LOG_DEBUG("kafka_in", "consumer: %s", reason);
+        return;
+    }
     warn_limited(ki, "consumer: %s%s", reason, "");
+}
+
+/* librdkafka's statistics (statistics.interval.ms, served in our polls): one line each time the
+ * set of brokers that are not up changes, naming them; librdkafka's own lines about it are shown
+ * at -v only. A broker counts as down in state DOWN, TRY_CONNECT or CONNECT (the bootstrap
+ * entries and brokers never needed, state INIT, are left out). */
+static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
+    (void)rk;
+    tm_kafka_in *ki = opaque;
+    json_t *root = json_loadb(text, n, 0, NULL);
+    json_t *brokers = json_object_get(root, "brokers");
+    tm_buf down = {0};
+    tm_err err = {0};
+    const char *name;
+    json_t *b;
+    json_object_foreach(brokers, name, b) {
+        const char *st = json_string_value(json_object_get(b, "state"));
+        if (json_integer_value(json_object_get(b, "nodeid")) < 0 || !st)
+            continue;
+        if (strcmp(st, "DOWN") != 0 && strcmp(st, "TRY_CONNECT") != 0 && strcmp(st, "CONNECT") != 0)
+            continue;
+        if (tm_buf_printf(&down, &err, "%s%s", down.len ? ", " : "", name) != TM_OK)
+            break;
+    }
+    json_decref(root);
+    const char *now = down.len ? down.data : NULL;
+    const char *before = ki->brokers_down;
+    if ((now == NULL) != (before == NULL) || (now && strcmp(now, before) != 0)) {
+        if (now)
+            TM_LOG_WARN("kafka_in",
+                        "brokers not answering: %s (reconnecting; librdkafka's detail at -v)", now);
+        else
+            TM_LOG_INFO("kafka_in", "brokers: every broker in use is up again (were: %s)", before);
+        tm_free(ki->brokers_down);
+        ki->brokers_down = now ? tm_strdup(now) : NULL;
+    }
+    tm_buf_fini(&down);
+    return 0; // the text is librdkafka's to free
 }
 
 // ---- set-up ----
@@ -529,8 +649,11 @@ static tm_rc set(rd_kafka_conf_t *conf, const char *k, const char *v, tm_err *er
  * print a retry line every second or so until the start-up timeout. */
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
     tm_kafka_in *ki = rd_kafka_opaque(rk);
-    if (ki->started) {
-        rd_kafka_log_print(rk, level, fac, buf);
+    if (ki->started) { // the broker state lines come from on_stats; the detail at -v
+        if (tm_log_get_level() >= TM_LOG_LEVEL_DEBUG)
+            rd_kafka_log_print(rk, level, fac, buf);
+        else
+            ki->n_detail++;
         return;
     }
     if (ki->n_quiet++ == 0)
@@ -669,13 +792,26 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     pthread_cond_init(&ki->cv, NULL);
     ki->cfg = cfg;
     ki->parser = parser;
+    ki->max_ahead = cfg->max_read_ahead ? cfg->max_read_ahead : UINT32_MAX;
     ki->last_warn_ms = -1e9;
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
     // Defaults a batch job wants, before the user's settings (which may change them)...
     tm_rc rc = set(conf, "auto.offset.reset", "earliest", err);
     for (size_t i = 0; i < cfg->n_config && !rc; i++)
         rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
-    // ... and the settings the commit rule relies on, after them (ours win).
+    // ... and the settings the commit rule relies on, after them (ours win, with a warning).
+    const char *const ours[][2] = {
+        {"bootstrap.servers", cfg->brokers}, {"group.id", cfg->group},
+        {"enable.auto.commit", "false"},     {"enable.auto.offset.store", "false"},
+        {"enable.partition.eof", "true"},    {"log.queue", "true"}};
+    for (size_t i = 0; i < cfg->n_config; i++)
+        for (size_t k = 0; k < sizeof(ours) / sizeof(ours[0]); k++)
+            if (strcmp(cfg->config[2 * i], ours[k][0]) == 0 &&
+                strcmp(cfg->config[2 * i + 1], ours[k][1]) != 0)
+                TM_LOG_WARN("kafka_in",
+                            "input.kafka.config: %s=%s is overridden: tokenmill sets %s=%s "
+                            "(offsets are committed only once records are durable)",
+                            ours[k][0], cfg->config[2 * i + 1], ours[k][0], ours[k][1]);
     if (!rc)
         rc = set(conf, "bootstrap.servers", cfg->brokers, err);
     if (!rc)
@@ -702,6 +838,11 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     ki->revoke_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_REVOKE_WAIT_MS, TM_MAX(sess_ms / 2, 100L));
     ki->commit_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_COMMIT_WAIT_MS, TM_MAX(sess_ms / 4, 100L));
     ki->close_wait_ms = (int)TM_MIN((long)TM_KAFKA_IN_CLOSE_WAIT_MS, TM_MAX(sess_ms / 2, 200L));
+    bool own_stats = true; // the broker state summary, unless the user asked for statistics
+    for (size_t i = 0; i < cfg->n_config; i++)
+        own_stats = own_stats && strcmp(cfg->config[2 * i], "statistics.interval.ms") != 0;
+    if (own_stats && set(conf, "statistics.interval.ms", "1000", err) == TM_OK)
+        rd_kafka_conf_set_stats_cb(conf, on_stats);
     rd_kafka_conf_set_rebalance_cb(conf, on_rebalance);
     rd_kafka_conf_set_offset_commit_cb(conf, on_commit);
     rd_kafka_conf_set_error_cb(conf, on_error);
@@ -716,7 +857,10 @@ tm_rc tm_kafka_in_open(const tm_job_kafka_in *cfg, tm_rec_parser *parser, tm_kaf
     }
     rd_kafka_poll_set_consumer(ki->rk);
     rd_kafka_set_log_queue(ki->rk, NULL); // the main queue, which now feeds the consumer's
-    rc = read_watermarks(ki, tm_now_ms() + startup_s(ki) * 1000.0, err);
+    double start_deadline = tm_now_ms() + startup_s(ki) * 1000.0;
+    rc = read_watermarks(ki, start_deadline, err);
+    if (!rc) // the brokers answered: the id comes with the metadata (NULL from a cluster without)
+        ki->cluster_id = rd_kafka_clusterid(ki->rk, left_ms(start_deadline, 5000));
     serve_startup(ki); // the lines of the wait, quietly
     ki->started = true;
     if (ki->n_quiet > 1)
@@ -905,16 +1049,24 @@ void tm_kafka_in_close(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->n_stash; i++)
         rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
     tm_free(ki->stash);
+    if (ki->n_detail)
+        TM_LOG_INFO("kafka_in", "%llu librdkafka lines and broker errors were shown only at -v",
+                    (unsigned long long)ki->n_detail);
     if (ki->rk && closed)
         rd_kafka_destroy(ki->rk);
     else if (ki->rk)
         destroy_bounded(ki->rk);
     for (size_t i = 0; i < ki->n_parts; i++) {
+        dq_clear(&ki->parts[i]);
+        tm_free(ki->parts[i].dq);
         tm_free(ki->parts[i].topic);
         tm_free(ki->parts[i].rng);
     }
     tm_free(ki->parts);
     tm_free(ki->ring);
+    if (ki->cluster_id)
+        rd_kafka_mem_free(NULL, ki->cluster_id);
+    tm_free(ki->brokers_down);
     pthread_cond_destroy(&ki->cv);
     pthread_mutex_destroy(&ki->mu);
     tm_free(ki);
@@ -927,6 +1079,8 @@ tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partiti
     kpart *p = part_get(ki, topic, partition, err);
     if (!p)
         rc = err->rc;
+    if (p)
+        p->resumed = true;
     if (!rc && next > 0)
         rc = done_add(p, 0, (uint64_t)next - 1, err);
     for (size_t i = 0; i < n_ranges && !rc; i++)
@@ -936,6 +1090,191 @@ tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partiti
 }
 
 void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on) { ki->txn = on; }
+
+// ---- the identity of a resumed job ----
+
+#define RESTART_HINT                                                                               \
+    "resuming would skip records never answered: use a new output.dir or `tokenmill run --restart`"
+
+tm_rc tm_kafka_in_resume_fp(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t offset,
+                            int64_t ts, tm_err *err) {
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_get(ki, topic, partition, err);
+    if (p) {
+        p->fp_off = offset;
+        p->fp_ts = ts;
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return p ? TM_OK : err->rc;
+}
+
+const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki) { return ki->cluster_id; }
+
+// One past the highest offset p's done set holds (what the manifest says was read).
+static int64_t done_end(const kpart *p) {
+    return p->n_rng ? (int64_t)p->rng[2 * p->n_rng - 1] + 1 : (int64_t)p->next;
+}
+
+typedef struct fp_read {
+    kpart *p;
+    bool got;
+    int64_t at, ts; /* the first message at or after fp_off (at -1: none, the partition's end) */
+} fp_read;
+
+/* Read the fingerprinted record of each of want[0..n) again with a consumer of our own that
+ * joins no group (assign only, nothing committed), until deadline_ms. */
+static tm_rc read_fingerprints(tm_kafka_in *ki, fp_read *want, size_t n, double deadline_ms,
+                               tm_err *err) {
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; i < ki->cfg->n_config && !rc; i++)
+        rc = set(conf, ki->cfg->config[2 * i], ki->cfg->config[2 * i + 1], err);
+    if (!rc)
+        rc = set(conf, "bootstrap.servers", ki->cfg->brokers, err);
+    if (!rc) // assign() wants a group id; nothing joins or commits
+        rc = set(conf, "group.id", ki->cfg->group, err);
+    if (!rc)
+        rc = set(conf, "enable.auto.commit", "false", err);
+    if (!rc)
+        rc = set(conf, "enable.partition.eof", "true", err);
+    if (rc) {
+        rd_kafka_conf_destroy(conf);
+        return rc;
+    }
+    char es[512];
+    rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, es, sizeof(es));
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: creating the check consumer: %s", es);
+    }
+    rd_kafka_poll_set_consumer(rk);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new((int)n);
+    for (size_t i = 0; i < n; i++)
+        rd_kafka_topic_partition_list_add(l, want[i].p->topic, want[i].p->partition)->offset =
+            want[i].p->fp_off;
+    rd_kafka_resp_err_t e = rd_kafka_assign(rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    size_t left = n;
+    while (!e && left > 0 && tm_now_ms() < deadline_ms) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 100);
+        if (!m)
+            continue;
+        for (size_t i = 0; m->rkt && i < n; i++) {
+            if (want[i].got || want[i].p->partition != m->partition ||
+                strcmp(want[i].p->topic, rd_kafka_topic_name(m->rkt)) != 0)
+                continue;
+            if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+                want[i].at = -1;
+            } else if (!m->err) {
+                want[i].at = m->offset;
+                want[i].ts = rd_kafka_message_timestamp(m, NULL);
+            } else {
+                break; // a transient error: fetching goes on
+            }
+            want[i].got = true;
+            left--;
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_assign(rk, NULL);
+    rd_kafka_destroy(rk);
+    if (e)
+        return TM_ERR(err, TM_E_KAFKA, "input.kafka: check consumer: %s", rd_kafka_err2str(e));
+    for (size_t i = 0; i < n; i++)
+        if (!want[i].got)
+            return TM_ERR(err, TM_E_KAFKA,
+                          "input.kafka: offset %lld of %s/%d (this output folder's check of the "
+                          "topic's identity) not read from brokers %s within %g s "
+                          "(input.kafka.startup_timeout_s)",
+                          (long long)want[i].p->fp_off, want[i].p->topic, (int)want[i].p->partition,
+                          ki->cfg->brokers, startup_s(ki));
+    return TM_OK;
+}
+
+// Every resumed partition of topic exists and its high watermark is not below its done offsets.
+static tm_rc check_topic(tm_kafka_in *ki, const char *topic, double deadline_ms, tm_err *err) {
+    const rd_kafka_metadata_t *md = NULL;
+    tm_rc rc = topic_metadata(ki, topic, deadline_ms, false, &md, err);
+    if (rc)
+        return rc;
+    int n_part = md->topic_cnt == 1 && !md->topics[0].err ? md->topics[0].partition_cnt : 0;
+    rd_kafka_metadata_destroy(md);
+    for (size_t i = 0; i < ki->n_parts && !rc; i++) {
+        const kpart *p = &ki->parts[i];
+        if (!p->resumed || strcmp(p->topic, topic) != 0 || done_end(p) == 0)
+            continue;
+        if (p->partition >= n_part) {
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s has %d partition(s) now, but this folder has done "
+                        "offsets of its partition %d: the topic was recreated; %s",
+                        topic, n_part, (int)p->partition, RESTART_HINT);
+            break;
+        }
+        int64_t lo = 0, hi = 0;
+        rd_kafka_resp_err_t e;
+        do
+            e = rd_kafka_query_watermark_offsets(ki->rk, topic, p->partition, &lo, &hi,
+                                                 left_ms(deadline_ms, WATERMARK_TIMEOUT_MS));
+        while (e && tm_now_ms() < deadline_ms);
+        if (e)
+            rc = startup_fail(ki, "high watermark", topic, p->partition, e, err);
+        else if (hi < done_end(p))
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s partition %d ends at offset %lld now, but this "
+                        "folder has offsets up to %lld done: the topic was recreated; %s",
+                        topic, (int)p->partition, (long long)hi, (long long)done_end(p) - 1,
+                        RESTART_HINT);
+    }
+    return rc;
+}
+
+tm_rc tm_kafka_in_check_resume(tm_kafka_in *ki, const char *cluster_before, tm_err *err) {
+    if (cluster_before && ki->cluster_id && strcmp(cluster_before, ki->cluster_id) != 0)
+        return TM_ERR(err, TM_E_INVAL,
+                      "input.kafka: the brokers are Kafka cluster %s, but this folder's offsets "
+                      "were recorded on cluster %s; %s",
+                      ki->cluster_id, cluster_before, RESTART_HINT);
+    double deadline_ms = tm_now_ms() + startup_s(ki) * 1000.0;
+    tm_rc rc = TM_OK;
+    for (size_t t = 0; t < ki->cfg->n_topics && !rc; t++)
+        rc = check_topic(ki, ki->cfg->topics[t], deadline_ms, err);
+    if (rc)
+        return rc;
+    // The parts table is only grown by the source thread, which is this one: no lock needed to
+    // keep the pointers below valid until the first tm_kafka_in_next.
+    fp_read *want = tm_calloc(ki->n_parts ? ki->n_parts : 1, sizeof(*want));
+    if (!want)
+        return TM_ERR(err, TM_E_NOMEM, "kafka checks");
+    size_t n = 0;
+    for (size_t i = 0; i < ki->n_parts; i++)
+        if (ki->parts[i].resumed && ki->parts[i].fp_off >= 0)
+            want[n++] = (fp_read){.p = &ki->parts[i]};
+    if (n > 0)
+        rc = read_fingerprints(ki, want, n, deadline_ms, err);
+    size_t n_gone = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const kpart *p = want[i].p;
+        if (want[i].at != p->fp_off) { // removed by retention or compaction: nothing to compare
+            n_gone++;
+            continue;
+        }
+        if (want[i].ts != p->fp_ts)
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "input.kafka: topic %s partition %d: the message at offset %lld has "
+                        "timestamp %lld now, %lld when this folder answered it: the topic was "
+                        "recreated; %s",
+                        p->topic, (int)p->partition, (long long)p->fp_off, (long long)want[i].ts,
+                        (long long)p->fp_ts, RESTART_HINT);
+    }
+    tm_free(want);
+    if (!rc && n > 0)
+        TM_LOG_INFO("kafka_in",
+                    "resume: cluster %s, %zu partition(s) checked against this folder's offsets "
+                    "(high watermarks, one message each%s)",
+                    ki->cluster_id ? ki->cluster_id : "(no id)", n,
+                    n_gone ? "; some checked messages are gone (retention), not compared" : "");
+    return rc;
+}
 
 // ---- records ----
 
@@ -1047,8 +1386,17 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
     }
     bool done = done_has(p, (uint64_t)o); // an earlier run wrote it (manifest)
     bool blank = !rc && !done && is_blank(s, n);
-    if (blank)
+    if (done)
+        ki->skips.done++;
+    else if (blank && !m->payload)
+        ki->skips.tombstones++;
+    else if (blank)
+        ki->skips.empty++;
+    int64_t ts = rd_kafka_message_timestamp(m, NULL);
+    if (blank) {
         rc = done_add(p, (uint64_t)o, (uint64_t)o, err);
+        fp_note(p, o, ts);
+    }
     uint32_t part = (uint32_t)(p - ki->parts);
     pthread_mutex_unlock(&ki->mu);
     if (rc || done || blank)
@@ -1068,7 +1416,7 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
         return TM_ERR(err, TM_E_NOMEM, "kafka record source");
     }
     pthread_mutex_lock(&ki->mu);
-    rc = ring_push(ki, job->seq_no, part, o, err);
+    rc = ring_push(ki, job->seq_no, part, o, ts, err);
     ki->last_seq = job->seq_no;
     pthread_mutex_unlock(&ki->mu);
     if (rc) {
@@ -1087,7 +1435,7 @@ static bool caught_up(tm_kafka_in *ki) {
     pthread_mutex_lock(&ki->mu);
     for (size_t i = 0; i < ki->n_parts && all; i++) {
         const kpart *p = &ki->parts[i];
-        if (p->owned && p->hi + 1 < p->hwm) // hwm 0 (empty, or unknown at start): no wait
+        if (p->owned && (p->hi + 1 < p->hwm || p->dq_n > p->dq_head)) // hwm 0: no wait
             all = false;
     }
     pthread_mutex_unlock(&ki->mu);
@@ -1104,6 +1452,9 @@ static void resume_flow(tm_kafka_in *ki) {
         rd_kafka_topic_partition_list_destroy(a);
     }
     ki->paused = false;
+    for (size_t i = 0; i < ki->n_parts; i++) // still at max_read_ahead: stay paused
+        if (ki->parts[i].capped && ki->parts[i].owned)
+            pause_one(ki, &ki->parts[i], true);
 }
 
 static tm_rc stash_push(tm_kafka_in *ki, rd_kafka_message_t *m, tm_err *err) {
@@ -1122,6 +1473,64 @@ static tm_rc stash_push(tm_kafka_in *ki, rd_kafka_message_t *m, tm_err *err) {
     ki->stash[(ki->stash_head + ki->n_stash) % ki->cap_stash] = m;
     ki->n_stash++;
     return TM_OK;
+}
+
+// ---- input.kafka.max_read_ahead (source thread) ----
+
+/* m belongs to a partition at max_read_ahead, or behind messages deferred so (offset order):
+ * keep it for later (true; the partition is paused) or false: handle it now. */
+static bool defer_message(tm_kafka_in *ki, rd_kafka_message_t *m) {
+    if (!m->rkt)
+        return false;
+    pthread_mutex_lock(&ki->mu);
+    kpart *p = part_find(ki, rd_kafka_topic_name(m->rkt), m->partition);
+    bool defer = p && p->owned && (p->dq_n > p->dq_head || p->n_flight >= ki->max_ahead);
+    pthread_mutex_unlock(&ki->mu);
+    if (!defer)
+        return false;
+    if (p->dq_n == p->dq_cap) {
+        if (p->dq_head > 0) { // compact first
+            memmove(p->dq, p->dq + p->dq_head, (p->dq_n - p->dq_head) * sizeof(*p->dq));
+            p->dq_n -= p->dq_head;
+            p->dq_head = 0;
+        }
+        if (p->dq_n == p->dq_cap) {
+            size_t cap = p->dq_cap ? p->dq_cap * 2 : 16;
+            rd_kafka_message_t **q = tm_realloc(p->dq, cap * sizeof(*q));
+            if (!q)
+                return false; // handled now instead: past the bound, never lost
+            p->dq = q;
+            p->dq_cap = cap;
+        }
+    }
+    p->dq[p->dq_n++] = m;
+    if (!p->capped) {
+        p->capped = true;
+        pause_one(ki, p, true);
+    }
+    return true;
+}
+
+/* A deferred message of a partition now below max_read_ahead (its partition is resumed once its
+ * queue is empty), or NULL. */
+static rd_kafka_message_t *undefer(tm_kafka_in *ki) {
+    rd_kafka_message_t *m = NULL;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts && !m; i++) {
+        kpart *p = &ki->parts[i];
+        if (!p->capped || p->n_flight >= ki->max_ahead)
+            continue;
+        if (p->dq_n > p->dq_head) {
+            m = p->dq[p->dq_head++];
+            continue;
+        }
+        p->dq_head = p->dq_n = 0;
+        p->capped = false;
+        if (!ki->paused && p->owned)
+            pause_one(ki, p, false);
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return m;
 }
 
 tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
@@ -1144,13 +1553,18 @@ tm_rc tm_kafka_in_next(tm_kafka_in *ki, tm_job **out, tm_err *err) {
         }
         if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
             commit_offsets(ki, false, false);
-        rd_kafka_message_t *m;
-        if (ki->n_stash > 0) {
+        rd_kafka_message_t *m = undefer(ki);
+        if (m) {
+        } else if (ki->n_stash > 0) {
             m = ki->stash[ki->stash_head];
             ki->stash_head = (ki->stash_head + 1) % ki->cap_stash;
             ki->n_stash--;
+            if (defer_message(ki, m))
+                continue;
         } else {
             m = rd_kafka_consumer_poll(ki->rk, POLL_MS);
+            if (m && defer_message(ki, m))
+                continue;
         }
         if (!m)
             continue;
@@ -1180,6 +1594,8 @@ static void drop_held(tm_kafka_in *ki, uint64_t held_seq) {
     kpart *p = &ki->parts[e->part];
     TM_ASSERT(p->hi == e->offset); // no message of p was handled since it was handed out
     p->hi = e->offset - 1;
+    if (p->n_flight > 0)
+        p->n_flight--;
     const char *topic = p->topic; // owned by the partition table, which is never shrunk
     int partition = (int)p->partition;
     long long offset = (long long)e->offset;
@@ -1223,6 +1639,76 @@ tm_rc tm_kafka_in_wait(tm_kafka_in *ki, uint64_t held_seq, int ms, bool *drop, t
     return TM_OK;
 }
 
+tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err) {
+    if (!ki->lingering) {
+        ki->lingering = true;
+        ki->paused = false; // pause whatever is assigned now, whatever the flag said
+        rd_kafka_topic_partition_list_t *a = NULL;
+        if (rd_kafka_assignment(ki->rk, &a) == RD_KAFKA_RESP_ERR_NO_ERROR && a) {
+            if (a->cnt > 0)
+                rd_kafka_pause_partitions(ki->rk, a);
+            rd_kafka_topic_partition_list_destroy(a);
+        }
+        ki->paused = true;                       // on_rebalance pauses what is assigned from now on
+        for (size_t i = 0; i < ki->n_stash; i++) // fetched, never handled: the next reader's
+            rd_kafka_message_destroy(ki->stash[(ki->stash_head + i) % ki->cap_stash]);
+        ki->n_stash = 0;
+        for (size_t i = 0; i < ki->n_parts; i++)
+            dq_clear(&ki->parts[i]);
+        TM_LOG_INFO("kafka_in",
+                    "read to the end: staying in group %s (offsets committed as records become "
+                    "durable, rebalances served) until the records in flight are done",
+                    ki->cfg->group);
+    }
+    if (ms == 0) { // the job's last commit is made: commit what it made durable, and wait
+        commit_offsets(ki, true, false);
+        return ki->fatal_rc ? (*err = ki->fatal_err, ki->fatal_rc) : TM_OK;
+    }
+    if (tm_now_ms() - ki->last_commit_ms >= COMMIT_EVERY_MS)
+        commit_offsets(ki, false, false);
+    else
+        refresh_high(ki);
+    rd_kafka_message_t *m = rd_kafka_consumer_poll(ki->rk, ms); // may run on_rebalance
+    if (m)
+        rd_kafka_message_destroy(m); // fetched before the pause: left to the next reader
+    if (ki->fatal_rc) {
+        *err = ki->fatal_err;
+        return ki->fatal_rc;
+    }
+    return TM_OK;
+}
+
+size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap) {
+    size_t n = 0;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t i = 0; i < ki->n_parts; i++) {
+        const kpart *p = &ki->parts[i];
+        if (!p->owned)
+            continue;
+        if (n < cap) {
+            int64_t base = p->shown_committed >= 0 ? p->shown_committed
+                           : p->hi >= 0            ? p->hi + 1
+                                                   : 0;
+            int64_t lag = p->high_now >= 0 ? p->high_now - base : -1;
+            out[n] = (tm_source_klag){.topic = p->topic,
+                                      .partition = p->partition,
+                                      .committed = p->shown_committed,
+                                      .position = p->hi >= 0 ? p->hi + 1 : -1,
+                                      .high = p->high_now,
+                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag};
+        }
+        n++;
+    }
+    pthread_mutex_unlock(&ki->mu);
+    return n;
+}
+
+void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out) {
+    pthread_mutex_lock(&ki->mu);
+    *out = ki->skips;
+    pthread_mutex_unlock(&ki->mu);
+}
+
 // ---- acks and positions (any thread) ----
 
 static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8_t state,
@@ -1233,8 +1719,11 @@ static tm_rc set_state(tm_kafka_in *ki, const uint64_t *seq_nos, size_t n, uint8
         ring_ent *e = ring_at(ki, seq_nos[i]);
         if (!e || e->state >= state)
             continue;
+        if (state == ST_ACKED && ki->parts[e->part].n_flight > 0)
+            ki->parts[e->part].n_flight--;
         e->state = state;
         rc = done_add(&ki->parts[e->part], (uint64_t)e->offset, (uint64_t)e->offset, err);
+        fp_note(&ki->parts[e->part], e->offset, e->ts);
     }
     if (state == ST_ACKED) {
         ring_trim(ki);
@@ -1264,7 +1753,9 @@ tm_rc tm_kafka_in_positions(tm_kafka_in *ki, tm_source_kpos_fn fn, void *ctx, tm
                               .next = (int64_t)p->next,
                               .ranges = p->rng,
                               .n_ranges = p->n_rng,
-                              .owned = p->owned};
+                              .owned = p->owned,
+                              .fp_offset = p->fp_off,
+                              .fp_ts = p->fp_ts};
         rc = fn(ctx, &pos, err);
     }
     pthread_mutex_unlock(&ki->mu);
@@ -1327,11 +1818,37 @@ static tm_rc kafka_positions(void *self, tm_source_kpos_fn fn, void *ctx, tm_err
 }
 
 static tm_rc kafka_resume_positions(void *self, const tm_source_kpos *pos, tm_err *err) {
-    return tm_kafka_in_resume_add(self, pos->topic, pos->partition, pos->next, pos->ranges,
-                                  pos->n_ranges, err);
+    tm_rc rc = tm_kafka_in_resume_add(self, pos->topic, pos->partition, pos->next, pos->ranges,
+                                      pos->n_ranges, err);
+    if (!rc && pos->fp_offset >= 0)
+        rc = tm_kafka_in_resume_fp(self, pos->topic, pos->partition, pos->fp_offset, pos->fp_ts,
+                                   err);
+    return rc;
 }
 
 static void kafka_set_txn(void *self, bool on) { tm_kafka_in_set_txn(self, on); }
+
+static tm_rc kafka_check_resume(void *self, const char *cluster_before, tm_err *err) {
+    return tm_kafka_in_check_resume(self, cluster_before, err);
+}
+
+static const char *kafka_cluster_id(const void *self) { return tm_kafka_in_cluster_id(self); }
+
+static tm_rc kafka_linger(void *self, int ms, tm_err *err) {
+    return tm_kafka_in_linger(self, ms, err);
+}
+
+static size_t kafka_lag(void *self, tm_source_klag *out, size_t cap) {
+    return tm_kafka_in_lag(self, out, cap);
+}
+
+static void kafka_skips(void *self, tm_source_kskips *out) { tm_kafka_in_skips(self, out); }
+
+static uint64_t kafka_n_skipped(const void *self) {
+    tm_source_kskips k;
+    tm_kafka_in_skips((tm_kafka_in *)self, &k);
+    return k.done;
+}
 
 static tm_rc kafka_group_md(void *self, tm_buf *out, tm_err *err) {
     return tm_kafka_in_group_md(self, out, err);
@@ -1351,4 +1868,10 @@ const tm_source_ops tm_kafka_in_ops = {
     .resume_positions = kafka_resume_positions,
     .set_txn = kafka_set_txn,
     .group_md = kafka_group_md,
+    .check_resume = kafka_check_resume,
+    .cluster_id = kafka_cluster_id,
+    .linger = kafka_linger,
+    .kafka_lag = kafka_lag,
+    .kafka_skips = kafka_skips,
+    .n_skipped = kafka_n_skipped,
 };

@@ -91,6 +91,33 @@ void tm_kafka_in_close(tm_kafka_in *ki);
  * tm_kafka_in_next. TM_E_NOMEM. */
 tm_rc tm_kafka_in_resume_add(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t next,
                              const uint64_t *ranges, size_t n_ranges, tm_err *err);
+/* The fingerprint an earlier run kept of topic/partition (tm_source_kpos.fp_offset, fp_ts), after
+ * tm_kafka_in_resume_add; checked by tm_kafka_in_check_resume and carried on. TM_E_NOMEM. */
+tm_rc tm_kafka_in_resume_fp(tm_kafka_in *ki, const char *topic, int32_t partition, int64_t offset,
+                            int64_t ts, tm_err *err);
+/* The identity check of a resumed job (tm_source_check_resume), after the resume positions and
+ * before the first tm_kafka_in_next: the cluster id, every resumed partition's presence and high
+ * watermark, and each fingerprint's record, read again with a short-lived consumer that joins no
+ * group. TM_E_INVAL naming the topic and what changed; TM_E_KAFKA (brokers not answering within
+ * input.kafka.startup_timeout_s). */
+tm_rc tm_kafka_in_check_resume(tm_kafka_in *ki, const char *cluster_before, tm_err *err);
+/* After TM_E_EOF (drain mode at the high watermarks, or a stop signal), until the job's outputs
+ * are final: pause every assigned partition (and any assigned later: this consumer reads no
+ * more), poll for about ms (heartbeats, rebalances: a revoke waits for the revoked partitions'
+ * records in flight as ever, then commits and hands them over) and commit the durable offsets
+ * every 200 ms. A message fetched before the pause is dropped, not read (the partition's next
+ * reader gets it). A partition assigned while lingering is never committed by this consumer.
+ * ms 0 (once the job's last commit is made, on the job's thread after the source thread ended):
+ * commit the durable offsets now and wait for the answer (bounded as on revoke). TM_E_KAFKA on a
+ * fatal consumer error. */
+tm_rc tm_kafka_in_linger(tm_kafka_in *ki, int ms, tm_err *err);
+/* Figures of the assigned partitions (tm_source_kafka_lag; high watermarks as librdkafka last
+ * fetched them, no broker round trip). Thread-safe. */
+size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap);
+/* Messages that made no record (tm_source_kafka_skips). Thread-safe. */
+void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out);
+/* The cluster id from the brokers' metadata at open; NULL when they gave none. */
+const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki);
 /* Offsets travel in the Kafka sink's transactions: the consumer commits nothing itself. */
 void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on);
 

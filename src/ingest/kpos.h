@@ -20,7 +20,28 @@ typedef struct tm_source_kpos {
                              * pairs, ascending, not touching next; borrowed for the callback */
     size_t n_ranges;
     bool owned; /* assigned to this consumer now: its offset may be committed */
+    /* One done record that held a message: its offset (-1: none) and Kafka timestamp; a later
+     * run reads it again to tell a recreated topic (tm_source_check_resume). */
+    int64_t fp_offset, fp_ts;
 } tm_source_kpos;
 typedef tm_rc (*tm_source_kpos_fn)(void *ctx, const tm_source_kpos *pos, tm_err *err);
+
+/* One assigned partition's figures now (tm_source_kafka_lag): what a lag monitor shows. */
+typedef struct tm_source_klag {
+    const char *topic; /* borrowed: valid until the source is closed */
+    int32_t partition;
+    int64_t committed; /* the offset this consumer last committed (-1 none yet) */
+    int64_t position;  /* the next offset this consumer reads (-1 none yet) */
+    int64_t high;      /* the partition's high watermark as last fetched (-1 unknown) */
+    int64_t lag;       /* high - the committed offset (or - position, or - 0): records not yet
+                        * durable and committed; -1 unknown */
+} tm_source_klag;
+
+/* Messages of a Kafka input that made no record (tm_source_kafka_skips). */
+typedef struct tm_source_kskips {
+    uint64_t tombstones; /* null values */
+    uint64_t empty;      /* empty or blank values */
+    uint64_t done;       /* done in the manifest already (an earlier run answered them) */
+} tm_source_kskips;
 
 #endif /* TM_INGEST_KPOS_H */

@@ -595,16 +595,12 @@ static tm_rc parse_openai(tm_rec_parser *ps, const json_t *root, tm_job *job, tm
         job->format = TM_REC_FORMAT_OPENAI_CHAT;
     } else if (strcmp(u, "/v1/completions") == 0) {
         job->format = TM_REC_FORMAT_OPENAI_COMPLETION;
-    } else if (strncmp(u, "/v1/", 4) == 0) {
+    } else { // every other url alike (/v1/embeddings, /v1/rerank, /rerank, /bad_url)
         tm_ingest_describe(url, ff.msg, 80);
         return job_fail(job, TM_ERRCODE_UNSUPPORTED, err,
                         "field 'url': %s is not supported; tokenmill serves "
                         "\"/v1/chat/completions\" and \"/v1/completions\"",
                         ff.msg);
-    } else {
-        tm_ingest_fail_set(&ff, TM_ERRCODE_INVALID_VALUE,
-                           "\"/v1/chat/completions\" or \"/v1/completions\"", url);
-        return field_fail(job, "url", &ff, err);
     }
     if (!body)
         return job_fail(job, TM_ERRCODE_MISSING_FIELD, err, "field 'body' is required");
@@ -952,7 +948,7 @@ static tm_rc parse_record(tm_rec_parser *ps, const char *line, size_t len, tm_jo
         }
         job->format = oai ? TM_REC_FORMAT_OPENAI : TM_REC_FORMAT_NATIVE;
         rc = oai ? parse_openai(ps, root, job, err) : parse_native(ps, root, job, err);
-        if (!rc)
+        if (!rc && job->err_code == TM_ERRCODE_NONE) // a rejected line gets no key warnings
             rc = check_keys(ps, root, oai, job, err);
     }
     json_decref(root);

@@ -138,6 +138,28 @@ tm_rc tm_source_resume_positions(tm_source *src, const tm_source_kpos *pos, tm_e
     return src->ops->resume_positions ? src->ops->resume_positions(src->self, pos, err) : TM_OK;
 }
 
+tm_rc tm_source_check_resume(tm_source *src, const char *cluster_before, tm_err *err) {
+    return src->ops->check_resume ? src->ops->check_resume(src->self, cluster_before, err) : TM_OK;
+}
+
+tm_rc tm_source_linger(tm_source *src, int ms, tm_err *err) {
+    return src->ops->linger ? src->ops->linger(src->self, ms, err) : TM_E_EOF;
+}
+
+size_t tm_source_kafka_lag(tm_source *src, tm_source_klag *out, size_t cap) {
+    return src->ops->kafka_lag ? src->ops->kafka_lag(src->self, out, cap) : 0;
+}
+
+void tm_source_kafka_skips(tm_source *src, tm_source_kskips *out) {
+    *out = (tm_source_kskips){0};
+    if (src->ops->kafka_skips)
+        src->ops->kafka_skips(src->self, out);
+}
+
+const char *tm_source_cluster_id(const tm_source *src) {
+    return src->ops->cluster_id ? src->ops->cluster_id(src->self) : NULL;
+}
+
 void tm_source_set_txn(tm_source *src, bool on) {
     if (src->ops->set_txn)
         src->ops->set_txn(src->self, on);

@@ -135,6 +135,27 @@ tm_rc tm_source_mark_written(tm_source *src, const uint64_t *seq_nos, size_t n, 
 tm_rc tm_source_positions(tm_source *src, tm_source_kpos_fn fn, void *ctx, tm_err *err);
 /* Done offsets of an earlier run (from the manifest), before the first tm_source_next. */
 tm_rc tm_source_resume_positions(tm_source *src, const tm_source_kpos *pos, tm_err *err);
+/* After the resume positions: refuse offsets that no longer mean the records they meant when
+ * they were recorded (the identity check of a resumed Kafka job): cluster_before (the manifest's
+ * cluster id, or NULL) differs from the brokers' cluster id; a partition with done offsets is gone
+ * (the partition count shrank) or its high watermark is below them; or the record a partition's
+ * fingerprint names has another timestamp now (the topic was deleted and recreated). TM_E_INVAL
+ * naming the topic and what changed; TM_E_KAFKA. A no-op for other sources. */
+tm_rc tm_source_check_resume(tm_source *src, const char *cluster_before, tm_err *err);
+/* After tm_source_next said TM_E_EOF, while the records in flight are finished: keep the
+ * source's side of the input alive for about ms (Kafka: the consumer stays in its group, paused:
+ * it polls, commits offsets as records become durable and takes part in rebalances). Called on
+ * the source thread until the job's outputs are final; ms 0 once more after the job's last commit
+ * (Kafka: commit its offsets now, waiting for the broker). TM_E_EOF: nothing to keep alive (files);
+ * TM_E_KAFKA on a fatal consumer error. */
+tm_rc tm_source_linger(tm_source *src, int ms, tm_err *err);
+/* Up to cap assigned partitions' figures into out (tm_source_klag); the number of partitions
+ * assigned (may exceed cap). 0 for other sources. Thread-safe. */
+size_t tm_source_kafka_lag(tm_source *src, tm_source_klag *out, size_t cap);
+/* Messages that made no record so far (zeros for other sources). Thread-safe. */
+void tm_source_kafka_skips(tm_source *src, tm_source_kskips *out);
+/* The Kafka cluster's id as the brokers gave it at open, or NULL (unknown, another source). */
+const char *tm_source_cluster_id(const tm_source *src);
 /* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */
 void tm_source_set_txn(tm_source *src, bool on);
 /* The consumer group's metadata, serialized, for send_offsets_to_transaction. Thread-safe.

@@ -65,6 +65,11 @@ typedef struct tm_source_ops {
     tm_rc (*resume_positions)(void *self, const tm_source_kpos *pos, tm_err *err);
     void (*set_txn)(void *self, bool on);
     tm_rc (*group_md)(void *self, tm_buf *out, tm_err *err);
+    tm_rc (*check_resume)(void *self, const char *cluster_before, tm_err *err);
+    tm_rc (*linger)(void *self, int ms, tm_err *err);
+    size_t (*kafka_lag)(void *self, tm_source_klag *out, size_t cap);
+    void (*kafka_skips)(void *self, tm_source_kskips *out);
+    const char *(*cluster_id)(const void *self);
 } tm_source_ops;
 
 /* The kinds: files and standard input, a Kafka topic. */

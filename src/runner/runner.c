@@ -482,6 +482,23 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
         rc = TM_E_RECORD;
     }
     tm_sampling_resolve(&r->cfg->defaults, &job->sp, &p->sp);
+    // A record's own max_tokens that cannot fit beside its prompt in the model's context (n_ctx,
+    // engine.max_model_len): the error OpenAI and vLLM return (an OpenAI line gets their 400
+    // response), not a silent cut at the context's end. The job's default max_tokens is a bound
+    // instead: clipped to the context (finish_reason length), as is a KV pool smaller than it.
+    if (rc == TM_OK && !job->n_continuations && (job->sp.set & TM_SP_MAX_TOKENS) &&
+        (uint64_t)p->ids.len + (uint64_t)job->sp.max_tokens > r->cfg->n_ctx) {
+        code = TM_ERRCODE_CONTEXT_LENGTH_EXCEEDED;
+        TM_ERR(rec_err, TM_E_RECORD,
+               "This model's maximum context length is %u tokens. However, you requested %llu "
+               "tokens (%zu in the %s, %d in the completion). Please reduce the length of the "
+               "%s or completion.",
+               r->cfg->n_ctx,
+               (unsigned long long)p->ids.len + (unsigned long long)job->sp.max_tokens, p->ids.len,
+               job->messages ? "messages" : "prompt", (int)job->sp.max_tokens,
+               job->messages ? "messages" : "prompt");
+        rc = TM_E_RECORD;
+    }
     const tm_sampling *lb = &p->sp;
     if (rc == TM_OK && lb->n_bias && lb->bias_ids[lb->n_bias - 1] >= r->n_vocab_tok) {
         code = TM_ERRCODE_INVALID_VALUE; // ids are sorted: the last is the largest

@@ -3,8 +3,10 @@
 #include "sink/kafka_out.h"
 
 #define _POSIX_C_SOURCE 200809L
+#include <jansson.h>
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/alloc.h"
@@ -15,8 +17,10 @@
 struct tm_kafka_out {
     rd_kafka_t *rk;
     rd_kafka_topic_t *rkt;
-    bool txn;    /* transactional mode */
-    bool in_txn; /* a transaction is open */
+    rd_kafka_topic_t *rkt_err; /* output.kafka.error_topic, or NULL */
+    bool by_input;             /* partitioning "input" */
+    bool txn;                  /* transactional mode */
+    bool in_txn;               /* a transaction is open */
     int timeout_ms;
     bool started;             /* the brokers answered at open: librdkafka's log lines are shown */
     uint64_t n_quiet;         /* librdkafka log lines not shown while waiting for the brokers */
@@ -133,7 +137,20 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
     tm_rc rc = TM_OK;
     for (size_t i = 0; i < cfg->n_config && !rc; i++)
         rc = set(conf, cfg->config[2 * i], cfg->config[2 * i + 1], err);
-    // ours win over config: they are what the commit rule relies on
+    // ours win over config (with a warning): they are what the commit rule relies on
+    const char *const ours[][2] = {{"bootstrap.servers", cfg->brokers},
+                                   {"enable.idempotence", "true"},
+                                   {"acks", "all"},
+                                   {"log.queue", "true"}};
+    for (size_t i = 0; i < cfg->n_config; i++)
+        for (size_t k = 0; k < sizeof(ours) / sizeof(ours[0]); k++)
+            if (strcmp(cfg->config[2 * i], ours[k][0]) == 0 &&
+                strcmp(cfg->config[2 * i + 1], ours[k][1]) != 0 &&
+                !(k == 2 && strcmp(cfg->config[2 * i + 1], "-1") == 0)) // acks=-1 is all
+                TM_LOG_WARN("kafka_out",
+                            "output.kafka.config: %s=%s is overridden: tokenmill sets %s=%s "
+                            "(a commit waits for every record's acknowledgement)",
+                            ours[k][0], cfg->config[2 * i + 1], ours[k][0], ours[k][1]);
     if (!rc)
         rc = set(conf, "bootstrap.servers", cfg->brokers, err);
     if (!rc)
@@ -163,6 +180,12 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
     ko->rkt = rd_kafka_topic_new(ko->rk, cfg->topic, NULL);
     if (!ko->rkt) {
         rc = TM_ERR(err, TM_E_KAFKA, "output.kafka: topic %s: %s", cfg->topic,
+                    rd_kafka_err2str(rd_kafka_last_error()));
+        goto fail;
+    }
+    ko->by_input = cfg->by_input_partition;
+    if (cfg->error_topic && !(ko->rkt_err = rd_kafka_topic_new(ko->rk, cfg->error_topic, NULL))) {
+        rc = TM_ERR(err, TM_E_KAFKA, "output.kafka.error_topic %s: %s", cfg->error_topic,
                     rd_kafka_err2str(rd_kafka_last_error()));
         goto fail;
     }
@@ -290,6 +313,8 @@ void tm_kafka_out_close(tm_kafka_out *ko) {
     }
     if (ko->rkt)
         rd_kafka_topic_destroy(ko->rkt);
+    if (ko->rkt_err)
+        rd_kafka_topic_destroy(ko->rkt_err);
     rd_kafka_flush(ko->rk, 2000);
     rd_kafka_destroy(ko->rk);
     tm_buf_fini(&ko->line);
@@ -298,13 +323,150 @@ void tm_kafka_out_close(tm_kafka_out *ko) {
 
 // ---- the producer as an output (sink/out.h) ----
 
+// base64 text into bytes (RFC 4648 with padding, as ingest writes it); -1 when it is not that.
+static long b64_decode(const char *in, unsigned char *out) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t n = strlen(in);
+    long o = 0;
+    if (n % 4)
+        return -1;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int j = 0; j < 4; j++) {
+            const char *c = in[i + j] == '=' ? NULL : strchr(tab, in[i + j]);
+            if (in[i + j] == '=')
+                pad++;
+            else if (!c || !in[i + j] || pad)
+                return -1;
+            v = v << 6 | (uint32_t)(c ? c - tab : 0);
+        }
+        out[o++] = (unsigned char)(v >> 16);
+        if (pad < 2)
+            out[o++] = (unsigned char)(v >> 8);
+        if (pad < 1)
+            out[o++] = (unsigned char)v;
+    }
+    return o;
+}
+
+/* A source value as ingest wrote it (text, {"base64": ...} or null) into bytes: *p points into
+ * v or into *tmp (owned by the caller, free with tm_free). false: null or not such a value. */
+static bool meta_bytes(const json_t *v, const void **p, size_t *n, unsigned char **tmp) {
+    if (json_is_string(v)) {
+        *p = json_string_value(v);
+        *n = json_string_length(v);
+        return true;
+    }
+    const char *b = json_string_value(json_object_get(v, "base64"));
+    if (!b || !(*tmp = tm_malloc(strlen(b) / 4 * 3 + 1)))
+        return false;
+    long k = b64_decode(b, *tmp);
+    if (k < 0)
+        return false;
+    *p = *tmp;
+    *n = (size_t)k;
+    return true;
+}
+
+static void add_header(rd_kafka_headers_t *h, const char *name, const void *v, ssize_t n) {
+    rd_kafka_header_add(h, name, -1, v, n);
+}
+
+/* One record to rkt: key = the input's key (raw bytes) or else the id's text (no JSON quotes);
+ * headers = the input's, then tokenmill.id and tokenmill.source.{topic,partition,offset};
+ * partition = the input's with partitioning "input" (answers only), else the partitioner's over
+ * the key. */
+static tm_rc send_record(tm_kafka_out *ko, rd_kafka_topic_t *rkt, const tm_completion *c,
+                         const char *value, size_t n_value, tm_err *err) {
+    tm_rc rc = check(ko, err);
+    if (rc)
+        return rc;
+    json_t *meta = c->src_meta_json ? json_loads(c->src_meta_json, 0, NULL) : NULL;
+    json_t *id = c->id_json ? json_loads(c->id_json, JSON_DECODE_ANY, NULL) : NULL;
+    const char *id_text = json_is_string(id) ? json_string_value(id) : c->id_json;
+    size_t n_id = json_is_string(id) ? json_string_length(id) : id_text ? strlen(id_text) : 0;
+    const void *key = id_text;
+    size_t n_key = n_id;
+    unsigned char *key_tmp = NULL;
+    const json_t *mk = json_object_get(meta, "key");
+    if (mk && !json_is_null(mk) && !meta_bytes(mk, &key, &n_key, &key_tmp)) {
+        key = id_text; // not a value ingest writes: keep the id
+        n_key = n_id;
+    }
+    rd_kafka_headers_t *h = rd_kafka_headers_new(8);
+    const json_t *hs = json_object_get(meta, "headers");
+    for (size_t i = 0; i < json_array_size(hs); i++) {
+        const json_t *e = json_array_get(hs, i);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        const void *v = NULL;
+        size_t n = 0;
+        unsigned char *tmp = NULL;
+        if (!name)
+            continue;
+        if (meta_bytes(json_object_get(e, "value"), &v, &n, &tmp))
+            add_header(h, name, v, (ssize_t)n);
+        else
+            add_header(h, name, NULL, 0);
+        tm_free(tmp);
+    }
+    if (id_text)
+        add_header(h, "tokenmill.id", id_text, (ssize_t)n_id);
+    int32_t partition = RD_KAFKA_PARTITION_UA;
+    const char *topic = json_string_value(json_object_get(meta, "topic"));
+    const json_t *mp = json_object_get(meta, "partition"), *mo = json_object_get(meta, "offset");
+    if (topic) {
+        char num[32];
+        add_header(h, "tokenmill.source.topic", topic, -1);
+        snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(mp));
+        add_header(h, "tokenmill.source.partition", num, -1);
+        snprintf(num, sizeof(num), "%lld", (long long)json_integer_value(mo));
+        add_header(h, "tokenmill.source.offset", num, -1);
+        if (ko->by_input && rkt == ko->rkt && json_is_integer(mp)) // answers only
+            partition = (int32_t)json_integer_value(mp);
+    }
+    for (;;) {
+        rd_kafka_resp_err_t e = rd_kafka_producev(
+            ko->rk, RD_KAFKA_V_RKT(rkt), RD_KAFKA_V_PARTITION(partition),
+            RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_VALUE((void *)value, n_value),
+            RD_KAFKA_V_KEY(key, n_key), RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END);
+        if (!e) {
+            h = NULL; // librdkafka's now
+            break;
+        }
+        if (e != RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+            rc = TM_ERR(err, TM_E_KAFKA, "kafka produce to %s: %s", rd_kafka_topic_name(rkt),
+                        rd_kafka_err2str(e));
+            break;
+        }
+        rd_kafka_poll(ko->rk, 100); // backpressure: wait for deliveries to make room
+        rc = check(ko, err);
+        if (rc)
+            break;
+    }
+    if (h)
+        rd_kafka_headers_destroy(h);
+    tm_free(key_tmp);
+    json_decref(id);
+    json_decref(meta);
+    if (rc)
+        return rc;
+    ko->n_sent++;
+    rd_kafka_poll(ko->rk, 0);
+    return TM_OK;
+}
+
 static tm_rc out_write(void *self, const tm_completion *c, tm_err *err) {
     tm_kafka_out *ko = self;
+    bool is_err = c->err_code != TM_ERRCODE_NONE;
+    if (is_err && !ko->rkt_err)
+        return TM_OK; // routed here only with an error topic
     tm_buf_clear(&ko->line);
-    tm_rc rc = tm_sink_format_ok(&ko->line, c, err);
+    tm_rc rc = is_err ? tm_sink_format_error(&ko->line, c, err)
+                      : tm_sink_format_ok(&ko->line, c, err);
     if (!rc)
-        rc = tm_kafka_out_send(ko, c->id_json, strlen(c->id_json), ko->line.data, ko->line.len - 1,
-                               err);
+        rc = send_record(ko, is_err ? ko->rkt_err : ko->rkt, c, ko->line.data, ko->line.len - 1,
+                         err);
     return rc;
 }
 

@@ -35,6 +35,9 @@ typedef struct tm_kafka_out_cfg {
     const char *transactional_id; /* NULL: no transactions */
     double timeout_s;             /* most seconds one commit may wait for acks; 0 = 60 */
     double startup_timeout_s;     /* most seconds open waits for the brokers to answer; 0 = 30 */
+    bool by_input_partition;      /* output.kafka.partitioning "input": the input's partition
+                                   * number; false ("key"): the partitioner over the key */
+    const char *error_topic;      /* output.kafka.error_topic: error records go there; NULL */
 } tm_kafka_out_cfg;
 
 /* An input position to commit inside the transaction (Kafka input). */

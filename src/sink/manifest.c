@@ -32,6 +32,7 @@ static void file_fini(tm_manifest_file *f) { tm_free(f->name); }
 
 void tm_manifest_fini(tm_manifest *m) {
     tm_free(m->job_path);
+    free(m->spec_json); // json_dumps' or strdup's
     for (size_t i = 0; i < m->n_model_files; i++)
         file_fini(&m->model_files[i]);
     tm_free(m->model_files);
@@ -45,6 +46,7 @@ void tm_manifest_fini(tm_manifest *m) {
         tm_free(m->kparts[i].ranges);
     }
     tm_free(m->kparts);
+    tm_free(m->kafka_in_cluster);
     memset(m, 0, sizeof(*m));
 }
 
@@ -69,6 +71,7 @@ tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition
         if (!k->topic)
             return TM_ERR(err, TM_E_NOMEM, "manifest kafka partitions");
         k->partition = partition;
+        k->fp_offset = -1;
         m->n_kparts++;
     }
     uint64_t *r = NULL;
@@ -222,7 +225,8 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
     snprintf(m->spec_hash, sizeof(m->spec_hash), "%016llx%016llx", (unsigned long long)h.hi,
              (unsigned long long)h.lo);
     m->job_path = tm_strdup(job_path);
-    if (!m->job_path)
+    m->spec_json = strdup(canonical_json);
+    if (!m->job_path || !m->spec_json)
         return TM_ERR(err, TM_E_NOMEM, "manifest");
     // Model: the small JSON files by content; weights by name, size and mtime (hashing hundreds
     // of GB at every start is not affordable).
@@ -267,10 +271,58 @@ tm_rc tm_manifest_identify(tm_manifest *m, const char *canonical_json, const cha
     return TM_OK;
 }
 
+// The fields of two job specs that differ, as "defaults.max_tokens 8 -> 9" (at most 3, then
+// "..."), appended to buf at *len (n bytes).
+static void spec_diff(const json_t *a, const json_t *b, const char *path, char *buf, size_t n,
+                      size_t *len, int *count) {
+    if (json_is_object(a) && json_is_object(b)) {
+        const char *k;
+        json_t *v;
+        char sub[160];
+        json_object_foreach((json_t *)a, k, v) {
+            snprintf(sub, sizeof(sub), "%s%s%s", path, *path ? "." : "", k);
+            spec_diff(v, json_object_get(b, k), sub, buf, n, len, count);
+        }
+        json_object_foreach((json_t *)b, k, v) {
+            if (json_object_get(a, k))
+                continue;
+            snprintf(sub, sizeof(sub), "%s%s%s", path, *path ? "." : "", k);
+            spec_diff(NULL, v, sub, buf, n, len, count);
+        }
+        return;
+    }
+    if (a && b && json_equal((json_t *)a, (json_t *)b))
+        return;
+    if (++*count > 3) {
+        if (*count == 4 && *len < n)
+            *len += (size_t)snprintf(buf + *len, n - *len, ", ...");
+        return;
+    }
+    char *x = a ? json_dumps(a, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    char *y = b ? json_dumps(b, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (*len < n)
+        *len += (size_t)snprintf(buf + *len, n - *len, "%s%s %.40s -> %.40s",
+                                 *count > 1 ? ", " : "", path, x ? x : "(unset)",
+                                 y ? y : "(unset)");
+    free(x);
+    free(y);
+}
+
 bool tm_manifest_same_job(const tm_manifest *old, const tm_manifest *cur, char *why, size_t n) {
     if (strcmp(old->spec_hash, cur->spec_hash) != 0) {
-        snprintf(why, n, "the job spec changed (spec hash %.12s -> %.12s)", old->spec_hash,
-                 cur->spec_hash);
+        json_t *a = old->spec_json ? json_loads(old->spec_json, 0, NULL) : NULL;
+        json_t *b = cur->spec_json ? json_loads(cur->spec_json, 0, NULL) : NULL;
+        size_t len = 0;
+        int count = 0;
+        if (a && b) {
+            len = (size_t)snprintf(why, n, "the job changed: ");
+            spec_diff(a, b, "", why, n, &len, &count);
+        }
+        if (!count)
+            snprintf(why, n, "the job spec changed (spec hash %.12s -> %.12s)", old->spec_hash,
+                     cur->spec_hash);
+        json_decref(a);
+        json_decref(b);
         return false;
     }
     // Model: every hashed file by content, weights by name and size (a copied model keeps them).
@@ -409,14 +461,27 @@ static json_t *kparts_json(const tm_manifest *m) {
                 json_decref(rs);
                 rs = NULL;
             }
-        if (json_array_append_new(a, json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic,
-                                               "partition", (int)k->partition, "next",
-                                               (json_int_t)k->next, "done_above", rs)) != 0) {
+        json_t *o = json_pack("{s:s, s:i, s:I, s:o}", "topic", k->topic, "partition",
+                              (int)k->partition, "next", (json_int_t)k->next, "done_above", rs);
+        if (o && k->fp_offset >= 0 &&
+            json_object_set_new(o, "check",
+                                json_pack("{s:I, s:I}", "offset", (json_int_t)k->fp_offset,
+                                          "timestamp", (json_int_t)k->fp_ts)) != 0) {
+            json_decref(o);
+            o = NULL;
+        }
+        if (json_array_append_new(a, o) != 0) {
             json_decref(a);
             return NULL;
         }
     }
-    return a ? json_pack("{s:o}", "partitions", a) : NULL;
+    json_t *ik = a ? json_pack("{s:o}", "partitions", a) : NULL;
+    if (ik && m->kafka_in_cluster &&
+        json_object_set_new(ik, "cluster_id", json_string(m->kafka_in_cluster)) != 0) {
+        json_decref(ik);
+        return NULL;
+    }
+    return ik;
 }
 
 static json_t *to_json(const tm_manifest *m) {
@@ -440,6 +505,13 @@ static json_t *to_json(const tm_manifest *m) {
                      "finished", (int)m->finished, "counts", counts_json(&m->counts), "commits",
                      "n", (json_int_t)m->n_commits, "runs", (json_int_t)m->n_runs);
     tm_free(job_path);
+    json_t *spec = m->spec_json ? json_loads(m->spec_json, 0, NULL) : NULL;
+    if (root && spec && json_object_set_new(json_object_get(root, "job"), "spec", spec) != 0) {
+        json_decref(root);
+        return NULL;
+    }
+    if (!root)
+        json_decref(spec);
     if (root && m->n_kparts && json_object_set_new(root, "input_kafka", kparts_json(m)) != 0) {
         json_decref(root);
         return NULL;
@@ -522,6 +594,15 @@ static tm_rc files_from_json(reader *r, const json_t *a, bool with_hash, const c
     return r->rc;
 }
 
+void tm_manifest_kpart_set_fp(tm_manifest *m, const char *topic, int32_t partition,
+                              int64_t fp_offset, int64_t fp_ts) {
+    for (size_t i = 0; i < m->n_kparts; i++)
+        if (m->kparts[i].partition == partition && strcmp(m->kparts[i].topic, topic) == 0) {
+            m->kparts[i].fp_offset = fp_offset;
+            m->kparts[i].fp_ts = fp_ts;
+        }
+}
+
 static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
     if (!ik || json_is_null(ik))
         return TM_OK; // a file job, or a manifest of a tokenmill without Kafka input
@@ -565,7 +646,22 @@ static tm_rc kparts_from_json(reader *r, const json_t *ik, tm_manifest *m) {
             return r->err->rc;
         }
         tm_free(rs);
+        const json_t *ck = json_object_get(o, "check"); // optional: absent before it was kept
+        if (!r->rc && ck) {
+            const json_t *co = json_object_get(ck, "offset"),
+                         *ct = json_object_get(ck, "timestamp");
+            if (!json_is_integer(co) || json_integer_value(co) < 0 || !json_is_integer(ct)) {
+                bad(r, "input_kafka.partitions[].check");
+                break;
+            }
+            tm_manifest_kpart_set_fp(m, topic, (int32_t)json_integer_value(pa),
+                                     (int64_t)json_integer_value(co),
+                                     (int64_t)json_integer_value(ct));
+        }
     }
+    const char *cid = json_string_value(json_object_get(ik, "cluster_id")); // optional
+    if (!r->rc && cid && !(m->kafka_in_cluster = tm_strdup(cid)))
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     return r->rc;
 }
 
@@ -589,6 +685,10 @@ static tm_rc from_json(reader *r, const json_t *root, tm_manifest *m) {
     memcpy(m->spec_hash, hash, 33);
     m->job_path = tm_path_unescape(jp);
     if (!m->job_path)
+        return TM_ERR(r->err, TM_E_NOMEM, "manifest");
+    const json_t *spec = json_object_get(job, "spec"); // optional: older manifests lack it
+    if (json_is_object(spec) &&
+        !(m->spec_json = json_dumps(spec, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17))))
         return TM_ERR(r->err, TM_E_NOMEM, "manifest");
     if (files_from_json(r, json_object_get(json_object_get(root, "model"), "files"), true,
                         "model.files", &m->model_files, &m->n_model_files))
@@ -954,6 +1054,18 @@ void tm_manifest_unlock(tm_manifest_lk *lk) {
     if (lk->dir_fd >= 0)
         close(lk->dir_fd);
     lk->file_fd = lk->dir_fd = -1;
+}
+
+void tm_manifest_unlock_tidy(const char *dir, tm_manifest_lk *lk) {
+    if (lk->file_fd >= 0 && lk->dir_fd >= 0) {
+        struct stat st;
+        if (fstatat(lk->dir_fd, TM_MANIFEST_FILE, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && unlinkat(lk->dir_fd, TM_MANIFEST_LOCK_FILE, 0) != 0 &&
+            errno != ENOENT)
+            TM_LOG_WARN("manifest", "removing %s/%s: %s", dir, TM_MANIFEST_LOCK_FILE,
+                        strerror(errno));
+    }
+    tm_manifest_unlock(lk);
 }
 
 tm_rc tm_manifest_check_folder(const char *dir, const tm_manifest_lk *lk, bool fresh, tm_err *err) {

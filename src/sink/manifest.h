@@ -74,6 +74,10 @@ typedef struct tm_manifest_kpart {
     uint64_t *ranges; /* [2 * n_ranges] owned; done offsets above next, inclusive [first, last]
                        * pairs, ascending, apart, not touching next */
     size_t n_ranges;
+    /* One done record's fingerprint (JSON "check"; absent: fp_offset -1): its offset and its
+     * Kafka timestamp. A later run reads that offset again and refuses a topic whose record
+     * there differs (the topic was deleted and recreated under the same name). */
+    int64_t fp_offset, fp_ts;
 } tm_manifest_kpart;
 
 /* Standard input's committed prefix (ingest/source.h's fingerprint) of a job that reads "-": a
@@ -86,8 +90,10 @@ typedef struct tm_manifest_stdin {
 } tm_manifest_stdin;
 
 typedef struct tm_manifest {
-    char spec_hash[33];            /* xxh3-128 hex of the canonical job spec */
-    char *job_path;                /* owned; informational (the job may move) */
+    char spec_hash[33]; /* xxh3-128 hex of the canonical job spec */
+    char *job_path;     /* owned; informational (the job may move) */
+    char *spec_json;    /* owned canonical job spec (what spec_hash hashes), or NULL (a manifest
+                         * written before it was kept): messages say which fields changed */
     tm_manifest_file *model_files; /* [n_model_files] owned; sorted by name */
     size_t n_model_files;
     tm_manifest_file *inputs; /* [n_inputs] owned; in read order */
@@ -105,6 +111,8 @@ typedef struct tm_manifest {
     uint32_t n_runs;           /* runs that committed at least once (this one included) */
     char *kafka_topic;         /* owned; output.kafka.topic when the Kafka sink is on, or NULL */
     tm_manifest_kpart *kparts; /* [n_kparts] owned; input.kafka partitions (JSON input_kafka) */
+    char *kafka_in_cluster;    /* owned; input.kafka's cluster id from the brokers' metadata
+                                * (JSON input_kafka.cluster_id), or NULL */
     size_t n_kparts, cap_kparts;
     tm_manifest_stdin in_stdin; /* set for a job reading standard input */
 } tm_manifest;
@@ -115,6 +123,10 @@ void tm_manifest_fini(tm_manifest *m);
 /* Set (add or replace) the done offsets of topic/partition in m; copies everything. TM_E_NOMEM. */
 tm_rc tm_manifest_kpart_set(tm_manifest *m, const char *topic, int32_t partition, uint64_t next,
                             const uint64_t *ranges, size_t n_ranges, tm_err *err);
+/* Set the fingerprint of topic/partition (added by tm_manifest_kpart_set before); no-op when
+ * the partition is not there. */
+void tm_manifest_kpart_set_fp(tm_manifest *m, const char *topic, int32_t partition,
+                              int64_t fp_offset, int64_t fp_ts);
 
 /* Fill the identity of m (spec hash, job path, model fingerprints, input files) from the job:
  * canonical_json (tm_job_spec.canonical_json), the model folder (config.json,
@@ -170,6 +182,11 @@ typedef struct tm_manifest_lk {
  * file, named). */
 tm_rc tm_manifest_lock(const char *dir, tm_manifest_lk *lk, tm_err *err);
 void tm_manifest_unlock(tm_manifest_lk *lk); /* releases what lk holds; then lk holds nothing */
+/* tm_manifest_unlock at a clean exit: first, while both locks are still held, removes
+ * dir/tokenmill.lock when dir/manifest.json is there (which marks the folder as tokenmill's from
+ * then on, as the lock file did before the first commit) and the folder itself was locked (on a
+ * file system without folder locks the file stays: it is the only lock there). */
+void tm_manifest_unlock_tidy(const char *dir, tm_manifest_lk *lk);
 
 /* Check the names tokenmill writes in dir (manifest.json, completions.jsonl[.lz4], errors.jsonl,
  * metrics.json and their temporary files): each one that exists must be a regular file, not a

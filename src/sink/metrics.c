@@ -56,8 +56,9 @@ struct tm_metrics {
     uint64_t n_ok, n_failed;
     uint64_t n_err_by_code[N_ERRCODES];
     uint64_t n_tok_prompt, n_tok_cached, n_tok_gen;
-    samples ttft, e2e, tpot; /* ms */
-    hist itl;                /* ms */
+    tm_metrics_earlier earlier; /* what earlier runs of a resumed job counted (in the totals) */
+    samples ttft, e2e, tpot;    /* ms */
+    hist itl;                   /* ms */
     uint64_t n_steps, n_tok_prefill, n_tok_decode, n_preempt;
     double prefill_s, decode_s, sum_step_fill, sum_running;
     tm_metrics_spec spec; /* totals; accepted_pos points to spec_pos */
@@ -87,6 +88,7 @@ struct tm_metrics {
     bool ended;
     tm_metrics_durability dur;
     bool have_dur;
+    json_t *kafka; /* tm_metrics_set_kafka's section, or NULL */
 };
 
 static void read_cpu_model(char *out, size_t n) {
@@ -174,6 +176,7 @@ void tm_metrics_destroy(tm_metrics *m) {
     tm_free(m->ttft.v);
     tm_free(m->e2e.v);
     tm_free(m->tpot.v);
+    json_decref(m->kafka);
     tm_free(m);
 }
 
@@ -288,6 +291,11 @@ static tm_rc push(samples *s, double v, tm_err *err) {
 }
 
 void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e) {
+    m->earlier.n_ok += e->n_ok;
+    m->earlier.n_failed += e->n_failed;
+    m->earlier.n_tok_prompt += e->n_tok_prompt;
+    m->earlier.n_tok_cached += e->n_tok_cached;
+    m->earlier.n_tok_gen += e->n_tok_gen;
     m->n_ok += e->n_ok;
     m->n_failed += e->n_failed;
     for (int i = 0; e->n_err_by_code && i < N_ERRCODES; i++)
@@ -295,6 +303,36 @@ void tm_metrics_add_earlier(tm_metrics *m, const tm_metrics_earlier *e) {
     m->n_tok_prompt += e->n_tok_prompt;
     m->n_tok_cached += e->n_tok_cached;
     m->n_tok_gen += e->n_tok_gen;
+}
+
+static json_t *int_or_null(int64_t v) { return v >= 0 ? json_integer((json_int_t)v) : json_null(); }
+
+tm_rc tm_metrics_set_kafka(tm_metrics *m, const tm_metrics_kafka *k, tm_err *err) {
+    json_t *parts = json_array();
+    int64_t lag = -1;
+    for (size_t i = 0; parts && i < k->n_parts; i++) {
+        const tm_metrics_kpart *p = &k->parts[i];
+        if (p->lag >= 0)
+            lag = (lag < 0 ? 0 : lag) + p->lag;
+        if (json_array_append_new(
+                parts, json_pack("{s:s, s:i, s:o, s:o, s:o, s:o}", "topic", p->topic, "partition",
+                                 (int)p->partition, "committed", int_or_null(p->committed),
+                                 "position", int_or_null(p->position), "high_watermark",
+                                 int_or_null(p->high), "lag", int_or_null(p->lag))) != 0) {
+            json_decref(parts);
+            parts = NULL;
+        }
+    }
+    json_t *o = parts ? json_pack("{s:o, s:o, s:I, s:I, s:I}", "partitions", parts, "lag_total",
+                                  int_or_null(lag), "tombstones", (json_int_t)k->tombstones,
+                                  "empty_values", (json_int_t)k->empty, "done_before",
+                                  (json_int_t)k->done_before)
+                      : NULL;
+    if (!o)
+        return TM_ERR(err, TM_E_NOMEM, "metrics kafka");
+    json_decref(m->kafka);
+    m->kafka = o;
+    return TM_OK;
 }
 
 void tm_metrics_set_durability(tm_metrics *m, const tm_metrics_durability *d) {
@@ -503,6 +541,10 @@ static json_t *build_json(const tm_metrics *m) {
         tm_utc_now_str(now_utc, sizeof(now_utc));
     double wall_s = (end_ms - m->start_ms) / 1000.0;
     uint64_t n_in = m->n_ok + m->n_failed;
+    // This run's share: the totals (records, tokens) are the whole job's, earlier runs of a
+    // resumed job included; the rates over this run's wall time count this run's work only.
+    const tm_metrics_earlier *e = &m->earlier;
+    uint64_t run_in = n_in - (e->n_ok + e->n_failed), run_gen = m->n_tok_gen - e->n_tok_gen;
 
     json_t *by_code = json_object();
     for (int i = 1; by_code && i < N_ERRCODES; i++)
@@ -552,8 +594,8 @@ static json_t *build_json(const tm_metrics *m) {
         num_or_null(ratio((double)m->n_tok_cached, (double)m->n_tok_prompt)), "throughput",
         "prefill_tok_s", num_or_null(ratio((double)m->n_tok_prefill, m->prefill_s)), "decode_tok_s",
         num_or_null(ratio((double)m->n_tok_decode, m->decode_s)), "output_tok_s",
-        num_or_null(ratio((double)m->n_tok_gen, wall_s)), "records_per_s",
-        num_or_null(ratio((double)n_in, wall_s)), "engine", "steps", (json_int_t)m->n_steps,
+        num_or_null(ratio((double)run_gen, wall_s)), "records_per_s",
+        num_or_null(ratio((double)run_in, wall_s)), "engine", "steps", (json_int_t)m->n_steps,
         "prefill_tokens", (json_int_t)m->n_tok_prefill, "prefill_s", m->prefill_s, "decode_tokens",
         (json_int_t)m->n_tok_decode, "decode_s", m->decode_s, "preemptions",
         (json_int_t)m->n_preempt, "mean_step_fill",
@@ -565,8 +607,28 @@ static json_t *build_json(const tm_metrics *m) {
         "device", str_or_null(m->device), "gpus", gpus_json(m, wall_s));
 }
 
+// metrics.json's "this_run": this run's records and tokens (the top-level ones are the job's).
+static json_t *this_run_json(const tm_metrics *m) {
+    const tm_metrics_earlier *e = &m->earlier;
+    uint64_t ok = m->n_ok - e->n_ok, failed = m->n_failed - e->n_failed;
+    return json_pack("{s:{s:I, s:I, s:I}, s:{s:I, s:I, s:I}, s:b}", "records", "in",
+                     (json_int_t)(ok + failed), "ok", (json_int_t)ok, "failed", (json_int_t)failed,
+                     "tokens", "prompt", (json_int_t)(m->n_tok_prompt - e->n_tok_prompt), "cached",
+                     (json_int_t)(m->n_tok_cached - e->n_tok_cached), "completion",
+                     (json_int_t)(m->n_tok_gen - e->n_tok_gen), "resumed",
+                     e->n_ok + e->n_failed > 0);
+}
+
 tm_rc tm_metrics_write_json(const tm_metrics *m, const char *path, tm_err *err) {
     json_t *root = build_json(m);
+    if (root && json_object_set_new(root, "this_run", this_run_json(m)) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
+    if (root && m->kafka && json_object_set(root, "kafka", m->kafka) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
     if (root && m->have_dur &&
         json_object_set_new(
             root, "durability",

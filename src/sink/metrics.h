@@ -135,6 +135,20 @@ typedef struct tm_metrics_durability {
     uint64_t cut_bytes;       /* torn bytes cut off the data files at start */
 } tm_metrics_durability;
 void tm_metrics_set_durability(tm_metrics *m, const tm_metrics_durability *d);
+/* Kafka input figures ("kafka" in metrics.json; absent until set): per assigned partition the
+ * offset this consumer committed, its read position, the high watermark and the lag; and the
+ * messages that made no record. Copies everything. TM_E_NOMEM. */
+typedef struct tm_metrics_kpart {
+    const char *topic;
+    int32_t partition;
+    int64_t committed, position, high, lag; /* -1: unknown */
+} tm_metrics_kpart;
+typedef struct tm_metrics_kafka {
+    const tm_metrics_kpart *parts;
+    size_t n_parts;
+    uint64_t tombstones, empty, done_before;
+} tm_metrics_kafka;
+tm_rc tm_metrics_set_kafka(tm_metrics *m, const tm_metrics_kafka *k, tm_err *err);
 /* Sample the GPUs' power draw (NVML), at most once a second whatever the call rate; a no-op
  * without NVML. The sink thread calls it as it goes; tm_metrics_end takes a last sample. */
 void tm_metrics_poll_gpus(tm_metrics *m);

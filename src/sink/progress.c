@@ -34,7 +34,31 @@ struct tm_progress {
     int drawn;                                      /* BAR: something is on the line */
     int width;                                      /* cfg.width */
     const _Atomic uint64_t *live_gen, *live_prompt; /* tm_progress_set_live, or NULL */
+    uint32_t max_tokens;                            /* tm_progress_set_max_tokens; 0 = not known */
+    uint64_t n_earlier, n_earlier_failed;           /* tm_progress_set_earlier */
+    tm_progress_kafka_fn kafka_fn;                  /* tm_progress_set_kafka, or NULL */
+    void *kafka_ctx;
 };
+
+#define KPARTS_MAX 256 /* partitions shown (the line's sum and the textfile) */
+
+void tm_progress_set_kafka(tm_progress *p, tm_progress_kafka_fn fn, void *ctx) {
+    p->kafka_fn = fn;
+    p->kafka_ctx = ctx;
+}
+
+// Sum of the known lags; -1 when none is known (or no Kafka input).
+static int64_t kafka_lag_sum(const tm_progress *p) {
+    if (!p->kafka_fn)
+        return -1;
+    tm_progress_kpart k[KPARTS_MAX];
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    int64_t sum = -1;
+    for (size_t i = 0; i < n && i < KPARTS_MAX; i++)
+        if (k[i].lag >= 0)
+            sum = (sum < 0 ? 0 : sum) + k[i].lag;
+    return sum;
+}
 
 static double unix_now_s(void) {
     struct timespec ts;
@@ -86,6 +110,13 @@ void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
                           const _Atomic uint64_t *n_tok_prompt) {
     p->live_gen = n_tok_gen;
     p->live_prompt = n_tok_prompt;
+}
+
+void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens) { p->max_tokens = max_tokens; }
+
+void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed) {
+    p->n_earlier = n_ok + n_failed;
+    p->n_earlier_failed = n_failed;
 }
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
@@ -152,16 +183,23 @@ static snapshot take(const tm_progress *p, double now_ms) {
         s.out_tok_s = gen / s.elapsed_s;
         s.all_tok_s = done_tok / s.elapsed_s;
     }
-    // ETA in tokens: the job's tokens at the mean size of the records done, less the tokens
-    // computed so far (unfinished records' included), over the token rate so far.
-    if (s.total_known && p->n_done > 0 && s.all_tok_s > 0 && s.total >= p->n_done) {
+    // ETA in tokens: the tokens still to come over the token rate so far. Each record not done
+    // (in flight, or not yet admitted) is expected to take the mean prompt + completion tokens of
+    // the records that succeeded, its completion bounded by max_tokens; before any succeeded
+    // (failed records have no tokens to learn from), max_tokens. The tokens the records in flight
+    // have computed already are taken off, and each record left counts at least one token, so the
+    // ETA is never 0 while work remains.
+    uint64_t n_ok = p->n_done - p->n_failed;
+    uint64_t done_all = p->n_done + p->n_earlier;
+    if (s.total_known && s.all_tok_s > 0 && s.total >= done_all && (n_ok > 0 || p->max_tokens)) {
+        double left = (double)(s.total - done_all);
+        double gen_each = n_ok ? (double)p->n_tok_gen / (double)n_ok : (double)p->max_tokens;
+        if (p->max_tokens)
+            gen_each = TM_MIN(gen_each, (double)p->max_tokens);
+        double prompt_each = n_ok ? (double)p->n_tok_prompt / (double)n_ok : 0.0;
+        double in_flight = TM_MAX(done_tok - (double)n_tok, 0.0); // 0 without live counters
         s.eta_known = 1;
-        double expect = (double)s.total * (double)n_tok / (double)p->n_done;
-        if (!p->live_gen)
-            expect = (double)(s.total - p->n_done) * (double)n_tok / (double)p->n_done;
-        else
-            expect = TM_MAX(expect - done_tok, 0.0);
-        s.eta_tok = expect;
+        s.eta_tok = TM_MAX(left * (gen_each + prompt_each) - in_flight, left);
         s.eta_s = s.eta_tok / s.all_tok_s;
     }
     return s;
@@ -171,15 +209,20 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
     snapshot s = take(p, now_ms);
     char a[32], b[32], c[32], d[32], e[32];
     int len;
+    // Records: the whole job's (a resumed job's earlier runs included, and said so); rates and
+    // tokens: this run's.
+    uint64_t done = p->n_done + p->n_earlier, failed = p->n_failed + p->n_earlier_failed;
     if (s.total_known)
-        len = snprintf(buf, n, "%llu/%llu records (%.1f%%)", (unsigned long long)p->n_done,
+        len = snprintf(buf, n, "%llu/%llu records (%.1f%%)", (unsigned long long)done,
                        (unsigned long long)s.total,
-                       s.total ? 100.0 * (double)p->n_done / (double)s.total : 100.0);
+                       s.total ? 100.0 * (double)done / (double)s.total : 100.0);
     else
-        len = snprintf(buf, n, "%llu records", (unsigned long long)p->n_done);
-    if (p->n_failed && len >= 0 && (size_t)len < n)
-        len += snprintf(buf + len, n - (size_t)len, ", %llu failed",
-                        (unsigned long long)p->n_failed);
+        len = snprintf(buf, n, "%llu records", (unsigned long long)done);
+    if (failed && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, ", %llu failed", (unsigned long long)failed);
+    if (p->n_earlier && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " (%llu by earlier runs)",
+                        (unsigned long long)p->n_earlier);
     fmt_count(s.out_tok_s, a, sizeof(a));
     fmt_count(s.all_tok_s, b, sizeof(b));
     fmt_duration(s.elapsed_s, e, sizeof(e));
@@ -190,6 +233,9 @@ const char *tm_progress_format(const tm_progress *p, double now_ms, char *buf, s
         fmt_count(s.tok_gen, d, sizeof(d));
         len += snprintf(buf + len, n - (size_t)len, " | %s tok out", d);
     }
+    int64_t lag = kafka_lag_sum(p);
+    if (lag >= 0 && len >= 0 && (size_t)len < n)
+        len += snprintf(buf + len, n - (size_t)len, " | lag %lld", (long long)lag);
     if (s.eta_known && len >= 0 && (size_t)len < n) {
         fmt_duration(s.eta_s, c, sizeof(c));
         fmt_count(s.eta_tok, d, sizeof(d));
@@ -219,7 +265,8 @@ const char *tm_progress_bar_line(const tm_progress *p, double now_ms, int width,
     bar[0] = '\0';
     if (t > 1) {
         uint64_t total = t - 1;
-        int fill = (int)((double)BAR_WIDTH * (double)TM_MIN(p->n_done, total) / (double)total);
+        int fill = (int)((double)BAR_WIDTH * (double)TM_MIN(p->n_done + p->n_earlier, total) /
+                         (double)total);
         bar[0] = '[';
         for (int i = 0; i < BAR_WIDTH; i++)
             bar[1 + i] = i < fill ? '#' : '.';
@@ -260,14 +307,51 @@ static tm_rc append_label(tm_buf *b, const char *v, tm_err *err) {
     return rc;
 }
 
+// One metric: a counter (a count that only grows while the job runs; its name ends in _total, as
+// Prometheus' naming rules and promtool check metrics require) or a gauge (anything else).
 static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const char *help, double v,
                     tm_err *err) {
-    tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n%s{job=\"", name, help, name,
-                             name);
+    size_t n = strlen(name);
+    bool counter = n > 6 && strcmp(name + n - 6, "_total") == 0;
+    tm_rc rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s %s\n%s{job=\"", name, help, name,
+                             counter ? "counter" : "gauge", name);
     if (!rc)
         rc = append_label(b, p->job_name, err);
     if (!rc)
         rc = tm_buf_printf(b, err, "\"} %.17g\n", v);
+    return rc;
+}
+
+// tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition (known ones).
+static tm_rc kafka_metrics(tm_buf *b, const tm_progress *p, tm_err *err) {
+    tm_progress_kpart k[KPARTS_MAX];
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    if (n > KPARTS_MAX)
+        n = KPARTS_MAX;
+    static const char *const names[2] = {"tokenmill_kafka_lag", "tokenmill_kafka_committed_offset"};
+    static const char *const helps[2] = {
+        "Records of an assigned input partition not yet committed by this consumer (high "
+        "watermark - committed offset).",
+        "The offset this consumer last committed for an assigned input partition."};
+    tm_rc rc = TM_OK;
+    for (int m = 0; m < 2 && !rc; m++) {
+        rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n", names[m], helps[m], names[m]);
+        for (size_t i = 0; i < n && !rc; i++) {
+            int64_t v = m == 0 ? k[i].lag : k[i].committed;
+            if (v < 0)
+                continue;
+            rc = tm_buf_printf(b, err, "%s{job=\"", names[m]);
+            if (!rc)
+                rc = append_label(b, p->job_name, err);
+            if (!rc)
+                rc = tm_buf_append_str(b, "\",topic=\"", err);
+            if (!rc)
+                rc = append_label(b, k[i].topic, err);
+            if (!rc)
+                rc = tm_buf_printf(b, err, "\",partition=\"%d\"} %lld\n", (int)k[i].partition,
+                                   (long long)v);
+        }
+    }
     return rc;
 }
 
@@ -276,21 +360,23 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
         return TM_OK;
     snapshot s = take(p, now_ms);
     tm_buf b = {0};
-    tm_rc rc = metric(&b, p, "tokenmill_records_done", "Records finished so far (ok or failed).",
-                      (double)p->n_done, err);
+    tm_rc rc = metric(&b, p, "tokenmill_records_done_total",
+                      "Records finished so far (ok or failed).", (double)(p->n_done + p->n_earlier),
+                      err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_records_failed", "Records that ended in an error record.",
-                    (double)p->n_failed, err);
+        rc = metric(&b, p, "tokenmill_records_failed_total",
+                    "Records that ended in an error record.",
+                    (double)(p->n_failed + p->n_earlier_failed), err);
     if (!rc && s.total_known)
-        rc = metric(&b, p, "tokenmill_records_total",
+        rc = metric(&b, p, "tokenmill_records_in_job",
                     "Records in the job (known once the input has been read to its end).",
                     (double)s.total, err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_prompt_tokens", "Prompt tokens of the records done.",
+        rc = metric(&b, p, "tokenmill_prompt_tokens_total", "Prompt tokens of the records done.",
                     (double)p->n_tok_prompt, err);
     if (!rc)
-        rc = metric(&b, p, "tokenmill_completion_tokens", "Tokens generated for the records done.",
-                    (double)p->n_tok_gen, err);
+        rc = metric(&b, p, "tokenmill_completion_tokens_total",
+                    "Tokens generated for the records done.", (double)p->n_tok_gen, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_output_tokens_per_second",
                     "Generated tokens per second since the job started.", s.out_tok_s, err);
@@ -299,16 +385,18 @@ tm_rc tm_progress_write_textfile(const tm_progress *p, double now_ms, int finish
                     "Estimated seconds left: tokens still to come over the token rate so far.",
                     s.eta_s, err);
     if (!rc && p->spec) // speculative decoding (engine.speculative), vLLM's counters
-        rc = metric(&b, p, "tokenmill_spec_decode_num_drafts",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_drafts_total",
                     "Speculative verifications (sequence-steps with drafts) of the records done.",
                     (double)p->n_spec_drafts, err);
     if (!rc && p->spec)
-        rc = metric(&b, p, "tokenmill_spec_decode_num_draft_tokens",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_draft_tokens_total",
                     "Draft tokens verified for the records done.", (double)p->n_spec_draft_tok,
                     err);
     if (!rc && p->spec)
-        rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens",
+        rc = metric(&b, p, "tokenmill_spec_decode_num_accepted_tokens_total",
                     "Draft tokens accepted for the records done.", (double)p->n_spec_accepted, err);
+    if (!rc && p->kafka_fn)
+        rc = kafka_metrics(&b, p, err);
     if (!rc)
         rc = metric(&b, p, "tokenmill_job_start_time_seconds",
                     "When the job started, seconds since the Unix epoch.", p->start_unix_s, err);

@@ -2,8 +2,10 @@
  * it is a terminal, one log line every interval_s seconds otherwise, and optionally a Prometheus
  * textfile (node_exporter's textfile-collector format) rewritten atomically about once a second.
  * It shows records done / total (the total is known once the source has read its last record),
- * output tokens/s, and an ETA measured in tokens: the tokens still to come (records left times the
- * mean prompt + completion tokens of the records done) over the token rate so far.
+ * output tokens/s, and an ETA measured in tokens: the tokens still to come (records not done, in
+ * flight or not yet admitted, times the mean prompt + completion tokens of the records that
+ * succeeded, the completion bounded by max_tokens, less what the records in flight computed
+ * already) over the token rate so far; never 0 while records remain.
  *
  * Records are counted as they finish; tokens, with tm_progress_set_live, as the runner computes
  * them (unfinished records included), so a job of a few long records shows its token rate from
@@ -53,6 +55,26 @@ void tm_progress_set_total(tm_progress *p, uint64_t n_records);
  * finished records' tokens. */
 void tm_progress_set_live(tm_progress *p, const _Atomic uint64_t *n_tok_gen,
                           const _Atomic uint64_t *n_tok_prompt);
+/* A resumed job: records earlier runs committed (n_ok ok, n_failed failed). The record counts
+ * shown (and the total, which the caller gives for the whole job) include them, labelled "(N by
+ * earlier runs)"; rates, tokens and the ETA's per-record estimate stay this run's. */
+void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed);
+/* The job's max_tokens (defaults.max_tokens): the ETA's bound on a record's completion, and its
+ * estimate before any record has succeeded. 0: not known (no ETA until a record succeeds). */
+void tm_progress_set_max_tokens(tm_progress *p, uint32_t max_tokens);
+/* Kafka input figures, one per assigned partition (ingest's tm_source_klag as job_run hands
+ * them over): topic borrowed until the job's source closes; -1 = unknown. */
+typedef struct tm_progress_kpart {
+    const char *topic;
+    int32_t partition;
+    int64_t committed, lag;
+} tm_progress_kpart;
+/* Fill up to cap partitions' figures; returns how many there are. Called on the progress's
+ * thread (the sink thread); must be thread-safe. */
+typedef size_t (*tm_progress_kafka_fn)(void *ctx, tm_progress_kpart *out, size_t cap);
+/* With fn, the line shows the consumer lag (the sum over the assigned partitions) and the
+ * textfile tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition. */
+void tm_progress_set_kafka(tm_progress *p, tm_progress_kafka_fn fn, void *ctx);
 /* Count one finished record (ok or error). Borrows c. */
 void tm_progress_add_record(tm_progress *p, const tm_completion *c);
 /* Redraw / log / write the textfile if their time has come (BAR at most 5 times a second, LINES

@@ -43,7 +43,7 @@ expect_fail "another tokenmill process" # a second process on the same folder
 exec 9>&-
 cp "$work/job.json" "$work/job.orig"
 sed -i 's/"max_tokens": 2/"max_tokens": 3/' "$work/job.json"
-expect_fail "holds another job's outputs: the job spec changed.*--restart"
+expect_fail "holds another job's outputs: the job changed: defaults.max_tokens 2 -> 3.*--restart"
 cp "$work/job.orig" "$work/job.json"
 touch -d '2001-01-01' "$work/data/in.jsonl"
 expect_fail "input .*in.jsonl changed"

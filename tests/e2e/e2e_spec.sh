@@ -61,7 +61,7 @@ for job in demo_spec demo; do
         bad "$job: records differ with speculation on and off"
         diff <(canon "$tmp/out_${job}_off") <(canon "$tmp/out_${job}_on") | head -5
     fi
-    grep -q 'tokenmill_spec_decode_num_accepted_tokens{' "$tmp/$job.prom" || bad "$job: textfile lacks the counters"
+    grep -q 'tokenmill_spec_decode_num_accepted_tokens_total{' "$tmp/$job.prom" || bad "$job: textfile lacks the counters"
 done
 
 # The copy-heavy job: most drafts accepted, fewer steps; per-record counts sum to the job's.

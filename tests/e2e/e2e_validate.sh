@@ -90,7 +90,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" = 0 ]; then
     rc=0
     "$tm" validate cuda.json >c.out 2>&1 || rc=$?
     [ "$rc" = 1 ] || fail "validate cuda exited $rc: $(cat c.out)"
-    grep -q 'engine.backend "cuda": no usable GPU here.*use "cpu", or "auto"' c.out ||
+    grep -q -- '--backend cuda (engine.backend "cuda") needs a GPU: .*use "cpu", or "auto"' c.out ||
         fail "cuda: $(cat c.out)"
 fi
 echo "e2e_validate: ok (robot role, 5002 > 4096 tokens, field ranges = run's errors; unknown-key" \

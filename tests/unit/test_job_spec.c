@@ -157,6 +157,11 @@ static void test_defaults(void) {
                          !spec->fail_on_error_records);
                 continue;
             }
+            if (!strcmp(sect, "output") && !strcmp(key, "order")) { // the results file's order
+                TM_CHECK(!got && !strcmp(json_string_value(d), "completion") &&
+                         !spec->results_input_order);
+                continue;
+            }
             if (!strcmp(sect, "output")) { // commit cadence: not part of the job's identity
                 double want_v = !strcmp(key, "commit_every_s") ? spec->commit_every_s
                                                                : spec->commit_every_records;
@@ -169,7 +174,7 @@ static void test_defaults(void) {
             TM_CHECK_MSG(same, "schema default of %s.%s differs from the loader's", sect, key);
         }
     }
-    TM_CHECK(n_defaults == 30); // engine 14, defaults 7, limits 6, output 3
+    TM_CHECK(n_defaults == 31); // engine 14, defaults 7, limits 6, output 4
     json_decref(schema);
     json_decref(c);
     tm_job_spec_destroy(spec);

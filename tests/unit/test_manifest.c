@@ -4,6 +4,7 @@
  * file shorter than committed is refused; the output-folder lock refuses a second holder. */
 #include <fcntl.h>
 #include <lz4frame.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -115,7 +116,12 @@ static void test_round_trip_and_same_job(void) {
     tm_manifest other = {0};
     make_identity(&other, "{\"a\":2}");
     TM_CHECK(!tm_manifest_same_job(&back, &other, why, sizeof(why)));
-    TM_CHECK(strstr(why, "job spec changed") != NULL);
+    TM_CHECK_MSG(strstr(why, "the job changed: a 1 -> 2") != NULL, "%s", why); // names the field
+    // a manifest without the spec (written before it was kept): the hashes
+    free(back.spec_json);
+    back.spec_json = NULL;
+    TM_CHECK(!tm_manifest_same_job(&back, &other, why, sizeof(why)));
+    TM_CHECK(strstr(why, "job spec changed (spec hash") != NULL);
     tm_manifest_fini(&other);
     snprintf(p, sizeof(p), "%s/in.jsonl", g_dir);
     write_text(p, "{\"id\":1,\"prompt\":\"ab\"}\n"); // the input grew by a byte
@@ -338,6 +344,20 @@ static void test_lock(void) {
     tm_manifest_unlock(&lk2);
     TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
     TM_CHECK(!lk2.created); // the file was there: the folder is tokenmill's
+    // A clean exit without a manifest keeps the lock file (it alone marks the folder as
+    // tokenmill's); with one, the lock file goes.
+    tm_manifest_unlock_tidy(dir, &lk2);
+    TM_CHECK(access(lock, F_OK) == 0 && lk2.file_fd < 0 && lk2.dir_fd < 0);
+    char man[700];
+    snprintf(man, sizeof(man), "%s/" TM_MANIFEST_FILE, dir);
+    FILE *f = fopen(man, "w");
+    TM_ASSERT(f);
+    fclose(f);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err);
+    tm_manifest_unlock_tidy(dir, &lk2);
+    TM_CHECK(access(lock, F_OK) != 0 && errno == ENOENT);
+    TM_CHECK_OK(tm_manifest_lock(dir, &lk2, &err), &err); // and the folder opens again
+    TM_CHECK(tm_manifest_lock(dir, &lk1, &err) == TM_E_AGAIN);
     tm_manifest_unlock(&lk2);
 }
 

@@ -57,18 +57,52 @@ static void test_format(void) {
     tm_progress_format(p, t0 + 10000, line, sizeof(line));
     TM_CHECK_MSG(strstr(line, "5 records, 1 failed | 60 tok/s out, 100 tok/s in+out | 10s") == line,
                  "%s", line);
-    // total known: 20 records, 15 left at 1000/5 = 200 tokens each = 3000 tokens at 100 tok/s
+    // total known: 20 records, 15 left at 1000/4 = 250 tokens each (the mean of the records that
+    // succeeded: a failed one has no tokens to learn from) = 3750 tokens at 100 tok/s
     tm_progress_set_total(p, 20);
     tm_progress_format(p, t0 + 10000, line, sizeof(line));
     TM_CHECK_MSG(strstr(line, "5/20 records (25.0%), 1 failed") == line, "%s", line);
-    TM_CHECK_MSG(strstr(line, "| ETA 30s (~3000 tok left)") != NULL, "%s", line);
+    TM_CHECK_MSG(strstr(line, "| ETA 38s (~3750 tok left)") != NULL, "%s", line);
     // large numbers are shortened, durations in minutes/hours
     for (int i = 0; i < 5; i++)
         add(p, 100000, 200000, 0);
     tm_progress_format(p, t0 + 100000, line, sizeof(line));
     TM_CHECK_MSG(strstr(line, "10/20 records (50.0%)") == line, "%s", line);
     TM_CHECK_MSG(strstr(line, "10.0k tok/s out") != NULL, "%s", line);
-    TM_CHECK_MSG(strstr(line, "| 1m40s | ETA 1m40s (~1.50M tok left)") != NULL, "%s", line);
+    // 10 left at 1,501,000 / 9 tokens each = 1.67M at 15,010 tok/s
+    TM_CHECK_MSG(strstr(line, "| 1m40s | ETA 1m51s (~1.67M tok left)") != NULL, "%s", line);
+    tm_progress_destroy(p);
+}
+
+// Issue 36: 3 rejected lines done, 3 records of up to 300 tokens left (one in flight with 105
+// tokens computed, two not yet admitted): the ETA counts them all at max_tokens, never 0.
+static void test_eta_unadmitted(void) {
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(
+        tm_progress_create(&(tm_progress_cfg){.job_name = "j", .mode = TM_PROGRESS_OFF}, &p, &err),
+        &err);
+    if (!p)
+        return;
+    _Atomic uint64_t gen = 0, prompt = 0;
+    tm_progress_set_live(p, &gen, &prompt);
+    tm_progress_set_total(p, 6);
+    double t0 = tm_now_ms();
+    char line[256];
+    for (int i = 0; i < 3; i++)
+        add(p, 0, 0, 1);
+    atomic_store(&gen, 100);
+    atomic_store(&prompt, 5);
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "ETA") == NULL, "%s", line); // no record ok, no max_tokens: unknown
+    tm_progress_set_max_tokens(p, 300);
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "3/6 records (50.0%), 3 failed") == line, "%s", line);
+    TM_CHECK_MSG(strstr(line, "| ETA 8s (~795 tok left)") != NULL, "%s", line); // 900 - 105
+    // the one in flight went past the estimate: still at least one token per record left
+    atomic_store(&gen, 5000);
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "(~3 tok left)") != NULL, "%s", line);
     tm_progress_destroy(p);
 }
 
@@ -184,17 +218,18 @@ static void test_textfile(void) {
     if (s) {
         const char *label = "{job=\"a \\\"b\\\"\\\\c\\nd\"}";
         char want[256];
-        snprintf(want, sizeof(want), "tokenmill_records_done%s 2\n", label);
+        snprintf(want, sizeof(want), "tokenmill_records_done_total%s 2\n", label);
         TM_CHECK_MSG(strstr(s, want) != NULL, "%s", s);
-        snprintf(want, sizeof(want), "tokenmill_records_failed%s 1\n", label);
+        snprintf(want, sizeof(want), "tokenmill_records_failed_total%s 1\n", label);
         TM_CHECK(strstr(s, want) != NULL);
-        snprintf(want, sizeof(want), "tokenmill_completion_tokens%s 50\n", label);
+        snprintf(want, sizeof(want), "tokenmill_completion_tokens_total%s 50\n", label);
         TM_CHECK(strstr(s, want) != NULL);
         snprintf(want, sizeof(want), "tokenmill_job_finished%s 0\n", label);
         TM_CHECK(strstr(s, want) != NULL);
-        TM_CHECK(strstr(s, "# TYPE tokenmill_records_done gauge\n") != NULL);
+        TM_CHECK(strstr(s, "# TYPE tokenmill_records_done_total counter\n") != NULL);
         TM_CHECK(strstr(s, "# HELP tokenmill_output_tokens_per_second ") != NULL);
-        TM_CHECK(strstr(s, "tokenmill_records_total") == NULL); // not known yet
+        TM_CHECK(strstr(s, "# TYPE tokenmill_output_tokens_per_second gauge\n") != NULL);
+        TM_CHECK(strstr(s, "tokenmill_records_in_job") == NULL); // not known yet
         TM_CHECK(strstr(s, "tokenmill_eta_seconds") == NULL);
         // every sample line: name{job="..."} value
         int n_samples = 0;
@@ -211,7 +246,7 @@ static void test_textfile(void) {
     tm_progress_set_total(p, 4);
     tm_progress_finish(p);
     s = slurp(path);
-    TM_CHECK(s && strstr(s, "tokenmill_records_total{") && strstr(s, "tokenmill_eta_seconds{"));
+    TM_CHECK(s && strstr(s, "tokenmill_records_in_job{") && strstr(s, "tokenmill_eta_seconds{"));
     TM_CHECK(s && strstr(s, "tokenmill_job_finished{job=\"a \\\"b\\\"\\\\c\\nd\"} 1\n"));
     tm_progress_destroy(p);
 
@@ -307,6 +342,7 @@ int main(void) {
     TM_RUN(test_format);
     TM_RUN(test_bar);
     TM_RUN(test_live);
+    TM_RUN(test_eta_unadmitted);
     TM_RUN(test_lines);
     TM_RUN(test_textfile);
     TM_RUN(test_alloc_faults);

@@ -881,10 +881,10 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     int n_dev = 0;
     cudaError_t ce = cudaGetDeviceCount(&n_dev);
     if (ce != cudaSuccess)
-        return TM_ERR(err, TM_E_CUDA, "cuda engine: no usable GPU: cudaGetDeviceCount: %s (%s)",
+        return TM_ERR(err, TM_E_CUDA, "cuda engine: no GPU found (cudaGetDeviceCount: %s, %s)",
                       cudaGetErrorString(ce), cudaGetErrorName(ce));
     if (n_dev == 0)
-        return TM_ERR(err, TM_E_CUDA, "cuda engine: no usable GPU: no CUDA device found");
+        return TM_ERR(err, TM_E_CUDA, "cuda engine: no GPU found");
     const int device = tp ? tp->device : 0;
     if (device < 0 || device >= n_dev)
         return TM_ERR(err, TM_E_CUDA, "cuda engine: device %d asked for, %d visible", device,
@@ -1070,6 +1070,8 @@ tm_rc tm_engine_cuda_tp_create(const tm_model *m, const tm_engine_opts *opts,
                                const tm_engine_cuda_tp *tp, tm_engine **out, tm_err *err) {
     return create(m, opts, tp, tp->random, tp->seed, TM_CUDA_W_BF16, out, err);
 }
+
+bool tm_engine_cuda_built(void) { return true; }
 
 int tm_engine_cuda_n_devices(void) {
     int n = 0;

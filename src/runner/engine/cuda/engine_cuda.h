@@ -45,6 +45,7 @@
 #ifndef TM_RUNNER_ENGINE_CUDA_ENGINE_CUDA_H
 #define TM_RUNNER_ENGINE_CUDA_ENGINE_CUDA_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "base/err.h"
@@ -122,6 +123,8 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err);
 
 /* Number of CUDA devices this process sees; 0 without a GPU, a driver, or CUDA in the build. */
 int tm_engine_cuda_n_devices(void);
+/* Whether this build has the CUDA engine (TM_CUDA=ON); false in the stub. */
+bool tm_engine_cuda_built(void);
 
 /* Turn the decode CUDA graphs on (default) or off (every step launched eagerly). No-op for an
  * engine that is not a CUDA engine. */

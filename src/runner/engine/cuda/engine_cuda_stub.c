@@ -39,3 +39,5 @@ tm_rc tm_engine_cuda_tp_serve(tm_engine *eng, tm_err *err) {
 }
 
 int tm_engine_cuda_n_devices(void) { return 0; }
+
+bool tm_engine_cuda_built(void) { return false; }
