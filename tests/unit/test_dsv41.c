@@ -8,7 +8,11 @@
  * two layers, compress ratios 0/2/1, candidate selection): logits bit-identical across thread
  * counts, prompt chunkings, batch composition and a prefix-shared block plus kv_copy; config
  * refusals naming the field; a wrong compressed vocabulary refused naming both numbers; every
- * allocation of model load and engine create failing in turn. Without mkmodel: skipped (77). */
+ * allocation of model load and engine create failing in turn. Without mkmodel: skipped (77).
+ * V41_FIXTURES=DIR compares with another fixture folder (e.g. the torch reference's,
+ * tests/oracles/v41_torch_ref.py); V41_LP_TOL=T then sets the bound (default 1e-3), and a greedy
+ * step is only required to agree where the fixture's top-1 margin exceeds 2T (below that, logprobs
+ * within T of each other may rank the top two either way). */
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -148,6 +152,8 @@ static int run_seq_at(tm_engine *eng, const uint32_t *tokens, uint32_t pos, uint
 static const char *g_build;
 static double g_worst_lp = 0.0; /* max |d logprob| over every compared row */
 static uint32_t g_rows = 0, g_greedy = 0, g_greedy_eq = 0;
+static double g_lp_tol = 1e-3; /* V41_LP_TOL */
+static int g_lp_tol_set = 0;   /* greedy equality only above a 2 * tol margin */
 
 /* max |logsoftmax(ours) - logsoftmax(ref)| over the vocabulary. */
 static double lp_diff(const float *ours, json_t *ref, uint32_t V) {
@@ -258,8 +264,10 @@ static void check_fixture_tp(const char *path, uint32_t tp) {
             g_greedy++;
             const uint32_t want = (uint32_t)json_integer_value(json_array_get(greedy, st));
             g_greedy_eq += argmax_f(r, V) == want;
-            TM_CHECK_MSG(argmax_f(r, V) == want, "%s: step %u greedy %u, oracle %u", path, st,
-                         argmax_f(r, V), want);
+            json_t *mg = json_array_get(json_object_get(fx, "step_margins"), st);
+            const int must = !g_lp_tol_set || !mg || json_number_value(mg) > 2.0 * g_lp_tol;
+            TM_CHECK_MSG(!must || argmax_f(r, V) == want, "%s: step %u greedy %u, oracle %u", path,
+                         st, argmax_f(r, V), want);
             if (st + 1 < ns) {
                 tok[n + st] = want;
                 const uint32_t c1[1] = {1};
@@ -273,7 +281,7 @@ static void check_fixture_tp(const char *path, uint32_t tp) {
     }
     printf("  %s: tp %u: %u prompt tokens, %u steps: max |d logprob| %.3g\n", path, tp, n, ns,
            worst);
-    TM_CHECK_MSG(worst < 1e-3, "%s: max |d logprob| %.3g >= 1e-3", path, worst);
+    TM_CHECK_MSG(worst < g_lp_tol, "%s: max |d logprob| %.3g >= %.3g", path, worst, g_lp_tol);
     g_worst_lp = fmax(g_worst_lp, worst);
     free(la);
     free(lb);
@@ -291,7 +299,11 @@ static void check_fixture_tp(const char *path, uint32_t tp) {
 static void test_fixtures(void) {
     const char *src = getenv("TM_SRC");
     char dir[1024];
-    const char *env = getenv("V41_FIXTURES");
+    const char *env = getenv("V41_FIXTURES"), *tol = getenv("V41_LP_TOL");
+    if (tol && *tol) {
+        g_lp_tol = atof(tol);
+        g_lp_tol_set = 1;
+    }
     snprintf(dir, sizeof(dir), "%s", env ? env : "");
     if (!env)
         snprintf(dir, sizeof(dir), "%s/tests/fixtures/v41", src ? src : ".");

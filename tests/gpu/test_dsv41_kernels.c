@@ -1,0 +1,389 @@
+/* tests/gpu/test_dsv41_kernels.c - the DeepSeek-V4.1 kernels of kernels/dsv41.h against host
+ * references written here from the definitions (not from the CPU engine's code): e4m3 and e2m1
+ * rounding by nearest search over the formats' values (ties to the even code), power-of-two scales
+ * as 2^ceil(log2(p)) from frexp, the Engram gate in double.
+ *
+ * Data: groups of uniform values over scales 1e-6 .. 1e3, all-zero groups, groups on a
+ * 2^-6 grid (so x / s often lands exactly between two codes: the ties), and huge values (the
+ * clamp). Quantizers: bit-identical to the reference (the same fp32 operations), and the CPU
+ * engine's own (tm_dsv_act_quant / tm_dsv_fp4_act_quant, dsv_common.h) to the same reference. Gate:
+ * |gpu - ref| <= 1e-6 * (|h| + |value|) per element (double sums in another order). Also: n 0
+ * launches nothing. The indexer's selection (plain top-k, candidate source, consumer) against qsort
+ * with the CPU engine's order (higher score, then the lower position), on scores with many ties
+ * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. Skipped (77) without a
+ * GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
+ * (docs/deepseek_v41.md "CUDA"). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tm_test.h"
+
+#ifndef TM_HAVE_CUDA
+int main(void) { tm_test_skip("built without CUDA"); }
+#else
+
+#include <cuda_runtime_api.h>
+
+#include "kernels/dsv41.h"
+#include "runner/engine/cpu/dsv_common.h"
+#include "tm_gpu_test.h"
+
+/* ---- host references ---- */
+
+static float g_e4m3[127]; /* the non-negative finite e4m3fn values, by code 0..126 */
+static const float g_e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+
+static void init_e4m3(void) {
+    for (int c = 0; c < 127; c++) {
+        const int e = c >> 3, m = c & 7;
+        g_e4m3[c] = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+    }
+}
+
+/* Nearest of n ascending non-negative values to |v| (ties to the even index), sign kept. */
+static float nearest(const float *tab, int n, float v) {
+    const float a = fabsf(v);
+    int best = 0;
+    for (int i = 1; i < n; i++) {
+        const double d = fabs((double)tab[i] - a), db = fabs((double)tab[best] - a);
+        if (d < db || (d == db && (i % 2) == 0))
+            best = i;
+    }
+    return signbit(v) ? -tab[best] : tab[best];
+}
+
+static float clampf_(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* 2^ceil(log2(p)), p > 0 normal. */
+static float pow2_ceil(float p) {
+    int e;
+    const float m = frexpf(p, &e); /* p = m * 2^e, m in [0.5, 1) */
+    return m == 0.5f ? ldexpf(1.0f, e - 1) : ldexpf(1.0f, e);
+}
+
+static void ref_act_quant(float *x, size_t n) {
+    for (size_t b = 0; b < n; b += 32) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(x[b + i]));
+        const float s = pow2_ceil(fmaxf(amax, 1e-4f) * (float)(1.0 / 448.0));
+        for (int i = 0; i < 32; i++)
+            x[b + i] = nearest(g_e4m3, 127, clampf_(x[b + i] / s, -448.0f, 448.0f)) * s;
+    }
+}
+
+static void ref_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scale) {
+    for (size_t b = 0; b < n; b += block) {
+        float amax = 0.0f, s;
+        for (uint32_t i = 0; i < block; i++)
+            amax = fmaxf(amax, fabsf(x[b + i]));
+        if (e4m3_scale)
+            s = nearest(g_e4m3, 127, clampf_(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f, -448.0f, 448.0f));
+        else
+            s = pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (float)(1.0 / 6.0));
+        for (uint32_t i = 0; i < block; i++)
+            x[b + i] = nearest(g_e2m1, 8, clampf_(x[b + i] / s, -6.0f, 6.0f)) * s;
+    }
+}
+
+/* n values in groups of g: each group one of the data kinds of the header. */
+static float *make_data(size_t n, uint32_t g) {
+    float *x = xmalloc(n * sizeof(float));
+    for (size_t b = 0; b < n; b += g) {
+        const uint32_t kind = urand(5);
+        const float sc = powf(10.0f, -6.0f + 9.0f * (float)urand(1000) / 1000.0f);
+        for (uint32_t i = 0; i < g; i++) {
+            float v = sc * frand();
+            if (kind == 1)
+                v = 0.0f;
+            else if (kind == 2)
+                v = (float)((int)urand(8193) - 4096) * 0x1p-6f; /* ties */
+            else if (kind == 3 && i == 0)
+                v = 3e38f * (urand(2) ? 1.0f : -1.0f); /* the clamp */
+            x[b + i] = v;
+        }
+    }
+    return x;
+}
+
+static void check_bits(const char *what, const float *gpu, const float *ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&gpu[i], &ref[i], sizeof(float)) != 0) {
+            if (first == n)
+                first = i;
+            bad++;
+        }
+    TM_CHECK_MSG(bad == 0, "%s: %zu of %zu differ, first at %zu: gpu %.9g ref %.9g", what, bad, n,
+                 first, first < n ? gpu[first] : 0.0f, first < n ? ref[first] : 0.0f);
+}
+
+static void test_act_quant(void) {
+    const size_t sizes[] = {32, 64 * 32, 1000 * 32};
+    for (size_t k = 0; k < 3; k++) {
+        const size_t n = sizes[k];
+        float *x = make_data(n, 32), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+        memcpy(ref, x, n * 4);
+        ref_act_quant(ref, n);
+        float *cpu = xmalloc(n * 4); /* the CPU engine's own (dsv_common.h) */
+        memcpy(cpu, x, n * 4);
+        tm_dsv_act_quant(cpu, (uint32_t)n);
+        check_bits("act_quant: CPU engine vs reference", cpu, ref, n);
+        free(cpu);
+        float *d = dup_to_dev(x, n * 4);
+        tm_err err = {0};
+        TM_CHECK(tm_k_dsv41_act_quant(d, n, g_stream, &err) == TM_OK);
+        to_host(got, d, n * 4);
+        check_bits("act_quant", got, ref, n);
+        cudaFree(d);
+        free(x);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_fp4_act_quant(void) {
+    for (int e4 = 0; e4 <= 1; e4++) {
+        const uint32_t block = e4 ? 16 : 32;
+        const size_t n = (size_t)block * 3001;
+        float *x = make_data(n, block), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+        memcpy(ref, x, n * 4);
+        ref_fp4_act_quant(ref, n, block, e4);
+        float *cpu = xmalloc(n * 4);
+        memcpy(cpu, x, n * 4);
+        tm_dsv_fp4_act_quant(cpu, (uint32_t)n, block, e4);
+        check_bits("fp4_act_quant: CPU engine vs reference", cpu, ref, n);
+        free(cpu);
+        float *d = dup_to_dev(x, n * 4);
+        tm_err err = {0};
+        TM_CHECK(tm_k_dsv41_fp4_act_quant(d, n, block, e4, g_stream, &err) == TM_OK);
+        to_host(got, d, n * 4);
+        check_bits(e4 ? "fp4_act_quant block 16 e4m3" : "fp4_act_quant block 32 ue8m0", got, ref,
+                   n);
+        cudaFree(d);
+        free(x);
+        free(ref);
+        free(got);
+    }
+}
+
+static void test_engram_gate(void) {
+    const uint32_t shapes[][3] = {{1, 1, 32}, {3, 4, 64}, {7, 2, 1000}, {2, 4, 4096}};
+    for (size_t k = 0; k < 4; k++) {
+        const uint32_t T = shapes[k][0], N = shapes[k][1], D = shapes[k][2];
+        const size_t nh = (size_t)T * N * D, nkv = (size_t)T * (N + 1) * D, nw = (size_t)N * D;
+        float *h = xmalloc(nh * 4), *kv = xmalloc(nkv * 4), *w = xmalloc(nw * 4);
+        float *ref = xmalloc(nh * 4), *got = xmalloc(nh * 4);
+        for (size_t i = 0; i < nh; i++)
+            h[i] = 2.0f * frand();
+        for (size_t i = 0; i < nkv; i++)
+            kv[i] = frand();
+        for (size_t i = 0; i < nw; i++)
+            w[i] = 1.0f + 0.5f * frand();
+        if (k == 0)
+            for (size_t i = 0; i < nh; i++) // h orthogonal-ish: |dot| below the 1e-6 clamp
+                h[i] = 0.0f;
+        const float eps = 1e-20f;
+        memcpy(ref, h, nh * 4);
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t c = 0; c < N; c++) {
+                float *hr = ref + ((size_t)t * N + c) * D;
+                const float *key = kv + (size_t)t * (N + 1) * D + (size_t)c * D;
+                const float *val = kv + (size_t)t * (N + 1) * D + (size_t)N * D;
+                double hh = 0, kk = 0, dot = 0;
+                for (uint32_t d = 0; d < D; d++) {
+                    hh += (double)hr[d] * hr[d];
+                    kk += (double)key[d] * key[d];
+                    dot += (double)hr[d] * w[(size_t)c * D + d] * key[d];
+                }
+                const double x = dot / sqrt(hh / D + eps) / sqrt(kk / D + eps) / sqrt((double)D);
+                const double g = 1.0 / (1.0 + exp(-copysign(sqrt(fmax(fabs(x), 1e-6)), x)));
+                for (uint32_t d = 0; d < D; d++)
+                    hr[d] = (float)(hr[d] + g * val[d]);
+            }
+        float *dh = dup_to_dev(h, nh * 4), *dkv = dup_to_dev(kv, nkv * 4),
+              *dw = dup_to_dev(w, nw * 4);
+        tm_k_dsv41_engram_gate_args a = {dh, dkv, dw, T, N, D, eps};
+        tm_err err = {0};
+        TM_CHECK(tm_k_dsv41_engram_gate(&a, g_stream, &err) == TM_OK);
+        to_host(got, dh, nh * 4);
+        size_t bad = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t c = 0; c < N; c++)
+                for (uint32_t d = 0; d < D; d++) {
+                    const size_t i = ((size_t)t * N + c) * D + d;
+                    const float val = kv[(size_t)t * (N + 1) * D + (size_t)N * D + d];
+                    bad += !(fabsf(got[i] - ref[i]) <= 1e-6f * (fabsf(h[i]) + fabsf(val)));
+                }
+        TM_CHECK_MSG(bad == 0, "engram_gate T %u N %u D %u: %zu of %zu outside the bound", T, N, D,
+                     bad, nh);
+        cudaFree(dh);
+        cudaFree(dkv);
+        cudaFree(dw);
+        free(h);
+        free(kv);
+        free(w);
+        free(ref);
+        free(got);
+    }
+    tm_k_dsv41_engram_gate_args z = {NULL, NULL, NULL, 0, 4, 64, 1e-20f};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_engram_gate(&z, g_stream, &err) == TM_OK); /* n 0: nothing launched */
+}
+
+/* ---- the indexer's selection ---- */
+
+static const float *g_cmp_s;
+static int cmp_desc(const void *pa, const void *pb) { /* higher score, then the lower index */
+    const uint32_t i = *(const uint32_t *)pa, j = *(const uint32_t *)pb;
+    const float a = g_cmp_s[i], b = g_cmp_s[j];
+    if (a != b)
+        return a > b ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+static int cmp_u32(const void *pa, const void *pb) {
+    const uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    return a < b ? -1 : a > b;
+}
+/* The top n of s[0..m) by cmp_desc, ascending, into out; returns n. */
+static uint32_t ref_top(const float *s, uint32_t m, uint32_t n, uint32_t *out) {
+    uint32_t *ord = xmalloc((m ? m : 1) * 4);
+    for (uint32_t k = 0; k < m; k++)
+        ord[k] = k;
+    g_cmp_s = s;
+    qsort(ord, m, 4, cmp_desc);
+    n = n < m ? n : m;
+    memcpy(out, ord, n * 4);
+    qsort(out, n, 4, cmp_u32);
+    free(ord);
+    return n;
+}
+
+/* One case: n_tok tokens of random scores (ties: values on a 0.5 grid; -inf entries) over lens
+ * drawn in [0, ld]; mode as kernels/dsv41.h; the consumer's candidates random block subsets. */
+static void sel_case(uint32_t n_tok, uint32_t ld, uint32_t mode, uint32_t cb, uint32_t ctop,
+                     uint32_t topk) {
+    const size_t ns = (size_t)n_tok * ld;
+    float *sc = xmalloc(ns * 4), *ref_sc = xmalloc(ns * 4);
+    uint32_t *lens = xmalloc(n_tok * 4), *cand = xmalloc((size_t)n_tok * ctop * 4);
+    uint32_t *n_cand = xmalloc(n_tok * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        lens[t] = t == 0 ? ld : t == 1 ? 1 : t == 2 ? 0 : urand(ld + 1);
+        for (uint32_t k = 0; k < ld; k++) {
+            const uint32_t u = urand(20);
+            sc[(size_t)t * ld + k] = u == 0 ? -INFINITY : 0.5f * (float)((int)urand(13) - 4);
+        }
+        n_cand[t] = 0;
+        if (mode == TM_DSV41_SEL_CONSUMER && lens[t]) { // ascending random subset of the blocks
+            const uint32_t nb = (lens[t] + cb - 1) / cb;
+            for (uint32_t bk = 0; bk < nb && n_cand[t] < ctop; bk++)
+                if (urand(3) == 0 || bk == nb - 1)
+                    cand[(size_t)t * ctop + n_cand[t]++] = bk;
+        }
+    }
+    memcpy(ref_sc, sc, ns * 4);
+    float *d_sc = dup_to_dev(sc, ns * 4), *d_bsc = dalloc(ns * 4, 0);
+    uint32_t *d_lens = dup_to_dev(lens, n_tok * 4);
+    uint32_t *d_cand = dup_to_dev(cand, (size_t)n_tok * ctop * 4);
+    uint32_t *d_ncand = dup_to_dev(n_cand, n_tok * 4), *d_npick = dalloc(n_tok * 4, 0xff);
+    int32_t *d_pick = dalloc((size_t)n_tok * topk * 4, 0xff);
+    tm_k_dsv41_select_args a = {d_sc, d_bsc, d_lens, d_cand, d_ncand, d_pick, d_npick,
+                                ld,   n_tok, mode,   cb,     ctop,    topk};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_select(&a, g_stream, &err) == TM_OK);
+    int32_t *pick = xmalloc((size_t)n_tok * topk * 4);
+    uint32_t *n_pick = xmalloc(n_tok * 4), *gc = xmalloc((size_t)n_tok * ctop * 4);
+    uint32_t *gnc = xmalloc(n_tok * 4), *want = xmalloc((ld + 1) * 4);
+    to_host(pick, d_pick, (size_t)n_tok * topk * 4);
+    to_host(n_pick, d_npick, n_tok * 4);
+    to_host(gc, d_cand, (size_t)n_tok * ctop * 4);
+    to_host(gnc, d_ncand, n_tok * 4);
+    float *bs = xmalloc((ld + 1) * 4);
+    uint32_t bad = 0;
+    for (uint32_t t = 0; t < n_tok; t++) {
+        float *s = ref_sc + (size_t)t * ld;
+        const uint32_t L = lens[t];
+        if (mode == TM_DSV41_SEL_SOURCE && L) {
+            const uint32_t nb = (L + cb - 1) / cb;
+            for (uint32_t bk = 0; bk < nb; bk++) {
+                float mx = -INFINITY;
+                for (uint32_t k = bk * cb; k < L && k < (bk + 1) * cb; k++)
+                    mx = fmaxf(mx, s[k]);
+                bs[bk] = bk == nb - 1 ? INFINITY : mx;
+            }
+            const uint32_t nc = ref_top(bs, nb, ctop, want);
+            if (gnc[t] != nc || memcmp(gc + (size_t)t * ctop, want, nc * 4) != 0) {
+                if (!bad)
+                    printf("  mode %u token %u: candidate blocks differ (n %u vs %u)\n", mode, t,
+                           gnc[t], nc);
+                bad++;
+            }
+        } else if (mode == TM_DSV41_SEL_CONSUMER) {
+            for (uint32_t k = 0; k < L; k++) {
+                int in = 0;
+                for (uint32_t i = 0; i < n_cand[t]; i++)
+                    in |= cand[(size_t)t * ctop + i] == k / cb;
+                if (!in)
+                    s[k] = -INFINITY;
+            }
+        }
+        const uint32_t n = ref_top(s, L, topk, want);
+        int ok = n_pick[t] == n;
+        for (uint32_t i = 0; ok && i < n; i++)
+            ok = pick[(size_t)t * topk + i] == (int32_t)want[i];
+        if (!ok) {
+            if (!bad)
+                printf("  mode %u token %u lens %u: picks differ (n %u vs %u)\n", mode, t, L,
+                       n_pick[t], n);
+            bad++;
+        }
+    }
+    TM_CHECK_MSG(bad == 0, "select mode %u ld %u cb %u ctop %u topk %u: %u tokens differ", mode, ld,
+                 cb, ctop, topk, bad);
+    cudaFree(d_sc);
+    cudaFree(d_bsc);
+    cudaFree(d_lens);
+    cudaFree(d_cand);
+    cudaFree(d_ncand);
+    cudaFree(d_npick);
+    cudaFree(d_pick);
+    free(sc);
+    free(ref_sc);
+    free(lens);
+    free(cand);
+    free(n_cand);
+    free(pick);
+    free(n_pick);
+    free(gc);
+    free(gnc);
+    free(want);
+    free(bs);
+}
+
+static void test_select(void) {
+    for (uint32_t mode = 0; mode <= 2; mode++) {
+        sel_case(9, 300, mode, 8, 4, 16);
+        sel_case(5, 37, mode, 4, 3, 64); /* topk above every lens */
+        sel_case(3, 70000, mode, 64, 16, 2048);
+    }
+}
+
+int main(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+        tm_test_skip("no CUDA device");
+    TM_ASSERT(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) == cudaSuccess);
+    g_rng = 0x5eed0041ull;
+    init_e4m3();
+    TM_RUN(test_act_quant);
+    TM_RUN(test_fp4_act_quant);
+    TM_RUN(test_engram_gate);
+    TM_RUN(test_select);
+    cudaStreamDestroy(g_stream);
+    return tm_test_report();
+}
+
+#endif /* TM_HAVE_CUDA */
