@@ -1319,13 +1319,13 @@ static tm_rc mtp_run(runner *r, uint32_t n, tm_err *err) {
     return TM_OK;
 }
 
-// After a step's tokens: the MTP layer's rows for every position the step kept of a generating
-// sequence (hidden: the main model's final streams there; next: the token after it), which keeps
-// its KV state in step with the main layers' (rejected positions are overwritten when they are
-// computed again, as theirs). A sequence now about to decode gets its first draft from its last
-// row (s->mtp_draft for the decode at mtp_at = n_done).
-static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
-    uint32_t n_h = 0, t0 = 0, n = 0, **dst = r->mdst;
+// The catch-up rows both drafters share: for every position the step kept of a generating
+// sequence, its row of the step's hidden output (width floats a token) and the token after it,
+// into r->mseqs / r->mslot (and, with dst, dst[n] = &s->mtp_draft); marks the sequences about to
+// decode (mtp_ok, mtp_at). Returns the number of rows.
+static uint32_t catch_up_rows(runner *r, const tm_sched_plan *plan, uint32_t width,
+                              uint32_t **dst) {
+    uint32_t n_h = 0, t0 = 0, n = 0;
     const float *h = r->eng->ops->hidden(r->eng, &n_h);
     for (uint32_t i = 0; i < plan->n_run; t0 += plan->run[i++].n_tok) {
         const tm_sched_run *e = &plan->run[i];
@@ -1340,7 +1340,7 @@ static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
             continue;
         const int want = q->n_done >= q->n_prompt && q->ids.len == q->n_done + 1 &&
                          end == q->n_done;
-        r->mseqs[n] = (tm_engine_draft_seq){.hidden = h + (size_t)t0 * r->mtp_nd,
+        r->mseqs[n] = (tm_engine_draft_seq){.hidden = h + (size_t)t0 * width,
                                             .next = q->ids.ids + e->pos + 1,
                                             .n_tok = end - e->pos,
                                             .pos = e->pos,
@@ -1348,9 +1348,21 @@ static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
                                             .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
                                             .want_logits = want};
         r->mslot[n] = e->slot;
-        dst[n++] = &s->mtp_draft;
+        if (dst)
+            dst[n] = &s->mtp_draft;
+        n++;
         s->mtp_ok = want, s->mtp_at = q->n_done;
     }
+    return n;
+}
+
+// After a step's tokens: the MTP layer's rows for every position the step kept of a generating
+// sequence (hidden: the main model's final streams there; next: the token after it), which keeps
+// its KV state in step with the main layers' (rejected positions are overwritten when they are
+// computed again, as theirs). A sequence now about to decode gets its first draft from its last
+// row (s->mtp_draft for the decode at mtp_at = n_done).
+static tm_rc mtp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
+    uint32_t n = catch_up_rows(r, plan, r->mtp_nd, r->mdst);
     return n ? mtp_run(r, n, err) : TM_OK;
 }
 
@@ -1396,31 +1408,7 @@ static tm_rc mtp_chain(runner *r, const tm_sched_plan *plan, tm_err *err) {
 // (argmax over the model's whole vocabulary, the chain the drafter's Markov head followed) are
 // its drafts for the decode at mtp_at = n_done, cut before the first id past the tokenizer's.
 static tm_rc dsp_catch_up(runner *r, const tm_sched_plan *plan, tm_err *err) {
-    uint32_t n_h = 0, t0 = 0, n = 0;
-    const float *h = r->eng->ops->hidden(r->eng, &n_h);
-    for (uint32_t i = 0; i < plan->n_run; t0 += plan->run[i++].n_tok) {
-        const tm_sched_run *e = &plan->run[i];
-        seq *s = &r->seqs[e->slot];
-        tm_sched_seq *q = &s->q;
-        s->mtp_ok = 0;
-        uint32_t end = TM_MIN(e->pos + e->n_tok, q->n_done);
-        if (!s->job || !q->gen || !h || t0 + e->n_tok > n_h || q->ids.len < 1)
-            continue;
-        end = (uint32_t)TM_MIN((size_t)end, q->ids.len - 1); // each row needs its next token
-        if (end <= e->pos)
-            continue;
-        const int want = q->n_done >= q->n_prompt && q->ids.len == q->n_done + 1 &&
-                         end == q->n_done;
-        r->mseqs[n] = (tm_engine_draft_seq){.hidden = h + (size_t)t0 * r->dsp_w,
-                                            .next = q->ids.ids + e->pos + 1,
-                                            .n_tok = end - e->pos,
-                                            .pos = e->pos,
-                                            .block_table = q->blocks,
-                                            .n_block = TM_CEIL_DIV(end, r->cfg->block_size),
-                                            .want_logits = want};
-        r->mslot[n++] = e->slot;
-        s->mtp_ok = want, s->mtp_at = q->n_done;
-    }
+    uint32_t n = catch_up_rows(r, plan, r->dsp_w, NULL);
     if (!n)
         return TM_OK;
     tm_rc rc = r->eng->ops->draft(r->eng, r->mseqs, n, r->dsp_logits, r->dsp_conf, err);
