@@ -44,7 +44,7 @@ if [ "${1:-}" = "--prep" ]; then
   dst=${3:-.devcarry/h40}
   ref=${4:-/work/ref/deepseek_v41}
   x="$(git rev-parse --git-common-dir)/info/exclude"
-  git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x"
+  case $dst in /*) ;; *) git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x" ;; esac
   rm -rf "$dst"; mkdir -p "$dst/lib" "$dst/bin" "$dst/ref"
   for f in mkmodel test_dsv41; do
     cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }

@@ -32,7 +32,7 @@ if [ "${1:-}" = "--prep" ]; then
   dst=${3:-.devcarry/h41}
   # the carried folder must be ignored by git (the device library's README): .git/info/exclude
   x="$(git rev-parse --git-common-dir)/info/exclude"
-  git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x"
+  case $dst in /*) ;; *) git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x" ;; esac
   rm -rf "$dst"; mkdir -p "$dst/lib" "$dst/tok" "$dst/bin"
   for f in tokenmill mkmodel test_tp_host test_dsv4_tp_cuda test_tp_cuda test_dsv4_cuda; do
     cp "$bld/$f" "$dst/bin/" || { echo "missing $bld/$f"; exit 1; }

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# bench/gpu_session.sh - one device call for every GPU stage of a session: the CUDA regression
+# tests, issue 41's DeepSeek-V4 tensor-parallel checks (bench/dsv4_tp_device.sh), issue 40's V4.1
+# stages (bench/dsv41_device.sh: the torch reference, the CPU engine against it, the V4.1 kernels
+# and Engram staging, the V4.1 CUDA engine when built), DeepSeek-V4 decode figures with an Nsight
+# Compute profile of one eager decode step. Everything from binaries built on the CPU machine.
+#
+# Here, once, from a -DTM_CUDA=ON build folder (one carry folder for all parts; the binaries go
+# into one xz tarball, whose 64 MiB window stores the kernels every binary links only once: ~10 MB
+# instead of ~160 MB; DEST is git-ignored through .git/info/exclude):
+#   bash bench/gpu_session.sh --prep build [.devcarry/gpu] [/work/ref/deepseek_v41]
+# On the device (run's carry: [".devcarry/gpu"]):
+#   OUT=$OUT B=.devcarry/gpu bash bench/gpu_session.sh [parts...]
+# Dry run here (CPU engine parts run, GPU steps print what they would run):
+#   BACKEND=cpu OUT=/tmp/gs B=.devcarry/gpu bash bench/gpu_session.sh
+# Parts (default: v41ref tp v41gpu sanity perf engram), each under its own time limit (LIMIT_<part>
+# seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
+# short still brings back what finished), one line per step in $OUT/summary.txt.
+set -u
+if [ "${1:-}" = "--prep" ]; then
+  bld=$(cd "${2:?CUDA build folder}" && pwd)
+  dst=${3:-.devcarry/gpu}
+  ref=${4:-/work/ref/deepseek_v41}
+  here=$(cd "$(dirname "$0")" && pwd)
+  t40=$(mktemp -d) t41=$(mktemp -d)
+  bash "$here/dsv41_device.sh" --prep "$bld" "$t40/c" "$ref" > /dev/null || exit 1
+  bash "$here/dsv4_tp_device.sh" --prep "$bld" "$t41/c" > /dev/null || exit 1
+  x="$(git rev-parse --git-common-dir)/info/exclude"
+  case $dst in /*) ;; *) git check-ignore -q "$dst/x" || echo "/${dst%%/*}/" >> "$x" ;; esac
+  rm -rf "$dst"; mkdir -p "$dst/bin"
+  cp -r "$t41/c/lib" "$t41/c/tok" "$t40/c/ref" "$dst/"
+  cp -n "$t40"/c/lib/* "$dst/lib/"
+  tar xzf "$t40/c/bin.tgz" -C "$dst/bin"
+  tar xzf "$t41/c/bin.tgz" -C "$dst/bin"
+  for f in test_kernels test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda \
+    test_gemm_quant test_lt_fp8; do
+    [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/" && strip "$dst/bin/$f"
+  done
+  tar cf - -C "$dst/bin" . | xz -9 -T1 > "$dst/bin.txz" && rm -rf "$dst/bin" "$t40" "$t41"
+  du -sh "$dst"
+  exit 0
+fi
+OUT=${OUT:-out-device}
+B=${B:-.devcarry/gpu}
+BACKEND=${BACKEND:-cuda}
+mkdir -p "$OUT"
+L=/tmp/gslog
+rm -rf "$L"; mkdir -p "$L"
+if [ -f "$B/bin.txz" ] && [ ! -x "$B/tokenmill" ]; then
+  if command -v xz > /dev/null; then
+    xz -dc "$B/bin.txz" | tar xf - -C "$B"
+  else
+    python3 -c 'import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())' \
+      "$B/bin.txz" | tar xf - -C "$B"
+  fi
+fi
+parts=${*:-v41ref tp v41gpu sanity perf engram}
+S=$OUT/summary.txt
+: > "$S"
+pack() { tar czf "$OUT/logs.tgz" -C /tmp gslog 2> /dev/null; }
+note() { echo "$*" | tee -a "$S"; }
+note "gpu_session $(date -u +%FT%TZ) backend $BACKEND parts: $parts, commit $(git rev-parse --short HEAD 2> /dev/null)"
+[ "$BACKEND" = cuda ] && note "$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader 2>&1)"
+
+# part NAME LIMIT CMD...: one part under its time limit, its output in $L/NAME.txt and summary
+part() {
+  local name=$1 lim=$2; shift 2
+  local t0; t0=$(date +%s)
+  mkdir -p "$L/$name"
+  timeout -k 5 "$lim" "$@" > "$L/$name.txt" 2>&1
+  local rc=$?
+  note "== $name rc=$rc in $(( $(date +%s) - t0 )) s (limit $lim)"
+  grep -E "rc=|checks|FAIL|greedy|max \|d|job |torch|not run|dry-run|GiB/s|GB/s|tok/s|ms/step|floor" "$L/$name.txt" |
+    head -40 | sed 's/^/  /' | tee -a "$S"
+  pack
+}
+gpu_tests_part() {
+  local t
+  for t in "$@"; do
+    if [ ! -x "$B/$t" ]; then echo "$t: not built"; continue; fi
+    if [ "$BACKEND" != cuda ]; then echo "[dry-run, no GPU] would run: $B/$t"; continue; fi
+    local t0; t0=$(date +%s)
+    TM_BUILD=$B TM_SRC=$PWD timeout -k 5 240 "$B/$t" > "$L/sanity/$t.log" 2>&1
+    echo "$t rc=$? in $(( $(date +%s) - t0 )) s $(grep -E 'checks' "$L/sanity/$t.log" | tail -1)"
+    grep -E "FAIL" "$L/sanity/$t.log" | head -5
+  done
+}
+perf_part() {
+  local be=$B/bench_engine
+  if [ "$BACKEND" != cuda ]; then
+    echo "[dry-run, no GPU] would run: $be --shape dsv4-flash --layers 8 --batch 1,8 --prompt 512 --gen 64 --reps 2; ncu of one eager decode step at batch 1 and 8 (4 layers)"
+    return 0
+  fi
+  export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  timeout 120 "$be" --shape dsv4-flash --layers 8 --batch 1,8 --prompt 512 --gen 64 --reps 2 2>&1 |
+    grep -v "I cuda"
+  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for b in 1 8; do
+    TM_DSV4_NO_GRAPHS=1 timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
+      --csv "$be" --shape dsv4-flash --layers 4 --batch $b --prompt 512 --gen 2 --reps 1 \
+      > "$L/perf/ncu_b$b.csv" 2> "$L/perf/ncu_b$b.err"
+    echo "ncu b$b rc=$?"
+    python3 bench/dsv4_ncu_summary.py "$L/perf/ncu_b$b.csv" 4 > "$L/perf/ncu_b$b.txt" 2>&1
+    head -24 "$L/perf/ncu_b$b.txt"
+  done
+}
+has() { [[ " $parts " == *" $1 "* ]]; }
+export B BACKEND L
+export -f gpu_tests_part perf_part
+if has v41ref; then
+  part v41ref "${LIMIT_v41ref:-240}" env OUT="$L/v41ref" bash bench/dsv41_device.sh ref cpu
+fi
+if has tp; then
+  part tp "${LIMIT_tp:-200}" env OUT="$L/tp" bash bench/dsv4_tp_device.sh unit test job nccl
+fi
+if has v41gpu; then
+  part v41gpu "${LIMIT_v41gpu:-150}" env OUT="$L/v41gpu" bash bench/dsv41_device.sh cuda bench
+fi
+if has sanity; then
+  . bench/device_env.sh
+  part sanity "${LIMIT_sanity:-200}" bash -c 'gpu_tests_part "$@"' _ test_kernels test_attn_prefill test_engine_cuda \
+    test_sample_cuda test_plp_cuda test_gemm_quant test_lt_fp8
+fi
+if has perf; then
+  part perf "${LIMIT_perf:-200}" bash -c perf_part
+fi
+if has engram; then
+  part engram "${LIMIT_engram:-120}" env OUT="$L/engram" bash bench/dsv41_device.sh engram
+fi
+# the torch reference's fixtures, for tests/fixtures/v41_torch (small json files)
+if [ -d "$L/v41ref/v41_torch" ]; then
+  tar czf "$OUT/v41_torch.tgz" -C "$L/v41ref" v41_torch $(cd "$L/v41ref" && ls -d v41_torch_cpu 2> /dev/null)
+fi
+pack
+note "gpu_session done $(date -u +%FT%TZ)"
