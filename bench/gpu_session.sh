@@ -113,6 +113,10 @@ fi
 if has v41ref32; then
   part v41ref32 "${LIMIT_v41ref32:-300}" env OUT="$L/v41ref32" bash bench/dsv41_device.sh ref32
 fi
+if has tpbisect; then
+  mkdir -p "$L/tpbisect"
+  part tpbisect "${LIMIT_tpbisect:-240}" env OUT="$L/tpbisect" bash bench/dsv4_tp_bisect.sh
+fi
 if has tp; then
   part tp "${LIMIT_tp:-200}" env OUT="$L/tp" bash bench/dsv4_tp_device.sh unit test job nccl
 fi

@@ -39,6 +39,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include <cuda_runtime_api.h>
 
+#include "base/alloc.h"
 #include "base/clock.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/engine.h"
@@ -312,6 +313,26 @@ static void test_mix_topk(void) {
     run_case("mix-hc4-bf16-topk", COMMON TOPK8 MIX "--vocab 512 --dsv4-mlp hhmm --seed 32", 0);
 }
 
+/* TM_DSV4_TP_CASES="name=mkmodel args;name=args;...": extra tie-free cases after the built-in
+ * ones (bisecting a failing config on the GPU machine without a rebuild); TM_DSV4_TP_ONLY=none
+ * skips the built-in ones. */
+static void run_env_cases(void) {
+    const char *env = getenv("TM_DSV4_TP_CASES");
+    if (!env)
+        return;
+    unsetenv("TM_DSV4_TP_ONLY");
+    char *all = tm_strdup(env), *save = NULL;
+    TM_ASSERT(all);
+    for (char *c = strtok_r(all, ";", &save); c; c = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(c, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        run_case(c, eq + 1, 1);
+    }
+    tm_free(all);
+}
+
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--rank"))
         return rank_main((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), (uint16_t)atoi(argv[4]),
@@ -334,6 +355,7 @@ int main(int argc, char **argv) {
     TM_RUN(test_mix_tie_free);
     TM_RUN(test_hc2_odd_vocab);
     TM_RUN(test_mix_topk);
+    TM_RUN(run_env_cases);
     return tm_test_report();
 }
 
