@@ -35,8 +35,10 @@
  * others 0) and of the LM head; the KV head, compressor, indexer, router and hyper-connections
  * are replicated. g->H, g->G and g->I are then the rank's counts, so the kernels run unchanged on
  * the slices. Three all-reduces per layer step: the embedding (once), the o_b product and the MoE
- * output (routed + shared partials) of each layer, over impl->comm. TP takes bf16/f32 checkpoints
- * (quantized ones: not yet) and runs the FP8 decode GEMMs off.
+ * output (routed + shared partials) of each layer, over impl->comm. Quantized checkpoints: the
+ * bf16 copies are dequantized slices; the FP8 forms of q_b, o_b and the shared expert are sliced
+ * with their 128 x 128 scale blocks (a rank's slice must start on a block: init refuses it
+ * otherwise) and MXFP4 routed experts stay packed (down_proj's columns in whole 32-value groups).
  *
  * Not supported yet: fp8 KV, the MTP layer. Engine thread only; nothing allocates after init. */
 #include <math.h>
@@ -292,9 +294,12 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
          * replicated q_a and kv_proj. The FP8 codes are sliced with their 128 x 128 scale blocks,
          * so every rank's slice must start on a block: the extent a multiple of 128. */
         const uint32_t cut[Q8_N] = {0, g->H * g->hd, 0, g->G * g->olr, g->I, g->I};
-        static const char *const q8_what[Q8_N] = {
-            "q_a",         "q_b rows (heads x head_dim)", "kv_proj", "o_b columns (groups x o_lora)",
-            "shared expert gate/up rows", "shared expert down columns"};
+        static const char *const q8_what[Q8_N] = {"q_a",
+                                                  "q_b rows (heads x head_dim)",
+                                                  "kv_proj",
+                                                  "o_b columns (groups x o_lora)",
+                                                  "shared expert gate/up rows",
+                                                  "shared expert down columns"};
         for (int i = 0; i < Q8_N; i++) {
             dq8 *q = &L->q8[i];
             q->n_out = shape[i][0], q->n_in = shape[i][1];
