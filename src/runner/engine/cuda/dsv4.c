@@ -1478,8 +1478,11 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                               .eps = c->rms_eps,
                               .hc_eps = g->d.hc_eps};
     rc = OP("hc head", tm_k_dsv4_head(&ha, s, err));
+    // the logits rows compact, [n_want][the rank's n_vocab], as the runtime's gather and argmax
+    // read them (impl->v_stride, v_per with TP, sizes the buffer: the last rank's rows are
+    // shorter when the vocabulary does not divide by tp)
     if (!rc)
-        rc = gemm(impl, "lm_head", g->lm_head, g->last, g->D, impl->logits, 0, impl->v_stride,
+        rc = gemm(impl, "lm_head", g->lm_head, g->last, g->D, impl->logits, 0, c->n_vocab,
                   st->n_want, g->D, c->n_vocab, err);
     return rc;
 }
