@@ -22,6 +22,11 @@
 #          fixtures in the shape of tests/fixtures/v41 (copy them to tests/fixtures/v41_torch/ for
 #          CI, see below); the same on torch's CPU -> $OUT/v41_torch_cpu/; each compared with the
 #          NumPy oracle's fixture (max |d logprob|, greedy agreement) and cuda with cpu.
+#   ref32  the same reference with float32 activations (v41_torch_ref.py --fp32: torch.bfloat16
+#          aliased to float32, the quantization points unchanged) on torch's CPU with --dump (each
+#          fixture's prefill intermediates -> $OUT/v41_dump32/*.npz) and on the GPU ->
+#          $OUT/v41_torch32{,_cuda}/; then the CPU engine against the CPU run's fixtures with
+#          V41_LP_TOL=$LP_TOL32 (default 0.01): the semantic check, without bf16 noise.
 #   cpu    the CPU engine (test_dsv41, TP 1/2/4) against the torch reference's fixtures:
 #          V41_FIXTURES=$OUT/v41_torch V41_LP_TOL=$LP_TOL (default 0.05, a first bound: the torch
 #          reference runs bf16 activations, the CPU engine and the NumPy oracle fp32); prints max
@@ -114,8 +119,8 @@ step() {
 }
 dry() { echo "[dry-run, no GPU] would run: $*"; }
 
+ref_cmd=("$PY" tests/oracles/v41_torch_ref.py --ref "$REF" --mkmodel "$B/mkmodel")
 if has ref; then
-  ref_cmd=("$PY" tests/oracles/v41_torch_ref.py --ref "$REF" --mkmodel "$B/mkmodel")
   if [ $has_torch = 1 ]; then
     dev=cpu; [ "$BACKEND" = cuda ] && dev=cuda
     step ref_selftest 120 "$PY" tests/oracles/v41_torch_ref.py --ref "$REF" --selftest --device $dev
@@ -136,6 +141,25 @@ if has ref; then
     done
   else
     dry "${ref_cmd[*]} ... --out \$OUT/v41_torch_cpu --device cpu   (no torch in $PY here)"
+  fi
+fi
+
+if has ref32; then
+  if [ $has_torch = 1 ]; then
+    step ref32_torch_cpu 300 "${ref_cmd[@]}" $fx_args --out "$OUT/v41_torch32" --device cpu --fp32 \
+      --dump "$OUT/v41_dump32"
+    if [ "$BACKEND" = cuda ]; then
+      step ref32_torch_cuda 300 "${ref_cmd[@]}" $fx_args --out "$OUT/v41_torch32_cuda" --device cuda --fp32
+      for f in "$OUT"/v41_torch32_cuda/*.json; do
+        [ -f "$f" ] && [ -f "$OUT/v41_torch32/$(basename "$f")" ] || continue
+        echo "fp32 torch cuda vs torch cpu $(basename "$f" .json): $("$PY" tests/oracles/v41_torch_ref.py \
+          --compare "$OUT/v41_torch32/$(basename "$f")" "$f")"
+      done
+    fi
+    step cpu_engine_vs_torch32 300 env V41_FIXTURES="$OUT/v41_torch32" V41_LP_TOL="${LP_TOL32:-0.01}" \
+      "$B/test_dsv41"
+  else
+    dry "${ref_cmd[*]} ... --out \$OUT/v41_torch32 --device cpu --fp32 --dump \$OUT/v41_dump32; then test_dsv41 against them"
   fi
 fi
 

@@ -13,7 +13,7 @@
 #   OUT=$OUT B=.devcarry/gpu bash bench/gpu_session.sh [parts...]
 # Dry run here (CPU engine parts run, GPU steps print what they would run):
 #   BACKEND=cpu OUT=/tmp/gs B=.devcarry/gpu bash bench/gpu_session.sh
-# Parts (default: v41ref tp v41gpu sanity perf engram), each under its own time limit (LIMIT_<part>
+# Parts (default: v41ref tp v41gpu sanity perf engram; v41ref32 on request: the float32 reference), each under its own time limit (LIMIT_<part>
 # seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
 # short still brings back what finished), one line per step in $OUT/summary.txt.
 set -u
@@ -110,6 +110,13 @@ export -f gpu_tests_part perf_part
 if has v41ref; then
   part v41ref "${LIMIT_v41ref:-240}" env OUT="$L/v41ref" bash bench/dsv41_device.sh ref cpu
 fi
+if has v41ref32; then
+  part v41ref32 "${LIMIT_v41ref32:-300}" env OUT="$L/v41ref32" bash bench/dsv41_device.sh ref32
+fi
+if has tpbisect; then
+  mkdir -p "$L/tpbisect"
+  part tpbisect "${LIMIT_tpbisect:-240}" env OUT="$L/tpbisect" bash bench/dsv4_tp_bisect.sh
+fi
 if has tp; then
   part tp "${LIMIT_tp:-200}" env OUT="$L/tp" bash bench/dsv4_tp_device.sh unit test job nccl
 fi
@@ -130,6 +137,9 @@ fi
 # the torch reference's fixtures, for tests/fixtures/v41_torch (small json files)
 if [ -d "$L/v41ref/v41_torch" ]; then
   tar czf "$OUT/v41_torch.tgz" -C "$L/v41ref" v41_torch $(cd "$L/v41ref" && ls -d v41_torch_cpu 2> /dev/null)
+fi
+if [ -n "$(ls -d "$L"/v41ref32/v41_torch32 2> /dev/null)" ]; then
+  tar czf "$OUT/v41_torch32.tgz" -C "$L/v41ref32" $(cd "$L/v41ref32" && ls -d v41_torch32* v41_dump32 2> /dev/null)
 fi
 pack
 note "gpu_session done $(date -u +%FT%TZ)"

@@ -39,6 +39,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include <cuda_runtime_api.h>
 
+#include "base/alloc.h"
 #include "base/clock.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/engine.h"
@@ -397,6 +398,26 @@ static void test_mxfp4_misaligned(void) {
                1, MXFP4_MSG);
 }
 
+/* TM_DSV4_TP_CASES="name=mkmodel args;name=args;...": extra tie-free cases after the built-in
+ * ones (bisecting a failing config on the GPU machine without a rebuild); TM_DSV4_TP_ONLY=none
+ * skips the built-in ones. */
+static void run_env_cases(void) {
+    const char *env = getenv("TM_DSV4_TP_CASES");
+    if (!env)
+        return;
+    unsetenv("TM_DSV4_TP_ONLY");
+    char *all = tm_strdup(env), *save = NULL;
+    TM_ASSERT(all);
+    for (char *c = strtok_r(all, ";", &save); c; c = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(c, '=');
+        if (!eq)
+            continue;
+        *eq = 0;
+        run_case(c, eq + 1, 1);
+    }
+    tm_free(all);
+}
+
 int main(int argc, char **argv) {
     if (argc == 6 && !strcmp(argv[1], "--rank"))
         return rank_main((uint32_t)atoi(argv[2]), (uint32_t)atoi(argv[3]), (uint16_t)atoi(argv[4]),
@@ -423,6 +444,7 @@ int main(int argc, char **argv) {
     TM_RUN(test_fp8_ue8m0_topk);
     TM_RUN(test_fp8_misaligned);
     TM_RUN(test_mxfp4_misaligned);
+    TM_RUN(run_env_cases);
     return tm_test_report();
 }
 

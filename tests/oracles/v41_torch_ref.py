@@ -26,9 +26,20 @@ into its git-ignored carry folder, with a MANIFEST saying where each came from).
   greedy_ids, step_margins), plus the comparison with the NumPy fixture it started from: max
   |d logprob| over the rows and over the steps whose inputs agree, and how many greedy ids agree.
 
+With --fp32 the same reference code runs with float32 activations: torch.bfloat16 is made an alias
+of torch.float32 before the reference is imported, so its default dtype, its explicit bf16 casts
+(Engram values, sparse_attn's probabilities and output) and its kernel module's bf16 asserts all
+become float32; the quantization points (act_quant, fp4_act_quant, FP8/FP4 GEMMs, the bf16-rounded
+wo_a) are unchanged. That is the reference's arithmetic without bf16 rounding between ops - what
+tokenmill's CPU engine and the NumPy oracle compute - so it checks their semantics tightly, where
+the bf16 run differs from any float32 implementation by bf16 noise amplified by the FP8 activation
+quantization. --dump DIR saves each fixture's prefill intermediates (embedding, each layer's Engram,
+attention, MoE and block outputs, logits) as float32 arrays in DIR/<name>.npz.
+
 Usage:
   python3 tests/oracles/v41_torch_ref.py --ref DIR --mkmodel BUILD/mkmodel \
-      --fixture tests/fixtures/v41/v41_tiny.json [--fixture ...] --out DIR [--device cuda]
+      --fixture tests/fixtures/v41/v41_tiny.json [--fixture ...] --out DIR [--device cuda] \
+      [--fp32] [--dump DIR]
   python3 tests/oracles/v41_torch_ref.py --compare A.json B.json   # two fixtures, no torch needed
   python3 tests/oracles/v41_torch_ref.py --ref DIR --selftest [--device cuda]   # the quantizers:
       the reference's act_quant / fp4_act_quant against the NumPy oracle's, bit for bit
@@ -60,6 +71,16 @@ class ViT:
 Aligner = ViT
 '''
 REF_FILES = ("model.py", "engram.py", "kernel_cpu.py")
+FP32 = {"on": False, "bf16": None}  # --fp32: the real bfloat16 dtype, kept for the checkpoint reader
+
+
+def fp32_mode():
+    """Alias torch.bfloat16 to torch.float32 (before the reference is imported); see the docstring."""
+    import torch
+
+    if not FP32["on"]:
+        FP32["on"], FP32["bf16"] = True, torch.bfloat16
+        torch.bfloat16 = torch.float32
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +178,10 @@ def read_safetensors(path):
         if dt is None:
             raise SystemExit(f"{path}: {name}: dtype {meta['dtype']} not handled")
         raw = torch.frombuffer(bytearray(data[a:b]), dtype=torch.uint8) if b > a else torch.empty(0, dtype=torch.uint8)
-        out[name] = raw.view(getattr(torch, dt)).reshape(meta["shape"])
+        if dt == "bfloat16" and FP32["on"]:  # exact widening; the reference's parameters are fp32
+            out[name] = raw.view(FP32["bf16"]).reshape(meta["shape"]).float()
+        else:
+            out[name] = raw.view(getattr(torch, dt)).reshape(meta["shape"])
     return out
 
 
@@ -188,7 +212,8 @@ def load_weights(mod, model, folder):
             used.add(name[:-7] + ".scale")
             out_f, in_f = t.shape
             full = s.repeat_interleave(32, 0)[:out_f].repeat_interleave(32, 1)[:, :in_f]
-            p.data.copy_((t.float() * full).to(p.dtype))
+            w = (t.float() * full).to(FP32["bf16"] or torch.bfloat16)  # rounded to bf16 as convert.py
+            p.data.copy_(w.to(p.dtype))
         elif t.dtype in (torch.float32, torch.bfloat16, torch.float16) and p.dtype in (
             torch.float32, torch.bfloat16
         ):
@@ -226,7 +251,7 @@ def build_model(mod, folder, max_seq_len, device):
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items() if k in fields}
     kw.update(max_batch_size=1, max_seq_len=max_seq_len, temperature=0)
     args = mod.ModelArgs(**kw)
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(torch.bfloat16)  # float32 under --fp32
     tok_path = os.path.join(folder, "tokenizer.json")
     tok = HFTokenizer(tok_path) if args.engram_layer_ids else None
     token_map = "engram.py's, from the tokenizers package" if args.engram_layer_ids else None
@@ -269,7 +294,28 @@ def g8(v):
     return float(f"{v:.8g}")
 
 
-def run_fixture(mod, mkmodel, fx_path, out_dir, device):
+def dump_hooks(model, store):
+    """Forward hooks saving float32 copies of the prefill's intermediates into store (name -> array)."""
+    hooks = []
+
+    def save(name):
+        def hook(_m, _inp, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if name not in store:  # the prefill only (the first call)
+                store[name] = t.detach().float().cpu().numpy()
+        return hook
+
+    hooks.append(model.embed.register_forward_hook(save("embed")))
+    for i, layer in enumerate(model.layers):
+        hooks.append(layer.attn.register_forward_hook(save(f"L{i}.attn")))
+        hooks.append(layer.ffn.register_forward_hook(save(f"L{i}.ffn")))
+        hooks.append(layer.register_forward_hook(save(f"L{i}.out")))
+        if layer.engram is not None:
+            hooks.append(layer.engram.register_forward_hook(save(f"L{i}.engram")))
+    return hooks
+
+
+def run_fixture(mod, mkmodel, fx_path, out_dir, device, dump=None):
     import torch
 
     with open(fx_path) as fh:
@@ -281,8 +327,18 @@ def run_fixture(mod, mkmodel, fx_path, out_dir, device):
         max_seq = ((len(prompt) + n_steps + 63) // 64) * 64
         t0 = time.time()
         model, args, unknown, token_map = build_model(mod, work, max_seq, device)
+        store = {}
+        hooks = dump_hooks(model, store) if dump else []
         ids = torch.tensor([prompt], dtype=torch.long, device=device)
         _, logits, _ = model(ids, 0)
+        for h in hooks:
+            h.remove()
+        if dump:
+            import numpy as np
+
+            store["logits"] = logits[0].float().cpu().numpy()
+            os.makedirs(dump, exist_ok=True)
+            np.savez_compressed(os.path.join(dump, fx["name"] + ".npz"), **store)
         logits = logits[0].float().cpu()
         rows = [[g8(v) for v in logits[p].tolist()] for p in fx["row_pos"]]
         steps, greedy = [logits[len(prompt) - 1].tolist()], []
@@ -305,7 +361,10 @@ def run_fixture(mod, mkmodel, fx_path, out_dir, device):
         "steps": [[g8(v) for v in s] for s in steps], "step_margins": margins,
         "config": fx.get("config"),
         "oracle": "DeepSeek's inference/model.py + engram.py + kernel_cpu.py (torch port of kernel.py), "
-                  "run by tests/oracles/v41_torch_ref.py; bf16 default dtype as generate.py",
+                  "run by tests/oracles/v41_torch_ref.py; " + (
+                      "float32 activations (--fp32: torch.bfloat16 aliased to float32)" if FP32["on"]
+                      else "bf16 default dtype as generate.py"),
+        "activations": "float32" if FP32["on"] else "bfloat16",
         "torch_version": torch.__version__, "device": device,
         "device_name": torch.cuda.get_device_name(0) if device.startswith("cuda") else "cpu",
         "config_keys_not_in_ModelArgs": unknown, "engram_token_map": token_map,
@@ -314,7 +373,7 @@ def run_fixture(mod, mkmodel, fx_path, out_dir, device):
     with open(os.path.join(out_dir, fx["name"] + ".json"), "w") as fh:
         json.dump(out, fh, separators=(",", ":"))
     c = out["vs_numpy_oracle"]
-    print(f"{fx['name']}: torch reference ({device}, {secs:.1f} s) vs NumPy oracle: max |d logprob| "
+    print(f"{fx['name']}: torch reference ({device}{', fp32' if FP32['on'] else ''}, {secs:.1f} s) vs NumPy oracle: max |d logprob| "
           f"rows {c['max_dlogprob_rows']:.3g}, steps {c['max_dlogprob_steps']:.3g} "
           f"({c['steps_compared']} compared); greedy equal {c['greedy_equal']} of {c['greedy_total']}")
     return out
@@ -364,6 +423,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     ap.add_argument("--selftest", action="store_true", help="quantizers: reference vs NumPy oracle")
+    ap.add_argument("--fp32", action="store_true", help="float32 activations (see the docstring)")
+    ap.add_argument("--dump", help="save each fixture's prefill intermediates as DIR/<name>.npz")
     a = ap.parse_args()
     if a.compare:
         with open(a.compare[0]) as f1, open(a.compare[1]) as f2:
@@ -376,11 +437,13 @@ def main():
     if not (a.ref and a.mkmodel and a.fixture and a.out):
         ap.error("--ref, --mkmodel, --fixture and --out are needed (or --compare A B)")
     os.makedirs(a.out, exist_ok=True)
+    if a.fp32:
+        fp32_mode()
     mod = load_reference(a.ref, a.device)
     worst, failed = 0.0, []
     for fx in a.fixture:
         try:  # one fixture failing (a reference assert, a dtype torch lacks) must not stop the rest
-            c = run_fixture(mod, a.mkmodel, fx, a.out, a.device)["vs_numpy_oracle"]
+            c = run_fixture(mod, a.mkmodel, fx, a.out, a.device, a.dump)["vs_numpy_oracle"]
         except Exception:  # noqa: BLE001 - reported, then the next fixture
             import traceback
 
