@@ -15,8 +15,10 @@
 #
 # Stages (default: unit test job nccl):
 #   unit  test_tp_host: the host shared-memory all-reduce (CPU only; runs in every mode)
-#   test  one GPU: test_dsv4_tp_cuda (TP2 and TP4 = TP1 on small random DeepSeek-V4 models, all
-#         ranks on GPU 0, all-reduce over host memory), test_tp_cuda with TM_TP_COMM=host (the
+#   test  one GPU: test_dsv4_tp_cuda (TP2 and TP4 = TP1 on small random DeepSeek-V4 models, bf16,
+#         f32 and quantized: FP8 block + MXFP4 / FP8 experts, and TP4 refusals of slices that do
+#         not align to the FP8 blocks or MXFP4 groups; all ranks on GPU 0, all-reduce over host
+#         memory), test_tp_cuda with TM_TP_COMM=host (the
 #         Llama path in the same mode), test_dsv4_cuda (the single-GPU engine, unchanged)
 #   job   a greedy `tokenmill run` of the quickstart records on a small DeepSeek-V4 checkpoint
 #         (mkmodel, DeepSeek-V3 tokenizer) at engine.tp 1, 2 and 4: backend cuda with
@@ -25,7 +27,7 @@
 #   nccl  with 2 or more GPUs only: test_tp_cuda and test_dsv4_tp_cuda over NCCL, one GPU a rank
 #         (TP4 of the latter with 4 GPUs), and the job at tp 2 over NCCL
 # Not scripted: decode figures at Flash widths TP2 vs TP1 (bench_engine's dsv4-flash shape has no
-# --tp, and TP of MXFP4 experts is not supported yet).
+# --tp).
 set -u
 if [ "${1:-}" = "--prep" ]; then
   bld=$(cd "${2:?CUDA build folder}" && pwd)

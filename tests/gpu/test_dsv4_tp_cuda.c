@@ -126,7 +126,9 @@ static int tpn_close(tpn *t) {
     return bad;
 }
 
-static int tpn_open(const char *dir, const tm_model *m, uint32_t world, tpn *t) {
+/* Start a TPn engine on dir's model (m: rank 0's copy). With cerr, the engine create's error is
+ * returned there instead of failing the test (a refusal the caller expects). */
+static int tpn_open(const char *dir, const tm_model *m, uint32_t world, tpn *t, tm_err *cerr) {
     tm_err err = {0};
     memset(t, 0, sizeof(*t));
     t->world = world;
@@ -160,12 +162,18 @@ static int tpn_open(const char *dir, const tm_model *m, uint32_t world, tpn *t) 
     TM_CHECK_OK(tm_rdzv_accept(t->rdzv, id, sizeof(id), &err), &err);
     tm_engine_opts eo = engine_opts(world);
     tm_engine_cuda_tp tp = tp_cfg(0, t->rdzv, id);
-    if (err.rc == TM_OK)
+    if (err.rc == TM_OK && cerr)
+        tm_engine_cuda_tp_create(m, &eo, &tp, &t->eng, cerr);
+    else if (err.rc == TM_OK)
         TM_CHECK_OK(tm_engine_cuda_tp_create(m, &eo, &tp, &t->eng, &err), &err);
     if (!t->eng)
-        tpn_close(t); // the other ranks see EOF and exit
+        tpn_close(t); // the other ranks see EOF (or fail the same way) and exit
     return t->eng != NULL;
 }
+
+/* The case and TP size being compared, and the schedule step, for the failure lines. */
+static const char *g_case = "";
+static uint32_t g_world, g_step, g_n_told;
 
 static int step(tm_engine *tp1, tm_engine *tpe, seq *S, const uint32_t *which,
                 const uint32_t *n_tok, uint32_t n_chunk, uint32_t V, stats *st) {
@@ -184,6 +192,17 @@ static int step(tm_engine *tp1, tm_engine *tpe, seq *S, const uint32_t *which,
     CHECK_CALL(ok, tm_engine_cuda_forward_greedy(tpe, &b, ids2, &err), &err);
     for (uint32_t r = 0; ok && r < n_want; r++) {
         const float *a = l1 + (size_t)r * V, *g = l2 + (size_t)r * V;
+        double md = 0, mx = 0;
+        for (uint32_t v = 0; v < V; v++) {
+            md = fmax(md, fabs((double)a[v] - g[v]));
+            mx = fmax(mx, fabs((double)a[v]));
+        }
+        if (!(md <= LOGIT_TOL * mx) && g_n_told++ < 8) // the first few, to place a failure
+            fprintf(stderr,
+                    "%s TP%u step %u seq %u (row %u of %u): max err %.3g of max |logit| %.3g "
+                    "(%.3g > tol %.2g); greedy tp1 %u tpn %u\n",
+                    g_case, g_world, g_step, want_seq[r], r, n_want, md, mx, md / mx, LOGIT_TOL,
+                    ids1[r], ids2[r]);
         compare_row(st, "tp1", a, ids1[r], "tpn", g, ids2[r], V);
         st->n_dev_diff += ids2[r] != argmax(g, V) || ids1[r] != argmax(a, V);
         seq_append(&S[want_seq[r]], ids1[r]); // both engines continue with TP1's token
@@ -202,7 +221,10 @@ static void schedule(tm_engine *tp1, tm_engine *tpe, uint32_t V, stats *st) {
     for (uint32_t k = 0; ok && k < N_STEP; k++) {
         uint32_t which[N_SEQ], n_tok[N_SEQ];
         const uint32_t n_chunk = sched_step(k, which, n_tok);
+        g_step = k;
         ok = step(tp1, tpe, S, which, n_tok, n_chunk, V, st);
+        if (!ok)
+            fprintf(stderr, "%s TP%u: step %u failed (the error above)\n", g_case, g_world, k);
     }
     TM_CHECK(ok);
     // kv_copy of seq 1's first block into the spare one, continued by a new sequence
@@ -226,11 +248,14 @@ static void schedule(tm_engine *tp1, tm_engine *tpe, uint32_t V, stats *st) {
         mx = fmax(mx, fabs((double)a[v]));
     }
     TM_CHECK_MSG(md <= LOGIT_TOL * mx && argmax(a, V) == argmax(g, V),
-                 "kv_copy: max err %.3g of max |logit| %.3g", md, mx);
+                 "%s TP%u kv_copy: max err %.3g of max |logit| %.3g", g_case, g_world, md, mx);
     free(a), free(g);
 }
 
-static void run_case(const char *name, const char *args, int tie_free) {
+/* name's model (mkmodel args) on TP1, then TP2 and TP4 compared with it; tie_free: no row may be
+ * beyond LOGIT_TOL. With refuse4, TP4 is not compared but must be refused at create with a
+ * message containing refuse4 (a slice that does not align to the quantization blocks). */
+static void run_case_q(const char *name, const char *args, int tie_free, const char *refuse4) {
     const char *only = getenv("TM_DSV4_TP_ONLY");
     if (only && strcmp(only, name) != 0)
         return;
@@ -255,10 +280,23 @@ static void run_case(const char *name, const char *args, int tie_free) {
             continue;
         }
         tpn t;
-        if (!tpn_open(dir, m, W, &t)) {
-            TM_CHECK_MSG(0, "%s: TP%u did not start", name, W);
+        if (refuse4 && W == 4) {
+            tm_err ce = {0};
+            const int opened = tpn_open(dir, m, W, &t, &ce);
+            fprintf(stderr, "%s TP4: create %s: %s\n", name, opened ? "succeeded" : "refused",
+                    opened ? "(a refusal was expected)" : ce.msg);
+            TM_CHECK_MSG(!opened && ce.rc == TM_E_INVAL && strstr(ce.msg, refuse4),
+                         "%s TP4: expected a refusal containing \"%s\", got rc %d: %s", name,
+                         refuse4, (int)ce.rc, ce.msg);
+            if (opened)
+                tpn_close(&t);
             continue;
         }
+        if (!tpn_open(dir, m, W, &t, NULL)) {
+            TM_CHECK_MSG(0, "%s: TP%u did not start (the rank's error above)", name, W);
+            continue;
+        }
+        g_case = name, g_world = W, g_n_told = 0;
         stats st = {0};
         const double t0 = tm_now_ms();
         schedule(tp1, t.eng, m->cfg.n_vocab, &st);
@@ -287,6 +325,10 @@ static void run_case(const char *name, const char *args, int tie_free) {
     TM_CHECK(rmdir_all(dir) == 0);
 }
 
+static void run_case(const char *name, const char *args, int tie_free) {
+    run_case_q(name, args, tie_free, NULL);
+}
+
 /* 4 heads in 4 output groups, expert width 64: splits 2 and 4 ways */
 #define COMMON                                                                                     \
     "--arch deepseek_v4 --hidden 128 --heads 4 --head-dim 64 --rope-dim 16 --q-lora 64 "           \
@@ -311,6 +353,49 @@ static void test_hc2_odd_vocab(void) {
 // top-k routing and the indexer picking 8 entries: discrete choices
 static void test_mix_topk(void) {
     run_case("mix-hc4-bf16-topk", COMMON TOPK8 MIX "--vocab 512 --dsv4-mlp hhmm --seed 32", 0);
+}
+
+/* Quantized checkpoints (docs/deepseek_v4.md "CUDA tensor parallel"): 8 heads x 64 in 4 output
+ * groups of o_lora 128, expert width 512, so a TP4 rank holds 128 q_b rows, 128 o_b columns and
+ * 128 channels of every expert: whole 128 x 128 FP8 blocks (the FP8 decode GEMMs run on the
+ * sliced codes) and whole 32-value MXFP4 groups. The same configs run on the CPU engine's TP in
+ * tests/unit/test_dsv4_tp.c. */
+#define QCOMMON                                                                                    \
+    "--arch deepseek_v4 --hidden 128 --heads 8 --head-dim 64 --rope-dim 16 --q-lora 64 "           \
+    "--o-groups 4 --o-lora 128 --ctx 1024 --window 32 --index-heads 16 --index-dim 32 "
+#define FP8_MSG "do not align to the FP8 128 x 128 scale blocks"
+#define MXFP4_MSG "do not align to the 32-value scale groups"
+
+// FP8 block-scaled dense (fp32 scales) + MXFP4 routed experts, every layer kind, tie-free
+static void test_fp8_mxfp4(void) {
+    run_case("fp8-mxfp4-mix-hc4-tie-free",
+             QCOMMON TOPK_ALL MIX "--ff 512 --vocab 512 --dsv4-mlp hhhh --dtype bf16 --quant "
+                                  "fp8-block --expert-dtype fp4 --seed 41",
+             1);
+}
+// FP8 with e8m0 scales, FP8 routed experts (dequantized slices), top-k routing, indexer top-8
+static void test_fp8_ue8m0_topk(void) {
+    run_case("fp8ue8m0-fp8experts-hc2-topk",
+             QCOMMON TOPK8 HC2 "--ff 512 --vocab 509 --dsv4-mlp hmm --dtype bf16 --quant "
+                               "fp8-block-ue8m0 --expert-dtype fp8 --seed 42",
+             0);
+}
+// expert width 256: TP2's 128 channels are whole FP8 blocks and run; TP4's 64 are refused
+static void test_fp8_misaligned(void) {
+    run_case_q("fp8-mxfp4-ff256-tp4-misaligned",
+               QCOMMON TOPK_ALL "--layers 2 --dsv4-layers sc --hc 2 --experts 4 --experts-used 2 "
+                                "--ff 256 --vocab 512 --dsv4-mlp hh --dtype bf16 --quant fp8-block "
+                                "--expert-dtype fp4 --seed 43",
+               1, FP8_MSG);
+}
+// FP8 in 16 x 16 blocks (no FP8 GEMM: dequantized slices at any offset) + MXFP4 experts of width
+// 64: TP2's 32 channels are one scale group and run; TP4's 16 are refused
+static void test_mxfp4_misaligned(void) {
+    run_case_q("fp8b16-mxfp4-ff64-tp4-misaligned",
+               COMMON TOPK_ALL "--layers 2 --dsv4-layers sh --hc 2 --experts 4 --experts-used 2 "
+                               "--hca-ratio 16 --vocab 512 --dsv4-mlp hh --dtype bf16 --quant "
+                               "fp8-block --quant-block 16 --expert-dtype fp4 --seed 44",
+               1, MXFP4_MSG);
 }
 
 /* TM_DSV4_TP_CASES="name=mkmodel args;name=args;...": extra tie-free cases after the built-in
@@ -355,6 +440,10 @@ int main(int argc, char **argv) {
     TM_RUN(test_mix_tie_free);
     TM_RUN(test_hc2_odd_vocab);
     TM_RUN(test_mix_topk);
+    TM_RUN(test_fp8_mxfp4);
+    TM_RUN(test_fp8_ue8m0_topk);
+    TM_RUN(test_fp8_misaligned);
+    TM_RUN(test_mxfp4_misaligned);
     TM_RUN(run_env_cases);
     return tm_test_report();
 }

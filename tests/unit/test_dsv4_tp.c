@@ -309,6 +309,26 @@ static void test_quantized(void) { // FP8 block-scaled dense linears, MXFP4 rout
                 (uint32_t[]){2}, 1);
 }
 
+/* The quantized configs of tests/gpu/test_dsv4_tp_cuda.c (the CUDA engine's TP of FP8 / MXFP4
+ * checkpoints): 8 heads x 64 in 4 output groups of o_lora 128, expert width 512, 128 x 128 FP8
+ * blocks, so a TP4 rank's slices are whole blocks there. */
+#define QCUDA                                                                                      \
+    "--hidden 128 --heads 8 --head-dim 64 --rope-dim 16 --q-lora 64 --o-groups 4 --o-lora 128 "    \
+    "--ctx 1024 --window 32 --index-heads 16 --index-dim 32 --ff 512 "
+
+static void test_quantized_cuda_shapes(void) {
+    check_shape("schc/hhhh fp8+mxfp4 (cuda test)",
+                QCUDA "--index-topk 512 --layers 4 --dsv4-layers schc --hc 4 --experts 8 "
+                      "--experts-used 2 --hca-ratio 16 --vocab 512 --dsv4-mlp hhhh --dtype bf16 "
+                      "--quant fp8-block --expert-dtype fp4 --seed 41",
+                (uint32_t[]){2, 4}, 2);
+    check_shape("hcs/hmm fp8-ue8m0 + fp8 experts (cuda test)",
+                QCUDA "--index-topk 8 --layers 3 --dsv4-layers hcs --hc 2 --experts 6 "
+                      "--experts-used 3 --hca-ratio 8 --tied 1 --yarn 0 --vocab 509 --dsv4-mlp hmm "
+                      "--dtype bf16 --quant fp8-block-ue8m0 --expert-dtype fp8 --seed 42",
+                (uint32_t[]){2, 4}, 2);
+}
+
 static void test_mtp(void) { // the MTP layer split like a main one, its draft logits gathered
     check_shape("sc/hm + MTP cm",
                 SMALL "--seed 24 --layers 2 --dsv4-layers sc --dsv4-mlp hm --dsv4-mtp cm --ff 16 "
@@ -397,6 +417,7 @@ int main(void) {
     TM_RUN(test_sch_bf16);
     TM_RUN(test_hcs_f32_tied);
     TM_RUN(test_quantized);
+    TM_RUN(test_quantized_cuda_shapes);
     TM_RUN(test_mtp);
     TM_RUN(test_alloc_failures);
     TM_RUN(test_bad_split);

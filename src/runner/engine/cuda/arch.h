@@ -15,7 +15,9 @@
  *   fill_random (the cuBLAS handle and the KV cache exist), forward for every step, fini at
  *   destroy (also after a failed init; its state may be NULL). The runtime's device buffers the
  *   arch reads or writes: the K/V caches ([n_layer][max_pos][kv_dim] bf16 each), logits
- *   ([n_want][v_stride] fp32, written by forward), the step metadata (tm_cuda_step). Everything
+ *   ([n_want][cfg.n_vocab] fp32, rows compact, written by forward: with TP the rank's n_vocab,
+ *   which on the last rank may be below v_stride, the rows the buffer holds), the step metadata
+ *   (tm_cuda_step). Everything
  *   runs on the engine's thread and stream; nothing here allocates after init. */
 #ifndef TM_RUNNER_ENGINE_CUDA_ARCH_H
 #define TM_RUNNER_ENGINE_CUDA_ARCH_H

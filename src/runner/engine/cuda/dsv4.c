@@ -35,8 +35,10 @@
  * others 0) and of the LM head; the KV head, compressor, indexer, router and hyper-connections
  * are replicated. g->H, g->G and g->I are then the rank's counts, so the kernels run unchanged on
  * the slices. Three all-reduces per layer step: the embedding (once), the o_b product and the MoE
- * output (routed + shared partials) of each layer, over impl->comm. TP takes bf16/f32 checkpoints
- * (quantized ones: not yet) and runs the FP8 decode GEMMs off.
+ * output (routed + shared partials) of each layer, over impl->comm. Quantized checkpoints: the
+ * bf16 copies are dequantized slices; the FP8 forms of q_b, o_b and the shared expert are sliced
+ * with their 128 x 128 scale blocks (a rank's slice must start on a block: init refuses it
+ * otherwise) and MXFP4 routed experts stay packed (down_proj's columns in whole 32-value groups).
  *
  * Not supported yet: fp8 KV, the MTP layer. Engine thread only; nothing allocates after init. */
 #include <math.h>
@@ -271,6 +273,9 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     if (impl->random) {
         g->mxfp4 = impl->random_fmt != TM_CUDA_W_BF16;
     } else {
+        // the runtime checks the weights at tp 1 only; the slicing below relies on them too
+        if (impl->tp_size > 1 && (rc = check_weights(m, err)))
+            return rc;
         g->mxfp4 = w->layers && w->layers[0].gate_up.quant == TM_QUANT_MXFP4;
         for (uint32_t l = 0; w->layers && l < c->n_layer; l++)
             if ((w->layers[l].gate_up.quant == TM_QUANT_MXFP4) != g->mxfp4)
@@ -281,11 +286,23 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     // FP8 dense decode GEMMs (TM_CUDA_DSV4_FP8=0: the bf16 copies for every step)
     const char *f8 = getenv("TM_CUDA_DSV4_FP8");
     const int f8_ok = !(f8 && !strcmp(f8, "0"));
+    const uint32_t tp = TM_MAX(impl->tp_size, 1u);
     for (uint32_t l = 0; l < c->n_layer; l++) {
         dlayer *L = &g->L[l];
         const uint32_t shape[Q8_N][2] = {{g->qr, g->D},    {g->H * g->hd, g->qr},
                                          {g->hd, g->D},    {g->D, g->G * g->olr},
                                          {2 * g->I, g->D}, {g->D, g->I}};
+        /* TP: the per-rank extent of the split dimension (rank r's slice starts at r times it:
+         * q_b rows, o_b columns, the shared expert's gate/up rows and down columns); 0 for the
+         * replicated q_a and kv_proj. The FP8 codes are sliced with their 128 x 128 scale blocks,
+         * so every rank's slice must start on a block: the extent a multiple of 128. */
+        const uint32_t cut[Q8_N] = {0, g->H * g->hd, 0, g->G * g->olr, g->I, g->I};
+        static const char *const q8_what[Q8_N] = {"q_a",
+                                                  "q_b rows (heads x head_dim)",
+                                                  "kv_proj",
+                                                  "o_b columns (groups x o_lora)",
+                                                  "shared expert gate/up rows",
+                                                  "shared expert down columns"};
         for (int i = 0; i < Q8_N; i++) {
             dq8 *q = &L->q8[i];
             q->n_out = shape[i][0], q->n_in = shape[i][1];
@@ -301,24 +318,32 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
                 const tm_tensor *x = t[i];
                 q->on = x->quant == TM_QUANT_FP8_BLOCK && x->qblock[0] == 128 &&
                         x->qblock[1] == 128 && x->dtype == TM_DTYPE_F8_E4M3;
-                if (i == Q8_SHGU) // gate and up fused: both FP8, the block rows whole
+                if (i == Q8_SHGU) // gate and up fused: both FP8, the block rows whole (the full
+                                  // width's: a rank's slice is checked below)
                     q->on = q->on && W->sh_up.quant == TM_QUANT_FP8_BLOCK &&
                             W->sh_up.qblock[0] == 128 && W->sh_up.qblock[1] == 128 &&
-                            W->sh_up.scale_dtype == x->scale_dtype && g->I % 128 == 0;
+                            W->sh_up.scale_dtype == x->scale_dtype && m->cfg.n_ff % 128 == 0;
                 q->sk = x->scale_dtype == TM_DTYPE_F8_E8M0 ? TM_K_FP8_BLOCK_E8M0
                                                            : TM_K_FP8_BLOCK_F32;
+                if (f8_ok && q->on && tp > 1 && cut[i] % 128)
+                    return TM_ERR(err, TM_E_INVAL,
+                                  "cuda engine: dsv4: tp %u: layer %u %s: %u per rank do not "
+                                  "align to the FP8 128 x 128 scale blocks (rank r's slice starts "
+                                  "at r x %u); TM_CUDA_DSV4_FP8=0 slices the bf16 copies instead",
+                                  tp, l, q8_what[i], cut[i], cut[i]);
             }
-            // TP: the bf16 slices only (the FP8 codes are not sliced)
-            q->on = f8_ok && impl->tp_size < 2 && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
+            q->on = f8_ok && q->on && tm_k_gemm_fp8_fits(1, q->n_in, q->n_out);
         }
     }
     if (impl->tp_size > 1 && g->I % 8)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv4: expert width %u per rank (tp %u) is not a multiple of 8",
                       g->I, impl->tp_size);
-    if (impl->tp_size > 1 && g->mxfp4)
+    if (tp > 1 && g->mxfp4 && g->I % 32) // down_proj's columns [r I/tp, ...) with their scales
         return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: dsv4: tensor parallel of MXFP4 experts not supported yet");
+                      "cuda engine: dsv4: tp %u: MXFP4 expert slices of %u channels (expert width "
+                      "%u / tp) do not align to the 32-value scale groups of down_proj",
+                      tp, g->I, m->cfg.n_ff);
     if (g->mxfp4 && (g->D % 32 || g->I % 32))
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv4: MXFP4 experts need widths that divide by 32");
@@ -501,25 +526,103 @@ static tm_rc up_q8(const dq8 *q, const tm_tensor *t, const tm_tensor *t2, float 
     return rc;
 }
 
-/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, a float tensor whose rows (of any
- * leading shape flattened) have C elements, as bf16 [nr][nc] at dst; through sb
- * (UPLOAD_CHUNK floats) in batches of rows. TM_E_INVAL for a quantized t. */
+/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of t, whose rows (of any leading shape
+ * flattened) have C elements, as bf16 [nr][nc] at dst; through sb (UPLOAD_CHUNK floats) in
+ * batches of rows. A quantized t is dequantized a whole row at a time into rb (C floats:
+ * tm_tensor_row_f32, the values tm_cuda_upload_bf16 gives at tp 1) and its columns taken, so any
+ * slice works. */
 static tm_rc up_sub(uint16_t *dst, const tm_tensor *t, size_t C, size_t r0, size_t nr, size_t c0,
-                    size_t nc, float *sb, uint16_t *stage, float *fb, tm_err *err) {
-    if (t->quant != TM_QUANT_NONE)
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: dsv4: tensor parallel of quantized weights (%s) not supported "
-                      "yet",
-                      tm_quant_name((tm_quant)t->quant));
-    TM_ASSERT(nc > 0 && nc <= UPLOAD_CHUNK && c0 + nc <= C);
+                    size_t nc, float *sb, float *rb, uint16_t *stage, float *fb, tm_err *err) {
+    TM_ASSERT(nc > 0 && nc <= UPLOAD_CHUNK && c0 + nc <= C && C <= UPLOAD_CHUNK);
+    const size_t per = UPLOAD_CHUNK / nc;
+    tm_rc rc = TM_OK;
+    for (size_t i = 0; !rc && i < nr; i += per) {
+        const size_t k = TM_MIN(per, nr - i);
+        for (size_t j = 0; j < k; j++) {
+            if (t->quant == TM_QUANT_NONE) {
+                tm_dtype_to_f32(t->data, t->dtype, (r0 + i + j) * C + c0, nc, sb + j * nc);
+            } else {
+                tm_tensor_row_f32(t, r0 + i + j, rb);
+                memcpy(sb + j * nc, rb + c0, nc * sizeof(float));
+            }
+        }
+        const tm_tensor v = {.data = sb, .dtype = TM_DTYPE_F32, .n_dim = 2, .shape = {k, nc}};
+        rc = tm_cuda_upload_bf16(dst + i * nc, &v, stage, fb, err);
+    }
+    return rc;
+}
+
+/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of the FP8 128 x 128 block-scaled matrix t
+ * ([R][C] e4m3) into q's codes from row qrow (q->n_in == nc) and its scales from block row
+ * qrow / 128: the codes through the host buffer hb (UPLOAD_CHUNK bytes), the scale blocks
+ * [r0 / 128, ...) x [c0 / 128, ...) through fb (fp32 scales converted as up_q8). r0 and c0 are
+ * multiples of 128 (init refuses other slices), so the slice's blocks are whole blocks of t's
+ * grid (a trailing part block of the slice lies inside one of t's). */
+static tm_rc up_q8_sub(const dq8 *q, size_t qrow, const tm_tensor *t, size_t r0, size_t nr,
+                       size_t c0, size_t nc, uint8_t *hb, float *fb, tm_err *err) {
+    const size_t C = t->shape[1], gc = TM_CEIL_DIV(C, (size_t)128);
+    TM_ASSERT(r0 % 128 == 0 && c0 % 128 == 0 && qrow % 128 == 0 && nc == q->n_in);
+    TM_ASSERT(r0 + nr <= t->shape[0] && c0 + nc <= C && nc <= UPLOAD_CHUNK);
+    const uint8_t *w = t->data;
     const size_t per = UPLOAD_CHUNK / nc;
     tm_rc rc = TM_OK;
     for (size_t i = 0; !rc && i < nr; i += per) {
         const size_t k = TM_MIN(per, nr - i);
         for (size_t j = 0; j < k; j++)
-            tm_dtype_to_f32(t->data, t->dtype, (r0 + i + j) * C + c0, nc, sb + j * nc);
-        const tm_tensor v = {.data = sb, .dtype = TM_DTYPE_F32, .n_dim = 2, .shape = {k, nc}};
-        rc = tm_cuda_upload_bf16(dst + i * nc, &v, stage, fb, err);
+            memcpy(hb + j * nc, w + (r0 + i + j) * C + c0, nc);
+        rc = tm_cuda_h2d(q->w + (qrow + i) * nc, hb, k * nc, err);
+    }
+    const size_t sr0 = r0 / 128, nsr = TM_CEIL_DIV(nr, (size_t)128), sc0 = c0 / 128,
+                 nsc = TM_CEIL_DIV(nc, (size_t)128);
+    TM_ASSERT(nsr * nsc <= UPLOAD_CHUNK);
+    const int e8 = q->sk == TM_K_FP8_BLOCK_E8M0;
+    for (size_t i = 0; i < nsr; i++) {
+        if (e8)
+            memcpy(hb + i * nsc, (const uint8_t *)t->scale + (sr0 + i) * gc + sc0, nsc);
+        else
+            tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, (sr0 + i) * gc + sc0, nsc,
+                            fb + i * nsc);
+    }
+    const size_t s0 = qrow / 128 * nsc;
+    if (!rc && e8)
+        rc = tm_cuda_h2d((uint8_t *)q->scale + s0, hb, nsr * nsc, err);
+    else if (!rc)
+        rc = tm_cuda_h2d((float *)q->scale + s0, fb, nsr * nsc * 4, err);
+    return rc;
+}
+
+/* TP: this rank's channels [f0, f0 + Is) of the MXFP4 routed experts (e2m1 codes two a byte,
+ * one e8m0 scale per 32 values of a row): gate_up ([E][2I][D]) rows f0.. and I + f0.. of every
+ * expert, copied whole (a row is D / 2 bytes and D / 32 scales); down ([E][D][I]) columns f0.. of
+ * every row, Is / 2 bytes and Is / 32 scales from byte f0 / 2 and scale f0 / 32 (f0 and Is are
+ * multiples of 32: init). Through hb (UPLOAD_CHUNK bytes). */
+static tm_rc up_mxfp4_shard(dlayer *L, const tm_dsv4_layer *W, size_t E, size_t D, size_t I,
+                            size_t f0, size_t Is, uint8_t *hb, tm_err *err) {
+    TM_ASSERT(f0 % 32 == 0 && Is % 32 == 0 && D % 32 == 0);
+    const uint8_t *gw = W->gate_up.data, *gs = W->gate_up.scale;
+    const uint8_t *dw = W->down.data, *ds = W->down.scale;
+    uint8_t *ogw = L->gu_w, *odw = L->dn_w;
+    tm_rc rc = TM_OK;
+    for (size_t e = 0; !rc && e < E; e++)
+        for (size_t h = 0; !rc && h < 2; h++) { // gate rows, then up rows
+            const size_t src = e * 2 * I + h * I + f0, dst = (e * 2 + h) * Is;
+            rc = tm_cuda_h2d(ogw + dst * D / 2, gw + src * D / 2, Is * D / 2, err);
+            if (!rc)
+                rc = tm_cuda_h2d(L->gu_s + dst * D / 32, gs + src * D / 32, Is * D / 32, err);
+        }
+    const size_t rows = E * D, wb = Is / 2, sbn = Is / 32, per = UPLOAD_CHUNK / wb;
+    for (size_t r = 0; !rc && r < rows; r += per) { // down: codes
+        const size_t k = TM_MIN(per, rows - r);
+        for (size_t j = 0; j < k; j++)
+            memcpy(hb + j * wb, dw + (r + j) * (I / 2) + f0 / 2, wb);
+        rc = tm_cuda_h2d(odw + r * wb, hb, k * wb, err);
+    }
+    const size_t sper = UPLOAD_CHUNK / sbn;
+    for (size_t r = 0; !rc && r < rows; r += sper) { // down: scales
+        const size_t k = TM_MIN(sper, rows - r);
+        for (size_t j = 0; j < k; j++)
+            memcpy(hb + j * sbn, ds + (r + j) * (I / 32) + f0 / 32, sbn);
+        rc = tm_cuda_h2d(L->dn_s + r * sbn, hb, k * sbn, err);
     }
     return rc;
 }
@@ -534,54 +637,75 @@ static tm_tensor elems(const tm_tensor *t, size_t e0, size_t n) {
 }
 
 /* TP: this rank's slices of the split weights (shard.h): embedding and LM head rows, q_b rows
- * and sinks of its heads, o_a rows and o_b columns of its groups, its width of every expert. */
+ * and sinks of its heads, o_a rows and o_b columns of its groups, its width of every expert. The
+ * bf16 copies of quantized tensors are dequantized slices (up_sub); the FP8 forms the decode
+ * GEMMs run on (q->on: q_b, o_b, the shared expert) get the codes and scale blocks of the same
+ * slices (up_q8_sub), MXFP4 routed experts their packed slices (up_mxfp4_shard). */
 static tm_rc upload_shard(tm_cuda_engine *impl, dsv4 *g, const tm_model *m, uint16_t *stage,
                           float *fb, tm_err *err) {
     const tm_dsv4 *w = tm_model_dsv4(m);
     const tm_shard_dsv4 *sh = &g->sh;
     const size_t D = g->D, hd = g->hd, olr = g->olr, I = impl->eng.model->cfg.n_ff, Is = g->I;
     const size_t Gf = g->d.o_groups;
-    float *sb = tm_malloc(UPLOAD_CHUNK * 4);
-    tm_rc rc = sb ? TM_OK : TM_ERR(err, TM_E_NOMEM, "cuda engine: upload staging");
+    float *sb = tm_malloc(UPLOAD_CHUNK * 4), *rb = tm_malloc(UPLOAD_CHUNK * 4);
+    uint8_t *hb = tm_malloc(UPLOAD_CHUNK);
+    tm_rc rc = sb && rb && hb ? TM_OK : TM_ERR(err, TM_E_NOMEM, "cuda engine: upload staging");
     if (!rc && sh->n_vocab)
-        rc = up_sub(g->embd, &m->embd, D, sh->vocab0, sh->n_vocab, 0, D, sb, stage, fb, err);
+        rc = up_sub(g->embd, &m->embd, D, sh->vocab0, sh->n_vocab, 0, D, sb, rb, stage, fb, err);
     if (!rc && sh->n_vocab)
         rc = up_sub(g->lm_head, m->lm_head.data ? &m->lm_head : &m->embd, D, sh->vocab0,
-                    sh->n_vocab, 0, D, sb, stage, fb, err);
+                    sh->n_vocab, 0, D, sb, rb, stage, fb, err);
     for (uint32_t l = 0; !rc && l < impl->cfg.n_layer; l++) {
         const tm_dsv4_layer *W = &w->layers[l];
         dlayer *L = &g->L[l];
         const tm_tensor sk = elems(&W->sinks, sh->h0, sh->n_head);
+        const size_t q0 = (size_t)sh->h0 * hd, nq = (size_t)sh->n_head * hd;
+        const size_t o0 = (size_t)sh->g0 * olr, no = (size_t)sh->n_group * olr;
         rc = up_f32(L->sinks, &sk, fb, err);
         if (!rc)
-            rc = up_sub(L->q_b, &W->q_b, g->qr, (size_t)sh->h0 * hd, (size_t)sh->n_head * hd, 0,
-                        g->qr, sb, stage, fb, err);
+            rc = up_sub(L->q_b, &W->q_b, g->qr, q0, nq, 0, g->qr, sb, rb, stage, fb, err);
+        if (!rc && L->q8[Q8_QB].on)
+            rc = up_q8_sub(&L->q8[Q8_QB], 0, &W->q_b, q0, nq, 0, g->qr, hb, fb, err);
         if (!rc)
-            rc = up_sub(L->o_a, &W->o_a, g->ing, (size_t)sh->g0 * olr, (size_t)sh->n_group * olr, 0,
-                        g->ing, sb, stage, fb, err);
+            rc = up_sub(L->o_a, &W->o_a, g->ing, o0, no, 0, g->ing, sb, rb, stage, fb, err);
         if (!rc)
-            rc = up_sub(L->o_b, &W->o_b, Gf * olr, 0, D, (size_t)sh->g0 * olr,
-                        (size_t)sh->n_group * olr, sb, stage, fb, err);
+            rc = up_sub(L->o_b, &W->o_b, Gf * olr, 0, D, o0, no, sb, rb, stage, fb, err);
+        if (!rc && L->q8[Q8_OB].on)
+            rc = up_q8_sub(&L->q8[Q8_OB], 0, &W->o_b, 0, D, o0, no, hb, fb, err);
         // shared expert: gate rows, up rows (fused [gate | up]), down columns
         if (!rc)
-            rc = up_sub(L->sh_gu, &W->sh_gate, D, sh->f0, Is, 0, D, sb, stage, fb, err);
+            rc = up_sub(L->sh_gu, &W->sh_gate, D, sh->f0, Is, 0, D, sb, rb, stage, fb, err);
         if (!rc)
-            rc = up_sub(L->sh_gu + Is * D, &W->sh_up, D, sh->f0, Is, 0, D, sb, stage, fb, err);
+            rc = up_sub(L->sh_gu + Is * D, &W->sh_up, D, sh->f0, Is, 0, D, sb, rb, stage, fb, err);
         if (!rc)
-            rc = up_sub(L->sh_down, &W->sh_down, I, 0, D, sh->f0, Is, sb, stage, fb, err);
-        // routed experts: [E][2I][D] gate rows f0.., up rows I + f0..; [E][D][I] columns f0..
+            rc = up_sub(L->sh_down, &W->sh_down, I, 0, D, sh->f0, Is, sb, rb, stage, fb, err);
+        if (!rc && L->q8[Q8_SHGU].on)
+            rc = up_q8_sub(&L->q8[Q8_SHGU], 0, &W->sh_gate, sh->f0, Is, 0, D, hb, fb, err);
+        if (!rc && L->q8[Q8_SHGU].on)
+            rc = up_q8_sub(&L->q8[Q8_SHGU], Is, &W->sh_up, sh->f0, Is, 0, D, hb, fb, err);
+        if (!rc && L->q8[Q8_SHDN].on)
+            rc = up_q8_sub(&L->q8[Q8_SHDN], 0, &W->sh_down, 0, D, sh->f0, Is, hb, fb, err);
+        if (!rc && g->mxfp4) {
+            rc = up_mxfp4_shard(L, W, g->E, D, I, sh->f0, Is, hb, err);
+            continue;
+        }
+        // routed experts (bf16, or FP8 dequantized): [E][2I][D] gate rows f0.., up rows
+        // I + f0..; [E][D][I] columns f0..
         uint16_t *gu = L->gu_w, *dn = L->dn_w;
         for (size_t e = 0; !rc && e < g->E; e++) {
-            rc = up_sub(gu + e * 2 * Is * D, &W->gate_up, D, e * 2 * I + sh->f0, Is, 0, D, sb,
+            rc = up_sub(gu + e * 2 * Is * D, &W->gate_up, D, e * 2 * I + sh->f0, Is, 0, D, sb, rb,
                         stage, fb, err);
             if (!rc)
                 rc = up_sub(gu + (e * 2 + 1) * Is * D, &W->gate_up, D, e * 2 * I + I + sh->f0, Is,
-                            0, D, sb, stage, fb, err);
+                            0, D, sb, rb, stage, fb, err);
             if (!rc)
-                rc = up_sub(dn + e * D * Is, &W->down, I, e * D, D, sh->f0, Is, sb, stage, fb, err);
+                rc = up_sub(dn + e * D * Is, &W->down, I, e * D, D, sh->f0, Is, sb, rb, stage, fb,
+                            err);
         }
     }
     tm_free(sb);
+    tm_free(rb);
+    tm_free(hb);
     return rc;
 }
 
@@ -674,8 +798,8 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
         const tm_tensor *q8t[Q8_N][2] = {{&W->q_a, NULL},          {&W->q_b, NULL},
                                          {&W->kv, NULL},           {&W->o_b, NULL},
                                          {&W->sh_gate, &W->sh_up}, {&W->sh_down, NULL}};
-        for (int i = 0; !rc && i < Q8_N; i++)
-            if (L->q8[i].on)
+        for (int i = 0; !rc && i < Q8_N; i++) // TP: q_b, o_b, shared expert sliced in upload_shard
+            if (L->q8[i].on && (!tp || i == Q8_QA || i == Q8_KV))
                 rc = up_q8(&L->q8[i], q8t[i][0], q8t[i][1], fb, err);
         if (!rc && L->tid2eid) {
             const size_t n = (size_t)g->vocab_full * g->K;
@@ -690,7 +814,7 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
                 rc = tm_cuda_h2d(L->tid2eid, u, n * 4, err);
             tm_free(u);
         }
-        if (!rc && g->mxfp4) {
+        if (!rc && g->mxfp4 && !tp) {
             const tm_tensor *t2[2] = {&W->gate_up, &W->down};
             void *dw[2] = {L->gu_w, L->dn_w};
             uint8_t *ds[2] = {L->gu_s, L->dn_s};
@@ -1158,9 +1282,12 @@ static tm_rc attn_block(tm_cuda_engine *impl, dsv4 *g, uint32_t l, const tm_cuda
         (int)g->G, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     rc = tm_cuda_op_end(impl, "o proj", blas_rc(bs, "o_a", err));
     if (!rc)
-        rc = lin_part(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T, &xp, &np, &xs, err);
-    // TP: each rank's groups gave a partial o_b product (FP8 split-K is off under TP: xp is out)
-    TM_ASSERT(impl->tp_size < 2 || (xp == g->out && np == 1));
+        rc = lin_part(impl, g, L, Q8_OB, "o proj", L->o_b, g->oa, g->out, T,
+                      impl->tp_size < 2 ? &xp : NULL, &np, &xs, err);
+    // TP: each rank's groups gave a partial o_b product, its FP8 split-K partials summed into
+    // g->out by lin_part before the all-reduce
+    if (impl->tp_size > 1)
+        xp = g->out, np = 1, xs = 0;
     if (!rc)
         rc = tp_sum(impl, g->out, (size_t)T * D, err);
     tm_k_dsv4_hc_post_args po = {.streams = g->streams,
@@ -1351,8 +1478,11 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
                               .eps = c->rms_eps,
                               .hc_eps = g->d.hc_eps};
     rc = OP("hc head", tm_k_dsv4_head(&ha, s, err));
+    // the logits rows compact, [n_want][the rank's n_vocab], as the runtime's gather and argmax
+    // read them (impl->v_stride, v_per with TP, sizes the buffer: the last rank's rows are
+    // shorter when the vocabulary does not divide by tp)
     if (!rc)
-        rc = gemm(impl, "lm_head", g->lm_head, g->last, g->D, impl->logits, 0, impl->v_stride,
+        rc = gemm(impl, "lm_head", g->lm_head, g->last, g->D, impl->logits, 0, c->n_vocab,
                   st->n_want, g->D, c->n_vocab, err);
     return rc;
 }

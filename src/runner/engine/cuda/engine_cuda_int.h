@@ -138,7 +138,8 @@ struct tm_cuda_engine {
     uint32_t *ids_h;         /* host [S] */
     cudaGraphExec_t *graphs; /* host array [S + 1]: decode steps of T sequences, or NULL */
     int device;              /* CUDA device ordinal */
-    uint32_t v_stride;       /* row stride of logits: n_vocab, or v_per with TP */
+    uint32_t v_stride;       /* logits rows allocated: n_vocab, or v_per with TP; the rows are
+                                written and read compact (row stride cfg.n_vocab, the rank's) */
     /* tensor parallel (tp_size > 1); cfg above is this rank's shard */
     uint32_t tp_rank, tp_size;
     uint32_t vocab_full;       /* the model's n_vocab */
