@@ -1022,6 +1022,12 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
     if (!T)
         return TM_OK;
     TM_ASSERT(T <= g->T && st->n_want <= g->T);
+    const uint32_t *pos_h = host_meta(impl, st->pos);
+    for (uint32_t t = 0; t < T; t++) // as the CPU engine: positions below max_seq_len
+        if (pos_h[t] >= c->max_seq_len)
+            return TM_ERR(err, TM_E_INVAL,
+                          "cuda engine: dsv41: position %u is beyond max_seq_len %u", pos_h[t],
+                          c->max_seq_len);
     if (c->n_engram) {
         rc = engram_begin(impl, g, st, err);
         if (rc)
