@@ -379,6 +379,7 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     {
         uint32_t mi = TM_MAX(g->N * g->D, g->qlr);
         mi = TM_MAX(mi, g->hd);
+        mi = TM_MAX(mi, g->ing);
         mi = TM_MAX(mi, g->G * g->olr);
         mi = TM_MAX(mi, g->I);
         mi = TM_MAX(mi, g->n_cols * g->ehd);
