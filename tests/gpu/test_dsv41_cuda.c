@@ -5,7 +5,8 @@
  * Engram tables on disk).
  *
  * The configs go from simple to full, so that the first failing one names the feature at fault:
- * sliding window only; one ratio-1 kv + index source; then the five configs of the CPU engine's
+ * sliding window only; the same with Engram; one ratio-1 kv + index source; a ratio-2 source with
+ * a consumer layer; then the five configs of the CPU engine's
  * oracle fixtures (tests/fixtures/v41: Engram on 1-2 layers with 3- and 4-grams, compress ratios
  * 0/1/2/4, kv sources with consumer layers, index-only sources reading another layer's keys,
  * candidate-block selection at ratio 1 and 2, hc 2-4, windows 8-32). Each runs the schedule of
@@ -26,9 +27,10 @@
  * Diagnostics (the log alone should be enough to fix a failure): per config its mkmodel command,
  * max |d logit|, rows over the bound and the first failing step (step, sequence, position, the
  * step's chunks); every engine error with its message (the CUDA engine names the failing kernel).
- * TM_DSV41_ONLY=name runs one config; TM_DSV41_CUDA_SYNC=1 (read by the engine) synchronizes after
- * every op and names op and layer of an asynchronous fault; TM_DSV41_VERBOSE=1 prints every step's
- * max |d logit|. Skipped (77) without a GPU, without CUDA, or without mkmodel (TM_BUILD). */
+ * TM_DSV41_ONLY=name runs one config; TM_DSV41_CUDA_SYNC (read by the engine, set to 1 here unless
+ * given) synchronizes after every op and names op and layer of an asynchronous fault;
+ * TM_DSV41_VERBOSE=1 prints every step's max |d logit|. Skipped (77) without a GPU, without CUDA,
+ * or without mkmodel (TM_BUILD). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -238,8 +240,17 @@ static void test_swa_only(void) {
     run_case("swa-only", A "--seed 40 --layers 2 --compress-ratios 0,0 --kv-sources none "
                            "--index-sources none --engram-layers none --window 8");
 }
+static void test_engram_swa(void) {
+    run_case("engram-swa", A "--seed 47 --layers 2 --compress-ratios 0,0 --kv-sources none "
+                             "--index-sources none --engram-layers 0 --window 8");
+}
 static void test_ratio1(void) {
     run_case("ratio1", A "--seed 44 --layers 2 --compress-ratios 0,1 --kv-sources 1 "
+                         "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
+                         "--window 8");
+}
+static void test_ratio2(void) {
+    run_case("ratio2", A "--seed 49 --layers 3 --compress-ratios 0,2,2 --kv-sources 1 "
                          "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
                          "--window 8");
 }
@@ -348,8 +359,17 @@ int main(void) {
     snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
     if (access(path, X_OK) != 0)
         tm_test_skip("mkmodel not built (set TM_BUILD)");
+    // the engine synchronizes after every op, so that an asynchronous fault names its op and
+    // layer (a sticky CUDA error also fails every later config of this process: the first
+    // failing config is the one to read); TM_DSV41_CUDA_SYNC=0 turns it off
+    setenv("TM_DSV41_CUDA_SYNC", "1", 0);
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess)
+        fprintf(stderr, "device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
     TM_RUN(test_swa_only);
+    TM_RUN(test_engram_swa);
     TM_RUN(test_ratio1);
+    TM_RUN(test_ratio2);
     TM_RUN(test_tiny);
     TM_RUN(test_r4_swa);
     TM_RUN(test_engram_r012);
