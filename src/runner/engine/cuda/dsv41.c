@@ -28,7 +28,9 @@
  *
  * Weights: FP8 (32x32 ue8m0) dense linears and MXFP4 routed experts are dequantized to bf16 at
  * upload, which is exact for e8m0 scales; bf16 tensors stay bf16; f32 (and f16, FP8 with float
- * scales) tensors are kept fp32. Single GPU only (tp 1); kv_cache_dtype auto only.
+ * scales) tensors are kept fp32. Random weights (benchmarks) take the same layout from the config
+ * alone; Engram tables are still read from the model's folder (impl->eng.model->dir). Single GPU
+ * only (tp 1); kv_cache_dtype auto only.
  *
  * TM_DSV41_CUDA_SYNC=1 synchronizes after every op and names the op and layer of a failure.
  * Engine thread only; nothing allocates after init. */
@@ -314,6 +316,53 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     return rc;
 }
 
+/* Random weights (benchmarks: only the config is known): the checkpoint's layout with every
+ * linear bf16 (as upload stores FP8 / MXFP4 ones), hyper-connection projections fp32, and aq
+ * where the released checkpoint quantizes the weight. */
+static void random_formats(v41g *g) {
+    const tm_dsv41_cfg *c = g->c;
+    const uint64_t D = g->D, ND = (uint64_t)g->N * g->D, hd = g->hd, E = g->E, I = g->I;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        v41l *L = &g->L[l];
+        const uint32_t r = c->ratio[l];
+        const int kv = r && c->kv_source[l], ix = r && c->index_source[l];
+        const struct {
+            int i, on, bf16, aq;
+            uint64_t rows, n_in;
+        } f[] = {{W_HC_ATTN, 1, 0, 0, g->mix, ND},
+                 {W_HC_FFN, 1, 0, 0, g->mix, ND},
+                 {W_WQ_A, 1, 1, 1, g->qlr, D},
+                 {W_WQ_B, 1, 1, 1, (uint64_t)g->H * hd, g->qlr},
+                 {W_WKV, 1, 1, 1, hd, D},
+                 {W_WO_A, 1, 1, 0, (uint64_t)g->G * g->olr, g->ing},
+                 {W_WO_B, 1, 1, 1, D, (uint64_t)g->G * g->olr},
+                 {W_C_WKV, kv, 1, 0, hd, D},
+                 {W_C_WGATE, kv && r > 1, 1, 0, hd, D},
+                 {W_I_WQ_B, ix, 1, 1, (uint64_t)g->Hi * g->di, g->qlr},
+                 {W_I_WPROJ, ix, 1, 0, g->Hi, D},
+                 {W_I_WK, kv && ix, 1, 0, g->di, hd},
+                 {W_GATE, 1, 1, 0, E, D},
+                 {W_SH1, 1, 1, 1, I, D},
+                 {W_SH3, 1, 1, 1, I, D},
+                 {W_SH2, 1, 1, 1, D, I},
+                 {W_E_WKV, c->engram_slot[l] >= 0, 1, 1, (uint64_t)(g->N + 1) * D,
+                  (uint64_t)g->n_cols * g->ehd},
+                 {W_EX1, 1, 1, 1, E * I, D},
+                 {W_EX3, 1, 1, 1, E * I, D},
+                 {W_EX2, 1, 1, 1, E * D, I}};
+        for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++)
+            if (f[k].on)
+                L->w[f[k].i] = (dw){NULL, (uint8_t)f[k].bf16, (uint8_t)f[k].aq, f[k].rows,
+                                    f[k].n_in};
+        const uint32_t vn[V_N] = {
+            g->mix, 3,   g->mix, 3, g->D, g->D, g->qlr, g->hd, kv ? g->hd : 0, kv && ix ? g->di : 0,
+            g->H,   g->E};
+        memcpy(L->v_n, vn, sizeof(vn));
+    }
+    g->embd = (dw){NULL, 1, 0, c->vocab_size, D};
+    g->head = (dw){NULL, 1, 0, c->vocab_size, D};
+}
+
 static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     const tm_model *m = impl->eng.model;
     const tm_dsv41 *w = tm_model_dsv41(m);
@@ -324,9 +373,6 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     if (impl->tp_size > 1)
         return TM_ERR(err, TM_E_INVAL, "cuda engine: dsv41: tp %u not supported (one GPU)",
                       impl->tp_size);
-    if (impl->random)
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: dsv41: random weights (benchmarks) not supported yet");
     const tm_dsv41_cfg *c = &w->cfg;
     const tm_engine_opts *o = &impl->eng.opts;
     v41g *g = tm_calloc(1, sizeof(*g));
@@ -386,7 +432,9 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         g->max_in = mi;
     }
     // the weights' device formats (the routed experts: one array per w1 / w3 / w2)
-    for (uint32_t l = 0; l < c->n_layers; l++) {
+    if (impl->random)
+        random_formats(g);
+    for (uint32_t l = 0; !impl->random && l < c->n_layers; l++) {
         const tm_dsv41_layer *W = &w->layers[l];
         v41l *L = &g->L[l];
         for (int i = 0; i < W_N; i++) {
@@ -407,8 +455,10 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             L->v_n[i] = t ? (uint32_t)tm_tensor_n_elem(t) : 0;
         }
     }
-    wformat(&m->embd, 1, &g->embd);
-    wformat(&m->lm_head, 1, &g->head);
+    if (!impl->random) {
+        wformat(&m->embd, 1, &g->embd);
+        wformat(&m->lm_head, 1, &g->head);
+    }
     // the state layout: the smallest plane width (a multiple of 4 floats) that holds every
     // layer's fields
     uint32_t need = 0;
@@ -587,10 +637,52 @@ out:
     return rc;
 }
 
+/* Random weights (benchmarks): linears uniform with std 1/sqrt(n_in), norms about 1. */
 static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
-    (void)impl, (void)seed;
-    return TM_ERR(err, TM_E_INVAL,
-                  "cuda engine: dsv41: random weights (benchmarks) not supported yet");
+    v41g *g = impl->arch_state;
+    const tm_dsv41_cfg *c = g->c;
+    float *fb = tm_malloc(TM_CUDA_UPLOAD_CHUNK * sizeof(float));
+    if (!fb)
+        return TM_ERR(err, TM_E_NOMEM, "cuda engine: dsv41 staging");
+    uint64_t k = seed * 1000003ull;
+    tm_rc rc = tm_cuda_fill_bf16(impl, g->embd.p, g->embd.n_rows, g->embd.n_in, k++, err);
+    if (!rc)
+        rc = tm_cuda_fill_bf16(impl, g->head.p, g->head.n_rows, g->head.n_in, k++, err);
+    if (!rc)
+        rc = tm_cuda_fill_f32(g->out_norm, g->D, k++, 0.1f, 1.0f, fb, err);
+    if (!rc && g->rd)
+        rc = tm_cuda_h2d(g->inv_main, c->inv_freq_main, g->rd / 2 * sizeof(float), err);
+    if (!rc && g->rd)
+        rc = tm_cuda_h2d(g->inv_comp, c->inv_freq_comp, g->rd / 2 * sizeof(float), err);
+    if (!rc && g->n_tmap)
+        rc = tm_cuda_h2d(g->tmap_d, g->tmap, g->n_tmap * sizeof(int32_t), err);
+    for (uint32_t l = 0; !rc && l < c->n_layers; l++) {
+        v41l *L = &g->L[l];
+        for (int i = 0; !rc && i < W_N; i++) {
+            const dw *d = &L->w[i];
+            if (!d->n_rows)
+                continue;
+            if (d->bf16)
+                rc = tm_cuda_fill_bf16(impl, d->p, d->n_rows, d->n_in, k++, err);
+            else
+                rc = tm_cuda_fill_f32(d->p, (size_t)(d->n_rows * d->n_in), k++,
+                                      1.0f / sqrtf((float)d->n_in), 0.0f, fb, err);
+        }
+        // bases and sinks around 0, scales about 0.1, norm weights about 1
+        const float sc[V_N] = {0.5f, 0.1f, 0.5f, 0.1f, 0.1f, 0.1f,
+                               0.1f, 0.1f, 0.1f, 0.1f, 0.5f, 0.1f};
+        const float off[V_N] = {0.0f, 0.0f, 0.0f, 0.0f, 1.0f, 1.0f,
+                                1.0f, 1.0f, 1.0f, 1.0f, 0.0f, 0.0f};
+        for (int i = 0; !rc && i < V_N; i++)
+            if (L->v[i])
+                rc = tm_cuda_fill_f32(L->v[i], L->v_n[i], k++, sc[i], off[i], fb, err);
+        if (!rc && L->e_w)
+            rc = tm_cuda_fill_f32(L->e_w, (size_t)g->N * g->D, k++, 0.1f, 1.0f, fb, err);
+    }
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
+    tm_free(fb);
+    return rc;
 }
 
 /* ---- forward ---- */
