@@ -48,6 +48,7 @@
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/engine/cuda/weights.h"
 #include "runner/model/engram_hash.h"
+#include "runner/model/engram_open.h"
 #include "runner/model/engram_table.h"
 #include "runner/model/model_dsv41.h"
 
@@ -261,55 +262,22 @@ static int layout(v41g *g, uint32_t P) {
 static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     const tm_dsv41_cfg *c = g->c;
     const tm_engine_opts *o = &impl->eng.opts;
-    if (!o->token_map)
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: dsv41: the model has Engram layers but no compressed token "
-                      "map was given (engine options token_map, built from the tokenizer)");
-    int32_t mx = -1;
-    for (uint32_t i = 0; i < o->n_token_map; i++)
-        mx = o->token_map[i] > mx ? o->token_map[i] : mx;
-    if ((uint64_t)(mx + 1) != c->engram_compressed_vocab_size || c->engram_pad_id >= o->n_token_map)
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: dsv41: engram_compressed_vocab_size %llu / engram_pad_id %u "
-                      "do not fit the token map (%lld compressed ids, %u tokens)",
-                      (unsigned long long)c->engram_compressed_vocab_size, c->engram_pad_id,
-                      (long long)mx + 1, o->n_token_map);
-    g->tmap = o->token_map;
-    g->n_tmap = o->n_token_map;
-    const tm_engram_params ep = {.n_layer = c->n_engram,
-                                 .layer_ids = c->engram_layer_ids,
-                                 .num_embeddings = c->engram_num_embeddings,
-                                 .max_ngram = c->engram_max_ngram_size,
-                                 .n_heads = c->engram_n_heads,
-                                 .head_dim = c->engram_head_dim,
-                                 .vocab_size = c->engram_vocab_size,
-                                 .compressed_vocab = c->engram_compressed_vocab_size,
-                                 .pad_compressed = o->token_map[c->engram_pad_id]};
-    tm_rc rc = tm_engram_layout_create(&ep, &g->lay, err);
+    tm_rc rc = tm_dsv41_engram_map_check(c, o->token_map, o->n_token_map, "cuda engine: dsv41",
+                                         err);
     if (rc)
         return rc;
+    g->tmap = o->token_map;
+    g->n_tmap = o->n_token_map;
     g->etab = tm_calloc(c->n_engram, sizeof(*g->etab));
     g->hid = tm_calloc((size_t)g->T * c->n_engram * g->n_cols, sizeof(*g->hid));
     g->hrows = tm_calloc((size_t)g->T * c->n_engram * g->n_cols, sizeof(*g->hrows));
     if (!g->etab || !g->hid || !g->hrows)
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: dsv41 Engram buffers");
-    const uint64_t mb = o->engram_cache_mb ? o->engram_cache_mb : TM_ENGRAM_DEFAULT_CACHE_MB;
-    for (uint32_t k = 0; k < c->n_engram; k++) {
-        char wn[96], sn[96];
-        snprintf(wn, sizeof(wn), "layers.%u.engram.embed.weight", c->engram_layer_ids[k]);
-        snprintf(sn, sizeof(sn), "layers.%u.engram.embed.scale", c->engram_layer_ids[k]);
-        const tm_engram_table_cfg tc = {.path = impl->eng.model->dir,
-                                        .weight_name = wn,
-                                        .scale_name = sn,
-                                        .rank = 0,
-                                        .world = 1,
-                                        .cache_bytes = mb << 20};
-        rc = tm_engram_table_open(&tc, &g->etab[k], err);
-        if (rc)
-            return rc;
-    }
-    rc = TM_CUDA_CHECK(cudaMallocHost((void **)&g->prev_h, (size_t)g->S * TM_ENGRAM_MAX_NGRAM * 4),
-                       err);
+    rc = tm_dsv41_engram_open(c, impl->eng.model->dir, o->token_map, 0, 1, o->engram_cache_mb,
+                              &g->lay, g->etab, err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(
+            cudaMallocHost((void **)&g->prev_h, (size_t)g->S * TM_ENGRAM_MAX_NGRAM * 4), err);
     if (!rc)
         rc = tm_dsv41_engram_stage_create(g->etab, c->n_engram, (size_t)g->T * g->n_cols, &g->stage,
                                           err);
