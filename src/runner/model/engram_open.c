@@ -26,8 +26,8 @@ tm_rc tm_dsv41_engram_map_check(const tm_dsv41_cfg *c, const int32_t *map, uint3
 }
 
 tm_rc tm_dsv41_engram_open(const tm_dsv41_cfg *c, const char *dir, const int32_t *map,
-                           uint32_t rank, uint32_t world, uint64_t cache_mb,
-                           tm_engram_layout **lay, tm_engram_table **tabs, tm_err *err) {
+                           uint32_t rank, uint32_t world, uint64_t cache_mb, tm_engram_layout **lay,
+                           tm_engram_table **tabs, tm_err *err) {
     const tm_engram_params ep = {.n_layer = c->n_engram,
                                  .layer_ids = c->engram_layer_ids,
                                  .num_embeddings = c->engram_num_embeddings,

@@ -26,7 +26,7 @@ tm_rc tm_dsv41_engram_map_check(const tm_dsv41_cfg *c, const int32_t *map, uint3
  * in *lay and tabs for the caller to close. Errors of tm_engram_layout_create and
  * tm_engram_table_open. */
 tm_rc tm_dsv41_engram_open(const tm_dsv41_cfg *c, const char *dir, const int32_t *map,
-                           uint32_t rank, uint32_t world, uint64_t cache_mb,
-                           tm_engram_layout **lay, tm_engram_table **tabs, tm_err *err);
+                           uint32_t rank, uint32_t world, uint64_t cache_mb, tm_engram_layout **lay,
+                           tm_engram_table **tabs, tm_err *err);
 
 #endif /* TM_RUNNER_MODEL_ENGRAM_OPEN_H */
