@@ -427,7 +427,10 @@ extern "C" tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const vo
     return tm_cuda_launched(err, s, "dsv41_embed");
 }
 
-static __device__ float sigmoid_f(float v) { return (float)(1.0 / (1.0 + exp(-(double)v))); }
+/* 1 / (1 + e^-v) in the host's fp32 operations (expf as exp in double rounded once). */
+static __device__ float sigmoid_f(float v) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, (float)exp(-(double)v)));
+}
 
 static __global__ void hc_split_kernel(tm_k_dsv41_hc_split_args a) {
     const uint32_t t = blockIdx.x, N = a.N, ND = a.N * a.D, mix = (2 + N) * N;
