@@ -91,6 +91,9 @@ static void usage(void) {
         "  --batch 1,8: one engine, each batch size measured in turn (one result line each)\n"
         "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
         "  --sample-device: the same without the host-sampled mode\n"
+        "  --shape dsv4-flash | dsv41-flash [--layers N] [--batch 1,8] [--prompt L] [--gen N]:\n"
+        "    DeepSeek-V4 / V4.1 at Flash widths, random weights (V4.1: Engram tables written\n"
+        "    to a temporary folder, --engram-cache-mb M per table)\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -641,10 +644,296 @@ static int dsv4_bench(int argc, char **argv) {
     return rc;
 }
 
+/* ---- DeepSeek-V4.1 (--shape dsv41-flash [--layers N]; issue 40) ----
+ * The V4 Flash widths above (the released V4.1 config is not in this repository) with V4.1's
+ * layout: 384 routed experts top 6, the first --layers layers (default 4: ratio 0, a ratio-2 kv +
+ * index source, a ratio-2 consumer, a ratio-1 kv + index source that is the candidate source;
+ * further layers repeat the last three), Engram on layers 0 and 2 (3-grams, 8 heads x 256: 16
+ * rows of 256 a token and layer), random weights on the device (bf16, as the engine stores the
+ * released FP8 / MXFP4 ones after upload), Engram tables written by this run into a temporary
+ * folder (about 2.1 M rows each, read through the engine's row cache, 1 GB by default) and a
+ * synthetic compressed token map. A run per batch size (--batch, default 1,8): prefill B prompts
+ * of L tokens in one step, then N - 1 greedy decode steps (best of --reps after a warm-up); per
+ * layer decode ms = step ms / layers, against the bytes floor of a step: every weight byte a
+ * decode step reads as the engine stores them (the distinct routed experts of B tokens under
+ * uniform routing), the Engram rows copied to the GPU (fp32) and the LM head, at the device-copy
+ * bandwidth measured in this run. The engine's kernels are its first, untuned ones (docs/
+ * deepseek_v41.md "CUDA"). */
+#include "runner/model/engram_hash.h"
+#include "runner/model/model_dsv41.h"
+#include "runner/model/safetensors.h"
+
+/* The Engram tables of d's layers (rows from the hash layout) into dir/model.safetensors, codes
+ * random e4m3 (never NaN), scales 2^-8..2^-1. Fills d's engram_num_embeddings. 0 on failure. */
+static int dsv41_tables(const char *dir, tm_dsv41_cfg *d, const int32_t *tmap) {
+    tm_engram_params ep = {.n_layer = d->n_engram,
+                           .layer_ids = d->engram_layer_ids,
+                           .num_embeddings = d->engram_num_embeddings,
+                           .max_ngram = d->engram_max_ngram_size,
+                           .n_heads = d->engram_n_heads,
+                           .head_dim = d->engram_head_dim,
+                           .vocab_size = d->engram_vocab_size,
+                           .compressed_vocab = d->engram_compressed_vocab_size,
+                           .pad_compressed = tmap[d->engram_pad_id]};
+    uint64_t big[TM_DSV41_MAX_ENGRAM];
+    for (uint32_t k = 0; k < d->n_engram; k++)
+        big[k] = UINT64_MAX / 4;
+    ep.num_embeddings = big;
+    tm_engram_layout *lay = NULL;
+    tm_err err = {0};
+    if (tm_engram_layout_create(&ep, &lay, &err)) {
+        fprintf(stderr, "bench_engine dsv41: engram layout: %s\n", err.msg);
+        return 0;
+    }
+    const uint32_t dim = d->engram_head_dim;
+    tm_st_wtensor t[2 * TM_DSV41_MAX_ENGRAM];
+    char names[2 * TM_DSV41_MAX_ENGRAM][64];
+    uint8_t *bufs[2 * TM_DSV41_MAX_ENGRAM] = {0};
+    int ok = 1;
+    uint64_t x = 12345;
+    for (uint32_t k = 0; ok && k < d->n_engram; k++) {
+        const uint64_t rows = lay->rows_used[k];
+        d->engram_num_embeddings[k] = rows;
+        for (int j = 0; j < 2; j++) {
+            const size_t n = (size_t)rows * (j ? dim / 32 : dim);
+            uint8_t *b = malloc(n);
+            bufs[2 * k + j] = b;
+            if (!b) {
+                ok = 0;
+                break;
+            }
+            for (size_t i = 0; i < n; i++) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                const uint8_t v = (uint8_t)(x >> 56);
+                b[i] = j ? (uint8_t)(119 + v % 7) : ((v & 0x7f) == 0x7f ? 0 : v);
+            }
+            snprintf(names[2 * k + j], sizeof(names[0]), "layers.%u.engram.embed.%s",
+                     d->engram_layer_ids[k], j ? "scale" : "weight");
+            t[2 * k + j] = (tm_st_wtensor){.name = names[2 * k + j],
+                                           .dtype = j ? TM_DTYPE_F8_E8M0 : TM_DTYPE_F8_E4M3,
+                                           .n_dim = 2,
+                                           .shape = {rows, j ? dim / 32 : dim},
+                                           .data = b};
+        }
+    }
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (ok && tm_st_file_write(path, t, 2 * (size_t)d->n_engram, NULL, 0, &err)) {
+        fprintf(stderr, "bench_engine dsv41: %s: %s\n", path, err.msg);
+        ok = 0;
+    }
+    for (uint32_t i = 0; i < 2 * d->n_engram; i++)
+        free(bufs[i]);
+    tm_engram_layout_destroy(lay);
+    return ok;
+}
+
+static int dsv41_bench(int argc, char **argv) {
+    uint32_t n_layer = 4, L = 512, N = 64, batches[8] = {1, 8}, n_batch = 2, reps = 1;
+    uint32_t cache_mb = 1024;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--layers"))
+            n_layer = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--prompt"))
+            L = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--gen"))
+            N = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--reps"))
+            reps = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--engram-cache-mb"))
+            cache_mb = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--batch")) {
+            n_batch = 0;
+            for (char *p = (char *)v; *p && n_batch < 8;) {
+                batches[n_batch++] = (uint32_t)strtoul(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        }
+    }
+    if (n_layer < 3 || n_layer > 64 || L < 1 || N < 2 || !reps || !n_batch) {
+        fprintf(stderr, "bench_engine dsv41: bad --layers (>= 3)/--prompt/--gen/--reps/--batch\n");
+        return 2;
+    }
+    const uint32_t V = 129280, CV = 99092; // vocabulary; compressed (the V3 tokenizer's)
+    char cfg[8192], list[3][1024];
+    int o[3] = {0, 0, 0};
+    uint32_t cand = 0;                          // the candidate source: the last index source
+    for (uint32_t i = 0; i < n_layer; i++) {    // ratios; kv sources; index sources
+        const uint32_t k = i ? (i - 1) % 3 : 3; // 0: r2 source, 1: r2 consumer, 2: r1 source
+        const int r = k == 3 ? 0 : k == 2 ? 1 : 2;
+        o[0] += snprintf(list[0] + o[0], sizeof(list[0]) - (size_t)o[0], "%s%d", i ? "," : "", r);
+        if (k == 0 || k == 2) {
+            o[1] += snprintf(list[1] + o[1], sizeof(list[1]) - (size_t)o[1], "%s%u",
+                             o[1] ? "," : "", i);
+            o[2] += snprintf(list[2] + o[2], sizeof(list[2]) - (size_t)o[2], "%s%u",
+                             o[2] ? "," : "", i);
+            cand = i;
+        }
+    }
+    snprintf(cfg, sizeof(cfg),
+             "{\"vocab_size\":%u,\"dim\":4096,\"moe_inter_dim\":2048,\"n_layers\":%u,"
+             "\"n_mtp_layers\":0,\"n_heads\":64,\"n_routed_experts\":384,"
+             "\"n_shared_experts\":1,\"n_activated_experts\":6,\"score_func\":\"sqrtsoftplus\","
+             "\"route_scale\":1.5,\"swiglu_limit\":10.0,\"q_lora_rank\":1024,\"head_dim\":512,"
+             "\"rope_head_dim\":64,\"norm_eps\":1e-6,\"o_groups\":8,\"o_lora_rank\":1024,"
+             "\"window_size\":128,\"compress_ratios\":[%s],\"kv_source_layers\":[%s],"
+             "\"index_source_layers\":[%s],\"compress_rope_theta\":160000.0,"
+             "\"original_seq_len\":4096,\"rope_theta\":10000.0,\"rope_factor\":16,"
+             "\"max_seq_len\":65536,\"index_n_heads\":64,\"index_head_dim\":128,"
+             "\"index_topk\":512,\"candidate_source_layer\":%u,\"candidate_topk_blocks\":16,"
+             "\"candidate_block_size\":64,\"hc_mult\":4,\"hc_sinkhorn_iters\":20,"
+             "\"hc_eps\":1e-6,\"engram_layer_ids\":[0,2],"
+             "\"engram_num_embeddings\":[4000000,4000000],\"engram_max_ngram_size\":3,"
+             "\"engram_vocab_size\":131072,\"engram_n_heads\":8,\"engram_head_dim\":256,"
+             "\"engram_pad_id\":2,\"engram_compressed_vocab_size\":%u}",
+             V, n_layer, list[0], list[1], list[2], cand, CV);
+    json_error_t je;
+    json_t *root = json_loads(cfg, 0, &je);
+    tm_model m = {0};
+    tm_dsv41 *d = NULL;
+    tm_err err = {0};
+    if (!root || tm_dsv41_config_parse(root, NULL, &m.cfg, &d, &err)) {
+        fprintf(stderr, "bench_engine dsv41: config: %s %s\n%s\n", je.text, err.msg, cfg);
+        return 1;
+    }
+    json_decref(root);
+    m.cfg.arch = TM_ARCH_DEEPSEEK_V41;
+    m.arch_w = d;
+    int32_t *tmap = malloc((size_t)V * sizeof(int32_t));
+    char dir[] = "/tmp/tm_bench_dsv41_XXXXXX";
+    if (!tmap || !mkdtemp(dir)) {
+        fprintf(stderr, "bench_engine dsv41: out of memory or no temporary folder\n");
+        return 1;
+    }
+    for (uint32_t i = 0; i < V; i++)
+        tmap[i] = (int32_t)(i % CV);
+    const double tw = tm_now_ms();
+    if (!dsv41_tables(dir, &d->cfg, tmap))
+        return 1;
+    m.dir = dir;
+    uint64_t table_bytes = 0;
+    for (uint32_t k = 0; k < d->cfg.n_engram; k++)
+        table_bytes += d->cfg.engram_num_embeddings[k] * (256 + 8);
+    printf("dsv41-flash: Engram tables %.2f GB written in %.1f s (%s)\n", table_bytes / 1e9,
+           (tm_now_ms() - tw) / 1e3, dir);
+    uint32_t Bmax = 0;
+    for (uint32_t i = 0; i < n_batch; i++)
+        Bmax = batches[i] > Bmax ? batches[i] : Bmax;
+    const uint32_t bs = 128, per_seq = (L + N + bs - 1) / bs;
+    tm_engine_opts eo = {.block_size = bs,
+                         .n_kv_block = Bmax * per_seq,
+                         .max_seqs = Bmax,
+                         .max_batched_tokens = Bmax * L,
+                         .token_map = tmap,
+                         .n_token_map = V,
+                         .engram_cache_mb = cache_mb};
+    const double bw = copy_bw();
+    tm_engine *eng = NULL;
+    const double t0 = tm_now_ms();
+    if (tm_engine_cuda_create_random(&m, &eo, 7, &eng, &err)) {
+        fprintf(stderr, "bench_engine dsv41: create: %s\n", err.msg);
+    }
+    if (eng)
+        printf("dsv41-flash: %u layers (ratios %s, Engram on 0 and 2), random bf16 weights, "
+               "create %.1f s, copy bandwidth %.0f GB/s, Engram row cache %u MB per table\n",
+               n_layer, list[0], (tm_now_ms() - t0) / 1e3, bw, cache_mb);
+    // bytes a decode step reads per layer, as the engine stores the weights (bf16; the
+    // hyper-connection projections fp32)
+    const tm_dsv41_cfg *c = &d->cfg;
+    const double D = 4096, hd = 512, H = 64, qr = 1024, G = 8, olr = 1024, I = 2048, E = 384, k = 6,
+                 di = 128, Hi = 64, NC = 16, EHD = 256;
+    const double attn = 2 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
+    const double hc = 2 * 24 * (4 * D) * 4, router = E * D * 2, shared = 3 * I * D * 2;
+    const double expert = 3 * I * D * 2, head = V * D * 2;
+    uint32_t *tok = calloc((size_t)Bmax * L, 4), *bt = calloc((size_t)Bmax * per_seq, 4);
+    tm_batch_seq *sq = calloc(Bmax, sizeof(*sq));
+    uint32_t *ids = calloc(Bmax, 4);
+    for (size_t i = 0; i < (size_t)Bmax * L; i++)
+        tok[i] = (uint32_t)((i * 2654435761u) % V);
+    for (size_t i = 0; i < (size_t)Bmax * per_seq; i++)
+        bt[i] = (uint32_t)i;
+    int rc = !eng;
+    for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
+        const uint32_t B = batches[bi];
+        double best_pf = 1e30, best_dec = 1e30;
+        for (uint32_t rep = 0; rep <= reps && !rc; rep++) { // rep 0: warm-up
+            for (uint32_t s = 0; s < B; s++)
+                sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
+                                       .n_tok = L,
+                                       .pos = 0,
+                                       .block_table = bt + (size_t)s * per_seq,
+                                       .n_block = per_seq,
+                                       .want_logits = 1};
+            tm_batch b = {.seqs = sq, .n_seq = B};
+            double ta = tm_now_ms();
+            rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
+            const double pf = (tm_now_ms() - ta) / 1e3;
+            uint32_t next[64];
+            for (uint32_t s = 0; s < B && s < 64; s++)
+                next[s] = ids[s];
+            ta = tm_now_ms();
+            for (uint32_t step = 1; step < N && !rc; step++) {
+                for (uint32_t s = 0; s < B; s++) {
+                    sq[s].tokens = &next[s];
+                    sq[s].n_tok = 1;
+                    sq[s].pos = L + step - 1;
+                }
+                rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
+                for (uint32_t s = 0; s < B; s++)
+                    next[s] = ids[s];
+            }
+            const double dec = (tm_now_ms() - ta) / 1e3 / (N - 1);
+            if (rep > 0) {
+                best_pf = pf < best_pf ? pf : best_pf;
+                best_dec = dec < best_dec ? dec : best_dec;
+            }
+        }
+        if (rc) {
+            fprintf(stderr, "bench_engine dsv41: forward: %s\n", err.msg);
+            break;
+        }
+        const double hit = E * (1.0 - pow(1.0 - k / E, B)); // distinct experts, uniform routing
+        double layers_b = 0;
+        for (uint32_t l = 0; l < n_layer; l++) {
+            const uint32_t r = c->ratio[l];
+            double lb = attn + hc + router + shared + hit * expert;
+            if (r && c->kv_source[l])
+                lb += 2 * (r > 1 ? 2 : 1) * hd * D + (c->index_source[l] ? 2 * di * hd : 0);
+            if (r && c->index_source[l])
+                lb += 2 * (Hi * di * qr + Hi * D);
+            if (c->engram_slot[l] >= 0) // wkv, and the rows copied to the GPU as fp32
+                lb += 2 * (5 * D) * (NC * EHD) + B * NC * EHD * 4;
+            layers_b += lb;
+        }
+        const double floor_ms = (layers_b + head) / (bw * 1e9) * 1e3;
+        const double step_ms = best_dec * 1e3;
+        printf("dsv41-flash B=%u L=%u N=%u: prefill %.1f ms (%.0f tok/s), decode %.3f ms/step "
+               "(%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the layers);"
+               " bytes floor %.3f ms/step (%.1f MB/layer, %.1f distinct experts, Engram rows "
+               "included) -> %.0f%% of floor\n",
+               B, L, N, best_pf * 1e3, B * L / best_pf, step_ms, 1e3 / step_ms, B * 1e3 / step_ms,
+               step_ms / n_layer, floor_ms, layers_b / n_layer / 1e6, hit,
+               100.0 * floor_ms / step_ms);
+    }
+    free(tok), free(bt), free(sq), free(ids);
+    tm_engine_destroy(eng);
+    tm_dsv41_destroy(d);
+    free(tmap);
+    char cmd[1100];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     for (int i = 1; i + 1 < argc; i++) // DeepSeek-V4 (issue 21): its own loop above
         if (!strcmp(argv[i], "--shape") && !strcmp(argv[i + 1], "dsv4-flash"))
             return dsv4_bench(argc, argv);
+        else if (!strcmp(argv[i], "--shape") && !strcmp(argv[i + 1], "dsv41-flash"))
+            return dsv41_bench(argc, argv);
     const char *shape = "llama8b", *model_dir = NULL, *batch_list = "8";
     uint32_t B = 8, L = 512, N = 256, reps = 3;
     uint32_t batches[16], n_batch = 0;

@@ -278,3 +278,609 @@ extern "C" tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t
     select_kernel<<<a->n_tok, SEL_THREADS, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_select");
 }
+
+/* ---- the forward pass's ops (tm_cuda_arch_dsv41, runner/engine/cuda/dsv41.c) ----
+ * Plain kernels that do the CPU engine's arithmetic: fp32 values, double sums, exp / cos / sin in
+ * double, the elementwise fp32 products and sums with explicit IEEE rounding (no contraction). */
+
+/* Warp sum of a double (every lane gets it). */
+static __device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#define ROW_THREADS 256
+
+/* Block sum of a double over ROW_THREADS threads, the same order in every thread. */
+static __device__ double block_sum_d(double v) {
+    __shared__ double sh[ROW_THREADS / 32];
+    v = warp_sum_d(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int w = 0; w < ROW_THREADS / 32; w++)
+        s += sh[w];
+    return s;
+}
+
+static __device__ __forceinline__ float wload(const void *w, int bf16, size_t i) {
+    return bf16 ? tm_bf2f(((const uint16_t *)w)[i]) : ((const float *)w)[i];
+}
+
+/* The KV slot of position p of token t's sequence. */
+static __device__ __forceinline__ size_t slot_of(const tm_k_dsv41_seqs *q, uint32_t t, uint32_t p) {
+    const uint32_t b = q->block_tables[q->seq_bt[q->tok_seq[t]] + p / q->bs];
+    return (size_t)b * q->bs + p % q->bs;
+}
+
+static unsigned n_blocks(size_t n, unsigned per) {
+    return (unsigned)TM_MIN(TM_CEIL_DIV(n, (size_t)per), (size_t)65535 * 8);
+}
+
+/* ---- linear: a warp per (output, row) ---- */
+
+static __global__ void linear_kernel(tm_k_dsv41_linear_args a) {
+    const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+    const uint32_t lane = threadIdx.x & 31;
+    if (o >= a.n_out)
+        return;
+    const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
+    size_t wrow = (size_t)(a.row0 + o) * a.n_in;
+    if (a.sel)
+        wrow += (size_t)a.sel[t] * a.w_expert;
+    double acc = 0.0;
+    for (uint32_t i = lane; i < a.n_in; i += 32) // hot loop
+        acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
+    acc = warp_sum_d(acc);
+    if (lane == 0)
+        a.out[(size_t)t * a.ldo + o] = (float)acc;
+}
+
+extern "C" tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0 || a->n_out == 0)
+        return TM_OK;
+    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
+    const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), a->n_tok);
+    linear_kernel<<<grid, 256, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_linear");
+}
+
+/* ---- rows: RMSNorm, embedding, hyper-connections ---- */
+
+static __global__ void rmsnorm_kernel(float *x, uint32_t ld, const float *w, uint32_t n,
+                                      float eps) {
+    float *r = x + (size_t)blockIdx.x * ld;
+    double ss = 0.0;
+    for (uint32_t i = threadIdx.x; i < n; i += ROW_THREADS)
+        ss += (double)r[i] * r[i];
+    ss = block_sum_d(ss);
+    const double rs = 1.0 / sqrt(ss / n + (double)eps);
+    for (uint32_t i = threadIdx.x; i < n; i += ROW_THREADS)
+        r[i] = (float)((double)r[i] * rs * (w ? (double)w[i] : 1.0));
+}
+
+extern "C" tm_rc tm_k_dsv41_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row,
+                                    uint32_t n, float eps, cudaStream_t s, tm_err *err) {
+    if (n_row == 0)
+        return TM_OK;
+    TM_ASSERT(x && n > 0 && ld >= n);
+    rmsnorm_kernel<<<n_row, ROW_THREADS, 0, s>>>(x, ld, w, n, eps);
+    return tm_cuda_launched(err, s, "dsv41_rmsnorm");
+}
+
+static __global__ void rope_kernel(tm_k_dsv41_rope_args a) {
+    const uint32_t half = a.rd / 2;
+    const size_t n = (size_t)a.n_tok * a.n_head * half;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t i = (uint32_t)(k % half), h = (uint32_t)(k / half % a.n_head);
+        const uint32_t t = (uint32_t)(k / half / a.n_head);
+        uint32_t p = a.pos[t];
+        if (a.lat_r)
+            p = ((p + 1) / a.lat_r - (p + 1 >= a.lat_r ? 1 : 0)) * a.lat_r;
+        const float ang = __fmul_rn((float)p, a.inv_freq[i]);
+        const float c = (float)cos((double)ang), sn = __fmul_rn(a.sign, (float)sin((double)ang));
+        float *r = a.x + (size_t)t * a.tok_stride + (size_t)h * a.head_stride + a.hd - a.rd;
+        const float x0 = r[2 * i], x1 = r[2 * i + 1];
+        r[2 * i] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        r[2 * i + 1] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_rope(const tm_k_dsv41_rope_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0 || a->rd == 0)
+        return TM_OK;
+    TM_ASSERT(a->x && a->pos && a->inv_freq && a->rd % 2 == 0 && a->rd <= a->hd);
+    const size_t n = (size_t)a->n_tok * a->n_head * (a->rd / 2);
+    rope_kernel<<<n_blocks(n, 256), 256, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_rope");
+}
+
+static __global__ void embed_kernel(float *x, float *st, float *pre, const void *emb, int bf16,
+                                    const uint32_t *tokens, uint32_t n_tok, uint32_t D,
+                                    uint32_t N) {
+    const size_t n = (size_t)n_tok * D;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(k / D), d = (uint32_t)(k % D);
+        const float v = wload(emb, bf16, (size_t)tokens[t] * D + d);
+        x[k] = v;
+        for (uint32_t i = 0; i < N; i++)
+            st[((size_t)t * N + i) * D + d] = v;
+        if (d < N)
+            pre[(size_t)t * N + d] = d == 0 ? 1.0f : 0.0f;
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const void *emb, int bf16,
+                                  const uint32_t *tokens, uint32_t n_tok, uint32_t D, uint32_t N,
+                                  cudaStream_t s, tm_err *err) {
+    if (n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(x && streams && pre && emb && tokens && N >= 1 && N <= D);
+    embed_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(x, streams, pre, emb, bf16,
+                                                                  tokens, n_tok, D, N);
+    return tm_cuda_launched(err, s, "dsv41_embed");
+}
+
+/* 1 / (1 + e^-v) in the host's fp32 operations (expf as exp in double rounded once). */
+static __device__ float sigmoid_f(float v) {
+    return __fdiv_rn(1.0f, __fadd_rn(1.0f, (float)exp(-(double)v)));
+}
+
+static __global__ void hc_split_kernel(tm_k_dsv41_hc_split_args a) {
+    const uint32_t t = blockIdx.x, N = a.N, ND = a.N * a.D, mix = (2 + N) * N;
+    const float *st = a.streams + (size_t)t * ND;
+    double ss = 0.0;
+    for (uint32_t i = threadIdx.x; i < ND; i += ROW_THREADS)
+        ss += (double)st[i] * st[i];
+    ss = block_sum_d(ss);
+    if (threadIdx.x != 0)
+        return;
+    const double r = 1.0 / sqrt(ss / ND + (double)a.norm_eps);
+    float m[(2 + TM_DSV41_K_MAX_HC) * TM_DSV41_K_MAX_HC];
+    for (uint32_t i = 0; i < mix; i++)
+        m[i] = (float)((double)a.mixes[(size_t)t * mix + i] * r);
+    const float *sc = a.scale, *bs = a.base;
+    float *pre = a.pre + (size_t)t * N, *post = a.post + (size_t)t * N;
+    float *cb = a.comb + (size_t)t * N * N;
+    for (uint32_t i = 0; i < N; i++) {
+        pre[i] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(m[i], sc[0]), bs[i])), a.hc_eps);
+        post[i] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(m[N + i], sc[1]), bs[N + i])));
+    }
+    for (uint32_t j = 0; j < N; j++) {
+        float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
+        for (uint32_t k = 0; k < N; k++) {
+            row[k] = __fadd_rn(__fmul_rn(m[2 * N + j * N + k], sc[2]), bs[2 * N + j * N + k]);
+            mx = fmaxf(mx, row[k]);
+        }
+        for (uint32_t k = 0; k < N; k++) {
+            row[k] = (float)exp((double)__fsub_rn(row[k], mx));
+            sum = __fadd_rn(sum, row[k]);
+        }
+        for (uint32_t k = 0; k < N; k++)
+            row[k] = __fadd_rn(__fdiv_rn(row[k], sum), a.hc_eps);
+    }
+    for (uint32_t it = 0; it < a.iters; it++) {
+        if (it > 0)
+            for (uint32_t j = 0; j < N; j++) {
+                float sum = 0.0f;
+                for (uint32_t k = 0; k < N; k++)
+                    sum = __fadd_rn(sum, cb[j * N + k]);
+                for (uint32_t k = 0; k < N; k++)
+                    cb[j * N + k] = __fdiv_rn(cb[j * N + k], __fadd_rn(sum, a.hc_eps));
+            }
+        for (uint32_t k = 0; k < N; k++) {
+            float sum = 0.0f;
+            for (uint32_t j = 0; j < N; j++)
+                sum = __fadd_rn(sum, cb[j * N + k]);
+            for (uint32_t j = 0; j < N; j++)
+                cb[j * N + k] = __fdiv_rn(cb[j * N + k], __fadd_rn(sum, a.hc_eps));
+        }
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s,
+                                     tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->N >= 1 && a->N <= TM_DSV41_K_MAX_HC && a->mixes && a->streams);
+    hc_split_kernel<<<a->n_tok, ROW_THREADS, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_hc_split");
+}
+
+static __global__ void collapse_norm_kernel(float *x, const float *st, const float *pre,
+                                            const uint32_t *rows, uint32_t N, uint32_t D,
+                                            const float *w, float eps) {
+    const uint32_t r = blockIdx.x, t = rows ? rows[r] : r;
+    const float *sr = st + (size_t)t * N * D, *p = pre + (size_t)t * N;
+    float *xr = x + (size_t)r * D;
+    double ss = 0.0;
+    for (uint32_t d = threadIdx.x; d < D; d += ROW_THREADS) {
+        double acc = 0.0;
+        for (uint32_t i = 0; i < N; i++)
+            acc += (double)p[i] * sr[(size_t)i * D + d];
+        const float v = (float)acc;
+        xr[d] = v;
+        ss += (double)v * v;
+    }
+    ss = block_sum_d(ss);
+    const double rs = 1.0 / sqrt(ss / D + (double)eps);
+    for (uint32_t d = threadIdx.x; d < D; d += ROW_THREADS)
+        xr[d] = (float)((double)xr[d] * rs * (double)w[d]);
+}
+
+extern "C" tm_rc tm_k_dsv41_collapse_norm(float *x, const float *streams, const float *pre,
+                                          const uint32_t *rows, uint32_t n_row, uint32_t N,
+                                          uint32_t D, const float *w, float eps, cudaStream_t s,
+                                          tm_err *err) {
+    if (n_row == 0)
+        return TM_OK;
+    TM_ASSERT(x && streams && pre && w);
+    collapse_norm_kernel<<<n_row, ROW_THREADS, 0, s>>>(x, streams, pre, rows, N, D, w, eps);
+    return tm_cuda_launched(err, s, "dsv41_collapse_norm");
+}
+
+static __global__ void hc_expand_kernel(float *st, const float *y, const float *post,
+                                        const float *comb, uint32_t n_tok, uint32_t N, uint32_t D) {
+    const size_t n = (size_t)n_tok * D;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(k / D), d = (uint32_t)(k % D);
+        float *sr = st + (size_t)t * N * D;
+        const float *po = post + (size_t)t * N, *cb = comb + (size_t)t * N * N;
+        double out[TM_DSV41_K_MAX_HC];
+        for (uint32_t c = 0; c < N; c++) {
+            double acc = 0.0;
+            for (uint32_t j = 0; j < N; j++)
+                acc += (double)cb[j * N + c] * sr[(size_t)j * D + d];
+            out[c] = (double)po[c] * y[k] + acc;
+        }
+        for (uint32_t c = 0; c < N; c++)
+            sr[(size_t)c * D + d] = (float)out[c];
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_hc_expand(float *streams, const float *y, const float *post,
+                                      const float *comb, uint32_t n_tok, uint32_t N, uint32_t D,
+                                      cudaStream_t s, tm_err *err) {
+    if (n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(N >= 1 && N <= TM_DSV41_K_MAX_HC);
+    hc_expand_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(streams, y, post, comb, n_tok,
+                                                                      N, D);
+    return tm_cuda_launched(err, s, "dsv41_hc_expand");
+}
+
+/* ---- the paged state: stores, the compressor's latents, Engram ids ---- */
+
+static __global__ void store_kernel(tm_k_dsv41_store_args a, tm_k_dsv41_seqs q) {
+    const size_t n = (size_t)a.n_tok * a.n;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(k / a.n), j = (uint32_t)(k % a.n), p = q.pos[t];
+        size_t slot;
+        if (a.r == 0) {
+            slot = slot_of(&q, t, p);
+        } else {
+            if ((p + 1) % a.r)
+                continue;
+            slot = slot_of(&q, t, ((p + 1) / a.r - 1) * a.r); // the group's first position
+        }
+        a.field[slot * a.fld + j] = a.src[(size_t)t * a.lds + j];
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_store(const tm_k_dsv41_store_args *a, const tm_k_dsv41_seqs *q,
+                                  cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0 || a->n == 0)
+        return TM_OK;
+    TM_ASSERT(a->field && a->src && q->pos && q->block_tables && q->bs > 0);
+    store_kernel<<<n_blocks((size_t)a->n_tok * a->n, 256), 256, 0, s>>>(*a, *q);
+    return tm_cuda_launched(err, s, "dsv41_store");
+}
+
+static __global__ void latent_kernel(float *lat, const float *ckv, const float *tail, uint32_t tld,
+                                     uint32_t hd, uint32_t r, uint32_t n_tok, tm_k_dsv41_seqs q) {
+    const size_t n = (size_t)n_tok * hd;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(k / hd), c = (uint32_t)(k % hd), p = q.pos[t];
+        if (r == 1) {
+            lat[k] = ckv[k];
+            continue;
+        }
+        if ((p + 1) % r) {
+            lat[k] = 0.0f;
+            continue;
+        }
+        const uint32_t p0 = ((p + 1) / r - 1) * r;
+        double mx = -INFINITY, den = 0.0, acc = 0.0;
+        for (uint32_t i = 0; i < r; i++)
+            mx = fmax(mx, (double)tail[slot_of(&q, t, p0 + i) * tld + hd + c]);
+        for (uint32_t i = 0; i < r; i++)
+            den += exp((double)tail[slot_of(&q, t, p0 + i) * tld + hd + c] - mx);
+        for (uint32_t i = 0; i < r; i++) {
+            const float *tl = tail + slot_of(&q, t, p0 + i) * tld;
+            acc += (double)tl[c] * (exp((double)tl[hd + c] - mx) / den);
+        }
+        lat[k] = (float)acc;
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_latent(float *lat, const float *ckv, const float *tail, uint32_t tld,
+                                   uint32_t hd, uint32_t r, uint32_t n_tok,
+                                   const tm_k_dsv41_seqs *q, cudaStream_t s, tm_err *err) {
+    if (n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(lat && ckv && r >= 1 && (r == 1 || tail));
+    latent_kernel<<<n_blocks((size_t)n_tok * hd, 256), 256, 0, s>>>(lat, ckv, tail, tld, hd, r,
+                                                                    n_tok, *q);
+    return tm_cuda_launched(err, s, "dsv41_latent");
+}
+
+static __global__ void cid_store_kernel(float *field, uint32_t fld, const uint32_t *tokens,
+                                        const int32_t *tmap, const uint32_t *slot, uint32_t n_tok) {
+    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n_tok)
+        field[(size_t)slot[t] * fld] = __int_as_float(tmap[tokens[t]]);
+}
+
+extern "C" tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t *tokens,
+                                      const int32_t *tmap, const uint32_t *slot, uint32_t n_tok,
+                                      cudaStream_t s, tm_err *err) {
+    if (n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(field && tokens && tmap && slot);
+    cid_store_kernel<<<TM_CEIL_DIV(n_tok, 128u), 128, 0, s>>>(field, fld, tokens, tmap, slot,
+                                                              n_tok);
+    return tm_cuda_launched(err, s, "dsv41_cid_store");
+}
+
+/* ---- the indexer's scores: a warp per (token, position) ---- */
+
+static __global__ void index_scores_kernel(tm_k_dsv41_iscore_args a, tm_k_dsv41_seqs q) {
+    const uint32_t t = blockIdx.y, lane = threadIdx.x & 31;
+    const uint32_t k = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const uint32_t lens = (q.pos[t] + 1) / a.r;
+    if (k == 0 && lane == 0)
+        a.lens[t] = lens;
+    if (k >= lens)
+        return;
+    const float *key = a.key_field + slot_of(&q, t, k * a.r) * a.kld;
+    const float *qt = a.q + (size_t)t * a.Hi * a.di, *w = a.w + (size_t)t * a.Hi;
+    double acc = 0.0;
+    for (uint32_t h = 0; h < a.Hi; h++) {
+        double d = 0.0;
+        for (uint32_t i = lane; i < a.di; i += 32)
+            d += (double)qt[h * a.di + i] * key[i];
+        d = warp_sum_d(d);
+        acc += (d > 0.0 ? d : 0.0) * ((double)w[h] * a.iscale);
+    }
+    if (lane == 0)
+        a.score[(size_t)t * a.ld + k] = (float)acc;
+}
+
+extern "C" tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
+                                         cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->score && a->lens && a->q && a->w && a->key_field && a->r >= 1 && a->ld >= 1);
+    const dim3 grid(TM_CEIL_DIV((uint32_t)TM_MAX(a->ld, (size_t)1), 8u), a->n_tok);
+    index_scores_kernel<<<grid, 256, 0, s>>>(*a, *q);
+    return tm_cuda_launched(err, s, "dsv41_index_scores");
+}
+
+/* ---- sparse attention: a block per (token, head) ---- */
+
+#define ATTN_THREADS 128
+
+static __global__ void attn_kernel(tm_k_dsv41_attn_args a, tm_k_dsv41_seqs q) {
+    extern __shared__ double sm[];
+    const uint32_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+    const uint32_t p = q.pos[t], p0 = p + 1 > a.window ? p + 1 - a.window : 0;
+    const uint32_t n_w = p + 1 - p0, n_c = a.r ? a.n_pick[t] : 0, n = n_w + n_c;
+    double *sc = sm;
+    float *ob = (float *)(sm + a.window + a.topk);
+    const float *qh = a.q + ((size_t)t * a.H + h) * hd;
+    const int32_t *pk = a.pick + (size_t)t * a.topk;
+    const uint32_t lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const double scale = pow((double)hd, -0.5);
+    for (uint32_t i = wid; i < n; i += ATTN_THREADS / 32) {
+        const float *row = i < n_w ? a.win + slot_of(&q, t, p0 + i) * a.wld
+                                   : a.comp + slot_of(&q, t, (uint32_t)pk[i - n_w] * a.r) * a.cld;
+        double d = 0.0;
+        for (uint32_t k = lane; k < hd; k += 32)
+            d += (double)qh[k] * row[k];
+        d = warp_sum_d(d);
+        if (lane == 0)
+            sc[i] = d * scale;
+    }
+    __syncthreads();
+    __shared__ double den_sh;
+    if (threadIdx.x == 0) {
+        const double sk = a.sinks[h];
+        double mx = sk;
+        for (uint32_t i = 0; i < n; i++)
+            mx = fmax(mx, sc[i]);
+        double den = exp(sk - mx);
+        for (uint32_t i = 0; i < n; i++) {
+            sc[i] = exp(sc[i] - mx);
+            den += sc[i];
+        }
+        den_sh = den;
+    }
+    __syncthreads();
+    for (uint32_t k = threadIdx.x; k < hd; k += ATTN_THREADS) {
+        double acc = 0.0;
+        for (uint32_t i = 0; i < n; i++) {
+            const float *row = i < n_w
+                                   ? a.win + slot_of(&q, t, p0 + i) * a.wld
+                                   : a.comp + slot_of(&q, t, (uint32_t)pk[i - n_w] * a.r) * a.cld;
+            acc += sc[i] * row[k];
+        }
+        ob[k] = (float)(acc / den_sh);
+    }
+    __syncthreads();
+    // the rope slice rotated back (sign -1) at the token's position
+    float *o = a.o + ((size_t)t * a.H + h) * hd;
+    const uint32_t half = a.rd / 2, off = hd - a.rd;
+    for (uint32_t k = threadIdx.x; k < hd; k += ATTN_THREADS) {
+        if (k < off) {
+            o[k] = ob[k];
+            continue;
+        }
+        const uint32_t i = (k - off) / 2;
+        if (i >= half)
+            continue;
+        const float ang = __fmul_rn((float)p, a.inv_freq[i]);
+        const float c = (float)cos((double)ang), sn = __fmul_rn(-1.0f, (float)sin((double)ang));
+        const float x0 = ob[off + 2 * i], x1 = ob[off + 2 * i + 1];
+        if ((k - off) % 2 == 0)
+            o[k] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        else
+            o[k] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
+    }
+}
+
+extern "C" size_t tm_k_dsv41_attn_smem(uint32_t window, uint32_t topk, uint32_t hd) {
+    return ((size_t)window + topk) * sizeof(double) + (size_t)hd * sizeof(float);
+}
+
+extern "C" tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q,
+                                 cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->o && a->q && a->win && a->sinks && a->inv_freq && a->hd % 2 == 0);
+    TM_ASSERT(!a->r || (a->comp && a->pick && a->n_pick));
+    const size_t smem = tm_k_dsv41_attn_smem(a->window, a->topk, a->hd);
+    TM_ASSERT(smem <= 48 * 1024);
+    attn_kernel<<<a->n_tok * a->H, ATTN_THREADS, smem, s>>>(*a, *q);
+    return tm_cuda_launched(err, s, "dsv41_attn");
+}
+
+/* ---- MoE: routing, SwiGLU, the combine ---- */
+
+static __global__ void route_kernel(tm_k_dsv41_route_args a) {
+    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= a.n_tok)
+        return;
+    float *sc = a.logits + (size_t)t * a.E;
+    const double temp = a.gate_temp;
+    double mx = -INFINITY, den = 0.0;
+    for (uint32_t i = 0; i < a.E; i++)
+        mx = fmax(mx, (double)sc[i] / temp);
+    if (a.score_func == TM_DSV41_K_SCORE_SOFTMAX) {
+        for (uint32_t i = 0; i < a.E; i++)
+            den += exp((double)sc[i] / temp - mx);
+        for (uint32_t i = 0; i < a.E; i++)
+            sc[i] = (float)(exp((double)sc[i] / temp - mx) / den);
+    } else {
+        for (uint32_t i = 0; i < a.E; i++) {
+            const double z = (double)sc[i] / temp;
+            sc[i] = a.score_func == TM_DSV41_K_SCORE_SIGMOID
+                        ? (float)(1.0 / (1.0 + exp(-z)))
+                        : (float)sqrt(z > 20.0 ? z : log1p(exp(z)));
+        }
+    }
+    uint32_t *sel = a.sel + (size_t)t * a.K;
+    // top-k of score + bias: higher first, ties to the lower id (repeated argmax)
+    for (uint32_t k = 0; k < a.K; k++) {
+        uint32_t best = UINT32_MAX;
+        float bv = 0.0f;
+        for (uint32_t i = 0; i < a.E; i++) {
+            int taken = 0;
+            for (uint32_t j = 0; j < k; j++)
+                taken |= sel[j] == i;
+            if (taken)
+                continue;
+            const float v = __fadd_rn(sc[i], a.bias ? a.bias[i] : 0.0f);
+            if (best == UINT32_MAX || v > bv) {
+                best = i;
+                bv = v;
+            }
+        }
+        sel[k] = best;
+    }
+    double sum = 0.0;
+    for (uint32_t k = 0; k < a.K; k++)
+        sum += (double)sc[sel[k]];
+    for (uint32_t k = 0; k < a.K; k++) {
+        double wv = sc[sel[k]];
+        if (a.norm_topk && a.K > 1)
+            wv = wv / (sum + 1e-20);
+        a.weight[(size_t)t * a.K + k] = (float)(wv * a.route_scale);
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(a->logits && a->sel && a->weight && a->K >= 1 && a->K <= a->E);
+    route_kernel<<<TM_CEIL_DIV(a->n_tok, 64u), 64, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_route");
+}
+
+static __global__ void swiglu_kernel(float *g, const float *u, uint32_t n_row, uint32_t I,
+                                     float lim, const float *wt) {
+    const size_t n = (size_t)n_row * I;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        float gv = g[k], uv = u[k];
+        if (lim > 0.0f) {
+            uv = uv < -lim ? -lim : uv > lim ? lim : uv;
+            gv = fminf(gv, lim);
+        }
+        double h = (double)gv / (1.0 + exp(-(double)gv)) * uv;
+        if (wt)
+            h *= (double)wt[k / I];
+        g[k] = (float)h;
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
+                                   const float *wt, cudaStream_t s, tm_err *err) {
+    if (n_row == 0)
+        return TM_OK;
+    TM_ASSERT(g && u && I > 0);
+    swiglu_kernel<<<n_blocks((size_t)n_row * I, 256), 256, 0, s>>>(g, u, n_row, I, lim, wt);
+    return tm_cuda_launched(err, s, "dsv41_swiglu");
+}
+
+static __global__ void moe_combine_kernel(float *y, const float *eo, const uint32_t *sel,
+                                          const float *sh, uint32_t n_tok, uint32_t K, uint32_t D) {
+    const size_t n = (size_t)n_tok * D;
+    for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t t = (uint32_t)(k / D), d = (uint32_t)(k % D);
+        const uint32_t *st = sel + (size_t)t * K;
+        double acc = 0.0;
+        uint32_t last = 0;
+        for (uint32_t j = 0; j < K; j++) { // the experts in increasing id (the CPU engine's order)
+            uint32_t bk = UINT32_MAX;
+            for (uint32_t i = 0; i < K; i++)
+                if ((j == 0 || st[i] > st[last]) && (bk == UINT32_MAX || st[i] < st[bk]))
+                    bk = i;
+            if (bk == UINT32_MAX)
+                break;
+            acc += eo[((size_t)t * K + bk) * D + d];
+            last = bk;
+        }
+        y[k] = (float)(acc + sh[k]);
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel,
+                                        const float *sh, uint32_t n_tok, uint32_t K, uint32_t D,
+                                        cudaStream_t s, tm_err *err) {
+    if (n_tok == 0)
+        return TM_OK;
+    TM_ASSERT(y && eo && sel && sh && K >= 1);
+    moe_combine_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(y, eo, sel, sh, n_tok, K,
+                                                                        D);
+    return tm_cuda_launched(err, s, "dsv41_moe_combine");
+}

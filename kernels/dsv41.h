@@ -75,6 +75,152 @@ typedef struct tm_k_dsv41_select_args {
 
 tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *err);
 
+/* ---- the forward pass's ops (the CUDA engine's tm_cuda_arch_dsv41, runner/engine/cuda/dsv41.c):
+ * the CPU engine's arithmetic (fp32 values, double sums, exp / cos / sin in double, elementwise
+ * fp32 operations rounded as on the host), plain kernels: a first version checked against the CPU
+ * engine (tests/gpu/test_dsv41_cuda.c), not tuned. ---- */
+
+#define TM_DSV41_K_MAX_HC 8 /* hyper-connection streams */
+enum { TM_DSV41_K_SCORE_SQRTSOFTPLUS = 0, TM_DSV41_K_SCORE_SIGMOID, TM_DSV41_K_SCORE_SOFTMAX };
+
+/* Where a step's tokens live in the paged state (device arrays of the runtime's step metadata):
+ * the slot of position p of token t's sequence is
+ * block_tables[seq_bt[tok_seq[t]] + p / bs] * bs + p % bs. */
+typedef struct tm_k_dsv41_seqs {
+    const uint32_t *pos, *tok_seq, *seq_bt, *block_tables; /* [T], [T], [S], concatenated */
+    uint32_t bs;                                           /* block_size */
+} tm_k_dsv41_seqs;
+
+/* out[t][o] = x[t / x_div] . w[row0 + o] (+ sel[t] * w_expert elements when sel is given), a
+ * double sum rounded to fp32; w fp32 or bf16 rows of n_in. n_tok <= 65535. */
+typedef struct tm_k_dsv41_linear_args {
+    float *out;
+    const float *x;
+    const void *w;
+    const uint32_t *sel; /* [n_tok] expert of each row, or NULL */
+    size_t w_expert;     /* elements per expert */
+    uint64_t row0;
+    uint32_t ldo, ldx, n_tok, n_in, n_out, x_div;
+    int w_bf16;
+} tm_k_dsv41_linear_args;
+tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err);
+
+/* RMSNorm in place of n_row rows of n (stride ld), weight w (NULL: none), double sums. */
+tm_rc tm_k_dsv41_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row, uint32_t n,
+                         float eps, cudaStream_t s, tm_err *err);
+
+/* Interleaved RoPE on each head's trailing rd values: x[t * tok_stride + h * head_stride ..]; the
+ * position is pos[t], or with lat_r > 0 the first position of the group of lat_r that pos[t]
+ * closes; angle = fp32(pos * inv_freq[i]); sign -1 rotates back. */
+typedef struct tm_k_dsv41_rope_args {
+    float *x;
+    const uint32_t *pos;
+    const float *inv_freq; /* [rd / 2] */
+    uint32_t n_tok, n_head, tok_stride, head_stride, hd, rd, lat_r;
+    float sign;
+} tm_k_dsv41_rope_args;
+tm_rc tm_k_dsv41_rope(const tm_k_dsv41_rope_args *a, cudaStream_t s, tm_err *err);
+
+/* x[t] = emb[tokens[t]] (fp32 or bf16 rows of D), every one of the N streams = x[t], pre[t] =
+ * (1, 0, ..). */
+tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const void *emb, int bf16,
+                       const uint32_t *tokens, uint32_t n_tok, uint32_t D, uint32_t N,
+                       cudaStream_t s, tm_err *err);
+
+/* The hyper-connection split of every token: mixes (the fn projection of the flattened streams)
+ * scaled by 1 / rms(streams) (norm_eps), then pre / post / comb with Sinkhorn. */
+typedef struct tm_k_dsv41_hc_split_args {
+    const float *mixes;   /* [n_tok][(2 + N) * N] */
+    const float *streams; /* [n_tok][N][D] */
+    const float *scale;   /* [3] */
+    const float *base;    /* [(2 + N) * N] */
+    float *pre, *post, *comb;
+    uint32_t n_tok, N, D, iters;
+    float norm_eps, hc_eps;
+} tm_k_dsv41_hc_split_args;
+tm_rc tm_k_dsv41_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_err *err);
+
+/* x[r] = rmsnorm(sum_i pre[t][i] * streams[t][i]) * w with t = rows[r] (rows NULL: t = r). */
+tm_rc tm_k_dsv41_collapse_norm(float *x, const float *streams, const float *pre,
+                               const uint32_t *rows, uint32_t n_row, uint32_t N, uint32_t D,
+                               const float *w, float eps, cudaStream_t s, tm_err *err);
+
+/* streams[t][c] = post[t][c] * y[t] + sum_j comb[t][j][c] * streams[t][j] (double sums). */
+tm_rc tm_k_dsv41_hc_expand(float *streams, const float *y, const float *post, const float *comb,
+                           uint32_t n_tok, uint32_t N, uint32_t D, cudaStream_t s, tm_err *err);
+
+/* field[slot * fld + j] = src[t * lds + j] for j < n: r 0 at the token's own slot; r >= 1 only
+ * for tokens closing a group of r (at the slot of the group's first position). */
+typedef struct tm_k_dsv41_store_args {
+    float *field;
+    const float *src;
+    uint32_t fld, lds, n, n_tok, r;
+} tm_k_dsv41_store_args;
+tm_rc tm_k_dsv41_store(const tm_k_dsv41_store_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                       tm_err *err);
+
+/* The compressor's latent of every token: r 1 ckv[t]; r > 1, for a token closing a group, the
+ * per-channel softmax of the group's gates weighting its kv (tail field: kv | gate of hd each,
+ * stride tld), else 0. */
+tm_rc tm_k_dsv41_latent(float *lat, const float *ckv, const float *tail, uint32_t tld, uint32_t hd,
+                        uint32_t r, uint32_t n_tok, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                        tm_err *err);
+
+/* field[slot[t] * fld] = the bits of tmap[tokens[t]] (Engram's compressed ids in the state). */
+tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t *tokens, const int32_t *tmap,
+                           const uint32_t *slot, uint32_t n_tok, cudaStream_t s, tm_err *err);
+
+/* The indexer's scores: lens[t] = (pos + 1) / r, score[t][k] = sum_h relu(q[t][h] . key(k)) *
+ * w[t][h] * iscale for k < lens[t] (key(k): key_field at the slot of position k * r). */
+typedef struct tm_k_dsv41_iscore_args {
+    float *score; /* [n_tok][ld] */
+    uint32_t *lens;
+    const float *q, *w, *key_field;
+    size_t ld;
+    double iscale;
+    uint32_t kld, Hi, di, r, n_tok;
+} tm_k_dsv41_iscore_args;
+tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
+                              cudaStream_t s, tm_err *err);
+
+/* sparse_attn of every (token, head) over the window rows (win field) and, with r > 0, the picked
+ * compressed rows (comp field, row k at the slot of position k * r), the sink in the denominator;
+ * the output's rope slice rotated back with inv_freq. */
+typedef struct tm_k_dsv41_attn_args {
+    float *o;                /* [n_tok][H][hd] */
+    const float *q;          /* [n_tok][H][hd] */
+    const float *win, *comp; /* state fields */
+    const int32_t *pick;     /* [n_tok][topk] */
+    const uint32_t *n_pick;  /* [n_tok] */
+    const float *sinks;      /* [H] */
+    const float *inv_freq;   /* [rd / 2] */
+    uint32_t wld, cld, H, hd, rd, r, window, topk, n_tok;
+} tm_k_dsv41_attn_args;
+size_t tm_k_dsv41_attn_smem(uint32_t window, uint32_t topk, uint32_t hd);
+tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                      tm_err *err);
+
+/* The router: scores of logits [n_tok][E] in place (score function of gate_temp), top K of score
+ * + bias (ties to the lower id) into sel, their weights (normalised with norm_topk when K > 1,
+ * times route_scale). */
+typedef struct tm_k_dsv41_route_args {
+    float *logits;
+    const float *bias; /* [E] or NULL */
+    uint32_t *sel;     /* [n_tok][K] */
+    float *weight;     /* [n_tok][K] */
+    uint32_t n_tok, E, K, score_func, norm_topk;
+    float gate_temp, route_scale;
+} tm_k_dsv41_route_args;
+tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *err);
+
+/* g = silu(min(g, lim)) * clamp(u, +-lim) (lim > 0; else unclamped) * wt[row] (wt NULL: 1). */
+tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
+                        const float *wt, cudaStream_t s, tm_err *err);
+
+/* y[t] = sum over the token's K experts in increasing id of eo[t * K + k] (double) + sh[t]. */
+tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
+                             uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,7 @@
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/engine/cpu/thread_pool.h"
 #include "runner/model/engram_hash.h"
+#include "runner/model/engram_open.h"
 #include "runner/model/engram_table.h"
 #include "runner/model/model_dsv41.h"
 #include "runner/tp/shard.h"
@@ -882,22 +883,10 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
                           "compression ratio %u",
                           opts->block_size, il, c->ratio[il]);
     if (c->n_engram) {
-        if (!opts->token_map)
-            return TM_ERR(err, TM_E_INVAL,
-                          "dsv41 engine: the model has Engram layers but no compressed token map "
-                          "was given (engine options token_map, built from the tokenizer)");
-        int32_t mx = -1;
-        for (uint32_t i = 0; i < opts->n_token_map; i++)
-            mx = opts->token_map[i] > mx ? opts->token_map[i] : mx;
-        if ((uint64_t)(mx + 1) != c->engram_compressed_vocab_size)
-            return TM_ERR(err, TM_E_INVAL,
-                          "dsv41 engine: config.json engram_compressed_vocab_size is %llu but the "
-                          "tokenizer's compressed vocabulary has %lld entries",
-                          (unsigned long long)c->engram_compressed_vocab_size, (long long)mx + 1);
-        if (c->engram_pad_id >= opts->n_token_map)
-            return TM_ERR(err, TM_E_INVAL,
-                          "dsv41 engine: engram_pad_id %u is outside the token map (%u)",
-                          c->engram_pad_id, opts->n_token_map);
+        tm_rc mrc = tm_dsv41_engram_map_check(c, opts->token_map, opts->n_token_map, "dsv41 engine",
+                                              err);
+        if (mrc)
+            return mrc;
     }
     const uint64_t max_pos64 = (uint64_t)opts->n_kv_block * opts->block_size;
     if (max_pos64 > (1u << 28))
@@ -1054,36 +1043,10 @@ tm_rc tm_dsv41_engine_create(const tm_model *m, const tm_engine_opts *opts, tm_e
     if (c->n_engram) {
         e->tmap = opts->token_map;
         e->n_tmap = opts->n_token_map;
-        tm_engram_params ep = {0};
-        ep.n_layer = c->n_engram;
-        ep.layer_ids = c->engram_layer_ids;
-        ep.num_embeddings = c->engram_num_embeddings;
-        ep.max_ngram = c->engram_max_ngram_size;
-        ep.n_heads = c->engram_n_heads;
-        ep.head_dim = c->engram_head_dim;
-        ep.vocab_size = c->engram_vocab_size;
-        ep.compressed_vocab = c->engram_compressed_vocab_size;
-        ep.pad_compressed = opts->token_map[c->engram_pad_id];
-        rc = tm_engram_layout_create(&ep, &e->lay, err);
+        rc = tm_dsv41_engram_open(c, m->dir, opts->token_map, rank, tp, opts->engram_cache_mb,
+                                  &e->lay, e->etab, err);
         if (rc)
             goto fail;
-        const uint64_t mb = opts->engram_cache_mb ? opts->engram_cache_mb
-                                                  : TM_ENGRAM_DEFAULT_CACHE_MB;
-        for (uint32_t k = 0; k < c->n_engram; k++) {
-            char wn[96], sn[96];
-            snprintf(wn, sizeof(wn), "layers.%u.engram.embed.weight", c->engram_layer_ids[k]);
-            snprintf(sn, sizeof(sn), "layers.%u.engram.embed.scale", c->engram_layer_ids[k]);
-            const tm_engram_table_cfg tc = {.path = m->dir,
-                                            .weight_name = wn,
-                                            .scale_name = sn,
-                                            .rank = rank,
-                                            .world = tp,
-                                            .cache_bytes = mb << 20,
-                                            .n_io_threads = 0};
-            rc = tm_engram_table_open(&tc, &e->etab[k], err);
-            if (rc)
-                goto fail;
-        }
     }
     rc = tm_cpu_pool_create(e->n_thread, &e->pool, err);
     if (rc == TM_OK && w->dspark && tp == 1) // DSpark: tp 1 only (docs/speculative.md)

@@ -34,6 +34,7 @@ typedef struct tm_cuda_step tm_cuda_step;     /* one packed step (engine_cuda_in
 
 typedef struct tm_cuda_arch {
     const char *name; /* "llama" */
+    int eager;        /* 1: never captured into CUDA graphs (host work inside every step) */
     /* The shapes the kernels support (model cfg, before any sharding). TM_E_INVAL with a message
      * starting "cuda engine: ". */
     tm_rc (*check_cfg)(const tm_model_cfg *c, tm_err *err);
@@ -76,5 +77,8 @@ extern const tm_cuda_arch tm_cuda_arch_llama;
 /* DeepSeek-V4 (single GPU); dsv4.c. Its init raises impl->kv_dim to the width of its per-token
  * state (laid out inside the K and V rows), before the runtime sizes the KV pool. */
 extern const tm_cuda_arch tm_cuda_arch_dsv4;
+/* DeepSeek-V4.1 (single GPU, eager: Engram rows are hashed and read on the host every step);
+ * dsv41.c. Its init raises impl->kv_dim like dsv4's. */
+extern const tm_cuda_arch tm_cuda_arch_dsv41;
 
 #endif /* TM_RUNNER_ENGINE_CUDA_ARCH_H */

@@ -66,10 +66,9 @@ typedef struct tm_cuda_samp {
 /* The CUDA engine's table of architectures (arch.h), indexed by tm_arch: one line per
  * architecture. */
 static const tm_cuda_arch *const cuda_archs[TM_ARCH_COUNT] = {
-    [TM_ARCH_LLAMA] = &tm_cuda_arch_llama,
-    [TM_ARCH_QWEN2] = &tm_cuda_arch_llama,
-    [TM_ARCH_MISTRAL] = &tm_cuda_arch_llama,
-    [TM_ARCH_DEEPSEEK_V4] = &tm_cuda_arch_dsv4,
+    [TM_ARCH_LLAMA] = &tm_cuda_arch_llama,        [TM_ARCH_QWEN2] = &tm_cuda_arch_llama,
+    [TM_ARCH_MISTRAL] = &tm_cuda_arch_llama,      [TM_ARCH_DEEPSEEK_V4] = &tm_cuda_arch_dsv4,
+    [TM_ARCH_DEEPSEEK_V41] = &tm_cuda_arch_dsv41,
 };
 
 /* The architecture table of a model, or NULL when the CUDA engine has none for it. */
@@ -726,7 +725,8 @@ void tm_engine_cuda_set_graphs(tm_engine *eng, int on) {
         return;
     tm_cuda_engine *impl = eng->impl;
     // the host all-reduce transport synchronizes inside its collectives: never captured
-    impl->use_graphs = on && (!impl->comm || tm_cuda_comm_graphable(impl->comm));
+    impl->use_graphs = on && !impl->arch->eager &&
+                       (!impl->comm || tm_cuda_comm_graphable(impl->comm));
 }
 
 /* ---- create / destroy ---- */
@@ -851,10 +851,6 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
                       "cuda engine: kv_cache_dtype fp8 with tp_size %u is not supported yet",
                       tp_size);
     const tm_cuda_arch *arch = pick_arch(m->cfg.arch);
-    if (m->cfg.arch == TM_ARCH_DEEPSEEK_V41) // docs/deepseek_v41.md
-        return TM_ERR(err, TM_E_INVAL,
-                      "cuda engine: deepseek_v41 runs on the cpu backend for now (engine.backend "
-                      "\"cpu\")");
     if (!arch)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: architecture %s not supported (the Llama family: llama, "
@@ -900,7 +896,7 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     impl->eng.impl = impl;
     impl->arch = arch;
     impl->cfg = *c;
-    impl->use_graphs = 1;
+    impl->use_graphs = !arch->eager;
     impl->random = random;
     impl->random_fmt = (uint8_t)fmt;
     impl->device = device;
