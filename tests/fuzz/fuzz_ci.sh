@@ -14,8 +14,8 @@
 # address: the binaries are built without stack-depth coverage (CMakeLists.txt,
 # TM_FUZZ_STACK_DEPTH). --shift-check keeps it so: the target runs a second time (kept in
 # WORK.shift) with the same argv and the environment 16 bytes longer (TM_FUZZ_CI_PAD: the stack
-# starts 16 bytes lower, which flipped two targets' kept inputs with stack-depth coverage on), and
-# the test fails when the two digests differ.
+# starts 16 bytes lower, which flipped three targets' kept inputs with stack-depth coverage on),
+# and the test fails when the two digests differ.
 # For the log (with --shift-check a line "fuzz_ci: <name>: the same digest ..." follows):
 #   fuzz_ci: <name> seed S runs R: corpus N inputs replayed, E executed, K kept, digest D
 # where D is a hash of the names of the inputs libFuzzer kept (each the SHA-1 of its content):
