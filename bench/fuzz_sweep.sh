@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/fuzz_sweep.sh BUILD [SECONDS] [TARGET...] - long fuzz sweep of the libFuzzer targets
 # (RELIABILITY.md #13), one process at a time on one core (no -jobs/-workers), for the nightly run.
-# BUILD is a -DTM_FUZZ=ON build dir with `--target fuzz_bins` built; SECONDS (default 420) is the
-# time per target: two thirds with CI's flags (-timeout=10 -rss_limit_mb=2048, max_len and dict as
+# BUILD is a -DTM_FUZZ=ON build dir with `--target fuzz_bins` built (-DTM_FUZZ_STACK_DEPTH=ON adds
+# the stack depth as a feature, off in the gate's builds: CMakeLists.txt); SECONDS (default 420) is
+# the time per target: two thirds with CI's flags (-timeout=10 -rss_limit_mb=2048, max_len and dict as
 # the ctest fuzz_<name> line in CMakeLists.txt), then one third with -timeout=3 on the grown corpus
 # to catch inputs that would time out on a slower or loaded CI machine. Each target starts from its
 # committed corpus tests/fuzz/corpus_<name> (read only) into a scratch dir; a run that stops on a
