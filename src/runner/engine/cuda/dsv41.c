@@ -995,6 +995,12 @@ static tm_rc engram_begin(tm_cuda_engine *impl, v41g *g, const tm_cuda_step *st,
     const uint32_t *tok = host_meta(impl, st->tokens), *pos = host_meta(impl, st->pos);
     const uint32_t *tseq = host_meta(impl, st->tok_seq), *sbt = host_meta(impl, st->seq_bt);
     const uint32_t *bt = host_meta(impl, st->block_tables), bs = impl->eng.opts.block_size;
+    for (uint32_t t = 0; t < T; t++) // before the kernel reads the map with them
+        if (tok[t] >= g->n_tmap)
+            return TM_ERR(err, TM_E_INVAL,
+                          "cuda engine: dsv41: token id %u has no entry in the Engram compressed "
+                          "token map (%u entries)",
+                          tok[t], g->n_tmap);
     float *cidf = field(impl, g, 0, g->L[0].f_cid);
     tm_rc rc = tm_k_dsv41_cid_store(cidf, g->P, st->tokens, g->tmap_d, st->slot, T, impl->stream,
                                     err);
@@ -1019,11 +1025,6 @@ static tm_rc engram_begin(tm_cuda_engine *impl, v41g *g, const tm_cuda_step *st,
     for (uint32_t t = 0; t < T; t++) {
         if (t == 0 || tseq[t - 1] != tseq[t])
             t0 = t;
-        if (tok[t] >= g->n_tmap)
-            return TM_ERR(err, TM_E_INVAL,
-                          "cuda engine: dsv41: token id %u has no entry in the Engram compressed "
-                          "token map (%u entries)",
-                          tok[t], g->n_tmap);
         int64_t ctx[TM_ENGRAM_MAX_NGRAM];
         for (uint32_t k = 0; k < ng; k++) {
             if (k > pos[t])
