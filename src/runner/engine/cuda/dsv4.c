@@ -275,7 +275,8 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         g->mxfp4 = impl->random_fmt != TM_CUDA_W_BF16;
     } else {
         // the runtime checks the weights at tp 1 only; the slicing below relies on them too
-        if (impl->tp_size > 1 && (rc = check_weights(m, err)))
+        rc = impl->tp_size > 1 ? check_weights(m, err) : TM_OK;
+        if (rc)
             return rc;
         g->mxfp4 = w->layers && w->layers[0].gate_up.quant == TM_QUANT_MXFP4;
         for (uint32_t l = 0; w->layers && l < c->n_layer; l++)
