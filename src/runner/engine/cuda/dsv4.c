@@ -58,6 +58,7 @@
 #include "runner/engine/cuda/weights.h"
 #include "runner/model/model_dsv4.h"
 #include "runner/tp/shard.h"
+#include "runner/tp/shard_quant.h"
 
 #define UPLOAD_CHUNK TM_CUDA_UPLOAD_CHUNK
 
@@ -274,7 +275,8 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         g->mxfp4 = impl->random_fmt != TM_CUDA_W_BF16;
     } else {
         // the runtime checks the weights at tp 1 only; the slicing below relies on them too
-        if (impl->tp_size > 1 && (rc = check_weights(m, err)))
+        rc = impl->tp_size > 1 ? check_weights(m, err) : TM_OK;
+        if (rc)
             return rc;
         g->mxfp4 = w->layers && w->layers[0].gate_up.quant == TM_QUANT_MXFP4;
         for (uint32_t l = 0; w->layers && l < c->n_layer; l++)
@@ -552,79 +554,13 @@ static tm_rc up_sub(uint16_t *dst, const tm_tensor *t, size_t C, size_t r0, size
     return rc;
 }
 
-/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of the FP8 128 x 128 block-scaled matrix t
- * ([R][C] e4m3) into q's codes from row qrow (q->n_in == nc) and its scales from block row
- * qrow / 128: the codes through the host buffer hb (UPLOAD_CHUNK bytes), the scale blocks
- * [r0 / 128, ...) x [c0 / 128, ...) through fb (fp32 scales converted as up_q8). r0 and c0 are
- * multiples of 128 (init refuses other slices), so the slice's blocks are whole blocks of t's
- * grid (a trailing part block of the slice lies inside one of t's). */
+/* TP: rows [r0, r0 + nr) x columns [c0, c0 + nc) of the FP8 matrix t into q's codes and scales
+ * from row qrow (runner/tp/shard_quant.h; init refused slices that do not start on a block). */
 static tm_rc up_q8_sub(const dq8 *q, size_t qrow, const tm_tensor *t, size_t r0, size_t nr,
                        size_t c0, size_t nc, uint8_t *hb, float *fb, tm_err *err) {
-    const size_t C = t->shape[1], gc = TM_CEIL_DIV(C, (size_t)128);
-    TM_ASSERT(r0 % 128 == 0 && c0 % 128 == 0 && qrow % 128 == 0 && nc == q->n_in);
-    TM_ASSERT(r0 + nr <= t->shape[0] && c0 + nc <= C && nc <= UPLOAD_CHUNK);
-    const uint8_t *w = t->data;
-    const size_t per = UPLOAD_CHUNK / nc;
-    tm_rc rc = TM_OK;
-    for (size_t i = 0; !rc && i < nr; i += per) {
-        const size_t k = TM_MIN(per, nr - i);
-        for (size_t j = 0; j < k; j++)
-            memcpy(hb + j * nc, w + (r0 + i + j) * C + c0, nc);
-        rc = tm_cuda_h2d(q->w + (qrow + i) * nc, hb, k * nc, err);
-    }
-    const size_t sr0 = r0 / 128, nsr = TM_CEIL_DIV(nr, (size_t)128), sc0 = c0 / 128,
-                 nsc = TM_CEIL_DIV(nc, (size_t)128);
-    TM_ASSERT(nsr * nsc <= UPLOAD_CHUNK);
-    const int e8 = q->sk == TM_K_FP8_BLOCK_E8M0;
-    for (size_t i = 0; i < nsr; i++) {
-        if (e8)
-            memcpy(hb + i * nsc, (const uint8_t *)t->scale + (sr0 + i) * gc + sc0, nsc);
-        else
-            tm_dtype_to_f32(t->scale, (tm_dtype)t->scale_dtype, (sr0 + i) * gc + sc0, nsc,
-                            fb + i * nsc);
-    }
-    const size_t s0 = qrow / 128 * nsc;
-    if (!rc && e8)
-        rc = tm_cuda_h2d((uint8_t *)q->scale + s0, hb, nsr * nsc, err);
-    else if (!rc)
-        rc = tm_cuda_h2d((float *)q->scale + s0, fb, nsr * nsc * 4, err);
-    return rc;
-}
-
-/* TP: this rank's channels [f0, f0 + Is) of the MXFP4 routed experts (e2m1 codes two a byte,
- * one e8m0 scale per 32 values of a row): gate_up ([E][2I][D]) rows f0.. and I + f0.. of every
- * expert, copied whole (a row is D / 2 bytes and D / 32 scales); down ([E][D][I]) columns f0.. of
- * every row, Is / 2 bytes and Is / 32 scales from byte f0 / 2 and scale f0 / 32 (f0 and Is are
- * multiples of 32: init). Through hb (UPLOAD_CHUNK bytes). */
-static tm_rc up_mxfp4_shard(dlayer *L, const tm_dsv4_layer *W, size_t E, size_t D, size_t I,
-                            size_t f0, size_t Is, uint8_t *hb, tm_err *err) {
-    TM_ASSERT(f0 % 32 == 0 && Is % 32 == 0 && D % 32 == 0);
-    const uint8_t *gw = W->gate_up.data, *gs = W->gate_up.scale;
-    const uint8_t *dw = W->down.data, *ds = W->down.scale;
-    uint8_t *ogw = L->gu_w, *odw = L->dn_w;
-    tm_rc rc = TM_OK;
-    for (size_t e = 0; !rc && e < E; e++)
-        for (size_t h = 0; !rc && h < 2; h++) { // gate rows, then up rows
-            const size_t src = e * 2 * I + h * I + f0, dst = (e * 2 + h) * Is;
-            rc = tm_cuda_h2d(ogw + dst * D / 2, gw + src * D / 2, Is * D / 2, err);
-            if (!rc)
-                rc = tm_cuda_h2d(L->gu_s + dst * D / 32, gs + src * D / 32, Is * D / 32, err);
-        }
-    const size_t rows = E * D, wb = Is / 2, sbn = Is / 32, per = UPLOAD_CHUNK / wb;
-    for (size_t r = 0; !rc && r < rows; r += per) { // down: codes
-        const size_t k = TM_MIN(per, rows - r);
-        for (size_t j = 0; j < k; j++)
-            memcpy(hb + j * wb, dw + (r + j) * (I / 2) + f0 / 2, wb);
-        rc = tm_cuda_h2d(odw + r * wb, hb, k * wb, err);
-    }
-    const size_t sper = UPLOAD_CHUNK / sbn;
-    for (size_t r = 0; !rc && r < rows; r += sper) { // down: scales
-        const size_t k = TM_MIN(sper, rows - r);
-        for (size_t j = 0; j < k; j++)
-            memcpy(hb + j * sbn, ds + (r + j) * (I / 32) + f0 / 32, sbn);
-        rc = tm_cuda_h2d(L->dn_s + r * sbn, hb, k * sbn, err);
-    }
-    return rc;
+    TM_ASSERT(nc == q->n_in);
+    return tm_shard_fp8_block_put(tm_cuda_h2d, q->w, q->scale, q->sk == TM_K_FP8_BLOCK_E8M0, qrow,
+                                  t, r0, nr, c0, nc, hb, fb, UPLOAD_CHUNK, err);
 }
 
 /* TP: elements [e0, e0 + n) of the 1-D tensor t as a view (its data borrowed). */
@@ -640,7 +576,7 @@ static tm_tensor elems(const tm_tensor *t, size_t e0, size_t n) {
  * and sinks of its heads, o_a rows and o_b columns of its groups, its width of every expert. The
  * bf16 copies of quantized tensors are dequantized slices (up_sub); the FP8 forms the decode
  * GEMMs run on (q->on: q_b, o_b, the shared expert) get the codes and scale blocks of the same
- * slices (up_q8_sub), MXFP4 routed experts their packed slices (up_mxfp4_shard). */
+ * slices (up_q8_sub), MXFP4 routed experts their packed slices (runner/tp/shard_quant.h). */
 static tm_rc upload_shard(tm_cuda_engine *impl, dsv4 *g, const tm_model *m, uint16_t *stage,
                           float *fb, tm_err *err) {
     const tm_dsv4 *w = tm_model_dsv4(m);
@@ -686,7 +622,9 @@ static tm_rc upload_shard(tm_cuda_engine *impl, dsv4 *g, const tm_model *m, uint
         if (!rc && L->q8[Q8_SHDN].on)
             rc = up_q8_sub(&L->q8[Q8_SHDN], 0, &W->sh_down, 0, D, sh->f0, Is, hb, fb, err);
         if (!rc && g->mxfp4) {
-            rc = up_mxfp4_shard(L, W, g->E, D, I, sh->f0, Is, hb, err);
+            rc = tm_shard_mxfp4_experts_put(tm_cuda_h2d, L->gu_w, L->gu_s, L->dn_w, L->dn_s,
+                                            &W->gate_up, &W->down, sh->f0, Is, hb, UPLOAD_CHUNK,
+                                            err);
             continue;
         }
         // routed experts (bf16, or FP8 dequantized): [E][2I][D] gate rows f0.., up rows
