@@ -37,11 +37,12 @@ typedef struct tm_source_klag {
                         * durable and committed; -1 unknown */
 } tm_source_klag;
 
-/* Messages of a Kafka input that made no record (tm_source_kafka_skips). */
+/* Messages of a Kafka input that made no record, and records taken back (tm_source_kafka_skips). */
 typedef struct tm_source_kskips {
     uint64_t tombstones; /* null values */
     uint64_t empty;      /* empty or blank values */
     uint64_t done;       /* done in the manifest already (an earlier run answered them) */
+    uint64_t released;   /* records handed out, then released at a revoke before they started */
 } tm_source_kskips;
 
 #endif /* TM_INGEST_KPOS_H */

@@ -121,6 +121,8 @@ void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed) {
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
     p->n_done++;
+    if (c->released) // taken back by its source (counted as read): nothing else to count
+        return;
     if (c->err_code != TM_ERRCODE_NONE) {
         p->n_failed++;
         return;
