@@ -130,8 +130,7 @@ static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
                         "producer's queue; librdkafka's detail at -v)",
                         now, ko->last_error[0] ? ko->last_error : "no connection");
         else
-            TM_LOG_INFO("kafka_out", "brokers: every broker in use is up again (were: %s)",
-                        before);
+            TM_LOG_INFO("kafka_out", "brokers: every broker in use is up again (were: %s)", before);
         tm_free(ko->brokers_down);
         ko->brokers_down = now ? tm_strdup(now) : NULL;
         ko->last_report_ms = t;
