@@ -778,14 +778,20 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
 #define KLAG_MAX 256 /* partitions in the figures */
 
 // Kafka figures for the progress line and textfile (tm_progress_kafka_fn over the source).
-static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap) {
+static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap,
+                             tm_progress_ktotals *tot) {
     tm_source_klag k[KLAG_MAX];
     size_t n = tm_source_kafka_lag(ctx, k, KLAG_MAX);
     for (size_t i = 0; i < n && i < cap && i < KLAG_MAX; i++)
         out[i] = (tm_progress_kpart){.topic = k[i].topic,
                                      .partition = k[i].partition,
                                      .committed = k[i].committed,
-                                     .lag = k[i].lag};
+                                     .lag = k[i].lag,
+                                     .read_ahead = k[i].read_ahead};
+    tm_source_kskips sk;
+    tm_source_kafka_skips(ctx, &sk);
+    *tot =
+        (tm_progress_ktotals){.commits = sk.commits, .errors = sk.errors, .released = sk.released};
     return n < KLAG_MAX ? n : KLAG_MAX;
 }
 
@@ -816,7 +822,9 @@ static tm_rc metrics_kafka(job_run *j, bool log_skips, tm_err *err) {
                                                     .tombstones = sk.tombstones,
                                                     .empty = sk.empty,
                                                     .done_before = sk.done,
-                                                    .released = sk.released},
+                                                    .released = sk.released,
+                                                    .commits = sk.commits,
+                                                    .errors = sk.errors},
                                 err);
 }
 

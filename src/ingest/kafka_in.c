@@ -395,6 +395,10 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
             warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
         }
         pthread_mutex_lock(&ki->mu);
+        if (e)
+            ki->skips.errors++;
+        else if (sync)
+            ki->skips.commits++; // async: on_commit counts the answer
         for (int i = 0; i < l->cnt; i++) {
             kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
             if (p && e)
@@ -412,10 +416,15 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e, rd_kafka_topic_part
                       void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
-    if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET)
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET) {
+        pthread_mutex_lock(&ki->mu);
+        ki->skips.commits += e == RD_KAFKA_RESP_ERR_NO_ERROR;
+        pthread_mutex_unlock(&ki->mu);
         return;
+    }
     warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
     pthread_mutex_lock(&ki->mu);
+    ki->skips.errors++;
     for (int i = 0; offs && i < offs->cnt; i++) {
         kpart *p = part_find(ki, offs->elems[i].topic, offs->elems[i].partition);
         if (p)
@@ -666,6 +675,9 @@ static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
         ki->n_quiet++;
         return;
     }
+    pthread_mutex_lock(&ki->mu);
+    ki->skips.errors++;
+    pthread_mutex_unlock(&ki->mu);
     if (e == RD_KAFKA_RESP_ERR__TRANSPORT || e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
         e == RD_KAFKA_RESP_ERR__RESOLVE) { // on_stats sums these up, one line per change
         ki->n_detail++;
@@ -1443,6 +1455,9 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
         char why[256];
         if (rd_kafka_fatal_error(ki->rk, why, sizeof(why)))
             return TM_ERR(err, TM_E_KAFKA, "input.kafka: fatal consumer error: %s", why);
+        pthread_mutex_lock(&ki->mu);
+        ki->skips.errors++;
+        pthread_mutex_unlock(&ki->mu);
         warn_limited(ki, "consumer: %s%s", rd_kafka_message_errstr(m), "");
         return TM_OK;
     }
@@ -1794,7 +1809,8 @@ size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap) {
                                       .committed = p->shown_committed,
                                       .position = p->hi >= 0 ? p->hi + 1 : -1,
                                       .high = p->high_now,
-                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag};
+                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag,
+                                      .read_ahead = p->n_flight};
         }
         n++;
     }

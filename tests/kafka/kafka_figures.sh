@@ -7,7 +7,10 @@
 #   - metrics.json has kafka.partitions (both partitions: committed offset, position, high
 #     watermark, lag; committed offsets reach the high watermarks), kafka.tombstones 2 and
 #     kafka.empty_values 1, and logs the skip;
-#   - the textfile has tokenmill_kafka_lag and tokenmill_kafka_committed_offset per partition.
+#   - the textfile (rewritten every second, the run's periodic snapshot) has tokenmill_kafka_lag,
+#     tokenmill_kafka_committed_offset and tokenmill_kafka_read_ahead per partition and the
+#     counters tokenmill_kafka_offset_commits_total (some), _errors_total, _released_total (0);
+#     metrics.json kafka.commits, .errors, .released likewise.
 # A rerun after 5 more records logs the records the earlier run committed (40, the job's counts,
 # not the last run's done set) and ends with 45 records in all. Then the brokers go down and up
 # under a follow-mode job writing its answers to Kafka (all brokers: whichever the consumer and
@@ -38,6 +41,7 @@ grep -q "2 tombstone(s) (null values) and 1 empty value(s) made no record" "$wor
 node -e '
   const m = require(process.argv[1]), k = m.kafka, fail = (s) => { console.error("FAIL: " + s + " " + JSON.stringify(k)); process.exit(1); };
   if (!k || k.tombstones !== 2 || k.empty_values !== 1) fail("skip counts");
+  if (!(k.commits >= 1) || !(k.errors >= 0) || k.released !== 0) fail("counters");
   if (k.partitions.length !== 2) fail("partitions");
   let high = 0;
   for (const p of k.partitions) {
@@ -52,12 +56,17 @@ if [ -d "$src/third_party/npm/node_modules/ajv" ]; then # the new fields follow 
     node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/metrics.schema.json" "$work/a/metrics.json"
     node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/manifest.schema.json" "$work/a/manifest.json"
 fi
-for metric in tokenmill_kafka_lag tokenmill_kafka_committed_offset; do
+for metric in tokenmill_kafka_lag tokenmill_kafka_committed_offset tokenmill_kafka_read_ahead; do
     for p in 0 1; do
         grep -q "^$metric{job=\".*\",topic=\"jobs\",partition=\"$p\"} [0-9]" "$work/tm.prom" ||
             { echo "FAIL: no $metric for partition $p"; cat "$work/tm.prom"; exit 1; }
     done
 done
+# the consumer's counters: its offset commits (some accepted), errors and released records
+grep -q '^tokenmill_kafka_offset_commits_total{job=".*"} [1-9][0-9]*$' "$work/tm.prom" &&
+    grep -q '^tokenmill_kafka_errors_total{job=".*"} [0-9]*$' "$work/tm.prom" &&
+    grep -q '^tokenmill_kafka_released_total{job=".*"} 0$' "$work/tm.prom" ||
+    { echo "FAIL: Kafka counters in the textfile"; grep kafka "$work/tm.prom"; exit 1; }
 tail -5 "$work/data/in.jsonl" | keyed | kcat -P -b "$bs" -t jobs -K $'\t'
 "$build/tokenmill" run "$work/a.json" >"$work/a2.log" 2>&1 || { echo "FAIL: run 2"; tail "$work/a2.log"; exit 1; }
 grep -q "resuming in .*: 40 records committed by 1 earlier run(s)" "$work/a2.log" ||
