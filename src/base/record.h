@@ -199,6 +199,9 @@ typedef struct tm_completion {
     uint32_t n_spec_drafts;    /* verifications of >= 1 draft (all samples of the record) */
     uint32_t n_spec_draft_tok; /* draft tokens verified */
     uint32_t n_spec_accepted;  /* draft tokens accepted */
+    int released; /* 1: the source took the record back before it started (a Kafka partition
+                   * revoked while the record was queued; tm_runner_cfg.start): nothing but
+                   * seq_no is set; no output, no counts, only its seq_no is committed and acked */
 } tm_completion;
 
 /* Free everything a record owns, and the record itself. NULL is a no-op. */

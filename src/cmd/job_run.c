@@ -778,14 +778,20 @@ static tm_rc metrics_setup(job_run *j, tm_err *err) {
 #define KLAG_MAX 256 /* partitions in the figures */
 
 // Kafka figures for the progress line and textfile (tm_progress_kafka_fn over the source).
-static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap) {
+static size_t progress_kafka(void *ctx, tm_progress_kpart *out, size_t cap,
+                             tm_progress_ktotals *tot) {
     tm_source_klag k[KLAG_MAX];
     size_t n = tm_source_kafka_lag(ctx, k, KLAG_MAX);
     for (size_t i = 0; i < n && i < cap && i < KLAG_MAX; i++)
         out[i] = (tm_progress_kpart){.topic = k[i].topic,
                                      .partition = k[i].partition,
                                      .committed = k[i].committed,
-                                     .lag = k[i].lag};
+                                     .lag = k[i].lag,
+                                     .read_ahead = k[i].read_ahead};
+    tm_source_kskips sk;
+    tm_source_kafka_skips(ctx, &sk);
+    *tot =
+        (tm_progress_ktotals){.commits = sk.commits, .errors = sk.errors, .released = sk.released};
     return n < KLAG_MAX ? n : KLAG_MAX;
 }
 
@@ -815,7 +821,10 @@ static tm_rc metrics_kafka(job_run *j, bool log_skips, tm_err *err) {
                                                     .n_parts = n,
                                                     .tombstones = sk.tombstones,
                                                     .empty = sk.empty,
-                                                    .done_before = sk.done},
+                                                    .done_before = sk.done,
+                                                    .released = sk.released,
+                                                    .commits = sk.commits,
+                                                    .errors = sk.errors},
                                 err);
 }
 
@@ -884,6 +893,9 @@ static tm_rc io_open(job_run *j, tm_err *err) {
         return rc;
     const bool txn_offsets = spec->kafka_in && spec->kafka && spec->kafka->transactional_id;
     tm_source_set_txn(j->src, txn_offsets);
+    // A revoked partition's records not started yet go back to the group (the runner asks the
+    // source before it starts each record: run_records).
+    tm_source_set_release(j->src, true);
     // The sink thread's writer; each output it gets as soon as it is open (it closes them).
     j->si = (sink_input){.src = j->src, .txn_offsets = txn_offsets};
     rc = tm_sink_writer_create(
@@ -951,6 +963,9 @@ static tm_rc threads_start(job_run *j, tm_err *err) {
 }
 
 // The runner on this thread, from q_in to q_out, until the input is drained.
+// The runner's tm_runner_cfg.start over the source (a Kafka source may have released the record).
+static bool start_record(void *ctx, uint64_t seq_no) { return tm_source_start(ctx, seq_no); }
+
 static tm_rc run_records(job_run *j, tm_err *err) {
     const tm_job_spec *spec = j->p.spec;
     tm_runner_cfg rcfg = {
@@ -967,6 +982,8 @@ static tm_rc run_records(job_run *j, tm_err *err) {
         .live_tok_gen = &j->live_tok_gen,
         .live_tok_prompt = &j->live_tok_prompt,
         .stop_on_signal = spec->kafka_in == NULL,
+        .start = spec->kafka_in ? start_record : NULL,
+        .start_ctx = j->src,
         .admit_early = spec->kafka_in != NULL || j->rs.man.in_stdin.set,
         .spec_k = spec->engine.spec_k,
         .spec_lookup_min = spec->engine.spec_lookup_min,

@@ -29,7 +29,10 @@
 #define DESTROY_WAIT_MS 1000 /* destroy_bounded */
 #define EXIT_WAIT_MS 10000   /* wait_abandoned_at_exit */
 
-enum { ST_IN_FLIGHT = 0, ST_WRITTEN, ST_ACKED };
+/* A record handed out: queued for the runner (IN_FLIGHT), started by it (tm_kafka_in_start), in
+ * the commit being made, durable; or RELEASED: taken back at a revoke before it started (never
+ * answered here, never done; its completion only keeps seq_nos dense). */
+enum { ST_IN_FLIGHT = 0, ST_STARTED, ST_WRITTEN, ST_ACKED, ST_RELEASED };
 
 typedef struct kpart {
     char *topic; /* owned */
@@ -38,7 +41,9 @@ typedef struct kpart {
     bool revoking;           /* being revoked: the rebalance callback waits for its records */
     int64_t hwm;             /* high watermark when the run started (drain target); 0 unknown */
     int64_t hi;              /* highest offset handled in this run (handed out, skipped, no record,
-                              * or before this consumer's start); -1 none */
+                              * or before this consumer's start); -1 none. A revoke that releases
+                              * records steps it back below them (release_revoked) */
+    int64_t hi_out;          /* highest offset ever handed out or skipped here; -1 none */
     int64_t committed;       /* offset this consumer last committed; -1 none */
     int64_t shown_committed; /* the last commit that succeeded (figures); -1 none */
     int64_t high_now;        /* high watermark as last fetched (figures); -1 unknown */
@@ -77,6 +82,8 @@ struct tm_kafka_in {
     bool coop; /* the group's rebalance protocol is COOPERATIVE (read on the first
                 * assignment: asking librdkafka during close can block, librdkafka#4041) */
     bool stop_logged;
+    bool release;      /* tm_kafka_in_set_release: the runner asks before it starts a record
+                        * (tm_kafka_in_start), so a revoke may take back the ones not started */
     bool lingering;    /* tm_kafka_in_linger: reads no more, stays in the group */
     bool started;      /* the brokers answered at start-up: librdkafka's log lines are shown */
     uint64_t n_quiet;  /* librdkafka log lines not shown while waiting for the brokers */
@@ -143,6 +150,7 @@ static kpart *part_get(tm_kafka_in *ki, const char *topic, int32_t partition, tm
     }
     p->partition = partition;
     p->hi = -1;
+    p->hi_out = -1;
     p->committed = -1;
     p->shown_committed = -1;
     p->high_now = -1;
@@ -256,14 +264,15 @@ static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t 
 }
 
 static void ring_trim(tm_kafka_in *ki) {
-    while (ki->ring_n > 0 && ki->ring[ki->ring_head].state == ST_ACKED) {
+    while (ki->ring_n > 0 && ki->ring[ki->ring_head].state >= ST_ACKED) {
         ki->ring_head = (ki->ring_head + 1) % ki->ring_cap;
         ki->ring_base++;
         ki->ring_n--;
     }
 }
 
-// scan_min of every partition: its lowest offset handed out and not yet durable.
+// scan_min of every partition: its lowest offset handed out and not yet durable (released
+// records included: they are not done).
 static void scan_unacked(tm_kafka_in *ki) {
     for (size_t i = 0; i < ki->n_parts; i++)
         ki->parts[i].scan_min = INT64_MAX;
@@ -363,7 +372,8 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
         kpart *p = &ki->parts[i];
         if (!p->owned || p->idle || p->hi < 0 || (only_revoking && !p->revoking))
             continue;
-        int64_t c = p->scan_min != INT64_MAX ? p->scan_min : p->hi + 1;
+        // hi + 1 also bounds it: released records may have left the ring (release_revoked)
+        int64_t c = p->scan_min < p->hi + 1 ? p->scan_min : p->hi + 1;
         if (c <= p->committed)
             continue;
         rd_kafka_topic_partition_list_add(l, p->topic, p->partition)->offset = c;
@@ -385,6 +395,10 @@ static void commit_offsets(tm_kafka_in *ki, bool sync, bool only_revoking) {
             warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
         }
         pthread_mutex_lock(&ki->mu);
+        if (e)
+            ki->skips.errors++;
+        else if (sync)
+            ki->skips.commits++; // async: on_commit counts the answer
         for (int i = 0; i < l->cnt; i++) {
             kpart *p = part_find(ki, l->elems[i].topic, l->elems[i].partition);
             if (p && e)
@@ -402,10 +416,15 @@ static void on_commit(rd_kafka_t *rk, rd_kafka_resp_err_t e, rd_kafka_topic_part
                       void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
-    if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET)
+    if (e == RD_KAFKA_RESP_ERR_NO_ERROR || e == RD_KAFKA_RESP_ERR__NO_OFFSET) {
+        pthread_mutex_lock(&ki->mu);
+        ki->skips.commits += e == RD_KAFKA_RESP_ERR_NO_ERROR;
+        pthread_mutex_unlock(&ki->mu);
         return;
+    }
     warn_limited(ki, "offset commit failed (retried later): %s%s", rd_kafka_err2str(e), "");
     pthread_mutex_lock(&ki->mu);
+    ki->skips.errors++;
     for (int i = 0; offs && i < offs->cnt; i++) {
         kpart *p = part_find(ki, offs->elems[i].topic, offs->elems[i].partition);
         if (p)
@@ -446,8 +465,8 @@ static bool revoked_in_flight(tm_kafka_in *ki) {
         const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
         if (ki->holding && ki->ring_base + i == ki->last_seq)
             continue; // held by the waiting source thread: dropped after the wait (drop_held)
-        if (e->state != ST_ACKED && ki->parts[e->part].revoking)
-            return true;
+        if (e->state < ST_ACKED && ki->parts[e->part].revoking)
+            return true; // released records are not waited for: nobody runs them here
     }
     return false;
 }
@@ -494,6 +513,73 @@ static void set_revoking(tm_kafka_in *ki, const rd_kafka_topic_partition_list_t 
             p->owned = false;
             p->committed = -1;
         }
+    }
+    pthread_mutex_unlock(&ki->mu);
+}
+
+/* Add offset o to the text of a run of offsets ("3-7,9"): *run_a..*run_b is the open run. */
+static void ranges_note(tm_buf *b, int64_t *run_a, int64_t *run_b, int64_t o, bool flush) {
+    tm_err err = {0};
+    if (!flush && *run_a >= 0 && o == *run_b + 1) {
+        *run_b = o;
+        return;
+    }
+    if (*run_a >= 0) {
+        if (*run_a == *run_b)
+            (void)tm_buf_printf(b, &err, "%s%lld", b->len ? "," : "", (long long)*run_a);
+        else
+            (void)tm_buf_printf(b, &err, "%s%lld-%lld", b->len ? "," : "", (long long)*run_a,
+                                (long long)*run_b);
+    }
+    *run_a = *run_b = flush ? -1 : o;
+}
+
+/* At a revoke (or loss): the records of the partitions being given up that were handed out but
+ * not started by the runner (still queued for it) are released: marked so that the runner drops
+ * them unanswered (tm_kafka_in_start says no), never done, never committed. The partition's hi
+ * steps back below the first of them, so that the commit that follows stops there (the next owner
+ * reads them) and, should the partition come back here, they are read again; the records of it
+ * that had started are then recognised and not handed out twice (handle_message). Not while
+ * lingering: the runner's input is closed then, so a partition coming back could not be read
+ * again; those records are finished here as before. One log line per partition, naming the
+ * offsets. The held record (tm_kafka_in_wait) is left to drop_held. */
+static void release_revoked(tm_kafka_in *ki) {
+    if (!ki->release || ki->lingering || ki->closing)
+        return;
+    pthread_mutex_lock(&ki->mu);
+    for (size_t pi = 0; pi < ki->n_parts; pi++) {
+        kpart *p = &ki->parts[pi];
+        if (!p->revoking)
+            continue;
+        tm_buf text = {0};
+        int64_t run_a = -1, run_b = -1, first = INT64_MAX;
+        uint64_t n = 0;
+        for (size_t i = 0; i < ki->ring_n; i++) {
+            ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
+            if (e->part != pi || e->state != ST_IN_FLIGHT)
+                continue;
+            if (ki->holding && ki->ring_base + i == ki->last_seq)
+                continue; // drop_held's
+            e->state = ST_RELEASED;
+            if (p->n_flight > 0)
+                p->n_flight--;
+            if (e->offset < first)
+                first = e->offset;
+            n++;
+            ranges_note(&text, &run_a, &run_b, e->offset, false);
+        }
+        ranges_note(&text, &run_a, &run_b, 0, true);
+        if (n > 0) {
+            if (p->hi >= first)
+                p->hi = first - 1;
+            ki->skips.released += n;
+            TM_LOG_INFO("kafka_in",
+                        "rebalance: %s/%d: %llu queued record(s) not started are released "
+                        "(offsets %s): not answered here; the partition's next owner answers them",
+                        p->topic, (int)p->partition, (unsigned long long)n,
+                        text.data ? text.data : "");
+        }
+        tm_buf_fini(&text);
     }
     pthread_mutex_unlock(&ki->mu);
 }
@@ -557,6 +643,7 @@ static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t e,
     } else {
         bool lost = rd_kafka_assignment_lost(rk);
         set_revoking(ki, parts, true, false);
+        release_revoked(ki);
         if (!lost && !ki->closing)
             wait_revoked_durable(ki, ki->revoke_wait_ms);
         if (!lost)
@@ -588,6 +675,9 @@ static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
         ki->n_quiet++;
         return;
     }
+    pthread_mutex_lock(&ki->mu);
+    ki->skips.errors++;
+    pthread_mutex_unlock(&ki->mu);
     if (e == RD_KAFKA_RESP_ERR__TRANSPORT || e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
         e == RD_KAFKA_RESP_ERR__RESOLVE) { // on_stats sums these up, one line per change
         ki->n_detail++;
@@ -1348,6 +1438,16 @@ static bool is_blank(const char *s, size_t n) {
     return true;
 }
 
+// Whether offset o of parts[part] is handed out here and not released, not yet durable (mu held).
+static bool running_here(const tm_kafka_in *ki, uint32_t part, int64_t o) {
+    for (size_t i = 0; i < ki->ring_n; i++) {
+        const ring_ent *e = &ki->ring[(ki->ring_head + i) % ki->ring_cap];
+        if (e->part == part && e->offset == o && e->state < ST_ACKED)
+            return true;
+    }
+    return false;
+}
+
 /* One polled message: *out gets a record, or stays NULL (skipped, an event, no record). */
 static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out, tm_err *err) {
     *out = NULL;
@@ -1355,6 +1455,9 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
         char why[256];
         if (rd_kafka_fatal_error(ki->rk, why, sizeof(why)))
             return TM_ERR(err, TM_E_KAFKA, "input.kafka: fatal consumer error: %s", why);
+        pthread_mutex_lock(&ki->mu);
+        ki->skips.errors++;
+        pthread_mutex_unlock(&ki->mu);
         warn_limited(ki, "consumer: %s%s", rd_kafka_message_errstr(m), "");
         return TM_OK;
     }
@@ -1378,6 +1481,15 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
     }
     rc = handled_up_to(p, o, err);
     p->hi = o;
+    uint32_t part = (uint32_t)(p - ki->parts);
+    // Read again after a revoke released records of the partition and it came back: what this
+    // run handed out there and did not release is done, or still running here.
+    if (!rc && o <= p->hi_out && (done_has(p, (uint64_t)o) || running_here(ki, part, o))) {
+        pthread_mutex_unlock(&ki->mu);
+        return TM_OK;
+    }
+    if (o > p->hi_out)
+        p->hi_out = o;
     const char *s = m->payload ? m->payload : "";
     size_t n = m->len;
     if (n >= 3 && memcmp(s, "\xef\xbb\xbf", 3) == 0) { // a BOM: each message is a whole file
@@ -1397,7 +1509,6 @@ static tm_rc handle_message(tm_kafka_in *ki, rd_kafka_message_t *m, tm_job **out
         rc = done_add(p, (uint64_t)o, (uint64_t)o, err);
         fp_note(p, o, ts);
     }
-    uint32_t part = (uint32_t)(p - ki->parts);
     pthread_mutex_unlock(&ki->mu);
     if (rc || done || blank)
         return rc;
@@ -1592,8 +1703,11 @@ static void drop_held(tm_kafka_in *ki, uint64_t held_seq) {
     ring_ent *e = ring_at(ki, held_seq);
     TM_ASSERT(e && held_seq == ki->ring_base + ki->ring_n - 1 && e->state == ST_IN_FLIGHT);
     kpart *p = &ki->parts[e->part];
-    TM_ASSERT(p->hi == e->offset); // no message of p was handled since it was handed out
-    p->hi = e->offset - 1;
+    // no message of p was handled since it was handed out (release_revoked may have stepped hi
+    // further back, below records released with it)
+    TM_ASSERT(p->hi <= e->offset);
+    if (p->hi == e->offset)
+        p->hi = e->offset - 1;
     if (p->n_flight > 0)
         p->n_flight--;
     const char *topic = p->topic; // owned by the partition table, which is never shrunk
@@ -1695,12 +1809,25 @@ size_t tm_kafka_in_lag(tm_kafka_in *ki, tm_source_klag *out, size_t cap) {
                                       .committed = p->shown_committed,
                                       .position = p->hi >= 0 ? p->hi + 1 : -1,
                                       .high = p->high_now,
-                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag};
+                                      .lag = lag < 0 && p->high_now >= 0 ? 0 : lag,
+                                      .read_ahead = p->n_flight};
         }
         n++;
     }
     pthread_mutex_unlock(&ki->mu);
     return n;
+}
+
+void tm_kafka_in_set_release(tm_kafka_in *ki, bool on) { ki->release = on; }
+
+bool tm_kafka_in_start(tm_kafka_in *ki, uint64_t seq_no) {
+    pthread_mutex_lock(&ki->mu);
+    ring_ent *e = ring_at(ki, seq_no);
+    bool run = !e || e->state != ST_RELEASED;
+    if (e && e->state == ST_IN_FLIGHT)
+        e->state = ST_STARTED;
+    pthread_mutex_unlock(&ki->mu);
+    return run;
 }
 
 void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out) {
@@ -1844,6 +1971,10 @@ static size_t kafka_lag(void *self, tm_source_klag *out, size_t cap) {
 
 static void kafka_skips(void *self, tm_source_kskips *out) { tm_kafka_in_skips(self, out); }
 
+static void kafka_set_release(void *self, bool on) { tm_kafka_in_set_release(self, on); }
+
+static bool kafka_start(void *self, uint64_t seq_no) { return tm_kafka_in_start(self, seq_no); }
+
 static uint64_t kafka_n_skipped(const void *self) {
     tm_source_kskips k;
     tm_kafka_in_skips((tm_kafka_in *)self, &k);
@@ -1873,5 +2004,7 @@ const tm_source_ops tm_kafka_in_ops = {
     .linger = kafka_linger,
     .kafka_lag = kafka_lag,
     .kafka_skips = kafka_skips,
+    .set_release = kafka_set_release,
+    .start = kafka_start,
     .n_skipped = kafka_n_skipped,
 };

@@ -44,6 +44,12 @@
  * dropped instead (tm_kafka_in_wait says so; never pushed, done, acknowledged or committed here),
  * so only its new owner answers it. Messages read ahead (paused) for given-up partitions are
  * discarded; should a partition come back, reading restarts at its committed offset.
+ * With tm_kafka_in_set_release, records of the revoked (or lost) partitions handed out and not
+ * started by the runner yet (queued for it: tm_kafka_in_start) are released first: not waited
+ * for, never answered, done or committed here (the revoke commit stops before the first of them),
+ * logged with their offsets; should the partition come back, they are read again and the records
+ * of it that had started are not handed out twice. Not while lingering (the runner's input is
+ * closed: those records are finished here as before).
  *
  * Backpressure: tm_kafka_in_wait pauses every assigned partition and keeps serving the consumer
  * (heartbeats, rebalances) while the runner's queue is full; the next tm_kafka_in_next resumes
@@ -120,6 +126,15 @@ void tm_kafka_in_skips(tm_kafka_in *ki, tm_source_kskips *out);
 const char *tm_kafka_in_cluster_id(const tm_kafka_in *ki);
 /* Offsets travel in the Kafka sink's transactions: the consumer commits nothing itself. */
 void tm_kafka_in_set_txn(tm_kafka_in *ki, bool on);
+/* Release on revoke (see Rebalance): the runner calls tm_kafka_in_start before it starts each
+ * record, so a revoke may take back the records of the revoked partitions not started yet. Set
+ * before the first tm_kafka_in_next; off by default (every record handed out is finished). */
+void tm_kafka_in_set_release(tm_kafka_in *ki, bool on);
+/* The runner starts record seq_no (admits it, or answers it with an error record): true, and a
+ * revoke can no longer release it; false: a revoke released it (its partition's next owner
+ * answers it): the runner must not answer it, and acknowledges its seq_no like any other once its
+ * (empty) completion is committed. Thread-safe (the runner's thread). */
+bool tm_kafka_in_start(tm_kafka_in *ki, uint64_t seq_no);
 
 /* Next record (see tm_source_next). Blocks while nothing arrives. TM_E_EOF in drain mode once
  * every assigned partition reached its start high watermark (and at least one assignment came),

@@ -30,18 +30,25 @@ typedef tm_rc (*tm_source_kpos_fn)(void *ctx, const tm_source_kpos *pos, tm_err 
 typedef struct tm_source_klag {
     const char *topic; /* borrowed: valid until the source is closed */
     int32_t partition;
-    int64_t committed; /* the offset this consumer last committed (-1 none yet) */
-    int64_t position;  /* the next offset this consumer reads (-1 none yet) */
-    int64_t high;      /* the partition's high watermark as last fetched (-1 unknown) */
-    int64_t lag;       /* high - the committed offset (or - position, or - 0): records not yet
-                        * durable and committed; -1 unknown */
+    int64_t committed;   /* the offset this consumer last committed (-1 none yet) */
+    int64_t position;    /* the next offset this consumer reads (-1 none yet) */
+    int64_t high;        /* the partition's high watermark as last fetched (-1 unknown) */
+    int64_t lag;         /* high - the committed offset (or - position, or - 0): records not yet
+                          * durable and committed; -1 unknown */
+    uint32_t read_ahead; /* records read and handed to the runner, not yet durable (what
+                          * input.kafka.max_read_ahead bounds) */
 } tm_source_klag;
 
-/* Messages of a Kafka input that made no record (tm_source_kafka_skips). */
+/* Counters of a Kafka input (tm_source_kafka_skips): messages that made no record, records taken
+ * back, offset commits and errors. */
 typedef struct tm_source_kskips {
     uint64_t tombstones; /* null values */
     uint64_t empty;      /* empty or blank values */
     uint64_t done;       /* done in the manifest already (an earlier run answered them) */
+    uint64_t released;   /* records handed out, then released at a revoke before they started */
+    uint64_t commits;    /* offset commits the brokers accepted (none with transactions) */
+    uint64_t errors;     /* offset commits failed or not answered, and librdkafka's consumer
+                          * errors (broker and transport errors included) */
 } tm_source_kskips;
 
 #endif /* TM_INGEST_KPOS_H */

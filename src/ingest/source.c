@@ -165,6 +165,15 @@ void tm_source_set_txn(tm_source *src, bool on) {
         src->ops->set_txn(src->self, on);
 }
 
+void tm_source_set_release(tm_source *src, bool on) {
+    if (src->ops->set_release)
+        src->ops->set_release(src->self, on);
+}
+
+bool tm_source_start(tm_source *src, uint64_t seq_no) {
+    return src->ops->start ? src->ops->start(src->self, seq_no) : true;
+}
+
 tm_rc tm_source_group_md(tm_source *src, tm_buf *out, tm_err *err) {
     if (!src->ops->group_md)
         return TM_ERR(err, TM_E_INVAL, "the job's input has no consumer group (%s)",

@@ -158,6 +158,16 @@ void tm_source_kafka_skips(tm_source *src, tm_source_kskips *out);
 const char *tm_source_cluster_id(const tm_source *src);
 /* Offsets are committed inside the Kafka sink's transactions, not by the consumer. */
 void tm_source_set_txn(tm_source *src, bool on);
+/* Records queued for the runner and not started yet may be released by the source (Kafka: those
+ * of partitions revoked in a rebalance, which their next owner answers; kafka_in.h): the runner
+ * then asks tm_source_start before it starts each record. Call before the first tm_source_next;
+ * a no-op for a source that never releases records (files, standard input). */
+void tm_source_set_release(tm_source *src, bool on);
+/* Before the runner starts record seq_no (admits it, or answers it with an error record): true,
+ * run it (the source can no longer release it); false: the source released it: do not answer it,
+ * only acknowledge its seq_no (an empty completion through the sink keeps seq_nos dense). Always
+ * true without tm_source_set_release. Thread-safe. */
+bool tm_source_start(tm_source *src, uint64_t seq_no);
 /* The consumer group's metadata, serialized, for send_offsets_to_transaction. Thread-safe.
  * TM_E_INVAL for a source without a consumer group, TM_E_KAFKA, TM_E_NOMEM. */
 tm_rc tm_source_group_md(tm_source *src, tm_buf *out, tm_err *err);

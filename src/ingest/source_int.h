@@ -70,6 +70,8 @@ typedef struct tm_source_ops {
     size_t (*kafka_lag)(void *self, tm_source_klag *out, size_t cap);
     void (*kafka_skips)(void *self, tm_source_kskips *out);
     const char *(*cluster_id)(const void *self);
+    void (*set_release)(void *self, bool on);
+    bool (*start)(void *self, uint64_t seq_no);
 } tm_source_ops;
 
 /* The kinds: files and standard input, a Kafka topic. */

@@ -181,6 +181,24 @@ static tm_rc emit_error(runner *r, tm_job *job, tm_errcode code, const char *msg
     return TM_OK;
 }
 
+// Whether the record may start (tm_runner_cfg.start); false: the source released it and its
+// released completion is pushed (job is freed either way then).
+static tm_rc claim(runner *r, tm_job *job, bool *run, tm_err *err) {
+    *run = !r->cfg->start || r->cfg->start(r->cfg->start_ctx, job->seq_no);
+    if (*run)
+        return TM_OK;
+    tm_completion *c = tm_calloc(1, sizeof(*c));
+    if (!c)
+        return TM_ERR(err, TM_E_NOMEM, "released completion");
+    c->seq_no = job->seq_no;
+    c->released = 1;
+    if (tm_queue_push(r->out, c) != TM_OK) {
+        tm_completion_destroy(c);
+        return TM_ERR(err, TM_E_INTERNAL, "output queue closed early");
+    }
+    return TM_OK;
+}
+
 // The tokenizer and the chat template say TM_E_INVAL or TM_E_PARSE for a record's bad text, the
 // sampler and the detokenizer TM_E_INVAL for what a record brought (non-finite logits, bad
 // sampling parameters, an id without text): modules that know nothing of records. From the
@@ -522,8 +540,15 @@ static tm_rc prepare(runner *r, tm_job *job, pending *p, tm_errcode *code_out, t
 // Take one record off the input: answer it with an error completion, or tokenize it into the
 // window.
 static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
-    if (job->err_code != TM_ERRCODE_NONE)
+    bool run = true;
+    if (job->err_code != TM_ERRCODE_NONE) {
+        tm_rc rc = claim(r, job, &run, err);
+        if (rc || !run) {
+            tm_job_destroy(job);
+            return rc;
+        }
         return emit_error(r, job, job->err_code, job->err_msg, err);
+    }
     pending *p = &r->win[r->win_len];
     *p = (pending){.job = job};
     tm_errcode code = TM_ERRCODE_NONE;
@@ -535,6 +560,11 @@ static tm_rc window_add(runner *r, tm_job *job, tm_err *err) {
     }
     if (rc == TM_E_RECORD) {
         tm_ids_fini(&p->ids);
+        tm_rc crc = claim(r, job, &run, err);
+        if (crc || !run) {
+            tm_job_destroy(job);
+            return crc;
+        }
         return emit_error(r, job, code, rec_err.msg, err);
     }
     if (rc) {
@@ -603,6 +633,23 @@ static void window_order(runner *r) {
 static tm_rc admit(runner *r, tm_err *err) {
     pending *p = &r->win[r->win_head];
     group *g = p->grp;
+    if (!g || g->n_admit == 0) { // the record starts now, unless its source released it
+        bool run = true;
+        tm_rc rc = claim(r, p->job, &run, err);
+        if (rc)
+            return rc;
+        if (!run) {
+            r->win_head++;
+            tm_ids_fini(&p->ids);
+            if (g) // the pending entry's reference, the only one yet: frees the job
+                group_unref(g);
+            else
+                tm_job_destroy(p->job);
+            tm_guide_cache_unref(r->gcache, p->gent);
+            *p = (pending){0};
+            return TM_OK;
+        }
+    }
     if (g && g->failed) { // an earlier sibling failed the record: nothing more to run
         r->win_head++;
         tm_ids_fini(&p->ids);

@@ -54,11 +54,18 @@ typedef struct tm_runner_cfg {
                                      * borrowed */
     _Atomic uint64_t *live_tok_gen; /* when not NULL: += every token generated, as it is */
     _Atomic uint64_t *live_tok_prompt; /* ... += prompt tokens computed (sink/progress.h) */
-    bool admit_early;    /* a stream (stdin, Kafka): admit the records that have arrived instead of
-                          * waiting for a full look-ahead window (the schedule then depends on
-                          * when records arrive). false: the window is filled to lookahead
-                          * records or the input's end before its records are admitted, so the
-                          * schedule is a function of the input and the job alone */
+    bool admit_early; /* a stream (stdin, Kafka): admit the records that have arrived instead of
+                       * waiting for a full look-ahead window (the schedule then depends on
+                       * when records arrive). false: the window is filled to lookahead
+                       * records or the input's end before its records are admitted, so the
+                       * schedule is a function of the input and the job alone */
+    /* A source that can take queued records back (Kafka: a revoked partition's records, which
+     * its next owner answers; ingest/source.h tm_source_start): when not NULL, called once per
+     * record just before it starts (its first admission, or its error record). false: released:
+     * the runner answers nothing for it and pushes a completion with only seq_no and released
+     * set. */
+    bool (*start)(void *ctx, uint64_t seq_no);
+    void *start_ctx;
     bool stop_on_signal; /* at a stop signal (base/stop.h) return at once, dropping the records
                           * in flight (a file job: the next run answers them) */
     /* Speculative decoding, n-gram drafts (runner/sched/spec.h): spec_k drafts at most per

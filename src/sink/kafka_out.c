@@ -28,7 +28,14 @@ struct tm_kafka_out {
     uint64_t n_failed;        /* failed delivery reports */
     char first_error[256];    /* the first failed delivery report */
     tm_buf line;              /* the output line being sent (tm_kafka_out_as_out) */
+    char *brokers_down;       /* owned; on_stats: the brokers not up at the last report, or NULL */
+    char last_error[256];     /* the last broker error (transport, resolve), for the summary */
+    double last_report_ms;    /* when on_stats last logged a change (rate limit) */
+    double last_warn_ms;      /* on_error's other errors (rate limit) */
+    uint64_t n_detail;        /* librdkafka lines and broker errors shown only at -v */
 };
+
+#define REPORT_EVERY_MS 5000.0 /* broker state lines, at most one per this */
 
 static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opaque) {
     (void)rk;
@@ -43,11 +50,15 @@ static void on_delivery(rd_kafka_t *rk, const rd_kafka_message_t *msg, void *opa
 
 /* librdkafka's log lines (log.queue: served in our polls, on the sink thread). While open waits
  * for the brokers only the first is shown (an address nothing listens on would print a retry
- * line every second or so). */
+ * line every second or so); after that the broker state lines come from on_stats and librdkafka's
+ * own lines are shown at -v only (counted otherwise, the count logged at close). */
 static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char *buf) {
     tm_kafka_out *ko = rd_kafka_opaque(rk);
     if (ko->started) {
-        rd_kafka_log_print(rk, level, fac, buf);
+        if (tm_log_get_level() >= TM_LOG_LEVEL_DEBUG)
+            rd_kafka_log_print(rk, level, fac, buf);
+        else
+            ko->n_detail++;
         return;
     }
     if (ko->n_quiet++ == 0)
@@ -55,6 +66,77 @@ static void on_log(const rd_kafka_t *rk, int level, const char *fac, const char 
                     "librdkafka: %s: %s (more such lines are not shown until the "
                     "brokers answer)",
                     fac, buf);
+}
+
+/* librdkafka's errors (served in our polls): a broker's transport, resolve or all-brokers-down
+ * error is kept for on_stats' summary and shown at -v only; anything else is a warning, at most
+ * one a second. */
+static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
+    (void)rk;
+    tm_kafka_out *ko = opaque;
+    if (!ko->started) { // the start-up wait: on_log has shown the first such line
+        ko->n_quiet++;
+        return;
+    }
+    if (e == RD_KAFKA_RESP_ERR__TRANSPORT || e == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN ||
+        e == RD_KAFKA_RESP_ERR__RESOLVE) {
+        ko->n_detail++;
+        if (e != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN)
+            snprintf(ko->last_error, sizeof(ko->last_error), "%s", reason);
+        TM_LOG_DEBUG("kafka_out", "producer: %s", reason);
+        return;
+    }
+    double now = tm_now_ms();
+    if (now - ko->last_warn_ms < 1000.0) {
+        ko->n_detail++;
+        return;
+    }
+    ko->last_warn_ms = now;
+    TM_LOG_WARN("kafka_out", "producer: %s", reason);
+}
+
+/* librdkafka's statistics (statistics.interval.ms, served in our polls): one line when the set of
+ * brokers that are not up changes, naming them and the last broker error, at most one every
+ * REPORT_EVERY_MS (a change within it is reported at the first statistics after it). A broker
+ * counts as down in state DOWN, TRY_CONNECT or CONNECT (bootstrap entries and brokers never
+ * needed, state INIT, are left out). */
+static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
+    (void)rk;
+    tm_kafka_out *ko = opaque;
+    json_t *root = json_loadb(text, n, 0, NULL);
+    json_t *brokers = json_object_get(root, "brokers");
+    tm_buf down = {0};
+    tm_err err = {0};
+    const char *name;
+    json_t *b;
+    json_object_foreach(brokers, name, b) {
+        const char *st = json_string_value(json_object_get(b, "state"));
+        if (json_integer_value(json_object_get(b, "nodeid")) < 0 || !st)
+            continue;
+        if (strcmp(st, "DOWN") != 0 && strcmp(st, "TRY_CONNECT") != 0 && strcmp(st, "CONNECT") != 0)
+            continue;
+        if (tm_buf_printf(&down, &err, "%s%s", down.len ? ", " : "", name) != TM_OK)
+            break;
+    }
+    json_decref(root);
+    const char *now = down.len ? down.data : NULL;
+    const char *before = ko->brokers_down;
+    bool changed = (now == NULL) != (before == NULL) || (now && strcmp(now, before) != 0);
+    double t = tm_now_ms();
+    if (changed && t - ko->last_report_ms >= REPORT_EVERY_MS) {
+        if (now)
+            TM_LOG_WARN("kafka_out",
+                        "brokers not answering: %s (%s; retrying, records wait in the "
+                        "producer's queue; librdkafka's detail at -v)",
+                        now, ko->last_error[0] ? ko->last_error : "no connection");
+        else
+            TM_LOG_INFO("kafka_out", "brokers: every broker in use is up again (were: %s)", before);
+        tm_free(ko->brokers_down);
+        ko->brokers_down = now ? tm_strdup(now) : NULL;
+        ko->last_report_ms = t;
+    }
+    tm_buf_fini(&down);
+    return 0; // the text is librdkafka's to free
 }
 
 /* Wait until the brokers answer (the metadata of the topic; it may not exist yet where the
@@ -161,6 +243,13 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
         rc = set(conf, "transactional.id", cfg->transactional_id, err);
     if (!rc)
         rc = set(conf, "log.queue", "true", err); // on_log runs in our polls
+    // The broker summary (on_stats) needs librdkafka's statistics; a config that sets their
+    // interval itself keeps it, without the summary.
+    bool own_stats = !rc;
+    for (size_t i = 0; i < cfg->n_config && own_stats; i++)
+        own_stats = strcmp(cfg->config[2 * i], "statistics.interval.ms") != 0;
+    if (own_stats && set(conf, "statistics.interval.ms", "1000", err) == TM_OK)
+        rd_kafka_conf_set_stats_cb(conf, on_stats);
     if (rc) {
         rd_kafka_conf_destroy(conf);
         tm_free(ko);
@@ -168,6 +257,7 @@ tm_rc tm_kafka_out_open(const tm_kafka_out_cfg *cfg, tm_kafka_out **out, tm_err 
     }
     rd_kafka_conf_set_dr_msg_cb(conf, on_delivery);
     rd_kafka_conf_set_log_cb(conf, on_log);
+    rd_kafka_conf_set_error_cb(conf, on_error);
     rd_kafka_conf_set_opaque(conf, ko);
     char es[512];
     ko->rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, es, sizeof(es)); // takes conf on success
@@ -316,8 +406,12 @@ void tm_kafka_out_close(tm_kafka_out *ko) {
     if (ko->rkt_err)
         rd_kafka_topic_destroy(ko->rkt_err);
     rd_kafka_flush(ko->rk, 2000);
+    if (ko->n_detail)
+        TM_LOG_INFO("kafka_out", "%llu librdkafka lines and broker errors were shown only at -v",
+                    (unsigned long long)ko->n_detail);
     rd_kafka_destroy(ko->rk);
     tm_buf_fini(&ko->line);
+    tm_free(ko->brokers_down);
     tm_free(ko);
 }
 

@@ -323,10 +323,12 @@ tm_rc tm_metrics_set_kafka(tm_metrics *m, const tm_metrics_kafka *k, tm_err *err
             parts = NULL;
         }
     }
-    json_t *o = parts ? json_pack("{s:o, s:o, s:I, s:I, s:I}", "partitions", parts, "lag_total",
-                                  int_or_null(lag), "tombstones", (json_int_t)k->tombstones,
-                                  "empty_values", (json_int_t)k->empty, "done_before",
-                                  (json_int_t)k->done_before)
+    json_t *o = parts ? json_pack("{s:o, s:o, s:I, s:I, s:I, s:I, s:I, s:I}", "partitions", parts,
+                                  "lag_total", int_or_null(lag), "tombstones",
+                                  (json_int_t)k->tombstones, "empty_values", (json_int_t)k->empty,
+                                  "done_before", (json_int_t)k->done_before, "released",
+                                  (json_int_t)k->released, "commits", (json_int_t)k->commits,
+                                  "errors", (json_int_t)k->errors)
                       : NULL;
     if (!o)
         return TM_ERR(err, TM_E_NOMEM, "metrics kafka");

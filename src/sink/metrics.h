@@ -147,6 +147,9 @@ typedef struct tm_metrics_kafka {
     const tm_metrics_kpart *parts;
     size_t n_parts;
     uint64_t tombstones, empty, done_before;
+    uint64_t released; /* records released at revokes before they started (kafka_in.h) */
+    uint64_t commits;  /* offset commits the brokers accepted */
+    uint64_t errors;   /* offset commits failed or unanswered, consumer and broker errors */
 } tm_metrics_kafka;
 tm_rc tm_metrics_set_kafka(tm_metrics *m, const tm_metrics_kafka *k, tm_err *err);
 /* Sample the GPUs' power draw (NVML), at most once a second whatever the call rate; a no-op

@@ -52,7 +52,8 @@ static int64_t kafka_lag_sum(const tm_progress *p) {
     if (!p->kafka_fn)
         return -1;
     tm_progress_kpart k[KPARTS_MAX];
-    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    tm_progress_ktotals tot = {0};
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX, &tot);
     int64_t sum = -1;
     for (size_t i = 0; i < n && i < KPARTS_MAX; i++)
         if (k[i].lag >= 0)
@@ -121,6 +122,8 @@ void tm_progress_set_earlier(tm_progress *p, uint64_t n_ok, uint64_t n_failed) {
 
 void tm_progress_add_record(tm_progress *p, const tm_completion *c) {
     p->n_done++;
+    if (c->released) // taken back by its source (counted as read): nothing else to count
+        return;
     if (c->err_code != TM_ERRCODE_NONE) {
         p->n_failed++;
         return;
@@ -322,22 +325,27 @@ static tm_rc metric(tm_buf *b, const tm_progress *p, const char *name, const cha
     return rc;
 }
 
-// tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition (known ones).
+// tokenmill_kafka_lag, tokenmill_kafka_committed_offset and tokenmill_kafka_read_ahead per topic
+// and partition (known ones), then the consumer's counters.
 static tm_rc kafka_metrics(tm_buf *b, const tm_progress *p, tm_err *err) {
     tm_progress_kpart k[KPARTS_MAX];
-    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX);
+    tm_progress_ktotals tot = {0};
+    size_t n = p->kafka_fn(p->kafka_ctx, k, KPARTS_MAX, &tot);
     if (n > KPARTS_MAX)
         n = KPARTS_MAX;
-    static const char *const names[2] = {"tokenmill_kafka_lag", "tokenmill_kafka_committed_offset"};
-    static const char *const helps[2] = {
+    static const char *const names[3] = {"tokenmill_kafka_lag", "tokenmill_kafka_committed_offset",
+                                         "tokenmill_kafka_read_ahead"};
+    static const char *const helps[3] = {
         "Records of an assigned input partition not yet committed by this consumer (high "
         "watermark - committed offset).",
-        "The offset this consumer last committed for an assigned input partition."};
+        "The offset this consumer last committed for an assigned input partition.",
+        "Records of an assigned input partition read and handed to the runner, not yet durable "
+        "(input.kafka.max_read_ahead bounds it)."};
     tm_rc rc = TM_OK;
-    for (int m = 0; m < 2 && !rc; m++) {
+    for (int m = 0; m < 3 && !rc; m++) {
         rc = tm_buf_printf(b, err, "# HELP %s %s\n# TYPE %s gauge\n", names[m], helps[m], names[m]);
         for (size_t i = 0; i < n && !rc; i++) {
-            int64_t v = m == 0 ? k[i].lag : k[i].committed;
+            int64_t v = m == 0 ? k[i].lag : m == 1 ? k[i].committed : (int64_t)k[i].read_ahead;
             if (v < 0)
                 continue;
             rc = tm_buf_printf(b, err, "%s{job=\"", names[m]);
@@ -352,6 +360,20 @@ static tm_rc kafka_metrics(tm_buf *b, const tm_progress *p, tm_err *err) {
                                    (long long)v);
         }
     }
+    if (!rc)
+        rc = metric(b, p, "tokenmill_kafka_offset_commits_total",
+                    "Offset commits of the input's consumer that the brokers accepted.",
+                    (double)tot.commits, err);
+    if (!rc)
+        rc = metric(b, p, "tokenmill_kafka_errors_total",
+                    "Offset commits of the input's consumer that failed or were not answered, and "
+                    "its librdkafka errors (broker and transport errors included).",
+                    (double)tot.errors, err);
+    if (!rc)
+        rc = metric(b, p, "tokenmill_kafka_released_total",
+                    "Records released at rebalances before they started (their partition's next "
+                    "owner answers them).",
+                    (double)tot.released, err);
     return rc;
 }
 

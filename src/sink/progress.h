@@ -68,12 +68,23 @@ typedef struct tm_progress_kpart {
     const char *topic;
     int32_t partition;
     int64_t committed, lag;
+    uint32_t read_ahead; /* records read, handed to the runner and not yet durable */
 } tm_progress_kpart;
-/* Fill up to cap partitions' figures; returns how many there are. Called on the progress's
- * thread (the sink thread); must be thread-safe. */
-typedef size_t (*tm_progress_kafka_fn)(void *ctx, tm_progress_kpart *out, size_t cap);
+/* The consumer's counters so far. */
+typedef struct tm_progress_ktotals {
+    uint64_t commits;  /* offset commits accepted */
+    uint64_t errors;   /* offset commits failed or unanswered, consumer and broker errors */
+    uint64_t released; /* records released at revokes before they started */
+} tm_progress_ktotals;
+/* Fill up to cap partitions' figures and *tot; returns how many partitions there are. Called on
+ * the progress's thread (the sink thread); must be thread-safe. */
+typedef size_t (*tm_progress_kafka_fn)(void *ctx, tm_progress_kpart *out, size_t cap,
+                                       tm_progress_ktotals *tot);
 /* With fn, the line shows the consumer lag (the sum over the assigned partitions) and the
- * textfile tokenmill_kafka_lag and tokenmill_kafka_committed_offset per topic and partition. */
+ * textfile, rewritten about once a second (the periodic snapshot of the job's figures),
+ * tokenmill_kafka_lag, tokenmill_kafka_committed_offset and tokenmill_kafka_read_ahead per topic
+ * and partition, and the counters tokenmill_kafka_offset_commits_total,
+ * tokenmill_kafka_errors_total and tokenmill_kafka_released_total. */
 void tm_progress_set_kafka(tm_progress *p, tm_progress_kafka_fn fn, void *ctx);
 /* Count one finished record (ok or error). Borrows c. */
 void tm_progress_add_record(tm_progress *p, const tm_completion *c);

@@ -94,17 +94,23 @@ static tm_rc commit(tm_sink_writer *w, tm_err *err) {
 
 // Write one finished record to its output (ok records to Kafka or the completions file, errors
 // to errors.jsonl); then it is part of the next commit (done set, counts, acks).
+// A released record (tm_completion.released) writes and counts nothing: only its seq_no joins the
+// done set and the acks, so that they stay dense (its source never makes it done).
 static tm_rc write_record(tm_sink_writer *w, const tm_completion *comp, tm_err *err) {
-    writer_out *o = route(w, comp);
-    TM_ASSERT(o);
-    tm_rc rc = o->out.ops->write(o->out.self, comp, err);
-    if (rc)
-        return rc;
+    tm_rc rc = TM_OK;
+    if (!comp->released) {
+        writer_out *o = route(w, comp);
+        TM_ASSERT(o);
+        rc = o->out.ops->write(o->out.self, comp, err);
+        if (rc)
+            return rc;
+    }
     tm_manifest *m = w->man;
     rc = tm_seqset_add(&m->done, comp->seq_no, err);
     if (rc)
         return rc;
-    if (comp->err_code == TM_ERRCODE_NONE) {
+    if (comp->released) {
+    } else if (comp->err_code == TM_ERRCODE_NONE) {
         m->counts.n_ok++;
         m->counts.n_tok_prompt += comp->n_tok_prompt;
         m->counts.n_tok_cached += comp->n_tok_cached;
@@ -162,11 +168,11 @@ static void *writer_main(void *arg) {
         tm_progress_add_record(w->cfg.progress, comp);
         if (w->rc == TM_OK) {
             w->rc = write_record(w, comp, &w->err);
-            if (w->rc == TM_OK)
+            if (w->rc == TM_OK && !comp->released)
                 w->rc = tm_metrics_add_record(w->cfg.metrics, comp, &w->err);
             if (w->rc == TM_OK && commit_due(w))
                 w->rc = commit(w, &w->err);
-            w->st.n_ok += comp->err_code == TM_ERRCODE_NONE;
+            w->st.n_ok += comp->err_code == TM_ERRCODE_NONE && !comp->released;
             w->st.n_err += comp->err_code != TM_ERRCODE_NONE;
             w->st.n_tok_prompt += comp->n_tok_prompt;
             w->st.n_tok_gen += comp->n_tok_gen;

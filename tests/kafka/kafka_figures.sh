@@ -7,11 +7,17 @@
 #   - metrics.json has kafka.partitions (both partitions: committed offset, position, high
 #     watermark, lag; committed offsets reach the high watermarks), kafka.tombstones 2 and
 #     kafka.empty_values 1, and logs the skip;
-#   - the textfile has tokenmill_kafka_lag and tokenmill_kafka_committed_offset per partition.
+#   - the textfile (rewritten every second, the run's periodic snapshot) has tokenmill_kafka_lag,
+#     tokenmill_kafka_committed_offset and tokenmill_kafka_read_ahead per partition and the
+#     counters tokenmill_kafka_offset_commits_total (some), _errors_total, _released_total (0);
+#     metrics.json kafka.commits, .errors, .released likewise.
 # A rerun after 5 more records logs the records the earlier run committed (40, the job's counts,
 # not the last run's done set) and ends with 45 records in all. Then the brokers go down and up
-# under a follow-mode job (all brokers: whichever the consumer uses): the log names the brokers
-# once when they stop answering and once when they are back, no raw librdkafka lines.
+# under a follow-mode job writing its answers to Kafka (all brokers: whichever the consumer and
+# the producer use): for the consumer (kafka_in) and for the producer (kafka_out) the log names
+# the brokers once when they stop answering (the producer's line also names the error) and once
+# when they are back, no raw librdkafka lines (5 more records, produced once the brokers are back,
+# are answered to the output topic through them).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -19,7 +25,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 command -v kcat >/dev/null || { echo "kcat not installed (tools/setup)"; exit 77; }
 dur_setup 5 # the tiny model
-kin_mock jobs:2
+kin_mock jobs:2 answers:2
 kin_input 45
 keyed() { awk '{ match($0, /"r[0-9]+"/); print "k" substr($0, RSTART + 2, RLENGTH - 3) "\t" $0 }'; }
 head -40 "$work/data/in.jsonl" | keyed | kcat -P -b "$bs" -t jobs -K $'\t'
@@ -35,6 +41,7 @@ grep -q "2 tombstone(s) (null values) and 1 empty value(s) made no record" "$wor
 node -e '
   const m = require(process.argv[1]), k = m.kafka, fail = (s) => { console.error("FAIL: " + s + " " + JSON.stringify(k)); process.exit(1); };
   if (!k || k.tombstones !== 2 || k.empty_values !== 1) fail("skip counts");
+  if (!(k.commits >= 1) || !(k.errors >= 0) || k.released !== 0) fail("counters");
   if (k.partitions.length !== 2) fail("partitions");
   let high = 0;
   for (const p of k.partitions) {
@@ -49,12 +56,17 @@ if [ -d "$src/third_party/npm/node_modules/ajv" ]; then # the new fields follow 
     node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/metrics.schema.json" "$work/a/metrics.json"
     node "$src/tests/oracles/validate_schema.cjs" "$src/schemas/manifest.schema.json" "$work/a/manifest.json"
 fi
-for metric in tokenmill_kafka_lag tokenmill_kafka_committed_offset; do
+for metric in tokenmill_kafka_lag tokenmill_kafka_committed_offset tokenmill_kafka_read_ahead; do
     for p in 0 1; do
         grep -q "^$metric{job=\".*\",topic=\"jobs\",partition=\"$p\"} [0-9]" "$work/tm.prom" ||
             { echo "FAIL: no $metric for partition $p"; cat "$work/tm.prom"; exit 1; }
     done
 done
+# the consumer's counters: its offset commits (some accepted), errors and released records
+grep -q '^tokenmill_kafka_offset_commits_total{job=".*"} [1-9][0-9]*$' "$work/tm.prom" &&
+    grep -q '^tokenmill_kafka_errors_total{job=".*"} [0-9]*$' "$work/tm.prom" &&
+    grep -q '^tokenmill_kafka_released_total{job=".*"} 0$' "$work/tm.prom" ||
+    { echo "FAIL: Kafka counters in the textfile"; grep kafka "$work/tm.prom"; exit 1; }
 tail -5 "$work/data/in.jsonl" | keyed | kcat -P -b "$bs" -t jobs -K $'\t'
 "$build/tokenmill" run "$work/a.json" >"$work/a2.log" 2>&1 || { echo "FAIL: run 2"; tail "$work/a2.log"; exit 1; }
 grep -q "resuming in .*: 40 records committed by 1 earlier run(s)" "$work/a2.log" ||
@@ -67,21 +79,35 @@ lag=$(node -e 'console.log(require(process.argv[1]).kafka.lag_total)' "$work/a/m
 # leaders) while a job runs (follow mode, stopped by SIGTERM once the brokers are back):
 # no raw librdkafka line, one line naming the broker when it stops answering and one when it is
 # back (librdkafka's detail only at -v).
-kin_job "$work/f.json" "$work/f" g2
+kin_job "$work/f.json" "$work/f" g2 '{"brokers": "'"$bs"'", "topic": "answers"}'
 sed -i 's/"group": "g2",/"group": "g2", "mode": "follow",/' "$work/f.json"
 "$build/tokenmill" run "$work/f.json" >"$work/f.log" 2>&1 &
 pid_f=$!; pids+=("$pid_f")
 for _ in $(seq 200); do grep -q "partition(s) assigned" "$work/f.log" && break; sleep 0.1; done
 echo "down -1" >&3
-for _ in $(seq 150); do grep -q "brokers not answering" "$work/f.log" && break; sleep 0.1; done
+for m in kafka_in kafka_out; do
+    for _ in $(seq 150); do grep -q "$m: brokers not answering" "$work/f.log" && break; sleep 0.1; done
+done
 echo "up -1" >&3
-for _ in $(seq 150); do grep -q "every broker in use is up again" "$work/f.log" && break; sleep 0.1; done
+head -5 "$work/data/in.jsonl" | sed 's/"r\([0-9]\)"/"again\1"/' | keyed | kcat -P -b "$bs" -t jobs -K $'\t'
+for m in kafka_in kafka_out; do
+    for _ in $(seq 150); do grep -q "$m: brokers: every broker in use is up again" "$work/f.log" && break; sleep 0.1; done
+done
 kill -TERM "$pid_f"; wait "$pid_f" || { echo "FAIL: follow run"; tail "$work/f.log"; exit 1; }
 raw=$(grep -c '^%[0-9]|' "$work/f.log" || true)
-downs=$(grep -c "brokers not answering: [0-9.:]*/[0-9]" "$work/f.log" || true)
-ups=$(grep -c "every broker in use is up again" "$work/f.log" || true)
-[ "$raw" = 0 ] && [ "$downs" -ge 1 ] && [ "$ups" -ge 1 ] ||
-    { echo "FAIL: broker outage log: $raw raw lines, $downs down and $ups up lines"; grep kafka_in "$work/f.log"; exit 1; }
-echo "kafka_figures: brokers down and up: $downs + $ups summary lines, no raw librdkafka line ($(grep -o '[0-9]* librdkafka lines and broker errors' "$work/f.log" | head -1) at -v only)"
+summary=""
+for m in kafka_in kafka_out; do
+    downs=$(grep -c "$m: brokers not answering: [0-9.:]*/[0-9]" "$work/f.log" || true)
+    ups=$(grep -c "$m: brokers: every broker in use is up again" "$work/f.log" || true)
+    [ "$raw" = 0 ] && [ "$downs" -ge 1 ] && [ "$ups" -ge 1 ] ||
+        { echo "FAIL: broker outage log of $m: $raw raw lines, $downs down and $ups up lines"; grep "$m" "$work/f.log"; exit 1; }
+    summary="$summary $m $downs + $ups,"
+done
+# the producer's line names the error too; no line per librdkafka error
+grep -q "kafka_out: brokers not answering: [0-9.:]*/[0-9].* (.*; retrying" "$work/f.log" ||
+    { echo "FAIL: the producer's summary names no error"; grep kafka_out "$work/f.log"; exit 1; }
+n_out=$(grep -c "kafka_out" "$work/f.log" || true)
+[ "$n_out" -le 6 ] || { echo "FAIL: $n_out kafka_out lines for one outage"; grep kafka_out "$work/f.log"; exit 1; }
+echo "kafka_figures: brokers down and up: summary lines$summary no raw librdkafka line ($(grep -o '[0-9]* librdkafka lines and broker errors' "$work/f.log" | paste -sd/) at -v only)"
 echo "kafka_figures: override warned, 2 tombstones + 1 empty value counted, lag per partition in metrics.json (total $lag at the end) and the textfile, resume line 40 -> 45 records"
 echo "kafka_figures: ok"

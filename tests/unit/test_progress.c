@@ -2,7 +2,8 @@
  * ETA in tokens) at chosen times, the bar on a stream, progress log lines, the Prometheus textfile
  * (format, label escaping, atomic replace, finished flag), a textfile error that disables it with
  * one warning, live token counters of unfinished records (rates, tokens out, ETA) and the bar
- * clipped to 80 and 160 columns, and allocation failures in create. */
+ * clipped to 80 and 160 columns, Kafka figures on the line (lag N) and in the textfile, and
+ * allocation failures in create. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,6 +269,73 @@ static void test_textfile(void) {
     TM_CHECK(cap.n_warn == 1);
 }
 
+// Kafka figures (issue 39): a fake consumer with two partitions (one lag unknown) and counters.
+// The status line shows "lag N" (the sum of the known lags; none without a Kafka input) and the
+// textfile, the job's periodic snapshot, has the per-partition lag, committed offset and
+// read-ahead depth and the commits, errors and released counters.
+static size_t fake_kafka(void *ctx, tm_progress_kpart *out, size_t cap, tm_progress_ktotals *tot) {
+    const int *lag1 = ctx;
+    const tm_progress_kpart k[3] = {
+        {.topic = "jobs", .partition = 0, .committed = 40, .lag = 7, .read_ahead = 5},
+        {.topic = "jobs", .partition = 1, .committed = -1, .lag = *lag1, .read_ahead = 0},
+        {.topic = "t\"x", .partition = 3, .committed = 12, .lag = 30, .read_ahead = 9}};
+    for (size_t i = 0; i < 3 && i < cap; i++)
+        out[i] = k[i];
+    *tot = (tm_progress_ktotals){.commits = 17, .errors = 2, .released = 6};
+    return 3;
+}
+
+static void test_kafka(void) {
+    char path[512];
+    snprintf(path, sizeof(path), "%s/kafka.prom", g_tmp);
+    tm_progress *p = NULL;
+    tm_err err = {0};
+    TM_CHECK_OK(tm_progress_create(
+                    &(tm_progress_cfg){.job_name = "k", .textfile = path, .mode = TM_PROGRESS_OFF},
+                    &p, &err),
+                &err);
+    if (!p)
+        return;
+    char line[256];
+    double t0 = tm_now_ms();
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, "lag") == NULL, "%s", line); // no Kafka input: no lag
+    int lag1 = -1;
+    tm_progress_set_kafka(p, fake_kafka, &lag1);
+    add(p, 10, 5, 0);
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, " | lag 37") != NULL, "%s", line); // 7 + 30, the unknown one left out
+    lag1 = 100;
+    tm_progress_format(p, t0 + 1000, line, sizeof(line));
+    TM_CHECK_MSG(strstr(line, " | lag 137") != NULL, "%s", line);
+    TM_CHECK_OK(tm_progress_write_textfile(p, tm_now_ms(), 0, &err), &err);
+    const char *s = slurp(path);
+    TM_CHECK(s != NULL);
+    static const char *const want[] = {
+        "tokenmill_kafka_lag{job=\"k\",topic=\"jobs\",partition=\"0\"} 7\n",
+        "tokenmill_kafka_lag{job=\"k\",topic=\"jobs\",partition=\"1\"} 100\n",
+        "tokenmill_kafka_lag{job=\"k\",topic=\"t\\\"x\",partition=\"3\"} 30\n",
+        "tokenmill_kafka_committed_offset{job=\"k\",topic=\"jobs\",partition=\"0\"} 40\n",
+        "tokenmill_kafka_committed_offset{job=\"k\",topic=\"t\\\"x\",partition=\"3\"} 12\n",
+        "tokenmill_kafka_read_ahead{job=\"k\",topic=\"jobs\",partition=\"0\"} 5\n",
+        "tokenmill_kafka_read_ahead{job=\"k\",topic=\"jobs\",partition=\"1\"} 0\n",
+        "tokenmill_kafka_read_ahead{job=\"k\",topic=\"t\\\"x\",partition=\"3\"} 9\n",
+        "# TYPE tokenmill_kafka_read_ahead gauge\n",
+        "# TYPE tokenmill_kafka_offset_commits_total counter\n",
+        "tokenmill_kafka_offset_commits_total{job=\"k\"} 17\n",
+        "# TYPE tokenmill_kafka_errors_total counter\n",
+        "tokenmill_kafka_errors_total{job=\"k\"} 2\n",
+        "tokenmill_kafka_released_total{job=\"k\"} 6\n",
+    };
+    for (size_t i = 0; s && i < sizeof(want) / sizeof(want[0]); i++)
+        TM_CHECK_MSG(strstr(s, want[i]) != NULL, "no %s in\n%s", want[i], s);
+    // an unknown committed offset is left out, not written as -1
+    TM_CHECK(
+        s &&
+        !strstr(s, "tokenmill_kafka_committed_offset{job=\"k\",topic=\"jobs\",partition=\"1\"}"));
+    tm_progress_destroy(p);
+}
+
 static void test_alloc_faults(void) {
     long base = tm_alloc_live();
     for (long k = 1; k < 100; k++) {
@@ -345,6 +413,7 @@ int main(void) {
     TM_RUN(test_eta_unadmitted);
     TM_RUN(test_lines);
     TM_RUN(test_textfile);
+    TM_RUN(test_kafka);
     TM_RUN(test_alloc_faults);
     char cmd[600];
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", g_tmp);

@@ -411,6 +411,89 @@ static void test_record_failures(void) {
     tm_engine_destroy(eng);
 }
 
+// A source that released records (tm_runner_cfg.start says false: a Kafka partition revoked
+// while they were queued): the runner answers none of them, pushes a released completion (seq_no
+// only) for each, and asks once per record; the others are answered as ever. Records released:
+// an ingest error record (1), an n = 2 record (2, a group) and a plain one (4).
+typedef struct starts {
+    int asked[8];
+} starts;
+
+static bool start_unless_released(void *ctx, uint64_t seq_no) {
+    starts *st = ctx;
+    st->asked[seq_no]++;
+    return seq_no != 1 && seq_no != 2 && seq_no != 4;
+}
+
+static void test_released(void) {
+    tm_err err = {0};
+    tm_engine *eng = NULL;
+    tm_engine_opts eo = {.n_threads = 2,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .max_seqs = 2,
+                         .max_batched_tokens = 96,
+                         .tp_size = 1};
+    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
+    tm_queue *in = NULL, *out = NULL;
+    TM_CHECK_OK(tm_queue_create(16, &in, &err), &err);
+    TM_CHECK_OK(tm_queue_create(16, &out, &err), &err);
+    enum { N = 6 };
+    for (int i = 0; i < N; i++) {
+        tm_job *job = new_job(i, 2);
+        if (i == 1 || i == 3) { // ingest error records
+            job->err_code = TM_ERRCODE_INVALID_JSON;
+            job->err_msg = tm_strdup("not JSON");
+        }
+        if (i == 2 || i == 5)
+            job->n = 2;
+        TM_CHECK(tm_queue_push(in, job) == TM_OK);
+    }
+    tm_queue_close(in);
+    starts st = {{0}};
+    tm_runner_cfg cfg = {.max_seqs = 2,
+                         .max_batched_tokens = 96,
+                         .block_size = 16,
+                         .n_kv_block = 64,
+                         .n_ctx = 256,
+                         .policy = TM_SCHED_PREFIX,
+                         .lookahead = 8,
+                         .start = start_unless_released,
+                         .start_ctx = &st};
+    cfg.defaults.max_tokens = 2;
+    tm_runner_stats rs = {0};
+    TM_CHECK_OK(tm_runner_run(&cfg, eng, g_tok, in, out, &rs, &err), &err);
+    tm_queue_close(out);
+    int seen[N] = {0};
+    void *item;
+    while (tm_queue_pop(out, &item) == TM_OK) {
+        tm_completion *c = item;
+        TM_CHECK(c->seq_no < N);
+        int i = (int)c->seq_no;
+        if (i >= 0 && i < N) {
+            seen[i]++;
+            bool rel = i == 1 || i == 2 || i == 4;
+            TM_CHECK_MSG(c->released == rel, "record %d: released %d", i, c->released);
+            if (rel)
+                TM_CHECK(!c->text && !c->id_json && !c->choices && c->err_code == 0);
+            else if (i == 3)
+                TM_CHECK(c->err_code == TM_ERRCODE_INVALID_JSON);
+            else if (i == 5)
+                TM_CHECK(c->n_choices == 2 && c->err_code == 0);
+            else
+                TM_CHECK(c->text && c->err_code == 0);
+        }
+        tm_completion_destroy(c);
+    }
+    for (int i = 0; i < N; i++) {
+        TM_CHECK_MSG(seen[i] == 1, "record %d: %d completions", i, seen[i]);
+        TM_CHECK_MSG(st.asked[i] == 1, "record %d: asked %d times", i, st.asked[i]);
+    }
+    tm_queue_destroy(in);
+    tm_queue_destroy(out);
+    tm_engine_destroy(eng);
+}
+
 /* ---- forward_greedy: a wrapper engine that hides or offers the op ---- */
 
 enum { WRAP_PLAIN = 0, WRAP_TIES, WRAP_PAD_WINS, WRAP_NAN };
@@ -788,6 +871,7 @@ int main(void) {
     TM_RUN(test_preemption_keeps_outputs);
     TM_RUN(test_cache_salt);
     TM_RUN(test_record_failures);
+    TM_RUN(test_released);
     TM_RUN(test_greedy_rule);
     TM_RUN(test_greedy_op_pure);
     TM_RUN(test_greedy_op_mixed);
