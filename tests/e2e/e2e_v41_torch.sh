@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # tests/e2e/e2e_v41_torch.sh BUILD SRC - the DeepSeek-V4.1 CPU engine against DeepSeek's own torch
 # reference: tests/fixtures/v41_torch/*.json were written on the GPU machine by
-# tests/oracles/v41_torch_ref.py (bench/dsv41_device.sh, stage ref) from the same mkmodel checkpoints
-# and prompts as tests/fixtures/v41/; tests/fixtures/v41_torch/LP_TOL holds the max |d logprob|
-# bound measured there (the reference runs bf16 activations, so it is looser than the NumPy
-# oracle's 1e-3). Runs test_dsv41 with V41_FIXTURES / V41_LP_TOL. Skipped (77) until those
-# fixtures are committed.
+# tests/oracles/v41_torch_ref.py --fp32 (bench/dsv41_device.sh, stage ref32: DeepSeek's own
+# inference/model.py with float32 activations, the quantization points unchanged) from the same
+# mkmodel checkpoints and prompts as tests/fixtures/v41/; tests/fixtures/v41_torch/LP_TOL holds the
+# max |d logprob| bound (measured there: 1.1e-6). Only configs with one index-key owner are
+# committed: with two, the reference's decode reads a stale index_k (docs/deepseek_v41.md,
+# "Deviation"), which tokenmill does not copy. Runs test_dsv41 with V41_FIXTURES / V41_LP_TOL.
+# Skipped (77) when the fixtures are missing.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
