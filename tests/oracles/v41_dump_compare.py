@@ -43,6 +43,32 @@ def record(model, store):
     model.attention = wrap("attn", model.attention)
     model.moe = wrap("ffn", model.moe)
     model.block = wrap("out", model.block, pick=lambda r: r[0])
+    topk = model.topk_idxs
+
+    def topk_rec(L, seq, *args):
+        r = topk(L, seq, *args)
+        if L.is_index_source and f"L{L.id}.index" not in store:
+            store[f"L{L.id}.index"] = [set(int(v) for v in row) for row in r]
+            if L.id == model.args.candidate_source_layer and seq.shared.candidates is not None:
+                store[f"L{L.id}.candidates"] = np.array(seq.shared.candidates, dtype=np.float32)
+        return r
+
+    model.topk_idxs = topk_rec
+
+
+def compare_index(key, ref_idx, mine, n_tok):
+    """ref_idx: the reference's picks [1, S, k] (offset by S, -1 unreachable); mine: per position
+    the oracle's set of picked compressed positions."""
+    rows = ref_idx.reshape(n_tok, -1)
+    bad = [p for p in range(n_tok) if {int(v) - n_tok for v in rows[p] if v >= 0} != mine[p]]
+    if bad:
+        p = bad[0]
+        ref_set = sorted(int(v) - n_tok for v in rows[p] if v >= 0)
+        print(f"{key:12s} picks differ at {len(bad)} of {n_tok} positions; first {p}: reference "
+              f"{ref_set}, oracle {sorted(mine[p])}")
+    else:
+        print(f"{key:12s} picks equal at all {n_tok} positions")
+    return bad
 
 
 def main():
@@ -66,6 +92,16 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    n_tok = len(fx["prompt_ids"])
+    for k in sorted(k for k in store if k.endswith(".index") and k in ref.files):
+        compare_index(k, ref[k], store[k], n_tok)
+    for k in sorted(k for k in store if k.endswith(".candidates") and k in ref.files):
+        a, b = ref[k].reshape(n_tok, -1), store[k]
+        n = min(a.shape[1], b.shape[1])
+        diff = np.nonzero((a[:, :n] > 0) != (b[:, :n] > 0))[0]
+        print(f"{k:12s} " + (f"masks differ at {len(set(diff.tolist()))} positions, first {int(diff[0])}"
+                             if diff.size else "masks equal"))
+
     def order(k):
         if k == "logits":
             return (1 << 30, 0)
@@ -73,7 +109,8 @@ def main():
         return (int(layer), ["engram", "attn", "ffn", "out"].index(part))
 
     first = None
-    for k in sorted(set(store) & set(ref.files), key=order):
+    for k in sorted((set(store) & set(ref.files)) - {k for k in store if k.endswith((".index", ".candidates"))},
+                    key=order):
         t = ref[k].reshape(store[k].shape) if ref[k].size == store[k].size else None
         if t is None:
             print(f"{k}: shapes differ: torch {ref[k].shape}, NumPy {store[k].shape}")
@@ -87,7 +124,7 @@ def main():
         print(f"{k:12s} max|d|/max|x| {rel:.3g}{where}")
         if first is None and rel > 0.05:
             first = k
-    missing = sorted(set(ref.files) ^ set(store))
+    missing = sorted((set(ref.files) ^ set(store)) - {k for k in ref.files if k.endswith((".index", ".candidates"))})
     if missing:
         print(f"only on one side: {missing}")
     print(f"first intermediate over 5%: {first}")

@@ -306,7 +306,20 @@ def dump_hooks(model, store):
         return hook
 
     hooks.append(model.embed.register_forward_hook(save("embed")))
+    ref = sys.modules[type(model).__module__]
+
+    def save_index(i):
+        def hook(_m, _inp, out):  # the compressed picks (offset by the prefill's length) and the
+            if f"L{i}.index" not in store:  # candidate mask a candidate source published
+                store[f"L{i}.index"] = out.detach().cpu().numpy().astype("float32")
+                cand = getattr(ref.shared_attn, "candidates", None)
+                if getattr(_m, "is_candidate_source", False) and cand is not None:
+                    store[f"L{i}.candidates"] = cand.detach().cpu().numpy().astype("float32")
+        return hook
+
     for i, layer in enumerate(model.layers):
+        if getattr(layer.attn, "indexer", None) is not None:
+            hooks.append(layer.attn.indexer.register_forward_hook(save_index(i)))
         hooks.append(layer.attn.register_forward_hook(save(f"L{i}.attn")))
         hooks.append(layer.ffn.register_forward_hook(save(f"L{i}.ffn")))
         hooks.append(layer.register_forward_hook(save(f"L{i}.out")))
