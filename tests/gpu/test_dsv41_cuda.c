@@ -53,32 +53,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "runner/model/model.h"
 #include "runner/text/tokenizer.h"
 #include "tm_gpu_compare.h"
-
-typedef struct v41 {
-    tm_model *m;
-    tm_tokenizer *tok;
-    int32_t *map;
-    uint32_t n_map, n_comp;
-} v41;
-
-static int open_v41(const char *dir, v41 *v) {
-    tm_err err = {0};
-    memset(v, 0, sizeof(*v));
-    tm_rc rc = tm_model_load(dir, &v->m, &err);
-    TM_CHECK_OK(rc, &err);
-    if (!rc)
-        rc = tm_tok_load(dir, &v->tok, &err);
-    if (!rc)
-        rc = tm_engram_map_from_tok(v->tok, &v->map, &v->n_map, &v->n_comp, &err);
-    TM_CHECK_OK(rc, &err);
-    return rc != TM_OK;
-}
-
-static void close_v41(v41 *v) {
-    tm_free(v->map);
-    tm_tok_destroy(v->tok);
-    tm_model_destroy(v->m);
-}
+#include "tm_v41_model.h"
 
 static tm_engine_opts opts_of(const v41 *v, uint32_t n_block, uint32_t max_seqs, uint32_t T) {
     tm_engine_opts o = {0};
