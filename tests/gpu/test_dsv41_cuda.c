@@ -296,14 +296,7 @@ static void test_kv_copy(void) {
 
 int main(void) {
     g_rng = 91;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
-        tm_test_skip("no CUDA device");
-    const char *build = getenv("TM_BUILD");
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
-    if (access(path, X_OK) != 0)
-        tm_test_skip("mkmodel not built (set TM_BUILD)");
+    need_gpu_and_mkmodel();
     // the engine synchronizes after every op, so that an asynchronous fault names its op and
     // layer (a sticky CUDA error also fails every later config of this process: the first
     // failing config is the one to read); TM_DSV41_CUDA_SYNC=0 turns it off

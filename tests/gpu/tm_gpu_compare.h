@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
 
 #include "runner/engine/engine.h"
 #include "tm_test.h"
@@ -237,6 +240,19 @@ static inline double kv_copy_diff(tm_engine *gpu, uint32_t V, double *max_c, int
     *same_argmax = argmax(lb, V) == argmax(lc, V);
     free(la), free(lb), free(lc);
     return max_d;
+}
+
+/* Skips the test (exit 77) without a CUDA device or without tools/mkmodel in $TM_BUILD (build/
+ * without TM_BUILD). */
+static inline void need_gpu_and_mkmodel(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+        tm_test_skip("no CUDA device");
+    const char *build = getenv("TM_BUILD");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
+    if (access(path, X_OK) != 0)
+        tm_test_skip("mkmodel not built (set TM_BUILD)");
 }
 
 #endif /* TM_TESTS_TM_GPU_COMPARE_H */
