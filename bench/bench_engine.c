@@ -458,6 +458,79 @@ static double verify_ms(tm_engine *eng, uint32_t B, uint32_t P, uint32_t n, uint
     return median(t, 50);
 }
 
+/* ---- what the DeepSeek-V4 and V4.1 runs share ---- */
+
+typedef struct dsv_args {
+    uint32_t n_layer, L, N, reps; /* --layers, --prompt, --gen, --reps */
+    uint32_t batches[8], n_batch; /* --batch B1,B2,... */
+} dsv_args;
+
+/* Takes the option a with its value v when it is one of dsv_args'; 0 when it is not. */
+static int dsv_arg(dsv_args *o, const char *a, const char *v) {
+    if (!strcmp(a, "--layers"))
+        o->n_layer = (uint32_t)atoi(v);
+    else if (!strcmp(a, "--prompt"))
+        o->L = (uint32_t)atoi(v);
+    else if (!strcmp(a, "--gen"))
+        o->N = (uint32_t)atoi(v);
+    else if (!strcmp(a, "--reps"))
+        o->reps = (uint32_t)atoi(v);
+    else if (!strcmp(a, "--batch")) {
+        o->n_batch = 0;
+        for (char *p = (char *)v; *p && o->n_batch < 8;) {
+            o->batches[o->n_batch++] = (uint32_t)strtoul(p, &p, 10);
+            if (*p == ',')
+                p++;
+        }
+    } else
+        return 0;
+    return 1;
+}
+
+/* B prompts of L tokens (tok, B x L) in one step on the block tables bt (B x per_seq), then
+ * N - 1 greedy decode steps; rep 0 warms up (and captures the graphs), the best of reps 1..reps
+ * goes to *best_pf (prefill, s) and *best_dec (s per decode step). sq and ids: B entries. */
+static tm_rc dsv_time_batch(tm_engine *eng, const uint32_t *tok, const uint32_t *bt,
+                            uint32_t per_seq, uint32_t B, uint32_t L, uint32_t N, uint32_t reps,
+                            tm_batch_seq *sq, uint32_t *ids, double *best_pf, double *best_dec,
+                            tm_err *err) {
+    tm_rc rc = TM_OK;
+    *best_pf = 1e30, *best_dec = 1e30;
+    for (uint32_t rep = 0; rep <= reps && !rc; rep++) {
+        for (uint32_t s = 0; s < B; s++)
+            sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
+                                   .n_tok = L,
+                                   .pos = 0,
+                                   .block_table = bt + (size_t)s * per_seq,
+                                   .n_block = per_seq,
+                                   .want_logits = 1};
+        tm_batch b = {.seqs = sq, .n_seq = B};
+        double ta = tm_now_ms();
+        rc = tm_engine_cuda_forward_greedy(eng, &b, ids, err);
+        const double pf = (tm_now_ms() - ta) / 1e3;
+        uint32_t next[64];
+        for (uint32_t s = 0; s < B && s < 64; s++)
+            next[s] = ids[s];
+        ta = tm_now_ms();
+        for (uint32_t step = 1; step < N && !rc; step++) {
+            for (uint32_t s = 0; s < B; s++) {
+                sq[s].tokens = &next[s];
+                sq[s].n_tok = 1;
+                sq[s].pos = L + step - 1;
+            }
+            rc = tm_engine_cuda_forward_greedy(eng, &b, ids, err);
+            for (uint32_t s = 0; s < B; s++)
+                next[s] = ids[s];
+        }
+        const double dec = (tm_now_ms() - ta) / 1e3 / (N - 1);
+        if (rep > 0) {
+            *best_pf = pf < *best_pf ? pf : *best_pf;
+            *best_dec = dec < *best_dec ? dec : *best_dec;
+        }
+    }
+    return rc;
+}
+
 /* ---- DeepSeek-V4-Flash (--shape dsv4-flash [--layers N]; issue 21) ----
  * Flash widths (transformers' DeepseekV4Config defaults), the first --layers layers (default 4:
  * layers 0-1 sliding, then CSA / HCA alternating; 0-2 hash-routed MoE), random weights on the
@@ -473,29 +546,18 @@ static double verify_ms(tm_engine *eng, uint32_t B, uint32_t P, uint32_t n, uint
 #include "runner/model/model_dsv4.h"
 
 static int dsv4_bench(int argc, char **argv) {
-    uint32_t n_layer = 4, L = 512, N = 64, batches[8] = {1, 8}, n_batch = 2, reps = 1;
+    dsv_args args = {.n_layer = 4, .L = 512, .N = 64, .reps = 1, .batches = {1, 8}, .n_batch = 2};
     const char *quant = "fp8-block";
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--layers"))
-            n_layer = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--prompt"))
-            L = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--gen"))
-            N = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--reps"))
-            reps = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--quant"))
+        if (dsv_arg(&args, a, v))
+            continue;
+        if (!strcmp(a, "--quant"))
             quant = v;
-        else if (!strcmp(a, "--batch")) {
-            n_batch = 0;
-            for (char *p = (char *)v; *p && n_batch < 8;) {
-                batches[n_batch++] = (uint32_t)strtoul(p, &p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        }
     }
+    const uint32_t n_layer = args.n_layer, L = args.L, N = args.N, reps = args.reps,
+                   n_batch = args.n_batch;
+    const uint32_t *batches = args.batches;
     if (n_layer < 1 || n_layer > 64 || L < 1 || N < 2 || !reps || !n_batch) {
         fprintf(stderr, "bench_engine dsv4: bad --layers/--prompt/--gen/--reps/--batch\n");
         return 2;
@@ -584,39 +646,9 @@ static int dsv4_bench(int argc, char **argv) {
     int rc = 0;
     for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
         const uint32_t B = batches[bi];
-        double best_pf = 1e30, best_dec = 1e30;
-        for (uint32_t rep = 0; rep <= reps && !rc; rep++) { // rep 0: warm-up (graph capture)
-            for (uint32_t s = 0; s < B; s++)
-                sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
-                                       .n_tok = L,
-                                       .pos = 0,
-                                       .block_table = bt + (size_t)s * per_seq,
-                                       .n_block = per_seq,
-                                       .want_logits = 1};
-            tm_batch b = {.seqs = sq, .n_seq = B};
-            double ta = (tm_now_ms() / 1e3);
-            rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
-            const double pf = (tm_now_ms() / 1e3) - ta;
-            uint32_t next[64];
-            for (uint32_t s = 0; s < B && s < 64; s++)
-                next[s] = ids[s];
-            ta = (tm_now_ms() / 1e3);
-            for (uint32_t step = 1; step < N && !rc; step++) {
-                for (uint32_t s = 0; s < B; s++) {
-                    sq[s].tokens = &next[s];
-                    sq[s].n_tok = 1;
-                    sq[s].pos = L + step - 1;
-                }
-                rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
-                for (uint32_t s = 0; s < B; s++)
-                    next[s] = ids[s];
-            }
-            const double dec = ((tm_now_ms() / 1e3) - ta) / (N - 1);
-            if (rep > 0) {
-                best_pf = pf < best_pf ? pf : best_pf;
-                best_dec = dec < best_dec ? dec : best_dec;
-            }
-        }
+        double best_pf, best_dec;
+        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, &best_pf, &best_dec,
+                            &err) != TM_OK;
         if (rc) {
             fprintf(stderr, "bench_engine dsv4: forward: %s\n", err.msg);
             break;
@@ -729,29 +761,18 @@ static int dsv41_tables(const char *dir, tm_dsv41_cfg *d, const int32_t *tmap) {
 }
 
 static int dsv41_bench(int argc, char **argv) {
-    uint32_t n_layer = 4, L = 512, N = 64, batches[8] = {1, 8}, n_batch = 2, reps = 1;
+    dsv_args args = {.n_layer = 4, .L = 512, .N = 64, .reps = 1, .batches = {1, 8}, .n_batch = 2};
     uint32_t cache_mb = 1024;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--layers"))
-            n_layer = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--prompt"))
-            L = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--gen"))
-            N = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--reps"))
-            reps = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--engram-cache-mb"))
+        if (dsv_arg(&args, a, v))
+            continue;
+        if (!strcmp(a, "--engram-cache-mb"))
             cache_mb = (uint32_t)atoi(v);
-        else if (!strcmp(a, "--batch")) {
-            n_batch = 0;
-            for (char *p = (char *)v; *p && n_batch < 8;) {
-                batches[n_batch++] = (uint32_t)strtoul(p, &p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        }
     }
+    const uint32_t n_layer = args.n_layer, L = args.L, N = args.N, reps = args.reps,
+                   n_batch = args.n_batch;
+    const uint32_t *batches = args.batches;
     if (n_layer < 3 || n_layer > 64 || L < 1 || N < 2 || !reps || !n_batch) {
         fprintf(stderr, "bench_engine dsv41: bad --layers (>= 3)/--prompt/--gen/--reps/--batch\n");
         return 2;
@@ -857,39 +878,9 @@ static int dsv41_bench(int argc, char **argv) {
     int rc = !eng;
     for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
         const uint32_t B = batches[bi];
-        double best_pf = 1e30, best_dec = 1e30;
-        for (uint32_t rep = 0; rep <= reps && !rc; rep++) { // rep 0: warm-up
-            for (uint32_t s = 0; s < B; s++)
-                sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
-                                       .n_tok = L,
-                                       .pos = 0,
-                                       .block_table = bt + (size_t)s * per_seq,
-                                       .n_block = per_seq,
-                                       .want_logits = 1};
-            tm_batch b = {.seqs = sq, .n_seq = B};
-            double ta = tm_now_ms();
-            rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
-            const double pf = (tm_now_ms() - ta) / 1e3;
-            uint32_t next[64];
-            for (uint32_t s = 0; s < B && s < 64; s++)
-                next[s] = ids[s];
-            ta = tm_now_ms();
-            for (uint32_t step = 1; step < N && !rc; step++) {
-                for (uint32_t s = 0; s < B; s++) {
-                    sq[s].tokens = &next[s];
-                    sq[s].n_tok = 1;
-                    sq[s].pos = L + step - 1;
-                }
-                rc = tm_engine_cuda_forward_greedy(eng, &b, ids, &err) != TM_OK;
-                for (uint32_t s = 0; s < B; s++)
-                    next[s] = ids[s];
-            }
-            const double dec = (tm_now_ms() - ta) / 1e3 / (N - 1);
-            if (rep > 0) {
-                best_pf = pf < best_pf ? pf : best_pf;
-                best_dec = dec < best_dec ? dec : best_dec;
-            }
-        }
+        double best_pf, best_dec;
+        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, &best_pf, &best_dec,
+                            &err) != TM_OK;
         if (rc) {
             fprintf(stderr, "bench_engine dsv41: forward: %s\n", err.msg);
             break;

@@ -72,6 +72,20 @@ static inline void tm_test_skip(const char *why) {
     exit(77);
 }
 
+/* Skips the test (exit 77) when the build folder's tool `name` ($TM_BUILD/name, ./name without
+ * TM_BUILD) cannot be opened. */
+static inline void tm_test_need_build_tool(const char *name) {
+    const char *build = getenv("TM_BUILD");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", build ? build : ".", name);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "skipped: no %s at %s\n", name, path);
+        exit(77);
+    }
+    fclose(f);
+}
+
 /* The first of $TM_PYTHON, /usr/bin/python3, python3 that can import module (a static buffer),
  * or NULL if none can. */
 static inline const char *tm_test_find_python(const char *module) {

@@ -16,6 +16,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/kafka_stats.h"
 #include "base/log.h"
 #include "base/stop.h"
 #include "base/utf8.h"
@@ -694,23 +695,7 @@ static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
 static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
     (void)rk;
     tm_kafka_in *ki = opaque;
-    json_t *root = json_loadb(text, n, 0, NULL);
-    json_t *brokers = json_object_get(root, "brokers");
-    tm_buf down = {0};
-    tm_err err = {0};
-    const char *name;
-    json_t *b;
-    json_object_foreach(brokers, name, b) {
-        const char *st = json_string_value(json_object_get(b, "state"));
-        if (json_integer_value(json_object_get(b, "nodeid")) < 0 || !st)
-            continue;
-        if (strcmp(st, "DOWN") != 0 && strcmp(st, "TRY_CONNECT") != 0 && strcmp(st, "CONNECT") != 0)
-            continue;
-        if (tm_buf_printf(&down, &err, "%s%s", down.len ? ", " : "", name) != TM_OK)
-            break;
-    }
-    json_decref(root);
-    const char *now = down.len ? down.data : NULL;
+    char *now = tm_kafka_stats_brokers_down(text, n); // owned
     const char *before = ki->brokers_down;
     if ((now == NULL) != (before == NULL) || (now && strcmp(now, before) != 0)) {
         if (now)
@@ -719,9 +704,10 @@ static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
         else
             TM_LOG_INFO("kafka_in", "brokers: every broker in use is up again (were: %s)", before);
         tm_free(ki->brokers_down);
-        ki->brokers_down = now ? tm_strdup(now) : NULL;
+        ki->brokers_down = now;
+        now = NULL;
     }
-    tm_buf_fini(&down);
+    tm_free(now);
     return 0; // the text is librdkafka's to free
 }
 

@@ -11,6 +11,7 @@
 
 #include "base/alloc.h"
 #include "base/clock.h"
+#include "base/kafka_stats.h"
 #include "base/log.h"
 #include "sink/sink.h"
 
@@ -103,23 +104,7 @@ static void on_error(rd_kafka_t *rk, int e, const char *reason, void *opaque) {
 static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
     (void)rk;
     tm_kafka_out *ko = opaque;
-    json_t *root = json_loadb(text, n, 0, NULL);
-    json_t *brokers = json_object_get(root, "brokers");
-    tm_buf down = {0};
-    tm_err err = {0};
-    const char *name;
-    json_t *b;
-    json_object_foreach(brokers, name, b) {
-        const char *st = json_string_value(json_object_get(b, "state"));
-        if (json_integer_value(json_object_get(b, "nodeid")) < 0 || !st)
-            continue;
-        if (strcmp(st, "DOWN") != 0 && strcmp(st, "TRY_CONNECT") != 0 && strcmp(st, "CONNECT") != 0)
-            continue;
-        if (tm_buf_printf(&down, &err, "%s%s", down.len ? ", " : "", name) != TM_OK)
-            break;
-    }
-    json_decref(root);
-    const char *now = down.len ? down.data : NULL;
+    char *now = tm_kafka_stats_brokers_down(text, n); // owned
     const char *before = ko->brokers_down;
     bool changed = (now == NULL) != (before == NULL) || (now && strcmp(now, before) != 0);
     double t = tm_now_ms();
@@ -132,10 +117,11 @@ static int on_stats(rd_kafka_t *rk, char *text, size_t n, void *opaque) {
         else
             TM_LOG_INFO("kafka_out", "brokers: every broker in use is up again (were: %s)", before);
         tm_free(ko->brokers_down);
-        ko->brokers_down = now ? tm_strdup(now) : NULL;
+        ko->brokers_down = now;
+        now = NULL;
         ko->last_report_ms = t;
     }
-    tm_buf_fini(&down);
+    tm_free(now);
     return 0; // the text is librdkafka's to free
 }
 

@@ -53,32 +53,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "runner/model/model.h"
 #include "runner/text/tokenizer.h"
 #include "tm_gpu_compare.h"
-
-typedef struct v41 {
-    tm_model *m;
-    tm_tokenizer *tok;
-    int32_t *map;
-    uint32_t n_map, n_comp;
-} v41;
-
-static int open_v41(const char *dir, v41 *v) {
-    tm_err err = {0};
-    memset(v, 0, sizeof(*v));
-    tm_rc rc = tm_model_load(dir, &v->m, &err);
-    TM_CHECK_OK(rc, &err);
-    if (!rc)
-        rc = tm_tok_load(dir, &v->tok, &err);
-    if (!rc)
-        rc = tm_engram_map_from_tok(v->tok, &v->map, &v->n_map, &v->n_comp, &err);
-    TM_CHECK_OK(rc, &err);
-    return rc != TM_OK;
-}
-
-static void close_v41(v41 *v) {
-    tm_free(v->map);
-    tm_tok_destroy(v->tok);
-    tm_model_destroy(v->m);
-}
+#include "tm_v41_model.h"
 
 static tm_engine_opts opts_of(const v41 *v, uint32_t n_block, uint32_t max_seqs, uint32_t T) {
     tm_engine_opts o = {0};
@@ -305,44 +280,14 @@ static void test_kv_copy(void) {
     }
     if (gpu) {
         const uint32_t V = v.m->cfg.n_vocab;
-        uint32_t tok[23];
-        for (uint32_t i = 0; i < 23; i++)
-            tok[i] = (i * 37 + 11) % V;
-        float *la = calloc(V, 4), *lb = calloc(V, 4), *lc = calloc(V, 4);
-        uint32_t bt_a[2] = {0, 1}, bt_b[2] = {0, 5}, bt_c[2] = {8, 9};
-        tm_batch_seq a = {.tokens = tok,
-                          .n_tok = 20,
-                          .pos = 0,
-                          .block_table = bt_a,
-                          .n_block = 2,
-                          .want_logits = 1};
-        TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &a, .n_seq = 1}, la, &err), &err);
-        TM_CHECK_OK(gpu->ops->kv_copy(gpu, 1, 5, 20 - BLOCK, &err), &err);
-        tm_batch_seq b = {.tokens = tok + 20,
-                          .n_tok = 3,
-                          .pos = 20,
-                          .block_table = bt_b,
-                          .n_block = 2,
-                          .want_logits = 1};
-        tm_batch_seq c = {.tokens = tok,
-                          .n_tok = 23,
-                          .pos = 0,
-                          .block_table = bt_c,
-                          .n_block = 2,
-                          .want_logits = 1};
-        TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &b, .n_seq = 1}, lb, &err), &err);
-        TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &c, .n_seq = 1}, lc, &err), &err);
-        double max_d = 0, max_c = 0;
-        for (uint32_t i = 0; i < V; i++) {
-            max_d = fmax(max_d, fabs((double)lb[i] - lc[i]));
-            max_c = fmax(max_c, fabs((double)lc[i]));
-        }
+        double max_c = 0;
+        int same = 0;
+        const double max_d = kv_copy_diff(gpu, V, &max_c, &same);
         fprintf(stderr, "kv-copy: max |logit B - logit C| %.3g (row max %.3g)\n", max_d, max_c);
         // the same kernels on the same state: only the step shapes differ (none of the kernels
         // depends on them), so equal up to the last bits
         TM_CHECK_MSG(max_d <= 1e-4 * fmax(max_c, 1.0), "kv-copy: %.3g", max_d);
-        TM_CHECK(argmax(lb, V) == argmax(lc, V));
-        free(la), free(lb), free(lc);
+        TM_CHECK(same);
     }
     tm_engine_destroy(gpu);
     close_v41(&v);
@@ -351,14 +296,7 @@ static void test_kv_copy(void) {
 
 int main(void) {
     g_rng = 91;
-    int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
-        tm_test_skip("no CUDA device");
-    const char *build = getenv("TM_BUILD");
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
-    if (access(path, X_OK) != 0)
-        tm_test_skip("mkmodel not built (set TM_BUILD)");
+    need_gpu_and_mkmodel();
     // the engine synchronizes after every op, so that an asynchronous fault names its op and
     // layer (a sticky CUDA error also fails every later config of this process: the first
     // failing config is the one to read); TM_DSV41_CUDA_SYNC=0 turns it off

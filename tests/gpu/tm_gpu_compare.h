@@ -9,7 +9,8 @@
  * prefills mixed with decodes in one step, then N_DECODE decode steps, batch 4 then 3 (seq 2 stops
  * after 30). Each test's step() runs both engines on the step's batch, compares the rows with
  * compare_row() and appends the reference's greedy token of each row to its sequence, so both
- * engines are fed the same tokens and their states stay identical. */
+ * engines are fed the same tokens and their states stay identical. kv_copy_diff() is the kv_copy
+ * check of one engine (test_engine_cuda, test_dsv4_cuda, test_dsv41_cuda). */
 #ifndef TM_TESTS_TM_GPU_COMPARE_H
 #define TM_TESTS_TM_GPU_COMPARE_H
 
@@ -18,6 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
 
 #include "runner/engine/engine.h"
 #include "tm_test.h"
@@ -197,6 +201,58 @@ static inline void compare_row(stats *st, const char *ref_name, const float *ref
         st->n_greedy_diff++;
         st->n_clear_flip += ref[ref_tok] - second > 2.0 * md;
     }
+}
+
+/* An engine's kv_copy against recomputing (V: the model's vocabulary; block size BLOCK, KV
+ * blocks 0-9 free): 20 tokens
+ * on blocks 0, 1 (A); kv_copy of block 1's 20 - BLOCK slots into block 5; then 3 more tokens on
+ * blocks 0, 5 (B) against all 23 on blocks 8, 9 (C). Returns max |logit B - logit C|, with
+ * *max_c = max |logit C| and *same_argmax whether B and C pick the same token; a failed engine
+ * call is a failed check. Each caller judges the difference with its own tolerance. */
+static inline double kv_copy_diff(tm_engine *gpu, uint32_t V, double *max_c, int *same_argmax) {
+    tm_err err = {0};
+    uint32_t tok[23];
+    for (uint32_t i = 0; i < 23; i++)
+        tok[i] = (i * 37 + 11) % V;
+    float *la = calloc(V, sizeof(float)), *lb = calloc(V, sizeof(float));
+    float *lc = calloc(V, sizeof(float));
+    uint32_t bt_a[2] = {0, 1}, bt_b[2] = {0, 5}, bt_c[2] = {8, 9};
+    tm_batch_seq a = {
+        .tokens = tok, .n_tok = 20, .pos = 0, .block_table = bt_a, .n_block = 2, .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &a, .n_seq = 1}, la, &err), &err);
+    TM_CHECK_OK(gpu->ops->kv_copy(gpu, 1, 5, 20 - BLOCK, &err), &err);
+    tm_batch_seq b = {.tokens = tok + 20,
+                      .n_tok = 3,
+                      .pos = 20,
+                      .block_table = bt_b,
+                      .n_block = 2,
+                      .want_logits = 1};
+    tm_batch_seq c = {
+        .tokens = tok, .n_tok = 23, .pos = 0, .block_table = bt_c, .n_block = 2, .want_logits = 1};
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &b, .n_seq = 1}, lb, &err), &err);
+    TM_CHECK_OK(tm_engine_forward(gpu, &(tm_batch){.seqs = &c, .n_seq = 1}, lc, &err), &err);
+    double max_d = 0;
+    *max_c = 0;
+    for (uint32_t i = 0; i < V; i++) {
+        max_d = fmax(max_d, fabs((double)lb[i] - lc[i]));
+        *max_c = fmax(*max_c, fabs((double)lc[i]));
+    }
+    *same_argmax = argmax(lb, V) == argmax(lc, V);
+    free(la), free(lb), free(lc);
+    return max_d;
+}
+
+/* Skips the test (exit 77) without a CUDA device or without tools/mkmodel in $TM_BUILD (build/
+ * without TM_BUILD). */
+static inline void need_gpu_and_mkmodel(void) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
+        tm_test_skip("no CUDA device");
+    const char *build = getenv("TM_BUILD");
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/mkmodel", build ? build : "build");
+    if (access(path, X_OK) != 0)
+        tm_test_skip("mkmodel not built (set TM_BUILD)");
 }
 
 #endif /* TM_TESTS_TM_GPU_COMPARE_H */

@@ -18,9 +18,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 dur_setup 10 # the tiny model
 kin_mock jobs:4
-kin_input 4000
-"$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
-kin_split jobs 4
+kin_feed 4000
 
 points=${TM_CRASH_POINTS:-10}
 seed=${TM_CRASH_SEED:-$(( $(date +%s) % 100000 ))}

@@ -24,9 +24,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 dur_setup 10 # the tiny model
 kin_mock jobs:4 out1:3 out2:3 out3:3
-kin_input 1500
-"$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
-kin_split jobs 4
+kin_feed 1500
 
 crash_chain() { # NAME OUTPUT_KAFKA_JSON
     RANDOM=${TM_CRASH_SEED:-11}

@@ -21,10 +21,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 dur_setup 5 # the tiny model
 kin_mock jobs:4
-kin_input 120
-sed -i 's/"max_tokens":[12]}/"max_tokens":64}/' "$work/data/in.jsonl"
-"$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
-kin_split jobs 4
+kin_feed 120 64
 wait_for() { # FILE PATTERN TENTHS
     for _ in $(seq "$3"); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
     echo "FAIL: no '$2' in $1"; tail "$1"; exit 1

@@ -59,6 +59,14 @@ kin_input() {
       process.stdout.write(out.join("\n") + "\n");' "$1" >"$work/data/in.jsonl"
 }
 
+kin_feed() { # N_RECORDS [MAX_TOKENS]: kin_input's records (each asking MAX_TOKENS when given)
+    # produced keyed into the mock's topic jobs (4 partitions) and split by partition (kin_split)
+    kin_input "$1"
+    [ -z "${2:-}" ] || sed -i "s/\"max_tokens\":[12]}/\"max_tokens\":$2}/" "$work/data/in.jsonl"
+    "$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
+    kin_split jobs 4
+}
+
 kin_job() { # JOB DIR GROUP [OUTPUT_KAFKA_JSON]
     cat >"$1" <<JOB
 {

@@ -19,10 +19,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 dur_setup 5 # the tiny model
 kin_mock jobs:4
-kin_input 160
-sed -i 's/"max_tokens":[12]}/"max_tokens":16}/' "$work/data/in.jsonl"
-"$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
-kin_split jobs 4
+kin_feed 160 16
 
 kin_job "$work/a.json" "$work/a" g1
 kin_job "$work/b.json" "$work/b" g1

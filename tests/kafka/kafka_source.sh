@@ -32,9 +32,7 @@ src=$(cd "$2" && pwd)
 . "$src/tests/e2e/durable_lib.sh"
 dur_setup 10 # the tiny model
 kin_mock jobs:4 jobs2:4
-kin_input 10000
-"$build/kafka_tool" produce "$bs" jobs "$work/data/in.jsonl" --keyed >/dev/null
-kin_split jobs 4
+kin_feed 10000
 down_s=${TM_KAFKA_DOWN_S:-10}
 wait_for() { # FILE PATTERN TENTHS
     for _ in $(seq "$3"); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done

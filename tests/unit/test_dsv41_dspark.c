@@ -28,39 +28,11 @@
 #include "runner/model/model_dsv41.h"
 #include "runner/text/tokenizer.h"
 #include "tm_test.h"
+#include "tm_v41_model.h"
 
 #define BS 16
 
 static const char *g_build;
-
-typedef struct v41 {
-    tm_model *m;
-    tm_tokenizer *tok;
-    int32_t *map;
-    uint32_t n_map, n_comp;
-} v41;
-
-static int open_v41(const char *dir, v41 *v) {
-    tm_err err = {0};
-    memset(v, 0, sizeof(*v));
-    tm_rc rc = tm_model_load(dir, &v->m, &err);
-    TM_CHECK_OK(rc, &err);
-    if (rc)
-        return 1;
-    rc = tm_tok_load(dir, &v->tok, &err);
-    TM_CHECK_OK(rc, &err);
-    if (rc)
-        return 1;
-    rc = tm_engram_map_from_tok(v->tok, &v->map, &v->n_map, &v->n_comp, &err);
-    TM_CHECK_OK(rc, &err);
-    return rc != TM_OK;
-}
-
-static void close_v41(v41 *v) {
-    tm_free(v->map);
-    tm_tok_destroy(v->tok);
-    tm_model_destroy(v->m);
-}
 
 static tm_engine *make_engine(const v41 *v, uint32_t n_threads, uint32_t n_block, uint32_t T) {
     tm_engine_opts o = {0};

@@ -405,15 +405,7 @@ static void test_bad_split(void) { // 3 output groups do not split 2 ways
 }
 
 int main(void) {
-    const char *build = getenv("TM_BUILD");
-    char mk[1024];
-    snprintf(mk, sizeof(mk), "%s/mkmodel", build ? build : ".");
-    FILE *f = fopen(mk, "rb");
-    if (!f) {
-        fprintf(stderr, "skipped: no mkmodel at %s\n", mk);
-        return 77;
-    }
-    fclose(f);
+    tm_test_need_build_tool("mkmodel");
     TM_RUN(test_sch_bf16);
     TM_RUN(test_hcs_f32_tied);
     TM_RUN(test_quantized);

@@ -98,22 +98,31 @@ static void *feed_main(void *arg) {
     return NULL;
 }
 
-// Run every record through the runner with the given switches; records are pushed in a
-// shuffled order so the PREFIX schedule has something to reorder.
-static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, float temp,
-                result *res) {
+// The CPU engine over g_model (2 threads, 16-token blocks, 96 tokens a step) and the runner's
+// two queues of cap slots each; the caller destroys the three.
+static tm_engine *cpu_engine(uint32_t max_seqs, uint32_t n_kv_block, size_t cap, tm_queue **in,
+                             tm_queue **out) {
     tm_err err = {0};
     tm_engine *eng = NULL;
     tm_engine_opts eo = {.n_threads = 2,
                          .block_size = 16,
                          .n_kv_block = n_kv_block,
-                         .max_seqs = 4,
+                         .max_seqs = max_seqs,
                          .max_batched_tokens = 96,
                          .tp_size = 1};
     TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
+    TM_CHECK_OK(tm_queue_create(cap, in, &err), &err);
+    TM_CHECK_OK(tm_queue_create(cap, out, &err), &err);
+    return eng;
+}
+
+// Run every record through the runner with the given switches; records are pushed in a
+// shuffled order so the PREFIX schedule has something to reorder.
+static void run(int prefix_cache, tm_sched_policy policy, uint32_t n_kv_block, float temp,
+                result *res) {
+    tm_err err = {0};
     tm_queue *in = NULL, *out = NULL;
-    TM_CHECK_OK(tm_queue_create(N_REC + 1, &in, &err), &err);
-    TM_CHECK_OK(tm_queue_create(N_REC + 1, &out, &err), &err);
+    tm_engine *eng = cpu_engine(4, n_kv_block, N_REC + 1, &in, &out);
     feed fd = {.in = in, .n = g_n_rec};
     for (int k = 0; k < g_n_rec; k++) {
         int i = (k * 17) % g_n_rec; // a fixed shuffle (17 is coprime with 48 and 20)
@@ -266,17 +275,8 @@ static void test_preemption_keeps_outputs(void) {
 // Records with different cache_salt never share blocks; with the same salt they do.
 static void test_cache_salt(void) {
     tm_err err = {0};
-    tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2,
-                         .block_size = 16,
-                         .n_kv_block = 64,
-                         .max_seqs = 1,
-                         .max_batched_tokens = 96,
-                         .tp_size = 1};
-    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
-    TM_CHECK_OK(tm_queue_create(8, &in, &err), &err);
-    TM_CHECK_OK(tm_queue_create(8, &out, &err), &err);
+    tm_engine *eng = cpu_engine(1, 64, 8, &in, &out);
     const uint64_t salts[4] = {0, 7, 7, 0}; // records run one at a time, in this order
     for (int i = 0; i < 4; i++) {
         tm_job *job = tm_calloc(1, sizeof(*job));
@@ -322,17 +322,8 @@ static void test_cache_salt(void) {
 // their codes and messages, and the job goes on: the good records around them are answered.
 static void test_record_failures(void) {
     tm_err err = {0};
-    tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2,
-                         .block_size = 16,
-                         .n_kv_block = 64,
-                         .max_seqs = 2,
-                         .max_batched_tokens = 96,
-                         .tp_size = 1};
-    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
-    TM_CHECK_OK(tm_queue_create(16, &in, &err), &err);
-    TM_CHECK_OK(tm_queue_create(16, &out, &err), &err);
+    tm_engine *eng = cpu_engine(2, 64, 16, &in, &out);
     enum { N = 7 };
     for (int i = 0; i < N; i++) {
         tm_job *job = new_job(i, 2);
@@ -427,17 +418,8 @@ static bool start_unless_released(void *ctx, uint64_t seq_no) {
 
 static void test_released(void) {
     tm_err err = {0};
-    tm_engine *eng = NULL;
-    tm_engine_opts eo = {.n_threads = 2,
-                         .block_size = 16,
-                         .n_kv_block = 64,
-                         .max_seqs = 2,
-                         .max_batched_tokens = 96,
-                         .tp_size = 1};
-    TM_CHECK_OK(tm_engine_cpu_create(g_model, &eo, &eng, &err), &err);
     tm_queue *in = NULL, *out = NULL;
-    TM_CHECK_OK(tm_queue_create(16, &in, &err), &err);
-    TM_CHECK_OK(tm_queue_create(16, &out, &err), &err);
+    tm_engine *eng = cpu_engine(2, 64, 16, &in, &out);
     enum { N = 6 };
     for (int i = 0; i < N; i++) {
         tm_job *job = new_job(i, 2);

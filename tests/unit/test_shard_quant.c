@@ -190,15 +190,7 @@ static void test_fp8_e8m0_part_blocks(void) { // 192 = 128 + 64: part blocks; a 
 }
 
 int main(void) {
-    const char *build = getenv("TM_BUILD");
-    char mk[1024];
-    snprintf(mk, sizeof(mk), "%s/mkmodel", build ? build : ".");
-    FILE *f = fopen(mk, "rb");
-    if (!f) {
-        fprintf(stderr, "skipped: no mkmodel at %s\n", mk);
-        return 77;
-    }
-    fclose(f);
+    tm_test_need_build_tool("mkmodel");
     TM_RUN(test_fp8_f32_scales);
     TM_RUN(test_fp8_e8m0_part_blocks);
     return tm_test_report();
