@@ -43,6 +43,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "base/alloc.h"
 #include "base/clock.h"
 #include "kernels/fill.h"
 #include "runner/engine/engine.h"
@@ -494,7 +495,8 @@ static tm_rc dsv_time_batch(tm_engine *eng, const uint32_t *tok, const uint32_t 
                             uint32_t per_seq, uint32_t B, uint32_t L, uint32_t N, uint32_t reps,
                             tm_batch_seq *sq, uint32_t *ids, double *best_pf, double *best_dec,
                             tm_err *err) {
-    tm_rc rc = TM_OK;
+    uint32_t *next = tm_malloc((size_t)B * sizeof(*next)); // each sequence's decode input
+    tm_rc rc = next ? TM_OK : TM_ERR(err, TM_E_NOMEM, "bench: decode inputs");
     *best_pf = 1e30, *best_dec = 1e30;
     for (uint32_t rep = 0; rep <= reps && !rc; rep++) {
         for (uint32_t s = 0; s < B; s++)
@@ -508,8 +510,7 @@ static tm_rc dsv_time_batch(tm_engine *eng, const uint32_t *tok, const uint32_t 
         double ta = tm_now_ms();
         rc = tm_engine_cuda_forward_greedy(eng, &b, ids, err);
         const double pf = (tm_now_ms() - ta) / 1e3;
-        uint32_t next[64];
-        for (uint32_t s = 0; s < B && s < 64; s++)
+        for (uint32_t s = 0; s < B; s++)
             next[s] = ids[s];
         ta = tm_now_ms();
         for (uint32_t step = 1; step < N && !rc; step++) {
@@ -528,6 +529,7 @@ static tm_rc dsv_time_batch(tm_engine *eng, const uint32_t *tok, const uint32_t 
             *best_dec = dec < *best_dec ? dec : *best_dec;
         }
     }
+    tm_free(next);
     return rc;
 }
 
