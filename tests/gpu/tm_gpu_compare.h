@@ -21,7 +21,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#ifdef TM_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#endif
 
 #include "runner/engine/engine.h"
 #include "tm_test.h"
@@ -242,8 +244,9 @@ static inline double kv_copy_diff(tm_engine *gpu, uint32_t V, double *max_c, int
     return max_d;
 }
 
+#ifdef TM_HAVE_CUDA
 /* Skips the test (exit 77) without a CUDA device or without tools/mkmodel in $TM_BUILD (build/
- * without TM_BUILD). */
+ * without TM_BUILD). CUDA builds only (test_dsv4_kv8 includes this header in CPU-only builds). */
 static inline void need_gpu_and_mkmodel(void) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
@@ -254,5 +257,6 @@ static inline void need_gpu_and_mkmodel(void) {
     if (access(path, X_OK) != 0)
         tm_test_skip("mkmodel not built (set TM_BUILD)");
 }
+#endif
 
 #endif /* TM_TESTS_TM_GPU_COMPARE_H */
