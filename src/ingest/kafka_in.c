@@ -32,8 +32,11 @@
 
 /* A record handed out: queued for the runner (IN_FLIGHT), started by it (tm_kafka_in_start), in
  * the commit being made, durable; or RELEASED: taken back at a revoke before it started (never
- * answered here, never done; its completion only keeps seq_nos dense). */
-enum { ST_IN_FLIGHT = 0, ST_STARTED, ST_WRITTEN, ST_ACKED, ST_RELEASED };
+ * answered here, never done; its completion only keeps seq_nos dense), then DROPPED once the
+ * runner has asked to start it and was told no. A RELEASED entry stays in the ring until then
+ * (ring_trim): the runner may ask long after the revoke, and a record missing from the ring
+ * starts (tm_kafka_in_start), so trimming it earlier would answer a released record here too. */
+enum { ST_IN_FLIGHT = 0, ST_STARTED, ST_WRITTEN, ST_ACKED, ST_RELEASED, ST_DROPPED };
 
 typedef struct kpart {
     char *topic; /* owned */
@@ -264,8 +267,12 @@ static tm_rc ring_push(tm_kafka_in *ki, uint64_t seq_no, uint32_t part, int64_t 
     return TM_OK;
 }
 
+// Durable records and released ones the runner has dropped leave the ring from its head; a
+// RELEASED one stays until the runner asks for it (tm_kafka_in_start), as a record it has not yet
+// taken off its queue must still be found released.
 static void ring_trim(tm_kafka_in *ki) {
-    while (ki->ring_n > 0 && ki->ring[ki->ring_head].state >= ST_ACKED) {
+    while (ki->ring_n > 0 && (ki->ring[ki->ring_head].state == ST_ACKED ||
+                              ki->ring[ki->ring_head].state == ST_DROPPED)) {
         ki->ring_head = (ki->ring_head + 1) % ki->ring_cap;
         ki->ring_base++;
         ki->ring_n--;
@@ -1809,9 +1816,14 @@ void tm_kafka_in_set_release(tm_kafka_in *ki, bool on) { ki->release = on; }
 bool tm_kafka_in_start(tm_kafka_in *ki, uint64_t seq_no) {
     pthread_mutex_lock(&ki->mu);
     ring_ent *e = ring_at(ki, seq_no);
-    bool run = !e || e->state != ST_RELEASED;
+    bool run = !e || e->state < ST_RELEASED;
     if (e && e->state == ST_IN_FLIGHT)
         e->state = ST_STARTED;
+    if (e && e->state == ST_RELEASED) { // the runner drops it: it may leave the ring now
+        e->state = ST_DROPPED;
+        ring_trim(ki);
+        pthread_cond_broadcast(&ki->cv);
+    }
     pthread_mutex_unlock(&ki->mu);
     return run;
 }

@@ -250,6 +250,114 @@ done:
     rd_kafka_destroy(prod);
 }
 
+// Released records stay released until the runner asks (issue 39): consumer A (release on) takes
+// four records and starts the first; B joins and the eager revoke releases A's queued second and
+// third (the fourth is held, as in test_held_record_dropped). The started record becomes durable
+// before the runner asks for the released ones (a busy runner, or a starved one under load): the
+// ack must not let them leave A's ring unnoticed, for a record A cannot find starts, and A would
+// answer it besides its next owner (or twice itself, were the partition assigned back). Then both
+// drain, A answering only what tm_source_start lets run: no record is answered twice by one
+// consumer, none by nobody.
+static void test_released_until_asked(void) {
+    tm_err err = {0};
+    char es[512];
+    rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    TM_CHECK(rd_kafka_conf_set(conf, "test.mock.num.brokers", "1", es, sizeof(es)) ==
+             RD_KAFKA_CONF_OK);
+    rd_kafka_t *prod = rd_kafka_new(RD_KAFKA_PRODUCER, conf, es, sizeof(es));
+    TM_CHECK(prod != NULL);
+    if (!prod)
+        return;
+    rd_kafka_mock_cluster_t *mc = rd_kafka_handle_mock_cluster(prod);
+    TM_CHECK(rd_kafka_mock_topic_create(mc, "rel", N_PART, 1) == RD_KAFKA_RESP_ERR_NO_ERROR);
+    for (int p = 0; p < N_PART; p++)
+        for (int o = 0; o < N_PER_PART; o++) {
+            char v[128];
+            int n = snprintf(v, sizeof(v), "{\"id\": \"p%d-%d\", \"prompt\": \"x\"}", p, o);
+            TM_CHECK(rd_kafka_producev(prod, RD_KAFKA_V_TOPIC("rel"), RD_KAFKA_V_PARTITION(p),
+                                       RD_KAFKA_V_VALUE(v, (size_t)n),
+                                       RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                       RD_KAFKA_V_END) == RD_KAFKA_RESP_ERR_NO_ERROR);
+        }
+    TM_CHECK(rd_kafka_flush(prod, 10000) == RD_KAFKA_RESP_ERR_NO_ERROR);
+    const char *bs = rd_kafka_mock_cluster_bootstraps(mc);
+    tm_job_spec *spec_a = load_spec_on(bs, "rel", "gr", "ra");
+    tm_job_spec *spec_b = load_spec_on(bs, "rel", "gr", "rb");
+    seen seen_a = {.mu = PTHREAD_MUTEX_INITIALIZER}, seen_b = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    tm_source *a = NULL;
+    tm_job *jobs[4] = {0};
+    if (!spec_a || !spec_b)
+        goto done;
+    tm_rc orc = tm_source_open(spec_a, &a, &err);
+    if (orc && strstr(err.msg, "without librdkafka"))
+        tm_test_skip(err.msg);
+    TM_CHECK_OK(orc, &err);
+    if (!a)
+        goto done;
+    tm_source_set_release(a, true);
+    for (int i = 0; i < 4; i++) {
+        TM_CHECK_OK(tm_source_next(a, &jobs[i], &err), &err);
+        if (!jobs[i])
+            goto done;
+        TM_CHECK(jobs[i]->seq_no == (uint64_t)i);
+    }
+    TM_CHECK(tm_source_start(a, 0)); // the runner starts the first: A answers it
+    note(&seen_a, jobs[0]);
+
+    consumer_b b = {.spec = spec_b, .seen = &seen_b};
+    pthread_t bt;
+    TM_CHECK(pthread_create(&bt, NULL, b_main, &b) == 0);
+    bool drop = false;
+    double t0 = tm_now_ms();
+    while (!drop && tm_now_ms() - t0 < 30000.0)
+        TM_CHECK_OK(tm_source_wait(a, jobs[3], 100, &drop, &err), &err);
+    TM_CHECK_MSG(drop, "the held record was not dropped within 30 s");
+    tm_source_kskips k;
+    tm_source_kafka_skips(a, &k);
+    TM_CHECK_MSG(k.released == 2, "%llu released, want 2", (unsigned long long)k.released);
+
+    // The started record becomes durable first; then the runner asks for the released two.
+    uint64_t seq = 0;
+    TM_CHECK_OK(tm_source_ack(a, &seq, 1, &err), &err);
+    for (int i = 1; i <= 2; i++) {
+        bool run = tm_source_start(a, (uint64_t)i);
+        TM_CHECK_MSG(!run, "released seq_no %d starts after an earlier ack", i);
+        if (run) // the runner would answer it
+            note(&seen_a, jobs[i]);
+    }
+    uint64_t rel[2] = {1, 2}; // their released completions, acknowledged by the sink
+    TM_CHECK_OK(tm_source_ack(a, rel, 2, &err), &err);
+
+    for (;;) { // A drains, answering only what it may start
+        tm_job *job = NULL;
+        tm_rc rc = tm_source_next(a, &job, &err);
+        if (rc == TM_E_EOF)
+            break;
+        TM_CHECK_OK(rc, &err);
+        if (rc)
+            break;
+        if (tm_source_start(a, job->seq_no))
+            note(&seen_a, job);
+        TM_CHECK_OK(tm_source_ack(a, &job->seq_no, 1, &err), &err);
+        tm_job_destroy(job);
+    }
+    TM_CHECK(pthread_join(bt, NULL) == 0);
+    TM_CHECK_OK(b.rc, &err);
+    for (int p = 0; p < N_PART; p++)
+        for (int o = 0; o < N_PER_PART; o++) {
+            TM_CHECK_MSG(seen_a.n[p][o] <= 1 && seen_b.n[p][o] <= 1, "%d/%d: A %d, B %d", p, o,
+                         seen_a.n[p][o], seen_b.n[p][o]);
+            TM_CHECK_MSG(seen_a.n[p][o] + seen_b.n[p][o] >= 1, "%d/%d answered by nobody", p, o);
+        }
+done:
+    for (int i = 0; i < 4; i++)
+        tm_job_destroy(jobs[i]);
+    tm_source_destroy(a);
+    tm_job_spec_destroy(spec_a);
+    tm_job_spec_destroy(spec_b);
+    rd_kafka_destroy(prod);
+}
+
 typedef struct saved_pos { /* one partition's done set, as a manifest keeps it */
     char topic[64];
     tm_source_kpos pos;
@@ -450,6 +558,7 @@ int main(void) {
     // First: its child must not inherit the exit handler of an earlier test's given-up close.
     TM_RUN(test_exit_waits_for_abandoned_destroy);
     TM_RUN(test_held_record_dropped);
+    TM_RUN(test_released_until_asked);
     TM_RUN(test_close_bounded);
     char cmd[320];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", g_tmp);
