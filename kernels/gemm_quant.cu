@@ -671,6 +671,12 @@ extern "C" int tm_k_gemm_fp8_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out)
     return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 16 && n_in % 16 == 0 && n_out >= 1;
 }
 
+extern "C" int tm_k_gemm_fp8_kind_fits(tm_k_fp8_scale kind, uint32_t n_tok, uint32_t n_in,
+                                       uint32_t n_out) {
+    return tm_k_gemm_fp8_fits(n_tok, n_in, n_out) &&
+           (kind != TM_K_FP8_BLOCK32_E8M0 || n_in % 32 == 0);
+}
+
 extern "C" int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {
     return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 32 && n_in % 32 == 0 && n_out >= 1;
 }
