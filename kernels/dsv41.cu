@@ -104,13 +104,12 @@ static __global__ void to_bf16_kernel(uint16_t *y, const float *x, uint32_t ldx,
             amax = fmaxf(amax, fabsf(p[i]));
         const float s = round_scale(fmaxf(amax, 1e-4f), (float)(1.0 / 448.0));
         for (int i = 0; i < 32; i++) // e4m3 * 2^k: exact in bf16, so _rn changes nothing
-            yr[j * 32 + i] =
-                __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(e4m3_sat(__fdiv_rn(p[i], s)), s)));
+            yr[j * 32 + i] = __bfloat16_as_ushort(
+                __float2bfloat16_rn(__fmul_rn(e4m3_sat(__fdiv_rn(p[i], s)), s)));
     }
 }
 
-extern "C" tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s,
-                                    tm_err *err) {
+extern "C" tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0 || a->n == 0)
         return TM_OK;
     TM_ASSERT(a->y && a->x && a->ldx >= a->n && (!a->aq || a->n % 32 == 0));
