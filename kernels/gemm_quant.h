@@ -29,8 +29,8 @@
  * so it is applied to the bf16 weights before the mma (a 64-input FP8 chunk spans two 32-blocks:
  * each lane's 16 inputs lie in one, and a 16-row tile lies in one 32-row block, so each lane has
  * one scale per chunk). Exact unless the product leaves bf16's range: |W_real| must lie in
- * [2^-133, 3e38] (with no bits below 2^-133), true of any real checkpoint. x enters the mma as its bf16 bits.
- * Accumulation is fp32 (the mma's), summation order fixed: results are deterministic.
+ * [2^-133, 3e38] (with no bits below 2^-133), true of any real checkpoint. x enters the mma as its
+ * bf16 bits. Accumulation is fp32 (the mma's), summation order fixed: results are deterministic.
  *
  * Output: like gemm_skinny, split s writes its partial to part[s][rows][n_out] (fp32) and the
  * consumer adds the n_split partials in split order (or tm_k_sum_parts); with n_split == 1 part
