@@ -132,6 +132,30 @@ extern "C" tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_er
     return tm_cuda_launched(err, s, "dsv41_round_bf16");
 }
 
+static __global__ void dequant_fp8_32_kernel(uint16_t *y, const uint8_t *w, const uint8_t *scale,
+                                             uint32_t n_out, uint32_t n_in) {
+    const size_t n = (size_t)n_out * n_in;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t o = i / n_in, c = i % n_in;
+        __nv_fp8_e4m3 q;
+        q.__x = w[i];
+        const float v = ldexpf((float)q, (int)scale[(o / 32) * (n_in / 32) + c / 32] - 127);
+        y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_dequant_fp8_32(uint16_t *y, const uint8_t *w, const uint8_t *scale,
+                                           uint32_t n_out, uint32_t n_in, cudaStream_t s,
+                                           tm_err *err) {
+    const size_t n = (size_t)n_out * n_in;
+    if (n == 0)
+        return TM_OK;
+    TM_ASSERT(y && w && scale && n_in % 32 == 0);
+    dequant_fp8_32_kernel<<<grid_for(n), 128, 0, s>>>(y, w, scale, n_out, n_in);
+    return tm_cuda_launched(err, s, "dsv41_dequant_fp8_32");
+}
+
 #define GATE_THREADS 256
 
 /* Block sum of three doubles (every thread gets the totals). */

@@ -60,10 +60,12 @@
  * the checkpoint). n_rows counts every expert's rows for the routed experts. f32x: the input stays
  * fp32 in every mode (the router: plain kernel). mx (fast mode, routed experts): MXFP4 kept packed,
  * codes at q ([n_rows][n_in / 2], even input in the low nibble) and e8m0 scales at qs ([n_rows]
- * [n_in / 32]); p is then NULL. */
+ * [n_in / 32]); p is then NULL. f8 (fast mode, dense FP8 linears): the e4m3 codes at q ([n_rows]
+ * [n_in]) and the 32 x 32 ue8m0 block scales at qs ([ceil(n_rows / 32)][n_in / 32]) beside the
+ * bf16 copy at p: decode steps stream the FP8 form, larger ones run cuBLAS on the copy. */
 typedef struct dw {
     void *p;
-    uint8_t bf16, aq, f32x, mx;
+    uint8_t bf16, aq, f32x, mx, f8;
     uint8_t *q, *qs;
     uint64_t n_rows, n_in;
 } dw;
@@ -141,7 +143,9 @@ typedef struct v41g {
     float *s, *x, *y, *xq, *pre, *apre, *post, *comb, *mixes, *qr, *q, *kv, *o, *oa;
     float *ckv, *cgate, *lat, *lk, *iq, *iw, *isc, *bsc, *rl, *selw, *eg, *eu, *eo, *sh_g, *sh_u;
     float *sh_o, *ekv;
-    uint16_t *xb;             /* fast path: a linear's input rows as bf16 */
+    uint16_t *xb; /* fast path: a linear's input rows as bf16 */
+    float *q8p;   /* fast path: split-K partials of the FP8 decode GEMMs */
+    size_t q8p_floats;
     float *pj;                /* fast path: [TM_SKINNY_MAX_TOK][olr] a strided output's product */
     uint32_t *pr_div, *pr_id; /* [T * K] p / K and p: the MoE kernel's x row of pair p */
     uint32_t *lens, *n_pick, *cand, *n_cand, *sel;
@@ -306,6 +310,20 @@ static int mx_ok(const v41g *g) {
     return g->mode == MODE_FAST && g->D % 32 == 0 && g->I % 32 == 0 && g->E <= TM_MOE_MAX_EXPERT;
 }
 
+/* A dense FP8 tensor as tm_k_gemm_fp8 reads it with TM_K_FP8_BLOCK32_E8M0. */
+static int is_fp8_32(const tm_tensor *t) {
+    return t->quant == TM_QUANT_FP8_BLOCK && t->dtype == TM_DTYPE_F8_E4M3 &&
+           t->scale_dtype == TM_DTYPE_F8_E8M0 && t->qblock[0] == 32 && t->qblock[1] == 32;
+}
+
+/* 1 when the fast path keeps linear d's FP8 form for decode steps (d: bf16 copy, not the router;
+ * wo_a runs per group: olr rows of ing). */
+static int f8_ok(const v41g *g, int i, const dw *d) {
+    const uint64_t n_in = i == W_WO_A ? g->ing : d->n_in, n_out = i == W_WO_A ? g->olr : d->n_rows;
+    return g->mode == MODE_FAST && d->bf16 && !d->f32x && d->n_rows &&
+           tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, 1, (uint32_t)n_in, (uint32_t)n_out);
+}
+
 /* An MXFP4 tensor as tm_k_moe_mxfp4 reads it: e2m1 pairs, e8m0 scales per 32 inputs of a row. */
 static int is_mxfp4(const tm_tensor *t) {
     return t->quant == TM_QUANT_MXFP4 && t->dtype == TM_DTYPE_F4_E2M1 &&
@@ -355,6 +373,9 @@ static void random_formats(v41g *g) {
                                     .mx = f[k].i >= W_EX1 && mx_ok(g),
                                     .n_rows = f[k].rows,
                                     .n_in = f[k].n_in};
+        // FP8 where the release quantizes (wo_a too: FP8 stored, its input not act_quant'ed)
+        for (int i = 0; i < W_EX1; i++)
+            L->w[i].f8 = (L->w[i].aq || i == W_WO_A) && f8_ok(g, i, &L->w[i]);
         const uint32_t vn[V_N] = {
             g->mix, 3,   g->mix, 3, g->D, g->D, g->qlr, g->hd, kv ? g->hd : 0, kv && ix ? g->di : 0,
             g->H,   g->E};
@@ -455,6 +476,7 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             // there flips expert choices at near ties (the reference computes it in fp32)
             L->w[i].f32x = i == W_GATE;
             L->w[i].mx = i >= W_EX1 && is_mxfp4(t) && mx_ok(g);
+            L->w[i].f8 = i < W_EX1 && is_fp8_32(t) && f8_ok(g, i, &L->w[i]);
             for (uint32_t e = 1; i >= W_EX1 && e < g->E; e++) {
                 const tm_tensor *x = &W->experts[e * 3 + (i - W_EX1)];
                 if (x->dtype != t->dtype || x->quant != t->quant ||
@@ -533,6 +555,10 @@ static void carve_w(tm_cuda_carver *cv, dw *d) {
     } else if (d->n_rows) {
         d->p = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in) * (d->bf16 ? 2 : 4));
     }
+    if (d->n_rows && d->f8) {
+        d->q = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in));
+        d->qs = tm_cuda_carve(cv, (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32)));
+    }
 }
 
 static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
@@ -593,6 +619,19 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     // bf16 inputs of the fast path: as many as xq holds (2 per float, so half as many floats)
     CF(g->xb, TM_CEIL_DIV(T * TM_MAX(g->max_in, g->K * g->I), 2));
     CF(g->pj, (size_t)TM_SKINNY_MAX_TOK * g->olr);
+    g->q8p_floats = 0; // the FP8 decode GEMMs' partials: n_split x TM_QUANT_MAX_TOK x n_out
+    for (uint32_t l = 0; l < g->c->n_layers; l++)
+        for (int i = 0; i < W_EX1; i++) {
+            const dw *d = &g->L[l].w[i];
+            if (!d->f8)
+                continue;
+            const uint32_t n_in = i == W_WO_A ? g->ing : (uint32_t)d->n_in;
+            const uint32_t n_out = i == W_WO_A ? g->olr : (uint32_t)d->n_rows;
+            uint32_t kps = 0;
+            const uint32_t ns = tm_k_gemm_fp8_splits(n_in, n_out, impl->n_sm, &kps);
+            g->q8p_floats = TM_MAX(g->q8p_floats, (size_t)ns * TM_QUANT_MAX_TOK * n_out);
+        }
+    CF(g->q8p, g->q8p_floats);
     CF(g->pr_div, TK);
     CF(g->pr_id, TK);
     CF(g->lens, T);
@@ -673,7 +712,13 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             if (!d->n_rows)
                 continue;
             if (i < W_EX1) {
-                rc = up_w(d->p, d->bf16, wsrc(W, i), stage, fb, err);
+                const tm_tensor *t = wsrc(W, i);
+                rc = up_w(d->p, d->bf16, t, stage, fb, err);
+                if (!rc && d->f8) // the FP8 form as stored: codes, then the 32 x 32 block scales
+                    rc = tm_cuda_h2d(d->q, t->data, (size_t)(d->n_rows * d->n_in), err);
+                if (!rc && d->f8)
+                    rc = tm_cuda_h2d(d->qs, t->scale,
+                                     (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32)), err);
                 continue;
             }
             if (d->mx) { // packed as stored: codes then scales, expert after expert
@@ -725,6 +770,23 @@ static tm_rc fill_mxfp4(tm_cuda_engine *impl, const dw *d, uint64_t seed, tm_err
     return rc;
 }
 
+/* Random FP8 dense linear (as dsv4.c's fill_q8): e4m3 codes over the whole range, block scales
+ * the power of two at or above sqrt(3 / n_in) / 448, and the bf16 copy from them (exact). */
+static tm_rc fill_fp8(tm_cuda_engine *impl, const dw *d, uint64_t seed, tm_err *err) {
+    tm_k_fill_e4m3_args fa = {
+        .p = d->q, .n = (size_t)(d->n_rows * d->n_in), .seed = seed, .amax = 448.0f};
+    tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
+    const float s0 = sqrtf(3.0f / (float)d->n_in) / 448.0f;
+    const size_t sb = (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32));
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemsetAsync(d->qs, 127 + (int)ceilf(log2f(s0)), sb, impl->stream),
+                           err);
+    if (!rc)
+        rc = tm_k_dsv41_dequant_fp8_32(d->p, d->q, d->qs, (uint32_t)d->n_rows, (uint32_t)d->n_in,
+                                       impl->stream, err);
+    return rc;
+}
+
 /* Random weights (benchmarks): linears uniform with std 1/sqrt(n_in), norms about 1. */
 static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
     v41g *g = impl->arch_state;
@@ -752,6 +814,8 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
                 continue;
             if (d->mx)
                 rc = fill_mxfp4(impl, d, k++, err);
+            else if (d->f8)
+                rc = fill_fp8(impl, d, k++, err);
             else if (d->bf16)
                 rc = tm_cuda_fill_bf16(impl, d->p, d->n_rows, d->n_in, k++, err);
             else
@@ -807,8 +871,10 @@ static float *field(const tm_cuda_engine *impl, const v41g *g, uint32_t l, sfiel
 }
 
 /* The fast path of lin: x's rows as bf16 into xb (act_quant'ed when w is quantized, else
- * rounded), then bf16 x bf16 -> fp32 on tensor cores: the skinny split-K kernel for steps of at
- * most sk_max_tok tokens (its partials summed in split order into out's rows), cuBLAS beyond. */
+ * rounded), then on tensor cores with fp32 sums: decode steps (<= TM_QUANT_MAX_TOK tokens) of an
+ * FP8 linear stream its e4m3 codes (tm_k_gemm_fp8, 32 x 32 e8m0 blocks), other decode steps the
+ * bf16 weights (the skinny split-K kernel through tm_cuda_project); split-K partials are summed
+ * in split order into out's rows. Larger steps run cuBLAS on the bf16 weights. */
 static tm_rc lin_fast(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
                       uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
                       uint32_t n_out, tm_err *err) {
@@ -817,6 +883,34 @@ static tm_rc lin_fast(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0,
     tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
     if (rc)
         return rc;
+    if (w->f8 && n_tok <= TM_QUANT_MAX_TOK && row0 % 32 == 0 &&
+        tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, n_tok, n_in, n_out)) {
+        uint32_t kps = 0;
+        const uint32_t ns = tm_k_gemm_fp8_splits(n_in, n_out, impl->n_sm, &kps);
+        const int direct = ns == 1 && ldo == n_out;
+        TM_ASSERT(direct || (size_t)ns * n_tok * n_out <= g->q8p_floats);
+        const tm_k_gemm_fp8_args fa = {.part = direct ? out : g->q8p,
+                                       .w = w->q + row0 * n_in,
+                                       .scale = w->qs + row0 / 32 * (n_in / 32),
+                                       .x = g->xb,
+                                       .n_tok = n_tok,
+                                       .n_in = n_in,
+                                       .n_out = n_out,
+                                       .n_split = ns,
+                                       .k_per_split = kps,
+                                       .scale_kind = TM_K_FP8_BLOCK32_E8M0};
+        rc = tm_k_gemm_fp8(&fa, impl->stream, err);
+        if (rc || direct)
+            return rc;
+        const tm_k_sum_parts_cols_args sa = {.y = out,
+                                             .ld_y = ldo,
+                                             .part = g->q8p,
+                                             .stride = (size_t)n_tok * n_out,
+                                             .n_part = ns,
+                                             .n_tok = n_tok,
+                                             .n_col = n_out};
+        return tm_k_sum_parts_cols(&sa, impl->stream, err);
+    }
     const uint16_t *wp = (const uint16_t *)w->p + row0 * n_in;
     if (n_tok > impl->sk_max_tok || !tm_k_gemm_skinny_fits(n_tok, n_in, n_out))
         return tm_cuda_gemm(impl, "dsv41 linear", wp, g->xb, n_in, out, 1, ldo, n_tok, n_in, n_out,
