@@ -4,7 +4,10 @@
  * the CPU engine on the schedule of tests/gpu/tm_gpu_compare.h and a kv_copy continuation.
  * Usage: emu MKMODEL_ARGS... (the model is written to a temporary folder by $TM_BUILD/mkmodel).
  * Prints max |d logit| and the first bad row; exit 0 when every row is within 1e-3 of its max
- * |logit|. Run by bench/dsv41_emu/run.sh (ASan build). */
+ * |logit|. The engine's mode is TM_DSV41_CUDA_EXACT's (read at init); with EMU_REF=exact-bf16 the
+ * reference is not the CPU engine but a second emulated engine in mode 2 (the exact kernels on
+ * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order. Run by
+ * bench/dsv41_emu/run.sh (ASan build). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 #include "tm_test.h"
 
 #include "base/alloc.h"
+#include "kernels/gemm_skinny.h"
 #include "runner/engine/cuda/arch.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
 #include "runner/engine/engine.h"
@@ -50,6 +54,11 @@ static int emu_create(const tm_model *m, const tm_engine_opts *o, emu *e) {
         fprintf(stderr, "emu: init: %s\n", err.msg);
         return 1;
     }
+    // the runtime's skinny planning (engine_cuda.c), on an H100's 132 SMs
+    impl->n_sm = 132;
+    impl->sk_max_tok = TM_MIN(o->max_batched_tokens, (uint32_t)TM_SKINNY_MAX_TOK);
+    impl->sk_part_floats = a->skinny_floats(impl, impl->sk_max_tok);
+    impl->sk_part = calloc(impl->sk_part_floats + 1, sizeof(float));
     tm_cuda_carver cw = {0}, ca = {0};
     a->carve_weights(impl, &cw);
     a->carve_acts(impl, &ca);
@@ -87,7 +96,7 @@ static void emu_destroy(emu *e) {
         return;
     impl->arch->fini(impl);
     free(impl->w_arena), free(impl->a_arena), free(impl->logits), free(impl->k_cache);
-    free(impl->v_cache), free(e->meta), free(impl);
+    free(impl->v_cache), free(e->meta), free(impl->sk_part), free(impl);
 }
 
 /* The runtime's pack_batch + run_model: metadata packed, the arch's forward, logits out. */
@@ -179,10 +188,21 @@ int main(int argc, char **argv) {
                         .n_token_map = n_map,
                         .engram_cache_mb = 1};
     tm_engine *cpu = NULL;
-    emu e = {0};
+    emu e = {0}, er = {0};
     if (tm_engine_cpu_create(m, &o, &cpu, &err)) {
         fprintf(stderr, "cpu create: %s\n", err.msg);
         return 2;
+    }
+    const char *ref_env = getenv("EMU_REF");
+    const int ref_emu = ref_env && !strcmp(ref_env, "exact-bf16");
+    if (ref_emu) { // the reference: mode 2, then the engine under test in the caller's mode
+        const char *mode = getenv("TM_DSV41_CUDA_EXACT");
+        char keep[8];
+        snprintf(keep, sizeof(keep), "%s", mode ? mode : "0");
+        setenv("TM_DSV41_CUDA_EXACT", "2", 1);
+        if (emu_create(m, &o, &er))
+            return 1;
+        setenv("TM_DSV41_CUDA_EXACT", keep, 1);
     }
     if (emu_create(m, &o, &e))
         return 1;
@@ -199,8 +219,8 @@ int main(int argc, char **argv) {
         tm_batch_seq bs[N_SEQ];
         const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
         tm_batch b = {.seqs = bs, .n_seq = n_chunk};
-        if (tm_engine_forward(cpu, &b, lc, &err)) {
-            fprintf(stderr, "cpu forward: %s\n", err.msg);
+        if (ref_emu ? emu_forward(&er, &b, lc) != 0 : tm_engine_forward(cpu, &b, lc, &err) != 0) {
+            fprintf(stderr, "reference forward: %s\n", err.msg);
             return 2;
         }
         if (emu_forward(&e, &b, lg))
@@ -246,10 +266,12 @@ int main(int argc, char **argv) {
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
-    printf("emu %s: %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, %d argmax "
-           "differ; kv_copy max |d| %.3g\n",
-           args, rows, max_abs, max_rel, bad, flips, kv_d);
+    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, "
+           "%d argmax differ; kv_copy max |d| %.3g\n",
+           args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)",
+           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, bad, flips, kv_d);
     emu_destroy(&e);
+    emu_destroy(&er);
     tm_engine_destroy(cpu);
     tm_free(map);
     tm_tok_destroy(tok);

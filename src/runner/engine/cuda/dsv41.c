@@ -1,9 +1,30 @@
 /* runner/engine/cuda/dsv41.c - DeepSeek-V4.1 on the CUDA engine (tm_cuda_arch_dsv41, arch.h): the
  * forward pass of the CPU engine (runner/engine/cpu/dsv41.c; math in docs/deepseek_v41.md) op
- * for op, on plain kernels (kernels/dsv41.h) that keep the CPU engine's numerics: fp32 activations,
- * double sums, the reference's activation quantization (act_quant before every quantized linear
+ * for op, with the reference's activation quantization (act_quant before every quantized linear
  * and on the window KV, fp4_act_quant on the indexer's keys and queries and on the compressed KV)
- * applied exactly. A first version: correct before fast (no tensor cores, no CUDA graphs).
+ * applied exactly. Two modes, chosen at init by TM_DSV41_CUDA_EXACT (logged):
+ *
+ * - fast (unset or 0, the default): every linear with bf16 weights (bf16 checkpoint tensors and
+ *   the FP8 ones, dequantized at upload) runs on tensor cores with fp32 sums. Its input goes to
+ *   bf16 first (kernels/dsv41.h tm_k_dsv41_to_bf16): act_quant'ed where the weight is quantized,
+ *   which gives e4m3 * 2^k values that bf16 holds exactly, so with weights also exact in bf16
+ *   the product is the reference's up to summation order; rounded to bf16 where it is not (wo_a,
+ *   the compressor's wkv / wgate, the indexer's wk / weights_proj, the head: the reference runs
+ *   those in bf16 too). Decode steps (<= 16 tokens) of the dense FP8 linears stream their e4m3
+ *   codes with the 32 x 32 ue8m0 block scales (kernels/gemm_quant.h, TM_K_FP8_BLOCK32_E8M0);
+ *   other linears of decode steps the skinny split-K kernel over the bf16 weights
+ *   (tm_cuda_project); larger steps cuBLAS over the bf16 copies. Split-K partials are summed in
+ *   split order into the (possibly strided) output. Routed MXFP4 experts stay packed and run
+ *   through tm_k_moe_mxfp4 (pairs = the router's top-k rows on the device, outputs in pair order,
+ *   so the combine still sums in expert-id order). Still on the plain kernel: the router (fp32
+ *   inputs, as the CPU engine: a bf16 rounding there would flip expert choices at near ties), the
+ *   hyper-connection projections (fp32 weights) and FP8 routed experts (expert_dtype fp8).
+ * - exact (1): the plain kernels (kernels/dsv41.h) with the CPU engine's numerics: fp32
+ *   activations, double sums (the first version, unchanged); 2: the same kernels on the fast
+ *   path's inputs (the non-quantized bf16 linears' inputs rounded to bf16): the fast path's
+ *   reference up to summation order, for tests/gpu/test_dsv41_cuda.c.
+ *
+ * No CUDA graphs yet (the arch table's eager flag).
  *
  * A step stacks the tokens of every sequence into [T][...] rows. Engram first (host): every
  * token's compressed id goes into the state, the hash ids of the n-grams ending at each token
@@ -14,8 +35,8 @@
  * embedding into hc_mult streams; per layer: Engram, the attention's hyper-connection mixes,
  * collapse by the previous pre mix + norm, attention (q low rank, window KV, the compressor and
  * index keys of kv sources, the indexer and its two-level selection, sparse attention, grouped
- * wo_a, wo_b), expand; the MoE's mixes, collapse + norm, MoE (router, top-k, MXFP4 / FP8 experts
- * as bf16, the shared expert, the combine in expert-id order), expand; the head on the wanted
+ * wo_a, wo_b), expand; the MoE's mixes, collapse + norm, MoE (router, top-k, the routed experts,
+ * the shared expert, the combine in expert-id order), expand; the head on the wanted
  * rows.
  *
  * State: all per-sequence state lives in the runtime's paged KV cache: init raises impl->kv_dim so
@@ -26,11 +47,14 @@
  * runtime's kv_copy and preemption work unchanged (a compressed row sits in the slot of its
  * group's first token, so copying a block's first n slots copies the groups closed in them).
  *
- * Weights: FP8 (32x32 ue8m0) dense linears and MXFP4 routed experts are dequantized to bf16 at
- * upload, which is exact for e8m0 scales; bf16 tensors stay bf16; f32 (and f16, FP8 with float
- * scales) tensors are kept fp32. Random weights (benchmarks) take the same layout from the config
- * alone; Engram tables are still read from the model's folder (impl->eng.model->dir). Single GPU
- * only (tp 1); kv_cache_dtype auto only.
+ * Weights: FP8 (32x32 ue8m0) dense linears are dequantized to bf16 at upload, which is exact for
+ * e8m0 scales, and in the fast mode also kept as stored (codes + scales) for decode; MXFP4 routed
+ * experts are kept packed in the fast mode, dequantized to bf16 in the exact ones; bf16 tensors
+ * stay bf16; f32 (and f16, FP8 with float scales) tensors are kept fp32. Random weights
+ * (benchmarks) take the same layout from the config alone (FP8 codes with power-of-two block
+ * scales and their bf16 copy, packed MXFP4 experts in the fast mode); Engram tables are still read
+ * from the model's folder (impl->eng.model->dir). Single GPU only (tp 1); kv_cache_dtype auto
+ * only.
  *
  * TM_DSV41_CUDA_SYNC=1 synchronizes after every op and names the op and layer of a failure.
  * Engine thread only; nothing allocates after init. */
