@@ -10,6 +10,7 @@
  * runs on a machine without a GPU. What it cannot check: the kernels themselves (their own GPU
  * tests: test_gemm_quant, test_kernels). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,9 +25,21 @@
 
 static float bf(uint16_t h) { return tm_bf16_to_f32(h); }
 
+/* Calls per path, printed at exit (EMU_COUNT=1): which of the fast path's branches a run took. */
+static unsigned long n_fp8, n_skinny, n_gemm, n_moe, n_sum, n_aq, n_round;
+static void __attribute__((destructor)) counts(void) {
+    const char *e = getenv("EMU_COUNT");
+    if (e && !strcmp(e, "1"))
+        fprintf(stderr,
+                "emu_fast: calls: fp8 %lu, skinny %lu, gemm %lu, moe %lu, sum_parts_cols %lu, "
+                "to_bf16 act_quant %lu / round %lu\n",
+                n_fp8, n_skinny, n_gemm, n_moe, n_sum, n_aq, n_round);
+}
+
 tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->ldx >= a->n && (!a->aq || a->n % 32 == 0));
+    *(a->aq ? &n_aq : &n_round) += 1;
     float *row = malloc((size_t)a->n * sizeof(float));
     TM_ASSERT(row);
     for (uint32_t t = 0; t < a->n_tok; t++) {
@@ -136,6 +149,7 @@ tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK32_E8M0 && a->k_per_split % 64 == 0 &&
               tm_k_gemm_fp8_kind_fits(a->scale_kind, a->n_tok, a->n_in, a->n_out));
+    n_fp8++;
     const wctx c = {a->w, a->scale, a->n_in};
     split_gemm(a->part, a->x, a->n_tok, a->n_in, a->n_out, a->n_split, a->k_per_split, w_fp8_32,
                &c);
@@ -145,6 +159,7 @@ tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
 tm_rc tm_k_moe_mxfp4(const tm_k_moe_mxfp4_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->n_pair <= TM_MOE_MAX_PAIRS && a->n_in % 32 == 0 && a->k_per_split % 128 == 0);
+    n_moe++;
     for (uint32_t p = 0; p < a->n_pair; p++) {
         const int32_t e = a->pair_expert[p];
         if (e < 0 || (uint32_t)e >= a->n_expert)
@@ -166,6 +181,7 @@ tm_rc tm_k_moe_mxfp4(const tm_k_moe_mxfp4_args *a, cudaStream_t s, tm_err *err) 
 tm_rc tm_k_sum_parts_cols(const tm_k_sum_parts_cols_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->n_part >= 1 && a->ld_y >= a->n_col);
+    n_sum++;
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t j = 0; j < a->n_col; j++) {
             float acc = 0.0f;
@@ -183,6 +199,7 @@ tm_rc tm_cuda_gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, co
                    uint32_t n_out, float beta, tm_err *err) {
     (void)impl, (void)what, (void)err;
     TM_ASSERT(y_f32 && beta == 0.0f && ldx >= n_in && ldy >= n_out);
+    n_gemm++;
     for (uint32_t t = 0; t < n_tok; t++)
         for (uint32_t o = 0; o < n_out; o++) {
             float acc = 0.0f;
@@ -202,6 +219,7 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
         const uint32_t n_split = tm_k_gemm_skinny_splits(n_in, n_out, impl->n_sm, &kps);
         float *part = n_split == 1 && beta == 0.0f ? dst : impl->sk_part;
         TM_ASSERT((size_t)n_split * T * n_out <= impl->sk_part_floats);
+        n_skinny++;
         const wctx c = {w, NULL, n_in};
         split_gemm(part, x, T, n_in, n_out, n_split, kps, w_bf16, &c);
         *out = (tm_cuda_proj){.p = part, .n = n_split, .stride = (size_t)T * n_out};
@@ -209,4 +227,11 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
     }
     *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
     return tm_cuda_gemm(impl, what, w, x, n_in, dst, 1, n_out, T, n_in, n_out, beta, err);
+}
+
+/* Random fills are not emulated (emu_cuda.c's tm_k_fill_bf16 refuses too). */
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+    (void)s;
+    memset(p, v, n);
+    return cudaSuccess;
 }

@@ -6,7 +6,9 @@
  * Prints max |d logit| and the first bad row; exit 0 when every row is within 1e-3 of its max
  * |logit|. The engine's mode is TM_DSV41_CUDA_EXACT's (read at init); with EMU_REF=exact-bf16 the
  * reference is not the CPU engine but a second emulated engine in mode 2 (the exact kernels on
- * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order. Run by
+ * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order: then the
+ * bounds of tests/gpu/test_dsv41_cuda.c's fast mode (median row error <= 1e-3, at most 8 rows
+ * beyond 3% of the row's max |logit|). Run by
  * bench/dsv41_emu/run.sh (ASan build). */
 #include <math.h>
 #include <stdio.h>
@@ -148,6 +150,11 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
     return 0;
 }
 
+static int cmp_dbl(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* The runtime's kv_copy: the first n slots of block src into dst, every layer, both planes. */
 static void emu_kv_copy(emu *e, uint32_t src, uint32_t dst, uint32_t n) {
     tm_cuda_engine *impl = e->impl;
@@ -211,8 +218,8 @@ int main(int argc, char **argv) {
     g_rng = 91;
     seqs_init(S, V);
     float *lc = malloc((size_t)N_SEQ * V * 4), *lg = malloc((size_t)N_SEQ * V * 4);
-    double max_rel = 0, max_abs = 0;
-    int bad = 0, rows = 0, flips = 0;
+    double max_rel = 0, max_abs = 0, *rels = calloc((size_t)N_STEP * N_SEQ, sizeof(double));
+    int bad = 0, rows = 0, flips = 0, over3 = 0;
     for (uint32_t k = 0; k < N_STEP; k++) {
         uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ];
         const uint32_t n_chunk = sched_step(k, which, n_tok);
@@ -232,7 +239,8 @@ int main(int argc, char **argv) {
                 mx = fmax(mx, fabs(c[v]));
                 md = fmax(md, isnan(g[v]) ? INFINITY : fabs((double)g[v] - c[v]));
             }
-            rows++;
+            rels[rows++] = md / mx;
+            over3 += !(md <= 0.03 * mx);
             max_abs = fmax(max_abs, md);
             max_rel = fmax(max_rel, md / mx);
             flips += argmax(c, V) != argmax(g, V);
@@ -266,10 +274,14 @@ int main(int argc, char **argv) {
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
-    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, "
-           "%d argmax differ; kv_copy max |d| %.3g\n",
+    qsort(rels, (size_t)rows, sizeof(double), cmp_dbl);
+    const double median = rows ? rels[rows / 2] : 0.0;
+    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
+           "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g\n",
            args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)",
-           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, bad, flips, kv_d);
+           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, median, bad, over3,
+           flips, kv_d);
+    free(rels);
     emu_destroy(&e);
     emu_destroy(&er);
     tm_engine_destroy(cpu);
@@ -278,5 +290,8 @@ int main(int argc, char **argv) {
     tm_model_destroy(m);
     rmdir_all(dir);
     free(lc), free(lg), free(lb);
-    return bad || !kv_ok || kv_d > 1e-4;
+    // the exact mode: every row within 1e-3; the fast mode against exact-bf16: the GPU test's
+    // bounds (median <= 1e-3, at most 8 rows beyond 3%: a discrete choice flipped at a near tie)
+    const int fail = ref_emu ? median > 1e-3 || over3 > 8 : bad > 0;
+    return fail || !kv_ok || kv_d > 1e-4;
 }
