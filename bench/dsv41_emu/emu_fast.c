@@ -81,7 +81,7 @@ tm_rc tm_k_fill_e4m3(const tm_k_fill_e4m3_args *a, cudaStream_t s, tm_err *err) 
 /* ---- split planners: at most 4 splits of multiples of `mult` (the real ones plan by SM) ---- */
 
 static uint32_t plan(uint32_t n_in, uint32_t mult, uint32_t *kps) {
-    uint32_t ns = TM_MIN(4u, TM_MAX(1u, n_in / 256));
+    uint32_t ns = TM_MIN(4u, TM_MAX(1u, n_in / mult));
     *kps = TM_CEIL_DIV(TM_CEIL_DIV(n_in, ns), mult) * mult;
     return TM_CEIL_DIV(n_in, *kps);
 }
