@@ -13,7 +13,8 @@
 #   OUT=$OUT B=.devcarry/gpu bash bench/gpu_session.sh [parts...]
 # Dry run here (CPU engine parts run, GPU steps print what they would run):
 #   BACKEND=cpu OUT=/tmp/gs B=.devcarry/gpu bash bench/gpu_session.sh
-# Parts (default: v41ref tp v41gpu sanity perf engram; v41ref32 on request: the float32 reference), each under its own time limit (LIMIT_<part>
+# Parts (default: v41ref tp v41gpu sanity perf engram; on request: v41ref32 (the float32 reference),
+# v41kill and v41job (bench/dsv41_cuda_job.sh: kill -9 + resume, job vs bench)), each under its own time limit (LIMIT_<part>
 # seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
 # short still brings back what finished), one line per step in $OUT/summary.txt.
 set -u
@@ -70,7 +71,7 @@ part() {
   timeout -k 5 "$lim" "$@" > "$L/$name.txt" 2>&1
   local rc=$?
   note "== $name rc=$rc in $(( $(date +%s) - t0 )) s (limit $lim)"
-  grep -E "rc=|checks|FAIL|greedy|max \|d|job |torch|not run|dry-run|GiB/s|GB/s|tok/s|ms/step|floor" "$L/$name.txt" |
+  grep -E "rc=|checks|FAIL|greedy|max \|d|job |torch|not run|dry-run|GiB/s|GB/s|tok/s|ms/step|floor|exactly-once|equal to|checkpoint" "$L/$name.txt" |
     head -40 | sed 's/^/  /' | tee -a "$S"
   pack
 }
@@ -130,6 +131,12 @@ if has sanity; then
 fi
 if has perf; then
   part perf "${LIMIT_perf:-200}" bash -c perf_part
+fi
+if has v41kill; then
+  part v41kill "${LIMIT_v41kill:-150}" env OUT="$L/v41kill" bash bench/dsv41_cuda_job.sh kill
+fi
+if has v41job; then
+  part v41job "${LIMIT_v41job:-300}" env OUT="$L/v41job" TOK="$B/tok" bash bench/dsv41_cuda_job.sh jvb
 fi
 if has engram; then
   part engram "${LIMIT_engram:-120}" env OUT="$L/engram" bash bench/dsv41_device.sh engram
