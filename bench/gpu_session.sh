@@ -13,6 +13,7 @@
 #   OUT=$OUT B=.devcarry/gpu bash bench/gpu_session.sh [parts...]
 # Dry run here (CPU engine parts run, GPU steps print what they would run):
 #   BACKEND=cpu OUT=/tmp/gs B=.devcarry/gpu bash bench/gpu_session.sh
+# SANITY_TESTS: the sanity part's test binaries (default: the kernel and Llama-engine ones).
 # Parts (default: v41ref tp v41gpu sanity perf engram; on request: v41ref32 (the float32 reference),
 # v41kill and v41job (bench/dsv41_cuda_job.sh: kill -9 + resume, job vs bench)), each under its own time limit (LIMIT_<part>
 # seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
@@ -126,8 +127,8 @@ if has v41gpu; then
 fi
 if has sanity; then
   . bench/device_env.sh
-  part sanity "${LIMIT_sanity:-200}" bash -c 'gpu_tests_part "$@"' _ test_kernels test_attn_prefill test_engine_cuda \
-    test_sample_cuda test_plp_cuda test_gemm_quant test_lt_fp8
+  part sanity "${LIMIT_sanity:-200}" bash -c 'gpu_tests_part "$@"' _ ${SANITY_TESTS:-test_kernels \
+    test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda test_gemm_quant test_lt_fp8}
 fi
 if has perf; then
   part perf "${LIMIT_perf:-200}" bash -c perf_part
