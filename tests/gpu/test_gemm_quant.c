@@ -1,8 +1,8 @@
 /* tests/gpu/test_gemm_quant.c - the quantized decode GEMMs of kernels/gemm_quant.h (FP8 with
- * 128x128 block, 32x32 e8m0 block and channel scales, MXFP4 dense, the grouped MXFP4 MoE GEMM) against host references written
- * here from the formats' definitions: every weight dequantized exactly (e4m3, e2m1 and e8m0
- * decoded by their bit layouts), products and sums in double. Skipped (77) without a GPU or in a
- * build without CUDA.
+ * 128x128 block, 32x32 e8m0 block and channel scales, MXFP4 dense, the grouped MXFP4 MoE GEMM)
+ * against host references written here from the formats' definitions: every weight dequantized
+ * exactly (e4m3, e2m1 and e8m0 decoded by their bit layouts), products and sums in double. Skipped
+ * (77) without a GPU or in a build without CUDA.
  *
  * Data: e4m3 weights quantized from uniform values with amax 448 (round to nearest, from 2^16
  * buckets of the uniform variable), plus 1 in 64
