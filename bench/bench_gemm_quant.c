@@ -21,10 +21,13 @@
  *
  * Output lines:
  *   copy gbs=<copy GB/s>
- *   case fmt=<bf16|fp8-block-f32|fp8-block-e8m0|fp8-channel|mxfp4|moe-mxfp4-gateup|moe-mxfp4-down>
+ *   case fmt=<bf16|fp8-block-f32|fp8-block-e8m0|fp8-channel|mxfp4|fp8-block32-e8m0|
+ *            moe-mxfp4-gateup|moe-mxfp4-down>
  *        var=<mma|mma-cvt|fma|skinny> depth=<4|8> tok=<n> n_in=<k> n_out=<n> split=<s> bytes=<B>
  *        us=<median us> gbs=<GB/s> pct=<% of copy> [experts=<mean distinct>]
  * Usage: bench_gemm_quant [--reps R] [--quick] (quick: W8 only, default variants)
+ *        bench_gemm_quant --block32 [--reps R] (DeepSeek-V4.1-Flash dense shapes, tokens 1 / 8 /
+ *          16: bf16 skinny, FP8 128x128 e8m0, FP8 32x32 e8m0 mma depth 4 / 8, mma-cvt, fma)
  *        bench_gemm_quant --only CASE[/CASE...] [--reps R]
  *   runs just those cases, CASE = FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]] (FMT as printed, or
  *   moe-gateup / moe-down with N_IN, N_OUT of one expert; DEPTH 0 = default; SPLIT > 0 forces
@@ -142,8 +145,9 @@ static double copy_gbs(void) {
 
 /* ---- dense cases ---- */
 
-typedef enum fmt { F_BF16, F_FP8_BF32, F_FP8_BE8, F_FP8_CH, F_MXFP4 } fmt;
-static const char *fmt_name[] = {"bf16", "fp8-block-f32", "fp8-block-e8m0", "fp8-channel", "mxfp4"};
+typedef enum fmt { F_BF16, F_FP8_BF32, F_FP8_BE8, F_FP8_CH, F_MXFP4, F_FP8_B32, F_COUNT } fmt;
+static const char *fmt_name[] = {"bf16",        "fp8-block-f32", "fp8-block-e8m0",
+                                 "fp8-channel", "mxfp4",         "fp8-block32-e8m0"};
 
 typedef struct dense {
     fmt f;
@@ -187,6 +191,7 @@ static int run_dense(void *ctx, int r) {
     } else {
         const tm_k_fp8_scale k = d->f == F_FP8_BF32  ? TM_K_FP8_BLOCK_F32
                                  : d->f == F_FP8_BE8 ? TM_K_FP8_BLOCK_E8M0
+                                 : d->f == F_FP8_B32 ? TM_K_FP8_BLOCK32_E8M0
                                                      : TM_K_FP8_CHANNEL;
         tm_k_gemm_fp8_args a = {.part = d->part,
                                 .w = base,
@@ -237,6 +242,11 @@ static void dense_case(fmt f, tm_k_quant_variant var, uint32_t depth, uint32_t n
         break;
     case F_MXFP4:
         d.w_bytes = nw / 2, d.s_bytes = nw / 32;
+        break;
+    case F_FP8_B32:
+        d.w_bytes = nw, d.s_bytes = (size_t)((n_out + 31) / 32) * ((n_in + 31) / 32);
+        break;
+    case F_COUNT:
         break;
     }
     const size_t bytes = d.w_bytes + d.s_bytes;
@@ -396,7 +406,7 @@ static int run_only(const char *list) {
                                        : !strcmp(o_var, "fma")   ? TM_K_QUANT_FMA
                                                                  : TM_K_QUANT_MMA;
         int done = 0;
-        for (int f = 0; f < 5 && !done; f++)
+        for (int f = 0; f < F_COUNT && !done; f++)
             if (!strcmp(o_fmt, fmt_name[f])) {
                 if (!g_pool) {
                     CK(cudaMalloc((void **)&g_pool, POOL_BYTES));
@@ -426,19 +436,39 @@ static int run_only(const char *list) {
     return 0;
 }
 
+/* --block32: DeepSeek-V4.1-Flash dense shapes (hidden 4096; n_out 1024 and 4096, and the shared
+ * expert's down 2048 -> 4096): the 32x32 ue8m0 FP8 kernel against the 128x128 e8m0 one (the same
+ * value bytes, 16x fewer scale bytes) and the bf16 skinny kernel (twice the bytes). */
+static void run_block32(void) {
+    const uint32_t shapes[3][2] = {{4096, 1024}, {4096, 4096}, {2048, 4096}};
+    const uint32_t toks[3] = {1, 8, 16};
+    for (int si = 0; si < 3; si++)
+        for (int ti = 0; ti < 3; ti++) {
+            const uint32_t n_in = shapes[si][0], n_out = shapes[si][1], tok = toks[ti];
+            dense_case(F_BF16, TM_K_QUANT_DEFAULT, 0, tok, n_in, n_out);
+            dense_case(F_FP8_BE8, TM_K_QUANT_MMA, 0, tok, n_in, n_out);
+            dense_case(F_FP8_B32, TM_K_QUANT_MMA, 0, tok, n_in, n_out);
+            dense_case(F_FP8_B32, TM_K_QUANT_MMA, 8, tok, n_in, n_out);
+            dense_case(F_FP8_B32, TM_K_QUANT_MMA_CVT, 0, tok, n_in, n_out);
+            dense_case(F_FP8_B32, TM_K_QUANT_FMA, 0, tok, n_in, n_out);
+        }
+}
+
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, block32 = 0;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             g_reps = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--quick")) {
             quick = 1;
+        } else if (!strcmp(argv[i], "--block32")) {
+            block32 = 1;
         } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
             only = argv[++i];
         } else {
             fprintf(stderr,
-                    "usage: bench_gemm_quant [--reps R (20..%d)] [--quick] | --only "
+                    "usage: bench_gemm_quant [--reps R (20..%d)] [--quick | --block32] | --only "
                     "FMT,N_IN,N_OUT,TOK[,DEPTH[,SPLIT[,VAR]]][/...] [--reps R (1..)]\n",
                     MAX_REPS);
             return 2;
@@ -470,6 +500,13 @@ int main(int argc, char **argv) {
     CK(cudaMemset(g_x, 0x3c, (size_t)64 * 16384 * 2));
     CK(cudaDeviceSynchronize());
 
+    if (block32) {
+        run_block32();
+        cudaFree(g_pool);
+        cudaFree(g_part), cudaFree(g_x);
+        cudaStreamDestroy(g_s);
+        return 0;
+    }
     if (only) {
         const int rc = run_only(only);
         cudaFree(g_pool);
@@ -495,6 +532,7 @@ int main(int argc, char **argv) {
                 continue;
             dense_case(F_BF16, TM_K_QUANT_DEFAULT, 8, tok, n_in, n_out);
             dense_case(F_FP8_BE8, TM_K_QUANT_MMA, 0, tok, n_in, n_out);
+            dense_case(F_FP8_B32, TM_K_QUANT_MMA, 0, tok, n_in, n_out);
             dense_case(F_FP8_BF32, TM_K_QUANT_MMA, 8, tok, n_in, n_out);
             dense_case(F_FP8_BF32, TM_K_QUANT_MMA_CVT, 0, tok, n_in, n_out);
             dense_case(F_FP8_BF32, TM_K_QUANT_MMA_CVT, 8, tok, n_in, n_out);

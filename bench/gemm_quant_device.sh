@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/gemm_quant_device.sh - one device call for the quantized decode GEMMs (kernels/gemm_quant.cu):
 # build test_gemm_quant and bench_gemm_quant for sm_90, run the test, the small cases of the test
-# under compute-sanitizer memcheck, then the benchmark. Logs in $OUT (build.log, test.log,
-# memcheck.log, bench.log); a summary on stdout.
+# under compute-sanitizer memcheck, then the benchmark, then the DeepSeek-V4.1 32x32 ue8m0 FP8
+# comparison (bench_gemm_quant --block32). Logs in $OUT (build.log, test.log, memcheck.log,
+# bench.log, block32.log); a summary on stdout.
 #
 # Build: with $B holding prebuilt test_gemm_quant and bench_gemm_quant (and $B/lib for missing
 # shared libraries, as bench/device_env.sh), those are used and nothing is built. Otherwise the
@@ -12,12 +13,14 @@
 # from the only sources they need (kernels/{gemm_quant,gemm_skinny,common}.cu, src/base/err.c).
 #
 # Usage (repo root, e.g. the device run tool): OUT=$OUT bash bench/gemm_quant_device.sh
-#   [stages: build test memcheck bench; default all] ; BENCH_ARGS="--reps 50" passes options on.
+#   [stages: build test memcheck bench block32; default all] ; BENCH_ARGS="--reps 50" passes
+#   options on (to both benchmark stages). The 32x32 kernel alone: ... gemm_quant_device.sh build
+#   test block32
 set -u
 OUT=${OUT:-out-device}
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
-stages=${*:-build test memcheck bench}
+stages=${*:-build test memcheck bench block32}
 has() { [[ " $stages " == *" $1 "* ]]; }
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/gpu.txt"
 
@@ -80,4 +83,12 @@ if has bench; then
   grep -E "tok=8 " "$OUT/bench.log" | grep -E "depth=4" | grep -E "var=(skinny|mma) " |
     awk '{print $2, $3, $6, $7, $10, $11, $12}'
   grep -E "fmt=moe" "$OUT/bench.log"
+fi
+if has block32; then
+  t0=$(date +%s)
+  "$BIN/bench_gemm_quant" --block32 ${BENCH_ARGS:-} > "$OUT/block32.log" 2> "$OUT/block32_stderr.log"
+  echo "bench_gemm_quant --block32 rc=$? in $(( $(date +%s) - t0 )) s"
+  tail -3 "$OUT/block32_stderr.log"
+  grep -E "^(device|copy)" "$OUT/block32.log"
+  grep -E "^case" "$OUT/block32.log" | awk '{print $2, $3, $4, $5, $6, $7, $8, $10, $11, $12}'
 fi

@@ -13,7 +13,10 @@
 #   OUT=$OUT B=.devcarry/gpu bash bench/gpu_session.sh [parts...]
 # Dry run here (CPU engine parts run, GPU steps print what they would run):
 #   BACKEND=cpu OUT=/tmp/gs B=.devcarry/gpu bash bench/gpu_session.sh
-# Parts (default: v41ref tp v41gpu sanity perf engram; v41ref32 on request: the float32 reference), each under its own time limit (LIMIT_<part>
+# SANITY_TESTS: the sanity part's test binaries (default: the kernel and Llama-engine ones).
+# Parts (default: v41ref tp v41gpu sanity perf engram; on request: v41ref32 (the float32 reference),
+# v41kill and v41job (bench/dsv41_cuda_job.sh: kill -9 + resume, job vs bench), v41perf (V4.1
+# decode: exact vs fast, the Engram overlap, ncu), gq32 (bench_gemm_quant --block32)), each under its own time limit (LIMIT_<part>
 # seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
 # short still brings back what finished), one line per step in $OUT/summary.txt.
 set -u
@@ -33,7 +36,7 @@ if [ "${1:-}" = "--prep" ]; then
   tar xzf "$t40/c/bin.tgz" -C "$dst/bin"
   tar xzf "$t41/c/bin.tgz" -C "$dst/bin"
   for f in test_kernels test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda \
-    test_gemm_quant test_lt_fp8; do
+    test_gemm_quant test_lt_fp8 bench_gemm_quant; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/" && strip "$dst/bin/$f"
   done
   tar cf - -C "$dst/bin" . | xz -9 -T1 > "$dst/bin.txz" && rm -rf "$dst/bin" "$t40" "$t41"
@@ -70,7 +73,7 @@ part() {
   timeout -k 5 "$lim" "$@" > "$L/$name.txt" 2>&1
   local rc=$?
   note "== $name rc=$rc in $(( $(date +%s) - t0 )) s (limit $lim)"
-  grep -E "rc=|checks|FAIL|greedy|max \|d|job |torch|not run|dry-run|GiB/s|GB/s|tok/s|ms/step|floor" "$L/$name.txt" |
+  grep -E "rc=|checks|FAIL|greedy|max \|d|job |torch|not run|dry-run|GiB/s|GB/s|tok/s|ms/step|floor|exactly-once|equal to|checkpoint" "$L/$name.txt" |
     head -40 | sed 's/^/  /' | tee -a "$S"
   pack
 }
@@ -125,11 +128,46 @@ if has v41gpu; then
 fi
 if has sanity; then
   . bench/device_env.sh
-  part sanity "${LIMIT_sanity:-200}" bash -c 'gpu_tests_part "$@"' _ test_kernels test_attn_prefill test_engine_cuda \
-    test_sample_cuda test_plp_cuda test_gemm_quant test_lt_fp8
+  part sanity "${LIMIT_sanity:-200}" bash -c 'gpu_tests_part "$@"' _ ${SANITY_TESTS:-test_kernels \
+    test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda test_gemm_quant test_lt_fp8}
 fi
 if has perf; then
   part perf "${LIMIT_perf:-200}" bash -c perf_part
+fi
+if has v41kill; then
+  part v41kill "${LIMIT_v41kill:-150}" env OUT="$L/v41kill" bash bench/dsv41_cuda_job.sh kill
+fi
+if has v41job; then
+  part v41job "${LIMIT_v41job:-300}" env OUT="$L/v41job" TOK="$B/tok" bash bench/dsv41_cuda_job.sh jvb
+fi
+# V4.1 decode figures: the exact engine (the baseline) and the fast one at batch 1 and 8, the
+# Engram overlap runs (bench/dsv41_engram_overlap.sh), Nsight Compute of one eager fast decode step
+v41perf_part() {
+  local be=$B/bench_engine c=(--shape dsv41-flash --layers 4 --batch 1,8 --prompt 128 --gen 48 --reps 3)
+  if [ "$BACKEND" != cuda ]; then
+    echo "[dry-run, no GPU] would run: TM_DSV41_CUDA_EXACT=1 $be ${c[*]}; bench/dsv41_engram_overlap.sh bench; ncu of $be --shape dsv41-flash --layers 4 --batch 1|8 --prompt 128 --gen 2 --reps 1 --graphs 0"
+    return 0
+  fi
+  export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  TM_DSV41_CUDA_EXACT=1 timeout 300 "$be" "${c[@]}" --engram warm 2>&1 | grep -E "^dsv41-flash" | sed 's/^/exact: /'
+  OUT=$L/v41perf bash bench/dsv41_engram_overlap.sh bench 2>&1 | grep -vE "^\[|I cuda"
+  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for b in 1 8; do
+    timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
+      --shape dsv41-flash --layers 4 --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
+      > "$L/v41perf/ncu_b$b.csv" 2> "$L/v41perf/ncu_b$b.err"
+    echo "ncu b$b rc=$?"
+    python3 bench/dsv4_ncu_summary.py "$L/v41perf/ncu_b$b.csv" 4 > "$L/v41perf/ncu_b$b.txt" 2>&1
+    head -22 "$L/v41perf/ncu_b$b.txt"
+  done
+}
+export -f v41perf_part
+if has v41perf; then
+  part v41perf "${LIMIT_v41perf:-420}" bash -c v41perf_part
+fi
+if has gq32; then
+  . bench/device_env.sh
+  part gq32 "${LIMIT_gq32:-120}" bash -c '[ "$BACKEND" = cuda ] && "$B/bench_gemm_quant" --block32 || echo "[dry-run, no GPU] would run: $B/bench_gemm_quant --block32"'
 fi
 if has engram; then
   part engram "${LIMIT_engram:-120}" env OUT="$L/engram" bash bench/dsv41_device.sh engram

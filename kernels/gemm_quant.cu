@@ -28,6 +28,10 @@
  *     = 2^(e-1) (exact; where a warp meets a scale above 2 = e 128, which 2^(e-1) cannot hold in
  *     bf16, the two multiplies by 2^126 and the scale). x is paired (x_j, x_j+4) by
  *     byte-permutes.
+ *   e8m0 32x32 blocks on FP8 (TM_K_FP8_BLOCK32_E8M0): the factor that ends the e4m3 conversion
+ *     (2^120 or 2^112) times the lane's block scale 2^(e-127) is one bf16 power of two while
+ *     e + 120 (112) <= 254, so the conversion and the scaling are one multiply; a warp where
+ *     some lane's e is larger does the two multiplies (as e2m1 above).
  * Scales are loaded D chunks ahead into registers (the main loop is unrolled by D so that the
  * slot and its scale register are compile-time), with volatile loads that the compiler keeps in
  * place: a scale that missed to DRAM would otherwise stall every chunk that starts a new sector. */

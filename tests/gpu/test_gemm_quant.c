@@ -1,17 +1,23 @@
-/* tests/gpu/test_gemm_quant.c - the quantized decode GEMMs of kernels/gemm_quant.h (FP8 block-
- * and channel-scaled, MXFP4 dense, the grouped MXFP4 MoE GEMM) against host references written
- * here from the formats' definitions: every weight dequantized exactly (e4m3, e2m1 and e8m0
- * decoded by their bit layouts), products and sums in double. Skipped (77) without a GPU or in a
- * build without CUDA.
+/* tests/gpu/test_gemm_quant.c - the quantized decode GEMMs of kernels/gemm_quant.h (FP8 with
+ * 128x128 block, 32x32 e8m0 block and channel scales, MXFP4 dense, the grouped MXFP4 MoE GEMM)
+ * against host references written here from the formats' definitions: every weight dequantized
+ * exactly (e4m3, e2m1 and e8m0 decoded by their bit layouts), products and sums in double. Skipped
+ * (77) without a GPU or in a build without CUDA.
  *
  * Data: e4m3 weights quantized from uniform values with amax 448 (round to nearest, from 2^16
  * buckets of the uniform variable), plus 1 in 64
  * drawn uniformly from all 254 non-NaN codes (zeros, -0, subnormals, +-448); e2m1 nibbles
- * uniform over all 16 codes; fp32 block scales ~1e-3, e8m0 scales 2^-9 .. 2^-1, channel scales
- * ~1e-3; x uniform bf16 in [-2, 2). No NaN or inf anywhere.
+ * uniform over all 16 codes; fp32 block scales ~1e-3, e8m0 scales 2^-9 .. 2^-2 (block32 also
+ * 2^1 .. 2^16, through the kernel's two-multiply path; neighbouring 32-blocks always differ),
+ * channel scales ~1e-3; x uniform bf16 in [-2, 2). No NaN or inf anywhere.
  *
  * Allowed shapes (what the edge cases exercise): FP8 n_in a multiple of 16 (rows are read in
- * 16-byte pieces), MXFP4 n_in a multiple of 32 (one scale group), any n_out >= 1, n_tok 1..16.
+ * 16-byte pieces; block32 of 32), MXFP4 n_in a multiple of 32 (one scale group), any n_out >= 1,
+ * n_tok 1..16.
+ *
+ * Host only, before the GPU check (so it runs without a GPU too): the block32 reference against a
+ * closed form, and the block32 data's power to fail a kernel that ignores the scales, reads them
+ * per 128-block or per 64-input chunk (also checked on every block32 GPU case).
  *
  * Tolerance, the same for every format and variant (the dequantized values are exact, so only
  * fp32 arithmetic differs from the reference): |gpu - ref| <= 2e-5 * sum_k |w_k x_k| + 1e-30 per

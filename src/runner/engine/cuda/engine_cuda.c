@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "base/alloc.h"
+#include "base/clock.h"
 #include "base/log.h"
 #include "kernels/attn_prefill.h"
 #include "kernels/common.h"
@@ -1031,12 +1032,16 @@ static tm_rc create(const tm_model *m, const tm_engine_opts *opts, const tm_engi
     if (rc)
         goto fail;
 
+    const double t_w = tm_now_ms();
     if (random)
         rc = arch->fill_random(impl, seed * 131 + impl->tp_rank, err);
     else
         rc = arch->upload(impl, m, err);
     if (rc)
         goto fail;
+    TM_LOG_INFO("cuda", "weights %s in %.1f s (%.2f GB on the device)",
+                random ? "filled at random" : "uploaded", (tm_now_ms() - t_w) / 1e3,
+                (double)cw.off / 1e9);
     *out = &impl->eng;
     return TM_OK;
 fail:
