@@ -3,7 +3,7 @@
  * for op, on plain kernels (kernels/dsv41.h) that keep the CPU engine's numerics: fp32 activations,
  * double sums, the reference's activation quantization (act_quant before every quantized linear
  * and on the window KV, fp4_act_quant on the indexer's keys and queries and on the compressed KV)
- * applied exactly. A first version: correct before fast (no tensor cores, no CUDA graphs).
+ * applied exactly. A first version: correct before fast (no tensor cores).
  *
  * A step stacks the tokens of every sequence into [T][...] rows. Engram first (host): every
  * token's compressed id goes into the state, the hash ids of the n-grams ending at each token
@@ -32,8 +32,20 @@
  * alone; Engram tables are still read from the model's folder (impl->eng.model->dir). Single GPU
  * only (tp 1); kv_cache_dtype auto only.
  *
+ * CUDA graphs (own_graphs, arch.h): the runtime never captures forward (a step does host work);
+ * on pure decode steps with graphs on (st->graph) forward replays graphs of its own, one per
+ * SEGMENT of the layers split at the Engram layers (segment 0: the embedding and the layers before
+ * the first Engram layer; segment k: Engram layer k's kernels up to the next Engram layer; the
+ * last ends with the head), captured per batch size T at first use. Between segments the host
+ * stages the next Engram layer's rows and the stream waits for their copy outside any graph, so
+ * the reads overlap as in eager steps. A segment's launches take only (T, n_want) and fixed device
+ * addresses (step metadata, state, activations, each slot's device rows); every host_meta read
+ * and the checks happen before segment 0. TM_DSV41_CUDA_SYNC forces eager steps.
+ * TM_DSV41_ENGRAM_SKIP=1 (benchmarks only, a warning at create): no rows read, every row zeros,
+ * the Engram kernels still run (bench/dsv41_engram_overlap.sh times the reads with it).
+ *
  * TM_DSV41_CUDA_SYNC=1 synchronizes after every op and names the op and layer of a failure.
- * Engine thread only; nothing allocates after init. */
+ * Engine thread only; nothing allocates after init (the graphs at their first decode step). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
