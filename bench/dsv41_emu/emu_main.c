@@ -4,7 +4,10 @@
  * the CPU engine on the schedule of tests/gpu/tm_gpu_compare.h and a kv_copy continuation.
  * Usage: emu MKMODEL_ARGS... (the model is written to a temporary folder by $TM_BUILD/mkmodel).
  * Prints max |d logit| and the first bad row; exit 0 when every row is within 1e-3 of its max
- * |logit|. Run by bench/dsv41_emu/run.sh (ASan build). */
+ * |logit|. A second engine runs the same steps with CUDA graphs on its pure decode steps
+ * (tm_cuda_step.graph, as the runtime sets it; emu_cuda.c records and replays the segments'
+ * launches): its logits must equal the eager engine's bit for bit. Run by bench/dsv41_emu/run.sh
+ * (ASan build). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,8 +93,9 @@ static void emu_destroy(emu *e) {
     free(impl->v_cache), free(e->meta), free(impl);
 }
 
-/* The runtime's pack_batch + run_model: metadata packed, the arch's forward, logits out. */
-static int emu_forward(emu *e, const tm_batch *b, float *logits) {
+/* The runtime's pack_batch + run_model: metadata packed, the arch's forward, logits out; graphs:
+ * pure decode steps get tm_cuda_step.graph (*graphed says whether this one did). */
+static int emu_forward(emu *e, const tm_batch *b, float *logits, int graphs, int *graphed) {
     tm_cuda_engine *impl = e->impl;
     const uint32_t bs = impl->eng.opts.block_size;
     uint32_t T = 0, W = 0;
@@ -102,8 +106,10 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
     const size_t o_pos = T, o_slot = 2 * (size_t)T, o_ts = 3 * (size_t)T, o_sbt = 4 * (size_t)T;
     const size_t o_want = o_sbt + S, o_bt = o_want + TM_MAX(S, W);
     uint32_t t = 0, n_want = 0, bt = 0;
+    int decode = 1;
     for (uint32_t i = 0; i < S; i++) {
         const tm_batch_seq *s = &b->seqs[i];
+        decode = decode && s->n_tok == 1 && s->want_logits;
         const uint32_t n_used = TM_CEIL_DIV(s->pos + s->n_tok, bs);
         mh[o_sbt + i] = bt;
         TM_ASSERT(o_bt + bt + n_used <= e->meta_cap);
@@ -122,6 +128,7 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
     const tm_cuda_step st = {.n_tok = T,
                              .n_seq = S,
                              .n_want = n_want,
+                             .graph = (uint32_t)(graphs && decode),
                              .tokens = mh,
                              .pos = mh + o_pos,
                              .slot = mh + o_slot,
@@ -136,6 +143,8 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
         return 1;
     }
     memcpy(logits, impl->logits, (size_t)n_want * impl->v_stride * 4);
+    if (graphed)
+        *graphed = graphs && decode;
     return 0;
 }
 
@@ -179,20 +188,21 @@ int main(int argc, char **argv) {
                         .n_token_map = n_map,
                         .engram_cache_mb = 1};
     tm_engine *cpu = NULL;
-    emu e = {0};
+    emu e = {0}, e2 = {0}; // eager; graphs
     if (tm_engine_cpu_create(m, &o, &cpu, &err)) {
         fprintf(stderr, "cpu create: %s\n", err.msg);
         return 2;
     }
-    if (emu_create(m, &o, &e))
+    if (emu_create(m, &o, &e) || emu_create(m, &o, &e2))
         return 1;
     const uint32_t V = m->cfg.n_vocab;
     static seq S[N_SEQ];
     g_rng = 91;
     seqs_init(S, V);
     float *lc = malloc((size_t)N_SEQ * V * 4), *lg = malloc((size_t)N_SEQ * V * 4);
+    float *lg2 = malloc((size_t)N_SEQ * V * 4);
     double max_rel = 0, max_abs = 0;
-    int bad = 0, rows = 0, flips = 0;
+    int bad = 0, rows = 0, flips = 0, g_steps = 0, g_diff = 0;
     for (uint32_t k = 0; k < N_STEP; k++) {
         uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ];
         const uint32_t n_chunk = sched_step(k, which, n_tok);
@@ -203,10 +213,15 @@ int main(int argc, char **argv) {
             fprintf(stderr, "cpu forward: %s\n", err.msg);
             return 2;
         }
-        if (emu_forward(&e, &b, lg))
+        int graphed = 0;
+        if (emu_forward(&e, &b, lg, 0, NULL) || emu_forward(&e2, &b, lg2, 1, &graphed))
             return 1;
+        g_steps += graphed;
         for (uint32_t r = 0; r < n_want; r++) {
             const float *c = lc + (size_t)r * V, *g = lg + (size_t)r * V;
+            if (memcmp(g, lg2 + (size_t)r * V, (size_t)V * 4) != 0 && !g_diff++)
+                fprintf(stderr, "FIRST GRAPH DIFFERENCE: step %u (%s) seq %u\n", k,
+                        graphed ? "graphs" : "eager", want_seq[r]);
             double mx = 0, md = 0;
             for (uint32_t v = 0; v < V; v++) {
                 mx = fmax(mx, fabs(c[v]));
@@ -238,23 +253,25 @@ int main(int argc, char **argv) {
                        .want_logits = 1};
     tm_batch_seq cq = {
         .tokens = t23, .n_tok = 23, .block_table = bt_c, .n_block = 2, .want_logits = 1};
-    int kv_ok = !emu_forward(&e, &(tm_batch){.seqs = &a, .n_seq = 1}, lg);
+    int kv_ok = !emu_forward(&e, &(tm_batch){.seqs = &a, .n_seq = 1}, lg, 0, NULL);
     emu_kv_copy(&e, 131, 135, 20 - BLOCK);
     float *lb = malloc((size_t)V * 4);
-    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &bq, .n_seq = 1}, lb);
-    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &cq, .n_seq = 1}, lg);
+    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &bq, .n_seq = 1}, lb, 0, NULL);
+    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &cq, .n_seq = 1}, lg, 0, NULL);
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
     printf("emu %s: %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, %d argmax "
-           "differ; kv_copy max |d| %.3g\n",
-           args, rows, max_abs, max_rel, bad, flips, kv_d);
+           "differ; kv_copy max |d| %.3g; graphs: %d decode steps replayed, %d rows not bitwise "
+           "equal to eager\n",
+           args, rows, max_abs, max_rel, bad, flips, kv_d, g_steps, g_diff);
     emu_destroy(&e);
+    emu_destroy(&e2);
     tm_engine_destroy(cpu);
     tm_free(map);
     tm_tok_destroy(tok);
     tm_model_destroy(m);
     rmdir_all(dir);
-    free(lc), free(lg), free(lb);
-    return bad || !kv_ok || kv_d > 1e-4;
+    free(lc), free(lg), free(lb), free(lg2);
+    return bad || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps;
 }
