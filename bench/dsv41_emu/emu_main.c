@@ -159,6 +159,64 @@ static void emu_kv_copy(emu *e, uint32_t src, uint32_t dst, uint32_t n) {
                    c[p] + l * impl->layer_kv_bytes + src * blk, (size_t)n * impl->kv_dim * 2);
 }
 
+/* test_dsv41_cuda's graphs_case schedule on two fresh engines (eager; graphs): one prefill of
+ * every prompt, 48 decode steps of batch 4, 3, 2, 1 over rotating sequences, a kv_copy of
+ * sequence 1's partial last block into block SEQ_BLOCKS + 1 after 24. Returns the rows that are
+ * not bitwise equal (-1: an engine failed); *n_rows, *len2 (sequence 2's final length). */
+static int graphs_schedule(const tm_model *m, const tm_engine_opts *o, int *n_rows,
+                           uint32_t *len2) {
+    emu ee = {0}, eg = {0};
+    if (emu_create(m, o, &ee) || emu_create(m, o, &eg))
+        return -1;
+    const uint32_t V = m->cfg.n_vocab;
+    static seq S[N_SEQ];
+    g_rng = 93;
+    seqs_init(S, V);
+    float *le = malloc((size_t)N_SEQ * V * 4), *lg = malloc((size_t)N_SEQ * V * 4);
+    static const uint32_t sizes[4] = {4, 3, 2, 1};
+    int diff = 0;
+    *n_rows = 0;
+    for (uint32_t k = 0; k <= 48 && diff >= 0; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ], n_chunk = N_SEQ;
+        for (uint32_t i = 0; i < N_SEQ; i++)
+            which[i] = i, n_tok[i] = S[i].n;
+        if (k > 0) {
+            n_chunk = sizes[(k - 1) % 4];
+            for (uint32_t i = 0; i < n_chunk; i++)
+                which[i] = (k + k / 4 + i) % N_SEQ, n_tok[i] = 1;
+        }
+        if (k == 24) {
+            seq *s = &S[1];
+            const uint32_t last = (s->done - 1) / BLOCK, used = s->done - last * BLOCK;
+            emu_kv_copy(&ee, s->bt[last], SEQ_BLOCKS + 1, used);
+            emu_kv_copy(&eg, s->bt[last], SEQ_BLOCKS + 1, used);
+            s->bt[last] = SEQ_BLOCKS + 1;
+        }
+        tm_batch_seq bs[N_SEQ];
+        const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
+        tm_batch b = {.seqs = bs, .n_seq = n_chunk};
+        int graphed = 0;
+        if (emu_forward(&ee, &b, le, 0, NULL) || emu_forward(&eg, &b, lg, 1, &graphed)) {
+            diff = -1;
+            break;
+        }
+        TM_ASSERT(graphed == (k > 0));
+        for (uint32_t r = 0; r < n_want; r++) {
+            (*n_rows)++;
+            if (memcmp(le + (size_t)r * V, lg + (size_t)r * V, (size_t)V * 4) != 0 && !diff++)
+                fprintf(stderr, "graphs schedule: FIRST DIFFERENCE at step %u (batch %u) seq %u\n",
+                        k, n_chunk, want_seq[r]);
+            seq_append(&S[want_seq[r]], argmax(le + (size_t)r * V, V));
+        }
+        step_done(S, which, n_tok, n_chunk);
+    }
+    *len2 = S[2].done;
+    emu_destroy(&ee);
+    emu_destroy(&eg);
+    free(le), free(lg);
+    return diff;
+}
+
 int main(int argc, char **argv) {
     char args[2048] = "--arch deepseek_v41";
     for (int i = 1; i < argc; i++) {
@@ -261,17 +319,21 @@ int main(int argc, char **argv) {
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
-    printf("emu %s: %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, %d argmax "
-           "differ; kv_copy max |d| %.3g; graphs: %d decode steps replayed, %d rows not bitwise "
-           "equal to eager\n",
-           args, rows, max_abs, max_rel, bad, flips, kv_d, g_steps, g_diff);
     emu_destroy(&e);
     emu_destroy(&e2);
+    int gs_rows = 0;
+    uint32_t len2 = 0;
+    const int gs_diff = graphs_schedule(m, &o, &gs_rows, &len2);
+    printf("emu %s: %d rows, max |d logit| %.3g, max rel %.3g, %d rows over 1e-3, %d argmax "
+           "differ; kv_copy max |d| %.3g; graphs: %d decode steps replayed, %d rows not bitwise "
+           "equal to eager; graphs schedule (batch 4/3/2/1, kv_copy): %d of %d rows differ, "
+           "sequence 2 at %u\n",
+           args, rows, max_abs, max_rel, bad, flips, kv_d, g_steps, g_diff, gs_diff, gs_rows, len2);
     tm_engine_destroy(cpu);
     tm_free(map);
     tm_tok_destroy(tok);
     tm_model_destroy(m);
     rmdir_all(dir);
     free(lc), free(lg), free(lb), free(lg2);
-    return bad || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps;
+    return bad || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps || gs_diff != 0 || len2 <= 2 * BLOCK;
 }
