@@ -21,13 +21,14 @@
 #   BACKEND=cpu B=build-cuda OUT=/tmp/dsv41ov bash bench/dsv41_engram_overlap.sh
 # Stages (default: graphs bench): graphs = test_dsv41_cuda's graph cases (decode steps from the
 # engine's graphs bitwise equal to eager ones); bench = the four runs above and the summary.
-# Knobs: LAYERS (default 3: ratios 0,2,2 with Engram on 0 and 2, ~60 GB of bf16 weights, fits an
-# H100; 4 as in bench/dsv41_device.sh needs an H200), PROMPT (tokens, default 128), GEN (decode steps + 1, default 48),
+# Knobs: LAYERS (default 4, as bench/dsv41_device.sh and gpu_session.sh's v41perf; with bf16
+# experts that is ~80 GB of weights: an H200, or LAYERS=3 (Engram still on 0 and 2) on an H100),
+# PROMPT (tokens, default 128), GEN (decode steps + 1, default 48),
 # REPS (best of, default 3). Four bench_engine runs of about a minute each (table writes, random
 # weights, 4 x (prefill + 47 decode steps) per batch size).
 . "$(dirname "$0")/device_env.sh"
 BACKEND=${BACKEND:-cuda}
-LAYERS=${LAYERS:-3}
+LAYERS=${LAYERS:-4}
 PROMPT=${PROMPT:-128}
 GEN=${GEN:-48}
 REPS=${REPS:-3}
