@@ -305,34 +305,28 @@ static void test_kv_copy(void) {
  * block tables; sequence 2 grows from 5 tokens across two block boundaries), with a kv_copy of a
  * sequence's partial last block into a fresh block in the middle (as a preemption or a prefix-cache
  * fork would), after which the copy's block serves the decodes. TM_DSV41_CUDA_SYNC forces eager
- * steps, so these engines are created with it off. */
+ * steps, so these engines are created with it off; each case runs with TM_DSV41_CUDA_EXACT 0 and 1
+ * (the fast and the plain linears where the engine has both modes). */
 #define GR_STEPS 48
 #define GR_BLOCKS (SEQ_BLOCKS + 4) /* blocks SEQ_BLOCKS.. receive the kv_copy */
 
-static void graphs_case(const char *name, const char *args) {
-    if (!selected(name))
-        return;
-    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
-    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
-        fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
-        TM_CHECK(0);
-        rmdir_all(dir);
-        return;
-    }
-    fprintf(stderr, "%s: %s\n", name, cmd);
-    v41 v;
+/* One mode of the engine (TM_DSV41_CUDA_EXACT, read at create: "0" the fast linears, "1" the
+ * plain kernels; a build without the switch runs the same engine twice). */
+static void graphs_run(const char *case_name, const char *mode, const v41 *v) {
+    char name[128];
+    snprintf(name, sizeof(name), "%s (TM_DSV41_CUDA_EXACT=%s)", case_name, mode);
     tm_engine *eg = NULL, *ee = NULL; // graphs, eager
     float *lg = NULL, *le = NULL;
-    if (open_v41(dir, &v))
-        goto done;
-    const uint32_t V = v.m->cfg.n_vocab;
-    tm_engine_opts o = opts_of(&v, GR_BLOCKS, N_SEQ, 256);
+    const uint32_t V = v->m->cfg.n_vocab;
+    tm_engine_opts o = opts_of(v, GR_BLOCKS, N_SEQ, 256);
     tm_err err = {0};
     const char *sy = getenv("TM_DSV41_CUDA_SYNC");
     char *sync_was = sy ? strdup(sy) : NULL;
     setenv("TM_DSV41_CUDA_SYNC", "0", 1);
-    TM_CHECK_OK(tm_engine_cuda_create(v.m, &o, &eg, &err), &err);
-    TM_CHECK_OK(tm_engine_cuda_create(v.m, &o, &ee, &err), &err);
+    setenv("TM_DSV41_CUDA_EXACT", mode, 1);
+    TM_CHECK_OK(tm_engine_cuda_create(v->m, &o, &eg, &err), &err);
+    TM_CHECK_OK(tm_engine_cuda_create(v->m, &o, &ee, &err), &err);
+    unsetenv("TM_DSV41_CUDA_EXACT");
     if (sync_was)
         setenv("TM_DSV41_CUDA_SYNC", sync_was, 1);
     free(sync_was);
@@ -426,6 +420,24 @@ done:
     free(le);
     tm_engine_destroy(eg);
     tm_engine_destroy(ee);
+}
+
+static void graphs_case(const char *name, const char *args) {
+    if (!selected(name))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
+    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
+        fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
+        TM_CHECK(0);
+        rmdir_all(dir);
+        return;
+    }
+    fprintf(stderr, "%s: %s\n", name, cmd);
+    v41 v;
+    if (open_v41(dir, &v) == 0) {
+        graphs_run(name, "0", &v);
+        graphs_run(name, "1", &v);
+    }
     close_v41(&v);
     if (rmdir_all(dir) != 0)
         fprintf(stderr, "could not remove %s\n", dir);
