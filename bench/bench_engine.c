@@ -694,16 +694,20 @@ static int dsv4_bench(int argc, char **argv) {
  * layout: 384 routed experts top 6, the first --layers layers (default 4: ratio 0, a ratio-2 kv +
  * index source, a ratio-2 consumer, a ratio-1 kv + index source that is the candidate source;
  * further layers repeat the last three), Engram on layers 0 and 2 (3-grams, 8 heads x 256: 16
- * rows of 256 a token and layer), random weights on the device (bf16, as the engine stores the
- * released FP8 / MXFP4 ones after upload), Engram tables written by this run into a temporary
+ * rows of 256 a token and layer), random weights on the device in the layout of the engine's mode
+ * (TM_DSV41_CUDA_EXACT, read at create: the fast default keeps the dense FP8 linears as e4m3 +
+ * 32x32 ue8m0 scales beside a bf16 copy and the routed experts packed MXFP4; the exact modes hold
+ * everything as bf16), Engram tables written by this run into a temporary
  * folder (about 2.1 M rows each, read through the engine's row cache, 1 GB by default) and a
  * synthetic compressed token map. A run per batch size (--batch, default 1,8): prefill B prompts
  * of L tokens in one step, then N - 1 greedy decode steps (best of --reps after a warm-up); per
  * layer decode ms = step ms / layers, against the bytes floor of a step: every weight byte a
- * decode step reads as the engine stores them (the distinct routed experts of B tokens under
- * uniform routing), the Engram rows copied to the GPU (fp32) and the LM head, at the device-copy
- * bandwidth measured in this run. The engine's kernels are its first, untuned ones (docs/
- * deepseek_v41.md "CUDA"). */
+ * decode step reads (the distinct routed experts of B tokens under uniform routing), the Engram
+ * rows copied to the GPU (fp32) and the LM head, at the device-copy bandwidth measured in this run.
+ * Two floors are printed: the packed one (the deployment's formats: FP8 1 B + a scale byte per
+ * 32 x 32 block, MXFP4 0.5 B + a scale byte per 32, bf16 tensors 2 B, fp32 ones 4 B; what the fast
+ * mode reads at B <= 16) and the bf16 one (what the exact modes read); the percentage is against
+ * the floor of the mode that ran. */
 #include <fcntl.h>
 
 #include "runner/model/engram_hash.h"
@@ -897,29 +901,32 @@ static int dsv41_bench(int argc, char **argv) {
                          .engram_cache_mb = cache_mb};
     const double bw = copy_bw();
     tm_engine *eng = NULL;
+    const char *exact_env = getenv("TM_DSV41_CUDA_EXACT"); // read by the engine at create
+    const int exact = exact_env && strcmp(exact_env, "0") != 0;
     const double t0 = tm_now_ms();
     if (tm_engine_cuda_create_random(&m, &eo, 7, &eng, &err)) {
         fprintf(stderr, "bench_engine dsv41: create: %s\n", err.msg);
     }
     if (eng) {
         tm_engine_cuda_set_graphs(eng, graphs);
-        printf("dsv41-flash: %u layers (ratios %s, Engram on 0 and 2), random bf16 weights, "
+        printf("dsv41-flash: %u layers (ratios %s, Engram on 0 and 2), random weights (%s), "
                "create %.1f s, copy bandwidth %.0f GB/s, Engram row cache %u MB per table; decode "
                "%s; Engram rows %s\n",
-               n_layer, list[0], (tm_now_ms() - t0) / 1e3, bw, cache_mb,
-               graphs ? "CUDA graphs" : "eager", rows_how);
+               n_layer, list[0],
+               exact ? "exact mode: bf16" : "fast mode: FP8 dense + bf16 copies, MXFP4 experts",
+               (tm_now_ms() - t0) / 1e3, bw, cache_mb, graphs ? "CUDA graphs" : "eager", rows_how);
     }
     dsv41_cold cold_ctx = {.V = V};
     snprintf(cold_ctx.path, sizeof(cold_ctx.path), "%s/model.safetensors", dir);
     const dsv_hook cold_hook = {dsv41_cold_rep, &cold_ctx}, *hk = cold ? &cold_hook : NULL;
-    // bytes a decode step reads per layer, as the engine stores the weights (bf16; the
-    // hyper-connection projections fp32)
+    // bytes a decode step reads per layer: per weight element f8 for the FP8 linears (1 + 1/1024
+    // packed, 2 as bf16), mx4 for the routed experts (0.5 + 1/32 packed, 2 as bf16), 2 for the
+    // bf16 tensors (router, compressor, indexer wk / weights_proj, head), 4 for the fp32
+    // hyper-connection projections
     const tm_dsv41_cfg *c = &d->cfg;
     const double D = 4096, hd = 512, H = 64, qr = 1024, G = 8, olr = 1024, I = 2048, E = 384, k = 6,
                  di = 128, Hi = 64, NC = 16, EHD = 256;
-    const double attn = 2 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
-    const double hc = 2 * 24 * (4 * D) * 4, router = E * D * 2, shared = 3 * I * D * 2;
-    const double expert = 3 * I * D * 2, head = V * D * 2;
+    const double hc = 2 * 24 * (4 * D) * 4, router = E * D * 2, head = V * D * 2;
     uint32_t *tok = calloc((size_t)Bmax * L, 4), *bt = calloc((size_t)Bmax * per_seq, 4);
     tm_batch_seq *sq = calloc(Bmax, sizeof(*sq));
     uint32_t *ids = calloc(Bmax, 4);
@@ -938,28 +945,38 @@ static int dsv41_bench(int argc, char **argv) {
             break;
         }
         const double hit = E * (1.0 - pow(1.0 - k / E, B)); // distinct experts, uniform routing
-        double layers_b = 0;
-        for (uint32_t l = 0; l < n_layer; l++) {
-            const uint32_t r = c->ratio[l];
-            double lb = attn + hc + router + shared + hit * expert;
-            if (r && c->kv_source[l])
-                lb += 2 * (r > 1 ? 2 : 1) * hd * D + (c->index_source[l] ? 2 * di * hd : 0);
-            if (r && c->index_source[l])
-                lb += 2 * (Hi * di * qr + Hi * D);
-            if (c->engram_slot[l] >= 0) // wkv, and the rows copied to the GPU as fp32
-                lb += 2 * (5 * D) * (NC * EHD) + B * NC * EHD * 4;
-            layers_b += lb;
+        double layers_b[2] = {0, 0};                        // [0] packed, [1] bf16
+        for (int f = 0; f < 2; f++) {
+            // the fast mode reads the FP8 forms up to TM_QUANT_MAX_TOK (16) tokens, bf16 beyond
+            const double f8 = f == 0 && B <= 16 ? 1.0 + 1.0 / 1024 : 2.0;
+            const double mx4 = f == 0 ? 0.5 + 1.0 / 32 : 2.0;
+            const double attn =
+                f8 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
+            for (uint32_t l = 0; l < n_layer; l++) {
+                const uint32_t r = c->ratio[l];
+                double lb = attn + hc + router + f8 * 3 * I * D + hit * mx4 * 3 * I * D;
+                if (r && c->kv_source[l])
+                    lb += 2 * (r > 1 ? 2 : 1) * hd * D + (c->index_source[l] ? 2 * di * hd : 0);
+                if (r && c->index_source[l])
+                    lb += f8 * Hi * di * qr + 2 * Hi * D;
+                if (c->engram_slot[l] >= 0) // wkv, and the rows copied to the GPU as fp32
+                    lb += f8 * (5 * D) * (NC * EHD) + B * NC * EHD * 4;
+                layers_b[f] += lb;
+            }
         }
-        const double floor_ms = (layers_b + head) / (bw * 1e9) * 1e3;
-        const double step_ms = best_dec * 1e3;
-        printf("dsv41-flash B=%u L=%u N=%u [%s, rows %s]: prefill %.1f ms (%.0f tok/s), decode "
-               "%.3f ms/step "
-               "(%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the layers);"
-               " bytes floor %.3f ms/step (%.1f MB/layer, %.1f distinct experts, Engram rows "
-               "included) -> %.0f%% of floor\n",
-               B, L, N, graphs ? "graphs" : "eager", rows_tag, best_pf * 1e3, B * L / best_pf,
-               step_ms, 1e3 / step_ms, B * 1e3 / step_ms, step_ms / n_layer, floor_ms,
-               layers_b / n_layer / 1e6, hit, 100.0 * floor_ms / step_ms);
+        const double floor_p = (layers_b[0] + head) / (bw * 1e9) * 1e3;
+        const double floor_b = (layers_b[1] + head) / (bw * 1e9) * 1e3;
+        const double step_ms = best_dec * 1e3, floor_ms = exact ? floor_b : floor_p;
+        printf(
+            "dsv41-flash B=%u L=%u N=%u (%s mode) [%s, rows %s]: prefill %.1f ms (%.0f tok/s), decode %.3f "
+            "ms/step (%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the "
+            "layers); bytes floor packed %.3f ms/step (%.1f MB/layer), bf16 %.3f ms/step (%.1f "
+            "MB/layer) (%.1f distinct experts, Engram rows included) -> %.0f%% of the %s "
+            "floor\n",
+            B, L, N, exact ? "exact" : "fast", graphs ? "graphs" : "eager", rows_tag, best_pf * 1e3,
+            B * L / best_pf, step_ms, 1e3 / step_ms, B * 1e3 / step_ms, step_ms / n_layer, floor_p,
+            layers_b[0] / n_layer / 1e6, floor_b, layers_b[1] / n_layer / 1e6, hit,
+            100.0 * floor_ms / step_ms, exact ? "bf16" : "packed");
     }
     free(tok), free(bt), free(sq), free(ids);
     tm_engine_destroy(eng);

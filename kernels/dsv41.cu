@@ -85,6 +85,77 @@ extern "C" tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, in
     return tm_cuda_launched(err, s, "dsv41_fp4_act_quant");
 }
 
+/* One thread per 32-group of a row (aq: act_quant_kernel's operations) or per value. */
+static __global__ void to_bf16_kernel(uint16_t *y, const float *x, uint32_t ldx, uint32_t n,
+                                      uint32_t n_tok, int aq) {
+    const size_t per = aq ? n / 32 : n, total = per * n_tok;
+    for (size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+         g += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = g / per, j = g % per;
+        const float *xr = x + t * ldx;
+        uint16_t *yr = y + t * n;
+        if (!aq) {
+            yr[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xr[j]));
+            continue;
+        }
+        const float *p = xr + j * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++)
+            amax = fmaxf(amax, fabsf(p[i]));
+        const float s = round_scale(fmaxf(amax, 1e-4f), (float)(1.0 / 448.0));
+        for (int i = 0; i < 32; i++) // e4m3 * 2^k: exact in bf16, so _rn changes nothing
+            yr[j * 32 + i] = __bfloat16_as_ushort(
+                __float2bfloat16_rn(__fmul_rn(e4m3_sat(__fdiv_rn(p[i], s)), s)));
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err) {
+    if (a->n_tok == 0 || a->n == 0)
+        return TM_OK;
+    TM_ASSERT(a->y && a->x && a->ldx >= a->n && (!a->aq || a->n % 32 == 0));
+    const size_t total = (size_t)a->n_tok * (a->aq ? a->n / 32 : a->n);
+    to_bf16_kernel<<<grid_for(total), 128, 0, s>>>(a->y, a->x, a->ldx, a->n, a->n_tok, a->aq);
+    return tm_cuda_launched(err, s, "dsv41_to_bf16");
+}
+
+static __global__ void round_bf16_kernel(float *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+extern "C" tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_err *err) {
+    if (n == 0)
+        return TM_OK;
+    TM_ASSERT(x);
+    round_bf16_kernel<<<grid_for(n), 128, 0, s>>>(x, n);
+    return tm_cuda_launched(err, s, "dsv41_round_bf16");
+}
+
+static __global__ void dequant_fp8_32_kernel(uint16_t *y, const uint8_t *w, const uint8_t *scale,
+                                             uint32_t n_out, uint32_t n_in) {
+    const size_t n = (size_t)n_out * n_in;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const size_t o = i / n_in, c = i % n_in;
+        __nv_fp8_e4m3 q;
+        q.__x = w[i];
+        const float v = ldexpf((float)q, (int)scale[(o / 32) * (n_in / 32) + c / 32] - 127);
+        y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_dequant_fp8_32(uint16_t *y, const uint8_t *w, const uint8_t *scale,
+                                           uint32_t n_out, uint32_t n_in, cudaStream_t s,
+                                           tm_err *err) {
+    const size_t n = (size_t)n_out * n_in;
+    if (n == 0)
+        return TM_OK;
+    TM_ASSERT(y && w && scale && n_in % 32 == 0);
+    dequant_fp8_32_kernel<<<grid_for(n), 128, 0, s>>>(y, w, scale, n_out, n_in);
+    return tm_cuda_launched(err, s, "dsv41_dequant_fp8_32");
+}
+
 #define GATE_THREADS 256
 
 /* Block sum of three doubles (every thread gets the totals). */

@@ -38,6 +38,29 @@ tm_rc tm_k_dsv41_act_quant(float *x, size_t n, cudaStream_t s, tm_err *err);
 tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scale, cudaStream_t s,
                                tm_err *err);
 
+/* The fast path's linear inputs (runner/engine/cuda/dsv41.c): n_tok rows of n fp32 values (row
+ * stride ldx) into y [n_tok][n] bf16 (contiguous). aq 1: the act_quant QDQ values, computed by
+ * exactly tm_k_dsv41_act_quant's operations (n % 32 == 0); each is e4m3 * 2^k, which bf16 holds
+ * exactly, so y is the reference's quantized input bit for bit. aq 0: each value rounded to the
+ * nearest-even bf16 (the inputs of linears whose weights are not quantized). x is not changed. */
+typedef struct tm_k_dsv41_to_bf16_args {
+    uint16_t *y;
+    const float *x;
+    uint32_t ldx, n, n_tok;
+    int aq;
+} tm_k_dsv41_to_bf16_args;
+tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err);
+
+/* y [n_out][n_in] bf16 = e4m3 w [n_out][n_in] * 2^(scale[o / 32][i / 32] - 127) (the 32 x 32
+ * ue8m0 block-scaled FP8 of the dense linears; n_in % 32 == 0): exact (an e4m3 value times a power
+ * of two) unless it leaves bf16's range. The bf16 copy of random FP8 weights (benchmarks). */
+tm_rc tm_k_dsv41_dequant_fp8_32(uint16_t *y, const uint8_t *w, const uint8_t *scale, uint32_t n_out,
+                                uint32_t n_in, cudaStream_t s, tm_err *err);
+
+/* Each of n values rounded to the nearest-even bf16, kept as fp32, in place (the exact mode's
+ * reference for the fast path's bf16 inputs: TM_DSV41_CUDA_EXACT=2). */
+tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_err *err);
+
 typedef struct tm_k_dsv41_engram_gate_args {
     float *h;        /* [n_tok][n_hc][dim]: the residual streams, updated in place */
     const float *kv; /* [n_tok][(n_hc + 1) * dim]: wkv's output, n_hc keys then the value */

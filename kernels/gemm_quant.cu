@@ -154,12 +154,18 @@ static __device__ __forceinline__ uint32_t e4m3_b13_bf16x2(uint32_t t) {
     return bf16x2_mul(raw, 0x7b807b80u);                               // * 2^120
 }
 
-/* Two e4m3 (low byte -> low half) -> bf16 pair through the hardware f16 conversion, exact. */
-static __device__ __forceinline__ uint32_t e4m3x2_cvt_bf16x2(uint32_t w16) {
+/* e4m3_b13_bf16x2 with the final multiply by 2^120 replaced by one by f (the caller's 2^120 *
+ * scale, or 2^120 alone): exact where value * f / 2^120 is a bf16. */
+static __device__ __forceinline__ uint32_t e4m3_b13_bf16x2_by(uint32_t t, uint32_t f) {
+    return bf16x2_mul(((t & 0x7f007f00u) >> 4) | (t & 0x80008000u), f);
+}
+
+/* Two e4m3 (low byte -> low half) -> bf16 pair through the hardware f16 conversion (exact: the
+ * f16 moved to bf16 bits is value * 2^-112), times f / 2^112 (f = 2^112 gives the values). */
+static __device__ __forceinline__ uint32_t e4m3x2_cvt_bf16x2_by(uint32_t w16, uint32_t f) {
     uint32_t h;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h) : "h"((unsigned short)w16));
-    const uint32_t raw = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u); // value * 2^-112
-    return bf16x2_mul(raw, 0x77807780u);                               // * 2^112
+    return bf16x2_mul(((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u), f);
 }
 
 /* 2^126 * 2^(e-127) = 2^(e-1) as a pair of bf16, for e <= 128 (e = 0: 2^-1) or 255 (NaN). */
@@ -197,11 +203,21 @@ static __device__ __forceinline__ float bf_hi(uint32_t v) {
 
 /* ---- FP8 on tensor cores ---- */
 
-/* NT token tiles, D chunks in flight, BLOCK: 128x128 block scales (else per channel), CVT: the
- * hardware e4m3 conversion. */
-template <int NT, int D, bool BLOCK, bool CVT>
+/* How the FP8 MMA kernel scales: per channel (the final sums), per 128x128 block (each chunk's
+ * fp32 partial), per 32x32 e8m0 block (the bf16 weights before the mma). */
+enum fp8_mode { FP8_CHANNEL, FP8_BLOCK128, FP8_BLOCK32 };
+
+/* NT token tiles, D chunks in flight, MODE: an fp8_mode, CVT: the hardware e4m3 conversion.
+ * FP8_BLOCK32: lane c's 16 inputs of a chunk, [16c, 16c + 16) past its start (a multiple of 64),
+ * lie in the 32-block (chunk start + 16c) / 32, and the tile's 16 rows in the 32-row block
+ * tile / 2, so a lane needs one e8m0 byte per chunk; it folds 2^B * 2^(e-127) = 2^(e+B-127) into
+ * the one multiply that ends the e4m3 conversion (one bf16 factor while e + B <= 254; where some
+ * lane of the warp has a larger e, the two multiplies: by 2^B, then by the scale). */
+template <int NT, int D, int MODE, bool CVT>
 static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
     gemm_fp8_kernel(tm_k_gemm_fp8_args a) {
+    constexpr bool BLOCK = MODE == FP8_BLOCK128, B32 = MODE == FP8_BLOCK32;
+    constexpr uint32_t BIAS = CVT ? 112 : 120; // the e4m3 conversion's raw bf16 is value * 2^-B
     constexpr int WPB = fp8_cfg<NT, D>::WPB, SLOT = fp8_cfg<NT, D>::SLOT;
     // [warp][slot][w lo, w hi, x tile 0 halves, x tile 1 halves][lane]: conflict-free reads
     __shared__ uint4 ring[WPB][D][SLOT][32];
@@ -229,9 +245,12 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
     const uint32_t n_kb = (a.n_in + 127) / 128;
     const size_t sb = (size_t)(tile * 16 / 128) * n_kb;
     const bool e8m0 = a.scale_kind == TM_K_FP8_BLOCK_E8M0;
+    // Block32: the tile's row of 32-blocks (n_in is a multiple of 32).
+    const uint8_t *s32 = (const uint8_t *)a.scale + (size_t)(tile / 2) * (a.n_in / 32);
     const uint32_t n_chunk = (k1 - k0 + 63) / 64;
     uint4(*my)[SLOT][32] = ring[wib];
-    float sreg[D]; // the block scale of the chunk in each slot
+    float sreg[D];    // the block scale of the chunk in each slot
+    uint32_t ereg[D]; // block32: the lane's e8m0 byte of the chunk in each slot
     // Chunk i into slot p: the weights, the lane's 16 inputs of x for each token tile (through
     // the L1: x is read by every warp of the split), and the chunk's scale into sreg[p]; lanes
     // past k1 copy zeros.
@@ -252,6 +271,8 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
             sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))
                            : ld_f32((const float *)a.scale + si);
         }
+        if (B32)
+            ereg[p] = v ? ld_u8(s32 + kq / 32) : 127; // past k1: zeros times 1
     };
     float acc[NT][4];
 #pragma unroll
@@ -270,6 +291,19 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
             xw[j][4] = u1.x, xw[j][5] = u1.y, xw[j][6] = u1.z, xw[j][7] = u1.w;
         }
         const float s = BLOCK ? sreg[p] : 1.0f;
+        // The factor ending the e4m3 conversion: 2^B, or for block32 2^B * the lane's scale
+        // (two = the warp takes the two multiplies; f2 then is the scale alone).
+        uint32_t f = CVT ? 0x77807780u : 0x7b807b80u, f2 = 0;
+        bool two = false;
+        if constexpr (B32) {
+            const uint32_t e = ereg[p];
+            two = __any_sync(0xffffffffu, e + BIAS > 254 && e != 255);
+            const uint32_t h = e == 255 ? 0x7fc0u : (e + BIAS) << 7;
+            if (two)
+                f2 = e8m0_bf16x2(e);
+            else
+                f = h | h << 16;
+        }
         refill(); // the slot's values are in registers
         const uint32_t wlo[4] = {lo.x, lo.y, lo.z, lo.w}, whi[4] = {hi.x, hi.y, hi.z, hi.w};
         float part[NT][4];
@@ -280,15 +314,20 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
         for (int m = 0; m < 4; m++) { // mma m: the lane's inputs 4m .. 4m + 3
             uint32_t af[4];
             if (CVT) {
-                af[0] = e4m3x2_cvt_bf16x2(wlo[m] & 0xffffu);
-                af[1] = e4m3x2_cvt_bf16x2(whi[m] & 0xffffu);
-                af[2] = e4m3x2_cvt_bf16x2(wlo[m] >> 16);
-                af[3] = e4m3x2_cvt_bf16x2(whi[m] >> 16);
+                af[0] = e4m3x2_cvt_bf16x2_by(wlo[m] & 0xffffu, f);
+                af[1] = e4m3x2_cvt_bf16x2_by(whi[m] & 0xffffu, f);
+                af[2] = e4m3x2_cvt_bf16x2_by(wlo[m] >> 16, f);
+                af[3] = e4m3x2_cvt_bf16x2_by(whi[m] >> 16, f);
             } else {
-                af[0] = e4m3_b13_bf16x2(wlo[m] << 8); // (v4m, v4m+2)
-                af[1] = e4m3_b13_bf16x2(whi[m] << 8);
-                af[2] = e4m3_b13_bf16x2(wlo[m]); // (v4m+1, v4m+3)
-                af[3] = e4m3_b13_bf16x2(whi[m]);
+                af[0] = e4m3_b13_bf16x2_by(wlo[m] << 8, f); // (v4m, v4m+2)
+                af[1] = e4m3_b13_bf16x2_by(whi[m] << 8, f);
+                af[2] = e4m3_b13_bf16x2_by(wlo[m], f); // (v4m+1, v4m+3)
+                af[3] = e4m3_b13_bf16x2_by(whi[m], f);
+            }
+            if (B32 && two) {
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+                    af[q] = bf16x2_mul(af[q], f2);
             }
 #pragma unroll
             for (int j = 0; j < NT; j++) {
@@ -314,7 +353,7 @@ static __global__ void __launch_bounds__(fp8_cfg<NT, D>::WPB * 32)
 
     // Accumulator fragment: (row r, tokens 2c, 2c+1) and (row r + 8, the same tokens).
     float s_lo = 1.0f, s_hi = 1.0f;
-    if (!BLOCK) {
+    if (MODE == FP8_CHANNEL) {
         s_lo = __ldg((const float *)a.scale + min(row_lo, a.n_out - 1));
         s_hi = __ldg((const float *)a.scale + min(row_hi, a.n_out - 1));
     }
@@ -354,6 +393,10 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_fma_kernel(tm_k_ge
     const uint32_t n_kb = (a.n_in + 127) / 128;
     const size_t sb = (size_t)(tile * 16 / 128) * n_kb;
     const bool e8m0 = a.scale_kind == TM_K_FP8_BLOCK_E8M0;
+    // Block32 (BLOCK too): the lane's 16 inputs lie in one 32-block, its rows in block tile / 2;
+    // the lane's partial dot products take its own scale.
+    const bool b32 = a.scale_kind == TM_K_FP8_BLOCK32_E8M0;
+    const uint8_t *s32 = (const uint8_t *)a.scale + (size_t)(tile / 2) * (a.n_in / 32);
     const uint32_t n_chunk = (k1 - k0 + 63) / 64;
     uint4(*my)[2][32] = ring[wib];
     float sreg[D];
@@ -363,7 +406,9 @@ static __global__ void __launch_bounds__(WARPS * 32) gemm_fp8_fma_kernel(tm_k_ge
         const bool v = kq < k1;
         cp16_l2pf(&my[p][0][lane], wl + (v ? kq : 0), v ? 16 : 0);
         cp16_l2pf(&my[p][1][lane], wh + (v ? kq : 0), v ? 16 : 0);
-        if (BLOCK) {
+        if (BLOCK && b32) {
+            sreg[p] = v ? e8m0_f32(ld_u8(s32 + kq / 32)) : 0.0f;
+        } else if (BLOCK) {
             const size_t si = sb + ((k0 + 64 * i) >> 7);
             sreg[p] = e8m0 ? e8m0_f32(ld_u8((const uint8_t *)a.scale + si))
                            : ld_f32((const float *)a.scale + si);
@@ -671,6 +716,12 @@ extern "C" int tm_k_gemm_fp8_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out)
     return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 16 && n_in % 16 == 0 && n_out >= 1;
 }
 
+extern "C" int tm_k_gemm_fp8_kind_fits(tm_k_fp8_scale kind, uint32_t n_tok, uint32_t n_in,
+                                       uint32_t n_out) {
+    return tm_k_gemm_fp8_fits(n_tok, n_in, n_out) &&
+           (kind != TM_K_FP8_BLOCK32_E8M0 || n_in % 32 == 0);
+}
+
 extern "C" int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out) {
     return n_tok >= 1 && n_tok <= TM_QUANT_MAX_TOK && n_in >= 32 && n_in % 32 == 0 && n_out >= 1;
 }
@@ -689,29 +740,36 @@ template <int NT, int D>
 static void launch_fp8(const tm_k_gemm_fp8_args *a, uint64_t n_warps, cudaStream_t s) {
     constexpr int W = fp8_cfg<NT, D>::WPB;
     const unsigned grid = (unsigned)((n_warps + W - 1) / W);
-    const bool block = a->scale_kind != TM_K_FP8_CHANNEL;
     const bool cvt = a->variant == TM_K_QUANT_MMA_CVT;
-    if (block && cvt)
-        gemm_fp8_kernel<NT, D, true, true><<<grid, W * 32, 0, s>>>(*a);
-    else if (block)
-        gemm_fp8_kernel<NT, D, true, false><<<grid, W * 32, 0, s>>>(*a);
-    else if (cvt)
-        gemm_fp8_kernel<NT, D, false, true><<<grid, W * 32, 0, s>>>(*a);
-    else
-        gemm_fp8_kernel<NT, D, false, false><<<grid, W * 32, 0, s>>>(*a);
+    if (a->scale_kind == TM_K_FP8_CHANNEL) {
+        if (cvt)
+            gemm_fp8_kernel<NT, D, FP8_CHANNEL, true><<<grid, W * 32, 0, s>>>(*a);
+        else
+            gemm_fp8_kernel<NT, D, FP8_CHANNEL, false><<<grid, W * 32, 0, s>>>(*a);
+    } else if (a->scale_kind == TM_K_FP8_BLOCK32_E8M0) {
+        if (cvt)
+            gemm_fp8_kernel<NT, D, FP8_BLOCK32, true><<<grid, W * 32, 0, s>>>(*a);
+        else
+            gemm_fp8_kernel<NT, D, FP8_BLOCK32, false><<<grid, W * 32, 0, s>>>(*a);
+    } else if (cvt) {
+        gemm_fp8_kernel<NT, D, FP8_BLOCK128, true><<<grid, W * 32, 0, s>>>(*a);
+    } else {
+        gemm_fp8_kernel<NT, D, FP8_BLOCK128, false><<<grid, W * 32, 0, s>>>(*a);
+    }
 }
 
 extern "C" tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0)
         return TM_OK;
-    TM_ASSERT(tm_k_gemm_fp8_fits(a->n_tok, a->n_in, a->n_out));
+    TM_ASSERT(tm_k_gemm_fp8_kind_fits(a->scale_kind, a->n_tok, a->n_in, a->n_out));
     TM_ASSERT(a->n_split >= 1 && a->k_per_split % 64 == 0 && a->k_per_split > 0);
     TM_ASSERT((uint64_t)(a->n_split - 1) * a->k_per_split < a->n_in);
     TM_ASSERT((uint64_t)a->n_split * a->k_per_split >= a->n_in);
     TM_ASSERT(((uintptr_t)a->w % 16) == 0 && ((uintptr_t)a->x % 16) == 0 && a->part && a->scale);
     TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK_F32 || a->scale_kind == TM_K_FP8_BLOCK_E8M0 ||
-              a->scale_kind == TM_K_FP8_CHANNEL);
-    TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK_E8M0 || ((uintptr_t)a->scale % 4) == 0);
+              a->scale_kind == TM_K_FP8_CHANNEL || a->scale_kind == TM_K_FP8_BLOCK32_E8M0);
+    TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK_E8M0 || a->scale_kind == TM_K_FP8_BLOCK32_E8M0 ||
+              ((uintptr_t)a->scale % 4) == 0);
     TM_ASSERT(a->variant == TM_K_QUANT_DEFAULT || a->variant == TM_K_QUANT_MMA ||
               a->variant == TM_K_QUANT_MMA_CVT || a->variant == TM_K_QUANT_FMA);
     TM_ASSERT(a->depth == 0 || a->depth == 4 || a->depth == 8);

@@ -10,6 +10,9 @@
  *                (`weight_scale_inv`) or e8m0 bytes (2^(e-127)); W_real[o][i] = w[o][i] *
  *                scale[o/128][i/128] (DeepSeek / transformers "fp8" with weight_block_size
  *                [128, 128]).
+ *   FP8 block32: w as above, scale [ceil(n_out/32)][n_in/32] e8m0 bytes, n_in a multiple of 32;
+ *                W_real[o][i] = w[o][i] * 2^(scale[o/32][i/32] - 127) (DeepSeek-V4.1 dense
+ *                linears, ue8m0 scales on 32x32 blocks; TM_K_FP8_BLOCK32_E8M0).
  *   FP8 channel: w as above, scale [n_out] fp32: W_real[o][i] = w[o][i] * scale[o]
  *                (compressed-tensors per-channel; per-tensor = the one value repeated).
  *   MXFP4:       w [n_out][n_in/2] bytes of two e2m1 values (TM_MXFP4_EVEN_LOW says which nibble
@@ -22,10 +25,12 @@
  * Numerics: e4m3 and e2m1 values are exact in bf16, so the mma inputs are the stored values.
  * FP8: the 16 x 64 weight tile of a chunk goes through the mma unscaled; the block scale
  * multiplies the chunk's fp32 partial (one scale per chunk: a chunk never straddles a 128-block),
- * the channel scale the final fp32 sum. MXFP4: the e8m0 scale is a power of two, so it is applied
- * to the bf16 weights before the mma (exact unless the product leaves bf16's range: |W_real| must
- * lie in [2^-133, 3e38], true of any real checkpoint). x enters the mma as its bf16 bits.
- * Accumulation is fp32 (the mma's), summation order fixed: results are deterministic.
+ * the channel scale the final fp32 sum. MXFP4 and FP8 block32: the e8m0 scale is a power of two,
+ * so it is applied to the bf16 weights before the mma (a 64-input FP8 chunk spans two 32-blocks:
+ * each lane's 16 inputs lie in one, and a 16-row tile lies in one 32-row block, so each lane has
+ * one scale per chunk). Exact unless the product leaves bf16's range: |W_real| must lie in
+ * [2^-133, 3e38] (with no bits below 2^-133), true of any real checkpoint. x enters the mma as its
+ * bf16 bits. Accumulation is fp32 (the mma's), summation order fixed: results are deterministic.
  *
  * Output: like gemm_skinny, split s writes its partial to part[s][rows][n_out] (fp32) and the
  * consumer adds the n_split partials in split order (or tm_k_sum_parts); with n_split == 1 part
@@ -68,6 +73,7 @@ typedef enum tm_k_fp8_scale {
     TM_K_FP8_BLOCK_F32 = 0, /* scale: [ceil(n_out/128)][ceil(n_in/128)] fp32 */
     TM_K_FP8_BLOCK_E8M0,    /* the same shape, e8m0 bytes */
     TM_K_FP8_CHANNEL,       /* scale: [n_out] fp32 */
+    TM_K_FP8_BLOCK32_E8M0,  /* scale: [ceil(n_out/32)][n_in/32] e8m0 bytes; n_in % 32 == 0 */
 } tm_k_fp8_scale;
 
 /* How the FP8 kernel computes (benchmarks compare them; all agree within fp32 rounding: the mma
@@ -85,7 +91,7 @@ typedef struct tm_k_gemm_fp8_args {
     const void *scale;    /* see scale_kind; fp32 scales 4-byte aligned */
     const uint16_t *x;    /* [n_tok][n_in] bf16, 16-byte aligned */
     uint32_t n_tok;       /* 1..TM_QUANT_MAX_TOK */
-    uint32_t n_in;        /* a multiple of 16, >= 16 */
+    uint32_t n_in;        /* a multiple of 16 (block32: of 32), >= 16 */
     uint32_t n_out;       /* >= 1 */
     uint32_t n_split;     /* from tm_k_gemm_fp8_splits */
     uint32_t k_per_split; /* from tm_k_gemm_fp8_splits: a multiple of 64 */
@@ -131,8 +137,11 @@ typedef struct tm_k_moe_mxfp4_args {
     uint32_t depth;               /* 0: the default (4); 4 or 8 */
 } tm_k_moe_mxfp4_args;
 
-/* 1 if the shape can run (n_tok in range, n_in a multiple of 16 / 32, n_out >= 1). */
+/* 1 if the shape can run (n_tok in range, n_in a multiple of 16 / 32, n_out >= 1).
+ * tm_k_gemm_fp8_fits is the rule of every FP8 kind but TM_K_FP8_BLOCK32_E8M0, which also needs
+ * n_in % 32 == 0 (tm_k_gemm_fp8_kind_fits checks the rule of the given kind). */
 int tm_k_gemm_fp8_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
+int tm_k_gemm_fp8_kind_fits(tm_k_fp8_scale kind, uint32_t n_tok, uint32_t n_in, uint32_t n_out);
 int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
 
 /* The split of the inner dimension for n_rows output rows (for the MoE kernel: n_out times the
@@ -140,7 +149,8 @@ int tm_k_gemm_mxfp4_fits(uint32_t n_tok, uint32_t n_in, uint32_t n_out);
  * (FP8: where the tiles alone give that many, splits of about 1024 inputs instead), at least 512
  * weight bytes per row per split; tuned on an H200 (gemm_quant.cu says how). Depends only on the
  * arguments. Writes *k_per_split (a multiple of 64 for FP8, 128 for MXFP4); returns n_split (>= 1,
- * no empty split). */
+ * no empty split). The FP8 planner serves every scale kind (a split boundary, a multiple of 64, is
+ * also one of the 32- and 128-blocks). */
 uint32_t tm_k_gemm_fp8_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm, uint32_t *k_per_split);
 uint32_t tm_k_gemm_mxfp4_splits(uint32_t n_in, uint32_t n_rows, uint32_t n_sm,
                                 uint32_t *k_per_split);

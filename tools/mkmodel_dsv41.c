@@ -66,6 +66,7 @@ typedef struct v41_opts {
     long eng_ngram, eng_heads, eng_dim, eng_vocab, eng_rows, eng_pad;
     long n_mtp, dspark_block, n_dtgt, dtgt[MAXL], markov_rank, dspark_experts, dspark_topk;
     long dspark_noise;
+    long fp8_spread; /* --fp8-block-spread S: FP8 32x32 blocks scaled by 2^(-S..S) (0: off) */
     double rope_theta, compress_rope_theta, rope_factor, route_scale, swiglu_limit, norm_eps;
     long original_seq_len, beta_fast, beta_slow, max_pos;
     const char *score_func;
@@ -402,6 +403,17 @@ static tm_rc fill(const v41_opts *o, vlist *l, tm_err *err) {
             const double sd = t->a / sqrt((double)t->shape[1]);
             for (uint64_t k = 0; k < n; k++)
                 w[k] = (float)(sd * rng_normal(&r));
+            // --fp8-block-spread S: each 32x32 block times 2^(h - S), h from a hash of the seed,
+            // the name and the block in [0, 2S], so that the block scales differ (a reader that
+            // takes one block's scale for another's then computes something else)
+            for (uint64_t k = 0; o->fp8_spread && k < n; k++) {
+                const uint64_t row = k / t->shape[1], col = k % t->shape[1];
+                const uint64_t h = tm_hash_mix64(tm_hash64(t->name, strlen(t->name)) ^
+                                                 (o->seed * 0x9e3779b97f4a7c15ull) ^
+                                                 ((row / BLK) << 32 ^ (col / BLK)));
+                const int e = (int)(h % (uint64_t)(2 * o->fp8_spread + 1)) - (int)o->fp8_spread;
+                w[k] = ldexpf(w[k], e);
+            }
             quant_fp8(w, t->shape[0], t->shape[1], t->data, s->data);
             tm_free(w);
         } else { // VK_FP4: random e2m1 codes, one power-of-2 scale per 32 inputs
@@ -1054,6 +1066,7 @@ static void usage(void) {
         "   --dspark-experts E --dspark-topk K]\n"
         "  [--original-seq-len N] [--rope-factor F] [--rope-theta T] [--compress-rope-theta T]\n"
         "  [--route-scale S] [--swiglu-limit S] [--norm-eps E] [--score-func F]\n"
+        "  [--fp8-block-spread S]\n"
         "defaults: the built-in tokenizer (512 ids), 4 layers, dim 64, 4 heads x 64 (rope 16),\n"
         "q_lora 64, 4 o-groups x 32, ff 64, 4 experts top-2, window 8, compress ratios\n"
         "0,2,2,1, kv and index sources 1,3, no candidate selection, 4 index heads x 32 top-4,\n"
@@ -1172,6 +1185,7 @@ static int parse_args(int argc, char **argv, v41_opts *o) {
         NUM("--experts", experts, 1, 4096);
         NUM("--topk", topk, 1, 4096);
         NUM("--window", window, 1, 1 << 20);
+        NUM("--fp8-block-spread", fp8_spread, 0, 8);
         IDS("--compress-ratios", cr, n_cr);
         IDS("--kv-sources", kvs, n_kvs);
         IDS("--index-sources", ixs, n_ixs);

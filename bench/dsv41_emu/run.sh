@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/dsv41_emu/run.sh BUILD - the DeepSeek-V4.1 CUDA engine's host code against the CPU engine
-# without a GPU (emu_main.c): built here with ASan against BUILD's (a -DTM_CUDA=OFF, preferably
+# without a GPU (emu_main.c; both modes, see run() below): built here with ASan against BUILD's (a -DTM_CUDA=OFF, preferably
 # TM_SANITIZE=ON build folder with mkmodel) libraries, then run on the configs of
 # tests/gpu/test_dsv41_cuda.c, each also with CUDA graphs (emulated: a second engine replays its
 # pure decode steps from recorded segments and must equal the eager one bit for bit, on that
@@ -15,11 +15,17 @@ cc -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-omit-frame-po
     -Wall -Wextra -I"$src/src" -I"$src" -I"$src/tests" -I"$src/tests/gpu" \
     -I/usr/local/cuda/include \
     "$src"/bench/dsv41_emu/emu_main.c "$src"/bench/dsv41_emu/emu_kernels.c \
-    "$src"/bench/dsv41_emu/emu_cuda.c "$src"/src/runner/engine/cuda/dsv41.c \
+    "$src"/bench/dsv41_emu/emu_cuda.c "$src"/bench/dsv41_emu/emu_fast.c \
+    "$src"/src/runner/engine/cuda/dsv41.c \
     "$src"/src/runner/engine/cuda/dsv41_engram.c "$src"/src/runner/engine/cuda/weights.c \
     "$b/libtm_runner.a" "$b/libtm_base.a" $(pkg-config --libs jansson libutf8proc liblz4 zlib libxxhash) \
     -lm -lpthread -o "$out/emu"
-run() { TM_BUILD="$b" "$out/emu" "$@"; }
+# each config twice: the exact mode against the CPU engine, the fast mode (emu_fast.c's host
+# kernels) against the emulated exact mode on the same bf16 inputs (EMU_REF, emu_main.c)
+run() {
+    TM_BUILD="$b" TM_DSV41_CUDA_EXACT=1 "$out/emu" "$@" &&
+        TM_BUILD="$b" EMU_REF=exact-bf16 TM_DSV41_CUDA_EXACT=0 "$out/emu" "$@"
+}
 fail=0
 run --seed 40 --layers 2 --compress-ratios 0,0 --kv-sources none --index-sources none \
     --engram-layers none --window 8 || fail=1

@@ -192,37 +192,135 @@ static void plan(int mxfp4, uint32_t n_in, uint32_t n_rows, uint32_t force_split
 /* ---- FP8 ---- */
 
 static const char *kind_name(tm_k_fp8_scale k) {
-    return k == TM_K_FP8_BLOCK_F32    ? "block-f32"
-           : k == TM_K_FP8_BLOCK_E8M0 ? "block-e8m0"
-                                      : "channel";
+    return k == TM_K_FP8_BLOCK_F32      ? "block-f32"
+           : k == TM_K_FP8_BLOCK_E8M0   ? "block-e8m0"
+           : k == TM_K_FP8_BLOCK32_E8M0 ? "block32-e8m0"
+                                        : "channel";
+}
+
+/* Scale entries of a kind at a shape. */
+static size_t fp8_n_scale(tm_k_fp8_scale kind, uint32_t n_in, uint32_t n_out) {
+    if (kind == TM_K_FP8_CHANNEL)
+        return n_out;
+    if (kind == TM_K_FP8_BLOCK32_E8M0)
+        return (size_t)TM_CEIL_DIV(n_out, 32) * TM_CEIL_DIV(n_in, 32);
+    return (size_t)TM_CEIL_DIV(n_out, 128) * TM_CEIL_DIV(n_in, 128);
+}
+
+/* The index into the scales of weight (o, k), by the definitions in gemm_quant.h. */
+static size_t fp8_scale_idx(tm_k_fp8_scale kind, uint32_t n_in, uint32_t o, uint32_t k) {
+    if (kind == TM_K_FP8_CHANNEL)
+        return o;
+    if (kind == TM_K_FP8_BLOCK32_E8M0)
+        return (size_t)(o / 32) * TM_CEIL_DIV(n_in, 32) + k / 32;
+    return (size_t)(o / 128) * TM_CEIL_DIV(n_in, 128) + k / 128;
+}
+
+/* Reference of output (t, o): *ref = sum_k w_real(o, k) x(t, k) in double, *mag the sum of the
+ * products' magnitudes; sv holds the scales' exact values. */
+static void fp8_ref(tm_k_fp8_scale kind, const uint8_t *w, const double *sv, const uint16_t *x,
+                    uint32_t n_in, uint32_t t, uint32_t o, double *ref, double *mag) {
+    double acc = 0, m = 0;
+    for (uint32_t k = 0; k < n_in; k++) {
+        const double p = g_e4m3_tab[w[(size_t)o * n_in + k]] * sv[fp8_scale_idx(kind, n_in, o, k)] *
+                         (double)bf(x[(size_t)t * n_in + k]);
+        acc += p, m += fabs(p);
+    }
+    *ref = acc, *mag = m;
+}
+
+/* e8m0 scales are g_e8m0_base + 0..7 (2^-9 .. 2^-2 by default; the block32 cases also use
+ * 128 and 136, whose exponents reach the kernel's two-multiply path). Block32 scales differ from
+ * their left and upper neighbours, so a kernel reading the scale per 128-block (or
+ * per 64-input chunk, or not at all) gives other results (checked on the host, fp8_case). */
+static uint32_t g_e8m0_base = 118;
+
+static void fill_e8m0(tm_k_fp8_scale kind, uint32_t n_in, size_t n_sc, uint8_t *se) {
+    const uint32_t n_kb32 = TM_CEIL_DIV(n_in, 32);
+    for (size_t i = 0; i < n_sc; i++) {
+        uint32_t d = (uint32_t)urand(8);
+        if (kind == TM_K_FP8_BLOCK32_E8M0) { // differ from the left and the upper neighbour
+            const int left = i % n_kb32 != 0 ? se[i - 1] : -1;
+            const int up = i >= n_kb32 ? se[i - n_kb32] : -1;
+            while ((int)(g_e8m0_base + d) == left || (int)(g_e8m0_base + d) == up)
+                d = (d + 1) % 8;
+        }
+        se[i] = (uint8_t)(g_e8m0_base + d);
+    }
 }
 static const char *var_name(tm_k_quant_variant v) {
     return v == TM_K_QUANT_MMA_CVT ? "mma-cvt" : v == TM_K_QUANT_FMA ? "fma" : "mma";
 }
 
+/* The block32 cases must be able to fail: with the same data, a kernel that ignored the scales,
+ * took them per 128x128 block (the same bytes read with the 128-block layout) or took one scale
+ * per 64-input chunk (its first 32-block's) would miss the tolerance on some sampled output.
+ * (With one 32-block, n_in == 32 and n_out <= 32, only "ignored" is distinguishable.) */
+static void block32_power(const uint8_t *w, const double *sv, const uint16_t *x, uint32_t n_tok,
+                          uint32_t n_in, uint32_t n_out, uint32_t row_step, const double *ref,
+                          const double *mag) {
+    const uint32_t n_kb32 = n_in / 32;
+    const size_t n_sc = fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, n_in, n_out);
+    double *alt = xmalloc(n_sc * sizeof(double));
+    int caught[3] = {0, 0, 0};
+    for (int kind = 0; kind < 3; kind++) {
+        for (size_t i = 0; i < n_sc; i++)
+            alt[i] = kind == 0 ? 1.0 : sv[i]; // 0: ignored
+        for (uint32_t o = 0; o < n_out && !caught[kind]; o++) {
+            if (!sampled(o, n_out, row_step))
+                continue;
+            for (uint32_t t = 0; t < n_tok && !caught[kind]; t++) {
+                double a = 0;
+                for (uint32_t k = 0; k < n_in; k++) {
+                    size_t si = 0;
+                    if (kind == 0)
+                        si = 0;
+                    else if (kind == 1) // 128-block layout over the same bytes (in range)
+                        si = (size_t)(o / 128) * TM_CEIL_DIV(n_in, 128) + k / 128;
+                    else // per 64-input chunk
+                        si = (size_t)(o / 32) * n_kb32 + (k / 64) * 2;
+                    a += g_e4m3_tab[w[(size_t)o * n_in + k]] * alt[si] *
+                         (double)bf(x[(size_t)t * n_in + k]);
+                }
+                const size_t i = (size_t)t * n_out + o;
+                caught[kind] = fabs(a - ref[i]) > TOL_REL * mag[i] + 1e-30;
+            }
+        }
+    }
+    const int multi = n_in > 32 || n_out > 32;
+    TM_CHECK_MSG(caught[0] && (!multi || caught[1]) && (n_in <= 32 || caught[2]),
+                 "block32 %u tok x %u -> %u: the data cannot tell a kernel that %s from a correct "
+                 "one",
+                 n_tok, n_in, n_out,
+                 !caught[0]   ? "ignores the scales"
+                 : !caught[1] ? "reads them per 128-block"
+                              : "takes one per 64-input chunk");
+    free(alt);
+}
+
 static void fp8_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, tm_k_fp8_scale kind,
                      uint32_t force_split, uint32_t row_step) {
     tm_err err = {0};
-    const uint32_t n_rb = TM_CEIL_DIV(n_out, 128), n_kb = TM_CEIL_DIV(n_in, 128);
+    const int e8 = kind == TM_K_FP8_BLOCK_E8M0 || kind == TM_K_FP8_BLOCK32_E8M0;
     const size_t n_w = (size_t)n_out * n_in;
     uint8_t *w = xmalloc(n_w);
     for (size_t i = 0; i < n_w; i++)
         w[i] = rand_e4m3();
-    const size_t n_sc = kind == TM_K_FP8_CHANNEL ? n_out : (size_t)n_rb * n_kb;
+    const size_t n_sc = fp8_n_scale(kind, n_in, n_out);
     float *sf = xmalloc(n_sc * 4);
     uint8_t *se = xmalloc(n_sc);
     double *sv = xmalloc(n_sc * sizeof(double)); // the scales' exact values
+    fill_e8m0(kind, n_in, n_sc, se);
     for (size_t i = 0; i < n_sc; i++) {
         sf[i] = 1e-3f * (1.0f + 0.9f * frand());
-        se[i] = (uint8_t)(118 + urand(8));
-        sv[i] = kind == TM_K_FP8_BLOCK_E8M0 ? e8m0_val(se[i]) : (double)sf[i];
+        sv[i] = e8 ? e8m0_val(se[i]) : (double)sf[i];
     }
     uint16_t *x;
     rand_x((size_t)n_tok * n_in, &x);
     uint32_t n_split = 0, kps = 0;
     plan(0, n_in, n_out, force_split, &n_split, &kps);
     uint8_t *d_w = dup_to_dev(w, n_w);
-    void *d_s = kind == TM_K_FP8_BLOCK_E8M0 ? dup_to_dev(se, n_sc) : dup_to_dev(sf, n_sc * 4);
+    void *d_s = e8 ? dup_to_dev(se, n_sc) : dup_to_dev(sf, n_sc * 4);
     uint16_t *d_x = dup_to_dev(x, (size_t)n_tok * n_in * 2);
     const size_t ny = (size_t)n_tok * n_out;
     float *d_part = dalloc((size_t)n_split * ny * 4, 0xff);
@@ -233,17 +331,12 @@ static void fp8_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, tm_k_fp8_sca
     for (uint32_t o = 0; o < n_out; o++) {
         if (!sampled(o, n_out, row_step))
             continue;
-        for (uint32_t t = 0; t < n_tok; t++) {
-            double acc = 0, m = 0;
-            for (uint32_t k = 0; k < n_in; k++) {
-                const double s = kind == TM_K_FP8_CHANNEL ? sv[o] : sv[(o / 128) * n_kb + k / 128];
-                const double p = g_e4m3_tab[w[(size_t)o * n_in + k]] * s *
-                                 (double)bf(x[(size_t)t * n_in + k]);
-                acc += p, m += fabs(p);
-            }
-            ref[(size_t)t * n_out + o] = acc, mag[(size_t)t * n_out + o] = m;
-        }
+        for (uint32_t t = 0; t < n_tok; t++)
+            fp8_ref(kind, w, sv, x, n_in, t, o, &ref[(size_t)t * n_out + o],
+                    &mag[(size_t)t * n_out + o]);
     }
+    if (kind == TM_K_FP8_BLOCK32_E8M0)
+        block32_power(w, sv, x, n_tok, n_in, n_out, row_step, ref, mag);
 
     // same: the run whose bits this one must repeat (the same products in the same order;
     // the integer and cvt paths place the inputs in other mma slots, so they may differ), or -1
@@ -336,6 +429,97 @@ static void test_fp8(void) {
     fp8_case(8, 14336, 4096, TM_K_FP8_BLOCK_F32, 0, 11);
     fp8_case(3, 14336, 4096, TM_K_FP8_BLOCK_E8M0, 0, 11);
     fp8_case(8, 14336, 4096, TM_K_FP8_CHANNEL, 0, 11);
+}
+
+/* DeepSeek-V4.1 32x32 ue8m0 blocks: n_in a multiple of 32 (not always of 64), ragged n_out. */
+static void test_fp8_block32(void) {
+    const tm_k_fp8_scale b32 = TM_K_FP8_BLOCK32_E8M0;
+    fp8_case(1, 32, 1, b32, 0, 1);      // one 32-block, half a chunk, one row
+    fp8_case(3, 96, 17, b32, 0, 1);     // n_in = 1.5 chunks, n_out < 32
+    fp8_case(8, 160, 70, b32, 0, 1);    // 5 x 3 blocks, the last row block partial
+    fp8_case(16, 1056, 300, b32, 3, 1); // 3 splits, two token tiles, 300 = 9.4 row blocks
+    fp8_case(1, 544, 33, b32, 7, 1);    // splits of one chunk, the last a half chunk
+    fp8_case(9, 4096 + 32, 257, b32, 5, 1);
+    // large exponents: 128..135 (the integer path's fold holds e <= 134, so warps mix the one-
+    // and two-multiply paths), 136..143 (the integer path always two, cvt up to 142 one)
+    g_e8m0_base = 128;
+    fp8_case(8, 2080, 96, b32, 0, 1);
+    g_e8m0_base = 136;
+    fp8_case(3, 1024, 48, b32, 2, 1);
+    g_e8m0_base = 118;
+    if (g_small)
+        return;
+    // DeepSeek-V4.1-Flash dense shapes (hidden 4096), sampled rows
+    fp8_case(8, 4096, 1024, b32, 0, 1);
+    fp8_case(3, 4096, 1024, b32, 0, 3);
+    fp8_case(1, 4096, 4096, b32, 0, 7);
+    fp8_case(16, 4096, 4096, b32, 0, 7);
+    fp8_case(8, 2048, 4096, b32, 0, 5);
+}
+
+/* Host only (runs without a GPU): the block32 reference itself, against a closed form. w = 1.0
+ * everywhere, x = 1.0, 2 x 3 blocks with scales 2^(-7 + b): out(o) = 32 * sum over the block row
+ * of o of its three scales; the scale generator's neighbours differ. */
+static void test_block32_ref_host(void) {
+    const uint32_t n_in = 96, n_out = 40, n_kb = 3;
+    uint8_t w[40 * 96];
+    uint16_t x[2 * 96];
+    memset(w, 0x38, sizeof(w)); // e4m3 1.0: exponent 7 = bias, mantissa 0
+    for (size_t i = 0; i < 2 * 96; i++)
+        x[i] = 0x3f80; // bf16 1.0
+    TM_CHECK(g_e4m3_tab[0x38] == 1.0 && bf(0x3f80) == 1.0f);
+    double sv[6];
+    for (int b = 0; b < 6; b++)
+        sv[b] = e8m0_val((uint8_t)(120 + b));
+    TM_CHECK(fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, n_in, n_out) == 6);
+    TM_CHECK(fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, 80, 33) == 6); // ceil(80/32) = 3 columns
+    for (uint32_t t = 0; t < 2; t++)
+        for (uint32_t o = 0; o < n_out; o++) {
+            const uint32_t rb = o / 32;
+            const double want = 32.0 * (ldexp(1.0, 120 + (int)(rb * n_kb) - 127) +
+                                        ldexp(1.0, 121 + (int)(rb * n_kb) - 127) +
+                                        ldexp(1.0, 122 + (int)(rb * n_kb) - 127));
+            double ref = 0, mag = 0;
+            fp8_ref(TM_K_FP8_BLOCK32_E8M0, w, sv, x, n_in, t, o, &ref, &mag);
+            TM_CHECK_MSG(ref == want && mag == want,
+                         "block32 ref token %u row %u: %.17g, want %.17g", t, o, ref, want);
+        }
+    // the same weights under the 128-block layout take sv[0] only: 96 * 2^-7
+    double ref = 0, mag = 0;
+    fp8_ref(TM_K_FP8_BLOCK_E8M0, w, sv, x, n_in, 0, 39, &ref, &mag);
+    TM_CHECK(ref == 96.0 * ldexp(1.0, -7));
+    uint8_t se[5 * 7];
+    const uint64_t rng = g_rng;
+    fill_e8m0(TM_K_FP8_BLOCK32_E8M0, 7 * 32, 35, se);
+    g_rng = rng;
+    for (int i = 0; i < 35; i++) {
+        TM_CHECK(se[i] >= g_e8m0_base && se[i] < g_e8m0_base + 8);
+        TM_CHECK(i % 7 == 0 || se[i] != se[i - 1]);
+        TM_CHECK(i < 7 || se[i] != se[i - 7]);
+    }
+    // the power check on random data of the first block32 GPU shapes (fails if it cannot tell)
+    const uint32_t shp[3][3] = {{1, 32, 1}, {3, 96, 17}, {8, 160, 70}};
+    for (int c = 0; c < 3; c++) {
+        const uint32_t nt = shp[c][0], ni = shp[c][1], no = shp[c][2];
+        uint8_t *rw = xmalloc((size_t)no * ni),
+                *rs = xmalloc(fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, ni, no));
+        double *rv = xmalloc(fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, ni, no) * sizeof(double));
+        double *r = xmalloc((size_t)nt * no * sizeof(double)), *m = xmalloc((size_t)nt * no * 8);
+        uint16_t *rx;
+        for (size_t i = 0; i < (size_t)no * ni; i++)
+            rw[i] = rand_e4m3();
+        fill_e8m0(TM_K_FP8_BLOCK32_E8M0, ni, fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, ni, no), rs);
+        for (size_t i = 0; i < fp8_n_scale(TM_K_FP8_BLOCK32_E8M0, ni, no); i++)
+            rv[i] = e8m0_val(rs[i]);
+        rand_x((size_t)nt * ni, &rx);
+        for (uint32_t t = 0; t < nt; t++)
+            for (uint32_t o = 0; o < no; o++)
+                fp8_ref(TM_K_FP8_BLOCK32_E8M0, rw, rv, rx, ni, t, o, &r[(size_t)t * no + o],
+                        &m[(size_t)t * no + o]);
+        block32_power(rw, rv, rx, nt, ni, no, 1, r, m);
+        free(rw), free(rs), free(rv), free(r), free(m), free(rx);
+    }
+    g_rng = rng;
 }
 
 /* ---- MXFP4 (dense and grouped) ---- */
@@ -615,15 +799,20 @@ static void test_moe(void) {
 }
 
 int main(void) {
+    g_rng = 0x5eed0019ull;
+    init_tables();
+    TM_RUN(test_block32_ref_host);
     int n_dev = 0;
-    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0)
-        tm_test_skip("no CUDA device");
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        if (tm_test_failures)
+            return tm_test_report(); // the host check failed
+        tm_test_skip("no CUDA device (the host-only block32 reference check passed)");
+    }
     TM_ASSERT(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking) == cudaSuccess);
     cudaDeviceGetAttribute(&g_n_sm, cudaDevAttrMultiProcessorCount, 0);
     g_small = getenv("TM_GQ_SMALL") != NULL;
-    g_rng = 0x5eed0019ull;
-    init_tables();
     TM_RUN(test_fp8);
+    TM_RUN(test_fp8_block32);
     TM_RUN(test_mxfp4);
     TM_RUN(test_moe);
     cudaStreamDestroy(g_stream);

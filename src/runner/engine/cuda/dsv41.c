@@ -1,9 +1,28 @@
 /* runner/engine/cuda/dsv41.c - DeepSeek-V4.1 on the CUDA engine (tm_cuda_arch_dsv41, arch.h): the
  * forward pass of the CPU engine (runner/engine/cpu/dsv41.c; math in docs/deepseek_v41.md) op
- * for op, on plain kernels (kernels/dsv41.h) that keep the CPU engine's numerics: fp32 activations,
- * double sums, the reference's activation quantization (act_quant before every quantized linear
+ * for op, with the reference's activation quantization (act_quant before every quantized linear
  * and on the window KV, fp4_act_quant on the indexer's keys and queries and on the compressed KV)
- * applied exactly. A first version: correct before fast (no tensor cores).
+ * applied exactly. Two modes, chosen at init by TM_DSV41_CUDA_EXACT (logged):
+ *
+ * - fast (unset or 0, the default): every linear with bf16 weights (bf16 checkpoint tensors and
+ *   the FP8 ones, dequantized at upload) runs on tensor cores with fp32 sums. Its input goes to
+ *   bf16 first (kernels/dsv41.h tm_k_dsv41_to_bf16): act_quant'ed where the weight is quantized,
+ *   which gives e4m3 * 2^k values that bf16 holds exactly, so with weights also exact in bf16
+ *   the product is the reference's up to summation order; rounded to bf16 where it is not (wo_a,
+ *   the compressor's wkv / wgate, the indexer's wk / weights_proj, the head: the reference runs
+ *   those in bf16 too). Decode steps (<= 16 tokens) of the dense FP8 linears stream their e4m3
+ *   codes with the 32 x 32 ue8m0 block scales (kernels/gemm_quant.h, TM_K_FP8_BLOCK32_E8M0);
+ *   other linears of decode steps the skinny split-K kernel over the bf16 weights
+ *   (tm_cuda_project); larger steps cuBLAS over the bf16 copies. Split-K partials are summed in
+ *   split order into the (possibly strided) output. Routed MXFP4 experts stay packed and run
+ *   through tm_k_moe_mxfp4 (pairs = the router's top-k rows on the device, outputs in pair order,
+ *   so the combine still sums in expert-id order). Still on the plain kernel: the router (fp32
+ *   inputs, as the CPU engine: a bf16 rounding there would flip expert choices at near ties), the
+ *   hyper-connection projections (fp32 weights) and FP8 routed experts (expert_dtype fp8).
+ * - exact (1): the plain kernels (kernels/dsv41.h) with the CPU engine's numerics: fp32
+ *   activations, double sums (the first version, unchanged); 2: the same kernels on the fast
+ *   path's inputs (the non-quantized bf16 linears' inputs rounded to bf16): the fast path's
+ *   reference up to summation order, for tests/gpu/test_dsv41_cuda.c.
  *
  * A step stacks the tokens of every sequence into [T][...] rows. Engram first (host): every
  * token's compressed id goes into the state, the hash ids of the n-grams ending at each token
@@ -14,8 +33,8 @@
  * embedding into hc_mult streams; per layer: Engram, the attention's hyper-connection mixes,
  * collapse by the previous pre mix + norm, attention (q low rank, window KV, the compressor and
  * index keys of kv sources, the indexer and its two-level selection, sparse attention, grouped
- * wo_a, wo_b), expand; the MoE's mixes, collapse + norm, MoE (router, top-k, MXFP4 / FP8 experts
- * as bf16, the shared expert, the combine in expert-id order), expand; the head on the wanted
+ * wo_a, wo_b), expand; the MoE's mixes, collapse + norm, MoE (router, top-k, the routed experts,
+ * the shared expert, the combine in expert-id order), expand; the head on the wanted
  * rows.
  *
  * State: all per-sequence state lives in the runtime's paged KV cache: init raises impl->kv_dim so
@@ -26,11 +45,14 @@
  * runtime's kv_copy and preemption work unchanged (a compressed row sits in the slot of its
  * group's first token, so copying a block's first n slots copies the groups closed in them).
  *
- * Weights: FP8 (32x32 ue8m0) dense linears and MXFP4 routed experts are dequantized to bf16 at
- * upload, which is exact for e8m0 scales; bf16 tensors stay bf16; f32 (and f16, FP8 with float
- * scales) tensors are kept fp32. Random weights (benchmarks) take the same layout from the config
- * alone; Engram tables are still read from the model's folder (impl->eng.model->dir). Single GPU
- * only (tp 1); kv_cache_dtype auto only.
+ * Weights: FP8 (32x32 ue8m0) dense linears are dequantized to bf16 at upload, which is exact for
+ * e8m0 scales, and in the fast mode also kept as stored (codes + scales) for decode; MXFP4 routed
+ * experts are kept packed in the fast mode, dequantized to bf16 in the exact ones; bf16 tensors
+ * stay bf16; f32 (and f16, FP8 with float scales) tensors are kept fp32. Random weights
+ * (benchmarks) take the same layout from the config alone (FP8 codes with power-of-two block
+ * scales and their bf16 copy, packed MXFP4 experts in the fast mode); Engram tables are still read
+ * from the model's folder (impl->eng.model->dir). Single GPU only (tp 1); kv_cache_dtype auto
+ * only.
  *
  * CUDA graphs (own_graphs, arch.h): the runtime never captures forward (a step does host work);
  * on pure decode steps with graphs on (st->graph) forward replays graphs of its own, one per
@@ -54,7 +76,11 @@
 #include "base/alloc.h"
 #include "base/log.h"
 #include "kernels/common.h"
+#include "kernels/dequant.h"
 #include "kernels/dsv41.h"
+#include "kernels/fill.h"
+#include "kernels/gemm_quant.h"
+#include "kernels/gemm_skinny.h"
 #include "runner/engine/cuda/dsv41_engram.h"
 #include "runner/engine/cuda/engine_cuda.h"
 #include "runner/engine/cuda/engine_cuda_int.h"
@@ -64,13 +90,24 @@
 #include "runner/model/engram_table.h"
 #include "runner/model/model_dsv41.h"
 
-/* A device weight: rows of n_in, bf16 or fp32; aq: its input is act_quant'ed (quantized in the
- * checkpoint). n_rows counts every expert's rows for the routed experts. */
+/* A device weight: rows of n_in, bf16 or fp32 at p; aq: its input is act_quant'ed (quantized in
+ * the checkpoint). n_rows counts every expert's rows for the routed experts. f32x: the input stays
+ * fp32 in every mode (the router: plain kernel). mx (fast mode, routed experts): MXFP4 kept packed,
+ * codes at q ([n_rows][n_in / 2], even input in the low nibble) and e8m0 scales at qs ([n_rows]
+ * [n_in / 32]); p is then NULL. f8 (fast mode, dense FP8 linears): the e4m3 codes at q ([n_rows]
+ * [n_in]) and the 32 x 32 ue8m0 block scales at qs ([ceil(n_rows / 32)][n_in / 32]) beside the
+ * bf16 copy at p: decode steps stream the FP8 form, larger ones run cuBLAS on the copy. */
 typedef struct dw {
     void *p;
-    uint8_t bf16, aq;
+    uint8_t bf16, aq, f32x, mx, f8;
+    uint8_t *q, *qs;
     uint64_t n_rows, n_in;
 } dw;
+
+/* TM_DSV41_CUDA_EXACT (read at init): 0 / unset the fast path; 1 the plain kernels (fp32 inputs,
+ * double sums); 2 the plain kernels on the fast path's inputs (those of non-quantized bf16
+ * linears rounded to bf16): the fast path's reference, up to summation order (the GPU test). */
+enum { MODE_FAST = 0, MODE_EXACT = 1, MODE_EXACT_BF16 = 2 };
 
 /* A state field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
 typedef struct sfield {
@@ -132,13 +169,19 @@ typedef struct v41g {
     size_t ld_sc;                          /* indexer score entries per token */
     double iscale;
     int sync_each;
-    v41l *L; /* host [n_layers] */
+    int mode; /* MODE_* */
+    v41l *L;  /* host [n_layers] */
     dw embd, head;
     float *out_norm, *inv_main, *inv_comp;
     /* activations */
     float *s, *x, *y, *xq, *pre, *apre, *post, *comb, *mixes, *qr, *q, *kv, *o, *oa;
     float *ckv, *cgate, *lat, *lk, *iq, *iw, *isc, *bsc, *rl, *selw, *eg, *eu, *eo, *sh_g, *sh_u;
     float *sh_o, *ekv;
+    uint16_t *xb; /* fast path: a linear's input rows as bf16 */
+    float *q8p;   /* fast path: split-K partials of the FP8 decode GEMMs */
+    size_t q8p_floats;
+    float *pj;                /* fast path: [TM_SKINNY_MAX_TOK][olr] a strided output's product */
+    uint32_t *pr_div, *pr_id; /* [T * K] p / K and p: the MoE kernel's x row of pair p */
     uint32_t *lens, *n_pick, *cand, *n_cand, *sel;
     int32_t *pick, *tmap_d;
     /* Engram (host) */
@@ -322,9 +365,35 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     return rc;
 }
 
-/* Random weights (benchmarks: only the config is known): the checkpoint's layout with every
- * linear bf16 (as upload stores FP8 / MXFP4 ones), hyper-connection projections fp32, and aq
- * where the released checkpoint quantizes the weight. */
+/* 1 when the fast path can keep MXFP4 routed experts packed (tm_k_moe_mxfp4's limits). */
+static int mx_ok(const v41g *g) {
+    return g->mode == MODE_FAST && g->D % 32 == 0 && g->I % 32 == 0 && g->E <= TM_MOE_MAX_EXPERT;
+}
+
+/* A dense FP8 tensor as tm_k_gemm_fp8 reads it with TM_K_FP8_BLOCK32_E8M0. */
+static int is_fp8_32(const tm_tensor *t) {
+    return t->quant == TM_QUANT_FP8_BLOCK && t->dtype == TM_DTYPE_F8_E4M3 &&
+           t->scale_dtype == TM_DTYPE_F8_E8M0 && t->qblock[0] == 32 && t->qblock[1] == 32;
+}
+
+/* 1 when the fast path keeps linear d's FP8 form for decode steps (d: bf16 copy, not the router;
+ * wo_a runs per group: olr rows of ing). */
+static int f8_ok(const v41g *g, int i, const dw *d) {
+    const uint64_t n_in = i == W_WO_A ? g->ing : d->n_in, n_out = i == W_WO_A ? g->olr : d->n_rows;
+    return g->mode == MODE_FAST && d->bf16 && !d->f32x && d->n_rows &&
+           tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, 1, (uint32_t)n_in, (uint32_t)n_out);
+}
+
+/* An MXFP4 tensor as tm_k_moe_mxfp4 reads it: e2m1 pairs, e8m0 scales per 32 inputs of a row. */
+static int is_mxfp4(const tm_tensor *t) {
+    return t->quant == TM_QUANT_MXFP4 && t->dtype == TM_DTYPE_F4_E2M1 &&
+           t->scale_dtype == TM_DTYPE_F8_E8M0 && t->qblock[0] == 1 && t->qblock[1] == 32;
+}
+
+/* Random weights (benchmarks: only the config is known): the checkpoint's layout with the dense
+ * linears bf16 (as upload stores FP8 ones), routed experts packed MXFP4 in the fast mode (bf16 in
+ * the exact ones, as upload), hyper-connection projections fp32, and aq where the released
+ * checkpoint quantizes the weight. */
 static void random_formats(v41g *g) {
     const tm_dsv41_cfg *c = g->c;
     const uint64_t D = g->D, ND = (uint64_t)g->N * g->D, hd = g->hd, E = g->E, I = g->I;
@@ -358,15 +427,22 @@ static void random_formats(v41g *g) {
                  {W_EX2, 1, 1, 1, E * D, I}};
         for (size_t k = 0; k < sizeof(f) / sizeof(f[0]); k++)
             if (f[k].on)
-                L->w[f[k].i] = (dw){NULL, (uint8_t)f[k].bf16, (uint8_t)f[k].aq, f[k].rows,
-                                    f[k].n_in};
+                L->w[f[k].i] = (dw){.bf16 = (uint8_t)f[k].bf16,
+                                    .aq = (uint8_t)f[k].aq,
+                                    .f32x = f[k].i == W_GATE,
+                                    .mx = f[k].i >= W_EX1 && mx_ok(g),
+                                    .n_rows = f[k].rows,
+                                    .n_in = f[k].n_in};
+        // FP8 where the release quantizes (wo_a too: FP8 stored, its input not act_quant'ed)
+        for (int i = 0; i < W_EX1; i++)
+            L->w[i].f8 = (L->w[i].aq || i == W_WO_A) && f8_ok(g, i, &L->w[i]);
         const uint32_t vn[V_N] = {
             g->mix, 3,   g->mix, 3, g->D, g->D, g->qlr, g->hd, kv ? g->hd : 0, kv && ix ? g->di : 0,
             g->H,   g->E};
         memcpy(L->v_n, vn, sizeof(vn));
     }
-    g->embd = (dw){NULL, 1, 0, c->vocab_size, D};
-    g->head = (dw){NULL, 1, 0, c->vocab_size, D};
+    g->embd = (dw){.bf16 = 1, .n_rows = c->vocab_size, .n_in = D};
+    g->head = (dw){.bf16 = 1, .n_rows = c->vocab_size, .n_in = D};
 }
 
 static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
@@ -402,6 +478,14 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     g->T = o->max_batched_tokens, g->S = o->max_seqs;
     const char *sy = getenv("TM_DSV41_CUDA_SYNC");
     g->sync_each = sy && strcmp(sy, "0") != 0;
+    const char *ex = getenv("TM_DSV41_CUDA_EXACT");
+    g->mode = !ex || !strcmp(ex, "0") ? MODE_FAST : !strcmp(ex, "2") ? MODE_EXACT_BF16 : MODE_EXACT;
+    TM_LOG_INFO("cuda", "dsv41: %s (TM_DSV41_CUDA_EXACT=%s)",
+                g->mode == MODE_FAST ? "fast path: bf16 tensor-core linears, MXFP4 MoE kernel"
+                : g->mode == MODE_EXACT
+                    ? "exact mode: plain kernels (fp32 inputs, double sums)"
+                    : "exact mode on the fast path's bf16 inputs (plain kernels)",
+                ex ? ex : "unset");
     if (g->N < 1 || g->N > TM_DSV41_K_MAX_HC || g->K < 1 || g->K > g->E || g->rd > g->hd ||
         g->rd % 2 || g->T > 65535 || (size_t)g->T * g->K > 65535)
         return TM_ERR(err, TM_E_INVAL,
@@ -448,6 +532,11 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
             if (!t)
                 continue;
             wformat(t, i >= W_EX1 ? g->E : 1, &L->w[i]);
+            // the router stays on fp32 inputs in every mode, as the CPU engine's: a bf16 rounding
+            // there flips expert choices at near ties (the reference computes it in fp32)
+            L->w[i].f32x = i == W_GATE;
+            L->w[i].mx = i >= W_EX1 && is_mxfp4(t) && mx_ok(g);
+            L->w[i].f8 = i < W_EX1 && is_fp8_32(t) && f8_ok(g, i, &L->w[i]);
             for (uint32_t e = 1; i >= W_EX1 && e < g->E; e++) {
                 const tm_tensor *x = &W->experts[e * 3 + (i - W_EX1)];
                 if (x->dtype != t->dtype || x->quant != t->quant ||
@@ -496,16 +585,51 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     return TM_OK;
 }
 
+/* 1 when the fast path runs linear w on tensor cores (bf16 weights at p; not the router). */
+static int fast_lin(const v41g *g, const dw *w) {
+    return g->mode == MODE_FAST && w->bf16 && !w->f32x && !w->mx && w->n_rows;
+}
+
+/* The skinny kernel's partial floats for (n_in, n_out) at n_tok tokens (0 where it does not run).
+ */
+static size_t sk_need(const tm_cuda_engine *impl, uint32_t n_tok, uint64_t n_in, uint64_t n_out) {
+    if (!tm_k_gemm_skinny_fits(n_tok, (uint32_t)n_in, (uint32_t)n_out))
+        return 0;
+    uint32_t kps = 0;
+    const uint32_t ns = tm_k_gemm_skinny_splits((uint32_t)n_in, (uint32_t)n_out, impl->n_sm, &kps);
+    return (size_t)ns * n_tok * n_out;
+}
+
+/* sk_part for the fast path's projections at up to n_tok tokens (tm_cuda_project asserts it
+ * holds n_split x n_tok x n_out even when one split writes straight to its output). */
 static size_t skinny_floats(const tm_cuda_engine *impl, uint32_t n_tok) {
-    (void)impl, (void)n_tok;
-    return 0;
+    const v41g *g = impl->arch_state;
+    size_t need = 0;
+    if (fast_lin(g, &g->head))
+        need = sk_need(impl, n_tok, g->head.n_in, g->head.n_rows);
+    for (uint32_t l = 0; l < g->c->n_layers; l++)
+        for (int i = 0; i < W_EX1; i++) {
+            const dw *d = &g->L[l].w[i];
+            if (fast_lin(g, d)) // wo_a runs per group: olr rows of ing
+                need = TM_MAX(need, i == W_WO_A ? sk_need(impl, n_tok, g->ing, g->olr)
+                                                : sk_need(impl, n_tok, d->n_in, d->n_rows));
+        }
+    return need;
 }
 
 /* ---- memory ---- */
 
 static void carve_w(tm_cuda_carver *cv, dw *d) {
-    if (d->n_rows)
+    if (d->n_rows && d->mx) {
+        d->q = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in / 2));
+        d->qs = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in / 32));
+    } else if (d->n_rows) {
         d->p = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in) * (d->bf16 ? 2 : 4));
+    }
+    if (d->n_rows && d->f8) {
+        d->q = tm_cuda_carve(cv, (size_t)(d->n_rows * d->n_in));
+        d->qs = tm_cuda_carve(cv, (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32)));
+    }
 }
 
 static void carve_weights(tm_cuda_engine *impl, tm_cuda_carver *cv) {
@@ -563,6 +687,24 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->sh_u, T * g->I);
     CF(g->sh_o, T * g->D);
     CF(g->ekv, T * (g->N + 1) * g->D);
+    // bf16 inputs of the fast path: as many as xq holds (2 per float, so half as many floats)
+    CF(g->xb, TM_CEIL_DIV(T * TM_MAX(g->max_in, g->K * g->I), 2));
+    CF(g->pj, (size_t)TM_SKINNY_MAX_TOK * g->olr);
+    g->q8p_floats = 0; // the FP8 decode GEMMs' partials: n_split x TM_QUANT_MAX_TOK x n_out
+    for (uint32_t l = 0; l < g->c->n_layers; l++)
+        for (int i = 0; i < W_EX1; i++) {
+            const dw *d = &g->L[l].w[i];
+            if (!d->f8)
+                continue;
+            const uint32_t n_in = i == W_WO_A ? g->ing : (uint32_t)d->n_in;
+            const uint32_t n_out = i == W_WO_A ? g->olr : (uint32_t)d->n_rows;
+            uint32_t kps = 0;
+            const uint32_t ns = tm_k_gemm_fp8_splits(n_in, n_out, impl->n_sm, &kps);
+            g->q8p_floats = TM_MAX(g->q8p_floats, (size_t)ns * TM_QUANT_MAX_TOK * n_out);
+        }
+    CF(g->q8p, g->q8p_floats);
+    CF(g->pr_div, TK);
+    CF(g->pr_id, TK);
     CF(g->lens, T);
     CF(g->n_pick, T);
     CF(g->cand, T * g->ctop);
@@ -596,6 +738,20 @@ static tm_rc up_w(void *dst, int bf16, const tm_tensor *t, uint16_t *stage, floa
     return bf16 ? tm_cuda_upload_bf16(dst, t, stage, fb, err) : up_f32(dst, t, fb, err);
 }
 
+/* The MoE kernel's row of x for pair p = t * K + k: p / K for w1 / w3 (the token's row), p for
+ * w2 (the pair's own SwiGLU row); fb holds TM_CUDA_UPLOAD_CHUNK floats (>= T * K). */
+static tm_rc up_pairs(v41g *g, float *fb, tm_err *err) {
+    const size_t TK = (size_t)g->T * g->K;
+    uint32_t *u = (uint32_t *)fb;
+    TM_ASSERT(TK <= TM_CUDA_UPLOAD_CHUNK);
+    for (size_t p = 0; p < TK; p++)
+        u[p] = (uint32_t)(p / g->K);
+    tm_rc rc = tm_cuda_h2d(g->pr_div, u, TK * 4, err);
+    for (size_t p = 0; p < TK; p++)
+        u[p] = (uint32_t)p;
+    return rc ? rc : tm_cuda_h2d(g->pr_id, u, TK * 4, err);
+}
+
 static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
     v41g *g = impl->arch_state;
     const tm_dsv41 *w = tm_model_dsv41(m);
@@ -627,7 +783,23 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             if (!d->n_rows)
                 continue;
             if (i < W_EX1) {
-                rc = up_w(d->p, d->bf16, wsrc(W, i), stage, fb, err);
+                const tm_tensor *t = wsrc(W, i);
+                rc = up_w(d->p, d->bf16, t, stage, fb, err);
+                if (!rc && d->f8) // the FP8 form as stored: codes, then the 32 x 32 block scales
+                    rc = tm_cuda_h2d(d->q, t->data, (size_t)(d->n_rows * d->n_in), err);
+                if (!rc && d->f8)
+                    rc = tm_cuda_h2d(d->qs, t->scale,
+                                     (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32)), err);
+                continue;
+            }
+            if (d->mx) { // packed as stored: codes then scales, expert after expert
+                const size_t per = (size_t)(d->n_rows / g->E * d->n_in);
+                for (uint32_t e = 0; !rc && e < g->E; e++) {
+                    const tm_tensor *t = &W->experts[e * 3 + (i - W_EX1)];
+                    rc = tm_cuda_h2d(d->q + e * per / 2, t->data, per / 2, err);
+                    if (!rc)
+                        rc = tm_cuda_h2d(d->qs + e * per / 32, t->scale, per / 32, err);
+                }
                 continue;
             }
             const size_t per = (size_t)(d->n_rows / g->E * d->n_in) * (d->bf16 ? 2 : 4);
@@ -646,11 +818,43 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
         }
     }
     if (!rc)
+        rc = up_pairs(g, fb, err);
+    if (!rc)
         rc = TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
 out:
     tm_free(fb);
     tm_free(stage);
     tm_free(ew);
+    return rc;
+}
+
+/* Random packed MXFP4 experts (as dsv4.c's): code bytes from the e4m3 fill (every nibble is a
+ * valid e2m1 code), scales the power of two near 1 / (3 sqrt(n_in)) (e2m1 codes have an rms of
+ * about 3), so the products have the bf16 fill's scale. */
+static tm_rc fill_mxfp4(tm_cuda_engine *impl, const dw *d, uint64_t seed, tm_err *err) {
+    const size_t n = (size_t)(d->n_rows * d->n_in);
+    tm_k_fill_e4m3_args fa = {.p = d->q, .n = n / 2, .seed = seed, .amax = 448.0f};
+    tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
+    const int e = 127 + (int)floorf(log2f(1.0f / (3.0f * sqrtf((float)d->n_in))));
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemsetAsync(d->qs, e, n / 32, impl->stream), err);
+    return rc;
+}
+
+/* Random FP8 dense linear (as dsv4.c's fill_q8): e4m3 codes over the whole range, block scales
+ * the power of two at or above sqrt(3 / n_in) / 448, and the bf16 copy from them (exact). */
+static tm_rc fill_fp8(tm_cuda_engine *impl, const dw *d, uint64_t seed, tm_err *err) {
+    tm_k_fill_e4m3_args fa = {
+        .p = d->q, .n = (size_t)(d->n_rows * d->n_in), .seed = seed, .amax = 448.0f};
+    tm_rc rc = tm_k_fill_e4m3(&fa, impl->stream, err);
+    const float s0 = sqrtf(3.0f / (float)d->n_in) / 448.0f;
+    const size_t sb = (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32));
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaMemsetAsync(d->qs, 127 + (int)ceilf(log2f(s0)), sb, impl->stream),
+                           err);
+    if (!rc)
+        rc = tm_k_dsv41_dequant_fp8_32(d->p, d->q, d->qs, (uint32_t)d->n_rows, (uint32_t)d->n_in,
+                                       impl->stream, err);
     return rc;
 }
 
@@ -679,7 +883,11 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
             const dw *d = &L->w[i];
             if (!d->n_rows)
                 continue;
-            if (d->bf16)
+            if (d->mx)
+                rc = fill_mxfp4(impl, d, k++, err);
+            else if (d->f8)
+                rc = fill_fp8(impl, d, k++, err);
+            else if (d->bf16)
                 rc = tm_cuda_fill_bf16(impl, d->p, d->n_rows, d->n_in, k++, err);
             else
                 rc = tm_cuda_fill_f32(d->p, (size_t)(d->n_rows * d->n_in), k++,
@@ -696,6 +904,8 @@ static tm_rc fill_random(tm_cuda_engine *impl, uint64_t seed, tm_err *err) {
         if (!rc && L->e_w)
             rc = tm_cuda_fill_f32(L->e_w, (size_t)g->N * g->D, k++, 0.1f, 1.0f, fb, err);
     }
+    if (!rc)
+        rc = up_pairs(g, fb, err);
     if (!rc)
         rc = TM_CUDA_CHECK(cudaStreamSynchronize(impl->stream), err);
     tm_free(fb);
@@ -731,21 +941,90 @@ static float *field(const tm_cuda_engine *impl, const v41g *g, uint32_t l, sfiel
     return base + (size_t)l * impl->max_pos * g->P + f.off;
 }
 
-/* out[t][o] = x[t] . w[row0 + o]; x act_quant'ed first (into xq) when w is quantized. */
+/* The fast path of lin: x's rows as bf16 into xb (act_quant'ed when w is quantized, else
+ * rounded), then on tensor cores with fp32 sums: decode steps (<= TM_QUANT_MAX_TOK tokens) of an
+ * FP8 linear stream its e4m3 codes (tm_k_gemm_fp8, 32 x 32 e8m0 blocks), other decode steps the
+ * bf16 weights (the skinny split-K kernel through tm_cuda_project); split-K partials are summed
+ * in split order into out's rows. Larger steps run cuBLAS on the bf16 weights. */
+static tm_rc lin_fast(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
+                      uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
+                      uint32_t n_out, tm_err *err) {
+    const tm_k_dsv41_to_bf16_args ca = {
+        .y = g->xb, .x = x, .ldx = ldx, .n = n_in, .n_tok = n_tok, .aq = w->aq};
+    tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
+    if (rc)
+        return rc;
+    if (w->f8 && n_tok <= TM_QUANT_MAX_TOK && row0 % 32 == 0 &&
+        tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, n_tok, n_in, n_out)) {
+        uint32_t kps = 0;
+        const uint32_t ns = tm_k_gemm_fp8_splits(n_in, n_out, impl->n_sm, &kps);
+        const int direct = ns == 1 && ldo == n_out;
+        TM_ASSERT(direct || (size_t)ns * n_tok * n_out <= g->q8p_floats);
+        const tm_k_gemm_fp8_args fa = {.part = direct ? out : g->q8p,
+                                       .w = w->q + row0 * n_in,
+                                       .scale = w->qs + row0 / 32 * (n_in / 32),
+                                       .x = g->xb,
+                                       .n_tok = n_tok,
+                                       .n_in = n_in,
+                                       .n_out = n_out,
+                                       .n_split = ns,
+                                       .k_per_split = kps,
+                                       .scale_kind = TM_K_FP8_BLOCK32_E8M0};
+        rc = tm_k_gemm_fp8(&fa, impl->stream, err);
+        if (rc || direct)
+            return rc;
+        const tm_k_sum_parts_cols_args sa = {.y = out,
+                                             .ld_y = ldo,
+                                             .part = g->q8p,
+                                             .stride = (size_t)n_tok * n_out,
+                                             .n_part = ns,
+                                             .n_tok = n_tok,
+                                             .n_col = n_out};
+        return tm_k_sum_parts_cols(&sa, impl->stream, err);
+    }
+    const uint16_t *wp = (const uint16_t *)w->p + row0 * n_in;
+    if (n_tok > impl->sk_max_tok || !tm_k_gemm_skinny_fits(n_tok, n_in, n_out))
+        return tm_cuda_gemm(impl, "dsv41 linear", wp, g->xb, n_in, out, 1, ldo, n_tok, n_in, n_out,
+                            0.0f, err);
+    // a strided output (wo_a's groups) takes one split's product in pj, then the copy below
+    TM_ASSERT(ldo == n_out || (n_tok <= TM_SKINNY_MAX_TOK && n_out <= g->olr));
+    tm_cuda_proj pr;
+    rc = tm_cuda_project(impl, TM_CUDA_ABL_NEVER, NULL, wp, g->xb, n_tok, n_in, n_out,
+                         ldo == n_out ? out : g->pj, 0.0f, &pr, err);
+    if (rc || pr.p == out)
+        return rc;
+    const tm_k_sum_parts_cols_args sa = {.y = out,
+                                         .ld_y = ldo,
+                                         .part = pr.p,
+                                         .stride = pr.n > 1 ? pr.stride : 0,
+                                         .n_part = pr.n,
+                                         .n_tok = n_tok,
+                                         .n_col = n_out};
+    return tm_k_sum_parts_cols(&sa, impl->stream, err);
+}
+
+/* out[t][o] = x[t] . w[row0 + o] (out's rows ldo floats apart). The fast mode runs lin_fast on
+ * bf16 weights (not the router); else the plain kernel, x act_quant'ed first (into xq) when w is
+ * quantized, and with MODE_EXACT_BF16 the inputs lin_fast would round rounded the same way. */
 static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
                  uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
                  uint32_t n_out, tm_err *err) {
     if (!n_tok || !n_out)
         return TM_OK;
     TM_ASSERT(w->p && w->n_in == n_in && n_in <= g->max_in);
+    if (fast_lin(g, w))
+        return lin_fast(impl, g, w, row0, x, ldx, n_tok, n_in, out, ldo, n_out, err);
     tm_rc rc;
-    if (w->aq) {
+    const int round = g->mode == MODE_EXACT_BF16 && !w->aq && w->bf16 && !w->f32x;
+    if (w->aq || round) {
         rc = TM_CUDA_CHECK(cudaMemcpy2DAsync(g->xq, (size_t)n_in * 4, x, (size_t)ldx * 4,
                                              (size_t)n_in * 4, n_tok, cudaMemcpyDeviceToDevice,
                                              impl->stream),
                            err);
-        if (!rc)
+        if (!rc && w->aq)
             rc = tm_k_dsv41_act_quant(g->xq, (size_t)n_tok * n_in, impl->stream, err);
+        else if (!rc)
+            rc = tm_k_dsv41_round_bf16(g->xq, (size_t)n_tok * n_in, impl->stream, err);
         if (rc)
             return rc;
         x = g->xq;
@@ -766,10 +1045,40 @@ static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, cons
 }
 
 /* Routed expert matrix w (E stacked [n_out][n_in]) on the step's T*K (token, expert) rows: row p
- * reads x row p / x_div (act_quant'ed first when w is quantized). */
+ * reads x row p / x_div (act_quant'ed first when w is quantized). Packed MXFP4 (the fast mode):
+ * the n_x rows of x act_quant'ed to bf16, then tm_k_moe_mxfp4 over the pairs (expert sel[p], x row
+ * pr_div[p] = p / K or pr_id[p] = p), in chunks of TM_MOE_MAX_PAIRS, one split: out row p is the
+ * pair's whole product. */
 static tm_rc lin_experts(tm_cuda_engine *impl, v41g *g, const dw *w, const float *x, uint32_t x_div,
                          uint32_t n_x, uint32_t n_in, float *out, uint32_t n_out, uint32_t T,
                          tm_err *err) {
+    if (w->mx) {
+        TM_ASSERT(w->aq && (x_div == g->K || x_div == 1) && n_in % 32 == 0);
+        TM_ASSERT((size_t)n_x * n_in <= (size_t)g->T * TM_MAX(g->max_in, g->K * g->I));
+        const tm_k_dsv41_to_bf16_args ca = {
+            .y = g->xb, .x = x, .ldx = n_in, .n = n_in, .n_tok = n_x, .aq = 1};
+        tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
+        const uint32_t P = T * g->K, kps = TM_CEIL_DIV(n_in, 128u) * 128;
+        const uint32_t *prow = x_div == 1 ? g->pr_id : g->pr_div;
+        for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
+            const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
+            const tm_k_moe_mxfp4_args ma = {.part = out + (size_t)c0 * n_out,
+                                            .w = w->q,
+                                            .scale = w->qs,
+                                            .x = g->xb,
+                                            .pair_expert = (const int32_t *)g->sel + c0,
+                                            .pair_row = prow + c0,
+                                            .n_pair = n,
+                                            .n_expert = g->E,
+                                            .max_pair_per_expert = TM_MIN(T, n),
+                                            .n_in = n_in,
+                                            .n_out = n_out,
+                                            .n_split = 1,
+                                            .k_per_split = kps};
+            rc = tm_k_moe_mxfp4(&ma, impl->stream, err);
+        }
+        return rc;
+    }
     if (w->aq) {
         TM_ASSERT((size_t)n_x * n_in <= (size_t)g->T * TM_MAX(g->max_in, g->K * g->I));
         tm_rc rc = TM_CUDA_CHECK(cudaMemcpyAsync(g->xq, x, (size_t)n_x * n_in * 4,
