@@ -7,11 +7,11 @@
  * |logit|. The engine's mode is TM_DSV41_CUDA_EXACT's (read at init); with EMU_REF=exact-bf16 the
  * reference is not the CPU engine but a second emulated engine in mode 2 (the exact kernels on
  * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order: then the
- * bounds of tests/gpu/test_dsv41_cuda.c's fast mode (median row error <= 1e-3, at most 8 rows
- * beyond 3% of the row's max |logit|). A second engine in the same mode runs the same steps with
- * CUDA graphs on its pure decode steps (tm_cuda_step.graph, as the runtime sets it; emu_cuda.c
- * records and replays the segments' launches): its logits must equal the eager engine's bit for
- * bit. Run by bench/dsv41_emu/run.sh (ASan build). */
+ * bounds of tests/gpu/test_dsv41_cuda.c's fast mode (median row error <= 1e-3, at most 1/8 of the
+ * rows beyond 3% of the row's max |logit|). A second engine in the same mode runs the same steps
+ * with CUDA graphs on its pure decode steps (tm_cuda_step.graph, as the runtime sets it;
+ * emu_cuda.c records and replays the segments' launches): its logits must equal the eager
+ * engine's bit for bit. Run by bench/dsv41_emu/run.sh (ASan build). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,7 +370,8 @@ int main(int argc, char **argv) {
     rmdir_all(dir);
     free(lc), free(lg), free(lb), free(lg2);
     // the exact mode: every row within 1e-3; the fast mode against exact-bf16: the GPU test's
-    // bounds (median <= 1e-3, at most 8 rows beyond 3%: a discrete choice flipped at a near tie)
-    const int fail = ref_emu ? median > 1e-3 || over3 > 8 : bad > 0;
+    // bounds (median <= 1e-3, at most 1/8 of the rows beyond 3%: a discrete choice flipped at a
+    // near tie)
+    const int fail = ref_emu ? median > 1e-3 || over3 > rows / 8 : bad > 0;
     return fail || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps || gs_diff != 0 || len2 <= 2 * BLOCK;
 }

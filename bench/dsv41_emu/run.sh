@@ -22,9 +22,10 @@ cc -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-omit-frame-po
     -lm -lpthread -o "$out/emu"
 # each config twice: the exact mode against the CPU engine, the fast mode (emu_fast.c's host
 # kernels) against the emulated exact mode on the same bf16 inputs (EMU_REF, emu_main.c)
+# (with the GPU test's --fp8-block-spread 1: block scales that differ)
 run() {
-    TM_BUILD="$b" TM_DSV41_CUDA_EXACT=1 "$out/emu" "$@" &&
-        TM_BUILD="$b" EMU_REF=exact-bf16 TM_DSV41_CUDA_EXACT=0 "$out/emu" "$@"
+    TM_BUILD="$b" TM_DSV41_CUDA_EXACT=1 "$out/emu" --fp8-block-spread 1 "$@" &&
+        TM_BUILD="$b" EMU_REF=exact-bf16 TM_DSV41_CUDA_EXACT=0 "$out/emu" --fp8-block-spread 1 "$@"
 }
 fail=0
 run --seed 40 --layers 2 --compress-ratios 0,0 --kv-sources none --index-sources none \

@@ -1,8 +1,8 @@
 /* tests/gpu/test_dsv41_cuda.c - DeepSeek-V4.1 on the CUDA engine (runner/engine/cuda/dsv41.c)
  * against the CPU engine (runner/engine/cpu/dsv41.c, the oracle, itself matched to the NumPy
  * transliteration of DeepSeek's reference) on small random models that tools/mkmodel writes
- * ($TM_BUILD/mkmodel --arch deepseek_v41: FP8 32x32 ue8m0 dense linears, MXFP4 routed experts,
- * Engram tables on disk).
+ * ($TM_BUILD/mkmodel --arch deepseek_v41: FP8 32x32 ue8m0 dense linears with block scales that
+ * differ (--fp8-block-spread 1), MXFP4 routed experts, Engram tables on disk).
  *
  * The configs go from simple to full, so that the first failing one names the feature at fault:
  * sliding window only; the same with Engram; one ratio-1 kv + index source; a ratio-2 source with
@@ -32,9 +32,9 @@
  *   compressor, indexer wk / weights_proj, head; the router keeps fp32). So it is checked against
  *   the exact mode on the same rounded inputs (2, "exact-bf16"), which it equals up to summation
  *   order: the median row error must stay below FAST_MEDIAN_TOL (1e-3; summation order gives
- *   ~1e-6, a skipped act_quant ~1e-2 on every row, mis-indexed scales or pair rows garbage), at
- *   most FAST_BAD_ROWS (8) rows beyond LOGIT_TOL (a discrete choice flipped at a near tie), no
- *   greedy token differing away from a near tie, and its device greedy equal to its argmax.
+ *   ~1e-7 on the host emulation, a skipped act_quant, a wrong block scale or pair row 0.2-1.2), at
+ *   most 1/8 of the rows beyond LOGIT_TOL (a discrete choice flipped at a near tie changes later
+ *   tokens' state), and its device greedy equal to its argmax.
  *   Against the CPU engine it gets test_dsv4_cuda's allowance for discrete choices: at most 2 x
  *   the baseline's rows beyond LOGIT_TOL + 8, the baseline being the bf16 rounding alone
  *   (exact-bf16 vs cpu). Every comparison's figures are printed.
@@ -116,14 +116,16 @@ static const char *const c_name[C_N] = {"exact vs cpu", "exact-bf16 vs cpu (base
                                         "fast vs exact-bf16", "fast vs cpu"};
 
 /* The fast kernels against their reference: the median row's max |d logit| / row max |logit|
- * must stay below this. Summation order alone (fp32 tensor-core sums vs double) gives ~1e-6; a
- * skipped act_quant moves every quantized linear's input by up to 2^-4 relative (~1e-2 on the
- * logits of every row), mis-indexed scales far more. */
+ * must stay below this. Summation order alone (fp32 tensor-core sums vs double) gives ~1e-7 on the
+ * host emulation (bench/dsv41_emu); a skipped act_quant (quantized inputs moved by up to 2^-4
+ * relative), a wrong block scale or pair row, or split-K partials summed wrong give 0.2-1.2. */
 #define FAST_MEDIAN_TOL 1e-3
-/* Rows of fast vs exact-bf16 that may exceed LOGIT_TOL: a discrete choice (expert or indexer
- * top-k) at a near tie that summation order flips changes the state of later tokens
- * (test_dsv4_cuda's allowance for discrete choices). */
-#define FAST_BAD_ROWS 8
+/* Rows of fast vs exact-bf16 that may exceed LOGIT_TOL: 1 / FAST_BAD_DIV of the rows. A discrete
+ * choice (expert or indexer top-k, candidate blocks) at a near tie that summation order flips
+ * changes the state of that token for every later one: on the host emulation v41_cand_r1 has 10
+ * of 257 rows over 3% this way, the other configs none; the breakages above put 246-257 of 257
+ * over. */
+#define FAST_BAD_DIV 8
 
 typedef struct cstats {
     stats st[C_N];
@@ -139,6 +141,32 @@ static double row_rel(const float *ref, const float *got, uint32_t V) {
         md = fmax(md, isnan(got[v]) ? INFINITY : fabs((double)got[v] - ref[v]));
     }
     return mx > 0.0 ? md / mx : md;
+}
+
+/* compare_row (tm_gpu_compare.h) without printing each greedy difference: for the comparisons
+ * against the CPU engine of the bf16-input modes, where the rounding flips many (their counts are
+ * printed). */
+static void compare_quiet(stats *st, const float *ref, uint32_t ref_tok, const float *got,
+                          uint32_t got_tok, uint32_t n_vocab) {
+    double mx = 0.0, md = 0.0;
+    for (uint32_t v = 0; v < n_vocab; v++) {
+        mx = fmax(mx, fabs(ref[v]));
+        const double d = fabs((double)got[v] - ref[v]);
+        md = isnan(d) ? INFINITY : fmax(md, d);
+    }
+    st->max_abs = fmax(st->max_abs, md);
+    st->max_rel = fmax(st->max_rel, md / mx);
+    st->n_rows++;
+    st->n_bad_rows += !(md <= LOGIT_TOL * mx);
+    st->n_greedy++;
+    if (ref_tok != got_tok) {
+        float second = -INFINITY;
+        for (uint32_t v = 0; v < n_vocab; v++)
+            if (v != ref_tok && ref[v] > second)
+                second = ref[v];
+        st->n_greedy_diff++;
+        st->n_clear_flip += ref[ref_tok] - second > 2.0 * md;
+    }
 }
 
 static int cmp_dbl(const void *a, const void *b) {
@@ -183,8 +211,11 @@ static int step(const char *name, uint32_t k, tm_engine **E, seq *S, uint32_t V,
             const int bad0 = st->n_bad_rows;
             const double rel = row_rel(rf, gt, V);
             step_max[c] = fmax(step_max[c], rel);
-            compare_row(st, e_name[c_ref[c]], rf, tok[c_ref[c]], e_name[c_got[c]], gt,
-                        tok[c_got[c]], V);
+            if (c == C_X || c == C_FR)
+                compare_row(st, e_name[c_ref[c]], rf, tok[c_ref[c]], e_name[c_got[c]], gt,
+                            tok[c_got[c]], V);
+            else
+                compare_quiet(st, rf, tok[c_ref[c]], gt, tok[c_got[c]], V);
             if (c == C_FR)
                 cs->rel[cs->n_rel++] = rel;
             if (st->n_bad_rows > bad0 && !cs->fb[c].seen) {
@@ -311,13 +342,12 @@ static void run_case(const char *name, const char *args) {
                  "%s: fast vs exact-bf16: median row error %.3g > %.2g (the fast kernels compute "
                  "something else)",
                  name, median, FAST_MEDIAN_TOL);
-    TM_CHECK_MSG(fr->n_bad_rows <= FAST_BAD_ROWS,
+    // (its greedy flips are printed, not judged: after a flipped discrete choice a row may differ
+    // clearly, as the rows allowance says)
+    TM_CHECK_MSG(fr->n_bad_rows <= fr->n_rows / FAST_BAD_DIV,
                  "%s: fast vs exact-bf16: %d rows beyond %.2g of the row's max |logit| (at most "
                  "%d)",
-                 name, fr->n_bad_rows, LOGIT_TOL, FAST_BAD_ROWS);
-    TM_CHECK_MSG(fr->n_clear_flip == 0,
-                 "%s: fast vs exact-bf16: %d greedy tokens differ (%d not near a tie)", name,
-                 fr->n_greedy_diff, fr->n_clear_flip);
+                 name, fr->n_bad_rows, LOGIT_TOL, fr->n_rows / FAST_BAD_DIV);
     TM_CHECK_MSG(fr->n_dev_diff == 0,
                  "%s: fast: device greedy differs from the logits' argmax %d times", name,
                  fr->n_dev_diff);
@@ -335,7 +365,9 @@ done:
         fprintf(stderr, "could not remove %s\n", dir);
 }
 
-#define A "--arch deepseek_v41 "
+// every FP8 32x32 block scaled by 2^(-1..1) (mkmodel --fp8-block-spread): block scales differ, so a
+// scale read for the wrong block changes the result
+#define A "--arch deepseek_v41 --fp8-block-spread 1 "
 
 // the ladder: each adds features to the one before
 static void test_swa_only(void) {

@@ -782,17 +782,23 @@ static tm_rc upload(tm_cuda_engine *impl, const tm_model *m, tm_err *err) {
             dw *d = &L->w[i];
             if (!d->n_rows)
                 continue;
-            if (i < W_EX1) {
+            if (i < W_EX1 && d->f8) { // the FP8 form as stored (codes, 32 x 32 block scales),
+                                      // then the bf16 copy from it on the device (exact)
                 const tm_tensor *t = wsrc(W, i);
-                rc = up_w(d->p, d->bf16, t, stage, fb, err);
-                if (!rc && d->f8) // the FP8 form as stored: codes, then the 32 x 32 block scales
-                    rc = tm_cuda_h2d(d->q, t->data, (size_t)(d->n_rows * d->n_in), err);
-                if (!rc && d->f8)
+                rc = tm_cuda_h2d(d->q, t->data, (size_t)(d->n_rows * d->n_in), err);
+                if (!rc)
                     rc = tm_cuda_h2d(d->qs, t->scale,
                                      (size_t)(TM_CEIL_DIV(d->n_rows, 32) * (d->n_in / 32)), err);
+                if (!rc)
+                    rc = tm_k_dsv41_dequant_fp8_32(d->p, d->q, d->qs, (uint32_t)d->n_rows,
+                                                   (uint32_t)d->n_in, impl->stream, err);
                 continue;
             }
-            if (d->mx) { // packed as stored: codes then scales, expert after expert
+            if (i < W_EX1) {
+                rc = up_w(d->p, d->bf16, wsrc(W, i), stage, fb, err);
+                continue;
+            }
+            if (d->mx) { // packed as stored, raw bytes (no host conversion): codes then scales
                 const size_t per = (size_t)(d->n_rows / g->E * d->n_in);
                 for (uint32_t e = 0; !rc && e < g->E; e++) {
                     const tm_tensor *t = &W->experts[e * 3 + (i - W_EX1)];
