@@ -94,7 +94,8 @@ static void usage(void) {
         "  --sample-device: the same without the host-sampled mode\n"
         "  --shape dsv4-flash | dsv41-flash [--layers N] [--batch 1,8] [--prompt L] [--gen N]:\n"
         "    DeepSeek-V4 / V4.1 at Flash widths, random weights (V4.1: Engram tables written\n"
-        "    to a temporary folder, --engram-cache-mb M per table)\n"
+        "    to a temporary folder, --engram-cache-mb M per table, --engram warm|cold,\n"
+        "    --graphs 1|0; TM_DSV41_ENGRAM_SKIP=1 skips the row reads: bench/dsv41_engram_overlap.sh)\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -488,17 +489,27 @@ static int dsv_arg(dsv_args *o, const char *a, const char *v) {
     return 1;
 }
 
+/* Optional: called before each rep of dsv_time_batch (rep 0: the warm-up) with its prompts,
+ * which it may rewrite (n_tok = B x L tokens). */
+typedef struct dsv_hook {
+    void (*before_rep)(void *ctx, uint32_t rep, uint32_t *tok, size_t n_tok);
+    void *ctx;
+} dsv_hook;
+
 /* B prompts of L tokens (tok, B x L) in one step on the block tables bt (B x per_seq), then
  * N - 1 greedy decode steps; rep 0 warms up (and captures the graphs), the best of reps 1..reps
- * goes to *best_pf (prefill, s) and *best_dec (s per decode step). sq and ids: B entries. */
-static tm_rc dsv_time_batch(tm_engine *eng, const uint32_t *tok, const uint32_t *bt,
-                            uint32_t per_seq, uint32_t B, uint32_t L, uint32_t N, uint32_t reps,
-                            tm_batch_seq *sq, uint32_t *ids, double *best_pf, double *best_dec,
+ * goes to *best_pf (prefill, s) and *best_dec (s per decode step). sq and ids: B entries; hook
+ * NULL or called before each rep. */
+static tm_rc dsv_time_batch(tm_engine *eng, uint32_t *tok, const uint32_t *bt, uint32_t per_seq,
+                            uint32_t B, uint32_t L, uint32_t N, uint32_t reps, tm_batch_seq *sq,
+                            uint32_t *ids, const dsv_hook *hook, double *best_pf, double *best_dec,
                             tm_err *err) {
     uint32_t *next = tm_malloc((size_t)B * sizeof(*next)); // each sequence's decode input
     tm_rc rc = next ? TM_OK : TM_ERR(err, TM_E_NOMEM, "bench: decode inputs");
     *best_pf = 1e30, *best_dec = 1e30;
     for (uint32_t rep = 0; rep <= reps && !rc; rep++) {
+        if (hook)
+            hook->before_rep(hook->ctx, rep, tok, (size_t)B * L);
         for (uint32_t s = 0; s < B; s++)
             sq[s] = (tm_batch_seq){.tokens = tok + (size_t)s * L,
                                    .n_tok = L,
@@ -649,8 +660,8 @@ static int dsv4_bench(int argc, char **argv) {
     for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
         const uint32_t B = batches[bi];
         double best_pf, best_dec;
-        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, &best_pf, &best_dec,
-                            &err) != TM_OK;
+        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, NULL, &best_pf,
+                            &best_dec, &err) != TM_OK;
         if (rc) {
             fprintf(stderr, "bench_engine dsv4: forward: %s\n", err.msg);
             break;
@@ -697,9 +708,30 @@ static int dsv4_bench(int argc, char **argv) {
  * 32 x 32 block, MXFP4 0.5 B + a scale byte per 32, bf16 tensors 2 B, fp32 ones 4 B; what the fast
  * mode reads at B <= 16) and the bf16 one (what the exact modes read); the percentage is against
  * the floor of the mode that ran. */
+#include <fcntl.h>
+
 #include "runner/model/engram_hash.h"
 #include "runner/model/model_dsv41.h"
 #include "runner/model/safetensors.h"
+
+/* --engram cold: every rep (the warm-up included) gets prompts of its own, so that the rows of
+ * its n-grams are in no cache of the engine's, and the tables' file leaves the OS page cache
+ * (written back, then POSIX_FADV_DONTNEED), so that its rows come from the disk. */
+typedef struct dsv41_cold {
+    char path[1100]; /* the tables' file */
+    uint32_t V;
+} dsv41_cold;
+
+static void dsv41_cold_rep(void *ctx, uint32_t rep, uint32_t *tok, size_t n_tok) {
+    const dsv41_cold *c = ctx;
+    for (size_t i = 0; i < n_tok; i++)
+        tok[i] = (uint32_t)(((i + (size_t)rep * 1000003u) * 2654435761u) % c->V);
+    const int fd = open(c->path, O_RDONLY);
+    if (fd < 0 || fsync(fd) != 0 || posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) != 0)
+        fprintf(stderr, "bench_engine dsv41: could not drop %s from the page cache\n", c->path);
+    if (fd >= 0)
+        close(fd);
+}
 
 /* The Engram tables of d's layers (rows from the hash layout) into dir/model.safetensors, codes
  * random e4m3 (never NaN), scales 2^-8..2^-1. Fills d's engram_num_embeddings. 0 on failure. */
@@ -769,13 +801,24 @@ static int dsv41_tables(const char *dir, tm_dsv41_cfg *d, const int32_t *tmap) {
 static int dsv41_bench(int argc, char **argv) {
     dsv_args args = {.n_layer = 4, .L = 512, .N = 64, .reps = 1, .batches = {1, 8}, .n_batch = 2};
     uint32_t cache_mb = 1024;
+    int graphs = 1, cold = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (dsv_arg(&args, a, v))
             continue;
         if (!strcmp(a, "--engram-cache-mb"))
             cache_mb = (uint32_t)atoi(v);
+        else if (!strcmp(a, "--graphs")) // 0: every step eager
+            graphs = atoi(v) != 0;
+        else if (!strcmp(a, "--engram")) // warm (default) or cold: see dsv41_cold
+            cold = !strcmp(v, "cold");
     }
+    const char *skip_env = getenv("TM_DSV41_ENGRAM_SKIP"); // read by the engine (dsv41.c)
+    const int skip = skip_env && strcmp(skip_env, "0") != 0;
+    const char *rows_tag = skip ? "skip" : cold ? "cold" : "warm";
+    const char *rows_how = skip   ? "SKIPPED (TM_DSV41_ENGRAM_SKIP: zeros, no reads)"
+                           : cold ? "cold (new prompts each rep, table file out of the page cache)"
+                                  : "warm (the same prompts each rep: rows in the row cache)";
     const uint32_t n_layer = args.n_layer, L = args.L, N = args.N, reps = args.reps,
                    n_batch = args.n_batch;
     const uint32_t *batches = args.batches;
@@ -864,12 +907,18 @@ static int dsv41_bench(int argc, char **argv) {
     if (tm_engine_cuda_create_random(&m, &eo, 7, &eng, &err)) {
         fprintf(stderr, "bench_engine dsv41: create: %s\n", err.msg);
     }
-    if (eng)
+    if (eng) {
+        tm_engine_cuda_set_graphs(eng, graphs);
         printf("dsv41-flash: %u layers (ratios %s, Engram on 0 and 2), random weights (%s), "
-               "create %.1f s, copy bandwidth %.0f GB/s, Engram row cache %u MB per table\n",
+               "create %.1f s, copy bandwidth %.0f GB/s, Engram row cache %u MB per table; decode "
+               "%s; Engram rows %s\n",
                n_layer, list[0],
                exact ? "exact mode: bf16" : "fast mode: FP8 dense + bf16 copies, MXFP4 experts",
-               (tm_now_ms() - t0) / 1e3, bw, cache_mb);
+               (tm_now_ms() - t0) / 1e3, bw, cache_mb, graphs ? "CUDA graphs" : "eager", rows_how);
+    }
+    dsv41_cold cold_ctx = {.V = V};
+    snprintf(cold_ctx.path, sizeof(cold_ctx.path), "%s/model.safetensors", dir);
+    const dsv_hook cold_hook = {dsv41_cold_rep, &cold_ctx}, *hk = cold ? &cold_hook : NULL;
     // bytes a decode step reads per layer: per weight element f8 for the FP8 linears (1 + 1/1024
     // packed, 2 as bf16), mx4 for the routed experts (0.5 + 1/32 packed, 2 as bf16), 2 for the
     // bf16 tensors (router, compressor, indexer wk / weights_proj, head), 4 for the fp32
@@ -889,7 +938,7 @@ static int dsv41_bench(int argc, char **argv) {
     for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
         const uint32_t B = batches[bi];
         double best_pf, best_dec;
-        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, &best_pf, &best_dec,
+        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, hk, &best_pf, &best_dec,
                             &err) != TM_OK;
         if (rc) {
             fprintf(stderr, "bench_engine dsv41: forward: %s\n", err.msg);
@@ -918,15 +967,16 @@ static int dsv41_bench(int argc, char **argv) {
         const double floor_p = (layers_b[0] + head) / (bw * 1e9) * 1e3;
         const double floor_b = (layers_b[1] + head) / (bw * 1e9) * 1e3;
         const double step_ms = best_dec * 1e3, floor_ms = exact ? floor_b : floor_p;
-        printf("dsv41-flash B=%u L=%u N=%u (%s mode): prefill %.1f ms (%.0f tok/s), decode %.3f "
-               "ms/step (%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the "
-               "layers); bytes floor packed %.3f ms/step (%.1f MB/layer), bf16 %.3f ms/step (%.1f "
-               "MB/layer) (%.1f distinct experts, Engram rows included) -> %.0f%% of the %s "
-               "floor\n",
-               B, L, N, exact ? "exact" : "fast", best_pf * 1e3, B * L / best_pf, step_ms,
-               1e3 / step_ms, B * 1e3 / step_ms, step_ms / n_layer, floor_p,
-               layers_b[0] / n_layer / 1e6, floor_b, layers_b[1] / n_layer / 1e6, hit,
-               100.0 * floor_ms / step_ms, exact ? "bf16" : "packed");
+        printf(
+            "dsv41-flash B=%u L=%u N=%u (%s mode) [%s, rows %s]: prefill %.1f ms (%.0f tok/s), decode %.3f "
+            "ms/step (%.1f tok/s/seq, %.1f aggregate); per layer %.3f ms (head charged to the "
+            "layers); bytes floor packed %.3f ms/step (%.1f MB/layer), bf16 %.3f ms/step (%.1f "
+            "MB/layer) (%.1f distinct experts, Engram rows included) -> %.0f%% of the %s "
+            "floor\n",
+            B, L, N, exact ? "exact" : "fast", graphs ? "graphs" : "eager", rows_tag, best_pf * 1e3,
+            B * L / best_pf, step_ms, 1e3 / step_ms, B * 1e3 / step_ms, step_ms / n_layer, floor_p,
+            layers_b[0] / n_layer / 1e6, floor_b, layers_b[1] / n_layer / 1e6, hit,
+            100.0 * floor_ms / step_ms, exact ? "bf16" : "packed");
     }
     free(tok), free(bt), free(sq), free(ids);
     tm_engine_destroy(eng);

@@ -25,6 +25,30 @@
 
 static float bf(uint16_t h) { return tm_bf16_to_f32(h); }
 
+/* CUDA graphs (emu_cuda.c): while a graph is captured, a launcher records its arguments and
+ * returns; the replay calls it again (not capturing then), which runs it. */
+int emu_capturing(void);
+void emu_record(void (*run)(const void *args), const void *args, size_t n);
+#define EMU_RECORD(run, args, n)                                                                   \
+    do {                                                                                           \
+        if (emu_capturing()) {                                                                     \
+            emu_record((run), (args), (n));                                                        \
+            return TM_OK;                                                                          \
+        }                                                                                          \
+    } while (0)
+static void run_to_bf16(const void *p) { (void)tm_k_dsv41_to_bf16(p, NULL, NULL); }
+static void run_gemm_fp8(const void *p) { (void)tm_k_gemm_fp8(p, NULL, NULL); }
+static void run_moe_mxfp4(const void *p) { (void)tm_k_moe_mxfp4(p, NULL, NULL); }
+static void run_sum_parts_cols(const void *p) { (void)tm_k_sum_parts_cols(p, NULL, NULL); }
+typedef struct round_a {
+    float *x;
+    size_t n;
+} round_a;
+static void run_round(const void *p) {
+    const round_a *a = p;
+    (void)tm_k_dsv41_round_bf16(a->x, a->n, NULL, NULL);
+}
+
 /* Calls per path, printed at exit (EMU_COUNT=1): which of the fast path's branches a run took. */
 static unsigned long n_fp8, n_skinny, n_gemm, n_moe, n_sum, n_aq, n_round;
 static void __attribute__((destructor)) counts(void) {
@@ -38,6 +62,7 @@ static void __attribute__((destructor)) counts(void) {
 
 tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
+    EMU_RECORD(run_to_bf16, a, sizeof(*a));
     TM_ASSERT(a->ldx >= a->n && (!a->aq || a->n % 32 == 0));
     *(a->aq ? &n_aq : &n_round) += 1;
     float *row = malloc((size_t)a->n * sizeof(float));
@@ -58,6 +83,8 @@ tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_er
 
 tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
+    const round_a ra = {x, n};
+    EMU_RECORD(run_round, &ra, sizeof(ra));
     for (size_t i = 0; i < n; i++)
         x[i] = bf(tm_f32_to_bf16(x[i]));
     return TM_OK;
@@ -147,6 +174,7 @@ static float w_mxfp4(const void *c, size_t o, size_t i) {
 
 tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
+    EMU_RECORD(run_gemm_fp8, a, sizeof(*a));
     TM_ASSERT(a->scale_kind == TM_K_FP8_BLOCK32_E8M0 && a->k_per_split % 64 == 0 &&
               tm_k_gemm_fp8_kind_fits(a->scale_kind, a->n_tok, a->n_in, a->n_out));
     n_fp8++;
@@ -158,6 +186,7 @@ tm_rc tm_k_gemm_fp8(const tm_k_gemm_fp8_args *a, cudaStream_t s, tm_err *err) {
 
 tm_rc tm_k_moe_mxfp4(const tm_k_moe_mxfp4_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
+    EMU_RECORD(run_moe_mxfp4, a, sizeof(*a));
     TM_ASSERT(a->n_pair <= TM_MOE_MAX_PAIRS && a->n_in % 32 == 0 && a->k_per_split % 128 == 0);
     n_moe++;
     for (uint32_t p = 0; p < a->n_pair; p++) {
@@ -180,6 +209,7 @@ tm_rc tm_k_moe_mxfp4(const tm_k_moe_mxfp4_args *a, cudaStream_t s, tm_err *err) 
 
 tm_rc tm_k_sum_parts_cols(const tm_k_sum_parts_cols_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
+    EMU_RECORD(run_sum_parts_cols, a, sizeof(*a));
     TM_ASSERT(a->n_part >= 1 && a->ld_y >= a->n_col);
     n_sum++;
     for (uint32_t t = 0; t < a->n_tok; t++)
@@ -194,11 +224,36 @@ tm_rc tm_k_sum_parts_cols(const tm_k_sum_parts_cols_args *a, cudaStream_t s, tm_
 
 /* ---- the runtime's launchers (engine_cuda.c) ---- */
 
+typedef struct gemm_a {
+    tm_cuda_engine *impl;
+    const uint16_t *w, *x;
+    uint32_t ldx;
+    void *y;
+    uint32_t ldy, n_tok, n_in, n_out;
+} gemm_a;
+static void run_gemm(const void *p) {
+    const gemm_a *a = p;
+    (void)tm_cuda_gemm(a->impl, "replay", a->w, a->x, a->ldx, a->y, 1, a->ldy, a->n_tok, a->n_in,
+                       a->n_out, 0.0f, NULL);
+}
+typedef struct skinny_a {
+    float *part;
+    const uint16_t *x, *w;
+    uint32_t T, n_in, n_out, n_split, kps;
+} skinny_a;
+static void run_skinny(const void *p) {
+    const skinny_a *a = p;
+    const wctx c = {a->w, NULL, a->n_in};
+    split_gemm(a->part, a->x, a->T, a->n_in, a->n_out, a->n_split, a->kps, w_bf16, &c);
+}
+
 tm_rc tm_cuda_gemm(tm_cuda_engine *impl, const char *what, const uint16_t *w, const uint16_t *x,
                    uint32_t ldx, void *y, int y_f32, uint32_t ldy, uint32_t n_tok, uint32_t n_in,
                    uint32_t n_out, float beta, tm_err *err) {
     (void)impl, (void)what, (void)err;
     TM_ASSERT(y_f32 && beta == 0.0f && ldx >= n_in && ldy >= n_out);
+    const gemm_a ga = {impl, w, x, ldx, y, ldy, n_tok, n_in, n_out};
+    EMU_RECORD(run_gemm, &ga, sizeof(ga));
     n_gemm++;
     for (uint32_t t = 0; t < n_tok; t++)
         for (uint32_t o = 0; o < n_out; o++) {
@@ -220,9 +275,10 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
         float *part = n_split == 1 && beta == 0.0f ? dst : impl->sk_part;
         TM_ASSERT((size_t)n_split * T * n_out <= impl->sk_part_floats);
         n_skinny++;
-        const wctx c = {w, NULL, n_in};
-        split_gemm(part, x, T, n_in, n_out, n_split, kps, w_bf16, &c);
         *out = (tm_cuda_proj){.p = part, .n = n_split, .stride = (size_t)T * n_out};
+        const skinny_a sa = {part, x, w, T, n_in, n_out, n_split, kps};
+        EMU_RECORD(run_skinny, &sa, sizeof(sa));
+        run_skinny(&sa);
         return TM_OK;
     }
     *out = (tm_cuda_proj){.p = dst, .n = 1, .stride = 0};
@@ -230,8 +286,22 @@ tm_rc tm_cuda_project(tm_cuda_engine *impl, int abl, const char *what, const uin
 }
 
 /* Random fills are not emulated (emu_cuda.c's tm_k_fill_bf16 refuses too). */
+typedef struct memset_a {
+    void *p;
+    int v;
+    size_t n;
+} memset_a;
+static void run_memset(const void *p) {
+    const memset_a *a = p;
+    memset(a->p, a->v, a->n);
+}
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     (void)s;
+    if (emu_capturing()) {
+        const memset_a ma = {p, v, n};
+        emu_record(run_memset, &ma, sizeof(ma));
+        return cudaSuccess;
+    }
     memset(p, v, n);
     return cudaSuccess;
 }

@@ -4,7 +4,10 @@
  * against the CPU engine without a GPU: state layout, slot arithmetic, buffer sizes and op
  * order (run it under ASan). The quantizers call the CPU engine's (equal to the kernels, checked
  * by test_dsv41_kernels); the selection is a plain sort in the CPU engine's order. What it
- * cannot check: the kernels' parallel structure (warp sums, barriers, the radix select). */
+ * cannot check: the kernels' parallel structure (warp sums, barriers, the radix select).
+ * CUDA graphs: while emu_cuda.c captures, every launcher records its arguments (by value, as a
+ * kernel launch does) instead of running; cudaGraphLaunch replays the records (the end of this
+ * file). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,21 +25,21 @@ static size_t slot_of(const tm_k_dsv41_seqs *q, uint32_t t, uint32_t p) {
     return (size_t)b * q->bs + p % q->bs;
 }
 
-tm_rc tm_k_dsv41_act_quant(float *x, size_t n, cudaStream_t s, tm_err *err) {
+static tm_rc k_act_quant(float *x, size_t n, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(n % 32 == 0);
     tm_dsv_act_quant(x, (uint32_t)n);
     return TM_OK;
 }
-tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scale, cudaStream_t s,
-                               tm_err *err) {
+static tm_rc k_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scale, cudaStream_t s,
+                             tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT((block == 16 || block == 32) && n % block == 0);
     tm_dsv_fp4_act_quant(x, (uint32_t)n, block, e4m3_scale);
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_engram_gate(const tm_k_dsv41_engram_gate_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_engram_gate(const tm_k_dsv41_engram_gate_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     const uint32_t N = a->n_hc, D = a->dim;
     for (uint32_t t = 0; t < a->n_tok; t++)
@@ -75,7 +78,7 @@ static int cmp_u32(const void *x, const void *y) {
     return (i > j) - (i < j);
 }
 
-tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     uint32_t *ord = malloc((a->ld + 1) * sizeof(uint32_t));
     for (uint32_t t = 0; t < a->n_tok; t++) {
@@ -130,7 +133,7 @@ tm_rc tm_k_dsv41_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err 
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
     for (uint32_t t = 0; t < a->n_tok; t++)
@@ -147,8 +150,8 @@ tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err 
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row, uint32_t n,
-                         float eps, cudaStream_t s, tm_err *err) {
+static tm_rc k_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row, uint32_t n, float eps,
+                       cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(x && n > 0 && ld >= n);
     for (uint32_t r = 0; r < n_row; r++)
@@ -156,7 +159,7 @@ tm_rc tm_k_dsv41_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row, 
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_rope(const tm_k_dsv41_rope_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_rope(const tm_k_dsv41_rope_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     if (a->n_tok == 0 || a->rd == 0)
         return TM_OK;
@@ -178,9 +181,9 @@ tm_rc tm_k_dsv41_rope(const tm_k_dsv41_rope_args *a, cudaStream_t s, tm_err *err
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const void *emb, int bf16,
-                       const uint32_t *tokens, uint32_t n_tok, uint32_t D, uint32_t N,
-                       cudaStream_t s, tm_err *err) {
+static tm_rc k_embed(float *x, float *streams, float *pre, const void *emb, int bf16,
+                     const uint32_t *tokens, uint32_t n_tok, uint32_t D, uint32_t N, cudaStream_t s,
+                     tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(N <= D);
     for (uint32_t t = 0; t < n_tok; t++)
@@ -197,7 +200,7 @@ tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const void *emb, in
 
 static float sigmoid_f(float v) { return 1.0f / (1.0f + (float)exp(-(double)v)); }
 
-tm_rc tm_k_dsv41_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     const uint32_t N = a->N, ND = a->N * a->D, mix = (2 + N) * N;
     TM_ASSERT(N <= TM_DSV41_K_MAX_HC);
@@ -251,9 +254,9 @@ tm_rc tm_k_dsv41_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_collapse_norm(float *x, const float *streams, const float *pre,
-                               const uint32_t *rows, uint32_t n_row, uint32_t N, uint32_t D,
-                               const float *w, float eps, cudaStream_t s, tm_err *err) {
+static tm_rc k_collapse_norm(float *x, const float *streams, const float *pre, const uint32_t *rows,
+                             uint32_t n_row, uint32_t N, uint32_t D, const float *w, float eps,
+                             cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (uint32_t r = 0; r < n_row; r++) {
         const uint32_t t = rows ? rows[r] : r;
@@ -270,15 +273,15 @@ tm_rc tm_k_dsv41_collapse_norm(float *x, const float *streams, const float *pre,
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_hc_expand(float *streams, const float *y, const float *post, const float *comb,
-                           uint32_t n_tok, uint32_t N, uint32_t D, cudaStream_t s, tm_err *err) {
+static tm_rc k_hc_expand(float *streams, const float *y, const float *post, const float *comb,
+                         uint32_t n_tok, uint32_t N, uint32_t D, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     tm_dsv_hc_expand(streams, N, D, n_tok, y, post, comb);
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_store(const tm_k_dsv41_store_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
-                       tm_err *err) {
+static tm_rc k_store(const tm_k_dsv41_store_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                     tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(a->field && a->src && q->pos && q->block_tables && q->bs > 0);
     for (uint32_t t = 0; t < a->n_tok; t++) {
@@ -297,9 +300,9 @@ tm_rc tm_k_dsv41_store(const tm_k_dsv41_store_args *a, const tm_k_dsv41_seqs *q,
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_latent(float *lat, const float *ckv, const float *tail, uint32_t tld, uint32_t hd,
-                        uint32_t r, uint32_t n_tok, const tm_k_dsv41_seqs *q, cudaStream_t s,
-                        tm_err *err) {
+static tm_rc k_latent(float *lat, const float *ckv, const float *tail, uint32_t tld, uint32_t hd,
+                      uint32_t r, uint32_t n_tok, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                      tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(lat && ckv && r >= 1 && (r == 1 || tail));
     for (uint32_t t = 0; t < n_tok; t++)
@@ -329,16 +332,16 @@ tm_rc tm_k_dsv41_latent(float *lat, const float *ckv, const float *tail, uint32_
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t *tokens, const int32_t *tmap,
-                           const uint32_t *slot, uint32_t n_tok, cudaStream_t s, tm_err *err) {
+static tm_rc k_cid_store(float *field, uint32_t fld, const uint32_t *tokens, const int32_t *tmap,
+                         const uint32_t *slot, uint32_t n_tok, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (uint32_t t = 0; t < n_tok; t++)
         memcpy(&field[(size_t)slot[t] * fld], &tmap[tokens[t]], 4);
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
-                              cudaStream_t s, tm_err *err) {
+static tm_rc k_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
+                            cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (uint32_t t = 0; t < a->n_tok; t++) {
         const uint32_t lens = (q->pos[t] + 1) / a->r;
@@ -364,8 +367,8 @@ size_t tm_k_dsv41_attn_smem(uint32_t window, uint32_t topk, uint32_t hd) {
     return ((size_t)window + topk) * sizeof(double) + (size_t)hd * sizeof(float);
 }
 
-tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
-                      tm_err *err) {
+static tm_rc k_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                    tm_err *err) {
     (void)s, (void)err;
     TM_ASSERT(!a->r || (a->comp && a->pick && a->n_pick));
     double *sc = malloc((a->window + a->topk) * sizeof(double));
@@ -424,7 +427,7 @@ tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q, c
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *err) {
+static tm_rc k_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (uint32_t t = 0; t < a->n_tok; t++) {
         float *sc = a->logits + (size_t)t * a->E;
@@ -476,8 +479,8 @@ tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *e
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
-                        const float *wt, cudaStream_t s, tm_err *err) {
+static tm_rc k_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
+                      const float *wt, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (size_t k = 0; k < (size_t)n_row * I; k++) {
         float gv = g[k], uv = u[k];
@@ -493,8 +496,8 @@ tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, fl
     return TM_OK;
 }
 
-tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
-                             uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
+static tm_rc k_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
+                           uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     for (size_t k = 0; k < (size_t)n_tok * D; k++) {
         const uint32_t t = (uint32_t)(k / D), d = (uint32_t)(k % D);
@@ -514,4 +517,227 @@ tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, con
         y[k] = (float)(acc + sh[k]);
     }
     return TM_OK;
+}
+
+/* ---- the launchers: run, or recorded while a graph is being captured (emu_cuda.c) ---- */
+
+static tm_err run_err; /* a replayed launch's error: the host kernels assert instead */
+int emu_capturing(void);
+void emu_record(void (*run)(const void *args), const void *args, size_t n);
+
+#define WRAP_A(name, A)                                                                            \
+    static void run_##name(const void *p) {                                                        \
+        tm_err e = {0};                                                                            \
+        (void)k_##name((const A *)p, NULL, &e);                                                    \
+    }                                                                                              \
+    tm_rc tm_k_dsv41_##name(const A *a, cudaStream_t s, tm_err *err) {                             \
+        if (!emu_capturing())                                                                      \
+            return k_##name(a, s, err);                                                            \
+        emu_record(run_##name, a, sizeof(*a));                                                     \
+        return TM_OK;                                                                              \
+    }
+#define WRAP_AQ(name, A)                                                                           \
+    typedef struct aq_##name {                                                                     \
+        A a;                                                                                       \
+        tm_k_dsv41_seqs q;                                                                         \
+    } aq_##name;                                                                                   \
+    static void run_##name(const void *p) {                                                        \
+        const aq_##name *x = p;                                                                    \
+        tm_err e = {0};                                                                            \
+        (void)k_##name(&x->a, &x->q, NULL, &e);                                                    \
+    }                                                                                              \
+    tm_rc tm_k_dsv41_##name(const A *a, const tm_k_dsv41_seqs *q, cudaStream_t s, tm_err *err) {   \
+        if (!emu_capturing())                                                                      \
+            return k_##name(a, q, s, err);                                                         \
+        const aq_##name x = {*a, *q};                                                              \
+        emu_record(run_##name, &x, sizeof(x));                                                     \
+        return TM_OK;                                                                              \
+    }
+WRAP_A(engram_gate, tm_k_dsv41_engram_gate_args)
+WRAP_A(select, tm_k_dsv41_select_args)
+WRAP_A(linear, tm_k_dsv41_linear_args)
+WRAP_A(rope, tm_k_dsv41_rope_args)
+WRAP_A(hc_split, tm_k_dsv41_hc_split_args)
+WRAP_A(route, tm_k_dsv41_route_args)
+WRAP_AQ(store, tm_k_dsv41_store_args)
+WRAP_AQ(index_scores, tm_k_dsv41_iscore_args)
+WRAP_AQ(attn, tm_k_dsv41_attn_args)
+
+/* The launchers with positional arguments: each records them in a struct of its own. */
+#define REC(name, ...)                                                                             \
+    do {                                                                                           \
+        if (emu_capturing()) {                                                                     \
+            const name##_a rec_ = {__VA_ARGS__};                                                   \
+            emu_record(run_##name, &rec_, sizeof(rec_));                                           \
+            return TM_OK;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+typedef struct act_quant_a {
+    float *x;
+    size_t n;
+} act_quant_a;
+static void run_act_quant(const void *p) {
+    const act_quant_a *a = p;
+    (void)k_act_quant(a->x, a->n, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_act_quant(float *x, size_t n, cudaStream_t s, tm_err *err) {
+    REC(act_quant, x, n);
+    return k_act_quant(x, n, s, err);
+}
+
+typedef struct fp4_act_quant_a {
+    float *x;
+    size_t n;
+    uint32_t block;
+    int e4m3_scale;
+} fp4_act_quant_a;
+static void run_fp4_act_quant(const void *p) {
+    const fp4_act_quant_a *a = p;
+    (void)k_fp4_act_quant(a->x, a->n, a->block, a->e4m3_scale, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scale, cudaStream_t s,
+                               tm_err *err) {
+    REC(fp4_act_quant, x, n, block, e4m3_scale);
+    return k_fp4_act_quant(x, n, block, e4m3_scale, s, err);
+}
+
+typedef struct rmsnorm_a {
+    float *x;
+    uint32_t ld;
+    const float *w;
+    uint32_t n_row, n;
+    float eps;
+} rmsnorm_a;
+static void run_rmsnorm(const void *p) {
+    const rmsnorm_a *a = p;
+    (void)k_rmsnorm(a->x, a->ld, a->w, a->n_row, a->n, a->eps, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_rmsnorm(float *x, uint32_t ld, const float *w, uint32_t n_row, uint32_t n,
+                         float eps, cudaStream_t s, tm_err *err) {
+    REC(rmsnorm, x, ld, w, n_row, n, eps);
+    return k_rmsnorm(x, ld, w, n_row, n, eps, s, err);
+}
+
+typedef struct embed_a {
+    float *x, *streams, *pre;
+    const void *emb;
+    int bf16;
+    const uint32_t *tokens;
+    uint32_t n_tok, D, N;
+} embed_a;
+static void run_embed(const void *p) {
+    const embed_a *a = p;
+    (void)k_embed(a->x, a->streams, a->pre, a->emb, a->bf16, a->tokens, a->n_tok, a->D, a->N, NULL,
+                  &run_err);
+}
+tm_rc tm_k_dsv41_embed(float *x, float *streams, float *pre, const void *emb, int bf16,
+                       const uint32_t *tokens, uint32_t n_tok, uint32_t D, uint32_t N,
+                       cudaStream_t s, tm_err *err) {
+    REC(embed, x, streams, pre, emb, bf16, tokens, n_tok, D, N);
+    return k_embed(x, streams, pre, emb, bf16, tokens, n_tok, D, N, s, err);
+}
+
+typedef struct collapse_norm_a {
+    float *x;
+    const float *streams, *pre;
+    const uint32_t *rows;
+    uint32_t n_row, N, D;
+    const float *w;
+    float eps;
+} collapse_norm_a;
+static void run_collapse_norm(const void *p) {
+    const collapse_norm_a *a = p;
+    (void)k_collapse_norm(a->x, a->streams, a->pre, a->rows, a->n_row, a->N, a->D, a->w, a->eps,
+                          NULL, &run_err);
+}
+tm_rc tm_k_dsv41_collapse_norm(float *x, const float *streams, const float *pre,
+                               const uint32_t *rows, uint32_t n_row, uint32_t N, uint32_t D,
+                               const float *w, float eps, cudaStream_t s, tm_err *err) {
+    REC(collapse_norm, x, streams, pre, rows, n_row, N, D, w, eps);
+    return k_collapse_norm(x, streams, pre, rows, n_row, N, D, w, eps, s, err);
+}
+
+typedef struct hc_expand_a {
+    float *streams;
+    const float *y, *post, *comb;
+    uint32_t n_tok, N, D;
+} hc_expand_a;
+static void run_hc_expand(const void *p) {
+    const hc_expand_a *a = p;
+    (void)k_hc_expand(a->streams, a->y, a->post, a->comb, a->n_tok, a->N, a->D, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_hc_expand(float *streams, const float *y, const float *post, const float *comb,
+                           uint32_t n_tok, uint32_t N, uint32_t D, cudaStream_t s, tm_err *err) {
+    REC(hc_expand, streams, y, post, comb, n_tok, N, D);
+    return k_hc_expand(streams, y, post, comb, n_tok, N, D, s, err);
+}
+
+typedef struct latent_a {
+    float *lat;
+    const float *ckv, *tail;
+    uint32_t tld, hd, r, n_tok;
+    tm_k_dsv41_seqs q;
+} latent_a;
+static void run_latent(const void *p) {
+    const latent_a *a = p;
+    (void)k_latent(a->lat, a->ckv, a->tail, a->tld, a->hd, a->r, a->n_tok, &a->q, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_latent(float *lat, const float *ckv, const float *tail, uint32_t tld, uint32_t hd,
+                        uint32_t r, uint32_t n_tok, const tm_k_dsv41_seqs *q, cudaStream_t s,
+                        tm_err *err) {
+    REC(latent, lat, ckv, tail, tld, hd, r, n_tok, *q);
+    return k_latent(lat, ckv, tail, tld, hd, r, n_tok, q, s, err);
+}
+
+typedef struct cid_store_a {
+    float *field;
+    uint32_t fld;
+    const uint32_t *tokens;
+    const int32_t *tmap;
+    const uint32_t *slot;
+    uint32_t n_tok;
+} cid_store_a;
+static void run_cid_store(const void *p) {
+    const cid_store_a *a = p;
+    (void)k_cid_store(a->field, a->fld, a->tokens, a->tmap, a->slot, a->n_tok, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t *tokens, const int32_t *tmap,
+                           const uint32_t *slot, uint32_t n_tok, cudaStream_t s, tm_err *err) {
+    REC(cid_store, field, fld, tokens, tmap, slot, n_tok);
+    return k_cid_store(field, fld, tokens, tmap, slot, n_tok, s, err);
+}
+
+typedef struct swiglu_a {
+    float *g;
+    const float *u;
+    uint32_t n_row, I;
+    float lim;
+    const float *wt;
+} swiglu_a;
+static void run_swiglu(const void *p) {
+    const swiglu_a *a = p;
+    (void)k_swiglu(a->g, a->u, a->n_row, a->I, a->lim, a->wt, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
+                        const float *wt, cudaStream_t s, tm_err *err) {
+    REC(swiglu, g, u, n_row, I, lim, wt);
+    return k_swiglu(g, u, n_row, I, lim, wt, s, err);
+}
+
+typedef struct moe_combine_a {
+    float *y;
+    const float *eo;
+    const uint32_t *sel;
+    const float *sh;
+    uint32_t n_tok, K, D;
+} moe_combine_a;
+static void run_moe_combine(const void *p) {
+    const moe_combine_a *a = p;
+    (void)k_moe_combine(a->y, a->eo, a->sel, a->sh, a->n_tok, a->K, a->D, NULL, &run_err);
+}
+tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
+                             uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
+    REC(moe_combine, y, eo, sel, sh, n_tok, K, D);
+    return k_moe_combine(y, eo, sel, sh, n_tok, K, D, s, err);
 }

@@ -8,7 +8,10 @@
  * reference is not the CPU engine but a second emulated engine in mode 2 (the exact kernels on
  * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order: then the
  * bounds of tests/gpu/test_dsv41_cuda.c's fast mode (median row error <= 1e-3, at most 1/8 of the
- * rows beyond 3% of the row's max |logit|). Run by bench/dsv41_emu/run.sh (ASan build). */
+ * rows beyond 3% of the row's max |logit|). A second engine in the same mode runs the same steps
+ * with CUDA graphs on its pure decode steps (tm_cuda_step.graph, as the runtime sets it;
+ * emu_cuda.c records and replays the segments' launches): its logits must equal the eager
+ * engine's bit for bit. Run by bench/dsv41_emu/run.sh (ASan build). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -100,8 +103,9 @@ static void emu_destroy(emu *e) {
     free(impl->v_cache), free(e->meta), free(impl->sk_part), free(impl);
 }
 
-/* The runtime's pack_batch + run_model: metadata packed, the arch's forward, logits out. */
-static int emu_forward(emu *e, const tm_batch *b, float *logits) {
+/* The runtime's pack_batch + run_model: metadata packed, the arch's forward, logits out; graphs:
+ * pure decode steps get tm_cuda_step.graph (*graphed says whether this one did). */
+static int emu_forward(emu *e, const tm_batch *b, float *logits, int graphs, int *graphed) {
     tm_cuda_engine *impl = e->impl;
     const uint32_t bs = impl->eng.opts.block_size;
     uint32_t T = 0, W = 0;
@@ -112,8 +116,10 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
     const size_t o_pos = T, o_slot = 2 * (size_t)T, o_ts = 3 * (size_t)T, o_sbt = 4 * (size_t)T;
     const size_t o_want = o_sbt + S, o_bt = o_want + TM_MAX(S, W);
     uint32_t t = 0, n_want = 0, bt = 0;
+    int decode = 1;
     for (uint32_t i = 0; i < S; i++) {
         const tm_batch_seq *s = &b->seqs[i];
+        decode = decode && s->n_tok == 1 && s->want_logits;
         const uint32_t n_used = TM_CEIL_DIV(s->pos + s->n_tok, bs);
         mh[o_sbt + i] = bt;
         TM_ASSERT(o_bt + bt + n_used <= e->meta_cap);
@@ -132,6 +138,7 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
     const tm_cuda_step st = {.n_tok = T,
                              .n_seq = S,
                              .n_want = n_want,
+                             .graph = (uint32_t)(graphs && decode),
                              .tokens = mh,
                              .pos = mh + o_pos,
                              .slot = mh + o_slot,
@@ -146,6 +153,8 @@ static int emu_forward(emu *e, const tm_batch *b, float *logits) {
         return 1;
     }
     memcpy(logits, impl->logits, (size_t)n_want * impl->v_stride * 4);
+    if (graphed)
+        *graphed = graphs && decode;
     return 0;
 }
 
@@ -163,6 +172,64 @@ static void emu_kv_copy(emu *e, uint32_t src, uint32_t dst, uint32_t n) {
         for (uint32_t l = 0; l < impl->cfg.n_layer; l++)
             memcpy(c[p] + l * impl->layer_kv_bytes + dst * blk,
                    c[p] + l * impl->layer_kv_bytes + src * blk, (size_t)n * impl->kv_dim * 2);
+}
+
+/* test_dsv41_cuda's graphs_case schedule on two fresh engines (eager; graphs): one prefill of
+ * every prompt, 48 decode steps of batch 4, 3, 2, 1 over rotating sequences, a kv_copy of
+ * sequence 1's partial last block into block SEQ_BLOCKS + 1 after 24. Returns the rows that are
+ * not bitwise equal (-1: an engine failed); *n_rows, *len2 (sequence 2's final length). */
+static int graphs_schedule(const tm_model *m, const tm_engine_opts *o, int *n_rows,
+                           uint32_t *len2) {
+    emu ee = {0}, eg = {0};
+    if (emu_create(m, o, &ee) || emu_create(m, o, &eg))
+        return -1;
+    const uint32_t V = m->cfg.n_vocab;
+    static seq S[N_SEQ];
+    g_rng = 93;
+    seqs_init(S, V);
+    float *le = malloc((size_t)N_SEQ * V * 4), *lg = malloc((size_t)N_SEQ * V * 4);
+    static const uint32_t sizes[4] = {4, 3, 2, 1};
+    int diff = 0;
+    *n_rows = 0;
+    for (uint32_t k = 0; k <= 48 && diff >= 0; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ], n_chunk = N_SEQ;
+        for (uint32_t i = 0; i < N_SEQ; i++)
+            which[i] = i, n_tok[i] = S[i].n;
+        if (k > 0) {
+            n_chunk = sizes[(k - 1) % 4];
+            for (uint32_t i = 0; i < n_chunk; i++)
+                which[i] = (k + k / 4 + i) % N_SEQ, n_tok[i] = 1;
+        }
+        if (k == 24) {
+            seq *s = &S[1];
+            const uint32_t last = (s->done - 1) / BLOCK, used = s->done - last * BLOCK;
+            emu_kv_copy(&ee, s->bt[last], SEQ_BLOCKS + 1, used);
+            emu_kv_copy(&eg, s->bt[last], SEQ_BLOCKS + 1, used);
+            s->bt[last] = SEQ_BLOCKS + 1;
+        }
+        tm_batch_seq bs[N_SEQ];
+        const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
+        tm_batch b = {.seqs = bs, .n_seq = n_chunk};
+        int graphed = 0;
+        if (emu_forward(&ee, &b, le, 0, NULL) || emu_forward(&eg, &b, lg, 1, &graphed)) {
+            diff = -1;
+            break;
+        }
+        TM_ASSERT(graphed == (k > 0));
+        for (uint32_t r = 0; r < n_want; r++) {
+            (*n_rows)++;
+            if (memcmp(le + (size_t)r * V, lg + (size_t)r * V, (size_t)V * 4) != 0 && !diff++)
+                fprintf(stderr, "graphs schedule: FIRST DIFFERENCE at step %u (batch %u) seq %u\n",
+                        k, n_chunk, want_seq[r]);
+            seq_append(&S[want_seq[r]], argmax(le + (size_t)r * V, V));
+        }
+        step_done(S, which, n_tok, n_chunk);
+    }
+    *len2 = S[2].done;
+    emu_destroy(&ee);
+    emu_destroy(&eg);
+    free(le), free(lg);
+    return diff;
 }
 
 int main(int argc, char **argv) {
@@ -194,7 +261,7 @@ int main(int argc, char **argv) {
                         .n_token_map = n_map,
                         .engram_cache_mb = 1};
     tm_engine *cpu = NULL;
-    emu e = {0}, er = {0};
+    emu e = {0}, er = {0}, e2 = {0}; // eager; reference; graphs
     if (tm_engine_cpu_create(m, &o, &cpu, &err)) {
         fprintf(stderr, "cpu create: %s\n", err.msg);
         return 2;
@@ -210,29 +277,36 @@ int main(int argc, char **argv) {
             return 1;
         setenv("TM_DSV41_CUDA_EXACT", keep, 1);
     }
-    if (emu_create(m, &o, &e))
+    if (emu_create(m, &o, &e) || emu_create(m, &o, &e2))
         return 1;
     const uint32_t V = m->cfg.n_vocab;
     static seq S[N_SEQ];
     g_rng = 91;
     seqs_init(S, V);
     float *lc = malloc((size_t)N_SEQ * V * 4), *lg = malloc((size_t)N_SEQ * V * 4);
+    float *lg2 = malloc((size_t)N_SEQ * V * 4);
     double max_rel = 0, max_abs = 0, *rels = calloc((size_t)N_STEP * N_SEQ, sizeof(double));
-    int bad = 0, rows = 0, flips = 0, over3 = 0;
+    int bad = 0, rows = 0, flips = 0, over3 = 0, g_steps = 0, g_diff = 0;
     for (uint32_t k = 0; k < N_STEP; k++) {
         uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ];
         const uint32_t n_chunk = sched_step(k, which, n_tok);
         tm_batch_seq bs[N_SEQ];
         const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
         tm_batch b = {.seqs = bs, .n_seq = n_chunk};
-        if (ref_emu ? emu_forward(&er, &b, lc) != 0 : tm_engine_forward(cpu, &b, lc, &err) != 0) {
+        if (ref_emu ? emu_forward(&er, &b, lc, 0, NULL) != 0
+                    : tm_engine_forward(cpu, &b, lc, &err) != 0) {
             fprintf(stderr, "reference forward: %s\n", err.msg);
             return 2;
         }
-        if (emu_forward(&e, &b, lg))
+        int graphed = 0;
+        if (emu_forward(&e, &b, lg, 0, NULL) || emu_forward(&e2, &b, lg2, 1, &graphed))
             return 1;
+        g_steps += graphed;
         for (uint32_t r = 0; r < n_want; r++) {
             const float *c = lc + (size_t)r * V, *g = lg + (size_t)r * V;
+            if (memcmp(g, lg2 + (size_t)r * V, (size_t)V * 4) != 0 && !g_diff++)
+                fprintf(stderr, "FIRST GRAPH DIFFERENCE: step %u (%s) seq %u\n", k,
+                        graphed ? "graphs" : "eager", want_seq[r]);
             double mx = 0, md = 0;
             for (uint32_t v = 0; v < V; v++) {
                 mx = fmax(mx, fabs(c[v]));
@@ -265,33 +339,39 @@ int main(int argc, char **argv) {
                        .want_logits = 1};
     tm_batch_seq cq = {
         .tokens = t23, .n_tok = 23, .block_table = bt_c, .n_block = 2, .want_logits = 1};
-    int kv_ok = !emu_forward(&e, &(tm_batch){.seqs = &a, .n_seq = 1}, lg);
+    int kv_ok = !emu_forward(&e, &(tm_batch){.seqs = &a, .n_seq = 1}, lg, 0, NULL);
     emu_kv_copy(&e, 131, 135, 20 - BLOCK);
     float *lb = malloc((size_t)V * 4);
-    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &bq, .n_seq = 1}, lb);
-    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &cq, .n_seq = 1}, lg);
+    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &bq, .n_seq = 1}, lb, 0, NULL);
+    kv_ok = kv_ok && !emu_forward(&e, &(tm_batch){.seqs = &cq, .n_seq = 1}, lg, 0, NULL);
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
     qsort(rels, (size_t)rows, sizeof(double), cmp_dbl);
     const double median = rows ? rels[rows / 2] : 0.0;
-    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
-           "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g\n",
-           args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)",
-           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, median, bad, over3,
-           flips, kv_d);
-    free(rels);
     emu_destroy(&e);
     emu_destroy(&er);
+    emu_destroy(&e2);
+    int gs_rows = 0;
+    uint32_t len2 = 0;
+    const int gs_diff = graphs_schedule(m, &o, &gs_rows, &len2);
+    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
+           "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g; graphs: %d "
+           "decode steps replayed, %d rows not bitwise equal to eager; graphs schedule (batch "
+           "4/3/2/1, kv_copy): %d of %d rows differ, sequence 2 at %u\n",
+           args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)",
+           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, median, bad, over3,
+           flips, kv_d, g_steps, g_diff, gs_diff, gs_rows, len2);
+    free(rels);
     tm_engine_destroy(cpu);
     tm_free(map);
     tm_tok_destroy(tok);
     tm_model_destroy(m);
     rmdir_all(dir);
-    free(lc), free(lg), free(lb);
+    free(lc), free(lg), free(lb), free(lg2);
     // the exact mode: every row within 1e-3; the fast mode against exact-bf16: the GPU test's
     // bounds (median <= 1e-3, at most 1/8 of the rows beyond 3%: a discrete choice flipped at a
     // near tie)
     const int fail = ref_emu ? median > 1e-3 || over3 > rows / 8 : bad > 0;
-    return fail || !kv_ok || kv_d > 1e-4;
+    return fail || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps || gs_diff != 0 || len2 <= 2 * BLOCK;
 }

@@ -2,7 +2,10 @@
 # bench/dsv41_emu/run.sh BUILD - the DeepSeek-V4.1 CUDA engine's host code against the CPU engine
 # without a GPU (emu_main.c; both modes, see run() below): built here with ASan against BUILD's (a -DTM_CUDA=OFF, preferably
 # TM_SANITIZE=ON build folder with mkmodel) libraries, then run on the configs of
-# tests/gpu/test_dsv41_cuda.c. Needs the CUDA headers (/usr/local/cuda/include) only.
+# tests/gpu/test_dsv41_cuda.c, each also with CUDA graphs (emulated: a second engine replays its
+# pure decode steps from recorded segments and must equal the eager one bit for bit, on that
+# schedule and on test_dsv41_cuda's graphs_case schedule). Needs the CUDA headers
+# (/usr/local/cuda/include) only.
 set -euo pipefail
 b=$(cd "${1:?build folder}" && pwd)
 src=$(cd "$(dirname "$0")/../.." && pwd)

@@ -17,7 +17,8 @@
  * CUDA engine of the same mode driven through tm_engine_cuda_forward_greedy must give the argmax of
  * the first one's logits. Then kv_copy (both modes): a sequence continuing from a copied partial
  * block (window rows, compressor inputs, compressed rows, index keys and Engram ids travel with the
- * slots) equals one that computed everything.
+ * slots) equals one that computed everything. Then graphs: decode steps replayed from the engine's
+ * CUDA graphs must give bitwise the logits of the same steps launched eagerly (graphs_case).
  *
  * Every config runs both modes of the engine (TM_DSV41_CUDA_EXACT, read at create):
  *
@@ -456,6 +457,173 @@ static void test_kv_copy(void) {
     TM_CHECK(rmdir_all(dir) == 0);
 }
 
+/* Decode steps as CUDA graphs (the engine's own, one per stretch between Engram layers) against
+ * the same steps launched eagerly: two CUDA engines of the same model and config, one with graphs
+ * (the default) and one with tm_engine_cuda_set_graphs(0), fed the same batches. Both run the same
+ * kernels with the same arguments, so every logit must be BITWISE equal; a graph replaying stale
+ * arguments (a host value baked in at capture, rows not staged before a segment) breaks that at
+ * once. One prefill of all four prompts, then GR_STEPS decode steps of batch sizes 4, 3, 2 and 1 in
+ * turn over rotating sequences (every size's graphs replayed with other sequences, positions and
+ * block tables; sequence 2 grows from 5 tokens across two block boundaries), with a kv_copy of a
+ * sequence's partial last block into a fresh block in the middle (as a preemption or a prefix-cache
+ * fork would), after which the copy's block serves the decodes. TM_DSV41_CUDA_SYNC forces eager
+ * steps, so these engines are created with it off; each case runs with TM_DSV41_CUDA_EXACT 0 and 1
+ * (the fast and the plain linears where the engine has both modes). */
+#define GR_STEPS 48
+#define GR_BLOCKS (SEQ_BLOCKS + 4) /* blocks SEQ_BLOCKS.. receive the kv_copy */
+
+/* One mode of the engine (TM_DSV41_CUDA_EXACT, read at create: "0" the fast linears, "1" the
+ * plain kernels; a build without the switch runs the same engine twice). */
+static void graphs_run(const char *case_name, const char *mode, const v41 *v) {
+    char name[128];
+    snprintf(name, sizeof(name), "%s (TM_DSV41_CUDA_EXACT=%s)", case_name, mode);
+    tm_engine *eg = NULL, *ee = NULL; // graphs, eager
+    float *lg = NULL, *le = NULL;
+    const uint32_t V = v->m->cfg.n_vocab;
+    tm_engine_opts o = opts_of(v, GR_BLOCKS, N_SEQ, 256);
+    tm_err err = {0};
+    const char *sy = getenv("TM_DSV41_CUDA_SYNC");
+    char *sync_was = sy ? strdup(sy) : NULL;
+    setenv("TM_DSV41_CUDA_SYNC", "0", 1);
+    setenv("TM_DSV41_CUDA_EXACT", mode, 1);
+    TM_CHECK_OK(tm_engine_cuda_create(v->m, &o, &eg, &err), &err);
+    TM_CHECK_OK(tm_engine_cuda_create(v->m, &o, &ee, &err), &err);
+    unsetenv("TM_DSV41_CUDA_EXACT");
+    if (sync_was)
+        setenv("TM_DSV41_CUDA_SYNC", sync_was, 1);
+    free(sync_was);
+    if (!eg || !ee)
+        goto done;
+    tm_engine_cuda_set_graphs(eg, 1);
+    tm_engine_cuda_set_graphs(ee, 0);
+    lg = malloc((size_t)N_SEQ * V * 4), le = malloc((size_t)N_SEQ * V * 4);
+    TM_ASSERT(lg && le);
+    static seq S[N_SEQ];
+    g_rng = 93;
+    seqs_init(S, V);
+    static const uint32_t sizes[4] = {4, 3, 2, 1};
+    uint32_t n_rows = 0, n_diff_rows = 0, n_copy = 0, size_steps[5] = {0};
+    int ok = 1, first = 1;
+    for (uint32_t k = 0; ok && k <= GR_STEPS; k++) {
+        uint32_t which[N_SEQ], n_tok[N_SEQ], want_seq[N_SEQ], n_chunk;
+        if (k == 0) { // every prompt at once (eager on both)
+            n_chunk = N_SEQ;
+            for (uint32_t i = 0; i < N_SEQ; i++)
+                which[i] = i, n_tok[i] = S[i].n;
+        } else {
+            n_chunk = sizes[(k - 1) % 4];
+            for (uint32_t i = 0; i < n_chunk; i++)
+                which[i] = (k + k / 4 + i) % N_SEQ, n_tok[i] = 1; // every size sees every seq
+            size_steps[n_chunk]++;
+        }
+        if (k == GR_STEPS / 2) { // sequence 1's partial last block into a fresh block, both engines
+            seq *s = &S[1];
+            const uint32_t last = (s->done - 1) / BLOCK, used = s->done - last * BLOCK;
+            const uint32_t dst = SEQ_BLOCKS + 1;
+            TM_CHECK_OK(ee->ops->kv_copy(ee, s->bt[last], dst, used, &err), &err);
+            TM_CHECK_OK(eg->ops->kv_copy(eg, s->bt[last], dst, used, &err), &err);
+            fprintf(stderr, "%s: step %u: kv_copy of sequence 1's block %u (%u slots) into %u\n",
+                    name, k, s->bt[last], used, dst);
+            s->bt[last] = dst;
+            n_copy++;
+        }
+        tm_batch_seq bs[N_SEQ];
+        const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
+        tm_batch b = {.seqs = bs, .n_seq = n_chunk};
+        tm_rc rc = tm_engine_forward(ee, &b, le, &err);
+        if (rc)
+            fprintf(stderr, "%s: step %u: eager engine failed: %s\n", name, k, err.msg);
+        if (!rc && (rc = tm_engine_forward(eg, &b, lg, &err)) != TM_OK)
+            fprintf(stderr, "%s: step %u: graphs engine failed: %s\n", name, k, err.msg);
+        if (rc) {
+            TM_CHECK(0);
+            ok = 0;
+            break;
+        }
+        for (uint32_t r = 0; r < n_want; r++) {
+            const float *a = le + (size_t)r * V, *g = lg + (size_t)r * V;
+            n_rows++;
+            if (memcmp(a, g, (size_t)V * 4) != 0) {
+                uint32_t n_v = 0, v0 = V;
+                double md = 0;
+                for (uint32_t x = 0; x < V; x++)
+                    if (memcmp(&a[x], &g[x], 4) != 0) {
+                        n_v++;
+                        v0 = v0 < V ? v0 : x;
+                        md = fmax(md, fabs((double)a[x] - g[x]));
+                    }
+                n_diff_rows++;
+                if (first)
+                    fprintf(stderr,
+                            "%s: FIRST DIFFERENCE at step %u (%s, batch %u), sequence %u, position "
+                            "%u: %u of %u logits differ (first at %u: eager %.9g graphs %.9g), "
+                            "max |d| %.3g\n",
+                            name, k, k ? "decode" : "prefill", n_chunk, want_seq[r],
+                            S[want_seq[r]].n - 1, n_v, V, v0, (double)a[v0], (double)g[v0], md);
+                first = 0;
+            }
+            seq_append(&S[want_seq[r]], argmax(a, V));
+        }
+        step_done(S, which, n_tok, n_chunk);
+    }
+    fprintf(
+        stderr,
+        "%s: graphs vs eager: %u logit rows, %u not bitwise equal; decode steps of batch 4/3/2/1: "
+        "%u/%u/%u/%u; %u kv_copy; sequence lengths %u %u %u %u\n",
+        name, n_rows, n_diff_rows, size_steps[4], size_steps[3], size_steps[2], size_steps[1],
+        n_copy, S[0].done, S[1].done, S[2].done, S[3].done);
+    TM_CHECK(ok);
+    TM_CHECK(n_rows >= N_SEQ + GR_STEPS * 2);
+    TM_CHECK(S[2].done > 2 * BLOCK); // from 5 tokens across two block boundaries
+    TM_CHECK_MSG(n_diff_rows == 0, "%s: %u logit rows differ between graph and eager decode steps",
+                 name, n_diff_rows);
+done:
+    free(lg);
+    free(le);
+    tm_engine_destroy(eg);
+    tm_engine_destroy(ee);
+}
+
+static void graphs_case(const char *name, const char *args) {
+    if (!selected(name))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
+    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
+        fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
+        TM_CHECK(0);
+        rmdir_all(dir);
+        return;
+    }
+    fprintf(stderr, "%s: %s\n", name, cmd);
+    v41 v;
+    if (open_v41(dir, &v) == 0) {
+        graphs_run(name, "0", &v);
+        graphs_run(name, "1", &v);
+    }
+    close_v41(&v);
+    if (rmdir_all(dir) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+// Engram on layers 0 and 2 (segment 0 is the embedding alone), 1 and 3 (hc 2), none
+static void test_graphs_engram02(void) {
+    graphs_case("graphs-engram02", A "--seed 42 --layers 5 --compress-ratios 0,2,2,1,1 "
+                                     "--kv-sources 1,3 --index-sources 1,3 --engram-layers 0,2 "
+                                     "--index-heads 16 --index-topk 8 --window 16");
+}
+static void test_graphs_engram13(void) {
+    graphs_case("graphs-engram13", A "--seed 46 --layers 4 --compress-ratios 1,2,2,2 "
+                                     "--kv-sources 0,1 --index-sources 0,1,3 --candidate-source 1 "
+                                     "--candidate-topk-blocks 3 --candidate-block-size 4 "
+                                     "--index-heads 16 --index-topk 8 --engram-layers 1,3 --hc 2 "
+                                     "--swiglu-limit 0 --window 16");
+}
+static void test_graphs_no_engram(void) {
+    graphs_case("graphs-no-engram", A "--seed 49 --layers 3 --compress-ratios 0,2,2 "
+                                      "--kv-sources 1 --index-sources 1 --engram-layers none "
+                                      "--index-heads 4 --index-topk 4 --window 8");
+}
+
 int main(void) {
     g_rng = 91;
     need_gpu_and_mkmodel();
@@ -476,6 +644,9 @@ int main(void) {
     TM_RUN(test_cand_r1);
     TM_RUN(test_cand_r2);
     TM_RUN(test_kv_copy);
+    TM_RUN(test_graphs_engram02);
+    TM_RUN(test_graphs_engram13);
+    TM_RUN(test_graphs_no_engram);
     return tm_test_report();
 }
 

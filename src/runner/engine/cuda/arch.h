@@ -35,6 +35,10 @@ typedef struct tm_cuda_step tm_cuda_step;     /* one packed step (engine_cuda_in
 typedef struct tm_cuda_arch {
     const char *name; /* "llama" */
     int eager;        /* 1: never captured into CUDA graphs (host work inside every step) */
+    /* 1: the runtime never captures forward; it passes tm_cuda_step.graph = 1 on the pure decode
+     * steps it would have captured (graphs on, eager 0), and forward replays graphs of its own
+     * between its host work (dsv41: one graph per stretch between Engram layers). */
+    int own_graphs;
     /* The shapes the kernels support (model cfg, before any sharding). TM_E_INVAL with a message
      * starting "cuda engine: ". */
     tm_rc (*check_cfg)(const tm_model_cfg *c, tm_err *err);
@@ -68,7 +72,9 @@ typedef struct tm_cuda_arch {
      * into the cache, the logits of its n_want wanted rows into impl->logits. Enqueues only
      * (no sync); may be captured into a CUDA graph (pure decodes), so it launches the same
      * kernels with the same arguments for the same (n_tok, n_seq). With tp > 1 every rank
-     * launches the same collectives in the same order (impl->comm). */
+     * launches the same collectives in the same order (impl->comm). With own_graphs it is never
+     * captured and may do host work (and sync) before its launches; st->graph says whether it
+     * may replay its own graphs. */
     tm_rc (*forward)(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err);
 } tm_cuda_arch;
 
@@ -77,8 +83,9 @@ extern const tm_cuda_arch tm_cuda_arch_llama;
 /* DeepSeek-V4 (single GPU); dsv4.c. Its init raises impl->kv_dim to the width of its per-token
  * state (laid out inside the K and V rows), before the runtime sizes the KV pool. */
 extern const tm_cuda_arch tm_cuda_arch_dsv4;
-/* DeepSeek-V4.1 (single GPU, eager: Engram rows are hashed and read on the host every step);
- * dsv41.c. Its init raises impl->kv_dim like dsv4's. */
+/* DeepSeek-V4.1 (single GPU); dsv41.c. Engram rows are hashed and read on the host every step,
+ * so it captures its own decode graphs (own_graphs: one per stretch between Engram layers, the
+ * host reads and copies in between). Its init raises impl->kv_dim like dsv4's. */
 extern const tm_cuda_arch tm_cuda_arch_dsv41;
 
 #endif /* TM_RUNNER_ENGINE_CUDA_ARCH_H */

@@ -24,8 +24,6 @@
  *   path's inputs (the non-quantized bf16 linears' inputs rounded to bf16): the fast path's
  *   reference up to summation order, for tests/gpu/test_dsv41_cuda.c.
  *
- * No CUDA graphs yet (the arch table's eager flag).
- *
  * A step stacks the tokens of every sequence into [T][...] rows. Engram first (host): every
  * token's compressed id goes into the state, the hash ids of the n-grams ending at each token
  * are computed on the host (the ids before the step's chunk read back from the state), and every
@@ -56,8 +54,20 @@
  * from the model's folder (impl->eng.model->dir). Single GPU only (tp 1); kv_cache_dtype auto
  * only.
  *
+ * CUDA graphs (own_graphs, arch.h): the runtime never captures forward (a step does host work);
+ * on pure decode steps with graphs on (st->graph) forward replays graphs of its own, one per
+ * SEGMENT of the layers split at the Engram layers (segment 0: the embedding and the layers before
+ * the first Engram layer; segment k: Engram layer k's kernels up to the next Engram layer; the
+ * last ends with the head), captured per batch size T at first use. Between segments the host
+ * stages the next Engram layer's rows and the stream waits for their copy outside any graph, so
+ * the reads overlap as in eager steps. A segment's launches take only (T, n_want) and fixed device
+ * addresses (step metadata, state, activations, each slot's device rows); every host_meta read
+ * and the checks happen before segment 0. TM_DSV41_CUDA_SYNC forces eager steps.
+ * TM_DSV41_ENGRAM_SKIP=1 (benchmarks only, a warning at create): no rows read, every row zeros,
+ * the Engram kernels still run (bench/dsv41_engram_overlap.sh times the reads with it).
+ *
  * TM_DSV41_CUDA_SYNC=1 synchronizes after every op and names the op and layer of a failure.
- * Engine thread only; nothing allocates after init. */
+ * Engine thread only; nothing allocates after init (the graphs at their first decode step). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,9 +190,17 @@ typedef struct v41g {
     tm_dsv41_engram_stage *stage;
     const int32_t *tmap;
     uint32_t n_tmap;
-    int64_t *hid;    /* [T][n_engram][n_cols] */
-    uint64_t *hrows; /* [n_engram][T * n_cols] */
-    int32_t *prev_h; /* pinned [S][max_ngram]: compressed ids before each chunk */
+    int64_t *hid;        /* [T][n_engram][n_cols] */
+    uint64_t *hrows;     /* [n_engram][T * n_cols] */
+    int32_t *prev_h;     /* pinned [S][max_ngram]: compressed ids before each chunk */
+    const float **erows; /* host [n_engram]: each slot's device rows (fixed addresses) */
+    int skip_rows;       /* TM_DSV41_ENGRAM_SKIP=1: no rows read, all zeros (benchmarks only) */
+    /* CUDA graphs of pure decode steps (own_graphs): segment k of a step of T sequences is
+     * gx[T * n_seg + k], captured on first use; segment 0 starts with the embedding, segment
+     * k >= 1 with the Engram kernels of layer seg_l[k]; the host reads rows in between */
+    uint32_t n_seg;      /* Engram layers + 1 */
+    uint32_t *seg_l;     /* host [n_seg]: first layer of each segment (seg_l[0] = 0) */
+    cudaGraphExec_t *gx; /* host [(S + 1) * n_seg] */
 } v41g;
 
 /* ---- config ---- */
@@ -265,6 +283,12 @@ static void fini(tm_cuda_engine *impl) {
     tm_engram_layout_destroy(g->lay);
     if (g->prev_h)
         cudaFreeHost(g->prev_h);
+    for (size_t i = 0; g->gx && i < (size_t)(g->S + 1) * g->n_seg; i++)
+        if (g->gx[i])
+            cudaGraphExecDestroy(g->gx[i]);
+    tm_free(g->gx);
+    tm_free(g->seg_l);
+    tm_free(g->erows);
     tm_free(g->etab);
     tm_free(g->hid);
     tm_free(g->hrows);
@@ -314,9 +338,10 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     g->tmap = o->token_map;
     g->n_tmap = o->n_token_map;
     g->etab = tm_calloc(c->n_engram, sizeof(*g->etab));
+    g->erows = tm_calloc(c->n_engram, sizeof(*g->erows));
     g->hid = tm_calloc((size_t)g->T * c->n_engram * g->n_cols, sizeof(*g->hid));
     g->hrows = tm_calloc((size_t)g->T * c->n_engram * g->n_cols, sizeof(*g->hrows));
-    if (!g->etab || !g->hid || !g->hrows)
+    if (!g->etab || !g->erows || !g->hid || !g->hrows)
         return TM_ERR(err, TM_E_NOMEM, "cuda engine: dsv41 Engram buffers");
     rc = tm_dsv41_engram_open(c, impl->eng.model->dir, o->token_map, 0, 1, o->engram_cache_mb,
                               &g->lay, g->etab, err);
@@ -326,6 +351,17 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     if (!rc)
         rc = tm_dsv41_engram_stage_create(g->etab, c->n_engram, (size_t)g->T * g->n_cols, &g->stage,
                                           err);
+    const char *skip = getenv("TM_DSV41_ENGRAM_SKIP");
+    g->skip_rows = skip && strcmp(skip, "0") != 0;
+    if (!rc && g->skip_rows) { // zero rows at fixed addresses, which the Engram kernels read
+        TM_LOG_WARN("cuda",
+                    "TM_DSV41_ENGRAM_SKIP=%s: Engram rows are NOT read (every row is zeros): the "
+                    "outputs are wrong; for timing the Engram reads only",
+                    skip);
+        rc = tm_dsv41_engram_stage_zero(g->stage, err);
+        for (uint32_t k = 0; !rc && k < c->n_engram; k++)
+            rc = tm_dsv41_engram_stage_wait(g->stage, k, NULL, &g->erows[k], err);
+    }
     return rc;
 }
 
@@ -533,6 +569,17 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         P += 4;
     g->P = P;
     impl->kv_dim = 2 * P; // bf16 elements of a K (and of a V) row = P floats each
+    // the decode graphs' segments: split before every Engram layer
+    g->n_seg = 1;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        g->n_seg += c->engram_slot[l] >= 0;
+    g->seg_l = tm_calloc(g->n_seg, sizeof(*g->seg_l));
+    g->gx = tm_calloc((size_t)(g->S + 1) * g->n_seg, sizeof(*g->gx));
+    if (!g->seg_l || !g->gx)
+        return TM_ERR(err, TM_E_NOMEM, "cuda engine: dsv41 graphs");
+    for (uint32_t l = 0, k = 1; l < c->n_layers; l++)
+        if (c->engram_slot[l] >= 0)
+            g->seg_l[k++] = l;
     if (c->n_engram)
         return engram_open(impl, g, err);
     return TM_OK;
@@ -1358,24 +1405,36 @@ static tm_rc engram_begin(tm_cuda_engine *impl, v41g *g, const tm_cuda_step *st,
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t j = 0; j < nc; j++)
                 rows[(size_t)t * nc + j] = (uint64_t)g->hid[((size_t)t * c->n_engram + k) * nc + j];
-        tm_dsv41_engram_stage_prefetch(g->stage, k, rows, (size_t)T * nc);
+        if (!g->skip_rows)
+            tm_dsv41_engram_stage_prefetch(g->stage, k, rows, (size_t)T * nc);
     }
     return TM_OK;
 }
 
-/* Engram layer l: its rows staged onto the GPU, wkv into one key per stream and a value, the
- * gated add into the streams. */
+/* Engram layer l, host part (outside any graph): its rows staged onto the GPU (host reads,
+ * dequant, the copy on the stage's stream), then the compute stream waits for the copy. The
+ * device rows stay at the slot's fixed address (g->erows). With skip_rows: nothing (zeros). */
+static tm_rc engram_rows(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T, tm_err *err) {
+    const uint32_t slot = (uint32_t)g->c->engram_slot[l], nc = g->n_cols;
+    const uint64_t *rows = g->hrows + (size_t)slot * g->T * nc;
+    tm_rc rc;
+    if (g->skip_rows)
+        return TM_OK;
+    OP("engram upload", l, tm_dsv41_engram_stage_upload(g->stage, slot, rows, (size_t)T * nc, err));
+    OP("engram wait", l,
+       tm_dsv41_engram_stage_wait(g->stage, slot, impl->stream, &g->erows[slot], err));
+    return TM_OK;
+}
+
+/* Engram layer l, kernels: wkv of the staged rows into one key per stream and a value, the gated
+ * add into the streams. */
 static tm_rc engram_layer(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T, tm_err *err) {
     const tm_dsv41_cfg *c = g->c;
     const uint32_t slot = (uint32_t)c->engram_slot[l], nc = g->n_cols, w_kv = (g->N + 1) * g->D;
-    const uint64_t *rows = g->hrows + (size_t)slot * g->T * nc;
-    const float *dev_rows = NULL;
     tm_rc rc;
-    OP("engram upload", l, tm_dsv41_engram_stage_upload(g->stage, slot, rows, (size_t)T * nc, err));
-    OP("engram wait", l, tm_dsv41_engram_stage_wait(g->stage, slot, impl->stream, &dev_rows, err));
     OP("engram wkv", l,
-       lin(impl, g, &g->L[l].w[W_E_WKV], 0, dev_rows, nc * g->ehd, T, nc * g->ehd, g->ekv, w_kv,
-           w_kv, err));
+       lin(impl, g, &g->L[l].w[W_E_WKV], 0, g->erows[slot], nc * g->ehd, T, nc * g->ehd, g->ekv,
+           w_kv, w_kv, err));
     const tm_k_dsv41_engram_gate_args ga = {.h = g->s,
                                             .kv = g->ekv,
                                             .w = g->L[l].e_w,
@@ -1387,16 +1446,117 @@ static tm_rc engram_layer(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T,
     return TM_OK;
 }
 
-static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) {
-    v41g *g = impl->arch_state;
+/* Layer l after its Engram op: attention and MoE with their hyper-connection mixes. */
+static tm_rc layer(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T, const tm_k_dsv41_seqs *q,
+                   const uint32_t *pos, tm_err *err) {
     const tm_dsv41_cfg *c = g->c;
-    const uint32_t T = st->n_tok, N = g->N, D = g->D;
+    const v41l *L = &g->L[l];
+    const uint32_t N = g->N, D = g->D;
+    cudaStream_t s = impl->stream;
+    // attention takes the previous sublayer's pre mix; its own mixes give its post / comb and
+    // the MoE's pre mix
+    tm_rc rc = hc_mixes(impl, g, l, 0, T, g->apre, err);
+    if (rc)
+        return rc;
+    OP("attn collapse", l,
+       tm_k_dsv41_collapse_norm(g->x, g->s, g->pre, NULL, T, N, D, L->v[V_ATTN_NORM], c->norm_eps,
+                                s, err));
+    rc = layer_attn(impl, g, l, T, q, pos, err);
+    if (rc)
+        return rc;
+    OP("attn expand", l, tm_k_dsv41_hc_expand(g->s, g->y, g->post, g->comb, T, N, D, s, err));
+    rc = hc_mixes(impl, g, l, 1, T, g->pre, err);
+    if (rc)
+        return rc;
+    OP("ffn collapse", l,
+       tm_k_dsv41_collapse_norm(g->x, g->s, g->apre, NULL, T, N, D, L->v[V_FFN_NORM], c->norm_eps,
+                                s, err));
+    rc = layer_moe(impl, g, l, T, err);
+    if (rc)
+        return rc;
+    OP("ffn expand", l, tm_k_dsv41_hc_expand(g->s, g->y, g->post, g->comb, T, N, D, s, err));
+    return TM_OK;
+}
+
+/* The kernels of segment k of a step (device work only: no host reads, no syncs but
+ * TM_DSV41_CUDA_SYNC's, which forces eager steps), so that a decode step's segment can be a CUDA
+ * graph: every argument is a function of (T, n_want) and of fixed device addresses (the step's
+ * metadata, the state, the activations, the slots' Engram rows). Segment 0: the embedding and the
+ * layers before the first Engram layer; segment k >= 1: Engram layer seg_l[k]'s Engram kernels
+ * and the layers up to the next Engram layer; the last one ends with the head. */
+static tm_rc segment(tm_cuda_engine *impl, v41g *g, const tm_cuda_step *st, uint32_t k,
+                     tm_err *err) {
+    const tm_dsv41_cfg *c = g->c;
+    const uint32_t T = st->n_tok, N = g->N, D = g->D, l0 = g->seg_l[k];
+    const uint32_t l1 = k + 1 < g->n_seg ? g->seg_l[k + 1] : c->n_layers;
     cudaStream_t s = impl->stream;
     const tm_k_dsv41_seqs q = {.pos = st->pos,
                                .tok_seq = st->tok_seq,
                                .seq_bt = st->seq_bt,
                                .block_tables = st->block_tables,
                                .bs = impl->eng.opts.block_size};
+    tm_rc rc;
+    if (k == 0) {
+        OP("embed", 0,
+           tm_k_dsv41_embed(g->x, g->s, g->pre, g->embd.p, g->embd.bf16, st->tokens, T, D, N, s,
+                            err));
+    } else {
+        rc = engram_layer(impl, g, l0, T, err);
+        if (rc)
+            return rc;
+    }
+    for (uint32_t l = l0; l < l1; l++) {
+        rc = layer(impl, g, l, T, &q, st->pos, err);
+        if (rc)
+            return rc;
+    }
+    if (k + 1 < g->n_seg || !st->n_want)
+        return TM_OK;
+    // the head: the last FFN's pre mix collapses the wanted rows' streams, norm, head
+    OP("head collapse", c->n_layers,
+       tm_k_dsv41_collapse_norm(g->x, g->s, g->pre, st->want_row, st->n_want, N, D, g->out_norm,
+                                c->norm_eps, s, err));
+    OP("head", c->n_layers,
+       lin(impl, g, &g->head, 0, g->x, D, st->n_want, D, impl->logits, impl->v_stride,
+           c->vocab_size, err));
+    return TM_OK;
+}
+
+/* Segment k of a pure decode step as its CUDA graph (T = n_tok sequences), captured on first
+ * use, then replayed. */
+static tm_rc segment_graph(tm_cuda_engine *impl, v41g *g, const tm_cuda_step *st, uint32_t k,
+                           tm_err *err) {
+    cudaGraphExec_t *x = &g->gx[(size_t)st->n_tok * g->n_seg + k];
+    if (!*x) {
+        cudaGraph_t gr = NULL;
+        tm_rc rc = TM_CUDA_CHECK(
+            cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeThreadLocal), err);
+        if (rc)
+            return rc;
+        rc = segment(impl, g, st, k, err);
+        const cudaError_t e = cudaStreamEndCapture(impl->stream, &gr);
+        if (!rc)
+            rc = TM_CUDA_CHECK(e, err);
+        if (!rc)
+            rc = TM_CUDA_CHECK(cudaGraphInstantiate(x, gr, 0), err);
+        if (gr)
+            cudaGraphDestroy(gr);
+        if (rc) {
+            *x = NULL;
+            return rc;
+        }
+    }
+    return TM_CUDA_CHECK(cudaGraphLaunch(*x, impl->stream), err);
+}
+
+/* A step: the host checks, Engram's host work (ids, hashes, every table's reads issued), then per
+ * segment: the rows of its Engram layer staged (host), the segment's kernels (eager, or its graph
+ * on pure decode steps with graphs on). The host reads the rows of Engram layer k while the
+ * segments before it run. */
+static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) {
+    v41g *g = impl->arch_state;
+    const tm_dsv41_cfg *c = g->c;
+    const uint32_t T = st->n_tok;
     tm_rc rc;
     if (!T)
         return TM_OK;
@@ -1412,53 +1572,22 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
         if (rc)
             return rc;
     }
-    OP("embed", 0,
-       tm_k_dsv41_embed(g->x, g->s, g->pre, g->embd.p, g->embd.bf16, st->tokens, T, D, N, s, err));
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        const v41l *L = &g->L[l];
-        if (c->engram_slot[l] >= 0) {
-            rc = engram_layer(impl, g, l, T, err);
-            if (rc)
-                return rc;
-        }
-        // attention takes the previous sublayer's pre mix; its own mixes give its post / comb
-        // and the MoE's pre mix
-        rc = hc_mixes(impl, g, l, 0, T, g->apre, err);
+    // TM_DSV41_CUDA_SYNC synchronizes inside the ops: never captured
+    const int graph = st->graph && !g->sync_each;
+    TM_ASSERT(!graph || (T == st->n_seq && T == st->n_want && T <= g->S));
+    for (uint32_t k = 0; k < g->n_seg; k++) {
+        rc = k > 0 ? engram_rows(impl, g, g->seg_l[k], T, err) : TM_OK;
+        if (!rc)
+            rc = graph ? segment_graph(impl, g, st, k, err) : segment(impl, g, st, k, err);
         if (rc)
             return rc;
-        OP("attn collapse", l,
-           tm_k_dsv41_collapse_norm(g->x, g->s, g->pre, NULL, T, N, D, L->v[V_ATTN_NORM],
-                                    c->norm_eps, s, err));
-        rc = layer_attn(impl, g, l, T, &q, st->pos, err);
-        if (rc)
-            return rc;
-        OP("attn expand", l, tm_k_dsv41_hc_expand(g->s, g->y, g->post, g->comb, T, N, D, s, err));
-        rc = hc_mixes(impl, g, l, 1, T, g->pre, err);
-        if (rc)
-            return rc;
-        OP("ffn collapse", l,
-           tm_k_dsv41_collapse_norm(g->x, g->s, g->apre, NULL, T, N, D, L->v[V_FFN_NORM],
-                                    c->norm_eps, s, err));
-        rc = layer_moe(impl, g, l, T, err);
-        if (rc)
-            return rc;
-        OP("ffn expand", l, tm_k_dsv41_hc_expand(g->s, g->y, g->post, g->comb, T, N, D, s, err));
     }
-    if (!st->n_want)
-        return TM_OK;
-    // the head: the last FFN's pre mix collapses the wanted rows' streams, norm, head
-    OP("head collapse", c->n_layers,
-       tm_k_dsv41_collapse_norm(g->x, g->s, g->pre, st->want_row, st->n_want, N, D, g->out_norm,
-                                c->norm_eps, s, err));
-    OP("head", c->n_layers,
-       lin(impl, g, &g->head, 0, g->x, D, st->n_want, D, impl->logits, impl->v_stride,
-           c->vocab_size, err));
     return TM_OK;
 }
 
 const tm_cuda_arch tm_cuda_arch_dsv41 = {
     .name = "deepseek_v41",
-    .eager = 1,
+    .own_graphs = 1,
     .check_cfg = check_cfg,
     .check_weights = check_weights,
     .shard_cfg = shard_cfg,

@@ -120,4 +120,14 @@ tm_rc tm_dsv41_engram_stage_wait(tm_dsv41_engram_stage *st, uint32_t slot, cudaS
     return sl->copied ? TM_CUDA_CHECK(cudaStreamWaitEvent(s, sl->done, 0), err) : TM_OK;
 }
 
+tm_rc tm_dsv41_engram_stage_zero(tm_dsv41_engram_stage *st, tm_err *err) {
+    tm_rc rc = TM_CUDA_CHECK(cudaStreamSynchronize(st->copy), err);
+    for (uint32_t i = 0; !rc && i < st->n_slot; i++)
+        rc = TM_CUDA_CHECK(cudaMemset(st->slot[i].dev, 0, st->max_rows * st->dim * sizeof(float)),
+                           err);
+    if (!rc)
+        rc = TM_CUDA_CHECK(cudaDeviceSynchronize(), err);
+    return rc;
+}
+
 uint32_t tm_dsv41_engram_stage_dim(const tm_dsv41_engram_stage *st) { return st->dim; }

@@ -50,6 +50,11 @@ tm_rc tm_dsv41_engram_stage_upload(tm_dsv41_engram_stage *st, uint32_t slot, con
 tm_rc tm_dsv41_engram_stage_wait(tm_dsv41_engram_stage *st, uint32_t slot, cudaStream_t s,
                                  const float **dev_rows, tm_err *err);
 
+/* Every slot's device rows set to zeros (synchronous; no copy may be in flight after it). For
+ * benchmarks that skip the reads (TM_DSV41_ENGRAM_SKIP, dsv41.c): wait then hands out zero rows.
+ * Errors: TM_E_CUDA. */
+tm_rc tm_dsv41_engram_stage_zero(tm_dsv41_engram_stage *st, tm_err *err);
+
 /* The tables' dim (floats per row). */
 uint32_t tm_dsv41_engram_stage_dim(const tm_dsv41_engram_stage *st);
 

@@ -13,7 +13,9 @@
  * Per-step metadata (token ids, positions, KV slots, token -> sequence, block tables, then the
  * prefill attention tiles) is packed into a pinned host buffer and sent with one copy; its layout
  * depends only on (T, n_seq), so a decode step of T sequences always uses the same device
- * addresses and its CUDA graph, captured once, stays valid. The attention split count depends
+ * addresses and its CUDA graph, captured once, stays valid (an arch with own_graphs, arch.h,
+ * captures its own between its host work; the runtime then only tells it which steps may
+ * replay them: tm_cuda_step.graph). The attention split count depends
  * only on T for the same reason. With TP, rank 0 hands each step's plan (that metadata with a
  * small header, tm_cuda_plan) to the driver, which sends it to the other ranks before this rank
  * launches its own work; every rank then runs the same plan (rank_run_plan). Decode
@@ -251,13 +253,14 @@ static void prof_collect(tm_cuda_engine *impl) {
 /* The architecture's forward pass for a step whose metadata is already on the device
  * (meta_layout(T, S, n_want), the n_tile prefill tiles at tile_off). */
 static tm_rc run_model(tm_cuda_engine *impl, uint32_t T, uint32_t S, uint32_t n_want,
-                       uint32_t n_tile, size_t tile_off, tm_err *err) {
+                       uint32_t n_tile, size_t tile_off, int graph, tm_err *err) {
     const meta_off mo = meta_layout(T, S, n_want);
     const uint32_t *md = impl->meta_d;
     const tm_cuda_step st = {.n_tok = T,
                              .n_seq = S,
                              .n_want = n_want,
                              .n_tile = n_tile,
+                             .graph = (uint32_t)graph,
                              .tokens = md + mo.tokens,
                              .pos = md + mo.pos,
                              .slot = md + mo.slot,
@@ -335,7 +338,7 @@ static tm_rc run_graph(tm_cuda_engine *impl, uint32_t T, tm_err *err) {
             cudaStreamBeginCapture(impl->stream, cudaStreamCaptureModeThreadLocal), err);
         if (rc)
             return rc;
-        rc = run_model(impl, T, T, T, 0, 0, err);
+        rc = run_model(impl, T, T, T, 0, 0, 0, err);
         cudaError_t e = cudaStreamEndCapture(impl->stream, &g);
         if (!rc)
             rc = TM_CUDA_CHECK(e, err);
@@ -372,11 +375,13 @@ static tm_rc run_step(tm_cuda_engine *impl, const tm_cuda_plan *h, tm_err *err) 
                                              s),
                              err);
     if (!rc) {
-        if (h->graph && impl->use_graphs)
+        // an arch with graphs of its own gets the step eagerly and replays them itself
+        const int graph = h->graph && impl->use_graphs;
+        if (graph && !impl->arch->own_graphs)
             rc = run_graph(impl, h->T, err);
         else
             rc = run_model(impl, h->T, h->S, h->n_want, h->n_tile,
-                           h->n_meta - 4 * (size_t)h->n_tile, err);
+                           h->n_meta - 4 * (size_t)h->n_tile, graph, err);
     }
     const uint32_t n_want = h->n_want, nv = impl->cfg.n_vocab;
     tm_cuda_samp *sp = impl->samp;

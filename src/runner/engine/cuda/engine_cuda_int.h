@@ -64,10 +64,11 @@ static inline void *tm_cuda_carve(tm_cuda_carver *cv, size_t bytes) {
 /* One packed step as an architecture's forward pass reads it: counts, and the device metadata
  * arrays (uint32 each, inside the runtime's metadata buffer). */
 struct tm_cuda_step {
-    uint32_t n_tok;                      /* T: tokens of the step, sequences stacked */
-    uint32_t n_seq;                      /* S */
-    uint32_t n_want;                     /* rows wanting logits */
-    uint32_t n_tile;                     /* prefill attention tiles; 0: the step uses attn_paged */
+    uint32_t n_tok;  /* T: tokens of the step, sequences stacked */
+    uint32_t n_seq;  /* S */
+    uint32_t n_want; /* rows wanting logits */
+    uint32_t n_tile; /* prefill attention tiles; 0: the step uses attn_paged */
+    uint32_t graph;  /* arch->own_graphs: a pure decode (n_tok == n_seq == n_want) with graphs on */
     const uint32_t *tokens;              /* [T] token ids */
     const uint32_t *pos;                 /* [T] positions */
     const uint32_t *slot;                /* [T] KV slots: block * block_size + offset */
