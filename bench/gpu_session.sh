@@ -153,7 +153,7 @@ v41perf_part() {
   LAYERS=3 OUT=$L/v41perf bash bench/dsv41_engram_overlap.sh bench 2>&1 | grep -vE "^\[|I cuda"
   local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for b in 1 8; do
-    timeout 150 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
+    timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
       --shape dsv41-flash --layers 3 --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
       > "$L/v41perf/ncu_b$b.csv" 2> "$L/v41perf/ncu_b$b.err"
     echo "ncu b$b rc=$?"
