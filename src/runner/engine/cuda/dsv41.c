@@ -8,7 +8,7 @@
  *   the FP8 ones, dequantized at upload) runs on tensor cores with fp32 sums, on the CPU engine's
  *   inputs (kernels/dsv41.h tm_k_dsv41_to_bf16): act_quant'ed where the weight is quantized,
  *   which gives e4m3 * 2^k values that bf16 holds exactly; where it is not (wo_a, the
- *   compressor's wkv / wgate, the indexer's wk / weights_proj, Engram's wkv, the head) each fp32
+ *   compressor's wkv / wgate, the indexer's wk / weights_proj, the head) each fp32
  *   value x is split into hi = bf16(x) and lo = bf16(x - hi) and the linear runs as W.hi + W.lo
  *   (hi + lo is x to ~2^-17). The weights being exact in bf16, every product is exact, so each
  *   linear is the CPU engine's up to summation order and ~1e-5 relative. Decode steps (<= 16
