@@ -342,30 +342,39 @@ int main(int argc, char **argv) {
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
-    // a 12-token prefill (4 logit rows) in fresh blocks against the CPU engine: 2 x 12 rows exceed
-    // the decode kernels' 16, so the fast mode's split inputs run a hi pass and a lo pass (the
-    // schedule's steps take one GEMM of 2 x T rows or cuBLAS). Judged: the exact mode's worst row,
-    // the fast mode's best (a near-tie flip may move the others; a broken lo pass moves all four)
-    uint32_t bt_d[1] = {140};
-    tm_batch_seq dq = {.tokens = t23 + 5,
-                       .n_tok = 12,
-                       .block_table = bt_d,
-                       .n_block = 1,
-                       .want_logits = 1,
-                       .n_logits = 4};
-    const tm_batch db = {.seqs = &dq, .n_seq = 1};
-    double p2[4] = {INFINITY, INFINITY, INFINITY, INFINITY};
-    if (!emu_forward(&e, &db, lg, 0, NULL) && !tm_engine_forward(cpu, &db, lc, &err)) {
+    // 12-token prefills (4 logit rows each) of four windows of t23, each in a fresh block, against
+    // the CPU engine: 2 x 12 rows exceed the decode kernels' 16, so the fast mode's split inputs
+    // run a hi pass and a lo pass (the schedule's steps take one GEMM of 2 x T rows or cuBLAS).
+    // Judged: the exact mode's worst row, the fast mode's median of the 16 (a near-tie flip inside
+    // one window moves its rows: seen on ratio1's window at 5, 1.2-2% with the lo pass in place or
+    // replaced by cuBLAS; a broken lo pass moves all 16)
+    double p2[16];
+    for (uint32_t wi = 0; wi < 4; wi++) {
+        uint32_t bt_d[1] = {140 + wi};
+        tm_batch_seq dq = {.tokens = t23 + (uint32_t[]){0, 4, 5, 11}[wi],
+                           .n_tok = 12,
+                           .block_table = bt_d,
+                           .n_block = 1,
+                           .want_logits = 1,
+                           .n_logits = 4};
+        const tm_batch db = {.seqs = &dq, .n_seq = 1};
+        const int ok2 = !emu_forward(&e, &db, lg, 0, NULL) &&
+                        !tm_engine_forward(cpu, &db, lc, &err);
         for (uint32_t r = 0; r < 4; r++) {
-            double mx = 0, md = 0;
-            for (uint32_t v = 0; v < V; v++) {
+            double mx = 0, md = ok2 ? 0 : INFINITY;
+            for (uint32_t v = 0; ok2 && v < V; v++) {
                 const size_t i = (size_t)r * V + v;
                 mx = fmax(mx, fabs(lc[i]));
                 md = fmax(md, isnan(lg[i]) ? INFINITY : fabs((double)lg[i] - lc[i]));
             }
-            p2[r] = md / mx;
+            p2[wi * 4 + r] = ok2 ? md / mx : INFINITY;
         }
     }
+    double p2_max = 0.0;
+    for (int r = 0; r < 16; r++)
+        p2_max = fmax(p2_max, p2[r]);
+    qsort(p2, 16, sizeof(double), cmp_dbl);
+    const double p2_median = p2[8];
     qsort(rels, (size_t)rows, sizeof(double), cmp_dbl);
     const double median = rows ? rels[rows / 2] : 0.0;
     emu_destroy(&e);
@@ -373,14 +382,15 @@ int main(int argc, char **argv) {
     int gs_rows = 0;
     uint32_t len2 = 0;
     const int gs_diff = graphs_schedule(m, &o, &gs_rows, &len2);
-    printf("emu %s (mode %s vs cpu): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
-           "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g; 12-token step: "
-           "rows %.3g %.3g %.3g %.3g; graphs: %d "
-           "decode steps replayed, %d rows not bitwise equal to eager; graphs schedule (batch "
-           "4/3/2/1, kv_copy): %d of %d rows differ, sequence 2 at %u\n",
-           args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)", rows,
-           max_abs, max_rel, median, bad, over3, flips, kv_d, p2[0], p2[1], p2[2], p2[3], g_steps,
-           g_diff, gs_diff, gs_rows, len2);
+    printf(
+        "emu %s (mode %s vs cpu): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
+        "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g; 12-token steps: "
+        "median %.3g, max %.3g; graphs: %d "
+        "decode steps replayed, %d rows not bitwise equal to eager; graphs schedule (batch "
+        "4/3/2/1, kv_copy): %d of %d rows differ, sequence 2 at %u\n",
+        args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)", rows,
+        max_abs, max_rel, median, bad, over3, flips, kv_d, p2_median, p2_max, g_steps, g_diff,
+        gs_diff, gs_rows, len2);
     free(rels);
     tm_engine_destroy(cpu);
     tm_free(map);
@@ -399,12 +409,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "OUT OF BOUNDS (mode %s%s)\n", fast ? "fast" : "exact",
                 chaotic ? ", chaotic config" : "");
     const double p2_tol = !fast ? 1e-3 : chaotic ? FAST_CHAOS_MEDIAN_TOL : FAST_MEDIAN_TOL;
-    double p2_rel = fast ? INFINITY : 0.0;
-    for (int r = 0; r < 4; r++)
-        p2_rel = fast ? fmin(p2_rel, p2[r]) : fmax(p2_rel, p2[r]);
+    const double p2_rel = fast ? p2_median : p2_max;
     if (!(p2_rel <= p2_tol))
-        fprintf(stderr, "12-TOKEN STEP: %s row's max |d logit| / row max %.3g > %.2g\n",
-                fast ? "best" : "worst", p2_rel, p2_tol);
+        fprintf(stderr, "12-TOKEN STEPS: %s row's max |d logit| / row max %.3g > %.2g\n",
+                fast ? "median" : "worst", p2_rel, p2_tol);
     return fail || !kv_ok || !(p2_rel <= p2_tol) || kv_d > 1e-4 || g_diff || !g_steps ||
            gs_diff != 0 || len2 <= 2 * BLOCK;
 }
