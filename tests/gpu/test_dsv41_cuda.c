@@ -476,6 +476,67 @@ static void test_kv_copy(void) {
     TM_CHECK(rmdir_all(dir) == 0);
 }
 
+/* The fast mode's hi / lo passes: a step of 12 tokens has 2 x 12 split input rows, more than the
+ * decode kernels' 16, so each non-quantized linear runs a hi pass and then a lo pass added onto it
+ * (the schedule above never has 9 to 16 tokens in a step: it runs one GEMM of 2 x T rows at decode
+ * and cuBLAS for prefill). Four 12-token prefills of different token windows, each in its own
+ * block, 4 logit rows each, fast vs the CPU engine: the median of the 16 row errors within
+ * FAST_MEDIAN_TOL (a near-tie flip moves one window's rows: on the host emulation ratio1's config
+ * has one window at 1.2-2%, the others ~3e-6; a lo pass that overwrites instead of adding gives a
+ * median of 1.3-1.5). */
+static void test_split_passes(void) {
+    if (!selected("split-passes"))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
+    TM_CHECK(mkmodel(dir,
+                     A "--seed 45 --layers 4 --compress-ratios 0,2,2,1 --kv-sources 1,3 "
+                       "--index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 4 "
+                       "--window 8",
+                     cmd, sizeof(cmd)) == 0);
+    v41 v;
+    if (open_v41(dir, &v) == 0) {
+        tm_engine *cpu = NULL, *gpu = NULL;
+        tm_err err = {0};
+        tm_engine_opts o = opts_of(&v, 8, 1, 64);
+        o.max_rows = 4;
+        TM_CHECK_OK(tm_engine_cpu_create(v.m, &o, &cpu, &err), &err);
+        TM_CHECK_OK(cuda_create(v.m, &o, "0", &gpu, &err), &err);
+        const uint32_t V = v.m->cfg.n_vocab;
+        float *lc = malloc((size_t)4 * V * 4), *lg = malloc((size_t)4 * V * 4);
+        double rel[16];
+        for (uint32_t wi = 0; cpu && gpu && wi < 4; wi++) {
+            uint32_t tok[12], bt[1] = {wi};
+            for (uint32_t i = 0; i < 12; i++)
+                tok[i] = (uint32_t)((wi * 5 + i) * 37 + 11) % V;
+            tm_batch_seq sq = {.tokens = tok,
+                               .n_tok = 12,
+                               .block_table = bt,
+                               .n_block = 1,
+                               .want_logits = 1,
+                               .n_logits = 4};
+            const tm_batch b = {.seqs = &sq, .n_seq = 1};
+            TM_CHECK_OK(tm_engine_forward(cpu, &b, lc, &err), &err);
+            TM_CHECK_OK(tm_engine_forward(gpu, &b, lg, &err), &err);
+            for (uint32_t r = 0; r < 4; r++)
+                rel[wi * 4 + r] = row_rel(lc + (size_t)r * V, lg + (size_t)r * V, V);
+            fprintf(stderr, "split-passes: window %u: fast vs cpu rows %.3g %.3g %.3g %.3g\n", wi,
+                    rel[wi * 4], rel[wi * 4 + 1], rel[wi * 4 + 2], rel[wi * 4 + 3]);
+        }
+        if (cpu && gpu) {
+            qsort(rel, 16, sizeof(double), cmp_dbl);
+            TM_CHECK_MSG(rel[8] <= FAST_MEDIAN_TOL,
+                         "split-passes: median row error %.3g > %.2g (the lo pass of a 12-token "
+                         "step is not added onto the hi pass)",
+                         rel[8], FAST_MEDIAN_TOL);
+        }
+        free(lc), free(lg);
+        tm_engine_destroy(gpu);
+        tm_engine_destroy(cpu);
+    }
+    close_v41(&v);
+    TM_CHECK(rmdir_all(dir) == 0);
+}
+
 /* Decode steps as CUDA graphs (the engine's own, one per stretch between Engram layers) against
  * the same steps launched eagerly: two CUDA engines of the same model and config, one with graphs
  * (the default) and one with tm_engine_cuda_set_graphs(0), fed the same batches. Both run the same
@@ -663,6 +724,7 @@ int main(void) {
     TM_RUN(test_cand_r1);
     TM_RUN(test_cand_r2);
     TM_RUN(test_kv_copy);
+    TM_RUN(test_split_passes);
     TM_RUN(test_graphs_engram02);
     TM_RUN(test_graphs_engram13);
     TM_RUN(test_graphs_no_engram);
