@@ -696,7 +696,7 @@ static int dsv4_bench(int argc, char **argv) {
  * further layers repeat the last three), Engram on layers 0 and 2 (3-grams, 8 heads x 256: 16
  * rows of 256 a token and layer), random weights on the device in the layout of the engine's mode
  * (TM_DSV41_CUDA_EXACT, read at create: the fast default keeps the dense FP8 linears as e4m3 +
- * 32x32 ue8m0 scales beside a bf16 copy and the routed experts packed MXFP4; the exact modes hold
+ * 32x32 ue8m0 scales beside a bf16 copy and the routed experts packed MXFP4; the exact mode holds
  * everything as bf16), Engram tables written by this run into a temporary
  * folder (about 2.1 M rows each, read through the engine's row cache, 1 GB by default) and a
  * synthetic compressed token map. A run per batch size (--batch, default 1,8): prefill B prompts
@@ -706,8 +706,10 @@ static int dsv4_bench(int argc, char **argv) {
  * rows copied to the GPU (fp32) and the LM head, at the device-copy bandwidth measured in this run.
  * Two floors are printed: the packed one (the deployment's formats: FP8 1 B + a scale byte per
  * 32 x 32 block, MXFP4 0.5 B + a scale byte per 32, bf16 tensors 2 B, fp32 ones 4 B; what the fast
- * mode reads at B <= 16) and the bf16 one (what the exact modes read); the percentage is against
- * the floor of the mode that ran. */
+ * mode reads at B <= 8: its non-quantized linears' hi and lo input rows go through one decode GEMM
+ * of 2B rows; at B of 9 to 16 it reads those linears (wo_a, compressor, indexer wk / weights_proj,
+ * head) twice, a hi pass and a lo pass, which the floor does not count) and the bf16 one (what the
+ * exact mode reads); the percentage is against the floor of the mode that ran. */
 #include <fcntl.h>
 
 #include "runner/model/engram_hash.h"

@@ -85,9 +85,10 @@ extern "C" tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, in
     return tm_cuda_launched(err, s, "dsv41_fp4_act_quant");
 }
 
-/* One thread per 32-group of a row (aq: act_quant_kernel's operations) or per value. */
-static __global__ void to_bf16_kernel(uint16_t *y, const float *x, uint32_t ldx, uint32_t n,
-                                      uint32_t n_tok, int aq) {
+/* One thread per 32-group of a row (aq: act_quant_kernel's operations) or per value (aq 0: the
+ * hi / lo split). */
+static __global__ void to_bf16_kernel(uint16_t *y, uint16_t *lo, const float *x, uint32_t ldx,
+                                      uint32_t n, uint32_t n_tok, int aq) {
     const size_t per = aq ? n / 32 : n, total = per * n_tok;
     for (size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
          g += (size_t)gridDim.x * blockDim.x) {
@@ -95,7 +96,10 @@ static __global__ void to_bf16_kernel(uint16_t *y, const float *x, uint32_t ldx,
         const float *xr = x + t * ldx;
         uint16_t *yr = y + t * n;
         if (!aq) {
-            yr[j] = __bfloat16_as_ushort(__float2bfloat16_rn(xr[j]));
+            const __nv_bfloat16 hi = __float2bfloat16_rn(xr[j]);
+            yr[j] = __bfloat16_as_ushort(hi);
+            lo[t * n + j] = __bfloat16_as_ushort(
+                __float2bfloat16_rn(__fsub_rn(xr[j], __bfloat162float(hi)))); // exact difference
             continue;
         }
         const float *p = xr + j * 32;
@@ -112,24 +116,37 @@ static __global__ void to_bf16_kernel(uint16_t *y, const float *x, uint32_t ldx,
 extern "C" tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0 || a->n == 0)
         return TM_OK;
-    TM_ASSERT(a->y && a->x && a->ldx >= a->n && (!a->aq || a->n % 32 == 0));
+    TM_ASSERT(a->y && a->x && a->ldx >= a->n && (a->aq ? a->n % 32 == 0 && !a->lo : a->lo != NULL));
     const size_t total = (size_t)a->n_tok * (a->aq ? a->n / 32 : a->n);
-    to_bf16_kernel<<<grid_for(total), 128, 0, s>>>(a->y, a->x, a->ldx, a->n, a->n_tok, a->aq);
+    to_bf16_kernel<<<grid_for(total), 128, 0, s>>>(a->y, a->lo, a->x, a->ldx, a->n, a->n_tok,
+                                                   a->aq);
     return tm_cuda_launched(err, s, "dsv41_to_bf16");
 }
 
-static __global__ void round_bf16_kernel(float *x, size_t n) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        x[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+/* One thread per output value. */
+static __global__ void sum_split_kernel(tm_k_dsv41_sum_split_args a) {
+    const size_t total = (size_t)a.n_tok * a.n_col;
+    for (size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x; g < total;
+         g += (size_t)gridDim.x * blockDim.x) {
+        const size_t t = g / a.n_col, j = g % a.n_col;
+        float hi = 0.0f, lo = 0.0f;
+        for (uint32_t p = 0; p < a.n_part; p++)
+            hi += a.part[p * a.stride + t * a.n_col + j];
+        if (a.lo)
+            for (uint32_t p = 0; p < a.n_part; p++)
+                lo += a.part[p * a.stride + (a.n_tok + t) * a.n_col + j];
+        float *y = a.y + t * a.ld_y + j;
+        *y = (a.add ? *y : 0.0f) + hi + lo;
+    }
 }
 
-extern "C" tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_err *err) {
-    if (n == 0)
+extern "C" tm_rc tm_k_dsv41_sum_split(const tm_k_dsv41_sum_split_args *a, cudaStream_t s,
+                                      tm_err *err) {
+    if (a->n_tok == 0 || a->n_col == 0)
         return TM_OK;
-    TM_ASSERT(x);
-    round_bf16_kernel<<<grid_for(n), 128, 0, s>>>(x, n);
-    return tm_cuda_launched(err, s, "dsv41_round_bf16");
+    TM_ASSERT(a->y && a->part && a->n_part >= 1 && a->ld_y >= a->n_col);
+    sum_split_kernel<<<grid_for((size_t)a->n_tok * a->n_col), 128, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_sum_split");
 }
 
 static __global__ void dequant_fp8_32_kernel(uint16_t *y, const uint8_t *w, const uint8_t *scale,

@@ -41,25 +41,39 @@ tm_rc tm_k_dsv41_fp4_act_quant(float *x, size_t n, uint32_t block, int e4m3_scal
 /* The fast path's linear inputs (runner/engine/cuda/dsv41.c): n_tok rows of n fp32 values (row
  * stride ldx) into y [n_tok][n] bf16 (contiguous). aq 1: the act_quant QDQ values, computed by
  * exactly tm_k_dsv41_act_quant's operations (n % 32 == 0); each is e4m3 * 2^k, which bf16 holds
- * exactly, so y is the reference's quantized input bit for bit. aq 0: each value rounded to the
- * nearest-even bf16 (the inputs of linears whose weights are not quantized). x is not changed. */
+ * exactly, so y is the reference's quantized input bit for bit (lo must be NULL). aq 0 (the inputs
+ * of linears whose weights are not quantized): the fp32 value x split in two bf16 values, hi =
+ * bf16_rn(x) into y and lo = bf16_rn(x - hi) into lo [n_tok][n] (x - hi is exact in fp32), so
+ * hi + lo is x to ~2^-17 relative; W.hi + W.lo in fp32 is then the fp32-input product up to
+ * ~1e-5 relative and summation order. x is not changed. */
 typedef struct tm_k_dsv41_to_bf16_args {
-    uint16_t *y;
+    uint16_t *y, *lo;
     const float *x;
     uint32_t ldx, n, n_tok;
     int aq;
 } tm_k_dsv41_to_bf16_args;
 tm_rc tm_k_dsv41_to_bf16(const tm_k_dsv41_to_bf16_args *a, cudaStream_t s, tm_err *err);
 
+/* The fast path's split-K sums for the hi / lo halves of its non-quantized inputs: for t < n_tok,
+ * j < n_col, y[t * ld_y + j] = (add ? y[t * ld_y + j] : 0) + S(t) + (lo ? S(n_tok + t) : 0), where
+ * S(r) = the sum over p < n_part (in order) of part[p * stride + r * n_col + j]: lo 1 when one GEMM
+ * ran the hi rows and then the lo rows (2 x n_tok rows per split), add 1 for the lo pass of two
+ * (y holds the hi pass's sum). One kernel; n_part >= 1. */
+typedef struct tm_k_dsv41_sum_split_args {
+    float *y;
+    uint32_t ld_y;
+    const float *part;
+    size_t stride;
+    uint32_t n_part, n_tok, n_col;
+    int lo, add;
+} tm_k_dsv41_sum_split_args;
+tm_rc tm_k_dsv41_sum_split(const tm_k_dsv41_sum_split_args *a, cudaStream_t s, tm_err *err);
+
 /* y [n_out][n_in] bf16 = e4m3 w [n_out][n_in] * 2^(scale[o / 32][i / 32] - 127) (the 32 x 32
  * ue8m0 block-scaled FP8 of the dense linears; n_in % 32 == 0): exact (an e4m3 value times a power
  * of two) unless it leaves bf16's range. The bf16 copy of random FP8 weights (benchmarks). */
 tm_rc tm_k_dsv41_dequant_fp8_32(uint16_t *y, const uint8_t *w, const uint8_t *scale, uint32_t n_out,
                                 uint32_t n_in, cudaStream_t s, tm_err *err);
-
-/* Each of n values rounded to the nearest-even bf16, kept as fp32, in place (the exact mode's
- * reference for the fast path's bf16 inputs: TM_DSV41_CUDA_EXACT=2). */
-tm_rc tm_k_dsv41_round_bf16(float *x, size_t n, cudaStream_t s, tm_err *err);
 
 typedef struct tm_k_dsv41_engram_gate_args {
     float *h;        /* [n_tok][n_hc][dim]: the residual streams, updated in place */

@@ -3,15 +3,15 @@
  * on host memory with host transliterations of its kernels (emu_kernels.c, emu_cuda.c), against
  * the CPU engine on the schedule of tests/gpu/tm_gpu_compare.h and a kv_copy continuation.
  * Usage: emu MKMODEL_ARGS... (the model is written to a temporary folder by $TM_BUILD/mkmodel).
- * Prints max |d logit| and the first bad row; exit 0 when every row is within 1e-3 of its max
- * |logit|. The engine's mode is TM_DSV41_CUDA_EXACT's (read at init); with EMU_REF=exact-bf16 the
- * reference is not the CPU engine but a second emulated engine in mode 2 (the exact kernels on
- * the fast path's bf16 inputs), which the fast mode (0) equals up to summation order: then the
- * bounds of tests/gpu/test_dsv41_cuda.c's fast mode (median row error <= 1e-3, at most 1/8 of the
- * rows beyond 3% of the row's max |logit|). A second engine in the same mode runs the same steps
- * with CUDA graphs on its pure decode steps (tm_cuda_step.graph, as the runtime sets it;
- * emu_cuda.c records and replays the segments' launches): its logits must equal the eager
- * engine's bit for bit. Run by bench/dsv41_emu/run.sh (ASan build). */
+ * Prints the row errors (max |d logit| / row max |logit|: max, median, rows over 1e-3 and 3%,
+ * argmax differences) and the first row over 1e-3. The engine's mode is TM_DSV41_CUDA_EXACT's
+ * (read at init). Exit 0 when the rows are within the bounds of tests/gpu/test_dsv41_cuda.c:
+ * the exact mode every row within 1e-3; the fast mode (0) median row error <= FAST_MEDIAN_TOL and
+ * at most 1 / FAST_FLIP_DIV of the rows beyond 3%, or with EMU_CHAOTIC=1 median <= 0.1 (below). A
+ * second engine in the same mode runs the same steps with CUDA graphs on its pure decode steps
+ * (tm_cuda_step.graph, as the runtime sets it; emu_cuda.c records and replays the segments'
+ * launches): its logits must equal the eager engine's bit for bit. Run by bench/dsv41_emu/run.sh
+ * (ASan build). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +28,13 @@
 #include "runner/model/model.h"
 #include "runner/text/tokenizer.h"
 #include "tm_gpu_compare.h"
+
+/* The fast mode's bounds against the CPU engine: tests/gpu/test_dsv41_cuda.c's (see there): the
+ * median row error, the rows beyond 3% (1 / FAST_FLIP_DIV of them), and with EMU_CHAOTIC=1 (the
+ * candidate-selection configs) the median alone, looser. */
+#define FAST_MEDIAN_TOL 1e-4
+#define FAST_FLIP_DIV 4
+#define FAST_CHAOS_MEDIAN_TOL 0.1
 
 typedef struct emu {
     tm_cuda_engine *impl;
@@ -261,21 +268,10 @@ int main(int argc, char **argv) {
                         .n_token_map = n_map,
                         .engram_cache_mb = 1};
     tm_engine *cpu = NULL;
-    emu e = {0}, er = {0}, e2 = {0}; // eager; reference; graphs
+    emu e = {0}, e2 = {0}; // eager; graphs
     if (tm_engine_cpu_create(m, &o, &cpu, &err)) {
         fprintf(stderr, "cpu create: %s\n", err.msg);
         return 2;
-    }
-    const char *ref_env = getenv("EMU_REF");
-    const int ref_emu = ref_env && !strcmp(ref_env, "exact-bf16");
-    if (ref_emu) { // the reference: mode 2, then the engine under test in the caller's mode
-        const char *mode = getenv("TM_DSV41_CUDA_EXACT");
-        char keep[8];
-        snprintf(keep, sizeof(keep), "%s", mode ? mode : "0");
-        setenv("TM_DSV41_CUDA_EXACT", "2", 1);
-        if (emu_create(m, &o, &er))
-            return 1;
-        setenv("TM_DSV41_CUDA_EXACT", keep, 1);
     }
     if (emu_create(m, &o, &e) || emu_create(m, &o, &e2))
         return 1;
@@ -293,8 +289,7 @@ int main(int argc, char **argv) {
         tm_batch_seq bs[N_SEQ];
         const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
         tm_batch b = {.seqs = bs, .n_seq = n_chunk};
-        if (ref_emu ? emu_forward(&er, &b, lc, 0, NULL) != 0
-                    : tm_engine_forward(cpu, &b, lc, &err) != 0) {
+        if (tm_engine_forward(cpu, &b, lc, &err) != 0) {
             fprintf(stderr, "reference forward: %s\n", err.msg);
             return 2;
         }
@@ -347,21 +342,55 @@ int main(int argc, char **argv) {
     double kv_d = 0;
     for (uint32_t v = 0; kv_ok && v < V; v++)
         kv_d = fmax(kv_d, fabs((double)lb[v] - lg[v]));
+    // 12-token prefills (4 logit rows each) of four windows of t23, each in a fresh block, against
+    // the CPU engine: 2 x 12 rows exceed the decode kernels' 16, so the fast mode's split inputs
+    // run a hi pass and a lo pass (the schedule's steps take one GEMM of 2 x T rows or cuBLAS).
+    // Judged: the exact mode's worst row, the fast mode's median of the 16 (a near-tie flip inside
+    // one window moves its rows: seen on ratio1's window at 5, 1.2-2% with the lo pass in place or
+    // replaced by cuBLAS; a broken lo pass moves all 16)
+    double p2[16];
+    for (uint32_t wi = 0; wi < 4; wi++) {
+        uint32_t bt_d[1] = {140 + wi};
+        tm_batch_seq dq = {.tokens = t23 + (uint32_t[]){0, 4, 5, 11}[wi],
+                           .n_tok = 12,
+                           .block_table = bt_d,
+                           .n_block = 1,
+                           .want_logits = 1,
+                           .n_logits = 4};
+        const tm_batch db = {.seqs = &dq, .n_seq = 1};
+        const int ok2 = !emu_forward(&e, &db, lg, 0, NULL) &&
+                        !tm_engine_forward(cpu, &db, lc, &err);
+        for (uint32_t r = 0; r < 4; r++) {
+            double mx = 0, md = ok2 ? 0 : INFINITY;
+            for (uint32_t v = 0; ok2 && v < V; v++) {
+                const size_t i = (size_t)r * V + v;
+                mx = fmax(mx, fabs(lc[i]));
+                md = fmax(md, isnan(lg[i]) ? INFINITY : fabs((double)lg[i] - lc[i]));
+            }
+            p2[wi * 4 + r] = ok2 ? md / mx : INFINITY;
+        }
+    }
+    double p2_max = 0.0;
+    for (int r = 0; r < 16; r++)
+        p2_max = fmax(p2_max, p2[r]);
+    qsort(p2, 16, sizeof(double), cmp_dbl);
+    const double p2_median = p2[8];
     qsort(rels, (size_t)rows, sizeof(double), cmp_dbl);
     const double median = rows ? rels[rows / 2] : 0.0;
     emu_destroy(&e);
-    emu_destroy(&er);
     emu_destroy(&e2);
     int gs_rows = 0;
     uint32_t len2 = 0;
     const int gs_diff = graphs_schedule(m, &o, &gs_rows, &len2);
-    printf("emu %s (mode %s vs %s): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
-           "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g; graphs: %d "
-           "decode steps replayed, %d rows not bitwise equal to eager; graphs schedule (batch "
-           "4/3/2/1, kv_copy): %d of %d rows differ, sequence 2 at %u\n",
-           args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)",
-           ref_emu ? "emulated exact-bf16" : "cpu", rows, max_abs, max_rel, median, bad, over3,
-           flips, kv_d, g_steps, g_diff, gs_diff, gs_rows, len2);
+    printf(
+        "emu %s (mode %s vs cpu): %d rows, max |d logit| %.3g, max rel %.3g, median rel %.3g, "
+        "%d rows over 1e-3, %d over 3%%, %d argmax differ; kv_copy max |d| %.3g; 12-token steps: "
+        "median %.3g, max %.3g; graphs: %d "
+        "decode steps replayed, %d rows not bitwise equal to eager; graphs schedule (batch "
+        "4/3/2/1, kv_copy): %d of %d rows differ, sequence 2 at %u\n",
+        args, getenv("TM_DSV41_CUDA_EXACT") ? getenv("TM_DSV41_CUDA_EXACT") : "0 (fast)", rows,
+        max_abs, max_rel, median, bad, over3, flips, kv_d, p2_median, p2_max, g_steps, g_diff,
+        gs_diff, gs_rows, len2);
     free(rels);
     tm_engine_destroy(cpu);
     tm_free(map);
@@ -369,9 +398,21 @@ int main(int argc, char **argv) {
     tm_model_destroy(m);
     rmdir_all(dir);
     free(lc), free(lg), free(lb), free(lg2);
-    // the exact mode: every row within 1e-3; the fast mode against exact-bf16: the GPU test's
-    // bounds (median <= 1e-3, at most 1/8 of the rows beyond 3%: a discrete choice flipped at a
-    // near tie)
-    const int fail = ref_emu ? median > 1e-3 || over3 > rows / 8 : bad > 0;
-    return fail || !kv_ok || kv_d > 1e-4 || g_diff || !g_steps || gs_diff != 0 || len2 <= 2 * BLOCK;
+    // the exact mode: every row within 1e-3; the fast mode: the GPU test's bounds
+    const char *mode = getenv("TM_DSV41_CUDA_EXACT");
+    const char *ch = getenv("EMU_CHAOTIC");
+    const int fast = !mode || !strcmp(mode, "0"), chaotic = ch && !strcmp(ch, "1");
+    const int fail = !fast     ? bad > 0
+                     : chaotic ? !(median <= FAST_CHAOS_MEDIAN_TOL)
+                               : !(median <= FAST_MEDIAN_TOL) || over3 > rows / FAST_FLIP_DIV;
+    if (fail)
+        fprintf(stderr, "OUT OF BOUNDS (mode %s%s)\n", fast ? "fast" : "exact",
+                chaotic ? ", chaotic config" : "");
+    const double p2_tol = !fast ? 1e-3 : chaotic ? FAST_CHAOS_MEDIAN_TOL : FAST_MEDIAN_TOL;
+    const double p2_rel = fast ? p2_median : p2_max;
+    if (!(p2_rel <= p2_tol))
+        fprintf(stderr, "12-TOKEN STEPS: %s row's max |d logit| / row max %.3g > %.2g\n",
+                fast ? "median" : "worst", p2_rel, p2_tol);
+    return fail || !kv_ok || !(p2_rel <= p2_tol) || kv_d > 1e-4 || g_diff || !g_steps ||
+           gs_diff != 0 || len2 <= 2 * BLOCK;
 }

@@ -26,18 +26,20 @@
  *   the row's max |logit|, and a greedy token may differ only at a near tie (CPU top-2 margin <= 2
  *   x the row's error). It does the CPU engine's arithmetic (fp32 values, double sums, the same
  *   quantizers), so the max |d logit| printed is expected near 1e-5.
- * - fast (0, the default): linears on bf16 tensor cores (skinny split-K at decode, cuBLAS for
- *   prefill), the MXFP4 MoE kernel on packed experts. Its inputs are the reference's: act_quant'ed
- *   (exact in bf16) for quantized weights, rounded to bf16 for the non-quantized bf16 ones (wo_a,
- *   compressor, indexer wk / weights_proj, head; the router keeps fp32). So it is checked against
- *   the exact mode on the same rounded inputs (2, "exact-bf16"), which it equals up to summation
- *   order: the median row error must stay below FAST_MEDIAN_TOL (1e-3; summation order gives
- *   ~1e-7 on the host emulation, a skipped act_quant, a wrong block scale or pair row 0.2-1.2), at
- *   most 1/8 of the rows beyond LOGIT_TOL (a discrete choice flipped at a near tie changes later
- *   tokens' state), and its device greedy equal to its argmax.
- *   Against the CPU engine it gets test_dsv4_cuda's allowance for discrete choices: at most 2 x
- *   the baseline's rows beyond LOGIT_TOL + 8, the baseline being the bf16 rounding alone
- *   (exact-bf16 vs cpu). Every comparison's figures are printed.
+ * - fast (0, the default): linears on bf16 tensor cores (skinny split-K or FP8 codes at decode,
+ *   cuBLAS for prefill), the MXFP4 MoE kernel on packed experts, fp32 sums. Its inputs are the CPU
+ *   engine's: act_quant'ed (exact in bf16) for quantized weights, and for the others (wo_a,
+ *   compressor, indexer wk / weights_proj, head) each fp32 value split into bf16 hi +
+ *   lo (to ~2^-17), so it computes the CPU engine's linears up to fp32 summation order and
+ *   ~1e-5. It is checked against the CPU engine directly: the median row error (max |d logit| /
+ *   row max |logit|) must stay below FAST_MEDIAN_TOL (1e-4; measured <= 4.8e-6 on the host
+ *   emulation, where the rounded-input fast mode gave 1.7e-2 .. 0.31 and a dropped lo half or a
+ *   skipped act_quant give >= 1.7e-2), at most 1 / FAST_FLIP_DIV of the rows beyond LOGIT_TOL (a
+ *   discrete choice flipped at a near tie changes later tokens' state), and its device greedy
+ *   equal to its argmax. The candidate-selection configs (v41_cand_r1, v41_cand_r2) are chaotic
+ *   under rounding (bench/RESULTS.md, "fourth GPU call": fp32 summation order alone swaps indexer
+ *   picks there): only their median is judged, against FAST_CHAOS_MEDIAN_TOL. Fast vs exact is
+ *   printed beside it (exact ~ cpu to 1e-7).
  *
  * Diagnostics (the log alone should be enough to fix a failure): per config its mkmodel command,
  * max |d logit|, rows over the bound and the first failing step (step, sequence, position, the
@@ -95,42 +97,40 @@ typedef struct first_bad {
 } first_bad;
 
 /* The engines of a config: the CPU oracle, then CUDA engines by TM_DSV41_CUDA_EXACT (read at
- * create): exact (1) and a second exact one driven through forward_greedy, the exact mode on the
- * fast path's bf16 inputs (2: the fast path's reference up to summation order), fast (0) and a
- * second fast one for forward_greedy. */
-enum { E_CPU, E_X, E_X2, E_R, E_F, E_F2, E_N };
-static const char *const e_mode[E_N] = {NULL, "1", "1", "2", "0", "0"};
-static const char *const e_name[E_N] = {"cpu",
-                                        "cuda exact",
-                                        "cuda exact (forward_greedy)",
-                                        "cuda exact-bf16",
-                                        "cuda fast",
-                                        "cuda fast (forward_greedy)"};
+ * create): exact (1) and a second exact one driven through forward_greedy, fast (0) and a second
+ * fast one for forward_greedy. */
+enum { E_CPU, E_X, E_X2, E_F, E_F2, E_N };
+static const char *const e_mode[E_N] = {NULL, "1", "1", "0", "0"};
+static const char *const e_name[E_N] = {"cpu", "cuda exact", "cuda exact (forward_greedy)",
+                                        "cuda fast", "cuda fast (forward_greedy)"};
 
-/* The comparisons: exact vs cpu (the tight bound), exact-bf16 vs cpu (the baseline of the bf16
- * inputs), fast vs exact-bf16 (summation order only: the strict check of the fast kernels), fast
- * vs cpu (the fast path's numerics against the oracle). */
-enum { C_X, C_R, C_FR, C_F, C_N };
-static const int c_ref[C_N] = {E_CPU, E_CPU, E_R, E_CPU}, c_got[C_N] = {E_X, E_R, E_F, E_F};
-static const char *const c_name[C_N] = {"exact vs cpu", "exact-bf16 vs cpu (baseline)",
-                                        "fast vs exact-bf16", "fast vs cpu"};
+/* The comparisons: exact vs cpu (the tight bound), fast vs cpu (the fast mode's bounds), fast vs
+ * exact (printed). */
+enum { C_X, C_F, C_FX, C_N };
+static const int c_ref[C_N] = {E_CPU, E_CPU, E_X}, c_got[C_N] = {E_X, E_F, E_F};
+static const char *const c_name[C_N] = {"exact vs cpu", "fast vs cpu", "fast vs exact"};
 
-/* The fast kernels against their reference: the median row's max |d logit| / row max |logit|
- * must stay below this. Summation order alone (fp32 tensor-core sums vs double) gives ~1e-7 on the
- * host emulation (bench/dsv41_emu); a skipped act_quant (quantized inputs moved by up to 2^-4
- * relative), a wrong block scale or pair row, or split-K partials summed wrong give 0.2-1.2. */
-#define FAST_MEDIAN_TOL 1e-3
-/* Rows of fast vs exact-bf16 that may exceed LOGIT_TOL: 1 / FAST_BAD_DIV of the rows. A discrete
- * choice (expert or indexer top-k, candidate blocks) at a near tie that summation order flips
- * changes the state of that token for every later one: on the host emulation v41_cand_r1 has 10
- * of 257 rows over 3% this way, the other configs none; the breakages above put 246-257 of 257
- * over. */
-#define FAST_BAD_DIV 8
+/* Fast vs cpu: the median row's max |d logit| / row max |logit| must stay below this. On the
+ * host emulation (bench/dsv41_emu, fp32 sums per split like the tensor cores) the seven configs
+ * without candidate selection give 2.3e-6 .. 4.8e-6 (the hi / lo split's ~2^-17 and fp32 sums,
+ * plus the rows after a flipped choice); breakages give >= 1.7e-2 (the lo half dropped, i.e. the
+ * old rounded inputs: 1.7e-2 .. 0.31; a skipped act_quant, a wrong block scale or pair row,
+ * split-K partials summed wrong: 0.2 .. 1.2). 1e-4 leaves 20x for the GPU's summation order. */
+#define FAST_MEDIAN_TOL 1e-4
+/* Rows of fast vs cpu that may exceed LOGIT_TOL: 1 / FAST_FLIP_DIV of the rows. A discrete choice
+ * (expert or indexer top-k, an act_quant code) at a near tie that the fp32 sums flip changes the
+ * state of that token for every later one: on the host emulation 0, 0, 0, 0, 10 (v41_tiny), 21
+ * (v41_r4_swa) and 28 (v41_engram_r012) of 257 rows over 3% this way; 1/4 (64) leaves 2x for the
+ * GPU's own flips. */
+#define FAST_FLIP_DIV 4
+/* The candidate-selection configs (chaotic under rounding): median bound only. Host emulation:
+ * 3.5e-2 (v41_cand_r1), 2.7e-2 (v41_cand_r2), against 0.11 .. 0.15 with rounded inputs. */
+#define FAST_CHAOS_MEDIAN_TOL 0.1
 
 typedef struct cstats {
     stats st[C_N];
     first_bad fb[C_N];
-    double *rel; /* [N_STEP * N_SEQ] fast vs exact-bf16 row errors / row max */
+    double *rel; /* [N_STEP * N_SEQ] fast vs cpu row errors / row max */
     int n_rel;
 } cstats;
 
@@ -143,9 +143,8 @@ static double row_rel(const float *ref, const float *got, uint32_t V) {
     return mx > 0.0 ? md / mx : md;
 }
 
-/* compare_row (tm_gpu_compare.h) without printing each greedy difference: for the comparisons
- * against the CPU engine of the bf16-input modes, where the rounding flips many (their counts are
- * printed). */
+/* compare_row (tm_gpu_compare.h) without printing each greedy difference: for the fast mode's
+ * comparisons, where flipped discrete choices change some (their counts are printed). */
 static void compare_quiet(stats *st, const float *ref, uint32_t ref_tok, const float *got,
                           uint32_t got_tok, uint32_t n_vocab) {
     double mx = 0.0, md = 0.0;
@@ -211,12 +210,12 @@ static int step(const char *name, uint32_t k, tm_engine **E, seq *S, uint32_t V,
             const int bad0 = st->n_bad_rows;
             const double rel = row_rel(rf, gt, V);
             step_max[c] = fmax(step_max[c], rel);
-            if (c == C_X || c == C_FR)
+            if (c == C_X)
                 compare_row(st, e_name[c_ref[c]], rf, tok[c_ref[c]], e_name[c_got[c]], gt,
                             tok[c_got[c]], V);
             else
                 compare_quiet(st, rf, tok[c_ref[c]], gt, tok[c_got[c]], V);
-            if (c == C_FR)
+            if (c == C_F)
                 cs->rel[cs->n_rel++] = rel;
             if (st->n_bad_rows > bad0 && !cs->fb[c].seen) {
                 const seq *sq = &S[want_seq[r]];
@@ -228,7 +227,7 @@ static int step(const char *name, uint32_t k, tm_engine **E, seq *S, uint32_t V,
         }
         // the device greedy of each shipped mode equals its own logits' argmax
         cs->st[C_X].n_dev_diff += tok[E_X2] != tok[E_X];
-        cs->st[C_FR].n_dev_diff += tok[E_F2] != tok[E_F];
+        cs->st[C_F].n_dev_diff += tok[E_F2] != tok[E_F];
         seq_append(&S[want_seq[r]], tok[E_CPU]);
     }
     if (ok && verbose()) {
@@ -236,9 +235,8 @@ static int step(const char *name, uint32_t k, tm_engine **E, seq *S, uint32_t V,
         for (uint32_t i = 0; i < n_chunk; i++)
             fprintf(stderr, "%sseq %u: %u tok at %u", i ? ", " : "", which[i], n_tok[i],
                     S[which[i]].done);
-        fprintf(stderr,
-                "): max |d logit| / row max: exact %.3g, fast vs exact-bf16 %.3g, fast %.3g\n",
-                step_max[C_X], step_max[C_FR], step_max[C_F]);
+        fprintf(stderr, "): max |d logit| / row max: exact %.3g, fast %.3g, fast vs exact %.3g\n",
+                step_max[C_X], step_max[C_F], step_max[C_FX]);
     }
     step_done(S, which, n_tok, n_chunk);
     for (int e = 0; e < E_N; e++)
@@ -260,7 +258,8 @@ static tm_rc cuda_create(const tm_model *m, const tm_engine_opts *o, const char 
     return rc;
 }
 
-static void run_case(const char *name, const char *args) {
+/* chaotic: a candidate-selection config (FAST_CHAOS_MEDIAN_TOL). */
+static void run_case(const char *name, const char *args, int chaotic) {
     if (!selected(name))
         return;
     char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
@@ -304,7 +303,7 @@ static void run_case(const char *name, const char *args) {
                 "tie)",
                 name, c_name[c], st->n_rows, k, st->max_abs, st->max_rel, LOGIT_TOL, st->n_bad_rows,
                 st->n_greedy - st->n_greedy_diff, st->n_greedy, st->n_clear_flip);
-        if (c == C_X || c == C_FR)
+        if (c == C_X || c == C_F)
             fprintf(stderr, "; device greedy vs host argmax: %d differ", st->n_dev_diff);
         fprintf(stderr, "\n");
         const first_bad *fb = &cs.fb[c];
@@ -321,9 +320,11 @@ static void run_case(const char *name, const char *args) {
         qsort(cs.rel, (size_t)cs.n_rel, sizeof(double), cmp_dbl);
         median = cs.rel[cs.n_rel / 2];
         fprintf(stderr,
-                "%s: fast vs exact-bf16 row errors / row max: median %.3g (tol %.2g), 90th "
-                "percentile %.3g, max %.3g\n",
-                name, median, FAST_MEDIAN_TOL, cs.rel[cs.n_rel * 9 / 10], cs.rel[cs.n_rel - 1]);
+                "%s: fast vs cpu row errors / row max: median %.3g (tol %.2g%s), 90th percentile "
+                "%.3g, max %.3g\n",
+                name, median, chaotic ? FAST_CHAOS_MEDIAN_TOL : FAST_MEDIAN_TOL,
+                chaotic ? ", candidate selection: chaotic under rounding" : "",
+                cs.rel[cs.n_rel * 9 / 10], cs.rel[cs.n_rel - 1]);
     }
     TM_CHECK(ok);
     // exact mode: the CPU engine's arithmetic (bounds unchanged from the first version)
@@ -336,26 +337,26 @@ static void run_case(const char *name, const char *args) {
     TM_CHECK_MSG(x->n_dev_diff == 0,
                  "%s: exact: device greedy differs from the logits' argmax %d times", name,
                  x->n_dev_diff);
-    // fast mode: against its reference (the same inputs, summation order only) strictly ...
-    const stats *fr = &cs.st[C_FR], *base = &cs.st[C_R], *f = &cs.st[C_F];
-    TM_CHECK_MSG(median <= FAST_MEDIAN_TOL,
-                 "%s: fast vs exact-bf16: median row error %.3g > %.2g (the fast kernels compute "
-                 "something else)",
-                 name, median, FAST_MEDIAN_TOL);
-    // (its greedy flips are printed, not judged: after a flipped discrete choice a row may differ
-    // clearly, as the rows allowance says)
-    TM_CHECK_MSG(fr->n_bad_rows <= fr->n_rows / FAST_BAD_DIV,
-                 "%s: fast vs exact-bf16: %d rows beyond %.2g of the row's max |logit| (at most "
-                 "%d)",
-                 name, fr->n_bad_rows, LOGIT_TOL, fr->n_rows / FAST_BAD_DIV);
-    TM_CHECK_MSG(fr->n_dev_diff == 0,
+    // fast mode: against the CPU engine (its inputs are the CPU engine's up to ~2^-17)
+    const stats *f = &cs.st[C_F];
+    TM_CHECK_MSG(f->n_dev_diff == 0,
                  "%s: fast: device greedy differs from the logits' argmax %d times", name,
-                 fr->n_dev_diff);
-    // ... and against the CPU engine with test_dsv4_cuda's allowance for discrete choices: the
-    // baseline is the bf16 rounding of the non-quantized linears' inputs alone (exact-bf16 vs cpu)
-    TM_CHECK_MSG(f->n_bad_rows <= 2 * base->n_bad_rows + 8,
-                 "%s: fast vs cpu: %d rows beyond %.2g (baseline exact-bf16 vs cpu: %d)", name,
-                 f->n_bad_rows, LOGIT_TOL, base->n_bad_rows);
+                 f->n_dev_diff);
+    if (chaotic) {
+        TM_CHECK_MSG(median <= FAST_CHAOS_MEDIAN_TOL,
+                     "%s: fast vs cpu: median row error %.3g > %.2g (candidate-selection config)",
+                     name, median, FAST_CHAOS_MEDIAN_TOL);
+    } else {
+        TM_CHECK_MSG(median <= FAST_MEDIAN_TOL,
+                     "%s: fast vs cpu: median row error %.3g > %.2g (the fast path computes "
+                     "something else than the CPU engine's fp32-input linears)",
+                     name, median, FAST_MEDIAN_TOL);
+        // (its greedy flips are printed, not judged: after a flipped discrete choice a row may
+        // differ clearly, as the rows allowance says)
+        TM_CHECK_MSG(f->n_bad_rows <= f->n_rows / FAST_FLIP_DIV,
+                     "%s: fast vs cpu: %d rows beyond %.2g of the row's max |logit| (at most %d)",
+                     name, f->n_bad_rows, LOGIT_TOL, f->n_rows / FAST_FLIP_DIV);
+    }
 done:
     for (int e = E_N - 1; e >= 0; e--)
         tm_engine_destroy(E[e]);
@@ -371,52 +372,70 @@ done:
 
 // the ladder: each adds features to the one before
 static void test_swa_only(void) {
-    run_case("swa-only", A "--seed 40 --layers 2 --compress-ratios 0,0 --kv-sources none "
-                           "--index-sources none --engram-layers none --window 8");
+    run_case("swa-only",
+             A "--seed 40 --layers 2 --compress-ratios 0,0 --kv-sources none "
+               "--index-sources none --engram-layers none --window 8",
+             0);
 }
 static void test_engram_swa(void) {
-    run_case("engram-swa", A "--seed 47 --layers 2 --compress-ratios 0,0 --kv-sources none "
-                             "--index-sources none --engram-layers 0 --window 8");
+    run_case("engram-swa",
+             A "--seed 47 --layers 2 --compress-ratios 0,0 --kv-sources none "
+               "--index-sources none --engram-layers 0 --window 8",
+             0);
 }
 static void test_ratio1(void) {
-    run_case("ratio1", A "--seed 44 --layers 2 --compress-ratios 0,1 --kv-sources 1 "
-                         "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
-                         "--window 8");
+    run_case("ratio1",
+             A "--seed 44 --layers 2 --compress-ratios 0,1 --kv-sources 1 "
+               "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
+               "--window 8",
+             0);
 }
 static void test_ratio2(void) {
-    run_case("ratio2", A "--seed 49 --layers 3 --compress-ratios 0,2,2 --kv-sources 1 "
-                         "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
-                         "--window 8");
+    run_case("ratio2",
+             A "--seed 49 --layers 3 --compress-ratios 0,2,2 --kv-sources 1 "
+               "--index-sources 1 --engram-layers none --index-heads 4 --index-topk 4 "
+               "--window 8",
+             0);
 }
 // the CPU engine's oracle fixtures (tests/fixtures/v41/*.json, mkmodel_args)
 static void test_tiny(void) {
-    run_case("v41_tiny", A "--seed 41 --layers 3 --compress-ratios 0,2,1 --kv-sources 1,2 "
-                           "--index-sources 1,2 --engram-layers 0 --index-heads 16 --index-topk 4 "
-                           "--window 8");
+    run_case("v41_tiny",
+             A "--seed 41 --layers 3 --compress-ratios 0,2,1 --kv-sources 1,2 "
+               "--index-sources 1,2 --engram-layers 0 --index-heads 16 --index-topk 4 "
+               "--window 8",
+             0);
 }
 static void test_r4_swa(void) {
-    run_case("v41_r4_swa", A "--seed 48 --layers 4 --compress-ratios 0,4,4,0 --kv-sources 1 "
-                             "--index-sources 1 --engram-layers none --index-heads 16 "
-                             "--index-topk 6 --original-seq-len 0 --experts 6 --topk 3 --window 8");
+    run_case("v41_r4_swa",
+             A "--seed 48 --layers 4 --compress-ratios 0,4,4,0 --kv-sources 1 "
+               "--index-sources 1 --engram-layers none --index-heads 16 "
+               "--index-topk 6 --original-seq-len 0 --experts 6 --topk 3 --window 8",
+             0);
 }
 static void test_engram_r012(void) {
-    run_case("v41_engram_r012", A "--seed 42 --layers 5 --compress-ratios 0,2,2,1,1 "
-                                  "--kv-sources 1,3 --index-sources 1,3 --engram-layers 0,2 "
-                                  "--index-heads 16 --index-topk 8 --window 16");
+    run_case("v41_engram_r012",
+             A "--seed 42 --layers 5 --compress-ratios 0,2,2,1,1 "
+               "--kv-sources 1,3 --index-sources 1,3 --engram-layers 0,2 "
+               "--index-heads 16 --index-topk 8 --window 16",
+             0);
 }
 static void test_cand_r1(void) {
-    run_case("v41_cand_r1", A "--seed 43 --layers 6 --compress-ratios 0,2,1,1,1,0 --kv-sources 1,2 "
-                              "--index-sources 1,2,4 --candidate-source 2 "
-                              "--candidate-topk-blocks 4 --candidate-block-size 8 "
-                              "--index-heads 16 --index-topk 16 --engram-layers 3 "
-                              "--engram-ngram 4 --engram-heads 3 --hc 3 --window 32");
+    run_case("v41_cand_r1",
+             A "--seed 43 --layers 6 --compress-ratios 0,2,1,1,1,0 --kv-sources 1,2 "
+               "--index-sources 1,2,4 --candidate-source 2 "
+               "--candidate-topk-blocks 4 --candidate-block-size 8 "
+               "--index-heads 16 --index-topk 16 --engram-layers 3 "
+               "--engram-ngram 4 --engram-heads 3 --hc 3 --window 32",
+             1);
 }
 static void test_cand_r2(void) {
-    run_case("v41_cand_r2", A "--seed 46 --layers 4 --compress-ratios 1,2,2,2 --kv-sources 0,1 "
-                              "--index-sources 0,1,3 --candidate-source 1 "
-                              "--candidate-topk-blocks 3 --candidate-block-size 4 "
-                              "--index-heads 16 --index-topk 8 --engram-layers 1,3 --hc 2 "
-                              "--swiglu-limit 0 --window 16");
+    run_case("v41_cand_r2",
+             A "--seed 46 --layers 4 --compress-ratios 1,2,2,2 --kv-sources 0,1 "
+               "--index-sources 0,1,3 --candidate-source 1 "
+               "--candidate-topk-blocks 3 --candidate-block-size 4 "
+               "--index-heads 16 --index-topk 8 --engram-layers 1,3 --hc 2 "
+               "--swiglu-limit 0 --window 16",
+             1);
 }
 
 // kv_copy: B shares A's first 20 tokens (block 0 whole, the 4 computed slots of A's block 1
@@ -454,6 +473,67 @@ static void test_kv_copy(void) {
         tm_engine_destroy(gpu);
     }
     close_v41(&v); // also after a failed open (it frees what was loaded)
+    TM_CHECK(rmdir_all(dir) == 0);
+}
+
+/* The fast mode's hi / lo passes: a step of 12 tokens has 2 x 12 split input rows, more than the
+ * decode kernels' 16, so each non-quantized linear runs a hi pass and then a lo pass added onto it
+ * (the schedule above never has 9 to 16 tokens in a step: it runs one GEMM of 2 x T rows at decode
+ * and cuBLAS for prefill). Four 12-token prefills of different token windows, each in its own
+ * block, 4 logit rows each, fast vs the CPU engine: the median of the 16 row errors within
+ * FAST_MEDIAN_TOL (a near-tie flip moves one window's rows: on the host emulation ratio1's config
+ * has one window at 1.2-2%, the others ~3e-6; a lo pass that overwrites instead of adding gives a
+ * median of 1.3-1.5). */
+static void test_split_passes(void) {
+    if (!selected("split-passes"))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
+    TM_CHECK(mkmodel(dir,
+                     A "--seed 45 --layers 4 --compress-ratios 0,2,2,1 --kv-sources 1,3 "
+                       "--index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 4 "
+                       "--window 8",
+                     cmd, sizeof(cmd)) == 0);
+    v41 v;
+    if (open_v41(dir, &v) == 0) {
+        tm_engine *cpu = NULL, *gpu = NULL;
+        tm_err err = {0};
+        tm_engine_opts o = opts_of(&v, 8, 1, 64);
+        o.max_rows = 4;
+        TM_CHECK_OK(tm_engine_cpu_create(v.m, &o, &cpu, &err), &err);
+        TM_CHECK_OK(cuda_create(v.m, &o, "0", &gpu, &err), &err);
+        const uint32_t V = v.m->cfg.n_vocab;
+        float *lc = malloc((size_t)4 * V * 4), *lg = malloc((size_t)4 * V * 4);
+        double rel[16];
+        for (uint32_t wi = 0; cpu && gpu && wi < 4; wi++) {
+            uint32_t tok[12], bt[1] = {wi};
+            for (uint32_t i = 0; i < 12; i++)
+                tok[i] = (uint32_t)((wi * 5 + i) * 37 + 11) % V;
+            tm_batch_seq sq = {.tokens = tok,
+                               .n_tok = 12,
+                               .block_table = bt,
+                               .n_block = 1,
+                               .want_logits = 1,
+                               .n_logits = 4};
+            const tm_batch b = {.seqs = &sq, .n_seq = 1};
+            TM_CHECK_OK(tm_engine_forward(cpu, &b, lc, &err), &err);
+            TM_CHECK_OK(tm_engine_forward(gpu, &b, lg, &err), &err);
+            for (uint32_t r = 0; r < 4; r++)
+                rel[wi * 4 + r] = row_rel(lc + (size_t)r * V, lg + (size_t)r * V, V);
+            fprintf(stderr, "split-passes: window %u: fast vs cpu rows %.3g %.3g %.3g %.3g\n", wi,
+                    rel[wi * 4], rel[wi * 4 + 1], rel[wi * 4 + 2], rel[wi * 4 + 3]);
+        }
+        if (cpu && gpu) {
+            qsort(rel, 16, sizeof(double), cmp_dbl);
+            TM_CHECK_MSG(rel[8] <= FAST_MEDIAN_TOL,
+                         "split-passes: median row error %.3g > %.2g (the lo pass of a 12-token "
+                         "step is not added onto the hi pass)",
+                         rel[8], FAST_MEDIAN_TOL);
+        }
+        free(lc), free(lg);
+        tm_engine_destroy(gpu);
+        tm_engine_destroy(cpu);
+    }
+    close_v41(&v);
     TM_CHECK(rmdir_all(dir) == 0);
 }
 
@@ -644,6 +724,7 @@ int main(void) {
     TM_RUN(test_cand_r1);
     TM_RUN(test_cand_r2);
     TM_RUN(test_kv_copy);
+    TM_RUN(test_split_passes);
     TM_RUN(test_graphs_engram02);
     TM_RUN(test_graphs_engram13);
     TM_RUN(test_graphs_no_engram);

@@ -10,7 +10,11 @@
  * |gpu - ref| <= 1e-6 * (|h| + |value|) per element (double sums in another order). Also: n 0
  * launches nothing. The indexer's selection (plain top-k, candidate source, consumer) against qsort
  * with the CPU engine's order (higher score, then the lower position), on scores with many ties
- * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. Skipped (77) without a
+ * and -inf entries, lens 0 .. 70000: identical picks and candidate blocks. The fast path's input
+ * conversion (tm_k_dsv41_to_bf16: act_quant'ed values as bf16, or the bf16 hi = bf16(x), lo =
+ * bf16(x - hi) split, strided rows) and its split-K + hi / lo sums (tm_k_dsv41_sum_split, strided
+ * output, with and without lo rows, adding): bit-identical to host references (the same fp32
+ * operations in the same order), hi + lo within 2^-16 of x. Skipped (77) without a
  * GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
  * (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
@@ -363,6 +367,111 @@ static void sel_case(uint32_t n_tok, uint32_t ld, uint32_t mode, uint32_t cb, ui
     free(bs);
 }
 
+static void check_u16(const char *what, const uint16_t *gpu, const uint16_t *ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (gpu[i] != ref[i]) {
+            if (first == n)
+                first = i;
+            bad++;
+        }
+    TM_CHECK_MSG(bad == 0, "%s: %zu of %zu differ, first at %zu: gpu 0x%04x ref 0x%04x", what, bad,
+                 n, first, first < n ? gpu[first] : 0u, first < n ? ref[first] : 0u);
+}
+
+static void test_to_bf16(void) {
+    const uint32_t n_tok = 5, n = 32 * 40, ldx = n + 96;
+    float *x = make_data((size_t)n_tok * ldx, 32);
+    uint16_t *ref = xmalloc((size_t)n_tok * n * 2), *ref_lo = xmalloc((size_t)n_tok * n * 2);
+    uint16_t *got = xmalloc((size_t)n_tok * n * 2), *got_lo = xmalloc((size_t)n_tok * n * 2);
+    float *dx = dup_to_dev(x, (size_t)n_tok * ldx * 4);
+    uint16_t *dy = dalloc((size_t)2 * n_tok * n * 2, 0xff);
+    tm_err err = {0};
+    // aq 0: the split, hi rows at dy, lo rows after them (tm_f32_to_bf16: nearest-even, as _rn)
+    size_t far = 0;
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t j = 0; j < n; j++) {
+            const float v = x[(size_t)t * ldx + j];
+            const uint16_t h = to_bf(v), l = to_bf(v - bf(h));
+            ref[(size_t)t * n + j] = h, ref_lo[(size_t)t * n + j] = l;
+            far += !(fabs((double)bf(h) + bf(l) - v) <= 0x1p-16 * fabs(v));
+        }
+    TM_CHECK_MSG(far == 0, "to_bf16 split: the reference's hi + lo is off x by > 2^-16 %zu times",
+                 far);
+    const tm_k_dsv41_to_bf16_args sa = {.y = dy,
+                                        .lo = dy + (size_t)n_tok * n,
+                                        .x = dx,
+                                        .ldx = ldx,
+                                        .n = n,
+                                        .n_tok = n_tok,
+                                        .aq = 0};
+    TM_CHECK(tm_k_dsv41_to_bf16(&sa, g_stream, &err) == TM_OK);
+    to_host(got, dy, (size_t)n_tok * n * 2);
+    to_host(got_lo, dy + (size_t)n_tok * n, (size_t)n_tok * n * 2);
+    check_u16("to_bf16 split: hi", got, ref, (size_t)n_tok * n);
+    check_u16("to_bf16 split: lo", got_lo, ref_lo, (size_t)n_tok * n);
+    // aq 1: act_quant's values, exact in bf16
+    float *q = xmalloc((size_t)n * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        memcpy(q, x + (size_t)t * ldx, (size_t)n * 4);
+        ref_act_quant(q, n);
+        for (uint32_t j = 0; j < n; j++)
+            ref[(size_t)t * n + j] = to_bf(q[j]);
+    }
+    const tm_k_dsv41_to_bf16_args qa = {
+        .y = dy, .x = dx, .ldx = ldx, .n = n, .n_tok = n_tok, .aq = 1};
+    TM_CHECK(tm_k_dsv41_to_bf16(&qa, g_stream, &err) == TM_OK);
+    to_host(got, dy, (size_t)n_tok * n * 2);
+    check_u16("to_bf16 act_quant", got, ref, (size_t)n_tok * n);
+    cudaFree(dx), cudaFree(dy);
+    free(x), free(ref), free(ref_lo), free(got), free(got_lo), free(q);
+}
+
+static void test_sum_split(void) {
+    const uint32_t n_part = 3, n_tok = 4, n_col = 70, ld_y = 100;
+    const size_t stride = (size_t)2 * n_tok * n_col + 16;
+    float *part = xmalloc(n_part * stride * 4), *y0 = xmalloc((size_t)n_tok * ld_y * 4);
+    float *ref = xmalloc((size_t)n_tok * ld_y * 4), *got = xmalloc((size_t)n_tok * ld_y * 4);
+    for (size_t i = 0; i < n_part * stride; i++)
+        part[i] = frand() * 10.0f;
+    for (size_t i = 0; i < (size_t)n_tok * ld_y; i++)
+        y0[i] = frand();
+    float *dp = dup_to_dev(part, n_part * stride * 4);
+    for (int lo = 0; lo <= 1; lo++)
+        for (int add = 0; add <= 1; add++) {
+            memcpy(ref, y0, (size_t)n_tok * ld_y * 4);
+            for (uint32_t t = 0; t < n_tok; t++)
+                for (uint32_t j = 0; j < n_col; j++) {
+                    float h = 0.0f, l = 0.0f;
+                    for (uint32_t p = 0; p < n_part; p++)
+                        h += part[p * stride + (size_t)t * n_col + j];
+                    for (uint32_t p = 0; lo && p < n_part; p++)
+                        l += part[p * stride + (size_t)(n_tok + t) * n_col + j];
+                    float *r = ref + (size_t)t * ld_y + j;
+                    *r = (add ? *r : 0.0f) + h + l;
+                }
+            float *dy = dup_to_dev(y0, (size_t)n_tok * ld_y * 4);
+            const tm_k_dsv41_sum_split_args a = {.y = dy,
+                                                 .ld_y = ld_y,
+                                                 .part = dp,
+                                                 .stride = stride,
+                                                 .n_part = n_part,
+                                                 .n_tok = n_tok,
+                                                 .n_col = n_col,
+                                                 .lo = lo,
+                                                 .add = add};
+            tm_err err = {0};
+            TM_CHECK(tm_k_dsv41_sum_split(&a, g_stream, &err) == TM_OK);
+            to_host(got, dy, (size_t)n_tok * ld_y * 4);
+            char what[64];
+            snprintf(what, sizeof(what), "sum_split lo %d add %d", lo, add);
+            check_bits(what, got, ref, (size_t)n_tok * ld_y); // the columns past n_col untouched
+            cudaFree(dy);
+        }
+    cudaFree(dp);
+    free(part), free(y0), free(ref), free(got);
+}
+
 static void test_select(void) {
     for (uint32_t mode = 0; mode <= 2; mode++) {
         sel_case(9, 300, mode, 8, 4, 16);
@@ -382,6 +491,8 @@ int main(void) {
     TM_RUN(test_fp4_act_quant);
     TM_RUN(test_engram_gate);
     TM_RUN(test_select);
+    TM_RUN(test_to_bf16);
+    TM_RUN(test_sum_split);
     cudaStreamDestroy(g_stream);
     return tm_test_report();
 }

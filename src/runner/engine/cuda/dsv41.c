@@ -5,24 +5,26 @@
  * applied exactly. Two modes, chosen at init by TM_DSV41_CUDA_EXACT (logged):
  *
  * - fast (unset or 0, the default): every linear with bf16 weights (bf16 checkpoint tensors and
- *   the FP8 ones, dequantized at upload) runs on tensor cores with fp32 sums. Its input goes to
- *   bf16 first (kernels/dsv41.h tm_k_dsv41_to_bf16): act_quant'ed where the weight is quantized,
- *   which gives e4m3 * 2^k values that bf16 holds exactly, so with weights also exact in bf16
- *   the product is the reference's up to summation order; rounded to bf16 where it is not (wo_a,
- *   the compressor's wkv / wgate, the indexer's wk / weights_proj, the head: the reference runs
- *   those in bf16 too). Decode steps (<= 16 tokens) of the dense FP8 linears stream their e4m3
- *   codes with the 32 x 32 ue8m0 block scales (kernels/gemm_quant.h, TM_K_FP8_BLOCK32_E8M0);
- *   other linears of decode steps the skinny split-K kernel over the bf16 weights
- *   (tm_cuda_project); larger steps cuBLAS over the bf16 copies. Split-K partials are summed in
- *   split order into the (possibly strided) output. Routed MXFP4 experts stay packed and run
+ *   the FP8 ones, dequantized at upload) runs on tensor cores with fp32 sums, on the CPU engine's
+ *   inputs (kernels/dsv41.h tm_k_dsv41_to_bf16): act_quant'ed where the weight is quantized,
+ *   which gives e4m3 * 2^k values that bf16 holds exactly; where it is not (wo_a, the
+ *   compressor's wkv / wgate, the indexer's wk / weights_proj, the head) each fp32
+ *   value x is split into hi = bf16(x) and lo = bf16(x - hi) and the linear runs as W.hi + W.lo
+ *   (hi + lo is x to ~2^-17). The weights being exact in bf16, every product is exact, so each
+ *   linear is the CPU engine's up to summation order and ~1e-5 relative. Decode steps (<= 16
+ *   tokens) of the dense FP8 linears stream their e4m3 codes with the 32 x 32 ue8m0 block scales
+ *   (kernels/gemm_quant.h, TM_K_FP8_BLOCK32_E8M0); other linears of decode steps the skinny
+ *   split-K kernel over the bf16 weights (tm_cuda_project); a split input runs as ONE decode GEMM
+ *   of 2 x T rows (hi rows, then lo rows: the weights are read once) when 2 x T fits the kernel,
+ *   else as a hi pass and a lo pass; larger steps run cuBLAS over the bf16 copies (hi, then lo
+ *   with beta 1). Split-K partials (and the hi / lo rows) are summed in order into the (possibly
+ *   strided) output (tm_k_dsv41_sum_split). Routed MXFP4 experts stay packed and run
  *   through tm_k_moe_mxfp4 (pairs = the router's top-k rows on the device, outputs in pair order,
  *   so the combine still sums in expert-id order). Still on the plain kernel: the router (fp32
- *   inputs, as the CPU engine: a bf16 rounding there would flip expert choices at near ties), the
- *   hyper-connection projections (fp32 weights) and FP8 routed experts (expert_dtype fp8).
- * - exact (1): the plain kernels (kernels/dsv41.h) with the CPU engine's numerics: fp32
- *   activations, double sums (the first version, unchanged); 2: the same kernels on the fast
- *   path's inputs (the non-quantized bf16 linears' inputs rounded to bf16): the fast path's
- *   reference up to summation order, for tests/gpu/test_dsv41_cuda.c.
+ *   inputs and weights), the hyper-connection projections (fp32 weights) and FP8 routed experts
+ *   (expert_dtype fp8).
+ * - exact (1, or any value but 0): the plain kernels (kernels/dsv41.h) with the CPU engine's
+ *   numerics: fp32 activations, double sums (the first version, unchanged).
  *
  * A step stacks the tokens of every sequence into [T][...] rows. Engram first (host): every
  * token's compressed id goes into the state, the hash ids of the n-grams ending at each token
@@ -104,10 +106,9 @@ typedef struct dw {
     uint64_t n_rows, n_in;
 } dw;
 
-/* TM_DSV41_CUDA_EXACT (read at init): 0 / unset the fast path; 1 the plain kernels (fp32 inputs,
- * double sums); 2 the plain kernels on the fast path's inputs (those of non-quantized bf16
- * linears rounded to bf16): the fast path's reference, up to summation order (the GPU test). */
-enum { MODE_FAST = 0, MODE_EXACT = 1, MODE_EXACT_BF16 = 2 };
+/* TM_DSV41_CUDA_EXACT (read at init): 0 / unset the fast path; any other value the plain kernels
+ * (fp32 inputs, double sums). */
+enum { MODE_FAST = 0, MODE_EXACT = 1 };
 
 /* A state field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
 typedef struct sfield {
@@ -177,10 +178,9 @@ typedef struct v41g {
     float *s, *x, *y, *xq, *pre, *apre, *post, *comb, *mixes, *qr, *q, *kv, *o, *oa;
     float *ckv, *cgate, *lat, *lk, *iq, *iw, *isc, *bsc, *rl, *selw, *eg, *eu, *eo, *sh_g, *sh_u;
     float *sh_o, *ekv;
-    uint16_t *xb; /* fast path: a linear's input rows as bf16 */
+    uint16_t *xb; /* fast path: a linear's input rows as bf16 (split: hi rows, then lo rows) */
     float *q8p;   /* fast path: split-K partials of the FP8 decode GEMMs */
     size_t q8p_floats;
-    float *pj;                /* fast path: [TM_SKINNY_MAX_TOK][olr] a strided output's product */
     uint32_t *pr_div, *pr_id; /* [T * K] p / K and p: the MoE kernel's x row of pair p */
     uint32_t *lens, *n_pick, *cand, *n_cand, *sel;
     int32_t *pick, *tmap_d;
@@ -479,12 +479,10 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     const char *sy = getenv("TM_DSV41_CUDA_SYNC");
     g->sync_each = sy && strcmp(sy, "0") != 0;
     const char *ex = getenv("TM_DSV41_CUDA_EXACT");
-    g->mode = !ex || !strcmp(ex, "0") ? MODE_FAST : !strcmp(ex, "2") ? MODE_EXACT_BF16 : MODE_EXACT;
+    g->mode = !ex || !strcmp(ex, "0") ? MODE_FAST : MODE_EXACT;
     TM_LOG_INFO("cuda", "dsv41: %s (TM_DSV41_CUDA_EXACT=%s)",
                 g->mode == MODE_FAST ? "fast path: bf16 tensor-core linears, MXFP4 MoE kernel"
-                : g->mode == MODE_EXACT
-                    ? "exact mode: plain kernels (fp32 inputs, double sums)"
-                    : "exact mode on the fast path's bf16 inputs (plain kernels)",
+                                     : "exact mode: plain kernels (fp32 inputs, double sums)",
                 ex ? ex : "unset");
     if (g->N < 1 || g->N > TM_DSV41_K_MAX_HC || g->K < 1 || g->K > g->E || g->rd > g->hd ||
         g->rd % 2 || g->T > 65535 || (size_t)g->T * g->K > 65535)
@@ -687,9 +685,9 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->sh_u, T * g->I);
     CF(g->sh_o, T * g->D);
     CF(g->ekv, T * (g->N + 1) * g->D);
-    // bf16 inputs of the fast path: as many as xq holds (2 per float, so half as many floats)
-    CF(g->xb, TM_CEIL_DIV(T * TM_MAX(g->max_in, g->K * g->I), 2));
-    CF(g->pj, (size_t)TM_SKINNY_MAX_TOK * g->olr);
+    // bf16 inputs of the fast path: twice as many values as xq holds (a split input's hi and lo
+    // rows), 2 per float
+    CF(g->xb, T * TM_MAX(g->max_in, g->K * g->I));
     g->q8p_floats = 0; // the FP8 decode GEMMs' partials: n_split x TM_QUANT_MAX_TOK x n_out
     for (uint32_t l = 0; l < g->c->n_layers; l++)
         for (int i = 0; i < W_EX1; i++) {
@@ -947,71 +945,113 @@ static float *field(const tm_cuda_engine *impl, const v41g *g, uint32_t l, sfiel
     return base + (size_t)l * impl->max_pos * g->P + f.off;
 }
 
-/* The fast path of lin: x's rows as bf16 into xb (act_quant'ed when w is quantized, else
- * rounded), then on tensor cores with fp32 sums: decode steps (<= TM_QUANT_MAX_TOK tokens) of an
- * FP8 linear stream its e4m3 codes (tm_k_gemm_fp8, 32 x 32 e8m0 blocks), other decode steps the
- * bf16 weights (the skinny split-K kernel through tm_cuda_project); split-K partials are summed
- * in split order into out's rows. Larger steps run cuBLAS on the bf16 weights. */
-static tm_rc lin_fast(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
-                      uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
-                      uint32_t n_out, tm_err *err) {
-    const tm_k_dsv41_to_bf16_args ca = {
-        .y = g->xb, .x = x, .ldx = ldx, .n = n_in, .n_tok = n_tok, .aq = w->aq};
-    tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
-    if (rc)
-        return rc;
-    if (w->f8 && n_tok <= TM_QUANT_MAX_TOK && row0 % 32 == 0 &&
-        tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, n_tok, n_in, n_out)) {
+/* 1 when a decode GEMM of r rows runs w's FP8 codes (tm_k_gemm_fp8, 32 x 32 e8m0 blocks). */
+static int dec_fp8(const dw *w, uint64_t row0, uint32_t r, uint32_t n_in, uint32_t n_out) {
+    return w->f8 && r <= TM_QUANT_MAX_TOK && row0 % 32 == 0 &&
+           tm_k_gemm_fp8_kind_fits(TM_K_FP8_BLOCK32_E8M0, r, n_in, n_out);
+}
+
+/* 1 when a GEMM of r rows runs on a decode kernel (FP8 codes or the skinny kernel), else cuBLAS. */
+static int dec_fits(const tm_cuda_engine *impl, const dw *w, uint64_t row0, uint32_t r,
+                    uint32_t n_in, uint32_t n_out) {
+    return dec_fp8(w, row0, r, n_in, n_out) ||
+           (r <= impl->sk_max_tok && tm_k_gemm_skinny_fits(r, n_in, n_out));
+}
+
+/* A decode GEMM (dec_fits) of the r bf16 rows at x with w's rows row0..: split-K partials
+ * ([n][r][n_out], *pr) in q8p (FP8) or sk_part (skinny); dst (r contiguous rows of n_out; NULL:
+ * none) takes a single split's product straight. */
+static tm_rc dec_gemm(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const uint16_t *x,
+                      uint32_t r, uint32_t n_in, uint32_t n_out, float *dst, tm_cuda_proj *pr,
+                      tm_err *err) {
+    if (dec_fp8(w, row0, r, n_in, n_out)) {
         uint32_t kps = 0;
         const uint32_t ns = tm_k_gemm_fp8_splits(n_in, n_out, impl->n_sm, &kps);
-        const int direct = ns == 1 && ldo == n_out;
-        TM_ASSERT(direct || (size_t)ns * n_tok * n_out <= g->q8p_floats);
-        const tm_k_gemm_fp8_args fa = {.part = direct ? out : g->q8p,
+        float *part = ns == 1 && dst ? dst : g->q8p;
+        TM_ASSERT(part == dst || (size_t)ns * r * n_out <= g->q8p_floats);
+        *pr = (tm_cuda_proj){.p = part, .n = ns, .stride = (size_t)r * n_out};
+        const tm_k_gemm_fp8_args fa = {.part = part,
                                        .w = w->q + row0 * n_in,
                                        .scale = w->qs + row0 / 32 * (n_in / 32),
-                                       .x = g->xb,
-                                       .n_tok = n_tok,
+                                       .x = x,
+                                       .n_tok = r,
                                        .n_in = n_in,
                                        .n_out = n_out,
                                        .n_split = ns,
                                        .k_per_split = kps,
                                        .scale_kind = TM_K_FP8_BLOCK32_E8M0};
-        rc = tm_k_gemm_fp8(&fa, impl->stream, err);
-        if (rc || direct)
+        return tm_k_gemm_fp8(&fa, impl->stream, err);
+    }
+    // with one split the product lands in dst, else in sk_part (which also holds one split's)
+    const uint16_t *wp = (const uint16_t *)w->p + row0 * n_in;
+    const tm_rc rc = tm_cuda_project(impl, TM_CUDA_ABL_NEVER, NULL, wp, x, r, n_in, n_out,
+                                     dst ? dst : impl->sk_part, 0.0f, pr, err);
+    if (!rc && pr->n == 1)
+        pr->stride = (size_t)r * n_out;
+    return rc;
+}
+
+/* out's n_tok rows (ldo apart) = the sum of pr's partials (lo: and of rows n_tok + t, the lo
+ * halves; add: onto out). */
+static tm_rc dec_sum(tm_cuda_engine *impl, const tm_cuda_proj *pr, uint32_t n_tok, uint32_t n_out,
+                     float *out, uint32_t ldo, int lo, int add, tm_err *err) {
+    const tm_k_dsv41_sum_split_args sa = {.y = out,
+                                          .ld_y = ldo,
+                                          .part = pr->p,
+                                          .stride = pr->stride,
+                                          .n_part = pr->n,
+                                          .n_tok = n_tok,
+                                          .n_col = n_out,
+                                          .lo = lo,
+                                          .add = add};
+    return tm_k_dsv41_sum_split(&sa, impl->stream, err);
+}
+
+/* The fast path of lin, on tensor cores with fp32 sums. x's rows go to bf16 in xb: act_quant'ed
+ * when w is quantized (exact in bf16), else split into hi = bf16(x) (xb's first n_tok rows) and
+ * lo = bf16(x - hi) (the next n_tok rows), run as W.hi + W.lo: the CPU engine's fp32-input
+ * product up to ~1e-5 relative and summation order. Decode steps run the decode kernels (FP8
+ * codes for a dense FP8 linear, else the skinny kernel on the bf16 weights; a split input as ONE
+ * GEMM of 2 x n_tok rows when they fit, so the weights are read once, else a hi pass and a lo
+ * pass), their split-K partials (and the hi / lo rows) summed in order into out's rows; larger
+ * steps run cuBLAS on the bf16 weights (the lo product with beta 1 onto the hi one). */
+static tm_rc lin_fast(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
+                      uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
+                      uint32_t n_out, tm_err *err) {
+    const int split = !w->aq;
+    uint16_t *lo = split ? g->xb + (size_t)n_tok * n_in : NULL;
+    const tm_k_dsv41_to_bf16_args ca = {
+        .y = g->xb, .lo = lo, .x = x, .ldx = ldx, .n = n_in, .n_tok = n_tok, .aq = w->aq};
+    tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
+    if (rc)
+        return rc;
+    tm_cuda_proj pr;
+    if (split && dec_fits(impl, w, row0, 2 * n_tok, n_in, n_out)) { // hi and lo rows at once
+        rc = dec_gemm(impl, g, w, row0, g->xb, 2 * n_tok, n_in, n_out, NULL, &pr, err);
+        return rc ? rc : dec_sum(impl, &pr, n_tok, n_out, out, ldo, 1, 0, err);
+    }
+    if (dec_fits(impl, w, row0, n_tok, n_in, n_out)) {
+        float *dst = !split && ldo == n_out ? out : NULL;
+        rc = dec_gemm(impl, g, w, row0, g->xb, n_tok, n_in, n_out, dst, &pr, err);
+        if (rc || pr.p == out)
             return rc;
-        const tm_k_sum_parts_cols_args sa = {.y = out,
-                                             .ld_y = ldo,
-                                             .part = g->q8p,
-                                             .stride = (size_t)n_tok * n_out,
-                                             .n_part = ns,
-                                             .n_tok = n_tok,
-                                             .n_col = n_out};
-        return tm_k_sum_parts_cols(&sa, impl->stream, err);
+        rc = dec_sum(impl, &pr, n_tok, n_out, out, ldo, 0, 0, err);
+        if (!rc && split) // the lo pass, onto the hi sums
+            rc = dec_gemm(impl, g, w, row0, lo, n_tok, n_in, n_out, NULL, &pr, err);
+        return rc || !split ? rc : dec_sum(impl, &pr, n_tok, n_out, out, ldo, 0, 1, err);
     }
     const uint16_t *wp = (const uint16_t *)w->p + row0 * n_in;
-    if (n_tok > impl->sk_max_tok || !tm_k_gemm_skinny_fits(n_tok, n_in, n_out))
-        return tm_cuda_gemm(impl, "dsv41 linear", wp, g->xb, n_in, out, 1, ldo, n_tok, n_in, n_out,
-                            0.0f, err);
-    // a strided output (wo_a's groups) takes one split's product in pj, then the copy below
-    TM_ASSERT(ldo == n_out || (n_tok <= TM_SKINNY_MAX_TOK && n_out <= g->olr));
-    tm_cuda_proj pr;
-    rc = tm_cuda_project(impl, TM_CUDA_ABL_NEVER, NULL, wp, g->xb, n_tok, n_in, n_out,
-                         ldo == n_out ? out : g->pj, 0.0f, &pr, err);
-    if (rc || pr.p == out)
-        return rc;
-    const tm_k_sum_parts_cols_args sa = {.y = out,
-                                         .ld_y = ldo,
-                                         .part = pr.p,
-                                         .stride = pr.n > 1 ? pr.stride : 0,
-                                         .n_part = pr.n,
-                                         .n_tok = n_tok,
-                                         .n_col = n_out};
-    return tm_k_sum_parts_cols(&sa, impl->stream, err);
+    rc = tm_cuda_gemm(impl, "dsv41 linear", wp, g->xb, n_in, out, 1, ldo, n_tok, n_in, n_out, 0.0f,
+                      err);
+    if (!rc && split)
+        rc = tm_cuda_gemm(impl, "dsv41 linear lo", wp, lo, n_in, out, 1, ldo, n_tok, n_in, n_out,
+                          1.0f, err);
+    return rc;
 }
 
 /* out[t][o] = x[t] . w[row0 + o] (out's rows ldo floats apart). The fast mode runs lin_fast on
  * bf16 weights (not the router); else the plain kernel, x act_quant'ed first (into xq) when w is
- * quantized, and with MODE_EXACT_BF16 the inputs lin_fast would round rounded the same way. */
+ * quantized. */
 static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, const float *x,
                  uint32_t ldx, uint32_t n_tok, uint32_t n_in, float *out, uint32_t ldo,
                  uint32_t n_out, tm_err *err) {
@@ -1021,16 +1061,13 @@ static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, cons
     if (fast_lin(g, w))
         return lin_fast(impl, g, w, row0, x, ldx, n_tok, n_in, out, ldo, n_out, err);
     tm_rc rc;
-    const int round = g->mode == MODE_EXACT_BF16 && !w->aq && w->bf16 && !w->f32x;
-    if (w->aq || round) {
+    if (w->aq) {
         rc = TM_CUDA_CHECK(cudaMemcpy2DAsync(g->xq, (size_t)n_in * 4, x, (size_t)ldx * 4,
                                              (size_t)n_in * 4, n_tok, cudaMemcpyDeviceToDevice,
                                              impl->stream),
                            err);
-        if (!rc && w->aq)
+        if (!rc)
             rc = tm_k_dsv41_act_quant(g->xq, (size_t)n_tok * n_in, impl->stream, err);
-        else if (!rc)
-            rc = tm_k_dsv41_round_bf16(g->xq, (size_t)n_tok * n_in, impl->stream, err);
         if (rc)
             return rc;
         x = g->xq;
