@@ -409,7 +409,7 @@ static unsigned n_blocks(size_t n, unsigned per) {
     return (unsigned)TM_MIN(TM_CEIL_DIV(n, (size_t)per), (size_t)65535 * 8);
 }
 
-/* ---- linear: a warp per (output, row) ---- */
+/* ---- linear: a warp per (output, row), or a block per (output, row) for small grids ---- */
 
 static __global__ void linear_kernel(tm_k_dsv41_linear_args a) {
     const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), t = blockIdx.y;
@@ -428,10 +428,32 @@ static __global__ void linear_kernel(tm_k_dsv41_linear_args a) {
         a.out[(size_t)t * a.ldo + o] = (float)acc;
 }
 
+/* A block of ROW_THREADS per (output, row): for few outputs over long rows (the hyper-connection
+ * projections: 24 outputs of 4 x dim inputs), where a warp per output leaves the GPU idle and
+ * each warp walks its row alone. The same double products, summed per thread, then per block. */
+static __global__ void linear_block_kernel(tm_k_dsv41_linear_args a) {
+    const uint32_t o = blockIdx.x, t = blockIdx.y;
+    const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
+    size_t wrow = (size_t)(a.row0 + o) * a.n_in;
+    if (a.sel)
+        wrow += (size_t)a.sel[t] * a.w_expert;
+    double acc = 0.0;
+    for (uint32_t i = threadIdx.x; i < a.n_in; i += ROW_THREADS) // hot loop
+        acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
+    acc = block_sum_d(acc);
+    if (threadIdx.x == 0)
+        a.out[(size_t)t * a.ldo + o] = (float)acc;
+}
+
 extern "C" tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0 || a->n_out == 0)
         return TM_OK;
     TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
+    // a warp per output unless that gives fewer than ~1024 warps over rows of 2048+ inputs
+    if ((uint64_t)a->n_out * a->n_tok < 1024 && a->n_in >= 2048) {
+        linear_block_kernel<<<dim3(a->n_out, a->n_tok), ROW_THREADS, 0, s>>>(*a);
+        return tm_cuda_launched(err, s, "dsv41_linear");
+    }
     const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), a->n_tok);
     linear_kernel<<<grid, 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_linear");

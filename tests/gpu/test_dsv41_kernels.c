@@ -14,7 +14,8 @@
  * conversion (tm_k_dsv41_to_bf16: act_quant'ed values as bf16, or the bf16 hi = bf16(x), lo =
  * bf16(x - hi) split, strided rows) and its split-K + hi / lo sums (tm_k_dsv41_sum_split, strided
  * output, with and without lo rows, adding): bit-identical to host references (the same fp32
- * operations in the same order), hi + lo within 2^-16 of x. Skipped (77) without a
+ * operations in the same order), hi + lo within 2^-16 of x. The plain linear on both of its
+ * launches (a warp or a block per output) against a host double sum. Skipped (77) without a
  * GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
  * (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
@@ -472,6 +473,94 @@ static void test_sum_split(void) {
     free(part), free(y0), free(ref), free(got);
 }
 
+/* tm_k_dsv41_linear: out[t][o] = x[t / x_div] . w[row0 + o] (+ the expert rows sel[t]) against a
+ * double sum on the host, rounded to fp32 (the GPU sums in another order, so the two may differ by
+ * one fp32 rounding: |d| <= 2^-22 |out| + 1e-30). Shapes on both launches: the warp per output
+ * (many outputs) and the block per output (few outputs over rows of >= 2048: the hyper-connection
+ * projections), fp32 and bf16 weights, strided rows, x_div, sel. */
+static void linear_case(uint32_t n_tok, uint32_t n_in, uint32_t n_out, int bf16, uint32_t x_div,
+                        int with_sel) {
+    const uint32_t ldx = n_in + 3, ldo = n_out + 5, n_x = (n_tok + x_div - 1) / x_div, n_exp = 3;
+    const uint64_t row0 = 2, n_rows = row0 + n_out;
+    const size_t w_expert = with_sel ? (size_t)n_rows * n_in : 0;
+    const size_t n_w = (size_t)n_rows * n_in * (with_sel ? n_exp : 1);
+    float *x = xmalloc((size_t)n_x * ldx * 4), *wf = xmalloc(n_w * 4);
+    uint16_t *wb = xmalloc(n_w * 2);
+    uint32_t *sel = xmalloc((size_t)n_tok * 4);
+    for (size_t i = 0; i < (size_t)n_x * ldx; i++)
+        x[i] = frand();
+    for (size_t i = 0; i < n_w; i++) {
+        wf[i] = frand() / 32.0f;
+        uint32_t u;
+        memcpy(&u, &wf[i], 4);
+        wb[i] = (uint16_t)(u >> 16); // truncated: an exact bf16
+        if (bf16) {
+            u &= 0xffff0000u;
+            memcpy(&wf[i], &u, 4);
+        }
+    }
+    for (uint32_t t = 0; t < n_tok; t++)
+        sel[t] = (t * 7 + 1) % n_exp;
+    float *ref = xmalloc((size_t)n_tok * ldo * 4), *got = xmalloc((size_t)n_tok * ldo * 4);
+    for (size_t i = 0; i < (size_t)n_tok * ldo; i++)
+        ref[i] = -7.0f; // untouched past n_out
+    for (uint32_t t = 0; t < n_tok; t++)
+        for (uint32_t o = 0; o < n_out; o++) {
+            const float *xr = x + (size_t)(t / x_div) * ldx;
+            const float *wr = wf + (size_t)(row0 + o) * n_in + (with_sel ? sel[t] * w_expert : 0);
+            double acc = 0.0;
+            for (uint32_t i = 0; i < n_in; i++)
+                acc += (double)xr[i] * wr[i];
+            ref[(size_t)t * ldo + o] = (float)acc;
+        }
+    for (size_t i = 0; i < (size_t)n_tok * ldo; i++) // NaN where the GPU must write
+        got[i] = i % ldo < n_out ? NAN : ref[i];
+    float *dx = dup_to_dev(x, (size_t)n_x * ldx * 4),
+          *dout = dup_to_dev(got, (size_t)n_tok * ldo * 4);
+    void *dw = bf16 ? (void *)dup_to_dev(wb, n_w * 2) : (void *)dup_to_dev(wf, n_w * 4);
+    uint32_t *dsel = with_sel ? dup_to_dev(sel, (size_t)n_tok * 4) : NULL;
+    const tm_k_dsv41_linear_args a = {.out = dout,
+                                      .x = dx,
+                                      .w = dw,
+                                      .sel = dsel,
+                                      .w_expert = w_expert,
+                                      .row0 = row0,
+                                      .ldo = ldo,
+                                      .ldx = ldx,
+                                      .n_tok = n_tok,
+                                      .n_in = n_in,
+                                      .n_out = n_out,
+                                      .x_div = x_div,
+                                      .w_bf16 = bf16};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_linear(&a, g_stream, &err) == TM_OK);
+    to_host(got, dout, (size_t)n_tok * ldo * 4);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < (size_t)n_tok * ldo; i++) {
+        const float d = fabsf(got[i] - ref[i]);
+        if (!(d <= ldexpf(fabsf(ref[i]), -22) + 1e-30f) && bad++ == 0)
+            first = i;
+    }
+    TM_CHECK_MSG(bad == 0,
+                 "linear T %u in %u out %u bf16 %d x_div %u sel %d: %zu of %zu off, first at %zu: "
+                 "gpu %.9g ref %.9g",
+                 n_tok, n_in, n_out, bf16, x_div, with_sel, bad, (size_t)n_tok * ldo, first,
+                 got[first], ref[first]);
+    cudaFree(dx), cudaFree(dout), cudaFree(dw);
+    if (dsel)
+        cudaFree(dsel);
+    free(x), free(wf), free(wb), free(sel), free(ref), free(got);
+}
+
+static void test_linear(void) {
+    linear_case(3, 256, 1500, 1, 1, 0);  /* a warp per output */
+    linear_case(1, 16384, 24, 0, 1, 0);  /* a block per output: hc mixes at batch 1 */
+    linear_case(8, 16384, 24, 0, 1, 0);  /* the same at batch 8 */
+    linear_case(1, 4096, 384, 0, 1, 0);  /* the router at batch 1 */
+    linear_case(6, 2048, 100, 1, 3, 1);  /* block, bf16, x_div, expert rows */
+    linear_case(12, 2048, 200, 1, 2, 1); /* warp (2400 rows), the same */
+}
+
 static void test_select(void) {
     for (uint32_t mode = 0; mode <= 2; mode++) {
         sel_case(9, 300, mode, 8, 4, 16);
@@ -493,6 +582,7 @@ int main(void) {
     TM_RUN(test_select);
     TM_RUN(test_to_bf16);
     TM_RUN(test_sum_split);
+    TM_RUN(test_linear);
     cudaStreamDestroy(g_stream);
     return tm_test_report();
 }
