@@ -129,7 +129,9 @@ typedef struct tm_k_dsv41_seqs {
 } tm_k_dsv41_seqs;
 
 /* out[t][o] = x[t / x_div] . w[row0 + o] (+ sel[t] * w_expert elements when sel is given), a
- * double sum rounded to fp32; w fp32 or bf16 rows of n_in. n_tok <= 65535. */
+ * double sum rounded to fp32; w fp32 or bf16 rows of n_in. n_tok <= 65535. A warp per (output,
+ * row), or a block per (output, row) when there are fewer than 1024 of them over rows of >= 2048
+ * inputs (the hyper-connection projections at decode). */
 typedef struct tm_k_dsv41_linear_args {
     float *out;
     const float *x;
