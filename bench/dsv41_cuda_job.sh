@@ -180,22 +180,7 @@ JOB
   echo "jvb: tokenmill run rc=$? in $(( $(date +%s) - t1 )) s"
   grep -E "KV pool|graph|error|E " "$OUT/jvb_job.log" | head -6
   cp "$J/out/metrics.json" "$OUT/jvb_metrics.json" 2> /dev/null
-  python3 - "$J/out/metrics.json" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
-def find(o, k):
-    if isinstance(o, dict):
-        for kk, v in o.items():
-            if kk == k: return v
-            r = find(v, k)
-            if r is not None: return r
-    return None
-e = find(m, "engine") or {}
-print("jvb job: decode %.1f tok/s (%s tokens in %.3f s over %s steps), prefill %.1f tok/s, tpot p50 %s"
-      % (find(m, "decode_tok_s") or 0, e.get("decode_tokens"), e.get("decode_s") or 0,
-         e.get("steps"), find(m, "prefill_tok_s") or 0, json.dumps(find(m, "tpot"))))
-print("jvb job: tokens %s, records %s" % (json.dumps(m.get("tokens")), json.dumps(m.get("records"))))
-PY
+  python3 "$(dirname "$0")/job_metrics.py" "$J/out/metrics.json" "jvb job"
   if [ "$BACKEND" = cuda ]; then
     "$B/bench_engine" --shape dsv41-flash --layers "$NL" --batch 8 --prompt 512 --gen "$GEN" \
       --reps 2 2>&1 | grep -E "dsv41-flash"

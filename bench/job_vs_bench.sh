@@ -45,19 +45,5 @@ t1=$(date +%s)
 echo "tokenmill run rc=$? in $(( $(date +%s) - t1 )) s"
 grep -E "KV pool|greedy on the engine|records|tp:" "$OUT/job.log" | head -8
 cp "$W/out/metrics.json" "$OUT/job_metrics.json" 2>/dev/null
-python3 - "$W/out/metrics.json" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))
-def find(o, k):
-    if isinstance(o, dict):
-        for kk, v in o.items():
-            if kk == k: return v
-            r = find(v, k)
-            if r is not None: return r
-    return None
-e = find(m, "engine") or {}
-print("job: decode %.1f tok/s (%s tokens in %.3f s over %s steps), prefill %.1f tok/s, output %.1f tok/s"
-      % (find(m, "decode_tok_s") or 0, e.get("decode_tokens"), e.get("decode_s") or 0,
-         e.get("steps"), find(m, "prefill_tok_s") or 0, find(m, "output_tok_s") or 0))
-PY
+python3 "$(dirname "$0")/job_metrics.py" "$W/out/metrics.json"
 "$B/bench_engine" --batch 8 --reps 2 "${QARGS[@]}" 2>/dev/null | grep -E "prefill|decode|ceiling"
