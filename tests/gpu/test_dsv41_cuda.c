@@ -143,31 +143,6 @@ static double row_rel(const float *ref, const float *got, uint32_t V) {
     return mx > 0.0 ? md / mx : md;
 }
 
-/* compare_row (tm_gpu_compare.h) without printing each greedy difference: for the fast mode's
- * comparisons, where flipped discrete choices change some (their counts are printed). */
-static void compare_quiet(stats *st, const float *ref, uint32_t ref_tok, const float *got,
-                          uint32_t got_tok, uint32_t n_vocab) {
-    double mx = 0.0, md = 0.0;
-    for (uint32_t v = 0; v < n_vocab; v++) {
-        mx = fmax(mx, fabs(ref[v]));
-        const double d = fabs((double)got[v] - ref[v]);
-        md = isnan(d) ? INFINITY : fmax(md, d);
-    }
-    st->max_abs = fmax(st->max_abs, md);
-    st->max_rel = fmax(st->max_rel, md / mx);
-    st->n_rows++;
-    st->n_bad_rows += !(md <= LOGIT_TOL * mx);
-    st->n_greedy++;
-    if (ref_tok != got_tok) {
-        float second = -INFINITY;
-        for (uint32_t v = 0; v < n_vocab; v++)
-            if (v != ref_tok && ref[v] > second)
-                second = ref[v];
-        st->n_greedy_diff++;
-        st->n_clear_flip += ref[ref_tok] - second > 2.0 * md;
-    }
-}
-
 static int cmp_dbl(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -214,7 +189,7 @@ static int step(const char *name, uint32_t k, tm_engine **E, seq *S, uint32_t V,
                 compare_row(st, e_name[c_ref[c]], rf, tok[c_ref[c]], e_name[c_got[c]], gt,
                             tok[c_got[c]], V);
             else
-                compare_quiet(st, rf, tok[c_ref[c]], gt, tok[c_got[c]], V);
+                compare_row(st, NULL, rf, tok[c_ref[c]], NULL, gt, tok[c_got[c]], V); // quiet
             if (c == C_F)
                 cs->rel[cs->n_rel++] = rel;
             if (st->n_bad_rows > bad0 && !cs->fb[c].seen) {
@@ -258,18 +233,34 @@ static tm_rc cuda_create(const tm_model *m, const tm_engine_opts *o, const char 
     return rc;
 }
 
-/* chaotic: a candidate-selection config (FAST_CHAOS_MEDIAN_TOL). */
-static void run_case(const char *name, const char *args, int chaotic) {
-    if (!selected(name))
-        return;
-    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
+/* A case's model: mkmodel ARGS into dir (a mkdtemp template), its command printed. A failed
+ * mkmodel is a failed check (dir removed); returns nonzero then. */
+static int case_model(const char *name, const char *args, char *dir) {
+    char cmd[1024];
     if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
         fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
         TM_CHECK(0);
         rmdir_all(dir);
-        return;
+        return -1;
     }
     fprintf(stderr, "%s: %s\n", name, cmd);
+    return 0;
+}
+
+/* The end of a case: the model closed (also after a failed open), its folder removed. */
+static void case_end(v41 *v, const char *dir) {
+    close_v41(v);
+    if (rmdir_all(dir) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+/* chaotic: a candidate-selection config (FAST_CHAOS_MEDIAN_TOL). */
+static void run_case(const char *name, const char *args, int chaotic) {
+    if (!selected(name))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX";
+    if (case_model(name, args, dir) != 0)
+        return;
     v41 v;
     tm_engine *E[E_N] = {0};
     cstats cs = {0};
@@ -361,9 +352,7 @@ done:
     for (int e = E_N - 1; e >= 0; e--)
         tm_engine_destroy(E[e]);
     free(cs.rel);
-    close_v41(&v);
-    if (rmdir_all(dir) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    case_end(&v, dir);
 }
 
 // every FP8 32x32 block scaled by 2^(-1..1) (mkmodel --fp8-block-spread): block scales differ, so a
@@ -667,22 +656,15 @@ done:
 static void graphs_case(const char *name, const char *args) {
     if (!selected(name))
         return;
-    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
-    if (mkmodel(dir, args, cmd, sizeof(cmd)) != 0) {
-        fprintf(stderr, "%s: mkmodel failed: %s\n", name, cmd);
-        TM_CHECK(0);
-        rmdir_all(dir);
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX";
+    if (case_model(name, args, dir) != 0)
         return;
-    }
-    fprintf(stderr, "%s: %s\n", name, cmd);
     v41 v;
     if (open_v41(dir, &v) == 0) {
         graphs_run(name, "0", &v);
         graphs_run(name, "1", &v);
     }
-    close_v41(&v);
-    if (rmdir_all(dir) != 0)
-        fprintf(stderr, "could not remove %s\n", dir);
+    case_end(&v, dir);
 }
 
 // Engram on layers 0 and 2 (segment 0 is the embedding alone), 1 and 3 (hc 2), none

@@ -178,7 +178,8 @@ static inline void seq_append(seq *s, uint32_t tok) {
  * into st: the max error relative to the row's max |ref| (over LOGIT_TOL: a bad row), and the
  * greedy tokens ref_tok and got_tok. Where they differ it prints a "greedy differs" line with the
  * reference's top-2 margin: a near tie explains a flip, a large margin is a bug. ref_name and
- * got_name ("cpu", "tp2") label that line. */
+ * got_name ("cpu", "tp2") label that line; ref_name NULL: no line (comparisons where flipped
+ * discrete choices are expected and only their counts are printed). */
 static inline void compare_row(stats *st, const char *ref_name, const float *ref, uint32_t ref_tok,
                                const char *got_name, const float *got, uint32_t got_tok,
                                uint32_t n_vocab) {
@@ -198,8 +199,10 @@ static inline void compare_row(stats *st, const char *ref_name, const float *ref
         for (uint32_t v = 0; v < n_vocab; v++)
             if (v != ref_tok && ref[v] > second)
                 second = ref[v];
-        fprintf(stderr, "greedy differs: %s %u %s %u (%s margin %g, row max err %g)\n", ref_name,
-                ref_tok, got_name, got_tok, ref_name, (double)(ref[ref_tok] - second), md);
+        if (ref_name)
+            fprintf(stderr, "greedy differs: %s %u %s %u (%s margin %g, row max err %g)\n",
+                    ref_name, ref_tok, got_name, got_tok, ref_name, (double)(ref[ref_tok] - second),
+                    md);
         st->n_greedy_diff++;
         st->n_clear_flip += ref[ref_tok] - second > 2.0 * md;
     }
