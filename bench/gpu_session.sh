@@ -36,7 +36,7 @@ if [ "${1:-}" = "--prep" ]; then
   tar xzf "$t40/c/bin.tgz" -C "$dst/bin"
   tar xzf "$t41/c/bin.tgz" -C "$dst/bin"
   for f in test_kernels test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda \
-    test_gemm_quant test_lt_fp8 bench_gemm_quant; do
+    test_gemm_quant test_lt_fp8 bench_gemm_quant test_dsv41_ops; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/" && strip "$dst/bin/$f"
   done
   tar cf - -C "$dst/bin" . | xz -9 -T1 > "$dst/bin.txz" && rm -rf "$dst/bin" "$t40" "$t41"
