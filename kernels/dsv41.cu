@@ -339,13 +339,20 @@ static __global__ void select_kernel(tm_k_dsv41_select_args a) {
         if (threadIdx.x == 0)
             a.n_cand[t] = got;
     } else if (a.mode == TM_DSV41_SEL_CONSUMER) {
+        // the candidate blocks are in ascending order (the source's compact_ge): a binary
+        // search per position (a scan of up to ctop = 2048 blocks per position was O(lens x ctop))
         const uint32_t *cd = a.cand + (size_t)t * a.ctop, nc = a.n_cand[t];
         for (uint32_t k = threadIdx.x; k < lens; k += blockDim.x) {
             const uint32_t bk = k / a.cb;
-            int in = 0;
-            for (uint32_t i = 0; i < nc; i++)
-                in |= cd[i] == bk;
-            if (!in)
+            uint32_t lo = 0, hi = nc; // the first i with cd[i] >= bk
+            while (lo < hi) {
+                const uint32_t mid = (lo + hi) / 2;
+                if (cd[mid] < bk)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo == nc || cd[lo] != bk)
                 sc[k] = -INFINITY;
         }
     }
@@ -411,28 +418,32 @@ static unsigned n_blocks(size_t n, unsigned per) {
 
 /* ---- linear: a warp per (output, row), or a block per (output, row) for small grids ---- */
 
+/* Rows t = blockIdx.y, blockIdx.y + gridDim.y, ...: grid y is at most 65535, the expert rows of a
+ * step (T x top-k) can be more. */
 static __global__ void linear_kernel(tm_k_dsv41_linear_args a) {
-    const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+    const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const uint32_t lane = threadIdx.x & 31;
     if (o >= a.n_out)
         return;
-    const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
-    size_t wrow = (size_t)(a.row0 + o) * a.n_in;
-    if (a.sel)
-        wrow += (size_t)a.sel[t] * a.w_expert;
-    double acc = 0.0;
-    for (uint32_t i = lane; i < a.n_in; i += 32) // hot loop
-        acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
-    acc = warp_sum_d(acc);
-    if (lane == 0)
-        a.out[(size_t)t * a.ldo + o] = (float)acc;
+    for (uint32_t t = blockIdx.y; t < a.n_tok; t += gridDim.y) {
+        const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
+        size_t wrow = (size_t)(a.row0 + o) * a.n_in;
+        if (a.sel)
+            wrow += (size_t)a.sel[t] * a.w_expert;
+        double acc = 0.0;
+        for (uint32_t i = lane; i < a.n_in; i += 32) // hot loop
+            acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
+        acc = warp_sum_d(acc);
+        if (lane == 0)
+            a.out[(size_t)t * a.ldo + o] = (float)acc;
+    }
 }
 
 /* A block of ROW_THREADS per (output, row): for few outputs over long rows (the hyper-connection
  * projections: 24 outputs of 4 x dim inputs), where a warp per output leaves the GPU idle and
  * each warp walks its row alone. The same double products, summed per thread, then per block. */
 static __global__ void linear_block_kernel(tm_k_dsv41_linear_args a) {
-    const uint32_t o = blockIdx.x, t = blockIdx.y;
+    const uint32_t o = blockIdx.x, t = blockIdx.y; // n_tok < 1024: grid y holds every row
     const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
     size_t wrow = (size_t)(a.row0 + o) * a.n_in;
     if (a.sel)
@@ -448,13 +459,13 @@ static __global__ void linear_block_kernel(tm_k_dsv41_linear_args a) {
 extern "C" tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0 || a->n_out == 0)
         return TM_OK;
-    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
+    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1);
     // a warp per output unless that gives fewer than ~1024 warps over rows of 2048+ inputs
     if ((uint64_t)a->n_out * a->n_tok < 1024 && a->n_in >= 2048) {
         linear_block_kernel<<<dim3(a->n_out, a->n_tok), ROW_THREADS, 0, s>>>(*a);
         return tm_cuda_launched(err, s, "dsv41_linear");
     }
-    const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), a->n_tok);
+    const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), TM_MIN(a->n_tok, 65535u));
     linear_kernel<<<grid, 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_linear");
 }
@@ -753,34 +764,47 @@ extern "C" tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t
 
 /* ---- the indexer's scores: a warp per (token, position) ---- */
 
+/* Warp w of block x takes positions k = 8x + w, then k + 8 gridDim.x, ... below lens: the grid
+ * is sized by ld (the most any token can reach), capped, so that a step whose tokens reach far
+ * fewer positions (or a decode graph sized for the longest context) does not launch ld / 8
+ * blocks per token that only exit. */
 static __global__ void index_scores_kernel(tm_k_dsv41_iscore_args a, tm_k_dsv41_seqs q) {
     const uint32_t t = blockIdx.y, lane = threadIdx.x & 31;
-    const uint32_t k = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const uint32_t k0 = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const uint32_t lens = (q.pos[t] + 1) / a.r;
-    if (k == 0 && lane == 0)
+    if (k0 == 0 && lane == 0)
         a.lens[t] = lens;
-    if (k >= lens)
-        return;
-    const float *key = a.key_field + slot_of(&q, t, k * a.r) * a.kld;
     const float *qt = a.q + (size_t)t * a.Hi * a.di, *w = a.w + (size_t)t * a.Hi;
-    double acc = 0.0;
-    for (uint32_t h = 0; h < a.Hi; h++) {
-        double d = 0.0;
-        for (uint32_t i = lane; i < a.di; i += 32)
-            d += (double)qt[h * a.di + i] * key[i];
-        d = warp_sum_d(d);
-        acc += (d > 0.0 ? d : 0.0) * ((double)w[h] * a.iscale);
+    for (uint32_t k = k0; k < lens; k += gridDim.x * (blockDim.x / 32)) {
+        const float *key = a.key_field + slot_of(&q, t, k * a.r) * a.kld;
+        double acc = 0.0;
+        for (uint32_t h = 0; h < a.Hi; h++) {
+            double d = 0.0;
+            for (uint32_t i = lane; i < a.di; i += 32)
+                d += (double)qt[h * a.di + i] * key[i];
+            d = warp_sum_d(d);
+            acc += (d > 0.0 ? d : 0.0) * ((double)w[h] * a.iscale);
+        }
+        if (lane == 0)
+            a.score[(size_t)t * a.ld + k] = (float)acc;
     }
-    if (lane == 0)
-        a.score[(size_t)t * a.ld + k] = (float)acc;
+}
+
+/* Blocks per token of the scores (8 positions each at a time): ld / 8, at most about 8192 blocks
+ * over the step's tokens (at least 4 per token). */
+static uint32_t index_scores_blocks(size_t ld, uint32_t n_tok) {
+    const size_t want = TM_CEIL_DIV(TM_MAX(ld, (size_t)1), (size_t)8);
+    const size_t cap = TM_MAX(TM_CEIL_DIV((size_t)8192, (size_t)TM_MAX(n_tok, 1u)), (size_t)4);
+    return (uint32_t)TM_MIN(want, cap);
 }
 
 extern "C" tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
                                          cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0)
         return TM_OK;
-    TM_ASSERT(a->score && a->lens && a->q && a->w && a->key_field && a->r >= 1 && a->ld >= 1);
-    const dim3 grid(TM_CEIL_DIV((uint32_t)TM_MAX(a->ld, (size_t)1), 8u), a->n_tok);
+    TM_ASSERT(a->score && a->lens && a->q && a->w && a->key_field && a->r >= 1 && a->ld >= 1 &&
+              a->n_tok <= 65535);
+    const dim3 grid(index_scores_blocks(a->ld, a->n_tok), a->n_tok);
     index_scores_kernel<<<grid, 256, 0, s>>>(*a, *q);
     return tm_cuda_launched(err, s, "dsv41_index_scores");
 }

@@ -92,7 +92,8 @@ tm_rc tm_k_dsv41_engram_gate(const tm_k_dsv41_engram_gate_args *a, cudaStream_t 
  *   entry, the newest (last, partly filled) block pinned in, the top min(n_blocks, ctop) blocks
  *   kept: cand[t][0..n_cand[t]) in ascending block order (bsc: [n_tok][ld] scratch);
  * - mode TM_DSV41_SEL_CONSUMER (an index source after it): positions outside the token's
- *   candidate blocks set to -inf (their picks stay valid, as the reference's);
+ *   candidate blocks (cand[t][0..n_cand[t]), ascending, as mode SOURCE writes them) set to -inf
+ *   (their picks stay valid, as the reference's);
  * - every mode: the top min(topk, lens[t]) positions, higher score first and the lower position
  *   on ties (the CPU engine's order), written in position order to pick[t][..], n_pick[t].
  * Selection by an 8-pass radix select over (score, position) keys, O(lens) per token. */
@@ -129,9 +130,10 @@ typedef struct tm_k_dsv41_seqs {
 } tm_k_dsv41_seqs;
 
 /* out[t][o] = x[t / x_div] . w[row0 + o] (+ sel[t] * w_expert elements when sel is given), a
- * double sum rounded to fp32; w fp32 or bf16 rows of n_in. n_tok <= 65535. A warp per (output,
- * row), or a block per (output, row) when there are fewer than 1024 of them over rows of >= 2048
- * inputs (the hyper-connection projections at decode). */
+ * double sum rounded to fp32; w fp32 or bf16 rows of n_in; any n_tok (the rows past grid y's
+ * 65535 in further passes). A warp per (output, row), or a block per (output, row) when there are
+ * fewer than 1024 of them over rows of >= 2048 inputs (the hyper-connection projections at decode).
+ */
 typedef struct tm_k_dsv41_linear_args {
     float *out;
     const float *x;
