@@ -108,6 +108,8 @@ typedef struct dw {
 
 /* TM_DSV41_CUDA_EXACT (read at init): 0 / unset the fast path; any other value the plain kernels
  * (fp32 inputs, double sums). */
+/* Most floats of each indexer score array (isc, bsc): 128 MB. */
+#define DSV41_SC_FLOATS ((uint64_t)32 << 20)
 enum { MODE_FAST = 0, MODE_EXACT = 1 };
 
 /* A state field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
@@ -168,6 +170,8 @@ typedef struct v41g {
     uint32_t D, N, H, hd, rd, qlr, G, olr, ing, E, K, I, Hi, di, mix, topk, cb, ctop;
     uint32_t n_cols, ehd, max_in, T, S, P; /* P: floats per state row in each plane */
     size_t ld_sc;                          /* indexer score entries per token */
+    uint64_t sc_pos;                       /* positions below this fit ld_sc (forward checks) */
+    uint32_t sc_tok;                       /* tokens per indexer chunk: isc / bsc rows */
     double iscale;
     int sync_each;
     int mode; /* MODE_* */
@@ -348,6 +352,12 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     if (!rc)
         rc = TM_CUDA_CHECK(
             cudaMallocHost((void **)&g->prev_h, (size_t)g->S * TM_ENGRAM_MAX_NGRAM * 4), err);
+    for (uint32_t k = 0; !rc && k < c->n_engram; k++) // the rows are read as [n_cols][ehd]
+        if (tm_engram_table_info_get(g->etab[k])->dim != g->ehd)
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "cuda engine: dsv41: Engram table of layer %u has rows of %u values, "
+                        "engram_head_dim is %u",
+                        c->engram_layer_ids[k], tm_engram_table_info_get(g->etab[k])->dim, g->ehd);
     if (!rc)
         rc = tm_dsv41_engram_stage_create(g->etab, c->n_engram, (size_t)g->T * g->n_cols, &g->stage,
                                           err);
@@ -485,10 +495,10 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
                                      : "exact mode: plain kernels (fp32 inputs, double sums)",
                 ex ? ex : "unset");
     if (g->N < 1 || g->N > TM_DSV41_K_MAX_HC || g->K < 1 || g->K > g->E || g->rd > g->hd ||
-        g->rd % 2 || g->T > 65535 || (size_t)g->T * g->K > 65535)
+        g->rd % 2 || g->T > 65535)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv41: hc_mult %u (1..%d), experts %u of %u, rope dim %u, "
-                      "max_batched_tokens %u (x experts <= 65535) unsupported",
+                      "max_batched_tokens %u (<= 65535) unsupported",
                       g->N, TM_DSV41_K_MAX_HC, g->K, g->E, g->rd, g->T);
     if (tm_k_dsv41_attn_smem(c->window_size, g->topk, g->hd) > 48 * 1024)
         return TM_ERR(err, TM_E_INVAL,
@@ -505,11 +515,24 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         if (c->ratio[l] && (!rmin || c->ratio[l] < rmin))
             rmin = c->ratio[l];
     }
-    // indexer entries per token: min(pool, n_ctx) positions / the smallest ratio
+    // indexer entries per token: min(max_seq_len, n_ctx, pool) positions / the smallest ratio
+    // (n_ctx: the model's context as the job capped it, engine.max_model_len; the pool is sized
+    // only later when n_kv_block is 0)
     uint64_t seq_pos = TM_MAX(c->max_seq_len, 1u);
+    if (impl->cfg.n_ctx)
+        seq_pos = TM_MIN(seq_pos, (uint64_t)impl->cfg.n_ctx);
     if (o->n_kv_block)
         seq_pos = TM_MIN(seq_pos, (uint64_t)o->n_kv_block * o->block_size);
+    g->sc_pos = seq_pos;
     g->ld_sc = (size_t)(rmin ? seq_pos / rmin : 1) + 1;
+    // The score rows (isc, bsc) of T tokens over a long context would be T x ld_sc floats each
+    // (at max_seq_len 1M and ratio 1: 4 MB a token): the indexer runs over the step's tokens in
+    // chunks of sc_tok rows, within DSV41_SC_FLOATS floats per array. TM_DSV41_INDEX_CHUNK=n
+    // (tests): chunks of at most n tokens.
+    g->sc_tok = (uint32_t)TM_MIN((uint64_t)g->T, TM_MAX(DSV41_SC_FLOATS / g->ld_sc, (uint64_t)1));
+    const char *ich = getenv("TM_DSV41_INDEX_CHUNK");
+    if (ich && atoi(ich) > 0)
+        g->sc_tok = TM_MIN(g->sc_tok, (uint32_t)atoi(ich));
     {
         uint32_t mi = TM_MAX(g->N * g->D, g->qlr);
         mi = TM_MAX(mi, g->hd);
@@ -674,8 +697,8 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->lk, T * g->di);
     CF(g->iq, T * g->Hi * g->di);
     CF(g->iw, T * g->Hi);
-    CF(g->isc, T * g->ld_sc);
-    CF(g->bsc, T * g->ld_sc);
+    CF(g->isc, (size_t)g->sc_tok * g->ld_sc);
+    CF(g->bsc, (size_t)g->sc_tok * g->ld_sc);
     CF(g->rl, T * g->E);
     CF(g->selw, TK);
     CF(g->eg, TK * g->I);
@@ -1251,37 +1274,47 @@ static tm_rc indexer(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T,
     OP("indexer q fp4", l, tm_k_dsv41_fp4_act_quant(g->iq, (size_t)T * Hi * di, 32, 0, s, err));
     const int16_t kf = c->key_from[l];
     TM_ASSERT(kf >= 0);
-    const tm_k_dsv41_iscore_args sa = {.score = g->isc,
-                                       .lens = g->lens,
-                                       .q = g->iq,
-                                       .w = g->iw,
-                                       .key_field = field(impl, g, (uint32_t)kf, g->L[kf].f_ikey),
-                                       .ld = g->ld_sc,
-                                       .iscale = g->iscale,
-                                       .kld = g->P,
-                                       .Hi = Hi,
-                                       .di = di,
-                                       .r = r,
-                                       .n_tok = T};
-    OP("indexer scores", l, tm_k_dsv41_index_scores(&sa, q, s, err));
     const int32_t cs = c->candidate_source_layer;
     const uint32_t mode = cs >= 0 && (uint32_t)cs == l  ? TM_DSV41_SEL_SOURCE
                           : cs >= 0 && (uint32_t)cs < l ? TM_DSV41_SEL_CONSUMER
                                                         : TM_DSV41_SEL_PLAIN;
-    const tm_k_dsv41_select_args ka = {.score = g->isc,
-                                       .bsc = g->bsc,
-                                       .lens = g->lens,
-                                       .cand = g->cand,
-                                       .n_cand = g->n_cand,
-                                       .pick = g->pick,
-                                       .n_pick = g->n_pick,
-                                       .ld = g->ld_sc,
-                                       .n_tok = T,
-                                       .mode = mode,
-                                       .cb = g->cb,
-                                       .ctop = g->ctop,
-                                       .topk = g->topk};
-    OP("indexer select", l, tm_k_dsv41_select(&ka, s, err));
+    // scores and selection in chunks of sc_tok tokens (the score rows hold that many)
+    for (uint32_t t0 = 0; t0 < T; t0 += g->sc_tok) {
+        const uint32_t n = TM_MIN(g->sc_tok, T - t0);
+        const tm_k_dsv41_seqs qc = {.pos = q->pos + t0,
+                                    .tok_seq = q->tok_seq + t0,
+                                    .seq_bt = q->seq_bt,
+                                    .block_tables = q->block_tables,
+                                    .bs = q->bs};
+        const tm_k_dsv41_iscore_args sa = {
+            .score = g->isc,
+            .lens = g->lens + t0,
+            .q = g->iq + (size_t)t0 * Hi * di,
+            .w = g->iw + (size_t)t0 * Hi,
+            .key_field = field(impl, g, (uint32_t)kf, g->L[kf].f_ikey),
+            .ld = g->ld_sc,
+            .iscale = g->iscale,
+            .kld = g->P,
+            .Hi = Hi,
+            .di = di,
+            .r = r,
+            .n_tok = n};
+        OP("indexer scores", l, tm_k_dsv41_index_scores(&sa, &qc, s, err));
+        const tm_k_dsv41_select_args ka = {.score = g->isc,
+                                           .bsc = g->bsc,
+                                           .lens = g->lens + t0,
+                                           .cand = g->cand + (size_t)t0 * g->ctop,
+                                           .n_cand = g->n_cand + t0,
+                                           .pick = g->pick + (size_t)t0 * g->topk,
+                                           .n_pick = g->n_pick + t0,
+                                           .ld = g->ld_sc,
+                                           .n_tok = n,
+                                           .mode = mode,
+                                           .cb = g->cb,
+                                           .ctop = g->ctop,
+                                           .topk = g->topk};
+        OP("indexer select", l, tm_k_dsv41_select(&ka, s, err));
+    }
     return TM_OK;
 }
 
@@ -1599,11 +1632,14 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
         return TM_OK;
     TM_ASSERT(T <= g->T && st->n_want <= g->T);
     const uint32_t *pos_h = host_meta(impl, st->pos);
-    for (uint32_t t = 0; t < T; t++) // as the CPU engine: positions below max_seq_len
-        if (pos_h[t] >= c->max_seq_len)
+    // as the CPU engine: positions below max_seq_len; also below n_ctx (the indexer's score rows
+    // hold sc_pos positions, init)
+    for (uint32_t t = 0; t < T; t++)
+        if (pos_h[t] >= g->sc_pos)
             return TM_ERR(err, TM_E_INVAL,
-                          "cuda engine: dsv41: position %u is beyond max_seq_len %u", pos_h[t],
-                          c->max_seq_len);
+                          "cuda engine: dsv41: position %u is beyond the context (%llu: the least "
+                          "of max_seq_len %u, n_ctx %u and the KV pool)",
+                          pos_h[t], (unsigned long long)g->sc_pos, c->max_seq_len, impl->cfg.n_ctx);
     if (c->n_engram) {
         rc = engram_begin(impl, g, st, err);
         if (rc)
