@@ -93,9 +93,12 @@ static void usage(void) {
         "  --sample-all: decode ms/step of every device sampling mode vs greedy (first batch)\n"
         "  --sample-device: the same without the host-sampled mode\n"
         "  --shape dsv4-flash | dsv41-flash [--layers N] [--batch 1,8] [--prompt L] [--gen N]:\n"
-        "    DeepSeek-V4 / V4.1 at Flash widths, random weights (V4.1: Engram tables written\n"
-        "    to a temporary folder, --engram-cache-mb M per table, --engram warm|cold,\n"
-        "    --graphs 1|0; TM_DSV41_ENGRAM_SKIP=1 skips the row reads: bench/dsv41_engram_overlap.sh)\n"
+        "    DeepSeek-V4 / V4.1 at Flash widths, random weights (V4.1: the released V4.1-Flash\n"
+        "    config's layers, --layers N the first N, --layer-ids 0,1,2,... chosen ones, default\n"
+        "    one of each kind; --mkmodel-args prints mkmodel's options for the same model; Engram\n"
+        "    tables written to a temporary folder, --engram-cache-mb M per table, --engram\n"
+        "    warm|cold, --graphs 1|0; TM_DSV41_ENGRAM_SKIP=1 skips the row reads:\n"
+        "    bench/dsv41_engram_overlap.sh)\n"
         "  shapes:");
     for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
         fprintf(stderr, " %s", shapes[i].name);
@@ -689,27 +692,30 @@ static int dsv4_bench(int argc, char **argv) {
     return rc;
 }
 
-/* ---- DeepSeek-V4.1 (--shape dsv41-flash [--layers N]; issue 40) ----
- * The V4 Flash widths above (the released V4.1 config is not in this repository) with V4.1's
- * layout: 384 routed experts top 6, the first --layers layers (default 4: ratio 0, a ratio-2 kv +
- * index source, a ratio-2 consumer, a ratio-1 kv + index source that is the candidate source;
- * further layers repeat the last three), Engram on layers 0 and 2 (3-grams, 8 heads x 256: 16
- * rows of 256 a token and layer), random weights on the device in the layout of the engine's mode
- * (TM_DSV41_CUDA_EXACT, read at create: the fast default keeps the dense FP8 linears as e4m3 +
- * 32x32 ue8m0 scales beside a bf16 copy and the routed experts packed MXFP4; the exact mode holds
- * everything as bf16), Engram tables written by this run into a temporary
- * folder (about 2.1 M rows each, read through the engine's row cache, 1 GB by default) and a
- * synthetic compressed token map. A run per batch size (--batch, default 1,8): prefill B prompts
- * of L tokens in one step, then N - 1 greedy decode steps (best of --reps after a warm-up); per
- * layer decode ms = step ms / layers, against the bytes floor of a step: every weight byte a
- * decode step reads (the distinct routed experts of B tokens under uniform routing), the Engram
- * rows copied to the GPU (fp32) and the LM head, at the device-copy bandwidth measured in this run.
- * Two floors are printed: the packed one (the deployment's formats: FP8 1 B + a scale byte per
- * 32 x 32 block, MXFP4 0.5 B + a scale byte per 32, bf16 tensors 2 B, fp32 ones 4 B; what the fast
- * mode reads at B <= 8: its non-quantized linears' hi and lo input rows go through one decode GEMM
- * of 2B rows; at B of 9 to 16 it reads those linears (wo_a, compressor, indexer wk / weights_proj,
- * head) twice, a hi pass and a lo pass, which the floor does not count) and the bf16 one (what the
- * exact mode reads); the percentage is against the floor of the mode that ran. */
+/* ---- DeepSeek-V4.1 (--shape dsv41-flash [--layers N | --layer-ids LIST]; issue 40) ----
+ * Layers of the released DeepSeek-V4.1-Flash config (v41_config below: width 5120, 64 heads x 512,
+ * q_lora 1280, 384 routed experts top 6 of width 2304, index 32 heads x 128 top 512, candidate
+ * selection at layer 20, Engram at layers 1 and 14 with 4-grams, 8 heads x 256: 24 rows of 256 a
+ * token and layer): --layers N the first N, --layer-ids the listed ones (each layer whose
+ * compressed KV, index picks or index keys come from another needs that one listed too), by
+ * default one of each kind (v41_kinds). Random weights on the device in the layout of the
+ * engine's mode (TM_DSV41_CUDA_EXACT, read at create: the fast default keeps the dense FP8
+ * linears as e4m3 + 32x32 ue8m0 scales beside a bf16 copy and the routed experts packed MXFP4; the
+ * exact mode holds everything as bf16: 27 GB a layer, so 2 layers on an 80 GB GPU), Engram tables
+ * written by this run into a temporary folder (~3 M rows each, read through the engine's row
+ * cache, 1 GB by default) and a synthetic compressed token map. A run per batch size (--batch,
+ * default 1,8): prefill B prompts of L tokens in one step, then N - 1 greedy decode steps (best of
+ * --reps after a warm-up); per layer decode ms = step ms / layers, against the bytes floor of a
+ * step: every weight byte a decode step reads (the distinct routed experts of B tokens under
+ * uniform routing), the Engram rows copied to the GPU (fp32) and the LM head, at the device-copy
+ * bandwidth measured in this run (v41_layer_bytes). Two floors are printed: the packed one (the
+ * deployment's formats: FP8 1 B + a scale byte per 32 x 32 block, MXFP4 0.5 B + a scale byte per
+ * 32, bf16 tensors 2 B, fp32 ones 4 B; what the fast mode reads at B <= 8: its non-quantized
+ * linears' hi and lo input rows go through one decode GEMM of 2B rows; at B of 9 to 16 it reads
+ * those linears (wo_a, compressor, indexer wk / weights_proj, head) twice, a hi pass and a lo
+ * pass, which the floor does not count) and the bf16 one (what the exact mode reads); the
+ * percentage is against the floor of the mode that ran. A second line projects the 40-layer step
+ * at the same fraction of the 40 layers' floor. */
 #include <fcntl.h>
 
 #include "runner/model/engram_hash.h"
@@ -800,20 +806,201 @@ static int dsv41_tables(const char *dir, tm_dsv41_cfg *d, const int32_t *tmap) {
     return ok;
 }
 
+/* The released DeepSeek-V4.1-Flash (config.json text_config, revision dba1be0a; docs in
+ * ../shared/notes/PEERS.md section 4): 40 layers, compress ratios 0, 0, 2 x 18, 1 x 20, these kv /
+ * index sources, the candidate source, the Engram layers. */
+#define V41_NL 40
+static const uint32_t v41_kv[] = {2, 8, 14, 20}, v41_ix[] = {2, 8, 14, 20, 24, 28, 32, 36},
+                      v41_eng[] = {1, 14};
+static const int32_t v41_cand = 20;
+/* The default layer set: one layer of each kind the released model has (ratio 0; ratio 0 with
+ * Engram; a ratio-2 kv + index source; a ratio-2 consumer; the ratio-1 kv + index + candidate
+ * source; a ratio-1 consumer; a ratio-1 index-only source). */
+static const uint32_t v41_kinds[] = {0, 1, 2, 3, 20, 21, 24};
+
+static uint32_t v41_ratio(uint32_t l) { return l < 2 ? 0 : l < 20 ? 2 : 1; }
+
+static int v41_has(const uint32_t *v, size_t n, uint32_t x) {
+    for (size_t i = 0; i < n; i++)
+        if (v[i] == x)
+            return 1;
+    return 0;
+}
+
+/* The config of the released model restricted to its layers ids[0..n) (ascending; the full model
+ * when n = 40), renumbered 0..n-1, into cfg. The Engram tables keep the released shape (4-grams,
+ * 8 heads x 256) with engram_vocab_size 131072 instead of 16 M, so that a run writes ~3 M rows a
+ * table (0.8 GB) rather than the released 384 M (98 GB). Returns 0 when cfg is too small. */
+static int v41_config(const uint32_t *ids, uint32_t n, char *cfg, size_t cap) {
+    char list[5][512] = {{0}};
+    int o[5] = {0, 0, 0, 0, 0};
+    int32_t cand = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        const uint32_t l = ids[i];
+        o[0] += snprintf(list[0] + o[0], sizeof(list[0]) - (size_t)o[0], "%s%u", i ? "," : "",
+                         v41_ratio(l));
+        const int in[3] = {v41_has(v41_kv, 4, l), v41_has(v41_ix, 8, l), v41_has(v41_eng, 2, l)};
+        for (int k = 0; k < 3; k++)
+            if (in[k])
+                o[k + 1] += snprintf(list[k + 1] + o[k + 1], sizeof(list[0]) - (size_t)o[k + 1],
+                                     "%s%u", o[k + 1] ? "," : "", i);
+        if (in[2])
+            o[4] += snprintf(list[4] + o[4], sizeof(list[0]) - (size_t)o[4], "%s%s",
+                             o[4] ? "," : "", "4000000");
+        if ((int32_t)l == v41_cand)
+            cand = (int32_t)i;
+    }
+    const int w = snprintf(
+        cfg, cap,
+        "{\"vocab_size\":129280,\"dim\":5120,\"moe_inter_dim\":2304,\"n_layers\":%u,"
+        "\"n_mtp_layers\":0,\"n_heads\":64,\"n_routed_experts\":384,\"n_shared_experts\":1,"
+        "\"n_activated_experts\":6,\"score_func\":\"sqrtsoftplus\",\"route_scale\":1.5,"
+        "\"swiglu_limit\":10.0,\"q_lora_rank\":1280,\"head_dim\":512,\"rope_head_dim\":64,"
+        "\"norm_eps\":1e-20,\"o_groups\":8,\"o_lora_rank\":1024,\"window_size\":128,"
+        "\"compress_ratios\":[%s],\"kv_source_layers\":[%s],\"index_source_layers\":[%s],"
+        "\"compress_rope_theta\":160000.0,\"original_seq_len\":65536,\"rope_theta\":10000.0,"
+        "\"rope_factor\":16,\"beta_fast\":32,\"beta_slow\":1,\"max_seq_len\":1048576,"
+        "\"index_n_heads\":32,\"index_head_dim\":128,\"index_topk\":512,"
+        "\"candidate_source_layer\":%d,\"candidate_topk_blocks\":%u,\"candidate_block_size\":%u,"
+        "\"hc_mult\":4,\"hc_sinkhorn_iters\":20,\"hc_eps\":1e-6,\"engram_layer_ids\":[%s],"
+        "\"engram_num_embeddings\":[%s],\"engram_max_ngram_size\":4,\"engram_vocab_size\":131072,"
+        "\"engram_n_heads\":8,\"engram_head_dim\":256,\"engram_pad_id\":2,"
+        "\"engram_compressed_vocab_size\":99092}",
+        n, list[0], list[1], list[2], cand, cand >= 0 ? 2048u : 0u, cand >= 0 ? 8u : 0u, list[3],
+        list[4]);
+    return w > 0 && (size_t)w < cap;
+}
+
+/* Parses v41_config(ids, n) into a new tm_dsv41 (*out; the caller destroys it) and m's shared
+ * fields. When full is given (the 40-layer parse), checks that every source a chosen layer reads
+ * (kv_from, idx_from, key_from) is chosen too and that the subset derives the same sources as the
+ * released model, renumbered. 0 on success, after printing what is wrong. */
+static int v41_parse(const uint32_t *ids, uint32_t n, const tm_dsv41 *full, tm_model *m,
+                     tm_dsv41 **out) {
+    char cfg[8192];
+    if (!v41_config(ids, n, cfg, sizeof(cfg)))
+        return fprintf(stderr, "bench_engine dsv41: config too long\n"), 1;
+    for (uint32_t i = 0; full && i < n; i++) {
+        const int16_t *from[3] = {full->cfg.kv_from, full->cfg.idx_from, full->cfg.key_from};
+        for (int k = 0; k < 3; k++)
+            if (from[k][ids[i]] >= 0 && !v41_has(ids, n, (uint32_t)from[k][ids[i]])) {
+                fprintf(stderr,
+                        "bench_engine dsv41: --layer-ids: layer %u reads the %s of layer %d: "
+                        "list that layer too\n",
+                        ids[i],
+                        k == 0   ? "compressed KV"
+                        : k == 1 ? "index picks"
+                                 : "index keys",
+                        from[k][ids[i]]);
+                return 1;
+            }
+    }
+    json_error_t je;
+    json_t *root = json_loads(cfg, 0, &je);
+    tm_err err = {0};
+    if (!root || tm_dsv41_config_parse(root, NULL, &m->cfg, out, &err)) {
+        fprintf(stderr, "bench_engine dsv41: config: %s %s\n%s\n", je.text, err.msg, cfg);
+        json_decref(root);
+        return 1;
+    }
+    json_decref(root);
+    for (uint32_t i = 0; full && i < n; i++) { // the subset's derivations, renumbered back
+        const tm_dsv41_cfg *s = &(*out)->cfg, *f = &full->cfg;
+        const int16_t *fs[3] = {s->kv_from, s->idx_from, s->key_from},
+                      *ff[3] = {f->kv_from, f->idx_from, f->key_from};
+        for (int k = 0; k < 3; k++)
+            if ((fs[k][i] < 0 ? -1 : (int32_t)ids[fs[k][i]]) != ff[k][ids[i]]) {
+                fprintf(stderr,
+                        "bench_engine dsv41: layer %u: source %d in the subset, %d in "
+                        "the released model\n",
+                        ids[i], fs[k][i] < 0 ? -1 : (int32_t)ids[fs[k][i]], ff[k][ids[i]]);
+                return 1;
+            }
+    }
+    return 0;
+}
+
+/* The bytes a decode step of B tokens reads in layer l of c (packed: the deployment's formats;
+ * else everything bf16 as the exact mode holds it), hit routed experts among them. */
+static double v41_layer_bytes(const tm_dsv41_cfg *c, uint32_t l, double hit, uint32_t B,
+                              int packed) {
+    const double D = c->dim, hd = c->head_dim, H = c->n_heads, qr = c->q_lora_rank, G = c->o_groups,
+                 olr = c->o_lora_rank, I = c->moe_inter_dim, E = c->n_routed_experts,
+                 di = c->index_head_dim, Hi = c->index_n_heads, N = c->hc_mult,
+                 EHD = c->engram_head_dim,
+                 NC = (double)(c->engram_max_ngram_size - 1) * c->engram_n_heads;
+    // the fast mode reads the FP8 forms up to TM_QUANT_MAX_TOK (16) tokens, bf16 beyond
+    const double f8 = packed && B <= 16 ? 1.0 + 1.0 / 1024 : 2.0,
+                 mx4 = packed ? 0.5 + 1.0 / 32 : 2.0;
+    const double hc = 2 * ((2 + N) * N) * (N * D) * 4, router = E * D * 2;
+    const double attn = f8 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
+    const uint32_t r = c->ratio[l];
+    double b = attn + hc + router + f8 * 3 * I * D + hit * mx4 * 3 * I * D;
+    if (r && c->kv_source[l]) // compressor (bf16; wgate beside wkv when r > 1), index wk
+        b += 2 * (r > 1 ? 2 : 1) * hd * D + (c->index_source[l] ? 2 * di * hd : 0);
+    if (r && c->index_source[l]) // index wq_b (FP8), weights_proj (bf16)
+        b += f8 * Hi * di * qr + 2 * Hi * D;
+    if (c->engram_slot[l] >= 0) // wkv, and the rows copied to the GPU as fp32
+        b += f8 * ((N + 1) * D) * (NC * EHD) + B * NC * EHD * 4;
+    return b;
+}
+
+/* Parses a list "a,b,c" of ascending layer ids below 40 into ids; returns the count, 0 if bad. */
+static uint32_t v41_ids(const char *v, uint32_t *ids) {
+    uint32_t n = 0;
+    for (const char *p = v; *p && n < V41_NL;) {
+        char *e;
+        const unsigned long x = strtoul(p, &e, 10);
+        if (e == p || x >= V41_NL || (n && x <= ids[n - 1]))
+            return 0;
+        ids[n++] = (uint32_t)x;
+        p = *e == ',' ? e + 1 : e;
+        if (*e && *e != ',')
+            return 0;
+    }
+    return n;
+}
+
 static int dsv41_bench(int argc, char **argv) {
-    dsv_args args = {.n_layer = 4, .L = 512, .N = 64, .reps = 1, .batches = {1, 8}, .n_batch = 2};
-    uint32_t cache_mb = 1024;
-    int graphs = 1, cold = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        if (dsv_arg(&args, a, v))
-            continue;
-        if (!strcmp(a, "--engram-cache-mb"))
-            cache_mb = (uint32_t)atoi(v);
+    dsv_args args = {.n_layer = 0, .L = 512, .N = 64, .reps = 1, .batches = {1, 8}, .n_batch = 2};
+    uint32_t cache_mb = 1024, ids[V41_NL], n_layer = 0;
+    int graphs = 1, cold = 0, mk = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--mkmodel-args")) // print mkmodel's options for the same model, and stop
+            mk = 1;
+        else if (!strcmp(a, "--layer-ids")) {
+            if (!(n_layer = v41_ids(v, ids))) {
+                fprintf(stderr, "bench_engine dsv41: --layer-ids wants ascending ids below 40\n");
+                return 2;
+            }
+            i++;
+        } else if (dsv_arg(&args, a, v))
+            i++;
+        else if (!strcmp(a, "--engram-cache-mb"))
+            cache_mb = (uint32_t)atoi(v), i++;
         else if (!strcmp(a, "--graphs")) // 0: every step eager
-            graphs = atoi(v) != 0;
+            graphs = atoi(v) != 0, i++;
         else if (!strcmp(a, "--engram")) // warm (default) or cold: see dsv41_cold
-            cold = !strcmp(v, "cold");
+            cold = !strcmp(v, "cold"), i++;
+        else if (!strcmp(a, "--shape"))
+            i++;
+        else {
+            fprintf(stderr, "bench_engine dsv41: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (args.n_layer && n_layer) {
+        fprintf(stderr, "bench_engine dsv41: --layers N (the first N) or --layer-ids, not both\n");
+        return 2;
+    }
+    if (args.n_layer) {
+        n_layer = args.n_layer > V41_NL ? 0 : args.n_layer;
+        for (uint32_t i = 0; i < n_layer; i++)
+            ids[i] = i;
+    } else if (!n_layer) {
+        n_layer = sizeof(v41_kinds) / sizeof(v41_kinds[0]);
+        memcpy(ids, v41_kinds, sizeof(v41_kinds));
     }
     const char *skip_env = getenv("TM_DSV41_ENGRAM_SKIP"); // read by the engine (dsv41.c)
     const int skip = skip_env && strcmp(skip_env, "0") != 0;
@@ -821,56 +1008,55 @@ static int dsv41_bench(int argc, char **argv) {
     const char *rows_how = skip   ? "SKIPPED (TM_DSV41_ENGRAM_SKIP: zeros, no reads)"
                            : cold ? "cold (new prompts each rep, table file out of the page cache)"
                                   : "warm (the same prompts each rep: rows in the row cache)";
-    const uint32_t n_layer = args.n_layer, L = args.L, N = args.N, reps = args.reps,
-                   n_batch = args.n_batch;
+    const uint32_t L = args.L, N = args.N, reps = args.reps, n_batch = args.n_batch;
     const uint32_t *batches = args.batches;
-    if (n_layer < 3 || n_layer > 64 || L < 1 || N < 2 || !reps || !n_batch) {
-        fprintf(stderr, "bench_engine dsv41: bad --layers (>= 3)/--prompt/--gen/--reps/--batch\n");
+    if (!n_layer || L < 1 || N < 2 || !reps || !n_batch) {
+        fprintf(stderr, "bench_engine dsv41: bad --layers (1..40)/--prompt/--gen/--reps/--batch\n");
         return 2;
     }
     const uint32_t V = 129280, CV = 99092; // vocabulary; compressed (the V3 tokenizer's)
-    char cfg[8192], list[3][1024];
-    int o[3] = {0, 0, 0};
-    uint32_t cand = 0;                          // the candidate source: the last index source
-    for (uint32_t i = 0; i < n_layer; i++) {    // ratios; kv sources; index sources
-        const uint32_t k = i ? (i - 1) % 3 : 3; // 0: r2 source, 1: r2 consumer, 2: r1 source
-        const int r = k == 3 ? 0 : k == 2 ? 1 : 2;
-        o[0] += snprintf(list[0] + o[0], sizeof(list[0]) - (size_t)o[0], "%s%d", i ? "," : "", r);
-        if (k == 0 || k == 2) {
-            o[1] += snprintf(list[1] + o[1], sizeof(list[1]) - (size_t)o[1], "%s%u",
-                             o[1] ? "," : "", i);
-            o[2] += snprintf(list[2] + o[2], sizeof(list[2]) - (size_t)o[2], "%s%u",
-                             o[2] ? "," : "", i);
-            cand = i;
-        }
+    uint32_t all[V41_NL];
+    for (uint32_t i = 0; i < V41_NL; i++)
+        all[i] = i;
+    tm_model full_m = {0}, m = {0};
+    tm_dsv41 *full = NULL, *d = NULL;
+    if (v41_parse(all, V41_NL, NULL, &full_m, &full) || v41_parse(ids, n_layer, full, &m, &d)) {
+        tm_dsv41_destroy(full);
+        return 2;
     }
-    snprintf(cfg, sizeof(cfg),
-             "{\"vocab_size\":%u,\"dim\":4096,\"moe_inter_dim\":2048,\"n_layers\":%u,"
-             "\"n_mtp_layers\":0,\"n_heads\":64,\"n_routed_experts\":384,"
-             "\"n_shared_experts\":1,\"n_activated_experts\":6,\"score_func\":\"sqrtsoftplus\","
-             "\"route_scale\":1.5,\"swiglu_limit\":10.0,\"q_lora_rank\":1024,\"head_dim\":512,"
-             "\"rope_head_dim\":64,\"norm_eps\":1e-6,\"o_groups\":8,\"o_lora_rank\":1024,"
-             "\"window_size\":128,\"compress_ratios\":[%s],\"kv_source_layers\":[%s],"
-             "\"index_source_layers\":[%s],\"compress_rope_theta\":160000.0,"
-             "\"original_seq_len\":4096,\"rope_theta\":10000.0,\"rope_factor\":16,"
-             "\"max_seq_len\":65536,\"index_n_heads\":64,\"index_head_dim\":128,"
-             "\"index_topk\":512,\"candidate_source_layer\":%u,\"candidate_topk_blocks\":16,"
-             "\"candidate_block_size\":64,\"hc_mult\":4,\"hc_sinkhorn_iters\":20,"
-             "\"hc_eps\":1e-6,\"engram_layer_ids\":[0,2],"
-             "\"engram_num_embeddings\":[4000000,4000000],\"engram_max_ngram_size\":3,"
-             "\"engram_vocab_size\":131072,\"engram_n_heads\":8,\"engram_head_dim\":256,"
-             "\"engram_pad_id\":2,\"engram_compressed_vocab_size\":%u}",
-             V, n_layer, list[0], list[1], list[2], cand, CV);
-    json_error_t je;
-    json_t *root = json_loads(cfg, 0, &je);
-    tm_model m = {0};
-    tm_dsv41 *d = NULL;
+    char list[4][512] = {{0}}, chosen[512] = {0};
+    int o[4] = {0, 0, 0, 0}, oc = 0;
+    for (uint32_t i = 0; i < n_layer; i++) {
+        const tm_dsv41_cfg *c = &d->cfg;
+        oc += snprintf(chosen + oc, sizeof(chosen) - (size_t)oc, "%s%u (r%u%s%s%s%s)",
+                       i ? ", " : "", ids[i], c->ratio[i], c->kv_source[i] ? " kv" : "",
+                       c->index_source[i] ? " index" : "",
+                       c->candidate_source_layer == (int32_t)i ? " candidates" : "",
+                       c->engram_slot[i] >= 0 ? " Engram" : "");
+        const int in[4] = {1, c->kv_source[i], c->index_source[i], c->engram_slot[i] >= 0};
+        const uint32_t val[4] = {c->ratio[i], i, i, i};
+        for (int k = 0; k < 4; k++)
+            if (in[k])
+                o[k] += snprintf(list[k] + o[k], sizeof(list[k]) - (size_t)o[k], "%s%u",
+                                 o[k] ? "," : "", val[k]);
+    }
+    if (mk) { // the same model for mkmodel --arch deepseek_v41 (bench/dsv41_cuda_job.sh jvb)
+        printf("--layers %u --dim 5120 --heads 64 --head-dim 512 --rope-dim 64 --q-lora 1280 "
+               "--o-groups 8 --o-lora 1024 --ff 2304 --experts 384 --topk 6 --window 128 "
+               "--index-heads 32 --index-dim 128 --index-topk 512 --hc 4 --route-scale 1.5 "
+               "--swiglu-limit 10 --norm-eps 1e-20 --original-seq-len 65536 --rope-factor 16 "
+               "--compress-rope-theta 160000 --max-position 1048576 --compress-ratios %s "
+               "--kv-sources %s --index-sources %s --candidate-source %d "
+               "--candidate-topk-blocks %u --candidate-block-size %u --engram-layers %s "
+               "--engram-ngram 4 --engram-heads 8 --engram-dim 256 --engram-vocab 131072\n",
+               n_layer, list[0], o[1] ? list[1] : "none", o[2] ? list[2] : "none",
+               d->cfg.candidate_source_layer, d->cfg.candidate_topk_blocks,
+               d->cfg.candidate_block_size, o[3] ? list[3] : "none");
+        tm_dsv41_destroy(full);
+        tm_dsv41_destroy(d);
+        return 0;
+    }
     tm_err err = {0};
-    if (!root || tm_dsv41_config_parse(root, NULL, &m.cfg, &d, &err)) {
-        fprintf(stderr, "bench_engine dsv41: config: %s %s\n%s\n", je.text, err.msg, cfg);
-        return 1;
-    }
-    json_decref(root);
     m.cfg.arch = TM_ARCH_DEEPSEEK_V41;
     m.arch_w = d;
     int32_t *tmap = malloc((size_t)V * sizeof(int32_t));
@@ -911,27 +1097,22 @@ static int dsv41_bench(int argc, char **argv) {
     }
     if (eng) {
         tm_engine_cuda_set_graphs(eng, graphs);
-        printf("dsv41-flash: %u layers (ratios %s, Engram on 0 and 2), random weights (%s), "
+        printf("dsv41-flash: %u layers of the released V4.1-Flash: %s; random weights (%s), "
                "create %.1f s, copy bandwidth %.0f GB/s, Engram row cache %u MB per table; decode "
                "%s; Engram rows %s\n",
-               n_layer, list[0],
+               n_layer, chosen,
                exact ? "exact mode: bf16" : "fast mode: FP8 dense + bf16 copies, MXFP4 experts",
                (tm_now_ms() - t0) / 1e3, bw, cache_mb, graphs ? "CUDA graphs" : "eager", rows_how);
     }
     dsv41_cold cold_ctx = {.V = V};
     snprintf(cold_ctx.path, sizeof(cold_ctx.path), "%s/model.safetensors", dir);
     const dsv_hook cold_hook = {dsv41_cold_rep, &cold_ctx}, *hk = cold ? &cold_hook : NULL;
-    // bytes a decode step reads per layer: per weight element f8 for the FP8 linears (1 + 1/1024
-    // packed, 2 as bf16), mx4 for the routed experts (0.5 + 1/32 packed, 2 as bf16), 2 for the
-    // bf16 tensors (router, compressor, indexer wk / weights_proj, head), 4 for the fp32
-    // hyper-connection projections
+    // the bytes of a decode step: v41_layer_bytes per layer, and the LM head (bf16)
     const tm_dsv41_cfg *c = &d->cfg;
-    const double D = 4096, hd = 512, H = 64, qr = 1024, G = 8, olr = 1024, I = 2048, E = 384, k = 6,
-                 di = 128, Hi = 64, NC = 16, EHD = 256;
-    const double hc = 2 * 24 * (4 * D) * 4, router = E * D * 2, head = V * D * 2;
+    const double E = c->n_routed_experts, k = c->n_activated_experts, head = (double)V * c->dim * 2;
     uint32_t *tok = calloc((size_t)Bmax * L, 4), *bt = calloc((size_t)Bmax * per_seq, 4);
     tm_batch_seq *sq = calloc(Bmax, sizeof(*sq));
-    uint32_t *ids = calloc(Bmax, 4);
+    uint32_t *nxt = calloc(Bmax, 4);
     for (size_t i = 0; i < (size_t)Bmax * L; i++)
         tok[i] = (uint32_t)((i * 2654435761u) % V);
     for (size_t i = 0; i < (size_t)Bmax * per_seq; i++)
@@ -940,32 +1121,19 @@ static int dsv41_bench(int argc, char **argv) {
     for (uint32_t bi = 0; bi < n_batch && !rc; bi++) {
         const uint32_t B = batches[bi];
         double best_pf, best_dec;
-        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, ids, hk, &best_pf, &best_dec,
+        rc = dsv_time_batch(eng, tok, bt, per_seq, B, L, N, reps, sq, nxt, hk, &best_pf, &best_dec,
                             &err) != TM_OK;
         if (rc) {
             fprintf(stderr, "bench_engine dsv41: forward: %s\n", err.msg);
             break;
         }
         const double hit = E * (1.0 - pow(1.0 - k / E, B)); // distinct experts, uniform routing
-        double layers_b[2] = {0, 0};                        // [0] packed, [1] bf16
-        for (int f = 0; f < 2; f++) {
-            // the fast mode reads the FP8 forms up to TM_QUANT_MAX_TOK (16) tokens, bf16 beyond
-            const double f8 = f == 0 && B <= 16 ? 1.0 + 1.0 / 1024 : 2.0;
-            const double mx4 = f == 0 ? 0.5 + 1.0 / 32 : 2.0;
-            const double attn =
-                f8 * (qr * D + H * hd * qr + hd * D + G * olr * (H * hd / G) + D * G * olr);
-            for (uint32_t l = 0; l < n_layer; l++) {
-                const uint32_t r = c->ratio[l];
-                double lb = attn + hc + router + f8 * 3 * I * D + hit * mx4 * 3 * I * D;
-                if (r && c->kv_source[l])
-                    lb += 2 * (r > 1 ? 2 : 1) * hd * D + (c->index_source[l] ? 2 * di * hd : 0);
-                if (r && c->index_source[l])
-                    lb += f8 * Hi * di * qr + 2 * Hi * D;
-                if (c->engram_slot[l] >= 0) // wkv, and the rows copied to the GPU as fp32
-                    lb += f8 * (5 * D) * (NC * EHD) + B * NC * EHD * 4;
-                layers_b[f] += lb;
-            }
-        }
+        double layers_b[2] = {0, 0}, full_b = 0;            // [0] packed, [1] bf16; the 40 layers
+        for (int f = 0; f < 2; f++)
+            for (uint32_t l = 0; l < n_layer; l++)
+                layers_b[f] += v41_layer_bytes(c, l, hit, B, f == 0);
+        for (uint32_t l = 0; l < V41_NL; l++)
+            full_b += v41_layer_bytes(&full->cfg, l, hit, B, !exact);
         const double floor_p = (layers_b[0] + head) / (bw * 1e9) * 1e3;
         const double floor_b = (layers_b[1] + head) / (bw * 1e9) * 1e3;
         const double step_ms = best_dec * 1e3, floor_ms = exact ? floor_b : floor_p;
@@ -979,10 +1147,18 @@ static int dsv41_bench(int argc, char **argv) {
             B * L / best_pf, step_ms, 1e3 / step_ms, B * 1e3 / step_ms, step_ms / n_layer, floor_p,
             layers_b[0] / n_layer / 1e6, floor_b, layers_b[1] / n_layer / 1e6, hit,
             100.0 * floor_ms / step_ms, exact ? "bf16" : "packed");
+        // the 40-layer step if every layer ran at this run's fraction of its floor (a projection
+        // from the measured layers, not a measurement; one GPU does not hold the model)
+        printf("dsv41-flash B=%u (%s mode): all 40 layers' floor %.3f ms/step; projected at this "
+               "run's %.0f%% of the floor: %.2f ms/step (%.1f tok/s/seq)\n",
+               B, exact ? "exact" : "fast", (full_b + head) / (bw * 1e9) * 1e3,
+               100.0 * floor_ms / step_ms, step_ms * (full_b + head) / (bw * 1e6) / floor_ms,
+               1e3 / (step_ms * (full_b + head) / (bw * 1e6) / floor_ms));
     }
-    free(tok), free(bt), free(sq), free(ids);
+    free(tok), free(bt), free(sq), free(nxt);
     tm_engine_destroy(eng);
     tm_dsv41_destroy(d);
+    tm_dsv41_destroy(full);
     free(tmap);
     char cmd[1100];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);

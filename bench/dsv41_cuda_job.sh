@@ -10,21 +10,23 @@
 #         the manifest finished; and how many records of the killed run equal the uninterrupted
 #         run's (greedy; equal is expected of the exact mode, the fast mode may change a token
 #         where a batch's composition changes a near tie).
-#   jvb   job vs bench: mkmodel --arch deepseek_v41 at the Flash widths of bench_engine --shape
-#         dsv41-flash (dim 4096, 64 heads x 512, 384 experts top 6 MXFP4, FP8 [32, 32] dense,
-#         Engram on layers 0 and 2, 8 heads x 256, 3-grams, ~2 M rows a table; NL layers with the
-#         bench's ratio schedule), the DeepSeek V3 tokenizer, written to $W (default /dev/shm);
+#   jvb   job vs bench: mkmodel --arch deepseek_v41 with the layers IDS of the released
+#         V4.1-Flash config (the model of bench_engine --shape dsv41-flash --layer-ids IDS, whose
+#         --mkmodel-args gives mkmodel's options: width 5120, 64 heads x 512, 384 experts of 2304
+#         top 6 MXFP4, FP8 [32, 32] dense, Engram at layer 1 with 4-grams, 8 heads x 256, ~3 M
+#         rows a table), the DeepSeek V3 tokenizer, written to $W (default /dev/shm);
 #         `tokenmill run` with backend cuda: 8 records of ~512 tokens, GEN greedy tokens, max_seqs
-#         8, prefix cache off; then bench_engine --shape dsv41-flash --layers NL --batch 8 --prompt
-#         512 --gen GEN at the same lengths. The issue asks the job's decode rate within 10% of
-#         the bench's.
+#         8, prefix cache off; then bench_engine --shape dsv41-flash --layer-ids IDS --batch 8
+#         --prompt 512 --gen GEN at the same lengths. The issue asks the job's decode rate within
+#         10% of the bench's.
 # Env: B (folder with tokenmill, mkmodel, bench_engine and lib/ with lz4 and the libraries the
-# device lacks), TOK (tokenizer folder, for jvb), OUT (logs), W (work folder), NL (default 3),
+# device lacks), TOK (tokenizer folder, for jvb), OUT (logs), W (work folder), IDS (default 0,1,2:
+# the released model's first three layers, 22 GB),
 # GEN (default 128), N_KILL (default 600), KILLS (default 5), BACKEND (cuda; cpu: a dry run of the
 # same steps on the CPU engine, with jvb at small widths).
 set -u
 B=$(cd "${B:?binaries folder}" && pwd)
-OUT=${OUT:-out-device}; W=${W:-/dev/shm/dsv41job}; NL=${NL:-3}; GEN=${GEN:-128}
+OUT=${OUT:-out-device}; W=${W:-/dev/shm/dsv41job}; IDS=${IDS:-0,1,2}; GEN=${GEN:-128}
 N_KILL=${N_KILL:-600}; KILLS=${KILLS:-5}; BACKEND=${BACKEND:-cuda}
 mkdir -p "$OUT" "$W"
 OUT=$(cd "$OUT" && pwd)
@@ -133,32 +135,25 @@ fi
 if has jvb; then
   TOK=$(cd "${TOK:?tokenizer folder}" && pwd)
   J=$W/jvb
-  LT="" KV="" IX="" CAND=0
-  for ((i = 0; i < NL; i++)); do # the bench's schedule: 0, then (r2 source, r2 consumer, r1 source)*
-    if ((i == 0)); then r=0; else k=$(( (i - 1) % 3 )); r=$(( k == 2 ? 1 : 2 )); fi
-    LT+="${LT:+,}$r"
-    if ((i > 0)) && (( (i - 1) % 3 != 1 )); then KV+="${KV:+,}$i"; CAND=$i; fi
-  done
-  if [ "$BACKEND" = cpu ]; then # a dry run: the same steps at small widths
-    dims=(--dim 256 --heads 4 --head-dim 64 --rope-dim 16 --q-lora 64 --o-groups 2 --o-lora 64
+  # the released model's layers IDS, as bench_engine builds them (one place for the layout)
+  read -r -a mk < <("$B/bench_engine" --shape dsv41-flash --layer-ids "$IDS" --mkmodel-args) ||
+    { echo "jvb: bench_engine --mkmodel-args failed"; exit 1; }
+  if [ "$BACKEND" = cpu ]; then # a dry run: the same layout at small widths (the last flag wins)
+    small=(--dim 256 --heads 4 --head-dim 64 --rope-dim 16 --q-lora 64 --o-groups 2 --o-lora 64
       --ff 64 --experts 8 --topk 2 --window 16 --index-heads 4 --index-dim 32 --index-topk 16
-      --candidate-topk-blocks 4 --candidate-block-size 8 --engram-heads 2 --engram-dim 64
-      --engram-rows 20000)
+      --engram-heads 2 --engram-dim 64
+      --engram-vocab 2000)
     plen=64; GEN=8
   else
-    dims=(--dim 4096 --heads 64 --head-dim 512 --rope-dim 64 --q-lora 1024 --o-groups 8
-      --o-lora 1024 --ff 2048 --experts 384 --topk 6 --window 128 --index-heads 64 --index-dim 128
-      --index-topk 512 --candidate-topk-blocks 16 --candidate-block-size 64 --engram-heads 8
-      --engram-dim 256 --engram-rows 2000000)
+    small=()
     plen=512
   fi
   t0=$(date +%s)
   rm -rf "$J"; mkdir -p "$J"
-  "$B/mkmodel" --arch deepseek_v41 --out "$J/model" --seed 3 --layers "$NL" "${dims[@]}" \
-    --compress-ratios "$LT" --kv-sources "$KV" --index-sources "$KV" --candidate-source "$CAND" \
-    --hc 4 --engram-layers 0,2 --engram-ngram 3 --tokenizer "$TOK" > "$OUT/jvb_mkmodel.log" 2>&1 ||
+  "$B/mkmodel" --arch deepseek_v41 --out "$J/model" --seed 3 "${mk[@]}" "${small[@]}" \
+    --tokenizer "$TOK" > "$OUT/jvb_mkmodel.log" 2>&1 ||
     { echo "jvb: mkmodel failed"; tail -3 "$OUT/jvb_mkmodel.log"; exit 1; }
-  echo "jvb: checkpoint ($NL layers, ratios $LT) in $(( $(date +%s) - t0 )) s ($(du -sh "$J/model" | cut -f1)): $(tail -1 "$OUT/jvb_mkmodel.log")"
+  echo "jvb: checkpoint (released layers $IDS) in $(( $(date +%s) - t0 )) s ($(du -sh "$J/model" | cut -f1)): $(tail -1 "$OUT/jvb_mkmodel.log")"
   python3 - "$J/in.jsonl" "$plen" <<'PY'
 import json, random, sys
 words = ("time data model river stone light paper music green table window garden number "
@@ -182,10 +177,10 @@ JOB
   cp "$J/out/metrics.json" "$OUT/jvb_metrics.json" 2> /dev/null
   python3 "$(dirname "$0")/job_metrics.py" "$J/out/metrics.json" "jvb job"
   if [ "$BACKEND" = cuda ]; then
-    "$B/bench_engine" --shape dsv41-flash --layers "$NL" --batch 8 --prompt 512 --gen "$GEN" \
+    "$B/bench_engine" --shape dsv41-flash --layer-ids "$IDS" --batch 8 --prompt 512 --gen "$GEN" \
       --reps 2 2>&1 | grep -E "dsv41-flash"
   else
-    echo "jvb: [dry-run, no GPU] would run: $B/bench_engine --shape dsv41-flash --layers $NL --batch 8 --prompt 512 --gen $GEN --reps 2"
+    echo "jvb: [dry-run, no GPU] would run: $B/bench_engine --shape dsv41-flash --layer-ids $IDS --batch 8 --prompt 512 --gen $GEN --reps 2"
   fi
   rm -rf "$J"
 fi

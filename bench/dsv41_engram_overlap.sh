@@ -5,7 +5,8 @@
 # dequant into pinned memory, a copy on a stream of its own) while the layers before it run; a
 # decode step replays one CUDA graph per stretch between Engram layers with those reads in
 # between. This times decode steps of bench_engine --shape dsv41-flash (random weights, Engram
-# tables written to a temporary folder, Engram on layers 0 and 2) at batch 1 and 8, graphs on:
+# tables written to a temporary folder; the released V4.1-Flash layers, by default one of each
+# kind with Engram on layer 1 as in the released model) at batch 1 and 8, graphs on:
 #   skip   TM_DSV41_ENGRAM_SKIP=1: no rows read (zeros), the Engram kernels still run
 #   warm   the same prompts every rep: every row in the engine's row cache (dequant + copy only)
 #   cold   new prompts every rep and the table file dropped from the page cache: rows from disk
@@ -21,14 +22,14 @@
 #   BACKEND=cpu B=build-cuda OUT=/tmp/dsv41ov bash bench/dsv41_engram_overlap.sh
 # Stages (default: graphs bench): graphs = test_dsv41_cuda's graph cases (decode steps from the
 # engine's graphs bitwise equal to eager ones); bench = the four runs above and the summary.
-# Knobs: LAYERS (default 4, as bench/dsv41_device.sh and gpu_session.sh's v41perf; with bf16
-# experts that is ~80 GB of weights: an H200, or LAYERS=3 (Engram still on 0 and 2) on an H100),
+# Knobs: SEL (bench_engine's layer selection, default empty: one layer of each kind, 7 layers,
+# ~57 GB in the fast mode; e.g. SEL="--layers 2" for the exact mode's bf16 experts on an H100),
 # PROMPT (tokens, default 128), GEN (decode steps + 1, default 48),
 # REPS (best of, default 3). Four bench_engine runs of about a minute each (table writes, random
 # weights, 4 x (prefill + 47 decode steps) per batch size).
 . "$(dirname "$0")/device_env.sh"
 BACKEND=${BACKEND:-cuda}
-LAYERS=${LAYERS:-4}
+SEL=${SEL:-}
 PROMPT=${PROMPT:-128}
 GEN=${GEN:-48}
 REPS=${REPS:-3}
@@ -40,7 +41,7 @@ if [ "$BACKEND" = cuda ]; then
   nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv > "$OUT/machine.txt" 2>&1
   cat "$OUT/machine.txt"
 fi
-echo "backend $BACKEND, binaries $B, layers $LAYERS, prompt $PROMPT, gen $GEN, reps $REPS, stages: $stages"
+echo "backend $BACKEND, binaries $B, layers ${SEL:-(one of each kind)}, prompt $PROMPT, gen $GEN, reps $REPS, stages: $stages"
 
 # run NAME TIMEOUT CMD...: a device command (log $OUT/NAME.log, rc and time), or its dry run
 run() {
@@ -62,7 +63,8 @@ if has graphs; then
 fi
 
 if has bench; then
-  common=(--shape dsv41-flash --layers "$LAYERS" --batch 1,8 --prompt "$PROMPT" --gen "$GEN" --reps "$REPS")
+  read -r -a sel <<< "$SEL"
+  common=(--shape dsv41-flash "${sel[@]}" --batch 1,8 --prompt "$PROMPT" --gen "$GEN" --reps "$REPS")
   run bench_skip 400 env TM_DSV41_ENGRAM_SKIP=1 "$B/bench_engine" "${common[@]}" --engram warm
   run bench_warm 400 "$B/bench_engine" "${common[@]}" --engram warm
   run bench_cold 400 "$B/bench_engine" "${common[@]}" --engram cold

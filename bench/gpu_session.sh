@@ -36,7 +36,7 @@ if [ "${1:-}" = "--prep" ]; then
   tar xzf "$t40/c/bin.tgz" -C "$dst/bin"
   tar xzf "$t41/c/bin.tgz" -C "$dst/bin"
   for f in test_kernels test_attn_prefill test_engine_cuda test_sample_cuda test_plp_cuda \
-    test_gemm_quant test_lt_fp8 bench_gemm_quant; do
+    test_gemm_quant test_lt_fp8 bench_gemm_quant test_dsv41_ops; do
     [ -x "$bld/$f" ] && cp "$bld/$f" "$dst/bin/" && strip "$dst/bin/$f"
   done
   tar cf - -C "$dst/bin" . | xz -9 -T1 > "$dst/bin.txz" && rm -rf "$dst/bin" "$t40" "$t41"
@@ -143,21 +143,26 @@ fi
 # V4.1 decode figures: the exact engine (the baseline) and the fast one at batch 1 and 8, the
 # Engram overlap runs (bench/dsv41_engram_overlap.sh), Nsight Compute of one eager fast decode step
 v41perf_part() {
-  local be=$B/bench_engine c=(--shape dsv41-flash --layers 3 --batch 1,8 --prompt 128 --gen 48 --reps 3)
+  # the released V4.1-Flash layers: exact vs fast on the first two (bf16 experts are 27 GB a layer),
+  # then the fast mode on one layer of each kind (bench_engine's default, 7 layers)
+  local be=$B/bench_engine c=(--shape dsv41-flash --batch 1,8 --prompt 128 --gen 48 --reps 3)
   if [ "$BACKEND" != cuda ]; then
-    echo "[dry-run, no GPU] would run: TM_DSV41_CUDA_EXACT=1 $be ${c[*]}; bench/dsv41_engram_overlap.sh bench; ncu of $be --shape dsv41-flash --layers 4 --batch 1|8 --prompt 128 --gen 2 --reps 1 --graphs 0"
+    echo "[dry-run, no GPU] would run: TM_DSV41_CUDA_EXACT=1 $be ${c[*]} --layers 2; $be ${c[*]} --layers 2; bench/dsv41_engram_overlap.sh bench; ncu of $be --shape dsv41-flash --batch 1|8 --prompt 128 --gen 2 --reps 1 --graphs 0"
     return 0
   fi
   export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  TM_DSV41_CUDA_EXACT=1 timeout 300 "$be" "${c[@]}" --engram warm 2>&1 | grep -E "^dsv41-flash" | sed 's/^/exact: /'
-  LAYERS=3 OUT=$L/v41perf bash bench/dsv41_engram_overlap.sh bench 2>&1 | grep -vE "^\[|I cuda"
+  TM_DSV41_CUDA_EXACT=1 timeout 150 "$be" "${c[@]}" --layers 2 --engram warm 2>&1 |
+    grep -E "^dsv41-flash|create|error" | sed 's/^/exact: /'
+  timeout 100 "$be" "${c[@]}" --layers 2 --engram warm 2>&1 |
+    grep -E "^dsv41-flash|create|error" | sed 's/^/fast: /'
+  OUT=$L/v41perf bash bench/dsv41_engram_overlap.sh bench 2>&1 | grep -vE "^\[|I cuda"
   local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   for b in 1 8; do
     timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
-      --shape dsv41-flash --layers 3 --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
+      --shape dsv41-flash --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
       > "$L/v41perf/ncu_b$b.csv" 2> "$L/v41perf/ncu_b$b.err"
     echo "ncu b$b rc=$?"
-    python3 bench/dsv4_ncu_summary.py "$L/v41perf/ncu_b$b.csv" 3 > "$L/v41perf/ncu_b$b.txt" 2>&1
+    python3 bench/dsv4_ncu_summary.py "$L/v41perf/ncu_b$b.csv" 7 > "$L/v41perf/ncu_b$b.txt" 2>&1
     head -22 "$L/v41perf/ncu_b$b.txt"
   done
 }

@@ -402,6 +402,41 @@ static __device__ double block_sum_d(double v) {
     return s;
 }
 
+/* Block max of a double over blockDim.x (a multiple of 32, at most 1024) threads; every thread
+ * gets it. */
+static __device__ double block_max_d(double v) {
+    __shared__ double sh[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double m = sh[0];
+    for (uint32_t w = 1; w < blockDim.x / 32; w++)
+        m = fmax(m, sh[w]);
+    return m;
+}
+
+/* Block max of a 64-bit key over blockDim.x threads (as block_max_d); every thread gets it. */
+static __device__ uint64_t block_max_u64(uint64_t v) {
+    __shared__ uint64_t sh[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
+        v = x > v ? x : v;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    uint64_t m = sh[0];
+    for (uint32_t w = 1; w < blockDim.x / 32; w++)
+        m = sh[w] > m ? sh[w] : m;
+    return m;
+}
+
 static __device__ __forceinline__ float wload(const void *w, int bf16, size_t i) {
     return bf16 ? tm_bf2f(((const uint16_t *)w)[i]) : ((const float *)w)[i];
 }
@@ -553,56 +588,69 @@ static __device__ float sigmoid_f(float v) {
     return __fdiv_rn(1.0f, __fadd_rn(1.0f, (float)exp(-(double)v)));
 }
 
+/* A block per token: the squares' sum over the block, then the (2 + N) N mixes, pre, post and
+ * the N x N Sinkhorn matrix with a thread per entry (the first N * N threads), each doing the
+ * host's fp32 operations in the host's order (a row's or a column's sum walks it from index 0 in
+ * every thread that needs it), so the result is the sequential one's bit for bit. */
 static __global__ void hc_split_kernel(tm_k_dsv41_hc_split_args a) {
-    const uint32_t t = blockIdx.x, N = a.N, ND = a.N * a.D, mix = (2 + N) * N;
+    __shared__ float m[(2 + TM_DSV41_K_MAX_HC) * TM_DSV41_K_MAX_HC];
+    __shared__ float cb[TM_DSV41_K_MAX_HC * TM_DSV41_K_MAX_HC];
+    const uint32_t t = blockIdx.x, N = a.N, ND = a.N * a.D, mix = (2 + N) * N, tid = threadIdx.x;
     const float *st = a.streams + (size_t)t * ND;
     double ss = 0.0;
-    for (uint32_t i = threadIdx.x; i < ND; i += ROW_THREADS)
+    for (uint32_t i = tid; i < ND; i += ROW_THREADS)
         ss += (double)st[i] * st[i];
     ss = block_sum_d(ss);
-    if (threadIdx.x != 0)
-        return;
     const double r = 1.0 / sqrt(ss / ND + (double)a.norm_eps);
-    float m[(2 + TM_DSV41_K_MAX_HC) * TM_DSV41_K_MAX_HC];
-    for (uint32_t i = 0; i < mix; i++)
+    for (uint32_t i = tid; i < mix; i += ROW_THREADS)
         m[i] = (float)((double)a.mixes[(size_t)t * mix + i] * r);
+    __syncthreads();
     const float *sc = a.scale, *bs = a.base;
-    float *pre = a.pre + (size_t)t * N, *post = a.post + (size_t)t * N;
-    float *cb = a.comb + (size_t)t * N * N;
-    for (uint32_t i = 0; i < N; i++) {
-        pre[i] = __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(m[i], sc[0]), bs[i])), a.hc_eps);
-        post[i] = __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(m[N + i], sc[1]), bs[N + i])));
+    if (tid < N)
+        a.pre[(size_t)t * N + tid] =
+            __fadd_rn(sigmoid_f(__fadd_rn(__fmul_rn(m[tid], sc[0]), bs[tid])), a.hc_eps);
+    else if (tid < 2 * N)
+        a.post[(size_t)t * N + tid - N] =
+            __fmul_rn(2.0f, sigmoid_f(__fadd_rn(__fmul_rn(m[tid], sc[1]), bs[tid])));
+    // entry (j, k) of comb is thread j * N + k; every thread reaches every barrier
+    const int own = tid < N * N;
+    const uint32_t j = own ? tid / N : 0, k = own ? tid % N : 0;
+    if (own)
+        cb[tid] = __fadd_rn(__fmul_rn(m[2 * N + tid], sc[2]), bs[2 * N + tid]);
+    __syncthreads();
+    float v = 0.0f, sum = 0.0f;
+    if (own) { // the row's softmax: its max, then exp(x - max)
+        float mx = -INFINITY;
+        for (uint32_t c = 0; c < N; c++)
+            mx = fmaxf(mx, cb[j * N + c]);
+        v = (float)exp((double)__fsub_rn(cb[tid], mx));
     }
-    for (uint32_t j = 0; j < N; j++) {
-        float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = __fadd_rn(__fmul_rn(m[2 * N + j * N + k], sc[2]), bs[2 * N + j * N + k]);
-            mx = fmaxf(mx, row[k]);
-        }
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = (float)exp((double)__fsub_rn(row[k], mx));
-            sum = __fadd_rn(sum, row[k]);
-        }
-        for (uint32_t k = 0; k < N; k++)
-            row[k] = __fadd_rn(__fdiv_rn(row[k], sum), a.hc_eps);
+    __syncthreads();
+    if (own)
+        cb[tid] = v;
+    __syncthreads();
+    if (own) {
+        for (uint32_t c = 0; c < N; c++)
+            sum = __fadd_rn(sum, cb[j * N + c]);
+        v = __fadd_rn(__fdiv_rn(v, sum), a.hc_eps);
     }
-    for (uint32_t it = 0; it < a.iters; it++) {
-        if (it > 0)
-            for (uint32_t j = 0; j < N; j++) {
-                float sum = 0.0f;
-                for (uint32_t k = 0; k < N; k++)
-                    sum = __fadd_rn(sum, cb[j * N + k]);
-                for (uint32_t k = 0; k < N; k++)
-                    cb[j * N + k] = __fdiv_rn(cb[j * N + k], __fadd_rn(sum, a.hc_eps));
-            }
-        for (uint32_t k = 0; k < N; k++) {
-            float sum = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                sum = __fadd_rn(sum, cb[j * N + k]);
-            for (uint32_t j = 0; j < N; j++)
-                cb[j * N + k] = __fdiv_rn(cb[j * N + k], __fadd_rn(sum, a.hc_eps));
+    __syncthreads();
+    if (own)
+        cb[tid] = v;
+    __syncthreads();
+    for (uint32_t it = 0; it < a.iters; it++)
+        for (int col = it == 0; col < 2; col++) { // rows (after the first iteration), then columns
+            sum = 0.0f;
+            if (own)
+                for (uint32_t c = 0; c < N; c++)
+                    sum = __fadd_rn(sum, col ? cb[c * N + k] : cb[j * N + c]);
+            __syncthreads();
+            if (own)
+                cb[tid] = __fdiv_rn(cb[tid], __fadd_rn(sum, a.hc_eps));
+            __syncthreads();
         }
-    }
+    if (own)
+        a.comb[(size_t)t * N * N + tid] = cb[tid];
 }
 
 extern "C" tm_rc tm_k_dsv41_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s,
@@ -811,22 +859,31 @@ extern "C" tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const 
 
 /* ---- sparse attention: a block per (token, head) ---- */
 
-#define ATTN_THREADS 128
+#define ATTN_THREADS 512
 
+/* The rows' offsets first (a thread each), the scores a warp per row, the softmax's exps a thread
+ * per row with the denominator summed by one thread in row order, the output a thread per
+ * element: the host's double arithmetic in the host's order, so the result is bit for bit the
+ * one-thread softmax's. Shared memory (tm_k_dsv41_attn_smem): scores, row offsets, the output. */
 static __global__ void attn_kernel(tm_k_dsv41_attn_args a, tm_k_dsv41_seqs q) {
     extern __shared__ double sm[];
-    const uint32_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+    __shared__ double den_sh;
+    const uint32_t t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd, tid = threadIdx.x;
     const uint32_t p = q.pos[t], p0 = p + 1 > a.window ? p + 1 - a.window : 0;
     const uint32_t n_w = p + 1 - p0, n_c = a.r ? a.n_pick[t] : 0, n = n_w + n_c;
     double *sc = sm;
-    float *ob = (float *)(sm + a.window + a.topk);
+    size_t *off = (size_t *)(sm + a.window + a.topk);
+    float *ob = (float *)(off + a.window + a.topk);
     const float *qh = a.q + ((size_t)t * a.H + h) * hd;
     const int32_t *pk = a.pick + (size_t)t * a.topk;
-    const uint32_t lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const uint32_t lane = tid & 31, wid = tid >> 5;
+    for (uint32_t i = tid; i < n; i += ATTN_THREADS)
+        off[i] = i < n_w ? slot_of(&q, t, p0 + i) * a.wld
+                         : slot_of(&q, t, (uint32_t)pk[i - n_w] * a.r) * a.cld;
+    __syncthreads();
     const double scale = pow((double)hd, -0.5);
     for (uint32_t i = wid; i < n; i += ATTN_THREADS / 32) {
-        const float *row = i < n_w ? a.win + slot_of(&q, t, p0 + i) * a.wld
-                                   : a.comp + slot_of(&q, t, (uint32_t)pk[i - n_w] * a.r) * a.cld;
+        const float *row = (i < n_w ? a.win : a.comp) + off[i];
         double d = 0.0;
         for (uint32_t k = lane; k < hd; k += 32)
             d += (double)qh[k] * row[k];
@@ -835,46 +892,43 @@ static __global__ void attn_kernel(tm_k_dsv41_attn_args a, tm_k_dsv41_seqs q) {
             sc[i] = d * scale;
     }
     __syncthreads();
-    __shared__ double den_sh;
-    if (threadIdx.x == 0) {
-        const double sk = a.sinks[h];
-        double mx = sk;
-        for (uint32_t i = 0; i < n; i++)
-            mx = fmax(mx, sc[i]);
+    const double sk = a.sinks[h];
+    double mx = sk;
+    for (uint32_t i = tid; i < n; i += ATTN_THREADS)
+        mx = fmax(mx, sc[i]);
+    mx = block_max_d(mx); // its barriers order the score reads above before the writes below
+    for (uint32_t i = tid; i < n; i += ATTN_THREADS)
+        sc[i] = exp(sc[i] - mx);
+    __syncthreads();
+    if (tid == 0) {
         double den = exp(sk - mx);
-        for (uint32_t i = 0; i < n; i++) {
-            sc[i] = exp(sc[i] - mx);
+        for (uint32_t i = 0; i < n; i++)
             den += sc[i];
-        }
         den_sh = den;
     }
     __syncthreads();
-    for (uint32_t k = threadIdx.x; k < hd; k += ATTN_THREADS) {
+    for (uint32_t k = tid; k < hd; k += ATTN_THREADS) {
         double acc = 0.0;
-        for (uint32_t i = 0; i < n; i++) {
-            const float *row = i < n_w
-                                   ? a.win + slot_of(&q, t, p0 + i) * a.wld
-                                   : a.comp + slot_of(&q, t, (uint32_t)pk[i - n_w] * a.r) * a.cld;
-            acc += sc[i] * row[k];
-        }
+        for (uint32_t i = 0; i < n; i++)
+            acc += sc[i] * (i < n_w ? a.win : a.comp)[off[i] + k];
         ob[k] = (float)(acc / den_sh);
     }
     __syncthreads();
     // the rope slice rotated back (sign -1) at the token's position
     float *o = a.o + ((size_t)t * a.H + h) * hd;
-    const uint32_t half = a.rd / 2, off = hd - a.rd;
-    for (uint32_t k = threadIdx.x; k < hd; k += ATTN_THREADS) {
-        if (k < off) {
+    const uint32_t half = a.rd / 2, ofs = hd - a.rd;
+    for (uint32_t k = tid; k < hd; k += ATTN_THREADS) {
+        if (k < ofs) {
             o[k] = ob[k];
             continue;
         }
-        const uint32_t i = (k - off) / 2;
+        const uint32_t i = (k - ofs) / 2;
         if (i >= half)
             continue;
         const float ang = __fmul_rn((float)p, a.inv_freq[i]);
         const float c = (float)cos((double)ang), sn = __fmul_rn(-1.0f, (float)sin((double)ang));
-        const float x0 = ob[off + 2 * i], x1 = ob[off + 2 * i + 1];
-        if ((k - off) % 2 == 0)
+        const float x0 = ob[ofs + 2 * i], x1 = ob[ofs + 2 * i + 1];
+        if ((k - ofs) % 2 == 0)
             o[k] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
         else
             o[k] = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, sn));
@@ -882,7 +936,7 @@ static __global__ void attn_kernel(tm_k_dsv41_attn_args a, tm_k_dsv41_seqs q) {
 }
 
 extern "C" size_t tm_k_dsv41_attn_smem(uint32_t window, uint32_t topk, uint32_t hd) {
-    return ((size_t)window + topk) * sizeof(double) + (size_t)hd * sizeof(float);
+    return ((size_t)window + topk) * (sizeof(double) + sizeof(size_t)) + (size_t)hd * sizeof(float);
 }
 
 extern "C" tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q,
@@ -899,47 +953,70 @@ extern "C" tm_rc tm_k_dsv41_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41
 
 /* ---- MoE: routing, SwiGLU, the combine ---- */
 
+#define ROUTE_THREADS 128
+#define ROUTE_MAX_E (ROUTE_THREADS * 32) /* a thread's experts fit a 32-bit taken mask */
+
+/* A block per token, expert i on thread i % ROUTE_THREADS: the scores in place, then K rounds
+ * of a block argmax of score + bias over the experts not taken, keyed (value, lower id first):
+ * the host's repeated argmax, ties to the lower id. The softmax's denominator is summed by one
+ * thread in id order and the weights' sums likewise, so every value is the host's bit for bit
+ * (a NaN score + bias, which the host's loop keeps only when it is the first untaken id, loses
+ * every round here). */
 static __global__ void route_kernel(tm_k_dsv41_route_args a) {
-    const uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= a.n_tok)
-        return;
-    float *sc = a.logits + (size_t)t * a.E;
+    extern __shared__ double ex[]; /* softmax: exp(z - max) per expert */
+    __shared__ double den_sh;
+    const uint32_t t = blockIdx.x, tid = threadIdx.x, E = a.E;
+    float *sc = a.logits + (size_t)t * E;
     const double temp = a.gate_temp;
-    double mx = -INFINITY, den = 0.0;
-    for (uint32_t i = 0; i < a.E; i++)
-        mx = fmax(mx, (double)sc[i] / temp);
     if (a.score_func == TM_DSV41_K_SCORE_SOFTMAX) {
-        for (uint32_t i = 0; i < a.E; i++)
-            den += exp((double)sc[i] / temp - mx);
-        for (uint32_t i = 0; i < a.E; i++)
-            sc[i] = (float)(exp((double)sc[i] / temp - mx) / den);
+        double mx = -INFINITY;
+        for (uint32_t i = tid; i < E; i += ROUTE_THREADS)
+            mx = fmax(mx, (double)sc[i] / temp);
+        mx = block_max_d(mx);
+        for (uint32_t i = tid; i < E; i += ROUTE_THREADS)
+            ex[i] = exp((double)sc[i] / temp - mx);
+        __syncthreads();
+        if (tid == 0) {
+            double den = 0.0;
+            for (uint32_t i = 0; i < E; i++)
+                den += ex[i];
+            den_sh = den;
+        }
+        __syncthreads();
+        for (uint32_t i = tid; i < E; i += ROUTE_THREADS)
+            sc[i] = (float)(ex[i] / den_sh);
     } else {
-        for (uint32_t i = 0; i < a.E; i++) {
+        for (uint32_t i = tid; i < E; i += ROUTE_THREADS) {
             const double z = (double)sc[i] / temp;
             sc[i] = a.score_func == TM_DSV41_K_SCORE_SIGMOID
                         ? (float)(1.0 / (1.0 + exp(-z)))
                         : (float)sqrt(z > 20.0 ? z : log1p(exp(z)));
         }
     }
-    uint32_t *sel = a.sel + (size_t)t * a.K;
-    // top-k of score + bias: higher first, ties to the lower id (repeated argmax)
+    // top-k of score + bias (this thread's experts read back: it wrote them)
+    uint32_t *sel = a.sel + (size_t)t * a.K, taken = 0;
     for (uint32_t k = 0; k < a.K; k++) {
-        uint32_t best = UINT32_MAX;
-        float bv = 0.0f;
-        for (uint32_t i = 0; i < a.E; i++) {
-            int taken = 0;
-            for (uint32_t j = 0; j < k; j++)
-                taken |= sel[j] == i;
-            if (taken)
+        uint64_t best = 0;
+        uint32_t n = 0;
+        for (uint32_t i = tid; i < E; i += ROUTE_THREADS, n++) {
+            if (taken >> n & 1u)
                 continue;
             const float v = __fadd_rn(sc[i], a.bias ? a.bias[i] : 0.0f);
-            if (best == UINT32_MAX || v > bv) {
-                best = i;
-                bv = v;
-            }
+            const uint32_t u = v == 0.0f ? 0u : __float_as_uint(v); // -0 ties +0, as on the host
+            const uint32_t o = v != v ? 0u : (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+            const uint64_t key = ((uint64_t)o << 32) | (uint64_t)(0xffffffffu - i);
+            best = key > best ? key : best;
         }
-        sel[k] = best;
+        best = block_max_u64(best);
+        const uint32_t id = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
+        if (id % ROUTE_THREADS == tid)
+            taken |= 1u << (id / ROUTE_THREADS);
+        if (tid == 0)
+            sel[k] = id;
     }
+    __syncthreads(); // sel and every thread's scores, for thread 0
+    if (tid != 0)
+        return;
     double sum = 0.0;
     for (uint32_t k = 0; k < a.K; k++)
         sum += (double)sc[sel[k]];
@@ -955,7 +1032,13 @@ extern "C" tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s
     if (a->n_tok == 0)
         return TM_OK;
     TM_ASSERT(a->logits && a->sel && a->weight && a->K >= 1 && a->K <= a->E);
-    route_kernel<<<TM_CEIL_DIV(a->n_tok, 64u), 64, 0, s>>>(*a);
+    if (a->E > ROUTE_MAX_E)
+        return TM_ERR(err, TM_E_INVAL, "dsv41_route: %u experts, at most %u", a->E,
+                      (unsigned)ROUTE_MAX_E);
+    const size_t smem = a->score_func == TM_DSV41_K_SCORE_SOFTMAX ? (size_t)a->E * 8 : 0;
+    if (smem > 48 * 1024)
+        return TM_ERR(err, TM_E_INVAL, "dsv41_route: softmax over %u experts, at most 6144", a->E);
+    route_kernel<<<a->n_tok, ROUTE_THREADS, smem, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_route");
 }
 

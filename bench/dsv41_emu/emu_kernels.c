@@ -366,7 +366,8 @@ static tm_rc k_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_se
 }
 
 size_t tm_k_dsv41_attn_smem(uint32_t window, uint32_t topk, uint32_t hd) {
-    return ((size_t)window + topk) * sizeof(double) + (size_t)hd * sizeof(float);
+    return ((size_t)window + topk) * (sizeof(double) + sizeof(size_t)) +
+           (size_t)hd * sizeof(float); // as kernels/dsv41.cu's: scores, row offsets, output
 }
 
 static tm_rc k_attn(const tm_k_dsv41_attn_args *a, const tm_k_dsv41_seqs *q, cudaStream_t s,
