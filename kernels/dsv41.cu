@@ -1068,8 +1068,9 @@ extern "C" tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uin
     return tm_cuda_launched(err, s, "dsv41_swiglu");
 }
 
-static __global__ void moe_combine_kernel(float *y, const float *eo, const uint32_t *sel,
-                                          const float *sh, uint32_t n_tok, uint32_t K, uint32_t D) {
+static __global__ void moe_combine_kernel(float *y, const float *eo, const uint32_t *eo_row,
+                                          const uint32_t *sel, const float *sh, uint32_t n_tok,
+                                          uint32_t K, uint32_t D) {
     const size_t n = (size_t)n_tok * D;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (size_t)gridDim.x * blockDim.x) {
@@ -1084,20 +1085,85 @@ static __global__ void moe_combine_kernel(float *y, const float *eo, const uint3
                     bk = i;
             if (bk == UINT32_MAX)
                 break;
-            acc += eo[((size_t)t * K + bk) * D + d];
+            const size_t p = (size_t)t * K + bk;
+            acc += eo[(eo_row ? (size_t)eo_row[p] : p) * D + d];
             last = bk;
         }
         y[k] = (float)(acc + sh[k]);
     }
 }
 
-extern "C" tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel,
-                                        const float *sh, uint32_t n_tok, uint32_t K, uint32_t D,
-                                        cudaStream_t s, tm_err *err) {
+extern "C" tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *eo_row,
+                                        const uint32_t *sel, const float *sh, uint32_t n_tok,
+                                        uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
     if (n_tok == 0)
         return TM_OK;
     TM_ASSERT(y && eo && sel && sh && K >= 1);
-    moe_combine_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(y, eo, sel, sh, n_tok, K,
-                                                                        D);
+    moe_combine_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(y, eo, eo_row, sel, sh,
+                                                                        n_tok, K, D);
     return tm_cuda_launched(err, s, "dsv41_moe_combine");
+}
+
+/* ---- the pairs in expert order: a counting sort in one block ----
+ * Thread e (e, e + blockDim, ...) owns expert e: it counts the expert's pairs over tiles of sel
+ * in shared memory, thread 0 turns the counts into starts, then thread e walks the tiles again
+ * and writes its pairs in pair order from its start (stable, deterministic). */
+
+#define SORT_THREADS 1024
+#define SORT_TILE 4096
+
+static __global__ void __launch_bounds__(SORT_THREADS)
+    pair_sort_kernel(tm_k_dsv41_pair_sort_args a) {
+    __shared__ uint32_t tile[SORT_TILE];
+    __shared__ uint32_t start[TM_DSV41_K_SORT_MAX_EXPERT];
+    const uint32_t tid = threadIdx.x, E = a.n_expert;
+    for (uint32_t e = tid; e < E; e += SORT_THREADS)
+        start[e] = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) { // the counts into exclusive starts
+            __syncthreads();
+            if (tid == 0) {
+                uint32_t acc = 0;
+                for (uint32_t e = 0; e < E; e++) {
+                    const uint32_t c = start[e];
+                    start[e] = acc;
+                    acc += c;
+                }
+            }
+        }
+        for (uint32_t p0 = 0; p0 < a.n_pair; p0 += SORT_TILE) {
+            const uint32_t n = min((uint32_t)SORT_TILE, a.n_pair - p0);
+            __syncthreads(); // the tile's previous contents (and the starts) read
+            for (uint32_t i = tid; i < n; i += SORT_THREADS)
+                tile[i] = a.sel[p0 + i];
+            __syncthreads();
+            for (uint32_t e = tid; e < E; e += SORT_THREADS) {
+                uint32_t q = start[e];
+                for (uint32_t i = 0; i < n; i++) {
+                    if (tile[i] != e)
+                        continue;
+                    if (pass == 1) {
+                        const uint32_t p = p0 + i;
+                        a.perm[q] = p;
+                        a.sexp[q] = (int32_t)e;
+                        a.prow[q] = p / a.K;
+                        a.wq[q] = a.w[p];
+                        a.inv[p] = q;
+                    }
+                    q++;
+                }
+                start[e] = q;
+            }
+        }
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_pair_sort(const tm_k_dsv41_pair_sort_args *a, cudaStream_t s,
+                                      tm_err *err) {
+    if (a->n_pair == 0)
+        return TM_OK;
+    TM_ASSERT(a->sel && a->w && a->perm && a->prow && a->inv && a->sexp && a->wq && a->K >= 1);
+    TM_ASSERT(a->n_expert >= 1 && a->n_expert <= TM_DSV41_K_SORT_MAX_EXPERT);
+    pair_sort_kernel<<<1, SORT_THREADS, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_pair_sort");
 }

@@ -58,4 +58,9 @@ TM_DSV41_INDEX_CHUNK=3 EMU_CHAOTIC=1 run --seed 43 --layers 6 --compress-ratios 
     --kv-sources 1,2 --index-sources 1,2,4 --candidate-source 2 --candidate-topk-blocks 4 \
     --candidate-block-size 8 --index-heads 16 --index-topk 16 --engram-layers 3 --engram-ngram 4 \
     --engram-heads 3 --hc 3 --window 32 || fail=1
+# every step's MoE pairs in expert order (TM_DSV41_MOE_SORT_MIN=1; by default only steps of more
+# pairs than one MoE launch takes, prefill): the packed experts' rows, weights and the combine
+# through the sorted pairs (the fast mode; the exact one runs as always)
+TM_DSV41_MOE_SORT_MIN=1 run --seed 42 --layers 5 --compress-ratios 0,2,2,1,1 --kv-sources 1,3 \
+    --index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 8 --window 16 || fail=1
 exit $fail

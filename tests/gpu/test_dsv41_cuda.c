@@ -693,8 +693,9 @@ static void test_graphs_no_engram(void) {
  * a kv + index source) with 8 experts top 6 and a small vocabulary: the only check of the kernels
  * at the shapes the bench runs (grids, shared memory, the decode GEMMs' splits and FP8 block
  * scales, the MoE kernel, the Engram rows at 6144 inputs). B = 8 prompts of 5..150 tokens in one
- * prefill step (cuBLAS in the fast mode), RW_DEC8 decode steps of all 8 (the decode kernels on
- * 2 x 8 rows), then RW_DEC1 of sequence 0 alone; every engine is fed the CPU engine's greedy
+ * prefill step (cuBLAS in the fast mode; 288 x 6 MoE pairs, more than one MoE launch takes: the
+ * pairs in expert order, tm_k_dsv41_pair_sort), RW_DEC8 decode steps of all 8 (the decode kernels
+ * on 2 x 8 rows), then RW_DEC1 of sequence 0 alone; every engine is fed the CPU engine's greedy
  * tokens. Engines: the CPU engine, exact and fast CUDA engines (TM_DSV41_CUDA_SYNC as the test
  * sets it), and a fast one with graphs on and TM_DSV41_CUDA_SYNC=0 (the decode steps replay its
  * segments' graphs, captured at these shapes) that must equal the eager fast engine bit for bit.

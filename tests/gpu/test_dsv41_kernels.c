@@ -18,7 +18,8 @@
  * launches (a warp or a block per output) against a host double sum, also at the released shapes
  * and with more rows than grid y's 65535. The indexer's scores (32 heads x 128, rows of 70000
  * positions in a paged state: more than the capped grid covers in one pass) against a host double
- * sum; the selection at the released shapes (blocks of 8, 2048 kept, top 512). Skipped (77) without
+ * sum; the selection at the released shapes (blocks of 8, 2048 kept, top 512); the MoE pairs in
+ * expert order against a host stable counting sort. Skipped (77) without
  * a GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
  * (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
@@ -670,6 +671,73 @@ static void test_index_scores(void) {
     iscore_case(600, 700, 1, 4, 64);
 }
 
+/* The MoE pairs in expert order (tm_k_dsv41_pair_sort) against a host stable counting sort: n_pair
+ * pairs of K per token over n_exp experts (ids drawn at random, some experts unused), every output
+ * equal. */
+static void sort_case(uint32_t n_pair, uint32_t n_exp, uint32_t K) {
+    uint32_t *sel = xmalloc(n_pair * 4), *perm = xmalloc(n_pair * 4), *prow = xmalloc(n_pair * 4);
+    uint32_t *inv = xmalloc(n_pair * 4), *start = xmalloc((n_exp + 1) * 4);
+    int32_t *sexp = xmalloc(n_pair * 4);
+    float *w = xmalloc(n_pair * 4), *wq = xmalloc(n_pair * 4);
+    for (uint32_t p = 0; p < n_pair; p++) {
+        sel[p] = urand(n_exp > 3 ? n_exp - n_exp / 4 : n_exp); // the top quarter unused
+        w[p] = frand();
+    }
+    memset(start, 0, (n_exp + 1) * 4);
+    for (uint32_t p = 0; p < n_pair; p++)
+        start[sel[p] + 1]++;
+    for (uint32_t e = 0; e < n_exp; e++)
+        start[e + 1] += start[e];
+    uint32_t *d_sel = dup_to_dev(sel, n_pair * 4), *d_perm = dalloc(n_pair * 4, 0xff);
+    uint32_t *d_prow = dalloc(n_pair * 4, 0xff), *d_inv = dalloc(n_pair * 4, 0xff);
+    int32_t *d_sexp = dalloc(n_pair * 4, 0xff);
+    float *d_w = dup_to_dev(w, n_pair * 4), *d_wq = dalloc(n_pair * 4, 0xff);
+    const tm_k_dsv41_pair_sort_args a = {.sel = d_sel,
+                                         .w = d_w,
+                                         .perm = d_perm,
+                                         .prow = d_prow,
+                                         .inv = d_inv,
+                                         .sexp = d_sexp,
+                                         .wq = d_wq,
+                                         .n_pair = n_pair,
+                                         .n_expert = n_exp,
+                                         .K = K};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_pair_sort(&a, g_stream, &err) == TM_OK);
+    to_host(perm, d_perm, n_pair * 4);
+    to_host(prow, d_prow, n_pair * 4);
+    to_host(inv, d_inv, n_pair * 4);
+    to_host(sexp, d_sexp, n_pair * 4);
+    to_host(wq, d_wq, n_pair * 4);
+    uint32_t bad = 0, first = n_pair;
+    for (uint32_t p = 0; p < n_pair; p++) { // stable: pair p at start[e] + its rank in e
+        const uint32_t q = start[sel[p]]++;
+        const int ok = perm[q] == p && sexp[q] == (int32_t)sel[p] && prow[q] == p / K &&
+                       memcmp(&wq[q], &w[p], 4) == 0 && inv[p] == q;
+        if (!ok && bad++ == 0)
+            first = p;
+    }
+    TM_CHECK_MSG(bad == 0,
+                 "pair sort %u pairs, %u experts, K %u: %u pairs wrong, first pair %u (expert "
+                 "%u): perm/sexp/prow/inv at its place %u %d %u %u",
+                 n_pair, n_exp, K, bad, first, first < n_pair ? sel[first] : 0,
+                 first < n_pair ? perm[inv[first] % n_pair] : 0,
+                 first < n_pair ? sexp[inv[first] % n_pair] : 0,
+                 first < n_pair ? prow[inv[first] % n_pair] : 0, first < n_pair ? inv[first] : 0);
+    cudaFree(d_sel), cudaFree(d_perm), cudaFree(d_prow), cudaFree(d_inv), cudaFree(d_sexp);
+    cudaFree(d_w), cudaFree(d_wq);
+    free(sel), free(perm), free(prow), free(inv), free(start), free(sexp), free(w), free(wq);
+}
+
+/* A prefill step of 4096 tokens x top 6 of the released 384 experts (6 tiles of sel), the most
+ * experts, one expert, and a partial tile. */
+static void test_pair_sort(void) {
+    sort_case(4096 * 6, 384, 6);
+    sort_case(5000, 2048, 4);
+    sort_case(3, 1, 1);
+    sort_case(4097, 7, 1);
+}
+
 static void test_select(void) {
     for (uint32_t mode = 0; mode <= 2; mode++) {
         sel_case(9, 300, mode, 8, 4, 16);
@@ -695,6 +763,7 @@ int main(void) {
     TM_RUN(test_sum_split);
     TM_RUN(test_linear);
     TM_RUN(test_index_scores);
+    TM_RUN(test_pair_sort);
     cudaStreamDestroy(g_stream);
     return tm_test_report();
 }

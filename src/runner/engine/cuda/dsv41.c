@@ -186,6 +186,11 @@ typedef struct v41g {
     float *q8p;   /* fast path: split-K partials of the FP8 decode GEMMs */
     size_t q8p_floats;
     uint32_t *pr_div, *pr_id; /* [T * K] p / K and p: the MoE kernel's x row of pair p */
+    /* the pairs in expert order (tm_k_dsv41_pair_sort) for steps of more than sort_min pairs: */
+    uint32_t *sp_perm, *sp_prow, *sp_inv; /* [T * K] */
+    int32_t *sp_exp;                      /* [T * K] */
+    float *sp_w;                          /* [T * K] */
+    uint32_t sort_min;
     uint32_t *lens, *n_pick, *cand, *n_cand, *sel;
     int32_t *pick, *tmap_d;
     /* Engram (host) */
@@ -533,6 +538,13 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
     const char *ich = getenv("TM_DSV41_INDEX_CHUNK");
     if (ich && atoi(ich) > 0)
         g->sc_tok = TM_MIN(g->sc_tok, (uint32_t)atoi(ich));
+    // Packed MXFP4 experts over more pairs than one MoE launch takes (prefill): the pairs in
+    // expert order first (each launch then streams a few experts, not nearly all of them).
+    // TM_DSV41_MOE_SORT_MIN=n (tests): sort above n pairs.
+    g->sort_min = TM_MOE_MAX_PAIRS;
+    const char *smin = getenv("TM_DSV41_MOE_SORT_MIN");
+    if (smin && *smin)
+        g->sort_min = (uint32_t)strtoul(smin, NULL, 10);
     {
         uint32_t mi = TM_MAX(g->N * g->D, g->qlr);
         mi = TM_MAX(mi, g->hd);
@@ -726,6 +738,11 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->q8p, g->q8p_floats);
     CF(g->pr_div, TK);
     CF(g->pr_id, TK);
+    CF(g->sp_perm, TK);
+    CF(g->sp_prow, TK);
+    CF(g->sp_inv, TK);
+    CF(g->sp_exp, TK);
+    CF(g->sp_w, TK);
     CF(g->lens, T);
     CF(g->n_pick, T);
     CF(g->cand, T * g->ctop);
@@ -1114,10 +1131,11 @@ static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, cons
  * reads x row p / x_div (act_quant'ed first when w is quantized). Packed MXFP4 (the fast mode):
  * the n_x rows of x act_quant'ed to bf16, then tm_k_moe_mxfp4 over the pairs (expert sel[p], x row
  * pr_div[p] = p / K or pr_id[p] = p), in chunks of TM_MOE_MAX_PAIRS, one split: out row p is the
- * pair's whole product. */
+ * pair's whole product. sorted (packed only): the pairs in expert order (layer_moe's
+ * tm_k_dsv41_pair_sort), out row q the sorted pair q's. */
 static tm_rc lin_experts(tm_cuda_engine *impl, v41g *g, const dw *w, const float *x, uint32_t x_div,
                          uint32_t n_x, uint32_t n_in, float *out, uint32_t n_out, uint32_t T,
-                         tm_err *err) {
+                         int sorted, tm_err *err) {
     if (w->mx) {
         TM_ASSERT(w->aq && (x_div == g->K || x_div == 1) && n_in % 32 == 0);
         TM_ASSERT((size_t)n_x * n_in <= (size_t)g->T * TM_MAX(g->max_in, g->K * g->I));
@@ -1125,14 +1143,17 @@ static tm_rc lin_experts(tm_cuda_engine *impl, v41g *g, const dw *w, const float
             .y = g->xb, .x = x, .ldx = n_in, .n = n_in, .n_tok = n_x, .aq = 1};
         tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
         const uint32_t P = T * g->K, kps = TM_CEIL_DIV(n_in, 128u) * 128;
-        const uint32_t *prow = x_div == 1 ? g->pr_id : g->pr_div;
+        // sorted: pair q is the sorted pair (its expert sp_exp[q], its token's row sp_prow[q]; for
+        // w2 row q of x, the sorted w1 / w3 outputs)
+        const uint32_t *prow = x_div == 1 ? g->pr_id : sorted ? g->sp_prow : g->pr_div;
+        const int32_t *pexp = sorted ? g->sp_exp : (const int32_t *)g->sel;
         for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
             const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
             const tm_k_moe_mxfp4_args ma = {.part = out + (size_t)c0 * n_out,
                                             .w = w->q,
                                             .scale = w->qs,
                                             .x = g->xb,
-                                            .pair_expert = (const int32_t *)g->sel + c0,
+                                            .pair_expert = pexp + c0,
                                             .pair_row = prow + c0,
                                             .n_pair = n,
                                             .n_expert = g->E,
@@ -1402,17 +1423,39 @@ static tm_rc layer_moe(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T, tm
                                       .gate_temp = c->gate_temp,
                                       .route_scale = c->route_scale};
     OP("route", l, tm_k_dsv41_route(&ra, s, err));
-    OP("experts w1", l, lin_experts(impl, g, &L->w[W_EX1], g->x, K, T, D, g->eg, I, T, err));
-    OP("experts w3", l, lin_experts(impl, g, &L->w[W_EX3], g->x, K, T, D, g->eu, I, T, err));
+    // packed experts over more pairs than one MoE launch: the pairs in expert order; eg, eu and
+    // eo then hold the sorted pairs' rows (sp_w their weights, sp_inv each pair's row)
+    const int sorted = L->w[W_EX1].mx && L->w[W_EX3].mx && L->w[W_EX2].mx && T * K > g->sort_min;
+    if (sorted) {
+        const tm_k_dsv41_pair_sort_args pa = {.sel = g->sel,
+                                              .w = g->selw,
+                                              .perm = g->sp_perm,
+                                              .prow = g->sp_prow,
+                                              .inv = g->sp_inv,
+                                              .sexp = g->sp_exp,
+                                              .wq = g->sp_w,
+                                              .n_pair = T * K,
+                                              .n_expert = g->E,
+                                              .K = K};
+        OP("moe pair sort", l, tm_k_dsv41_pair_sort(&pa, s, err));
+    }
+    OP("experts w1", l,
+       lin_experts(impl, g, &L->w[W_EX1], g->x, K, T, D, g->eg, I, T, sorted, err));
+    OP("experts w3", l,
+       lin_experts(impl, g, &L->w[W_EX3], g->x, K, T, D, g->eu, I, T, sorted, err));
     OP("experts swiglu", l,
-       tm_k_dsv41_swiglu(g->eg, g->eu, T * K, I, c->swiglu_limit, g->selw, s, err));
-    OP("experts w2", l, lin_experts(impl, g, &L->w[W_EX2], g->eg, 1, T * K, I, g->eo, D, T, err));
+       tm_k_dsv41_swiglu(g->eg, g->eu, T * K, I, c->swiglu_limit, sorted ? g->sp_w : g->selw, s,
+                         err));
+    OP("experts w2", l,
+       lin_experts(impl, g, &L->w[W_EX2], g->eg, 1, T * K, I, g->eo, D, T, sorted, err));
     OP("shared w1", l, lin(impl, g, &L->w[W_SH1], 0, g->x, D, T, D, g->sh_g, I, I, err));
     OP("shared w3", l, lin(impl, g, &L->w[W_SH3], 0, g->x, D, T, D, g->sh_u, I, I, err));
     OP("shared swiglu", l,
        tm_k_dsv41_swiglu(g->sh_g, g->sh_u, T, I, c->swiglu_limit, NULL, s, err));
     OP("shared w2", l, lin(impl, g, &L->w[W_SH2], 0, g->sh_g, I, T, I, g->sh_o, D, D, err));
-    OP("moe combine", l, tm_k_dsv41_moe_combine(g->y, g->eo, g->sel, g->sh_o, T, K, D, s, err));
+    OP("moe combine", l,
+       tm_k_dsv41_moe_combine(g->y, g->eo, sorted ? g->sp_inv : NULL, g->sel, g->sh_o, T, K, D, s,
+                              err));
     return TM_OK;
 }
 
