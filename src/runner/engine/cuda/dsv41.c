@@ -20,7 +20,9 @@
  *   with beta 1). Split-K partials (and the hi / lo rows) are summed in order into the (possibly
  *   strided) output (tm_k_dsv41_sum_split). Routed MXFP4 experts stay packed and run
  *   through tm_k_moe_mxfp4 (pairs = the router's top-k rows on the device, outputs in pair order,
- *   so the combine still sums in expert-id order). Still on the plain kernel: the router (fp32
+ *   so the combine still sums in expert-id order; steps of more pairs than one launch takes sort
+ *   them by expert first, tm_k_dsv41_pair_sort, and the combine reads each pair's row through the
+ *   permutation). Still on the plain kernel: the router (fp32
  *   inputs and weights), the hyper-connection projections (fp32 weights) and FP8 routed experts
  *   (expert_dtype fp8).
  * - exact (1, or any value but 0): the plain kernels (kernels/dsv41.h) with the CPU engine's
@@ -108,9 +110,10 @@ typedef struct dw {
 
 /* TM_DSV41_CUDA_EXACT (read at init): 0 / unset the fast path; any other value the plain kernels
  * (fp32 inputs, double sums). */
+enum { MODE_FAST = 0, MODE_EXACT = 1 };
+
 /* Most floats of each indexer score array (isc, bsc): 128 MB. */
 #define DSV41_SC_FLOATS ((uint64_t)32 << 20)
-enum { MODE_FAST = 0, MODE_EXACT = 1 };
 
 /* A state field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
 typedef struct sfield {
