@@ -339,13 +339,20 @@ static __global__ void select_kernel(tm_k_dsv41_select_args a) {
         if (threadIdx.x == 0)
             a.n_cand[t] = got;
     } else if (a.mode == TM_DSV41_SEL_CONSUMER) {
+        // the candidate blocks are in ascending order (the source's compact_ge): a binary
+        // search per position (a scan of up to ctop = 2048 blocks per position was O(lens x ctop))
         const uint32_t *cd = a.cand + (size_t)t * a.ctop, nc = a.n_cand[t];
         for (uint32_t k = threadIdx.x; k < lens; k += blockDim.x) {
             const uint32_t bk = k / a.cb;
-            int in = 0;
-            for (uint32_t i = 0; i < nc; i++)
-                in |= cd[i] == bk;
-            if (!in)
+            uint32_t lo = 0, hi = nc; // the first i with cd[i] >= bk
+            while (lo < hi) {
+                const uint32_t mid = (lo + hi) / 2;
+                if (cd[mid] < bk)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            if (lo == nc || cd[lo] != bk)
                 sc[k] = -INFINITY;
         }
     }
@@ -446,28 +453,32 @@ static unsigned n_blocks(size_t n, unsigned per) {
 
 /* ---- linear: a warp per (output, row), or a block per (output, row) for small grids ---- */
 
+/* Rows t = blockIdx.y, blockIdx.y + gridDim.y, ...: grid y is at most 65535, the expert rows of a
+ * step (T x top-k) can be more. */
 static __global__ void linear_kernel(tm_k_dsv41_linear_args a) {
-    const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5), t = blockIdx.y;
+    const uint32_t o = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const uint32_t lane = threadIdx.x & 31;
     if (o >= a.n_out)
         return;
-    const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
-    size_t wrow = (size_t)(a.row0 + o) * a.n_in;
-    if (a.sel)
-        wrow += (size_t)a.sel[t] * a.w_expert;
-    double acc = 0.0;
-    for (uint32_t i = lane; i < a.n_in; i += 32) // hot loop
-        acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
-    acc = warp_sum_d(acc);
-    if (lane == 0)
-        a.out[(size_t)t * a.ldo + o] = (float)acc;
+    for (uint32_t t = blockIdx.y; t < a.n_tok; t += gridDim.y) {
+        const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
+        size_t wrow = (size_t)(a.row0 + o) * a.n_in;
+        if (a.sel)
+            wrow += (size_t)a.sel[t] * a.w_expert;
+        double acc = 0.0;
+        for (uint32_t i = lane; i < a.n_in; i += 32) // hot loop
+            acc += (double)x[i] * (double)wload(a.w, a.w_bf16, wrow + i);
+        acc = warp_sum_d(acc);
+        if (lane == 0)
+            a.out[(size_t)t * a.ldo + o] = (float)acc;
+    }
 }
 
 /* A block of ROW_THREADS per (output, row): for few outputs over long rows (the hyper-connection
  * projections: 24 outputs of 4 x dim inputs), where a warp per output leaves the GPU idle and
  * each warp walks its row alone. The same double products, summed per thread, then per block. */
 static __global__ void linear_block_kernel(tm_k_dsv41_linear_args a) {
-    const uint32_t o = blockIdx.x, t = blockIdx.y;
+    const uint32_t o = blockIdx.x, t = blockIdx.y; // n_tok < 1024: grid y holds every row
     const float *x = a.x + (size_t)(t / a.x_div) * a.ldx;
     size_t wrow = (size_t)(a.row0 + o) * a.n_in;
     if (a.sel)
@@ -483,13 +494,13 @@ static __global__ void linear_block_kernel(tm_k_dsv41_linear_args a) {
 extern "C" tm_rc tm_k_dsv41_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0 || a->n_out == 0)
         return TM_OK;
-    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
+    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1);
     // a warp per output unless that gives fewer than ~1024 warps over rows of 2048+ inputs
     if ((uint64_t)a->n_out * a->n_tok < 1024 && a->n_in >= 2048) {
         linear_block_kernel<<<dim3(a->n_out, a->n_tok), ROW_THREADS, 0, s>>>(*a);
         return tm_cuda_launched(err, s, "dsv41_linear");
     }
-    const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), a->n_tok);
+    const dim3 grid(TM_CEIL_DIV(a->n_out, 8u), TM_MIN(a->n_tok, 65535u));
     linear_kernel<<<grid, 256, 0, s>>>(*a);
     return tm_cuda_launched(err, s, "dsv41_linear");
 }
@@ -801,34 +812,47 @@ extern "C" tm_rc tm_k_dsv41_cid_store(float *field, uint32_t fld, const uint32_t
 
 /* ---- the indexer's scores: a warp per (token, position) ---- */
 
+/* Warp w of block x takes positions k = 8x + w, then k + 8 gridDim.x, ... below lens: the grid
+ * is sized by ld (the most any token can reach), capped, so that a step whose tokens reach far
+ * fewer positions (or a decode graph sized for the longest context) does not launch ld / 8
+ * blocks per token that only exit. */
 static __global__ void index_scores_kernel(tm_k_dsv41_iscore_args a, tm_k_dsv41_seqs q) {
     const uint32_t t = blockIdx.y, lane = threadIdx.x & 31;
-    const uint32_t k = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+    const uint32_t k0 = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
     const uint32_t lens = (q.pos[t] + 1) / a.r;
-    if (k == 0 && lane == 0)
+    if (k0 == 0 && lane == 0)
         a.lens[t] = lens;
-    if (k >= lens)
-        return;
-    const float *key = a.key_field + slot_of(&q, t, k * a.r) * a.kld;
     const float *qt = a.q + (size_t)t * a.Hi * a.di, *w = a.w + (size_t)t * a.Hi;
-    double acc = 0.0;
-    for (uint32_t h = 0; h < a.Hi; h++) {
-        double d = 0.0;
-        for (uint32_t i = lane; i < a.di; i += 32)
-            d += (double)qt[h * a.di + i] * key[i];
-        d = warp_sum_d(d);
-        acc += (d > 0.0 ? d : 0.0) * ((double)w[h] * a.iscale);
+    for (uint32_t k = k0; k < lens; k += gridDim.x * (blockDim.x / 32)) {
+        const float *key = a.key_field + slot_of(&q, t, k * a.r) * a.kld;
+        double acc = 0.0;
+        for (uint32_t h = 0; h < a.Hi; h++) {
+            double d = 0.0;
+            for (uint32_t i = lane; i < a.di; i += 32)
+                d += (double)qt[h * a.di + i] * key[i];
+            d = warp_sum_d(d);
+            acc += (d > 0.0 ? d : 0.0) * ((double)w[h] * a.iscale);
+        }
+        if (lane == 0)
+            a.score[(size_t)t * a.ld + k] = (float)acc;
     }
-    if (lane == 0)
-        a.score[(size_t)t * a.ld + k] = (float)acc;
+}
+
+/* Blocks per token of the scores (8 positions each at a time): ld / 8, at most about 8192 blocks
+ * over the step's tokens (at least 4 per token). */
+static uint32_t index_scores_blocks(size_t ld, uint32_t n_tok) {
+    const size_t want = TM_CEIL_DIV(TM_MAX(ld, (size_t)1), (size_t)8);
+    const size_t cap = TM_MAX(TM_CEIL_DIV((size_t)8192, (size_t)TM_MAX(n_tok, 1u)), (size_t)4);
+    return (uint32_t)TM_MIN(want, cap);
 }
 
 extern "C" tm_rc tm_k_dsv41_index_scores(const tm_k_dsv41_iscore_args *a, const tm_k_dsv41_seqs *q,
                                          cudaStream_t s, tm_err *err) {
     if (a->n_tok == 0)
         return TM_OK;
-    TM_ASSERT(a->score && a->lens && a->q && a->w && a->key_field && a->r >= 1 && a->ld >= 1);
-    const dim3 grid(TM_CEIL_DIV((uint32_t)TM_MAX(a->ld, (size_t)1), 8u), a->n_tok);
+    TM_ASSERT(a->score && a->lens && a->q && a->w && a->key_field && a->r >= 1 && a->ld >= 1 &&
+              a->n_tok <= 65535);
+    const dim3 grid(index_scores_blocks(a->ld, a->n_tok), a->n_tok);
     index_scores_kernel<<<grid, 256, 0, s>>>(*a, *q);
     return tm_cuda_launched(err, s, "dsv41_index_scores");
 }
@@ -1044,8 +1068,9 @@ extern "C" tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uin
     return tm_cuda_launched(err, s, "dsv41_swiglu");
 }
 
-static __global__ void moe_combine_kernel(float *y, const float *eo, const uint32_t *sel,
-                                          const float *sh, uint32_t n_tok, uint32_t K, uint32_t D) {
+static __global__ void moe_combine_kernel(float *y, const float *eo, const uint32_t *eo_row,
+                                          const uint32_t *sel, const float *sh, uint32_t n_tok,
+                                          uint32_t K, uint32_t D) {
     const size_t n = (size_t)n_tok * D;
     for (size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x; k < n;
          k += (size_t)gridDim.x * blockDim.x) {
@@ -1060,20 +1085,85 @@ static __global__ void moe_combine_kernel(float *y, const float *eo, const uint3
                     bk = i;
             if (bk == UINT32_MAX)
                 break;
-            acc += eo[((size_t)t * K + bk) * D + d];
+            const size_t p = (size_t)t * K + bk;
+            acc += eo[(eo_row ? (size_t)eo_row[p] : p) * D + d];
             last = bk;
         }
         y[k] = (float)(acc + sh[k]);
     }
 }
 
-extern "C" tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel,
-                                        const float *sh, uint32_t n_tok, uint32_t K, uint32_t D,
-                                        cudaStream_t s, tm_err *err) {
+extern "C" tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *eo_row,
+                                        const uint32_t *sel, const float *sh, uint32_t n_tok,
+                                        uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
     if (n_tok == 0)
         return TM_OK;
     TM_ASSERT(y && eo && sel && sh && K >= 1);
-    moe_combine_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(y, eo, sel, sh, n_tok, K,
-                                                                        D);
+    moe_combine_kernel<<<n_blocks((size_t)n_tok * D, 256), 256, 0, s>>>(y, eo, eo_row, sel, sh,
+                                                                        n_tok, K, D);
     return tm_cuda_launched(err, s, "dsv41_moe_combine");
+}
+
+/* ---- the pairs in expert order: a counting sort in one block ----
+ * Thread e (e, e + blockDim, ...) owns expert e: it counts the expert's pairs over tiles of sel
+ * in shared memory, thread 0 turns the counts into starts, then thread e walks the tiles again
+ * and writes its pairs in pair order from its start (stable, deterministic). */
+
+#define SORT_THREADS 1024
+#define SORT_TILE 4096
+
+static __global__ void __launch_bounds__(SORT_THREADS)
+    pair_sort_kernel(tm_k_dsv41_pair_sort_args a) {
+    __shared__ uint32_t tile[SORT_TILE];
+    __shared__ uint32_t start[TM_DSV41_K_SORT_MAX_EXPERT];
+    const uint32_t tid = threadIdx.x, E = a.n_expert;
+    for (uint32_t e = tid; e < E; e += SORT_THREADS)
+        start[e] = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) { // the counts into exclusive starts
+            __syncthreads();
+            if (tid == 0) {
+                uint32_t acc = 0;
+                for (uint32_t e = 0; e < E; e++) {
+                    const uint32_t c = start[e];
+                    start[e] = acc;
+                    acc += c;
+                }
+            }
+        }
+        for (uint32_t p0 = 0; p0 < a.n_pair; p0 += SORT_TILE) {
+            const uint32_t n = min((uint32_t)SORT_TILE, a.n_pair - p0);
+            __syncthreads(); // the tile's previous contents (and the starts) read
+            for (uint32_t i = tid; i < n; i += SORT_THREADS)
+                tile[i] = a.sel[p0 + i];
+            __syncthreads();
+            for (uint32_t e = tid; e < E; e += SORT_THREADS) {
+                uint32_t q = start[e];
+                for (uint32_t i = 0; i < n; i++) {
+                    if (tile[i] != e)
+                        continue;
+                    if (pass == 1) {
+                        const uint32_t p = p0 + i;
+                        a.perm[q] = p;
+                        a.sexp[q] = (int32_t)e;
+                        a.prow[q] = p / a.K;
+                        a.wq[q] = a.w[p];
+                        a.inv[p] = q;
+                    }
+                    q++;
+                }
+                start[e] = q;
+            }
+        }
+    }
+}
+
+extern "C" tm_rc tm_k_dsv41_pair_sort(const tm_k_dsv41_pair_sort_args *a, cudaStream_t s,
+                                      tm_err *err) {
+    if (a->n_pair == 0)
+        return TM_OK;
+    TM_ASSERT(a->sel && a->w && a->perm && a->prow && a->inv && a->sexp && a->wq && a->K >= 1);
+    TM_ASSERT(a->n_expert >= 1 && a->n_expert <= TM_DSV41_K_SORT_MAX_EXPERT);
+    pair_sort_kernel<<<1, SORT_THREADS, 0, s>>>(*a);
+    return tm_cuda_launched(err, s, "dsv41_pair_sort");
 }

@@ -92,7 +92,8 @@ tm_rc tm_k_dsv41_engram_gate(const tm_k_dsv41_engram_gate_args *a, cudaStream_t 
  *   entry, the newest (last, partly filled) block pinned in, the top min(n_blocks, ctop) blocks
  *   kept: cand[t][0..n_cand[t]) in ascending block order (bsc: [n_tok][ld] scratch);
  * - mode TM_DSV41_SEL_CONSUMER (an index source after it): positions outside the token's
- *   candidate blocks set to -inf (their picks stay valid, as the reference's);
+ *   candidate blocks (cand[t][0..n_cand[t]), ascending, as mode SOURCE writes them) set to -inf
+ *   (their picks stay valid, as the reference's);
  * - every mode: the top min(topk, lens[t]) positions, higher score first and the lower position
  *   on ties (the CPU engine's order), written in position order to pick[t][..], n_pick[t].
  * Selection by an 8-pass radix select over (score, position) keys, O(lens) per token. */
@@ -129,9 +130,10 @@ typedef struct tm_k_dsv41_seqs {
 } tm_k_dsv41_seqs;
 
 /* out[t][o] = x[t / x_div] . w[row0 + o] (+ sel[t] * w_expert elements when sel is given), a
- * double sum rounded to fp32; w fp32 or bf16 rows of n_in. n_tok <= 65535. A warp per (output,
- * row), or a block per (output, row) when there are fewer than 1024 of them over rows of >= 2048
- * inputs (the hyper-connection projections at decode). */
+ * double sum rounded to fp32; w fp32 or bf16 rows of n_in; any n_tok (the rows past grid y's
+ * 65535 in further passes). A warp per (output, row), or a block per (output, row) when there are
+ * fewer than 1024 of them over rows of >= 2048 inputs (the hyper-connection projections at decode).
+ */
 typedef struct tm_k_dsv41_linear_args {
     float *out;
     const float *x;
@@ -256,9 +258,30 @@ tm_rc tm_k_dsv41_route(const tm_k_dsv41_route_args *a, cudaStream_t s, tm_err *e
 tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, float lim,
                         const float *wt, cudaStream_t s, tm_err *err);
 
-/* y[t] = sum over the token's K experts in increasing id of eo[t * K + k] (double) + sh[t]. */
-tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
-                             uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err);
+/* y[t] = sum over the token's K experts in increasing id of eo row e(t * K + k) (double) + sh[t],
+ * e(p) = eo_row[p] (the pairs' rows in expert order, tm_k_dsv41_pair_sort's inv), or p with
+ * eo_row NULL. */
+tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *eo_row, const uint32_t *sel,
+                             const float *sh, uint32_t n_tok, uint32_t K, uint32_t D,
+                             cudaStream_t s, tm_err *err);
+
+/* The step's (token, expert) pairs p = t * K + k (expert sel[p] < n_expert, routing weight w[p])
+ * in expert order, for the MoE kernel's chunks of pairs (kernels/gemm_quant.h tm_k_moe_mxfp4): in
+ * pair order every chunk of a prefill step meets nearly every expert and streams its weights, in
+ * expert order a chunk meets a few. For sorted position q: perm[q] = its pair (experts ascending,
+ * pairs ascending within an expert: a stable counting sort), sexp[q] = sel[perm[q]], prow[q] =
+ * perm[q] / K (the pair's token row), wq[q] = w[perm[q]]; inv[perm[q]] = q. One block;
+ * n_expert <= TM_DSV41_K_SORT_MAX_EXPERT. */
+#define TM_DSV41_K_SORT_MAX_EXPERT 2048
+typedef struct tm_k_dsv41_pair_sort_args {
+    const uint32_t *sel; /* [n_pair] */
+    const float *w;      /* [n_pair] */
+    uint32_t *perm, *prow, *inv;
+    int32_t *sexp;
+    float *wq;
+    uint32_t n_pair, n_expert, K;
+} tm_k_dsv41_pair_sort_args;
+tm_rc tm_k_dsv41_pair_sort(const tm_k_dsv41_pair_sort_args *a, cudaStream_t s, tm_err *err);
 
 #ifdef __cplusplus
 }

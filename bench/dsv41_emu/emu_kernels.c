@@ -110,6 +110,8 @@ static tm_rc k_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *e
             a->n_cand[t] = keep;
         } else if (a->mode == TM_DSV41_SEL_CONSUMER) {
             const uint32_t *cd = a->cand + (size_t)t * a->ctop, nc = a->n_cand[t];
+            for (uint32_t i = 1; i < nc; i++) // the GPU kernel's binary search needs this order
+                TM_ASSERT(cd[i - 1] < cd[i]);
             for (uint32_t k = 0; k < lens; k++) {
                 int in = 0;
                 for (uint32_t i = 0; i < nc; i++)
@@ -135,7 +137,7 @@ static tm_rc k_select(const tm_k_dsv41_select_args *a, cudaStream_t s, tm_err *e
 
 static tm_rc k_linear(const tm_k_dsv41_linear_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
-    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1 && a->n_tok <= 65535);
+    TM_ASSERT(a->out && a->x && a->w && a->x_div >= 1);
     for (uint32_t t = 0; t < a->n_tok; t++)
         for (uint32_t o = 0; o < a->n_out; o++) {
             const float *x = a->x + (size_t)(t / a->x_div) * a->ldx;
@@ -497,8 +499,9 @@ static tm_rc k_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, floa
     return TM_OK;
 }
 
-static tm_rc k_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
-                           uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
+static tm_rc k_moe_combine(float *y, const float *eo, const uint32_t *eo_row, const uint32_t *sel,
+                           const float *sh, uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s,
+                           tm_err *err) {
     (void)s, (void)err;
     for (size_t k = 0; k < (size_t)n_tok * D; k++) {
         const uint32_t t = (uint32_t)(k / D), d = (uint32_t)(k % D);
@@ -512,7 +515,8 @@ static tm_rc k_moe_combine(float *y, const float *eo, const uint32_t *sel, const
                     bk = i;
             if (bk == UINT32_MAX)
                 break;
-            acc += eo[((size_t)t * K + bk) * D + d];
+            const size_t p = (size_t)t * K + bk;
+            acc += eo[(eo_row ? (size_t)eo_row[p] : p) * D + d];
             last = bk;
         }
         y[k] = (float)(acc + sh[k]);
@@ -554,6 +558,32 @@ void emu_record(void (*run)(const void *args), const void *args, size_t n);
         emu_record(run_##name, &x, sizeof(x));                                                     \
         return TM_OK;                                                                              \
     }
+/* The pairs in expert order: the stable counting sort of kernels/dsv41.cu's pair_sort_kernel. */
+static tm_rc k_pair_sort(const tm_k_dsv41_pair_sort_args *a, cudaStream_t s, tm_err *err) {
+    (void)s, (void)err;
+    TM_ASSERT(a->n_expert >= 1 && a->n_expert <= TM_DSV41_K_SORT_MAX_EXPERT);
+    uint32_t start[TM_DSV41_K_SORT_MAX_EXPERT] = {0};
+    for (uint32_t p = 0; p < a->n_pair; p++) {
+        TM_ASSERT(a->sel[p] < a->n_expert);
+        start[a->sel[p]]++;
+    }
+    for (uint32_t e = 0, acc = 0; e < a->n_expert; e++) {
+        const uint32_t c = start[e];
+        start[e] = acc;
+        acc += c;
+    }
+    for (uint32_t p = 0; p < a->n_pair; p++) {
+        const uint32_t q = start[a->sel[p]]++;
+        a->perm[q] = p;
+        a->sexp[q] = (int32_t)a->sel[p];
+        a->prow[q] = p / a->K;
+        a->wq[q] = a->w[p];
+        a->inv[p] = q;
+    }
+    return TM_OK;
+}
+
+WRAP_A(pair_sort, tm_k_dsv41_pair_sort_args)
 WRAP_A(engram_gate, tm_k_dsv41_engram_gate_args)
 WRAP_A(select, tm_k_dsv41_select_args)
 WRAP_A(linear, tm_k_dsv41_linear_args)
@@ -729,16 +759,18 @@ tm_rc tm_k_dsv41_swiglu(float *g, const float *u, uint32_t n_row, uint32_t I, fl
 typedef struct moe_combine_a {
     float *y;
     const float *eo;
-    const uint32_t *sel;
+    const uint32_t *eo_row, *sel;
     const float *sh;
     uint32_t n_tok, K, D;
 } moe_combine_a;
 static void run_moe_combine(const void *p) {
     const moe_combine_a *a = p;
-    (void)k_moe_combine(a->y, a->eo, a->sel, a->sh, a->n_tok, a->K, a->D, NULL, &run_err);
+    (void)k_moe_combine(a->y, a->eo, a->eo_row, a->sel, a->sh, a->n_tok, a->K, a->D, NULL,
+                        &run_err);
 }
-tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *sel, const float *sh,
-                             uint32_t n_tok, uint32_t K, uint32_t D, cudaStream_t s, tm_err *err) {
-    REC(moe_combine, y, eo, sel, sh, n_tok, K, D);
-    return k_moe_combine(y, eo, sel, sh, n_tok, K, D, s, err);
+tm_rc tm_k_dsv41_moe_combine(float *y, const float *eo, const uint32_t *eo_row, const uint32_t *sel,
+                             const float *sh, uint32_t n_tok, uint32_t K, uint32_t D,
+                             cudaStream_t s, tm_err *err) {
+    REC(moe_combine, y, eo, eo_row, sel, sh, n_tok, K, D);
+    return k_moe_combine(y, eo, eo_row, sel, sh, n_tok, K, D, s, err);
 }

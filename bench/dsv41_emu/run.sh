@@ -51,4 +51,16 @@ EMU_CHAOTIC=1 run --seed 43 --layers 6 --compress-ratios 0,2,1,1,1,0 --kv-source
 EMU_CHAOTIC=1 run --seed 46 --layers 4 --compress-ratios 1,2,2,2 --kv-sources 0,1 --index-sources 0,1,3 \
     --candidate-source 1 --candidate-topk-blocks 3 --candidate-block-size 4 --index-heads 16 \
     --index-topk 8 --engram-layers 1,3 --hc 2 --swiglu-limit 0 --window 16 || fail=1
+# the indexer over the step's tokens in chunks of 3 (TM_DSV41_INDEX_CHUNK; long contexts chunk
+# by the score rows' size, dsv41.c init): the candidate config above again, each chunk's rows,
+# lens, candidates and picks at their token offsets
+TM_DSV41_INDEX_CHUNK=3 EMU_CHAOTIC=1 run --seed 43 --layers 6 --compress-ratios 0,2,1,1,1,0 \
+    --kv-sources 1,2 --index-sources 1,2,4 --candidate-source 2 --candidate-topk-blocks 4 \
+    --candidate-block-size 8 --index-heads 16 --index-topk 16 --engram-layers 3 --engram-ngram 4 \
+    --engram-heads 3 --hc 3 --window 32 || fail=1
+# every step's MoE pairs in expert order (TM_DSV41_MOE_SORT_MIN=1; by default only steps of more
+# pairs than one MoE launch takes, prefill): the packed experts' rows, weights and the combine
+# through the sorted pairs (the fast mode; the exact one runs as always)
+TM_DSV41_MOE_SORT_MIN=1 run --seed 42 --layers 5 --compress-ratios 0,2,2,1,1 --kv-sources 1,3 \
+    --index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 8 --window 16 || fail=1
 exit $fail

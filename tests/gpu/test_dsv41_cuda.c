@@ -19,6 +19,7 @@
  * block (window rows, compressor inputs, compressed rows, index keys and Engram ids travel with the
  * slots) equals one that computed everything. Then graphs: decode steps replayed from the engine's
  * CUDA graphs must give bitwise the logits of the same steps launched eagerly (graphs_case).
+ * Last, released-widths: the released config's widths on three layers, batch 8 and 1 (see there).
  *
  * Every config runs both modes of the engine (TM_DSV41_CUDA_EXACT, read at create):
  *
@@ -686,6 +687,169 @@ static void test_graphs_no_engram(void) {
                                       "--index-heads 4 --index-topk 4 --window 8");
 }
 
+/* The released widths (DeepSeek-V4.1-Flash's config.json: dim 5120, 64 heads x 512, rope 64,
+ * q_lora 1280, o_groups 8 x o_lora 1024, ff 2304, index 32 x 128 top 512, Engram 4-grams 8 heads
+ * x 256, hc 4, window 128) on its first three layers (ratios 0, 0, 2; Engram on layer 1; layer 2
+ * a kv + index source) with 8 experts top 6 and a small vocabulary: the only check of the kernels
+ * at the shapes the bench runs (grids, shared memory, the decode GEMMs' splits and FP8 block
+ * scales, the MoE kernel, the Engram rows at 6144 inputs). B = 8 prompts of 5..150 tokens in one
+ * prefill step (cuBLAS in the fast mode; 288 x 6 MoE pairs, more than one MoE launch takes: the
+ * pairs in expert order, tm_k_dsv41_pair_sort), RW_DEC8 decode steps of all 8 (the decode kernels
+ * on 2 x 8 rows), then RW_DEC1 of sequence 0 alone; every engine is fed the CPU engine's greedy
+ * tokens. Engines: the CPU engine, exact and fast CUDA engines (TM_DSV41_CUDA_SYNC as the test
+ * sets it), and a fast one with graphs on and TM_DSV41_CUDA_SYNC=0 (the decode steps replay its
+ * segments' graphs, captured at these shapes) that must equal the eager fast engine bit for bit.
+ * Bounds: those of run_case (exact: every row within LOGIT_TOL; fast: median row error within
+ * FAST_MEDIAN_TOL, at most 1 / FAST_FLIP_DIV of the rows beyond LOGIT_TOL). TM_DSV41_ONLY=
+ * released-widths runs it alone. */
+#define RW_B 8
+#define RW_DEC8 6
+#define RW_DEC1 6
+enum { RW_CPU, RW_X, RW_F, RW_G, RW_N };
+static const char *const rw_name[RW_N] = {"cpu", "cuda exact", "cuda fast", "cuda fast graphs"};
+
+static void test_released_widths(void) {
+    const char *name = "released-widths";
+    if (!selected(name))
+        return;
+    char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX";
+    if (case_model(name,
+                   A "--seed 50 --layers 3 --compress-ratios 0,0,2 --kv-sources 2 "
+                     "--index-sources 2 --engram-layers 1 --dim 5120 --heads 64 --head-dim 512 "
+                     "--rope-dim 64 --q-lora 1280 --o-groups 8 --o-lora 1024 --ff 2304 "
+                     "--experts 8 --topk 6 --index-heads 32 --index-dim 128 --index-topk 512 "
+                     "--engram-ngram 4 --engram-heads 8 --engram-dim 256 --hc 4 --window 128",
+                   dir) != 0)
+        return;
+    v41 v;
+    tm_engine *E[RW_N] = {0};
+    float *lg[RW_N] = {0};
+    static seq S[RW_B];
+    double *rel = NULL;
+    if (open_v41(dir, &v))
+        goto done;
+    const uint32_t V = v.m->cfg.n_vocab, per = MAX_TOK / BLOCK;
+    tm_engine_opts o = opts_of(&v, RW_B * per, RW_B, 512);
+    tm_err err = {0};
+    TM_CHECK_OK(tm_engine_cpu_create(v.m, &o, &E[RW_CPU], &err), &err);
+    TM_CHECK_OK(cuda_create(v.m, &o, "1", &E[RW_X], &err), &err);
+    TM_CHECK_OK(cuda_create(v.m, &o, "0", &E[RW_F], &err), &err);
+    const char *sy = getenv("TM_DSV41_CUDA_SYNC");
+    char *sync_was = sy ? strdup(sy) : NULL;
+    setenv("TM_DSV41_CUDA_SYNC", "0", 1); // graphs need eager-free steps (read at create)
+    TM_CHECK_OK(cuda_create(v.m, &o, "0", &E[RW_G], &err), &err);
+    if (sync_was)
+        setenv("TM_DSV41_CUDA_SYNC", sync_was, 1);
+    else
+        unsetenv("TM_DSV41_CUDA_SYNC");
+    free(sync_was);
+    for (int e = 0; e < RW_N; e++)
+        if (!E[e]) {
+            fprintf(stderr, "%s: %s engine create failed: %s\n", name, rw_name[e], err.msg);
+            goto done;
+        }
+    tm_engine_cuda_set_graphs(E[RW_F], 0);
+    tm_engine_cuda_set_graphs(E[RW_G], 1);
+    for (int e = 0; e < RW_N; e++) {
+        lg[e] = malloc((size_t)RW_B * V * 4);
+        TM_ASSERT(lg[e]);
+    }
+    g_rng = 95;
+    static const uint32_t plen[RW_B] = {150, 24, 17, 9, 31, 5, 40, 12};
+    memset(S, 0, sizeof(S));
+    for (uint32_t i = 0; i < RW_B; i++) {
+        S[i].n = plen[i];
+        for (uint32_t k = 0; k < plen[i]; k++)
+            S[i].tok[k] = urand(V);
+        for (uint32_t b = 0; b < per; b++)
+            S[i].bt[b] = (RW_B - 1 - i) * per + b; // the last sequence's blocks first
+    }
+    rel = calloc((size_t)RW_B * (1 + RW_DEC8 + RW_DEC1), sizeof(double));
+    TM_ASSERT(rel);
+    stats st[RW_N] = {0}; // against the CPU engine (RW_G: against RW_F)
+    uint32_t n_rel = 0, n_graph_diff = 0;
+    int ok = 1;
+    for (uint32_t k = 0; ok && k < 1 + RW_DEC8 + RW_DEC1; k++) {
+        uint32_t which[RW_B], n_tok[RW_B], want_seq[RW_B], n_chunk = k <= RW_DEC8 ? RW_B : 1;
+        for (uint32_t i = 0; i < n_chunk; i++)
+            which[i] = i, n_tok[i] = k ? 1 : S[i].n;
+        tm_batch_seq bs[RW_B];
+        const uint32_t n_want = step_batch(S, which, n_tok, n_chunk, bs, want_seq);
+        const tm_batch b = {.seqs = bs, .n_seq = n_chunk};
+        for (int e = 0; ok && e < RW_N; e++) {
+            const tm_rc rc = tm_engine_forward(E[e], &b, lg[e], &err);
+            if (rc) {
+                fprintf(stderr, "%s: step %u (%s, batch %u): %s engine failed: %s (%s:%d)\n", name,
+                        k, k ? "decode" : "prefill", n_chunk, rw_name[e], err.msg,
+                        err.file ? err.file : "?", err.line);
+                TM_CHECK(0);
+                ok = 0;
+            }
+        }
+        double step_max[RW_N] = {0};
+        for (uint32_t r = 0; ok && r < n_want; r++) {
+            const float *ref = lg[RW_CPU] + (size_t)r * V;
+            const uint32_t ref_tok = argmax(ref, V);
+            for (int e = RW_X; e <= RW_F; e++) {
+                const float *got = lg[e] + (size_t)r * V;
+                compare_row(&st[e], e == RW_X ? "cpu" : NULL, ref, ref_tok, rw_name[e], got,
+                            argmax(got, V), V);
+                step_max[e] = fmax(step_max[e], row_rel(ref, got, V));
+            }
+            rel[n_rel++] = row_rel(ref, lg[RW_F] + (size_t)r * V, V);
+            if (memcmp(lg[RW_F] + (size_t)r * V, lg[RW_G] + (size_t)r * V, (size_t)V * 4) != 0) {
+                if (!n_graph_diff)
+                    fprintf(stderr,
+                            "%s: FIRST GRAPH DIFFERENCE at step %u (%s, batch %u), sequence %u: "
+                            "max |graphs - eager| / row max %.3g\n",
+                            name, k, k ? "decode" : "prefill", n_chunk, want_seq[r],
+                            row_rel(lg[RW_F] + (size_t)r * V, lg[RW_G] + (size_t)r * V, V));
+                n_graph_diff++;
+            }
+            seq_append(&S[want_seq[r]], ref_tok);
+        }
+        if (ok)
+            fprintf(stderr,
+                    "%s: step %u (%s, batch %u): max |d logit| / row max: exact %.3g, fast %.3g\n",
+                    name, k, k ? "decode" : "prefill", n_chunk, step_max[RW_X], step_max[RW_F]);
+        step_done(S, which, n_tok, n_chunk);
+    }
+    double median = INFINITY;
+    if (n_rel) {
+        qsort(rel, n_rel, sizeof(double), cmp_dbl);
+        median = rel[n_rel / 2];
+    }
+    fprintf(stderr,
+            "%s: %u rows; exact vs cpu: max rel %.3g, %d rows over %.2g, greedy %d/%d equal; fast "
+            "vs cpu: median %.3g (tol %.2g), max %.3g, %d rows over; graphs vs eager fast: %u rows "
+            "differ\n",
+            name, n_rel, st[RW_X].max_rel, st[RW_X].n_bad_rows, LOGIT_TOL,
+            st[RW_X].n_greedy - st[RW_X].n_greedy_diff, st[RW_X].n_greedy, median, FAST_MEDIAN_TOL,
+            n_rel ? rel[n_rel - 1] : 0.0, st[RW_F].n_bad_rows, n_graph_diff);
+    TM_CHECK(ok);
+    TM_CHECK(n_rel == RW_B * (1 + RW_DEC8) + RW_DEC1);
+    TM_CHECK_MSG(st[RW_X].n_bad_rows == 0,
+                 "%s: exact: %d rows beyond %.2g of the row's max |logit|", name,
+                 st[RW_X].n_bad_rows, LOGIT_TOL);
+    TM_CHECK_MSG(st[RW_X].n_clear_flip == 0,
+                 "%s: exact: %d greedy tokens differ (%d not near a tie)", name,
+                 st[RW_X].n_greedy_diff, st[RW_X].n_clear_flip);
+    TM_CHECK_MSG(median <= FAST_MEDIAN_TOL, "%s: fast vs cpu: median row error %.3g > %.2g", name,
+                 median, FAST_MEDIAN_TOL);
+    TM_CHECK_MSG(st[RW_F].n_bad_rows <= st[RW_F].n_rows / FAST_FLIP_DIV,
+                 "%s: fast vs cpu: %d rows beyond %.2g of the row's max |logit| (at most %d)", name,
+                 st[RW_F].n_bad_rows, LOGIT_TOL, st[RW_F].n_rows / FAST_FLIP_DIV);
+    TM_CHECK_MSG(n_graph_diff == 0, "%s: %u rows differ between graph and eager decode steps", name,
+                 n_graph_diff);
+done:
+    for (int e = RW_N - 1; e >= 0; e--) {
+        tm_engine_destroy(E[e]);
+        free(lg[e]);
+    }
+    free(rel);
+    case_end(&v, dir);
+}
+
 int main(void) {
     g_rng = 91;
     need_gpu_and_mkmodel();
@@ -710,6 +874,7 @@ int main(void) {
     TM_RUN(test_graphs_engram02);
     TM_RUN(test_graphs_engram13);
     TM_RUN(test_graphs_no_engram);
+    TM_RUN(test_released_widths);
     return tm_test_report();
 }
 

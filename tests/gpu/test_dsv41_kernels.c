@@ -15,8 +15,12 @@
  * bf16(x - hi) split, strided rows) and its split-K + hi / lo sums (tm_k_dsv41_sum_split, strided
  * output, with and without lo rows, adding): bit-identical to host references (the same fp32
  * operations in the same order), hi + lo within 2^-16 of x. The plain linear on both of its
- * launches (a warp or a block per output) against a host double sum. Skipped (77) without a
- * GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
+ * launches (a warp or a block per output) against a host double sum, also at the released shapes
+ * and with more rows than grid y's 65535. The indexer's scores (32 heads x 128, rows of 70000
+ * positions in a paged state: more than the capped grid covers in one pass) against a host double
+ * sum; the selection at the released shapes (blocks of 8, 2048 kept, top 512); the MoE pairs in
+ * expert order against a host stable counting sort. Skipped (77) without
+ * a GPU or in a build without CUDA. Never run yet: no GPU was lent when it was written
  * (docs/deepseek_v41.md "CUDA"). */
 #include <math.h>
 #include <stdint.h>
@@ -559,6 +563,179 @@ static void test_linear(void) {
     linear_case(1, 4096, 384, 0, 1, 0);  /* the router at batch 1 */
     linear_case(6, 2048, 100, 1, 3, 1);  /* block, bf16, x_div, expert rows */
     linear_case(12, 2048, 200, 1, 2, 1); /* warp (2400 rows), the same */
+    /* the released shapes: hc mixes (24 of 4 x 5120 fp32) at batch 8, the router (384 of 5120)
+     * at batch 8, and expert rows of a step past grid y's 65535 (T x top-k: 11000 x 6) */
+    linear_case(8, 20480, 24, 0, 1, 0);
+    linear_case(8, 5120, 384, 1, 1, 0);
+    linear_case(66000, 64, 3, 1, 6, 1);
+}
+
+/* The indexer's scores (tm_k_dsv41_index_scores) against a host double sum: tokens of one or two
+ * sequences at positions up to pos_max in a paged state (blocks of bs, shuffled block table),
+ * compression ratio r, keys in a field of stride kld; lens[t] = (pos + 1) / r; entries past lens
+ * untouched. The kernel's grid is capped (a few thousand blocks over the step's tokens) and its
+ * warps loop over the positions: the long rows here take several passes. */
+static void iscore_case(uint32_t n_tok, uint32_t pos_max, uint32_t r, uint32_t Hi, uint32_t di) {
+    const uint32_t bs = 64, kld = di + 5, n_blk = pos_max / bs + 1;
+    const size_t ld = pos_max / r + 1;
+    uint32_t *pos = xmalloc(n_tok * 4), *tseq = xmalloc(n_tok * 4), seq_bt[2] = {0, n_blk};
+    uint32_t *bt = xmalloc((size_t)2 * n_blk * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        pos[t] = t == 0 ? pos_max : t == 1 ? 0 : urand(pos_max + 1);
+        tseq[t] = t % 2;
+    }
+    uint32_t *perm = shuffled(2 * n_blk); /* both sequences' blocks, shuffled */
+    memcpy(bt, perm, (size_t)2 * n_blk * 4);
+    free(perm);
+    const size_t n_slot = (size_t)2 * n_blk * bs;
+    float *keys = xmalloc(n_slot * kld * 4), *q = xmalloc((size_t)n_tok * Hi * di * 4);
+    float *w = xmalloc((size_t)n_tok * Hi * 4);
+    for (size_t i = 0; i < n_slot * kld; i++)
+        keys[i] = frand();
+    for (size_t i = 0; i < (size_t)n_tok * Hi * di; i++)
+        q[i] = frand();
+    for (size_t i = 0; i < (size_t)n_tok * Hi; i++)
+        w[i] = frand();
+    const double iscale = 1.0 / sqrt((double)di * Hi);
+    float *ref = xmalloc((size_t)n_tok * ld * 4), *got = xmalloc((size_t)n_tok * ld * 4);
+    for (uint32_t t = 0; t < n_tok; t++) {
+        const uint32_t lens = (pos[t] + 1) / r;
+        for (size_t k = 0; k < ld; k++) {
+            ref[t * ld + k] = -5.0f; /* untouched */
+            if (k >= lens)
+                continue;
+            const uint32_t p = (uint32_t)k * r;
+            const size_t slot = (size_t)bt[seq_bt[tseq[t]] + p / bs] * bs + p % bs;
+            const float *key = keys + slot * kld;
+            double acc = 0.0;
+            for (uint32_t h = 0; h < Hi; h++) {
+                double d = 0.0;
+                for (uint32_t i = 0; i < di; i++)
+                    d += (double)q[((size_t)t * Hi + h) * di + i] * key[i];
+                acc += (d > 0.0 ? d : 0.0) * ((double)w[(size_t)t * Hi + h] * iscale);
+            }
+            ref[t * ld + k] = (float)acc;
+        }
+    }
+    for (size_t i = 0; i < (size_t)n_tok * ld; i++)
+        got[i] = -5.0f;
+    float *d_sc = dup_to_dev(got, (size_t)n_tok * ld * 4),
+          *d_keys = dup_to_dev(keys, n_slot * kld * 4);
+    float *d_q = dup_to_dev(q, (size_t)n_tok * Hi * di * 4),
+          *d_w = dup_to_dev(w, (size_t)n_tok * Hi * 4);
+    uint32_t *d_pos = dup_to_dev(pos, n_tok * 4), *d_tseq = dup_to_dev(tseq, n_tok * 4);
+    uint32_t *d_sbt = dup_to_dev(seq_bt, 8), *d_bt = dup_to_dev(bt, (size_t)2 * n_blk * 4);
+    uint32_t *d_lens = dalloc(n_tok * 4, 0xff), *lens = xmalloc(n_tok * 4);
+    const tm_k_dsv41_seqs sq = {
+        .pos = d_pos, .tok_seq = d_tseq, .seq_bt = d_sbt, .block_tables = d_bt, .bs = bs};
+    const tm_k_dsv41_iscore_args a = {.score = d_sc,
+                                      .lens = d_lens,
+                                      .q = d_q,
+                                      .w = d_w,
+                                      .key_field = d_keys,
+                                      .ld = ld,
+                                      .iscale = iscale,
+                                      .kld = kld,
+                                      .Hi = Hi,
+                                      .di = di,
+                                      .r = r,
+                                      .n_tok = n_tok};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_index_scores(&a, &sq, g_stream, &err) == TM_OK);
+    to_host(got, d_sc, (size_t)n_tok * ld * 4);
+    to_host(lens, d_lens, n_tok * 4);
+    for (uint32_t t = 0; t < n_tok; t++)
+        TM_CHECK_MSG(lens[t] == (pos[t] + 1) / r, "iscore token %u: lens %u, want %u", t, lens[t],
+                     (pos[t] + 1) / r);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < (size_t)n_tok * ld; i++) { // (1e-9: a sum that cancels to ~0)
+        const float d = fabsf(got[i] - ref[i]);
+        if (!(d <= ldexpf(fabsf(ref[i]), -22) + 1e-9f) && bad++ == 0)
+            first = i;
+    }
+    TM_CHECK_MSG(bad == 0,
+                 "iscore T %u pos_max %u r %u Hi %u di %u: %zu of %zu off, first token %zu "
+                 "position %zu: gpu %.9g ref %.9g",
+                 n_tok, pos_max, r, Hi, di, bad, (size_t)n_tok * ld, first / ld, first % ld,
+                 got[first], ref[first]);
+    cudaFree(d_sc), cudaFree(d_keys), cudaFree(d_q), cudaFree(d_w), cudaFree(d_pos);
+    cudaFree(d_tseq), cudaFree(d_sbt), cudaFree(d_bt), cudaFree(d_lens);
+    free(pos), free(tseq), free(bt), free(keys), free(q), free(w), free(ref), free(got), free(lens);
+}
+
+/* The released indexer: 32 heads x 128; rows of 70000 positions (ratio 1: 8750 blocks of 8
+ * positions wanted, the grid holds fewer), ratio 2, and a prefill-sized step. */
+static void test_index_scores(void) {
+    iscore_case(3, 69999, 1, 32, 128);
+    iscore_case(4, 9000, 2, 32, 128);
+    iscore_case(600, 700, 1, 4, 64);
+}
+
+/* The MoE pairs in expert order (tm_k_dsv41_pair_sort) against a host stable counting sort: n_pair
+ * pairs of K per token over n_exp experts (ids drawn at random, some experts unused), every output
+ * equal. */
+static void sort_case(uint32_t n_pair, uint32_t n_exp, uint32_t K) {
+    uint32_t *sel = xmalloc(n_pair * 4), *perm = xmalloc(n_pair * 4), *prow = xmalloc(n_pair * 4);
+    uint32_t *inv = xmalloc(n_pair * 4), *start = xmalloc((n_exp + 1) * 4);
+    int32_t *sexp = xmalloc(n_pair * 4);
+    float *w = xmalloc(n_pair * 4), *wq = xmalloc(n_pair * 4);
+    for (uint32_t p = 0; p < n_pair; p++) {
+        sel[p] = urand(n_exp > 3 ? n_exp - n_exp / 4 : n_exp); // the top quarter unused
+        w[p] = frand();
+    }
+    memset(start, 0, (n_exp + 1) * 4);
+    for (uint32_t p = 0; p < n_pair; p++)
+        start[sel[p] + 1]++;
+    for (uint32_t e = 0; e < n_exp; e++)
+        start[e + 1] += start[e];
+    uint32_t *d_sel = dup_to_dev(sel, n_pair * 4), *d_perm = dalloc(n_pair * 4, 0xff);
+    uint32_t *d_prow = dalloc(n_pair * 4, 0xff), *d_inv = dalloc(n_pair * 4, 0xff);
+    int32_t *d_sexp = dalloc(n_pair * 4, 0xff);
+    float *d_w = dup_to_dev(w, n_pair * 4), *d_wq = dalloc(n_pair * 4, 0xff);
+    const tm_k_dsv41_pair_sort_args a = {.sel = d_sel,
+                                         .w = d_w,
+                                         .perm = d_perm,
+                                         .prow = d_prow,
+                                         .inv = d_inv,
+                                         .sexp = d_sexp,
+                                         .wq = d_wq,
+                                         .n_pair = n_pair,
+                                         .n_expert = n_exp,
+                                         .K = K};
+    tm_err err = {0};
+    TM_CHECK(tm_k_dsv41_pair_sort(&a, g_stream, &err) == TM_OK);
+    to_host(perm, d_perm, n_pair * 4);
+    to_host(prow, d_prow, n_pair * 4);
+    to_host(inv, d_inv, n_pair * 4);
+    to_host(sexp, d_sexp, n_pair * 4);
+    to_host(wq, d_wq, n_pair * 4);
+    uint32_t bad = 0, first = n_pair;
+    for (uint32_t p = 0; p < n_pair; p++) { // stable: pair p at start[e] + its rank in e
+        const uint32_t q = start[sel[p]]++;
+        const int ok = perm[q] == p && sexp[q] == (int32_t)sel[p] && prow[q] == p / K &&
+                       memcmp(&wq[q], &w[p], 4) == 0 && inv[p] == q;
+        if (!ok && bad++ == 0)
+            first = p;
+    }
+    TM_CHECK_MSG(bad == 0,
+                 "pair sort %u pairs, %u experts, K %u: %u pairs wrong, first pair %u (expert "
+                 "%u): perm/sexp/prow/inv at its place %u %d %u %u",
+                 n_pair, n_exp, K, bad, first, first < n_pair ? sel[first] : 0,
+                 first < n_pair ? perm[inv[first] % n_pair] : 0,
+                 first < n_pair ? sexp[inv[first] % n_pair] : 0,
+                 first < n_pair ? prow[inv[first] % n_pair] : 0, first < n_pair ? inv[first] : 0);
+    cudaFree(d_sel), cudaFree(d_perm), cudaFree(d_prow), cudaFree(d_inv), cudaFree(d_sexp);
+    cudaFree(d_w), cudaFree(d_wq);
+    free(sel), free(perm), free(prow), free(inv), free(start), free(sexp), free(w), free(wq);
+}
+
+/* A prefill step of 4096 tokens x top 6 of the released 384 experts (6 tiles of sel), the most
+ * experts, one expert, and a partial tile. */
+static void test_pair_sort(void) {
+    sort_case(4096 * 6, 384, 6);
+    sort_case(5000, 2048, 4);
+    sort_case(3, 1, 1);
+    sort_case(4097, 7, 1);
 }
 
 static void test_select(void) {
@@ -566,6 +743,8 @@ static void test_select(void) {
         sel_case(9, 300, mode, 8, 4, 16);
         sel_case(5, 37, mode, 4, 3, 64); /* topk above every lens */
         sel_case(3, 70000, mode, 64, 16, 2048);
+        /* released shapes: blocks of 8, 2048 of them kept (2500 reachable), top 512 */
+        sel_case(4, 20000, mode, 8, 2048, 512);
     }
 }
 
@@ -583,6 +762,8 @@ int main(void) {
     TM_RUN(test_to_bf16);
     TM_RUN(test_sum_split);
     TM_RUN(test_linear);
+    TM_RUN(test_index_scores);
+    TM_RUN(test_pair_sort);
     cudaStreamDestroy(g_stream);
     return tm_test_report();
 }

@@ -20,7 +20,9 @@
  *   with beta 1). Split-K partials (and the hi / lo rows) are summed in order into the (possibly
  *   strided) output (tm_k_dsv41_sum_split). Routed MXFP4 experts stay packed and run
  *   through tm_k_moe_mxfp4 (pairs = the router's top-k rows on the device, outputs in pair order,
- *   so the combine still sums in expert-id order). Still on the plain kernel: the router (fp32
+ *   so the combine still sums in expert-id order; steps of more pairs than one launch takes sort
+ *   them by expert first, tm_k_dsv41_pair_sort, and the combine reads each pair's row through the
+ *   permutation). Still on the plain kernel: the router (fp32
  *   inputs and weights), the hyper-connection projections (fp32 weights) and FP8 routed experts
  *   (expert_dtype fp8).
  * - exact (1, or any value but 0): the plain kernels (kernels/dsv41.h) with the CPU engine's
@@ -110,6 +112,9 @@ typedef struct dw {
  * (fp32 inputs, double sums). */
 enum { MODE_FAST = 0, MODE_EXACT = 1 };
 
+/* Most floats of each indexer score array (isc, bsc): 128 MB. */
+#define DSV41_SC_FLOATS ((uint64_t)32 << 20)
+
 /* A state field: plane (0: K cache, 1: V cache) and float offset in the plane's row. */
 typedef struct sfield {
     uint8_t on, plane;
@@ -168,6 +173,8 @@ typedef struct v41g {
     uint32_t D, N, H, hd, rd, qlr, G, olr, ing, E, K, I, Hi, di, mix, topk, cb, ctop;
     uint32_t n_cols, ehd, max_in, T, S, P; /* P: floats per state row in each plane */
     size_t ld_sc;                          /* indexer score entries per token */
+    uint64_t sc_pos;                       /* positions below this fit ld_sc (forward checks) */
+    uint32_t sc_tok;                       /* tokens per indexer chunk: isc / bsc rows */
     double iscale;
     int sync_each;
     int mode; /* MODE_* */
@@ -182,6 +189,11 @@ typedef struct v41g {
     float *q8p;   /* fast path: split-K partials of the FP8 decode GEMMs */
     size_t q8p_floats;
     uint32_t *pr_div, *pr_id; /* [T * K] p / K and p: the MoE kernel's x row of pair p */
+    /* the pairs in expert order (tm_k_dsv41_pair_sort) for steps of more than sort_min pairs: */
+    uint32_t *sp_perm, *sp_prow, *sp_inv; /* [T * K] */
+    int32_t *sp_exp;                      /* [T * K] */
+    float *sp_w;                          /* [T * K] */
+    uint32_t sort_min;
     uint32_t *lens, *n_pick, *cand, *n_cand, *sel;
     int32_t *pick, *tmap_d;
     /* Engram (host) */
@@ -348,6 +360,12 @@ static tm_rc engram_open(tm_cuda_engine *impl, v41g *g, tm_err *err) {
     if (!rc)
         rc = TM_CUDA_CHECK(
             cudaMallocHost((void **)&g->prev_h, (size_t)g->S * TM_ENGRAM_MAX_NGRAM * 4), err);
+    for (uint32_t k = 0; !rc && k < c->n_engram; k++) // the rows are read as [n_cols][ehd]
+        if (tm_engram_table_info_get(g->etab[k])->dim != g->ehd)
+            rc = TM_ERR(err, TM_E_INVAL,
+                        "cuda engine: dsv41: Engram table of layer %u has rows of %u values, "
+                        "engram_head_dim is %u",
+                        c->engram_layer_ids[k], tm_engram_table_info_get(g->etab[k])->dim, g->ehd);
     if (!rc)
         rc = tm_dsv41_engram_stage_create(g->etab, c->n_engram, (size_t)g->T * g->n_cols, &g->stage,
                                           err);
@@ -485,10 +503,10 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
                                      : "exact mode: plain kernels (fp32 inputs, double sums)",
                 ex ? ex : "unset");
     if (g->N < 1 || g->N > TM_DSV41_K_MAX_HC || g->K < 1 || g->K > g->E || g->rd > g->hd ||
-        g->rd % 2 || g->T > 65535 || (size_t)g->T * g->K > 65535)
+        g->rd % 2 || g->T > 65535)
         return TM_ERR(err, TM_E_INVAL,
                       "cuda engine: dsv41: hc_mult %u (1..%d), experts %u of %u, rope dim %u, "
-                      "max_batched_tokens %u (x experts <= 65535) unsupported",
+                      "max_batched_tokens %u (<= 65535) unsupported",
                       g->N, TM_DSV41_K_MAX_HC, g->K, g->E, g->rd, g->T);
     if (tm_k_dsv41_attn_smem(c->window_size, g->topk, g->hd) > 48 * 1024)
         return TM_ERR(err, TM_E_INVAL,
@@ -505,11 +523,31 @@ static tm_rc init(tm_cuda_engine *impl, tm_err *err) {
         if (c->ratio[l] && (!rmin || c->ratio[l] < rmin))
             rmin = c->ratio[l];
     }
-    // indexer entries per token: min(pool, n_ctx) positions / the smallest ratio
+    // indexer entries per token: min(max_seq_len, n_ctx, pool) positions / the smallest ratio
+    // (n_ctx: the model's context as the job capped it, engine.max_model_len; the pool is sized
+    // only later when n_kv_block is 0)
     uint64_t seq_pos = TM_MAX(c->max_seq_len, 1u);
+    if (impl->cfg.n_ctx)
+        seq_pos = TM_MIN(seq_pos, (uint64_t)impl->cfg.n_ctx);
     if (o->n_kv_block)
         seq_pos = TM_MIN(seq_pos, (uint64_t)o->n_kv_block * o->block_size);
+    g->sc_pos = seq_pos;
     g->ld_sc = (size_t)(rmin ? seq_pos / rmin : 1) + 1;
+    // The score rows (isc, bsc) of T tokens over a long context would be T x ld_sc floats each
+    // (at max_seq_len 1M and ratio 1: 4 MB a token): the indexer runs over the step's tokens in
+    // chunks of sc_tok rows, within DSV41_SC_FLOATS floats per array. TM_DSV41_INDEX_CHUNK=n
+    // (tests): chunks of at most n tokens.
+    g->sc_tok = (uint32_t)TM_MIN((uint64_t)g->T, TM_MAX(DSV41_SC_FLOATS / g->ld_sc, (uint64_t)1));
+    const char *ich = getenv("TM_DSV41_INDEX_CHUNK");
+    if (ich && atoi(ich) > 0)
+        g->sc_tok = TM_MIN(g->sc_tok, (uint32_t)atoi(ich));
+    // Packed MXFP4 experts over more pairs than one MoE launch takes (prefill): the pairs in
+    // expert order first (each launch then streams a few experts, not nearly all of them).
+    // TM_DSV41_MOE_SORT_MIN=n (tests): sort above n pairs.
+    g->sort_min = TM_MOE_MAX_PAIRS;
+    const char *smin = getenv("TM_DSV41_MOE_SORT_MIN");
+    if (smin && *smin)
+        g->sort_min = (uint32_t)strtoul(smin, NULL, 10);
     {
         uint32_t mi = TM_MAX(g->N * g->D, g->qlr);
         mi = TM_MAX(mi, g->hd);
@@ -674,8 +712,8 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->lk, T * g->di);
     CF(g->iq, T * g->Hi * g->di);
     CF(g->iw, T * g->Hi);
-    CF(g->isc, T * g->ld_sc);
-    CF(g->bsc, T * g->ld_sc);
+    CF(g->isc, (size_t)g->sc_tok * g->ld_sc);
+    CF(g->bsc, (size_t)g->sc_tok * g->ld_sc);
     CF(g->rl, T * g->E);
     CF(g->selw, TK);
     CF(g->eg, TK * g->I);
@@ -703,6 +741,11 @@ static void carve_acts(tm_cuda_engine *impl, tm_cuda_carver *cv) {
     CF(g->q8p, g->q8p_floats);
     CF(g->pr_div, TK);
     CF(g->pr_id, TK);
+    CF(g->sp_perm, TK);
+    CF(g->sp_prow, TK);
+    CF(g->sp_inv, TK);
+    CF(g->sp_exp, TK);
+    CF(g->sp_w, TK);
     CF(g->lens, T);
     CF(g->n_pick, T);
     CF(g->cand, T * g->ctop);
@@ -1091,10 +1134,11 @@ static tm_rc lin(tm_cuda_engine *impl, v41g *g, const dw *w, uint64_t row0, cons
  * reads x row p / x_div (act_quant'ed first when w is quantized). Packed MXFP4 (the fast mode):
  * the n_x rows of x act_quant'ed to bf16, then tm_k_moe_mxfp4 over the pairs (expert sel[p], x row
  * pr_div[p] = p / K or pr_id[p] = p), in chunks of TM_MOE_MAX_PAIRS, one split: out row p is the
- * pair's whole product. */
+ * pair's whole product. sorted (packed only): the pairs in expert order (layer_moe's
+ * tm_k_dsv41_pair_sort), out row q the sorted pair q's. */
 static tm_rc lin_experts(tm_cuda_engine *impl, v41g *g, const dw *w, const float *x, uint32_t x_div,
                          uint32_t n_x, uint32_t n_in, float *out, uint32_t n_out, uint32_t T,
-                         tm_err *err) {
+                         int sorted, tm_err *err) {
     if (w->mx) {
         TM_ASSERT(w->aq && (x_div == g->K || x_div == 1) && n_in % 32 == 0);
         TM_ASSERT((size_t)n_x * n_in <= (size_t)g->T * TM_MAX(g->max_in, g->K * g->I));
@@ -1102,14 +1146,17 @@ static tm_rc lin_experts(tm_cuda_engine *impl, v41g *g, const dw *w, const float
             .y = g->xb, .x = x, .ldx = n_in, .n = n_in, .n_tok = n_x, .aq = 1};
         tm_rc rc = tm_k_dsv41_to_bf16(&ca, impl->stream, err);
         const uint32_t P = T * g->K, kps = TM_CEIL_DIV(n_in, 128u) * 128;
-        const uint32_t *prow = x_div == 1 ? g->pr_id : g->pr_div;
+        // sorted: pair q is the sorted pair (its expert sp_exp[q], its token's row sp_prow[q]; for
+        // w2 row q of x, the sorted w1 / w3 outputs)
+        const uint32_t *prow = x_div == 1 ? g->pr_id : sorted ? g->sp_prow : g->pr_div;
+        const int32_t *pexp = sorted ? g->sp_exp : (const int32_t *)g->sel;
         for (uint32_t c0 = 0; !rc && c0 < P; c0 += TM_MOE_MAX_PAIRS) {
             const uint32_t n = TM_MIN((uint32_t)TM_MOE_MAX_PAIRS, P - c0);
             const tm_k_moe_mxfp4_args ma = {.part = out + (size_t)c0 * n_out,
                                             .w = w->q,
                                             .scale = w->qs,
                                             .x = g->xb,
-                                            .pair_expert = (const int32_t *)g->sel + c0,
+                                            .pair_expert = pexp + c0,
                                             .pair_row = prow + c0,
                                             .n_pair = n,
                                             .n_expert = g->E,
@@ -1251,37 +1298,47 @@ static tm_rc indexer(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T,
     OP("indexer q fp4", l, tm_k_dsv41_fp4_act_quant(g->iq, (size_t)T * Hi * di, 32, 0, s, err));
     const int16_t kf = c->key_from[l];
     TM_ASSERT(kf >= 0);
-    const tm_k_dsv41_iscore_args sa = {.score = g->isc,
-                                       .lens = g->lens,
-                                       .q = g->iq,
-                                       .w = g->iw,
-                                       .key_field = field(impl, g, (uint32_t)kf, g->L[kf].f_ikey),
-                                       .ld = g->ld_sc,
-                                       .iscale = g->iscale,
-                                       .kld = g->P,
-                                       .Hi = Hi,
-                                       .di = di,
-                                       .r = r,
-                                       .n_tok = T};
-    OP("indexer scores", l, tm_k_dsv41_index_scores(&sa, q, s, err));
     const int32_t cs = c->candidate_source_layer;
     const uint32_t mode = cs >= 0 && (uint32_t)cs == l  ? TM_DSV41_SEL_SOURCE
                           : cs >= 0 && (uint32_t)cs < l ? TM_DSV41_SEL_CONSUMER
                                                         : TM_DSV41_SEL_PLAIN;
-    const tm_k_dsv41_select_args ka = {.score = g->isc,
-                                       .bsc = g->bsc,
-                                       .lens = g->lens,
-                                       .cand = g->cand,
-                                       .n_cand = g->n_cand,
-                                       .pick = g->pick,
-                                       .n_pick = g->n_pick,
-                                       .ld = g->ld_sc,
-                                       .n_tok = T,
-                                       .mode = mode,
-                                       .cb = g->cb,
-                                       .ctop = g->ctop,
-                                       .topk = g->topk};
-    OP("indexer select", l, tm_k_dsv41_select(&ka, s, err));
+    // scores and selection in chunks of sc_tok tokens (the score rows hold that many)
+    for (uint32_t t0 = 0; t0 < T; t0 += g->sc_tok) {
+        const uint32_t n = TM_MIN(g->sc_tok, T - t0);
+        const tm_k_dsv41_seqs qc = {.pos = q->pos + t0,
+                                    .tok_seq = q->tok_seq + t0,
+                                    .seq_bt = q->seq_bt,
+                                    .block_tables = q->block_tables,
+                                    .bs = q->bs};
+        const tm_k_dsv41_iscore_args sa = {
+            .score = g->isc,
+            .lens = g->lens + t0,
+            .q = g->iq + (size_t)t0 * Hi * di,
+            .w = g->iw + (size_t)t0 * Hi,
+            .key_field = field(impl, g, (uint32_t)kf, g->L[kf].f_ikey),
+            .ld = g->ld_sc,
+            .iscale = g->iscale,
+            .kld = g->P,
+            .Hi = Hi,
+            .di = di,
+            .r = r,
+            .n_tok = n};
+        OP("indexer scores", l, tm_k_dsv41_index_scores(&sa, &qc, s, err));
+        const tm_k_dsv41_select_args ka = {.score = g->isc,
+                                           .bsc = g->bsc,
+                                           .lens = g->lens + t0,
+                                           .cand = g->cand + (size_t)t0 * g->ctop,
+                                           .n_cand = g->n_cand + t0,
+                                           .pick = g->pick + (size_t)t0 * g->topk,
+                                           .n_pick = g->n_pick + t0,
+                                           .ld = g->ld_sc,
+                                           .n_tok = n,
+                                           .mode = mode,
+                                           .cb = g->cb,
+                                           .ctop = g->ctop,
+                                           .topk = g->topk};
+        OP("indexer select", l, tm_k_dsv41_select(&ka, s, err));
+    }
     return TM_OK;
 }
 
@@ -1369,17 +1426,39 @@ static tm_rc layer_moe(tm_cuda_engine *impl, v41g *g, uint32_t l, uint32_t T, tm
                                       .gate_temp = c->gate_temp,
                                       .route_scale = c->route_scale};
     OP("route", l, tm_k_dsv41_route(&ra, s, err));
-    OP("experts w1", l, lin_experts(impl, g, &L->w[W_EX1], g->x, K, T, D, g->eg, I, T, err));
-    OP("experts w3", l, lin_experts(impl, g, &L->w[W_EX3], g->x, K, T, D, g->eu, I, T, err));
+    // packed experts over more pairs than one MoE launch: the pairs in expert order; eg, eu and
+    // eo then hold the sorted pairs' rows (sp_w their weights, sp_inv each pair's row)
+    const int sorted = L->w[W_EX1].mx && L->w[W_EX3].mx && L->w[W_EX2].mx && T * K > g->sort_min;
+    if (sorted) {
+        const tm_k_dsv41_pair_sort_args pa = {.sel = g->sel,
+                                              .w = g->selw,
+                                              .perm = g->sp_perm,
+                                              .prow = g->sp_prow,
+                                              .inv = g->sp_inv,
+                                              .sexp = g->sp_exp,
+                                              .wq = g->sp_w,
+                                              .n_pair = T * K,
+                                              .n_expert = g->E,
+                                              .K = K};
+        OP("moe pair sort", l, tm_k_dsv41_pair_sort(&pa, s, err));
+    }
+    OP("experts w1", l,
+       lin_experts(impl, g, &L->w[W_EX1], g->x, K, T, D, g->eg, I, T, sorted, err));
+    OP("experts w3", l,
+       lin_experts(impl, g, &L->w[W_EX3], g->x, K, T, D, g->eu, I, T, sorted, err));
     OP("experts swiglu", l,
-       tm_k_dsv41_swiglu(g->eg, g->eu, T * K, I, c->swiglu_limit, g->selw, s, err));
-    OP("experts w2", l, lin_experts(impl, g, &L->w[W_EX2], g->eg, 1, T * K, I, g->eo, D, T, err));
+       tm_k_dsv41_swiglu(g->eg, g->eu, T * K, I, c->swiglu_limit, sorted ? g->sp_w : g->selw, s,
+                         err));
+    OP("experts w2", l,
+       lin_experts(impl, g, &L->w[W_EX2], g->eg, 1, T * K, I, g->eo, D, T, sorted, err));
     OP("shared w1", l, lin(impl, g, &L->w[W_SH1], 0, g->x, D, T, D, g->sh_g, I, I, err));
     OP("shared w3", l, lin(impl, g, &L->w[W_SH3], 0, g->x, D, T, D, g->sh_u, I, I, err));
     OP("shared swiglu", l,
        tm_k_dsv41_swiglu(g->sh_g, g->sh_u, T, I, c->swiglu_limit, NULL, s, err));
     OP("shared w2", l, lin(impl, g, &L->w[W_SH2], 0, g->sh_g, I, T, I, g->sh_o, D, D, err));
-    OP("moe combine", l, tm_k_dsv41_moe_combine(g->y, g->eo, g->sel, g->sh_o, T, K, D, s, err));
+    OP("moe combine", l,
+       tm_k_dsv41_moe_combine(g->y, g->eo, sorted ? g->sp_inv : NULL, g->sel, g->sh_o, T, K, D, s,
+                              err));
     return TM_OK;
 }
 
@@ -1599,11 +1678,14 @@ static tm_rc forward(tm_cuda_engine *impl, const tm_cuda_step *st, tm_err *err) 
         return TM_OK;
     TM_ASSERT(T <= g->T && st->n_want <= g->T);
     const uint32_t *pos_h = host_meta(impl, st->pos);
-    for (uint32_t t = 0; t < T; t++) // as the CPU engine: positions below max_seq_len
-        if (pos_h[t] >= c->max_seq_len)
+    // as the CPU engine: positions below max_seq_len; also below n_ctx (the indexer's score rows
+    // hold sc_pos positions, init)
+    for (uint32_t t = 0; t < T; t++)
+        if (pos_h[t] >= g->sc_pos)
             return TM_ERR(err, TM_E_INVAL,
-                          "cuda engine: dsv41: position %u is beyond max_seq_len %u", pos_h[t],
-                          c->max_seq_len);
+                          "cuda engine: dsv41: position %u is beyond the context (%llu: the least "
+                          "of max_seq_len %u, n_ctx %u and the KV pool)",
+                          pos_h[t], (unsigned long long)g->sc_pos, c->max_seq_len, impl->cfg.n_ctx);
     if (c->n_engram) {
         rc = engram_begin(impl, g, st, err);
         if (rc)
