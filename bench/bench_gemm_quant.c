@@ -436,13 +436,14 @@ static int run_only(const char *list) {
     return 0;
 }
 
-/* --block32: DeepSeek-V4.1-Flash dense shapes (hidden 4096; n_out 1024 and 4096, and the shared
- * expert's down 2048 -> 4096): the 32x32 ue8m0 FP8 kernel against the 128x128 e8m0 one (the same
- * value bytes, 16x fewer scale bytes) and the bf16 skinny kernel (twice the bytes). */
+/* --block32: the released DeepSeek-V4.1-Flash's dense shapes (hidden 5120): wq_a 5120 -> 1280,
+ * wq_b 1280 -> 64 x 512, wo_b 8 x 1024 -> 5120 and the shared expert's down 2304 -> 5120: the
+ * 32x32 ue8m0 FP8 kernel against the 128x128 e8m0 one (the same value bytes, 16x fewer scale
+ * bytes) and the bf16 skinny kernel (twice the bytes). */
 static void run_block32(void) {
-    const uint32_t shapes[3][2] = {{4096, 1024}, {4096, 4096}, {2048, 4096}};
+    const uint32_t shapes[4][2] = {{5120, 1280}, {1280, 32768}, {8192, 5120}, {2304, 5120}};
     const uint32_t toks[3] = {1, 8, 16};
-    for (int si = 0; si < 3; si++)
+    for (int si = 0; si < 4; si++)
         for (int ti = 0; ti < 3; ti++) {
             const uint32_t n_in = shapes[si][0], n_out = shapes[si][1], tok = toks[ti];
             dense_case(F_BF16, TM_K_QUANT_DEFAULT, 0, tok, n_in, n_out);

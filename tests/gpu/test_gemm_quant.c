@@ -455,12 +455,15 @@ static void test_fp8_block32(void) {
     g_e8m0_base = 118;
     if (g_small)
         return;
-    // DeepSeek-V4.1-Flash dense shapes (hidden 4096), sampled rows
-    fp8_case(8, 4096, 1024, b32, 0, 1);
+    // the released DeepSeek-V4.1-Flash's dense shapes (hidden 5120: wq_a, wq_b, wo_b, the shared
+    // expert's down, the Engram wkv), sampled rows; and V4-width ones (hidden 4096)
+    fp8_case(8, 5120, 1280, b32, 0, 1);
+    fp8_case(1, 1280, 32768, b32, 0, 13);
+    fp8_case(16, 8192, 5120, b32, 0, 7);
+    fp8_case(3, 2304, 5120, b32, 0, 5);
+    fp8_case(8, 6144, 25600, b32, 0, 31);
     fp8_case(3, 4096, 1024, b32, 0, 3);
-    fp8_case(1, 4096, 4096, b32, 0, 7);
     fp8_case(16, 4096, 4096, b32, 0, 7);
-    fp8_case(8, 2048, 4096, b32, 0, 5);
 }
 
 /* Host only (runs without a GPU): the block32 reference itself, against a closed form. w = 1.0
