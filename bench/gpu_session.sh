@@ -16,7 +16,7 @@
 # SANITY_TESTS: the sanity part's test binaries (default: the kernel and Llama-engine ones).
 # Parts (default: v41ref tp v41gpu sanity perf engram; on request: v41ref32 (the float32 reference),
 # v41kill and v41job (bench/dsv41_cuda_job.sh: kill -9 + resume, job vs bench), v41perf (V4.1
-# decode: exact vs fast, the Engram overlap, ncu), gq32 (bench_gemm_quant --block32)), each under its own time limit (LIMIT_<part>
+# decode: exact vs fast, the Engram overlap), v41ncu (ncu of one fast decode step), gq32 (bench_gemm_quant --block32)), each under its own time limit (LIMIT_<part>
 # seconds). Logs: /tmp/gslog/<part>/..., packed into $OUT/logs.tgz after every part (a call cut
 # short still brings back what finished), one line per step in $OUT/summary.txt.
 set -u
@@ -141,13 +141,13 @@ if has v41job; then
   part v41job "${LIMIT_v41job:-300}" env OUT="$L/v41job" TOK="$B/tok" bash bench/dsv41_cuda_job.sh jvb
 fi
 # V4.1 decode figures: the exact engine (the baseline) and the fast one at batch 1 and 8, the
-# Engram overlap runs (bench/dsv41_engram_overlap.sh), Nsight Compute of one eager fast decode step
+# Engram overlap runs (bench/dsv41_engram_overlap.sh)
 v41perf_part() {
   # the released V4.1-Flash layers: exact vs fast on the first two (bf16 experts are 27 GB a layer),
   # then the fast mode on one layer of each kind (bench_engine's default, 7 layers)
   local be=$B/bench_engine c=(--shape dsv41-flash --batch 1,8 --prompt 128 --gen 48 --reps 3)
   if [ "$BACKEND" != cuda ]; then
-    echo "[dry-run, no GPU] would run: TM_DSV41_CUDA_EXACT=1 $be ${c[*]} --layers 2; $be ${c[*]} --layers 2; bench/dsv41_engram_overlap.sh bench; ncu of $be --shape dsv41-flash --batch 1|8 --prompt 128 --gen 2 --reps 1 --graphs 0"
+    echo "[dry-run, no GPU] would run: TM_DSV41_CUDA_EXACT=1 $be ${c[*]} --layers 2; $be ${c[*]} --layers 2; bench/dsv41_engram_overlap.sh bench"
     return 0
   fi
   export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -156,19 +156,34 @@ v41perf_part() {
   timeout 100 "$be" "${c[@]}" --layers 2 --engram warm 2>&1 |
     grep -E "^dsv41-flash|create|error" | sed 's/^/fast: /'
   OUT=$L/v41perf bash bench/dsv41_engram_overlap.sh bench 2>&1 | grep -vE "^\[|I cuda"
-  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for b in 1 8; do
-    timeout 90 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
-      --shape dsv41-flash --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
-      > "$L/v41perf/ncu_b$b.csv" 2> "$L/v41perf/ncu_b$b.err"
-    echo "ncu b$b rc=$?"
-    python3 bench/dsv4_ncu_summary.py "$L/v41perf/ncu_b$b.csv" 7 > "$L/v41perf/ncu_b$b.txt" 2>&1
-    head -22 "$L/v41perf/ncu_b$b.txt"
-  done
 }
 export -f v41perf_part
 if has v41perf; then
   part v41perf "${LIMIT_v41perf:-420}" bash -c v41perf_part
+fi
+# Nsight Compute of one eager fast decode step (and its prefill) at batch 1 and 8 on the default
+# layers (one of each kind): the kernels' times, summed by name (bench/dsv4_ncu_summary.py)
+v41ncu_part() {
+  local be=$B/bench_engine
+  if [ "$BACKEND" != cuda ]; then
+    echo "[dry-run, no GPU] would run: ncu of $be --shape dsv41-flash --batch 1|8 --prompt 128 --gen 2 --reps 1 --graphs 0"
+    return 0
+  fi
+  export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  mkdir -p "$L/v41ncu"
+  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  for b in 1 8; do
+    timeout 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
+      --shape dsv41-flash --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
+      > "$L/v41ncu/ncu_b$b.csv" 2> "$L/v41ncu/ncu_b$b.err"
+    echo "ncu b$b rc=$?"
+    python3 bench/dsv4_ncu_summary.py "$L/v41ncu/ncu_b$b.csv" 7 > "$L/v41ncu/ncu_b$b.txt" 2>&1
+    head -24 "$L/v41ncu/ncu_b$b.txt"
+  done
+}
+export -f v41ncu_part
+if has v41ncu; then
+  part v41ncu "${LIMIT_v41ncu:-250}" bash -c v41ncu_part
 fi
 if has gq32; then
   . bench/device_env.sh
