@@ -88,6 +88,22 @@ gpu_tests_part() {
     grep -E "FAIL" "$L/sanity/$t.log" | head -5
   done
 }
+# ncu_steps DIR LAYERS BENCH_ARGS...: Nsight Compute of bench_engine BENCH_ARGS at batch 1 and 8
+# (a prefill and one decode step), every kernel's time; DIR/ncu_b<B>.txt sums them by kernel name
+# over LAYERS layers (bench/dsv4_ncu_summary.py)
+ncu_steps() {
+  local dir=$1 nl=$2; shift 2
+  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  mkdir -p "$dir"
+  for b in 1 8; do
+    timeout 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$B/bench_engine" "$@" --batch $b --gen 2 --reps 1 > "$dir/ncu_b$b.csv" 2> "$dir/ncu_b$b.err"
+    echo "ncu b$b rc=$?"
+    python3 bench/dsv4_ncu_summary.py "$dir/ncu_b$b.csv" "$nl" > "$dir/ncu_b$b.txt" 2>&1
+    head -24 "$dir/ncu_b$b.txt"
+  done
+}
+export -f ncu_steps
 perf_part() {
   local be=$B/bench_engine
   if [ "$BACKEND" != cuda ]; then
@@ -97,15 +113,7 @@ perf_part() {
   export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   timeout 120 "$be" --shape dsv4-flash --layers 8 --batch 1,8 --prompt 512 --gen 64 --reps 2 2>&1 |
     grep -v "I cuda"
-  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for b in 1 8; do
-    TM_DSV4_NO_GRAPHS=1 timeout 100 "$NCU" --clock-control none --metrics gpu__time_duration.sum \
-      --csv "$be" --shape dsv4-flash --layers 4 --batch $b --prompt 512 --gen 2 --reps 1 \
-      > "$L/perf/ncu_b$b.csv" 2> "$L/perf/ncu_b$b.err"
-    echo "ncu b$b rc=$?"
-    python3 bench/dsv4_ncu_summary.py "$L/perf/ncu_b$b.csv" 4 > "$L/perf/ncu_b$b.txt" 2>&1
-    head -24 "$L/perf/ncu_b$b.txt"
-  done
+  TM_DSV4_NO_GRAPHS=1 ncu_steps "$L/perf" 4 --shape dsv4-flash --layers 4 --prompt 512
 }
 has() { [[ " $parts " == *" $1 "* ]]; }
 export B BACKEND L
@@ -170,16 +178,7 @@ v41ncu_part() {
     return 0
   fi
   export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  mkdir -p "$L/v41ncu"
-  local NCU; NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-  for b in 1 8; do
-    timeout 120 "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv "$be" \
-      --shape dsv41-flash --batch $b --prompt 128 --gen 2 --reps 1 --graphs 0 \
-      > "$L/v41ncu/ncu_b$b.csv" 2> "$L/v41ncu/ncu_b$b.err"
-    echo "ncu b$b rc=$?"
-    python3 bench/dsv4_ncu_summary.py "$L/v41ncu/ncu_b$b.csv" 7 > "$L/v41ncu/ncu_b$b.txt" 2>&1
-    head -24 "$L/v41ncu/ncu_b$b.txt"
-  done
+  ncu_steps "$L/v41ncu" 7 --shape dsv41-flash --prompt 128 --graphs 0
 }
 export -f v41ncu_part
 if has v41ncu; then

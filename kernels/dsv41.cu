@@ -402,38 +402,23 @@ static __device__ double block_sum_d(double v) {
     return s;
 }
 
-/* Block max of a double over blockDim.x (a multiple of 32, at most 1024) threads; every thread
- * gets it. */
-static __device__ double block_max_d(double v) {
-    __shared__ double sh[32];
+static __device__ __forceinline__ double max_of(double a, double b) { return fmax(a, b); }
+static __device__ __forceinline__ uint64_t max_of(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/* Block max (max_of) of a double or a 64-bit key over blockDim.x (a multiple of 32, at most 1024)
+ * threads; every thread gets it. */
+template <typename T> static __device__ T block_max(T v) {
+    __shared__ T sh[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
-        v = fmax(v, __shfl_xor_sync(0xffffffffu, v, o));
+        v = max_of(v, (T)__shfl_xor_sync(0xffffffffu, v, o));
     __syncthreads();
     if ((threadIdx.x & 31) == 0)
         sh[threadIdx.x >> 5] = v;
     __syncthreads();
-    double m = sh[0];
+    T m = sh[0];
     for (uint32_t w = 1; w < blockDim.x / 32; w++)
-        m = fmax(m, sh[w]);
-    return m;
-}
-
-/* Block max of a 64-bit key over blockDim.x threads (as block_max_d); every thread gets it. */
-static __device__ uint64_t block_max_u64(uint64_t v) {
-    __shared__ uint64_t sh[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const uint64_t x = __shfl_xor_sync(0xffffffffu, v, o);
-        v = x > v ? x : v;
-    }
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0)
-        sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    uint64_t m = sh[0];
-    for (uint32_t w = 1; w < blockDim.x / 32; w++)
-        m = sh[w] > m ? sh[w] : m;
+        m = max_of(m, sh[w]);
     return m;
 }
 
@@ -896,7 +881,7 @@ static __global__ void attn_kernel(tm_k_dsv41_attn_args a, tm_k_dsv41_seqs q) {
     double mx = sk;
     for (uint32_t i = tid; i < n; i += ATTN_THREADS)
         mx = fmax(mx, sc[i]);
-    mx = block_max_d(mx); // its barriers order the score reads above before the writes below
+    mx = block_max(mx); // its barriers order the score reads above before the writes below
     for (uint32_t i = tid; i < n; i += ATTN_THREADS)
         sc[i] = exp(sc[i] - mx);
     __syncthreads();
@@ -972,7 +957,7 @@ static __global__ void route_kernel(tm_k_dsv41_route_args a) {
         double mx = -INFINITY;
         for (uint32_t i = tid; i < E; i += ROUTE_THREADS)
             mx = fmax(mx, (double)sc[i] / temp);
-        mx = block_max_d(mx);
+        mx = block_max(mx);
         for (uint32_t i = tid; i < E; i += ROUTE_THREADS)
             ex[i] = exp((double)sc[i] / temp - mx);
         __syncthreads();
@@ -1007,7 +992,7 @@ static __global__ void route_kernel(tm_k_dsv41_route_args a) {
             const uint64_t key = ((uint64_t)o << 32) | (uint64_t)(0xffffffffu - i);
             best = key > best ? key : best;
         }
-        best = block_max_u64(best);
+        best = block_max(best);
         const uint32_t id = 0xffffffffu - (uint32_t)(best & 0xffffffffu);
         if (id % ROUTE_THREADS == tid)
             taken |= 1u << (id / ROUTE_THREADS);

@@ -118,18 +118,6 @@ static float *make_data(size_t n, uint32_t g) {
     return x;
 }
 
-static void check_bits(const char *what, const float *gpu, const float *ref, size_t n) {
-    size_t bad = 0, first = n;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&gpu[i], &ref[i], sizeof(float)) != 0) {
-            if (first == n)
-                first = i;
-            bad++;
-        }
-    TM_CHECK_MSG(bad == 0, "%s: %zu of %zu differ, first at %zu: gpu %.9g ref %.9g", what, bad, n,
-                 first, first < n ? gpu[first] : 0.0f, first < n ? ref[first] : 0.0f);
-}
-
 static void test_act_quant(void) {
     const size_t sizes[] = {32, 64 * 32, 1000 * 32};
     for (size_t k = 0; k < 3; k++) {

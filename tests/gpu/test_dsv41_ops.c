@@ -39,18 +39,6 @@ int main(void) { tm_test_skip("built without CUDA"); }
 #include "runner/engine/cpu/dsv_common.h"
 #include "tm_gpu_test.h"
 
-static void check_bits(const char *what, const float *gpu, const float *ref, size_t n) {
-    size_t bad = 0, first = n;
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&gpu[i], &ref[i], sizeof(float)) != 0) {
-            if (first == n)
-                first = i;
-            bad++;
-        }
-    TM_CHECK_MSG(bad == 0, "%s: %zu of %zu differ, first at %zu: gpu %.9g ref %.9g", what, bad, n,
-                 first, first < n ? gpu[first] : 0.0f, first < n ? ref[first] : 0.0f);
-}
-
 /* ---- the router ---- */
 
 static const float *g_sort_v;

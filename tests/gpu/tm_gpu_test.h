@@ -82,4 +82,18 @@ static inline void to_host(void *h, const void *d, size_t n) {
         TM_ASSERT(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
 }
 
+/* Checks that gpu[0..n) equals ref[0..n) bit for bit; the message names what, how many differ and
+ * the first. */
+static inline void check_bits(const char *what, const float *gpu, const float *ref, size_t n) {
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&gpu[i], &ref[i], sizeof(float)) != 0) {
+            if (first == n)
+                first = i;
+            bad++;
+        }
+    TM_CHECK_MSG(bad == 0, "%s: %zu of %zu differ, first at %zu: gpu %.9g ref %.9g", what, bad, n,
+                 first, first < n ? gpu[first] : 0.0f, first < n ? ref[first] : 0.0f);
+}
+
 #endif /* TM_TESTS_TM_GPU_TEST_H */
