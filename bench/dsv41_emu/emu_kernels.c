@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dsv41_ref.h"
 #include "kernels/dsv41.h"
 #include "runner/engine/cpu/dsv_common.h"
 #include "runner/model/tensor.h"
@@ -200,8 +201,6 @@ static tm_rc k_embed(float *x, float *streams, float *pre, const void *emb, int 
     return TM_OK;
 }
 
-static float sigmoid_f(float v) { return 1.0f / (1.0f + (float)exp(-(double)v)); }
-
 static tm_rc k_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_err *err) {
     (void)s, (void)err;
     const uint32_t N = a->N, ND = a->N * a->D, mix = (2 + N) * N;
@@ -215,43 +214,8 @@ static tm_rc k_hc_split(const tm_k_dsv41_hc_split_args *a, cudaStream_t s, tm_er
         float m[(2 + TM_DSV41_K_MAX_HC) * TM_DSV41_K_MAX_HC];
         for (uint32_t i = 0; i < mix; i++)
             m[i] = (float)((double)a->mixes[(size_t)t * mix + i] * r);
-        const float *sc = a->scale, *bs = a->base;
-        float *pre = a->pre + (size_t)t * N, *post = a->post + (size_t)t * N;
-        float *cb = a->comb + (size_t)t * N * N;
-        for (uint32_t i = 0; i < N; i++) {
-            pre[i] = sigmoid_f(m[i] * sc[0] + bs[i]) + a->hc_eps;
-            post[i] = 2.0f * sigmoid_f(m[N + i] * sc[1] + bs[N + i]);
-        }
-        for (uint32_t j = 0; j < N; j++) {
-            float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
-            for (uint32_t k = 0; k < N; k++) {
-                row[k] = m[2 * N + j * N + k] * sc[2] + bs[2 * N + j * N + k];
-                mx = fmaxf(mx, row[k]);
-            }
-            for (uint32_t k = 0; k < N; k++) {
-                row[k] = (float)exp((double)(row[k] - mx));
-                sum += row[k];
-            }
-            for (uint32_t k = 0; k < N; k++)
-                row[k] = row[k] / sum + a->hc_eps;
-        }
-        for (uint32_t it = 0; it < a->iters; it++) {
-            if (it > 0)
-                for (uint32_t j = 0; j < N; j++) {
-                    float sum = 0.0f;
-                    for (uint32_t k = 0; k < N; k++)
-                        sum += cb[j * N + k];
-                    for (uint32_t k = 0; k < N; k++)
-                        cb[j * N + k] = cb[j * N + k] / (sum + a->hc_eps);
-                }
-            for (uint32_t k = 0; k < N; k++) {
-                float sum = 0.0f;
-                for (uint32_t j = 0; j < N; j++)
-                    sum += cb[j * N + k];
-                for (uint32_t j = 0; j < N; j++)
-                    cb[j * N + k] = cb[j * N + k] / (sum + a->hc_eps);
-            }
-        }
+        dsv41_ref_hc_split(m, a->scale, a->base, N, a->iters, a->hc_eps, a->pre + (size_t)t * N,
+                           a->post + (size_t)t * N, a->comb + (size_t)t * N * N);
     }
     return TM_OK;
 }

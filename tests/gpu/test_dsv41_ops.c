@@ -9,9 +9,10 @@
  *   bit for bit.
  * - tm_k_dsv41_hc_split: hc 4 and 8 over rows of 5120 and 64 values; the streams hold multiples
  *   of 2^-6 below 4, so the sum of squares is exact in any order and the kernel's rms equals the
- *   host's; then pre / post / comb against ref_hc_split below (the split's fp32 operations in the
- *   CPU engine's order, each exp as exp in double rounded to fp32) bit for bit, and against the
- *   CPU engine's tm_dsv_hc_split (dsv_common.h, expf: one ulp apart now and then) to 1e-5.
+ *   host's; then pre / post / comb against dsv41_ref_hc_split (dsv41_ref.h: the split's fp32
+ * operations in the CPU engine's order, each exp as exp in double rounded to fp32) bit for bit, and
+ * against the CPU engine's tm_dsv_hc_split (dsv_common.h, expf: one ulp apart now and then) to
+ * 1e-5.
  * - tm_k_dsv41_attn: 64 heads x 512 (rope 64), window 128, top 512 compressed rows of ratio 1 and
  *   2, tokens at positions below and beyond the window, paged rows in shuffled blocks; and a
  *   window-only case (r 0). Host reference in double in the kernel's order: |gpu - ref| <= 1e-6 x
@@ -37,6 +38,7 @@ int main(void) { tm_test_skip("built without CUDA"); }
 
 #include "kernels/dsv41.h"
 #include "runner/engine/cpu/dsv_common.h"
+#include "dsv41_ref.h"
 #include "tm_gpu_test.h"
 
 /* ---- the router ---- */
@@ -160,47 +162,6 @@ static void test_route(void) {
 
 /* ---- the hyper-connection split ---- */
 
-static float ref_sigmoid(float v) { return 1.0f / (1.0f + (float)exp(-(double)v)); }
-
-/* The split of one token's mixes m (already scaled by 1 / rms): tm_dsv_hc_split's operations in
- * its order, with exp in double rounded to fp32 where it calls expf. */
-static void ref_hc_split(const float *m, const float *sc, const float *bs, uint32_t N,
-                         uint32_t iters, float eps, float *pre, float *post, float *cb) {
-    for (uint32_t i = 0; i < N; i++) {
-        pre[i] = ref_sigmoid(m[i] * sc[0] + bs[i]) + eps;
-        post[i] = 2.0f * ref_sigmoid(m[N + i] * sc[1] + bs[N + i]);
-    }
-    for (uint32_t j = 0; j < N; j++) {
-        float *row = cb + j * N, mx = -INFINITY, sum = 0.0f;
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = m[2 * N + j * N + k] * sc[2] + bs[2 * N + j * N + k];
-            mx = fmaxf(mx, row[k]);
-        }
-        for (uint32_t k = 0; k < N; k++) {
-            row[k] = (float)exp((double)(row[k] - mx));
-            sum += row[k];
-        }
-        for (uint32_t k = 0; k < N; k++)
-            row[k] = row[k] / sum + eps;
-    }
-    for (uint32_t it = 0; it < iters; it++) {
-        for (uint32_t j = 0; it > 0 && j < N; j++) {
-            float sum = 0.0f;
-            for (uint32_t k = 0; k < N; k++)
-                sum += cb[j * N + k];
-            for (uint32_t k = 0; k < N; k++)
-                cb[j * N + k] /= sum + eps;
-        }
-        for (uint32_t k = 0; k < N; k++) {
-            float sum = 0.0f;
-            for (uint32_t j = 0; j < N; j++)
-                sum += cb[j * N + k];
-            for (uint32_t j = 0; j < N; j++)
-                cb[j * N + k] /= sum + eps;
-        }
-    }
-}
-
 /* |a - b| <= tol * (|b| + 1e-6) everywhere. */
 static void check_close(const char *what, const float *a, const float *b, size_t n, double tol) {
     size_t bad = 0, first = 0;
@@ -234,8 +195,8 @@ static void hc_case(uint32_t T, uint32_t N, uint32_t D, uint32_t iters) {
         const double r = 1.0 / sqrt(ss / (N * D) + (double)norm_eps);
         for (uint32_t i = 0; i < mix; i++)
             m[i] = (float)((double)mx[(size_t)t * mix + i] * r);
-        ref_hc_split(m, scale, base, N, iters, hc_eps, rpre + t * N, rpost + t * N,
-                     rcomb + (size_t)t * N * N);
+        dsv41_ref_hc_split(m, scale, base, N, iters, hc_eps, rpre + t * N, rpost + t * N,
+                           rcomb + (size_t)t * N * N);
         float cpre[TM_DSV41_K_MAX_HC], cpost[TM_DSV41_K_MAX_HC],
             ccomb[TM_DSV41_K_MAX_HC * TM_DSV41_K_MAX_HC]; // the CPU engine's
         tm_dsv_hc_split(m, scale, base, N, iters, hc_eps, cpre, cpost, ccomb);
