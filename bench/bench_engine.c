@@ -914,6 +914,8 @@ static int v41_parse(const uint32_t *ids, uint32_t n, const tm_dsv41 *full, tm_m
                         "bench_engine dsv41: layer %u: source %d in the subset, %d in "
                         "the released model\n",
                         ids[i], fs[k][i] < 0 ? -1 : (int32_t)ids[fs[k][i]], ff[k][ids[i]]);
+                tm_dsv41_destroy(*out);
+                *out = NULL;
                 return 1;
             }
     }
