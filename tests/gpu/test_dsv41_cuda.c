@@ -428,6 +428,11 @@ static void test_cand_r2(void) {
              1);
 }
 
+/* The model of the kv_copy and split-passes cases: Engram, ratios 0 / 2 / 2 / 1, two sources. */
+#define KV_MODEL                                                                                   \
+    A "--seed 45 --layers 4 --compress-ratios 0,2,2,1 --kv-sources 1,3 --index-sources 1,3 "       \
+      "--engram-layers 0,2 --index-heads 16 --index-topk 4 --window 8"
+
 // kv_copy: B shares A's first 20 tokens (block 0 whole, the 4 computed slots of A's block 1
 // copied), then computes 3 more; its logits must match C, which computed all 23 itself. In both
 // modes: exact (the same kernels on the same state: only the step shapes differ, none of the
@@ -437,11 +442,7 @@ static void test_kv_copy(void) {
     if (!selected("kv-copy"))
         return;
     char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
-    TM_CHECK(mkmodel(dir,
-                     A "--seed 45 --layers 4 --compress-ratios 0,2,2,1 --kv-sources 1,3 "
-                       "--index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 4 "
-                       "--window 8",
-                     cmd, sizeof(cmd)) == 0);
+    TM_CHECK(mkmodel(dir, KV_MODEL, cmd, sizeof(cmd)) == 0);
     v41 v;
     const int opened = open_v41(dir, &v) == 0;
     static const char *const modes[2] = {"1", "0"}, *const mname[2] = {"exact", "fast"};
@@ -478,11 +479,7 @@ static void test_split_passes(void) {
     if (!selected("split-passes"))
         return;
     char dir[] = "/tmp/tm_dsv41_cuda_XXXXXX", cmd[1024];
-    TM_CHECK(mkmodel(dir,
-                     A "--seed 45 --layers 4 --compress-ratios 0,2,2,1 --kv-sources 1,3 "
-                       "--index-sources 1,3 --engram-layers 0,2 --index-heads 16 --index-topk 4 "
-                       "--window 8",
-                     cmd, sizeof(cmd)) == 0);
+    TM_CHECK(mkmodel(dir, KV_MODEL, cmd, sizeof(cmd)) == 0);
     v41 v;
     if (open_v41(dir, &v) == 0) {
         tm_engine *cpu = NULL, *gpu = NULL;
